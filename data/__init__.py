@@ -1,0 +1,1 @@
+"""Packaged data of opcast: hardware catalog, arch presets and first-party datasets."""

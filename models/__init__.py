@@ -1,0 +1,1 @@
+"""Fitted predictors shipped with opcast (models/default is the embedded default)."""

@@ -1,0 +1,13 @@
+"""User-facing errors.
+
+Every problem a user can fix (an unknown GPU, a TP degree that does not divide the heads, a
+corrupt parquet file, ...) is raised as :class:`OpcastError` with a one-line message that says
+what is wrong and how to fix it. The CLI boundary turns it into a message on stderr and exit
+code 2; nothing else in opcast prints tracebacks for user input.
+"""
+
+from __future__ import annotations
+
+
+class OpcastError(ValueError):
+    """A one-line, user-fixable error (exit code 2 at the CLI)."""

@@ -1,0 +1,592 @@
+"""The op registry: every kind of operator opcast measures, learns and predicts.
+
+One registry is shared by ``collect`` (what to benchmark and how to store it), ``train`` (the
+features: FLOPs, bytes, arithmetic intensity) and ``predict`` (what an arch decomposes into), so
+the three can never disagree about what an op's parameters mean or what work it does.
+
+Each :class:`OpSpec` declares its shape parameters, its FLOPs and bytes-moved formulas for the
+forward and (where it has one) backward direction, and cross-parameter checks. FLOPs count
+multiply-adds as two operations and, for the pointwise ops, one operation per arithmetic step
+with each transcendental (exp, tanh, sqrt) counted as one. Bytes are the compulsory DRAM
+traffic of an ideal kernel: every input read once, every output written once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Final
+
+from opcast.errors import OpcastError
+
+ParamValue = int | bool | str
+Params = Mapping[str, ParamValue]
+
+
+class OpKind(StrEnum):
+    """Names of the op kinds; the string value is what datasets and the CLI use."""
+
+    GEMM = "gemm"
+    ATTENTION = "attention"
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+    SOFTMAX = "softmax"
+    ELEMENTWISE = "elementwise"
+    EMBEDDING = "embedding"
+    CROSS_ENTROPY = "cross_entropy"
+    ROPE = "rope"
+    OPTIMIZER = "optimizer"
+    ALL_REDUCE = "all_reduce"
+    ALL_GATHER = "all_gather"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_TO_ALL = "all_to_all"
+    SEND_RECV = "send_recv"
+    BROADCAST = "broadcast"
+
+
+class Direction(StrEnum):
+    """Forward pass, or the backward pass (all input gradients of the op)."""
+
+    FWD = "fwd"
+    BWD = "bwd"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Param:
+    """One shape parameter of an op kind."""
+
+    name: str
+    """Column name in datasets and key in parameter mappings."""
+    type: type
+    """``int``, ``bool`` or ``str``."""
+    doc: str
+    """What the parameter means, with its unit."""
+    choices: tuple[str, ...] | None = None
+    """Allowed values of a ``str`` parameter."""
+    minimum: int = 1
+    """Smallest allowed value of an ``int`` parameter."""
+
+
+Formula = Callable[[Params, int], float]
+"""A cost formula of (validated params, bytes per element of the dtype)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class OpSpec:
+    """An op kind: its parameters and the work it does in each direction."""
+
+    kind: OpKind
+    """Registry key."""
+    doc: str
+    """One line on what the op computes and the tensor layout the parameters describe."""
+    params: tuple[Param, ...]
+    """Shape parameters, in canonical order."""
+    flops_fwd: Formula
+    """Floating-point operations of the forward pass."""
+    bytes_fwd: Formula
+    """Compulsory bytes moved by the forward pass (for collectives: bus bytes per rank)."""
+    flops_bwd: Formula | None = None
+    """Floating-point operations of the backward pass; ``None`` when the op has none."""
+    bytes_bwd: Formula | None = None
+    """Compulsory bytes moved by the backward pass."""
+    has_bwd: Callable[[Params], bool] | None = None
+    """Whether a particular parameter set has a backward kernel (default: when formulas exist)."""
+    check: Callable[[Params], list[str]] | None = None
+    """Cross-parameter constraints; returns the list of problems (empty when valid)."""
+    collective: bool = False
+    """True for communication collectives (parameters: bytes, world_size, nodes, gpus_per_node)."""
+    source: str = ""
+    """Where the formulas come from."""
+    param_names: tuple[str, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "param_names", tuple(p.name for p in self.params))
+
+    def directions(self, params: Params | None = None) -> tuple[Direction, ...]:
+        """Directions this op (or this parameter set of it) can be measured in."""
+        if self.flops_bwd is None:
+            return (Direction.FWD,)
+        if params is not None and self.has_bwd is not None and not self.has_bwd(params):
+            return (Direction.FWD,)
+        return (Direction.FWD, Direction.BWD)
+
+    def flops(self, params: Params, direction: str = "fwd", dtype_bytes: int = 2) -> float:
+        """FLOPs of one call in ``direction``."""
+        return float(self._formula(direction, self.flops_fwd, self.flops_bwd)(params, dtype_bytes))
+
+    def bytes_moved(self, params: Params, dtype_bytes: int, direction: str = "fwd") -> float:
+        """Compulsory bytes moved by one call in ``direction`` with ``dtype_bytes`` per element."""
+        return float(self._formula(direction, self.bytes_fwd, self.bytes_bwd)(params, dtype_bytes))
+
+    def _formula(self, direction: str, fwd: Formula, bwd: Formula | None) -> Formula:
+        if direction == Direction.FWD:
+            return fwd
+        if direction == Direction.BWD and bwd is not None:
+            return bwd
+        if direction == Direction.BWD:
+            raise OpcastError(f"{self.kind} has no backward pass; use direction fwd")
+        raise OpcastError(f"unknown direction {direction!r}; use fwd or bwd")
+
+    def validate(self, params: Mapping[str, object], direction: str | None = None) -> dict[str, ParamValue]:
+        """Coerce ``params`` to this kind's types and check them, naming every problem.
+
+        Returns a new dict holding exactly this kind's parameters in canonical order.
+        """
+        problems: list[str] = []
+        out: dict[str, ParamValue] = {}
+        for p in self.params:
+            if p.name not in params or params[p.name] is None or _is_nan(params[p.name]):
+                problems.append(f"missing parameter {p.name} ({p.doc})")
+                continue
+            value, problem = _coerce(p, params[p.name])
+            if problem:
+                problems.append(problem)
+            else:
+                out[p.name] = value
+        unknown = sorted(set(params) - set(self.param_names))
+        if unknown:
+            problems.append(f"unknown parameter(s) {', '.join(unknown)}; {self.kind} takes {', '.join(self.param_names)}")
+        if not problems and self.check is not None:
+            problems.extend(self.check(out))
+        if not problems and direction is not None and direction not in self.directions(out):
+            problems.append(f"direction {direction!r} not available; use {' or '.join(self.directions(out))}")
+        if problems:
+            raise OpcastError(f"invalid {self.kind}: " + "; ".join(problems))
+        return out
+
+
+def _is_nan(value: object) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
+    if p.type is bool:
+        if isinstance(value, bool):
+            return value, ""
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes"), ""
+        if isinstance(value, (int, float)) and value in (0, 1):
+            return bool(value), ""
+        return False, f"{p.name}={value!r} is not a boolean"
+    if p.type is int:
+        try:
+            as_float = float(value)  # accepts numpy ints, integral floats from parquet, "4096"
+        except (TypeError, ValueError):
+            return 0, f"{p.name}={value!r} is not an integer"
+        if isinstance(value, bool) or not as_float.is_integer():
+            return 0, f"{p.name}={value!r} is not an integer"
+        if as_float < p.minimum:
+            return 0, f"{p.name}={int(as_float)} must be >= {p.minimum}"
+        return int(as_float), ""
+    text = str(value)
+    if p.choices is not None and text not in p.choices:
+        return "", f"{p.name}={text!r} is not one of {', '.join(p.choices)}"
+    return text, ""
+
+
+# --------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[OpKind, OpSpec] = {}
+
+
+def register(spec: OpSpec) -> OpSpec:
+    """Add ``spec`` to the registry; a kind may be registered once, and a parameter name must
+    keep one type across kinds (datasets store each parameter in one column)."""
+    if spec.kind in _REGISTRY:
+        raise ValueError(f"op kind {spec.kind!r} is already registered")
+    for p in spec.params:
+        for other in _REGISTRY.values():
+            for q in other.params:
+                if q.name == p.name and q.type is not p.type:
+                    raise ValueError(f"parameter {p.name!r} of {spec.kind} is {p.type.__name__} but {q.type.__name__} in {other.kind}")
+    _REGISTRY[spec.kind] = spec
+    return spec
+
+
+def get_op(kind: str) -> OpSpec:
+    """The spec of op ``kind``; unknown names raise :class:`OpcastError` listing the known ones."""
+    try:
+        return _REGISTRY[OpKind(kind)]
+    except ValueError:
+        raise OpcastError(f"unknown op {kind!r}; known ops: {', '.join(op_kinds())}") from None
+
+
+def op_kinds(*, collective: bool | None = None) -> tuple[str, ...]:
+    """Registered kinds, optionally only the (non-)collective ones."""
+    return tuple(k.value for k, s in _REGISTRY.items() if collective is None or s.collective == collective)
+
+
+def param_types() -> dict[str, type]:
+    """Every parameter name of every kind with its type: the op columns of the dataset schema."""
+    out: dict[str, type] = {}
+    for spec in _REGISTRY.values():
+        for p in spec.params:
+            out.setdefault(p.name, p.type)
+    return out
+
+
+def arithmetic_intensity(kind: str, params: Params, dtype_bytes: int, direction: str = "fwd") -> float:
+    """FLOPs per byte moved (0 for ops that do no arithmetic)."""
+    spec = get_op(kind)
+    moved = spec.bytes_moved(params, dtype_bytes, direction)
+    return spec.flops(params, direction, dtype_bytes) / moved if moved else 0.0
+
+
+# --------------------------------------------------------------------------- GEMM
+
+def _i(p: Params, name: str) -> int:
+    return int(p[name])  # type: ignore[arg-type]
+
+
+def _gemm_flops(p: Params, _: int) -> float:
+    return 2.0 * _i(p, "b") * _i(p, "m") * _i(p, "n") * _i(p, "k")
+
+
+def _gemm_bytes(p: Params, dt: int) -> float:
+    b, m, n, k = _i(p, "b"), _i(p, "m"), _i(p, "n"), _i(p, "k")
+    return float(dt * b * (m * k + k * n + m * n))
+
+
+register(OpSpec(
+    kind=OpKind.GEMM,
+    doc="C[b,m,n] = A[b,m,k] @ B[b,k,n]; b=1 is a plain linear layer (m tokens, k in, n out features)",
+    params=(
+        Param(name="b", type=int, doc="batch of independent matrix products"),
+        Param(name="m", type=int, doc="rows of A and C"),
+        Param(name="n", type=int, doc="columns of B and C"),
+        Param(name="k", type=int, doc="reduction dimension"),
+    ),
+    flops_fwd=_gemm_flops,
+    bytes_fwd=_gemm_bytes,
+    # Backward: dA = dC @ B^T and dB = A^T @ dC, two GEMMs of the forward's size, each reading
+    # two of the three operands and writing the third.
+    flops_bwd=lambda p, dt: 2.0 * _gemm_flops(p, dt),
+    bytes_bwd=lambda p, dt: 2.0 * _gemm_bytes(p, dt),
+    source="2*m*n*k multiply-add count (e.g. Narayanan et al. 2021, arXiv 2104.04473, Sec. 5.1)",
+))
+
+
+# --------------------------------------------------------------------------- attention
+
+ATTENTION_IMPLS: Final = ("flash", "sdpa", "eager")
+
+
+def _attention_pairs(p: Params) -> float:
+    """Query-key pairs computed: all of them, or the causal (bottom-right aligned) triangle."""
+    sq, skv = _i(p, "seq_q"), _i(p, "seq_kv")
+    if not p["causal"] or p["impl"] == "eager":  # eager computes the full score matrix, then masks
+        return float(sq * skv)
+    # Row i of the queries sees skv - sq + i + 1 keys (flash-attn >= 2.1 convention).
+    return float(sq * (skv - sq) + sq * (sq + 1) / 2)
+
+
+def _attention_flops_fwd(p: Params, _: int) -> float:
+    # Two GEMMs (S = Q K^T and O = P V), 2*d FLOPs per pair each: 4*d per pair.
+    return 4.0 * _i(p, "batch") * _i(p, "heads") * _i(p, "head_dim") * _attention_pairs(p)
+
+
+def _attention_flops_bwd(p: Params, dt: int) -> float:
+    # FlashAttention-2 (Dao 2023, arXiv 2307.08691, Sec. 3.2): five GEMMs in backward (S recomputed,
+    # dV, dP, dQ, dK) against two forward, 2.5x; eager keeps P and runs four, 2x.
+    return (2.0 if p["impl"] == "eager" else 2.5) * _attention_flops_fwd(p, dt)
+
+
+def _attention_io(p: Params, dt: int, q_like: int, kv_like: int) -> float:
+    b, h, kvh, d = _i(p, "batch"), _i(p, "heads"), _i(p, "kv_heads"), _i(p, "head_dim")
+    sq, skv = _i(p, "seq_q"), _i(p, "seq_kv")
+    return float(dt * (q_like * b * h * sq * d + kv_like * b * kvh * skv * d) + 4 * b * h * sq)  # + fp32 logsumexp
+
+
+def _attention_scores_bytes(p: Params, dt: int) -> float:
+    return float(dt * _i(p, "batch") * _i(p, "heads") * _i(p, "seq_q") * _i(p, "seq_kv"))
+
+
+def _attention_bytes_fwd(p: Params, dt: int) -> float:
+    io = _attention_io(p, dt, q_like=2, kv_like=2)  # read Q, K, V; write O
+    if p["impl"] == "eager":  # write S, read S, write P, read P
+        io += 4 * _attention_scores_bytes(p, dt)
+    return io
+
+
+def _attention_bytes_bwd(p: Params, dt: int) -> float:
+    io = _attention_io(p, dt, q_like=4, kv_like=4)  # read Q, O, dO, K, V; write dQ, dK, dV
+    if p["impl"] == "eager":  # read P, write dP, read dP, write dS, read dS (twice: dQ and dK)
+        io += 6 * _attention_scores_bytes(p, dt)
+    return io
+
+
+def _attention_check(p: Params) -> list[str]:
+    problems = []
+    if _i(p, "heads") % _i(p, "kv_heads"):
+        problems.append(f"kv_heads={p['kv_heads']} does not divide heads={p['heads']}")
+    if p["causal"] and _i(p, "seq_q") > _i(p, "seq_kv"):
+        problems.append(f"causal attention needs seq_q={p['seq_q']} <= seq_kv={p['seq_kv']}")
+    return problems
+
+
+register(OpSpec(
+    kind=OpKind.ATTENTION,
+    doc="softmax(Q K^T / sqrt(d)) V with Q [batch, heads, seq_q, head_dim], K/V [batch, kv_heads, seq_kv, head_dim]",
+    params=(
+        Param(name="batch", type=int, doc="sequences in the batch"),
+        Param(name="heads", type=int, doc="query heads (per rank)"),
+        Param(name="kv_heads", type=int, doc="key/value heads (per rank; < heads for GQA/MQA)"),
+        Param(name="seq_q", type=int, doc="query length (1 for a decode step)"),
+        Param(name="seq_kv", type=int, doc="key/value length"),
+        Param(name="head_dim", type=int, doc="channels per head"),
+        Param(name="causal", type=bool, doc="causal mask"),
+        Param(name="impl", type=str, doc="kernel family", choices=ATTENTION_IMPLS),
+    ),
+    flops_fwd=_attention_flops_fwd,
+    bytes_fwd=_attention_bytes_fwd,
+    flops_bwd=_attention_flops_bwd,
+    bytes_bwd=_attention_bytes_bwd,
+    check=_attention_check,
+    source="FlashAttention-2 FLOP count (Dao 2023, arXiv 2307.08691); causal pairs per flash-attn 2.1 alignment",
+))
+
+
+# --------------------------------------------------------------------------- row-wise ops
+
+_ROWS = Param(name="rows", type=int, doc="independent rows (tokens)")
+_COLS = Param(name="cols", type=int, doc="elements per row, reduced over (hidden size or softmax width)")
+
+
+def _rc(p: Params) -> float:
+    return float(_i(p, "rows") * _i(p, "cols"))
+
+
+register(OpSpec(
+    kind=OpKind.LAYERNORM,
+    doc="y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dim of x [rows, cols]",
+    params=(_ROWS, _COLS),
+    # mean 1, variance 3, normalise 2, affine 2 per element; backward about twice that.
+    flops_fwd=lambda p, dt: 8.0 * _rc(p),
+    bytes_fwd=lambda p, dt: dt * (2 * _rc(p) + 2 * _i(p, "cols")) + 8.0 * _i(p, "rows"),  # x, y, gamma, beta; fp32 mean/rstd
+    flops_bwd=lambda p, dt: 16.0 * _rc(p),
+    bytes_bwd=lambda p, dt: dt * (3 * _rc(p) + 4 * _i(p, "cols")) + 8.0 * _i(p, "rows"),  # x, dy, dx; gamma, beta, dgamma, dbeta
+    source="Ba et al. 2016 (arXiv 1607.06450); per-element operation count",
+))
+
+register(OpSpec(
+    kind=OpKind.RMSNORM,
+    doc="y = x / sqrt(mean(x^2) + eps) * gamma over the last dim of x [rows, cols]",
+    params=(_ROWS, _COLS),
+    flops_fwd=lambda p, dt: 4.0 * _rc(p),  # square, accumulate, scale, gamma
+    bytes_fwd=lambda p, dt: dt * (2 * _rc(p) + _i(p, "cols")) + 4.0 * _i(p, "rows"),
+    flops_bwd=lambda p, dt: 8.0 * _rc(p),
+    bytes_bwd=lambda p, dt: dt * (3 * _rc(p) + 2 * _i(p, "cols")) + 4.0 * _i(p, "rows"),
+    source="Zhang & Sennrich 2019 (arXiv 1910.07467); per-element operation count",
+))
+
+register(OpSpec(
+    kind=OpKind.SOFTMAX,
+    doc="y = exp(x - max) / sum(exp(x - max)) over the last dim of x [rows, cols]",
+    params=(_ROWS, _COLS),
+    flops_fwd=lambda p, dt: 5.0 * _rc(p),  # max, subtract, exp, sum, divide
+    bytes_fwd=lambda p, dt: dt * 2 * _rc(p),
+    flops_bwd=lambda p, dt: 4.0 * _rc(p),  # dx = y * (dy - sum(dy * y)): multiply, sum, subtract, multiply
+    bytes_bwd=lambda p, dt: dt * 3 * _rc(p),
+    source="per-element operation count of the numerically stable softmax",
+))
+
+
+# --------------------------------------------------------------------------- elementwise
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ElementwiseFn:
+    """Per-element cost of one pointwise function."""
+
+    inputs: int
+    """Tensor inputs of numel elements (a scalar operand does not count)."""
+    flops: float
+    """Operations per element, forward."""
+    bwd: tuple[int, int, float] | None
+    """Backward (tensors read, tensors written, operations) per element; None: no kernel (identity)."""
+    extra_bytes_per_elem: float = 0.0
+    """Extra bytes per element in each direction (e.g. dropout's 1-byte mask)."""
+
+
+ELEMENTWISE_FNS: Final[dict[str, ElementwiseFn]] = {
+    "add": ElementwiseFn(inputs=2, flops=1, bwd=None),
+    "sub": ElementwiseFn(inputs=2, flops=1, bwd=None),
+    "mul": ElementwiseFn(inputs=2, flops=1, bwd=(3, 2, 2)),
+    "div": ElementwiseFn(inputs=2, flops=1, bwd=(3, 2, 4)),
+    "pow": ElementwiseFn(inputs=2, flops=1, bwd=(3, 2, 6)),
+    "add_scalar": ElementwiseFn(inputs=1, flops=1, bwd=None),
+    "sub_scalar": ElementwiseFn(inputs=1, flops=1, bwd=None),
+    "mul_scalar": ElementwiseFn(inputs=1, flops=1, bwd=(1, 1, 1)),
+    "div_scalar": ElementwiseFn(inputs=1, flops=1, bwd=(1, 1, 1)),
+    "pow_scalar": ElementwiseFn(inputs=1, flops=1, bwd=(2, 1, 3)),
+    "relu": ElementwiseFn(inputs=1, flops=1, bwd=(2, 1, 1)),
+    "gelu": ElementwiseFn(inputs=1, flops=8, bwd=(2, 1, 12)),  # tanh form: x/2 (1 + tanh(c (x + 0.044715 x^3)))
+    "silu": ElementwiseFn(inputs=1, flops=4, bwd=(2, 1, 6)),  # x * sigmoid(x)
+    "sigmoid": ElementwiseFn(inputs=1, flops=3, bwd=(2, 1, 2)),
+    "tanh": ElementwiseFn(inputs=1, flops=1, bwd=(2, 1, 2)),
+    "exp": ElementwiseFn(inputs=1, flops=1, bwd=(2, 1, 1)),
+    "swiglu": ElementwiseFn(inputs=2, flops=5, bwd=(3, 2, 10)),  # silu(a) * b, fused
+    "dropout": ElementwiseFn(inputs=1, flops=2, bwd=(1, 1, 1), extra_bytes_per_elem=1.0),  # bool mask written, then read
+    "copy": ElementwiseFn(inputs=1, flops=0, bwd=None),
+}
+
+
+def _ew(p: Params) -> ElementwiseFn:
+    return ELEMENTWISE_FNS[str(p["fn"])]
+
+
+def _ew_bwd_flops(p: Params, dt: int) -> float:
+    bwd = _ew(p).bwd
+    return float(bwd[2] * _i(p, "numel")) if bwd else 0.0
+
+
+def _ew_bwd_bytes(p: Params, dt: int) -> float:
+    fn = _ew(p)
+    if fn.bwd is None:
+        return 0.0
+    return float(_i(p, "numel") * (dt * (fn.bwd[0] + fn.bwd[1]) + fn.extra_bytes_per_elem))
+
+
+register(OpSpec(
+    kind=OpKind.ELEMENTWISE,
+    doc="y = fn(x[, x2]) over numel elements (the *_scalar variants take a scalar second operand)",
+    params=(
+        Param(name="numel", type=int, doc="elements of the output"),
+        Param(name="fn", type=str, doc="pointwise function", choices=tuple(ELEMENTWISE_FNS)),
+    ),
+    flops_fwd=lambda p, dt: _ew(p).flops * _i(p, "numel"),
+    bytes_fwd=lambda p, dt: _i(p, "numel") * (dt * (_ew(p).inputs + 1) + _ew(p).extra_bytes_per_elem),
+    flops_bwd=_ew_bwd_flops,
+    bytes_bwd=_ew_bwd_bytes,
+    has_bwd=lambda p: _ew(p).bwd is not None,
+    source="per-element operation counts; each input read and the output written once",
+))
+
+
+# --------------------------------------------------------------------------- model-level ops
+
+register(OpSpec(
+    kind=OpKind.EMBEDDING,
+    doc="y[t] = table[ids[t]] for tokens ids into a [vocab, hidden] table",
+    params=(
+        Param(name="tokens", type=int, doc="looked-up token ids"),
+        Param(name="vocab", type=int, doc="rows of the table (per rank when vocab-parallel)"),
+        Param(name="hidden", type=int, doc="embedding width"),
+    ),
+    flops_fwd=lambda p, dt: 0.0,
+    bytes_fwd=lambda p, dt: 8.0 * _i(p, "tokens") + dt * 2.0 * _i(p, "tokens") * _i(p, "hidden"),  # int64 ids, rows, output
+    # Backward: zero the dense [vocab, hidden] gradient, then scatter-add the token rows into it.
+    flops_bwd=lambda p, dt: float(_i(p, "tokens") * _i(p, "hidden")),
+    bytes_bwd=lambda p, dt: 8.0 * _i(p, "tokens") + dt * (_i(p, "vocab") * _i(p, "hidden") + 3.0 * _i(p, "tokens") * _i(p, "hidden")),
+    source="gather / scatter-add traffic of torch.nn.functional.embedding with a dense gradient",
+))
+
+
+def _tv(p: Params) -> float:
+    return float(_i(p, "tokens") * _i(p, "vocab"))
+
+
+register(OpSpec(
+    kind=OpKind.CROSS_ENTROPY,
+    doc="mean over tokens of -log softmax(logits)[target] with logits [tokens, vocab]",
+    params=(
+        Param(name="tokens", type=int, doc="predicted tokens"),
+        Param(name="vocab", type=int, doc="logit width (per rank when vocab-parallel)"),
+    ),
+    flops_fwd=lambda p, dt: 4.0 * _tv(p),  # max, subtract, exp, sum
+    bytes_fwd=lambda p, dt: dt * _tv(p) + 16.0 * _i(p, "tokens"),  # logits, int64 targets, loss
+    flops_bwd=lambda p, dt: 3.0 * _tv(p),  # softmax from saved logsumexp, minus one-hot, scale
+    bytes_bwd=lambda p, dt: dt * 2.0 * _tv(p) + 16.0 * _i(p, "tokens"),
+    source="log-softmax + NLL per-element count (PyTorch cross_entropy)",
+))
+
+register(OpSpec(
+    kind=OpKind.ROPE,
+    doc="rotary position embedding of x [tokens, heads, head_dim] (Su et al. 2021, arXiv 2104.09864)",
+    params=(
+        Param(name="tokens", type=int, doc="positions (batch x sequence)"),
+        Param(name="heads", type=int, doc="heads rotated (queries and keys together, per rank)"),
+        Param(name="head_dim", type=int, doc="channels per head"),
+    ),
+    # y = x * cos + rotate_half(x) * sin: two multiplies and an add per element.
+    flops_fwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
+    bytes_fwd=lambda p, dt: dt * (2.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim") + 2.0 * _i(p, "tokens") * _i(p, "head_dim")),
+    flops_bwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
+    bytes_bwd=lambda p, dt: dt * (2.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim") + 2.0 * _i(p, "tokens") * _i(p, "head_dim")),
+    source="Su et al. 2021 (arXiv 2104.09864), Eq. 34",
+))
+
+register(OpSpec(
+    kind=OpKind.OPTIMIZER,
+    doc="one Adam step over numel parameters, states in the parameter dtype (torch.optim.Adam)",
+    params=(Param(name="numel", type=int, doc="parameters updated"),),
+    # Kingma & Ba 2015 (arXiv 1412.6980) Algorithm 1: m update 3, v update 4, step 5 per element.
+    flops_fwd=lambda p, dt: 12.0 * _i(p, "numel"),
+    bytes_fwd=lambda p, dt: 7.0 * dt * _i(p, "numel"),  # read param, grad, m, v; write param, m, v
+    source="Kingma & Ba 2015 (arXiv 1412.6980), Algorithm 1",
+))
+
+
+# --------------------------------------------------------------------------- collectives
+
+BUS_FACTORS: Final[dict[OpKind, Callable[[int], float]]] = {
+    OpKind.ALL_REDUCE: lambda n: 2.0 * (n - 1) / n,
+    OpKind.ALL_GATHER: lambda n: (n - 1) / n,
+    OpKind.REDUCE_SCATTER: lambda n: (n - 1) / n,
+    OpKind.ALL_TO_ALL: lambda n: (n - 1) / n,
+    OpKind.SEND_RECV: lambda n: 1.0,
+    OpKind.BROADCAST: lambda n: 1.0,
+}
+"""busbw = algbw x factor(world_size), from nccl-tests doc/PERFORMANCE.md."""
+
+
+def bus_factor(kind: str, world_size: int) -> float:
+    """The nccl-tests bus-bandwidth factor of collective ``kind`` over ``world_size`` ranks."""
+    return BUS_FACTORS[OpKind(kind)](world_size)
+
+
+def _collective_check(p: Params) -> list[str]:
+    n, nodes, g = _i(p, "world_size"), _i(p, "nodes"), _i(p, "gpus_per_node")
+    problems = []
+    if nodes * g != n:
+        problems.append(f"world_size={n} != nodes={nodes} x gpus_per_node={g}")
+    if n < 2:
+        problems.append(f"world_size={n} must be >= 2 for a collective")
+    return problems
+
+
+_COLLECTIVE_DOCS: Final = {
+    OpKind.ALL_REDUCE: "sum a bytes-sized buffer across ranks, result on every rank",
+    OpKind.ALL_GATHER: "concatenate every rank's shard; bytes is the gathered (output) size",
+    OpKind.REDUCE_SCATTER: "sum across ranks and leave 1/world_size on each; bytes is the input size",
+    OpKind.ALL_TO_ALL: "every rank sends a distinct 1/world_size of its bytes-sized buffer to every other",
+    OpKind.SEND_RECV: "point-to-point transfer of bytes between two ranks (pipeline stages)",
+    OpKind.BROADCAST: "copy a bytes-sized buffer from one rank to all",
+}
+
+def _reduction_flops(p: Params, dt: int) -> float:
+    n = _i(p, "world_size")
+    return (n - 1) / n * _i(p, "bytes") / dt
+
+
+for _kind, _doc in _COLLECTIVE_DOCS.items():
+    _factor = BUS_FACTORS[_kind]
+    _reduces = _kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
+    register(OpSpec(
+        kind=_kind,
+        doc=_doc,
+        params=(
+            Param(name="bytes", type=int, doc="message size in bytes (nccl-tests 'size')"),
+            Param(name="world_size", type=int, doc="ranks taking part"),
+            Param(name="nodes", type=int, doc="nodes the ranks span"),
+            Param(name="gpus_per_node", type=int, doc="ranks per node"),
+        ),
+        # Reductions add (n-1)/n of the elements on each rank; the others do no arithmetic.
+        flops_fwd=_reduction_flops if _reduces else (lambda p, dt: 0.0),
+        # Bus bytes per rank: size x the nccl-tests factor.
+        bytes_fwd=(lambda f: lambda p, dt: f(_i(p, "world_size")) * _i(p, "bytes"))(_factor),
+        check=_collective_check,
+        collective=True,
+        source="nccl-tests doc/PERFORMANCE.md (algbw, busbw factors)",
+    ))

@@ -1,0 +1,209 @@
+"""The dataset schema: one tidy parquet row per measured op configuration.
+
+Every stage speaks it: ``collect bench`` and ``collect comm`` write it, the replay importers
+convert published measurements into it, ``train`` fits on it and ``predict kernels`` fills it.
+The op parameter columns are the union of the registry's parameters (a kind leaves the others
+null). The schema version sits in the parquet key-value metadata; writes are atomic (temp file
+in the same folder + rename), and reading validates each file and names the offending one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Final
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from opcast.errors import OpcastError
+from opcast.ops import get_op, param_types
+
+SCHEMA_VERSION: Final = 1
+VERSION_KEY: Final = b"opcast.schema_version"
+
+_PA_TYPES: Final = {int: pa.int64(), bool: pa.bool_(), str: pa.string()}
+
+# (name, arrow type, required non-null, meaning)
+PROVENANCE_COLUMNS: Final = (
+    ("run_id", pa.string(), True, "id of the collect/replay run that produced the row"),
+    ("source", pa.string(), True, "bench | comm | replay:<name>"),
+    ("source_file", pa.string(), False, "file the row was replayed from, relative to the source root"),
+    ("device", pa.string(), True, "hardware catalog name, or the local device's name"),
+    ("torch_version", pa.string(), False, "torch version that ran the kernel"),
+    ("cuda_version", pa.string(), False, "CUDA runtime version (null on CPU)"),
+    ("opcast_version", pa.string(), False, "opcast version that wrote the row"),
+    ("timing_method", pa.string(), True, "cuda_event | cuda_graph | perf_counter | wallclock_max_ranks | replay:<how>"),
+)
+OP_COLUMNS: Final = (
+    ("op", pa.string(), True, "op kind (opcast.ops registry)"),
+    ("dtype", pa.string(), True, "fp32 | tf32 | fp16 | bf16 | fp8"),
+    ("direction", pa.string(), True, "fwd | bwd"),
+    ("tensor_cores", pa.bool_(), False, "tensor cores allowed (false: FP32 on CUDA cores)"),
+    ("point_id", pa.string(), True, "hash of (op, params, dtype, direction, tensor_cores): the resume key"),
+)
+KERNEL_COLUMNS: Final = (
+    ("kernel_name", pa.string(), False, "the (main) device kernel, where known"),
+    ("grid", pa.string(), False, "kernel launch grid, where known"),
+    ("block", pa.string(), False, "kernel launch block, where known"),
+)
+TIMING_COLUMNS: Final = (
+    ("time_s_median", pa.float64(), True, "median time of one call, seconds"),
+    ("time_s_p20", pa.float64(), False, "20th percentile, seconds"),
+    ("time_s_p80", pa.float64(), False, "80th percentile, seconds"),
+    ("n_reps", pa.int64(), False, "timed repetitions"),
+    ("algbw_gbps", pa.float64(), False, "collectives: bytes / time, GB/s (1e9)"),
+    ("busbw_gbps", pa.float64(), False, "collectives: algbw x nccl-tests bus factor, GB/s"),
+)
+
+
+def _param_columns() -> tuple[tuple[str, pa.DataType, bool, str], ...]:
+    return tuple((name, _PA_TYPES[t], False, "op parameter") for name, t in param_types().items())
+
+
+def columns() -> tuple[tuple[str, pa.DataType, bool, str], ...]:
+    """All columns in order: provenance, op identity, op parameters, kernel, timing."""
+    return PROVENANCE_COLUMNS + OP_COLUMNS + _param_columns() + KERNEL_COLUMNS + TIMING_COLUMNS
+
+
+def dataset_schema() -> pa.Schema:
+    """The arrow schema, carrying the schema version in its metadata."""
+    fields = [pa.field(name, typ, nullable=not required) for name, typ, required, _ in columns()]
+    return pa.schema(fields, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
+
+
+def required_columns() -> tuple[str, ...]:
+    return tuple(name for name, _, required, _ in columns() if required)
+
+
+def point_id(op: str, params: Mapping[str, object], dtype: str, direction: str, tensor_cores: bool | None = None) -> str:
+    """Stable id of one op configuration: the key that resumable collection skips on."""
+    canon = {"op": op, "params": {k: _canon(params[k]) for k in sorted(params)}, "dtype": dtype,
+             "direction": direction, "tensor_cores": tensor_cores}
+    return hashlib.sha1(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _canon(value: object) -> object:
+    """numpy/pandas scalars and integral floats as plain Python values, so ids are stable."""
+    if hasattr(value, "item"):
+        value = value.item()  # type: ignore[union-attr]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# --------------------------------------------------------------------------- frames
+
+def to_table(rows: pd.DataFrame | Iterable[Mapping[str, object]]) -> pa.Table:
+    """Rows (dicts or a frame) as an arrow table in the dataset schema.
+
+    Missing optional columns become null; a missing required value, an unknown column or a value
+    of the wrong type raises :class:`OpcastError`. ``point_id`` is filled in when absent.
+    """
+    frame = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    frame = frame.copy()
+    schema = dataset_schema()
+    unknown = sorted(set(frame.columns) - set(schema.names))
+    if unknown:
+        raise OpcastError(f"unknown dataset column(s) {', '.join(unknown)}; see opcast.schema.columns()")
+    if "point_id" not in frame.columns and len(frame):
+        frame["point_id"] = [_row_point_id(r) for r in frame.to_dict("records")]
+    for name in schema.names:
+        if name not in frame.columns:
+            frame[name] = None
+    missing = [c for c in required_columns() if frame[c].isna().any()]
+    if missing:
+        raise OpcastError(f"rows lack required value(s) for {', '.join(missing)}")
+    try:
+        return pa.Table.from_pandas(frame[schema.names], schema=schema, preserve_index=False)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as err:
+        raise OpcastError(f"rows do not fit the dataset schema: {str(err).splitlines()[0]}") from None
+
+
+def _row_point_id(row: Mapping[str, object]) -> str:
+    spec = get_op(str(row["op"]))
+    params = {k: row[k] for k in spec.param_names if k in row}
+    tc = row.get("tensor_cores")
+    return point_id(spec.kind.value, params, str(row["dtype"]), str(row["direction"]), None if pd.isna(tc) else bool(tc))
+
+
+def write_parquet(rows: pd.DataFrame | Iterable[Mapping[str, object]] | pa.Table, path: str | Path) -> Path:
+    """Write rows atomically to ``path`` (temp file in the same folder, then rename)."""
+    table = rows if isinstance(rows, pa.Table) else to_table(rows)
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as err:
+        raise OpcastError(f"cannot write {path}: {err.strerror}; choose a writable --out folder") from None
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+_PANDAS_TYPES: Final = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype(), pa.string(): pd.StringDtype()}
+
+
+def dataset_files(path: str | Path) -> list[Path]:
+    """The parquet files of a dataset: the file itself, or every ``*.parquet`` below a folder."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*.parquet") if not p.name.startswith("."))
+    raise OpcastError(f"dataset {path} does not exist; give a .parquet file or a folder written by opcast collect")
+
+
+def read_table(path: str | Path) -> pa.Table:
+    """Read and validate one parquet file of the dataset schema."""
+    path = Path(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        raise OpcastError(f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); delete or re-create it") from None
+    meta = table.schema.metadata or {}
+    version = meta.get(VERSION_KEY)
+    if version is None:
+        raise OpcastError(f"{path} has no opcast schema version; it was not written by opcast (convert it with opcast collect replay)")
+    if int(version) > SCHEMA_VERSION:
+        raise OpcastError(f"{path} has schema version {int(version)}, newer than this opcast ({SCHEMA_VERSION}); upgrade opcast")
+    schema = dataset_schema()
+    missing = [n for n in required_columns() if n not in table.schema.names]
+    if missing:
+        raise OpcastError(f"{path} lacks required column(s) {', '.join(missing)}")
+    for name in table.schema.names:
+        if name in schema.names and not table.schema.field(name).type.equals(schema.field(name).type):
+            try:
+                table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(schema.field(name).type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                raise OpcastError(f"{path}: column {name} has type {table.schema.field(name).type}, expected {schema.field(name).type}") from None
+    for name in schema.names:  # older files may lack newer optional columns
+        if name not in table.schema.names:
+            table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
+    return table.select(schema.names).replace_schema_metadata(schema.metadata)
+
+
+def read_dataset(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
+    """Read one or more datasets (files or folders of per-rank parts) into one validated frame."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files = [f for p in paths for f in dataset_files(p)]
+    if not files:
+        raise OpcastError(f"no parquet files found in {', '.join(map(str, paths))}")
+    table = pa.concat_tables([read_table(f) for f in files])
+    return table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+
+
+def row_params(row: Mapping[str, object]) -> dict[str, object]:
+    """The op parameters of a dataset row (only the ones its kind takes)."""
+    return {k: row[k] for k in get_op(str(row["op"])).param_names}

@@ -1,0 +1,154 @@
+"""The op registry: formulas against hand-computed values, validation and registration rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.ops import (BUS_FACTORS, ELEMENTWISE_FNS, OpKind, OpSpec, Param, arithmetic_intensity, bus_factor,
+                        get_op, op_kinds, param_types, register)
+
+REQUIRED_KINDS = {"gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy",
+                  "rope", "optimizer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
+
+
+def test_registry_holds_every_required_kind():
+    assert set(op_kinds()) == REQUIRED_KINDS
+    assert set(op_kinds(collective=True)) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
+
+
+def test_registering_a_kind_twice_raises():
+    with pytest.raises(ValueError, match="already registered"):
+        register(get_op("gemm"))
+
+
+def test_a_parameter_keeps_one_type_across_kinds():
+    spec = OpSpec(kind=OpKind.GEMM, doc="", params=(Param(name="rows", type=str, doc=""),),
+                  flops_fwd=lambda p, d: 0.0, bytes_fwd=lambda p, d: 0.0)
+    with pytest.raises(ValueError):
+        register(spec)
+    assert param_types()["rows"] is int
+
+
+def test_gemm_formulas_by_hand():
+    g = get_op("gemm")
+    p = g.validate({"b": 2, "m": 3, "n": 5, "k": 7})
+    assert g.flops(p) == 2 * 2 * 3 * 5 * 7 == 420
+    assert g.flops(p, "bwd") == 840
+    # A [2,3,7], B [2,7,5], C [2,3,5] in fp16: 2 bytes x (42 + 70 + 30)
+    assert g.bytes_moved(p, 2) == 2 * (42 + 70 + 30)
+    assert g.bytes_moved(p, 2, "bwd") == 2 * g.bytes_moved(p, 2)
+    assert arithmetic_intensity("gemm", p, 2) == pytest.approx(420 / 284)
+
+
+def test_square_gemm_intensity_is_n_over_3_bytes():
+    p = {"b": 1, "m": 4096, "n": 4096, "k": 4096}
+    # 2n^3 / (3 n^2 * 2 bytes) = n / 3
+    assert arithmetic_intensity("gemm", p, 2) == pytest.approx(4096 / 3)
+
+
+def _attn(**kw):
+    base = dict(batch=2, heads=4, kv_heads=2, seq_q=8, seq_kv=8, head_dim=16, causal=False, impl="flash")
+    base.update(kw)
+    return get_op("attention").validate(base)
+
+
+def test_attention_flops_full_and_causal():
+    a = get_op("attention")
+    full = _attn()
+    assert a.flops(full) == 4 * 2 * 4 * 16 * 8 * 8  # 4 * b * h * d * sq * skv
+    causal = _attn(causal=True)
+    assert a.flops(causal) == 4 * 2 * 4 * 16 * (8 * 9 / 2)  # the triangle incl. the diagonal
+    # decode: one query sees every key whether or not the mask is on
+    assert a.flops(_attn(seq_q=1, seq_kv=100, causal=True)) == a.flops(_attn(seq_q=1, seq_kv=100))
+    # eager computes the full square even when causal
+    assert a.flops(_attn(causal=True, impl="eager")) == a.flops(full)
+    assert a.flops(full, "bwd") == 2.5 * a.flops(full)
+    assert a.flops(_attn(impl="eager"), "bwd") == 2 * a.flops(full)
+
+
+def test_attention_bytes_by_hand():
+    a = get_op("attention")
+    p = _attn()
+    qo = 2 * 4 * 8 * 16  # batch * heads * seq_q * head_dim
+    kv = 2 * 2 * 8 * 16
+    lse = 4 * 2 * 4 * 8
+    assert a.bytes_moved(p, 2) == 2 * (2 * qo + 2 * kv) + lse
+    eager = _attn(impl="eager")
+    assert a.bytes_moved(eager, 2) == a.bytes_moved(p, 2) + 4 * 2 * (2 * 4 * 8 * 8)
+
+
+def test_attention_validation_names_every_problem():
+    with pytest.raises(OpcastError) as err:
+        get_op("attention").validate(dict(batch=1, heads=6, kv_heads=4, seq_q=16, seq_kv=8, head_dim=8, causal=True, impl="flash"))
+    assert "kv_heads=4 does not divide heads=6" in str(err.value)
+    assert "seq_q=16 <= seq_kv=8" in str(err.value)
+    with pytest.raises(OpcastError, match="impl='xformers' is not one of flash, sdpa, eager"):
+        _attn(impl="xformers")
+
+
+def test_norms_softmax_by_hand():
+    ln, rms, sm = get_op("layernorm"), get_op("rmsnorm"), get_op("softmax")
+    p = {"rows": 10, "cols": 100}
+    assert ln.bytes_moved(p, 2) == 2 * (2 * 1000 + 200) + 80
+    assert rms.bytes_moved(p, 2) == 2 * (2 * 1000 + 100) + 40
+    assert sm.bytes_moved(p, 4) == 4 * 2 * 1000
+    assert sm.bytes_moved(p, 4, "bwd") == 4 * 3 * 1000
+    assert ln.flops(p) == 8000 and rms.flops(p) == 4000 and sm.flops(p) == 5000
+
+
+def test_elementwise_by_hand():
+    ew = get_op("elementwise")
+    add = ew.validate({"numel": 1000, "fn": "add"})
+    assert ew.bytes_moved(add, 2) == 1000 * 2 * 3  # two inputs, one output
+    assert ew.directions(add) == ("fwd",)  # add's gradient is the identity: no kernel
+    gelu = ew.validate({"numel": 1000, "fn": "gelu"})
+    assert ew.bytes_moved(gelu, 4) == 1000 * 4 * 2
+    assert ew.bytes_moved(gelu, 4, "bwd") == 1000 * 4 * 3
+    drop = ew.validate({"numel": 1000, "fn": "dropout"})
+    assert ew.bytes_moved(drop, 2) == 1000 * (2 * 2 + 1)  # x, y and a 1-byte mask
+    with pytest.raises(OpcastError, match="direction 'bwd' not available"):
+        ew.validate({"numel": 10, "fn": "add"}, direction="bwd")
+    assert {"gelu", "silu", "add", "mul", "dropout"} <= set(ELEMENTWISE_FNS)
+
+
+def test_model_level_ops_by_hand():
+    emb = get_op("embedding").validate({"tokens": 8, "vocab": 100, "hidden": 4})
+    assert get_op("embedding").bytes_moved(emb, 2) == 8 * 8 + 2 * 2 * 8 * 4
+    ce = get_op("cross_entropy").validate({"tokens": 8, "vocab": 100})
+    assert get_op("cross_entropy").flops(ce) == 4 * 800
+    rope = get_op("rope").validate({"tokens": 8, "heads": 3, "head_dim": 4})
+    assert get_op("rope").flops(rope) == 3 * 8 * 3 * 4
+    adam = get_op("optimizer").validate({"numel": 1000})
+    assert get_op("optimizer").bytes_moved(adam, 4) == 7 * 4 * 1000
+    assert get_op("optimizer").directions() == ("fwd",)
+    with pytest.raises(OpcastError, match="no backward"):
+        get_op("optimizer").flops(adam, "bwd")
+
+
+def test_collectives_follow_nccl_tests_factors():
+    ar = get_op("all_reduce")
+    p = ar.validate({"bytes": 1 << 20, "world_size": 8, "nodes": 1, "gpus_per_node": 8})
+    assert ar.bytes_moved(p, 2) == 2 * 7 / 8 * (1 << 20)
+    assert bus_factor("all_gather", 4) == 0.75 and bus_factor("reduce_scatter", 4) == 0.75
+    assert bus_factor("send_recv", 2) == 1.0 and bus_factor("broadcast", 16) == 1.0
+    assert ar.flops(p, dtype_bytes=2) == 7 / 8 * (1 << 19)
+    assert get_op("all_gather").flops(p) == 0.0
+    assert set(BUS_FACTORS) == {OpKind(k) for k in op_kinds(collective=True)}
+
+
+def test_collective_topology_must_add_up():
+    with pytest.raises(OpcastError, match=r"world_size=8 != nodes=2 x gpus_per_node=8"):
+        get_op("all_reduce").validate({"bytes": 10, "world_size": 8, "nodes": 2, "gpus_per_node": 8})
+
+
+def test_validation_coerces_and_rejects():
+    g = get_op("gemm")
+    assert g.validate({"b": 1.0, "m": "64", "n": 64, "k": 64}) == {"b": 1, "m": 64, "n": 64, "k": 64}
+    with pytest.raises(OpcastError) as err:
+        g.validate({"b": 1, "m": 0, "n": 2.5, "q": 1})
+    msg = str(err.value)
+    assert "m=0 must be >= 1" in msg and "n=2.5 is not an integer" in msg and "missing parameter k" in msg and "unknown parameter(s) q" in msg
+    assert "\n" not in msg
+    with pytest.raises(OpcastError, match="unknown op 'conv2d'"):
+        get_op("conv2d")

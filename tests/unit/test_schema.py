@@ -1,0 +1,110 @@
+"""The dataset schema: round trip, versioning, atomic writes and errors that name the file."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.schema import (SCHEMA_VERSION, VERSION_KEY, dataset_schema, point_id, read_dataset, read_table,
+                           required_columns, row_params, to_table, write_parquet)
+
+
+def _rows():
+    base = dict(run_id="r1", source="bench", device="cpu-test", timing_method="perf_counter", dtype="fp32", direction="fwd")
+    return [
+        {**base, "op": "gemm", "b": 1, "m": 64, "n": 128, "k": 256, "time_s_median": 1e-4, "time_s_p20": 9e-5, "time_s_p80": 2e-4, "n_reps": 7},
+        {**base, "op": "attention", "batch": 2, "heads": 8, "kv_heads": 2, "seq_q": 128, "seq_kv": 128, "head_dim": 64,
+         "causal": True, "impl": "sdpa", "time_s_median": 3e-4},
+        {**base, "op": "all_reduce", "bytes": 4096, "world_size": 2, "nodes": 1, "gpus_per_node": 2, "time_s_median": 5e-5,
+         "algbw_gbps": 0.08, "busbw_gbps": 0.08, "source": "comm"},
+    ]
+
+
+def test_round_trip_keeps_values_types_and_version(tmp_path):
+    path = write_parquet(_rows(), tmp_path / "d.parquet")
+    assert pq.read_schema(path).metadata[VERSION_KEY] == str(SCHEMA_VERSION).encode()
+    df = read_dataset(path)
+    assert len(df) == 3 and list(df.columns) == dataset_schema().names
+    assert row_params(df.iloc[0].to_dict()) == {"b": 1, "m": 64, "n": 128, "k": 256}
+    assert bool(df.iloc[1]["causal"]) is True and df.iloc[1]["impl"] == "sdpa"
+    assert df.iloc[2]["busbw_gbps"] == pytest.approx(0.08)
+    assert df["m"].isna().sum() == 2  # other kinds leave gemm's columns null
+    assert str(df["m"].dtype) == "Int64"  # nullable ints survive the trip
+
+
+def test_point_id_is_filled_and_stable(tmp_path):
+    df = read_dataset(write_parquet(_rows(), tmp_path / "d.parquet"))
+    assert df.iloc[0]["point_id"] == point_id("gemm", {"b": 1, "m": 64, "n": 128, "k": 256}, "fp32", "fwd", None)
+    assert point_id("gemm", {"k": 256, "b": 1, "m": 64.0, "n": 128}, "fp32", "fwd") == df.iloc[0]["point_id"]
+    assert point_id("gemm", {"b": 1, "m": 64, "n": 128, "k": 256}, "fp32", "bwd") != df.iloc[0]["point_id"]
+
+
+def test_folders_of_parts_are_merged(tmp_path):
+    rows = _rows()
+    write_parquet(rows[:1], tmp_path / "bench" / "rank0000-a-0000.parquet")
+    write_parquet(rows[1:], tmp_path / "bench" / "rank0001-a-0000.parquet")
+    assert len(read_dataset(tmp_path)) == 3
+
+
+def test_missing_required_value_and_unknown_column_are_refused():
+    rows = _rows()
+    del rows[0]["time_s_median"]
+    with pytest.raises(OpcastError, match="time_s_median"):
+        to_table(rows)
+    with pytest.raises(OpcastError, match="unknown dataset column"):
+        to_table([{**_rows()[0], "latency_ms": 3.0}])
+    with pytest.raises(OpcastError, match="do not fit"):
+        to_table([{**_rows()[0], "m": "sixty-four"}])
+
+
+def test_corrupt_file_is_named(tmp_path):
+    write_parquet(_rows(), tmp_path / "good.parquet")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 this is not parquet")
+    with pytest.raises(OpcastError) as err:
+        read_dataset(tmp_path)
+    assert "bad.parquet" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_foreign_and_future_files_are_refused(tmp_path):
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign.parquet")
+    with pytest.raises(OpcastError, match="foreign.parquet has no opcast schema version"):
+        read_table(tmp_path / "foreign.parquet")
+    table = to_table(_rows()).replace_schema_metadata({VERSION_KEY: str(SCHEMA_VERSION + 1).encode()})
+    pq.write_table(table, tmp_path / "future.parquet")
+    with pytest.raises(OpcastError, match="newer than this opcast"):
+        read_table(tmp_path / "future.parquet")
+    no_time = to_table(_rows()).drop_columns(["time_s_median"])
+    pq.write_table(no_time.replace_schema_metadata({VERSION_KEY: b"1"}), tmp_path / "short.parquet")
+    with pytest.raises(OpcastError, match="short.parquet lacks required column"):
+        read_table(tmp_path / "short.parquet")
+
+
+def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
+    path = write_parquet(_rows(), tmp_path / "d.parquet")
+    bad = _rows()
+    bad[0]["m"] = "x"
+    with pytest.raises(OpcastError):
+        write_parquet(bad, path)
+    assert len(read_dataset(path)) == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["d.parquet"]  # no temp files left
+
+
+def test_unwritable_destination_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(OpcastError, match="cannot write"):
+        write_parquet(_rows(), blocker / "sub" / "d.parquet")
+
+
+def test_missing_dataset_path(tmp_path):
+    with pytest.raises(OpcastError, match="does not exist"):
+        read_dataset(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(OpcastError, match="no parquet files"):
+        read_dataset(tmp_path / "empty")
+
+
+def test_required_columns_cover_provenance_and_timing():
+    assert {"run_id", "source", "device", "op", "dtype", "direction", "time_s_median", "timing_method"} <= set(required_columns())

@@ -1,0 +1,1 @@
+"""opcast.train: learned kernel predictors fitted on opcast datasets (see the train issue)."""
