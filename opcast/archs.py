@@ -1,0 +1,520 @@
+"""LLM architectures ("archs"): presets, Hugging Face config import, parameter counts, and the
+per-rank ops of one transformer block under Megatron tensor parallelism.
+
+An :class:`ArchSpec` is the shape of a decoder-only transformer. Presets live as strict JSON in
+``data/archs/<name>.json`` (keys = the ArchSpec fields). :func:`load_arch` accepts a preset name,
+a preset-style JSON file, or a Hugging Face ``config.json`` (or a folder holding one).
+
+:func:`layer_ops` and :func:`model_ops` turn an arch into the op list that ``collect bench
+--arch`` measures and ``predict`` costs. They follow Megatron-LM tensor parallelism (Shoeybi et
+al. 2019, arXiv 1909.08053, Sec. 3): QKV and MLP-up are column-parallel (output features split
+over ``tp`` ranks), out-proj and MLP-down are row-parallel (input features split), so every GEMM
+keeps all ``T = batch * seq`` tokens as rows. With sequence parallelism (Korthikanti et al. 2022,
+arXiv 2205.05198, Sec. 4.2.2) the norms, dropouts and residual adds see ``T / tp`` rows.
+Op kinds and parameter names are those of the op registry (:mod:`opcast.ops`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from opcast.errors import OpcastError
+from opcast.paths import data_path
+
+Family = Literal["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "opt", "mixtral", "gpt3", "megatron"]
+Norm = Literal["layernorm", "rmsnorm"]
+Activation = Literal["gelu", "silu", "relu"]
+Position = Literal["learned", "rope", "alibi"]
+
+Op = tuple[str, dict[str, int | bool | str]]
+"""An op: (registry kind, shape parameters)."""
+
+MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
+"""Megatron-LM's default ``--make-vocab-size-divisible-by`` (megatron/training/arguments.py)."""
+
+DROPOUT_FAMILIES = frozenset({"gpt2", "gpt3", "megatron", "opt"})
+"""Families trained with hidden dropout after attention and MLP (GPT-2/3, Megatron GPT, OPT).
+GPT-NeoX-20B trained with hidden-dropout 0 (its 20B.yml) and the llama family has none."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ArchSpec:
+    """The shape of a decoder-only transformer LLM."""
+
+    name: str
+    """Preset or model name, e.g. ``llama2-7b``."""
+    family: Family
+    """Architecture family; decides details such as dropout placement."""
+    n_layers: int
+    """Transformer blocks."""
+    hidden: int
+    """Model (residual stream) width."""
+    n_heads: int
+    """Query heads."""
+    n_kv_heads: int
+    """Key/value heads: ``n_heads`` for multi-head attention, fewer for GQA/MQA."""
+    head_dim: int
+    """Channels per head, usually ``hidden // n_heads``."""
+    ffn_hidden: int
+    """MLP intermediate width (per expert for MoE)."""
+    vocab: int
+    """Tokenizer vocabulary (unpadded)."""
+    max_seq: int
+    """Longest sequence (rows of a learned position table)."""
+    norm: Norm
+    """Normalisation layer; LayerNorm has weight and bias, RMSNorm weight only."""
+    activation: Activation
+    """MLP activation."""
+    gated_mlp: bool
+    """SwiGLU-style MLP: the up projection is ``2 * ffn_hidden`` wide (gate and up)."""
+    position: Position
+    """Position encoding; ``learned`` adds a ``max_seq x hidden`` table."""
+    tied_embeddings: bool
+    """LM head shares the input embedding matrix."""
+    linear_bias: bool
+    """Attention and MLP projections carry biases."""
+    parallel_residual: bool
+    """GPT-NeoX/GPT-J block: ``x + attn(ln1(x)) + mlp(ln2(x))``."""
+    n_experts: int = 1
+    """MoE experts per MLP (1 = dense)."""
+    experts_top_k: int = 1
+    """Experts each token is routed to."""
+    source: str
+    """Citation: paper table, or model card and config.json."""
+
+    def __post_init__(self) -> None:
+        label = self.name if isinstance(self.name, str) and self.name else "<unnamed>"
+        problems: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = _FIELD_TYPES[f.name]
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                problems.append(f"{f.name}={value!r} is not an integer")
+            elif kind is int and value < 1:
+                problems.append(f"{f.name}={value} must be >= 1")
+            elif kind is bool and not isinstance(value, bool):
+                problems.append(f"{f.name}={value!r} is not true/false")
+            elif kind is str and not isinstance(value, str):
+                problems.append(f"{f.name}={value!r} is not a string")
+            elif f.name in _CHOICES and value not in _CHOICES[f.name]:
+                problems.append(f"{f.name}={value!r} is not one of {', '.join(_CHOICES[f.name])}")
+        if not problems:
+            if not self.name.strip():
+                problems.append("name is empty")
+            if self.n_heads % self.n_kv_heads:
+                problems.append(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
+            if self.experts_top_k > self.n_experts:
+                problems.append(f"experts_top_k={self.experts_top_k} exceeds n_experts={self.n_experts}")
+        if problems:
+            raise OpcastError(f"arch {label}: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ parameter counts
+
+    def _norm_params(self) -> int:
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def _attention_params(self) -> int:
+        qkv_out = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
+        weights = self.hidden * qkv_out + self.n_heads * self.head_dim * self.hidden
+        return weights + (qkv_out + self.hidden if self.linear_bias else 0)
+
+    def _expert_params(self) -> int:
+        up_out = (2 if self.gated_mlp else 1) * self.ffn_hidden
+        weights = self.hidden * up_out + self.ffn_hidden * self.hidden
+        return weights + (up_out + self.hidden if self.linear_bias else 0)
+
+    def _router_params(self) -> int:
+        return self.hidden * self.n_experts if self.n_experts > 1 else 0
+
+    def params_per_layer(self) -> int:
+        """Parameters of one block: attention, all experts' MLPs, router, two norms."""
+        return (self._attention_params() + self.n_experts * self._expert_params()
+                + self._router_params() + 2 * self._norm_params())
+
+    def embedding_params(self) -> int:
+        """Token embedding (unpadded vocab) plus the learned position table, if any."""
+        return self.vocab * self.hidden + (self.max_seq * self.hidden if self.position == "learned" else 0)
+
+    def _outside_layers(self) -> int:
+        lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.embedding_params() + self._norm_params() + lm_head
+
+    def params_total(self) -> int:
+        """Exact parameter count: blocks, embeddings, final norm and (when untied) the LM head.
+
+        For GPT-style archs this is Narayanan et al. 2021 (arXiv 2104.04473) Sec. 5.1,
+        ``12 l h^2 (1 + 13 / (12 h) + (V + s) / (12 l h))``, plus the final LayerNorm.
+        """
+        return self.n_layers * self.params_per_layer() + self._outside_layers()
+
+    def active_params_total(self) -> int:
+        """Parameters a token passes through: only ``experts_top_k`` experts per MoE layer."""
+        inactive = (self.n_experts - self.experts_top_k) * self._expert_params()
+        return self.params_total() - self.n_layers * inactive
+
+    # ------------------------------------------------------------------ parallelism
+
+    def tp_choices(self) -> list[int]:
+        """Tensor-parallel degrees this arch admits (see :meth:`validate_parallel`)."""
+        return [t for t in _divisors(self.n_heads) if not self._tp_conflicts(t)]
+
+    def _tp_conflicts(self, tp: int) -> list[str]:
+        bad = []
+        if self.n_heads % tp:
+            bad.append(f"n_heads={self.n_heads}")
+        # GQA with tp > n_kv_heads is fine when tp is a multiple: Megatron replicates the kv heads
+        if self.n_kv_heads != self.n_heads and self.n_kv_heads % tp and tp % self.n_kv_heads:
+            bad.append(f"n_kv_heads={self.n_kv_heads}")
+        if self.ffn_hidden % tp:
+            bad.append(f"ffn_hidden={self.ffn_hidden}")
+        return bad
+
+    def validate_parallel(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
+        """Raise :class:`OpcastError` naming every factor that does not fit this arch.
+
+        ``tp`` must divide ``n_heads`` and ``ffn_hidden`` (Megatron's column/row-parallel split)
+        and either divide ``n_kv_heads`` or be a multiple of it (kv heads are then replicated);
+        ``pp`` must divide ``n_layers``; ``ep`` must divide ``n_experts``.
+        """
+        problems: list[str] = []
+        for label, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                problems.append(f"{label}={value!r} must be a positive integer")
+        if problems:
+            raise OpcastError(f"{self.name}: " + "; ".join(problems))
+        bad = self._tp_conflicts(tp)
+        if bad:
+            nor = f" (nor {', '.join(bad[1:])})" if len(bad) > 1 else ""
+            problems.append(f"tp={tp} does not divide {bad[0]}{nor}; choose tp in {_join(self.tp_choices())}")
+        if self.n_layers % pp:
+            problems.append(f"pp={pp} does not divide n_layers={self.n_layers}; "
+                            f"choose pp in {_join(_divisors(self.n_layers))}")
+        if self.n_experts % ep:
+            problems.append(f"ep={ep} does not divide n_experts={self.n_experts}; "
+                            f"choose ep in {_join(_divisors(self.n_experts))}")
+        if problems:
+            raise OpcastError(f"{self.name}: " + "; ".join(problems))
+
+
+_FIELD_TYPES: dict[str, type] = {
+    "name": str, "family": str, "n_layers": int, "hidden": int, "n_heads": int, "n_kv_heads": int,
+    "head_dim": int, "ffn_hidden": int, "vocab": int, "max_seq": int, "norm": str, "activation": str,
+    "gated_mlp": bool, "position": str, "tied_embeddings": bool, "linear_bias": bool,
+    "parallel_residual": bool, "n_experts": int, "experts_top_k": int, "source": str,
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "family": get_args(Family), "norm": get_args(Norm),
+    "activation": get_args(Activation), "position": get_args(Position),
+}
+_REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k"))
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _join(values: list[int]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+def padded_vocab(vocab: int, tp: int = 1, divisible_by: int = MAKE_VOCAB_SIZE_DIVISIBLE_BY) -> int:
+    """Vocab padded as Megatron-LM does (``_vocab_size_with_padding``): up to a multiple of
+    ``--make-vocab-size-divisible-by`` (128) times ``tp``, so every rank holds an equal slice."""
+    multiple = divisible_by * tp
+    return -(-vocab // multiple) * multiple
+
+
+# ---------------------------------------------------------------------- op lists
+
+def _tokens(arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool) -> tuple[int, int]:
+    """``(T, rows)``: all tokens, and the tokens of the sequence-parallel region."""
+    arch.validate_parallel(tp=tp)
+    for label, value in (("batch", batch), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise OpcastError(f"{label}={value!r} must be a positive integer")
+    if arch.position == "learned" and seq > arch.max_seq:
+        raise OpcastError(f"seq={seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions)")
+    tokens = batch * seq
+    if sp and seq % tp:  # Megatron splits the sequence dimension of [seq, batch, hidden]
+        raise OpcastError(f"sequence parallelism needs tp={tp} to divide seq={seq}")
+    return tokens, tokens // tp if sp else tokens
+
+
+def _dropout(arch: ArchSpec, numel: int) -> list[Op]:
+    return [("elementwise", {"numel": numel, "fn": "dropout"})] if arch.family in DROPOUT_FAMILIES else []
+
+
+def _mlp_ops(arch: ArchSpec, tp: int, tokens: int) -> list[Op]:
+    ffn = arch.ffn_hidden // tp
+    up_n = (2 if arch.gated_mlp else 1) * ffn
+    if arch.n_experts == 1:
+        batch, rows, router = 1, tokens, []
+    else:  # experts batched in one grouped GEMM; rows = expected tokens per expert (balanced routing)
+        batch, rows = arch.n_experts, -(-tokens * arch.experts_top_k // arch.n_experts)
+        router = [("gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden})]
+    act_numel = batch * rows * ffn
+    return [
+        *router,
+        ("gemm", {"b": batch, "m": rows, "n": up_n, "k": arch.hidden}),
+        ("elementwise", {"numel": act_numel, "fn": arch.activation}),
+        *([("elementwise", {"numel": act_numel, "fn": "mul"})] if arch.gated_mlp else []),
+        ("gemm", {"b": batch, "m": rows, "n": arch.hidden, "k": ffn}),
+    ]
+
+
+def layer_ops(arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = False,
+              attention_impl: str = "flash") -> list[Op]:
+    """Forward ops of ONE transformer block on one tensor-parallel rank, in execution order.
+
+    Communication (all-reduce, or all-gather/reduce-scatter with ``sp``) is not listed. With
+    ``tp > n_kv_heads`` each rank holds one replicated kv head. MoE layers list the router GEMM
+    and one grouped GEMM each for up and down over all experts (``b = n_experts``) with the
+    balanced-routing rows ``ceil(T * top_k / n_experts)``; token permutation is not listed.
+    """
+    if not isinstance(attention_impl, str) or not attention_impl:
+        raise OpcastError(f"attention_impl={attention_impl!r} must be a kernel name such as flash")
+    tokens, rows = _tokens(arch, tp, batch, seq, sp)
+    heads, kv_heads = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
+    residual = rows * arch.hidden
+    norm = (arch.norm, {"rows": rows, "cols": arch.hidden})
+    add = ("elementwise", {"numel": residual, "fn": "add"})
+    attention: list[Op] = [
+        norm,
+        ("gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}),
+        *([("rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim})]
+          if arch.position == "rope" else []),
+        ("attention", {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_q": seq, "seq_kv": seq,
+                       "head_dim": arch.head_dim, "causal": True, "impl": attention_impl}),
+        ("gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}),
+        *_dropout(arch, residual),
+    ]
+    mlp: list[Op] = [norm, *_mlp_ops(arch, tp, tokens), *_dropout(arch, residual)]
+    if arch.parallel_residual:  # x + attn(ln1(x)) + mlp(ln2(x)): two adds at the end
+        ops = [*attention, *mlp, add, add]
+    else:
+        ops = [*attention, add, *mlp, add]
+    return [(kind, dict(params)) for kind, params in ops]
+
+
+def model_ops(arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = False) -> list[Op]:
+    """Forward ops outside the blocks on one tensor-parallel rank: vocab-parallel embedding
+    (plus the replicated position table when learned), final norm, LM head and vocab-parallel
+    cross entropy, with the vocab padded by :func:`padded_vocab`."""
+    tokens, rows = _tokens(arch, tp, batch, seq, sp)
+    vocab = padded_vocab(arch.vocab, tp) // tp
+    ops: list[Op] = [("embedding", {"tokens": tokens, "vocab": vocab, "hidden": arch.hidden})]
+    if arch.position == "learned":
+        ops += [("embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}),
+                ("elementwise", {"numel": tokens * arch.hidden, "fn": "add"})]
+    ops += _dropout(arch, rows * arch.hidden)
+    ops += [
+        (arch.norm, {"rows": rows, "cols": arch.hidden}),
+        ("gemm", {"b": 1, "m": tokens, "n": vocab, "k": arch.hidden}),
+        ("cross_entropy", {"tokens": tokens, "vocab": vocab}),
+    ]
+    return ops
+
+
+# ---------------------------------------------------------------------- presets and loading
+
+def _presets_dir() -> Path:
+    return data_path("archs")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise OpcastError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except OSError as e:
+        raise OpcastError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def arch_from_dict(data: Any, origin: str) -> ArchSpec:
+    """An ArchSpec from a preset-style mapping; unknown or missing keys raise naming ``origin``."""
+    if not isinstance(data, dict):
+        raise OpcastError(f"{origin}: expected a JSON object with the ArchSpec keys")
+    unknown = sorted(set(data) - set(_FIELD_TYPES))
+    if unknown:
+        raise OpcastError(f"{origin}: unknown key '{unknown[0]}' (valid keys: {', '.join(_FIELD_TYPES)})")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise OpcastError(f"{origin}: missing key '{missing[0]}'"
+                          + (f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""))
+    try:
+        return ArchSpec(**data)
+    except OpcastError as e:
+        raise OpcastError(f"{origin}: {e}") from None
+
+
+def _normalise(name: str) -> str:
+    """Spelling-insensitive key: ``Llama-2-7b``, ``meta-llama/Llama-2-7b-hf`` -> ``llama27b``."""
+    key = name.strip().lower().rsplit("/", 1)[-1]
+    key = re.sub(r"^meta-", "", key)
+    key = re.sub(r"-hf$|-v\d+(\.\d+)*$", "", key)
+    return re.sub(r"[^a-z0-9.]", "", key)
+
+
+@cache
+def _preset_index(directory: Path) -> dict[str, Path]:
+    index: dict[str, Path] = {}
+    for path in sorted(directory.glob("*.json")):
+        key = _normalise(path.stem)
+        if key in index:
+            raise OpcastError(f"presets {index[key].name} and {path.name} have the same normalised name '{key}'")
+        index[key] = path
+    return index
+
+
+def list_archs() -> list[str]:
+    """Names of the bundled presets."""
+    return sorted(p.stem for p in _presets_dir().glob("*.json"))
+
+
+def load_arch(name_or_path: str | Path) -> ArchSpec:
+    """A preset by name (case- and separator-insensitive), a preset-style JSON file, or a
+    Hugging Face ``config.json`` (or a folder holding one)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return _load_path(path)
+    text = str(name_or_path)
+    if text.lower().endswith(".json"):
+        raise OpcastError(f"{text}: no such file")
+    found = _preset_index(_presets_dir()).get(_normalise(text))
+    if found is None:
+        raise OpcastError(f"unknown arch '{text}'; choose one of {', '.join(list_archs())}, "
+                          "or pass a preset JSON or a Hugging Face config.json")
+    return arch_from_dict(_read_json(found), str(found))
+
+
+def _load_path(path: Path) -> ArchSpec:
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise OpcastError(f"{path}: folder has no config.json")
+        path = path / "config.json"
+    data = _read_json(path)
+    if isinstance(data, dict) and "model_type" in data:
+        name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+        return arch_from_hf_config(data, name)
+    return arch_from_dict(data, str(path))
+
+
+# ---------------------------------------------------------------------- Hugging Face configs
+
+HF_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "opt", "mixtral")
+"""``model_type`` values :func:`arch_from_hf_config` understands."""
+
+_HF_ACTIVATIONS: dict[str, Activation] = {
+    "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
+    "gelu_python": "gelu", "gelu_accurate": "gelu", "silu": "silu", "swish": "silu", "relu": "relu",
+}
+
+
+class _HfConfig:
+    """Key access on a config.json dict that names the model and key when one is missing."""
+
+    def __init__(self, cfg: Mapping[str, Any], name: str) -> None:
+        self.cfg, self.name = cfg, name
+
+    def req(self, *keys: str) -> Any:
+        """The first of ``keys`` present (aliases) and not null."""
+        for key in keys:
+            if self.cfg.get(key) is not None:
+                return self.cfg[key]
+        raise OpcastError(f"config.json of {self.name} (model_type '{self.cfg['model_type']}') "
+                          f"lacks key '{keys[0]}'")
+
+    def get(self, key: str, default: Any) -> Any:
+        value = self.cfg.get(key)
+        return default if value is None else value
+
+    def activation(self, key: str, default: str) -> Activation:
+        act = self.get(key, default)
+        if act not in _HF_ACTIVATIONS:
+            raise OpcastError(f"config.json of {self.name}: {key} '{act}' is not supported; "
+                              f"supported: {', '.join(_HF_ACTIVATIONS)}")
+        return _HF_ACTIVATIONS[act]
+
+    def head_dim(self, hidden: int, heads: int) -> int:
+        explicit = self.cfg.get("head_dim")
+        if explicit is not None:
+            return explicit
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (hidden, heads)):
+            raise OpcastError(f"config.json of {self.name}: hidden size {hidden!r} and attention heads "
+                              f"{heads!r} must be positive integers")
+        if hidden % heads:
+            raise OpcastError(f"config.json of {self.name}: hidden size {hidden} is not a multiple "
+                              f"of the {heads} attention heads")
+        return hidden // heads
+
+
+def arch_from_hf_config(cfg: Mapping[str, Any], name: str) -> ArchSpec:
+    """An ArchSpec from a Hugging Face ``config.json`` dict, using the transformers defaults
+    for optional keys. Simplifications (each noted in ``source``): GPT-NeoX partial rotary is
+    treated as full rope; Qwen2's QKV-only biases are not counted (``linear_bias`` False);
+    OPT's ``word_embed_proj_dim`` projections are not modelled; Mistral's sliding window is
+    ignored."""
+    if not isinstance(cfg, Mapping):
+        raise OpcastError(f"config.json of {name}: expected a JSON object")
+    model_type = cfg.get("model_type")
+    if model_type not in HF_MODEL_TYPES:
+        raise OpcastError(f"config.json model_type '{model_type}' is not supported; "
+                          f"supported: {', '.join(HF_MODEL_TYPES)}")
+    c = _HfConfig(cfg, name)
+    origin = f"Hugging Face config.json ({cfg.get('_name_or_path') or name})"
+    if model_type == "gpt2":
+        hidden, heads = c.req("n_embd", "hidden_size"), c.req("n_head", "num_attention_heads")
+        fields_: dict[str, Any] = dict(
+            n_layers=c.req("n_layer", "num_hidden_layers"), ffn_hidden=c.get("n_inner", 4 * hidden),
+            max_seq=c.req("n_positions", "n_ctx"), norm="layernorm", gated_mlp=False, position="learned",
+            activation=c.activation("activation_function", "gelu_new"),
+            tied_embeddings=c.get("tie_word_embeddings", True), linear_bias=True, parallel_residual=False)
+    elif model_type == "gpt_neox":
+        hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
+        fields_ = dict(
+            n_layers=c.req("num_hidden_layers"), ffn_hidden=c.req("intermediate_size"),
+            max_seq=c.req("max_position_embeddings"), norm="layernorm", gated_mlp=False, position="rope",
+            activation=c.activation("hidden_act", "gelu"),
+            tied_embeddings=c.get("tie_word_embeddings", False), linear_bias=c.get("attention_bias", True),
+            parallel_residual=c.get("use_parallel_residual", True))
+        if c.get("rotary_pct", 0.25) != 1:
+            origin += f"; rotary_pct={c.get('rotary_pct', 0.25)} treated as full rope"
+    elif model_type == "opt":
+        hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
+        fields_ = dict(
+            n_layers=c.req("num_hidden_layers"), ffn_hidden=c.req("ffn_dim"),
+            max_seq=c.req("max_position_embeddings"), norm="layernorm", gated_mlp=False, position="learned",
+            activation=c.activation("activation_function", "relu"),
+            tied_embeddings=c.get("tie_word_embeddings", True), linear_bias=c.get("enable_bias", True),
+            parallel_residual=False)
+        if c.get("word_embed_proj_dim", hidden) != hidden:
+            origin += (f"; word_embed_proj_dim={c.get('word_embed_proj_dim', hidden)} != hidden_size={hidden}: "
+                       "project_in/out not modelled")
+    else:  # llama, mistral, qwen2, mixtral: pre-RMSNorm, rope, gated MLP (gate_proj/up_proj/down_proj)
+        hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
+        fields_ = dict(
+            n_layers=c.req("num_hidden_layers"), n_kv_heads=c.get("num_key_value_heads", heads),
+            ffn_hidden=c.req("intermediate_size"), max_seq=c.req("max_position_embeddings"), norm="rmsnorm",
+            gated_mlp=True, position="rope", activation=c.activation("hidden_act", "silu"),
+            tied_embeddings=c.get("tie_word_embeddings", False),
+            linear_bias=c.get("attention_bias", False) if model_type == "llama" else False,
+            parallel_residual=False)
+        if model_type == "qwen2":
+            origin += "; QKV biases not counted"
+        if model_type == "mistral" and c.cfg.get("sliding_window") is not None:
+            origin += f"; sliding_window={c.cfg['sliding_window']} ignored"
+        if model_type == "mixtral":
+            fields_.update(n_experts=c.req("num_local_experts"), experts_top_k=c.req("num_experts_per_tok"))
+    fields_.setdefault("n_kv_heads", heads)
+    fields_.update(hidden=hidden, n_heads=heads, head_dim=c.head_dim(hidden, heads))
+    fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=origin)
+    try:
+        return ArchSpec(**fields_)
+    except OpcastError as e:
+        raise OpcastError(f"config.json of {name}: {e}") from None

@@ -1,0 +1,454 @@
+"""Arch presets, Hugging Face config import, parameter counts and the Megatron-TP op lists."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from opcast.archs import (
+    ArchSpec,
+    arch_from_hf_config,
+    layer_ops,
+    list_archs,
+    load_arch,
+    model_ops,
+    padded_vocab,
+)
+from opcast.errors import OpcastError
+
+PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "published"
+NEUSIGHT_CONFIGS = PUBLISHED / "neusight" / "scripts" / "asplos" / "data" / "DLmodel_configs"
+
+PRESETS = [
+    "gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b",
+    "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
+    "gpt-neox-20b", "mixtral-8x7b", "megatron-22b", "megatron-175b", "megatron-530b", "megatron-1t",
+]
+
+# Op kinds and parameter names of the shared op registry (the brief's contract).
+OP_PARAMS = {
+    "gemm": {"b", "m", "n", "k"},
+    "attention": {"batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"},
+    "layernorm": {"rows", "cols"},
+    "rmsnorm": {"rows", "cols"},
+    "elementwise": {"numel", "fn"},
+    "rope": {"tokens", "heads", "head_dim"},
+    "embedding": {"tokens", "vocab", "hidden"},
+    "cross_entropy": {"tokens", "vocab"},
+}
+ELEMENTWISE_FNS = {"gelu", "silu", "relu", "mul", "add", "dropout"}
+
+
+def _arch(**overrides: object) -> ArchSpec:
+    base = dataclasses.asdict(load_arch("llama3-8b"))
+    base.update(overrides)
+    return ArchSpec(**base)
+
+
+# --------------------------------------------------------------------------- presets
+
+def test_every_preset_loads_under_its_file_name() -> None:
+    assert sorted(list_archs()) == sorted(PRESETS)
+    for name in PRESETS:
+        arch = load_arch(name)
+        assert arch.name == name
+        assert arch.source
+
+
+@pytest.mark.parametrize(("name", "published", "rel_tol"), [
+    ("llama2-7b", 6.74e9, 0.01),        # Touvron et al. 2023, model card "7B" (6.74B on HF)
+    ("llama3-8b", 8.03e9, 0.01),        # Meta-Llama-3-8B model card
+    ("llama3-70b", 70.6e9, 0.01),       # Meta-Llama-3-70B model card
+    ("llama3-405b", 405e9, 0.01),       # Llama 3 herd, Table 3
+    ("gpt3-175b", 174.6e9, 0.015),      # Brown et al. 2020; Narayanan et al. 2021 Sec. 5.1
+    ("gpt-neox-20b", 20.55e9, 0.01),    # Black et al. 2022
+    ("mixtral-8x7b", 46.7e9, 0.01),     # Jiang et al. 2024
+    ("megatron-530b", 529.6e9, 0.005),  # Narayanan et al. 2021, Table 1
+    ("megatron-1t", 1008.0e9, 0.005),   # Narayanan et al. 2021, Table 1
+])
+def test_params_total_matches_published(name: str, published: float, rel_tol: float) -> None:
+    assert load_arch(name).params_total() == pytest.approx(published, rel=rel_tol)
+
+
+@pytest.mark.parametrize(("name", "nominal"), [
+    ("gpt3-125m", 125e6), ("gpt3-350m", 350e6), ("gpt3-760m", 760e6), ("gpt3-1.3b", 1.3e9),
+    ("gpt3-2.7b", 2.7e9), ("gpt3-6.7b", 6.7e9), ("gpt3-13b", 13e9), ("megatron-22b", 22e9),
+])
+def test_gpt3_family_matches_nominal_size(name: str, nominal: float) -> None:
+    # Table 2.1 of Brown et al. 2020 gives rounded names; 2 % covers the rounding.
+    assert load_arch(name).params_total() == pytest.approx(nominal, rel=0.02)
+
+
+def test_exact_counts_match_hugging_face_totals() -> None:
+    assert load_arch("llama2-7b").params_total() == 6_738_415_616
+    assert load_arch("llama3-8b").params_total() == 8_030_261_248
+    assert load_arch("mixtral-8x7b").params_total() == 46_702_792_704
+
+
+def test_mixtral_active_params() -> None:
+    arch = load_arch("mixtral-8x7b")
+    assert arch.active_params_total() == pytest.approx(12.9e9, rel=0.01)  # Jiang et al. 2024: 12.9B active
+    assert load_arch("llama2-7b").active_params_total() == load_arch("llama2-7b").params_total()
+
+
+@pytest.mark.parametrize("name", ["megatron-22b", "megatron-175b", "megatron-530b", "megatron-1t", "gpt3-175b"])
+def test_gpt_counts_follow_narayanan_formula(name: str) -> None:
+    a = load_arch(name)
+    l, h, v, s = a.n_layers, a.hidden, a.vocab, a.max_seq
+    formula = 12 * l * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))  # arXiv 2104.04473 Sec. 5.1
+    assert a.params_total() == pytest.approx(formula + 2 * h, rel=1e-12)  # + final LayerNorm
+
+
+def test_per_layer_and_embedding_counts_by_hand() -> None:
+    a = load_arch("llama2-7b")  # 4 h^2 attention + 3 h f MLP + 2 RMSNorm weights
+    assert a.params_per_layer() == 4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096
+    assert a.embedding_params() == 32000 * 4096
+    g = load_arch("gpt3-125m")  # 12 h^2 + 13 h; word + learned position tables
+    assert g.params_per_layer() == 12 * 768**2 + 13 * 768
+    assert g.embedding_params() == (50257 + 2048) * 768
+
+
+@pytest.mark.parametrize("spelling", ["Llama-2-7b", "llama2_7b", "LLAMA2-7B", "meta-llama/Llama-2-7b-hf", " llama2-7b "])
+def test_preset_names_are_normalised(spelling: str) -> None:
+    assert load_arch(spelling).name == "llama2-7b"
+
+
+def test_other_spellings() -> None:
+    assert load_arch("Meta-Llama-3-8B").name == "llama3-8b"
+    assert load_arch("mistralai/Mixtral-8x7B-v0.1").name == "mixtral-8x7b"
+    assert load_arch("GPT-NeoX-20B").name == "gpt-neox-20b"
+    assert load_arch("gpt3-1.3b").name == "gpt3-1.3b" and load_arch("GPT3-13B").name == "gpt3-13b"
+
+
+# --------------------------------------------------------------------------- preset JSON files
+
+def _preset_dict(name: str = "llama2-7b") -> dict:
+    return dataclasses.asdict(load_arch(name))
+
+
+def test_preset_json_path_loads(tmp_path: Path) -> None:
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({**_preset_dict(), "name": "mine"}))
+    assert load_arch(path).name == "mine"
+    assert load_arch(str(path)) == load_arch(path)
+
+
+def test_preset_json_unknown_key_names_file_and_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({**_preset_dict(), "n_layer": 3}))
+    with pytest.raises(OpcastError, match=r"bad\.json.*unknown key 'n_layer'"):
+        load_arch(path)
+
+
+def test_preset_json_missing_key_names_file_and_key(tmp_path: Path) -> None:
+    data = _preset_dict()
+    del data["vocab"]
+    path = tmp_path / "short.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(OpcastError, match=r"short\.json.*missing key 'vocab'"):
+        load_arch(path)
+
+
+def test_preset_json_bad_value_and_bad_json(tmp_path: Path) -> None:
+    path = tmp_path / "typed.json"
+    path.write_text(json.dumps({**_preset_dict(), "hidden": "4096", "norm": "batchnorm"}))
+    with pytest.raises(OpcastError, match=r"typed\.json.*hidden='4096' is not an integer.*norm='batchnorm'"):
+        load_arch(path)
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(OpcastError, match="not valid JSON"):
+        load_arch(broken)
+
+
+def test_unknown_name_and_missing_path() -> None:
+    with pytest.raises(OpcastError, match="unknown arch 'llama9-1b'; choose one of .*llama2-7b"):
+        load_arch("llama9-1b")
+    with pytest.raises(OpcastError, match="no such file"):
+        load_arch("/nonexistent/config.json")
+
+
+def test_archspec_rejects_inconsistent_shapes() -> None:
+    with pytest.raises(OpcastError, match="n_kv_heads=6 does not divide n_heads=32"):
+        _arch(n_kv_heads=6)
+    with pytest.raises(OpcastError, match="experts_top_k=3 exceeds n_experts=2"):
+        _arch(n_experts=2, experts_top_k=3)
+    with pytest.raises(OpcastError, match="n_layers=0 must be >= 1"):
+        _arch(n_layers=0)
+    with pytest.raises(OpcastError, match="gated_mlp=1 is not true/false"):
+        _arch(gated_mlp=1)
+    with pytest.raises(OpcastError, match="name is empty"):
+        _arch(name=" ")
+
+
+# --------------------------------------------------------------------------- Hugging Face configs
+
+LLAMA2_7B_HF = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096, "vocab_size": 32000,
+    "hidden_act": "silu", "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}
+MIXTRAL_HF = {
+    "model_type": "mixtral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768, "vocab_size": 32000,
+    "hidden_act": "silu", "num_local_experts": 8, "num_experts_per_tok": 2, "tie_word_embeddings": False,
+}
+NEOX_20B_HF = {
+    "model_type": "gpt_neox", "hidden_size": 6144, "intermediate_size": 24576, "num_attention_heads": 64,
+    "num_hidden_layers": 44, "max_position_embeddings": 2048, "vocab_size": 50432, "hidden_act": "gelu_fast",
+    "rotary_pct": 0.25, "use_parallel_residual": True, "tie_word_embeddings": False,
+}
+
+_SHAPE_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "max_seq",
+                 "norm", "activation", "gated_mlp", "position", "tied_embeddings", "linear_bias",
+                 "parallel_residual", "n_experts", "experts_top_k")
+
+
+@pytest.mark.parametrize(("cfg", "preset"), [
+    (LLAMA2_7B_HF, "llama2-7b"), (MIXTRAL_HF, "mixtral-8x7b"), (NEOX_20B_HF, "gpt-neox-20b"),
+])
+def test_hf_config_matches_preset(cfg: dict, preset: str) -> None:
+    arch, ref = arch_from_hf_config(cfg, "x"), load_arch(preset)
+    assert {f: getattr(arch, f) for f in _SHAPE_FIELDS} == {f: getattr(ref, f) for f in _SHAPE_FIELDS}
+    assert arch.family == cfg["model_type"] and arch.name == "x"
+
+
+def test_hf_gpt2_small_exact_count() -> None:
+    cfg = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+           "vocab_size": 50257, "activation_function": "gelu_new", "n_inner": None}
+    arch = arch_from_hf_config(cfg, "gpt2")
+    assert (arch.ffn_hidden, arch.head_dim, arch.position, arch.tied_embeddings) == (3072, 64, "learned", True)
+    assert arch.params_total() == 124_439_808  # GPT2LMHeadModel("gpt2")
+
+
+def test_hf_llama_gqa_tied_with_head_dim() -> None:
+    cfg = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 8192, "num_attention_heads": 32,
+           "num_hidden_layers": 16, "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 131072,
+           "vocab_size": 128256, "tie_word_embeddings": True}  # Llama-3.2-1B
+    arch = arch_from_hf_config(cfg, "llama3.2-1b")
+    assert (arch.n_kv_heads, arch.head_dim, arch.tied_embeddings, arch.gated_mlp) == (8, 64, True, True)
+    assert arch.params_total() == 1_235_814_400
+
+
+def test_hf_llama_defaults_kv_heads_to_heads() -> None:
+    cfg = {k: v for k, v in LLAMA2_7B_HF.items() if k != "num_key_value_heads"}
+    assert arch_from_hf_config(cfg, "x").n_kv_heads == 32
+
+
+def test_hf_mistral() -> None:
+    cfg = {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+           "num_hidden_layers": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+           "vocab_size": 32000, "hidden_act": "silu", "sliding_window": 4096}  # Mistral-7B-v0.1
+    arch = arch_from_hf_config(cfg, "mistral-7b")
+    assert arch.family == "mistral" and arch.params_total() == 7_241_732_096
+    assert "sliding_window=4096 ignored" in arch.source
+
+
+def test_hf_qwen2_omits_only_qkv_bias() -> None:
+    cfg = {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_attention_heads": 14,
+           "num_hidden_layers": 24, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+           "vocab_size": 151936, "tie_word_embeddings": True}  # Qwen2-0.5B
+    arch = arch_from_hf_config(cfg, "qwen2-0.5b")
+    assert arch.linear_bias is False and "QKV biases not counted" in arch.source
+    qkv_bias = arch.n_layers * (arch.n_heads + 2 * arch.n_kv_heads) * arch.head_dim
+    assert arch.params_total() + qkv_bias == 494_032_768  # Qwen2-0.5B on Hugging Face
+
+
+def test_hf_opt() -> None:
+    cfg = {"model_type": "opt", "hidden_size": 2048, "ffn_dim": 8192, "num_attention_heads": 32,
+           "num_hidden_layers": 24, "max_position_embeddings": 2048, "vocab_size": 50272,
+           "activation_function": "relu", "word_embed_proj_dim": 2048}  # facebook/opt-1.3b
+    arch = arch_from_hf_config(cfg, "opt-1.3b")
+    assert (arch.activation, arch.position, arch.tied_embeddings, arch.linear_bias) == ("relu", "learned", True, True)
+    assert arch.params_total() + 2 * 2048 == 1_315_758_080  # HF adds 2 offset rows to the position table
+
+
+def test_hf_errors_are_one_line() -> None:
+    with pytest.raises(OpcastError, match=r"model_type 'bert' is not supported; supported: gpt2, gpt_neox, llama"):
+        arch_from_hf_config({"model_type": "bert"}, "bert")
+    cfg = {k: v for k, v in LLAMA2_7B_HF.items() if k != "intermediate_size"}
+    with pytest.raises(OpcastError, match="lacks key 'intermediate_size'"):
+        arch_from_hf_config(cfg, "x")
+    with pytest.raises(OpcastError, match="hidden_act 'gelu_10' is not supported"):
+        arch_from_hf_config({**LLAMA2_7B_HF, "hidden_act": "gelu_10"}, "x")
+    with pytest.raises(OpcastError, match="not a multiple of the 7 attention heads"):
+        arch_from_hf_config({**LLAMA2_7B_HF, "num_attention_heads": 7}, "x")
+    with pytest.raises(OpcastError, match="hidden size '768' and attention heads 12 must be positive integers"):
+        arch_from_hf_config({"model_type": "gpt2", "n_embd": "768", "n_layer": 2, "n_head": 12,
+                             "n_positions": 64, "vocab_size": 10}, "x")
+    with pytest.raises(OpcastError, match="num_local_experts"):
+        arch_from_hf_config({k: v for k, v in MIXTRAL_HF.items() if k != "num_local_experts"}, "x")
+
+
+def test_load_hf_config_from_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "Llama-2-7b-hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA2_7B_HF))
+    assert load_arch(folder).name == "Llama-2-7b-hf"
+    assert load_arch(folder / "config.json").params_total() == 6_738_415_616
+    with pytest.raises(OpcastError, match="no config.json"):
+        load_arch(tmp_path)
+
+
+def test_neusight_configs() -> None:
+    if not NEUSIGHT_CONFIGS.is_dir():
+        pytest.skip(f"published NeuSight configs not found at {NEUSIGHT_CONFIGS}")
+    loaded = 0
+    for path in sorted(NEUSIGHT_CONFIGS.glob("*.json")):
+        cfg = json.loads(path.read_text())
+        if cfg["model_type"] not in ("gpt2", "opt"):
+            with pytest.raises(OpcastError, match="is not supported"):
+                load_arch(path)
+            continue
+        arch = load_arch(path)
+        hidden = cfg.get("n_embd", cfg.get("hidden_size"))
+        assert arch.name == path.stem and arch.hidden == hidden
+        assert arch.n_layers == cfg.get("n_layer", cfg.get("num_hidden_layers"))
+        assert arch.ffn_hidden == cfg.get("ffn_dim", 4 * hidden) and arch.vocab == cfg["vocab_size"]
+        loaded += 1
+    assert loaded >= 8
+    gpt3_67 = load_arch(NEUSIGHT_CONFIGS / "gpt3_67.json")
+    assert gpt3_67.params_total() == load_arch("gpt3-6.7b").params_total()
+
+
+# --------------------------------------------------------------------------- parallel validation
+
+def test_validate_parallel_names_the_factors() -> None:
+    arch = load_arch("llama3-8b")
+    with pytest.raises(OpcastError, match=r"tp=3 does not divide n_heads=32 \(nor n_kv_heads=8, ffn_hidden=14336\); "
+                                          r"choose tp in 1, 2, 4, 8, 16, 32"):
+        arch.validate_parallel(tp=3)
+    with pytest.raises(OpcastError, match=r"pp=5 does not divide n_layers=32; choose pp in 1, 2, 4, 8, 16, 32"):
+        arch.validate_parallel(pp=5)
+    with pytest.raises(OpcastError) as info:
+        load_arch("mixtral-8x7b").validate_parallel(tp=3, pp=5, ep=3)
+    message = str(info.value)
+    assert "\n" not in message
+    assert all(part in message for part in ("tp=3", "pp=5", "ep=3 does not divide n_experts=8; choose ep in 1, 2, 4, 8"))
+
+
+def test_validate_parallel_accepts_kv_replication() -> None:
+    arch = load_arch("llama3-8b")
+    arch.validate_parallel(tp=16, pp=4)  # 16 is a multiple of the 8 kv heads: Megatron replicates them
+    odd = _arch(n_heads=48, n_kv_heads=6, head_dim=128, hidden=6144, ffn_hidden=24576)
+    with pytest.raises(OpcastError, match=r"tp=4 does not divide n_kv_heads=6"):
+        odd.validate_parallel(tp=4)
+    odd.validate_parallel(tp=12)
+    assert odd.tp_choices() == [1, 2, 3, 6, 12, 24, 48]
+    with pytest.raises(OpcastError, match="tp=0 must be a positive integer"):
+        arch.validate_parallel(tp=0)
+
+
+# --------------------------------------------------------------------------- op lists
+
+def test_llama2_7b_layer_ops_tp2_by_hand() -> None:
+    t = 2 * 1024  # batch 2, seq 1024
+    assert layer_ops(load_arch("llama2-7b"), tp=2, batch=2, seq=1024) == [
+        ("rmsnorm", {"rows": t, "cols": 4096}),
+        ("gemm", {"b": 1, "m": t, "n": 3 * 4096 // 2, "k": 4096}),          # QKV, column-parallel
+        ("rope", {"tokens": t, "heads": (32 + 32) // 2, "head_dim": 128}),
+        ("attention", {"batch": 2, "heads": 16, "kv_heads": 16, "seq_q": 1024, "seq_kv": 1024,
+                       "head_dim": 128, "causal": True, "impl": "flash"}),
+        ("gemm", {"b": 1, "m": t, "n": 4096, "k": 4096 // 2}),              # out-proj, row-parallel
+        ("elementwise", {"numel": t * 4096, "fn": "add"}),
+        ("rmsnorm", {"rows": t, "cols": 4096}),
+        ("gemm", {"b": 1, "m": t, "n": 2 * 11008 // 2, "k": 4096}),         # gate+up, column-parallel
+        ("elementwise", {"numel": t * 11008 // 2, "fn": "silu"}),
+        ("elementwise", {"numel": t * 11008 // 2, "fn": "mul"}),
+        ("gemm", {"b": 1, "m": t, "n": 4096, "k": 11008 // 2}),             # down, row-parallel
+        ("elementwise", {"numel": t * 4096, "fn": "add"}),
+    ]
+
+
+def test_sequence_parallel_shards_norms_and_residuals() -> None:
+    ops = layer_ops(load_arch("llama2-7b"), tp=4, batch=1, seq=2048, sp=True)
+    assert [p for k, p in ops if k == "rmsnorm"] == [{"rows": 512, "cols": 4096}] * 2
+    assert [p["numel"] for k, p in ops if p.get("fn") == "add"] == [512 * 4096] * 2
+    assert all(p["m"] == 2048 for k, p in ops if k == "gemm")  # GEMMs see the all-gathered sequence
+    with pytest.raises(OpcastError, match="tp=4 to divide seq=1001"):
+        layer_ops(load_arch("llama2-7b"), tp=4, batch=1, seq=1001, sp=True)
+
+
+def test_gqa_kv_replication_shapes() -> None:
+    ops = dict(layer_ops(load_arch("llama3-8b"), tp=16, batch=1, seq=128)[1:4])
+    assert ops["gemm"]["n"] == (2 + 2 * 1) * 128  # 2 query heads, one replicated k and v head
+    assert (ops["attention"]["heads"], ops["attention"]["kv_heads"]) == (2, 1)
+    assert ops["rope"]["heads"] == 3
+
+
+def test_gpt_style_dropouts_and_parallel_residual() -> None:
+    fns = [p.get("fn") for _, p in layer_ops(load_arch("gpt3-175b"), tp=8, batch=1, seq=2048)]
+    assert fns.count("dropout") == 2 and "gelu" in fns and "mul" not in fns
+    neox = [k if k != "elementwise" else p["fn"] for k, p in layer_ops(load_arch("gpt-neox-20b"), batch=1, seq=64)]
+    assert neox == ["layernorm", "gemm", "rope", "attention", "gemm", "layernorm", "gemm", "gelu", "gemm", "add", "add"]
+    assert "dropout" not in [p.get("fn") for _, p in layer_ops(load_arch("llama2-7b"), batch=1, seq=64)]
+
+
+def test_moe_layer_ops() -> None:
+    ops = layer_ops(load_arch("mixtral-8x7b"), tp=2, batch=1, seq=4096)
+    gemms = [p for k, p in ops if k == "gemm"]
+    assert gemms[2] == {"b": 1, "m": 4096, "n": 8, "k": 4096}                # router
+    assert gemms[3] == {"b": 8, "m": 4096 * 2 // 8, "n": 14336, "k": 4096}   # gate+up per expert
+    assert gemms[4] == {"b": 8, "m": 1024, "n": 4096, "k": 14336 // 2}       # down per expert
+    odd = layer_ops(load_arch("mixtral-8x7b"), batch=1, seq=5)
+    assert [p["m"] for k, p in odd if k == "gemm" and p["b"] == 8] == [2, 2]  # ceil(5 * 2 / 8)
+
+
+def test_vocab_padding_follows_megatron() -> None:
+    assert padded_vocab(50257) == 50304
+    assert padded_vocab(50257, tp=8) == 51200
+    assert padded_vocab(32000, tp=1) == 32000
+    assert padded_vocab(32000, tp=3) == 32256
+    assert padded_vocab(51200, tp=8) == 51200
+    ops = model_ops(load_arch("gpt3-175b"), tp=8, batch=1, seq=2048)
+    assert ops[0] == ("embedding", {"tokens": 2048, "vocab": 51200 // 8, "hidden": 12288})
+    assert ops[-2] == ("gemm", {"b": 1, "m": 2048, "n": 6400, "k": 12288})
+    assert ops[-1] == ("cross_entropy", {"tokens": 2048, "vocab": 6400})
+    assert ("embedding", {"tokens": 2048, "vocab": 2048, "hidden": 12288}) in ops  # learned positions
+    llama = model_ops(load_arch("llama3-8b"), tp=2, batch=1, seq=16)
+    assert [k for k, _ in llama] == ["embedding", "rmsnorm", "gemm", "cross_entropy"]
+
+
+def _all_ops() -> list[tuple[str, dict]]:
+    ops = []
+    for name in PRESETS:
+        arch = load_arch(name)
+        for tp in [t for t in arch.tp_choices() if t <= 8]:
+            for sp in (False, True):
+                ops += layer_ops(arch, tp=tp, batch=2, seq=720, sp=sp, attention_impl="sdpa")
+                ops += model_ops(arch, tp=tp, batch=2, seq=720, sp=sp)
+    return ops
+
+
+def test_op_dicts_use_registry_names_and_ints() -> None:
+    for kind, params in _all_ops():
+        assert kind in OP_PARAMS and set(params) == OP_PARAMS[kind], (kind, params)
+        for key, value in params.items():
+            if key == "causal":
+                assert value is True
+            elif key in ("impl", "fn"):
+                assert isinstance(value, str)
+            else:
+                assert type(value) is int and value >= 1, (kind, key, value)
+        if kind == "elementwise":
+            assert params["fn"] in ELEMENTWISE_FNS
+
+
+def test_ops_validate_against_the_op_registry() -> None:
+    ops_module = pytest.importorskip("opcast.ops", reason="op registry not importable")
+    for kind, params in _all_ops():
+        ops_module.get_op(kind).validate(params)
+
+
+def test_op_list_bad_inputs() -> None:
+    arch = load_arch("gpt3-125m")
+    with pytest.raises(OpcastError, match="batch=0 must be a positive integer"):
+        layer_ops(arch, batch=0, seq=16)
+    with pytest.raises(OpcastError, match="seq=4096 exceeds max_seq=2048"):
+        model_ops(arch, batch=1, seq=4096)
+    with pytest.raises(OpcastError, match="tp=5 does not divide n_heads=12"):
+        layer_ops(arch, tp=5, batch=1, seq=16)
+    with pytest.raises(OpcastError, match="attention_impl"):
+        layer_ops(arch, batch=1, seq=16, attention_impl="")
