@@ -1,0 +1,293 @@
+"""The hardware catalog (data/hardware/*.json), name resolution, strict validation and the local CPU spec."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opcast import hardware
+from opcast.errors import OpcastError
+from opcast.hardware import (
+    DeviceSpec,
+    catalog,
+    describe_local,
+    device_to_dict,
+    get_device,
+    load_device_file,
+    spec_from_dict,
+)
+from opcast.paths import data_path
+
+PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "published"
+NEUSIGHT_CONFIGS = PUBLISHED / "neusight" / "scripts" / "asplos" / "data" / "device_configs"
+
+REQUIRED = [
+    "V100-PCIe-32GB", "V100-SXM2-32GB", "A100-PCIe-40GB", "A100-SXM4-40GB", "A100-PCIe-80GB", "A100-SXM4-80GB",
+    "H100-SXM", "H100-PCIe", "H200", "GH200", "B200", "A40", "A10", "L4", "T4", "P100-PCIe-16GB", "P4",
+    "MI100", "MI210", "MI250", "MI250X", "MI300X",
+]
+
+MiB, GiB = 2**20, 2**30
+
+# (device, field, value, datasheet). Dense figures are the datasheets' sparsity figures halved.
+DATASHEET = [
+    ("H100-SXM", "peak_bf16_flops", 989.4e12, "NVIDIA H100 datasheet, SXM: BF16 1979 TFLOPS with sparsity"),
+    ("H100-SXM", "peak_fp8_flops", 1978.9e12, "NVIDIA H100 datasheet, SXM: FP8 3958 TFLOPS with sparsity"),
+    ("H100-SXM", "peak_tf32_flops", 494.7e12, "NVIDIA H100 datasheet, SXM: TF32 989 TFLOPS with sparsity"),
+    ("H100-SXM", "peak_fp32_flops", 66.9e12, "NVIDIA H100 datasheet, SXM: FP32 67 TFLOPS"),
+    ("H100-SXM", "mem_bw_bytes_per_s", 3.35e12, "NVIDIA H100 datasheet, SXM: 3.35 TB/s"),
+    ("H100-SXM", "sm_count", 132, "NVIDIA H100 whitepaper: H100 SXM5 has 132 SMs"),
+    ("H100-SXM", "l2_bytes", 50 * MiB, "NVIDIA H100 whitepaper: 50 MB L2"),
+    ("H100-SXM", "intra_node_bw_bytes_per_s", 450e9, "NVIDIA H100 datasheet: NVLink 900 GB/s bidirectional"),
+    ("H100-PCIe", "peak_bf16_flops", 756.5e12, "NVIDIA H100 datasheet, PCIe: BF16 1513 TFLOPS with sparsity"),
+    ("H200", "mem_bw_bytes_per_s", 4.8e12, "NVIDIA H200 datasheet: 4.8 TB/s"),
+    ("H200", "mem_bytes", 141 * GiB, "NVIDIA H200 datasheet: 141 GB HBM3e"),
+    ("GH200", "mem_bw_bytes_per_s", 4e12, "NVIDIA GH200 datasheet: 96 GB HBM3 at 4 TB/s"),
+    ("B200", "peak_bf16_flops", 2.25e15, "NVIDIA HGX B200: FP16/BF16 36 PFLOPS with sparsity for 8 GPUs"),
+    ("B200", "peak_fp8_flops", 4.5e15, "NVIDIA HGX B200: FP8 72 PFLOPS with sparsity for 8 GPUs"),
+    ("A100-SXM4-80GB", "peak_bf16_flops", 312e12, "NVIDIA A100 datasheet: BF16 312 TFLOPS (624 with sparsity)"),
+    ("A100-SXM4-80GB", "peak_tf32_flops", 156e12, "NVIDIA A100 datasheet: TF32 156 TFLOPS"),
+    ("A100-SXM4-80GB", "mem_bw_bytes_per_s", 2.039e12, "NVIDIA A100 datasheet: 80GB SXM 2,039 GB/s"),
+    ("A100-PCIe-80GB", "mem_bw_bytes_per_s", 1.935e12, "NVIDIA A100 datasheet: 80GB PCIe 1,935 GB/s"),
+    ("A100-PCIe-40GB", "mem_bw_bytes_per_s", 1.555e12, "NVIDIA A100 datasheet: 40GB 1,555 GB/s"),
+    ("A100-SXM4-40GB", "intra_node_bw_bytes_per_s", 300e9, "NVIDIA A100 datasheet: NVLink 600 GB/s"),
+    ("V100-SXM2-32GB", "peak_fp16_flops", 125e12, "NVIDIA V100 datasheet, SXM2: Tensor 125 TFLOPS"),
+    ("V100-PCIe-32GB", "peak_fp32_flops", 14e12, "NVIDIA V100 datasheet, PCIe: FP32 14 TFLOPS"),
+    ("A40", "peak_bf16_flops", 149.7e12, "NVIDIA A40 datasheet: BF16 149.7 TFLOPS"),
+    ("A10", "peak_fp16_flops", 125e12, "NVIDIA A10 datasheet: FP16 125 TFLOPS"),
+    ("L4", "peak_fp8_flops", 242.5e12, "NVIDIA L4 datasheet: FP8 485 TFLOPS with sparsity"),
+    ("T4", "peak_fp16_flops", 65e12, "NVIDIA T4 datasheet: mixed precision 65 TFLOPS"),
+    ("P100-PCIe-16GB", "mem_bw_bytes_per_s", 732e9, "NVIDIA P100 PCIe datasheet: 732 GB/s"),
+    ("MI300X", "peak_bf16_flops", 1307.4e12, "AMD MI300X datasheet: BF16 1307.4 TFLOPS dense"),
+    ("MI300X", "mem_bw_bytes_per_s", 5.3e12, "AMD MI300X datasheet: 5.3 TB/s"),
+    ("MI210", "peak_fp16_flops", 181e12, "AMD MI210 datasheet: FP16 181.0 TFLOPS"),
+    ("MI250X", "peak_bf16_flops", 191.5e12, "AMD MI250X datasheet: BF16 383 TFLOPS per two-GCD module"),
+    ("MI100", "peak_bf16_flops", 92.3e12, "AMD MI100 datasheet: BF16 92.3 TFLOPS"),
+]
+
+
+@pytest.fixture
+def valid() -> dict:
+    """A complete, valid device mapping (H100-SXM renamed)."""
+    d = device_to_dict(get_device("H100-SXM"))
+    d["name"], d["aliases"] = "my-gpu", ["my gpu spelling"]
+    return d
+
+
+def _write(tmp_path: Path, obj, name: str = "dev.json") -> Path:
+    path = tmp_path / name
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return path
+
+
+def _one_line_error(fn, *args, **kwargs) -> str:
+    with pytest.raises(OpcastError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# ---------------------------------------------------------------------- catalog files
+
+@pytest.mark.parametrize("path", sorted(data_path("hardware").glob("*.json")), ids=lambda p: p.stem)
+def test_every_catalog_file_loads_and_validates(path: Path) -> None:
+    spec = load_device_file(path)
+    assert spec.name == path.stem
+    assert list(json.loads(path.read_text())) == list(device_to_dict(spec))  # all keys, canonical order
+    assert "http" in spec.source and spec.notes
+    assert spec.vendor in ("nvidia", "amd")
+
+
+def test_required_gpus_present() -> None:
+    assert set(REQUIRED) <= set(catalog())
+
+
+def test_names_and_aliases_unique_after_normalising() -> None:
+    owner: dict[str, str] = {}
+    for spec in catalog().values():
+        for label in (spec.name, *spec.aliases):
+            key = hardware._normalise(label)
+            assert owner.setdefault(key, spec.name) == spec.name, f"{label!r} names {owner[key]} and {spec.name}"
+
+
+@pytest.mark.parametrize(("device", "field", "value", "cite"), DATASHEET, ids=lambda v: str(v)[:24])
+def test_datasheet_numbers(device: str, field: str, value: float, cite: str) -> None:
+    assert getattr(get_device(device), field) == pytest.approx(value, rel=1e-3), cite
+
+
+@pytest.mark.parametrize("spec", list(catalog().values()), ids=lambda s: s.name)
+def test_peaks_are_dense_and_consistent(spec: DeviceSpec) -> None:
+    # No dense bf16/fp16 of any catalog part exceeds B200's 2.25 PFLOPS; sparse figures would.
+    for dtype in ("tf32", "fp16", "bf16"):
+        assert (getattr(spec, f"peak_{dtype}_flops") or 0) <= 2.5e15
+    assert (spec.peak_fp8_flops or 0) <= 5e15
+    if spec.architecture in ("ampere", "hopper"):
+        assert spec.peak_bf16_flops <= 1.0e15  # A100 624 / H100 1979 TFLOPS are sparsity figures
+    # tensor peaks are ordered tf32 <= fp16 <= fp8 where present
+    chain = [p for p in (spec.peak_tf32_flops, spec.peak_fp16_flops, spec.peak_fp8_flops) if p is not None]
+    assert chain == sorted(chain)
+    # FP32 peak = 2 FLOP (FMA) x SMs x lanes x boost clock, within 5 % (datasheets round, some quote a lower clock)
+    layout = 2 * spec.sm_count * spec.fp32_lanes_per_sm * spec.boost_clock_hz
+    assert spec.peak_fp32_flops == pytest.approx(layout, rel=0.05)
+    assert spec.intra_node_bw_bytes_per_s <= 1e12 and spec.inter_node_bw_bytes_per_s <= 1e11  # one direction
+
+
+# ---------------------------------------------------------------------- name resolution
+
+@pytest.mark.parametrize(("spelling", "name"), [
+    ("NVIDIA H100 80GB HBM3", "H100-SXM"),        # torch.cuda.get_device_name()
+    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+    ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"),
+    ("AMD Instinct MI300X", "MI300X"),
+    ("NVIDIAA100-SXM4-80GB", "A100-SXM4-80GB"),   # estimate-train-time (Perlmutter)
+    ("NVIDIAGH200120GB", "GH200"),                # estimate-train-time (Vista)
+    ("a100", "A100-SXM4-80GB"),                   # vidur
+    ("a40", "A40"),
+    ("v100", "V100-SXM2-32GB"),
+    ("h100 sxm", "H100-SXM"),                     # case / separators ignored
+    ("NVIDIA L4", "L4"),
+    ("nvidia_b200", "B200"),                      # vendor prefix optional
+])
+def test_spellings_resolve(spelling: str, name: str) -> None:
+    assert get_device(spelling).name == name
+
+
+@pytest.mark.skipif(not NEUSIGHT_CONFIGS.is_dir(), reason=f"published NeuSight data not found at {NEUSIGHT_CONFIGS}")
+def test_every_neusight_device_config_resolves() -> None:
+    for path in sorted(NEUSIGHT_CONFIGS.glob("*.json")):
+        cfg = json.loads(path.read_text())
+        spec = get_device(path.stem)
+        assert get_device(cfg["Device"]).name == spec.name, path.name
+        if not path.stem.endswith("_TP"):  # the _TP config describes two H100s as one device
+            # NeuSight's bandwidths are the same datasheet figures within 5 % (H100: 3430 vs 3350 GB/s)
+            assert spec.mem_bw_bytes_per_s == pytest.approx(cfg["Mem_Bw"] * 1e9, rel=0.05), path.name
+
+
+def test_unknown_name_is_one_line_with_the_known_names() -> None:
+    message = _one_line_error(get_device, "H100-SXM4-96GB")
+    assert "unknown GPU 'H100-SXM4-96GB'" in message and "A100-SXM4-80GB" in message
+    assert "opcast hardware list" in message
+
+
+def test_json_path_loads_a_user_file(tmp_path: Path, valid: dict) -> None:
+    path = _write(tmp_path, valid)
+    spec = get_device(str(path))
+    assert spec.name == "my-gpu" and spec.aliases == ("my gpu spelling",)
+    assert "not found" in _one_line_error(get_device, str(tmp_path / "missing.json"))
+
+
+def test_round_trip_through_json(valid: dict) -> None:
+    spec = spec_from_dict(json.loads(json.dumps(valid)), "<test>")
+    assert device_to_dict(spec) == valid
+
+
+# ---------------------------------------------------------------------- strict validation
+
+def test_unknown_key(tmp_path: Path, valid: dict) -> None:
+    path = _write(tmp_path, {**valid, "peak_fp64_flops": 1e12})
+    message = _one_line_error(load_device_file, path)
+    assert str(path) in message and "unknown key 'peak_fp64_flops'" in message
+
+
+def test_missing_key(tmp_path: Path, valid: dict) -> None:
+    del valid["mem_bw_bytes_per_s"]
+    path = _write(tmp_path, valid)
+    message = _one_line_error(load_device_file, path)
+    assert str(path) in message and "missing key 'mem_bw_bytes_per_s'" in message
+
+
+def test_negative_and_wrong_type_values(tmp_path: Path, valid: dict) -> None:
+    path = _write(tmp_path, {**valid, "mem_bw_bytes_per_s": -1.0, "sm_count": 13.5, "peak_fp32_flops": "67e12"})
+    message = _one_line_error(load_device_file, path)
+    assert str(path) in message
+    assert "'mem_bw_bytes_per_s' must be positive" in message
+    assert "'sm_count' must be an integer" in message
+    assert "'peak_fp32_flops' must be a number" in message
+
+
+def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
+    assert spec_from_dict({**valid, "peak_fp8_flops": None, "tdp_w": None}, "<ok>").peak_fp8_flops is None
+    message = _one_line_error(load_device_file, _write(tmp_path, {**valid, "peak_fp32_flops": None}))
+    assert "'peak_fp32_flops' must not be null" in message
+
+
+def test_bad_json(tmp_path: Path) -> None:
+    path = _write(tmp_path, '{"name": "x",, }')
+    message = _one_line_error(load_device_file, path)
+    assert str(path) in message and "not valid JSON" in message and "line 1" in message
+
+
+def test_not_an_object(tmp_path: Path) -> None:
+    assert "expected a JSON object" in _one_line_error(load_device_file, _write(tmp_path, "[1, 2]"))
+
+
+def test_catalog_rejects_duplicate_aliases_and_misnamed_files(tmp_path: Path, valid: dict, monkeypatch) -> None:
+    folder = tmp_path / "hardware"
+    folder.mkdir()
+    monkeypatch.setattr(hardware, "data_path", lambda *parts: tmp_path.joinpath(*parts))
+    hardware._load_catalog.cache_clear()
+    try:
+        _write(folder, valid, "my-gpu.json")
+        _write(folder, {**valid, "name": "other-gpu", "aliases": ["MY_GPU_SPELLING"]}, "other-gpu.json")
+        message = _one_line_error(catalog)
+        assert "alias 'MY_GPU_SPELLING' also names my-gpu" in message
+        (folder / "other-gpu.json").unlink()
+        _write(folder, {**valid, "name": "third", "aliases": []}, "wrong-name.json")
+        assert "differs from the file name" in _one_line_error(catalog)
+    finally:
+        hardware._load_catalog.cache_clear()
+
+
+# ---------------------------------------------------------------------- peaks
+
+def test_peak_flops_and_supports() -> None:
+    h100, v100 = get_device("H100-SXM"), get_device("V100-SXM2-32GB")
+    assert h100.peak_flops("bf16") == 989.4e12
+    assert h100.peak_flops("fp32", tensor_cores=False) == 66.9e12
+    assert h100.peak_flops("fp32") == h100.peak_tf32_flops  # fp32 matmul allowed onto tensor cores = TF32
+    assert h100.peak_flops("fp16", tensor_cores=False) == 66.9e12
+    assert v100.peak_flops("fp32") == v100.peak_fp32_flops  # no TF32 on Volta
+    assert v100.supports("fp16") and not v100.supports("bf16")
+    assert v100.supported_dtypes() == ("fp32", "fp16")
+    message = _one_line_error(v100.peak_flops, "bf16")
+    assert message == "V100-SXM2-32GB has no bf16 peak; use one of fp32, fp16"
+    assert "unknown dtype 'fp64'" in _one_line_error(h100.peak_flops, "fp64")
+    assert h100.ridge_point == pytest.approx(989.4e12 / 3.35e12)
+
+
+def test_direct_construction_is_validated(valid: dict) -> None:
+    fields = {**valid, "aliases": tuple(valid["aliases"]), "gpus_per_node": 0}
+    assert "'gpus_per_node' must be positive" in _one_line_error(DeviceSpec, **fields)
+
+
+# ---------------------------------------------------------------------- local CPU
+
+def test_describe_local_cpu_is_measured_then_cached(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("OPCAST_CACHE_DIR", str(tmp_path))
+    spec = describe_local("cpu")
+    assert spec.vendor == "cpu" and spec.name.startswith("cpu-") and spec.name.endswith(f"-{spec.sm_count}c")
+    assert spec.peak_fp32_flops > 1e8 and spec.mem_bw_bytes_per_s > 1e8
+    assert spec.peak_tf32_flops is None and spec.peak_fp8_flops is None and spec.tdp_w is None
+    assert spec.source.startswith("measured by opcast on ")
+    if spec.supports("bf16"):  # a CPU has no tensor cores: each measured peak is its own vector rate
+        assert spec.peak_flops("bf16", tensor_cores=False) == spec.peak_bf16_flops
+    assert len(list(tmp_path.glob("local-*.json"))) == 1
+
+    def must_not_measure(*args, **kwargs):
+        raise AssertionError("the second call should be served from the cache")
+
+    monkeypatch.setattr(hardware, "_measure_cpu", must_not_measure)
+    assert describe_local("cpu") == spec
+    assert get_device("cpu") == spec
+
+    fresh = DeviceSpec(**{**device_to_dict(spec), "aliases": (), "peak_fp32_flops": 1.0})
+    monkeypatch.setattr(hardware, "_measure_cpu", lambda *args: fresh)
+    assert describe_local("cpu", remeasure=True) == fresh
+    assert describe_local("cpu").peak_fp32_flops == 1.0  # the cache was rewritten
+
+
+def test_describe_local_rejects_unknown_devices() -> None:
+    assert "use cpu, cuda or cuda:N" in _one_line_error(describe_local, "tpu")
