@@ -162,6 +162,8 @@ def _is_nan(value: object) -> bool:
 
 
 def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # numpy / pandas scalars as plain Python values
     if p.type is bool:
         if isinstance(value, bool):
             return value, ""

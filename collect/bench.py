@@ -1,0 +1,306 @@
+"""``opcast collect bench``: run the measurement plan on the local device.
+
+Sharded by rank and world size (``torchrun`` or SLURM environment), so one plan spreads over
+every GPU of a node or cluster; each rank appends its own parquet parts, merged on read.
+Resumable: points already in the output folder (same device) are skipped. Ctrl-C finishes the
+current point, writes everything measured and exits; a second Ctrl-C aborts at once (what was
+flushed is kept).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opcast.collect.io import PartWriter, done_point_ids, record_run
+from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, make_plan
+from opcast.collect.timing import TimingBudget, measure_cpu, measure_cuda
+from opcast.dtypes import DTYPES
+from opcast.errors import OpcastError
+from opcast.hardware import DeviceSpec, describe_local
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchConfig:
+    """Everything ``collect bench`` was asked to do."""
+
+    out: Path
+    """Dataset folder (parts go to out/bench/)."""
+    device: str = "cpu"
+    """cpu | cuda | cuda:N (under torchrun, cuda means cuda:LOCAL_RANK)."""
+    ops: tuple[str, ...] = ()
+    """Op kinds; empty = every compute kind."""
+    dtypes: tuple[str, ...] = ()
+    """Precisions; empty = fp32, fp16, bf16."""
+    archs: tuple[str, ...] = ()
+    """Archs whose exact shapes join the plan."""
+    tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
+    """TP degrees for the arch shapes."""
+    samples: int | None = None
+    """Total planned points (split evenly across strata); None with a time budget."""
+    budget_s: float | None = None
+    """Stop after this many seconds (resume continues)."""
+    seed: int = 0
+    """Plan seed."""
+    max_point_s: float = 0.05
+    """Skip points whose roofline time of one call is above this."""
+    max_mem_fraction: float = 0.25
+    """Largest share of device memory one point may use."""
+    timing: TimingBudget = TimingBudget()
+    """Warm-up and repetition budgets."""
+    cuda_graphs: bool = True
+    """Time sub-10 us CUDA ops inside CUDA graphs."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchResult:
+    """What a bench run did."""
+
+    rows_written: int = 0
+    already_done: int = 0
+    remaining: int = 0
+    planned: int = 0
+    interrupted: bool = False
+    skipped_in_plan: Counter = field(default_factory=Counter)
+    skipped_at_run: Counter = field(default_factory=Counter)
+    device: str = ""
+    run_id: str = ""
+
+
+def rank_and_world() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun or SLURM environment; (0, 1, 0) alone."""
+    env = os.environ
+    rank = int(env.get("RANK", env.get("SLURM_PROCID", 0)))
+    world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1)))
+    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", 0)))
+    if not 0 <= rank < world:
+        raise OpcastError(f"rank {rank} is outside world size {world}; check RANK/WORLD_SIZE")
+    return rank, world, local
+
+
+def resolve_device(device: str, local_rank: int):
+    """The torch device to run on, checked to exist."""
+    import torch
+
+    if device == "cpu":
+        return torch.device("cpu")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise OpcastError(f"--device {device}: no CUDA device is visible (torch {torch.__version__}); use --device cpu")
+        index = int(device.split(":", 1)[1]) if ":" in device else local_rank
+        if index >= torch.cuda.device_count():
+            raise OpcastError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+        return torch.device("cuda", index)
+    raise OpcastError(f"unknown --device {device!r}; use cpu, cuda or cuda:N")
+
+
+def check_dtypes(dtypes: tuple[str, ...], device) -> None:
+    """Refuse precisions the device lacks, naming the fix."""
+    import torch
+
+    for dtype in dtypes:
+        if dtype not in DTYPES:
+            raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+        if device.type == "cpu" and dtype in ("fp8", "tf32"):
+            raise OpcastError(f"dtype {dtype} is not available on the CPU; use fp32, bf16 or fp16")
+        if device.type == "cuda":
+            cc = torch.cuda.get_device_capability(device)
+            if dtype == "bf16" and not torch.cuda.is_bf16_supported():
+                raise OpcastError(f"dtype bf16 needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}; use fp16 or fp32")
+            if dtype == "tf32" and cc < (8, 0):
+                raise OpcastError(f"dtype tf32 needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}")
+            if dtype == "fp8" and cc < (8, 9):
+                raise OpcastError(f"dtype fp8 needs compute capability >= 8.9, this GPU is {cc[0]}.{cc[1]}; drop --dtype fp8")
+
+
+def device_limits(spec: DeviceSpec, device, cfg: BenchConfig, world_on_host: int) -> DeviceLimits:
+    if device.type == "cuda":
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(device)
+        mem = free
+    else:
+        try:
+            mem = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, world_on_host)
+        except (ValueError, OSError):
+            mem = spec.mem_bytes / max(1, world_on_host)
+    return DeviceLimits(spec=spec, device_type=device.type, max_point_s=cfg.max_point_s,
+                        max_bytes=cfg.max_mem_fraction * mem)
+
+
+def build_plan(cfg: BenchConfig, spec: DeviceSpec, device, world_on_host: int = 1) -> Plan:
+    from opcast.collect.ops import BUILDERS
+
+    ops = cfg.ops or tuple(BUILDERS)
+    dtypes = cfg.dtypes or ("fp32", "fp16", "bf16")
+    limits = device_limits(spec, device, cfg, world_on_host)
+    strata = len(ops) * len(dtypes) + (len(dtypes) if cfg.archs else 0)
+    per_stratum = 256 if cfg.samples is None else max(1, -(-cfg.samples // strata))
+    plan = make_plan(ops=ops, dtypes=dtypes, limits=limits, seed=cfg.seed, per_stratum=per_stratum,
+                     archs=cfg.archs, tp_degrees=cfg.tp_degrees)
+    if cfg.samples is not None:
+        plan.points = plan.points[: cfg.samples]
+    return plan
+
+
+def environment(device) -> dict[str, Any]:
+    """Library versions and, on CUDA, the device, driver and clocks where readable."""
+    import platform
+    import subprocess
+
+    import torch
+
+    import opcast
+
+    env: dict[str, Any] = {"opcast": opcast.__version__, "torch": torch.__version__, "python": platform.python_version(),
+                           "platform": platform.platform(), "cuda": torch.version.cuda, "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
+                   cudnn=torch.backends.cudnn.version())
+        try:
+            query = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
+            res = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-i", str(device.index)],
+                                 capture_output=True, text=True, timeout=10, check=True)
+            env["nvidia_smi"] = dict(zip(query.split(","), (x.strip() for x in res.stdout.split(","))))
+        except (OSError, subprocess.SubprocessError):
+            env["nvidia_smi"] = None
+    return env
+
+
+def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": run_id, "source": "bench", "device": device_name, "torch_version": env["torch"],
+        "cuda_version": env["cuda"] if "gpu" in env else None, "opcast_version": env["opcast"],
+        "timing_method": stats.method, "op": point.op, "dtype": point.dtype, "direction": point.direction,
+        "tensor_cores": point.tensor_cores, "point_id": point.point_id, **point.params,
+        "time_s_median": stats.time_s_median, "time_s_p20": stats.time_s_p20, "time_s_p80": stats.time_s_p80,
+        "n_reps": stats.n_reps,
+    }
+
+
+class _StopFlag:
+    """First Ctrl-C asks to stop after the current point; a second one aborts."""
+
+    def __init__(self) -> None:
+        self.stop = False
+        self._previous: Any = None
+
+    def __enter__(self) -> _StopFlag:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.stop:
+            raise KeyboardInterrupt
+        self.stop = True
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
+    """Measure this rank's share of the plan into ``cfg.out``; see the module docstring."""
+    import torch
+
+    from opcast.collect.ops import BUILDERS, BuildRequest, UnsupportedPoint
+
+    rank, world, local_rank = rank_and_world()
+    device = resolve_device(cfg.device, local_rank)
+    check_dtypes(cfg.dtypes, device)
+    out = Path(cfg.out)
+    parts = out / "bench"
+    try:
+        parts.mkdir(parents=True, exist_ok=True)
+        probe = parts / f".write-test-{rank}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // local_world))
+    spec = describe_local(str(device))
+    plan = build_plan(cfg, spec, device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    mine = plan.shard(rank, world)
+    done = done_point_ids(out, spec.name)
+    todo = [p for p in mine if p.point_id not in done]
+    run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    env = environment(device)
+    result = BenchResult(planned=len(mine), already_done=len(mine) - len(todo), skipped_in_plan=plan.skipped,
+                         device=spec.name, run_id=run_id)
+    writer = PartWriter(parts, rank=rank, run_id=run_id)
+    deadline = time.monotonic() + cfg.budget_s if cfg.budget_s else None
+    started = time.time()
+    task = progress.add_task(f"bench {spec.name}", total=len(todo)) if progress is not None else None
+    l2 = spec.l2_bytes if device.type == "cuda" else 0
+    with _StopFlag() as flag:
+        try:
+            for i, point in enumerate(todo):
+                if flag.stop or (deadline is not None and time.monotonic() > deadline):
+                    result.interrupted = flag.stop
+                    result.remaining = len(todo) - i
+                    break
+                allow_tf32 = point.dtype == "tf32"
+                if device.type == "cuda":
+                    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+                    torch.backends.cudnn.allow_tf32 = allow_tf32
+                req = BuildRequest(params=point.params, dtype=point.dtype, direction=point.direction, device=device, seed=cfg.seed)
+                try:
+                    fn = BUILDERS[point.op](req)
+                    if device.type == "cuda":
+                        stats = measure_cuda(fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs)
+                    else:
+                        stats = measure_cpu(fn, cfg.timing)
+                except UnsupportedPoint as err:
+                    result.skipped_at_run[f"{point.op}: {err}"] += 1
+                except torch.OutOfMemoryError:
+                    result.skipped_at_run[f"{point.op}: out of memory"] += 1
+                except RuntimeError as err:
+                    result.skipped_at_run[f"{point.op}: {str(err).splitlines()[0][:100]}"] += 1
+                else:
+                    writer.add(_row(point, stats, run_id=run_id, device_name=spec.name, env=env))
+                    result.rows_written += 1
+                finally:
+                    fn = None  # free the point's tensors before the next one
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                if task is not None:
+                    progress.update(task, advance=1, description=f"bench {spec.name} [{point.op} {point.dtype} {point.direction}]")
+        finally:
+            writer.flush()
+            record_run(out, rank=rank, record={
+                "run_id": run_id, "command": "bench", "rank": rank, "world_size": world,
+                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in _config_dict(cfg).items()},
+                "environment": env, "device_spec": _spec_dict(spec), "rows_written": result.rows_written,
+                "planned": result.planned, "already_done": result.already_done, "remaining": result.remaining,
+                "interrupted": result.interrupted, "skipped_in_plan": dict(plan.skipped),
+                "skipped_at_run": dict(result.skipped_at_run),
+            })
+    return result
+
+
+def _config_dict(cfg: BenchConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(cfg)
+
+
+def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
+    from opcast.hardware import device_to_dict
+
+    return device_to_dict(spec)

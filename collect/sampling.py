@@ -1,0 +1,300 @@
+"""The measurement plan: which op configurations to benchmark, in which order.
+
+Lightweight sampling (in the spirit of NeuSight's and Vidur's profilers, but sparser): for each
+(op kind, dtype) stratum, a seeded scrambled Sobol sequence over log-spaced, hardware-aligned
+shape ranges; plus the exact shapes that named archs produce under common tensor-parallel
+degrees. Strata are interleaved round-robin, so a run cut short by its time budget still covers
+every kind. Every point is validated before it is planned: registry checks, a memory bound and
+a roofline time estimate against the device, so nothing that cannot run (or would take too
+long) reaches the device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from opcast.dtypes import dtype_bytes
+from opcast.errors import OpcastError
+from opcast.hardware import DeviceSpec
+from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, get_op, op_kinds
+from opcast.schema import point_id
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanPoint:
+    """One configuration to measure."""
+
+    op: str
+    """Op kind."""
+    params: dict[str, Any]
+    """Validated op parameters."""
+    dtype: str
+    """Precision."""
+    direction: str
+    """fwd | bwd."""
+    tensor_cores: bool | None
+    """Tensor cores allowed (None on CPU)."""
+    stratum: str
+    """sobol:<op>:<dtype> or arch:<name>."""
+    point_id: str
+    """Resume key (opcast.schema.point_id)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Plan:
+    """The ordered points and what was left out, with reasons."""
+
+    points: list[PlanPoint] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+
+    def shard(self, rank: int, world_size: int) -> list[PlanPoint]:
+        """The points rank ``rank`` of ``world_size`` measures (a strided split keeps the mix)."""
+        return self.points[rank::world_size]
+
+
+# --------------------------------------------------------------------------- shape spaces
+
+def align(value: float, lo: int = 1) -> int:
+    """Round to a hardware-friendly multiple: 8 below 256, 64 up to 4096, 128 above."""
+    v = max(float(lo), value)
+    step = 1 if v < 8 else 8 if v < 256 else 64 if v < 4096 else 128
+    return max(lo, int(round(v / step)) * step)
+
+
+def log_int(u: float, lo: int, hi: int, *, aligned: bool = True) -> int:
+    """Map u in [0, 1) log-uniformly onto [lo, hi], aligned."""
+    v = math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo)))
+    return min(hi, align(v, lo)) if aligned else int(round(v))
+
+
+def choose(u: float, options: Sequence[Any]) -> Any:
+    return options[min(len(options) - 1, int(u * len(options)))]
+
+
+HEAD_DIMS = (64, 80, 96, 128, 128, 256)  # 128 twice: the common case is sampled more
+
+
+def _gemm(u: np.ndarray, _: str) -> dict[str, Any]:
+    b = 1 if u[0] < 0.6 else log_int((u[0] - 0.6) / 0.4, 2, 128, aligned=False)
+    return {"b": b, "m": log_int(u[1], 16, 16384), "n": log_int(u[2], 16, 16384), "k": log_int(u[3], 16, 16384)}
+
+
+def _attention(u: np.ndarray, device_type: str) -> dict[str, Any]:
+    heads = log_int(u[1], 1, 64, aligned=False)
+    groups = [g for g in (1, 2, 4, 8) if heads % g == 0]
+    seq = log_int(u[3], 128, 16384)
+    decode = bool(u[4] < 0.2)
+    impls = ATTENTION_IMPLS
+    return {
+        "batch": log_int(u[0], 1, 32, aligned=False), "heads": heads, "kv_heads": heads // choose(u[2], groups),
+        "seq_q": 1 if decode else seq, "seq_kv": seq, "head_dim": choose(u[5], HEAD_DIMS),
+        "causal": bool(not decode and u[6] < 0.7), "impl": choose(u[7], impls),
+    }
+
+
+def _rowwise(u: np.ndarray, _: str) -> dict[str, Any]:
+    return {"rows": log_int(u[0], 1, 65536), "cols": log_int(u[1], 64, 65536)}
+
+
+def _elementwise(u: np.ndarray, _: str) -> dict[str, Any]:
+    return {"numel": 1024 * log_int(u[0], 1, 1 << 18, aligned=False), "fn": choose(u[1], tuple(ELEMENTWISE_FNS))}
+
+
+def _embedding(u: np.ndarray, _: str) -> dict[str, Any]:
+    return {"tokens": log_int(u[0], 64, 32768), "vocab": log_int(u[1], 1024, 262144), "hidden": log_int(u[2], 256, 16384)}
+
+
+def _cross_entropy(u: np.ndarray, _: str) -> dict[str, Any]:
+    return {"tokens": log_int(u[0], 64, 16384), "vocab": log_int(u[1], 1024, 262144)}
+
+
+def _rope(u: np.ndarray, _: str) -> dict[str, Any]:
+    return {"tokens": log_int(u[0], 64, 65536), "heads": log_int(u[1], 1, 128, aligned=False), "head_dim": choose(u[2], (64, 128))}
+
+
+def _optimizer(u: np.ndarray, _: str) -> dict[str, Any]:
+    return {"numel": 1024 * log_int(u[0], 64, 1 << 20, aligned=False)}
+
+
+SPACES: dict[str, tuple[int, Callable[[np.ndarray, str], dict[str, Any]]]] = {
+    "gemm": (4, _gemm),
+    "attention": (8, _attention),
+    "layernorm": (2, _rowwise),
+    "rmsnorm": (2, _rowwise),
+    "softmax": (2, _rowwise),
+    "elementwise": (2, _elementwise),
+    "embedding": (3, _embedding),
+    "cross_entropy": (2, _cross_entropy),
+    "rope": (3, _rope),
+    "optimizer": (1, _optimizer),
+}
+"""Per op kind: (dimensions of the unit cube, map from a unit-cube point to parameters)."""
+
+
+def sobol_points(n: int, dims: int, seed: int) -> np.ndarray:
+    """The first ``n`` points of a scrambled, seeded Sobol sequence in [0, 1)^dims."""
+    from scipy.stats import qmc
+
+    if n <= 0:
+        return np.zeros((0, dims))
+    sampler = qmc.Sobol(d=dims, scramble=True, seed=seed)
+    return sampler.random_base2(max(0, math.ceil(math.log2(n))))[:n]
+
+
+def _stratum_seed(seed: int, *parts: str) -> int:
+    return int.from_bytes(hashlib.sha1(":".join((str(seed),) + parts).encode()).digest()[:4], "little")
+
+
+# --------------------------------------------------------------------------- validation
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceLimits:
+    """What the device can run in one point."""
+
+    spec: DeviceSpec
+    """The local device."""
+    device_type: str
+    """cpu | cuda."""
+    max_point_s: float
+    """Points whose roofline estimate of one call exceeds this are skipped."""
+    max_bytes: float
+    """Points whose tensors would exceed this are skipped."""
+
+
+def tensor_cores_for(dtype: str, device_type: str) -> bool | None:
+    """Tensor cores allowed: on CUDA all but fp32 (which runs on CUDA cores, TF32 off)."""
+    return None if device_type != "cuda" else dtype != "fp32"
+
+
+def peak_for(spec: DeviceSpec, dtype: str, device_type: str) -> float:
+    """The device's peak for ``dtype``, falling back to fp32 where the sheet has no number."""
+    tc = bool(tensor_cores_for(dtype, device_type))
+    try:
+        return spec.peak_flops(dtype, tensor_cores=tc)
+    except OpcastError:
+        return spec.peak_fp32_flops
+
+
+def roofline_s(op: str, params: dict[str, Any], dtype: str, direction: str, spec: DeviceSpec, device_type: str) -> float:
+    """max(FLOPs / peak, bytes / bandwidth): a lower bound on one call's time."""
+    kind = get_op(op)
+    db = dtype_bytes(dtype)
+    return max(kind.flops(params, direction, db) / peak_for(spec, dtype, device_type),
+               kind.bytes_moved(params, db, direction) / spec.mem_bw_bytes_per_s)
+
+
+def footprint_bytes(op: str, params: dict[str, Any], dtype: str) -> float:
+    """Rough bytes of device memory a point allocates (inputs, outputs, saved and grad tensors)."""
+    kind = get_op(op)
+    db = dtype_bytes(dtype)
+    total = kind.bytes_moved(params, db, "fwd")
+    if "bwd" in kind.directions(params):
+        total += kind.bytes_moved(params, db, "bwd")
+    return total
+
+
+def unsupported_reason(op: str, params: dict[str, Any], dtype: str, device_type: str) -> str | None:
+    """Why this device/torch cannot run the point, or None."""
+    if dtype == "fp8" and op != "gemm":
+        return "fp8 is benchmarked for gemm only"
+    if op == "attention" and params["impl"] == "flash" and device_type == "cuda":
+        if dtype not in ("fp16", "bf16"):
+            return "flash attention on CUDA needs fp16 or bf16"
+        if params["head_dim"] > 256 or params["head_dim"] % 8:
+            return "flash attention needs head_dim <= 256, a multiple of 8"
+    return None
+
+
+def check_point(op: str, params: dict[str, Any], dtype: str, direction: str, limits: DeviceLimits) -> str | None:
+    """The reason to skip a point, or None when it is runnable."""
+    reason = unsupported_reason(op, params, dtype, limits.device_type)
+    if reason:
+        return reason
+    if footprint_bytes(op, params, dtype) > limits.max_bytes:
+        return "exceeds the memory budget"
+    if roofline_s(op, params, dtype, direction, limits.spec, limits.device_type) > limits.max_point_s:
+        return "roofline estimate above --max-point-s"
+    return None
+
+
+# --------------------------------------------------------------------------- the plan
+
+def _expand(op: str, params: dict[str, Any], dtype: str, stratum: str, limits: DeviceLimits,
+            plan_points: list[PlanPoint], skipped: Counter, seen: set[str]) -> None:
+    kind = get_op(op)
+    try:
+        params = kind.validate(params)
+    except OpcastError:
+        skipped[f"{op}: invalid shape"] += 1
+        return
+    tc = tensor_cores_for(dtype, limits.device_type)
+    directions = ("fwd",) if dtype == "fp8" else kind.directions(params)
+    for direction in directions:
+        pid = point_id(op, params, dtype, direction, tc)
+        if pid in seen:
+            continue
+        seen.add(pid)
+        reason = check_point(op, params, dtype, direction, limits)
+        if reason:
+            skipped[f"{op}: {reason}"] += 1
+            continue
+        plan_points.append(PlanPoint(op=op, params=params, dtype=dtype, direction=str(direction),
+                                     tensor_cores=tc, stratum=stratum, point_id=pid))
+
+
+def arch_shapes(arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_seq: Sequence[tuple[int, int]] = ()) -> list[tuple[str, dict[str, Any]]]:
+    """The exact per-rank ops (kind, params) of the named archs under each valid TP degree."""
+    from opcast.archs import layer_ops, load_arch, model_ops
+
+    out: list[tuple[str, dict[str, Any]]] = []
+    for name in arch_names:
+        arch = load_arch(name)
+        seq = min(arch.max_seq, 4096)
+        for tp in tp_degrees:
+            try:
+                arch.validate_parallel(tp=tp)
+            except OpcastError:
+                continue
+            for batch, s in batch_seq or ((1, seq), (4, seq)):
+                out.extend(layer_ops(arch, tp=tp, batch=batch, seq=s))
+                out.extend(model_ops(arch, tp=tp, batch=batch, seq=s))
+            out.append(("optimizer", {"numel": max(1, arch.params_per_layer() // tp)}))
+    return out
+
+
+def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits, seed: int = 0,
+              per_stratum: int = 64, archs: Sequence[str] = (), tp_degrees: Sequence[int] = (1, 2, 4, 8)) -> Plan:
+    """The deterministic, interleaved plan: ``per_stratum`` Sobol points per (op, dtype), plus
+    the arch shapes, each validated against ``limits``."""
+    for op in ops:
+        if op in op_kinds(collective=True):
+            raise OpcastError(f"{op} is a collective; measure it with `opcast collect comm` under torchrun")
+        get_op(op)
+    strata: list[list[PlanPoint]] = []
+    skipped: Counter = Counter()
+    seen: set[str] = set()
+    shapes = arch_shapes(archs, tp_degrees) if archs else []
+    for dtype in dtypes:
+        for op in ops:
+            dims, to_params = SPACES[op]
+            points: list[PlanPoint] = []
+            for u in sobol_points(per_stratum, dims, _stratum_seed(seed, op, dtype)):
+                _expand(op, to_params(u, limits.device_type), dtype, f"sobol:{op}:{dtype}", limits, points, skipped, seen)
+            strata.append(points)
+        if shapes:
+            points = []
+            for op, params in shapes:
+                if op in ops:
+                    _expand(op, params, dtype, "arch", limits, points, skipped, seen)
+            strata.append(points)
+    plan = Plan(skipped=skipped)
+    for i in range(max((len(s) for s in strata), default=0)):  # round-robin across strata
+        plan.points.extend(s[i] for s in strata if i < len(s))
+    return plan

@@ -1,0 +1,150 @@
+"""Timing one op call, done right (after triton's ``do_bench``).
+
+- Warm-up and repetitions are sized by *time budgets*, from a first estimate of one call.
+- On CUDA: one pair of events per repetition, an L2-sized buffer zeroed *on the device* before
+  each repetition so every call starts with a cold cache, and a single synchronise at the end.
+  Ops under ~10 us are timed inside a CUDA graph of many back-to-back calls, so launch overhead
+  does not swamp them (then the L2 is warm; the method says so).
+- On CPU: ``time.perf_counter`` around each call, with the same statistics.
+- Raw samples are kept and summarised as median, p20 and p80.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+GRAPH_THRESHOLD_S = 10e-6
+"""Calls faster than this are timed in a CUDA graph."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimingStats:
+    """Summary of the repeated timings of one op call."""
+
+    time_s_median: float
+    """Median seconds per call."""
+    time_s_p20: float
+    """20th percentile, seconds."""
+    time_s_p80: float
+    """80th percentile, seconds."""
+    n_reps: int
+    """Timed repetitions (calls, for a CUDA graph: replays x calls per graph)."""
+    method: str
+    """perf_counter | cuda_event | cuda_graph."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimingBudget:
+    """How long to warm up and to repeat one measurement."""
+
+    warmup_s: float = 0.025
+    """Seconds of warm-up calls."""
+    rep_s: float = 0.1
+    """Seconds of timed repetitions."""
+    min_reps: int = 5
+    """Fewest timed repetitions, whatever the budget."""
+    max_reps: int = 1000
+    """Most timed repetitions."""
+
+
+def summarise(samples_s: list[float], method: str, calls_per_sample: int = 1) -> TimingStats:
+    """Median and p20/p80 of per-sample seconds (divided by the calls each sample holds)."""
+    per_call = sorted(s / calls_per_sample for s in samples_s)
+    if len(per_call) == 1:
+        q20 = q80 = per_call[0]
+    else:
+        cuts = statistics.quantiles(per_call, n=10, method="inclusive")
+        q20, q80 = cuts[1], cuts[7]
+    return TimingStats(time_s_median=statistics.median(per_call), time_s_p20=q20, time_s_p80=q80,
+                       n_reps=len(per_call) * calls_per_sample, method=method)
+
+
+def _rep_count(estimate_s: float, budget_s: float, budget: TimingBudget) -> int:
+    return int(min(budget.max_reps, max(budget.min_reps, budget_s / max(estimate_s, 1e-9))))
+
+
+def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget()) -> TimingStats:
+    """Time ``fn`` on the CPU with ``perf_counter``."""
+    t0 = time.perf_counter()
+    fn()  # first call: allocations, lazy initialisation
+    first = time.perf_counter() - t0
+    deadline = time.perf_counter() + budget.warmup_s
+    while time.perf_counter() < deadline:
+        fn()
+    t0 = time.perf_counter()
+    fn()
+    estimate = min(first, time.perf_counter() - t0)
+    samples = []
+    for _ in range(_rep_count(estimate, budget.rep_s, budget)):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return summarise(samples, "perf_counter")
+
+
+def measure_cuda(fn: Callable[[], object], *, device, l2_bytes: int, budget: TimingBudget = TimingBudget(),
+                 use_graphs: bool = True) -> TimingStats:
+    """Time ``fn`` on a CUDA device with events, flushing the L2 between repetitions."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize(device)
+    flush = torch.empty(max(2 * l2_bytes, 1 << 20), dtype=torch.int8, device=device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize(device)
+    estimate = start.elapsed_time(end) / 5 / 1e3
+    if use_graphs and estimate < GRAPH_THRESHOLD_S:
+        stats = _measure_cuda_graph(fn, device=device, estimate_s=estimate, budget=budget)
+        if stats is not None:
+            return stats
+    for _ in range(int(min(budget.max_reps, max(1, budget.warmup_s / max(estimate, 1e-9))))):
+        fn()
+    n = _rep_count(estimate, budget.rep_s, budget)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends):
+        flush.zero_()
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize(device)
+    return summarise([s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)], "cuda_event")
+
+
+def _measure_cuda_graph(fn: Callable[[], object], *, device, estimate_s: float, budget: TimingBudget) -> TimingStats | None:
+    """Time ``fn`` as ``calls`` back-to-back calls captured in one CUDA graph; None if capture fails."""
+    import torch
+
+    calls = max(10, int(100e-6 / max(estimate_s, 1e-7)))  # ~100 us of work per replay
+    try:
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize(device)
+    except Exception:  # noqa: BLE001 - ops that cannot be captured fall back to events
+        return None
+    replay_s = estimate_s * calls
+    n = _rep_count(replay_s, budget.rep_s, budget)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+    for s, e in zip(starts, ends):
+        s.record()
+        graph.replay()
+        e.record()
+    torch.cuda.synchronize(device)
+    return summarise([s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)], "cuda_graph", calls_per_sample=calls)

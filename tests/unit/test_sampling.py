@@ -1,0 +1,101 @@
+"""The sampling plan: determinism, alignment, validation, stratification and sharding."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from opcast.collect.sampling import DeviceLimits, align, log_int, make_plan, sobol_points
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.ops import get_op
+
+OPS = ("gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy", "rope", "optimizer")
+
+
+def _limits(max_point_s=1.0, max_bytes=40e9, device_type="cuda"):
+    return DeviceLimits(spec=get_device("A100-SXM4-80GB"), device_type=device_type, max_point_s=max_point_s, max_bytes=max_bytes)
+
+
+def test_same_seed_same_plan_other_seed_other_plan():
+    a = make_plan(ops=OPS, dtypes=("bf16",), limits=_limits(), seed=1, per_stratum=16)
+    b = make_plan(ops=OPS, dtypes=("bf16",), limits=_limits(), seed=1, per_stratum=16)
+    c = make_plan(ops=OPS, dtypes=("bf16",), limits=_limits(), seed=2, per_stratum=16)
+    assert [p.point_id for p in a.points] == [p.point_id for p in b.points]
+    assert [p.point_id for p in a.points] != [p.point_id for p in c.points]
+    assert len({p.point_id for p in a.points}) == len(a.points)  # no duplicates
+
+
+def test_shapes_are_hardware_aligned():
+    plan = make_plan(ops=("gemm", "attention"), dtypes=("fp16",), limits=_limits(), per_stratum=64)
+    gemms = [p.params for p in plan.points if p.op == "gemm"]
+    assert gemms
+    for g in gemms:
+        for dim in ("m", "n", "k"):
+            assert g[dim] % 8 == 0, g
+            assert g[dim] < 256 or g[dim] % 64 == 0, g
+    for a in (p.params for p in plan.points if p.op == "attention"):
+        assert a["seq_kv"] % 8 == 0 and a["head_dim"] % 16 == 0 and a["heads"] % a["kv_heads"] == 0
+    assert align(1000) == 1024 and align(102) == 104 and align(5000) == 4992 and align(3) == 3
+    assert log_int(0.0, 16, 16384) == 16 and log_int(0.999999, 16, 16384) == 16384
+
+
+def test_every_point_is_valid_and_directions_follow_the_registry():
+    plan = make_plan(ops=OPS, dtypes=("fp32", "bf16"), limits=_limits(), per_stratum=8)
+    for p in plan.points:
+        spec = get_op(p.op)
+        assert spec.validate(p.params) == p.params
+        assert p.direction in spec.directions(p.params)
+        assert p.tensor_cores is (p.dtype != "fp32")
+    assert not any(p.op == "optimizer" and p.direction == "bwd" for p in plan.points)
+
+
+def test_strata_are_interleaved_so_a_short_run_covers_every_kind():
+    plan = make_plan(ops=OPS, dtypes=("fp32", "fp16", "bf16"), limits=_limits(), per_stratum=32)
+    first = plan.points[: len(OPS) * 3]
+    assert {p.op for p in first} == set(OPS)
+    assert {p.dtype for p in first} == {"fp32", "fp16", "bf16"}
+
+
+def test_sobol_is_deterministic_and_balanced():
+    x = sobol_points(64, 3, seed=7)
+    assert (x == sobol_points(64, 3, seed=7)).all()
+    assert x.shape == (64, 3) and ((x >= 0) & (x < 1)).all()
+    # a (t, m, s)-net: each half of each axis holds exactly half of the points
+    assert ((x < 0.5).sum(axis=0) == 32).all()
+
+
+def test_infeasible_points_are_skipped_with_reasons():
+    plan = make_plan(ops=("gemm",), dtypes=("fp16",), limits=_limits(max_bytes=1e5), per_stratum=32)
+    assert plan.skipped["gemm: exceeds the memory budget"] > 0
+    slow = make_plan(ops=("gemm",), dtypes=("fp16",), limits=_limits(max_point_s=1e-6), per_stratum=32)
+    assert slow.skipped["gemm: roofline estimate above --max-point-s"] > 0
+    fp32_flash = make_plan(ops=("attention",), dtypes=("fp32",), limits=_limits(), per_stratum=64)
+    assert all(p.params["impl"] != "flash" for p in fp32_flash.points)
+    assert fp32_flash.skipped["attention: flash attention on CUDA needs fp16 or bf16"] > 0
+    fp8 = make_plan(ops=("gemm", "layernorm"), dtypes=("fp8",), limits=_limits(), per_stratum=4)
+    assert {p.op for p in fp8.points} == {"gemm"} and all(p.direction == "fwd" for p in fp8.points)
+
+
+def test_arch_shapes_join_the_plan():
+    plan = make_plan(ops=("gemm",), dtypes=("bf16",), limits=_limits(), per_stratum=1, archs=("llama2-7b",), tp_degrees=(1, 2))
+    arch = [p for p in plan.points if p.stratum == "arch"]
+    shapes = {(p.params["m"], p.params["n"], p.params["k"]) for p in arch}
+    assert (4096, 3 * 4096, 4096) in shapes  # fused QKV, tp=1, batch 1 x seq 4096
+    assert (4096, 3 * 4096 // 2, 4096) in shapes  # tp=2
+    assert (4096, 4096, 11008 // 2) in shapes  # MLP down, row-parallel at tp=2
+
+
+def test_collectives_and_unknown_ops_are_refused():
+    with pytest.raises(OpcastError, match="collect comm"):
+        make_plan(ops=("all_reduce",), dtypes=("bf16",), limits=_limits())
+    with pytest.raises(OpcastError, match="unknown op"):
+        make_plan(ops=("conv2d",), dtypes=("bf16",), limits=_limits())
+
+
+def test_shards_partition_the_plan():
+    plan = make_plan(ops=OPS, dtypes=("bf16",), limits=_limits(), per_stratum=8)
+    shards = [plan.shard(r, 3) for r in range(3)]
+    ids = Counter(p.point_id for s in shards for p in s)
+    assert set(ids) == {p.point_id for p in plan.points} and max(ids.values()) == 1
