@@ -1,0 +1,7 @@
+"""``python -m opcast`` runs the CLI."""
+
+import sys
+
+from opcast.cli import main
+
+sys.exit(main())

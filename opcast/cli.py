@@ -1,0 +1,112 @@
+"""The ``opcast`` command: one root app, each stage mounting its own sub-app.
+
+Domain errors (:class:`opcast.errors.OpcastError`) are caught here, at the boundary: one line
+on stderr and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from opcast.cli_common import console, err_console, print_frame
+from opcast.collect.cli import app as collect_app
+from opcast.errors import OpcastError
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
+                  help="Forecast GPU kernel latency and distributed LLM training/inference time on a CPU.")
+app.add_typer(collect_app, name="collect")
+
+hardware_app = typer.Typer(no_args_is_help=True, help="The hardware catalog (data/hardware/*.json).")
+arch_app = typer.Typer(no_args_is_help=True, help="LLM arch presets (data/archs/*.json) and Hugging Face configs.")
+app.add_typer(hardware_app, name="hardware")
+app.add_typer(arch_app, name="arch")
+
+
+@hardware_app.command("list")
+def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Every catalog device with its headline numbers."""
+    import pandas as pd
+
+    from opcast.hardware import catalog
+
+    rows = [{"name": s.name, "vendor": s.vendor, "arch": s.architecture, "bf16_tflops": (s.peak_bf16_flops or 0) / 1e12,
+             "fp32_tflops": s.peak_fp32_flops / 1e12, "mem_gib": s.mem_bytes / 2**30, "mem_bw_gbps": s.mem_bw_bytes_per_s / 1e9,
+             "sms": s.sm_count} for s in catalog().values()]
+    frame = pd.DataFrame(rows)
+    if as_json:
+        console.print_json(frame.to_json(orient="records"))
+    else:
+        print_frame(frame, title="opcast hardware catalog")
+
+
+@hardware_app.command("show")
+def hardware_show(name: Annotated[str, typer.Argument(help="Catalog name or alias, 'local', 'cuda', or a JSON file.")]) -> None:
+    """One device's full spec as JSON ('local' measures this machine's CPU)."""
+    from opcast.hardware import describe_local, device_to_dict, get_device
+
+    spec = describe_local("cpu") if name == "local" else describe_local(name) if name.startswith("cuda") else get_device(name)
+    console.print_json(json.dumps(device_to_dict(spec)))
+
+
+@arch_app.command("list")
+def arch_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Every arch preset with its size."""
+    import pandas as pd
+
+    from opcast.archs import list_archs, load_arch
+
+    rows = []
+    for name in list_archs():
+        a = load_arch(name)
+        rows.append({"name": a.name, "family": a.family, "params_b": a.params_total() / 1e9, "layers": a.n_layers,
+                     "hidden": a.hidden, "heads": a.n_heads, "kv_heads": a.n_kv_heads, "ffn": a.ffn_hidden,
+                     "vocab": a.vocab, "experts": a.n_experts})
+    frame = pd.DataFrame(rows)
+    if as_json:
+        console.print_json(frame.to_json(orient="records"))
+    else:
+        print_frame(frame, title="opcast arch presets")
+
+
+@arch_app.command("show")
+def arch_show(name: Annotated[str, typer.Argument(help="Preset name, preset JSON or Hugging Face config.json.")]) -> None:
+    """One arch as JSON, with its parameter counts."""
+    from dataclasses import asdict
+
+    from opcast.archs import load_arch
+
+    a = load_arch(name)
+    console.print_json(json.dumps({**asdict(a), "params_total": a.params_total(), "active_params_total": a.active_params_total()}))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``opcast`` script; returns the exit code."""
+    try:
+        app(args=argv, prog_name="opcast", standalone_mode=False)
+    except OpcastError as err:
+        err_console.print(f"opcast: error: {err}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except typer.Exit as exc:  # raised by commands for a chosen exit code
+        return exc.exit_code
+    except typer.Abort:
+        err_console.print("opcast: aborted", markup=False)
+        return 130
+    except KeyboardInterrupt:
+        err_console.print("opcast: interrupted; what was written is kept", markup=False)
+        return 130
+    except Exception as exc:  # click usage errors carry their own exit code (2)
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            return exc.exit_code
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""What every CLI command shares: consoles, tables and the progress bar."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from collections.abc import Iterator
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console(width=None if Console().is_terminal else 160)  # wide tables in logs and pipes
+err_console = Console(stderr=True)
+
+
+def print_frame(frame: Any, *, title: str | None = None) -> None:
+    """A pandas frame as a rich table (floats in 4 significant digits)."""
+    table = Table(title=title, show_lines=False)
+    for column in frame.columns:
+        wide = frame[column].astype(str).str.len().max() > 40 if len(frame) else False
+        table.add_column(str(column), overflow="fold", no_wrap=not wide)
+    for row in frame.itertuples(index=False):
+        table.add_row(*(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row))
+    console.print(table)
+
+
+@contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Any]:
+    """A rich progress bar with ETA on stderr; None when stderr is not a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    if not enabled or not err_console.is_terminal:
+        yield None
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA"), TimeRemainingColumn(), console=err_console) as progress:
+        yield progress

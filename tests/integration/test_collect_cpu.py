@@ -1,0 +1,138 @@
+"""A tiny real collect on the CPU: bench, resume, Ctrl-C, comm under torchrun, info, and the
+CLI's one-line errors (exit code 2)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opcast.cli import main
+from opcast.collect.bench import BenchConfig, run_bench
+from opcast.collect.info import summarise
+from opcast.collect.timing import TimingBudget
+from opcast.schema import read_dataset
+
+FAST = TimingBudget(warmup_s=0.001, rep_s=0.004, min_reps=3, max_reps=20)
+OPS = ("gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy", "rope", "optimizer")
+
+
+def _cfg(out: Path, **kw) -> BenchConfig:
+    base = dict(out=out, device="cpu", ops=OPS, dtypes=("fp32", "bf16"), samples=24, max_point_s=0.002, timing=FAST)
+    base.update(kw)
+    return BenchConfig(**base)
+
+
+def test_bench_writes_every_kind_and_resumes(tmp_path):
+    first = run_bench(_cfg(tmp_path))
+    assert first.rows_written >= 20 and first.already_done == 0
+    df = read_dataset(tmp_path)
+    assert set(df["op"]) == set(OPS)
+    assert (df["time_s_median"] > 0).all() and (df["time_s_p20"] <= df["time_s_median"]).all()
+    assert (df["time_s_median"] <= df["time_s_p80"]).all() and (df["n_reps"] >= 3).all()
+    assert set(df["timing_method"]) == {"perf_counter"} and set(df["source"]) == {"bench"}
+    assert (tmp_path / "run.json").is_file()
+    again = run_bench(_cfg(tmp_path))
+    assert again.rows_written == 0 and again.already_done == first.rows_written
+    assert len(read_dataset(tmp_path)) == len(df)
+    table = summarise([tmp_path])
+    assert set(table["op"]) == set(OPS) and table["rows"].sum() == len(df)
+
+
+class _InterruptAfter:
+    """A progress sink that delivers Ctrl-C to this process after n points."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.seen = n, 0
+
+    def add_task(self, *a, **k):
+        return 0
+
+    def update(self, *a, **k):
+        self.seen += 1
+        if self.seen == self.n:
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_ctrl_c_finishes_the_point_keeps_rows_and_resumes(tmp_path):
+    result = run_bench(_cfg(tmp_path, ops=("gemm", "softmax"), dtypes=("fp32",), samples=12), progress=_InterruptAfter(3))
+    assert result.interrupted and result.remaining > 0
+    kept = read_dataset(tmp_path)
+    assert len(kept) == result.rows_written == 3
+    rest = run_bench(_cfg(tmp_path, ops=("gemm", "softmax"), dtypes=("fp32",), samples=12))
+    assert rest.already_done == 3 and rest.rows_written + 3 == rest.planned
+
+
+def _cli(capsys, *args: str) -> tuple[int, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--op", "conv2d"], "unknown op 'conv2d'"),
+    (["--op", "all_reduce"], "collect comm"),
+    (["--dtype", "fp8"], "not available on the CPU"),
+    (["--dtype", "fp64"], "unknown dtype"),
+    (["--device", "cuda"] if not shutil.which("nvidia-smi") else ["--device", "tpu"], "--device"),
+    (["--tp", "1,x"], "--tp takes"),
+    (["--arch", "gpt-7"], "gpt-7"),
+])
+def test_bad_bench_input_is_one_line_exit_2(tmp_path, capsys, args, message):
+    code, err = _cli(capsys, "collect", "bench", "--out", str(tmp_path / "d"), "--samples", "2", *args)
+    assert code == 2, err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unwritable_out_and_corrupt_dataset_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, err = _cli(capsys, "collect", "bench", "--out", str(blocker / "d"), "--samples", "2", "--op", "gemm")
+    assert code == 2 and "cannot write" in err
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "junk.parquet").write_bytes(b"not parquet")
+    code, err = _cli(capsys, "collect", "bench", "--out", str(tmp_path / "d"), "--samples", "2", "--op", "gemm")
+    assert code == 2 and "junk.parquet" in err
+    assert (tmp_path / "d" / "junk.parquet").read_bytes() == b"not parquet"  # nothing of the user's is touched
+    code, err = _cli(capsys, "collect", "info", str(tmp_path / "d"))
+    assert code == 2 and "junk.parquet" in err
+
+
+def test_help_of_every_command(capsys):
+    for args in ([], ["collect"], ["collect", "bench"], ["collect", "comm"], ["collect", "info"], ["hardware"],
+                 ["hardware", "list"], ["hardware", "show"], ["arch"], ["arch", "list"], ["arch", "show"]):
+        assert main([*args, "--help"]) == 0, args
+        assert "Usage" in capsys.readouterr().out
+
+
+def test_comm_under_torchrun_with_gloo(tmp_path):
+    torchrun = shutil.which("torchrun")
+    if torchrun is None:
+        pytest.skip("torchrun is not on PATH")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29533",
+           "-m", "opcast", "collect", "comm", "--backend", "gloo", "--out", str(tmp_path),
+           "--min-bytes", "1024", "--max-bytes", "16384", "--iters", "3", "--warmup-iters", "1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    df = read_dataset(tmp_path)
+    assert set(df["op"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
+    assert len(df) == 6 * 3 and (df["world_size"] == 2).all() and (df["nodes"] == 1).all()
+    ar = df[df["op"] == "all_reduce"]
+    assert ((ar["busbw_gbps"] / ar["algbw_gbps"]).round(6) == 1.0).all()  # 2(n-1)/n = 1 for n = 2
+    ag = df[df["op"] == "all_gather"]
+    assert ((ag["busbw_gbps"] / ag["algbw_gbps"]).round(6) == 0.5).all()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert again.returncode == 0 and len(read_dataset(tmp_path)) == len(df)  # nothing re-measured
+
+
+def test_comm_outside_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    code, err = _cli(capsys, "collect", "comm", "--out", str(tmp_path))
+    assert code == 2 and "torchrun" in err
