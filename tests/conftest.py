@@ -29,3 +29,20 @@ def published() -> Path:
     if not PUBLISHED.is_dir():
         pytest.skip(f"published measurements not found at {PUBLISHED} (clone the shared data beside the repo)")
     return PUBLISHED
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, with the reason, where torch sees no CUDA device."""
+    if any("gpu" in item.keywords for item in items) and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
