@@ -91,10 +91,10 @@ def _call(op: str, buf, out, world: int, rank: int):
 
     if op == "all_reduce":
         dist.all_reduce(buf)
-    elif op == "all_gather":
-        dist.all_gather_into_tensor(out, buf)
+    elif op == "all_gather":  # *_single are the names from torch 2.13 on; older releases have *_tensor
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, buf)
     elif op == "reduce_scatter":
-        dist.reduce_scatter_tensor(out, buf)
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, buf)
     elif op == "all_to_all":
         dist.all_to_all_single(out, buf)
     elif op == "broadcast":
