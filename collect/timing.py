@@ -106,16 +106,25 @@ def measure_cuda(fn: Callable[[], object], *, device, l2_bytes: int, budget: Tim
             return stats
     for _ in range(int(min(budget.max_reps, max(1, budget.warmup_s / max(estimate, 1e-9))))):
         fn()
-    n = _rep_count(estimate, budget.rep_s, budget)
+    samples = _event_samples(fn, device=device, n=_rep_count(estimate, budget.rep_s, budget), before=flush.zero_)
+    return summarise(samples, "cuda_event")
+
+
+def _event_samples(fn: Callable[[], object], *, device, n: int, before: Callable[[], object] | None = None) -> list[float]:
+    """Seconds of ``n`` calls of ``fn``, one event pair each (``before`` runs outside the pair),
+    with a single synchronise at the end."""
+    import torch
+
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
     for s, e in zip(starts, ends):
-        flush.zero_()
+        if before is not None:
+            before()
         s.record()
         fn()
         e.record()
     torch.cuda.synchronize(device)
-    return summarise([s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)], "cuda_event")
+    return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
 
 
 def _measure_cuda_graph(fn: Callable[[], object], *, device, estimate_s: float, budget: TimingBudget) -> TimingStats | None:
@@ -138,13 +147,5 @@ def _measure_cuda_graph(fn: Callable[[], object], *, device, estimate_s: float, 
         torch.cuda.synchronize(device)
     except Exception:  # noqa: BLE001 - ops that cannot be captured fall back to events
         return None
-    replay_s = estimate_s * calls
-    n = _rep_count(replay_s, budget.rep_s, budget)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-    for s, e in zip(starts, ends):
-        s.record()
-        graph.replay()
-        e.record()
-    torch.cuda.synchronize(device)
-    return summarise([s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)], "cuda_graph", calls_per_sample=calls)
+    samples = _event_samples(graph.replay, device=device, n=_rep_count(estimate_s * calls, budget.rep_s, budget))
+    return summarise(samples, "cuda_graph", calls_per_sample=calls)
