@@ -120,6 +120,39 @@ def comm(
 
 
 @app.command()
+def replay(
+    source: Annotated[str, typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests")],
+    path: Annotated[Path, typer.Argument(help="The source's repository checkout, or the trace / log file.")],
+    out: Annotated[Path, typer.Option("--out", help="Dataset folder to write <source>.parquet into.")],
+    device: Annotated[Optional[str], typer.Option(help="Catalog name of the device (kineto, nccl-tests).")] = None,
+    world_size: Annotated[Optional[int], typer.Option(help="Ranks of the run (nccl-tests).")] = None,
+    nodes: Annotated[Optional[int], typer.Option(help="Nodes of the run (nccl-tests).")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option(help="Ranks per node (nccl-tests).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Convert published measurements (NeuSight, Vidur, 2509.22832), a profiler trace or an nccl-tests log."""
+    from opcast.collect.info import summarise
+    from opcast.collect.replay import ReplayOptions, run_replay
+
+    summary = run_replay(source, path, out, ReplayOptions(device=device, world_size=world_size, nodes=nodes,
+                                                           gpus_per_node=gpus_per_node))
+    record = {"source": source, "files": summary.files, "rows_read": summary.rows_read, "rows_written": summary.rows_written,
+              "runs_written": summary.runs_written, "skipped": dict(summary.skipped), "outputs": [str(p) for p in summary.outputs]}
+    if as_json:
+        console.print_json(json.dumps(record))
+        return
+    ops_files = [p for p in summary.outputs if not p.name.endswith("-runs.parquet")]
+    if ops_files:
+        table = summarise(ops_files)
+        print_frame(table[["op", "device", "dtype", "source", "rows", "directions"]],
+                    title=f"{source}: {summary.rows_written} rows from {summary.files} files")
+    if summary.runs_written:
+        console.print(f"{summary.runs_written} end-to-end runs -> {summary.outputs[-1]}")
+    for reason, count in sorted(summary.skipped.items(), key=lambda kv: -kv[1]):
+        console.print(f"  skipped {count:6d}: {reason}")
+
+
+@app.command()
 def info(
     dataset: Annotated[list[Path], typer.Argument(help="Dataset files or folders.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON records.")] = False,

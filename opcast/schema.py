@@ -26,6 +26,8 @@ from opcast.ops import get_op, param_types
 
 SCHEMA_VERSION: Final = 1
 VERSION_KEY: Final = b"opcast.schema_version"
+TABLE_KEY: Final = b"opcast.table"
+"""Metadata key naming the table kind: ``ops`` (this schema; the default) or ``runs``."""
 
 _PA_TYPES: Final = {int: pa.int64(), bool: pa.bool_(), str: pa.string()}
 
@@ -74,7 +76,7 @@ def columns() -> tuple[tuple[str, pa.DataType, bool, str], ...]:
 def dataset_schema() -> pa.Schema:
     """The arrow schema, carrying the schema version in its metadata."""
     fields = [pa.field(name, typ, nullable=not required) for name, typ, required, _ in columns()]
-    return pa.schema(fields, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode()})
+    return pa.schema(fields, metadata={VERSION_KEY: str(SCHEMA_VERSION).encode(), TABLE_KEY: b"ops"})
 
 
 def required_columns() -> tuple[str, ...]:
@@ -154,13 +156,23 @@ def write_parquet(rows: pd.DataFrame | Iterable[Mapping[str, object]] | pa.Table
 _PANDAS_TYPES: Final = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype(), pa.string(): pd.StringDtype()}
 
 
+def _is_other_table(path: Path) -> bool:
+    """True for opcast parquet files of another table kind (e.g. runs), which op readers skip."""
+    try:
+        meta = pq.read_schema(path).metadata or {}
+    except (pa.ArrowException, OSError):
+        return False  # unreadable: read_table names it
+    return meta.get(TABLE_KEY, b"ops") != b"ops"
+
+
 def dataset_files(path: str | Path) -> list[Path]:
-    """The parquet files of a dataset: the file itself, or every ``*.parquet`` below a folder."""
+    """The op parquet files of a dataset: the file itself, or every ``*.parquet`` below a folder
+    (hidden temp files and other opcast tables such as runs left out)."""
     path = Path(path)
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*.parquet") if not p.name.startswith("."))
+        return sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(".") and not _is_other_table(p))
     raise OpcastError(f"dataset {path} does not exist; give a .parquet file or a folder written by opcast collect")
 
 

@@ -1,0 +1,89 @@
+"""``opcast collect replay``: published measurements and traces, converted into opcast datasets.
+
+Each source has a module here with ``replay(root: Path, options: ReplayOptions) ->
+ReplayResult`` that reads the source in its upstream repository layout (or a single trace/log
+file) and returns op rows; :func:`run_replay` validates them against the op registry, adds
+provenance, drops duplicates and writes ``OUT/<source>.parquet`` (and ``OUT/<source>-runs.parquet``
+for end-to-end runs), atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opcast.collect.replay.common import ReplayResult
+from opcast.errors import OpcastError
+
+SOURCES: dict[str, str] = {
+    "neusight": "NeuSight (sitar-lab/NeuSight): FP32 kernel microbenchmarks on 5 GPUs and end-to-end runs",
+    "vidur": "Vidur (microsoft/vidur): FP16 per-layer op profiles on A100/A40 and collective profiles",
+    "estimate-train-time": "arXiv 2509.22832 artifact: FP16 Megatron operators on A100-SXM4-80GB and GH200, NCCL",
+    "kineto": "a PyTorch profiler Chrome-trace JSON recorded with record_shapes=True",
+    "nccl-tests": "the text output of nccl-tests (all_reduce_perf and friends)",
+}
+"""Source name -> what it is; the module is opcast.collect.replay.<name with _ for ->."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ReplayOptions:
+    """Facts a source may not carry itself."""
+
+    device: str | None = None
+    """Catalog name of the device (kineto, nccl-tests), overriding what the file says."""
+    world_size: int | None = None
+    """Ranks of a collective run (nccl-tests)."""
+    nodes: int | None = None
+    """Nodes of a collective run (nccl-tests)."""
+    gpus_per_node: int | None = None
+    """Ranks per node of a collective run (nccl-tests)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplaySummary:
+    """What a replay wrote."""
+
+    source: str
+    rows_read: int = 0
+    rows_written: int = 0
+    runs_written: int = 0
+    files: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    outputs: list[Path] = field(default_factory=list)
+
+
+def importer(source: str) -> Any:
+    if source not in SOURCES:
+        raise OpcastError(f"unknown replay source {source!r}; use one of {', '.join(SOURCES)}")
+    return importlib.import_module(f"opcast.collect.replay.{source.replace('-', '_')}")
+
+
+def run_replay(source: str, path: str | Path, out: str | Path, options: ReplayOptions = ReplayOptions()) -> ReplaySummary:
+    """Convert ``path`` (a source checkout, or a trace/log file) into ``out``."""
+    import opcast
+    from opcast.collect.replay.common import normalise
+    from opcast.collect.replay.runs import write_runs
+    from opcast.schema import write_parquet
+
+    module = importer(source)
+    path = Path(path)
+    if not path.exists():
+        raise OpcastError(f"{path} does not exist; give the {source} checkout (or file) to replay")
+    result: ReplayResult = module.replay(path, options)
+    run_id = f"replay-{source}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+    rows, skipped = normalise(result, source=source, run_id=run_id, opcast_version=opcast.__version__)
+    summary = ReplaySummary(source=source, rows_read=len(result.rows), rows_written=len(rows), files=result.files,
+                            skipped=skipped)
+    if not rows and not result.runs:
+        raise OpcastError(f"no {source} measurements found under {path} ({sum(skipped.values())} rows skipped); is it the right folder?")
+    out = Path(out)
+    if rows:
+        summary.outputs.append(write_parquet(rows, out / f"{source}.parquet"))
+    if result.runs:
+        summary.outputs.append(write_runs(result.runs, out / f"{source}-runs.parquet"))
+        summary.runs_written = len(result.runs)
+    return summary

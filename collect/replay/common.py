@@ -1,0 +1,102 @@
+"""What every replay importer shares: the result it returns, malformed-file errors, and the
+normalisation (validation, provenance, de-duplication) applied to every source's rows."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from opcast.errors import OpcastError
+from opcast.ops import get_op
+from opcast.schema import point_id
+
+
+class MalformedFile(OpcastError):
+    """A source file that cannot be parsed; the message names the file and the line."""
+
+    def __init__(self, path: Path | str, line: int | None, problem: str) -> None:
+        where = f"{path}:{line}" if line is not None else f"{path}"
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplayResult:
+    """What an importer read: op rows in the dataset schema (without run-level provenance),
+    end-to-end runs (optional), and the rows it skipped with reasons."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """One dict per measurement: op, params, dtype, direction, device, time_s_median, ..."""
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    """End-to-end runs (opcast.collect.replay.runs schema), where the source has them."""
+    skipped: Counter = field(default_factory=Counter)
+    """reason -> rows not converted."""
+    files: int = 0
+    """Source files read."""
+
+
+def read_csv(path: Path, *, required: tuple[str, ...] = (), delimiter: str = ",") -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV with a header; a missing column or a ragged row raises
+    :class:`MalformedFile` naming the file and line."""
+    try:
+        fh = open(path, newline="")
+    except OSError as err:
+        raise MalformedFile(path, None, f"cannot read: {err.strerror}") from None
+    with fh:
+        reader = csv.reader(fh, delimiter=delimiter)
+        try:
+            header = next(reader)
+        except StopIteration:
+            raise MalformedFile(path, 1, "empty file, expected a CSV header") from None
+        header = [h.strip() for h in header]
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise MalformedFile(path, 1, f"header lacks column(s) {', '.join(missing)}")
+        for values in reader:
+            if not values or all(not v.strip() for v in values):
+                continue
+            if len(values) != len(header):
+                raise MalformedFile(path, reader.line_num, f"{len(values)} fields, the header has {len(header)}")
+            yield reader.line_num, dict(zip(header, (v.strip() for v in values)))
+
+
+def number(path: Path, line: int, row: Mapping[str, str], column: str) -> float:
+    """``row[column]`` as a float, or a :class:`MalformedFile` naming file, line and column."""
+    try:
+        return float(row[column])
+    except (KeyError, ValueError):
+        raise MalformedFile(path, line, f"column {column!r} is {row.get(column)!r}, not a number") from None
+
+
+def normalise(result: ReplayResult, *, source: str, run_id: str, opcast_version: str) -> tuple[list[dict[str, Any]], Counter]:
+    """Validate every row against its op kind, add provenance, and drop duplicates.
+
+    Returns the kept rows and the skipped counter (the importer's own skips plus invalid rows
+    and duplicates). A duplicate is the same (device, op config, dtype, direction); the first
+    row read is kept.
+    """
+    skipped = Counter(result.skipped)
+    kept: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for row in result.rows:
+        try:
+            spec = get_op(str(row["op"]))
+            params = spec.validate({k: row[k] for k in spec.param_names if k in row}, direction=str(row["direction"]))
+        except OpcastError as err:
+            skipped[f"invalid {row.get('op')}: {str(err).split(': ', 1)[-1]}"] += 1
+            continue
+        pid = point_id(spec.kind.value, params, str(row["dtype"]), str(row["direction"]), row.get("tensor_cores"))
+        key = (str(row["device"]), pid)
+        if key in seen:
+            skipped["duplicate"] += 1
+            continue
+        seen.add(key)
+        out = {k: v for k, v in row.items() if k not in spec.param_names}
+        out.update(params)
+        out.update(run_id=run_id, source=f"replay:{source}", opcast_version=opcast_version, point_id=pid)
+        out.setdefault("timing_method", f"replay:{source}")
+        kept.append(out)
+    return kept, skipped
