@@ -1,0 +1,193 @@
+"""Validate `opcast predict` against published end-to-end measurements.
+
+Usage:  python benchmarks/predict_validate.py [--published DIR] [--models DIR]
+
+1. NeuSight's measured runs (sitar-lab/NeuSight, ASPLOS'25; ``../shared/published/neusight``),
+   converted by ``opcast collect replay neusight`` into a runs table: FP32 Hugging Face models with
+   eager attention on P4, P100, T4, V100 and A100-40GB, one GPU; "inf" is one full-sequence forward,
+   "train" forward + backward without the optimizer. We predict the decoder-only ones (GPT-2,
+   GPT-3 shapes, OPT; BERT and Switch are not decoder-only archs) with the learned models when a set
+   is available (``--models``, else the embedded default) and with the roofline fallback, and
+   print the error of every run. NeuSight reports 6-10 % on such runs.
+   How the runs map to the op graph: FP32 on CUDA cores (TF32 off), ``attention=eager``; "inf" is
+   the evaluation forward (no dropout) with logits for every position and no loss; "train" is
+   ``predict train`` at tp = pp = dp = 1 with the micro-batch = the batch, forward + backward.
+   Hugging Face runs GELU ("gelu_new") as about eight separate pointwise kernels and the attention
+   mask and scale as their own kernels; the op graph has one fused GELU, so expect the pointwise
+   share to be under-predicted.
+2. Megatron-LM GPT-3 175B on 1024 A100s (Narayanan et al. 2021, arXiv 2104.04473, Sec. 5.1:
+   TP 8, PP 8, DP 16, global batch 1536, 140 TFLOP/s per GPU = 45 % of peak, counted with their
+   Eq. 3 which includes the recomputation forward). We predict it with the roofline fallback and
+   report the same TFLOP/s measure; the constants are not tuned to it.
+
+Skips with a message when the published folder is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_PUBLISHED = REPO.parent / "shared" / "published"
+
+
+def neusight_runs(published: Path):
+    """The runs table of NeuSight's label files, via the replay importer."""
+    from opcast.collect.replay import run_replay
+    from opcast.collect.replay.runs import read_runs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = run_replay("neusight", published / "neusight", Path(tmp))
+        runs = [p for p in summary.outputs if p.name.endswith("-runs.parquet")]
+        if not runs:
+            raise SystemExit("the neusight replay wrote no runs table")
+        return read_runs(runs[0])
+
+
+def forward_only_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, set[str]]:
+    """One evaluation forward (no dropout, logits for every position, no loss) on one GPU."""
+    from opcast.predict.graph import block_ops, embedding_ops, head_ops, precision_of
+
+    prec = precision_of("fp32")
+    tokens = batch * seq
+    groups = [(block_ops(arch, tp=1, batch=batch, seq_q=seq, seq_kv=seq, sp=False, attention="eager", training=False),
+               arch.n_layers),
+              (embedding_ops(arch, tp=1, tokens=tokens, rows=tokens, training=False)
+               + head_ops(arch, tp=1, tokens=tokens, rows=tokens, loss=False), 1)]
+    total, sources = 0.0, set()
+    for ops, repeat in groups:
+        ks = [prec.of(kind, p) for _, kind, p, _ in ops]
+        table = kernels.lookup(ks, device)
+        for (_, _, _, count), k in zip(ops, ks):
+            t, src = table[k]
+            total += repeat * count * t
+            sources.add(src)
+    return total, sources
+
+
+def train_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, float, set[str]]:
+    from opcast.predict.parallel import TrainConfig
+    from opcast.predict.training import predict_train
+
+    cfg = TrainConfig(micro_batch=batch, global_batch=batch, seq=seq, precision="fp32", attention="eager")
+    r = predict_train(arch, device, cfg, kernels=kernels)
+    if r.iteration_time_s is None:
+        raise ValueError("; ".join(r.reasons))
+    return r.breakdown_s["forward"], r.breakdown_s["forward"] + r.breakdown_s["backward"], {o.source for o in r.ops}
+
+
+def validate_neusight(published: Path, cost_models: dict[str, object]) -> None:
+    from opcast.archs import load_arch
+    from opcast.errors import OpcastError
+    from opcast.hardware import get_device
+
+    runs = neusight_runs(published)
+    configs = published / "neusight" / "scripts" / "asplos" / "data" / "DLmodel_configs"
+    print(f"NeuSight end-to-end runs: {len(runs)} in the runs table")
+    header = f"{'device':16s} {'model':11s} {'mode':5s} {'b':>3s} {'seq':>5s} {'measured':>10s}"
+    for name in cost_models:
+        header += f" {name + ' pred':>14s} {'err':>7s}"
+    print(header)
+    errors: dict[str, list[tuple[str, str, float]]] = {name: [] for name in cost_models}
+    skipped: dict[str, int] = {}
+    for row in runs.sort_values(["device", "model", "mode", "batch"]).itertuples():
+        try:
+            arch = load_arch(row.arch) if isinstance(row.arch, str) and row.arch else load_arch(configs / f"{row.model}.json")
+        except OpcastError as err:
+            key = f"{row.model}: {str(err).split(';')[0]}"
+            skipped[key] = skipped.get(key, 0) + 1
+            continue
+        device = get_device(row.device)
+        line = f"{row.device:16s} {row.model:11s} {row.mode:5s} {row.batch:3d} {row.seq:5d} {row.total_s:10.4f}"
+        for name, kernels in cost_models.items():
+            if row.mode == "inf":
+                pred, sources = forward_only_s(arch, device, int(row.batch), int(row.seq), kernels)
+            else:
+                _, pred, sources = train_s(arch, device, int(row.batch), int(row.seq), kernels)
+            err = (pred - row.total_s) / row.total_s
+            errors[name].append((row.device, row.mode, err))
+            tag = "L" if sources == {"learned"} else "R" if sources == {"roofline"} else "L+R"
+            line += f" {pred:10.4f} {tag:>3s} {100 * err:+6.1f}%"
+        print(line)
+    for reason, n in skipped.items():
+        print(f"  skipped {n:2d} run(s): {reason} (not a decoder-only arch opcast models)")
+    print()
+    for name, errs in errors.items():
+        if not errs:
+            continue
+        mape = statistics.fmean(abs(e) for _, _, e in errs)
+        by_dev = {}
+        for dev, _, e in errs:
+            by_dev.setdefault(dev, []).append(abs(e))
+        per_dev = ", ".join(f"{d} {100 * statistics.fmean(v):.1f}%" for d, v in sorted(by_dev.items()))
+        by_mode = {m: statistics.fmean(abs(e) for _, mm, e in errs if mm == m) for m in {m for _, m, _ in errs}}
+        print(f"{name}: MAPE {100 * mape:.1f}% over {len(errs)} runs; median |err| "
+              f"{100 * statistics.median(abs(e) for _, _, e in errs):.1f}%; by mode "
+              + ", ".join(f"{m} {100 * v:.1f}%" for m, v in sorted(by_mode.items())) + f"; by device {per_dev}")
+    print("(NeuSight's own end-to-end error on such runs: about 6-10 %)")
+
+
+def narayanan_eq3_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int) -> float:
+    """Narayanan et al. 2021 Eq. 3: 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), with recomputation."""
+    return 96.0 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+
+
+def megatron_175b() -> None:
+    from opcast.archs import load_arch
+    from opcast.hardware import get_device
+    from opcast.predict.cost import roofline_only
+    from opcast.predict.parallel import TrainConfig
+    from opcast.predict.training import predict_train
+
+    arch = load_arch("megatron-175b")  # GPT-3 175B shape with Megatron's 51200 vocab
+    device = get_device("A100-SXM4-80GB")
+    flops = narayanan_eq3_flops(1536, 2048, arch.n_layers, arch.hidden, arch.vocab)
+    print()
+    print("Megatron-LM GPT-3 175B, 1024 x A100-SXM4-80GB (128 nodes x 8), TP 8, PP 8, DP 16, batch 1536, seq 2048,")
+    print("fp16, full recomputation, unfused (eager) attention as in 2021; published: 140 TFLOP/s per GPU (45 % of 312).")
+    print(f"{'assumed schedule':32s} {'iteration':>10s} {'TFLOP/s/GPU':>12s} {'vs 140':>7s} {'MFU':>6s}  breakdown (s)")
+    for label, kw in (("1F1B, micro-batch 1", dict(micro_batch=1)),
+                      ("interleaved v=2, micro-batch 1", dict(micro_batch=1, schedule="interleaved", virtual_stages=2)),
+                      ("1F1B, micro-batch 2", dict(micro_batch=2))):
+        cfg = TrainConfig(tp=8, pp=8, dp=16, global_batch=1536, seq=2048, precision="fp16", attention="eager",
+                          recompute="full", **kw)
+        r = predict_train(arch, device, cfg, nodes=128, gpus_per_node=8, kernels=roofline_only())
+        if r.iteration_time_s is None:
+            print(f"{label:32s} infeasible: {'; '.join(r.reasons)}")
+            continue
+        tflops = flops / r.iteration_time_s / 1024 / 1e12
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in r.breakdown_s.items() if v > 0.005)
+        print(f"{label:32s} {r.iteration_time_s:9.2f}s {tflops:12.1f} {100 * (tflops / 140 - 1):+6.1f}% "
+              f"{100 * r.mfu:5.1f}%  {parts}{'' if r.fits else '  [does not fit]'}")
+    print("(roofline fallback, Calculon's A100 efficiency tables, NCCL alpha-beta collectives; nothing tuned to this point)")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--published", type=Path, default=DEFAULT_PUBLISHED)
+    ap.add_argument("--models", type=Path, default=None, help="learned model set (default: the embedded one, if any)")
+    args = ap.parse_args()
+    from opcast.predict.cost import load_kernel_cost, roofline_only
+
+    learned = load_kernel_cost(args.models)
+    models = {"roofline": roofline_only()}
+    if learned.models_label:
+        models = {"learned": learned, **models}
+        print(f"learned models: {learned.models_label}")
+    else:
+        print(f"no learned models ({'; '.join(learned.notes)})")
+    if args.published.is_dir():
+        validate_neusight(args.published, models)
+    else:
+        print(f"skipping the NeuSight validation: published measurements not found at {args.published} "
+              "(clone the shared data beside the repo or pass --published)")
+    megatron_175b()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

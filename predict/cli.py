@@ -1,0 +1,232 @@
+"""``opcast predict``: kernel times, and the time, throughput and memory of distributed LLM
+training and inference, on a CPU.
+
+Commands are thin: parse -> build the config -> call the library -> print a rich summary or
+``--json``. An infeasible configuration lists every reason in one line on stderr (after the JSON
+document, with ``--json``) and exits with code 2.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from opcast.cli_common import console
+
+app = typer.Typer(no_args_is_help=True, help="Predict kernel latency and LLM training/inference time and memory.")
+
+_GPU = typer.Option("--gpu", help="Catalog GPU name or alias (opcast hardware list), or a device JSON file.")
+_MODELS = typer.Option("--models", help="Learned kernel models (opcast train fit --out); default: the embedded ones.")
+_ROOFLINE = typer.Option("--roofline", help="Ignore learned models: every kernel from the roofline fallback.")
+_JSON = typer.Option("--json", help="Print the result as JSON.")
+
+
+def _kernel_cost(models: Optional[Path], roofline: bool):
+    from opcast.predict.cost import load_kernel_cost
+
+    return load_kernel_cost(models, use_learned=not roofline)
+
+
+def _parse_params(items: list[str]) -> dict[str, str]:
+    from opcast.errors import OpcastError
+
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise OpcastError(f"--param takes k=v, e.g. --param m=4096; got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def _infeasible(reasons: tuple[str, ...] | list[str]):
+    from opcast.errors import OpcastError
+
+    return OpcastError(f"infeasible configuration ({len(reasons)} reason{'s' if len(reasons) != 1 else ''}): "
+                       + "; ".join(reasons))
+
+
+@app.command("kernel")
+def kernel_cmd(
+    gpu: Annotated[str, _GPU],
+    op: Annotated[str, typer.Option("--op", help="Op kind (opcast.ops registry), e.g. gemm, attention, all_reduce.")],
+    param: Annotated[Optional[list[str]], typer.Option("--param", help="Shape parameter k=v (repeat).")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32, tf32, fp16, bf16 or fp8.")] = "bf16",
+    direction: Annotated[str, typer.Option(help="fwd or bwd.")] = "fwd",
+    tensor_cores: Annotated[Optional[bool], typer.Option("--tensor-cores/--no-tensor-cores",
+                                                         help="Matrix math on tensor cores (fp32: TF32); default: all but fp32.")] = None,
+    models: Annotated[Optional[Path], _MODELS] = None,
+    roofline: Annotated[bool, _ROOFLINE] = False,
+    as_json: Annotated[bool, _JSON] = False,
+) -> None:
+    """Predict one kernel's time (collectives: the alpha-beta model; params bytes, world_size, nodes, gpus_per_node)."""
+    import json
+
+    from opcast.hardware import get_device
+    from opcast.ops import get_op
+
+    device = get_device(gpu)
+    spec = get_op(op)
+    params = _parse_params(param or [])
+    if spec.collective:
+        from opcast.predict.comm import Collective, CollectiveCostModel, Group
+
+        clean = spec.validate(params)
+        group = Group(clean["world_size"], clean["nodes"], clean["gpus_per_node"])
+        seconds, source = CollectiveCostModel().time_s(Collective(spec.kind.value, clean["bytes"], group), device)
+        doc = {"gpu": device.name, "op": spec.kind.value, "params": clean, "time_s": seconds, "source": source,
+               "busbw_gbps": spec.bytes_moved(clean, 1) / seconds / 1e9 if seconds else None}
+    else:
+        from opcast.predict.cost import validated_kernel
+
+        k = validated_kernel(spec.kind.value, params, dtype, direction, tensor_cores)
+        cost = _kernel_cost(models, roofline)
+        seconds, source = cost.time_s(k, device)
+        terms = cost.roofline.terms(k, device)
+        doc = {"gpu": device.name, "op": k.kind, "params": dict(k.params), "dtype": k.dtype, "direction": k.direction,
+               "tensor_cores": k.tensor_cores, "time_s": seconds, "source": source, "flops": terms.flops,
+               "bytes": terms.bytes, "roofline_time_s": terms.time_s, "roofline_bound": terms.bound,
+               "notes": cost.notes}
+    if as_json:
+        console.print_json(json.dumps(doc))
+        return
+    console.print(f"[bold]{doc['op']}[/] {doc['params']} on {device.name}: [bold]{seconds * 1e6:.2f} us[/] ({source})")
+    if "roofline_bound" in doc:
+        console.print(f"  {doc['flops']:.4g} FLOP, {doc['bytes']:.4g} bytes; roofline {doc['roofline_time_s'] * 1e6:.2f} us, "
+                      f"{doc['roofline_bound']}-bound")
+        for note in doc["notes"]:
+            console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+
+
+@app.command("kernels")
+def kernels_cmd(
+    input: Annotated[Path, typer.Argument(help="Rows to predict: a .parquet (e.g. an opcast dataset) or .csv with op, dtype, direction and the op's parameter columns.")],
+    gpu: Annotated[str, _GPU],
+    out: Annotated[Path, typer.Option("--out", help="Output .parquet or .csv: the input rows plus time_s_pred and source_pred.")],
+    models: Annotated[Optional[Path], _MODELS] = None,
+    roofline: Annotated[bool, _ROOFLINE] = False,
+) -> None:
+    """Predict time_s_pred for every row of a table of kernels."""
+    from opcast.hardware import get_device
+    from opcast.predict.batch import predict_frame, read_rows, write_rows
+
+    device = get_device(gpu)
+    frame = read_rows(input)
+    filled = predict_frame(frame, device, _kernel_cost(models, roofline))
+    write_rows(filled, out)
+    counts = filled["source_pred"].value_counts().to_dict()
+    console.print(f"{len(filled)} rows -> {out} on {device.name} ({', '.join(f'{v} {k}' for k, v in counts.items())})")
+
+
+@app.command("train")
+def train_cmd(
+    arch: Annotated[str, typer.Option("--arch", help="Arch preset (opcast arch list), preset JSON or Hugging Face config.json.")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", help="Catalog GPU name or alias, or a device JSON file.")] = None,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes (default: as few as the world size needs).")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the GPU's typical node).")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", help="NODESxGPUS (e.g. 16x8) or a cluster JSON file (nodes, gpus_per_node[, gpu]).")] = None,
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
+    dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel degree (default: world / (tp x pp x cp)).")] = None,
+    sp: Annotated[bool, typer.Option("--sp", help="Sequence parallelism.")] = False,
+    cp: Annotated[int, typer.Option("--cp", help="Context-parallel degree.")] = 1,
+    ep: Annotated[int, typer.Option("--ep", help="Expert-parallel degree (MoE).")] = 1,
+    micro_batch: Annotated[int, typer.Option("--micro-batch", help="Sequences per micro-batch.")] = 1,
+    global_batch: Annotated[Optional[int], typer.Option("--global-batch", help="Sequences per iteration (default: one micro-batch per data-parallel rank).")] = None,
+    seq: Annotated[int, typer.Option("--seq", help="Sequence length, tokens.")] = 2048,
+    recompute: Annotated[str, typer.Option("--recompute", help="none, selective or full.")] = "none",
+    zero: Annotated[int, typer.Option("--zero", help="ZeRO stage 0, 1, 2 or 3.")] = 0,
+    precision: Annotated[str, typer.Option("--precision", help="bf16, fp16, fp32 or fp8.")] = "bf16",
+    attention: Annotated[str, typer.Option("--attention", help="flash or eager.")] = "flash",
+    schedule: Annotated[str, typer.Option("--schedule", help="1f1b or interleaved.")] = "1f1b",
+    virtual_stages: Annotated[int, typer.Option("--virtual-stages", help="Model chunks per stage (interleaved).")] = 1,
+    overlap_grad_reduce: Annotated[bool, typer.Option("--overlap-grad-reduce", help="Overlap DP gradient reduction with backward.")] = False,
+    tensor_cores: Annotated[Optional[bool], typer.Option("--tensor-cores/--no-tensor-cores", help="Matrix math on tensor cores (fp32: TF32); default: all but fp32.")] = None,
+    models: Annotated[Optional[Path], _MODELS] = None,
+    roofline: Annotated[bool, _ROOFLINE] = False,
+    as_json: Annotated[bool, _JSON] = False,
+    trace: Annotated[Optional[Path], typer.Option("--trace", help="Write a Chrome/Perfetto trace of one iteration.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a breakdown chart (needs matplotlib).")] = None,
+) -> None:
+    """Iteration time, tokens/s, MFU and memory per GPU of one training configuration."""
+    from opcast.archs import load_arch
+    from opcast.errors import OpcastError
+    from opcast.hardware import get_device
+    from opcast.predict.parallel import TrainConfig, parse_cluster
+    from opcast.predict.report import print_train, to_json, train_to_dict, write_plot, write_trace
+    from opcast.predict.training import compile_train, run_train
+
+    device_name = gpu
+    if cluster is not None:
+        if nodes is not None or gpus_per_node is not None:
+            raise OpcastError("give either --cluster or --nodes/--gpus-per-node, not both")
+        c, cluster_gpu = parse_cluster(cluster)
+        nodes, gpus_per_node = c.nodes, c.gpus_per_node
+        device_name = gpu or cluster_gpu
+    if device_name is None:
+        raise OpcastError("--gpu is required (or a --cluster file naming its gpu); see opcast hardware list")
+    spec = load_arch(arch)
+    device = get_device(device_name)
+    cfg = TrainConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp, micro_batch=micro_batch, global_batch=global_batch,
+                      seq=seq, recompute=recompute, zero=zero, precision=precision, attention=attention,  # type: ignore[arg-type]
+                      schedule=schedule, virtual_stages=virtual_stages, overlap_grad_reduce=overlap_grad_reduce,  # type: ignore[arg-type]
+                      tensor_cores=tensor_cores)
+    plan = compile_train(spec, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
+    from opcast.predict.training import TrainResult
+
+    result = plan if isinstance(plan, TrainResult) else run_train(plan, _kernel_cost(models, roofline))
+    if as_json:
+        console.print_json(to_json(train_to_dict(result)))
+    elif result.layout is not None:
+        print_train(result, console)
+    if result.layout is not None:
+        if trace is not None:
+            write_trace(result, trace)
+        if plot is not None:
+            write_plot(result, plot)
+    if not result.feasible:
+        raise _infeasible(result.reasons)
+
+
+@app.command("infer")
+def infer_cmd(
+    arch: Annotated[str, typer.Option("--arch", help="Arch preset, preset JSON or Hugging Face config.json.")],
+    gpu: Annotated[str, _GPU],
+    tp: Annotated[int, typer.Option("--tp", help="Tensor-parallel degree.")] = 1,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline stages.")] = 1,
+    batch: Annotated[int, typer.Option("--batch", help="Sequences decoded together.")] = 1,
+    prompt_len: Annotated[int, typer.Option("--prompt-len", help="Prompt tokens per sequence.")] = 512,
+    gen_len: Annotated[int, typer.Option("--gen-len", help="Generated tokens per sequence.")] = 128,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="Nodes (default: as few as tp x pp needs).")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node.")] = None,
+    precision: Annotated[str, typer.Option("--precision", help="bf16, fp16, fp32 or fp8.")] = "bf16",
+    attention: Annotated[str, typer.Option("--attention", help="flash or eager.")] = "flash",
+    tensor_cores: Annotated[Optional[bool], typer.Option("--tensor-cores/--no-tensor-cores", help="Matrix math on tensor cores; default: all but fp32.")] = None,
+    models: Annotated[Optional[Path], _MODELS] = None,
+    roofline: Annotated[bool, _ROOFLINE] = False,
+    as_json: Annotated[bool, _JSON] = False,
+) -> None:
+    """Time to first token, time per output token, total latency, tokens/s and KV-cache size."""
+    from opcast.archs import load_arch
+    from opcast.hardware import get_device
+    from opcast.predict.inference import predict_infer
+    from opcast.predict.parallel import InferConfig
+    from opcast.predict.report import infer_to_dict, print_infer, to_json
+
+    spec = load_arch(arch)
+    device = get_device(gpu)
+    cfg = InferConfig(tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, gen_len=gen_len, precision=precision,  # type: ignore[arg-type]
+                      attention=attention, tensor_cores=tensor_cores)  # type: ignore[arg-type]
+    from opcast.predict.parallel import validate_infer
+
+    _, reasons = validate_infer(spec, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
+    kernels = None if reasons else _kernel_cost(models, roofline)
+    result = predict_infer(spec, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, kernels=kernels)
+    if as_json:
+        console.print_json(to_json(infer_to_dict(result)))
+    elif result.memory is not None:
+        print_infer(result, console)
+    if not result.feasible:
+        raise _infeasible(result.reasons)

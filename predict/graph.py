@@ -1,0 +1,310 @@
+"""Arch -> op graph: the per-rank kernels and collectives of one transformer block and of the
+model-level ops (embedding, LM head, cross entropy), forward, backward and recomputation.
+
+Shapes follow Megatron-LM tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053, Sec. 3):
+QKV and MLP-up column-parallel, out-proj and MLP-down row-parallel, heads sharded; with sequence
+parallelism (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4.2.2) norms, dropouts and residual
+adds see ``T / tp`` rows and the two all-reduces per block and direction become an all-gather and
+a reduce-scatter. For a dense arch without context parallelism the forward list equals
+:func:`opcast.archs.layer_ops` / :func:`opcast.archs.model_ops` (a test holds them together), so
+predictions use exactly the shapes ``collect bench --arch`` measures.
+
+Extensions over ``layer_ops``:
+
+- **Context parallelism** (ring attention with the load-balanced causal split of Megatron-Core /
+  Transformer Engine: the sequence in ``2 cp`` chunks, rank r holding chunks r and 2cp-1-r): each
+  rank runs one causal block of ``S/cp`` queries against its own ``S/cp`` keys and ``cp - 1``
+  non-causal blocks of ``S/cp`` queries against ``S/(2cp)`` keys, i.e. exactly ``1/cp`` of the
+  causal work; the K/V chunks travel around the ring by send/recv overlapped with those blocks.
+- **MoE** with expert parallelism: router GEMM, token permutation and un-permutation (copies),
+  all-to-all dispatch and combine over the EP group, and one grouped GEMM each for up and down over
+  the ``n_experts / ep`` local experts with balanced routing (``ceil(T * top_k * ep / n_experts)``
+  rows each); expert tensor parallelism equals ``tp``.
+- **Backward**: a GEMM ``C = A @ B`` becomes its data-gradient ``dA = dC @ B^T`` and weight-gradient
+  ``dB = A^T @ dC`` GEMMs; the other kinds use their registry backward kernel; identities (residual
+  adds, copies) have none.
+- **Recomputation**: ``selective`` recomputes the attention core (Korthikanti et al. Sec. 5),
+  ``full`` the whole block forward, its collectives included, once per micro-batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
+from opcast.dtypes import dtype_bytes
+from opcast.ops import get_op
+from opcast.predict.cost import Kernel, kernel, uses_tensor_cores
+
+FWD, BWD, RECOMPUTE = "forward", "backward", "recompute"
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One kernel of the graph, repeated ``count`` times per micro-batch."""
+
+    role: str
+    """What it is in the block: qkv, attn, mlp_up, ... (``.dgrad`` / ``.wgrad`` / ``.bwd`` in backward)."""
+    kernel: Kernel
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Comm:
+    """One collective of the graph, repeated ``count`` times per micro-batch."""
+
+    role: str
+    """tp, cp, ep (per block), embed_tp, head_tp, ce_tp (model level)."""
+    kind: str
+    """Collective kind (registry name)."""
+    bytes: int
+    """nccl-tests size."""
+    count: int = 1
+    overlap_with: str | None = None
+    """Role of the kernel this collective is hidden behind, when it is (exposed = max(0, comm - kernel))."""
+
+
+@dataclass(frozen=True, slots=True)
+class Graph:
+    """Per-rank work of one micro-batch in each phase."""
+
+    nodes: dict[str, tuple[Node, ...]]
+    comms: dict[str, tuple[Comm, ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Dtypes:
+    """Which dtype each kind of kernel runs in."""
+
+    matrix: str
+    """GEMMs (fp8 when training in fp8)."""
+    act: str
+    """Attention, norms, pointwise ops and activations saved for backward."""
+    tensor_cores: bool | None = None
+    """Matrix math on tensor cores; None: by dtype (fp32 on CUDA cores, the rest on tensor cores)."""
+
+    def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
+        if kind == "gemm":
+            return kernel(kind, params, self.matrix, direction, self.tensor_cores)
+        if kind == "attention":
+            return kernel(kind, params, self.act, direction, self.tensor_cores)
+        return kernel(kind, params, self.act, direction, False)
+
+    def peak_tensor_cores(self) -> bool:
+        """Whether the GEMMs' peak is a tensor-core one (for MFU)."""
+        return uses_tensor_cores("gemm", self.matrix, self.tensor_cores)
+
+
+def precision_of(precision: str, tensor_cores: bool | None = None) -> Dtypes:
+    return Dtypes(matrix=precision, act="bf16" if precision == "fp8" else precision, tensor_cores=tensor_cores)
+
+
+# --------------------------------------------------------------------------- forward lists
+
+Op = tuple[str, str, dict, int]
+"""(role, kind, params, count)."""
+
+
+def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool) -> list[Op]:
+    ffn = arch.ffn_hidden // tp
+    up_n = (2 if arch.gated_mlp else 1) * ffn
+    if arch.n_experts == 1:
+        b, rows, pre, post = 1, tokens, [], []
+    else:
+        b = arch.n_experts // ep
+        rows = -(-tokens * arch.experts_top_k * ep // arch.n_experts)
+        routed = tokens * arch.experts_top_k * arch.hidden
+        pre = [("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1),
+               ("permute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
+        post = [("unpermute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
+    act_numel = b * rows * ffn
+    return [
+        *pre,
+        ("mlp_up", "gemm", {"b": b, "m": rows, "n": up_n, "k": arch.hidden}, 1),
+        ("act", "elementwise", {"numel": act_numel, "fn": arch.activation}, 1),
+        *([("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1)] if arch.gated_mlp else []),
+        ("mlp_down", "gemm", {"b": b, "m": rows, "n": arch.hidden, "k": ffn}, 1),
+        *post,
+    ]
+
+
+def block_ops(arch: ArchSpec, *, tp: int, batch: int, seq_q: int, seq_kv: int, sp: bool, cp: int = 1, ep: int = 1,
+              attention: str = "flash", training: bool = True) -> list[Op]:
+    """Forward ops of one block on one rank for ``batch`` sequences of ``seq_q`` local queries
+    against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``)."""
+    tokens = batch * seq_q
+    rows = tokens // tp if sp else tokens
+    heads, kv_heads = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
+    residual = rows * arch.hidden
+    dropout = training and arch.family in DROPOUT_FAMILIES
+    norm = (arch.norm, {"rows": rows, "cols": arch.hidden})
+    attn = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": arch.head_dim, "impl": attention}
+    if cp == 1:
+        core = [("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_kv, "causal": True}, 1)]
+    else:
+        core = [("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q, "causal": True}, 1),
+                ("attn_cp", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q // 2, "causal": False}, cp - 1)]
+    kv_write = [] if training else [("kv_write", "elementwise", {"numel": 2 * tokens * kv_heads * arch.head_dim, "fn": "copy"}, 1)]
+    attention_ops: list[Op] = [
+        ("norm1", *norm, 1),
+        ("qkv", "gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}, 1),
+        *([("rope", "rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim}, 1)]
+          if arch.position == "rope" else []),
+        *kv_write,
+        *core,
+        ("proj", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}, 1),
+        *([("attn_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
+    ]
+    mlp_ops: list[Op] = [("norm2", *norm, 1), *_mlp(arch, tp, tokens, ep, training),
+                         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else [])]
+    add: Op = ("residual_add", "elementwise", {"numel": residual, "fn": "add"}, 1)
+    if arch.parallel_residual:
+        return [*attention_ops, *mlp_ops, add, add]
+    return [*attention_ops, add, *mlp_ops, add]
+
+
+def embedding_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, training: bool = True) -> list[Op]:
+    """Forward ops of the first stage before the blocks: vocab-parallel embedding, learned
+    positions, embedding dropout."""
+    vocab = padded_vocab(arch.vocab, tp) // tp
+    ops: list[Op] = [("embed", "embedding", {"tokens": tokens, "vocab": vocab, "hidden": arch.hidden}, 1)]
+    if arch.position == "learned":
+        ops += [("pos_embed", "embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}, 1),
+                ("pos_add", "elementwise", {"numel": tokens * arch.hidden, "fn": "add"}, 1)]
+    if training and arch.family in DROPOUT_FAMILIES:
+        ops.append(("embed_dropout", "elementwise", {"numel": rows * arch.hidden, "fn": "dropout"}, 1))
+    return ops
+
+
+def head_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, loss: bool = True) -> list[Op]:
+    """Forward ops of the last stage after the blocks: final norm, LM head, vocab-parallel cross entropy."""
+    vocab = padded_vocab(arch.vocab, tp) // tp
+    ops: list[Op] = [("final_norm", arch.norm, {"rows": rows, "cols": arch.hidden}, 1),
+                     ("lm_head", "gemm", {"b": 1, "m": tokens, "n": vocab, "k": arch.hidden}, 1)]
+    if loss:
+        ops.append(("cross_entropy", "cross_entropy", {"tokens": tokens, "vocab": vocab}, 1))
+    return ops
+
+
+# --------------------------------------------------------------------------- backward
+
+def backward_ops(ops: list[Op]) -> list[tuple[str, str, dict, str, int]]:
+    """(role, kind, params, direction, count) of the backward pass of ``ops``, in reverse order."""
+    out: list[tuple[str, str, dict, str, int]] = []
+    for role, kind, p, count in reversed(ops):
+        if kind == "gemm":
+            b, m, n, k = p["b"], p["m"], p["n"], p["k"]
+            out.append((f"{role}.dgrad", "gemm", {"b": b, "m": m, "n": k, "k": n}, "fwd", count))
+            out.append((f"{role}.wgrad", "gemm", {"b": b, "m": k, "n": n, "k": m}, "fwd", count))
+        elif "bwd" in get_op(kind).directions(p):
+            out.append((f"{role}.bwd", kind, p, "bwd", count))
+    return out
+
+
+# --------------------------------------------------------------------------- comms
+
+def block_comms(arch: ArchSpec, *, tp: int, batch: int, seq_q: int, sp: bool, cp: int, ep: int, dtype: str,
+                training: bool = True) -> dict[str, tuple[Comm, ...]]:
+    """Collectives of one block per micro-batch by phase (forward, backward; recompute = forward)."""
+    b = dtype_bytes(dtype)
+    tokens = batch * seq_q
+    act = tokens * arch.hidden * b
+    fwd: list[Comm] = []
+    bwd: list[Comm] = []
+    if tp > 1:
+        if sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
+            fwd += [Comm("tp", "all_gather", act, 2), Comm("tp", "reduce_scatter", act, 2)]
+            bwd += [Comm("tp", "reduce_scatter", act, 2), Comm("tp", "all_gather", act, 2),
+                    # Megatron re-gathers the sharded QKV / MLP-up input for the weight gradient,
+                    # asynchronously, behind the data-gradient GEMM.
+                    Comm("tp", "all_gather", act, 1, overlap_with="qkv.dgrad"),
+                    Comm("tp", "all_gather", act, 1, overlap_with="mlp_up.dgrad")]
+        else:
+            fwd.append(Comm("tp", "all_reduce", act, 2))
+            bwd.append(Comm("tp", "all_reduce", act, 2))
+    if arch.n_experts > 1 and ep > 1:
+        routed = (tokens // tp if sp else tokens) * arch.experts_top_k * arch.hidden * b
+        fwd.append(Comm("ep", "all_to_all", routed, 2))
+        bwd.append(Comm("ep", "all_to_all", routed, 2))
+    if cp > 1:  # the K and V of S/cp tokens go around the ring, behind the attention blocks
+        kv = 2 * batch * seq_q * max(1, arch.n_kv_heads // tp) * arch.head_dim * b
+        fwd.append(Comm("cp", "send_recv", kv, cp - 1, overlap_with="attn_cp"))
+        bwd.append(Comm("cp", "send_recv", 2 * kv, cp - 1, overlap_with="attn_cp.bwd"))
+    return {FWD: tuple(fwd), BWD: tuple(bwd)}
+
+
+def embedding_comms(arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: str) -> dict[str, tuple[Comm, ...]]:
+    if tp == 1:
+        return {FWD: (), BWD: ()}
+    act = tokens * arch.hidden * dtype_bytes(dtype)
+    # vocab-parallel embedding: partial rows summed over tp (reduce-scatter into the SP region with sp)
+    fwd = (Comm("embed_tp", "reduce_scatter" if sp else "all_reduce", act),)
+    bwd = (Comm("embed_tp", "all_gather", act),) if sp else ()
+    return {FWD: fwd, BWD: bwd}
+
+
+def head_comms(arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: str, loss: bool = True) -> dict[str, tuple[Comm, ...]]:
+    if tp == 1:
+        return {FWD: (), BWD: ()}
+    act = tokens * arch.hidden * dtype_bytes(dtype)
+    fwd: list[Comm] = [Comm("head_tp", "all_gather", act)] if sp else []
+    bwd: list[Comm] = [Comm("head_tp", "reduce_scatter" if sp else "all_reduce", act)]
+    if loss:  # vocab-parallel cross entropy: max, target logit and sum of exp over tp, fp32 per token
+        fwd.append(Comm("ce_tp", "all_reduce", 4 * tokens, 3))
+    return {FWD: tuple(fwd), BWD: tuple(bwd)}
+
+
+# --------------------------------------------------------------------------- assembled, cached
+
+def _nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
+    return tuple(Node(role, prec.of(kind, p), count) for role, kind, p, count in ops)
+
+
+def _bwd_nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
+    return tuple(Node(role, prec.of(kind, p, direction), count) for role, kind, p, direction, count in backward_ops(ops))
+
+
+@lru_cache(maxsize=4096)
+def train_block(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str,
+                recompute: str, prec: Dtypes) -> Graph:
+    """One block's training graph per micro-batch (``seq`` = full sequence; ranks hold ``seq / cp``)."""
+    seq_q = seq // cp
+    ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_q, sp=sp, cp=cp, ep=ep, attention=attention)
+    comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act)
+    if recompute == "full":
+        rec_nodes, rec_comms = _nodes(ops, prec), comms[FWD]
+    elif recompute == "selective":
+        rec_nodes, rec_comms = _nodes([o for o in ops if o[0] in ("attn", "attn_cp")], prec), ()
+    else:
+        rec_nodes, rec_comms = (), ()
+    return Graph(nodes={FWD: _nodes(ops, prec), BWD: _bwd_nodes(ops, prec), RECOMPUTE: rec_nodes},
+                 comms={FWD: comms[FWD], BWD: comms[BWD], RECOMPUTE: rec_comms})
+
+
+@lru_cache(maxsize=4096)
+def train_extras(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, first: bool, last: bool,
+                 prec: Dtypes) -> Graph:
+    """The model-level ops of a first and/or last pipeline stage per micro-batch."""
+    tokens = batch * (seq // cp)
+    rows = tokens // tp if sp else tokens
+    ops: list[Op] = []
+    fwd_c: list[Comm] = []
+    bwd_c: list[Comm] = []
+    if first:
+        ops += embedding_ops(arch, tp=tp, tokens=tokens, rows=rows)
+        c = embedding_comms(arch, tp=tp, tokens=tokens, sp=sp, dtype=prec.act)
+        fwd_c += c[FWD]
+        bwd_c += c[BWD]
+    if last:
+        ops += head_ops(arch, tp=tp, tokens=tokens, rows=rows)
+        c = head_comms(arch, tp=tp, tokens=tokens, sp=sp, dtype=prec.act)
+        fwd_c += c[FWD]
+        bwd_c += c[BWD]
+    return Graph(nodes={FWD: _nodes(ops, prec), BWD: _bwd_nodes(ops, prec), RECOMPUTE: ()},
+                 comms={FWD: tuple(fwd_c), BWD: tuple(bwd_c), RECOMPUTE: ()})
+
+
+def graph_flops(graph: Graph, phases: tuple[str, ...] = (FWD, BWD)) -> float:
+    """FLOPs of the kernels of ``graph`` in ``phases`` (registry formulas)."""
+    return sum(n.count * n.kernel.flops() for ph in phases for n in graph.nodes[ph])

@@ -1,0 +1,171 @@
+"""One batch of LLM inference: prefill, then token-by-token decode with a KV cache.
+
+- **Prefill** (time to first token): one forward of ``batch x prompt_len`` tokens through every
+  pipeline stage in turn (a single batch does not fill a pipeline), with the KV-cache writes, the
+  TP collectives and the stage-to-stage sends; the LM head runs on the last position only.
+- **Decode**: each step is a forward of ``batch`` tokens whose attention reads the cache of
+  ``prompt_len + i`` positions. Steps differ only in that length, and attention time is close to
+  linear in it, so the time per output token is the mean over up to :data:`DECODE_SAMPLES` evenly
+  spaced steps (all steps when there are fewer) -- exact for a linear law.
+- ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
+- **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
+  length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
+  largest live tensors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from opcast.archs import ArchSpec, padded_vocab
+from opcast.dtypes import dtype_bytes
+from opcast.hardware import DeviceSpec
+from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
+from opcast.predict.cost import KernelCostModel, roofline_only
+from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
+from opcast.predict.memory import Memory, kv_cache_bytes, stage_params
+from opcast.predict.parallel import Cluster, InferConfig, validate_infer
+
+DECODE_SAMPLES = 16
+"""Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InferResult:
+    arch: ArchSpec
+    device: DeviceSpec
+    config: InferConfig
+    feasible: bool
+    reasons: tuple[str, ...] = ()
+    cluster: Cluster | None = None
+    ttft_s: float | None = None
+    """Time to first token: the prefill."""
+    tpot_s: float | None = None
+    """Mean time per output token after the first."""
+    total_latency_s: float | None = None
+    tokens_per_s: float | None = None
+    """Generated tokens per second over the whole request batch."""
+    kv_cache_bytes: float | None = None
+    """Per GPU, at the final length."""
+    memory: Memory | None = None
+    breakdown_s: dict[str, dict[str, float]] = field(default_factory=dict)
+    """prefill / decode_step: compute, tp_comm, pp_comm."""
+    ops: tuple[dict[str, Any], ...] = ()
+    cost_sources: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.memory is not None and self.memory.total_bytes <= self.device.mem_bytes
+
+
+def _forward_s(arch: ArchSpec, cfg: InferConfig, prec: Dtypes, *, batch: int, seq_q: int, seq_kv: int, tp_group: Group,
+               kernels: KernelCostModel, comms: CollectiveCostModel, device: DeviceSpec, lines: list[dict[str, Any]] | None,
+               phase: str) -> tuple[float, float]:
+    """(compute, tp comm) seconds of one forward of all layers, the stages one after another."""
+    tp = cfg.tp
+    tokens = batch * seq_q
+    ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_kv, sp=False, attention=cfg.attention, training=False)
+    model = embedding_ops(arch, tp=tp, tokens=tokens, rows=tokens, training=False)
+    model += head_ops(arch, tp=tp, tokens=batch, rows=batch, loss=False)  # logits of the last position only
+    comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
+    extra_comm: tuple[Comm, ...] = ()
+    if tp > 1:
+        extra_comm = (Comm("embed_tp", "all_reduce", tokens * arch.hidden * dtype_bytes(prec.act)),
+                      Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)))
+    compute = comm_s = 0.0
+    for group_ops, repeat in ((ops, arch.n_layers), (model, 1)):
+        kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
+        table = kernels.lookup(kern, device)
+        for (role, _, _, count), k in zip(group_ops, kern):
+            t, src = table[k]
+            compute += repeat * count * t
+            if lines is not None:
+                lines.append({"phase": phase, "role": role, "kind": k.kind, "params": dict(k.params), "dtype": k.dtype,
+                              "direction": k.direction, "count": repeat * count, "time_s": t, "source": src})
+    for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm]:
+        t, _ = comms.time_s(Collective(c.kind, c.bytes, tp_group), device)
+        comm_s += repeat * c.count * t
+    return compute, comm_s
+
+
+def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes: int | None = None,
+                  gpus_per_node: int | None = None, kernels: KernelCostModel | None = None,
+                  comms: CollectiveCostModel | None = None, details: bool = True) -> InferResult:
+    """Latency, throughput and memory of one inference batch (see the module docstring)."""
+    cluster, reasons = validate_infer(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
+    if cluster is None:
+        return InferResult(arch=arch, device=device, config=cfg, feasible=False, reasons=tuple(reasons))
+    kernels = kernels or roofline_only("no kernel models given: roofline fallback")
+    comms = comms or CollectiveCostModel()
+    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
+    pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
+    lines: list[dict[str, Any]] | None = [] if details else None
+    b, P, G = cfg.batch, cfg.prompt_len, cfg.gen_len
+    act_b = dtype_bytes(prec.act)
+
+    def pp_s(tokens: int) -> float:
+        if cfg.pp == 1:
+            return 0.0
+        return (cfg.pp - 1) * comms.time_s(Collective("send_recv", tokens * arch.hidden * act_b, pp_hop), device)[0]
+
+    # A single batch runs the stages one after another: its latency is the forward of all layers.
+    pre_c, pre_tp = _forward_s(arch, cfg, prec, batch=b, seq_q=P, seq_kv=P, tp_group=tp_group, kernels=kernels,
+                                  comms=comms, device=device, lines=lines, phase="prefill")
+    pre_pp = pp_s(b * P)
+    ttft = pre_c + pre_tp + pre_pp
+    steps = list(range(1, G))
+    if len(steps) > DECODE_SAMPLES:
+        steps = sorted({1 + round(i * (G - 2) / (DECODE_SAMPLES - 1)) for i in range(DECODE_SAMPLES)})
+    dec_c = dec_tp = 0.0
+    for n, i in enumerate(steps):
+        c, t = _forward_s(arch, cfg, prec, batch=b, seq_q=1, seq_kv=P + i, tp_group=tp_group, kernels=kernels,
+                             comms=comms, device=device, lines=lines if n == len(steps) // 2 else None, phase="decode")
+        dec_c += c
+        dec_tp += t
+    k = max(1, len(steps))
+    dec_c, dec_tp = dec_c / k, dec_tp / k
+    dec_pp = pp_s(b)
+    tpot = (dec_c + dec_tp + dec_pp) if G > 1 else 0.0
+    total = ttft + (G - 1) * tpot
+
+    # Memory: the worst stage (the first holds the embedding, the last the head).
+    weight_b = dtype_bytes(prec.matrix)
+    kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + G, dtype=prec.act)
+    tokens = b * P
+    heads = arch.n_heads // cfg.tp
+    work = act_b * tokens * (2 * arch.hidden + (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
+                             + (2 if arch.gated_mlp else 1) * arch.ffn_hidden // cfg.tp)
+    if cfg.attention == "eager":
+        work += act_b * b * heads * P * P
+    mems = []
+    for s in {0, cfg.pp - 1}:
+        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, stage=s)
+        mems.append(Memory(stage=s, weights_bytes=weight_b * params.total, gradients_bytes=0.0, optimizer_states_bytes=0.0,
+                           activations_bytes=work, kv_cache_bytes=kv))
+    memory = max(mems, key=lambda m: m.total_bytes)
+    sources: dict[str, Any] = {**kernels.describe(), **comms.describe()}
+    if lines is not None:
+        counts: dict[str, int] = {}
+        for key, src in {(str((ln["kind"], ln["params"], ln["dtype"], ln["direction"])), ln["source"]) for ln in lines}:
+            counts[src] = counts.get(src, 0) + 1
+        sources["unique_kernels_by_source"] = dict(sorted(counts.items()))
+    result = InferResult(
+        arch=arch, device=device, config=cfg, feasible=True, cluster=cluster, ttft_s=ttft, tpot_s=tpot,
+        total_latency_s=total, tokens_per_s=b * G / total, kv_cache_bytes=kv, memory=memory,
+        breakdown_s={"prefill": {"compute": pre_c, "tp_comm": pre_tp, "pp_comm": pre_pp},
+                     "decode_step": {"compute": dec_c, "tp_comm": dec_tp, "pp_comm": dec_pp}},
+        ops=tuple(lines or ()), cost_sources=sources)
+    if not result.fits:
+        parts = ", ".join(f"{key} {v / 2**30:.1f}" for key, v in memory.breakdown().items())
+        result = _with_reason(result, f"does not fit: stage {memory.stage} needs {memory.total_bytes / 2**30:.1f} GiB per GPU "
+                                      f"({parts} GiB) > {device.name}'s {device.mem_bytes / 2**30:.0f} GiB; "
+                                      "try more tp/pp or a smaller --batch")
+    return result
+
+
+def _with_reason(result: InferResult, reason: str) -> InferResult:
+    from dataclasses import replace
+
+    return replace(result, feasible=False, reasons=(*result.reasons, reason))

@@ -1,0 +1,242 @@
+"""Memory per GPU: weights, gradients and optimizer states by ZeRO stage and precision;
+activations by recomputation mode and the pipeline's in-flight micro-batches; the KV cache.
+
+**Model states** (Rajbhandari et al. 2020, "ZeRO", arXiv 1910.02054, Sec. 3.1 and 5): mixed
+precision with Adam keeps 2 bytes of 16-bit weights, 2 of 16-bit gradients and K = 12 of fp32
+master weights, momentum and variance per parameter (16 per parameter in all); fp32 training 4 +
+4 + 8. ZeRO-1 divides the optimizer states by the data-parallel degree N_d, ZeRO-2 also the
+gradients, ZeRO-3 also the weights (plus a gathered-layer buffer for prefetch). N_d is dp x cp
+(context-parallel ranks hold the same weights) and, for expert weights, dp x cp / ep.
+
+**Activations** (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4, 16-bit): per layer and
+micro-batch ``sbh(34 + 5as/h)`` bytes without parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with
+tensor parallelism t, ``sbh/t (34 + 5as/h)`` with sequence parallelism too, ``34 sbh/t`` with
+selective recomputation, and the layer input only with full recomputation. We derive these from
+the tensors each op saves, so the same accounting covers GQA, gated MLPs, RMSNorm, families
+without dropout, FlashAttention and MoE, and reduces exactly to Korthikanti's formulas for a GPT
+block with eager attention (tests check both):
+
+================================  =====================  ==============================
+saved tensor                      bytes (B = act dtype)   Korthikanti (B = 2, a GPT block)
+================================  =====================  ==============================
+norm-1 input, QKV input           2 B sbh / sp            4 sbh
+Q and K (after rope), V           B sb (a+2k) d / t       6 sbh / t
+softmax out, its dropout mask,    (2B + 1) a s^2 b / t    5 a s^2 b / t   (eager only)
+  dropout out                     (B a s^2 b / t w/o
+                                  dropout)
+FlashAttention logsumexp          4 a s b / t             --
+out-proj input                    B sb a d / t            2 sbh / t
+two dropout masks                 2 sbh / sp              2 sbh
+norm-2 input, MLP input           2 B sbh / sp            4 sbh
+MLP act input, down-proj input    2 B sb f / t            16 sbh / t      (f = 4h)
+  (gated, fused SwiGLU: 3 B sb f / t)
+================================  =====================  ==============================
+
+(``sp`` is t with sequence parallelism and 1 without.) Pipelining keeps ``min(p - s, m)``
+micro-batches in flight on stage s under 1F1B (stage 0: p of them, Korthikanti Sec. 4.2.3), and
+Megatron's interleaved warm-up ``2(p - s - 1) + (v - 1)p + 1`` model chunks of ``L/(pv)`` layers,
+which is Korthikanti's ``1 + (p - 1)/(pv)`` factor on stage 0. The first stage adds the embedding
+dropout mask per in-flight micro-batch, the last the final-norm and LM-head inputs and the fp32
+logits of the cross entropy, ``4 sbv/t`` (Korthikanti Sec. 4.3). With full recomputation one
+layer's activations are materialised again during its backward (the working set).
+
+Not counted: the CUDA context, allocator fragmentation, NCCL and cuBLAS workspaces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
+from opcast.dtypes import dtype_bytes
+
+STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
+    "bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8),
+}
+"""ZeRO paper Sec. 3.1 (mixed-precision Adam: 2 + 2 + K with K = 12); fp8 keeps 16-bit weights
+and gradients (Transformer Engine casts to fp8 per GEMM); fp32 has no master copy."""
+
+ZERO3_PREFETCH_LAYERS = 2
+"""Layers of gathered weights ZeRO-3 holds at once: the current one and the prefetched next."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StageParams:
+    """Parameters one rank of a pipeline stage holds."""
+
+    dense: int
+    """Weights replicated across the data-parallel group (attention, dense MLP, norms, embeddings)."""
+    expert: int
+    """MoE expert weights (sharded over ep; their data-parallel group is dp x cp / ep)."""
+    per_layer: int
+    """All parameters of one block on this rank."""
+
+    @property
+    def total(self) -> int:
+        return self.dense + self.expert
+
+
+def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
+    """(dense, expert) parameters of one block on one rank."""
+    heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
+    qkv_out = (heads + 2 * kv) * arch.head_dim
+    attn = arch.hidden * qkv_out + heads * arch.head_dim * arch.hidden
+    if arch.linear_bias:
+        attn += qkv_out + arch.hidden
+    ffn = arch.ffn_hidden // tp
+    up = (2 if arch.gated_mlp else 1) * ffn
+    mlp = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
+    norms = 2 * (2 if arch.norm == "layernorm" else 1) * arch.hidden
+    if arch.n_experts == 1:
+        return attn + mlp + norms, 0
+    router = arch.hidden * arch.n_experts
+    return attn + norms + router, (arch.n_experts // ep) * mlp
+
+
+def stage_params(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, stage: int = 0) -> StageParams:
+    """Parameters on one rank of pipeline ``stage``: its ``n_layers / pp`` blocks, the
+    vocab-parallel embedding (and learned positions) on stage 0, the final norm and LM head on the
+    last (a tied head is a second copy of the embedding when pp > 1, as in Megatron-LM)."""
+    dense_l, expert_l = layer_params(arch, tp, ep)
+    layers = arch.n_layers // pp
+    dense, expert = layers * dense_l, layers * expert_l
+    vocab_slice = padded_vocab(arch.vocab, tp) // tp * arch.hidden
+    if stage == 0:
+        dense += vocab_slice + (arch.max_seq * arch.hidden if arch.position == "learned" else 0)
+    if stage == pp - 1:
+        dense += (2 if arch.norm == "layernorm" else 1) * arch.hidden
+        if not arch.tied_embeddings or pp > 1:
+            dense += vocab_slice
+    return StageParams(dense=dense, expert=expert, per_layer=dense_l + expert_l)
+
+
+# --------------------------------------------------------------------------- activations
+
+def layer_activation_bytes(arch: ArchSpec, *, tp: int, sp: bool, batch: int, seq: int, cp: int = 1, ep: int = 1,
+                           attention: str = "flash", recompute: str = "none", dtype: str = "bf16") -> float:
+    """Bytes one block keeps for its backward, per micro-batch, on one rank (see the module table).
+
+    ``seq`` is the full sequence; a context-parallel rank holds ``seq / cp`` of it.
+    """
+    B = dtype_bytes(dtype)
+    s = seq // cp
+    sbh = s * batch * arch.hidden
+    div = tp if sp else 1
+    if recompute == "full":
+        return B * sbh / div
+    heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
+    dropout = arch.family in DROPOUT_FAMILIES
+    tokens = s * batch
+    out = 2 * B * sbh / div                                   # norm-1 input, QKV input
+    out += B * tokens * (heads + 2 * kv) * arch.head_dim      # Q, K, V
+    if recompute != "selective":
+        if attention == "eager":
+            pairs = batch * heads * (s * s + (cp - 1) * s * (s // 2))  # score entries of this rank's blocks
+            out += (2 * B + 1 if dropout else B) * pairs
+        else:
+            out += 4 * batch * heads * s * (1 + (cp - 1))     # fp32 logsumexp per query and block
+    out += B * tokens * heads * arch.head_dim                 # out-proj input
+    out += (2 * sbh / div if dropout else 0)                  # two 1-byte dropout masks
+    out += 2 * B * sbh / div                                  # norm-2 input, MLP input
+    ffn = arch.ffn_hidden // tp
+    per_row = (3 if arch.gated_mlp else 2) * ffn              # act input (+ gate) and down-proj input
+    if arch.n_experts == 1:
+        out += B * tokens * per_row
+    else:
+        routed_rows = (arch.n_experts // ep) * -(-tokens * arch.experts_top_k * ep // arch.n_experts)
+        out += B * routed_rows * (arch.hidden + per_row)      # permuted expert inputs and activations
+        out += 4 * tokens * arch.n_experts                    # fp32 router probabilities
+    return float(out)
+
+
+def in_flight_layers(*, n_layers: int, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Layers' worth of activations stage ``stage`` holds at its peak (1F1B or interleaved)."""
+    if virtual_stages <= 1:
+        return min(pp - stage, micro_batches) * n_layers / pp
+    chunks = min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, micro_batches * virtual_stages)
+    return chunks * n_layers / (pp * virtual_stages)
+
+
+def in_flight_micro_batches(*, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Micro-batches whose first-stage inputs are alive at stage ``stage``'s peak."""
+    if virtual_stages <= 1:
+        return float(min(pp - stage, micro_batches))
+    chunks = min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, micro_batches * virtual_stages)
+    return chunks / virtual_stages
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Memory:
+    """Bytes per GPU on one pipeline stage."""
+
+    stage: int
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_states_bytes: float
+    activations_bytes: float
+    activation_working_set_bytes: float = 0.0
+    """Full recomputation: one layer's activations rebuilt during its backward."""
+    zero3_gather_bytes: float = 0.0
+    """ZeRO-3: gathered full weights of the current and prefetched layer."""
+    kv_cache_bytes: float = 0.0
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_states_bytes + self.activations_bytes
+                + self.activation_working_set_bytes + self.zero3_gather_bytes + self.kv_cache_bytes)
+
+    def breakdown(self) -> dict[str, float]:
+        """Bytes by part; parts that are zero (inference has no gradients) are left out."""
+        out = {"weights": self.weights_bytes}
+        for key, value in (("gradients", self.gradients_bytes), ("optimizer_states", self.optimizer_states_bytes)):
+            if value:
+                out[key] = value
+        out["activations"] = self.activations_bytes
+        for key, value in (("activation_working_set", self.activation_working_set_bytes),
+                           ("zero3_gather", self.zero3_gather_bytes), ("kv_cache", self.kv_cache_bytes)):
+            if value:
+                out[key] = value
+        return out
+
+
+def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool,
+                 micro_batch: int, seq: int, micro_batches: int, virtual_stages: int, zero: int, precision: str,
+                 attention: str, recompute: str) -> Memory:
+    """Memory of one GPU of pipeline ``stage`` during training."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
+    w, g, o = STATE_BYTES[precision]
+    n_d, n_e = dp * cp, max(1, dp * cp // ep)
+
+    def shard(per_param: float, sharded: bool) -> float:
+        if not sharded:
+            return per_param * params.total
+        return per_param * (params.dense / n_d + params.expert / n_e)
+
+    act_dtype = "bf16" if precision == "fp8" else precision
+    per_layer = layer_activation_bytes(arch, tp=tp, sp=sp, batch=micro_batch, seq=seq, cp=cp, ep=ep,
+                                       attention=attention, recompute=recompute, dtype=act_dtype)
+    layers = in_flight_layers(n_layers=arch.n_layers, pp=pp, stage=stage, micro_batches=micro_batches,
+                              virtual_stages=virtual_stages)
+    acts = per_layer * layers
+    B = dtype_bytes(act_dtype)
+    sbh = (seq // cp) * micro_batch * arch.hidden
+    div = tp if sp else 1
+    if stage == 0 and arch.family in DROPOUT_FAMILIES:
+        acts += sbh / div * in_flight_micro_batches(pp=pp, stage=0, micro_batches=micro_batches,
+                                                    virtual_stages=virtual_stages)
+    if stage == pp - 1:
+        acts += 2 * B * sbh / div + 4 * (seq // cp) * micro_batch * padded_vocab(arch.vocab, tp) // tp
+    working = 0.0
+    if recompute == "full":
+        working = layer_activation_bytes(arch, tp=tp, sp=sp, batch=micro_batch, seq=seq, cp=cp, ep=ep,
+                                         attention=attention, recompute="none", dtype=act_dtype)
+    gather = ZERO3_PREFETCH_LAYERS * w * params.per_layer if zero == 3 else 0.0
+    return Memory(stage=stage, weights_bytes=shard(w, zero >= 3), gradients_bytes=shard(g, zero >= 2),
+                  optimizer_states_bytes=shard(o, zero >= 1), activations_bytes=acts,
+                  activation_working_set_bytes=working, zero3_gather_bytes=gather)
+
+
+def kv_cache_bytes(arch: ArchSpec, *, tp: int, pp: int, batch: int, tokens: int, dtype: str) -> float:
+    """K and V of ``tokens`` positions for ``batch`` sequences on one rank: ``2 b T k d B L / pp``."""
+    kv = max(1, arch.n_kv_heads // tp)
+    return 2.0 * batch * tokens * kv * arch.head_dim * dtype_bytes(dtype) * (arch.n_layers // pp)

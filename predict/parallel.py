@@ -1,0 +1,350 @@
+"""Training and inference configurations, the cluster they run on, and their validation.
+
+Validation collects *every* reason a configuration cannot run (a TP degree that does not divide
+the heads, a world size that is not TP x PP x DP x CP, micro-batches that do not divide the global
+batch, ...) instead of stopping at the first: an infeasible configuration is a result listing its
+reasons (:class:`Layout` is only built for a feasible one).
+
+Rank order is Megatron-LM's default ``tp-cp-ep-dp-pp`` (megatron/core/parallel_state.py): TP
+ranks are consecutive, then CP, DP, and pipeline stages outermost, so a group of ``size`` ranks
+``stride`` apart spans the nodes :func:`opcast.predict.comm.place` says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal, get_args
+
+from opcast.archs import ArchSpec
+from opcast.errors import OpcastError
+from opcast.predict.comm import Group, place
+
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+AttentionImpl = Literal["flash", "eager"]
+Schedule = Literal["1f1b", "interleaved"]
+
+MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
+"""Megatron-LM DDP gradient bucket: ``max(40M, 1M x dp)`` parameters (distributed_data_parallel_config.py)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    """Where the job runs: nodes of identical GPUs."""
+
+    nodes: int
+    """Nodes."""
+    gpus_per_node: int
+    """GPUs used per node."""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    """One training configuration (Megatron-LM vocabulary)."""
+
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline-parallel stages."""
+    dp: int | None = None
+    """Data-parallel degree; None: world size / (tp x pp x cp) with a cluster given, else 1."""
+    cp: int = 1
+    """Context-parallel degree (ring attention over the sequence, load-balanced causal split)."""
+    ep: int = 1
+    """Expert-parallel degree (MoE archs); expert tensor parallelism equals tp."""
+    sp: bool = False
+    """Sequence parallelism (Korthikanti et al. 2022): norms and dropout sharded over tp."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    global_batch: int | None = None
+    """Sequences per iteration over all data-parallel ranks; None: one micro-batch per rank."""
+    seq: int = 2048
+    """Tokens per sequence."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention core) or full (every layer)."""
+    zero: int = 0
+    """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights (Rajbhandari et al. 2020)."""
+    precision: Precision = "bf16"
+    """Compute precision; bf16/fp16/fp8 train with fp32 master weights and Adam states."""
+    attention: AttentionImpl = "flash"
+    """Attention kernel: flash (FlashAttention-2) or eager (score matrix in memory)."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank for the interleaved schedule."""
+    overlap_grad_reduce: bool = False
+    """Overlap the data-parallel gradient reduction with the last micro-batch's backward."""
+    tensor_cores: bool | None = None
+    """Matrix math on tensor cores (fp32: as TF32); None: by dtype, fp32 on CUDA cores as PyTorch's
+    default (TF32 matmul off), every other precision on tensor cores."""
+    bucket_params: int | None = None
+    """Gradient bucket size in parameters; None: Megatron's max(40M, 1M x dp)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InferConfig:
+    """One inference request batch."""
+
+    tp: int = 1
+    """Tensor-parallel degree."""
+    pp: int = 1
+    """Pipeline stages (one batch: the stages run one after another)."""
+    batch: int = 1
+    """Sequences decoded together."""
+    prompt_len: int = 512
+    """Prompt tokens per sequence (prefill)."""
+    gen_len: int = 128
+    """Generated tokens per sequence (the first comes out of prefill)."""
+    precision: Precision = "bf16"
+    """Weights, activations and KV cache precision (fp8: GEMMs in fp8, the rest bf16)."""
+    attention: AttentionImpl = "flash"
+    """Attention kernel."""
+    tensor_cores: bool | None = None
+    """Matrix math on tensor cores; None: by dtype (see TrainConfig.tensor_cores)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """A validated training configuration placed on its cluster."""
+
+    cfg: TrainConfig
+    cluster: Cluster
+    dp: int
+    """Resolved data-parallel degree."""
+    micro_batches: int
+    """Micro-batches per iteration per data-parallel rank (m)."""
+    tp_group: Group
+    cp_group: Group
+    ep_group: Group
+    dp_group: Group
+    """Gradient reduction group: dp x cp ranks hold the same weights."""
+    expert_dp_group: Group
+    """Gradient reduction group of expert weights: dp x cp / ep."""
+    pp_group: Group
+    """The pipeline's ranks (send/recv is inter-node when this spans nodes)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.tp * self.cfg.pp * self.dp * self.cfg.cp
+
+    @property
+    def compute_dtype(self) -> str:
+        return self.cfg.precision
+
+    @property
+    def act_dtype(self) -> str:
+        return "bf16" if self.cfg.precision == "fp8" else self.cfg.precision
+
+
+# --------------------------------------------------------------------------- validation
+
+def _positive(label: str, value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return f"{label}={value!r} must be a positive integer"
+    return None
+
+
+def _arch_reasons(arch: ArchSpec, **factor: int) -> list[str]:
+    """validate_parallel's reasons for one factor at a time, without the arch-name prefix."""
+    try:
+        arch.validate_parallel(**factor)
+    except OpcastError as err:
+        text, prefix = str(err), f"{arch.name}: "
+        return [text[len(prefix):] if text.startswith(prefix) else text]
+    return []
+
+
+def _device_reasons(device, precision: str) -> list[str]:
+    if precision not in get_args(Precision):
+        return [f"precision={precision!r} is not one of {', '.join(get_args(Precision))}"]
+    if not device.supports(precision):
+        return [f"{device.name} has no {precision} peak; use one of {', '.join(d for d in device.supported_dtypes() if d in get_args(Precision))}"]
+    return []
+
+
+def resolve_cluster(device, *, nodes: int | None, gpus_per_node: int | None, world_needed: int | None) -> tuple[Cluster | None, list[str]]:
+    """The cluster from --nodes/--gpus-per-node, or the smallest one of ``device`` nodes holding
+    ``world_needed`` GPUs."""
+    problems = [p for p in (_positive("nodes", nodes) if nodes is not None else None,
+                            _positive("gpus_per_node", gpus_per_node) if gpus_per_node is not None else None) if p]
+    if problems:
+        return None, problems
+    if nodes is None and gpus_per_node is None:
+        if world_needed is None:
+            return Cluster(nodes=1, gpus_per_node=1), []
+        g = device.gpus_per_node
+        if world_needed <= g:
+            return Cluster(nodes=1, gpus_per_node=world_needed), []
+        if world_needed % g:
+            return None, [f"world size {world_needed} is not a whole number of {g}-GPU {device.name} nodes; "
+                          "give --nodes and --gpus-per-node"]
+        return Cluster(nodes=world_needed // g, gpus_per_node=g), []
+    if gpus_per_node is None:
+        gpus_per_node = device.gpus_per_node
+    if nodes is None:
+        if world_needed is None:
+            nodes = 1
+        elif world_needed % gpus_per_node:
+            return None, [f"world size {world_needed} is not a multiple of --gpus-per-node {gpus_per_node}"]
+        else:
+            nodes = max(1, world_needed // gpus_per_node)
+    return Cluster(nodes=nodes, gpus_per_node=gpus_per_node), []
+
+
+def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | None = None,
+                   gpus_per_node: int | None = None) -> tuple[Layout | None, list[str]]:
+    """The :class:`Layout` of ``cfg``, or None and every reason it cannot run."""
+    reasons: list[str] = []
+    ints = {"tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep, "micro_batch": cfg.micro_batch,
+            "seq": cfg.seq, "virtual_stages": cfg.virtual_stages}
+    for optional in ("dp", "global_batch"):
+        if getattr(cfg, optional) is not None:
+            ints[optional] = getattr(cfg, optional)
+    reasons += [p for k, v in ints.items() if (p := _positive(k, v))]
+    if cfg.zero not in (0, 1, 2, 3):
+        reasons.append(f"zero={cfg.zero!r} must be 0, 1, 2 or 3")
+    for label, value, choices in (("recompute", cfg.recompute, Recompute), ("attention", cfg.attention, AttentionImpl),
+                                  ("schedule", cfg.schedule, Schedule)):
+        if value not in get_args(choices):
+            reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
+    reasons += _device_reasons(device, cfg.precision)
+    if reasons:  # the arithmetic below needs sane integers
+        return None, reasons
+
+    tp, pp, cp, ep = cfg.tp, cfg.pp, cfg.cp, cfg.ep
+    reasons += _arch_reasons(arch, tp=tp)
+    reasons += _arch_reasons(arch, pp=pp)
+    if ep > 1 and arch.n_experts == 1:
+        reasons.append(f"ep={ep} needs an MoE arch; {arch.name} is dense (n_experts=1)")
+    else:
+        reasons += _arch_reasons(arch, ep=ep)
+    if cfg.dp is not None:
+        world_needed: int | None = tp * pp * cp * cfg.dp
+    else:  # no dp: the cluster decides it, or dp = 1 without a cluster
+        world_needed = None if (nodes is not None or gpus_per_node is not None) else tp * pp * cp
+    cluster, problems = resolve_cluster(device, nodes=nodes, gpus_per_node=gpus_per_node, world_needed=world_needed)
+    reasons += problems
+    dp = cfg.dp
+    if cluster is not None:
+        world = cluster.world_size
+        if dp is None:
+            if world % (tp * pp * cp):
+                reasons.append(f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) is not a "
+                               f"multiple of tp x pp x cp = {tp} x {pp} x {cp} = {tp * pp * cp}")
+            else:
+                dp = world // (tp * pp * cp)
+        elif world != tp * pp * dp * cp:
+            reasons.append(f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
+                           f"tp x pp x dp x cp = {tp} x {pp} x {dp} x {cp} = {tp * pp * dp * cp}")
+    if cfg.sp and tp == 1:
+        reasons.append("sequence parallelism (--sp) needs tp > 1")
+    if cp > 1 and cfg.seq % (2 * cp):
+        reasons.append(f"context parallelism splits the sequence into 2 x cp = {2 * cp} chunks; cp={cp} needs seq={cfg.seq} divisible by {2 * cp}")
+    if cfg.sp and tp > 1 and (cfg.seq // cp) % tp:
+        reasons.append(f"sequence parallelism needs tp={tp} to divide the per-rank sequence {cfg.seq // cp}")
+    if arch.position == "learned" and cfg.seq > arch.max_seq:
+        reasons.append(f"seq={cfg.seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions)")
+    micro_batches = 0
+    global_batch = cfg.global_batch
+    if dp is not None:
+        if global_batch is None:
+            global_batch = cfg.micro_batch * dp
+        if global_batch % (cfg.micro_batch * dp):
+            reasons.append(f"global_batch={global_batch} is not a multiple of micro_batch x dp = "
+                           f"{cfg.micro_batch} x {dp} = {cfg.micro_batch * dp}")
+        else:
+            micro_batches = global_batch // (cfg.micro_batch * dp)
+        if ep > 1 and (dp * cp) % ep:
+            reasons.append(f"ep={ep} must divide dp x cp = {dp * cp} (experts are sharded across data-parallel ranks)")
+    v = cfg.virtual_stages
+    if cfg.schedule == "interleaved":
+        if pp == 1:
+            reasons.append("the interleaved schedule needs pp > 1")
+        if v < 2:
+            reasons.append(f"the interleaved schedule needs --virtual-stages >= 2, got {v}")
+        if arch.n_layers % (pp * v):
+            reasons.append(f"interleaving needs pp x virtual_stages = {pp * v} to divide n_layers={arch.n_layers}")
+        if micro_batches and micro_batches % pp:
+            reasons.append(f"interleaving needs the {micro_batches} micro-batches per rank to be a multiple of pp={pp} (Megatron-LM)")
+    elif v != 1:
+        reasons.append(f"--virtual-stages {v} needs --schedule interleaved")
+    if cfg.zero == 3 and pp > 1:
+        reasons.append("zero=3 with pp > 1 is not supported (DeepSpeed's pipeline engine allows ZeRO stage <= 1; "
+                       "Megatron's distributed optimizer is zero 1/2)")
+    if cfg.bucket_params is not None and (p := _positive("bucket_params", cfg.bucket_params)):
+        reasons.append(p)
+    if reasons or cluster is None or dp is None:
+        return None, reasons
+    g = cluster.gpus_per_node
+    layout = Layout(
+        cfg=replace(cfg, dp=dp, global_batch=global_batch), cluster=cluster, dp=dp, micro_batches=micro_batches,
+        tp_group=place(tp, 1, g), cp_group=place(cp, tp, g), ep_group=place(ep, tp, g),
+        dp_group=place(dp * cp, tp, g), expert_dp_group=place(dp * cp // ep, tp * ep, g),
+        pp_group=place(pp, tp * cp * dp, g),
+    )
+    return layout, []
+
+
+def validate_infer(arch: ArchSpec, device, cfg: InferConfig, *, nodes: int | None = None,
+                   gpus_per_node: int | None = None) -> tuple[Cluster | None, list[str]]:
+    """The cluster of an inference configuration, or None and every reason it cannot run."""
+    reasons = [p for k in ("tp", "pp", "batch", "prompt_len", "gen_len") if (p := _positive(k, getattr(cfg, k)))]
+    if cfg.attention not in get_args(AttentionImpl):
+        reasons.append(f"attention={cfg.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
+    reasons += _device_reasons(device, cfg.precision)
+    if reasons:
+        return None, reasons
+    reasons += _arch_reasons(arch, tp=cfg.tp)
+    reasons += _arch_reasons(arch, pp=cfg.pp)
+    if arch.position == "learned" and cfg.prompt_len + cfg.gen_len > arch.max_seq:
+        reasons.append(f"prompt_len + gen_len = {cfg.prompt_len + cfg.gen_len} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions)")
+    cluster, problems = resolve_cluster(device, nodes=nodes, gpus_per_node=gpus_per_node, world_needed=cfg.tp * cfg.pp)
+    reasons += problems
+    if cluster is not None and cluster.world_size != cfg.tp * cfg.pp:
+        reasons.append(f"world size {cluster.world_size} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
+                       f"tp x pp = {cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp} (one model replica)")
+    return (cluster if not reasons else None), reasons
+
+
+# --------------------------------------------------------------------------- --cluster
+
+_SHORTHAND = re.compile(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*")
+_CLUSTER_KEYS = {"name": str, "nodes": int, "gpus_per_node": int, "gpu": str, "source": str}
+
+
+def parse_cluster(text: str) -> tuple[Cluster, str | None]:
+    """``--cluster``: ``NODESxGPUS`` (e.g. ``16x8``) or a JSON file with keys ``nodes``,
+    ``gpus_per_node`` and optional ``name``, ``gpu`` (a catalog name) and ``source``.
+    Returns the cluster and its GPU name, if the file names one."""
+    m = _SHORTHAND.fullmatch(text)
+    if m:
+        nodes, g = int(m.group(1)), int(m.group(2))
+        if nodes < 1 or g < 1:
+            raise OpcastError(f"--cluster {text!r}: nodes and GPUs per node must be >= 1")
+        return Cluster(nodes=nodes, gpus_per_node=g), None
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise OpcastError(f"--cluster {text!r} is neither NODESxGPUS (e.g. 16x8) nor a cluster JSON file")
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise OpcastError(f"{path}: cannot read the cluster file ({err})") from None
+    if not isinstance(data, dict):
+        raise OpcastError(f"{path}: expected a JSON object with keys nodes, gpus_per_node")
+    problems = [f"unknown key {k!r}" for k in data if k not in _CLUSTER_KEYS]
+    problems += [f"missing key {k!r}" for k in ("nodes", "gpus_per_node") if k not in data]
+    for k, t in _CLUSTER_KEYS.items():
+        if k in data and (not isinstance(data[k], t) or isinstance(data[k], bool)):
+            problems.append(f"{k!r} must be {'an integer' if t is int else 'a string'}")
+        elif k in data and t is int and data[k] < 1:
+            problems.append(f"{k!r} must be >= 1")
+    if problems:
+        raise OpcastError(f"{path}: " + "; ".join(problems) + f" (valid keys: {', '.join(_CLUSTER_KEYS)})")
+    return Cluster(nodes=data["nodes"], gpus_per_node=data["gpus_per_node"]), data.get("gpu")

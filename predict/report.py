@@ -1,0 +1,227 @@
+"""Results as JSON, rich summaries, Chrome/Perfetto traces and breakdown charts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from opcast.errors import OpcastError
+from opcast.predict.inference import InferResult
+from opcast.predict.training import BREAKDOWN_KEYS, TrainResult
+
+GIB = 2**30
+
+
+def _kernel_dict(k) -> dict[str, Any]:
+    return {"kind": k.kind, "params": dict(k.params), "dtype": k.dtype, "direction": k.direction,
+            "tensor_cores": k.tensor_cores}
+
+
+def train_to_dict(r: TrainResult) -> dict[str, Any]:
+    """The ``--json`` document of a training prediction (infeasible ones carry ``reasons``)."""
+    out: dict[str, Any] = {"arch": r.arch.name, "gpu": r.device.name, "config": asdict(r.config),
+                           "feasible": r.feasible, "reasons": list(r.reasons)}
+    if r.layout is None:
+        return out
+    lay = r.layout
+    out["config"].update(dp=lay.dp, world_size=lay.world_size, nodes=lay.cluster.nodes,
+                         gpus_per_node=lay.cluster.gpus_per_node, micro_batches=lay.micro_batches)
+    worst = r.worst_memory
+    out.update({
+        "iteration_time_s": r.iteration_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "hfu": r.hfu,
+        "model_flops_per_iteration": r.model_flops,
+        "mfu_definition": "op-graph FLOPs (forward + backward, no recomputation) / (iteration time x world size x dense peak)",
+        "memory_per_gpu_bytes": worst.total_bytes, "memory_breakdown_bytes": worst.breakdown(),
+        "memory_worst_stage": worst.stage, "gpu_memory_bytes": r.device.mem_bytes, "fits": r.fits,
+        "memory_overflow_bytes": max(0.0, worst.total_bytes - r.device.mem_bytes),
+        "memory_per_stage_bytes": [m.total_bytes for m in r.memory],
+        "breakdown_s": {k: r.breakdown_s[k] for k in BREAKDOWN_KEYS},
+        "stages": [asdict(st) | {"per_micro_batch_s": st.per_micro_batch_s} for st in r.stages],
+        "ops": [{"stage": o.stage, "phase": o.phase, "role": o.role, **_kernel_dict(o.kernel), "count": o.count,
+                 "time_s": o.time_s, "total_s": o.count * o.time_s, "source": o.source} for o in r.ops],
+        "collectives": [{"stage": c.stage, "phase": c.phase, "role": c.role, "kind": c.call.kind, "bytes": c.call.bytes,
+                         "group": {"size": c.call.group.size, "nodes": c.call.group.nodes, "per_node": c.call.group.per_node},
+                         "count": c.count, "time_s": c.time_s, "exposed_s": c.exposed_s, "source": c.source}
+                        for c in r.comms],
+        "cost_sources": r.cost_sources,
+    })
+    if r.config.pp > 2:
+        out["ops_note"] = f"ops and collectives list stages 0, 1 and {r.config.pp - 1}; stages 2..{r.config.pp - 2} repeat stage 1"
+    return out
+
+
+def infer_to_dict(r: InferResult) -> dict[str, Any]:
+    out: dict[str, Any] = {"arch": r.arch.name, "gpu": r.device.name, "config": asdict(r.config),
+                           "feasible": r.feasible, "reasons": list(r.reasons)}
+    if r.memory is None:
+        return out
+    out.update({
+        "ttft_s": r.ttft_s, "tpot_s": r.tpot_s, "total_latency_s": r.total_latency_s, "tokens_per_s": r.tokens_per_s,
+        "kv_cache_bytes": r.kv_cache_bytes, "memory_per_gpu_bytes": r.memory.total_bytes,
+        "memory_breakdown_bytes": r.memory.breakdown(), "gpu_memory_bytes": r.device.mem_bytes, "fits": r.fits,
+        "breakdown_s": r.breakdown_s, "ops": list(r.ops), "cost_sources": r.cost_sources,
+    })
+    if r.cluster is not None:
+        out["config"].update(nodes=r.cluster.nodes, gpus_per_node=r.cluster.gpus_per_node)
+    return out
+
+
+def to_json(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, default=float)
+
+
+# --------------------------------------------------------------------------- rich
+
+def _fmt_s(t: float) -> str:
+    if t >= 1:
+        return f"{t:.3f} s"
+    if t >= 1e-3:
+        return f"{t * 1e3:.3f} ms"
+    return f"{t * 1e6:.1f} us"
+
+
+def print_train(r: TrainResult, console) -> None:
+    from rich.table import Table
+
+    lay, cfg = r.layout, r.config
+    assert lay is not None
+    console.print(f"[bold]{r.arch.name}[/] on {lay.world_size} x {r.device.name} "
+                  f"({lay.cluster.nodes} node(s) x {lay.cluster.gpus_per_node}): tp {cfg.tp}, pp {cfg.pp}, dp {lay.dp}, "
+                  f"cp {cfg.cp}, ep {cfg.ep}{', sp' if cfg.sp else ''}; micro-batch {cfg.micro_batch} x "
+                  f"{lay.micro_batches} per rank, global batch {cfg.global_batch} x {cfg.seq} tokens; "
+                  f"recompute {cfg.recompute}, zero {cfg.zero}, {cfg.precision}, {cfg.attention} attention, {cfg.schedule}"
+                  + (f" v={cfg.virtual_stages}" if cfg.schedule == "interleaved" else ""))
+    console.print(f"iteration [bold]{_fmt_s(r.iteration_time_s)}[/]   {r.tokens_per_s:,.0f} tokens/s   "
+                  f"MFU [bold]{100 * r.mfu:.1f} %[/] (HFU {100 * r.hfu:.1f} %)")
+    table = Table(title="where the time goes (critical stage; sums to the iteration)")
+    table.add_column("part")
+    table.add_column("seconds", justify="right")
+    table.add_column("share", justify="right")
+    for key in BREAKDOWN_KEYS:
+        v = r.breakdown_s[key]
+        if v or key in ("forward", "backward"):
+            table.add_row(key, f"{v:.4g}", f"{100 * v / r.iteration_time_s:.1f} %")
+    console.print(table)
+    worst = r.worst_memory
+    mem = Table(title=f"memory per GPU (stage {worst.stage}, the fullest): {worst.total_bytes / GIB:.2f} GiB of "
+                      f"{r.device.mem_bytes / GIB:.0f} GiB -> {'fits' if r.fits else 'DOES NOT FIT'}")
+    mem.add_column("part")
+    mem.add_column("GiB", justify="right")
+    for k, v in worst.breakdown().items():
+        mem.add_row(k, f"{v / GIB:.3f}")
+    console.print(mem)
+    top = sorted(r.ops, key=lambda o: -o.count * o.time_s)[:8]
+    ops = Table(title="heaviest kernels (one GPU of the stage, per iteration)")
+    for col in ("stage", "phase", "role", "kind", "count", "total", "source"):
+        ops.add_column(col)
+    for o in top:
+        ops.add_row(str(o.stage), o.phase, o.role, o.kernel.kind, f"{o.count:g}", _fmt_s(o.count * o.time_s), o.source)
+    console.print(ops)
+    src = r.cost_sources
+    console.print(f"kernel costs: {src.get('unique_kernels_by_source')} "
+                  f"({src.get('kernel_models') or 'no learned models'}); collectives: {src.get('collectives_by_source')}")
+    for note in src.get("notes", []):
+        console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+
+
+def print_infer(r: InferResult, console) -> None:
+    cfg = r.config
+    assert r.memory is not None
+    console.print(f"[bold]{r.arch.name}[/] on {cfg.tp * cfg.pp} x {r.device.name}: tp {cfg.tp}, pp {cfg.pp}; "
+                  f"batch {cfg.batch}, prompt {cfg.prompt_len}, generate {cfg.gen_len}; {cfg.precision}, {cfg.attention}")
+    console.print(f"time to first token [bold]{_fmt_s(r.ttft_s)}[/]   time per output token [bold]{_fmt_s(r.tpot_s)}[/]   "
+                  f"total {_fmt_s(r.total_latency_s)}   {r.tokens_per_s:,.0f} tokens/s")
+    for phase, parts in r.breakdown_s.items():
+        console.print(f"  {phase}: " + ", ".join(f"{k} {_fmt_s(v)}" for k, v in parts.items()))
+    console.print(f"memory per GPU {r.memory.total_bytes / GIB:.2f} GiB of {r.device.mem_bytes / GIB:.0f} GiB "
+                  f"({', '.join(f'{k} {v / GIB:.2f}' for k, v in r.memory.breakdown().items())}) -> "
+                  f"{'fits' if r.fits else 'DOES NOT FIT'}; KV cache {r.kv_cache_bytes / GIB:.3f} GiB")
+    console.print(f"kernel costs: {r.cost_sources.get('unique_kernels_by_source')}")
+    for note in r.cost_sources.get("notes", []):
+        console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+
+
+# --------------------------------------------------------------------------- trace
+
+def trace_events(r: TrainResult) -> list[dict[str, Any]]:
+    """Chrome trace events (``ph: X``, microseconds) of one iteration, one process per pipeline stage."""
+    from opcast.predict.schedule import simulate
+
+    assert r.layout is not None
+    cfg, lay = r.config, r.layout
+    fwd = [st.forward_s + st.forward_comm_s for st in r.stages]
+    bwd = [st.per_micro_batch_s - st.pp_comm_s - f for st, f in zip(r.stages, fwd)]
+    p2p = r.stages[0].pp_comm_s / (2 * cfg.virtual_stages - 1) if cfg.pp > 1 else 0.0  # stage 0 sends 2v - 1 times
+    tasks = simulate(fwd, bwd, lay.micro_batches, cfg.virtual_stages, p2p)
+    events: list[dict[str, Any]] = []
+    for s in range(cfg.pp):
+        events.append({"ph": "M", "name": "process_name", "pid": s, "args": {"name": f"pipeline stage {s}"}})
+        events.append({"ph": "M", "name": "thread_name", "pid": s, "tid": 0, "args": {"name": "compute + exposed comm"}})
+    for t in tasks:
+        name = f"{'forward' if t.kind == 'F' else 'backward'} mb{t.micro_batch}" + (f" chunk{t.chunk}" if cfg.virtual_stages > 1 else "")
+        events.append({"ph": "X", "name": name, "cat": t.kind, "pid": t.stage, "tid": 0,
+                       "ts": t.start_s * 1e6, "dur": (t.end_s - t.start_s) * 1e6})
+    end = max((t.end_s for t in tasks), default=0.0)
+    for st in r.stages:
+        events.append({"ph": "X", "name": "dp grad sync (exposed)", "cat": "dp", "pid": st.stage, "tid": 0,
+                       "ts": end * 1e6, "dur": st.dp_comm_s * 1e6})
+        events.append({"ph": "X", "name": "optimizer", "cat": "optimizer", "pid": st.stage, "tid": 0,
+                       "ts": (end + st.dp_comm_s) * 1e6, "dur": st.optimizer_s * 1e6})
+    return events
+
+
+def write_trace(r: TrainResult, path: str | Path) -> Path:
+    path = Path(path)
+    doc = {"traceEvents": trace_events(r), "displayTimeUnit": "ms",
+           "otherData": {"arch": r.arch.name, "gpu": r.device.name, "iteration_time_s": r.iteration_time_s,
+                         "note": "timeline replayed task by task (Megatron order); iteration_time_s is the analytical prediction"}}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc))
+    except OSError as err:
+        raise OpcastError(f"cannot write the trace {path}: {err.strerror}") from None
+    return path
+
+
+def write_plot(r: TrainResult, path: str | Path) -> Path:
+    """Two bars: the time breakdown and the memory breakdown (needs matplotlib, an optional extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise OpcastError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
+    path = Path(path)
+    fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(11, 4.5))
+    left = 0.0
+    for key in BREAKDOWN_KEYS:
+        v = r.breakdown_s[key]
+        if v > 0:
+            ax_t.barh([0], [v], left=left, label=key)
+            left += v
+    ax_t.set_yticks([])
+    ax_t.set_xlabel("seconds per iteration")
+    ax_t.set_title(f"{r.arch.name} on {r.device.name}: {r.iteration_time_s:.3g} s, MFU {100 * r.mfu:.1f} %")
+    ax_t.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4)
+    left = 0.0
+    worst = r.worst_memory
+    for key, v in worst.breakdown().items():
+        ax_m.barh([0], [v / GIB], left=left, label=key)
+        left += v / GIB
+    ax_m.axvline(r.device.mem_bytes / GIB, color="black", linestyle="--", label="GPU memory")
+    ax_m.set_yticks([])
+    ax_m.set_xlabel("GiB per GPU")
+    ax_m.set_title(f"memory, stage {worst.stage}")
+    ax_m.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    fig.tight_layout()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    except OSError as err:
+        raise OpcastError(f"cannot write the plot {path}: {err.strerror}") from None
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,174 @@
+"""Kernel-time sources: the roofline fallback, the learned/roofline composite, caching, loading."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import numpy as np
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.predict.cost import (
+    LEARNED,
+    ROOFLINE,
+    ROOFLINE_EFFICIENCY,
+    EfficiencyCurve,
+    KernelCostModel,
+    LearnedKernelCost,
+    RooflineKernelCost,
+    kernel,
+    load_kernel_cost,
+    uses_tensor_cores,
+    validated_kernel,
+)
+
+A100 = get_device("A100-SXM4-80GB")
+
+
+def doubled(device):
+    """Every throughput spec x2 (what issue 9 calls a hypothetical GPU)."""
+    return dataclasses.replace(
+        device, name=device.name + "-x2", aliases=(),
+        **{f: getattr(device, f) * 2 for f in ("peak_fp32_flops", "peak_tf32_flops", "peak_fp16_flops", "peak_bf16_flops",
+                                              "peak_fp8_flops", "mem_bw_bytes_per_s", "intra_node_bw_bytes_per_s",
+                                              "inter_node_bw_bytes_per_s") if getattr(device, f) is not None})
+
+
+def test_efficiency_curve_interpolates_in_log_size_and_clamps():
+    curve = EfficiencyCurve(anchors=((1.0, 0.5), (100.0, 0.9)))
+    assert curve(0.01) == 0.5 and curve(1e6) == 0.9
+    assert curve(10.0) == pytest.approx(0.7)  # halfway in log10
+
+
+def test_roofline_of_a_big_gemm_is_compute_bound_at_the_calculon_efficiency():
+    k = kernel("gemm", {"b": 1, "m": 8192, "n": 8192, "k": 8192}, "bf16")
+    terms = RooflineKernelCost().terms(k, A100)
+    flops = 2.0 * 8192**3  # 1100 GFLOP: beyond the last anchor (128 GFLOP, 0.95)
+    assert terms.bound == "compute"
+    assert terms.time_s == pytest.approx(flops / (312e12 * 0.95), rel=1e-12)
+
+
+def test_roofline_of_an_elementwise_op_is_memory_bound():
+    k = kernel("elementwise", {"numel": 2**28, "fn": "add"}, "bf16")
+    terms = RooflineKernelCost().terms(k, A100)
+    moved = 2**28 * 2 * 3  # two inputs, one output
+    assert terms.bound == "memory"
+    assert terms.time_s == pytest.approx(moved / (A100.mem_bw_bytes_per_s * ROOFLINE_EFFICIENCY.memory(moved / 1e6)))
+
+
+def test_roofline_is_scale_invariant():
+    fast = doubled(A100)
+    cost = RooflineKernelCost()
+    for k in (kernel("gemm", {"b": 1, "m": 512, "n": 384, "k": 1024}, "bf16"),
+              kernel("attention", {"batch": 2, "heads": 8, "kv_heads": 8, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64,
+                                   "causal": True, "impl": "flash"}, "fp16"),
+              kernel("layernorm", {"rows": 4096, "cols": 1024}, "fp32"),
+              kernel("gemm", {"b": 1, "m": 64, "n": 64, "k": 64}, "fp32")):
+        assert cost.predict_s([k], fast)[0] * 2 == pytest.approx(cost.predict_s([k], A100)[0], rel=1e-12)
+
+
+def test_tensor_core_default_follows_the_dtype_as_train_does():
+    assert uses_tensor_cores("gemm", "bf16") and not uses_tensor_cores("gemm", "fp32")
+    assert uses_tensor_cores("gemm", "tf32") and uses_tensor_cores("gemm", "fp32", True)
+    assert not uses_tensor_cores("layernorm", "bf16", True)
+    features = pytest.importorskip("opcast.train.features")
+    for kind in ("gemm", "attention", "softmax"):
+        for dtype in ("fp32", "tf32", "bf16", "fp16", "fp8"):
+            for flag in (None, True, False):
+                assert uses_tensor_cores(kind, dtype, flag) == features.uses_tensor_cores(kind, dtype, flag)
+
+
+class _FakeModelSet:
+    """Covers gemm fwd only; NaN for n > 4096 (an uncovered corner); counts calls."""
+
+    def __init__(self):
+        self.calls = 0
+        self.rows = 0
+
+    def covers(self, op, dtype, direction):
+        return op == "gemm" and direction == "fwd"
+
+    def predict_s(self, frame, device):
+        self.calls += 1
+        self.rows += len(frame)
+        assert {"op", "dtype", "direction", "tensor_cores", "b", "m", "n", "k"} <= set(frame.columns)
+        return np.where(frame["n"] > 4096, np.nan, 1e-3)
+
+
+def test_composite_labels_learned_and_roofline_and_falls_back_on_nan():
+    fake = _FakeModelSet()
+    model = KernelCostModel(sources=(LearnedKernelCost(fake, "fake"), RooflineKernelCost()))
+    covered = kernel("gemm", {"b": 1, "m": 128, "n": 256, "k": 64}, "bf16")
+    corner = kernel("gemm", {"b": 1, "m": 128, "n": 8192, "k": 64}, "bf16")
+    norm = kernel("rmsnorm", {"rows": 128, "cols": 64}, "bf16")
+    table = model.lookup([covered, corner, norm, covered], A100)
+    assert table[covered] == (1e-3, LEARNED)
+    assert table[corner][1] == ROOFLINE and table[norm][1] == ROOFLINE
+    assert fake.calls == 1 and fake.rows == 2  # unique kernels only, one batch
+
+
+def test_cache_prices_each_kernel_once_per_device():
+    fake = _FakeModelSet()
+    model = KernelCostModel(sources=(LearnedKernelCost(fake, "fake"), RooflineKernelCost()))
+    k = kernel("gemm", {"b": 1, "m": 128, "n": 256, "k": 64}, "bf16")
+    for _ in range(5):
+        model.time_s(k, A100)
+    assert fake.calls == 1
+    model.time_s(k, get_device("H100-SXM"))
+    assert fake.calls == 2
+
+
+def test_validated_kernel_names_every_problem():
+    with pytest.raises(OpcastError, match="missing parameter k.*unknown parameter"):
+        validated_kernel("gemm", {"b": 1, "m": 2, "n": 3, "q": 4}, "bf16")
+    with pytest.raises(OpcastError, match="collective"):
+        validated_kernel("all_reduce", {"bytes": 8, "world_size": 2, "nodes": 1, "gpus_per_node": 2}, "bf16")
+
+
+def test_missing_models_dir_is_a_one_line_error(tmp_path):
+    pytest.importorskip("opcast.train.artifacts")
+    with pytest.raises(OpcastError) as err:
+        load_kernel_cost(tmp_path / "nope")
+    assert "\n" not in str(err.value) and "--models" in str(err.value)
+
+
+def test_without_the_train_package_everything_is_roofline_and_said_so(monkeypatch):
+    monkeypatch.setitem(sys.modules, "opcast.train.artifacts", None)  # import fails
+    model = load_kernel_cost(None)
+    assert [s.name for s in model.sources] == [ROOFLINE]
+    assert "cannot be imported" in model.notes[0]
+    with pytest.raises(OpcastError, match="cannot be imported"):
+        load_kernel_cost("some/dir")
+
+
+def test_roofline_flag_forces_the_fallback():
+    model = load_kernel_cost(None, use_learned=False)
+    assert [s.name for s in model.sources] == [ROOFLINE] and "--roofline" in model.notes[0]
+
+
+class _FakeVectorAndGemm(_FakeModelSet):
+    def covers(self, op, dtype, direction):
+        return op in ("gemm", "elementwise", "softmax") and direction == "fwd"
+
+    def predict_s(self, frame, device):
+        self.calls += 1
+        return np.full(len(frame), 1e-3)
+
+
+def test_uncovered_eager_attention_is_priced_from_its_learned_kernels():
+    from opcast.predict.cost import decompose
+
+    att = kernel("attention", {"batch": 2, "heads": 4, "kv_heads": 4, "seq_q": 256, "seq_kv": 256, "head_dim": 64,
+                               "causal": True, "impl": "eager"}, "fp32")
+    parts = decompose(att)
+    assert [p.kind for p, _ in parts] == ["gemm", "elementwise", "elementwise", "softmax", "gemm"]
+    assert sum(p.flops() for p, _ in parts if p.kind == "gemm") == att.flops()  # the registry's 4 d per pair
+    model = KernelCostModel(sources=(LearnedKernelCost(_FakeVectorAndGemm(), "fake"), RooflineKernelCost()))
+    assert model.time_s(att, A100) == (pytest.approx(5e-3), LEARNED)
+    # backward parts include softmax bwd, which the fake does not cover: the whole op stays roofline
+    bwd = kernel("attention", dict(att.params), "fp32", "bwd")
+    assert model.time_s(bwd, A100)[1] == ROOFLINE
+    flash = kernel("attention", {**att.param_dict, "impl": "flash"}, "fp32")
+    assert decompose(flash) is None and model.time_s(flash, A100)[1] == ROOFLINE

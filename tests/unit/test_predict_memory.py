@@ -1,0 +1,111 @@
+"""Memory per GPU, golden against Korthikanti et al. 2022 (arXiv 2205.05198) by hand and the
+ZeRO paper's 16 bytes per parameter (Rajbhandari et al. 2020, arXiv 1910.02054)."""
+
+from __future__ import annotations
+
+import pytest
+
+from opcast.archs import load_arch, padded_vocab
+from opcast.predict.memory import (
+    in_flight_layers,
+    kv_cache_bytes,
+    layer_activation_bytes,
+    stage_params,
+    train_memory,
+)
+
+GPT175 = load_arch("megatron-175b")  # Korthikanti Table 3: a=96, h=12288, L=96, s=2048, v=51200
+S, B, H, A, L, V = 2048, 1, 12288, 96, 96, 51200
+SBH = S * B * H
+
+
+def act(**kw):
+    base = dict(tp=1, sp=False, batch=B, seq=S, attention="eager", recompute="none", dtype="bf16")
+    base.update(kw)
+    return layer_activation_bytes(GPT175, **base)
+
+
+# Korthikanti Sec. 4.1 / Table 2, bytes per layer (16-bit activations). Exact: the derivation in
+# opcast.predict.memory reduces to these terms for a GPT block with eager attention.
+def test_no_parallelism_is_sbh_34_plus_5as_over_h():
+    assert act() == SBH * (34 + 5 * A * S / H)
+
+
+def test_tensor_parallel_is_sbh_10_plus_24_over_t_plus_5as_over_ht():
+    t = 8
+    assert act(tp=t) == pytest.approx(SBH * (10 + 24 / t + 5 * A * S / (H * t)), rel=1e-12)
+
+
+def test_tensor_and_sequence_parallel_is_sbh_over_t_times_34_plus_5as_over_h():
+    t = 8
+    assert act(tp=t, sp=True) == pytest.approx(SBH / t * (34 + 5 * A * S / H), rel=1e-12)
+
+
+def test_selective_recompute_with_sp_is_34_sbh_over_t():
+    assert act(tp=8, sp=True, recompute="selective") == pytest.approx(34 * SBH / 8, rel=1e-12)
+
+
+def test_full_recompute_keeps_the_layer_input():
+    assert act(recompute="full") == 2 * SBH
+    assert act(tp=8, sp=True, recompute="full") == 2 * SBH / 8
+
+
+def test_flash_attention_drops_the_score_matrix_for_an_fp32_logsumexp():
+    t = 8
+    assert act(tp=t, sp=True, attention="flash") == pytest.approx(34 * SBH / t + 4 * B * (A // t) * S, rel=1e-12)
+
+
+def test_in_flight_layers_match_korthikanti_pipeline_factors():
+    # 1F1B: the first stage holds p micro-batches of L/p layers = L layers (Sec. 4.2.3).
+    assert in_flight_layers(n_layers=96, pp=8, stage=0, micro_batches=64) == 96
+    assert in_flight_layers(n_layers=96, pp=8, stage=7, micro_batches=64) == 12
+    assert in_flight_layers(n_layers=96, pp=8, stage=0, micro_batches=3) == 36  # fewer micro-batches than stages
+    # interleaved: L (1 + (p - 1) / (p v))
+    assert in_flight_layers(n_layers=96, pp=8, stage=0, micro_batches=64, virtual_stages=3) == pytest.approx(96 * (1 + 7 / 24))
+
+
+def test_stage_params_add_up_to_the_arch():
+    for name in ("megatron-175b", "llama2-7b"):
+        arch = load_arch(name)
+        extra = (padded_vocab(arch.vocab) - arch.vocab) * arch.hidden * (1 if arch.tied_embeddings else 2)
+        assert stage_params(arch, tp=1, pp=1).total == arch.params_total() + extra
+
+
+def test_175b_model_states_by_hand():
+    # tp 8, pp 8: every rank holds 1/64 of the blocks' weights; mixed-precision Adam = 16 bytes/param.
+    first = stage_params(GPT175, tp=8, pp=8, stage=0)
+    per_layer = 12 * H * H // 8 + (3 * H // 8 + H) + (4 * H // 8 + H) + 2 * 2 * H  # weights, biases, 2 LayerNorms
+    blocks = 12 * per_layer
+    embed = padded_vocab(V, 8) // 8 * H + S * H
+    assert first.total == blocks + embed
+    mem = train_memory(GPT175, stage=0, tp=8, pp=8, dp=16, cp=1, ep=1, sp=True, micro_batch=1, seq=S, micro_batches=96,
+                       virtual_stages=1, zero=0, precision="bf16", attention="eager", recompute="selective")
+    assert (mem.weights_bytes, mem.gradients_bytes, mem.optimizer_states_bytes) == (2 * first.total, 2 * first.total,
+                                                                                   12 * first.total)
+    # activations: L layers of 34 sbh/t (stage 0 holds p micro-batches) + the embedding dropout masks
+    assert mem.activations_bytes == pytest.approx(L * 34 * SBH / 8 + 8 * SBH / 8, rel=1e-12)
+    z1 = train_memory(GPT175, stage=0, tp=8, pp=8, dp=16, cp=1, ep=1, sp=True, micro_batch=1, seq=S, micro_batches=96,
+                      virtual_stages=1, zero=1, precision="bf16", attention="eager", recompute="selective")
+    assert z1.optimizer_states_bytes == pytest.approx(12 * first.total / 16)
+
+
+def test_last_stage_adds_the_output_layer_terms():
+    # Korthikanti Sec. 4.3: 4sbh/t (1 + v/h) for the final norm, LM head and fp32 cross-entropy logits.
+    kw = dict(tp=8, pp=8, dp=1, cp=1, ep=1, sp=True, micro_batch=1, seq=S, micro_batches=96, virtual_stages=1,
+              zero=0, precision="bf16", attention="eager", recompute="selective")
+    last = train_memory(GPT175, stage=7, **kw)
+    vp = padded_vocab(V, 8)
+    assert last.activations_bytes == pytest.approx(12 * 34 * SBH / 8 + 4 * SBH / 8 + 4 * S * B * vp / 8, rel=1e-12)
+
+
+def test_zero_stages_shrink_memory_monotonically():
+    arch = load_arch("llama2-7b")
+    totals = [train_memory(arch, stage=0, tp=1, pp=1, dp=8, cp=1, ep=1, sp=False, micro_batch=1, seq=4096,
+                           micro_batches=4, virtual_stages=1, zero=z, precision="bf16", attention="flash",
+                           recompute="full").total_bytes for z in (0, 1, 2, 3)]
+    assert totals == sorted(totals, reverse=True) and totals[0] > 2 * totals[3]
+
+
+def test_kv_cache_bytes():
+    arch = load_arch("llama2-70b")  # 80 layers, 8 kv heads of 128
+    assert kv_cache_bytes(arch, tp=8, pp=1, batch=4, tokens=1000, dtype="bf16") == 2 * 4 * 1000 * 1 * 128 * 2 * 80
