@@ -22,6 +22,20 @@ FAST = TimingBudget(warmup_s=0.001, rep_s=0.004, min_reps=3, max_reps=20)
 OPS = ("gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy", "rope", "optimizer")
 
 
+@pytest.fixture(autouse=True)
+def _fixed_cpu_spec(monkeypatch):
+    """Plan against a fixed CPU spec: the real one is measured, and on a loaded machine a slower
+    measurement would filter other points out of the plan (the timings stay real)."""
+    from dataclasses import replace
+
+    from opcast.collect import bench
+    from opcast.hardware import describe_local
+
+    spec = replace(describe_local("cpu"), peak_fp32_flops=1e11, peak_bf16_flops=1e11, peak_fp16_flops=None,
+                   mem_bw_bytes_per_s=2e10)
+    monkeypatch.setattr(bench, "describe_local", lambda device: spec)
+
+
 def _cfg(out: Path, **kw) -> BenchConfig:
     base = dict(out=out, device="cpu", ops=OPS, dtypes=("fp32", "bf16"), samples=24, max_point_s=0.002, timing=FAST)
     base.update(kw)
