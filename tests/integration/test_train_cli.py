@@ -1,0 +1,91 @@
+"""`opcast train fit` and `opcast train eval` end to end on a small synthetic dataset of catalog
+GPUs, and their one-line errors (exit code 2)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opcast.cli import main
+from opcast.hardware import get_device
+from opcast.schema import write_parquet
+from opcast.train.synthetic import synthetic_dataset
+
+GPUS = ("V100-SXM2-32GB", "A40", "A100-SXM4-80GB", "H100-SXM")
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("ds")
+    frame = synthetic_dataset([get_device(g) for g in GPUS], ops=("gemm", "layernorm"), rows_per_op=60, seed=3)
+    write_parquet(frame, folder / "synthetic.parquet")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def models(dataset, tmp_path_factory):
+    out = tmp_path_factory.mktemp("models")
+    code = main(["train", "fit", str(dataset), "--out", str(out), "--name", "toy", "--estimator", "xgb",
+                 "--holdout-device", "A40", "--folds", "1", "--json"])
+    assert code == 0
+    return out / "toy"
+
+
+def test_fit_writes_a_set_without_the_holdout_device(models):
+    meta = json.loads((models / "meta.json").read_text())
+    assert set(meta["predictors"]) == {"gemm-fwd-half", "layernorm-fwd-half"}
+    assert "A40" not in meta["device_specs"] and meta["fit_config"]["holdout_devices"] == ["A40"]
+    assert {r["device"] for r in meta["holdout_metrics"]} == {"A40", "all"}
+    assert meta["datasets"][0]["sha256"] and meta["datasets"][0]["files"] == ["synthetic.parquet"]
+    lo, hi = meta["predictors"]["gemm-fwd-half"]["feature_ranges"]["log_t_roof_s"]
+    assert lo < hi
+
+
+def test_eval_json_reports_per_op_and_device(models, dataset, capsys):
+    capsys.readouterr()
+    assert main(["train", "eval", "--models", str(models), str(dataset), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["training_data"] == [str(dataset)]  # flagged: this is training error
+    rows = {(r["op"], r["device"]): r for r in out["metrics"]}
+    assert rows[("gemm", "A40")]["n"] == 60 and rows[("all", "all")]["n"] == 4 * 120
+    assert rows[("all", "all")]["mape"] < 10
+
+
+def test_plot_without_matplotlib_is_one_line(models, dataset, tmp_path, capsys):
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert main(["train", "eval", "--models", str(models), str(dataset), "--plot", str(tmp_path / "s.png")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "pip install" in err and "\n" not in err
+    else:
+        assert main(["train", "eval", "--models", str(models), str(dataset), "--plot", str(tmp_path / "s.png")]) == 0
+        assert (tmp_path / "s.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "eval", "--models", "/nonexistent/models", "DATA"], "does not exist"),
+    (["train", "fit", "DATA", "--out", "OUT", "--estimator", "forest"], "unknown estimator"),
+    (["train", "fit", "DATA", "--out", "OUT", "--holdout-device", "H900"], "unknown GPU"),
+    (["train", "fit", "BAD", "--out", "OUT"], "not a readable parquet"),
+    (["train", "fit", "CPU", "--out", "OUT"], "neither in the hardware catalog"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, needle, dataset, tmp_path, capsys):
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"not parquet")
+    cpu = tmp_path / "cpu"
+    frame = synthetic_dataset([get_device("A40")], ops=("layernorm",), rows_per_op=5)
+    frame["device"] = "cpu-made-up-2c"
+    write_parquet(frame, cpu / "x.parquet")
+    subs = {"DATA": str(dataset), "OUT": str(tmp_path / "o"), "BAD": str(bad), "CPU": str(cpu)}
+    capsys.readouterr()
+    assert main([subs.get(a, a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and err.count("\n") == 0, err
+
+
+@pytest.mark.parametrize("cmd", [["train", "--help"], ["train", "fit", "--help"], ["train", "eval", "--help"]])
+def test_help(cmd, capsys):
+    assert main(cmd) == 0
+    assert "Usage" in capsys.readouterr().out

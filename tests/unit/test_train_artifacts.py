@@ -1,0 +1,141 @@
+"""Model sets round-trip through disk, and a tampered, missing or incompatible one is refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.train import artifacts
+from opcast.train.artifacts import default_models_path, load_model_set, write_model_set
+from opcast.train.fit import FitConfig, fit_frame
+from opcast.train.synthetic import fake_devices, synthetic_dataset
+
+FAST = {"n_estimators": 60}
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    devices = {d.name: d for d in fake_devices(3)}
+    frame = synthetic_dataset(list(devices.values()), ops=("gemm", "layernorm"), rows_per_op=80, seed=2)
+    cfg = FitConfig(estimator="xgb", folds=0, xgb_params=FAST)
+    groups, _, _ = fit_frame(frame, devices, cfg)
+    # one tile-mlp predictor too, so both file kinds round-trip
+    mlp = FitConfig(estimator="tile-mlp", folds=0, tile_mlp_params={"epochs": 5, "hidden": (16,)})
+    groups.update(fit_frame(frame[frame["op"] == "layernorm"], devices, mlp)[0])
+    return frame, devices, groups
+
+
+@pytest.fixture
+def model_dir(tmp_path, fitted):
+    _, _, groups = fitted
+    return write_model_set(tmp_path, "toy", groups, {"datasets": []})
+
+
+def _expected(fitted, device):
+    frame, devices, groups = fitted
+    from opcast.train.fit import _predict_fitted
+
+    sub = frame[frame["device"] == device].reset_index(drop=True)
+    return sub, _predict_fitted(groups, sub, devices[device])
+
+
+def test_round_trip_predicts_the_same(fitted, model_dir):
+    _, devices, _ = fitted
+    ms = load_model_set(model_dir.parent)  # the parent holds exactly one set: found
+    assert ms.name == "toy" and ms.path == model_dir
+    assert ms.covers("gemm", "bf16", "fwd") and ms.covers("layernorm", "fp16", "fwd")
+    assert not ms.covers("gemm", "fp32", "fwd") and not ms.covers("softmax", "fp16", "fwd")
+    sub, want = _expected(fitted, "fake-1")
+    got = ms.predict_s(sub, devices["fake-1"])
+    assert got.dtype == np.float64 and np.allclose(got, want, rtol=1e-5)
+    meta = json.loads((model_dir / "meta.json").read_text())
+    assert set(meta["files"]) == {p.name for p in model_dir.iterdir() if p.name != "meta.json"}
+    assert meta["versions"]["xgboost"] and meta["features_version"] >= 1
+
+
+def test_uncovered_rows_are_nan_and_mixed_kinds_are_batched(fitted, model_dir):
+    _, devices, _ = fitted
+    ms = load_model_set(model_dir)
+    q = pd.DataFrame([
+        {"op": "gemm", "dtype": "fp16", "direction": "fwd", "tensor_cores": None, "b": 1, "m": 512, "n": 512, "k": 512},
+        {"op": "softmax", "dtype": "fp16", "direction": "fwd", "tensor_cores": None, "rows": 8, "cols": 512},
+        {"op": "layernorm", "dtype": "bf16", "direction": "fwd", "tensor_cores": None, "rows": 8, "cols": 512},
+    ], index=[10, 10, 3])  # a repeated, unordered index must not matter
+    got = ms.predict_s(q, devices["fake-0"])
+    assert np.isfinite(got[0]) and np.isnan(got[1]) and np.isfinite(got[2]) and got[0] > 0
+
+
+def test_a_tampered_artifact_is_refused(model_dir):
+    target = sorted(p for p in model_dir.iterdir() if p.suffix == ".joblib")[0]
+    target.write_bytes(target.read_bytes()[:-1] + b"\x00")
+    with pytest.raises(OpcastError, match=r"does not match the sha256 .*re-fit"):
+        load_model_set(model_dir)
+
+
+def test_an_edited_meta_or_missing_file_is_refused(model_dir):
+    meta = json.loads((model_dir / "meta.json").read_text())
+    meta["rows"] = 1
+    (model_dir / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(OpcastError, match="modified after fitting"):
+        load_model_set(model_dir)
+
+
+def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir, monkeypatch):
+    next(p for p in model_dir.iterdir() if p.suffix == ".pt").unlink()
+    with pytest.raises(OpcastError, match="is missing from the model set"):
+        load_model_set(model_dir)
+    with pytest.raises(OpcastError, match="does not exist"):
+        load_model_set(tmp_path / "nope")
+    _, _, groups = fitted
+    fresh = write_model_set(tmp_path / "v", "toy", groups, {})
+    monkeypatch.setattr(artifacts, "FEATURES_VERSION", 999)
+    with pytest.raises(OpcastError, match="feature definitions v1.*re-fit"):
+        load_model_set(fresh)
+    monkeypatch.undo()
+    monkeypatch.setattr(artifacts, "library_versions", lambda: {"xgboost": "1.7.0", "torch": "2.0"})
+    with pytest.raises(OpcastError, match="fitted with xgboost .* but 1.7.0 is installed"):
+        load_model_set(fresh)
+
+
+def test_xgb_only_sets_never_import_torch(tmp_path, fitted):
+    _, _, groups = fitted
+    xgb_only = {k: v for k, v in groups.items() if v[0].name == "xgb"}
+    path = write_model_set(tmp_path, "x", xgb_only, {})
+    code = (
+        "import sys, pandas as pd\n"
+        "from opcast.train.artifacts import load_model_set\n"
+        "from opcast.train.synthetic import fake_devices\n"
+        f"ms = load_model_set({str(path)!r})\n"
+        "q = pd.DataFrame([{'op': 'gemm', 'dtype': 'bf16', 'direction': 'fwd', 'b': 1, 'm': 64, 'n': 64, 'k': 64}])\n"
+        "assert ms.predict_s(q, fake_devices(3)[0])[0] > 0\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_default_models_path_is_models_default():
+    assert default_models_path().name == "default" and default_models_path().parent.name == "models"
+
+
+def test_the_embedded_default_loads_and_predicts_sanely():
+    if not (default_models_path() / "meta.json").is_file():
+        pytest.skip(f"no embedded default at {default_models_path()} (re-make it: bash benchmarks/train_default_models.sh)")
+    from opcast.hardware import get_device
+    from opcast.train.features import features
+
+    ms = load_model_set()
+    assert ms.name == "default" and ms.covers("gemm", "bf16", "fwd") and ms.covers("gemm", "fp32", "fwd")
+    assert ms.meta["datasets"] and all(d["sha256"] for d in ms.meta["datasets"])
+    h100 = get_device("H100-SXM")
+    q = pd.DataFrame([{"op": "gemm", "dtype": "bf16", "direction": d, "b": 1, "m": 8192, "n": 8192, "k": 8192}
+                      for d in ("fwd", "bwd")])
+    pred = ms.predict_s(q, h100)
+    roof = features(q, h100)["t_roof_s"].to_numpy()
+    assert np.all(pred > 0.9 * roof) and np.all(pred < 5 * roof), (pred, roof)  # near the roofline, never 5x off

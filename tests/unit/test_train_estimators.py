@@ -1,0 +1,55 @@
+"""Both estimators recover a known law (roofline + 5 us, 2 % noise) on a fake GPU they never saw."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opcast.train.estimators import estimator_class
+from opcast.train.evaluate import ape_metrics
+from opcast.train.features import group_keys, model_inputs
+from opcast.train.fit import FitConfig, feature_frame, fit_frame
+from opcast.train.splits import shape_groups
+from opcast.train.synthetic import fake_devices, synthetic_dataset
+
+TOLERANCE_PCT = 5.0  # the issue's acceptance: held-out-device MAPE within 5 %
+HELD = "fake-2"      # the middle of five fake GPUs: an interpolation in specs, never seen in training
+FAST = {"xgb": {"n_estimators": 300}, "tile-mlp": {"epochs": 120, "patience": 30, "hidden": (64, 64)}}
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    devices = {d.name: d for d in fake_devices(5)}
+    frame = synthetic_dataset(list(devices.values()), ops=("gemm", "layernorm"), rows_per_op=150, seed=1)
+    return frame, devices, feature_frame(frame, devices)
+
+
+@pytest.mark.parametrize("name", ["xgb", "tile-mlp"])
+def test_law_is_recovered_on_a_held_out_fake_device(synthetic, name):
+    frame, _, feats = synthetic
+    keys = group_keys(frame).to_numpy()
+    held = (frame["device"] == HELD).to_numpy()
+    for key in ("gemm-fwd-half", "layernorm-fwd-half"):
+        train, test = (keys == key) & ~held, (keys == key) & held
+        est = estimator_class(name)(feature_names=model_inputs(key.split("-")[0], name), seed=0, **FAST[name])
+        fitted = est.fit(feats[train], frame["time_s_median"].to_numpy()[train], groups=shape_groups(frame[train]))
+        assert fitted is est and est.predict_s(feats[test]).dtype == np.float64
+        m = ape_metrics(est.predict_s(feats[test]), frame["time_s_median"].to_numpy()[test])
+        assert m["n"] == 150 and m["mape"] < TOLERANCE_PCT, (name, key, m)
+
+
+def test_fit_frame_auto_records_its_choice_and_held_out_scores(synthetic):
+    frame, devices, _ = synthetic
+    cfg = FitConfig(estimator="auto", folds=1, xgb_params=FAST["xgb"], tile_mlp_params=FAST["tile-mlp"])
+    fitted, summary, skipped = fit_frame(frame[frame["op"] == "layernorm"], devices, cfg)
+    assert list(fitted) == ["layernorm-fwd-half"] and not skipped
+    est, entry = fitted["layernorm-fwd-half"]
+    assert entry["why"].startswith("held-out MAPE") and set(entry["candidates"]) == {"xgb", "tile-mlp"}
+    assert entry["held_out"]["mape"] < TOLERANCE_PCT and entry["held_out_split"][0].startswith("device fake-")
+    assert summary["estimator"].iloc[0] == est.name
+
+
+def test_small_groups_are_skipped_with_a_reason(synthetic):
+    frame, devices, _ = synthetic
+    fitted, _, skipped = fit_frame(frame.head(40), devices, FitConfig(estimator="xgb", folds=0, min_rows=50))
+    assert not fitted and "min_rows=50" in skipped["gemm-fwd-half"]

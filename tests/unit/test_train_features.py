@@ -1,0 +1,85 @@
+"""Features from the registry and the catalog: roofline, tiles/waves, dtype classes, groups."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from opcast.hardware import get_device
+from opcast.ops import op_kinds
+from opcast.train.features import (
+    ABSOLUTE_DEVICE_FEATURES,
+    FEATURES,
+    dtype_class,
+    features,
+    group_keys,
+    model_inputs,
+)
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+def test_every_kind_declares_features_that_features_computes():
+    a100 = get_device("A100-SXM4-80GB")
+    rows = [
+        {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 4096, "n": 4096, "k": 4096},
+        {"op": "attention", "dtype": "bf16", "direction": "bwd", "batch": 2, "heads": 16, "kv_heads": 16, "seq_q": 2048,
+         "seq_kv": 2048, "head_dim": 128, "causal": True, "impl": "flash"},
+        {"op": "layernorm", "dtype": "fp16", "direction": "fwd", "rows": 8192, "cols": 4096},
+        {"op": "elementwise", "dtype": "fp32", "direction": "fwd", "numel": 1 << 20, "fn": "gelu"},
+        {"op": "all_reduce", "dtype": "bf16", "direction": "fwd", "bytes": 1 << 26, "world_size": 8, "nodes": 1, "gpus_per_node": 8},
+    ]
+    feats = features(_frame(rows), a100)
+    for row, (_, f) in zip(rows, feats.iterrows()):
+        names = FEATURES[row["op"]]
+        assert all(np.isfinite(f[n]) for n in names), (row["op"], [n for n in names if not np.isfinite(f[n])])
+    assert set(FEATURES) == set(op_kinds())
+
+
+def test_gemm_roofline_uses_the_dtype_aware_peak_and_tile_waves():
+    a100 = get_device("A100-SXM4-80GB")
+    m = n = k = 8192
+    rows = [{"op": "gemm", "dtype": d, "direction": "fwd", "tensor_cores": tc, "b": 1, "m": m, "n": n, "k": k}
+            for d, tc in (("bf16", None), ("fp32", False), ("fp32", True))]
+    f = features(_frame(rows), a100)
+    flops = 2.0 * m * n * k
+    assert f["t_roof_s"].iloc[0] == pytest.approx(flops / a100.peak_bf16_flops)
+    assert f["t_roof_s"].iloc[1] == pytest.approx(flops / a100.peak_fp32_flops)  # CUDA cores
+    assert f["t_roof_s"].iloc[2] == pytest.approx(flops / a100.peak_tf32_flops)  # TF32 tensor cores
+    # 8192^2 output in 128x256 tiles = 2048 tiles over 108 SMs: 18.96 waves, the last one 96 % full
+    assert f["waves"].iloc[0] == pytest.approx(2048 / 108)
+    assert f["tail_efficiency"].iloc[0] == pytest.approx((2048 / 108) / 19)
+
+
+def test_bwd_gemm_has_twice_the_work_and_memory_bound_ops_use_bandwidth():
+    h100 = get_device("H100-SXM")
+    f = features(_frame([
+        {"op": "gemm", "dtype": "bf16", "direction": d, "b": 1, "m": 1024, "n": 1024, "k": 1024} for d in ("fwd", "bwd")
+    ] + [{"op": "elementwise", "dtype": "bf16", "direction": "fwd", "numel": 1 << 24, "fn": "add"}]), h100)
+    assert f["flops"].iloc[1] == pytest.approx(2 * f["flops"].iloc[0])
+    assert f["t_roof_s"].iloc[2] == pytest.approx(3 * 2 * (1 << 24) / h100.mem_bw_bytes_per_s)
+
+
+def test_unsupported_dtype_gives_nan_roofline_not_an_error():
+    v100 = get_device("V100-SXM2-32GB")  # no bf16
+    f = features(_frame([{"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 64, "n": 64, "k": 64}]), v100)
+    assert np.isnan(f["t_roof_s"].iloc[0])
+
+
+def test_dtype_classes_and_group_keys():
+    assert dtype_class("gemm", "fp16") == dtype_class("gemm", "bf16") == "half"
+    assert dtype_class("gemm", "fp32", False) == dtype_class("gemm", "fp32") == "fp32"
+    assert dtype_class("gemm", "fp32", True) == dtype_class("gemm", "tf32") == "tf32"
+    assert dtype_class("layernorm", "fp32", True) == "fp32"  # no tensor cores outside matrix kinds
+    frame = _frame([{"op": "gemm", "dtype": "bf16", "direction": "bwd", "tensor_cores": None},
+                    {"op": "softmax", "dtype": "fp32", "direction": "fwd", "tensor_cores": False}])
+    assert group_keys(frame).tolist() == ["gemm-bwd-half", "softmax-fwd-fp32"]
+
+
+def test_tile_mlp_reads_no_absolute_device_specs():
+    for kind in ("gemm", "layernorm"):
+        assert set(model_inputs(kind, "xgb")) == set(FEATURES[kind])
+        assert not set(model_inputs(kind, "tile-mlp")) & ABSOLUTE_DEVICE_FEATURES

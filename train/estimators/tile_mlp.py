@@ -1,0 +1,222 @@
+"""NeuSight's tile model (Lee et al., ASPLOS'25, arXiv 2407.13853, Sec. 4), one MLP per op group.
+
+A kernel is split into tiles (thread blocks) that run in ``waves = tiles / sm_count`` over the
+SMs. A wave's work is bounded by the roofline of the SMs it occupies; an MLP predicts how close
+a tile gets to that bound (its utilisation, in (0, 1], a sigmoid), so the prediction can never
+beat the roofline, and the tiles' time is aggregated over the waves:
+
+    t = t_roof * (ceil(waves) / waves) ** gamma / utilisation + overhead
+
+``t_roof * ceil(waves) / waves`` is the time of ``ceil(waves)`` full waves of tiles at the
+roofline (a partly filled last wave costs a whole wave, and a kernel of fewer tiles than SMs
+leaves SMs idle); ``gamma`` in [0, 1] (a sigmoid output) lets the network soften that
+quantisation where the library's real tiling differs from our tile heuristic (split-K,
+persistent kernels). ``overhead`` (a softplus output, in microseconds) is the fixed launch and
+ramp cost that NeuSight leaves out and that dominates small kernels. All three heads read the
+same standardised features (the group's declared list), so they can depend on the GPU's specs.
+The loss is the squared log error, i.e. relative error. Trained with Adam on the CPU with early
+stopping on held-out shapes; inference is a numpy forward pass of the saved state dict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from opcast.train.estimators import NotApplicable
+from opcast.train.features import matrix
+from opcast.train.splits import grouped_mask
+
+_UTIL_FLOOR = 1e-3
+_OVERHEAD_UNIT_S = 1e-6
+_CLIP_SIGMA = 5.0
+"""Standardised inputs are clipped to +-5 sigma, so a device or shape far outside the training
+range saturates instead of sending a SiLU network (which extrapolates linearly) off to infinity."""
+_LOGIT_CLIP = 30.0
+
+
+class TileMLPEstimator:
+    """Tile/wave MLP of one op group (torch for fitting, numpy for predicting)."""
+
+    name = "tile-mlp"
+    suffix = ".pt"
+
+    def __init__(self, *, feature_names: tuple[str, ...], hidden: tuple[int, ...] = (128, 128, 64), epochs: int = 200,
+                 batch_size: int = 512, max_samples: int = 4_000_000, learning_rate: float = 2e-3, weight_decay: float = 1e-5,
+                 patience: int = 25, val_fraction: float = 0.15, seed: int = 0, n_jobs: int = 2) -> None:
+        self.feature_names = tuple(feature_names)
+        self.hidden = tuple(hidden)
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.max_samples = max_samples
+        self.learning_rate = learning_rate
+        self.weight_decay = weight_decay
+        self.patience = patience
+        self.val_fraction = val_fraction
+        self.seed = seed
+        self.n_jobs = n_jobs
+
+    def hyper_parameters(self) -> dict[str, Any]:
+        return {"hidden": list(self.hidden), "epochs": self.epochs, "batch_size": self.batch_size, "max_samples": self.max_samples,
+                "learning_rate": self.learning_rate, "weight_decay": self.weight_decay, "patience": self.patience,
+                "val_fraction": self.val_fraction, "seed": self.seed}
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(self, feats: pd.DataFrame, time_s: np.ndarray, *, groups: np.ndarray | None = None) -> TileMLPEstimator:
+        import torch
+
+        if "waves" not in feats.columns or not np.isfinite(feats["waves"].to_numpy(dtype=float)).all():
+            raise NotApplicable("tile-mlp needs the tile/wave features; this op group has none (collectives)")
+        if "log_link_bw_bytes_per_s" in self.feature_names:
+            raise NotApplicable("tile-mlp models kernels that run in waves over the SMs, not collectives")
+        torch.manual_seed(self.seed)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(1, self.n_jobs))
+        try:
+            x = matrix(feats, self.feature_names)
+            self.mean_ = np.nanmean(x, axis=0)
+            std = np.nanstd(x, axis=0)
+            self.std_ = np.where(std > 1e-9, std, 1.0)
+            self.mean_ = np.where(np.isfinite(self.mean_), self.mean_, 0.0)
+            xs = self._standardise(x)
+            aux = self._aux(feats)
+            y = np.log(np.asarray(time_s, dtype=float))
+            groups = np.arange(len(y)) if groups is None else groups
+            val = grouped_mask(groups, self.val_fraction, self.seed) if len(y) >= 200 else np.zeros(len(y), dtype=bool)
+            n = int((~val).sum())
+            # Small groups still take >= 16 steps an epoch; large ones see at most max_samples rows
+            # in all (>= 10 epochs) in batches of >= n/200, so a fit stays within a minute or two.
+            batch = max(32, min(self.batch_size, n // 16), n // 200)
+            epochs = min(self.epochs, max(10, self.max_samples // max(n, 1)))
+            net = self._network(torch)
+            opt = torch.optim.AdamW(net.parameters(), lr=self.learning_rate, weight_decay=self.weight_decay)
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
+            tx = torch.tensor(xs[~val], dtype=torch.float32)
+            ta = torch.tensor(aux[~val], dtype=torch.float32)
+            ty = torch.tensor(y[~val], dtype=torch.float32)
+            vx, va, vy = (torch.tensor(a[val], dtype=torch.float32) for a in (xs, aux, y))
+            gen = torch.Generator().manual_seed(self.seed)
+            best, best_state, stale = np.inf, None, 0
+            for epoch in range(epochs):
+                net.train()
+                order = torch.randperm(n, generator=gen)
+                for start in range(0, n, batch):
+                    idx = order[start:start + batch]
+                    loss = torch.mean((_log_time(torch, net(tx[idx]), ta[idx]) - ty[idx]) ** 2)
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                sched.step()
+                if len(vy):
+                    net.eval()
+                    with torch.no_grad():
+                        score = float(torch.mean((_log_time(torch, net(vx), va) - vy) ** 2))
+                    if score < best - 1e-6:
+                        best, stale = score, 0
+                        best_state = {k: v.detach().clone() for k, v in net.state_dict().items()}
+                    else:
+                        stale += 1
+                        if stale >= self.patience:
+                            break
+            if best_state is not None:
+                net.load_state_dict(best_state)
+            self.epochs_run_ = epoch + 1
+            self.weights_ = _numpy_layers(net)
+        finally:
+            torch.set_num_threads(threads)
+        return self
+
+    def _network(self, torch: Any) -> Any:
+        layers: list[Any] = []
+        width = len(self.feature_names)
+        for h in self.hidden:
+            layers += [torch.nn.Linear(width, h), torch.nn.SiLU()]
+            width = h
+        head = torch.nn.Linear(width, 3)  # utilisation logit, overhead (softplus, us), tail exponent logit
+        with torch.no_grad():
+            head.bias.copy_(torch.tensor([0.0, 1.0, 2.0]))
+        return torch.nn.Sequential(*layers, head)
+
+    def _standardise(self, x: np.ndarray) -> np.ndarray:
+        xs = (x - self.mean_) / self.std_
+        return np.clip(np.nan_to_num(xs, nan=0.0, posinf=_CLIP_SIGMA, neginf=-_CLIP_SIGMA), -_CLIP_SIGMA, _CLIP_SIGMA)
+
+    @staticmethod
+    def _aux(feats: pd.DataFrame) -> np.ndarray:
+        """log t_roof and log(ceil(waves) / waves): the roofline and wave quantisation terms."""
+        waves = feats["waves"].to_numpy(dtype=float)
+        return np.column_stack([np.log(feats["t_roof_s"].to_numpy(dtype=float)),
+                                np.log(np.maximum(np.ceil(waves), 1.0) / waves)])
+
+    # ------------------------------------------------------------------ predict
+
+    def predict_s(self, feats: pd.DataFrame) -> np.ndarray:
+        """Predicted seconds of every row (NaN where the roofline bound is NaN)."""
+        x = self._standardise(matrix(feats, self.feature_names))
+        h = x
+        for i, (w, b) in enumerate(self.weights_):
+            h = h @ w.T + b
+            if i < len(self.weights_) - 1:
+                h = h * (0.5 + 0.5 * np.tanh(0.5 * h))  # SiLU = h * sigmoid(h), overflow-free
+        aux = self._aux(feats)
+        h = np.clip(h, -_LOGIT_CLIP, _LOGIT_CLIP)
+        util = _UTIL_FLOOR + (1 - _UTIL_FLOOR) / (1.0 + np.exp(-h[:, 0]))
+        overhead = np.logaddexp(0.0, h[:, 1]) * _OVERHEAD_UNIT_S
+        gamma = 1.0 / (1.0 + np.exp(-h[:, 2]))
+        return np.exp(aux[:, 0] + gamma * aux[:, 1]) / util + overhead
+
+    # ------------------------------------------------------------------ persistence
+
+    def config(self) -> dict[str, Any]:
+        return {"hyper_parameters": self.hyper_parameters(), "epochs_run": getattr(self, "epochs_run_", None),
+                "target": "log(time_s) of t_roof * (ceil(waves)/waves)**gamma / utilisation + overhead"}
+
+    def save(self, path: Path) -> Path:
+        import torch
+
+        path = Path(path).with_suffix(self.suffix)
+        state: dict[str, Any] = {"mean": torch.tensor(self.mean_, dtype=torch.float64), "std": torch.tensor(self.std_, dtype=torch.float64)}
+        for i, (w, b) in enumerate(self.weights_):
+            state[f"layer{i}.weight"] = torch.tensor(w, dtype=torch.float32)
+            state[f"layer{i}.bias"] = torch.tensor(b, dtype=torch.float32)
+        torch.save(state, path)
+        return path
+
+    @classmethod
+    def load(cls, path: Path, *, feature_names: tuple[str, ...], config: dict[str, Any]) -> TileMLPEstimator:
+        import torch
+
+        hp = dict(config.get("hyper_parameters", {}))
+        hp["hidden"] = tuple(hp.get("hidden", ()))
+        est = cls(feature_names=feature_names, **{k: v for k, v in hp.items() if k in _INIT_KEYS})
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        est.mean_ = state["mean"].numpy()
+        est.std_ = state["std"].numpy()
+        layers = sorted({int(k.split(".")[0][5:]) for k in state if k.startswith("layer")})
+        est.weights_ = [(state[f"layer{i}.weight"].numpy().astype(np.float64), state[f"layer{i}.bias"].numpy().astype(np.float64))
+                        for i in layers]
+        return est
+
+
+_INIT_KEYS = frozenset({"hidden", "epochs", "batch_size", "max_samples", "learning_rate", "weight_decay", "patience", "val_fraction", "seed"})
+
+
+def _log_time(torch: Any, out: Any, aux: Any) -> Any:
+    """log of the predicted seconds from the network's three heads (see the module docstring)."""
+    out = torch.clamp(out, -_LOGIT_CLIP, _LOGIT_CLIP)
+    util = _UTIL_FLOOR + (1 - _UTIL_FLOOR) * torch.sigmoid(out[:, 0])
+    overhead = torch.nn.functional.softplus(out[:, 1]) * _OVERHEAD_UNIT_S
+    gamma = torch.sigmoid(out[:, 2])
+    roof = aux[:, 0] + gamma * aux[:, 1] - torch.log(util)
+    return torch.logaddexp(roof, torch.log(overhead + 1e-12))
+
+
+def _numpy_layers(net: Any) -> list[tuple[np.ndarray, np.ndarray]]:
+    import torch
+
+    return [(m.weight.detach().double().numpy().copy(), m.bias.detach().double().numpy().copy())
+            for m in net if isinstance(m, torch.nn.Linear)]

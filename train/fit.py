@@ -1,0 +1,418 @@
+"""``opcast train fit``: one predictor per (op kind, direction, dtype class), with held-out scores.
+
+For every op group with enough rows: the held-out folds are built first (each fold leaves out one
+whole training device *and* a fifth of the shapes, so a fold's score is on a GPU and on shapes
+the model never saw; a group measured on a single device gets a grouped shape split instead).
+With ``--estimator auto`` both estimators are scored on the same folds and the one with the
+lower held-out MAPE is kept (ties, within 0.5 points, go to xgb, the smaller and faster one);
+the reason is recorded. The chosen estimator is then refitted on all the group's rows. Devices
+named with ``--holdout-device`` are left out of fitting altogether and scored at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from opcast.errors import OpcastError
+from opcast.hardware import DeviceSpec, device_to_dict, get_device, spec_from_dict
+from opcast.ops import op_kinds
+from opcast.train.estimators import ESTIMATORS, NotApplicable, estimator_class
+from opcast.train.evaluate import ape_metrics
+from opcast.train.features import FEATURES, features, group_keys, model_inputs
+from opcast.train.splits import grouped_mask, shape_groups
+
+EstimatorChoice = Literal["xgb", "tile-mlp", "auto"]
+TIE_POINTS = 0.5
+"""auto keeps xgb unless tile-mlp's held-out MAPE is lower by more than this many points."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FitConfig:
+    """How ``opcast train fit`` fits a model set."""
+
+    estimator: EstimatorChoice = "auto"
+    """xgb, tile-mlp, or auto (per group, by held-out MAPE)."""
+    holdout_devices: tuple[str, ...] = ()
+    """Devices left out of fitting entirely and scored at the end (leave-one-GPU-out by hand)."""
+    ops: tuple[str, ...] = ()
+    """Fit only these op kinds (default: every compute kind in the data)."""
+    collectives: bool = False
+    """Also fit collectives. Off by default: their times are properties of a cluster's topology
+    and network, which the published data sample on three clusters only, and their held-out error
+    on another cluster is 25-350 % MAPE; predict's analytical model of links does better there."""
+    seed: int = 0
+    """Seed of every split and estimator."""
+    n_jobs: int = 2
+    """Threads for xgboost and torch."""
+    folds: int = 2
+    """Held-out folds per group (each leaves one device out); 0 skips held-out scoring. One fold
+    picks by one device's luck (on NeuSight's GPUs it flipped gemm to tile-mlp for A100); two
+    are the default."""
+    fold_max_rows: int = 40_000
+    """A fold fits on at most this many of its training rows (a seeded sample): enough to rank
+    estimators and score transfer, and it keeps the fit of a large set within minutes."""
+    shape_fraction: float = 0.2
+    """Share of the shapes a fold holds out."""
+    min_rows: int = 30
+    """Groups with fewer rows are not fitted (reported as skipped)."""
+    xgb_params: Mapping[str, Any] = field(default_factory=dict)
+    """Hyper-parameter overrides for XGBEstimator."""
+    tile_mlp_params: Mapping[str, Any] = field(default_factory=dict)
+    """Hyper-parameter overrides for TileMLPEstimator."""
+
+    def __post_init__(self) -> None:
+        if self.estimator not in (*ESTIMATORS, "auto"):
+            raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp or auto")
+        if self.folds < 0 or not 0 < self.shape_fraction < 1:
+            raise OpcastError(f"folds must be >= 0 and shape_fraction in (0, 1); got {self.folds}, {self.shape_fraction}")
+
+
+@dataclass(kw_only=True, slots=True)
+class FitResult:
+    """What a fit produced."""
+
+    path: Path | None
+    """The model-set folder (None when nothing was written)."""
+    groups: pd.DataFrame
+    """One row per group: rows, devices, estimator, held-out metrics, why."""
+    holdout: pd.DataFrame | None
+    """Metrics on the --holdout-device rows, per op and device."""
+    seconds: float
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- data and devices
+
+def portable_path(path: str | Path) -> str:
+    """A path as recorded in meta.json: relative to the working folder when inside it, else just
+    its last component, so artifacts never carry a path of the machine that fitted them (the
+    content hash identifies the data)."""
+    p = Path(path)
+    if not p.is_absolute():
+        return p.as_posix()
+    try:
+        return p.resolve().relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return p.name
+
+
+def portable_command(command: str) -> str:
+    """``command`` with every absolute path argument made portable (see :func:`portable_path`)."""
+    return " ".join(portable_path(a) if a.startswith("/") else a for a in command.split())
+
+
+def dataset_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
+    """Each dataset argument with its parquet files and a content hash (sha256 over the files'
+    bytes in path order)."""
+    from opcast.schema import dataset_files
+    from opcast.train.artifacts import sha256_file
+
+    out = []
+    for p in paths:
+        files = dataset_files(p)
+        digest = hashlib.sha256()
+        for f in files:
+            digest.update(sha256_file(f).encode())
+        out.append({"path": portable_path(p), "files": [str(Path(f).relative_to(p)) if Path(p).is_dir() else Path(f).name for f in files],
+                    "sha256": digest.hexdigest()})
+    return out
+
+
+def _run_json_specs(paths: Iterable[str | Path]) -> dict[str, DeviceSpec]:
+    """Device specs recorded by ``collect bench`` in run.json files beside the datasets."""
+    found: dict[str, DeviceSpec] = {}
+    for p in paths:
+        p = Path(p)
+        for run_json in ([p / "run.json", *p.glob("**/run*.json")] if p.is_dir() else [p.parent / "run.json"]):
+            if not run_json.is_file():
+                continue
+            try:
+                runs = json.loads(run_json.read_text()).get("runs", [])
+            except (OSError, json.JSONDecodeError, AttributeError):
+                continue
+            for run in runs:
+                spec = run.get("device_spec") if isinstance(run, dict) else None
+                if isinstance(spec, dict) and spec.get("name"):
+                    try:
+                        found.setdefault(spec["name"], spec_from_dict(spec, str(run_json)))
+                    except OpcastError:
+                        continue
+    return found
+
+
+def resolve_devices(names: Iterable[str], datasets: Iterable[str | Path] = (),
+                    known: Mapping[str, Any] | None = None) -> dict[str, DeviceSpec]:
+    """A spec for every device name: the hardware catalog, a spec recorded in a dataset's
+    run.json (``collect bench`` writes one), ``known`` specs (e.g. a model set's training
+    devices), or this machine's CPU. Anything else is refused in one line."""
+    names = list(names)
+    out: dict[str, DeviceSpec] = {}
+    recorded: dict[str, DeviceSpec] | None = None
+    local = None
+    for name in names:
+        try:
+            out[name] = get_device(name)
+            continue
+        except OpcastError:
+            pass
+        if recorded is None:
+            recorded = _run_json_specs(datasets)
+            for k, v in (known or {}).items():
+                recorded.setdefault(k, v if isinstance(v, DeviceSpec) else spec_from_dict(v, f"model-set spec {k}"))
+        if name in recorded:
+            out[name] = recorded[name]
+            continue
+        if local is None and name.startswith("cpu-"):
+            from opcast.hardware import describe_local
+
+            local = describe_local("cpu")
+        if local is not None and local.name == name:
+            out[name] = local
+            continue
+        raise OpcastError(f"device {name!r} of the dataset is neither in the hardware catalog nor described by a run.json "
+                          "beside the dataset nor this machine; add data/hardware/<name>.json or keep the run.json "
+                          "that opcast collect wrote")
+    return out
+
+
+def load_training_frame(datasets: Sequence[str | Path]) -> pd.DataFrame:
+    """The rows of ``datasets`` usable for fitting (positive times), with a clean index."""
+    from opcast.schema import read_dataset
+
+    if not datasets:
+        raise OpcastError("give at least one dataset (a .parquet file or a folder written by opcast collect)")
+    frame = read_dataset(list(datasets))
+    t = frame["time_s_median"].astype(float)
+    return frame[np.isfinite(t) & (t > 0)].reset_index(drop=True)
+
+
+def feature_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec]) -> pd.DataFrame:
+    """:func:`features` of rows spanning several devices, in ``frame``'s row order."""
+    parts = []
+    names = frame["device"].astype(object).to_numpy()
+    for name in pd.unique(names):
+        pos = np.flatnonzero(names == name)
+        parts.append(features(frame.iloc[pos], devices[name]))
+    return pd.concat(parts).loc[frame.index] if parts else pd.DataFrame(index=frame.index)
+
+
+# --------------------------------------------------------------------------- fitting
+
+def _make(name: str, kind: str, cfg: FitConfig) -> Any:
+    params = dict(cfg.xgb_params if name == "xgb" else cfg.tile_mlp_params)
+    params.setdefault("seed", cfg.seed)
+    params.setdefault("n_jobs", cfg.n_jobs)
+    return estimator_class(name)(feature_names=model_inputs(kind, name), **params)
+
+
+def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(label, train mask, test mask) of each held-out fold."""
+    if cfg.folds == 0:
+        return []
+    uniq = sorted(pd.unique(devices))
+    if len(uniq) >= 2:
+        order = np.random.default_rng(cfg.seed).permutation(len(uniq))
+        out = []
+        for i in order[: cfg.folds]:
+            dev = uniq[i]
+            held_shapes = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1 + int(i))
+            test = (devices == dev) & held_shapes
+            train = (devices != dev) & ~held_shapes
+            if test.any() and train.any():
+                out.append((f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test))
+        return out
+    held = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1)
+    return [(f"{cfg.shape_fraction:.0%} of shapes", ~held, held)] if held.any() and (~held).any() else []
+
+
+def _score(name: str, kind: str, feats: pd.DataFrame, y: np.ndarray, shapes: np.ndarray,
+           folds: list[tuple[str, np.ndarray, np.ndarray]], cfg: FitConfig) -> dict[str, Any] | None:
+    """Pooled held-out metrics of estimator ``name`` over ``folds``; None when not applicable."""
+    preds, trues = [], []
+    rng = np.random.default_rng(cfg.seed)
+    for _, train, test in folds:
+        if train.sum() > cfg.fold_max_rows:
+            keep = np.zeros(len(train), dtype=bool)
+            keep[rng.choice(np.flatnonzero(train), cfg.fold_max_rows, replace=False)] = True
+            train = keep
+        try:
+            est = _make(name, kind, cfg).fit(feats[train], y[train], groups=shapes[train])
+        except NotApplicable:
+            return None
+        preds.append(est.predict_s(feats[test]))
+        trues.append(y[test])
+    if not folds:
+        return {}
+    return ape_metrics(np.concatenate(preds), np.concatenate(trues))
+
+
+def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> tuple[Any, dict[str, Any]]:
+    """Fit the predictor of one group (rows of ``frame``/``feats``), choosing the estimator
+    with held-out folds when ``cfg.estimator`` is auto; returns (estimator, meta entry)."""
+    kind = key.rsplit("-", 2)[0]
+    y = frame["time_s_median"].to_numpy(dtype=float)
+    shapes = shape_groups(frame)
+    devices = frame["device"].astype(object).to_numpy()
+    folds = _folds(devices, shapes, cfg)
+    candidates = list(ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
+    scores = {name: _score(name, kind, feats, y, shapes, folds, cfg) for name in candidates}
+    usable = {n: s for n, s in scores.items() if s is not None}
+    if not usable:
+        raise NotApplicable(f"{key}: no estimator applies ({', '.join(candidates)})")
+    chosen, why = _choose(usable, cfg.estimator, [f[0] for f in folds])
+    if cfg.estimator != "auto" and scores[chosen] is None:
+        raise NotApplicable(f"{key}: {chosen} does not apply")
+    est = _make(chosen, kind, cfg).fit(feats, y, groups=shapes)
+    entry = {
+        "op": kind, "rows": int(len(frame)), "devices": sorted(pd.unique(devices).tolist()),
+        "features": list(est.feature_names), "feature_ranges": _ranges(feats, est.feature_names),
+        "held_out": usable.get(chosen) or None,
+        "held_out_split": [f[0] for f in folds], "candidates": {n: (s or None) for n, s in scores.items()}, "why": why,
+    }
+    return est, entry
+
+
+def _ranges(feats: pd.DataFrame, names: Sequence[str]) -> dict[str, list[float]]:
+    """[min, max] of each input feature over the training rows (predict flags queries outside)."""
+    out = {}
+    for n in names:
+        v = feats[n].to_numpy(dtype=float) if n in feats.columns else np.array([])
+        v = v[np.isfinite(v)]
+        if len(v):
+            out[n] = [round(float(v.min()), 4), round(float(v.max()), 4)]
+    return out
+
+
+def _choose(scores: Mapping[str, dict[str, Any]], mode: str, split: list[str]) -> tuple[str, str]:
+    if mode != "auto":
+        return mode, f"{mode} requested"
+    if len(scores) == 1:
+        only = next(iter(scores))
+        return only, f"only {only} applies to this group"
+    if not all(scores.values()):
+        return "xgb", "no held-out split possible (too few rows or shapes); xgb by default"
+    mx, mt = scores["xgb"]["mape"], scores["tile-mlp"]["mape"]
+    on = "; ".join(split)
+    if mt < mx - TIE_POINTS:
+        return "tile-mlp", f"held-out MAPE {mt:.1f} % vs xgb {mx:.1f} % ({on})"
+    return "xgb", f"held-out MAPE {mx:.1f} % vs tile-mlp {mt:.1f} % ({on}; ties within {TIE_POINTS} points go to xgb)"
+
+
+def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitConfig = FitConfig(),
+              progress: Any = None) -> tuple[dict[str, tuple[Any, dict[str, Any]]], pd.DataFrame, dict[str, str]]:
+    """Fit every group of ``frame`` (rows already filtered to training rows); returns
+    (group -> (estimator, entry), the per-group summary, skipped group -> reason)."""
+    if cfg.ops:
+        unknown = sorted(set(cfg.ops) - set(FEATURES))
+        if unknown:
+            raise OpcastError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
+        frame = frame[frame["op"].isin(cfg.ops)]
+    skipped: dict[str, str] = {}
+    if not cfg.collectives and not cfg.ops:
+        coll = frame["op"].isin(op_kinds(collective=True)).to_numpy()
+        if coll.any():
+            skipped["collectives"] = (f"{int(coll.sum())} rows not fitted (--collectives fits them; they do not transfer "
+                                      "between clusters)")
+            frame = frame[~coll]
+    if not len(frame):
+        raise OpcastError("no training rows left (check --op and --holdout-device against the dataset's ops and devices)")
+    feats = feature_frame(frame, devices)
+    ok = np.isfinite(feats["t_roof_s"].to_numpy(dtype=float))
+    if not ok.all():
+        skipped["rows without a roofline"] = f"{int((~ok).sum())} rows (device lacks the dtype, or missing parameters)"
+    frame, feats = frame[ok], feats[ok]
+    keys = group_keys(frame).to_numpy()
+    groups = sorted(pd.unique(keys))
+    fitted: dict[str, tuple[Any, dict[str, Any]]] = {}
+    summary = []
+    task = progress.add_task("fit", total=len(groups)) if progress is not None else None
+    for key in groups:
+        if task is not None:
+            progress.update(task, description=f"fit {key}")
+        pos = np.flatnonzero(keys == key)
+        if len(pos) < cfg.min_rows:
+            skipped[key] = f"{len(pos)} rows < min_rows={cfg.min_rows}"
+        else:
+            t0 = time.perf_counter()
+            try:
+                est, entry = fit_group(key, frame.iloc[pos], feats.iloc[pos], cfg)
+            except NotApplicable as err:
+                skipped[key] = str(err)
+            else:
+                entry["fit_seconds"] = round(time.perf_counter() - t0, 2)
+                fitted[key] = (est, entry)
+                h = entry["held_out"] or {}
+                summary.append({"group": key, "rows": entry["rows"], "devices": len(entry["devices"]),
+                                "estimator": est.name, "held_out_mape": h.get("mape"), "held_out_p90": h.get("p90_ape"),
+                                "within_10": h.get("within_10"), "why": entry["why"]})
+        if task is not None:
+            progress.advance(task)
+    return fitted, pd.DataFrame(summary), skipped
+
+
+def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str = "default", cfg: FitConfig = FitConfig(),
+                  progress: Any = None, command: str = "opcast train fit") -> FitResult:
+    """Read ``datasets``, fit every group, write ``out/name/`` and score --holdout-device rows."""
+    from opcast.train.artifacts import write_model_set
+    from opcast.train.evaluate import predict_frame, score_table
+
+    t0 = time.perf_counter()
+    if not name or "/" in name or name.startswith("."):
+        raise OpcastError(f"--name {name!r} must be a plain folder name")
+    frame = load_training_frame(datasets)
+    devices = resolve_devices(pd.unique(frame["device"].astype(object)), datasets)
+    held = set()
+    for h in cfg.holdout_devices:
+        canon = get_device(h).name if not any(h == d for d in devices) else h
+        if canon not in devices:
+            raise OpcastError(f"--holdout-device {h}: no rows of that device in the datasets (devices: {', '.join(sorted(devices))})")
+        held.add(canon)
+    is_held = frame["device"].isin(held).to_numpy()
+    train = frame[~is_held]
+    fitted, summary, skipped = fit_frame(train, devices, cfg, progress)
+    if not fitted:
+        raise OpcastError("no op group could be fitted: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
+    records = dataset_records(datasets)
+    train_devices = sorted(pd.unique(train["device"].astype(object)))
+    meta = {
+        "command": portable_command(command), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fit_config": {"estimator": cfg.estimator, "holdout_devices": sorted(held), "ops": list(cfg.ops),
+                       "collectives": cfg.collectives, "seed": cfg.seed, "fold_max_rows": cfg.fold_max_rows,
+                       "folds": cfg.folds, "shape_fraction": cfg.shape_fraction, "min_rows": cfg.min_rows,
+                       "xgb_params": dict(cfg.xgb_params), "tile_mlp_params": dict(cfg.tile_mlp_params)},
+        "datasets": records, "rows": int(len(train)), "sources": sorted(pd.unique(train["source"].astype(object)).tolist()),
+        "device_specs": {d: device_to_dict(devices[d]) for d in train_devices}, "skipped": skipped,
+    }
+    holdout = None
+    if held:
+        class _Fitted:  # score the fitted estimators before they are written
+            meta = {"predictors": {k: e for k, (_, e) in fitted.items()}}
+
+            def predict_s(self, f: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
+                return _predict_fitted(fitted, f, device)
+
+        test = frame[is_held].reset_index(drop=True)
+        holdout = score_table(test, predict_frame(_Fitted(), test, devices))
+        meta["holdout_metrics"] = json.loads(holdout.to_json(orient="records"))
+    path = write_model_set(Path(out), name, fitted, meta)
+    return FitResult(path=path, groups=summary, holdout=holdout, seconds=time.perf_counter() - t0, skipped=skipped)
+
+
+def _predict_fitted(fitted: Mapping[str, tuple[Any, dict[str, Any]]], frame: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
+    out = np.full(len(frame), np.nan)
+    keys = group_keys(frame).to_numpy()
+    feats = features(frame.reset_index(drop=True), device)
+    for key in pd.unique(keys):
+        if key in fitted:
+            pos = np.flatnonzero(keys == key)
+            out[pos] = fitted[key][0].predict_s(feats.iloc[pos])
+    return out

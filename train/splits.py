@@ -1,0 +1,30 @@
+"""Honest splits: rows grouped by shape (the same op configuration on every device is one
+group) and by whole device, so that no held-out score is computed on a shape or a GPU the
+model has seen."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pandas as pd
+
+
+def shape_groups(frame: pd.DataFrame) -> np.ndarray:
+    """One id per op configuration (``point_id``: op, parameters, dtype, direction, tensor
+    cores), identical across devices."""
+    if "point_id" in frame.columns and frame["point_id"].notna().all():
+        return frame["point_id"].astype(str).to_numpy()
+    from opcast.schema import _row_point_id
+
+    return np.array([_row_point_id(r) for r in frame.to_dict("records")], dtype=object)
+
+
+def grouped_mask(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    """True for the rows of about ``fraction`` of the distinct ``groups``, chosen by a seeded
+    hash of the group id (stable when rows are added or reordered)."""
+    salt = str(seed).encode()
+    uniq, inverse = np.unique(np.asarray(groups, dtype=str), return_inverse=True)
+    draws = np.array([int.from_bytes(hashlib.blake2b(salt + g.encode(), digest_size=8).digest(), "little") / 2**64
+                      for g in uniq])
+    return (draws < fraction)[inverse]

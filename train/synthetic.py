@@ -1,0 +1,82 @@
+"""Synthetic datasets from a known law, on fake devices: what the estimators must recover.
+
+The law is the roofline plus a fixed launch cost, ``t = max(flops / peak, bytes / bw) + 5 us``,
+with multiplicative log-normal noise (2 % by default), peaks and bytes from the registry and the
+device exactly as :mod:`opcast.train.features` computes them. Used by the tests (STYLE.md: a
+known law must be recovered within a stated tolerance on a held-out fake device).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from opcast.dtypes import DTYPE_BYTES
+from opcast.hardware import DeviceSpec, get_device
+from opcast.ops import get_op
+from opcast.schema import point_id
+
+
+def fake_devices(n: int = 4, *, base: str = "A100-SXM4-80GB") -> list[DeviceSpec]:
+    """``n`` fake GPUs ``fake-0`` .. ``fake-{n-1}``: the ``base`` catalog spec with peaks, bandwidth,
+    SM count and L2 scaled together over a factor of about 4 (distinct machines, one family)."""
+    ref = get_device(base)
+    out = []
+    for i in range(n):
+        s = 0.5 * 4.0 ** (i / max(1, n - 1))  # 0.5x .. 2x
+        b = 0.6 * 3.0 ** (((i * 3) % n) / max(1, n - 1))  # a different ordering for bandwidth
+        peaks = {f"peak_{d}_flops": (getattr(ref, f"peak_{d}_flops") * s if getattr(ref, f"peak_{d}_flops") else None)
+                 for d in ("fp32", "tf32", "fp16", "bf16", "fp8")}
+        out.append(replace(ref, name=f"fake-{i}", aliases=(), mem_bw_bytes_per_s=ref.mem_bw_bytes_per_s * b,
+                           sm_count=max(8, int(ref.sm_count * s)), l2_bytes=int(ref.l2_bytes * s),
+                           source="synthetic (opcast.train.synthetic)", notes="", **peaks))
+    return out
+
+
+def law_seconds(flops: np.ndarray, moved: np.ndarray, peak: float | np.ndarray, bw: float, overhead_s: float = 5e-6) -> np.ndarray:
+    """The synthetic law: roofline time plus a fixed cost."""
+    return np.maximum(flops / peak, moved / bw) + overhead_s
+
+
+def synthetic_dataset(devices: Sequence[DeviceSpec], *, ops: Sequence[str] = ("gemm", "elementwise", "layernorm"),
+                      dtype: str = "fp16", rows_per_op: int = 300, noise: float = 0.02, overhead_s: float = 5e-6,
+                      seed: int = 0) -> pd.DataFrame:
+    """Rows in the dataset schema: the same ``rows_per_op`` random shapes of each op (forward)
+    timed by the law on every device (so shape groups span devices, as in real sweeps)."""
+    rng = np.random.default_rng(seed)
+    dt = DTYPE_BYTES[dtype]
+    shapes: list[dict[str, object]] = []
+    for op in ops:
+        for _ in range(rows_per_op):
+            shapes.append({"op": op, **_random_params(op, rng)})
+    rows = []
+    for dev in devices:
+        for shape in shapes:
+            op = str(shape["op"])
+            spec = get_op(op)
+            params = {k: shape[k] for k in spec.param_names}
+            tc = op in ("gemm", "attention")
+            peak = dev.peak_flops(dtype, tensor_cores=tc)
+            t = float(law_seconds(np.array(spec.flops(params, "fwd", dt)), np.array(spec.bytes_moved(params, dt, "fwd")),
+                                  peak, dev.mem_bw_bytes_per_s, overhead_s))
+            t *= float(np.exp(rng.normal(0.0, noise)))
+            rows.append({"run_id": "synthetic", "source": "bench", "device": dev.name, "timing_method": "synthetic",
+                         "op": op, "dtype": dtype, "direction": "fwd", "tensor_cores": tc, **params,
+                         "point_id": point_id(op, params, dtype, "fwd", tc), "time_s_median": t})
+    return pd.DataFrame(rows)
+
+
+def _random_params(op: str, rng: np.random.Generator) -> dict[str, object]:
+    def logint(lo: int, hi: int) -> int:
+        return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
+
+    if op == "gemm":
+        return {"b": 1, "m": logint(16, 8192), "n": logint(16, 8192), "k": logint(16, 8192)}
+    if op == "elementwise":
+        return {"numel": logint(1 << 10, 1 << 26), "fn": str(rng.choice(["add", "mul", "gelu"]))}
+    if op in ("layernorm", "rmsnorm", "softmax"):
+        return {"rows": logint(1, 32768), "cols": logint(64, 16384)}
+    raise ValueError(f"no synthetic shapes for {op}")
