@@ -10,7 +10,9 @@ with the reasoning in ``notes``. Conventions (also in every file's notes): peaks
 (bidirectional figures halved), ``mem_bytes`` reads the marketed GB as GiB.
 
 :func:`get_device` resolves a name, any alias (``torch.cuda.get_device_name()`` spellings,
-NeuSight config stems, estimate-train-time and vidur names) or a user JSON file;
+NeuSight config stems, estimate-train-time and vidur names), a user JSON file, or a hypothetical
+GPU derived from either, ``NAME[field=xK,field=VALUE]`` (:func:`derive_device`, the what-if
+``--set`` of the CLI);
 :func:`describe_local` turns this machine's CPU (or a CUDA device torch can see) into a spec
 with measured peaks, cached under ``~/.cache/opcast`` (``OPCAST_CACHE_DIR`` overrides).
 """
@@ -27,7 +29,7 @@ import platform
 import re
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -310,8 +312,13 @@ def catalog() -> dict[str, DeviceSpec]:
 def get_device(name: str | Path) -> DeviceSpec:
     """A device by canonical name or alias (case-, space-, ``_``- and ``-``-insensitive; a leading
     vendor word such as ``NVIDIA`` or ``Tesla`` is optional), a catalog-style ``.json`` file, or
-    the local machine (``cpu``, ``cuda``, ``cuda:N``; see :func:`describe_local`)."""
+    the local machine (``cpu``, ``cuda``, ``cuda:N``; see :func:`describe_local`). Any of these
+    followed by ``[field=xK,field=VALUE,...]`` is the hypothetical GPU :func:`derive_device`
+    makes of it, so the name of a derived device resolves back to it."""
     text = str(name).strip()
+    derived = _DERIVED.fullmatch(text)
+    if derived and not text.lower().endswith(".json"):
+        return derive_device(get_device(derived.group(1)), split_settings(derived.group(2)))
     if text.lower().endswith(".json"):
         path = Path(text).expanduser()
         if path.is_file():
@@ -331,6 +338,123 @@ def get_device(name: str | Path) -> DeviceSpec:
         raise OpcastError(f"unknown GPU '{text}'{guess}: known names are {', '.join(sorted(specs))}; "
                           "run `opcast hardware list` for aliases, or pass a device JSON file")
     return specs[found]
+
+
+# ---------------------------------------------------------------------- what-if: derived devices
+
+PEAKS_GROUP = "peak_flops"
+"""``--set peak_flops=xK`` multiplies every non-null ``peak_<dtype>_flops`` at once."""
+
+SETTABLE: tuple[str, ...] = tuple(k for k, (kind, _) in _RULES.items() if kind in ("flops", "pos_float", "pos_int", "bytes0"))
+"""Numeric DeviceSpec keys a what-if may change (``--set`` / ``--vary``), plus :data:`PEAKS_GROUP`."""
+
+_DERIVED = re.compile(r"(.+)\[([^\[\]]*)\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One ``--set``: a field multiplied by ``factor`` or set to ``value`` (exactly one is given)."""
+
+    field: str
+    factor: float | None = None
+    value: float | None = None
+
+    @property
+    def label(self) -> str:
+        """Canonical text, as in a derived device's name: ``mem_bw_bytes_per_s=x2``."""
+        return f"{self.field}=x{self.factor:.12g}" if self.factor is not None else f"{self.field}={self.value:.12g}"
+
+    def fields(self) -> tuple[str, ...]:
+        """The DeviceSpec keys this setting touches (the peaks group: every peak key)."""
+        return tuple(f"peak_{d}_flops" for d in PEAK_DTYPES) if self.field == PEAKS_GROUP else (self.field,)
+
+
+def split_settings(text: str) -> list[str]:
+    """``a=x2,b=3e12`` -> ``["a=x2", "b=3e12"]`` (the bracket part of a derived name)."""
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+def parse_setting(text: str) -> Setting:
+    """A :class:`Setting` from ``FIELD=xFACTOR`` or ``FIELD=VALUE`` (value in the key's unit);
+    one-line :class:`OpcastError` naming the field and the fix otherwise."""
+    key, sep, raw = str(text).partition("=")
+    key, raw = key.strip(), raw.strip()
+    example = "e.g. mem_bw_bytes_per_s=x2 (a factor) or mem_bw_bytes_per_s=8e12 (bytes/s)"
+    if not sep or not key or not raw:
+        raise OpcastError(f"--set {text!r}: give FIELD=xFACTOR or FIELD=VALUE, {example}")
+    if key not in SETTABLE and key != PEAKS_GROUP:
+        names = [*SETTABLE, PEAKS_GROUP]
+        close = [n for n in names if n.startswith(key.lower())] or difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+        guess = f" (did you mean {close[0]}?)" if len(close) == 1 else ""
+        raise OpcastError(f"--set {text!r}: unknown field '{key}'{guess}; settable fields: "
+                          f"{', '.join(SETTABLE)}, {PEAKS_GROUP} (every peak)")
+    multiply = raw[:1] in ("x", "X", "*")
+    number = raw[1:].strip() if multiply else raw
+    try:
+        amount = float(number)
+    except ValueError:
+        unit = "a factor" if multiply else f"a value in {_unit(key) if key != PEAKS_GROUP else 'FLOP/s'}"
+        raise OpcastError(f"--set {text!r}: '{number}' is not a number; {key} needs {unit}, {example}") from None
+    if not math.isfinite(amount) or amount <= 0:
+        what = "factor" if multiply else f"value ({_unit(key) if key != PEAKS_GROUP else 'FLOP/s'})"
+        raise OpcastError(f"--set {text!r}: the {what} of {key} must be a positive finite number, got {number}")
+    if multiply:
+        return Setting(key, factor=amount)
+    if key == PEAKS_GROUP:
+        raise OpcastError(f"--set {text!r}: {PEAKS_GROUP} is a group of every peak and takes a factor only, e.g. "
+                          f"{PEAKS_GROUP}=x2; set one precision absolutely with peak_<dtype>_flops=VALUE")
+    if _RULES[key][0] in ("pos_int", "bytes0") and amount != int(amount):
+        raise OpcastError(f"--set {text!r}: {key} is a whole number ({_unit(key)}); give an integer or a factor (x...)")
+    return Setting(key, value=amount)
+
+
+def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> DeviceSpec:
+    """A hypothetical GPU: ``base`` with each setting applied (``FIELD=xK`` multiplies,
+    ``FIELD=VALUE`` sets, in the key's SI unit). Integer keys (SMs, bytes, GPUs per node) round a
+    multiplied value to the nearest integer. The result is named ``BASE[setting,...]``, has no
+    aliases, and says in ``source`` and ``notes`` what was changed; a field set twice, or a null
+    spec (a missing precision, an unknown TDP) multiplied, is a one-line :class:`OpcastError`."""
+    parsed = [s if isinstance(s, Setting) else parse_setting(s) for s in settings]
+    if not parsed:
+        return base
+    touched: dict[str, str] = {}
+    values = device_to_dict(base)
+    changes: list[str] = []
+    for s in parsed:
+        keys = s.fields()
+        for key in keys:
+            if key in touched:
+                raise OpcastError(f"--set {s.label!r}: {key} is already set by {touched[key]}; give each field once")
+            touched[key] = s.label
+        if s.factor is None:
+            old = values[s.field]
+            values[s.field] = int(s.value) if _RULES[s.field][0] in ("pos_int", "bytes0") else float(s.value)
+            changes.append(f"{s.field} {_fmt(old)} -> {_fmt(values[s.field])}")
+            continue
+        if s.field != PEAKS_GROUP and values[s.field] is None:
+            fix = (f"give an absolute value in {_unit(s.field)}, e.g. {s.field}=1e15" if s.field.startswith("peak_")
+                   else f"give an absolute value, e.g. {s.field}=700")
+            raise OpcastError(f"--set {s.label!r}: {base.name} has no {s.field} (null) to multiply; {fix}")
+        for key in keys:
+            old = values[key]
+            if old is None:  # the peaks group skips the precisions the device lacks
+                continue
+            new = old * s.factor
+            if _RULES[key][0] in ("pos_int", "bytes0"):
+                new = max(1, int(round(new)))
+            values[key] = new
+            changes.append(f"{key} {_fmt(old)} -> {_fmt(new)}")
+    label = ",".join(s.label for s in parsed)
+    values["name"] = f"{base.name}[{label}]"
+    values["aliases"] = []
+    values["source"] = f"hypothetical: {base.name} with {label} (opcast what-if); base spec: {base.source}"
+    values["notes"] = (f"Derived by opcast from {base.name}: {'; '.join(changes)}. Every other field is {base.name}'s. "
+                       f"Base notes: {base.notes}")
+    return spec_from_dict(values, f"--set on {base.name}")
+
+
+def _fmt(value: Any) -> str:
+    return "null" if value is None else f"{value:g}"
 
 
 # ---------------------------------------------------------------------- local device

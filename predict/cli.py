@@ -17,16 +17,28 @@ from opcast.cli_common import console
 
 app = typer.Typer(no_args_is_help=True, help="Predict kernel latency and LLM training/inference time and memory.")
 
-_GPU = typer.Option("--gpu", help="Catalog GPU name or alias (opcast hardware list), or a device JSON file.")
+_GPU = typer.Option("--gpu", help="Catalog GPU name or alias (opcast hardware list), a device JSON file, or "
+                                   "NAME[field=xK,...] (a hypothetical GPU, as --set makes).")
+_SET = typer.Option("--set", help="Hypothetical GPU: FIELD=xK multiplies a spec of --gpu, FIELD=VALUE sets it (units as "
+                                  "in the JSON keys, e.g. mem_bw_bytes_per_s=8e12); peak_flops=xK scales every peak. Repeat.")
 _MODELS = typer.Option("--models", help="Learned kernel models (opcast train fit --out); default: the embedded ones.")
 _ROOFLINE = typer.Option("--roofline", help="Ignore learned models: every kernel from the roofline fallback.")
+_ANALYTIC = typer.Option("--analytic", help="Where a learned model would extrapolate beyond the hardware it was fitted on, "
+                                            "use the analytical roofline instead (such kernels are flagged either way).")
 _JSON = typer.Option("--json", help="Print the result as JSON.")
 
 
-def _kernel_cost(models: Optional[Path], roofline: bool):
+def _kernel_cost(models: Optional[Path], roofline: bool, analytic: bool = False):
     from opcast.predict.cost import load_kernel_cost
 
-    return load_kernel_cost(models, use_learned=not roofline)
+    return load_kernel_cost(models, use_learned=not roofline, in_range_only=analytic)
+
+
+def _device(gpu: str, sets: Optional[list[str]]):
+    """The --gpu device with every --set applied (a hypothetical GPU named GPU[field=...])."""
+    from opcast.hardware import derive_device, get_device
+
+    return derive_device(get_device(gpu), sets or [])
 
 
 def _parse_params(items: list[str]) -> dict[str, str]:
@@ -59,15 +71,18 @@ def kernel_cmd(
                                                          help="Matrix math on tensor cores (fp32: TF32); default: all but fp32.")] = None,
     models: Annotated[Optional[Path], _MODELS] = None,
     roofline: Annotated[bool, _ROOFLINE] = False,
+    analytic: Annotated[bool, _ANALYTIC] = False,
+    set_: Annotated[Optional[list[str]], _SET] = None,
     as_json: Annotated[bool, _JSON] = False,
 ) -> None:
     """Predict one kernel's time (collectives: the alpha-beta model; params bytes, world_size, nodes, gpus_per_node)."""
     import json
 
-    from opcast.hardware import get_device
+    from rich.markup import escape
+
     from opcast.ops import get_op
 
-    device = get_device(gpu)
+    device = _device(gpu, set_)
     spec = get_op(op)
     params = _parse_params(param or [])
     if spec.collective:
@@ -81,21 +96,29 @@ def kernel_cmd(
     else:
         from opcast.predict.cost import validated_kernel
 
+        from opcast.predict.report import op_bottleneck
+
         k = validated_kernel(spec.kind.value, params, dtype, direction, tensor_cores)
-        cost = _kernel_cost(models, roofline)
+        cost = _kernel_cost(models, roofline, analytic)
         seconds, source = cost.time_s(k, device)
         terms = cost.roofline.terms(k, device)
         doc = {"gpu": device.name, "op": k.kind, "params": dict(k.params), "dtype": k.dtype, "direction": k.direction,
                "tensor_cores": k.tensor_cores, "time_s": seconds, "source": source, "flops": terms.flops,
-               "bytes": terms.bytes, "roofline_time_s": terms.time_s, "roofline_bound": terms.bound,
-               "notes": cost.notes}
+               "bytes": terms.bytes, "roofline_time_s": terms.time_s, **op_bottleneck(k, seconds, device, cost),
+               "notes": cost.describe()["notes"]}
     if as_json:
         console.print_json(json.dumps(doc))
         return
-    console.print(f"[bold]{doc['op']}[/] {doc['params']} on {device.name}: [bold]{seconds * 1e6:.2f} us[/] ({source})")
+    console.print(f"[bold]{doc['op']}[/] {escape(str(doc['params']))} on {escape(device.name)}: [bold]{seconds * 1e6:.2f} us[/] "
+                  f"({source})")
     if "roofline_bound" in doc:
+        util = doc["compute_utilisation"] if doc["roofline_bound"] == "compute" else doc["memory_bw_utilisation"]
         console.print(f"  {doc['flops']:.4g} FLOP, {doc['bytes']:.4g} bytes; roofline {doc['roofline_time_s'] * 1e6:.2f} us, "
-                      f"{doc['roofline_bound']}-bound")
+                      f"{doc['roofline_bound']}-bound (intensity {doc['arithmetic_intensity_flop_per_byte'] or 0:.3g} vs ridge "
+                      f"{doc['ridge_flop_per_byte']:.3g} FLOP/byte); the prediction uses {100 * util:.0f} % of the "
+                      f"{'peak' if doc['roofline_bound'] == 'compute' else 'memory bandwidth'}")
+        if doc["out_of_range"]:
+            console.print(f"  warning: {doc['out_of_range']}", style="yellow", markup=False, highlight=False)
         for note in doc["notes"]:
             console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
 
@@ -107,17 +130,25 @@ def kernels_cmd(
     out: Annotated[Path, typer.Option("--out", help="Output .parquet or .csv: the input rows plus time_s_pred and source_pred.")],
     models: Annotated[Optional[Path], _MODELS] = None,
     roofline: Annotated[bool, _ROOFLINE] = False,
+    analytic: Annotated[bool, _ANALYTIC] = False,
+    set_: Annotated[Optional[list[str]], _SET] = None,
 ) -> None:
     """Predict time_s_pred for every row of a table of kernels."""
-    from opcast.hardware import get_device
     from opcast.predict.batch import predict_frame, read_rows, write_rows
 
-    device = get_device(gpu)
+    device = _device(gpu, set_)
     frame = read_rows(input)
-    filled = predict_frame(frame, device, _kernel_cost(models, roofline))
+    cost = _kernel_cost(models, roofline, analytic)
+    filled = predict_frame(frame, device, cost)
     write_rows(filled, out)
     counts = filled["source_pred"].value_counts().to_dict()
-    console.print(f"{len(filled)} rows -> {out} on {device.name} ({', '.join(f'{v} {k}' for k, v in counts.items())})")
+    console.print(f"{len(filled)} rows -> {out} on {device.name} ({', '.join(f'{v} {k}' for k, v in counts.items())})",
+                  markup=False, highlight=False)
+    flagged = cost.range_flags(device)
+    if flagged:
+        console.print(f"  warning: {len(flagged)} distinct kernel(s) outside the hardware their learned model was fitted on"
+                      f"{' (roofline used, --analytic)' if analytic else ''}, e.g. {next(iter(flagged.values()))}",
+                      style="yellow", markup=False, highlight=False)
 
 
 @app.command("train")
@@ -146,6 +177,8 @@ def train_cmd(
     tensor_cores: Annotated[Optional[bool], typer.Option("--tensor-cores/--no-tensor-cores", help="Matrix math on tensor cores (fp32: TF32); default: all but fp32.")] = None,
     models: Annotated[Optional[Path], _MODELS] = None,
     roofline: Annotated[bool, _ROOFLINE] = False,
+    analytic: Annotated[bool, _ANALYTIC] = False,
+    set_: Annotated[Optional[list[str]], _SET] = None,
     as_json: Annotated[bool, _JSON] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write a Chrome/Perfetto trace of one iteration.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a breakdown chart (needs matplotlib).")] = None,
@@ -153,7 +186,6 @@ def train_cmd(
     """Iteration time, tokens/s, MFU and memory per GPU of one training configuration."""
     from opcast.archs import load_arch
     from opcast.errors import OpcastError
-    from opcast.hardware import get_device
     from opcast.predict.parallel import TrainConfig, parse_cluster
     from opcast.predict.report import print_train, to_json, train_to_dict, write_plot, write_trace
     from opcast.predict.training import compile_train, run_train
@@ -168,7 +200,7 @@ def train_cmd(
     if device_name is None:
         raise OpcastError("--gpu is required (or a --cluster file naming its gpu); see opcast hardware list")
     spec = load_arch(arch)
-    device = get_device(device_name)
+    device = _device(device_name, set_)
     cfg = TrainConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp, micro_batch=micro_batch, global_batch=global_batch,
                       seq=seq, recompute=recompute, zero=zero, precision=precision, attention=attention,  # type: ignore[arg-type]
                       schedule=schedule, virtual_stages=virtual_stages, overlap_grad_reduce=overlap_grad_reduce,  # type: ignore[arg-type]
@@ -176,11 +208,12 @@ def train_cmd(
     plan = compile_train(spec, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
     from opcast.predict.training import TrainResult
 
-    result = plan if isinstance(plan, TrainResult) else run_train(plan, _kernel_cost(models, roofline))
+    kernels = None if isinstance(plan, TrainResult) else _kernel_cost(models, roofline, analytic)
+    result = plan if isinstance(plan, TrainResult) else run_train(plan, kernels)
     if as_json:
-        console.print_json(to_json(train_to_dict(result)))
+        console.print_json(to_json(train_to_dict(result, kernels)))
     elif result.layout is not None:
-        print_train(result, console)
+        print_train(result, console, kernels)
     if result.layout is not None:
         if trace is not None:
             write_trace(result, trace)
@@ -206,27 +239,29 @@ def infer_cmd(
     tensor_cores: Annotated[Optional[bool], typer.Option("--tensor-cores/--no-tensor-cores", help="Matrix math on tensor cores; default: all but fp32.")] = None,
     models: Annotated[Optional[Path], _MODELS] = None,
     roofline: Annotated[bool, _ROOFLINE] = False,
+    analytic: Annotated[bool, _ANALYTIC] = False,
+    set_: Annotated[Optional[list[str]], _SET] = None,
     as_json: Annotated[bool, _JSON] = False,
 ) -> None:
-    """Time to first token, time per output token, total latency, tokens/s and KV-cache size."""
+    """Time to first token, time per output token, total latency, tokens/s, KV-cache size, and the
+    decode-step GEMMs' arithmetic intensity against the GPU's ridge point."""
     from opcast.archs import load_arch
-    from opcast.hardware import get_device
     from opcast.predict.inference import predict_infer
     from opcast.predict.parallel import InferConfig
     from opcast.predict.report import infer_to_dict, print_infer, to_json
 
     spec = load_arch(arch)
-    device = get_device(gpu)
+    device = _device(gpu, set_)
     cfg = InferConfig(tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, gen_len=gen_len, precision=precision,  # type: ignore[arg-type]
                       attention=attention, tensor_cores=tensor_cores)  # type: ignore[arg-type]
     from opcast.predict.parallel import validate_infer
 
     _, reasons = validate_infer(spec, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
-    kernels = None if reasons else _kernel_cost(models, roofline)
+    kernels = None if reasons else _kernel_cost(models, roofline, analytic)
     result = predict_infer(spec, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, kernels=kernels)
     if as_json:
-        console.print_json(to_json(infer_to_dict(result)))
+        console.print_json(to_json(infer_to_dict(result, kernels)))
     elif result.memory is not None:
-        print_infer(result, console)
+        print_infer(result, console, kernels)
     if not result.feasible:
         raise _infeasible(result.reasons)

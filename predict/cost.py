@@ -10,10 +10,16 @@ once.
 Sources:
 
 - :class:`LearnedKernelCost` wraps ``opcast.train.artifacts.ModelSet`` (``--models DIR`` or the
-  embedded default); it answers only the (op, dtype, direction) groups the set covers.
+  embedded default); it answers only the (op, dtype, direction) groups the set covers. A device
+  outside the hardware a predictor was fitted on (:class:`HardwareRange`, from the training
+  devices' specs recorded in ``meta.json``) is an extrapolation: the answer is flagged, and with
+  ``in_range_only`` (the CLI's ``--analytic``) the roofline answers instead, flagged too.
 - :class:`RooflineKernelCost`, the fallback, is ``max(FLOPs / (peak x eff_c), bytes / (bw x eff_m))``
   with the efficiencies of :data:`ROOFLINE_EFFICIENCY`. It has no constant terms, so a GPU with
   every spec doubled is exactly twice as fast on this path.
+
+:func:`bottleneck` says where a kernel sits on the roofline of a device (compute- or memory-bound,
+arithmetic intensity against the ridge point) and how much of the peak its predicted time uses.
 
 Collectives are not kernels here: :mod:`opcast.predict.comm` costs them.
 """
@@ -197,7 +203,7 @@ class RooflineKernelCost:
     def terms(self, k: Kernel, device: DeviceSpec) -> RooflineTerms:
         flops, moved = k.flops(), k.bytes_moved()
         matrix = k.kind in MATRIX_KINDS
-        peak = device.peak_flops(_peak_dtype(k.dtype), tensor_cores=matrix and k.tensor_cores)
+        peak = kernel_peak(k, device)
         curve = self.efficiency.matrix if matrix and k.tensor_cores else self.efficiency.vector
         compute = flops / (peak * curve(flops / 1e9)) if flops else 0.0
         memory = moved / (device.mem_bw_bytes_per_s * self.efficiency.memory(moved / 1e6)) if moved else 0.0
@@ -211,6 +217,169 @@ def _peak_dtype(dtype: str) -> str:
     return "fp32" if dtype == "tf32" else dtype
 
 
+def kernel_peak(k: Kernel, device: DeviceSpec) -> float:
+    """The dense peak FLOP/s ``k`` runs against: tensor-core rate for matrix kinds on tensor
+    cores, CUDA-core rate otherwise (:meth:`DeviceSpec.peak_flops`)."""
+    return device.peak_flops(_peak_dtype(k.dtype), tensor_cores=k.kind in MATRIX_KINDS and k.tensor_cores)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bottleneck:
+    """Where one kernel sits on a device's roofline, and how much of it a predicted time uses."""
+
+    bound: str
+    """``compute`` or ``memory``: the larger of the two achievable-roofline terms (the ones the
+    fallback prices with, peaks derated by :data:`ROOFLINE_EFFICIENCY`), i.e. the spec the
+    analytical time of this kernel scales with."""
+    flops: float
+    bytes: float
+    intensity: float
+    """Arithmetic intensity, FLOP per byte of device memory (registry FLOPs / compulsory bytes)."""
+    ridge: float
+    """The device's ridge point for this kernel's peak, FLOP/byte: ``peak / mem_bw`` (datasheet)."""
+    compute_utilisation: float
+    """``FLOPs / (time x peak)``: the fraction of the dense peak the predicted time achieves."""
+    memory_utilisation: float
+    """``bytes / (time x mem_bw)``: the fraction of the memory bandwidth it achieves."""
+
+    @property
+    def utilisation(self) -> float:
+        """Utilisation of the bound resource."""
+        return self.compute_utilisation if self.bound == "compute" else self.memory_utilisation
+
+
+def bottleneck(k: Kernel, device: DeviceSpec, time_s: float, roofline: RooflineKernelCost | None = None) -> Bottleneck:
+    """:class:`Bottleneck` of ``k`` on ``device`` for a predicted ``time_s`` per call."""
+    terms = (roofline or _DEFAULT_ROOFLINE).terms(k, device)
+    peak, bw = kernel_peak(k, device), device.mem_bw_bytes_per_s
+    return Bottleneck(bound=terms.bound, flops=terms.flops, bytes=terms.bytes,
+                      intensity=terms.flops / terms.bytes if terms.bytes else math.inf, ridge=peak / bw,
+                      compute_utilisation=terms.flops / (time_s * peak) if time_s > 0 else 0.0,
+                      memory_utilisation=terms.bytes / (time_s * bw) if time_s > 0 else 0.0)
+
+
+_DEFAULT_ROOFLINE = RooflineKernelCost()
+
+
+# --------------------------------------------------------------------------- hardware range
+
+RANGE_SLACK = 0.02
+"""A device spec within 2 % of a predictor's fitted range counts as inside it (datasheet
+rounding, re-measured specs); a fitted feature range gets the same slack on its (mostly log) scale."""
+
+_DEVICE_FEATURES: dict[str, str] = {
+    "log_peak_flops": "peak_flops", "log_mem_bw_bytes_per_s": "mem_bw_bytes_per_s", "log_sm_count": "sm_count",
+    "log_l2_bytes": "l2_bytes", "log_clock_hz": "boost_clock_hz", "log_ridge": "ridge_flop_per_byte",
+    "fp32_lanes_per_sm": "fp32_lanes_per_sm", "is_cpu": "is_cpu",
+}
+"""Device features of ``opcast.train.features`` -> the spec quantity each reads."""
+
+
+def _device_quantities(device: DeviceSpec, k: Kernel) -> dict[str, float] | None:
+    """The spec quantities of ``device`` a predictor of ``k``'s group reads (None: no peak for its dtype)."""
+    try:
+        peak = kernel_peak(k, device)
+    except OpcastError:
+        return None
+    return {"peak_flops": peak, "mem_bw_bytes_per_s": device.mem_bw_bytes_per_s, "sm_count": float(device.sm_count),
+            "l2_bytes": float(device.l2_bytes), "boost_clock_hz": device.boost_clock_hz,
+            "ridge_flop_per_byte": peak / device.mem_bw_bytes_per_s, "fp32_lanes_per_sm": float(device.fp32_lanes_per_sm),
+            "is_cpu": float(device.vendor == "cpu")}
+
+
+class HardwareRange:
+    """The hardware (and, where recorded, feature) range each predictor of a model set was fitted on.
+
+    Read from ``meta.json``: a predictor's ``devices`` (names) and the set's ``device_specs``
+    (name -> catalog-style spec) give, for every device quantity the predictor reads (its
+    ``features``; all of them when none is listed), the [min, max] over its training devices; a
+    query device outside one of them by more than :data:`RANGE_SLACK` is an extrapolation. A
+    predictor entry that records ``feature_ranges`` (feature -> [min, max] over its training rows)
+    is also checked feature by feature, which covers shapes too. What is not recorded is not
+    checked, and :attr:`notes` says so.
+    """
+
+    def __init__(self, meta: Mapping[str, Any] | None) -> None:
+        self.meta = meta or {}
+        self.notes: list[str] = []
+        self._specs: dict[str, DeviceSpec] = {}
+        self._reasons: dict[tuple[Any, ...], str | None] = {}
+        specs = self.meta.get("device_specs")
+        if not isinstance(specs, Mapping):
+            self.notes.append("the model set records no device_specs: learned predictions are not range-checked")
+            return
+        from opcast.hardware import spec_from_dict
+
+        for name, raw in specs.items():
+            try:
+                self._specs[str(name)] = spec_from_dict(raw, f"device_specs[{name}] of the model set")
+            except OpcastError:
+                self.notes.append(f"device spec {name} of the model set is invalid: its range is not checked")
+        predictors = self.meta.get("predictors", {})
+        if predictors and not any("feature_ranges" in e for e in predictors.values() if isinstance(e, Mapping)):
+            self.notes.append("hardware range checked against the training devices' specs; shape ranges are not "
+                              "recorded in the model set and are not checked")
+
+    def reason(self, key: str, k: Kernel, device: DeviceSpec) -> str | None:
+        """Why ``device`` is outside the hardware predictor ``key`` was fitted on, or None."""
+        cache_key = (key, k.dtype, k.tensor_cores, device)
+        if cache_key in self._reasons:
+            return self._reasons[cache_key]
+        entry = self.meta.get("predictors", {}).get(key)
+        why = None
+        if isinstance(entry, Mapping):
+            names = [str(n) for n in entry.get("devices", ()) if str(n) in self._specs]
+            listed = [_DEVICE_FEATURES[f] for f in entry.get("features", ()) if f in _DEVICE_FEATURES]
+            wanted = listed or list(_DEVICE_FEATURES.values())
+            mine = _device_quantities(device, k)
+            fitted = [q for n in names if (q := _device_quantities(self._specs[n], k)) is not None]
+            if mine is not None and fitted:
+                out = []
+                for q in wanted:
+                    lo, hi, v = min(f[q] for f in fitted), max(f[q] for f in fitted), mine[q]
+                    if q == "is_cpu":
+                        if not lo <= v <= hi:
+                            out.append("a CPU, fitted on GPUs only" if v else "a GPU, fitted on CPUs only")
+                    elif v < lo * (1 - RANGE_SLACK) or v > hi * (1 + RANGE_SLACK):
+                        out.append(f"{q} {v:.3g} {'below' if v < lo else 'above'} {lo:.3g}..{hi:.3g}")
+                if out:
+                    why = f"{key} fitted on {', '.join(names)}: {'; '.join(out)}"
+        self._reasons[cache_key] = why
+        return why
+
+    def feature_reasons(self, key: str, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, str]:
+        """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``."""
+        entry = self.meta.get("predictors", {}).get(key)
+        ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
+        if not ranges or not kernels:
+            return {}
+        from opcast.train.features import features
+
+        feats = features(_query_frame(kernels), device)
+        out: dict[Kernel, str] = {}
+        for name, bounds in ranges.items():
+            if name not in feats.columns:
+                continue
+            lo, hi = float(bounds[0]), float(bounds[1])
+            values = feats[name].to_numpy(dtype=float)
+            for k, v in zip(kernels, values):
+                if k not in out and np.isfinite(v) and (v < lo - RANGE_SLACK or v > hi + RANGE_SLACK):
+                    out[k] = f"{key}: feature {name} = {v:.3g} outside its fitted {lo:.3g}..{hi:.3g}"
+        return out
+
+
+def _query_frame(kernels: Sequence[Kernel]) -> Any:
+    """Kernels as query rows of the dataset schema (op, dtype, direction, tensor_cores, params)."""
+    import pandas as pd
+
+    rows = []
+    for k in kernels:
+        row: dict[str, object] = {"op": k.kind, "dtype": k.dtype, "direction": k.direction, "tensor_cores": k.tensor_cores}
+        row.update(k.params)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 class LearnedKernelCost:
     """Adapter of a fitted ``opcast.train.artifacts.ModelSet`` to :class:`KernelTimeSource`."""
 
@@ -221,6 +390,31 @@ class LearnedKernelCost:
         self.label = label
         """Where the models came from (a folder, or 'embedded default')."""
         self._covers: dict[tuple[str, str, str], bool] = {}
+        meta = getattr(model_set, "meta", None)
+        self.range = HardwareRange(meta if isinstance(meta, Mapping) else None)
+        """The hardware each predictor was fitted on (:class:`HardwareRange`)."""
+
+    def out_of_range(self, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, str]:
+        """Why each of ``kernels`` (covered ones) would be an extrapolation on ``device``; the
+        kernels inside the fitted range are absent."""
+        if not self.range.meta.get("predictors") or not kernels:
+            return {}
+        try:
+            from opcast.train.features import dtype_class, group_key
+        except ImportError:
+            return {}
+        out: dict[Kernel, str] = {}
+        by_key: dict[str, list[Kernel]] = {}
+        for k in kernels:
+            key = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+            why = self.range.reason(key, k, device)
+            if why:
+                out[k] = why
+            else:
+                by_key.setdefault(key, []).append(k)
+        for key, ks in by_key.items():
+            out.update(self.range.feature_reasons(key, ks, device))
+        return out
 
     def warm(self) -> int:
         """Load every predictor now (a ModelSet loads them on first use); returns how many. A
@@ -240,14 +434,7 @@ class LearnedKernelCost:
         return hit
 
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
-        import pandas as pd
-
-        rows = []
-        for k in kernels:
-            row: dict[str, object] = {"op": k.kind, "dtype": k.dtype, "direction": k.direction, "tensor_cores": k.tensor_cores}
-            row.update(k.params)
-            rows.append(row)
-        out = np.asarray(self.model_set.predict_s(pd.DataFrame(rows), device), dtype=float)
+        out = np.asarray(self.model_set.predict_s(_query_frame(kernels), device), dtype=float)
         if out.shape != (len(kernels),):
             raise OpcastError(f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
                               "refit them with this opcast (opcast train fit)")
@@ -300,7 +487,11 @@ class KernelCostModel:
     """Why a source is missing (no train package, no default models), for ``cost_sources``."""
     models_label: str | None = None
     """Where the learned models came from, or None."""
+    in_range_only: bool = False
+    """A learned model answers only inside the hardware range it was fitted on; outside it the
+    roofline does (the CLI's ``--analytic``). Either way the kernel is flagged (:meth:`range_flag`)."""
     _cache: dict[Any, dict[Kernel, tuple[float, str]]] = field(default_factory=dict)
+    _flags: dict[Any, dict[Kernel, str]] = field(default_factory=dict)
 
     @property
     def roofline(self) -> RooflineKernelCost:
@@ -314,6 +505,7 @@ class KernelCostModel:
         cache = self._cache.get(device)
         if cache is None:
             cache = self._cache[device] = {}
+        flags = self._flags.setdefault(device, {})
         todo = [k for k in dict.fromkeys(kernels) if k not in cache]
         *preferred, fallback = self.sources
         if preferred and todo:
@@ -323,26 +515,48 @@ class KernelCostModel:
                          and (parts := decompose(k)) and all(any(s.covers(p) for s in preferred) for p, _ in parts)}
             batch = list(dict.fromkeys([*todo, *(p for parts in composite.values() for p, _ in parts if p not in cache)]))
             for source in preferred:
-                batch = self._ask(source, batch, device, cache)
+                batch = self._ask(source, batch, device, cache, flags)
             for k, parts in composite.items():
                 if all(cache.get(p, (0.0, ""))[1] == LEARNED for p, _ in parts):
                     cache[k] = (sum(n * cache[p][0] for p, n in parts), LEARNED)
+                why = next((flags[p] for p, _ in parts if p in flags), None)
+                if why:
+                    flags[k] = f"eager attention from its kernels; {why}"
             todo = [k for k in todo if k not in cache]
-        todo = self._ask(fallback, todo, device, cache)
+        todo = self._ask(fallback, todo, device, cache, flags)
         if todo:  # the last source always answers; reaching here is a bug in a source
             raise OpcastError(f"no kernel-time source could time {todo[0].kind} {dict(todo[0].params)}")
         return cache
 
-    @staticmethod
-    def _ask(source: KernelTimeSource, todo: list[Kernel], device: DeviceSpec,
-             cache: dict[Kernel, tuple[float, str]]) -> list[Kernel]:
-        """Cache what ``source`` answers among ``todo``; return the rest."""
+    def _ask(self, source: KernelTimeSource, todo: list[Kernel], device: DeviceSpec,
+             cache: dict[Kernel, tuple[float, str]], flags: dict[Kernel, str]) -> list[Kernel]:
+        """Cache what ``source`` answers among ``todo``; return the rest. A learned source's
+        answers outside its fitted hardware range are flagged, or (``in_range_only``) refused."""
         mine = [k for k in todo if source.covers(k)]
+        outside: dict[Kernel, str] = {}
+        if mine and isinstance(source, LearnedKernelCost):
+            outside = source.out_of_range(mine, device)
+            if self.in_range_only and outside:
+                mine = [k for k in mine if k not in outside]
+                for k, why in outside.items():
+                    flags[k] = f"{why}; roofline used instead (--analytic)"
         if mine:
             for k, t in zip(mine, source.predict_s(mine, device)):
                 if np.isfinite(t):
                     cache[k] = (float(t), source.name)
+                    if k in outside:
+                        flags[k] = f"{outside[k]}; the learned model extrapolates (--analytic uses the roofline)"
         return [k for k in todo if k not in cache]
+
+    def range_flag(self, k: Kernel, device: DeviceSpec) -> str | None:
+        """Why the time of ``k`` on ``device`` comes from a learned model outside the hardware it
+        was fitted on (or, with ``in_range_only``, why the roofline replaced it); None otherwise.
+        Valid after the kernel was looked up."""
+        return self._flags.get(device, {}).get(k)
+
+    def range_flags(self, device: DeviceSpec) -> dict[Kernel, str]:
+        """Every flagged kernel looked up on ``device`` so far."""
+        return dict(self._flags.get(device, {}))
 
     def warm(self) -> int:
         """Load every learned predictor now; returns how many."""
@@ -353,10 +567,15 @@ class KernelCostModel:
 
     def describe(self) -> dict[str, object]:
         """The ``cost_sources`` header: which kernel sources exist and why one is missing."""
+        notes = list(self.notes)
+        for s in self.sources:
+            if isinstance(s, LearnedKernelCost):
+                notes += [n for n in s.range.notes if n not in notes]
         return {
             "kernel_models": self.models_label,
             "roofline_efficiency": self.roofline.efficiency.source,
-            "notes": list(self.notes),
+            "learned_out_of_range": "roofline" if self.in_range_only else "flagged",
+            "notes": notes,
         }
 
 
@@ -364,9 +583,11 @@ def roofline_only(note: str = "roofline forced") -> KernelCostModel:
     return KernelCostModel(sources=(RooflineKernelCost(),), notes=[note])
 
 
-def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = True) -> KernelCostModel:
+def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = True,
+                     in_range_only: bool = False) -> KernelCostModel:
     """The kernel cost model for ``--models DIR`` (errors are the user's to fix), or the embedded
-    default (its absence falls back to the roofline, said in ``notes``)."""
+    default (its absence falls back to the roofline, said in ``notes``). ``in_range_only``: learned
+    models answer only inside the hardware they were fitted on (``--analytic``)."""
     if not use_learned:
         return roofline_only("learned models disabled (--roofline): every kernel uses the roofline fallback")
     try:
@@ -390,5 +611,7 @@ def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = Tr
         except OpcastError as err:
             return roofline_only(f"default models unavailable ({err}); every kernel uses the roofline fallback")
         label = "embedded default (models/default)"
+    where = "(op, dtype, direction)" + (" inside the hardware they were fitted on (--analytic)" if in_range_only else "")
     return KernelCostModel(sources=(LearnedKernelCost(model_set, label), RooflineKernelCost()), models_label=label,
-                           notes=[f"learned models from {label} where they cover the (op, dtype, direction); roofline elsewhere"])
+                           in_range_only=in_range_only,
+                           notes=[f"learned models from {label} where they cover the {where}; roofline elsewhere"])
