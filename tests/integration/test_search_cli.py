@@ -1,0 +1,64 @@
+"""`opcast search` end to end through the CLI: the table, --json, --csv, and one-line errors with
+exit code 2 (nothing fits, a bad request)."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+from opcast.cli import main
+
+SMALL = ["search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "16", "--seq", "1024",
+         "--roofline"]
+
+
+def test_help(capsys):
+    assert main(["search", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Usage" in out and "--objective" in out and "--fix" in out
+
+
+def test_table_summary_and_csv(tmp_path, capsys):
+    out_csv = tmp_path / "all.csv"
+    assert main([*SMALL, "--top", "3", "--csv", str(out_csv), "--fix", "recompute=none,full"]) == 0
+    out = capsys.readouterr().out
+    assert "top 3 of" in out and "tokens/s" in out and "MFU" in out and "main cost" in out
+    assert "considered" in out and "pruned" in out and "configurations/s" in out
+    assert "sequence parallelism needs tp > 1" in out  # a pruning reason with its count
+    rows = list(csv.DictReader(out_csv.open()))
+    assert len(rows) > 10 and rows[0]["rank"] == "1"
+    speeds = [float(r["tokens_per_s"]) for r in rows]
+    assert speeds == sorted(speeds, reverse=True)
+    assert {r["recompute"] for r in rows} <= {"none", "full"}
+
+
+def test_json_document(capsys):
+    assert main([*SMALL, "--top", "2", "--objective", "cost", "--max-tp", "2", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["objective"] == "cost" and len(doc["top"]) == 2
+    assert doc["considered"] == doc["predicted"] + doc["pruned_total"]
+    assert doc["pruned"]["max_tp"]["count"] > 0 and "reason" in doc["pruned"]["max_tp"]
+    assert [w["world_size"] for w in doc["space"]["worlds"]] == [1, 2, 4, 8]
+    first = doc["top"][0]
+    assert first["config"]["tp"] <= 2 and first["memory_per_gpu_bytes"] > 0 and 0 < first["mfu"] < 1
+    assert doc["top"][0]["gpu_hours_per_million_tokens"] <= doc["top"][1]["gpu_hours_per_million_tokens"]
+    assert set(doc["seconds"]) == {"enumerate", "compile", "kernels", "compose", "rank", "total"}
+
+
+def test_nothing_fits_is_one_line_with_the_reasons(capsys):
+    code = main(["search", "--arch", "llama2-70b", "--gpu", "H100-SXM", "--gpus", "2", "--global-batch", "4", "--seq", "4096",
+                 "--roofline"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert "\n" not in err and err.startswith("opcast: error: nothing fits")
+    assert "optimizer states alone exceed the memory limit" in err
+
+
+def test_bad_requests_list_every_problem(capsys):
+    code = main([*SMALL, "--objective", "fastest", "--fix", "tp=x", "--fix", "colour=red", "--max-mem", "-1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    for part in ("objective='fastest'", "tp='x'", "colour", "max_mem"):
+        assert part in err
+    assert main([*SMALL, "--fix", "tp=3"]) == 2
+    assert "nothing to search" in capsys.readouterr().err
