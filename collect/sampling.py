@@ -281,13 +281,14 @@ def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits
     skipped: Counter = Counter()
     seen: set[str] = set()
     shapes = arch_shapes(archs, tp_degrees) if archs else []
-    for dtype in dtypes:
-        for op in ops:
+    for op in ops:  # op-major, dtype inner: a short run reaches every dtype early, not only the first
+        for dtype in dtypes:
             dims, to_params = SPACES[op]
             points: list[PlanPoint] = []
             for u in sobol_points(per_stratum, dims, _stratum_seed(seed, op, dtype)):
                 _expand(op, to_params(u, limits.device_type), dtype, f"sobol:{op}:{dtype}", limits, points, skipped, seen)
             strata.append(points)
+    for dtype in dtypes:
         if shapes:
             points = []
             for op, params in shapes:

@@ -67,7 +67,7 @@ def evaluate(model_set: Any, datasets: Sequence[str | Path]) -> dict[str, Any]:
                               known=model_set.meta.get("device_specs", {}))
     pred = predict_frame(model_set, frame, devices)
     trained = {d["sha256"] for d in model_set.meta.get("datasets", [])}
-    seen = [r["path"] for r in dataset_records(datasets) if r["sha256"] in trained]
+    seen = [str(p) for p, r in zip(datasets, dataset_records(datasets)) if r["sha256"] in trained]  # as the user named it
     return {"table": score_table(frame, pred), "frame": frame, "pred": pred, "training_data": seen}
 
 

@@ -163,8 +163,8 @@ def test_learned_models_outside_their_hardware_are_flagged_and_analytic_falls_ba
     write_parquet(frame, data / "synthetic.parquet")
     models = fit.fit_model_set([data], tmp_path_factory.mktemp("models"), name="toy", cfg=fit.FitConfig(
         estimator="xgb", folds=0, n_jobs=1, xgb_params={"n_estimators": 20, "max_depth": 3})).path
-    kernel = ["predict", "kernel", "--op", "gemm", "--param", "b=1", "--param", "m=2048", "--param", "n=2048",
-              "--param", "k=2048", "--models", str(models), "--json"]
+    kernel = ["predict", "kernel", "--op", "gemm", "--param", "b=1", "--param", "m=1056", "--param", "n=1056",
+              "--param", "k=1040", "--models", str(models), "--json"]
     capsys.readouterr()
     assert main([*kernel, "--gpu", "H100-SXM"]) == 0
     doc = _json(capsys)
@@ -180,4 +180,6 @@ def test_learned_models_outside_their_hardware_are_flagged_and_analytic_falls_ba
     assert main(["explore", "train", *[a for a in TRAIN if a != "--roofline"], "--gpu", "H100-SXM", "--models", str(models),
                  "--vary", "peak_flops=1,2", "--json"]) == 0
     points = _json(capsys)["points"]
-    assert points[0]["learned_out_of_range"] == 0 and points[1]["learned_out_of_range"] > 0
+    # the toy set's shapes are narrow, so some base-point kernels are already outside them (shape
+    # ranges are recorded now); with doubled peaks every learned kernel is outside the hardware range
+    assert points[1]["learned_out_of_range"] >= points[0]["learned_out_of_range"] and points[1]["learned_out_of_range"] > 0
