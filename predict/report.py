@@ -20,6 +20,7 @@ from typing import Any
 from rich.markup import escape
 
 from opcast.errors import OpcastError
+from opcast.plotting import pyplot, save_figure
 from opcast.predict.cost import Kernel, KernelCostModel, bottleneck
 from opcast.predict.inference import InferResult
 from opcast.predict.training import BREAKDOWN_KEYS, TrainResult
@@ -305,33 +306,6 @@ def write_trace(r: TrainResult, path: str | Path) -> Path:
         path.write_text(json.dumps(doc))
     except OSError as err:
         raise OpcastError(f"cannot write the trace {path}: {err.strerror}") from None
-    return path
-
-
-def pyplot() -> Any:
-    """``matplotlib.pyplot`` on the Agg backend, or the one-line error of ``--plot`` without it
-    (matplotlib is an optional extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise OpcastError("--plot needs matplotlib, which is not installed: pip install matplotlib") from None
-    return plt
-
-
-def save_figure(fig: Any, path: str | Path) -> Path:
-    """Write ``fig`` to ``path`` (folders created) and close it; a one-line error if it cannot be written."""
-    plt = pyplot()
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
-    except OSError as err:
-        raise OpcastError(f"cannot write the plot {path}: {err.strerror}") from None
-    finally:
-        plt.close(fig)
     return path
 
 

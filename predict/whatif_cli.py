@@ -189,7 +189,7 @@ def _print_explore(result, frame) -> None:
 def _plot_explore(result, frame, path: Path) -> None:
     """Left: speed-up against the first varied field's factor (one line per combination of the
     others). Right: the four shares at every point, stacked."""
-    from opcast.predict.report import pyplot, save_figure
+    from opcast.plotting import pyplot, save_figure
 
     plt = pyplot()
     fields = list(result.vary)
@@ -322,7 +322,7 @@ def _print_compare(result, frame, summary) -> None:
 def _plot_compare(result, path: Path) -> None:
     """One stacked bar per GPU: its headline time split into compute-bound, memory-bound,
     communication and bubble seconds."""
-    from opcast.predict.report import pyplot, save_figure
+    from opcast.plotting import pyplot, save_figure
 
     plt = pyplot()
     names = [o.device.name for o in result.outcomes]

@@ -23,7 +23,7 @@ def _opcast_cache(tmp_path_factory):
         os.environ["OPCAST_CACHE_DIR"] = old
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def published() -> Path:
     """../shared/published, or a skip saying why."""
     if not PUBLISHED.is_dir():

@@ -64,12 +64,9 @@ def evaluate(
     from opcast.train.evaluate import evaluate as run_eval, plot_scatter, records
 
     if plot is not None:  # fail before the work when the optional dependency is missing
-        try:
-            import matplotlib  # noqa: F401
-        except ImportError:
-            from opcast.errors import OpcastError
+        from opcast.plotting import pyplot
 
-            raise OpcastError("--plot needs matplotlib, an optional extra: pip install 'opcast[plot]' (or pip install matplotlib)") from None
+        pyplot()
     model_set = load_model_set(models)
     result = run_eval(model_set, dataset)
     table = result["table"]

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 
 
@@ -73,13 +72,9 @@ def evaluate(model_set: Any, datasets: Sequence[str | Path]) -> dict[str, Any]:
 
 def plot_scatter(frame: pd.DataFrame, pred: np.ndarray, path: str | Path, *, title: str = "") -> Path:
     """Predicted vs measured, log-log, one panel per op (needs the optional matplotlib)."""
-    try:
-        import matplotlib
+    from opcast.plotting import pyplot, save_figure
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise OpcastError("--plot needs matplotlib, an optional extra: pip install 'opcast[plot]' (or pip install matplotlib)") from None
+    plt = pyplot()
     ops = sorted(pd.unique(frame["op"].astype(object)))
     cols = min(3, len(ops)) or 1
     rows = -(-len(ops) // cols) or 1
@@ -105,14 +100,7 @@ def plot_scatter(frame: pd.DataFrame, pred: np.ndarray, path: str | Path, *, tit
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    path = Path(path)
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as err:
-        raise OpcastError(f"cannot write the plot {path}: {err.strerror}") from None
-    finally:
-        plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)
 
 
 def records(table: pd.DataFrame) -> list[dict[str, Any]]:

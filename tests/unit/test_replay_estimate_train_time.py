@@ -25,11 +25,8 @@ VISTA_NCCL = f"data/regressors/Vista/nccl/{GH200}"
 
 
 @pytest.fixture(scope="module")
-def root() -> Path:
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "published" / "estimate-train-time"
-    if not path.is_dir():
-        pytest.skip(f"published estimate-train-time data not found at {path}")
-    return path
+def root(published) -> Path:
+    return published / "estimate-train-time"
 
 
 @pytest.fixture(scope="module")

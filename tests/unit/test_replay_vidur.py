@@ -21,11 +21,8 @@ GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 # --------------------------------------------------------------------------- the published data
 
 @pytest.fixture(scope="module")
-def vidur_root() -> Path:
-    root = Path(__file__).resolve().parents[2].parent / "shared" / "published" / "vidur"
-    if not root.is_dir():
-        pytest.skip(f"published vidur data not found at {root} (clone the shared data beside the repo)")
-    return root
+def vidur_root(published) -> Path:
+    return published / "vidur"
 
 
 @pytest.fixture(scope="module")
