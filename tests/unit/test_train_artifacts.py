@@ -37,6 +37,11 @@ def model_dir(tmp_path, fitted):
     return write_model_set(tmp_path, "toy", groups, {"datasets": []})
 
 
+def _file_of(model_dir, estimator):
+    meta = json.loads((model_dir / "meta.json").read_text())
+    return next(e["file"] for e in meta["predictors"].values() if e["estimator"] == estimator)
+
+
 def _expected(fitted, device):
     frame, devices, groups = fitted
     from opcast.train.fit import _predict_fitted
@@ -72,8 +77,10 @@ def test_uncovered_rows_are_nan_and_mixed_kinds_are_batched(fitted, model_dir):
 
 
 def test_a_tampered_artifact_is_refused(model_dir):
-    target = sorted(p for p in model_dir.iterdir() if p.suffix == ".joblib")[0]
-    target.write_bytes(target.read_bytes()[:-1] + b"\x00")
+    target = model_dir / _file_of(model_dir, "xgb")
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte
+    target.write_bytes(bytes(data))
     with pytest.raises(OpcastError, match=r"does not match the sha256 .*re-fit"):
         load_model_set(model_dir)
 
@@ -87,7 +94,7 @@ def test_an_edited_meta_or_missing_file_is_refused(model_dir):
 
 
 def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir, monkeypatch):
-    next(p for p in model_dir.iterdir() if p.suffix == ".pt").unlink()
+    (model_dir / _file_of(model_dir, "tile-mlp")).unlink()
     with pytest.raises(OpcastError, match="is missing from the model set"):
         load_model_set(model_dir)
     with pytest.raises(OpcastError, match="does not exist"):
@@ -103,21 +110,67 @@ def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir,
         load_model_set(fresh)
 
 
-def test_xgb_only_sets_never_import_torch(tmp_path, fitted):
-    _, _, groups = fitted
-    xgb_only = {k: v for k, v in groups.items() if v[0].name == "xgb"}
-    path = write_model_set(tmp_path, "x", xgb_only, {})
+def test_loading_and_small_predictions_import_neither_torch_nor_xgboost(model_dir):
     code = (
         "import sys, pandas as pd\n"
         "from opcast.train.artifacts import load_model_set\n"
         "from opcast.train.synthetic import fake_devices\n"
-        f"ms = load_model_set({str(path)!r})\n"
-        "q = pd.DataFrame([{'op': 'gemm', 'dtype': 'bf16', 'direction': 'fwd', 'b': 1, 'm': 64, 'n': 64, 'k': 64}])\n"
-        "assert ms.predict_s(q, fake_devices(3)[0])[0] > 0\n"
-        "print('torch' in sys.modules)\n"
+        f"ms = load_model_set({str(model_dir)!r})\n"
+        "q = pd.DataFrame([{'op': 'gemm', 'dtype': 'bf16', 'direction': 'fwd', 'b': 1, 'm': 64, 'n': 64, 'k': 64},\n"
+        "                  {'op': 'layernorm', 'dtype': 'bf16', 'direction': 'fwd', 'rows': 64, 'cols': 1024}])\n"
+        "assert (ms.predict_s(q, fake_devices(3)[0]) > 0).all()\n"
+        "print('torch' in sys.modules, 'xgboost' in sys.modules)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"
+
+
+def test_numpy_trees_match_xgboost_and_large_batches_use_xgboost(fitted, monkeypatch):
+    import xgboost as xgb
+
+    from opcast.train.estimators.xgb import XGBEstimator
+    from opcast.train.features import features, matrix
+
+    frame, devices, groups = fitted
+    est = next(e for e, _ in groups.values() if e.name == "xgb")
+    sub = frame[(frame["op"] == "gemm") & (frame["device"] == "fake-2")].reset_index(drop=True)
+    feats = features(sub, devices["fake-2"])
+    x = matrix(feats, est.feature_names)
+    x[::3, 0] = np.nan  # missing values take the trees' default direction, as in xgboost
+    ref = est.booster().predict(xgb.DMatrix(x, feature_names=list(est.feature_names)), output_margin=True)
+    assert est.trees_ is not None and np.allclose(est.trees_.margin(x), ref, rtol=1e-5, atol=1e-5)
+    calls = []
+    monkeypatch.setattr(XGBEstimator, "numpy_max_cells_imported", 0)
+    monkeypatch.setattr(type(est.trees_), "margin", lambda self, x: calls.append(len(x)) or np.zeros(len(x)))
+    assert np.allclose(est.predict_s(feats), XGBEstimator.predict_s(est, feats)) and not calls  # xgboost's predictor
+
+
+def test_model_sets_saved_before_the_numpy_archives_still_load(tmp_path, fitted, model_dir):
+    """Sets written by opcast <= 0.1 hold xgboost as joblib'd UBJ and tile-mlp as a torch state dict."""
+    import hashlib
+
+    import joblib
+    import torch
+
+    _, devices, _ = fitted
+    meta = json.loads((model_dir / "meta.json").read_text())
+    for entry in meta["predictors"].values():
+        new = model_dir / entry["file"]
+        blob = np.load(new)
+        if entry["estimator"] == "xgb":
+            old = new.with_suffix(".joblib")
+            joblib.dump({"format": "xgboost-ubj", "model": blob["ubj"].tobytes()}, old)
+        else:
+            old = new.with_suffix(".pt")
+            torch.save({k: torch.tensor(blob[k]) for k in blob.files}, old)
+        new.unlink()
+        del meta["files"][new.name]
+        meta["files"][old.name] = hashlib.sha256(old.read_bytes()).hexdigest()
+        entry["file"] = old.name
+    meta["meta_sha256"] = artifacts._meta_digest(meta)
+    (model_dir / "meta.json").write_text(json.dumps(meta))
+    sub, want = _expected(fitted, "fake-0")
+    assert np.allclose(load_model_set(model_dir).predict_s(sub, devices["fake-0"]), want, rtol=1e-5)
 
 
 def test_default_models_path_is_models_default():

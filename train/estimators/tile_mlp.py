@@ -42,7 +42,9 @@ class TileMLPEstimator:
     """Tile/wave MLP of one op group (torch for fitting, numpy for predicting)."""
 
     name = "tile-mlp"
-    suffix = ".pt"
+    suffix = ".npz"
+    """numpy archive of the standardisation and the layers' weights: loading needs no torch
+    (sets saved before hold a torch state dict, ``.pt``, still read with torch)."""
 
     def __init__(self, *, feature_names: tuple[str, ...], hidden: tuple[int, ...] = (128, 128, 64), epochs: int = 200,
                  batch_size: int = 512, max_samples: int = 4_000_000, learning_rate: float = 2e-3, weight_decay: float = 1e-5,
@@ -176,28 +178,33 @@ class TileMLPEstimator:
                 "target": "log(time_s) of t_roof * (ceil(waves)/waves)**gamma / utilisation + overhead"}
 
     def save(self, path: Path) -> Path:
-        import torch
-
         path = Path(path).with_suffix(self.suffix)
-        state: dict[str, Any] = {"mean": torch.tensor(self.mean_, dtype=torch.float64), "std": torch.tensor(self.std_, dtype=torch.float64)}
+        arrays: dict[str, np.ndarray] = {"mean": np.asarray(self.mean_, dtype=np.float64),
+                                         "std": np.asarray(self.std_, dtype=np.float64)}
         for i, (w, b) in enumerate(self.weights_):
-            state[f"layer{i}.weight"] = torch.tensor(w, dtype=torch.float32)
-            state[f"layer{i}.bias"] = torch.tensor(b, dtype=torch.float32)
-        torch.save(state, path)
+            arrays[f"layer{i}.weight"] = np.asarray(w, dtype=np.float32)
+            arrays[f"layer{i}.bias"] = np.asarray(b, dtype=np.float32)
+        with open(path, "wb") as fh:  # a file object: savez would append .npz to a bare path
+            np.savez_compressed(fh, **arrays)
         return path
 
     @classmethod
     def load(cls, path: Path, *, feature_names: tuple[str, ...], config: dict[str, Any]) -> TileMLPEstimator:
-        import torch
-
         hp = dict(config.get("hyper_parameters", {}))
         hp["hidden"] = tuple(hp.get("hidden", ()))
         est = cls(feature_names=feature_names, **{k: v for k, v in hp.items() if k in _INIT_KEYS})
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        est.mean_ = state["mean"].numpy()
-        est.std_ = state["std"].numpy()
+        path = Path(path)
+        if path.suffix == ".pt":  # model sets saved before the numpy archive
+            import torch
+
+            state = {k: v.numpy() for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+        else:
+            with np.load(path, allow_pickle=False) as blob:
+                state = {k: blob[k] for k in blob.files}
+        est.mean_ = np.asarray(state["mean"], dtype=np.float64)
+        est.std_ = np.asarray(state["std"], dtype=np.float64)
         layers = sorted({int(k.split(".")[0][5:]) for k in state if k.startswith("layer")})
-        est.weights_ = [(state[f"layer{i}.weight"].numpy().astype(np.float64), state[f"layer{i}.bias"].numpy().astype(np.float64))
+        est.weights_ = [(state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64))
                         for i in layers]
         return est
 
