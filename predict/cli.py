@@ -102,15 +102,22 @@ def kernel_cmd(
         cost = _kernel_cost(models, roofline, analytic)
         seconds, source = cost.time_s(k, device)
         terms = cost.roofline.terms(k, device)
+        res = cost.residuals(k, device)
+        interval = {"time_s_interval": list(res.bounds(seconds, 0.9)), "interval_coverage": 0.9,
+                    "interval_basis": f"held-out residuals of {res.group} ({res.device_class})"} if res is not None else \
+            {"time_s_interval": None, "interval_basis": "none: no held-out residuals behind this time (roofline or an old model set)"}
         doc = {"gpu": device.name, "op": k.kind, "params": dict(k.params), "dtype": k.dtype, "direction": k.direction,
                "tensor_cores": k.tensor_cores, "time_s": seconds, "source": source, "flops": terms.flops,
                "bytes": terms.bytes, "roofline_time_s": terms.time_s, **op_bottleneck(k, seconds, device, cost),
-               "notes": cost.describe()["notes"]}
+               **interval, "notes": cost.describe()["notes"]}
     if as_json:
         console.print_json(json.dumps(doc))
         return
+    span = doc.get("time_s_interval")
     console.print(f"[bold]{doc['op']}[/] {escape(str(doc['params']))} on {escape(device.name)}: [bold]{seconds * 1e6:.2f} us[/] "
-                  f"({source})")
+                  + (escape(f"[{span[0] * 1e6:.2f}, {span[1] * 1e6:.2f}] ") if span else "") + f"({source})")
+    if span:
+        console.print(f"  90 % interval from the {escape(doc['interval_basis'])}")
     if "roofline_bound" in doc:
         util = doc["compute_utilisation"] if doc["roofline_bound"] == "compute" else doc["memory_bw_utilisation"]
         console.print(f"  {doc['flops']:.4g} FLOP, {doc['bytes']:.4g} bytes; roofline {doc['roofline_time_s'] * 1e6:.2f} us, "
@@ -182,6 +189,9 @@ def train_cmd(
     as_json: Annotated[bool, _JSON] = False,
     trace: Annotated[Optional[Path], typer.Option("--trace", help="Write a Chrome/Perfetto trace of one iteration.")] = None,
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a breakdown chart (needs matplotlib).")] = None,
+    coverage: Annotated[float, typer.Option("--coverage", help="Coverage of the prediction interval (0-1).")] = 0.9,
+    interval_mode: Annotated[str, typer.Option("--interval-mode", help="How kernel errors combine: group (correlated within a "
+                                                                      "learned predictor, independent between them) or correlated (all together).")] = "group",
 ) -> None:
     """Iteration time, tokens/s, MFU and memory per GPU of one training configuration."""
     from opcast.archs import load_arch
@@ -209,7 +219,10 @@ def train_cmd(
     from opcast.predict.training import TrainResult
 
     kernels = None if isinstance(plan, TrainResult) else _kernel_cost(models, roofline, analytic)
-    result = plan if isinstance(plan, TrainResult) else run_train(plan, kernels)
+    if not 0 < coverage < 1 or interval_mode not in ("group", "correlated"):
+        raise OpcastError(f"--coverage must lie in (0, 1) and --interval-mode be group or correlated; got {coverage}, {interval_mode!r}")
+    result = plan if isinstance(plan, TrainResult) else run_train(plan, kernels, coverage=coverage,
+                                                                  interval_mode=interval_mode)  # type: ignore[arg-type]
     if as_json:
         console.print_json(to_json(train_to_dict(result, kernels)))
     elif result.layout is not None:

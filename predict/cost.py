@@ -37,6 +37,7 @@ import numpy as np
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.ops import get_op
+from opcast.predict.intervals import Residuals
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
@@ -390,6 +391,7 @@ class LearnedKernelCost:
         self.label = label
         """Where the models came from (a folder, or 'embedded default')."""
         self._covers: dict[tuple[str, str, str], bool] = {}
+        self._residuals: dict[tuple[str, str], Residuals | None] = {}
         meta = getattr(model_set, "meta", None)
         self.range = HardwareRange(meta if isinstance(meta, Mapping) else None)
         """The hardware each predictor was fitted on (:class:`HardwareRange`)."""
@@ -432,6 +434,21 @@ class LearnedKernelCost:
         if hit is None:
             hit = self._covers[key] = bool(self.model_set.covers(*key))
         return hit
+
+    def residuals(self, k: Kernel, device: DeviceSpec) -> Residuals | None:
+        """The held-out residuals of the predictor that prices ``k`` on ``device`` (None when the
+        model set records none)."""
+        get = getattr(self.model_set, "residuals", None)
+        if get is None:
+            return None
+        from opcast.train.features import dtype_class, group_key
+
+        key = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+        memo = self._residuals.get((key, device.name), False)
+        if memo is False:
+            got = get(key, device.name)
+            memo = self._residuals[(key, device.name)] = Residuals(key, *got) if got is not None else None
+        return memo
 
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
         out = np.asarray(self.model_set.predict_s(_query_frame(kernels), device), dtype=float)
@@ -547,6 +564,25 @@ class KernelCostModel:
                     if k in outside:
                         flags[k] = f"{outside[k]}; the learned model extrapolates (--analytic uses the roofline)"
         return [k for k in todo if k not in cache]
+
+    def residuals(self, k: Kernel, device: DeviceSpec) -> Residuals | None:
+        """The held-out residuals behind a learned kernel's time (for its prediction interval):
+        those of the predictor that priced it, or for a kernel priced from its parts (eager
+        attention) those of its costliest part. None for roofline-priced kernels. Valid after
+        the kernel was looked up."""
+        cache = self._cache.get(device, {})
+        hit = cache.get(k)
+        if hit is None or hit[1] != LEARNED:
+            return None
+        learned = [s for s in self.sources if isinstance(s, LearnedKernelCost)]
+        for source in learned:
+            if source.covers(k):
+                return source.residuals(k, device)
+        parts = decompose(k) or []
+        if parts:
+            part = max(parts, key=lambda pn: pn[1] * cache.get(pn[0], (0.0, ""))[0])[0]
+            return next((s.residuals(part, device) for s in learned if s.covers(part)), None)
+        return None
 
     def range_flag(self, k: Kernel, device: DeviceSpec) -> str | None:
         """Why the time of ``k`` on ``device`` comes from a learned model outside the hardware it

@@ -74,7 +74,10 @@ def train_to_dict(r: TrainResult, kernels: KernelCostModel | None = None) -> dic
                          gpus_per_node=lay.cluster.gpus_per_node, micro_batches=lay.micro_batches)
     worst = r.worst_memory
     out.update({
-        "iteration_time_s": r.iteration_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "hfu": r.hfu,
+        "iteration_time_s": r.iteration_time_s, "iteration_time_interval_s": list(r.iteration_time_interval_s or []) or None,
+        "interval": r.interval.to_dict() if r.interval is not None else
+        {"assumption": "no interval: no learned kernel with held-out residuals on the critical path"},
+        "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "hfu": r.hfu,
         "model_flops_per_iteration": r.model_flops,
         "mfu_definition": "op-graph FLOPs (forward + backward, no recomputation) / (iteration time x world size x dense peak)",
         "memory_per_gpu_bytes": worst.total_bytes, "memory_breakdown_bytes": worst.breakdown(),
@@ -193,8 +196,11 @@ def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None)
                   f"{lay.micro_batches} per rank, global batch {cfg.global_batch} x {cfg.seq} tokens; "
                   f"recompute {cfg.recompute}, zero {cfg.zero}, {cfg.precision}, {cfg.attention} attention, {cfg.schedule}"
                   + (f" v={cfg.virtual_stages}" if cfg.schedule == "interleaved" else ""))
-    console.print(f"iteration [bold]{_fmt_s(r.iteration_time_s)}[/]   {r.tokens_per_s:,.0f} tokens/s   "
-                  f"MFU [bold]{100 * r.mfu:.1f} %[/] (HFU {100 * r.hfu:.1f} %)")
+    span = r.iteration_time_interval_s
+    console.print(f"iteration [bold]{_fmt_s(r.iteration_time_s)}[/]" + (escape(f" [{_fmt_s(span[0])}, {_fmt_s(span[1])}]") if span else "")
+                  + f"   {r.tokens_per_s:,.0f} tokens/s   MFU [bold]{100 * r.mfu:.1f} %[/] (HFU {100 * r.hfu:.1f} %)")
+    if r.interval is not None:
+        console.print(f"  interval: {escape(r.interval.assumption())}", style="dim")
     table = Table(title="where the time goes (critical stage; sums to the iteration)")
     table.add_column("part")
     table.add_column("seconds", justify="right")

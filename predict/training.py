@@ -37,6 +37,7 @@ from opcast.predict.cost import Kernel, KernelCostModel, kernel
 from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, graph_flops, precision_of, train_block, train_extras
 from opcast.predict.memory import Memory, stage_params, train_memory
 from opcast.predict.parallel import MEGATRON_MIN_BUCKET_PARAMS, Layout, TrainConfig, validate_train
+from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
 from opcast.predict.schedule import pipeline_time
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
@@ -140,6 +141,14 @@ class TrainResult:
     ops: tuple[OpLine, ...] = ()
     comms: tuple[CommLine, ...] = ()
     cost_sources: dict[str, Any] = field(default_factory=dict)
+    interval: Interval | None = None
+    """The iteration time's prediction interval (:mod:`opcast.predict.intervals`), when learned
+    kernels with held-out residuals price part of it and the per-op lines were kept."""
+
+    @property
+    def iteration_time_interval_s(self) -> tuple[float, float] | None:
+        """(low, high) seconds of :attr:`interval`, or None."""
+        return (self.interval.low_s, self.interval.high_s) if self.interval is not None else None
 
     @property
     def fits(self) -> bool:
@@ -363,8 +372,9 @@ def _model_flops(arch: ArchSpec, cfg: TrainConfig) -> tuple[float, float]:
 
 
 def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostModel | None = None, *,
-              details: bool = True) -> TrainResult:
-    """Price a compiled plan. ``details=False`` skips the per-op and per-collective lines (search)."""
+              details: bool = True, coverage: float = DEFAULT_COVERAGE, interval_mode: IntervalMode = "group") -> TrainResult:
+    """Price a compiled plan. ``details=False`` skips the per-op and per-collective lines and the
+    prediction interval (search); ``coverage`` and ``interval_mode`` shape the interval."""
     comms = comms or CollectiveCostModel()
     lay, cfg, arch, device = plan.layout, plan.layout.cfg, plan.arch, plan.device
     pr = _Pricer(plan, kernels, comms, keep_lines=details)
@@ -397,11 +407,28 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
                                 attention=cfg.attention, recompute=cfg.recompute) for s in range(pp))
     ops = tuple(pr.ops)
     sources = _cost_sources(kernels, comms, ops, pr.comm_lines)
+    interval = None
+    if details:
+        crit_kind = pipe.critical_stage if pipe.critical_stage in plan.stage_kinds else 1
+        tail_kind = tail.stage if tail.stage in plan.stage_kinds else 1
+        scale = pipe.time_s / (m * crit.per_micro_batch_s) if crit.per_micro_batch_s > 0 else 0.0
+        contributions: dict[str, float] = {}
+        residuals: dict[str, Residuals] = {}
+        for o in ops:
+            on_path = o.stage == tail_kind if o.phase == "optimizer" else o.stage == crit_kind
+            res = kernels.residuals(o.kernel, device) if on_path else None
+            if res is not None:
+                residuals[res.group] = res
+                weight = 1.0 if o.phase == "optimizer" else scale
+                contributions[res.group] = contributions.get(res.group, 0.0) + weight * o.count * o.time_s
+        if residuals:
+            interval = propagate(iteration, contributions, residuals, coverage=coverage, mode=interval_mode)
     result = TrainResult(
         arch=arch, device=device, config=cfg, feasible=True, layout=lay, iteration_time_s=iteration,
         tokens_per_s=cfg.global_batch * cfg.seq / iteration, mfu=model_flops / (iteration * world * peak),
         hfu=(model_flops + rec_flops) / (iteration * world * peak), model_flops=model_flops,
-        breakdown_s=breakdown, stages=stages, memory=memory, ops=ops, comms=tuple(pr.comm_lines), cost_sources=sources)
+        breakdown_s=breakdown, stages=stages, memory=memory, ops=ops, comms=tuple(pr.comm_lines), cost_sources=sources,
+        interval=interval)
     if not result.fits:
         worst = result.worst_memory
         parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in worst.breakdown().items())
@@ -433,14 +460,16 @@ def _cost_sources(kernels: KernelCostModel, comms: CollectiveCostModel, ops: tup
 
 def predict_train(arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes: int | None = None,
                   gpus_per_node: int | None = None, kernels: KernelCostModel | None = None,
-                  comms: CollectiveCostModel | None = None, details: bool = True) -> TrainResult:
+                  comms: CollectiveCostModel | None = None, details: bool = True, coverage: float = DEFAULT_COVERAGE,
+                  interval_mode: IntervalMode = "group") -> TrainResult:
     """Compile and run one training configuration (roofline-only kernels unless given a model)."""
     from opcast.predict.cost import roofline_only
 
     plan = compile_train(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
     if isinstance(plan, TrainResult):
         return plan
-    return run_train(plan, kernels or roofline_only("no kernel models given: roofline fallback"), comms, details=details)
+    return run_train(plan, kernels or roofline_only("no kernel models given: roofline fallback"), comms, details=details,
+                     coverage=coverage, interval_mode=interval_mode)
 
 
 def iteration_sum_check(result: TrainResult) -> float:

@@ -108,6 +108,26 @@ class ModelSet:
             self._loaded[key] = est
         return est
 
+    def residuals(self, key: str, device_name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
+        """(device class, quantile levels, quantiles of log(measured / predicted)) of predictor
+        ``key`` on held-out rows like a query on ``device_name``: ``seen_device`` (shapes it never
+        saw on a device it was fitted on) or ``unseen_device`` (a left-out device). A device it
+        never saw with only seen-device residuals recorded (a group measured on one device) gets
+        those, labelled ``seen_device only``: that interval is understated. None when the set
+        records no residuals (fitted before opcast recorded them, or without held-out folds)."""
+        entry = self.predictors.get(key)
+        res = (entry or {}).get("residuals") or {}
+        seen = device_name in (entry or {}).get("devices", ())
+        label = "seen_device" if seen else "unseen_device"
+        got = res.get(label)
+        if got is None and not seen and res.get("seen_device"):
+            label, got = "seen_device only", res["seen_device"]
+        if got is None and seen and res.get("unseen_device"):
+            label, got = "unseen_device", res["unseen_device"]  # wider than needed: conservative
+        if not got:
+            return None
+        return label, np.asarray(got["levels"], dtype=float), np.asarray(got["log_ratio"], dtype=float)
+
     def predict_s(self, frame: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
         """Predicted seconds of every row of ``frame`` on ``device`` (float64, NaN where no
         predictor covers the row or the device has no peak for its dtype)."""

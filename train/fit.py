@@ -214,8 +214,10 @@ def _make(name: str, kind: str, cfg: FitConfig) -> Any:
     return estimator_class(name)(feature_names=model_inputs(kind, name), **params)
 
 
-def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tuple[str, np.ndarray, np.ndarray]]:
-    """(label, train mask, test mask) of each held-out fold."""
+def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+    """(label, train mask, test mask, seen-device test mask) of each held-out fold. The test rows
+    are the left-out device's held-out shapes; the seen-device rows are the same shapes on the
+    devices the fold trains on (scored for the prediction intervals of known devices)."""
     if cfg.folds == 0:
         return []
     uniq = sorted(pd.unique(devices))
@@ -228,18 +230,41 @@ def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tupl
             test = (devices == dev) & held_shapes
             train = (devices != dev) & ~held_shapes
             if test.any() and train.any():
-                out.append((f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test))
+                out.append((f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test, (devices != dev) & held_shapes))
         return out
     held = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1)
-    return [(f"{cfg.shape_fraction:.0%} of shapes", ~held, held)] if held.any() and (~held).any() else []
+    empty = np.zeros(len(held), dtype=bool)
+    return [(f"{cfg.shape_fraction:.0%} of shapes", ~held, empty, held)] if held.any() and (~held).any() else []
+
+
+INTERVAL_LEVELS: tuple[float, ...] = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.975, 0.995)
+"""Quantile levels of the held-out log residuals stored per predictor (prediction intervals)."""
+
+
+def residual_quantiles(pred: np.ndarray, true: np.ndarray) -> dict[str, Any] | None:
+    """Split-conformal summary of ``log(measured / predicted)`` on held-out rows: n and the
+    quantiles at :data:`INTERVAL_LEVELS`. Levels below the median take the lower order statistic
+    and those above the higher one, so an interval between them covers at least its nominal share
+    of exchangeable held-out rows (Vovk et al., *Algorithmic Learning in a Random World*, 2005;
+    Lei et al., JASA 2018, split conformal). None without finite rows."""
+    pred = np.asarray(pred, dtype=float)
+    true = np.asarray(true, dtype=float)
+    ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)
+    r = np.log(true[ok] / pred[ok])
+    if len(r) < 10:
+        return None
+    q = [float(np.quantile(r, lv, method="lower" if lv < 0.5 else "higher" if lv > 0.5 else "linear")) for lv in INTERVAL_LEVELS]
+    return {"n": int(len(r)), "levels": list(INTERVAL_LEVELS), "log_ratio": [round(v, 5) for v in q]}
 
 
 def _score(name: str, kind: str, feats: pd.DataFrame, y: np.ndarray, shapes: np.ndarray,
-           folds: list[tuple[str, np.ndarray, np.ndarray]], cfg: FitConfig) -> dict[str, Any] | None:
-    """Pooled held-out metrics of estimator ``name`` over ``folds``; None when not applicable."""
-    preds, trues = [], []
+           folds: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], cfg: FitConfig) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(pooled held-out metrics on the left-out devices, residual quantiles per device class
+    ``unseen_device``/``seen_device``) of estimator ``name`` over ``folds``; None when the
+    estimator does not apply to the group."""
+    preds, trues, seen_p, seen_t = [], [], [], []
     rng = np.random.default_rng(cfg.seed)
-    for _, train, test in folds:
+    for _, train, test, seen in folds:
         if train.sum() > cfg.fold_max_rows:
             keep = np.zeros(len(train), dtype=bool)
             keep[rng.choice(np.flatnonzero(train), cfg.fold_max_rows, replace=False)] = True
@@ -248,11 +273,24 @@ def _score(name: str, kind: str, feats: pd.DataFrame, y: np.ndarray, shapes: np.
             est = _make(name, kind, cfg).fit(feats[train], y[train], groups=shapes[train])
         except NotApplicable:
             return None
-        preds.append(est.predict_s(feats[test]))
+        if seen.sum() > cfg.fold_max_rows // 4:  # residual quantiles need a sample, not every row
+            pick = np.zeros(len(seen), dtype=bool)
+            pick[rng.choice(np.flatnonzero(seen), cfg.fold_max_rows // 4, replace=False)] = True
+            seen = pick
+        both = test | seen
+        pred = np.full(len(y), np.nan)
+        pred[both] = est.predict_s(feats[both])
+        preds.append(pred[test])
         trues.append(y[test])
+        seen_p.append(pred[seen])
+        seen_t.append(y[seen])
     if not folds:
-        return {}
-    return ape_metrics(np.concatenate(preds), np.concatenate(trues))
+        return {}, {}
+    cat = np.concatenate
+    metrics = ape_metrics(cat(preds), cat(trues)) if sum(len(p) for p in preds) else ape_metrics(cat(seen_p), cat(seen_t))
+    residuals = {k: v for k, v in (("unseen_device", residual_quantiles(cat(preds), cat(trues))),
+                                   ("seen_device", residual_quantiles(cat(seen_p), cat(seen_t)))) if v is not None}
+    return metrics, residuals
 
 
 def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> tuple[Any, dict[str, Any]]:
@@ -264,7 +302,8 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
     devices = frame["device"].astype(object).to_numpy()
     folds = _folds(devices, shapes, cfg)
     candidates = list(ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
-    scores = {name: _score(name, kind, feats, y, shapes, folds, cfg) for name in candidates}
+    scored = {name: _score(name, kind, feats, y, shapes, folds, cfg) for name in candidates}
+    scores = {n: (s[0] if s is not None else None) for n, s in scored.items()}
     usable = {n: s for n, s in scores.items() if s is not None}
     if not usable:
         raise NotApplicable(f"{key}: no estimator applies ({', '.join(candidates)})")
@@ -277,6 +316,7 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
         "features": list(est.feature_names), "feature_ranges": _ranges(feats, est.feature_names),
         "held_out": usable.get(chosen) or None,
         "held_out_split": [f[0] for f in folds], "candidates": {n: (s or None) for n, s in scores.items()}, "why": why,
+        "residuals": scored[chosen][1] if scored.get(chosen) else {},
     }
     return est, entry
 
