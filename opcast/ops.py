@@ -67,6 +67,9 @@ class Param:
     """Allowed values of a ``str`` parameter."""
     minimum: int = 1
     """Smallest allowed value of an ``int`` parameter."""
+    default: ParamValue | None = None
+    """Value taken when the parameter is not given (None: it is required). Lets a kind gain a
+    parameter without invalidating older datasets and callers."""
 
 
 Formula = Callable[[Params, int], float]
@@ -129,6 +132,11 @@ class OpSpec:
             raise OpcastError(f"{self.kind} has no backward pass; use direction fwd")
         raise OpcastError(f"unknown direction {direction!r}; use fwd or bwd")
 
+    @property
+    def defaults(self) -> dict[str, ParamValue]:
+        """The optional parameters with the value they take when not given."""
+        return {p.name: p.default for p in self.params if p.default is not None}
+
     def validate(self, params: Mapping[str, object], direction: str | None = None) -> dict[str, ParamValue]:
         """Coerce ``params`` to this kind's types and check them, naming every problem.
 
@@ -137,10 +145,13 @@ class OpSpec:
         problems: list[str] = []
         out: dict[str, ParamValue] = {}
         for p in self.params:
-            if p.name not in params or params[p.name] is None or _is_nan(params[p.name]):
-                problems.append(f"missing parameter {p.name} ({p.doc})")
-                continue
-            value, problem = _coerce(p, params[p.name])
+            given = params.get(p.name)
+            if given is None or _is_nan(given):
+                if p.default is None:
+                    problems.append(f"missing parameter {p.name} ({p.doc})")
+                    continue
+                given = p.default
+            value, problem = _coerce(p, given)
             if problem:
                 problems.append(problem)
             else:
@@ -218,6 +229,11 @@ def get_op(kind: str) -> OpSpec:
 def op_kinds(*, collective: bool | None = None) -> tuple[str, ...]:
     """Registered kinds, optionally only the (non-)collective ones."""
     return tuple(k.value for k, s in _REGISTRY.items() if collective is None or s.collective == collective)
+
+
+def param_defaults(kind: str) -> dict[str, ParamValue]:
+    """The optional parameters of ``kind`` with the value they take when not given."""
+    return get_op(kind).defaults
 
 
 def param_types() -> dict[str, type]:
@@ -503,6 +519,19 @@ register(OpSpec(
     source="log-softmax + NLL per-element count (PyTorch cross_entropy)",
 ))
 
+ROPE_IMPLS: Final = ("fused", "unfused")
+
+
+def _rope_bytes(p: Params, dt: int) -> float:
+    """Fused: read x, cos, sin, write y. Unfused (x*cos + cat(-x2, x1)*sin as torch ops): x*cos
+    reads x and cos, writes t1; the neg and cat read half and all of x and write half and all of
+    it; the multiply by sin reads and writes one more x-sized tensor, the add two in one out:
+    about 10 x-sized passes plus cos and sin."""
+    x = _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim")
+    table = 2.0 * _i(p, "tokens") * _i(p, "head_dim")
+    return dt * ((2.0 if p.get("impl", "unfused") == "fused" else 10.0) * x + table)
+
+
 register(OpSpec(
     kind=OpKind.ROPE,
     doc="rotary position embedding of x [tokens, heads, head_dim] (Su et al. 2021, arXiv 2104.09864)",
@@ -510,13 +539,16 @@ register(OpSpec(
         Param(name="tokens", type=int, doc="positions (batch x sequence)"),
         Param(name="heads", type=int, doc="heads rotated (queries and keys together, per rank)"),
         Param(name="head_dim", type=int, doc="channels per head"),
+        Param(name="impl", type=str, doc="fused (one kernel: vLLM, apex, Transformer Engine) or unfused (torch ops: "
+              "Hugging Face / Megatron apply_rotary_pos_emb)", choices=ROPE_IMPLS, default="unfused"),
     ),
     # y = x * cos + rotate_half(x) * sin: two multiplies and an add per element.
     flops_fwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
-    bytes_fwd=lambda p, dt: dt * (2.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim") + 2.0 * _i(p, "tokens") * _i(p, "head_dim")),
+    bytes_fwd=lambda p, dt: _rope_bytes(p, dt),
     flops_bwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
-    bytes_bwd=lambda p, dt: dt * (2.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim") + 2.0 * _i(p, "tokens") * _i(p, "head_dim")),
-    source="Su et al. 2021 (arXiv 2104.09864), Eq. 34",
+    bytes_bwd=lambda p, dt: _rope_bytes(p, dt),
+    source="Su et al. 2021 (arXiv 2104.09864), Eq. 34; unfused traffic counted over the torch ops of Hugging Face "
+           "Llama's apply_rotary_pos_emb",
 ))
 
 register(OpSpec(

@@ -95,8 +95,11 @@ def kernel(kind: str, params: Mapping[str, int | bool | str], dtype: str, direct
     """A :class:`Kernel` with its parameters in canonical order (no validation: graph builders
     produce valid shapes by construction; user input goes through :func:`validated_kernel`).
     ``tensor_cores`` resolves by :func:`uses_tensor_cores`."""
-    names = get_op(kind).param_names
-    return Kernel(kind, tuple((n, params[n]) for n in names), dtype, direction, uses_tensor_cores(kind, dtype, tensor_cores))
+    spec = get_op(kind)
+    if spec.defaults and any(n not in params for n in spec.defaults):
+        params = {**spec.defaults, **params}
+    return Kernel(kind, tuple((n, params[n]) for n in spec.param_names), dtype, direction,
+                  uses_tensor_cores(kind, dtype, tensor_cores))
 
 
 def validated_kernel(kind: str, params: Mapping[str, object], dtype: str, direction: str = "fwd",

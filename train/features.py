@@ -33,7 +33,7 @@ import pandas as pd
 from opcast.dtypes import DTYPE_BYTES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
-from opcast.ops import ELEMENTWISE_FNS, ATTENTION_IMPLS, get_op, op_kinds
+from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
 
 FEATURES_VERSION: Final = 1
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused."""
@@ -293,6 +293,7 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     for col in ("op", "dtype", "direction"):
         if col not in frame.columns:
             raise OpcastError(f"query frame lacks column {col!r}; give op, dtype, direction and the op's parameters")
+    frame = _fill_defaults(frame)
     sms = device.sm_count
     work = _work(frame, sms)
     peak, tcs = _peaks(frame, device)
@@ -362,6 +363,28 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     return result
 
 
+def _fill_defaults(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with the optional parameters of its ops (:func:`opcast.ops.param_defaults`) set
+    to their defaults where absent (rows written before the parameter existed, callers that leave
+    it out); the frame itself when nothing is missing."""
+    ops = frame["op"].astype(object).to_numpy()
+    out = frame
+    for kind in pd.unique(ops):
+        if kind not in FEATURES:
+            continue
+        for name, default in param_defaults(str(kind)).items():
+            rows = ops == kind
+            if name in out.columns:
+                rows &= out[name].isna().to_numpy()
+            if rows.any():
+                if out is frame:
+                    out = frame.copy()
+                if name not in out.columns:
+                    out[name] = pd.Series([None] * len(out), index=out.index, dtype=object)
+                out.loc[rows, name] = default
+    return out
+
+
 def _param_columns() -> dict[str, type]:
     from opcast.ops import param_types
 
@@ -370,7 +393,7 @@ def _param_columns() -> dict[str, type]:
 
 _CODES: Final[dict[str, dict[str, float]]] = {
     "fn": {name: float(i) for i, name in enumerate(ELEMENTWISE_FNS)},
-    "impl": {name: float(i) for i, name in enumerate(ATTENTION_IMPLS)},
+    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
 }
 """Ordinal codes of the string parameters (their position in the registry's choices)."""
 

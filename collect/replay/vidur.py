@@ -230,7 +230,7 @@ def _compute_op(column: str, s: _Shape, model: _Model | None, model_key: str) ->
     if column == "attn_pre_proj":
         return "gemm", {"b": 1, "m": t, "n": (s.heads + 2 * s.kv_heads) * d // tp, "k": h}
     if column == "attn_rope":
-        return "rope", {"tokens": t, "heads": (s.heads + s.kv_heads) // tp, "head_dim": d}
+        return "rope", {"tokens": t, "heads": (s.heads + s.kv_heads) // tp, "head_dim": d, "impl": "fused"}  # vLLM's rotary_embedding kernel
     if column == "attn_post_proj":
         return "gemm", {"b": 1, "m": t, "n": h, "k": s.heads * d // tp}
     if column == "mlp_up_proj":

@@ -152,3 +152,14 @@ def test_validation_coerces_and_rejects():
     assert "\n" not in msg
     with pytest.raises(OpcastError, match="unknown op 'conv2d'"):
         get_op("conv2d")
+
+
+def test_optional_parameters_take_their_default_and_still_validate():
+    spec = get_op("rope")
+    assert spec.validate({"tokens": 8, "heads": 3, "head_dim": 4})["impl"] == "unfused"
+    fused = spec.validate({"tokens": 8, "heads": 3, "head_dim": 4, "impl": "fused"})
+    unfused = spec.validate({"tokens": 8, "heads": 3, "head_dim": 4})
+    x, table = 8 * 3 * 4, 2 * 8 * 4
+    assert spec.bytes_moved(fused, 2) == 2 * (2 * x + table) and spec.bytes_moved(unfused, 2) == 2 * (10 * x + table)
+    with pytest.raises(OpcastError, match="impl"):
+        spec.validate({"tokens": 8, "heads": 3, "head_dim": 4, "impl": "triton"})

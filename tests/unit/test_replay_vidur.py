@@ -54,7 +54,7 @@ def _compute_keys(root: Path) -> tuple[int, int, set]:
             "attn_post_proj": ("gemm", {"m": t, "n": df.n_embd, "k": df.n_head * d // tp}),
             "mlp_up_proj": ("gemm", {"m": t, "n": f * (1 + gated.astype(int)), "k": df.n_embd}),
             "mlp_down_proj": ("gemm", {"m": t, "n": df.n_embd, "k": f}),
-            "attn_rope": ("rope", {"tokens": t, "heads": (df.n_head + df.n_kv_head) // tp, "head_dim": d}),
+            "attn_rope": ("rope", {"tokens": t, "heads": (df.n_head + df.n_kv_head) // tp, "head_dim": d, "impl": "fused"}),
             "mlp_act": ("elementwise", {"numel": t * f, "fn": gated.map({True: "swiglu", False: "gelu"})}),
         }
         for norm in ("input_layernorm", "post_attention_layernorm"):
