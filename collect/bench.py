@@ -42,6 +42,10 @@ class BenchConfig:
     """Archs whose exact shapes join the plan."""
     tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
     """TP degrees for the arch shapes."""
+    arch_batch_seq: tuple[tuple[int, int], ...] = ()
+    """(batch, seq) pairs of the arch shapes; empty: batch 1 and 4 at min(max_seq, 4096)."""
+    arch_first: bool = False
+    """Measure the arch shapes before the sampled points instead of interleaving them."""
     samples: int | None = None
     """Total planned points (split evenly across strata); None with a time budget."""
     budget_s: float | None = None
@@ -143,7 +147,8 @@ def build_plan(cfg: BenchConfig, spec: DeviceSpec, device, world_on_host: int = 
     strata = len(ops) * len(dtypes) + (len(dtypes) if cfg.archs else 0)
     per_stratum = 256 if cfg.samples is None else max(1, -(-cfg.samples // strata))
     plan = make_plan(ops=ops, dtypes=dtypes, limits=limits, seed=cfg.seed, per_stratum=per_stratum,
-                     archs=cfg.archs, tp_degrees=cfg.tp_degrees)
+                     archs=cfg.archs, tp_degrees=cfg.tp_degrees, arch_batch_seq=cfg.arch_batch_seq,
+                     arch_first=cfg.arch_first)
     if cfg.samples is not None:
         plan.points = plan.points[: cfg.samples]
     return plan

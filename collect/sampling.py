@@ -249,8 +249,22 @@ def _expand(op: str, params: dict[str, Any], dtype: str, stratum: str, limits: D
                                      tensor_cores=tc, stratum=stratum, point_id=pid))
 
 
+def gemm_grads(ops: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+    """``ops`` with, after each GEMM ``C = A @ B``, its data-gradient ``dA = dC @ B^T`` and
+    weight-gradient ``dB = A^T @ dC`` as forward GEMMs: the shapes predict's backward graph prices
+    (``opcast.predict.graph.backward_ops``)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for kind, p in ops:
+        out.append((kind, p))
+        if kind == "gemm":
+            b, m, n, k = p["b"], p["m"], p["n"], p["k"]
+            out += [("gemm", {"b": b, "m": m, "n": k, "k": n}), ("gemm", {"b": b, "m": k, "n": n, "k": m})]
+    return out
+
+
 def arch_shapes(arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_seq: Sequence[tuple[int, int]] = ()) -> list[tuple[str, dict[str, Any]]]:
-    """The exact per-rank ops (kind, params) of the named archs under each valid TP degree."""
+    """The exact per-rank ops (kind, params) of the named archs under each valid TP degree, the
+    gradient GEMMs of the backward pass included (:func:`gemm_grads`)."""
     from opcast.archs import layer_ops, load_arch, model_ops
 
     out: list[tuple[str, dict[str, Any]]] = []
@@ -263,16 +277,20 @@ def arch_shapes(arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_s
             except OpcastError:
                 continue
             for batch, s in batch_seq or ((1, seq), (4, seq)):
-                out.extend(layer_ops(arch, tp=tp, batch=batch, seq=s))
-                out.extend(model_ops(arch, tp=tp, batch=batch, seq=s))
+                out.extend(gemm_grads(layer_ops(arch, tp=tp, batch=batch, seq=s)))
+                out.extend(gemm_grads(model_ops(arch, tp=tp, batch=batch, seq=s)))
             out.append(("optimizer", {"numel": max(1, arch.params_per_layer() // tp)}))
     return out
 
 
 def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits, seed: int = 0,
-              per_stratum: int = 64, archs: Sequence[str] = (), tp_degrees: Sequence[int] = (1, 2, 4, 8)) -> Plan:
+              per_stratum: int = 64, archs: Sequence[str] = (), tp_degrees: Sequence[int] = (1, 2, 4, 8),
+              arch_batch_seq: Sequence[tuple[int, int]] = (), arch_first: bool = False) -> Plan:
     """The deterministic, interleaved plan: ``per_stratum`` Sobol points per (op, dtype), plus
-    the arch shapes, each validated against ``limits``."""
+    the arch shapes, each validated against ``limits``. ``arch_batch_seq`` replaces the default
+    (batch, seq) pairs of the arch shapes (:func:`arch_shapes`); ``arch_first`` puts the arch
+    shapes before the sampled ones instead of interleaving them (a run that must cover given
+    shapes, e.g. ``opcast calibrate``, measures them first)."""
     for op in ops:
         if op in op_kinds(collective=True):
             raise OpcastError(f"{op} is a collective; measure it with `opcast collect comm` under torchrun")
@@ -280,7 +298,16 @@ def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits
     strata: list[list[PlanPoint]] = []
     skipped: Counter = Counter()
     seen: set[str] = set()
-    shapes = arch_shapes(archs, tp_degrees) if archs else []
+    shapes = arch_shapes(archs, tp_degrees, batch_seq=arch_batch_seq) if archs else []
+
+    def arch_points(dtype: str) -> list[PlanPoint]:
+        points: list[PlanPoint] = []
+        for op, params in shapes:
+            if op in ops:
+                _expand(op, params, dtype, "arch", limits, points, skipped, seen)
+        return points
+
+    first = [p for dtype in dtypes for p in arch_points(dtype)] if arch_first and shapes else []
     for op in ops:  # op-major, dtype inner: a short run reaches every dtype early, not only the first
         for dtype in dtypes:
             dims, to_params = SPACES[op]
@@ -288,14 +315,9 @@ def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits
             for u in sobol_points(per_stratum, dims, _stratum_seed(seed, op, dtype)):
                 _expand(op, to_params(u, limits.device_type), dtype, f"sobol:{op}:{dtype}", limits, points, skipped, seen)
             strata.append(points)
-    for dtype in dtypes:
-        if shapes:
-            points = []
-            for op, params in shapes:
-                if op in ops:
-                    _expand(op, params, dtype, "arch", limits, points, skipped, seen)
-            strata.append(points)
-    plan = Plan(skipped=skipped)
+    if shapes and not arch_first:
+        strata.extend(arch_points(dtype) for dtype in dtypes)
+    plan = Plan(points=first, skipped=skipped)
     for i in range(max((len(s) for s in strata), default=0)):  # round-robin across strata
         plan.points.extend(s[i] for s in strata if i < len(s))
     return plan
