@@ -9,7 +9,7 @@
 - :mod:`.estimators`: ``xgb`` (boosted trees on log(time / roofline)) and ``tile-mlp``
   (NeuSight's tiles-in-waves model with an MLP utilisation bounded by the roofline).
 - :mod:`.fit`: one predictor per group; held-out folds leave out a whole device and a fifth of
-  the shapes; ``auto`` keeps the estimator with the lower held-out MAPE.
+  the shapes; ``auto`` keeps the estimator with the lower held-out median APE.
 - :mod:`.artifacts`: ``MODELS_DIR/<name>/`` (one file per predictor + meta.json with hashes and
   versions), :func:`~.artifacts.load_model_set` and :class:`~.artifacts.ModelSet` for predict.
 - :mod:`.evaluate`: MAPE, median / p90 absolute percentage error and share within 10 %.

@@ -47,7 +47,7 @@ class TileMLPEstimator:
     (sets saved before hold a torch state dict, ``.pt``, still read with torch)."""
 
     def __init__(self, *, feature_names: tuple[str, ...], hidden: tuple[int, ...] = (128, 128, 64), epochs: int = 200,
-                 batch_size: int = 512, max_samples: int = 4_000_000, learning_rate: float = 2e-3, weight_decay: float = 1e-5,
+                 batch_size: int = 512, max_samples: int = 1_500_000, learning_rate: float = 2e-3, weight_decay: float = 1e-5,
                  patience: int = 25, val_fraction: float = 0.15, seed: int = 0, n_jobs: int = 2) -> None:
         self.feature_names = tuple(feature_names)
         self.hidden = tuple(hidden)
