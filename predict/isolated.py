@@ -1,0 +1,82 @@
+"""Run a measurement in a fresh process, so that what ran before cannot change its timing.
+
+Why: on Linux, glibc serves a large allocation from free heap memory when some is left (the
+``mmap`` threshold only applies when the heap has no room), and otherwise maps fresh pages whose
+first touch costs a page fault each. A process that has just freed a model and its optimizer
+states (a validation) therefore measures big-tensor ops 10x faster than a fresh one: an embedding
+backward writing a 154 MB gradient took 5.6 ms in a ``collect bench`` that ran after a validation
+in the same process and 56-75 ms in a fresh one, which is what a training step sees. ``calibrate``
+and ``benchmarks/validate_cpu.py`` run each validation and the collection through
+:func:`in_fresh_process`.
+
+The child is started with ``spawn`` in its own process group, so a terminal's Ctrl-C reaches only
+the parent: with ``forward_sigint`` the parent passes each one on (``collect bench`` then finishes
+the current point and returns what it measured; a second one aborts it), otherwise the parent stops
+the child and raises ``KeyboardInterrupt``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+
+def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    try:
+        os.setpgrp()
+    except OSError:
+        pass
+    try:
+        conn.send(("ok", fn(*args, **kwargs)))
+    except BaseException as err:  # noqa: BLE001 - everything goes back to the parent
+        try:
+            conn.send(("err", err))
+        except Exception:  # an exception that does not pickle
+            conn.send(("tb", "".join(traceback.format_exception(err)).strip()))
+    finally:
+        conn.close()
+
+
+def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = False, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a new ``spawn``-ed process; its result or its exception comes back.
+    ``fn`` must be importable (a module-level function) and its arguments picklable."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, fn, args, kwargs), daemon=True)
+    proc.start()
+    child.close()
+    previous = None
+    if forward_sigint:
+        def forward(signum: int, frame: Any) -> None:
+            if proc.pid is not None and proc.is_alive():
+                os.kill(proc.pid, signal.SIGINT)
+        try:
+            previous = signal.signal(signal.SIGINT, forward)
+        except ValueError:  # not the main thread: Ctrl-C cannot be forwarded, the child keeps running
+            previous = None
+    try:
+        try:
+            status, value = parent.recv()
+        except EOFError:
+            proc.join()
+            raise RuntimeError(f"the measuring process died (exit code {proc.exitcode}) without a result") from None
+    except KeyboardInterrupt:
+        proc.terminate()
+        raise
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        parent.close()
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    if status == "ok":
+        return value
+    if status == "err":
+        raise value
+    raise RuntimeError(f"the measuring process failed:\n{value}")
