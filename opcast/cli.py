@@ -16,6 +16,7 @@ from opcast.cli_common import console, err_console, print_frame
 from opcast.collect.cli import app as collect_app
 from opcast.predict.cli import app as predict_app
 from opcast.predict.search_cli import search_cmd
+from opcast.predict.validate_cli import calibrate_cmd, validate_cmd
 from opcast.predict.whatif_cli import compare_app, explore_app
 from opcast.train.cli import app as train_app
 from opcast.errors import OpcastError
@@ -28,6 +29,8 @@ app.command("search")(search_cmd)
 app.add_typer(explore_app, name="explore")
 app.add_typer(compare_app, name="compare")
 app.add_typer(train_app, name="train")
+app.command("validate")(validate_cmd)
+app.command("calibrate")(calibrate_cmd)
 
 hardware_app = typer.Typer(no_args_is_help=True, help="The hardware catalog (data/hardware/*.json).")
 arch_app = typer.Typer(no_args_is_help=True, help="LLM arch presets (data/archs/*.json) and Hugging Face configs.")
@@ -95,7 +98,7 @@ def arch_show(name: Annotated[str, typer.Argument(help="Preset name, preset JSON
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``opcast`` script; returns the exit code."""
     try:
-        app(args=argv, prog_name="opcast", standalone_mode=False)
+        code = app(args=argv, prog_name="opcast", standalone_mode=False)
     except OpcastError as err:
         err_console.print(f"opcast: error: {err}", markup=False, highlight=False, soft_wrap=True)
         return 2
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
             exc.show()
             return exc.exit_code
         raise
-    return 0
+    # click returns the code of a typer.Exit raised by a command (e.g. 130 after an interrupted collection)
+    return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,192 @@
+"""`opcast validate` and `opcast calibrate` end to end on the CPU, through the CLI: the report's
+structure, real measured times that grow with the layers, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from opcast.archs import ArchSpec  # noqa: E402
+from opcast.cli import main  # noqa: E402
+
+TINY = ArchSpec(name="tiny", family="gpt2", n_layers=2, hidden=128, n_heads=4, n_kv_heads=4, head_dim=32,
+                ffn_hidden=512, vocab=512, max_seq=256, norm="layernorm", activation="gelu", gated_mlp=False,
+                position="learned", tied_embeddings=True, linear_bias=True, parallel_residual=False, source="test")
+TINY_LLAMA = replace(TINY, name="tiny-llama", family="llama", n_kv_heads=2, norm="rmsnorm", activation="silu",
+                     gated_mlp=True, position="rope", tied_embeddings=False, linear_bias=False)
+
+
+def _write(tmp_path: Path, arch: ArchSpec, **changes) -> str:
+    data = {**asdict(arch), **changes}
+    path = tmp_path / f"{data['name']}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def _validate(capsys, arch: str, *extra: str) -> dict:
+    code = main(["validate", "--arch", arch, "--batch", "1", "--seq", "64", "--steps", "3", "--warmup", "1", "--json", *extra])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out)
+
+
+def test_report_structure_and_real_times(tmp_path, capsys):
+    doc = _validate(capsys, _write(tmp_path, TINY), "--profile")
+    assert doc["device_type"] == "cpu" and doc["world_size"] == 1 and doc["batch"] == 1 and doc["seq"] == 64
+    assert [p["phase"] for p in doc["phases"]] == ["forward", "backward", "optimizer", "total", "forward_nograd"]
+    for p in doc["phases"]:
+        assert 0 < p["measured_p20_s"] <= p["measured_s"] <= p["measured_p80_s"]
+        assert p["predicted_s"] > 0 and p["error_pct"] is not None
+    phases = {p["phase"]: p for p in doc["phases"]}
+    parts = phases["forward"]["measured_s"] + phases["backward"]["measured_s"] + phases["optimizer"]["measured_s"]
+    assert phases["total"]["measured_s"] == pytest.approx(parts, rel=0.5)
+    assert phases["total"]["predicted_as"] == "iteration_time_s"
+    assert sum(doc["kernels_by_source"].values()) > 0 and 0 <= doc["roofline_share"] <= 1
+    groups = {g["group"]: g for g in doc["profile"]}
+    assert {"gemm", "attention", "norm", "elementwise", "embedding", "cross_entropy", "optimizer"} <= set(groups)
+    assert groups["gemm"]["measured_s"] > 0 and groups["gemm"]["predicted_s"] > 0
+    assert "iteration_time_interval_s" in doc and "inside_interval" in doc
+
+
+def test_llama_style_and_eager_attention_run(tmp_path, capsys):
+    doc = _validate(capsys, _write(tmp_path, TINY_LLAMA), "--attention", "eager")
+    assert doc["attention"] == "eager" and doc["phases"][3]["measured_s"] > 0
+
+
+def test_measured_time_grows_with_the_layers(tmp_path, capsys):
+    path = _write(tmp_path, TINY, hidden=256, ffn_hidden=1024, n_heads=8)
+    short = _validate(capsys, path, "--layers", "2")
+    deep = _validate(capsys, path, "--layers", "8")
+    assert deep["arch"].endswith("[layers=8]") and deep["params"] > short["params"]
+    t2, t8 = short["phases"][3]["measured_s"], deep["phases"][3]["measured_s"]
+    p2, p8 = short["phases"][3]["predicted_s"], deep["phases"][3]["predicted_s"]
+    assert t8 > 1.5 * t2, (t2, t8)  # 4x the blocks; embedding, head and optimizer are shared
+    assert p8 > 1.5 * p2
+
+
+def test_table_output(tmp_path, capsys):
+    code = main(["validate", "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32", "--steps", "1",
+                 "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert code == 0 and "measured vs predicted" in out and "breakdown_s[forward]" in out and "total" in out
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--arch", "gpt-7"], "unknown arch 'gpt-7'"),
+    (["--arch", "mixtral-8x7b"], "mixture of experts"),
+    (["--arch", "gpt2-124m", "--seq", "2048"], "exceeds max_seq=1024"),
+    (["--arch", "gpt2-124m", "--precision", "fp8"], "--precision 'fp8'"),
+    (["--arch", "gpt2-124m", "--layers", "0"], "--layers"),
+    (["--arch", "gpt2-124m", "--steps", "0"], "--steps"),
+    (["--arch", "gpt2-124m", "--device", "tpu"], "unknown --device"),
+    (["--arch", "gpt2-124m", "--models", "no/such/models"], "--models no/such/models does not exist"),
+])
+def test_bad_inputs_exit_2_with_one_line(args, needle, capsys):
+    base = {"--batch": "1", "--seq": "64"}
+    for flag in ("--seq",):
+        if flag in args:
+            base.pop(flag)
+    argv = ["validate", *args, *[x for kv in base.items() for x in kv]]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_heads_not_divisible_exit_2(tmp_path, capsys):
+    path = _write(tmp_path, TINY, n_heads=6, n_kv_heads=4, head_dim=16)
+    assert main(["validate", "--arch", path, "--batch", "1", "--seq", "32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "n_kv_heads=4 does not divide n_heads=6" in err and len(err.splitlines()) == 1
+
+
+def test_cuda_without_a_gpu_exit_2(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert main(["validate", "--arch", "gpt2-124m", "--batch", "1", "--seq", "64", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "torch sees no CUDA device" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_cuda_validate_runs(tmp_path, capsys):
+    doc = _validate(capsys, _write(tmp_path, TINY), "--device", "cuda", "--precision", "bf16", "--profile")
+    assert doc["device_type"] == "cuda" and doc["phases"][3]["measured_s"] > 0
+    assert any(g["measured_s"] > 0 for g in doc["profile"] if g["group"] == "gemm")
+
+
+def test_calibrate_bad_inputs_exit_2(tmp_path, capsys):
+    for argv, needle in (
+        (["--budget-s", "0"], "--budget-s"),
+        (["--seq", "0"], "--seq"),
+        (["--name", "data"], "--name"),
+        (["--arch", "gpt-7"], "unknown arch"),
+        (["--datasets", str(tmp_path / "none")], "does not exist"),
+    ):
+        assert main(["calibrate", "--out", str(tmp_path / "out"), *argv]) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert needle in err and len(err.splitlines()) == 1
+
+
+def test_calibrate_help(capsys):
+    assert main(["calibrate", "--help"]) == 0 and "--budget-s" in capsys.readouterr().out
+    assert main(["validate", "--help"]) == 0 and "--profile" in capsys.readouterr().out
+
+
+def _fake_report(arch: str, predicted_s: float):
+    from opcast.predict.validate import PhaseCheck, ValidateReport
+
+    phases = tuple(PhaseCheck(phase=p, measured_s=1.0, measured_p20_s=1.0, measured_p80_s=1.0, predicted_s=predicted_s,
+                              predicted_as="x") for p in ("forward", "backward", "optimizer", "total", "forward_nograd"))
+    return ValidateReport(arch=arch, params=1, device="cpu-test", device_type="cpu", precision="fp32", attention="flash",
+                          batch=1, seq=64, world_size=1, threads=1, steps=1, warmup=0, models="m", phases=phases)
+
+
+def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_before(tmp_path, capsys, monkeypatch):
+    """The flow without the measurements: validations and the bench replaced by fakes."""
+    from opcast.collect.bench import BenchResult
+    import opcast.predict.isolated as isolated
+
+    calls = []
+
+    def fake(fn, *args, **kwargs):
+        calls.append(fn.__name__)
+        if fn.__name__ == "run_validate":
+            return _fake_report(args[0].name, 0.5)
+        return BenchResult(rows_written=3, remaining=7, planned=10, interrupted=True)
+
+    monkeypatch.setattr(isolated, "in_fresh_process", fake)
+    out = tmp_path / "cal"
+    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "5", "--json"]
+    assert main(argv) == 130
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["interrupted"] is True and doc["models"] is None and doc["rows_collected"] == 3
+    assert doc["checks"][0]["before"]["phases"][3]["error_pct"] == pytest.approx(-50.0)
+    assert "re-run the same command to resume" in captured.err
+    assert (out / "calibrate.json").is_file() and (out / "validate-before.json").is_file()
+    assert calls == ["run_validate", "bench_with_progress"]
+    calls.clear()
+    assert main(argv) == 130  # the re-run reuses the validation before
+    assert calls == ["bench_with_progress"] and "cached" in capsys.readouterr().err
+
+
+def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monkeypatch):
+    from opcast.collect.bench import BenchResult
+    import opcast.predict.isolated as isolated
+
+    def fake(fn, *args, **kwargs):
+        return _fake_report(args[0].name, 1.0) if fn.__name__ == "run_validate" else BenchResult(rows_written=0)
+
+    monkeypatch.setattr(isolated, "in_fresh_process", fake)
+    monkeypatch.setattr("opcast.predict.calibrate.default_datasets", lambda: [])
+    argv = ["calibrate", "--out", str(tmp_path / "cal"), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "5"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "too few to fit" in err[-1] and "re-run the same command" in err[-1]
