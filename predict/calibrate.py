@@ -38,7 +38,7 @@ from opcast.predict.validate import CHECK_ARCHS, PRECISIONS, ValidateReport, arc
 
 FIT_SHARE = 0.08
 """Share of the budget reserved for ``train fit`` (xgboost on a few thousand rows: tens of seconds)."""
-FIT_MIN_S = 30.0
+FIT_MIN_S = 10.0
 FIT_JOBS = 1
 """xgboost threads in the fit. The groups are small (hundreds of rows), where threads buy nothing,
 and on a machine shared with other work every parallel region of a boosting round waits for a

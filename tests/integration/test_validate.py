@@ -190,3 +190,39 @@ def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monk
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "too few to fit" in err[-1] and "re-run the same command" in err[-1]
+
+
+@pytest.mark.slow
+def test_calibrate_end_to_end_on_the_cpu(tmp_path, capsys):
+    """A real calibration with a tiny budget: validate, collect, fit, validate, the model set usable."""
+    out = tmp_path / "cal"
+    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "60",
+            "--steps", "1", "--json"]
+    assert main(argv) == 0, capsys.readouterr().err
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["rows_collected"] > 0 and doc["interrupted"] is False and doc["fit_groups"]
+    check = doc["checks"][0]
+    assert check["before"]["models"].startswith("embedded default") and check["after"]["models"] == doc["models"]
+    assert check["after"]["phases"][3]["measured_s"] > 0
+    assert {"validate_before", "collect", "fit", "validate_after", "total"} <= set(doc["seconds"])
+    assert (out / "calibrated" / "meta.json").is_file() and (out / "calibrate.json").is_file()
+    assert main(["validate", "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "64", "--steps", "1",
+                 "--warmup", "0", "--models", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["kernels_by_source"].get("learned", 0) > 0
+
+
+@pytest.mark.slow
+def test_ddp_under_torchrun_on_the_cpu(tmp_path):
+    """Two gloo ranks train DDP replicas; rank 0 prints the report with the data-parallel prediction."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "opcast", "validate",
+           "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32", "--steps", "2", "--warmup", "1", "--json"]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    doc = json.loads(res.stdout[res.stdout.index("{"):])
+    assert doc["world_size"] == 2
+    backward = next(p for p in doc["phases"] if p["phase"] == "backward")
+    assert backward["predicted_as"] == "breakdown_s[backward] + [dp_comm_exposed]" and backward["measured_s"] > 0
+    assert any("placeholders" in n for n in doc["notes"])
