@@ -581,13 +581,19 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
     notes: list[str] = []
     if not result.feasible:
         notes.append("the prediction says this does not fit: " + "; ".join(result.reasons))
+    started_group = False
     if env.world > 1:
         import torch.distributed as dist
 
         if not dist.is_initialized():
             dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-    timings = measure_step(spec_arch, batch=batch, seq=seq, precision=precision, attention=attention, device=dev, env=env,
-                           steps=steps, warmup=warmup, profile=profile, progress=progress)
+            started_group = True
+    try:
+        timings = measure_step(spec_arch, batch=batch, seq=seq, precision=precision, attention=attention, device=dev,
+                               env=env, steps=steps, warmup=warmup, profile=profile, progress=progress)
+    finally:
+        if started_group:
+            dist.destroy_process_group()
     b = result.breakdown_s
     dp_s = b.get("dp_comm_exposed", 0.0)
     predicted = {
