@@ -336,8 +336,6 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     extra = [Path(d) for d in cfg.datasets]
     shipped = default_datasets()
     notes: list[str] = []
-    if not shipped:
-        notes.append("data/datasets holds no dataset: fitted on this machine's measurements" + (" and --datasets" if extra else ""))
     seconds: dict[str, float] = {}
     device = str(dev)
 
@@ -430,6 +428,8 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     if not datasets:
         raise OpcastError(f"nothing was measured in {collect_s:.0f} s, too few to fit any op group; re-run the same "
                           f"command to collect more (kept in {data}), or raise --budget-s")
+    if not shipped:
+        notes.append("data/datasets holds no dataset: fitted on this machine's measurements" + (" and --datasets" if extra else ""))
     say(f"fit {cfg.estimator} predictors on {rows_total} local rows"
         + (f" and {len(datasets) - 1} more dataset(s)" if len(datasets) > 1 else ""))
     t = time.monotonic()

@@ -44,6 +44,21 @@ PHASES = ("forward", "backward", "optimizer", "total", "forward_nograd")
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch DDP's default ``bucket_cap_mb=25``; the prediction uses buckets of the same size."""
 
+BUSY_LOAD = 0.75
+"""A CPU run is flagged when the 1-minute load average before it exceeds this share of the cores."""
+SPREAD = 1.25
+"""A run is flagged when the p80 of its step times exceeds the p20 by more than this factor."""
+
+
+def _load_average() -> tuple[float, int] | None:
+    """(1-minute load average, usable cores), where the OS reports one."""
+    try:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return os.getloadavg()[0], cores
+    except OSError:
+        return None
+
+
 # ---------------------------------------------------------------------------- check archs
 
 CHECK_ARCHS: dict[str, ArchSpec] = {
@@ -569,6 +584,7 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
     from opcast.predict.cost import load_kernel_cost
 
     env = local_env()
+    load = _load_average()
     spec_arch = resolve_arch(arch, layers)
     dev = torch_device(device, env)
     check_inputs(spec_arch, batch, seq, precision, attention, steps, warmup, dev.type)
@@ -622,6 +638,14 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
         if dev.type == "cpu":
             notes.append(f"the {env.world} ranks share this CPU's cores ({timings.threads} thread(s) each) while the "
                          "prediction prices each rank on the whole CPU's spec")
+    if dev.type == "cpu" and load is not None and load[0] > BUSY_LOAD * load[1]:
+        notes.append(f"the machine was busy (load average {load[0]:.1f} on {load[1]} cores before the run): other work "
+                     "steals cores and every multi-threaded op waits for them; time on a quiet machine, or pin this "
+                     "run to free cores with taskset -c")
+    total = phases[PHASES.index("total")]
+    if total.measured_p80_s > SPREAD * total.measured_p20_s:
+        notes.append(f"the steps varied widely (p20 {total.measured_p20_s:.3g} s, p80 {total.measured_p80_s:.3g} s): "
+                     "more --steps, or a quieter machine")
     if precision == "fp16":
         notes.append("fp16 runs without loss scaling (the timing is what is checked)")
     if attention == "eager" and profile:

@@ -109,18 +109,16 @@ def print_calibrate(r: Any) -> None:
 
     table = Table(title=f"step time on {escape(r.device)}: prediction error before (embedded default models) and after "
                         f"({escape(r.models or 'not fitted')})")
-    for col in ("arch", "batch x seq", "measured", "before", "error", "after", "error"):
+    for col in ("arch", "batch x seq", "measured", "predicted before", "error", "measured", "predicted after", "error"):
         table.add_column(col, justify="left" if col == "arch" else "right")
     for c in r.checks:
         ref = c.after or c.before
-        if ref is None:
-            table.add_row(c.arch, "-", "-", "-", "-", "-", "-")
-            continue
-        b, a = (c.before.phase("total") if c.before else None), (c.after.phase("total") if c.after else None)
-        measured = (a or b).measured_s
-        table.add_row(c.arch, f"{ref.batch} x {ref.seq}", _fmt_s(measured), _fmt_s(b.predicted_s if b else None),
-                      _fmt_pct(b.error_pct if b else None), _fmt_s(a.predicted_s if a else None),
-                      _fmt_pct(a.error_pct if a else None))
+        cells = []
+        for rep in (c.before, c.after):
+            p = rep.phase("total") if rep is not None else None
+            cells += [_fmt_s(p.measured_s if p else None), _fmt_s(p.predicted_s if p else None),
+                      _fmt_pct(p.error_pct if p else None)]
+        table.add_row(escape(c.arch), f"{ref.batch} x {ref.seq}" if ref else "-", *cells)
     console.print(table)
     fitted = len(r.fit_groups)
     console.print(f"collected {r.rows_collected} rows ({r.rows_total} in {r.data}, {r.points_remaining} planned points left); "
