@@ -64,7 +64,11 @@ def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = 
             status, value = parent.recv()
         except EOFError:
             proc.join()
-            raise RuntimeError(f"the measuring process died (exit code {proc.exitcode}) without a result") from None
+            from opcast.errors import OpcastError
+
+            why = " (killed: out of memory?)" if proc.exitcode in (-9, 137) else ""
+            raise OpcastError(f"the measuring process died with exit code {proc.exitcode}{why} before it finished; "
+                              "try a smaller arch, batch or sequence") from None
     except KeyboardInterrupt:
         proc.terminate()
         raise

@@ -596,7 +596,10 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
                           world=env.world, kernels=cost)
     notes: list[str] = []
     if not result.feasible:
-        notes.append("the prediction says this does not fit: " + "; ".join(result.reasons))
+        need = result.worst_memory.total_bytes / 2**30 if result.memory else float("nan")
+        raise OpcastError(f"{spec_arch.name} at batch {batch} x seq {seq} ({precision}) needs {need:.1f} GiB by the "
+                          f"prediction, more than the {spec.mem_bytes / 2**30:.0f} GiB of {spec.name}; use --layers, a "
+                          "smaller --batch or --seq")
     started_group = False
     if env.world > 1:
         import torch.distributed as dist

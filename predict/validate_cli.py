@@ -131,7 +131,7 @@ def print_calibrate(r: Any) -> None:
 def calibrate_cmd(
     out: Annotated[Path, typer.Option("--out", help="Folder for the model set (OUT/NAME, selected by --models OUT), the data and the report.")],
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    budget_s: Annotated[float, typer.Option("--budget-s", help="Seconds for the whole calibration; collection gets what validation and fit leave.")] = 900.0,
+    budget_s: Annotated[float, typer.Option("--budget-s", help="Seconds for the whole calibration; collection gets what validation and fit leave.")] = 840.0,
     arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Arch whose shapes are measured (repeat); default: gpt2-124m and llama-style-125m.")] = None,
     validate_arch: Annotated[Optional[list[str]], typer.Option("--validate-arch", help="Arch validated before and after (repeat); default: the --arch ones.")] = None,
     datasets: Annotated[Optional[list[Path]], typer.Option("--datasets", help="More datasets to fit on (repeat), besides data/datasets.")] = None,

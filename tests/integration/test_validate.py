@@ -85,6 +85,7 @@ def test_table_output(tmp_path, capsys):
     (["--arch", "gpt2-124m", "--steps", "0"], "--steps"),
     (["--arch", "gpt2-124m", "--device", "tpu"], "unknown --device"),
     (["--arch", "gpt2-124m", "--models", "no/such/models"], "--models no/such/models does not exist"),
+    (["--arch", "llama2-7b", "--seq", "4096"], "GiB by the prediction, more than"),
 ])
 def test_bad_inputs_exit_2_with_one_line(args, needle, capsys):
     base = {"--batch": "1", "--seq": "64"}
