@@ -617,7 +617,8 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
     dp_s = b.get("dp_comm_exposed", 0.0)
     predicted = {
         "forward": (b["forward"], "breakdown_s[forward]"),
-        "backward": (b["backward"] + dp_s, "breakdown_s[backward] + [dp_comm_exposed]" if env.world > 1 else "breakdown_s[backward]"),
+        "backward": (b["backward"] + dp_s,
+                     "breakdown_s[backward] + [dp_comm_exposed]" if env.world > 1 else "breakdown_s[backward]"),
         "optimizer": (b["optimizer"], "breakdown_s[optimizer]"),
         "total": (result.iteration_time_s, "iteration_time_s"),
         "forward_nograd": (b["forward"], "breakdown_s[forward]"),
@@ -645,9 +646,9 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
         notes.append(f"the machine was busy (load average {load[0]:.1f} on {load[1]} cores before the run): other work "
                      "steals cores and every multi-threaded op waits for them; time on a quiet machine, or pin this "
                      "run to free cores with taskset -c")
-    total = phases[PHASES.index("total")]
-    if total.measured_p80_s > SPREAD * total.measured_p20_s:
-        notes.append(f"the steps varied widely (p20 {total.measured_p20_s:.3g} s, p80 {total.measured_p80_s:.3g} s): "
+    step = phases[PHASES.index("total")]
+    if step.measured_p80_s > SPREAD * step.measured_p20_s:
+        notes.append(f"the steps varied widely (p20 {step.measured_p20_s:.3g} s, p80 {step.measured_p80_s:.3g} s): "
                      "more --steps, or a quieter machine")
     if precision == "fp16":
         notes.append("fp16 runs without loss scaling (the timing is what is checked)")
@@ -662,8 +663,7 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
         groups = tuple(GroupCheck(group=g, measured_s=timings.profile.get(g, 0.0), predicted_s=pred.get(g, (0.0, {}))[0],
                                   predicted_sources=", ".join(f"{k} {v}" for k, v in sorted(pred.get(g, (0.0, {}))[1].items())))
                        for g in PROFILE_GROUPS if timings.profile.get(g, 0.0) > 0 or g in pred)
-        total = phases[PHASES.index("total")].measured_s
-        overhead = timings.profiled_step_s / total if timings.profiled_step_s and total > 0 else None
+        overhead = timings.profiled_step_s / step.measured_s if timings.profiled_step_s and step.measured_s > 0 else None
     return ValidateReport(
         arch=spec_arch.name, params=timings.params, device=spec.name, device_type=dev.type, precision=precision,
         attention=attention, batch=batch, seq=seq, world_size=env.world, threads=timings.threads, steps=steps,
