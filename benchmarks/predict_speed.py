@@ -34,6 +34,26 @@ CONFIGS = [
 ]
 
 
+_FRESH = """
+import sys, time
+t0 = time.perf_counter()
+from opcast.archs import load_arch
+from opcast.hardware import get_device
+from opcast.predict.cost import load_kernel_cost
+from opcast.predict.parallel import TrainConfig
+from opcast.predict.training import predict_train
+t1 = time.perf_counter()
+kernels = load_kernel_cost(sys.argv[1] or None)
+kernels.warm()
+t2 = time.perf_counter()
+r = predict_train(load_arch("llama2-7b"), get_device("A100-SXM4-80GB"), TrainConfig(tp=2, micro_batch=1, global_batch=64, seq=4096),
+                  nodes=1, gpus_per_node=8, kernels=kernels)
+t3 = time.perf_counter()
+print(f"imports {t1 - t0:.2f} s + load {t2 - t1:.2f} s + first predict train {t3 - t2:.2f} s = {t3 - t0:.2f} s; "
+      f"torch imported: {'torch' in sys.modules}, xgboost imported: {'xgboost' in sys.modules}")
+"""
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f} ms"
 
@@ -62,6 +82,8 @@ def main() -> int:
     load_s = time.perf_counter() - t0
     print(f"load kernel models: {load_s:.3f} s, {warmed} predictors "
           f"({kernels.models_label or 'none: ' + '; '.join(kernels.notes)}) -- target < 1 s")
+    fresh = subprocess.run([sys.executable, "-c", _FRESH, str(args.models or "")], capture_output=True, text=True)
+    print(f"fresh interpreter: {fresh.stdout.strip() or fresh.stderr.strip().splitlines()[-1:]}")
     print()
     print(f"{'configuration':40s} {'cold':>11s} {'warm+report':>11s} {'warm bare':>11s}  sources")
     worst_cold = worst_warm = 0.0

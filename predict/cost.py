@@ -351,15 +351,17 @@ class HardwareRange:
         self._reasons[cache_key] = why
         return why
 
-    def feature_reasons(self, key: str, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, str]:
-        """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``."""
+    def feature_reasons(self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None) -> dict[Kernel, str]:
+        """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``
+        (``feats``: their feature rows, when the caller computed them already)."""
         entry = self.meta.get("predictors", {}).get(key)
         ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
         if not ranges or not kernels:
             return {}
-        from opcast.train.features import features
+        if feats is None:
+            from opcast.train.features import features
 
-        feats = features(_query_frame(kernels), device)
+            feats = features(_query_frame(kernels), device)
         out: dict[Kernel, str] = {}
         for name, bounds in ranges.items():
             if name not in feats.columns:
@@ -417,8 +419,16 @@ class LearnedKernelCost:
                 out[k] = why
             else:
                 by_key.setdefault(key, []).append(k)
-        for key, ks in by_key.items():
-            out.update(self.range.feature_reasons(key, ks, device))
+        if by_key:  # one feature computation for every group (pandas overhead is per call)
+            from opcast.train.features import features
+
+            todo = [k for ks in by_key.values() for k in ks]
+            feats = features(_query_frame(todo), device).reset_index(drop=True)
+            start = 0
+            for key, ks in by_key.items():
+                rows = feats.iloc[start:start + len(ks)]
+                start += len(ks)
+                out.update(self.range.feature_reasons(key, ks, device, rows))
         return out
 
     def warm(self) -> int:
