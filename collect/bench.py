@@ -250,7 +250,7 @@ def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
     deadline = time.monotonic() + cfg.budget_s if cfg.budget_s else None
     started = time.time()
     task = progress.add_task(f"bench {spec.name}", total=len(todo)) if progress is not None else None
-    l2 = spec.l2_bytes if device.type == "cuda" else 0
+    l2 = spec.l2_bytes  # CUDA: the L2; CPU: the last-level cache describe_local reports
     with _StopFlag() as flag:
         try:
             for i, point in enumerate(todo):
@@ -268,7 +268,7 @@ def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
                     if device.type == "cuda":
                         stats = measure_cuda(fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs)
                     else:
-                        stats = measure_cpu(fn, cfg.timing)
+                        stats = measure_cpu(fn, cfg.timing, flush_bytes=2 * l2)
                 except UnsupportedPoint as err:
                     result.skipped_at_run[f"{point.op}: {err}"] += 1
                 except torch.OutOfMemoryError:

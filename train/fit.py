@@ -207,10 +207,16 @@ def feature_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec]) -> pd.
 
 # --------------------------------------------------------------------------- fitting
 
-def _make(name: str, kind: str, cfg: FitConfig) -> Any:
+SINGLE_THREAD_ROWS = 20_000
+"""Fits on fewer rows use one thread: each boosting round or small batch is too short to share,
+and on a machine busy with other work every parallel region waits for a descheduled thread
+(a 31-row xgboost fit took 166 s with two threads and 1.9 s with one on the shared 2-core box)."""
+
+
+def _make(name: str, kind: str, cfg: FitConfig, rows: int | None = None) -> Any:
     params = dict(cfg.xgb_params if name == "xgb" else cfg.tile_mlp_params)
     params.setdefault("seed", cfg.seed)
-    params.setdefault("n_jobs", cfg.n_jobs)
+    params.setdefault("n_jobs", 1 if rows is not None and rows < SINGLE_THREAD_ROWS else cfg.n_jobs)
     return estimator_class(name)(feature_names=model_inputs(kind, name), **params)
 
 
@@ -270,7 +276,7 @@ def _score(name: str, kind: str, feats: pd.DataFrame, y: np.ndarray, shapes: np.
             keep[rng.choice(np.flatnonzero(train), cfg.fold_max_rows, replace=False)] = True
             train = keep
         try:
-            est = _make(name, kind, cfg).fit(feats[train], y[train], groups=shapes[train])
+            est = _make(name, kind, cfg, int(train.sum())).fit(feats[train], y[train], groups=shapes[train])
         except NotApplicable:
             return None
         if seen.sum() > cfg.fold_max_rows // 4:  # residual quantiles need a sample, not every row
@@ -310,7 +316,7 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
     chosen, why = _choose(usable, cfg.estimator, [f[0] for f in folds])
     if cfg.estimator != "auto" and scores[chosen] is None:
         raise NotApplicable(f"{key}: {chosen} does not apply")
-    est = _make(chosen, kind, cfg).fit(feats, y, groups=shapes)
+    est = _make(chosen, kind, cfg, len(y)).fit(feats, y, groups=shapes)
     entry = {
         "op": kind, "rows": int(len(frame)), "devices": sorted(pd.unique(devices).tolist()),
         "features": list(est.feature_names), "feature_ranges": _ranges(feats, est.feature_names),
