@@ -279,7 +279,10 @@ def arch_shapes(arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_s
             for batch, s in batch_seq or ((1, seq), (4, seq)):
                 out.extend(gemm_grads(layer_ops(arch, tp=tp, batch=batch, seq=s)))
                 out.extend(gemm_grads(model_ops(arch, tp=tp, batch=batch, seq=s)))
+            # Adam over one layer's and over the whole rank's parameters (predict prices one fused
+            # step over everything a pp=1 rank holds)
             out.append(("optimizer", {"numel": max(1, arch.params_per_layer() // tp)}))
+            out.append(("optimizer", {"numel": max(1, arch.params_total() // tp)}))
     return out
 
 

@@ -301,7 +301,14 @@ def train_extras(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp:
         c = head_comms(arch, tp=tp, tokens=tokens, sp=sp, dtype=prec.act)
         fwd_c += c[FWD]
         bwd_c += c[BWD]
-    return Graph(nodes={FWD: _nodes(ops, prec), BWD: _bwd_nodes(ops, prec), RECOMPUTE: ()},
+    bwd = _bwd_nodes(ops, prec)
+    if first and last and arch.tied_embeddings:
+        # One matrix serves as embedding and LM head: autograd sums its two weight gradients, an
+        # add over the (vocab-parallel, padded) matrix each backward. With pp > 1 the copies live
+        # on two stages and Megatron all-reduces their gradients instead (embedding group).
+        numel = padded_vocab(arch.vocab, tp) // tp * arch.hidden
+        bwd += (Node("embedding.tied_grad", prec.of("elementwise", {"numel": numel, "fn": "add"}, "fwd"), 1),)
+    return Graph(nodes={FWD: _nodes(ops, prec), BWD: bwd, RECOMPUTE: ()},
                  comms={FWD: tuple(fwd_c), BWD: tuple(bwd_c), RECOMPUTE: ()})
 
 

@@ -110,3 +110,18 @@ def test_fp8_runs_gemms_in_fp8_and_the_rest_in_bf16():
     g = train_block(arch, tp=1, batch=1, seq=512, sp=False, cp=1, ep=1, attention="flash", recompute="none", prec=prec)
     dtypes = {n.kernel.kind: n.kernel.dtype for n in g.nodes[FWD]}
     assert dtypes["gemm"] == "fp8" and dtypes["attention"] == "bf16" and dtypes["rmsnorm"] == "bf16"
+
+
+def test_a_tied_embedding_sums_its_two_weight_gradients_only_on_a_single_stage():
+    from opcast.archs import padded_vocab
+    from opcast.predict.graph import train_extras
+
+    def tied_adds(arch, tp, first, last):
+        g = train_extras(arch, tp=tp, batch=1, seq=512, sp=False, cp=1, first=first, last=last, prec=BF16)
+        return [n.kernel.param_dict for n in g.nodes[BWD] if n.role == "embedding.tied_grad"]
+
+    gpt = load_arch("gpt3-125m")  # tied
+    assert gpt.tied_embeddings
+    assert tied_adds(gpt, 2, True, True) == [{"numel": padded_vocab(gpt.vocab, 2) // 2 * gpt.hidden, "fn": "add"}]
+    assert tied_adds(gpt, 1, True, False) == [] and tied_adds(gpt, 1, False, True) == []  # pp > 1: two copies
+    assert tied_adds(load_arch("llama2-7b"), 1, True, True) == []  # untied
