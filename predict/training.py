@@ -35,9 +35,9 @@ from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
 from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, graph_flops, precision_of, train_block, train_extras
+from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
 from opcast.predict.memory import Memory, stage_params, train_memory
 from opcast.predict.parallel import MEGATRON_MIN_BUCKET_PARAMS, Layout, TrainConfig, validate_train
-from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
 from opcast.predict.schedule import pipeline_time
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
@@ -407,22 +407,7 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
                                 attention=cfg.attention, recompute=cfg.recompute) for s in range(pp))
     ops = tuple(pr.ops)
     sources = _cost_sources(kernels, comms, ops, pr.comm_lines)
-    interval = None
-    if details:
-        crit_kind = pipe.critical_stage if pipe.critical_stage in plan.stage_kinds else 1
-        tail_kind = tail.stage if tail.stage in plan.stage_kinds else 1
-        scale = pipe.time_s / (m * crit.per_micro_batch_s) if crit.per_micro_batch_s > 0 else 0.0
-        contributions: dict[str, float] = {}
-        residuals: dict[str, Residuals] = {}
-        for o in ops:
-            on_path = o.stage == tail_kind if o.phase == "optimizer" else o.stage == crit_kind
-            res = kernels.residuals(o.kernel, device) if on_path else None
-            if res is not None:
-                residuals[res.group] = res
-                weight = 1.0 if o.phase == "optimizer" else scale
-                contributions[res.group] = contributions.get(res.group, 0.0) + weight * o.count * o.time_s
-        if residuals:
-            interval = propagate(iteration, contributions, residuals, coverage=coverage, mode=interval_mode)
+    interval = _interval(plan, kernels, ops, pipe, crit, tail, iteration, coverage, interval_mode) if details else None
     result = TrainResult(
         arch=arch, device=device, config=cfg, feasible=True, layout=lay, iteration_time_s=iteration,
         tokens_per_s=cfg.global_batch * cfg.seq / iteration, mfu=model_flops / (iteration * world * peak),
@@ -438,6 +423,27 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
                   "more tp/pp or a smaller --micro-batch")
         result = _replace(result, feasible=False, reasons=(reason,))
     return result
+
+
+def _interval(plan: TrainPlan, kernels: KernelCostModel, ops: tuple[OpLine, ...], pipe: Any, crit: StageTime,
+              tail: StageTime, iteration_s: float, coverage: float, mode: IntervalMode) -> Interval | None:
+    """The iteration's prediction interval: each learned predictor's seconds on the critical
+    path (the critical stage's ops scaled by its share of the pipeline time, the optimizer of the
+    slowest tail) with its held-out residuals (:func:`opcast.predict.intervals.propagate`)."""
+    m = plan.layout.micro_batches
+    crit_kind = pipe.critical_stage if pipe.critical_stage in plan.stage_kinds else 1
+    tail_kind = tail.stage if tail.stage in plan.stage_kinds else 1
+    scale = pipe.time_s / (m * crit.per_micro_batch_s) if crit.per_micro_batch_s > 0 else 0.0
+    contributions: dict[str, float] = {}
+    residuals: dict[str, Residuals] = {}
+    for o in ops:
+        on_path = o.stage == tail_kind if o.phase == "optimizer" else o.stage == crit_kind
+        res = kernels.residuals(o.kernel, plan.device) if on_path else None
+        if res is not None:
+            residuals[res.group] = res
+            weight = 1.0 if o.phase == "optimizer" else scale
+            contributions[res.group] = contributions.get(res.group, 0.0) + weight * o.count * o.time_s
+    return propagate(iteration_s, contributions, residuals, coverage=coverage, mode=mode) if residuals else None
 
 
 def _replace(obj: Any, **changes: Any) -> Any:
