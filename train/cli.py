@@ -24,17 +24,19 @@ def fit(
     collectives: Annotated[bool, typer.Option(help="Also fit collectives (off: they do not transfer between clusters).")] = False,
     seed: Annotated[int, typer.Option(help="Seed of every split and estimator.")] = 0,
     jobs: Annotated[int, typer.Option("--jobs", help="Threads for xgboost and torch.")] = 2,
-    folds: Annotated[int, typer.Option(help="Held-out folds per group (each leaves one device and a fifth of the shapes out); 0: none.")] = 2,
+    folds: Annotated[int, typer.Option(help="Held-out folds per group (each leaves one device and a fifth of the shapes out; groups of at most 20k rows leave out every device in turn); 0: none.")] = 2,
+    keep_suspect_sweeps: Annotated[bool, typer.Option(help="Also fit sweeps that ran at under a third of another sweep's rate of the same op on the same device (left out by default).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Fit one predictor per (op, direction, dtype class); write the artifacts and meta.json."""
     from opcast.train.fit import FitConfig, fit_model_set
 
     cfg = FitConfig(estimator=estimator, holdout_devices=tuple(holdout_device or ()), ops=tuple(op or ()), collectives=collectives, seed=seed,
-                    n_jobs=jobs, folds=folds)  # type: ignore[arg-type]
+                    n_jobs=jobs, folds=folds, keep_suspect_sweeps=keep_suspect_sweeps)  # type: ignore[arg-type]
     command = " ".join(["opcast train fit", *map(str, dataset), "--out", str(out), "--name", name, "--estimator", estimator,
                         *[f"--holdout-device {h}" for h in holdout_device or ()], *[f"--op {o}" for o in op or ()], *(["--collectives"] if collectives else []),
-                        "--seed", str(seed), "--jobs", str(jobs), "--folds", str(folds)])
+                        "--seed", str(seed), "--jobs", str(jobs), "--folds", str(folds),
+                        *(["--keep-suspect-sweeps"] if keep_suspect_sweeps else [])])
     with progress_bar() as progress:
         result = fit_model_set(dataset, out, name=name, cfg=cfg, progress=progress, command=command)
     if as_json:

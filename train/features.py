@@ -35,7 +35,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
 
-FEATURES_VERSION: Final = 1
+FEATURES_VERSION: Final = 2
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused."""
 
 MATRIX_KINDS: Final = frozenset({"gemm", "attention"})
@@ -60,7 +60,7 @@ WORK_FEATURES: Final = (
     "log_flops", "log_bytes", "log_intensity", "log_t_compute_s", "log_t_memory_s", "log_t_roof_s",
     "log_compute_over_memory", "log_bytes_over_l2", "dtype_bytes", "tensor_cores",
 )
-TILE_FEATURES: Final = ("log_tiles", "log_waves", "tail_efficiency", "log_tile_t_roof_s", "log_tile_traffic_over_bytes")
+TILE_FEATURES: Final = ("log_tiles", "log_waves", "tail_efficiency", "tile_fill", "log_tile_t_roof_s", "log_tile_traffic_over_bytes")
 DEVICE_FEATURES: Final = (
     "log_peak_flops", "log_mem_bw_bytes_per_s", "log_sm_count", "log_l2_bytes", "log_clock_hz",
     "log_ridge", "fp32_lanes_per_sm", "is_cpu",
@@ -149,7 +149,7 @@ def feature_names(kind: str) -> tuple[str, ...]:
 FEATURES: Final[dict[str, tuple[str, ...]]] = {k: feature_names(k) for k in op_kinds()}
 """Declared feature list of every registered kind."""
 
-MONOTONE_DECREASING: Final = frozenset({"tail_efficiency"})
+MONOTONE_DECREASING: Final = frozenset({"tail_efficiency", "tile_fill"})
 """Features along which time / roofline can only fall (a fuller last wave never slows a kernel)."""
 
 
@@ -166,40 +166,49 @@ def _cdiv(a: np.ndarray, b: np.ndarray | float) -> np.ndarray:
     return np.ceil(a / b)
 
 
-def _gemm_tiles(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, sms: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tiles, elements all tiles stream with no cache reuse) of C[m,n] = A[m,k] B[k,n] x b, with
-    the largest candidate tile that still fills one wave (cuBLAS prefers a fuller GPU), else the
-    smallest."""
+def _gemm_tiles(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, sms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tiles, elements all tiles stream with no cache reuse, padded output elements) of
+    C[m,n] = A[m,k] B[k,n] x b, with the largest candidate tile that still fills one wave (cuBLAS
+    prefers a fuller GPU), else the smallest. Padded elements are what the tiles compute: a tile
+    that overhangs the matrix edge does the full tile's work (tile quantisation, NVIDIA's *Matrix
+    Multiplication Background* guide), so ``m * n * b / padded`` is the useful share."""
     tiles = np.full(len(m), np.nan)
     elems = np.full(len(m), np.nan)
+    padded = np.full(len(m), np.nan)
     todo = np.ones(len(m), dtype=bool)
     for i, (tm, tn) in enumerate(GEMM_TILES):
         t = b * _cdiv(m, tm) * _cdiv(n, tn)
         take = todo & ((t >= sms) | (i == len(GEMM_TILES) - 1))
         tiles[take] = t[take]
         elems[take] = (t * (tm * k + k * tn + tm * tn))[take]
+        padded[take] = (t * tm * tn)[take]
         todo &= ~take
-    return tiles, elems
+    return tiles, elems, padded
 
 
-def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray, sms: int) -> tuple[np.ndarray, np.ndarray]:
-    """(tiles, bytes all tiles stream without cache reuse, NaN where the compulsory bytes stand)
-    of rows of one kind; ``cols`` holds the parameter columns as floats."""
+def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray,
+           sms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(tiles, bytes all tiles stream without cache reuse or NaN where the compulsory bytes stand,
+    tile fill: the useful share of the work the tiles do) of rows of one kind; ``cols`` holds the
+    parameter columns as floats."""
     n = len(fwd)
     nan = np.full(n, np.nan)
+    full = np.ones(n)
     if kind == "gemm":
         b, m, nn, k = cols["b"], cols["m"], cols["n"], cols["k"]
-        t0, e0 = _gemm_tiles(b, m, nn, k, sms)
-        t1, e1 = _gemm_tiles(b, m, k, nn, sms)  # dA[m,k] = dC[m,n] B^T, reducing n
-        t2, e2 = _gemm_tiles(b, k, nn, m, sms)  # dB[k,n] = A^T dC, reducing m
-        return np.where(fwd, t0, t1 + t2), np.where(fwd, e0, e1 + e2) * dt
+        t0, e0, p0 = _gemm_tiles(b, m, nn, k, sms)
+        t1, e1, p1 = _gemm_tiles(b, m, k, nn, sms)  # dA[m,k] = dC[m,n] B^T, reducing n
+        t2, e2, p2 = _gemm_tiles(b, k, nn, m, sms)  # dB[k,n] = A^T dC, reducing m
+        fill = np.where(fwd, b * m * nn / p0, (b * m * k * nn + b * k * nn * m) / (p1 * nn + p2 * m))
+        return np.where(fwd, t0, t1 + t2), np.where(fwd, e0, e1 + e2) * dt, fill
     if kind == "attention":
         seq = np.where(fwd, cols["seq_q"], cols["seq_kv"])
-        return cols["batch"] * cols["heads"] * _cdiv(seq, ATTENTION_TILE_ROWS), nan
+        blocks = _cdiv(seq, ATTENTION_TILE_ROWS)
+        return cols["batch"] * cols["heads"] * blocks, nan, seq / (blocks * ATTENTION_TILE_ROWS)
     if kind in ("layernorm", "rmsnorm", "softmax", "cross_entropy"):
         rows = cols["rows"] if "rows" in cols else cols["tokens"]
         width = cols["cols"] if "cols" in cols else cols["vocab"]
-        return _cdiv(rows, np.maximum(1.0, np.floor(ROW_TILE_ELEMS / width))), nan
+        return _cdiv(rows, np.maximum(1.0, np.floor(ROW_TILE_ELEMS / width))), nan, full
     if kind in ("elementwise", "optimizer"):
         numel = cols["numel"]
     elif kind == "rope":
@@ -207,8 +216,8 @@ def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.nd
     elif kind == "embedding":
         numel = cols["tokens"] * cols["hidden"]
     else:  # collectives and kinds registered later: one tile
-        return np.ones(n), nan
-    return _cdiv(numel, np.maximum(1.0, VECTOR_TILE_BYTES / dt)), nan
+        return np.ones(n), nan, full
+    return _cdiv(numel, np.maximum(1.0, VECTOR_TILE_BYTES / dt)), nan, full
 
 
 def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
@@ -219,6 +228,7 @@ def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
     moved = np.full(n, np.nan)
     tiles = np.full(n, np.nan)
     traffic = np.full(n, np.nan)
+    fill = np.full(n, np.nan)
     ops = frame["op"].to_numpy(dtype=object)
     dt_all = frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float)
     for kind in pd.unique(ops):
@@ -255,10 +265,11 @@ def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
         flops[idx], moved[idx] = f_out, b_out
         numeric = {p.name: pd.to_numeric(sub[p.name], errors="coerce").to_numpy(dtype=float)
                    for p in spec.params if p.type is int}
-        t, tr = _tiles(str(kind), numeric, dirs == "fwd", dts, sms)
+        t, tr, fl = _tiles(str(kind), numeric, dirs == "fwd", dts, sms)
         tiles[idx] = t
+        fill[idx] = fl
         traffic[idx] = np.where(np.isfinite(tr), tr, b_out)
-    return pd.DataFrame({"flops": flops, "bytes": moved, "tiles": tiles, "traffic": traffic}, index=frame.index)
+    return pd.DataFrame({"flops": flops, "bytes": moved, "tiles": tiles, "traffic": traffic, "fill": fill}, index=frame.index)
 
 
 # --------------------------------------------------------------------------- features
@@ -322,6 +333,7 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
         dtype_bytes=frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float),
         tensor_cores=tcs,
         log_tiles=_log(tiles), log_waves=_log(waves), tail_efficiency=waves / np.maximum(ceil_waves, 1.0),
+        tile_fill=work["fill"].to_numpy(),
         # One SM's share: a tile's roofline on 1/sm_count of the GPU, i.e. t_roof / waves.
         log_tile_t_roof_s=_log(t_roof) - _log(waves),
         log_tile_traffic_over_bytes=_log(traffic) - _log(moved),

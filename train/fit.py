@@ -24,7 +24,7 @@ import pandas as pd
 
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, device_to_dict, get_device, spec_from_dict
-from opcast.ops import op_kinds
+from opcast.ops import get_op, op_kinds
 from opcast.train.estimators import ESTIMATORS, NotApplicable, estimator_class
 from opcast.train.evaluate import ape_metrics
 from opcast.train.features import FEATURES, features, group_keys, model_inputs
@@ -56,7 +56,12 @@ class FitConfig:
     folds: int = 2
     """Held-out folds per group (each leaves one device out); 0 skips held-out scoring. One fold
     picks by one device's luck (on NeuSight's GPUs it flipped gemm to tile-mlp for A100); two
-    are the default."""
+    are the default. Groups of at most :attr:`all_devices_rows` rows leave every device out in
+    turn instead."""
+    all_devices_rows: int = 20_000
+    """Groups this small are cheap to fit, so their folds leave out each device in turn: the
+    estimator choice then rests on every device, not on the two a seeded draw picked (with two
+    of NeuSight's five GPUs, auto took the tile-MLP for layernorm where xgb transfers better)."""
     fold_max_rows: int = 40_000
     """A fold fits on at most this many of its training rows (a seeded sample): enough to rank
     estimators and score transfer, and it keeps the fit of a large set within minutes."""
@@ -68,6 +73,9 @@ class FitConfig:
     """Hyper-parameter overrides for XGBEstimator."""
     tile_mlp_params: Mapping[str, Any] = field(default_factory=dict)
     """Hyper-parameter overrides for TileMLPEstimator."""
+    keep_suspect_sweeps: bool = False
+    """Fit on sweeps that :func:`suspect_sweeps` flags too (by default they are left out and
+    listed in the model set's ``skipped``)."""
 
     def __post_init__(self) -> None:
         if self.estimator not in (*ESTIMATORS, "auto"):
@@ -229,8 +237,9 @@ def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tupl
     uniq = sorted(pd.unique(devices))
     if len(uniq) >= 2:
         order = np.random.default_rng(cfg.seed).permutation(len(uniq))
+        n_folds = len(uniq) if len(devices) <= cfg.all_devices_rows else cfg.folds
         out = []
-        for i in order[: cfg.folds]:
+        for i in order[:n_folds]:
             dev = uniq[i]
             held_shapes = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1 + int(i))
             test = (devices == dev) & held_shapes
@@ -358,6 +367,55 @@ def _choose(scores: Mapping[str, dict[str, Any]], mode: str, split: list[str]) -
                    f"{scores['tile-mlp']['mape']:.1f}; {on}; ties within {TIE_POINTS} points go to xgb)")
 
 
+SWEEP_SATURATED_S = 3e-3
+"""Rows whose roofline time is at least this long are past launch latency and ramp-up: their
+utilisation (roofline / measured) is the device's sustained rate for that op."""
+SWEEP_MIN_ROWS = 20
+SWEEP_MIN_RATIO = 0.45
+"""A sweep whose median sustained utilisation is under this share of another sweep's of the same
+op (kind, direction, dtype class and categorical parameters) on the same device is suspect."""
+
+
+def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
+    """Source files (sweeps) whose long-running rows ran far slower than another sweep of the same
+    op on the same device -> why. Two sweeps of one op on one GPU cannot legitimately sustain rates
+    3x apart once both are past launch latency; one of them ran throttled (power or thermal
+    capping, a shared GPU) or was timed wrongly, and no feature can tell its rows apart. Seen in
+    NeuSight's data: the P4 ``linear`` sweep sustains 0.22 of the FP32 roofline while the P4
+    ``bmm`` sweep and NeuSight's own P4 test file sustain 0.52-0.77 on GEMMs of the same size.
+    Only rows of ``frame`` are compared; nothing about held-out data is used."""
+    if "source_file" not in frame.columns or not len(frame):
+        return {}
+    t_roof = feats["t_roof_s"].to_numpy(dtype=float)
+    t = frame["time_s_median"].to_numpy(dtype=float)
+    sat = np.isfinite(t_roof) & (t_roof >= SWEEP_SATURATED_S) & (t > 0)
+    if not sat.any():
+        return {}
+    sub = frame[sat]
+    cats = pd.Series("", index=sub.index, dtype=object)
+    for kind in pd.unique(sub["op"].astype(object)):
+        names = [p.name for p in get_op(str(kind)).params if p.type is not int and p.name in sub.columns]
+        if names:
+            m = (sub["op"] == kind).to_numpy()
+            cats[m] = ["|".join(map(str, r)) for r in sub.loc[m, names].itertuples(index=False)]
+    table = pd.DataFrame({"device": sub["device"].astype(object).to_numpy(), "group": (group_keys(sub) + ":" + cats).to_numpy(),
+                          "sweep": sub["source_file"].astype(object).fillna("").to_numpy(), "u": t_roof[sat] / t[sat]})
+    stats = table.groupby(["device", "group", "sweep"]).u.agg(["size", "median"])
+    stats = stats[stats["size"] >= SWEEP_MIN_ROWS]
+    out: dict[str, str] = {}
+    for (device, group), g in stats.groupby(level=[0, 1]):
+        if len(g) < 2:
+            continue
+        best = g["median"].idxmax()
+        for idx, row in g.iterrows():
+            ratio = row["median"] / g.loc[best, "median"]
+            if ratio < SWEEP_MIN_RATIO and idx[2]:
+                out[idx[2]] = (f"{device} {group.rstrip(':')}: sustains {row['median']:.2f} of the roofline on rows of "
+                               f"{SWEEP_SATURATED_S * 1e3:g} ms or more, {ratio:.2f}x the {g.loc[best, 'median']:.2f} of "
+                               f"{best[2]} (a throttled or mistimed sweep; --keep-suspect-sweeps fits it anyway)")
+    return out
+
+
 def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitConfig = FitConfig(),
               progress: Any = None) -> tuple[dict[str, tuple[Any, dict[str, Any]]], pd.DataFrame, dict[str, str]]:
     """Fit every group of ``frame`` (rows already filtered to training rows); returns
@@ -381,6 +439,12 @@ def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitCo
     if not ok.all():
         skipped["rows without a roofline"] = f"{int((~ok).sum())} rows (device lacks the dtype, or missing parameters)"
     frame, feats = frame[ok], feats[ok]
+    suspect = suspect_sweeps(frame, feats)
+    if suspect and not cfg.keep_suspect_sweeps:
+        drop = frame["source_file"].isin(list(suspect)).to_numpy()
+        for sweep, why in suspect.items():
+            skipped[f"sweep {sweep}"] = f"{int((frame['source_file'] == sweep).sum())} rows: {why}"
+        frame, feats = frame[~drop], feats[~drop]
     keys = group_keys(frame).to_numpy()
     groups = sorted(pd.unique(keys))
     fitted: dict[str, tuple[Any, dict[str, Any]]] = {}
@@ -438,8 +502,9 @@ def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str 
         "command": portable_command(command), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fit_config": {"estimator": cfg.estimator, "holdout_devices": sorted(held), "ops": list(cfg.ops),
                        "collectives": cfg.collectives, "seed": cfg.seed, "fold_max_rows": cfg.fold_max_rows,
-                       "folds": cfg.folds, "shape_fraction": cfg.shape_fraction, "min_rows": cfg.min_rows,
-                       "xgb_params": dict(cfg.xgb_params), "tile_mlp_params": dict(cfg.tile_mlp_params)},
+                       "folds": cfg.folds, "all_devices_rows": cfg.all_devices_rows, "shape_fraction": cfg.shape_fraction, "min_rows": cfg.min_rows,
+                       "xgb_params": dict(cfg.xgb_params), "tile_mlp_params": dict(cfg.tile_mlp_params),
+                       "keep_suspect_sweeps": cfg.keep_suspect_sweeps},
         "datasets": records, "rows": int(len(train)), "sources": sorted(pd.unique(train["source"].astype(object)).tolist()),
         "device_specs": {d: device_to_dict(devices[d]) for d in train_devices}, "skipped": skipped,
     }

@@ -53,3 +53,38 @@ def test_small_groups_are_skipped_with_a_reason(synthetic):
     frame, devices, _ = synthetic
     fitted, _, skipped = fit_frame(frame.head(40), devices, FitConfig(estimator="xgb", folds=0, min_rows=50))
     assert not fitted and "min_rows=50" in skipped["gemm-fwd-half"]
+
+
+def _two_sweeps(synthetic, slow: float, monkeypatch):
+    """The gemm rows of the fixture as two sweeps on every device: the second one's times x ``slow``.
+    The fixture's GEMMs are small, so rows count as sustained from 2 us of roofline time."""
+    import opcast.train.fit as fit
+
+    monkeypatch.setattr(fit, "SWEEP_SATURATED_S", 2e-6)
+    frame, devices, _ = synthetic
+    g = frame[frame["op"] == "gemm"].reset_index(drop=True)
+    second = (np.arange(len(g)) % 2).astype(bool)
+    g = g.assign(source_file=np.where(second, "sweeps/second.csv", "sweeps/first.csv"))
+    g.loc[second & (g["device"] == "fake-1").to_numpy(), "time_s_median"] *= slow
+    return g, devices
+
+
+def test_a_sweep_running_at_a_third_of_its_twin_is_left_out_and_named(synthetic, monkeypatch):
+    from opcast.train.fit import suspect_sweeps
+
+    g, devices = _two_sweeps(synthetic, 3.0, monkeypatch)
+    found = suspect_sweeps(g, feature_frame(g, devices))
+    assert list(found) == ["sweeps/second.csv"] and "fake-1 gemm-fwd-half" in found["sweeps/second.csv"]
+    cfg = FitConfig(estimator="xgb", folds=0, xgb_params=FAST["xgb"])
+    fitted, _, skipped = fit_frame(g, devices, cfg)
+    assert skipped["sweep sweeps/second.csv"].startswith(f"{(g['source_file'] == 'sweeps/second.csv').sum()} rows")
+    assert fitted["gemm-fwd-half"][1]["rows"] == (g["source_file"] == "sweeps/first.csv").sum()
+    kept, _, skipped = fit_frame(g, devices, FitConfig(estimator="xgb", folds=0, xgb_params=FAST["xgb"], keep_suspect_sweeps=True))
+    assert kept["gemm-fwd-half"][1]["rows"] == len(g) and not any(k.startswith("sweep ") for k in skipped)
+
+
+def test_sweeps_within_a_factor_of_two_are_both_kept(synthetic, monkeypatch):
+    from opcast.train.fit import suspect_sweeps
+
+    g, devices = _two_sweeps(synthetic, 1.8, monkeypatch)
+    assert suspect_sweeps(g, feature_frame(g, devices)) == {}

@@ -83,3 +83,19 @@ def test_tile_mlp_reads_no_absolute_device_specs():
     for kind in ("gemm", "layernorm"):
         assert set(model_inputs(kind, "xgb")) == set(FEATURES[kind])
         assert not set(model_inputs(kind, "tile-mlp")) & ABSOLUTE_DEVICE_FEATURES
+
+
+def test_tile_fill_is_the_useful_share_of_the_padded_tiles():
+    a100 = get_device("A100-SXM4-80GB")  # 108 SMs
+    rows = [{"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": m, "n": n, "k": 512}
+            for m, n in ((8192, 8192), (8193, 8192), (100, 100))]
+    rows.append({"op": "gemm", "dtype": "bf16", "direction": "bwd", "b": 1, "m": 8192, "n": 8192, "k": 512})
+    f = features(_frame(rows), a100)
+    assert f["tile_fill"].iloc[0] == 1.0  # 128x256 tiles divide 8192^2 exactly
+    # one more row: 65 row-tiles of 128, the last holding one row
+    assert f["tile_fill"].iloc[1] == pytest.approx(8193 / (65 * 128))
+    # 100x100 output cannot fill one wave with any tile: the smallest (16x16) pads it to 112x112
+    assert f["tile_fill"].iloc[2] == pytest.approx(100 * 100 / (112 * 112))
+    assert f["tile_fill"].iloc[3] == 1.0  # dA [8192, 512] and dB [512, 8192] also divide exactly
+    ln = features(_frame([{"op": "layernorm", "dtype": "fp16", "direction": "fwd", "rows": 1000, "cols": 1000}]), a100)
+    assert ln["tile_fill"].iloc[0] == 1.0  # row kernels: one row per block, no padding modelled
