@@ -101,8 +101,9 @@ def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir,
         load_model_set(tmp_path / "nope")
     _, _, groups = fitted
     fresh = write_model_set(tmp_path / "v", "toy", groups, {})
+    fitted_version = artifacts.FEATURES_VERSION
     monkeypatch.setattr(artifacts, "FEATURES_VERSION", 999)
-    with pytest.raises(OpcastError, match="feature definitions v1.*re-fit"):
+    with pytest.raises(OpcastError, match=f"feature definitions v{fitted_version}.*re-fit"):
         load_model_set(fresh)
     monkeypatch.undo()
     monkeypatch.setattr(artifacts, "library_versions", lambda: {"xgboost": "1.7.0", "torch": "2.0"})
