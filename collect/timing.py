@@ -73,6 +73,23 @@ CPU_FLUSH_MIN_S = 50e-6
 """CPU calls at least this long are timed from a cold cache."""
 
 
+_FLUSH: dict[int, object] = {}
+"""One cache-flush buffer per size for the process: a fresh one per measured point paid its page
+faults (2x the last-level cache, 64 MiB here) every point, outside the timing but inside the
+collect budget."""
+
+
+def _flush_buffer(flush_bytes: int):
+    import numpy as np
+
+    size = max(1, flush_bytes // 8)
+    buf = _FLUSH.get(size)
+    if buf is None:
+        _FLUSH.clear()
+        buf = _FLUSH[size] = np.empty(size)
+    return buf
+
+
 def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(), *, flush_bytes: int = 0) -> TimingStats:
     """Time ``fn`` on the CPU with ``perf_counter``; with ``flush_bytes``, calls of
     :data:`CPU_FLUSH_MIN_S` or more each start after ``flush_bytes`` were written (cold caches)."""
@@ -87,9 +104,7 @@ def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(),
     estimate = min(first, time.perf_counter() - t0)
     flush = None
     if flush_bytes > 0 and estimate >= CPU_FLUSH_MIN_S:
-        import numpy as np
-
-        flush = np.empty(max(1, flush_bytes // 8))
+        flush = _flush_buffer(flush_bytes)
         t0 = time.perf_counter()
         flush.fill(1.0)
         estimate += time.perf_counter() - t0  # the wall budget pays for the flushes too

@@ -255,7 +255,15 @@ def arithmetic_intensity(kind: str, params: Params, dtype_bytes: int, direction:
 # --------------------------------------------------------------------------- GEMM
 
 def _i(p: Params, name: str) -> int:
-    return int(p[name])  # type: ignore[arg-type]
+    """Integer parameter ``name``; a numpy array stays one, so that a formula can be evaluated
+    over many configurations at once (:func:`opcast.train.features` does, in float64)."""
+    v = p[name]
+    return v if getattr(v, "ndim", 0) else int(v)  # type: ignore[return-value, arg-type]
+
+
+def _f(x: float) -> float:
+    """``float(x)``, or ``x`` itself when it is an array (see :func:`_i`)."""
+    return x if getattr(x, "ndim", 0) else float(x)
 
 
 def _gemm_flops(p: Params, _: int) -> float:
@@ -264,7 +272,7 @@ def _gemm_flops(p: Params, _: int) -> float:
 
 def _gemm_bytes(p: Params, dt: int) -> float:
     b, m, n, k = _i(p, "b"), _i(p, "m"), _i(p, "n"), _i(p, "k")
-    return float(dt * b * (m * k + k * n + m * n))
+    return _f(dt * b * (m * k + k * n + m * n))
 
 
 register(OpSpec(
@@ -295,9 +303,9 @@ def _attention_pairs(p: Params) -> float:
     """Query-key pairs computed: all of them, or the causal (bottom-right aligned) triangle."""
     sq, skv = _i(p, "seq_q"), _i(p, "seq_kv")
     if not p["causal"] or p["impl"] == "eager":  # eager computes the full score matrix, then masks
-        return float(sq * skv)
+        return _f(sq * skv)
     # Row i of the queries sees skv - sq + i + 1 keys (flash-attn >= 2.1 convention).
-    return float(sq * (skv - sq) + sq * (sq + 1) / 2)
+    return _f(sq * (skv - sq) + sq * (sq + 1) / 2)
 
 
 def _attention_flops_fwd(p: Params, _: int) -> float:
@@ -314,11 +322,11 @@ def _attention_flops_bwd(p: Params, dt: int) -> float:
 def _attention_io(p: Params, dt: int, q_like: int, kv_like: int) -> float:
     b, h, kvh, d = _i(p, "batch"), _i(p, "heads"), _i(p, "kv_heads"), _i(p, "head_dim")
     sq, skv = _i(p, "seq_q"), _i(p, "seq_kv")
-    return float(dt * (q_like * b * h * sq * d + kv_like * b * kvh * skv * d) + 4 * b * h * sq)  # + fp32 logsumexp
+    return _f(dt * (q_like * b * h * sq * d + kv_like * b * kvh * skv * d) + 4 * b * h * sq)  # + fp32 logsumexp
 
 
 def _attention_scores_bytes(p: Params, dt: int) -> float:
-    return float(dt * _i(p, "batch") * _i(p, "heads") * _i(p, "seq_q") * _i(p, "seq_kv"))
+    return _f(dt * _i(p, "batch") * _i(p, "heads") * _i(p, "seq_q") * _i(p, "seq_kv"))
 
 
 def _attention_bytes_fwd(p: Params, dt: int) -> float:
@@ -373,7 +381,7 @@ _COLS = Param(name="cols", type=int, doc="elements per row, reduced over (hidden
 
 
 def _rc(p: Params) -> float:
-    return float(_i(p, "rows") * _i(p, "cols"))
+    return _f(_i(p, "rows") * _i(p, "cols"))
 
 
 register(OpSpec(
@@ -456,14 +464,14 @@ def _ew(p: Params) -> ElementwiseFn:
 
 def _ew_bwd_flops(p: Params, dt: int) -> float:
     bwd = _ew(p).bwd
-    return float(bwd[2] * _i(p, "numel")) if bwd else 0.0
+    return _f(bwd[2] * _i(p, "numel")) if bwd else 0.0
 
 
 def _ew_bwd_bytes(p: Params, dt: int) -> float:
     fn = _ew(p)
     if fn.bwd is None:
         return 0.0
-    return float(_i(p, "numel") * (dt * (fn.bwd[0] + fn.bwd[1]) + fn.extra_bytes_per_elem))
+    return _f(_i(p, "numel") * (dt * (fn.bwd[0] + fn.bwd[1]) + fn.extra_bytes_per_elem))
 
 
 register(OpSpec(
@@ -495,14 +503,14 @@ register(OpSpec(
     flops_fwd=lambda p, dt: 0.0,
     bytes_fwd=lambda p, dt: 8.0 * _i(p, "tokens") + dt * 2.0 * _i(p, "tokens") * _i(p, "hidden"),  # int64 ids, rows, output
     # Backward: zero the dense [vocab, hidden] gradient, then scatter-add the token rows into it.
-    flops_bwd=lambda p, dt: float(_i(p, "tokens") * _i(p, "hidden")),
+    flops_bwd=lambda p, dt: _f(_i(p, "tokens") * _i(p, "hidden")),
     bytes_bwd=lambda p, dt: 8.0 * _i(p, "tokens") + dt * (_i(p, "vocab") * _i(p, "hidden") + 3.0 * _i(p, "tokens") * _i(p, "hidden")),
     source="gather / scatter-add traffic of torch.nn.functional.embedding with a dense gradient",
 ))
 
 
 def _tv(p: Params) -> float:
-    return float(_i(p, "tokens") * _i(p, "vocab"))
+    return _f(_i(p, "tokens") * _i(p, "vocab"))
 
 
 register(OpSpec(

@@ -104,17 +104,17 @@ def group_key(op: str, direction: str, dclass: str) -> str:
 
 
 def group_keys(frame: pd.DataFrame) -> pd.Series:
-    """:func:`group_key` of every row of a dataset-schema frame."""
-    tc = frame["tensor_cores"] if "tensor_cores" in frame.columns else pd.Series([None] * len(frame), index=frame.index)
-    keys = {}
-    out = []
-    for op, dtype, direction, t in zip(frame["op"].tolist(), frame["dtype"].tolist(), frame["direction"].tolist(), tc.tolist()):
-        t = None if t is None or pd.isna(t) else bool(t)
-        k = (op, dtype, direction, t)
-        if k not in keys:
-            keys[k] = group_key(op, direction, dtype_class(op, dtype, t))
-        out.append(keys[k])
-    return pd.Series(out, index=frame.index, dtype=object)
+    """:func:`group_key` of every row of a dataset-schema frame (computed once per distinct
+    op, dtype, direction and tensor-core flag)."""
+    tc = frame["tensor_cores"] if "tensor_cores" in frame.columns else pd.Series(pd.NA, index=frame.index)
+    flag = tc.astype("boolean").astype("Int8").fillna(-1).to_numpy(dtype=np.int8)
+    keys = pd.DataFrame({"op": frame["op"].astype(object).to_numpy(), "dtype": frame["dtype"].astype(object).to_numpy(),
+                         "direction": frame["direction"].astype(object).to_numpy(), "tc": flag})
+    codes = keys.groupby(["op", "dtype", "direction", "tc"], sort=False, dropna=False).ngroup().to_numpy()
+    first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
+    labels = np.array([group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)))
+                       for op, dtype, direction, f in first.itertuples(index=False)] + [""], dtype=object)
+    return pd.Series(labels[codes], index=frame.index, dtype=object)
 
 
 # --------------------------------------------------------------------------- feature lists
@@ -220,6 +220,40 @@ def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.nd
     return _cdiv(numel, np.maximum(1.0, VECTOR_TILE_BYTES / dt)), nan, full
 
 
+def _formulas(spec, first: pd.DataFrame, formulas: Mapping[str, tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """(FLOPs, bytes) of the distinct configurations ``first`` (parameter columns, ``_d`` the
+    direction, ``_dt`` the dtype bytes). The registry's formulas are evaluated once per direction,
+    dtype and categorical values, over float64 arrays of the integer parameters; a formula that
+    cannot take arrays (a branch on an integer parameter) is evaluated row by row."""
+    f_u = np.full(len(first), np.nan)
+    b_u = np.full(len(first), np.nan)
+    ints = [p.name for p in spec.params if p.type is int]
+    cats = [p.name for p in spec.params if p.type is not int]
+    cols = {n: first[n].to_numpy(dtype=float) for n in ints}
+    for key, pos in first.groupby(["_d", "_dt", *cats], sort=False, dropna=False).indices.items():
+        d, dt, *cat_vals = key
+        pair = formulas.get(d)
+        if pair is None:
+            continue
+        params: dict[str, object] = {n: cols[n][pos] for n in ints}
+        params.update(zip(cats, cat_vals))
+        try:
+            with np.errstate(all="ignore"):
+                f = np.asarray(pair[0](params, int(dt)), dtype=float)
+                b = np.asarray(pair[1](params, int(dt)), dtype=float)
+            f_u[pos], b_u[pos] = np.broadcast_to(f, pos.shape), np.broadcast_to(b, pos.shape)
+            continue
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            pass
+        for j in pos:
+            row = {n: first[n].iat[j] for n in (*ints, *cats)}
+            try:
+                f_u[j], b_u[j] = pair[0](row, int(dt)), pair[1](row, int(dt))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                pass
+    return f_u, b_u
+
+
 def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
     """flops, bytes, tiles and per-tile traffic of every row. FLOPs and bytes are the registry's
     formulas, called once per distinct configuration (predict queries repeat shapes)."""
@@ -250,17 +284,7 @@ def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
         first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
         formulas = {d: (spec._formula(d, spec.flops_fwd, spec.flops_bwd), spec._formula(d, spec.bytes_fwd, spec.bytes_bwd))
                     for d in pd.unique(dirs) if d in spec.directions()}
-        f_u = np.full(len(first), np.nan)
-        b_u = np.full(len(first), np.nan)
-        for j, (*vals, d, dt) in enumerate(zip(*(first[c].tolist() for c in first.columns))):
-            pair = formulas.get(d)
-            if pair is None:
-                continue
-            params = dict(zip(names, vals))
-            try:
-                f_u[j], b_u[j] = pair[0](params, int(dt)), pair[1](params, int(dt))
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
-                pass
+        f_u, b_u = _formulas(spec, first, formulas)
         f_out, b_out = f_u[codes], b_u[codes]
         flops[idx], moved[idx] = f_out, b_out
         numeric = {p.name: pd.to_numeric(sub[p.name], errors="coerce").to_numpy(dtype=float)
