@@ -99,3 +99,35 @@ def test_tile_fill_is_the_useful_share_of_the_padded_tiles():
     assert f["tile_fill"].iloc[3] == 1.0  # dA [8192, 512] and dB [512, 8192] also divide exactly
     ln = features(_frame([{"op": "layernorm", "dtype": "fp16", "direction": "fwd", "rows": 1000, "cols": 1000}]), a100)
     assert ln["tile_fill"].iloc[0] == 1.0  # row kernels: one row per block, no padding modelled
+
+
+def test_array_formulas_match_the_registry_row_by_row():
+    from opcast.dtypes import DTYPE_BYTES
+    from opcast.ops import get_op
+    from opcast.train.features import _fill_defaults, _work
+
+    rows = [
+        {"op": "gemm", "dtype": "bf16", "direction": d, "b": b, "m": m, "n": 3 * m + 1, "k": 77}
+        for d in ("fwd", "bwd") for b, m in ((1, 1), (4, 4095), (1, 65536))
+    ] + [
+        {"op": "attention", "dtype": "fp16", "direction": d, "batch": 2, "heads": 16, "kv_heads": 4, "seq_q": sq,
+         "seq_kv": 2048, "head_dim": 128, "causal": c, "impl": impl}
+        for d in ("fwd", "bwd") for sq in (1, 2048) for c in (True, False) for impl in ("flash", "eager")
+    ] + [
+        {"op": "elementwise", "dtype": "fp32", "direction": "fwd", "numel": n, "fn": fn}
+        for n in (1, 12345) for fn in ("add", "gelu", "dropout")
+    ] + [
+        {"op": "rope", "dtype": "bf16", "direction": "fwd", "tokens": 4096, "heads": 40, "head_dim": 128, "impl": impl}
+        for impl in ("fused", "unfused", None)
+    ] + [
+        {"op": "all_reduce", "dtype": "bf16", "direction": "fwd", "bytes": 1 << 26, "world_size": w, "nodes": 1,
+         "gpus_per_node": w} for w in (2, 8)
+    ]
+    frame = _fill_defaults(pd.DataFrame(rows))
+    work = _work(frame, 108)
+    for i, row in frame.iterrows():
+        spec = get_op(row["op"])
+        params = {p.name: row[p.name] for p in spec.params}
+        dt = DTYPE_BYTES[row["dtype"]]
+        assert work["flops"][i] == pytest.approx(spec.flops(params, row["direction"], dt), rel=1e-12), dict(row)
+        assert work["bytes"][i] == pytest.approx(spec.bytes_moved(params, dt, row["direction"]), rel=1e-12), dict(row)
