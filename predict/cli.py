@@ -153,7 +153,7 @@ def kernels_cmd(
                   markup=False, highlight=False)
     flagged = cost.range_flags(device)
     if flagged:
-        console.print(f"  warning: {len(flagged)} distinct kernel(s) outside the hardware their learned model was fitted on"
+        console.print(f"  warning: {len(flagged)} distinct kernel(s) outside the shapes or hardware their learned model was fitted on"
                       f"{' (roofline used, --analytic)' if analytic else ''}, e.g. {next(iter(flagged.values()))}",
                       style="yellow", markup=False, highlight=False)
 

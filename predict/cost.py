@@ -598,8 +598,8 @@ class KernelCostModel:
         return None
 
     def range_flag(self, k: Kernel, device: DeviceSpec) -> str | None:
-        """Why the time of ``k`` on ``device`` comes from a learned model outside the hardware it
-        was fitted on (or, with ``in_range_only``, why the roofline replaced it); None otherwise.
+        """Why the time of ``k`` on ``device`` comes from a learned model outside the shapes or
+        hardware it was fitted on (or, with ``in_range_only``, why the roofline replaced it); None otherwise.
         Valid after the kernel was looked up."""
         return self._flags.get(device, {}).get(k)
 

@@ -176,13 +176,13 @@ def _split_line(r: TrainResult | InferResult, kernels: KernelCostModel | None) -
 
 
 def _range_lines(console, device, kernels: KernelCostModel | None, ks) -> None:
-    """The learned kernels outside their fitted hardware: a count and the first reason."""
+    """The learned kernels outside the shapes or hardware they were fitted on: a count and the first reason."""
     if kernels is None:
         return
     reasons = [why for k in dict.fromkeys(ks) if (why := kernels.range_flag(k, device))]
     if reasons:
-        console.print(f"  warning: {len(reasons)} kernel time(s) from learned models outside the hardware they were fitted "
-                      f"on, e.g. {reasons[0]}", style="yellow", markup=False, highlight=False)
+        console.print(f"  warning: {len(reasons)} kernel time(s) from learned models outside the shapes or hardware they "
+                      f"were fitted on, e.g. {reasons[0]}", style="yellow", markup=False, highlight=False)
 
 
 def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None) -> None:

@@ -417,7 +417,7 @@ def _notes(workload: Workload, grid: Mapping[str, Sequence[float]], base: Outcom
     flagged = sum(o.out_of_range for o in outs)
     if flagged:
         how = "replaced by the roofline (--analytic)" if kernels.in_range_only else "flagged (--analytic uses the roofline)"
-        notes.append(f"{flagged} learned kernel time(s) over the grid are outside the hardware their model was fitted on: {how}")
+        notes.append(f"{flagged} learned kernel time(s) over the grid are outside the shapes or hardware their model was fitted on: {how}")
     return notes
 
 

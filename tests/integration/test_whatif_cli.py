@@ -176,7 +176,7 @@ def test_learned_models_outside_their_hardware_are_flagged_and_analytic_falls_ba
     doc = _json(capsys)
     assert doc["source"] == "roofline" and "--analytic" in doc["out_of_range"]
     assert main(["predict", "train", *[a for a in TRAIN if a != "--roofline"], "--gpu", "B200", "--models", str(models)]) == 0
-    assert "outside the hardware they were fitted on" in capsys.readouterr().out
+    assert "outside the shapes or hardware they were fitted on" in capsys.readouterr().out
     assert main(["explore", "train", *[a for a in TRAIN if a != "--roofline"], "--gpu", "H100-SXM", "--models", str(models),
                  "--vary", "peak_flops=1,2", "--json"]) == 0
     points = _json(capsys)["points"]
