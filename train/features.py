@@ -113,7 +113,7 @@ def group_keys(frame: pd.DataFrame) -> pd.Series:
     codes = keys.groupby(["op", "dtype", "direction", "tc"], sort=False, dropna=False).ngroup().to_numpy()
     first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
     labels = np.array([group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)))
-                       for op, dtype, direction, f in first.itertuples(index=False)] + [""], dtype=object)
+                       for op, dtype, direction, f in first.itertuples(index=False)], dtype=object)
     return pd.Series(labels[codes], index=frame.index, dtype=object)
 
 

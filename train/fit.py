@@ -379,11 +379,12 @@ op (kind, direction, dtype class and categorical parameters) on the same device 
 def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
     """Source files (sweeps) whose long-running rows ran far slower than another sweep of the same
     op on the same device -> why. Two sweeps of one op on one GPU cannot legitimately sustain rates
-    3x apart once both are past launch latency; one of them ran throttled (power or thermal
-    capping, a shared GPU) or was timed wrongly, and no feature can tell its rows apart. Seen in
-    NeuSight's data: the P4 ``linear`` sweep sustains 0.22 of the FP32 roofline while the P4
-    ``bmm`` sweep and NeuSight's own P4 test file sustain 0.52-0.77 on GEMMs of the same size.
-    Only rows of ``frame`` are compared; nothing about held-out data is used."""
+    more than 1 / :data:`SWEEP_MIN_RATIO` (2.2x) apart once both are past launch latency; one of
+    them ran throttled (power or thermal capping, a shared GPU) or was timed wrongly, and no
+    feature can tell its rows apart. Seen in NeuSight's data: the P4 ``linear`` sweep sustains 0.20
+    of the FP32 roofline where the P4 ``bmm`` sweep sustains 0.53 and NeuSight's own P4 test file
+    0.78; among all other sweeps of the published data the lowest ratio to their op's best sweep
+    on the same device is 0.64. Only rows of ``frame`` are compared."""
     if "source_file" not in frame.columns or not len(frame):
         return {}
     t_roof = feats["t_roof_s"].to_numpy(dtype=float)
