@@ -69,7 +69,7 @@ def run(req: BuildRequest, forward: Callable[[], Any], inputs: Sequence[Any]) ->
     for t in inputs:
         t.requires_grad_(True)
     out = forward()
-    grad_out = torch.randn_like(out) if out.dim() else torch.ones_like(out)
+    grad_out = randn(req, *out.shape, dtype=out.dtype) if out.dim() else torch.ones_like(out)
 
     def bwd() -> object:
         return torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
