@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -73,21 +74,13 @@ CPU_FLUSH_MIN_S = 50e-6
 """CPU calls at least this long are timed from a cold cache."""
 
 
-_FLUSH: dict[int, object] = {}
-"""One cache-flush buffer per size for the process: a fresh one per measured point paid its page
-faults (2x the last-level cache, 64 MiB here) every point, outside the timing but inside the
-collect budget."""
-
-
+@functools.lru_cache(maxsize=1)
 def _flush_buffer(flush_bytes: int):
+    """The process's cache-flush buffer: a fresh one per measured point paid its page faults (2x
+    the last-level cache, 64 MiB here) every point, outside the timing but inside the collect budget."""
     import numpy as np
 
-    size = max(1, flush_bytes // 8)
-    buf = _FLUSH.get(size)
-    if buf is None:
-        _FLUSH.clear()
-        buf = _FLUSH[size] = np.empty(size)
-    return buf
+    return np.empty(max(1, flush_bytes // 8))
 
 
 def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(), *, flush_bytes: int = 0) -> TimingStats:

@@ -133,6 +133,16 @@ class OpSpec:
         raise OpcastError(f"unknown direction {direction!r}; use fwd or bwd")
 
     @property
+    def int_params(self) -> tuple[str, ...]:
+        """Names of the integer (shape) parameters; the others are categorical."""
+        return tuple(p.name for p in self.params if p.type is int)
+
+    @property
+    def categorical_params(self) -> tuple[str, ...]:
+        """Names of the non-integer parameters (bool flags and choices)."""
+        return tuple(p.name for p in self.params if p.type is not int)
+
+    @property
     def defaults(self) -> dict[str, ParamValue]:
         """The optional parameters with the value they take when not given."""
         return {p.name: p.default for p in self.params if p.default is not None}

@@ -227,8 +227,7 @@ def _formulas(spec, first: pd.DataFrame, formulas: Mapping[str, tuple]) -> tuple
     cannot take arrays (a branch on an integer parameter) is evaluated row by row."""
     f_u = np.full(len(first), np.nan)
     b_u = np.full(len(first), np.nan)
-    ints = [p.name for p in spec.params if p.type is int]
-    cats = [p.name for p in spec.params if p.type is not int]
+    ints, cats = spec.int_params, spec.categorical_params
     cols = {n: first[n].to_numpy(dtype=float) for n in ints}
     for key, pos in first.groupby(["_d", "_dt", *cats], sort=False, dropna=False).indices.items():
         d, dt, *cat_vals = key
@@ -287,8 +286,7 @@ def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
         f_u, b_u = _formulas(spec, first, formulas)
         f_out, b_out = f_u[codes], b_u[codes]
         flops[idx], moved[idx] = f_out, b_out
-        numeric = {p.name: pd.to_numeric(sub[p.name], errors="coerce").to_numpy(dtype=float)
-                   for p in spec.params if p.type is int}
+        numeric = {n: pd.to_numeric(sub[n], errors="coerce").to_numpy(dtype=float) for n in spec.int_params}
         t, tr, fl = _tiles(str(kind), numeric, dirs == "fwd", dts, sms)
         tiles[idx] = t
         fill[idx] = fl

@@ -395,7 +395,7 @@ def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
     sub = frame[sat]
     cats = pd.Series("", index=sub.index, dtype=object)
     for kind in pd.unique(sub["op"].astype(object)):
-        names = [p.name for p in get_op(str(kind)).params if p.type is not int and p.name in sub.columns]
+        names = [n for n in get_op(str(kind)).categorical_params if n in sub.columns]
         if names:
             m = (sub["op"] == kind).to_numpy()
             cats[m] = ["|".join(map(str, r)) for r in sub.loc[m, names].itertuples(index=False)]
