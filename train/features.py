@@ -35,7 +35,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
 
-FEATURES_VERSION: Final = 2
+FEATURES_VERSION: Final = 3
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused."""
 
 MATRIX_KINDS: Final = frozenset({"gemm", "attention"})
@@ -186,6 +186,23 @@ def _gemm_tiles(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, sms:
     return tiles, elems, padded
 
 
+def _softmax_fill(width: np.ndarray, dt: np.ndarray) -> np.ndarray:
+    """The useful share of the element slots PyTorch's softmax kernels give a row of ``width``
+    elements (``aten/src/ATen/native/cuda/SoftMax.cu``, 1.x-2.1). Rows of at most 1024 elements
+    and 4 KiB go to the persistent warp kernel, whose lanes cover the next power of two
+    (``dispatch_softmax_forward``/``_backward``: ``next_power_of_two``). Wider rows get one block
+    each, of ``SoftMax_getBlockSize(ILP, width)`` threads (the power of two at or above
+    ``min(width / ILP, 1024) / 2``, at least a warp; ILP = 16 bytes / element), which sweeps the
+    row in chunks of threads x ILP elements: the last chunk may be part empty."""
+    w = np.maximum(width, 1.0)
+    warp = w / 2.0 ** np.ceil(np.log2(w))
+    ilp = 16.0 / dt
+    half = np.maximum(np.minimum(np.floor(w / ilp), 1024.0) / 2.0, 1.0)
+    chunk = np.maximum(32.0, 2.0 ** np.ceil(np.log2(half))) * ilp
+    block = w / (chunk * _cdiv(w, chunk))
+    return np.where((w <= 1024) & (w * dt <= 4096), warp, block)
+
+
 def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray,
            sms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tiles, bytes all tiles stream without cache reuse or NaN where the compulsory bytes stand,
@@ -208,7 +225,8 @@ def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.nd
     if kind in ("layernorm", "rmsnorm", "softmax", "cross_entropy"):
         rows = cols["rows"] if "rows" in cols else cols["tokens"]
         width = cols["cols"] if "cols" in cols else cols["vocab"]
-        return _cdiv(rows, np.maximum(1.0, np.floor(ROW_TILE_ELEMS / width))), nan, full
+        fill = _softmax_fill(width, dt) if kind == "softmax" else full
+        return _cdiv(rows, np.maximum(1.0, np.floor(ROW_TILE_ELEMS / width))), nan, fill
     if kind in ("elementwise", "optimizer"):
         numel = cols["numel"]
     elif kind == "rope":

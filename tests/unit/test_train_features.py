@@ -101,6 +101,24 @@ def test_tile_fill_is_the_useful_share_of_the_padded_tiles():
     assert ln["tile_fill"].iloc[0] == 1.0  # row kernels: one row per block, no padding modelled
 
 
+def test_softmax_fill_follows_pytorch_launch_rules():
+    a100 = get_device("A100-SXM4-80GB")
+    cases = [  # (dtype, cols, useful share of the slots the kernel gives a row)
+        ("fp32", 1000, 1000 / 1024),  # persistent warp kernel: lanes cover the next power of two
+        ("fp32", 1024, 1.0),
+        ("fp32", 2048, 1.0),  # block of pow2(512 / 2) = 256 threads x 4 = 1024-element chunks, two full
+        ("fp32", 2560, 2560 / 4096),  # 640 / 2 -> 512 threads x 4: two 2048-element chunks, the second part-empty
+        ("fp32", 16384, 1.0),  # 1024 / 2 -> 512 threads x 4 = 2048 elements, eight full chunks
+        ("fp16", 1536, 1536 / 2048),  # 8 halves a vector: 192 / 2 -> 128 threads x 8 = 1024-element chunks
+        ("fp16", 1000, 1000 / 1024),
+    ]
+    rows = [{"op": "softmax", "dtype": dt, "direction": d, "rows": 4096, "cols": c}
+            for dt, c, _ in cases for d in ("fwd", "bwd")]
+    got = features(_frame(rows), a100)["tile_fill"].to_numpy()
+    want = np.repeat([w for _, _, w in cases], 2)
+    np.testing.assert_allclose(got, want)
+
+
 def test_array_formulas_match_the_registry_row_by_row():
     from opcast.dtypes import DTYPE_BYTES
     from opcast.ops import get_op
