@@ -27,14 +27,20 @@ def test_same_seed_same_plan_other_seed_other_plan():
     assert len({p.point_id for p in a.points}) == len(a.points)  # no duplicates
 
 
-def test_shapes_are_hardware_aligned():
-    plan = make_plan(ops=("gemm", "attention"), dtypes=("fp16",), limits=_limits(), per_stratum=64)
-    gemms = [p.params for p in plan.points if p.op == "gemm"]
+def test_shapes_are_mostly_hardware_aligned_and_a_fifth_odd():
+    plan = make_plan(ops=("gemm", "attention", "softmax"), dtypes=("fp16",), limits=_limits(), per_stratum=128)
+    gemms = [p.params for p in plan.points if p.op == "gemm" and p.direction == "fwd"]
     assert gemms
-    for g in gemms:
-        for dim in ("m", "n", "k"):
-            assert g[dim] % 8 == 0, g
-            assert g[dim] < 256 or g[dim] % 64 == 0, g
+
+    def aligned(v: int) -> bool:
+        return v % 8 == 0 and (v < 256 or v % 64 == 0)
+
+    fully = [g for g in gemms if all(aligned(g[d]) for d in ("m", "n", "k"))]
+    odd = [g for g in gemms if any(g[d] % 2 for d in ("m", "n", "k"))]
+    assert 0.7 <= len(fully) / len(gemms) <= 0.9, (len(fully), len(gemms))
+    assert len(odd) >= 0.1 * len(gemms)  # the unaligned share really includes odd sizes
+    cols = [p.params["cols"] for p in plan.points if p.op == "softmax" and p.direction == "fwd"]
+    assert 0.05 <= sum(c % 8 != 0 for c in cols) / len(cols) <= 0.3
     for a in (p.params for p in plan.points if p.op == "attention"):
         assert a["seq_kv"] % 8 == 0 and a["head_dim"] % 16 == 0 and a["heads"] % a["kv_heads"] == 0
     assert align(1000) == 1024 and align(102) == 104 and align(5000) == 4992 and align(3) == 3
@@ -74,8 +80,11 @@ def test_infeasible_points_are_skipped_with_reasons():
     fp32_flash = make_plan(ops=("attention",), dtypes=("fp32",), limits=_limits(), per_stratum=64)
     assert all(p.params["impl"] != "flash" for p in fp32_flash.points)
     assert fp32_flash.skipped["attention: flash attention on CUDA needs fp16 or bf16"] > 0
-    fp8 = make_plan(ops=("gemm", "layernorm"), dtypes=("fp8",), limits=_limits(), per_stratum=4)
+    fp8 = make_plan(ops=("gemm", "layernorm"), dtypes=("fp8",), limits=_limits(), per_stratum=32)
     assert {p.op for p in fp8.points} == {"gemm"} and all(p.direction == "fwd" for p in fp8.points)
+    # what torch._scaled_mm takes is planned; the rest is skipped with the reason, not failed on the device
+    assert all(p.params["b"] == 1 and all(p.params[d] % 16 == 0 for d in "mnk") for p in fp8.points)
+    assert fp8.skipped["gemm: fp8 GEMM is benchmarked with b=1 and m, n, k multiples of 16 (torch._scaled_mm)"] > 0
 
 
 def test_arch_shapes_join_the_plan():
