@@ -2,11 +2,12 @@
 
 Lightweight sampling (in the spirit of NeuSight's and Vidur's profilers, but sparser): for each
 (op kind, dtype) stratum, a seeded scrambled Sobol sequence over log-spaced shape ranges, mostly
-hardware-aligned (a fifth of GEMM and row-wise shapes are left odd, :data:`UNALIGNED_SHARE`); plus the exact shapes that named archs produce under common tensor-parallel
-degrees. Strata are interleaved round-robin, so a run cut short by its time budget still covers
-every kind. Every point is validated before it is planned: registry checks, a memory bound and
-a roofline time estimate against the device, so nothing that cannot run (or would take too
-long) reaches the device.
+hardware-aligned (a fifth of GEMM and row-wise shapes are left odd, :data:`UNALIGNED_SHARE`);
+plus the exact shapes that named archs produce under common tensor-parallel degrees. Strata are
+interleaved round-robin, so a run cut short by its time budget still covers every kind. Every
+point is validated before it is planned: registry checks, a memory bound and a roofline time
+estimate against the device, so nothing that cannot run (or would take too long) reaches the
+device.
 """
 
 from __future__ import annotations

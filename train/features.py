@@ -12,7 +12,9 @@ For each row (an op configuration: kind, shape parameters, dtype, direction, ten
   use the link bandwidth (NVLink within a node, the NIC across nodes);
 - the tile/wave structure (NeuSight, arXiv 2407.13853, Sec. 4): the kernel is split into output
   tiles (thread blocks) that run in waves of ``sm_count`` tiles; ``waves = tiles / sm_count`` and
-  the tail efficiency ``waves / ceil(waves)`` say how well the last wave fills the GPU;
+  the tail efficiency ``waves / ceil(waves)`` say how well the last wave fills the GPU, and the
+  tile fill how much of the tiles' work is useful (GEMM edge tiles, attention blocks, the slots
+  PyTorch's softmax kernels give a row);
 - the working set against the L2 cache;
 - the device's spec (peak, bandwidth, SMs, L2, clock, lanes), and the shape parameters themselves.
 
