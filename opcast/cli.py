@@ -6,9 +6,12 @@ on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import errno
+import importlib
 import json
+import os
 import sys
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -95,28 +98,92 @@ def arch_show(name: Annotated[str, typer.Argument(help="Preset name, preset JSON
     console.print_json(json.dumps({**asdict(a), "params_total": a.params_total(), "active_params_total": a.active_params_total()}))
 
 
+def _click_exceptions() -> Any:
+    """The click exceptions module typer raises from: typer >= 0.22 vendors click as
+    ``typer._click`` (no ``click`` installed), older typer depends on ``click`` itself."""
+    try:
+        return importlib.import_module("typer._click.exceptions")
+    except ModuleNotFoundError:
+        return importlib.import_module("click.exceptions")
+
+
+def _usage_line(exc: Any) -> str:
+    """One line for a click usage error: what is wrong, then where the help is."""
+    message = " ".join(str(exc.format_message()).split())
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+    return f"opcast: error: {message}{hint}"
+
+
+def _fail(line: str, code: int) -> int:
+    try:
+        err_console.print(line, markup=False, highlight=False, soft_wrap=True)
+    except (OSError, ValueError):  # stderr closed as well: the exit code still says it
+        pass
+    return code
+
+
+def _flush_stdout() -> None:
+    """Flush stdout now, so a full or closed stdout (``> /dev/full``, a closed pipe) fails here,
+    inside the boundary, not in the interpreter's exit flush (a traceback and exit 120)."""
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        _silence_stdout()
+        raise
+
+
+def _silence_stdout() -> None:
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``opcast`` script; returns the exit code."""
+    """Entry point of the ``opcast`` script; returns the exit code.
+
+    The boundary guarantees one line on stderr and no traceback: 2 for anything the user can fix
+    (a domain error, a usage error of the command line, unwritable output), 130 for an
+    interrupt, 1 for a bug (with the exception's type and message; ``OPCAST_DEBUG=1`` shows the
+    traceback)."""
+    click_exc = _click_exceptions()
     try:
         code = app(args=argv, prog_name="opcast", standalone_mode=False)
+        _flush_stdout()
     except OpcastError as err:
-        err_console.print(f"opcast: error: {err}", markup=False, highlight=False, soft_wrap=True)
-        return 2
+        return _fail(f"opcast: error: {' '.join(str(err).split())}", 2)
     except typer.Exit as exc:  # raised by commands for a chosen exit code
         return exc.exit_code
-    except typer.Abort:
-        err_console.print("opcast: aborted", markup=False)
-        return 130
-    except KeyboardInterrupt:
-        err_console.print("opcast: interrupted; what was written is kept", markup=False)
-        return 130
-    except Exception as exc:  # click usage errors carry their own exit code (2)
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            return exc.exit_code
-        raise
+    except click_exc.NoArgsIsHelpError as exc:  # a bare group: its help, as click prints it
+        exc.show()
+        return 2
+    except click_exc.ClickException as exc:  # usage errors: unknown command or option, bad value, missing option
+        return _fail(_usage_line(exc), exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        return _fail("opcast: interrupted; what was written is kept", 130)
+    except BrokenPipeError:  # the reader went away (| head): not an error of ours
+        _silence_stdout()
+        return 141
+    except OSError as err:
+        if err.filename is None and err.errno in (errno.ENOSPC, errno.EBADF, errno.EIO):
+            _silence_stdout()
+            return _fail(f"opcast: error: cannot write the output ({err.strerror}); free space or redirect stdout elsewhere", 2)
+        where = f"{err.filename}: " if err.filename else ""
+        return _fail(f"opcast: error: {where}{err.strerror or err}; check the path and its permissions", 2)
+    except RecursionError:
+        return _fail("opcast: error: an input is nested too deeply to read; check the file you passed", 2)
+    except MemoryError:
+        return _fail("opcast: error: out of memory; try a smaller input or a machine with more memory", 2)
+    except Exception as exc:
+        if os.environ.get("OPCAST_DEBUG"):
+            raise
+        first = (str(exc).splitlines() or [""])[0][:300]
+        return _fail(f"opcast: internal error: {type(exc).__name__}: {first} (a bug in opcast; "
+                     "rerun with OPCAST_DEBUG=1 for the traceback and report it)", 1)
     # click returns the code of a typer.Exit raised by a command (e.g. 130 after an interrupted collection)
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
 
