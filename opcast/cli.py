@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     interrupt, 1 for a bug (with the exception's type and message; ``OPCAST_DEBUG=1`` shows the
     traceback)."""
     click_exc = _click_exceptions()
+    no_args_is_help = getattr(click_exc, "NoArgsIsHelpError", ())  # click >= 8.2; older click exits 0 after the help
     try:
         code = app(args=argv, prog_name="opcast", standalone_mode=False)
         _flush_stdout()
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"opcast: error: {' '.join(str(err).split())}", 2)
     except typer.Exit as exc:  # raised by commands for a chosen exit code
         return exc.exit_code
-    except click_exc.NoArgsIsHelpError as exc:  # a bare group: its help, as click prints it
+    except no_args_is_help as exc:  # a bare group: its help, as click prints it
         exc.show()
         return 2
     except click_exc.ClickException as exc:  # usage errors: unknown command or option, bad value, missing option
