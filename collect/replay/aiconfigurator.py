@@ -1,0 +1,544 @@
+"""NVIDIA AIConfigurator's measured kernel database (PyPI ``aiconfigurator-core``, Apache-2.0;
+source ai-dynamo/aiconfigurator): bf16/fp8 GEMMs, prefill and decode attention and NCCL
+collectives measured on ten systems.
+
+Layout read (``ROOT`` = the package's ``systems/data`` folder; the package folder or its
+``systems`` folder work too; with no path, the installed package's data is found with
+``importlib.util.find_spec`` and nothing of it is imported)::
+
+    <system>/<family>/<framework>/<version>/<table>.parquet  (+ collection_meta.yaml)
+
+Systems and the catalog devices they map to (:data:`SYSTEM_DEVICES`; a system whose device the
+catalog lacks, or a folder not in the table that the catalog cannot name either, is skipped with
+a counted reason). Latency is in milliseconds in every table (checked: h100_sxm bf16
+32768x65536x12288 = 60.3 ms with vLLM's ``torch.nn.functional.linear``, 875 TFLOP/s, 88 % of the
+989 TFLOP/s peak); ``time_s_median`` = latency / 1e3.
+
+Tables converted (all forward, one measurement per row):
+
+``gemm/gemm_perf``
+    ``gemm`` b=1, m, n, k (``x = [m, k]`` times the ``[n, k]`` weight of a ``Linear(k, n)``,
+    collector/trtllm/collect_gemm.py). dtype: ``bfloat16`` -> bf16, ``fp8`` (per-tensor scaled
+    e4m3, bf16 output) -> fp8. Skipped with reasons: ``fp8_block`` (1x128 / 128x128 block
+    scales, DeepGEMM-style kernels: a different kernel from per-tensor fp8, and opcast has no
+    dtype for it), ``nvfp4`` (no fp4 dtype), ``int8_wo`` / ``int4_wo`` / ``sq`` (integer
+    weight-only and SmoothQuant GEMMs). The latency is the mean per call of a CUDA-graph loop that
+    cycles distinct weight copies past the L2 cache.
+``attention/context_attention_perf``
+    Prefill: ``attention`` batch=batch_size, heads=num_heads, kv_heads=num_key_value_heads,
+    seq_q = seq_kv = isl, head_dim, causal, impl ``flash`` (every lane is a fused kernel: TRT-LLM
+    FMHA, FlashAttention 2/3/4, FlashInfer, Triton). The timed call also writes K and V into the
+    paged cache and applies RoPE inside the kernel (collector/trtllm/collect_attn.py).
+``attention/generation_attention_perf``
+    Decode: the collector's ``step`` is the number of cached tokens (``s - 1`` for the s-th
+    token), so seq_q = 1 and seq_kv = step + 1 (the new token attends to the cache and itself);
+    causal True (identical to non-causal for one query).
+    Attention dtype: (attn_dtype, kv_cache_dtype) ``(bfloat16, bfloat16)`` -> bf16, ``(fp8,
+    fp8)`` -> fp8 (FP8 FMHA over an fp8 cache). Skipped with reasons: bf16 attention over an fp8
+    KV cache (the registry has one dtype per op), ``window_size`` > 0 (sliding window: the
+    registry's attention has no window), ``beam_width`` > 1.
+``comm/nccl_perf`` (and ``comm/oneccl_perf``, Intel's oneCCL on the B60)
+    nccl-tests (``all_gather_perf`` ... ``-d half -w 40 -a 1 -c 0``, collector/collect_nccl.py):
+    ``message_size`` is in *elements* (the collector divides nccl-tests' byte size by the element
+    size), so bytes = message_size x 2 for ``half`` -> fp16; ``int8`` rows are skipped (opcast has
+    no int8 dtype, as in the nccl-tests importer). ``all_gather``, ``all_reduce``,
+    ``reduce_scatter``, ``alltoall`` -> all_to_all; nccl-tests' size convention is opcast's
+    (all_gather: gathered output; reduce_scatter: input). world_size = num_gpus on one node
+    (nccl-tests ``-t num_gpus``: one process), gpus_per_node = num_gpus. The time is nccl-tests'
+    out-of-place mean over its iterations, averaged across ranks (``-a 1``).
+
+Every other table (fused MoE, MLA, custom all-reduce, MoE all-to-all, DeepSeek modules, Mamba,
+quantize kernels, ...) is skipped with a counted reason: :data:`TABLE_REASONS`, else "no opcast op".
+
+Provenance: ``source_file`` is the parquet path relative to ROOT (system/family/framework/
+version), ``kernel_name`` is ``"<framework> <version>: <kernel_source>"`` (e.g. ``"trtllm
+1.3.0rc20: torch_flow"``), ``torch_version`` / ``cuda_version`` come from ``runtime.abi`` of the
+folder's collection_meta.yaml where it has them. ``n_reps`` is null (the tables do not say).
+
+One row per configuration. Several frameworks, versions and kernels (``kernel_source`` lanes)
+measure the same shapes with different latencies; the dataset keys a row by (device, op config,
+dtype, direction), so exactly one measurement is kept, the first in this precedence:
+
+1. framework, in the order of ``frameworks`` (default :data:`FRAMEWORKS`: nccl, vllm, trtllm,
+   sglang; any other framework after these, by name). vLLM first because, over the configurations
+   that several frameworks measured, its rows sit closest to the per-configuration median
+   (median absolute log-ratio: gemm bf16 0.9 %, fp8 3.7 %, prefill bf16 3.7 %, decode bf16 5.2 %),
+   while TRT-LLM's prefill rows run 18 % above it (its timed call also writes the paged KV cache
+   and applies RoPE) and its small fp8 GEMMs are often slower; TRT-LLM and SGLang fill the shapes
+   and dtypes vLLM lacks (fp8 attention, most A100 GEMMs);
+2. newest version of that framework first;
+3. within one file and dtype, the densest kernel lane first (most rows, then name: the ranking
+   AIConfigurator itself uses for donor lanes), so one file contributes one kernel per dtype
+   where it can.
+
+The others are counted as skipped ("another kernel", "older version" or "lower-precedence
+framework"). A configuration repeated within one file and lane (some nccl files hold several
+runs) becomes one row: the median, with p20/p80 from 3 repeats on.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from opcast.collect.replay.common import MalformedFile, ReplayResult
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.ops import bus_factor
+
+if TYPE_CHECKING:
+    from opcast.collect.replay import ReplayOptions
+
+PACKAGE: Final = "aiconfigurator_core"
+DATA_DIR: Final = Path("systems") / "data"
+
+SYSTEM_DEVICES: Final[dict[str, str]] = {
+    "a100_sxm": "A100-SXM4-80GB",
+    "h100_sxm": "H100-SXM",
+    "h200_sxm": "H200",
+    "b200_sxm": "B200",
+    "b300_sxm": "B300",
+    "gb200": "GB200",
+    "gb300": "GB300",
+    "l40s": "L40S",
+    "rtx_pro_6000_server": "RTX-PRO-6000",
+    "b60": "Arc-Pro-B60",
+}
+"""AIConfigurator system folder -> hardware catalog name."""
+
+FRAMEWORKS: Final = ("nccl", "vllm", "trtllm", "sglang")
+"""Default framework precedence when several measured the same configuration."""
+
+TIMING_KERNEL: Final = "replay:aiconfigurator:mean"
+TIMING_NCCL: Final = "replay:aiconfigurator:nccl-tests-avg"
+
+GEMM_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8"}
+GEMM_SKIPPED: Final = {
+    "fp8_block": "gemm fp8_block: block-scaled fp8 (DeepGEMM-style 1x128/128x128 scales) is another kernel than "
+                 "per-tensor fp8; opcast has no dtype for it",
+    "nvfp4": "gemm nvfp4: opcast has no fp4 dtype",
+    "int8_wo": "gemm int8_wo: integer weight-only GEMM, no opcast dtype",
+    "int4_wo": "gemm int4_wo: integer weight-only GEMM, no opcast dtype",
+    "sq": "gemm sq: SmoothQuant int8 GEMM, no opcast dtype",
+}
+ATTENTION_DTYPES: Final = {("bfloat16", "bfloat16"): "bf16", ("float16", "float16"): "bf16", ("fp8", "fp8"): "fp8"}
+"""(attn_dtype, kv_cache_dtype) -> opcast dtype. The collectors label bf16 tensors ``float16`` in
+older versions (collect_attn.py builds q and kv with ``.bfloat16()``)."""
+COLLECTIVES: Final = {"all_gather": "all_gather", "all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter",
+                      "alltoall": "all_to_all"}
+COLLECTIVE_DTYPES: Final = {"half": ("fp16", 2)}
+
+ATTENTION_TABLES: Final = {"context_attention_perf": "context", "generation_attention_perf": "generation"}
+COLLECTIVE_TABLES: Final = ("nccl_perf", "oneccl_perf")
+TABLE_REASONS: Final[dict[str, str]] = {
+    "moe_perf": "moe/moe_perf: fused MoE layer (routing + grouped GEMMs); the registry has no MoE op",
+    "custom_allreduce_perf": "comm/custom_allreduce_perf: framework custom all-reduce kernels, not NCCL "
+                             "(opcast's all_reduce is NCCL's)",
+    "moe_a2a_perf": "comm/moe_a2a_perf: MoE token dispatch/combine; the registry has no MoE op",
+    "mla_bmm_perf": "mla_bmm/mla_bmm_perf: DeepSeek MLA absorbed BMMs (shape constants not in the table)",
+}
+
+_SOURCE_COLUMNS: Final = {
+    "gemm_perf": ("kernel_source", "gemm_dtype", "m", "n", "k", "latency"),
+    "context_attention_perf": ("kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
+                               "attn_dtype", "kv_cache_dtype", "step", "latency"),
+    "nccl_perf": ("kernel_source", "op_name", "nccl_dtype", "num_gpus", "message_size", "latency"),
+}
+_SOURCE_COLUMNS["generation_attention_perf"] = _SOURCE_COLUMNS["context_attention_perf"]
+_SOURCE_COLUMNS["oneccl_perf"] = _SOURCE_COLUMNS["nccl_perf"]
+_OPTIONAL_COLUMNS: Final = ("window_size", "beam_width")
+
+_PARAMS: Final = {
+    "gemm": ("b", "m", "n", "k"),
+    "attention": ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"),
+    "collective": ("bytes", "world_size", "nodes", "gpus_per_node"),
+}
+
+
+# --------------------------------------------------------------------------- entry points
+
+def default_root() -> Path:
+    """``systems/data`` of the installed aiconfigurator-core package (found, not imported)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise OpcastError("aiconfigurator-core is not installed; pip install 'opcast[aiconfigurator]' "
+                          "or give the path of its systems/data folder")
+    root = Path(next(iter(spec.submodule_search_locations))) / DATA_DIR
+    if not root.is_dir():
+        raise OpcastError(f"{root} does not exist: this aiconfigurator-core ships no measured data; "
+                          "install aiconfigurator-core>=0.12 or give the path of a systems/data folder")
+    return root
+
+
+def data_root(path: Path | str | None) -> Path:
+    """The folder holding ``<system>/<family>/...``: ``path`` itself, its ``data`` (a ``systems``
+    folder) or its ``systems/data`` (the package folder); the installed package's when None."""
+    if path is None:
+        return default_root()
+    path = Path(path)
+    for candidate in (path / DATA_DIR, path / "data"):
+        if candidate.is_dir() and any(candidate.glob("*/*/*/*/*.parquet")):
+            return candidate
+    return path
+
+
+def replay(root: Path | str | None = None, options: ReplayOptions | None = None, *,
+           frameworks: Iterable[str] = FRAMEWORKS, systems: Iterable[str] | None = None,
+           tables: Iterable[str] | None = None) -> ReplayResult:
+    """Rows of every converted table under ``root`` (see the module docstring).
+
+    ``systems`` / ``tables`` restrict what is read (folder names, table stems such as
+    ``gemm_perf``); ``frameworks`` sets the precedence among frameworks measuring the same
+    configuration. ``options`` is unused: the folders say everything.
+    """
+    del options
+    base = data_root(root)
+    if not base.is_dir():
+        raise OpcastError(f"{base} is not a folder; give aiconfigurator-core's systems/data folder (or nothing, "
+                          "to read the installed package)")
+    order = tuple(frameworks)
+    only_systems = set(systems) if systems is not None else None
+    only_tables = set(tables) if tables is not None else None
+    result = ReplayResult()
+    frames: dict[str, list[pd.DataFrame]] = {"gemm": [], "attention": [], "collective": []}
+    for path in sorted(base.glob("*/*/*/*/*.parquet")):
+        rel = path.relative_to(base)
+        system, family, framework, version = rel.parts[:4]
+        table = path.stem
+        if (only_systems is not None and system not in only_systems) or (only_tables is not None and table not in only_tables):
+            continue
+        result.files += 1
+        device = system_device(system)
+        if device is None:
+            name = SYSTEM_DEVICES.get(system)
+            reason = (f"system {system}: {name} is not in the hardware catalog" if name
+                      else f"system {system}: no hardware catalog device for this folder")
+            result.skipped[reason] += _num_rows(path)
+            continue
+        if table == "gemm_perf":
+            kind, frame = "gemm", _gemm(path, result)
+        elif table in ATTENTION_TABLES:
+            kind, frame = "attention", _attention(path, ATTENTION_TABLES[table], result)
+        elif table in COLLECTIVE_TABLES:
+            kind, frame = "collective", _collective(path, result)
+        else:
+            result.skipped[TABLE_REASONS.get(table, f"{family}/{table}: no opcast op for it")] += _num_rows(path)
+            continue
+        if frame.empty:
+            continue
+        _check_device(path, frame, device)
+        meta = read_meta(path.parent / "collection_meta.yaml")
+        frame = frame.assign(
+            device=device, source_file=rel.as_posix(), torch_version=meta.get(("runtime", "abi", "torch")),
+            cuda_version=meta.get(("runtime", "abi", "cuda")),
+            kernel_name=framework + " " + version + ": " + frame["kernel_source"].astype(str),
+            _system=system, _table=table, _framework=framework, _version=version)
+        frames[kind].append(frame)
+    versions = _version_ranks(f for fs in frames.values() for f in fs)
+    for kind, parts in frames.items():
+        if parts:
+            ranked = [_rank(frame, order, versions) for frame in parts]
+            result.rows.extend(_select(kind, pd.concat(ranked, ignore_index=True), result))
+    return result
+
+
+# --------------------------------------------------------------------------- tables
+
+def _read(path: Path, table: str) -> pd.DataFrame:
+    """The columns of ``table`` this importer needs (a missing one names the file)."""
+    try:
+        names = pq.read_schema(path).names
+    except (pa.ArrowException, OSError) as err:
+        raise MalformedFile(path, None, f"not a readable parquet file ({str(err).splitlines()[0]})") from None
+    required = _SOURCE_COLUMNS[table]
+    missing = [c for c in required if c not in names]
+    if missing:
+        raise MalformedFile(path, None, f"{table} lacks column(s) {', '.join(missing)}")
+    columns = [*required, *(c for c in (*_OPTIONAL_COLUMNS, "device") if c in names)]
+    frame = pd.read_parquet(path, columns=columns)
+    latency = pd.to_numeric(frame["latency"], errors="coerce")
+    frame["time_s"] = latency / 1e3
+    return frame
+
+
+def _positive_time(frame: pd.DataFrame, result: ReplayResult, what: str) -> pd.DataFrame:
+    bad = ~(np.isfinite(frame["time_s"]) & (frame["time_s"] > 0))
+    if bad.any():
+        result.skipped[f"{what}: latency not a positive number"] += int(bad.sum())
+    return frame[~bad]
+
+
+def _skip_by(frame: pd.DataFrame, mask: pd.Series, reasons: pd.Series | str, result: ReplayResult) -> pd.DataFrame:
+    """Count the rows under ``mask`` under their reason and drop them."""
+    if mask.any():
+        if isinstance(reasons, str):
+            result.skipped[reasons] += int(mask.sum())
+        else:
+            for reason, count in reasons[mask].value_counts().items():
+                result.skipped[str(reason)] += int(count)
+    return frame[~mask]
+
+
+def _gemm(path: Path, result: ReplayResult) -> pd.DataFrame:
+    frame = _read(path, "gemm_perf")
+    source = frame["gemm_dtype"].astype(str)
+    dtype = source.map(GEMM_DTYPES)
+    reasons = source.map(lambda d: GEMM_SKIPPED.get(d, f"gemm {d}: no opcast dtype for it"))
+    frame = _skip_by(frame.assign(dtype=dtype), dtype.isna(), reasons, result)
+    frame = _positive_time(frame, result, "gemm")
+    shape = frame[["m", "n", "k"]]
+    bad = (shape < 1).any(axis=1)
+    frame = _skip_by(frame, bad, "gemm: a dimension below 1", result)
+    return frame.assign(op="gemm", b=1, m=frame["m"].astype("int64"), n=frame["n"].astype("int64"),
+                        k=frame["k"].astype("int64"))
+
+
+def _attention(path: Path, phase: str, result: ReplayResult) -> pd.DataFrame:
+    frame = _read(path, "context_attention_perf")
+    pair = list(zip(frame["attn_dtype"].astype(str), frame["kv_cache_dtype"].astype(str)))
+    dtype = pd.Series([ATTENTION_DTYPES.get(p) for p in pair], index=frame.index, dtype=object)
+    reasons = pd.Series([f"{phase} attention: {a} attention over a {kv} KV cache (the registry has one dtype per op)"
+                         for a, kv in pair], index=frame.index)
+    frame = _skip_by(frame.assign(dtype=dtype), dtype.isna(), reasons, result)
+    if "window_size" in frame:
+        window = frame["window_size"].fillna(0)
+        frame = _skip_by(frame, window > 0, f"{phase} attention: sliding window (window_size > 0); the registry's "
+                                            "attention has no window", result)
+    if "beam_width" in frame:
+        frame = _skip_by(frame, frame["beam_width"].fillna(1) != 1, f"{phase} attention: beam_width > 1", result)
+    frame = _positive_time(frame, result, f"{phase} attention")
+    if phase == "context":
+        seq_q = seq_kv = frame["isl"]
+    else:
+        seq_q, seq_kv = pd.Series(1, index=frame.index), frame["step"] + 1
+    return frame.assign(op="attention", batch=frame["batch_size"], heads=frame["num_heads"],
+                        kv_heads=frame["num_key_value_heads"], seq_q=seq_q, seq_kv=seq_kv,
+                        head_dim=frame["head_dim"], causal=True, impl="flash")
+
+
+def _collective(path: Path, result: ReplayResult) -> pd.DataFrame:
+    frame = _read(path, path.stem)
+    op = frame["op_name"].astype(str).map(COLLECTIVES)
+    frame = _skip_by(frame.assign(op=op), op.isna(),
+                     frame["op_name"].astype(str).map(lambda o: f"collective {o}: no opcast op for it"), result)
+    source_dtype = frame["nccl_dtype"].astype(str)
+    known = source_dtype.isin(list(COLLECTIVE_DTYPES))
+    frame = _skip_by(frame, ~known, source_dtype.map(lambda d: f"collective dtype {d}: no opcast dtype "
+                                                               "(float/half/bfloat16 only)"), result)
+    frame = _positive_time(frame, result, "collective")
+    frame = _skip_by(frame, frame["num_gpus"] < 2, "collective: fewer than 2 GPUs", result)
+    frame = _skip_by(frame, frame["message_size"] < 1, "collective: empty message", result)
+    dtype = frame["nccl_dtype"].astype(str).map(lambda d: COLLECTIVE_DTYPES[d][0])
+    nbytes = frame["message_size"].astype("int64") * frame["nccl_dtype"].astype(str).map(
+        lambda d: COLLECTIVE_DTYPES[d][1]).astype("int64")
+    return frame.assign(dtype=dtype, bytes=nbytes, world_size=frame["num_gpus"], nodes=1,
+                        gpus_per_node=frame["num_gpus"])
+
+
+# --------------------------------------------------------------------------- selection
+
+def _rank(frame: pd.DataFrame, order: tuple[str, ...], versions: Mapping[tuple[str, str, str, str], int]) -> pd.DataFrame:
+    """Precedence columns of one file's rows: framework, version, kernel lane density."""
+    first = frame.iloc[0]
+    framework = str(first["_framework"])
+    lane_rows = frame.groupby(["dtype", "kernel_source"], sort=False)["time_s"].transform("size")
+    return frame.assign(_fw_rank=order.index(framework) if framework in order else len(order),
+                        _ver_rank=versions[(first["_system"], first["_table"], framework, first["_version"])],
+                        _lane_rows=-lane_rows)
+
+
+def _select(kind: str, frame: pd.DataFrame, result: ReplayResult) -> list[dict[str, Any]]:
+    """One row per (device, op, params, dtype) by the precedence of the module docstring."""
+    params = list(_PARAMS[kind])
+    key = ["device", "op", *params, "dtype"]
+    frame = frame.sort_values(["_fw_rank", "_framework", "_ver_rank", "_lane_rows", "kernel_source"],
+                          kind="stable").reset_index(drop=True)  # the index is now the precedence order
+    frame = frame.rename(columns={"time_s": "time_s_median"}).assign(time_s_p20=np.nan, time_s_p80=np.nan)
+    # Repeats within one file and lane: one row, the median (p20/p80 from 3 repeats on).
+    group = [*key, "source_file", "kernel_source"]
+    repeated = frame.duplicated(group, keep=False)
+    if repeated.any():
+        times = frame.loc[repeated].groupby(group, sort=False)["time_s_median"]
+        stats = times.agg(["median", "size"]).rename(columns={"median": "_median", "size": "_n"})
+        stats["_p20"] = times.quantile(0.2)
+        stats["_p80"] = times.quantile(0.8)
+        result.skipped["repeat of a configuration in the same file and kernel (merged: median)"] += int(
+            (stats["_n"] - 1).sum())
+        kept = frame.loc[repeated].drop_duplicates(group, keep="first")
+        kept = kept.merge(stats.reset_index(), on=group, how="left", sort=False)
+        enough = kept["_n"] >= 3
+        kept = kept.assign(time_s_median=kept["_median"].to_numpy(),
+                           time_s_p20=kept["_p20"].where(enough).to_numpy(),
+                           time_s_p80=kept["_p80"].where(enough).to_numpy())
+        kept.index = frame.index[repeated & ~frame.duplicated(group, keep="first")]
+        frame = pd.concat([frame.loc[~repeated], kept.drop(columns=["_median", "_n", "_p20", "_p80"])]).sort_index()
+    # Across files and lanes: the first by precedence.
+    firsts = frame.groupby(key, sort=False, dropna=False)[["_framework", "source_file"]].transform("first")
+    repeat = frame.duplicated(key, keep="first")
+    if repeat.any():
+        dup = frame[repeat]
+        same_file = dup["source_file"] == firsts.loc[repeat, "source_file"]
+        same_fw = dup["_framework"] == firsts.loc[repeat, "_framework"]
+        reasons = np.where(same_file, "measured again by another kernel of the same file (kept the densest lane)",
+                           np.where(same_fw, "measured again by an older version of the same framework (kept the newest)",
+                                    "measured again by a lower-precedence framework"))
+        for reason, count in pd.Series(reasons).value_counts().items():
+            result.skipped[f"{kind}: {reason}"] += int(count)
+        frame = frame[~repeat]
+    return _records(kind, frame, params)
+
+
+def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str, Any]]:
+    collective = kind == "collective"
+    out = frame[["device", "op", *params, "dtype"]].copy()
+    out["direction"] = "fwd"
+    out["tensor_cores"] = None if collective else True
+    for column in ("time_s_median", "time_s_p20", "time_s_p80"):
+        out[column] = frame[column].astype(float)
+    out["n_reps"] = None
+    if collective:
+        algbw = frame["bytes"] / frame["time_s_median"] / 1e9
+        out["algbw_gbps"] = algbw
+        out["busbw_gbps"] = algbw * [bus_factor(op, int(n)) for op, n in zip(frame["op"], frame["world_size"])]
+    for column in ("kernel_name", "source_file", "torch_version", "cuda_version"):
+        out[column] = frame[column]
+    out["timing_method"] = TIMING_NCCL if collective else TIMING_KERNEL
+    records = out.to_dict("records")
+    for row in records:
+        for name in ("time_s_p20", "time_s_p80"):
+            if row[name] is not None and math.isnan(row[name]):
+                row[name] = None
+        for name in params:  # numpy scalars as plain Python values
+            value = row[name]
+            if hasattr(value, "item"):
+                row[name] = value.item()
+    return records
+
+
+def _version_ranks(frames: Iterable[pd.DataFrame]) -> dict[tuple[str, str, str, str], int]:
+    """(system, table, framework, version) -> 0 for the newest version of that framework, 1 next..."""
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for frame in frames:  # one file each
+        first = frame.iloc[0]
+        found.setdefault((first["_system"], first["_table"], first["_framework"]), set()).add(first["_version"])
+    return {(system, table, framework, version): rank
+            for (system, table, framework), names in found.items()
+            for rank, version in enumerate(sorted(names, key=version_key, reverse=True))}
+
+
+_VERSION = re.compile(r"^v?(?P<release>\d+(?:\.\d+)*)(?:[.\-_]?(?P<tag>dev|a|alpha|b|beta|rc|post)\.?(?P<n>\d*))?")
+_TAG_ORDER: Final = {"dev": 0, "a": 1, "alpha": 1, "b": 2, "beta": 2, "rc": 3, None: 4, "post": 5}
+
+
+def version_key(version: str) -> tuple:
+    """A sort key ordering release strings as PEP 440 does for the forms met here (``1.3.0rc20``
+    < ``1.3.0`` < ``0.5.6.post2``-style posts; ``0.1.dev19262`` before its release)."""
+    match = _VERSION.match(version)
+    if match is None:
+        return ((), -1, 0, version)
+    release = tuple(int(x) for x in match["release"].split("."))
+    while len(release) > 1 and release[-1] == 0:
+        release = release[:-1]
+    return (release, _TAG_ORDER[match["tag"]], int(match["n"] or 0), version)
+
+
+# --------------------------------------------------------------------------- devices and metadata
+
+@cache
+def system_device(system: str) -> str | None:
+    """Catalog name of an AIConfigurator system folder (:data:`SYSTEM_DEVICES`, else the folder name as a
+    catalog alias), or None when the catalog lacks it."""
+    try:
+        return get_device(SYSTEM_DEVICES.get(system, system)).name
+    except OpcastError:
+        return None
+
+
+@cache
+def _torch_device(name: str) -> str | None:
+    try:
+        return get_device(name).name
+    except OpcastError:
+        return None
+
+
+def _check_device(path: Path, frame: pd.DataFrame, device: str) -> None:
+    """The table's own ``device`` column (torch's GPU name), where the catalog knows it, must
+    name the folder's device."""
+    if "device" not in frame:
+        return
+    for name in frame["device"].dropna().astype(str).unique():
+        other = _torch_device(name)
+        if other is not None and other != device:
+            raise MalformedFile(path, None, f"device column says {name!r} ({other}) but the folder is {device}")
+
+
+def _num_rows(path: Path) -> int:
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError) as err:
+        raise MalformedFile(path, None, f"not a readable parquet file ({str(err).splitlines()[0]})") from None
+
+
+_YAML_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-]+):(?:\s+(?P<value>.*?))?\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class _Open:
+    indent: int
+    key: str
+
+
+def read_meta(path: Path) -> dict[tuple[str, ...], str]:
+    """The scalar ``key: value`` entries of a collection_meta.yaml by key path, e.g.
+    ``("runtime", "framework")``. A small reader for the block-mapping subset these files use
+    (no PyYAML dependency): lists and block scalars (``>-``, ``|``) are skipped, quotes stripped.
+    A missing file gives an empty mapping."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return {}
+    out: dict[tuple[str, ...], str] = {}
+    stack: list[_Open] = []
+    block_indent: int | None = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if block_indent is not None:
+            if indent > block_indent:
+                continue  # inside a block scalar or a list
+            block_indent = None
+        match = _YAML_LINE.match(line)
+        if match is None:  # a list item or anything else: skip it and what it holds
+            block_indent = indent
+            continue
+        while stack and stack[-1].indent >= indent:
+            stack.pop()
+        key, value = match["key"], (match["value"] or "")
+        value = value.split(" #", 1)[0].strip()
+        if not value:
+            stack.append(_Open(indent, key))
+        elif value[0] in ">|":
+            block_indent = indent
+        else:
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            out[(*(o.key for o in stack), key)] = value
+    return out
+
+
+__all__ = ["FRAMEWORKS", "SYSTEM_DEVICES", "data_root", "default_root", "read_meta", "replay", "system_device",
+           "version_key"]

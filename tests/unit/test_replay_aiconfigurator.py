@@ -1,0 +1,320 @@
+"""The AIConfigurator replay importer (opcast.collect.replay.aiconfigurator) on a synthetic
+fixture in the package's layout (tests/fixtures/replay/aiconfigurator, written by its
+make_fixture.py), the real package data when aiconfigurator-core is installed, and the catalog
+entries of the GPUs it measures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from opcast.collect.replay import aiconfigurator as aic
+from opcast.collect.replay.common import MalformedFile, normalise
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.schema import read_dataset, write_parquet
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "aiconfigurator"
+DEVICES = {"h100_sxm": "H100-SXM", "gb200": "GB200"}
+NEW_DEVICES = ("GB200", "GB300", "B300", "L40S", "RTX-PRO-6000", "H20", "H800", "MI325X", "MI355X")
+
+
+def _source(root: Path) -> pd.DataFrame:
+    """Every fixture table, one frame, with the path parts as columns (read independently)."""
+    frames = []
+    for path in sorted(root.glob("*/*/*/*/*.parquet")):
+        frame = pq.read_table(path).to_pandas()
+        system, family, framework, version = path.relative_to(root).parts[:4]
+        frames.append(frame.assign(system=system, table=path.stem, pfw=framework, pver=version))
+    return pd.concat(frames, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def source() -> pd.DataFrame:
+    return _source(FIXTURE)
+
+
+@pytest.fixture(scope="module")
+def replayed():
+    result = aic.replay(FIXTURE)
+    return result, pd.DataFrame(result.rows)
+
+
+# --------------------------------------------------------------------------- counts
+
+def test_every_source_row_is_kept_or_counted(source, replayed):
+    result, rows = replayed
+    assert len(rows) + sum(result.skipped.values()) == len(source)
+    assert result.files == source.groupby(["system", "table", "pfw", "pver"]).ngroups
+
+
+def test_gemm_rows_match_pandas(source, replayed):
+    _, rows = replayed
+    g = source[(source.table == "gemm_perf") & source.system.isin(list(DEVICES))
+               & source.gemm_dtype.isin(["bfloat16", "fp8"]) & (source.latency > 0)]
+    expected = {(DEVICES[s], m, n, k, {"bfloat16": "bf16", "fp8": "fp8"}[d])
+                for s, m, n, k, d in zip(g.system, g.m, g.n, g.k, g.gemm_dtype)}
+    got = rows[rows.op == "gemm"]
+    assert len(got) == len(expected)
+    assert set(zip(got.device, got.m, got.n, got.k, got.dtype)) == expected
+    assert (got.b == 1).all() and (got.direction == "fwd").all() and got.tensor_cores.all()
+
+
+def test_attention_rows_match_pandas(source, replayed):
+    _, rows = replayed
+    a = source[source.table.isin(["context_attention_perf", "generation_attention_perf"])]
+    dtype = [{("bfloat16", "bfloat16"): "bf16", ("fp8", "fp8"): "fp8"}.get(p) for p in zip(a.attn_dtype, a.kv_cache_dtype)]
+    a = a.assign(dtype=dtype)
+    a = a[a.dtype.notna() & (a.window_size.fillna(0) == 0)]
+    decode = a.table == "generation_attention_perf"
+    seq_q = a.isl.where(~decode, 1)
+    seq_kv = a.isl.where(~decode, a.step + 1)
+    expected = set(zip(a.batch_size, a.num_heads, a.num_key_value_heads, seq_q, seq_kv, a.head_dim, a.dtype))
+    got = rows[rows.op == "attention"]
+    assert len(got) == len(expected)
+    assert set(zip(got.batch, got.heads, got.kv_heads, got.seq_q, got.seq_kv, got.head_dim, got.dtype)) == expected
+    assert got.causal.all() and (got.impl == "flash").all()
+
+
+def test_collective_rows_match_pandas(source, replayed):
+    _, rows = replayed
+    c = source[(source.table == "nccl_perf") & (source.nccl_dtype == "half")]
+    ops = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all"}
+    expected = {(ops[o], 2 * e, g) for o, e, g in zip(c.op_name, c.message_size, c.num_gpus)}
+    got = rows[rows.op.isin(list(ops.values()))]
+    assert len(got) == len(expected)
+    assert set(zip(got.op, got.bytes, got.world_size)) == expected
+    assert (got.nodes == 1).all() and (got.gpus_per_node == got.world_size).all() and (got.dtype == "fp16").all()
+
+
+def test_skip_reasons_are_counted(source, replayed):
+    result, _ = replayed
+    s = result.skipped
+    assert s["gemm fp8_block: block-scaled fp8 (DeepGEMM-style 1x128/128x128 scales) is another kernel than per-tensor "
+             "fp8; opcast has no dtype for it"] == int((source.gemm_dtype == "fp8_block").sum())
+    assert s["gemm nvfp4: opcast has no fp4 dtype"] == int((source.gemm_dtype == "nvfp4").sum())
+    assert s["system zz_future: no hardware catalog device for this folder"] == int((source.system == "zz_future").sum())
+    assert s[aic.TABLE_REASONS["moe_perf"]] == int((source.table == "moe_perf").sum())
+    assert s[aic.TABLE_REASONS["custom_allreduce_perf"]] == int((source.table == "custom_allreduce_perf").sum())
+    assert s["collective dtype int8: no opcast dtype (float/half/bfloat16 only)"] == int((source.nccl_dtype == "int8").sum())
+    window = s["context attention: sliding window (window_size > 0); the registry's attention has no window"]
+    assert window == int((source.window_size > 0).sum())
+    mixed = sum(v for k, v in s.items() if "attention over a fp8 KV cache" in k)
+    assert mixed == int(((source.attn_dtype == "bfloat16") & (source.kv_cache_dtype == "fp8")).sum())
+    assert s["gemm: latency not a positive number"] == int(((source.table == "gemm_perf") & (source.latency <= 0)).sum())
+
+
+# --------------------------------------------------------------------------- precedence and values
+
+def _one(rows: pd.DataFrame, **where) -> pd.Series:
+    mask = pd.Series(True, index=rows.index)
+    for key, value in where.items():
+        mask &= rows[key] == value
+    (index,) = rows.index[mask]
+    return rows.loc[index]
+
+
+def test_precedence_framework_then_version_then_densest_lane(source, replayed):
+    result, rows = replayed
+    shared = _one(rows, op="gemm", device="H100-SXM", m=128, n=4096, k=4096, dtype="bf16")
+    assert shared.kernel_name == "vllm 0.24.0: torch.nn.functional.linear"  # trtllm measured it too
+    only_trtllm = _one(rows, op="gemm", device="H100-SXM", m=256, n=4096, k=4096, dtype="bf16")
+    assert only_trtllm.kernel_name == "trtllm 1.3.0rc20: torch_flow"
+    newest = _one(rows, op="gemm", device="H100-SXM", m=4096, n=4096, k=4096, dtype="bf16")
+    assert newest.kernel_name == "sglang 0.5.14: sglang_torch_linear"  # 0.5.6.post2 too, older
+    assert newest.source_file == "h100_sxm/gemm/sglang/0.5.14/gemm_perf.parquet"
+    lane = _one(rows, op="attention", batch=4, seq_q=2048, dtype="bf16")
+    assert lane.kernel_name == "vllm 0.24.0: vllm_flash_attn_fa3"  # 2 rows in the file, flashinfer 1
+    assert result.skipped["gemm: measured again by a lower-precedence framework"] == 1
+    assert result.skipped["gemm: measured again by an older version of the same framework (kept the newest)"] == 1
+    assert result.skipped["attention: measured again by a lower-precedence framework"] == 1
+    assert result.skipped["attention: measured again by another kernel of the same file (kept the densest lane)"] == 1
+    assert result.skipped["collective: measured again by an older version of the same framework (kept the newest)"] == 1
+    other = aic.replay(FIXTURE, frameworks=("trtllm", "vllm"), tables=["gemm_perf"])
+    flipped = _one(pd.DataFrame(other.rows), op="gemm", device="H100-SXM", m=128, n=4096, k=4096, dtype="bf16")
+    assert flipped.kernel_name == "trtllm 1.3.0rc20: torch_flow"
+
+
+def test_times_are_seconds_and_repeats_merge(source, replayed):
+    _, rows = replayed
+    src = source[(source.table == "gemm_perf") & (source.system == "gb200") & (source.m == 8192)]
+    row = _one(rows, op="gemm", device="GB200", m=8192)
+    assert row.time_s_median == pytest.approx(float(src.latency.iloc[0]) / 1e3)
+    reps = source[(source.table == "nccl_perf") & (source.pver == "2.29.2") & (source.op_name == "all_reduce")
+                  & (source.message_size == 1048576)].latency / 1e3
+    merged = _one(rows, op="all_reduce", bytes=2 * 1048576, world_size=8)
+    assert merged.time_s_median == pytest.approx(reps.median())
+    assert merged.time_s_p20 == pytest.approx(reps.quantile(0.2))
+    assert merged.time_s_p80 == pytest.approx(reps.quantile(0.8))
+    assert merged.algbw_gbps == pytest.approx(2 * 1048576 / reps.median() / 1e9)
+    assert merged.busbw_gbps == pytest.approx(merged.algbw_gbps * 2 * 7 / 8)
+    trtllm_first = pd.DataFrame(aic.replay(FIXTURE, frameworks=("trtllm",), tables=["context_attention_perf"]).rows)
+    single = _one(trtllm_first, op="attention", batch=2, seq_q=1024, dtype="bf16")  # 2 rows in one file: median only
+    ctx = source[(source.table == "context_attention_perf") & (source.pfw == "trtllm") & (source.batch_size == 2)
+                 & (source.attn_dtype == "bfloat16") & (source.kv_cache_dtype == "bfloat16")].latency / 1e3
+    assert single.time_s_median == pytest.approx(ctx.median()) and pd.isna(single.time_s_p20)
+
+
+def test_decode_attention_is_one_query_over_the_cache_and_itself(replayed):
+    _, rows = replayed
+    row = _one(rows, op="attention", batch=64, seq_q=1)
+    assert row.seq_kv == 1024  # step 1023 cached tokens + the new one
+
+
+def test_provenance_columns(replayed):
+    _, rows = replayed
+    row = _one(rows, op="gemm", device="H100-SXM", m=256)
+    assert row.source_file == "h100_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet"
+    assert row.torch_version == "2.9.1" and row.cuda_version == "13.0.1"  # runtime.abi of collection_meta.yaml
+    assert row.timing_method == "replay:aiconfigurator:mean"
+    assert set(rows[rows.op == "all_reduce"].timing_method) == {"replay:aiconfigurator:nccl-tests-avg"}
+
+
+def test_rows_validate_and_round_trip_the_schema(replayed, tmp_path):
+    result, _ = replayed
+    kept, skipped = normalise(result, source="aiconfigurator", run_id="test", opcast_version="0")
+    assert len(kept) == len(result.rows) and not any(k.startswith("invalid") or k == "duplicate" for k in skipped)
+    write_parquet(kept, tmp_path / "aiconfigurator.parquet")
+    frame = read_dataset(tmp_path)
+    assert len(frame) == len(kept) and not frame.duplicated(["device", "point_id"]).any()
+    assert set(frame.source) == {"replay:aiconfigurator"} and frame.kernel_name.notna().all()
+
+
+# --------------------------------------------------------------------------- layout, metadata, errors
+
+def test_data_root_accepts_the_package_and_systems_folders(tmp_path):
+    data = tmp_path / "pkg" / "systems" / "data"
+    (data / "h100_sxm" / "gemm" / "vllm" / "0.24.0").mkdir(parents=True)
+    target = data / "h100_sxm" / "gemm" / "vllm" / "0.24.0" / "gemm_perf.parquet"
+    target.write_bytes((FIXTURE / "h100_sxm/gemm/vllm/0.24.0/gemm_perf.parquet").read_bytes())
+    assert aic.data_root(tmp_path / "pkg") == data
+    assert aic.data_root(tmp_path / "pkg" / "systems") == data
+    assert aic.data_root(data) == data
+    assert len(aic.replay(tmp_path / "pkg").rows) == 3
+
+
+def test_read_meta_reads_scalars_and_skips_blocks_and_lists():
+    meta = aic.read_meta(FIXTURE / "h100_sxm/gemm/trtllm/1.3.0rc20/collection_meta.yaml")
+    assert meta[("runtime", "framework")] == "trtllm" and meta[("runtime", "version")] == "1.3.0rc20"
+    assert meta[("runtime", "abi", "torch")] == "2.9.1" and meta[("tables", "any_perf", "status")] == "complete"
+    assert ("runtime", "abi", "note") not in meta and not any("folded text" in k for key in meta for k in key)
+    assert aic.read_meta(FIXTURE / "missing.yaml") == {}
+
+
+def test_version_key_orders_releases():
+    versions = ["0.5.14", "0.5.6.post2", "1.3.0rc20", "1.3.0rc23", "1.3.0", "0.1.dev19262", "0.1", "2.27", "2.27.3"]
+    assert sorted(versions, key=aic.version_key) == ["0.1.dev19262", "0.1", "0.5.6.post2", "0.5.14", "1.3.0rc20",
+                                                    "1.3.0rc23", "1.3.0", "2.27", "2.27.3"]
+
+
+def test_missing_package_names_the_extra(monkeypatch):
+    monkeypatch.setattr(aic.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(OpcastError, match=r"opcast\[aiconfigurator\]"):
+        aic.replay(None)
+
+
+def test_system_missing_from_the_catalog_is_skipped(monkeypatch):
+    monkeypatch.setitem(aic.SYSTEM_DEVICES, "gb200", "No-Such-GPU")
+    aic.system_device.cache_clear()
+    try:
+        result = aic.replay(FIXTURE, systems=["gb200"])
+    finally:
+        aic.system_device.cache_clear()
+    assert result.rows == [] and result.skipped == {"system gb200: No-Such-GPU is not in the hardware catalog": 3}
+
+
+def test_malformed_tables_name_the_file(tmp_path):
+    folder = tmp_path / "h100_sxm" / "gemm" / "trtllm" / "1.0"
+    folder.mkdir(parents=True)
+    pd.DataFrame({"m": [1], "n": [2], "k": [3], "latency": [0.1]}).to_parquet(folder / "gemm_perf.parquet")
+    with pytest.raises(MalformedFile, match=r"gemm_perf.parquet: gemm_perf lacks column\(s\) kernel_source, gemm_dtype"):
+        aic.replay(tmp_path)
+    pd.DataFrame({"device": ["NVIDIA A100-SXM4-80GB"], "kernel_source": ["x"], "gemm_dtype": ["bfloat16"], "m": [1], "n": [2],
+                  "k": [3], "latency": [0.1]}).to_parquet(folder / "gemm_perf.parquet")
+    with pytest.raises(MalformedFile, match="device column says 'NVIDIA A100-SXM4-80GB' .* but the folder is H100-SXM"):
+        aic.replay(tmp_path)
+    (folder / "gemm_perf.parquet").write_text("not parquet")
+    with pytest.raises(MalformedFile, match="not a readable parquet file"):
+        aic.replay(tmp_path)
+
+
+# --------------------------------------------------------------------------- catalog
+
+@pytest.mark.parametrize("name", NEW_DEVICES)
+def test_new_catalog_entries_load(name):
+    spec = get_device(name)
+    assert spec.name == name and spec.supports("bf16") and spec.supports("fp8")
+    assert "dense" in spec.notes and "http" in spec.source
+    assert spec.peak_fp8_flops == pytest.approx(2 * spec.peak_bf16_flops, rel=0.02)  # L40S: 733 vs 362.05
+
+
+def test_every_measured_system_resolves_or_is_pending():
+    resolved = {s: aic.system_device(s) for s in aic.SYSTEM_DEVICES}
+    assert {s: d for s, d in resolved.items() if d != aic.SYSTEM_DEVICES[s]} == {"b60": None}  # vendor intel pending
+    for torch_name, device in (("NVIDIA B300 SXM6 AC", "B300"), ("NVIDIA GB200", "GB200"), ("NVIDIA L40S", "L40S"),
+                               ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000")):
+        assert get_device(torch_name).name == device
+
+
+def test_catalog_entry_through_the_console_script():
+    done = subprocess.run([sys.executable, "-m", "opcast", "hardware", "show", "gb200"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert '"name": "GB200"' in done.stdout or "GB200" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "opcast", "hardware", "show", "gb2000"], capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stderr.startswith("opcast: error:") and "Traceback" not in bad.stderr
+
+
+# --------------------------------------------------------------------------- the real package
+
+@pytest.fixture(scope="module")
+def package_root() -> Path:
+    if importlib.util.find_spec("aiconfigurator_core") is None:
+        pytest.skip("aiconfigurator-core is not installed (pip install 'opcast[aiconfigurator]')")
+    return aic.default_root()
+
+
+def test_real_h100_gemms(package_root):
+    result = aic.replay(None, systems=["h100_sxm"], tables=["gemm_perf"])
+    rows = pd.DataFrame(result.rows)
+    source = pd.concat([pq.read_table(p, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
+                        for p in sorted(package_root.glob("h100_sxm/gemm/*/*/gemm_perf.parquet"))], ignore_index=True)
+    source = source[source.gemm_dtype.isin(["bfloat16", "fp8"]) & (source.latency > 0)]
+    assert len(rows) == len(source.drop_duplicates(["gemm_dtype", "m", "n", "k"]))
+    anchor = _one(rows, m=32768, n=65536, k=12288, dtype="bf16")
+    # The issue's check: 60.3 ms, 88 % of H100's 989 TFLOP/s dense bf16 peak.
+    assert anchor.time_s_median == pytest.approx(0.0603, rel=0.01)
+    assert 2 * 32768 * 65536 * 12288 / anchor.time_s_median / get_device("H100-SXM").peak_bf16_flops == pytest.approx(0.88, abs=0.01)
+
+
+def test_real_catalog_numbers_agree_with_the_package_specs(package_root):
+    """Spot check of the hand-entered peaks against the package's systems/<system>.yaml."""
+    systems = package_root.parent
+    for system, device in (("gb200", "GB200"), ("gb300", "GB300"), ("l40s", "L40S"), ("h100_sxm", "H100-SXM")):
+        meta = aic.read_meta(systems / f"{system}.yaml")
+        spec = get_device(device)
+        assert float(meta[("gpu", "bfloat16_tc_flops")]) == pytest.approx(spec.peak_bf16_flops, rel=0.01), system
+        assert float(meta[("gpu", "fp8_tc_flops")]) == pytest.approx(spec.peak_fp8_flops, rel=0.01), system
+        assert float(meta[("gpu", "mem_bw")]) == pytest.approx(spec.mem_bw_bytes_per_s, rel=0.01), system
+
+
+def test_fixture_generator_is_current(tmp_path, monkeypatch):
+    """The committed fixture is what make_fixture.py writes (so it can be regenerated, never hand-edited)."""
+    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "HERE", tmp_path)
+    module.main()
+    for path in sorted(FIXTURE.glob("*/*/*/*/*.parquet")):
+        fresh = pq.read_table(tmp_path / path.relative_to(FIXTURE))
+        assert fresh.equals(pq.read_table(path)), path
+    assert json.dumps(sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())) == json.dumps(
+        sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file() and p.name != "make_fixture.py"))
