@@ -6,6 +6,21 @@ held-out metrics, and for the whole set the training datasets with their content
 library versions, the feature-definition version and the sha256 of every file. Loading checks
 all of that and refuses a mismatch in one line that says how to fix it. Predictors are loaded on
 first use, so a set of xgboost predictors never imports torch.
+
+What the hashes guarantee: ``meta_sha256`` (over meta.json's other fields) and the per-file
+sha256 catch *accidents* — a truncated download, a partial copy, a hand edit, a file from another
+fit. They are unkeyed digests, so they do **not** prove who made a set: anyone who edits a set can
+recompute them. Trust a model set as much as its source. What makes a set from an untrusted
+source safe to load is that loading never runs code from it: predictor files are numpy archives
+read with ``allow_pickle=False`` (older sets' torch state dicts with ``weights_only=True``),
+xgboost reads only its UBJSON bytes, pickled files (``.joblib``, ``.pkl``) are refused, and every
+field of meta.json is type-checked (:func:`check_meta`) before it is used.
+
+Each predictor file also records what it holds (group, estimator, feature names, under
+:data:`~opcast.train.estimators.RECORD_KEY`), checked against its meta.json entry, so a file
+renamed or copied over another predictor's is refused even with the hashes recomputed. Sets of
+format 1 (the embedded default among them) were written without that record: it is checked
+where present and required from format 2 on.
 """
 
 from __future__ import annotations
@@ -13,9 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any, Final
@@ -25,11 +41,19 @@ import pandas as pd
 
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
+from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import FEATURES, FEATURES_VERSION, dtype_class, features, group_key, group_keys
 
-FORMAT_VERSION: Final = 1
-"""Layout version of a model set; a newer one than this opcast knows is refused."""
+FORMAT_VERSION: Final = 2
+"""Layout version of a model set; a newer one than this opcast knows is refused. 2: every
+predictor file holds its record (group, estimator, features); 1 (the embedded default): not
+always."""
+RECORD_REQUIRED_FROM: Final = 2
+"""First format whose predictor files must all hold their record."""
 META: Final = "meta.json"
+ARTIFACT_SUFFIXES: Final = (".npz", ".pt")
+"""Predictor files opcast reads: numpy archives, and torch state dicts of sets saved before them."""
+PICKLE_SUFFIXES: Final = (".joblib", ".pkl", ".pickle")
 LIBRARIES: Final = ("opcast", "numpy", "pandas", "xgboost", "torch", "scikit-learn")
 _LIB_OF_ESTIMATOR: Final = {"xgb": "xgboost", "tile-mlp": "torch"}
 
@@ -56,6 +80,117 @@ def library_versions() -> dict[str, str | None]:
 def _meta_digest(meta: Mapping[str, Any]) -> str:
     body = {k: v for k, v in meta.items() if k != "meta_sha256"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- meta.json types
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_line(v: Any) -> bool:
+    """A short printable string (it ends up in one-line messages and reports)."""
+    return isinstance(v, str) and len(v) <= 200 and v.isprintable()
+
+
+def _list_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(ok(x) for x in v)
+
+
+def _dict_of(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, dict) and all(ok(x) for x in v.values())
+
+
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,200}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_GROUP_KEY = re.compile(r"[a-z0-9_]{1,40}-[a-z0-9_]{1,20}-[a-z0-9_]{1,20}")
+
+
+def _is_residuals(v: Any) -> bool:
+    return (isinstance(v, dict) and _list_of(_is_num)(v.get("levels")) and _list_of(_is_num)(v.get("log_ratio"))
+            and len(v["levels"]) == len(v["log_ratio"]))
+
+
+_Field = tuple[bool, Callable[[Any], bool], str]
+"""(required, check, what the value must be)"""
+
+META_FIELDS: Final[dict[str, _Field]] = {
+    "format_version": (True, lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "features_version": (True, _is_int, "an integer"),
+    "name": (False, _is_line, "a short printable string"),
+    "versions": (False, _dict_of(lambda v: v is None or _is_line(v)), "an object of library -> version string or null"),
+    "predictors": (True, _dict_of(lambda v: isinstance(v, dict)), "an object of group -> predictor object"),
+    "files": (True, lambda v: isinstance(v, dict) and all(_FILE_NAME.fullmatch(k) and _is_str(d) and _SHA256.fullmatch(d)
+                                                          for k, d in v.items()),
+              "an object of plain file name -> sha256 hex digest"),
+    "meta_sha256": (True, _is_str, "a sha256 hex digest"),
+    "datasets": (False, _list_of(lambda d: isinstance(d, dict) and _is_str(d.get("sha256"))), "a list of objects with a sha256"),
+    "device_specs": (False, _dict_of(lambda v: isinstance(v, dict)), "an object of device name -> spec object"),
+    "skipped": (False, _dict_of(_is_str), "an object of name -> reason"),
+    "rows": (False, _is_int, "an integer"),
+}
+"""What :func:`check_meta` requires of meta.json's top-level fields (others are free-form)."""
+
+ENTRY_FIELDS: Final[dict[str, _Field]] = {
+    "file": (True, lambda v: _is_str(v) and bool(_FILE_NAME.fullmatch(v)), "a plain file name"),
+    "estimator": (True, lambda v: v in ESTIMATORS, f"one of {', '.join(ESTIMATORS)}"),
+    "features": (True, lambda v: _list_of(_is_str)(v) and len(v) > 0, "a non-empty list of feature names"),
+    "config": (False, lambda v: isinstance(v, dict) and isinstance(v.get("hyper_parameters", {}), dict),
+               "an object whose hyper_parameters is an object"),
+    "devices": (False, _list_of(_is_str), "a list of device names"),
+    "feature_ranges": (False, _dict_of(lambda r: isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)),
+                       "an object of feature -> [min, max]"),
+    "residuals": (False, _dict_of(_is_residuals), "an object of device class -> {levels, log_ratio} lists of numbers"),
+    "held_out": (False, lambda v: v is None or isinstance(v, dict), "an object or null"),
+    "rows": (False, _is_int, "an integer"),
+}
+"""What :func:`check_meta` requires of each ``predictors`` entry."""
+
+
+def _brief(value: Any) -> str:
+    """``repr(value)`` cut to one short line, for an error message."""
+    text = repr(value)
+    return text[:40] + "..." if len(text) > 40 else text
+
+
+def _show(value: Any) -> str:
+    """A short one-line description of a JSON value (type and value) for an error message."""
+    return f"{type(value).__name__} {_brief(value)}"
+
+
+def _check_fields(obj: Mapping[str, Any], spec: Mapping[str, _Field], where: str, prefix: str) -> None:
+    for name, (required, ok, what) in spec.items():
+        if name not in obj:
+            if required:
+                raise OpcastError(f"{where}: {prefix}{name} is missing; this is not a complete opcast model set, "
+                                  "re-fit with opcast train fit")
+            continue
+        if not ok(obj[name]):
+            raise OpcastError(f"{where}: {prefix}{name} must be {what}, got {_show(obj[name])}; the set is corrupt, "
+                              "restore it or re-fit with opcast train fit")
+
+
+def check_meta(meta: Any, where: str | Path = META) -> None:
+    """Check that every field of a parsed meta.json that opcast reads has the type it expects;
+    the first that does not is named in a one-line :class:`OpcastError`."""
+    if not isinstance(meta, dict):
+        raise OpcastError(f"{where} holds a JSON {type(meta).__name__}, not an object; it is not an opcast model set, "
+                          "re-fit with opcast train fit")
+    _check_fields(meta, META_FIELDS, str(where), "")
+    for key, entry in meta["predictors"].items():
+        prefix = f"predictors[{key[:60]!r}]."
+        if not _GROUP_KEY.fullmatch(key) or key.rsplit("-", 2)[0] not in FEATURES:
+            raise OpcastError(f"{where}: predictor {key[:60]!r} is not <op>-<direction>-<dtype class> of an op this opcast "
+                              f"knows ({', '.join(FEATURES)}); re-fit with opcast train fit")
+        _check_fields(entry, ENTRY_FIELDS, str(where), prefix)
 
 
 def default_models_path() -> Path:
@@ -98,13 +233,16 @@ class ModelSet:
 
             entry = self.predictors[key]
             cls = estimator_class(entry["estimator"])
+            file = self.path / entry["file"]
             try:
-                est = cls.load(self.path / entry["file"], feature_names=tuple(entry["features"]), config=entry.get("config", {}))
+                est = cls.load(file, feature_names=tuple(entry["features"]), config=entry.get("config", {}))
             except OpcastError:
                 raise
             except Exception as err:  # a file that passed its hash but a library cannot read
-                raise OpcastError(f"{self.path / entry['file']}: cannot be loaded by {_LIB_OF_ESTIMATOR[entry['estimator']]} "
-                                  f"({str(err).splitlines()[0][:120]}); re-fit with opcast train fit") from None
+                why = (str(err).splitlines() or [type(err).__name__])[0][:120]
+                raise OpcastError(f"{file}: cannot be loaded by {_LIB_OF_ESTIMATOR[entry['estimator']]} "
+                                  f"({why}); re-fit with opcast train fit") from None
+            _check_record(getattr(est, "record_", None), key, entry, file, _record_required(self.meta))
             self._loaded[key] = est
         return est
 
@@ -154,63 +292,128 @@ class ModelSet:
 
 
 def _resolve(path: Path) -> Path:
-    if (path / META).is_file():
-        return path
-    if path.is_dir():
-        sets = sorted(p for p in path.iterdir() if (p / META).is_file())
-        if len(sets) == 1:
-            return sets[0]
-        if sets:
-            raise OpcastError(f"{path} holds several model sets ({', '.join(p.name for p in sets)}); give one of them, "
-                              f"e.g. {sets[0]}")
-        raise OpcastError(f"{path} holds no model set (no {META}); fit one with opcast train fit DATASET --out {path}")
-    raise OpcastError(f"model set {path} does not exist; fit one with opcast train fit DATASET --out DIR, "
-                      "or leave --models out to use the embedded default")
+    try:
+        if (path / META).is_file():
+            return path
+        if path.is_dir():
+            sets = sorted(p for p in path.iterdir() if (p / META).is_file())
+        elif path.exists():
+            raise OpcastError(f"model set {path} is a file, not a folder; give the folder written by opcast train fit "
+                              "(the one holding meta.json)")
+        else:
+            raise OpcastError(f"model set {path} does not exist; fit one with opcast train fit DATASET --out DIR, "
+                              "or leave --models out to use the embedded default")
+    except OSError as err:
+        raise OpcastError(f"model set {path} cannot be read ({err.strerror}); fix its permissions") from None
+    if len(sets) == 1:
+        return sets[0]
+    if sets:
+        raise OpcastError(f"{path} holds several model sets ({', '.join(p.name for p in sets)}); give one of them, "
+                          f"e.g. {sets[0]}")
+    raise OpcastError(f"{path} holds no model set (no {META}); fit one with opcast train fit DATASET --out {path}")
+
+
+def _record_required(meta: Mapping[str, Any]) -> bool:
+    return int(meta["format_version"]) >= RECORD_REQUIRED_FROM
+
+
+def _check_record(record: Mapping[str, Any] | None, key: str, entry: Mapping[str, Any], file: Path, required: bool) -> None:
+    """Refuse predictor ``file`` unless the record saved in it (what it holds) is ``key``'s entry
+    of meta.json: a file renamed or copied over another predictor's is caught here even when
+    the hashes in meta.json were recomputed."""
+    if record is None:
+        if required:
+            raise OpcastError(f"{file} holds no record of which predictor it is (every file of a format "
+                              f"{RECORD_REQUIRED_FROM}+ set has one); restore the set or re-fit with opcast train fit")
+        return
+    want = {"group": key, "estimator": entry["estimator"], "features": list(entry["features"])}
+    wrong = [k for k, v in want.items() if record.get(k) != v]
+    if wrong:
+        raise OpcastError(f"{file} holds the {_brief(record.get('estimator'))} predictor of {_brief(record.get('group'))}, "
+                          f"but {META} lists it as the {entry['estimator']} predictor of {key} (differs in "
+                          f"{', '.join(wrong)}): a predictor file was renamed or copied over another; restore the set "
+                          "or re-fit with opcast train fit")
+
+
+def _file_record(file: Path) -> dict[str, Any] | None:
+    """The record saved in a numpy archive (reading that member only), or None without one."""
+    arrays = read_arrays(file, names=(RECORD_KEY,))
+    return parse_record(arrays[RECORD_KEY], file) if RECORD_KEY in arrays else None
+
+
+def _read_meta(meta_path: Path) -> Any:
+    try:
+        return json.loads(meta_path.read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise OpcastError(f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or re-fit with "
+                          "opcast train fit") from None
+    except UnicodeDecodeError:
+        raise OpcastError(f"{meta_path}: not UTF-8 text; it is corrupt, restore it or re-fit with opcast train fit") from None
+    except json.JSONDecodeError as err:
+        raise OpcastError(f"{meta_path}: not valid JSON ({err.msg} at line {err.lineno}); it was edited or truncated, "
+                          "re-fit with opcast train fit") from None
+    except RecursionError:
+        raise OpcastError(f"{meta_path}: nested too deeply to be a model set's meta.json; re-fit with opcast train fit") from None
 
 
 def load_model_set(path: str | Path | None = None) -> ModelSet:
     """Load and verify a model set (``None``: the embedded default). The folder may be the set
-    itself or a folder holding exactly one set. A missing or tampered file, an unknown layout,
-    changed feature definitions or a too old library raise :class:`OpcastError` in one line."""
+    itself or a folder holding exactly one set. A missing, tampered, swapped or unreadable file,
+    a meta.json field of the wrong type, a pickled predictor, an unknown layout, changed feature
+    definitions or a too old library raise :class:`OpcastError` in one line. No code from the
+    set runs (see the module docstring)."""
     root = _resolve(Path(path) if path is not None else default_models_path())
     meta_path = root / META
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, UnicodeDecodeError) as err:
-        raise OpcastError(f"{meta_path}: cannot be read ({err}); re-fit with opcast train fit") from None
-    except json.JSONDecodeError as err:
-        raise OpcastError(f"{meta_path}: not valid JSON ({err.msg} at line {err.lineno}); it was edited or truncated, "
-                          "re-fit with opcast train fit") from None
+    meta = _read_meta(meta_path)
     if not isinstance(meta, dict) or "format_version" not in meta or "predictors" not in meta:
         raise OpcastError(f"{meta_path} is not an opcast model set (no format_version/predictors); re-fit with opcast train fit")
     if meta.get("meta_sha256") != _meta_digest(meta):
         raise OpcastError(f"{meta_path} was modified after fitting (its sha256 does not match); restore it "
                           "(e.g. git checkout) or re-fit with opcast train fit")
-    if int(meta["format_version"]) > FORMAT_VERSION:
+    if _is_int(meta["format_version"]) and meta["format_version"] > FORMAT_VERSION:
         raise OpcastError(f"{root}: model-set format {meta['format_version']} is newer than this opcast reads "
                           f"({FORMAT_VERSION}); upgrade opcast")
-    if int(meta.get("features_version", -1)) != FEATURES_VERSION:
-        raise OpcastError(f"{root}: fitted on feature definitions v{meta.get('features_version')}, this opcast computes "
+    check_meta(meta, meta_path)
+    if meta["features_version"] != FEATURES_VERSION:
+        raise OpcastError(f"{root}: fitted on feature definitions v{meta['features_version']}, this opcast computes "
                           f"v{FEATURES_VERSION}; re-fit with opcast train fit")
-    files = meta.get("files", {})
+    files = meta["files"]
+    for name in files:
+        suffix = Path(name).suffix
+        if suffix in PICKLE_SUFFIXES:
+            raise OpcastError(f"{root / name} is a pickled predictor (an opcast <= 0.1 set), which opcast never loads "
+                              "because unpickling can run code; re-fit the set with opcast train fit")
+        if suffix not in ARTIFACT_SUFFIXES:
+            raise OpcastError(f"{root / name}: opcast reads predictor files of type {', '.join(ARTIFACT_SUFFIXES)} only, "
+                              f"not {suffix or 'without a suffix'}; re-fit with opcast train fit")
     for key, entry in meta["predictors"].items():
-        name = entry.get("file")
+        name = entry["file"]
         if name not in files:
             raise OpcastError(f"{meta_path}: predictor {key} names {name!r}, which has no recorded sha256; re-fit")
         kind = key.rsplit("-", 2)[0]
-        unknown = [f for f in entry.get("features", ()) if f not in FEATURES.get(kind, ())]
+        unknown = [f for f in entry["features"] if f not in FEATURES[kind]]
         if unknown:
-            raise OpcastError(f"{root}: predictor {key} uses feature(s) {', '.join(unknown)} that this opcast does not "
+            raise OpcastError(f"{root}: predictor {key} uses feature(s) {', '.join(unknown)[:200]} that this opcast does not "
                               "compute; re-fit with opcast train fit")
     for name, digest in files.items():
         file = root / name
-        if not file.is_file():
-            raise OpcastError(f"{file} is missing from the model set; restore it or re-fit with opcast train fit")
-        if sha256_file(file) != digest:
+        try:
+            if not file.is_file():
+                raise OpcastError(f"{file} is missing from the model set; restore it or re-fit with opcast train fit")
+            actual = sha256_file(file)
+        except OSError as err:
+            raise OpcastError(f"{file} cannot be read ({err.strerror}); fix its permissions (chmod a+r) or re-fit "
+                              "with opcast train fit") from None
+        if actual != digest:
             raise OpcastError(f"{file} does not match the sha256 in {META} (tampered or corrupt); restore it "
                               "or re-fit with opcast train fit")
+    required = _record_required(meta)
+    for key, entry in meta["predictors"].items():
+        file = root / entry["file"]
+        if file.suffix == ".npz":  # a .pt's record is checked when it is loaded (that needs torch)
+            _check_record(_file_record(file), key, entry, file, required)
     installed = library_versions()
-    used = {_LIB_OF_ESTIMATOR[e["estimator"]] for e in meta["predictors"].values() if e.get("estimator") in _LIB_OF_ESTIMATOR}
+    used = {_LIB_OF_ESTIMATOR[e["estimator"]] for e in meta["predictors"].values()}
     for lib in sorted(used):
         fitted = meta.get("versions", {}).get(lib)
         have = installed.get(lib)
@@ -229,10 +432,42 @@ def _major(version: str) -> int:
         return 0
 
 
+def check_output(out: str | Path, name: str) -> Path:
+    """Check, before any fitting, that ``out/name/`` can be written: ``name`` is a plain folder
+    name, ``out`` is (or can be created as) a writable folder, and ``out/name`` is absent or a
+    model set (which the new one replaces). Returns ``out/name``; a one-line OpcastError otherwise,
+    so nothing the user already has is overwritten."""
+    if not name or len(name) > 100 or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
+        raise OpcastError(f"--name {name[:60]!r} must be a plain folder name (no / or \\, not starting with ., "
+                          "at most 100 characters)")
+    out = Path(out)
+    final = out / name
+    try:
+        if out.exists() and not out.is_dir():
+            raise OpcastError(f"--out {out} is a file; give a folder (the set is written to OUT/{name}/)")
+        if final.exists() and not (final.is_dir() and (final / META).is_file()):
+            kind = "folder that is not a model set" if final.is_dir() else "file"
+            raise OpcastError(f"{final} exists and is a {kind}; it would be replaced, so choose another --name or --out "
+                              "(or remove it yourself)")
+        base = out
+        while not base.exists():
+            base = base.parent
+    except OSError as err:
+        raise OpcastError(f"--out {out} cannot be inspected ({err.strerror}); choose a readable, writable folder") from None
+    if not base.is_dir():
+        raise OpcastError(f"--out {out} lies under {base}, which is a file; choose a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OpcastError(f"--out {out}: {base} is not writable; choose a writable folder")
+    return final
+
+
 def write_model_set(out: Path, name: str, fitted: Mapping[str, tuple[Any, dict[str, Any]]], meta: dict[str, Any]) -> Path:
     """Write ``out/name/`` atomically: each (estimator, entry) of ``fitted`` (group key -> ...)
-    saved to ``<group><suffix>``, then ``meta.json`` with every file's sha256."""
+    saved to ``<group><suffix>`` with its record (group, estimator, features), then ``meta.json``
+    with every file's sha256. An existing model set of that name is replaced; anything else
+    there is refused (:func:`check_output`)."""
     out = Path(out)
+    final = check_output(out, name)
     try:
         out.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
@@ -242,14 +477,15 @@ def write_model_set(out: Path, name: str, fitted: Mapping[str, tuple[Any, dict[s
         predictors: dict[str, Any] = {}
         files: dict[str, str] = {}
         for key, (est, entry) in sorted(fitted.items()):
-            path = est.save(tmp / key)
+            record = {"group": key, "estimator": est.name, "features": list(est.feature_names)}
+            path = est.save(tmp / key, record=record)
             files[path.name] = sha256_file(path)
-            predictors[key] = {**entry, "file": path.name, "estimator": est.name, "config": est.config()}
+            predictors[key] = {**entry, "file": path.name, "estimator": est.name, "features": list(est.feature_names),
+                               "config": est.config()}
         body = {"format_version": FORMAT_VERSION, "name": name, "features_version": FEATURES_VERSION,
                 "versions": library_versions(), **meta, "predictors": predictors, "files": files}
         body["meta_sha256"] = _meta_digest(json.loads(json.dumps(body, default=str)))
         (tmp / META).write_text(json.dumps(body, indent=1, sort_keys=False, default=str) + "\n")
-        final = out / name
         old = None
         if final.exists():
             old = out / f".{name}.old-{os.getpid()}"

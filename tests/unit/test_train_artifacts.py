@@ -147,27 +147,26 @@ def test_numpy_trees_match_xgboost_and_large_batches_use_xgboost(fitted, monkeyp
 
 
 def test_model_sets_saved_before_the_numpy_archives_still_load(tmp_path, fitted, model_dir):
-    """Sets written by opcast <= 0.1 hold xgboost as joblib'd UBJ and tile-mlp as a torch state dict."""
+    """Sets written by opcast <= 0.1 hold tile-mlp as a torch state dict (format 1, no record):
+    still read, tensors only. Their xgboost .joblib pickles are refused (test_model_set_safety)."""
     import hashlib
 
-    import joblib
     import torch
 
     _, devices, _ = fitted
     meta = json.loads((model_dir / "meta.json").read_text())
     for entry in meta["predictors"].values():
+        if entry["estimator"] != "tile-mlp":
+            continue
         new = model_dir / entry["file"]
         blob = np.load(new)
-        if entry["estimator"] == "xgb":
-            old = new.with_suffix(".joblib")
-            joblib.dump({"format": "xgboost-ubj", "model": blob["ubj"].tobytes()}, old)
-        else:
-            old = new.with_suffix(".pt")
-            torch.save({k: torch.tensor(blob[k]) for k in blob.files}, old)
+        old = new.with_suffix(".pt")
+        torch.save({k: torch.tensor(blob[k]) for k in blob.files if k != "opcast_record"}, old)
         new.unlink()
         del meta["files"][new.name]
         meta["files"][old.name] = hashlib.sha256(old.read_bytes()).hexdigest()
         entry["file"] = old.name
+    meta["format_version"] = 1
     meta["meta_sha256"] = artifacts._meta_digest(meta)
     (model_dir / "meta.json").write_text(json.dumps(meta))
     sub, want = _expected(fitted, "fake-0")
@@ -193,3 +192,21 @@ def test_the_embedded_default_loads_and_predicts_sanely():
     pred = ms.predict_s(q, h100)
     roof = features(q, h100)["t_roof_s"].to_numpy()
     assert np.all(pred > 0.9 * roof) and np.all(pred < 5 * roof), (pred, roof)  # near the roofline, never 5x off
+
+
+def test_a_set_replaces_a_set_but_never_a_users_folder_or_file(tmp_path, fitted):
+    _, _, groups = fitted
+    first = write_model_set(tmp_path, "toy", groups, {"rows": 1})
+    again = write_model_set(tmp_path, "toy", groups, {"rows": 2})  # a re-fit replaces the old set
+    assert again == first and json.loads((again / "meta.json").read_text())["rows"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["toy"]  # no temporary or old folder left
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    (tmp_path / "file").write_text("keep")
+    for name, needle in (("mine", "folder that is not a model set"), ("file", "exists and is a file")):
+        with pytest.raises(OpcastError, match=needle):
+            write_model_set(tmp_path, name, groups, {})
+    assert (mine / "notes.txt").read_text() == "keep" and (tmp_path / "file").read_text() == "keep"
+    with pytest.raises(OpcastError, match="is a file"):
+        write_model_set(tmp_path / "file", "toy", groups, {})

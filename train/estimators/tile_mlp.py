@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from opcast.train.estimators import NotApplicable
+from opcast.errors import OpcastError
+from opcast.train.estimators import RECORD_KEY, NotApplicable, parse_record, read_arrays, record_array, require_arrays
 from opcast.train.features import matrix
 from opcast.train.splits import grouped_mask
 
@@ -44,7 +45,8 @@ class TileMLPEstimator:
     name = "tile-mlp"
     suffix = ".npz"
     """numpy archive of the standardisation and the layers' weights: loading needs no torch
-    (sets saved before hold a torch state dict, ``.pt``, still read with torch)."""
+    (sets saved before hold a torch state dict, ``.pt``, still read with torch, tensors only:
+    ``weights_only=True``)."""
 
     def __init__(self, *, feature_names: tuple[str, ...], hidden: tuple[int, ...] = (128, 128, 64), epochs: int = 200,
                  batch_size: int = 512, max_samples: int = 1_500_000, learning_rate: float = 2e-3, weight_decay: float = 1e-5,
@@ -177,10 +179,14 @@ class TileMLPEstimator:
         return {"hyper_parameters": self.hyper_parameters(), "epochs_run": getattr(self, "epochs_run_", None),
                 "target": "log(time_s) of t_roof * (ceil(waves)/waves)**gamma / utilisation + overhead"}
 
-    def save(self, path: Path) -> Path:
+    def save(self, path: Path, *, record: dict[str, Any] | None = None) -> Path:
+        """Write ``<path>.npz``; ``record`` (what the file holds, see
+        :data:`~opcast.train.estimators.RECORD_KEY`) is stored beside the arrays."""
         path = Path(path).with_suffix(self.suffix)
         arrays: dict[str, np.ndarray] = {"mean": np.asarray(self.mean_, dtype=np.float64),
                                          "std": np.asarray(self.std_, dtype=np.float64)}
+        if record is not None:
+            arrays[RECORD_KEY] = record_array(record)
         for i, (w, b) in enumerate(self.weights_):
             arrays[f"layer{i}.weight"] = np.asarray(w, dtype=np.float32)
             arrays[f"layer{i}.bias"] = np.asarray(b, dtype=np.float32)
@@ -194,19 +200,71 @@ class TileMLPEstimator:
         hp["hidden"] = tuple(hp.get("hidden", ()))
         est = cls(feature_names=feature_names, **{k: v for k, v in hp.items() if k in _INIT_KEYS})
         path = Path(path)
+        est.record_ = None
         if path.suffix == ".pt":  # model sets saved before the numpy archive
-            import torch
-
-            state = {k: v.numpy() for k, v in torch.load(path, map_location="cpu", weights_only=True).items()}
+            state = _torch_state(path)
+        elif path.suffix == cls.suffix:
+            state = read_arrays(path)
         else:
-            with np.load(path, allow_pickle=False) as blob:
-                state = {k: blob[k] for k in blob.files}
-        est.mean_ = np.asarray(state["mean"], dtype=np.float64)
-        est.std_ = np.asarray(state["std"], dtype=np.float64)
-        layers = sorted({int(k.split(".")[0][5:]) for k in state if k.startswith("layer")})
-        est.weights_ = [(state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64))
-                        for i in layers]
+            raise OpcastError(f"{path}: tile-mlp predictors are read from .npz or .pt (torch state dict) files only; "
+                              "re-fit with opcast train fit")
+        if RECORD_KEY in state:
+            est.record_ = parse_record(state.pop(RECORD_KEY), path)
+        est.mean_, est.std_, est.weights_ = _checked_layers(state, len(est.feature_names), path)
         return est
+
+
+def _torch_state(path: Path) -> dict[str, Any]:
+    """A torch state dict read with ``weights_only=True`` (tensors and plain containers only; no
+    code runs), as numpy arrays; a tensor-free :data:`RECORD_KEY` entry is kept as its string."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - torch's unpickler refuses anything but tensors, however it fails
+        why = (str(err).splitlines() or [type(err).__name__])[0][:160]
+        raise OpcastError(f"{path} is not a readable torch state dict ({why}); re-fit with opcast train fit") from None
+    if not isinstance(state, dict):
+        raise OpcastError(f"{path} holds a {type(state).__name__}, not a torch state dict; re-fit with opcast train fit")
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        if k == RECORD_KEY:
+            out[k] = v
+        elif isinstance(v, torch.Tensor):
+            out[str(k)] = v.detach().cpu().numpy()
+        else:
+            raise OpcastError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; re-fit with opcast train fit")
+    return out
+
+
+def _checked_layers(state: dict[str, np.ndarray], n_features: int,
+                    path: Path) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+    """(mean, std, [(weight, bias), ...]) of a saved network, each checked to chain from
+    ``n_features`` inputs to the three heads, so a corrupt or foreign file is a one-line
+    :class:`OpcastError`, never a shape error in the middle of a prediction."""
+    require_arrays(state, {"mean": "f", "std": "f"}, path)
+    mean, std = (np.asarray(state[k], dtype=np.float64) for k in ("mean", "std"))
+    if mean.shape != (n_features,) or std.shape != (n_features,):
+        raise OpcastError(f"{path}: its standardisation has {mean.shape}/{std.shape} values for {n_features} features; "
+                          "it belongs to another predictor, re-fit with opcast train fit")
+    names = [k for k in state if k not in ("mean", "std")]
+    count = len(names) // 2
+    expected = {f"layer{i}.{part}" for i in range(count) for part in ("weight", "bias")}
+    if not count or set(names) != expected:
+        raise OpcastError(f"{path}: its arrays ({', '.join(sorted(names)[:6])}) are not layer0..layerN weights and biases; "
+                          "re-fit with opcast train fit")
+    layers, width = [], n_features
+    for i in range(count):
+        require_arrays(state, {f"layer{i}.weight": "f", f"layer{i}.bias": "f"}, path)
+        w, b = state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64)
+        if w.ndim != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
+            raise OpcastError(f"{path}: layer {i} has weights {w.shape} and bias {b.shape} after a layer of {width}; "
+                              "re-fit with opcast train fit")
+        layers.append((w, b))
+        width = w.shape[0]
+    if width != 3:
+        raise OpcastError(f"{path}: the network ends in {width} outputs, not the 3 heads; re-fit with opcast train fit")
+    return mean, std, layers
 
 
 _INIT_KEYS = frozenset({"hidden", "epochs", "batch_size", "max_samples", "learning_rate", "weight_decay", "patience", "val_fraction", "seed"})

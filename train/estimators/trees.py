@@ -23,6 +23,9 @@ from typing import Any
 
 import numpy as np
 
+from opcast.errors import OpcastError
+from opcast.train.estimators import require_arrays
+
 _CHUNK_CELLS = 1 << 20
 """Rows x trees evaluated at once (int32 node indices: 4 MB per array)."""
 
@@ -50,12 +53,36 @@ class TreeArrays:
                 "tree_base_score": np.array([self.base_score], dtype=np.float64)}
 
     @classmethod
-    def from_arrays(cls, arrays: Any) -> TreeArrays:
-        n_trees, max_nodes, depth = (int(v) for v in arrays["tree_shape"])
-        return cls(left=arrays["tree_left"], right=arrays["tree_right"], feature=arrays["tree_feature"],
+    def from_arrays(cls, arrays: Any, *, path: Any = "trees", n_features: int | None = None) -> TreeArrays:
+        """Rebuild from :meth:`to_arrays`' output. Read from a file (``path``), every array is
+        checked first (dtype, length, node and feature indices in range), so a corrupt file is a
+        one-line :class:`OpcastError`, never an index error in the middle of a prediction."""
+        kinds = {"tree_left": "iu", "tree_right": "iu", "tree_feature": "iu", "tree_threshold": "f",
+                 "tree_default_left": "b", "tree_value": "f", "tree_shape": "iu", "tree_base_score": "f"}
+        require_arrays(arrays, kinds, path)
+        shape, base = arrays["tree_shape"], arrays["tree_base_score"]
+        if shape.shape != (3,) or base.shape != (1,) or not np.isfinite(base).all():
+            raise OpcastError(f"{path}: tree_shape or tree_base_score has the wrong shape; re-fit with opcast train fit")
+        n_trees, max_nodes, depth = (int(v) for v in shape)
+        size = n_trees * max_nodes
+        if n_trees < 0 or max_nodes < 1 or not 0 <= depth <= max_nodes:
+            raise OpcastError(f"{path}: tree_shape {shape.tolist()} is impossible; re-fit with opcast train fit")
+        for name in ("tree_left", "tree_right", "tree_feature", "tree_threshold", "tree_default_left", "tree_value"):
+            if arrays[name].shape != (size,):
+                raise OpcastError(f"{path}: {name} holds {arrays[name].shape} values, not {n_trees} x {max_nodes}; "
+                                  "re-fit with opcast train fit")
+        for name in ("tree_left", "tree_right"):
+            if size and not 0 <= int(arrays[name].min()) <= int(arrays[name].max()) < size:
+                raise OpcastError(f"{path}: {name} points outside the trees; re-fit with opcast train fit")
+        limit = n_features if n_features is not None else np.iinfo(np.int32).max
+        if size and not 0 <= int(arrays["tree_feature"].min()) <= int(arrays["tree_feature"].max()) < limit:
+            raise OpcastError(f"{path}: tree_feature names a feature outside the {limit} it was fitted on; "
+                              "re-fit with opcast train fit")
+        as32 = {k: np.ascontiguousarray(arrays[k], dtype=np.int32) for k in ("tree_left", "tree_right", "tree_feature")}
+        return cls(left=as32["tree_left"], right=as32["tree_right"], feature=as32["tree_feature"],
                    threshold=arrays["tree_threshold"], default_left=arrays["tree_default_left"],
                    value=arrays["tree_value"], n_trees=n_trees, max_nodes=max_nodes, depth=depth,
-                   base_score=float(arrays["tree_base_score"][0]))
+                   base_score=float(base[0]))
 
     def margin(self, x: np.ndarray) -> np.ndarray:
         """The booster's raw output (``output_margin``) for every row of ``x`` (n_rows, n_features)."""

@@ -10,8 +10,10 @@ shapes.
 
 Saved as one ``.npz``: the booster's UBJSON bytes plus its trees flattened for
 :mod:`opcast.train.estimators.trees`, so that loading and predicting a few hundred kernels
-needs numpy only; xgboost's own predictor is used for batches too large for the numpy walk
-(and to read model sets saved before, as ``.joblib``).
+needs numpy only; xgboost's own predictor is used for batches too large for the numpy walk.
+The archive is read with ``allow_pickle=False`` and xgboost only ever parses the UBJSON bytes,
+so loading runs no code from the file. Sets saved by opcast <= 0.1 held a pickled ``.joblib``
+instead; those are refused (:mod:`opcast.train.artifacts`): re-fit them.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from opcast.errors import OpcastError
+from opcast.train.estimators import RECORD_KEY, parse_record, read_arrays, record_array, require_arrays
 from opcast.train.features import MONOTONE_DECREASING, matrix
 from opcast.train.estimators.trees import TreeArrays, trees_from_booster
 from opcast.train.splits import grouped_mask
@@ -113,8 +117,13 @@ class XGBEstimator:
         if getattr(self, "booster_", None) is None:
             import xgboost as xgb
 
+            raw = _checked_raw(bytes(self.raw_), getattr(self, "path_", "the predictor"))
             booster = xgb.Booster()
-            booster.load_model(bytearray(self.raw_))
+            try:
+                booster.load_model(bytearray(raw))
+            except xgb.core.XGBoostError as err:
+                raise OpcastError(f"{getattr(self, 'path_', 'the predictor')}: xgboost cannot read its booster "
+                                  f"({str(err).splitlines()[0][-120:]}); re-fit with opcast train fit") from None
             self.booster_ = booster
         return self.booster_
 
@@ -123,12 +132,15 @@ class XGBEstimator:
         return {"hyper_parameters": self.hyper_parameters(), "n_trees": getattr(self, "n_trees_", None),
                 "numpy_trees": getattr(self, "trees_", None) is not None, "target": "log(time_s / t_roof_s)"}
 
-    def save(self, path: Path) -> Path:
+    def save(self, path: Path, *, record: dict[str, Any] | None = None) -> Path:
+        """Write ``<path>.npz``; ``record`` (what the file holds, see
+        :data:`~opcast.train.estimators.RECORD_KEY`) is stored beside the arrays."""
         path = Path(path).with_suffix(self.suffix)
         raw = np.frombuffer(bytes(self.booster_.save_raw(raw_format="ubj")), dtype=np.uint8)
         trees = self.trees_.to_arrays() if getattr(self, "trees_", None) is not None else {}
+        extra = {RECORD_KEY: record_array(record)} if record is not None else {}
         with open(path, "wb") as fh:  # a file object: savez would append .npz to a bare path
-            np.savez_compressed(fh, format=np.array("xgboost-ubj+trees"), ubj=raw, **trees)
+            np.savez_compressed(fh, format=np.array("xgboost-ubj+trees"), ubj=raw, **trees, **extra)
         return path
 
     @classmethod
@@ -137,17 +149,17 @@ class XGBEstimator:
         est = cls(feature_names=feature_names, **{k: v for k, v in hp.items() if k in _INIT_KEYS})
         est.booster_ = None
         est.trees_ = None
-        path = Path(path)
-        if path.suffix == ".joblib":  # model sets saved before the numpy trees
-            import joblib
-
-            est.raw_ = bytes(joblib.load(path)["model"])
-            est.n_trees_ = int(est.booster().num_boosted_rounds())
-            return est
-        with np.load(path, allow_pickle=False) as blob:
-            est.raw_ = blob["ubj"].tobytes()
-            if "tree_shape" in blob.files:
-                est.trees_ = TreeArrays.from_arrays({k: blob[k] for k in blob.files if k.startswith("tree_")})
+        est.path_ = path = Path(path)
+        if path.suffix != cls.suffix:
+            raise OpcastError(f"{path}: xgb predictors are read from {cls.suffix} archives only (a pickled .joblib "
+                              "of an older opcast is never loaded: unpickling can run code); re-fit with opcast train fit")
+        blob = read_arrays(path)
+        require_arrays(blob, {"ubj": "u"}, path)
+        est.record_ = parse_record(blob[RECORD_KEY], path) if RECORD_KEY in blob else None
+        est.raw_ = _checked_raw(blob["ubj"].tobytes(), path)
+        if "tree_shape" in blob:
+            est.trees_ = TreeArrays.from_arrays({k: blob[k] for k in blob if k.startswith("tree_")}, path=path,
+                                                n_features=len(est.feature_names))
         est.n_trees_ = est.trees_.n_trees if est.trees_ is not None else int(est.booster().num_boosted_rounds())
         return est
 
@@ -166,6 +178,15 @@ def _checked_trees(booster: Any, x: np.ndarray, feature_names: tuple[str, ...]) 
         if not np.allclose(trees.margin(x), ref, rtol=1e-5, atol=1e-5):
             return None
     return trees
+
+
+def _checked_raw(raw: bytes, path: Any) -> bytes:
+    """``raw`` if it can be a UBJSON or JSON booster (both open with ``{``): xgboost aborts the
+    interpreter (SIGABRT) on an empty buffer, so nothing else reaches it."""
+    if not raw.startswith(b"{"):
+        raise OpcastError(f"{path}: its booster bytes are {'empty' if not raw else 'not xgboost UBJSON or JSON'}; "
+                          "re-fit with opcast train fit")
+    return raw
 
 
 def _xgboost_installed() -> bool:
