@@ -63,12 +63,10 @@ def evaluate(
 ) -> None:
     """Score a model set on datasets: MAPE, median/p90 APE and share within 10 %, per op and device."""
     from opcast.train.artifacts import load_model_set
-    from opcast.train.evaluate import evaluate as run_eval, plot_scatter, records
+    from opcast.train.evaluate import check_plot_path, evaluate as run_eval, plot_scatter, records
 
-    if plot is not None:  # fail before the work when the optional dependency is missing
-        from opcast.plotting import pyplot
-
-        pyplot()
+    if plot is not None:  # fail before the work: a bad path, or the optional dependency missing
+        check_plot_path(plot)
     model_set = load_model_set(models)
     result = run_eval(model_set, dataset)
     table = result["table"]

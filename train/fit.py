@@ -78,10 +78,21 @@ class FitConfig:
     listed in the model set's ``skipped``)."""
 
     def __post_init__(self) -> None:
+        """Every option is checked here, before any data is read."""
         if self.estimator not in (*ESTIMATORS, "auto"):
             raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp or auto")
         if self.folds < 0 or not 0 < self.shape_fraction < 1:
             raise OpcastError(f"folds must be >= 0 and shape_fraction in (0, 1); got {self.folds}, {self.shape_fraction}")
+        unknown = sorted(set(self.ops) - set(FEATURES))
+        if unknown:
+            raise OpcastError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
+        if not 1 <= self.n_jobs <= 1024:
+            raise OpcastError(f"--jobs {self.n_jobs}: give a number of threads from 1 to 1024")
+        if not 0 <= self.seed < 2**32:
+            raise OpcastError(f"--seed {self.seed}: give an integer from 0 to 2**32 - 1")
+        if self.min_rows < 1 or self.fold_max_rows < 1 or self.all_devices_rows < 0:
+            raise OpcastError(f"min_rows and fold_max_rows must be >= 1, all_devices_rows >= 0; got {self.min_rows}, "
+                              f"{self.fold_max_rows}, {self.all_devices_rows}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -422,9 +433,6 @@ def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitCo
     """Fit every group of ``frame`` (rows already filtered to training rows); returns
     (group -> (estimator, entry), the per-group summary, skipped group -> reason)."""
     if cfg.ops:
-        unknown = sorted(set(cfg.ops) - set(FEATURES))
-        if unknown:
-            raise OpcastError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
         frame = frame[frame["op"].isin(cfg.ops)]
     skipped: dict[str, str] = {}
     if not cfg.collectives and not cfg.ops:
@@ -478,12 +486,11 @@ def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitCo
 def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str = "default", cfg: FitConfig = FitConfig(),
                   progress: Any = None, command: str = "opcast train fit") -> FitResult:
     """Read ``datasets``, fit every group, write ``out/name/`` and score --holdout-device rows."""
-    from opcast.train.artifacts import write_model_set
+    from opcast.train.artifacts import check_output, write_model_set
     from opcast.train.evaluate import predict_frame, score_table
 
     t0 = time.perf_counter()
-    if not name or "/" in name or name.startswith("."):
-        raise OpcastError(f"--name {name!r} must be a plain folder name")
+    check_output(out, name)  # before any work: a bad --out or --name must not cost a fit
     frame = load_training_frame(datasets)
     devices = resolve_devices(pd.unique(frame["device"].astype(object)), datasets)
     held = set()

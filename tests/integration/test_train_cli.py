@@ -89,3 +89,54 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, dataset, tmp_path, capsy
 def test_help(cmd, capsys):
     assert main(cmd) == 0
     assert "Usage" in capsys.readouterr().out
+
+
+@pytest.fixture
+def places(tmp_path):
+    """Paths for the up-front checks: a regular file, a user's folder that is not a model set,
+    a path under a file, and a dataset that does not exist (so an error about anything else
+    proves the check ran before any data was read)."""
+    file = tmp_path / "notes.txt"
+    file.write_text("keep me\n")
+    user = tmp_path / "out" / "mine"
+    user.mkdir(parents=True)
+    (user / "thesis.tex").write_text("keep me too\n")
+    (tmp_path / "plots").mkdir()
+    return {"MISSING": str(tmp_path / "no-such-dataset"), "FILE": str(file), "OUT": str(tmp_path / "out"),
+            "UNDERFILE": str(file / "models"), "PLOTDIR": str(tmp_path / "plots")}
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "fit", "MISSING", "--out", "FILE"], "is a file; give a folder"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--name", "mine"], "exists and is a folder that is not a model set"),
+    (["train", "fit", "MISSING", "--out", "UNDERFILE"], "which is a file"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--name", ".hidden"], "plain folder name"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--op", "conv"], "unknown op(s) conv"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--jobs", "0"], "--jobs 0"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--seed", "-1"], "--seed -1"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--folds", "-1"], "folds must be >= 0"),
+    (["train", "eval", "--models", "MISSING", "MISSING", "--plot", "PLOTDIR"], "is a folder"),
+])
+def test_options_are_checked_before_any_data_is_read(argv, needle, places, capsys):
+    capsys.readouterr()
+    assert main([places.get(a, a) for a in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and err.count("\n") == 0, err
+    assert open(places["FILE"]).read() == "keep me\n"
+    assert open(f"{places['OUT']}/mine/thesis.tex").read() == "keep me too\n"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["train", "fit", "MISSING", "--out", "FILE"], "is a file; give a folder"),
+    (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
+])
+def test_early_errors_through_the_console_script(argv, needle, places):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "opcast", *[places.get(a, a) for a in argv]], capture_output=True,
+                         text=True, timeout=120)
+    err = out.stderr.strip()
+    assert out.returncode == 2 and err.startswith("opcast: error:") and needle in err and err.count("\n") == 0, err
+    assert "Traceback" not in out.stderr and open(places["FILE"]).read() == "keep me\n"
