@@ -2,13 +2,20 @@
 
 Sharded by rank and world size (``torchrun`` or SLURM environment), so one plan spreads over
 every GPU of a node or cluster; each rank appends its own parquet parts, merged on read.
-Resumable: points already in the output folder (same device) are skipped. Ctrl-C finishes the
-current point, writes everything measured and exits; a second Ctrl-C aborts at once (what was
-flushed is kept).
+Resumable: points already in the output folder (same device) are skipped. One writer per rank
+and folder: a second ``collect bench`` on the same ``--out`` is refused (:class:`WriterLock`).
+
+Stopping: Ctrl-C (SIGINT) and SIGTERM (a SLURM time limit, ``timeout``, ``docker stop``, torchrun
+tearing down the job) abandon the point being measured at its next repetition (it is measured
+again on resume), write every measured row and record the run as interrupted, with the signal,
+in run.json; a second signal also aborts a call that is still running, and still writes every
+row. The time budget is a hard bound checked between repetitions too. A full disk stops the run
+the same way, keeping every part already written.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import time
@@ -18,9 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opcast.collect.io import PartWriter, done_point_ids, record_run
+from opcast.collect.io import DiskWriteError, PartWriter, WriterLock, done_point_ids, record_run
 from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, make_plan
-from opcast.collect.timing import TimingBudget, measure_cpu, measure_cuda
+from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
 from opcast.dtypes import DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, describe_local
@@ -61,6 +68,22 @@ class BenchConfig:
     cuda_graphs: bool = True
     """Time sub-10 us CUDA ops inside CUDA graphs."""
 
+    def __post_init__(self) -> None:
+        if self.samples is not None and not 0 <= self.samples <= MAX_SAMPLES:
+            raise OpcastError(f"--samples takes 1 to {MAX_SAMPLES} points, got {self.samples}; split a larger plan over runs with other --seed values")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
+            raise OpcastError(f"--budget-s takes a finite number of seconds > 0, got {self.budget_s}; omit it to run without a time limit")
+        if not (math.isfinite(self.max_point_s) and 0 < self.max_point_s <= MAX_POINT_BUDGET_S):
+            raise OpcastError(f"--max-point-s takes seconds per call, > 0 and at most {MAX_POINT_BUDGET_S:.0f}, got {self.max_point_s}")
+        if not (math.isfinite(self.max_mem_fraction) and 0 < self.max_mem_fraction <= 1):
+            raise OpcastError(f"--max-mem-fraction takes a share of free memory in (0, 1], got {self.max_mem_fraction}")
+        if not self.tp_degrees or min(self.tp_degrees) < 1:
+            raise OpcastError(f"--tp takes positive integers, got {self.tp_degrees}")
+
+
+MAX_SAMPLES = 1_000_000
+"""Most points one run may plan."""
+
 
 @dataclass(kw_only=True, slots=True)
 class BenchResult:
@@ -75,17 +98,38 @@ class BenchResult:
     skipped_at_run: Counter = field(default_factory=Counter)
     device: str = ""
     run_id: str = ""
+    signal: str | None = None
+    """SIGINT or SIGTERM when a signal stopped the run."""
 
 
-def rank_and_world() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun or SLURM environment; (0, 1, 0) alone."""
-    env = os.environ
-    rank = int(env.get("RANK", env.get("SLURM_PROCID", 0)))
-    world = int(env.get("WORLD_SIZE", env.get("SLURM_NTASKS", 1)))
-    local = int(env.get("LOCAL_RANK", env.get("SLURM_LOCALID", 0)))
+def env_int(*names: str, default: int, minimum: int) -> int:
+    """The first of the environment variables ``names`` that is set, as an integer >= ``minimum``
+    (``default`` when none is); anything else is an :class:`OpcastError` naming the variable."""
+    for name in names:
+        text = os.environ.get(name)
+        if text is None:
+            continue
+        try:
+            value = int(text.strip())
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise OpcastError(f"{name}={text!r} in the environment is not an integer >= {minimum}; "
+                              f"unset it or launch with torchrun/srun, which set it")
+        return value
+    return default
+
+
+def rank_and_world() -> tuple[int, int, int, int]:
+    """(rank, world size, local rank, ranks on this host) from the torchrun or SLURM environment;
+    (0, 1, 0, 1) alone."""
+    rank = env_int("RANK", "SLURM_PROCID", default=0, minimum=0)
+    world = env_int("WORLD_SIZE", "SLURM_NTASKS", default=1, minimum=1)
+    local = env_int("LOCAL_RANK", "SLURM_LOCALID", default=0, minimum=0)
+    local_world = env_int("LOCAL_WORLD_SIZE", default=1, minimum=1)
     if not 0 <= rank < world:
         raise OpcastError(f"rank {rank} is outside world size {world}; check RANK/WORLD_SIZE")
-    return rank, world, local
+    return rank, world, local, local_world
 
 
 def resolve_device(device: str, local_rank: int):
@@ -190,55 +234,89 @@ def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[st
     }
 
 
-class _StopFlag:
-    """First Ctrl-C asks to stop after the current point; a second one aborts."""
+class _Stop:
+    """SIGINT and SIGTERM while a bench runs: the first asks to stop (checked between
+    repetitions), a second aborts what is running (``KeyboardInterrupt``), except while
+    ``shielded`` (the final writes), when signals are only noted. Signals ignored when the run
+    started (``nohup``, a background job) stay ignored."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self) -> None:
-        self.stop = False
-        self._previous: Any = None
+        self.signum: int | None = None
+        self.shielded = False
+        self._previous: dict[int, Any] = {}
 
-    def __enter__(self) -> _StopFlag:
-        try:
-            self._previous = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread
-            self._previous = None
+    @property
+    def stop(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def name(self) -> str | None:
+        return signal.Signals(self.signum).name if self.signum is not None else None
+
+    def __enter__(self) -> _Stop:
+        for signum in self.SIGNALS:
+            try:
+                if signal.getsignal(signum) is not signal.SIG_IGN:
+                    self._previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread: signals stay with the caller
+                break
         return self
 
     def _handle(self, signum: int, frame: Any) -> None:
-        if self.stop:
+        if self.signum is None:
+            self.signum = signum
+        elif not self.shielded:
             raise KeyboardInterrupt
-        self.stop = True
 
     def __exit__(self, *exc: object) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
 
 
 def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
     """Measure this rank's share of the plan into ``cfg.out``; see the module docstring."""
+    rank, world, local_rank, local_world = rank_and_world()
+    with _Stop() as flag:
+        import torch
+
+        device = resolve_device(cfg.device, local_rank)
+        check_dtypes(cfg.dtypes, device)
+        out = Path(cfg.out)
+        parts = out / "bench"
+        try:
+            parts.mkdir(parents=True, exist_ok=True)
+            probe = parts / f".write-test-{rank}"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as err:
+            raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
+        with WriterLock(parts / f".rank{rank:04d}.lock", command="bench", out=out):
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            else:
+                cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+                torch.set_num_threads(max(1, cores // local_world))
+            spec = describe_local(str(device))
+            plan = build_plan(cfg, spec, device, local_world)
+            if not plan.points and cfg.samples != 0:
+                reasons = ", ".join(f"{n} x {why}" for why, n in plan.skipped.most_common(3)) or "no shapes"
+                raise OpcastError(f"nothing to measure: every planned point was skipped ({reasons}); "
+                                  "raise --max-point-s or --max-mem-fraction, or choose other --op/--dtype")
+            return _measure_plan(cfg, plan, spec, device, flag, rank=rank, world=world, progress=progress)
+
+
+def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, flag: _Stop, *, rank: int, world: int,
+                  progress: Any) -> BenchResult:
+    """Measure this rank's unmeasured points of ``plan``; whatever stops it (the budget, a signal,
+    a full disk, a bug), every measured row is written and the run recorded in run.json."""
     import torch
 
     from opcast.collect.ops import BUILDERS, BuildRequest, UnsupportedPoint
 
-    rank, world, local_rank = rank_and_world()
-    device = resolve_device(cfg.device, local_rank)
-    check_dtypes(cfg.dtypes, device)
     out = Path(cfg.out)
-    parts = out / "bench"
-    try:
-        parts.mkdir(parents=True, exist_ok=True)
-        probe = parts / f".write-test-{rank}"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    else:
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        torch.set_num_threads(max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) // local_world))
-    spec = describe_local(str(device))
-    plan = build_plan(cfg, spec, device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     mine = plan.shard(rank, world)
     done = done_point_ids(out, spec.name)
     todo = [p for p in mine if p.point_id not in done]
@@ -246,56 +324,91 @@ def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
     env = environment(device)
     result = BenchResult(planned=len(mine), already_done=len(mine) - len(todo), skipped_in_plan=plan.skipped,
                          device=spec.name, run_id=run_id)
-    writer = PartWriter(parts, rank=rank, run_id=run_id)
+    writer = PartWriter(out / "bench", rank=rank, run_id=run_id)
     deadline = time.monotonic() + cfg.budget_s if cfg.budget_s else None
     started = time.time()
     task = progress.add_task(f"bench {spec.name}", total=len(todo)) if progress is not None else None
     l2 = spec.l2_bytes  # CUDA: the L2; CPU: the last-level cache describe_local reports
-    with _StopFlag() as flag:
-        try:
-            for i, point in enumerate(todo):
-                if flag.stop or (deadline is not None and time.monotonic() > deadline):
-                    result.interrupted = flag.stop
-                    result.remaining = len(todo) - i
-                    break
-                allow_tf32 = point.dtype == "tf32"
+
+    def should_stop() -> bool:
+        return flag.stop or (deadline is not None and time.monotonic() > deadline)
+
+    processed = 0
+    failure: BaseException | None = None
+    try:
+        for point in todo:
+            if should_stop():
+                break
+            allow_tf32 = point.dtype == "tf32"
+            if device.type == "cuda":
+                torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+                torch.backends.cudnn.allow_tf32 = allow_tf32
+            req = BuildRequest(params=point.params, dtype=point.dtype, direction=point.direction, device=device, seed=cfg.seed)
+            try:
+                fn = BUILDERS[point.op](req)
                 if device.type == "cuda":
-                    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-                    torch.backends.cudnn.allow_tf32 = allow_tf32
-                req = BuildRequest(params=point.params, dtype=point.dtype, direction=point.direction, device=device, seed=cfg.seed)
-                try:
-                    fn = BUILDERS[point.op](req)
-                    if device.type == "cuda":
-                        stats = measure_cuda(fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs)
-                    else:
-                        stats = measure_cpu(fn, cfg.timing, flush_bytes=2 * l2)
-                except UnsupportedPoint as err:
-                    result.skipped_at_run[f"{point.op}: {err}"] += 1
-                except torch.OutOfMemoryError:
-                    result.skipped_at_run[f"{point.op}: out of memory"] += 1
-                except RuntimeError as err:
-                    result.skipped_at_run[f"{point.op}: {str(err).splitlines()[0][:100]}"] += 1
+                    stats = measure_cuda(fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs,
+                                         stop=should_stop)
                 else:
+                    stats = measure_cpu(fn, cfg.timing, flush_bytes=2 * l2, stop=should_stop)
+            except Abandoned:  # a signal or the budget: measured again on resume
+                break
+            except UnsupportedPoint as err:
+                result.skipped_at_run[f"{point.op}: {err}"] += 1
+            except torch.OutOfMemoryError:
+                result.skipped_at_run[f"{point.op}: out of memory"] += 1
+            except RuntimeError as err:
+                result.skipped_at_run[f"{point.op}: {str(err).splitlines()[0][:100]}"] += 1
+            else:
+                flag.shielded = True  # a second signal must not land between writing a part and forgetting its rows
+                try:
                     writer.add(_row(point, stats, run_id=run_id, device_name=spec.name, env=env))
-                    result.rows_written += 1
                 finally:
-                    fn = None  # free the point's tensors before the next one
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                if task is not None:
-                    progress.update(task, advance=1, description=f"bench {spec.name} [{point.op} {point.dtype} {point.direction}]")
-        finally:
-            writer.flush()
-            record_run(out, rank=rank, record={
-                "run_id": run_id, "command": "bench", "rank": rank, "world_size": world,
-                "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in _config_dict(cfg).items()},
-                "environment": env, "device_spec": _spec_dict(spec), "rows_written": result.rows_written,
-                "planned": result.planned, "already_done": result.already_done, "remaining": result.remaining,
-                "interrupted": result.interrupted, "skipped_in_plan": dict(plan.skipped),
-                "skipped_at_run": dict(result.skipped_at_run),
-            })
+                    flag.shielded = False
+            finally:
+                fn = None  # free the point's tensors before the next one
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+            processed += 1
+            if task is not None:
+                progress.update(task, advance=1, description=f"bench {spec.name} [{point.op} {point.dtype} {point.direction}]")
+    except KeyboardInterrupt:  # a second signal: the running point is dropped, the rest is written below
+        pass
+    except BaseException as err:  # a full disk, a bug: write what was measured, record the run, then re-raise
+        failure = err
+    flag.shielded = True
+    try:
+        writer.flush()
+    except DiskWriteError as err:
+        failure = failure or err
+    result.rows_written = writer.saved
+    result.remaining = len(todo) - processed
+    result.interrupted = failure is not None or (flag.stop and result.remaining > 0)  # a signal after the last point loses nothing
+    result.signal = flag.name
+    error = None if failure is None else (f"{failure.problem} (writing {failure.path})" if isinstance(failure, DiskWriteError)
+                                          else f"{type(failure).__name__}: {str(failure)[:200]}")
+    recorded = True
+    try:
+        record_run(out, rank=rank, record={
+            "run_id": run_id, "command": "bench", "rank": rank, "world_size": world,
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in _config_dict(cfg).items()},
+            "environment": env, "device_spec": _spec_dict(spec), "rows_written": result.rows_written,
+            "rows_not_written": len(writer.rows), "planned": result.planned, "already_done": result.already_done,
+            "remaining": result.remaining, "interrupted": result.interrupted, "signal": result.signal, "error": error,
+            "skipped_in_plan": dict(plan.skipped), "skipped_at_run": dict(result.skipped_at_run),
+        })
+    except OSError:
+        if failure is None:
+            raise
+        recorded = False
+    if isinstance(failure, DiskWriteError):
+        raise OpcastError(f"{failure}: {result.rows_written} rows of this run are on disk, {len(writer.rows)} measured rows "
+                          f"could not be written{'' if recorded else ' and run.json could not be updated'}; "
+                          "free space and re-run the same command to resume") from None
+    if failure is not None:
+        raise failure
     return result
 
 

@@ -4,6 +4,7 @@ datasets (info)."""
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -44,7 +45,7 @@ def bench(
     cuda_graphs: Annotated[bool, typer.Option(help="Time sub-10 us CUDA ops inside CUDA graphs.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Sample op shapes and time them on this device (resumable; Ctrl-C keeps what is done)."""
+    """Sample op shapes and time them on this device (resumable; Ctrl-C, SIGTERM and a full disk keep what is done)."""
     from opcast.collect.bench import BenchConfig, run_bench
     from opcast.collect.timing import TimingBudget
     from opcast.errors import OpcastError
@@ -53,8 +54,6 @@ def bench(
         samples = 200
     if samples is not None and samples < 1:
         raise OpcastError(f"--samples must be >= 1, got {samples}")
-    if budget_s is not None and budget_s <= 0:
-        raise OpcastError(f"--budget-s must be > 0, got {budget_s}")
     cfg = BenchConfig(out=out, device=device, ops=tuple(op or ()), dtypes=tuple(dtype or ()), archs=tuple(arch or ()),
                       tp_degrees=_ints(tp, "--tp"), samples=samples, budget_s=budget_s, seed=seed,
                       max_point_s=max_point_s, max_mem_fraction=max_mem_fraction,
@@ -77,8 +76,10 @@ def bench(
         if result.remaining:
             console.print("  re-run the same command to continue")
     if result.interrupted:
-        err_console.print("interrupted: everything measured so far is saved; re-run the same command to resume")
-        raise typer.Exit(130)
+        name = result.signal or "SIGINT"
+        err_console.print(f"opcast: interrupted by {name}: the {result.rows_written} rows measured are saved in {out}; "
+                          "re-run the same command to resume", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(128 + int(getattr(signal.Signals, name)))
 
 
 @app.command()
@@ -132,10 +133,13 @@ def replay(
 ) -> None:
     """Convert published measurements (NeuSight, Vidur, 2509.22832), a profiler trace or an nccl-tests log."""
     from opcast.collect.info import summarise
+    from opcast.collect.io import shared_mode
     from opcast.collect.replay import ReplayOptions, run_replay
 
     summary = run_replay(source, path, out, ReplayOptions(device=device, world_size=world_size, nodes=nodes,
                                                            gpus_per_node=gpus_per_node))
+    for output in summary.outputs:  # written through mkstemp (0600): give them the umask's mode
+        shared_mode(output)
     record = {"source": source, "files": summary.files, "rows_read": summary.rows_read, "rows_written": summary.rows_written,
               "runs_written": summary.runs_written, "skipped": dict(summary.skipped), "outputs": [str(p) for p in summary.outputs]}
     if as_json:
@@ -157,10 +161,14 @@ def info(
     dataset: Annotated[list[Path], typer.Argument(help="Dataset files or folders.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the table as JSON records.")] = False,
 ) -> None:
-    """Rows per op, device, dtype and source, with shape and time ranges."""
-    from opcast.collect.info import summarise
+    """Rows per op, device, dtype and source, with shape and time ranges (duplicate rows counted once)."""
+    from opcast.collect.info import read_unique, summarise_frame
 
-    table = summarise(dataset)
+    rows, duplicates = read_unique(dataset)
+    table = summarise_frame(rows)
+    if duplicates:
+        err_console.print(f"note: {duplicates} duplicate rows (same source, device and point) are counted once; "
+                          "they come from two runs writing one folder at once", markup=False, highlight=False, soft_wrap=True)
     if as_json:
         console.print_json(table.to_json(orient="records"))
         return

@@ -9,6 +9,7 @@ NCCL on GPUs, gloo on CPUs. Rank 0 writes the rows; a re-run skips sizes already
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opcast.collect.io import PartWriter, done_point_ids, record_run
+from opcast.collect.io import PartWriter, WriterLock, done_point_ids, record_run
 from opcast.collect.timing import summarise
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
@@ -74,11 +75,17 @@ def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
 
 
 def _topology() -> tuple[int, int, int, int]:
+    from opcast.collect.bench import env_int
+
     env = os.environ
     if "WORLD_SIZE" not in env or "RANK" not in env:
         raise OpcastError("collect comm must run under torchrun, e.g. `torchrun --nproc-per-node 2 -m opcast.cli collect comm --out D`")
-    world, rank = int(env["WORLD_SIZE"]), int(env["RANK"])
-    per_node = int(env.get("LOCAL_WORLD_SIZE", world))
+    world = env_int("WORLD_SIZE", default=1, minimum=1)
+    rank = env_int("RANK", default=0, minimum=0)
+    per_node = env_int("LOCAL_WORLD_SIZE", default=world, minimum=1)
+    env_int("LOCAL_RANK", default=0, minimum=0)
+    if rank >= world:
+        raise OpcastError(f"RANK={rank} is outside WORLD_SIZE={world}; launch with torchrun, which sets both")
     if world < 2:
         raise OpcastError(f"collect comm needs at least 2 ranks, got WORLD_SIZE={world}; launch torchrun with --nproc-per-node 2 or more")
     if world % per_node:
@@ -119,14 +126,13 @@ def _buffers(op: str, size: int, world: int, dtype, device):
 
 
 def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
-    """Sweep the collectives over every rank of the job; rank 0 writes the dataset."""
+    """Sweep the collectives over every rank of the job; rank 0 writes the dataset (alone: a
+    second sweep into the same ``--out`` is refused)."""
+    rank, world, nodes, per_node = _topology()
     import torch
-    import torch.distributed as dist
 
     from opcast.dtypes import torch_dtype
-    from opcast.hardware import describe_local
 
-    rank, world, nodes, per_node = _topology()
     for op in cfg.ops:
         if op not in COMM_OPS:
             get_op(op)  # unknown names get the registry's message
@@ -148,6 +154,18 @@ def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
             (out / "comm").mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
+    with WriterLock(out / "comm" / ".lock", command="comm", out=out) if rank == 0 else contextlib.nullcontext():
+        return _sweep(cfg, sizes, dtype, device, rank=rank, world=world, nodes=nodes, per_node=per_node, progress=progress)
+
+
+def _sweep(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, *, rank: int, world: int, nodes: int, per_node: int,
+           progress: Any) -> CommResult:
+    import torch
+    import torch.distributed as dist
+
+    from opcast.hardware import describe_local
+
+    out = Path(cfg.out)
     spec = describe_local(str(device)) if rank == 0 else None
     dist.init_process_group(cfg.backend, device_id=device if cfg.backend == "nccl" else None)
     try:

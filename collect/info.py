@@ -23,9 +23,27 @@ def _range(series: pd.Series) -> str:
     return f"{lo}" if lo == hi else f"{lo}-{hi}"
 
 
-def summarise(paths: Iterable[str | Path]) -> pd.DataFrame:
-    """One row per (op, device, dtype, source): rows, directions, shape ranges and time range."""
+ROW_KEY = ["source", "device", "point_id"]
+"""One measurement: the same point on the same device from the same source is one row, however
+often it was written (two runs of an older opcast on one folder wrote some points twice)."""
+
+
+def read_unique(paths: Iterable[str | Path]) -> tuple[pd.DataFrame, int]:
+    """The dataset's rows with duplicates of :data:`ROW_KEY` dropped (the first kept), and how
+    many were dropped."""
     df = read_dataset(list(paths))
+    unique = df.drop_duplicates(subset=ROW_KEY, keep="first", ignore_index=True)
+    return unique, len(df) - len(unique)
+
+
+def summarise(paths: Iterable[str | Path]) -> pd.DataFrame:
+    """One row per (op, device, dtype, source): rows (duplicates counted once, see
+    :func:`read_unique`), directions, shape ranges and time range."""
+    return summarise_frame(read_unique(paths)[0])
+
+
+def summarise_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`summarise` of rows already read."""
     records = []
     for key, group in df.groupby(GROUP, sort=True, dropna=False):
         spec = get_op(str(key[0]))

@@ -1,9 +1,17 @@
-"""Where collect runs put things: per-rank parquet parts, the resume index and run.json."""
+"""Where collect runs put things: per-rank parquet parts, the resume index, run.json and the lock
+that keeps two writers off one dataset folder.
+
+Files are written through a temp file and a rename (atomic), with the mode a plain ``open``
+would give them (0666 less the umask, e.g. 0644), so a team can share a dataset; a write that
+fails (a full disk) leaves no temp file behind and keeps every part written before it.
+"""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -14,11 +22,42 @@ from opcast.errors import OpcastError
 from opcast.schema import dataset_files, read_table, write_parquet
 
 
+def shared_mode(path: Path | str) -> None:
+    """Give ``path`` the mode ``open()`` would have created it with (0666 less the umask): files
+    written through ``mkstemp`` are 0600, which other members of a team cannot read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
+def write_problem(err: BaseException) -> str:
+    """What went wrong with a write, in words: a full disk and an exceeded quota are named."""
+    code = getattr(err, "errno", None)
+    if code == errno.ENOSPC:
+        return "the disk is full"
+    if code == errno.EDQUOT:
+        return "the disk quota is exceeded"
+    strerror = getattr(err, "strerror", None)
+    return f"cannot write ({strerror or str(err).splitlines()[0]})"
+
+
+class DiskWriteError(OpcastError):
+    """A part could not be written (a full disk, a quota, an I/O error); the parts written
+    before it are kept and the rows it held are still in the writer."""
+
+    def __init__(self, problem: str, path: Path) -> None:
+        super().__init__(f"{problem} (writing {path})")
+        self.problem = problem
+        self.path = path
+
+
 class PartWriter:
     """Buffers rows and writes them as numbered parquet parts, each one atomic.
 
-    A part is written every ``every_rows`` rows or ``every_s`` seconds, and on :meth:`flush`,
-    so an interrupted run loses at most the point being measured.
+    The first row is written at once (a folder that cannot take parts fails early, and a watcher
+    sees the run has started); then a part is written every ``every_rows`` rows or ``every_s``
+    seconds, and on :meth:`flush`, so an interrupted run loses at most the point being measured.
+    A failed write raises :class:`DiskWriteError` and keeps the rows, so a later flush can retry.
     """
 
     def __init__(self, folder: Path, *, rank: int, run_id: str, every_rows: int = 50, every_s: float = 15.0) -> None:
@@ -28,7 +67,9 @@ class PartWriter:
         self.every_s = every_s
         self.rows: list[dict[str, Any]] = []
         self.parts = 0
-        self._last = time.monotonic()
+        self.saved = 0
+        """Rows written to parts so far."""
+        self._last = float("-inf")
 
     def add(self, row: Mapping[str, Any]) -> None:
         self.rows.append(dict(row))
@@ -37,8 +78,14 @@ class PartWriter:
 
     def flush(self) -> None:
         if self.rows:
-            write_parquet(self.rows, self.folder / f"{self.prefix}-{self.parts:04d}.parquet")
+            path = self.folder / f"{self.prefix}-{self.parts:04d}.parquet"
+            try:
+                write_parquet(self.rows, path)
+                shared_mode(path)
+            except OSError as err:
+                raise DiskWriteError(write_problem(err), path) from None
             self.parts += 1
+            self.saved += len(self.rows)
             self.rows = []
         self._last = time.monotonic()
 
@@ -56,11 +103,18 @@ def done_point_ids(out: Path, device: str) -> set[str]:
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write ``payload`` as JSON to ``path`` atomically, with the umask's mode; a failed write
+    (a full disk) leaves ``path`` as it was and no temp file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(payload, fh, indent=2, default=str)
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2, default=str)
+        shared_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
@@ -74,3 +128,50 @@ def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
             raise OpcastError(f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)") from None
     write_json_atomic(path, {"runs": runs + [dict(record)]})
     return path
+
+
+class WriterLock:
+    """One writer per place in a dataset folder: an exclusive ``flock`` on ``path``, which holds
+    the holder's PID and host for the message a second writer gets.
+
+    The kernel drops the lock when its holder exits, however it dies, so a lock file left by a
+    dead process is simply taken over. Where the file system cannot lock (some network mounts),
+    the writer goes on unlocked.
+    """
+
+    def __init__(self, path: Path, *, command: str, out: Path) -> None:
+        self.path = Path(path)
+        self.command = command
+        self.out = Path(out)
+        self._fd: int | None = None
+
+    def __enter__(self) -> WriterLock:
+        import fcntl
+
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise OpcastError(f"cannot write to {self.out}: {err.strerror}; choose a writable --out folder") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise OpcastError(f"{self.out} is being written by {holder} (lock {self.path.name}); wait for it to finish "
+                              f"or stop it, or give another --out") from None
+        except OSError:  # no locking on this file system
+            os.close(fd)
+            return self
+        os.ftruncate(fd, 0)
+        os.write(fd, f"opcast collect {self.command}, PID {os.getpid()} on {socket.gethostname()}\n".encode())
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:
+                pass
+            os.close(self._fd)
+            self._fd = None

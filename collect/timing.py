@@ -10,18 +10,35 @@
   repetitions, outside the timing), as their operands are in a training step, where each GEMM
   streams weights the previous ops evicted. Shorter calls are timed warm (the method says so).
 - Raw samples are kept and summarised as median, p20 and p80.
+- A ``stop`` callable (a signal, the run's deadline) is checked between calls: when it says
+  stop, the measurement is abandoned (:class:`Abandoned`) within one call, whatever the budgets.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from opcast.errors import OpcastError
+
 GRAPH_THRESHOLD_S = 10e-6
 """Calls faster than this are timed in a CUDA graph."""
+
+MAX_POINT_BUDGET_S = 3600.0
+"""Most seconds of warm-up, or of repetitions, one point may be given."""
+
+
+class Abandoned(Exception):
+    """The measurement was stopped (a signal, the run's time budget) before it finished."""
+
+
+def _check_stop(stop: Callable[[], bool] | None) -> None:
+    if stop is not None and stop():
+        raise Abandoned
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -53,6 +70,15 @@ class TimingBudget:
     max_reps: int = 1000
     """Most timed repetitions."""
 
+    def __post_init__(self) -> None:
+        for option, value, lo in (("--warmup-s", self.warmup_s, 0.0), ("--rep-s", self.rep_s, None)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value <= MAX_POINT_BUDGET_S
+                    and (value >= lo if lo is not None else value > 0)):
+                bound = ">= 0" if lo is not None else "> 0"
+                raise OpcastError(f"{option} takes seconds per point, {bound} and at most {MAX_POINT_BUDGET_S:.0f}; got {value}")
+        if not 1 <= self.min_reps <= self.max_reps:
+            raise OpcastError(f"timing needs 1 <= min_reps <= max_reps, got {self.min_reps} and {self.max_reps}")
+
 
 def summarise(samples_s: list[float], method: str, calls_per_sample: int = 1) -> TimingStats:
     """Median and p20/p80 of per-sample seconds (divided by the calls each sample holds)."""
@@ -83,15 +109,19 @@ def _flush_buffer(flush_bytes: int):
     return np.empty(max(1, flush_bytes // 8))
 
 
-def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(), *, flush_bytes: int = 0) -> TimingStats:
+def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(), *, flush_bytes: int = 0,
+                stop: Callable[[], bool] | None = None) -> TimingStats:
     """Time ``fn`` on the CPU with ``perf_counter``; with ``flush_bytes``, calls of
-    :data:`CPU_FLUSH_MIN_S` or more each start after ``flush_bytes`` were written (cold caches)."""
+    :data:`CPU_FLUSH_MIN_S` or more each start after ``flush_bytes`` were written (cold caches).
+    Raises :class:`Abandoned` as soon as ``stop()`` is true between two calls."""
     t0 = time.perf_counter()
     fn()  # first call: allocations, lazy initialisation
     first = time.perf_counter() - t0
     deadline = time.perf_counter() + budget.warmup_s
     while time.perf_counter() < deadline:
+        _check_stop(stop)
         fn()
+    _check_stop(stop)
     t0 = time.perf_counter()
     fn()
     estimate = min(first, time.perf_counter() - t0)
@@ -103,6 +133,7 @@ def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(),
         estimate += time.perf_counter() - t0  # the wall budget pays for the flushes too
     samples = []
     for _ in range(_rep_count(estimate, budget.rep_s, budget)):
+        _check_stop(stop)
         if flush is not None:
             flush.fill(1.0)
         t0 = time.perf_counter()
@@ -112,8 +143,9 @@ def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(),
 
 
 def measure_cuda(fn: Callable[[], object], *, device, l2_bytes: int, budget: TimingBudget = TimingBudget(),
-                 use_graphs: bool = True) -> TimingStats:
-    """Time ``fn`` on a CUDA device with events, flushing the L2 between repetitions."""
+                 use_graphs: bool = True, stop: Callable[[], bool] | None = None) -> TimingStats:
+    """Time ``fn`` on a CUDA device with events, flushing the L2 between repetitions (``stop`` as
+    for :func:`measure_cpu`, checked between launches)."""
     import torch
 
     fn()
@@ -126,12 +158,16 @@ def measure_cuda(fn: Callable[[], object], *, device, l2_bytes: int, budget: Tim
     end.record()
     torch.cuda.synchronize(device)
     estimate = start.elapsed_time(end) / 5 / 1e3
+    _check_stop(stop)
     if use_graphs and estimate < GRAPH_THRESHOLD_S:
         stats = _measure_cuda_graph(fn, device=device, estimate_s=estimate, budget=budget)
         if stats is not None:
             return stats
     for _ in range(int(min(budget.max_reps, max(1, budget.warmup_s / max(estimate, 1e-9))))):
+        _check_stop(stop)
         fn()
+    torch.cuda.synchronize(device)
+    _check_stop(stop)
     samples = _event_samples(fn, device=device, n=_rep_count(estimate, budget.rep_s, budget), before=flush.zero_)
     return summarise(samples, "cuda_event")
 
