@@ -18,9 +18,11 @@ How a kernel finds its op
 
 Timing
     The time of one op invocation is the sum of its kernels' durations (us -> s, ``/1e6``); copies
-    and memsets (``gpu_memcpy``/``gpu_memset``) are not counted. Invocations with the same (device,
-    op, shape, dtype, direction) in one file are aggregated: ``time_s_median`` is their median,
-    ``n_reps`` their count, ``time_s_p20``/``time_s_p80`` are given from 3 invocations on.
+    and memsets (``gpu_memcpy``/``gpu_memset``) are not counted. An invocation with a negative
+    kernel duration (broken GPU timestamps) or no kernel time at all is skipped and counted, never
+    written. Invocations with the same (device, op, shape, dtype, direction) in one file are
+    aggregated: ``time_s_median`` is their median, ``n_reps`` their count,
+    ``time_s_p20``/``time_s_p80`` are given from 3 invocations on.
     Kernel time excludes launch gaps, so it is what the op costs on the GPU in that run (warm L2,
     possibly overlapping other streams), not a cold-cache microbenchmark.
 
@@ -92,6 +94,8 @@ TIMING = "replay:kineto:kernel_sum"
 NCCL_TIMING = "replay:kineto:nccl_kernel"
 NO_KERNELS = "trace without GPU kernels (CPU-only profile; record with ProfilerActivity.CUDA)"
 ORPHAN = "GPU kernel without a launching CPU op"
+NEGATIVE_TIME = "invocation with a negative kernel duration (broken GPU timestamps in the trace)"
+ZERO_TIME = "invocation whose kernels take no time (below the trace's timer resolution)"
 
 DTYPES = {"float": "fp32", "Float": "fp32", "c10::Half": "fp16", "Half": "fp16",
           "c10::BFloat16": "bf16", "BFloat16": "bf16"}
@@ -362,12 +366,20 @@ def _replay_trace(path: Path, rel: str, doc: dict[str, Any], options: ReplayOpti
         if isinstance(mapped, str):
             result.skipped[mapped] += 1
             continue
+        bad = _bad_time(inv.kernels)
+        if bad:
+            result.skipped[bad] += 1
+            continue
         op, params, dtype, direction = mapped
         _add(groups, devices(inv.kernels[0]), op, params, dtype, direction, dtype != "fp32", inv.kernels, TIMING)
     for key, kernels in comms.items():
         mapped = _map_comm(kernels, comm_launcher[key], options)
         if isinstance(mapped, str):
             result.skipped[mapped] += 1
+            continue
+        bad = _bad_time(kernels)
+        if bad:
+            result.skipped[bad] += 1
             continue
         op, params, dtype = mapped
         _add(groups, devices(kernels[0]), op, params, dtype, "fwd", None, kernels, NCCL_TIMING)
@@ -650,6 +662,17 @@ class _Group:
 def _launch(value: Any) -> str | None:
     if isinstance(value, list) and value:
         return ",".join(str(v) for v in value)
+    return None
+
+
+def _bad_time(kernels: Iterable[dict[str, Any]]) -> str | None:
+    """Why an invocation's kernel time cannot be a measurement (a negative kernel duration, from
+    broken GPU timestamps, or no time at all), or None."""
+    durations = [float(k["dur"]) for k in kernels]
+    if any(d < 0 for d in durations):
+        return NEGATIVE_TIME
+    if sum(durations) <= 0:
+        return ZERO_TIME
     return None
 
 

@@ -293,3 +293,52 @@ def test_products_under_other_backward_nodes_are_skipped(tmp_path):
     result = replay(path, ReplayOptions())
     assert not result.rows
     assert dict(result.skipped) == {"aten::mm inside FusedMatmulBackward (a backward product opcast cannot attribute)": 1}
+
+
+def _with_durations(tmp_path: Path, durations: dict[float, float]) -> Path:
+    """The fixture with the kernels of the given durations (us) changed to new ones."""
+    doc = json.loads(FIXTURE.read_text())
+    changed = 0
+    for e in doc["traceEvents"]:
+        if e.get("cat") == "kernel" and e["dur"] in durations:
+            e["dur"] = durations[e["dur"]]
+            changed += 1
+    assert changed == len(durations)
+    path = tmp_path / "broken_clock.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_negative_and_zero_kernel_times_are_dropped_and_counted(tmp_path):
+    """A broken GPU clock gives kernels negative durations: such an invocation (and one whose
+    kernels take no time) is skipped with its reason, never written as a measurement."""
+    from opcast.collect.replay.kineto import NEGATIVE_TIME, ZERO_TIME
+
+    # one of the three addmm invocations, the fp32 router mm and the all-reduce
+    path = _with_durations(tmp_path, {212.8: -212.8, 38.5: 0.0, 488.2: -3.0})
+    result = replay(path, ReplayOptions())
+    assert result.skipped[NEGATIVE_TIME] == 2 and result.skipped[ZERO_TIME] == 1
+    addmm = _find(result.rows, "gemm", "fwd", m=4096, n=3072)
+    assert addmm["n_reps"] == 2 and addmm["time_s_median"] == pytest.approx((210.4 + 209.6) / 2 / 1e6, rel=1e-12)
+    assert not [r for r in result.rows if r["op"] == "all_reduce" or r.get("n") == 8]
+    assert len(result.rows) == 13 and all(r["time_s_median"] > 0 for r in result.rows)
+
+
+def test_replay_cli_reports_the_drops_and_writes_shareable_files(tmp_path):
+    """Through the console script: exit 0, the drops in the summary, positive times only, and
+    the output readable by the group (umask 027 -> 0640, not mkstemp's 0600)."""
+    import os
+    import subprocess
+    import sys
+
+    path = _with_durations(tmp_path, {212.8: -212.8, 488.2: -3.0})
+    script = Path(sys.executable).parent / "opcast"
+    res = subprocess.run([str(script), "collect", "replay", "kineto", str(path), "--out", str(tmp_path / "out"), "--json"],
+                         capture_output=True, text=True, timeout=300, umask=0o027)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["skipped"]["invocation with a negative kernel duration (broken GPU timestamps in the trace)"] == 2
+    assert summary["rows_written"] == 14
+    out = tmp_path / "out" / "kineto.parquet"
+    assert (read_dataset([out])["time_s_median"] > 0).all()
+    assert os.stat(out).st_mode & 0o777 == 0o640
