@@ -122,16 +122,17 @@ def comm(
 
 @app.command()
 def replay(
-    source: Annotated[str, typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests")],
-    path: Annotated[Path, typer.Argument(help="The source's repository checkout, or the trace / log file.")],
+    source: Annotated[str, typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator")],
     out: Annotated[Path, typer.Option("--out", help="Dataset folder to write <source>.parquet into.")],
+    path: Annotated[Optional[Path], typer.Argument(help="The source's repository checkout, or the trace / log file; "
+                                                        "aiconfigurator: default the installed package's data.")] = None,
     device: Annotated[Optional[str], typer.Option(help="Catalog name of the device (kineto, nccl-tests).")] = None,
     world_size: Annotated[Optional[int], typer.Option(help="Ranks of the run (nccl-tests).")] = None,
     nodes: Annotated[Optional[int], typer.Option(help="Nodes of the run (nccl-tests).")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option(help="Ranks per node (nccl-tests).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Convert published measurements (NeuSight, Vidur, 2509.22832), a profiler trace or an nccl-tests log."""
+    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator), a profiler trace or an nccl-tests log."""
     from opcast.collect.info import summarise
     from opcast.collect.io import shared_mode
     from opcast.collect.replay import ReplayOptions, run_replay

@@ -25,6 +25,7 @@ SOURCES: dict[str, str] = {
     "estimate-train-time": "arXiv 2509.22832 artifact: FP16 Megatron operators on A100-SXM4-80GB and GH200, NCCL",
     "kineto": "a PyTorch profiler Chrome-trace JSON recorded with record_shapes=True",
     "nccl-tests": "the text output of nccl-tests (all_reduce_perf and friends)",
+    "aiconfigurator": "NVIDIA AIConfigurator (aiconfigurator-core): bf16/fp8 GEMM, prefill/decode attention, NCCL on ten GPUs",
 }
 """Source name -> what it is; the module is opcast.collect.replay.<name with _ for ->."""
 
@@ -62,14 +63,19 @@ def importer(source: str) -> Any:
     return importlib.import_module(f"opcast.collect.replay.{source.replace('-', '_')}")
 
 
-def run_replay(source: str, path: str | Path, out: str | Path, options: ReplayOptions = ReplayOptions()) -> ReplaySummary:
-    """Convert ``path`` (a source checkout, or a trace/log file) into ``out``."""
+def run_replay(source: str, path: str | Path | None, out: str | Path, options: ReplayOptions = ReplayOptions()) -> ReplaySummary:
+    """Convert ``path`` (a source checkout, or a trace/log file) into ``out``. ``None`` reads a
+    source's installed package (aiconfigurator); the other sources need a path."""
     import opcast
     from opcast.collect.replay.common import normalise
     from opcast.collect.replay.runs import write_runs
     from opcast.schema import write_parquet
 
     module = importer(source)
+    if path is None:
+        if not hasattr(module, "default_root"):
+            raise OpcastError(f"give the {source} checkout (or file) to replay: opcast collect replay {source} PATH --out DIR")
+        path = module.default_root()
     path = Path(path)
     if not path.exists():
         raise OpcastError(f"{path} does not exist; give the {source} checkout (or file) to replay")

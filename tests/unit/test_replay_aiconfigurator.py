@@ -318,3 +318,18 @@ def test_fixture_generator_is_current(tmp_path, monkeypatch):
         assert fresh.equals(pq.read_table(path)), path
     assert json.dumps(sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())) == json.dumps(
         sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file() and p.name != "make_fixture.py"))
+
+
+def test_the_console_script_replays_the_fixture_and_needs_a_path_for_other_sources(tmp_path):
+    out = tmp_path / "ds"
+    done = subprocess.run([sys.executable, "-m", "opcast", "collect", "replay", "aiconfigurator", str(FIXTURE),
+                           "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    expected = aic.replay(FIXTURE)
+    rows, _ = normalise(expected, source="aiconfigurator", run_id="x", opcast_version="0")
+    assert record["rows_written"] == len(rows) == len(read_dataset(out / "aiconfigurator.parquet"))
+    bare = subprocess.run([sys.executable, "-m", "opcast", "collect", "replay", "neusight", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert bare.returncode == 2 and "Traceback" not in bare.stderr
+    assert bare.stderr.strip().splitlines() == [bare.stderr.strip()] and "PATH" in bare.stderr
