@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except OSError as err:
-        if err.filename is None and err.errno in (errno.ENOSPC, errno.EBADF, errno.EIO):
+        if err.filename is None and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF, errno.EIO):
             _silence_stdout()
             return _fail(f"opcast: error: cannot write the output ({err.strerror}); free space or redirect stdout elsewhere", 2)
         where = f"{err.filename}: " if err.filename else ""

@@ -212,6 +212,8 @@ def _load(path: Path) -> dict[str, Any] | None:
         raise MalformedFile(path, None, "not UTF-8 text; expected a Chrome-trace JSON") from None
     except json.JSONDecodeError as err:
         raise MalformedFile(path, err.lineno, f"invalid JSON at column {err.colno}: {err.msg}") from None
+    except RecursionError:
+        raise MalformedFile(path, None, "nested too deeply to be a trace; expected a Chrome-trace JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         return None
     return doc
