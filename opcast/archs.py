@@ -16,7 +16,7 @@ Op kinds and parameter names are those of the op registry (:mod:`opcast.ops`).
 
 from __future__ import annotations
 
-import json
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from opcast.errors import OpcastError
+from opcast.hardware import read_json_file
 from opcast.paths import data_path
 
 Family = Literal["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "opt", "mixtral", "gpt3", "megatron"]
@@ -90,20 +91,8 @@ class ArchSpec:
 
     def __post_init__(self) -> None:
         label = self.name if isinstance(self.name, str) and self.name else "<unnamed>"
-        problems: list[str] = []
-        for f in fields(self):
-            value = getattr(self, f.name)
-            kind = _FIELD_TYPES[f.name]
-            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-                problems.append(f"{f.name}={value!r} is not an integer")
-            elif kind is int and value < 1:
-                problems.append(f"{f.name}={value} must be >= 1")
-            elif kind is bool and not isinstance(value, bool):
-                problems.append(f"{f.name}={value!r} is not true/false")
-            elif kind is str and not isinstance(value, str):
-                problems.append(f"{f.name}={value!r} is not a string")
-            elif f.name in _CHOICES and value not in _CHOICES[f.name]:
-                problems.append(f"{f.name}={value!r} is not one of {', '.join(_CHOICES[f.name])}")
+        problems = [p for f in fields(self)
+                    if (p := value_problem(f.name, getattr(self, f.name), _FIELD_TYPES[f.name], _CHOICES.get(f.name)))]
         if not problems:
             if not self.name.strip():
                 problems.append("name is empty")
@@ -213,6 +202,39 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "activation": get_args(Activation), "position": get_args(Position),
 }
 _REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k"))
+
+MAX_SIZE = 2**31 - 1
+"""Largest size (layers, widths, heads, vocab, sequence, experts) an arch may give."""
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def value_problem(key: str, value: Any, kind: type, choices: tuple[str, ...] | None = None) -> str | None:
+    """What is wrong with one arch value, or None: the one schema rule of presets, ArchSpec
+    fields and Hugging Face config keys. ``int`` is a size (an integer from 1 to
+    :data:`MAX_SIZE`, not a bool), ``float`` a finite number, ``bool`` true/false, ``str`` a
+    string (one of ``choices`` when given)."""
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{key}={_show(value)} is not an integer"
+        if value < 1:
+            return f"{key}={value} must be >= 1"
+        if value > MAX_SIZE:
+            return f"{key}={_show(value)} exceeds {MAX_SIZE}"
+    elif kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return f"{key}={_show(value)} is not a finite number"
+    elif kind is bool:
+        if not isinstance(value, bool):
+            return f"{key}={_show(value)} is not true/false"
+    elif not isinstance(value, str):
+        return f"{key}={_show(value)} is not a string"
+    elif choices is not None and value not in choices:
+        return f"{key}={_show(value)} is not one of {', '.join(choices)}"
+    return None
 
 
 def _divisors(n: int) -> list[int]:
@@ -328,18 +350,14 @@ def _presets_dir() -> Path:
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise OpcastError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    except OSError as e:
-        raise OpcastError(f"{path}: cannot read ({e.strerror})") from None
+    return read_json_file(path, "the arch config")
 
 
 def arch_from_dict(data: Any, origin: str) -> ArchSpec:
     """An ArchSpec from a preset-style mapping; unknown or missing keys raise naming ``origin``."""
     if not isinstance(data, dict):
-        raise OpcastError(f"{origin}: expected a JSON object with the ArchSpec keys")
+        raise OpcastError(f"{origin}: expected a JSON object with the ArchSpec keys (or a Hugging Face config.json "
+                          f"with model_type), got {type(data).__name__}; see opcast arch show llama2-7b")
     unknown = sorted(set(data) - set(_FIELD_TYPES))
     if unknown:
         raise OpcastError(f"{origin}: unknown key '{unknown[0]}' (valid keys: {', '.join(_FIELD_TYPES)})")
@@ -350,7 +368,7 @@ def arch_from_dict(data: Any, origin: str) -> ArchSpec:
     try:
         return ArchSpec(**data)
     except OpcastError as e:
-        raise OpcastError(f"{origin}: {e}") from None
+        raise OpcastError(f"{origin}: {e}; fix these keys (opcast arch show llama2-7b prints a complete preset)") from None
 
 
 def _normalise(name: str) -> str:
@@ -381,14 +399,19 @@ def load_arch(name_or_path: str | Path) -> ArchSpec:
     """A preset by name (case- and separator-insensitive), a preset-style JSON file, or a
     Hugging Face ``config.json`` (or a folder holding one)."""
     path = Path(name_or_path)
-    if path.exists():
+    try:
+        exists = path.exists()
+    except OSError:  # e.g. a name too long to be a path: then it is no preset either
+        exists = False
+    if exists:
         return _load_path(path)
     text = str(name_or_path)
     if text.lower().endswith(".json"):
-        raise OpcastError(f"{text}: no such file")
+        raise OpcastError(f"{text}: no such file; give an existing preset JSON or config.json, or a preset name "
+                          "(opcast arch list)")
     found = _preset_index(_presets_dir()).get(_normalise(text))
     if found is None:
-        raise OpcastError(f"unknown arch '{text}'; choose one of {', '.join(list_archs())}, "
+        raise OpcastError(f"unknown arch {_show(text)}; choose one of {', '.join(list_archs())}, "
                           "or pass a preset JSON or a Hugging Face config.json")
     return arch_from_dict(_read_json(found), str(found))
 
@@ -396,12 +419,13 @@ def load_arch(name_or_path: str | Path) -> ArchSpec:
 def _load_path(path: Path) -> ArchSpec:
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise OpcastError(f"{path}: folder has no config.json")
+            raise OpcastError(f"{path}: folder has no config.json; give a preset name, a preset JSON or a "
+                              "Hugging Face config.json (or its folder)")
         path = path / "config.json"
     data = _read_json(path)
     if isinstance(data, dict) and "model_type" in data:
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
-        return arch_from_hf_config(data, name)
+        return arch_from_hf_config(data, name, origin=str(path))
     return arch_from_dict(data, str(path))
 
 
@@ -417,104 +441,130 @@ _HF_ACTIVATIONS: dict[str, Activation] = {
 
 
 class _HfConfig:
-    """Key access on a config.json dict that names the model and key when one is missing."""
+    """Typed key access on a config.json dict. Each accessor checks its value with
+    :func:`value_problem` and records what is wrong instead of raising, so :meth:`raise_problems`
+    reports every bad key of the file in one line; a bad value reads as a harmless placeholder."""
 
-    def __init__(self, cfg: Mapping[str, Any], name: str) -> None:
-        self.cfg, self.name = cfg, name
+    _PLACEHOLDER: dict[type, Any] = {int: 1, float: 1.0, bool: False, str: ""}
 
-    def req(self, *keys: str) -> Any:
-        """The first of ``keys`` present (aliases) and not null."""
+    def __init__(self, cfg: Mapping[str, Any], origin: str) -> None:
+        self.cfg, self.origin = cfg, origin
+        self.problems: list[str] = []
+        self.bad: set[str] = set()
+        """Keys whose value is missing or wrong (read as a placeholder)."""
+
+    def _checked(self, key: str, value: Any, kind: type) -> Any:
+        problem = value_problem(key, value, kind)
+        if problem:
+            self.problems.append(problem)
+            self.bad.add(key)
+            return self._PLACEHOLDER[kind]
+        return value
+
+    def req(self, *keys: str) -> int:
+        """The size under the first of ``keys`` (aliases) present and not null."""
         for key in keys:
             if self.cfg.get(key) is not None:
-                return self.cfg[key]
-        raise OpcastError(f"config.json of {self.name} (model_type '{self.cfg['model_type']}') "
-                          f"lacks key '{keys[0]}'")
+                return self._checked(key, self.cfg[key], int)
+        self.problems.append(f"missing key '{keys[0]}'" + (f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""))
+        self.bad.update(keys)
+        return 1
 
-    def get(self, key: str, default: Any) -> Any:
+    def get(self, key: str, default: Any, kind: type = int) -> Any:
+        """The value of ``key`` (``default`` when absent or null), checked as ``kind``."""
         value = self.cfg.get(key)
-        return default if value is None else value
+        return default if value is None else self._checked(key, value, kind)
 
     def activation(self, key: str, default: str) -> Activation:
-        act = self.get(key, default)
-        if act not in _HF_ACTIVATIONS:
-            raise OpcastError(f"config.json of {self.name}: {key} '{act}' is not supported; "
-                              f"supported: {', '.join(_HF_ACTIVATIONS)}")
+        act = self.cfg.get(key)
+        if act is None:
+            return _HF_ACTIVATIONS[default]
+        if not isinstance(act, str) or act not in _HF_ACTIVATIONS:
+            self.problems.append(f"{key}={_show(act)} is not supported (use one of {', '.join(_HF_ACTIVATIONS)})")
+            return _HF_ACTIVATIONS[default]
         return _HF_ACTIVATIONS[act]
 
     def head_dim(self, hidden: int, heads: int) -> int:
-        explicit = self.cfg.get("head_dim")
-        if explicit is not None:
-            return explicit
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (hidden, heads)):
-            raise OpcastError(f"config.json of {self.name}: hidden size {hidden!r} and attention heads "
-                              f"{heads!r} must be positive integers")
-        if hidden % heads:
-            raise OpcastError(f"config.json of {self.name}: hidden size {hidden} is not a multiple "
-                              f"of the {heads} attention heads")
-        return hidden // heads
+        if self.cfg.get("head_dim") is not None:
+            return self.get("head_dim", 1)
+        sizes_ok = not self.bad & {"n_embd", "hidden_size", "n_head", "num_attention_heads"}
+        if sizes_ok and hidden % heads:
+            self.problems.append(f"hidden size {hidden} is not a multiple of the {heads} attention heads")
+        return max(1, hidden // heads)
+
+    def raise_problems(self) -> None:
+        if self.problems:
+            raise OpcastError(f"{self.origin}: " + "; ".join(self.problems)
+                              + " (sizes are integers >= 1, flags true or false); fix these keys of the config")
 
 
-def arch_from_hf_config(cfg: Mapping[str, Any], name: str) -> ArchSpec:
+def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None = None) -> ArchSpec:
     """An ArchSpec from a Hugging Face ``config.json`` dict, using the transformers defaults
-    for optional keys. Simplifications (each noted in ``source``): GPT-NeoX partial rotary is
+    for optional keys. Every key is type-checked (:func:`value_problem`) and every problem of the
+    config is named in one :class:`OpcastError` starting with ``origin`` (the file; default
+    ``config.json of NAME``). Simplifications (each noted in ``source``): GPT-NeoX partial rotary is
     treated as full rope; Qwen2's QKV-only biases are not counted (``linear_bias`` False);
     OPT's ``word_embed_proj_dim`` projections are not modelled; Mistral's sliding window is
     ignored."""
+    where = origin or f"config.json of {name}"
     if not isinstance(cfg, Mapping):
-        raise OpcastError(f"config.json of {name}: expected a JSON object")
+        raise OpcastError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     model_type = cfg.get("model_type")
-    if model_type not in HF_MODEL_TYPES:
-        raise OpcastError(f"config.json model_type '{model_type}' is not supported; "
+    if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
+        raise OpcastError(f"{where}: model_type={_show(model_type)} is not supported; "
                           f"supported: {', '.join(HF_MODEL_TYPES)}")
-    c = _HfConfig(cfg, name)
-    origin = f"Hugging Face config.json ({cfg.get('_name_or_path') or name})"
+    c = _HfConfig(cfg, where)
+    label = cfg.get("_name_or_path") if isinstance(cfg.get("_name_or_path"), str) and cfg.get("_name_or_path") else name
+    source = f"Hugging Face config.json ({label})"
     if model_type == "gpt2":
         hidden, heads = c.req("n_embd", "hidden_size"), c.req("n_head", "num_attention_heads")
         fields_: dict[str, Any] = dict(
             n_layers=c.req("n_layer", "num_hidden_layers"), ffn_hidden=c.get("n_inner", 4 * hidden),
             max_seq=c.req("n_positions", "n_ctx"), norm="layernorm", gated_mlp=False, position="learned",
             activation=c.activation("activation_function", "gelu_new"),
-            tied_embeddings=c.get("tie_word_embeddings", True), linear_bias=True, parallel_residual=False)
+            tied_embeddings=c.get("tie_word_embeddings", True, bool), linear_bias=True, parallel_residual=False)
     elif model_type == "gpt_neox":
         hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
         fields_ = dict(
             n_layers=c.req("num_hidden_layers"), ffn_hidden=c.req("intermediate_size"),
             max_seq=c.req("max_position_embeddings"), norm="layernorm", gated_mlp=False, position="rope",
             activation=c.activation("hidden_act", "gelu"),
-            tied_embeddings=c.get("tie_word_embeddings", False), linear_bias=c.get("attention_bias", True),
-            parallel_residual=c.get("use_parallel_residual", True))
-        if c.get("rotary_pct", 0.25) != 1:
-            origin += f"; rotary_pct={c.get('rotary_pct', 0.25)} treated as full rope"
+            tied_embeddings=c.get("tie_word_embeddings", False, bool), linear_bias=c.get("attention_bias", True, bool),
+            parallel_residual=c.get("use_parallel_residual", True, bool))
+        rotary = c.get("rotary_pct", 0.25, float)
+        if rotary != 1:
+            source += f"; rotary_pct={rotary} treated as full rope"
     elif model_type == "opt":
         hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
         fields_ = dict(
             n_layers=c.req("num_hidden_layers"), ffn_hidden=c.req("ffn_dim"),
             max_seq=c.req("max_position_embeddings"), norm="layernorm", gated_mlp=False, position="learned",
             activation=c.activation("activation_function", "relu"),
-            tied_embeddings=c.get("tie_word_embeddings", True), linear_bias=c.get("enable_bias", True),
+            tied_embeddings=c.get("tie_word_embeddings", True, bool), linear_bias=c.get("enable_bias", True, bool),
             parallel_residual=False)
-        if c.get("word_embed_proj_dim", hidden) != hidden:
-            origin += (f"; word_embed_proj_dim={c.get('word_embed_proj_dim', hidden)} != hidden_size={hidden}: "
-                       "project_in/out not modelled")
+        proj = c.get("word_embed_proj_dim", hidden)
+        if proj != hidden:
+            source += f"; word_embed_proj_dim={proj} != hidden_size={hidden}: project_in/out not modelled"
     else:  # llama, mistral, qwen2, mixtral: pre-RMSNorm, rope, gated MLP (gate_proj/up_proj/down_proj)
         hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
         fields_ = dict(
             n_layers=c.req("num_hidden_layers"), n_kv_heads=c.get("num_key_value_heads", heads),
             ffn_hidden=c.req("intermediate_size"), max_seq=c.req("max_position_embeddings"), norm="rmsnorm",
             gated_mlp=True, position="rope", activation=c.activation("hidden_act", "silu"),
-            tied_embeddings=c.get("tie_word_embeddings", False),
-            linear_bias=c.get("attention_bias", False) if model_type == "llama" else False,
+            tied_embeddings=c.get("tie_word_embeddings", False, bool),
+            linear_bias=c.get("attention_bias", False, bool) if model_type == "llama" else False,
             parallel_residual=False)
         if model_type == "qwen2":
-            origin += "; QKV biases not counted"
+            source += "; QKV biases not counted"
         if model_type == "mistral" and c.cfg.get("sliding_window") is not None:
-            origin += f"; sliding_window={c.cfg['sliding_window']} ignored"
+            source += f"; sliding_window={c.get('sliding_window', None)} ignored"
         if model_type == "mixtral":
             fields_.update(n_experts=c.req("num_local_experts"), experts_top_k=c.req("num_experts_per_tok"))
     fields_.setdefault("n_kv_heads", heads)
     fields_.update(hidden=hidden, n_heads=heads, head_dim=c.head_dim(hidden, heads))
-    fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=origin)
+    fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=source)
+    c.raise_problems()
     try:
         return ArchSpec(**fields_)
     except OpcastError as e:
-        raise OpcastError(f"config.json of {name}: {e}") from None
+        raise OpcastError(f"{where}: {e}") from None

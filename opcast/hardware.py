@@ -253,27 +253,52 @@ def device_to_dict(spec: DeviceSpec) -> dict[str, Any]:
     return out
 
 
-def load_device_file(path: str | Path) -> DeviceSpec:
-    """A DeviceSpec from a catalog-style JSON file (strictly validated)."""
+def read_json_file(path: str | Path, what: str) -> Any:
+    """The JSON document in ``path``, or a one-line :class:`OpcastError` naming the file and
+    saying how to fix it: missing, a folder, unreadable, not UTF-8 (a binary file), invalid or
+    too deeply nested JSON. The one reader of the JSON files a user passes (``what``: e.g. "the
+    device file", "the arch config"); it only parses, it never runs anything from the file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise OpcastError(f"{path}: no such device file; give a catalog name or an existing JSON file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OpcastError(f"{path}: cannot read the device file ({getattr(e, 'strerror', None) or e})") from None
+        raise OpcastError(f"{path}: no such file; give the path of {what}") from None
+    except IsADirectoryError:
+        raise OpcastError(f"{path} is a folder; give the path of {what} (a .json file)") from None
+    except OSError as e:
+        raise OpcastError(f"{path}: cannot read {what} ({e.strerror or e}); check the path and its permissions") from None
     try:
-        data = json.loads(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise OpcastError(f"{path}: {what} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          "give a JSON file saved as UTF-8") from None
+    if not text.strip():
+        raise OpcastError(f"{path}: {what} is empty; give a JSON object")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise OpcastError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+        raise OpcastError(f"{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
                           "fix the syntax") from None
-    return spec_from_dict(data, str(path))
+    except RecursionError:
+        raise OpcastError(f"{path}: {what} is nested too deeply to be read as JSON; give a flat JSON object") from None
+
+
+def load_device_file(path: str | Path) -> DeviceSpec:
+    """A DeviceSpec from a catalog-style JSON file (strictly validated)."""
+    return spec_from_dict(read_json_file(path, "the device file"), str(path))
 
 
 # ---------------------------------------------------------------------- catalog
 
 _VENDOR_PREFIXES = ("nvidia", "tesla", "amdinstinct", "amd", "instinct")
 _LOCAL = re.compile(r"cpu|cuda(:\d+)?")
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # e.g. a name too long to be a path
+        return False
 
 
 def _normalise(name: str) -> str:
@@ -319,9 +344,9 @@ def get_device(name: str | Path) -> DeviceSpec:
     derived = _DERIVED.fullmatch(text)
     if derived and not text.lower().endswith(".json"):
         return derive_device(get_device(derived.group(1)), split_settings(derived.group(2)))
-    if text.lower().endswith(".json"):
+    if text.lower().endswith(".json") or ("/" in text and _exists(Path(text).expanduser())):
         path = Path(text).expanduser()
-        if path.is_file():
+        if _exists(path):
             return load_device_file(path)
         raise OpcastError(f"device file '{text}' not found; give a catalog name or an existing JSON file")
     if _LOCAL.fullmatch(text.lower()):
@@ -335,7 +360,8 @@ def get_device(name: str | Path) -> DeviceSpec:
     if found is None:
         close = difflib.get_close_matches(key, index, n=1, cutoff=0.75)
         guess = f" (did you mean {index[close[0]]}?)" if close else ""
-        raise OpcastError(f"unknown GPU '{text}'{guess}: known names are {', '.join(sorted(specs))}; "
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        raise OpcastError(f"unknown GPU '{shown}'{guess}: known names are {', '.join(sorted(specs))}; "
                           "run `opcast hardware list` for aliases, or pass a device JSON file")
     return specs[found]
 

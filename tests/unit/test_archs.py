@@ -266,16 +266,16 @@ def test_hf_opt() -> None:
 
 
 def test_hf_errors_are_one_line() -> None:
-    with pytest.raises(OpcastError, match=r"model_type 'bert' is not supported; supported: gpt2, gpt_neox, llama"):
+    with pytest.raises(OpcastError, match=r"model_type='bert' is not supported; supported: gpt2, gpt_neox, llama"):
         arch_from_hf_config({"model_type": "bert"}, "bert")
     cfg = {k: v for k, v in LLAMA2_7B_HF.items() if k != "intermediate_size"}
-    with pytest.raises(OpcastError, match="lacks key 'intermediate_size'"):
+    with pytest.raises(OpcastError, match="missing key 'intermediate_size'"):
         arch_from_hf_config(cfg, "x")
-    with pytest.raises(OpcastError, match="hidden_act 'gelu_10' is not supported"):
+    with pytest.raises(OpcastError, match="hidden_act='gelu_10' is not supported"):
         arch_from_hf_config({**LLAMA2_7B_HF, "hidden_act": "gelu_10"}, "x")
     with pytest.raises(OpcastError, match="not a multiple of the 7 attention heads"):
         arch_from_hf_config({**LLAMA2_7B_HF, "num_attention_heads": 7}, "x")
-    with pytest.raises(OpcastError, match="hidden size '768' and attention heads 12 must be positive integers"):
+    with pytest.raises(OpcastError, match="n_embd='768' is not an integer"):
         arch_from_hf_config({"model_type": "gpt2", "n_embd": "768", "n_layer": 2, "n_head": 12,
                              "n_positions": 64, "vocab_size": 10}, "x")
     with pytest.raises(OpcastError, match="num_local_experts"):
@@ -452,3 +452,74 @@ def test_op_list_bad_inputs() -> None:
         layer_ops(arch, tp=5, batch=1, seq=16)
     with pytest.raises(OpcastError, match="attention_impl"):
         layer_ops(arch, batch=1, seq=16, attention_impl="")
+
+
+# ---------------------------------------------------------------------- malformed configs (issue 15)
+
+@pytest.mark.parametrize("key,value", [
+    ("hidden_act", ["silu"]), ("hidden_act", {"name": "silu"}), ("hidden_act", 3),
+    ("hidden_size", {"value": 4096}), ("num_hidden_layers", [32]), ("intermediate_size", "11008"),
+    ("num_attention_heads", True), ("num_hidden_layers", -2), ("num_hidden_layers", 0), ("hidden_size", 4096.5),
+    ("hidden_size", float("nan")), ("vocab_size", 10**40), ("max_position_embeddings", float("inf")),
+    ("num_key_value_heads", "8"), ("head_dim", "128"), ("tie_word_embeddings", "no"), ("attention_bias", 1),
+])
+def test_a_bad_value_in_a_config_file_names_the_file_and_the_key(tmp_path, key, value):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA2_7B_HF, key: value}))
+    with pytest.raises(OpcastError) as err:
+        load_arch(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and f"{key}=" in message and "\n" not in message
+    assert "fix these keys" in message and len(message) < 400
+
+
+def test_every_bad_key_is_named_at_once():
+    cfg = {**LLAMA2_7B_HF, "hidden_act": ["silu"], "num_hidden_layers": "32", "vocab_size": None}
+    del cfg["intermediate_size"]
+    with pytest.raises(OpcastError) as err:
+        arch_from_hf_config(cfg, "x")
+    for needle in ("hidden_act=['silu']", "num_hidden_layers='32'", "missing key 'intermediate_size'",
+                   "missing key 'vocab_size'"):
+        assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("content,needle", [
+    (b"", "is empty"),
+    (b"   \n", "is empty"),
+    (bytes(range(256)) * 4, "not UTF-8 text (byte 0x80 at offset 128)"),
+    ('{"model_type": "llama", "name": "caf\xe9"}'.encode("latin-1"), "not UTF-8 text"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"a":' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+    (b"[1, 2, 3]", "expected a JSON object"),
+    (b'"llama"', "expected a JSON object"),
+    (b"{not json", "not valid JSON"),
+    (b'{"model_type": ["llama"]}', "model_type=['llama'] is not supported"),
+    (b'{"name": "x", "family": "llama", "n_layers": "two"}', "missing key 'hidden'"),
+])
+def test_a_malformed_config_file_is_one_line_naming_it(tmp_path, content, needle):
+    path = tmp_path / "odd.json"
+    path.write_bytes(content)
+    with pytest.raises(OpcastError) as err:
+        load_arch(path)
+    assert str(err.value).startswith(str(path)) and needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_folder_a_missing_file_and_an_absurd_name(tmp_path):
+    with pytest.raises(OpcastError, match="folder has no config.json"):
+        load_arch(tmp_path)
+    with pytest.raises(OpcastError, match="nope.json: no such file"):
+        load_arch(tmp_path / "nope.json")
+    with pytest.raises(OpcastError, match="unknown arch 'xxxx") as err:
+        load_arch("x" * 5000)  # too long to be a path: no OSError, and the message stays short
+    assert len(str(err.value)) < 1000
+
+
+def test_a_preset_style_file_with_wrong_types_names_every_field(tmp_path):
+    good = dataclasses.asdict(load_arch("llama2-7b"))
+    path = tmp_path / "preset.json"
+    path.write_text(json.dumps({**good, "hidden": {"v": 1}, "gated_mlp": "yes", "n_layers": 2**40}))
+    with pytest.raises(OpcastError) as err:
+        load_arch(path)
+    for needle in (str(path), "hidden={'v': 1} is not an integer", "gated_mlp='yes' is not true/false",
+                   f"n_layers={2**40} exceeds"):
+        assert needle in str(err.value)

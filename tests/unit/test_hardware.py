@@ -225,6 +225,36 @@ def test_not_an_object(tmp_path: Path) -> None:
     assert "expected a JSON object" in _one_line_error(load_device_file, _write(tmp_path, "[1, 2]"))
 
 
+@pytest.mark.parametrize("content,needle", [
+    (b"", "is empty"),
+    (b"\x00\xff\xfe" * 100, "not UTF-8 text (byte 0xff at offset 1)"),
+    ('{"notes": "\xe9"}'.encode("latin-1"), "not UTF-8 text"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"name": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+    (b'"H100"', "expected a JSON object"),
+])
+def test_a_malformed_device_file_is_one_line_naming_it(tmp_path: Path, content: bytes, needle: str) -> None:
+    path = tmp_path / "gpu.json"
+    path.write_bytes(content)
+    for load in (load_device_file, get_device):
+        message = _one_line_error(load, str(path))
+        assert message.startswith(str(path)) and needle in message
+
+
+@pytest.mark.parametrize("key,value", [("peak_bf16_flops", {"dense": 1e15}), ("mem_bytes", [80]), ("sm_count", True),
+                                       ("mem_bw_bytes_per_s", "3.35e12"), ("boost_clock_hz", float("nan")),
+                                       ("aliases", "h100"), ("vendor", ["nvidia"]), ("notes", 3)])
+def test_a_wrong_type_names_the_key(tmp_path: Path, valid: dict, key: str, value: object) -> None:
+    path = _write(tmp_path, {**valid, key: value})
+    message = _one_line_error(get_device, str(path))
+    assert str(path) in message and f"'{key}'" in message
+
+
+def test_a_folder_is_not_a_device_file(tmp_path: Path) -> None:
+    message = _one_line_error(get_device, str(tmp_path))
+    assert str(tmp_path) in message and "is a folder" in message
+
+
 def test_catalog_rejects_duplicate_aliases_and_misnamed_files(tmp_path: Path, valid: dict, monkeypatch) -> None:
     folder = tmp_path / "hardware"
     folder.mkdir()
@@ -270,7 +300,8 @@ def test_describe_local_cpu_is_measured_then_cached(tmp_path: Path, monkeypatch)
     monkeypatch.setenv("OPCAST_CACHE_DIR", str(tmp_path))
     spec = describe_local("cpu")
     assert spec.vendor == "cpu" and spec.name.startswith("cpu-") and spec.name.endswith(f"-{spec.sm_count}c")
-    assert spec.peak_fp32_flops > 1e8 and spec.mem_bw_bytes_per_s > 1e8
+    # measured rates: positive, but no floor (a loaded CI machine measured 95 MFLOP/s)
+    assert spec.peak_fp32_flops > 0 and spec.mem_bw_bytes_per_s > 0
     assert spec.peak_tf32_flops is None and spec.peak_fp8_flops is None and spec.tdp_w is None
     assert spec.source.startswith("measured by opcast on ")
     if spec.supports("bf16"):  # a CPU has no tensor cores: each measured peak is its own vector rate
