@@ -172,8 +172,26 @@ def dataset_files(path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*.parquet") if not p.name.startswith(".") and not _is_other_table(p))
+        return sorted(p for p in path.rglob("*.parquet")
+                      if p.is_file() and not p.name.startswith(".") and not _is_other_table(p))
     raise OpcastError(f"dataset {path} does not exist; give a .parquet file or a folder written by opcast collect")
+
+
+def _check_version(path: Path, meta: Mapping[bytes, bytes]) -> int:
+    """The file's schema version from its metadata; a missing, non-numeric or newer one is a
+    one-line :class:`OpcastError` naming the file."""
+    raw = meta.get(VERSION_KEY)
+    if raw is None:
+        raise OpcastError(f"{path} has no opcast schema version; it was not written by opcast (convert it with opcast collect replay)")
+    text = raw.decode("utf-8", "replace").strip()
+    if not text.isascii() or not text.isdigit():
+        shown = text if len(text) <= 20 else text[:17] + "..."
+        raise OpcastError(f"{path}: its opcast.schema_version metadata {shown!r} is not a whole number; the file was "
+                          "edited or written by another tool: delete it or re-create it with opcast collect")
+    version = int(text)
+    if version > SCHEMA_VERSION:
+        raise OpcastError(f"{path} has schema version {version}, newer than this opcast ({SCHEMA_VERSION}); upgrade opcast")
+    return version
 
 
 def read_table(path: str | Path) -> pa.Table:
@@ -183,12 +201,7 @@ def read_table(path: str | Path) -> pa.Table:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
         raise OpcastError(f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); delete or re-create it") from None
-    meta = table.schema.metadata or {}
-    version = meta.get(VERSION_KEY)
-    if version is None:
-        raise OpcastError(f"{path} has no opcast schema version; it was not written by opcast (convert it with opcast collect replay)")
-    if int(version) > SCHEMA_VERSION:
-        raise OpcastError(f"{path} has schema version {int(version)}, newer than this opcast ({SCHEMA_VERSION}); upgrade opcast")
+    _check_version(path, table.schema.metadata or {})
     schema = dataset_schema()
     missing = [n for n in required_columns() if n not in table.schema.names]
     if missing:

@@ -81,6 +81,21 @@ def test_foreign_and_future_files_are_refused(tmp_path):
         read_table(tmp_path / "short.parquet")
 
 
+@pytest.mark.parametrize("version", [b"one", b"1e400", b"1.0", b"-1", b"", b"\xff\xfe", b"\xd9\xa1"])
+def test_a_version_that_is_not_a_whole_number_is_named(tmp_path, version):
+    table = to_table(_rows()).replace_schema_metadata({VERSION_KEY: version})
+    pq.write_table(table, tmp_path / "odd.parquet")
+    with pytest.raises(OpcastError, match="odd.parquet: its opcast.schema_version metadata .* is not a whole number") as err:
+        read_dataset(tmp_path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_folder_named_like_a_part_is_not_read(tmp_path):
+    write_parquet(_rows(), tmp_path / "good.parquet")
+    (tmp_path / "looks.parquet").mkdir()
+    assert len(read_dataset(tmp_path)) == 3
+
+
 def test_atomic_write_leaves_old_file_when_writing_fails(tmp_path):
     path = write_parquet(_rows(), tmp_path / "d.parquet")
     bad = _rows()
