@@ -178,6 +178,33 @@ class OpSpec:
         return out
 
 
+TRUE_WORDS: Final = ("true", "yes", "on", "1")
+FALSE_WORDS: Final = ("false", "no", "off", "0")
+
+
+def parse_bool(value: object) -> bool | None:
+    """A strict boolean from user data (a table cell, a ``--param``): a bool, 1 or 0 (also as an
+    integral float, as a CSV column with blanks reads), or one of the words true/false, yes/no,
+    on/off, 1/0 in any case; None for a blank (None, NaN, empty text). Anything else raises
+    :class:`ValueError` whose message says what was given and what is accepted."""
+    if hasattr(value, "item") and not isinstance(value, str):
+        value = value.item()  # numpy / pandas scalars as plain Python values
+    if value is None or _is_nan(value):
+        return None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if not word:
+            return None
+        if word in TRUE_WORDS or word in FALSE_WORDS:
+            return word in TRUE_WORDS
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    raise ValueError(f"{shown} is not a boolean; use true/false, yes/no, on/off or 1/0")
+
+
 def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
@@ -186,13 +213,13 @@ def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
     if hasattr(value, "item") and not isinstance(value, str):
         value = value.item()  # numpy / pandas scalars as plain Python values
     if p.type is bool:
-        if isinstance(value, bool):
-            return value, ""
-        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
-            return value.lower() in ("true", "1", "yes"), ""
-        if isinstance(value, (int, float)) and value in (0, 1):
-            return bool(value), ""
-        return False, f"{p.name}={value!r} is not a boolean"
+        try:
+            flag = parse_bool(value)
+        except ValueError as err:
+            return False, f"{p.name}={err}"
+        if flag is None:
+            return (False, f"missing parameter {p.name} ({p.doc})") if p.default is None else (p.default, "")
+        return flag, ""
     if p.type is int:
         try:
             as_float = float(value)  # accepts numpy ints, integral floats from parquet, "4096"

@@ -3,8 +3,9 @@
 Input rows name an op (``op``), its parameters (one column each, as in the dataset schema),
 ``dtype`` (default bf16), ``direction`` (default fwd) and optionally ``tensor_cores`` (default:
 True for matrix kinds). Collective rows (``bytes``, ``world_size``, ``nodes``, ``gpus_per_node``)
-go to the alpha-beta model. Every row is validated by the op registry; bad rows are named in one
-error (the first few of them, with their row numbers).
+go to the alpha-beta model. Every row is validated by the op registry; a blank cell takes the
+default, ``tensor_cores`` is read strictly (:func:`opcast.ops.parse_bool`: true/false, yes/no,
+on/off, 1/0), and bad rows are named in one error (the first few of them, with their row numbers).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from opcast.errors import OpcastError
-from opcast.ops import get_op
+from opcast.ops import get_op, parse_bool
 from opcast.predict.comm import Collective, CollectiveCostModel, Group
 from opcast.predict.cost import KernelCostModel, validated_kernel
 
@@ -23,25 +24,33 @@ SHOWN_BAD_ROWS = 3
 
 def read_rows(path: str | Path) -> pd.DataFrame:
     path = Path(path)
+    if path.is_dir():
+        raise OpcastError(f"{path} is a folder; give a .parquet or .csv file of kernels")
     if not path.is_file():
-        raise OpcastError(f"{path} does not exist; give a .parquet or .csv of kernels")
+        what = "is not a regular file" if path.exists() else "does not exist"
+        raise OpcastError(f"{path} {what}; give a .parquet or .csv of kernels")
+    if path.suffix not in (".parquet", ".csv"):
+        raise OpcastError(f"{path}: give a .parquet or .csv file, not {path.suffix or 'a file without suffix'}")
     try:
-        if path.suffix == ".parquet":
-            return pd.read_parquet(path)
-        if path.suffix == ".csv":
-            return pd.read_csv(path)
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as err:  # pandas/pyarrow raise many types for unreadable files
-        raise OpcastError(f"{path} is not a readable {path.suffix[1:]} file ({str(err).splitlines()[0]})") from None
-    raise OpcastError(f"{path}: give a .parquet or .csv file, not {path.suffix or 'a file without suffix'}")
+        first = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        raise OpcastError(f"{path} is not a readable {path.suffix[1:]} file ({first}); give a table with an op column") from None
+    if frame.empty:
+        raise OpcastError(f"{path} holds no rows; give at least one kernel (op, dtype, direction and its parameters)")
+    return frame
 
 
 def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
     import os
     import tempfile
 
+    import pyarrow as pa
+
     path = Path(path)
-    if path.suffix not in (".parquet", ".csv"):
+    if path.suffix not in (".parquet", ".csv") or path.is_dir():
         raise OpcastError(f"--out {path}: give a .parquet or .csv file name")
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -51,14 +60,30 @@ def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
         else:
             frame.to_csv(tmp, index=False)
         os.replace(tmp, path)
+        tmp = None
     except OSError as err:
-        raise OpcastError(f"cannot write {path}: {err.strerror}; choose a writable --out") from None
+        raise OpcastError(f"cannot write {path}: {err.strerror or err}; free space or choose a writable --out") from None
+    except (pa.ArrowException, ValueError, TypeError) as err:
+        first = (str(err).splitlines() or [type(err).__name__])[0][:200]
+        raise OpcastError(f"cannot write {path} as parquet ({first}); write a .csv instead") from None
+    finally:  # a failed or interrupted write leaves no temp file behind
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return path
 
 
 def _value(row: dict, key: str, default):
+    """The cell ``key`` of ``row``, or ``default`` when absent or blank (null, NaN, empty text)."""
     v = row.get(key)
-    return default if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v
+    blank = v is None or v is pd.NA or (isinstance(v, float) and v != v) or (isinstance(v, str) and not v.strip())
+    return default if blank else v
+
+
+def _tensor_cores(row: dict) -> bool | None:
+    try:
+        return parse_bool(_value(row, "tensor_cores", None))
+    except ValueError as err:
+        raise OpcastError(f"tensor_cores={err}") from None
 
 
 def predict_frame(frame: pd.DataFrame, device, kernels: KernelCostModel,
@@ -72,16 +97,18 @@ def predict_frame(frame: pd.DataFrame, device, kernels: KernelCostModel,
     bad: list[str] = []
     for i, row in enumerate(rows):
         try:
-            spec = get_op(str(row["op"]))
+            op = _value(row, "op", None)
+            if op is None:
+                raise OpcastError("the op cell is blank; name the op kind (e.g. gemm)")
+            spec = get_op(str(op).strip())
             params = {n: row[n] for n in spec.param_names if n in row}
             if spec.collective:
                 clean = spec.validate(params)
                 parsed.append(Collective(spec.kind.value, clean["bytes"],
                                          Group(clean["world_size"], clean["nodes"], clean["gpus_per_node"])))
             else:
-                tc = _value(row, "tensor_cores", None)
                 parsed.append(validated_kernel(spec.kind.value, params, str(_value(row, "dtype", "bf16")),
-                                               str(_value(row, "direction", "fwd")), None if tc is None else bool(tc)))
+                                               str(_value(row, "direction", "fwd")), _tensor_cores(row)))
         except OpcastError as err:
             bad.append(f"row {i}: {err}")
     if bad:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -307,11 +308,15 @@ def write_trace(r: TrainResult, path: str | Path) -> Path:
     doc = {"traceEvents": trace_events(r), "displayTimeUnit": "ms",
            "otherData": {"arch": r.arch.name, "gpu": r.device.name, "iteration_time_s": r.iteration_time_s,
                          "note": "timeline replayed task by task (Megatron order); iteration_time_s is the analytical prediction"}}
-    try:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # atomic: a full disk leaves the old trace, not a truncated one, and no temp file
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc))
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, path)
     except OSError as err:
-        raise OpcastError(f"cannot write the trace {path}: {err.strerror}") from None
+        raise OpcastError(f"cannot write the trace {path}: {err.strerror or err}; free space or choose another --trace") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
