@@ -34,6 +34,15 @@ def _kernel_cost(models: Optional[Path], roofline: bool, analytic: bool = False)
     return load_kernel_cost(models, use_learned=not roofline, in_range_only=analytic)
 
 
+def _check_models(models: Optional[Path], roofline: bool) -> None:
+    """Refuse --models with --roofline before any work (the rule: cost.models_flag_problem)."""
+    from opcast.errors import OpcastError
+    from opcast.predict.cost import models_flag_problem
+
+    if (problem := models_flag_problem(models, not roofline)):
+        raise OpcastError(problem)
+
+
 def _device(gpu: str, sets: Optional[list[str]]):
     """The --gpu device with every --set applied (a hypothetical GPU named GPU[field=...])."""
     from opcast.hardware import derive_device, get_device
@@ -77,6 +86,8 @@ def kernel_cmd(
 ) -> None:
     """Predict one kernel's time (collectives: the alpha-beta model; params bytes, world_size, nodes, gpus_per_node)."""
     import json
+
+    _check_models(models, roofline)
 
     from rich.markup import escape
 
@@ -143,6 +154,7 @@ def kernels_cmd(
     """Predict time_s_pred for every row of a table of kernels."""
     from opcast.predict.batch import predict_frame, read_rows, write_rows
 
+    _check_models(models, roofline)
     device = _device(gpu, set_)
     frame = read_rows(input)
     cost = _kernel_cost(models, roofline, analytic)
@@ -200,6 +212,7 @@ def train_cmd(
     from opcast.predict.report import print_train, to_json, train_to_dict, write_plot, write_trace
     from opcast.predict.training import compile_train, run_train
 
+    _check_models(models, roofline)
     device_name = gpu
     if cluster is not None:
         if nodes is not None or gpus_per_node is not None:
@@ -263,6 +276,7 @@ def infer_cmd(
     from opcast.predict.parallel import InferConfig
     from opcast.predict.report import infer_to_dict, print_infer, to_json
 
+    _check_models(models, roofline)
     spec = load_arch(arch)
     device = _device(gpu, set_)
     cfg = InferConfig(tp=tp, pp=pp, batch=batch, prompt_len=prompt_len, gen_len=gen_len, precision=precision,  # type: ignore[arg-type]

@@ -632,11 +632,23 @@ def roofline_only(note: str = "roofline forced") -> KernelCostModel:
     return KernelCostModel(sources=(RooflineKernelCost(),), notes=[note])
 
 
+def models_flag_problem(models: str | Path | None, use_learned: bool) -> str | None:
+    """The one rule of ``--models`` with ``--roofline``: together they contradict each other
+    (the roofline ignores every learned model), so the pair is refused, never silently resolved."""
+    if models is not None and not use_learned:
+        return (f"--models {models} and --roofline contradict each other (--roofline ignores every learned model); "
+                "drop one of them")
+    return None
+
+
 def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = True,
                      in_range_only: bool = False) -> KernelCostModel:
     """The kernel cost model for ``--models DIR`` (errors are the user's to fix), or the embedded
     default (its absence falls back to the roofline, said in ``notes``). ``in_range_only``: learned
-    models answer only inside the hardware they were fitted on (``--analytic``)."""
+    models answer only inside the hardware they were fitted on (``--analytic``). ``models`` with
+    ``use_learned=False`` is refused (:func:`models_flag_problem`)."""
+    if (problem := models_flag_problem(models, use_learned)):
+        raise OpcastError(problem)
     if not use_learned:
         return roofline_only("learned models disabled (--roofline): every kernel uses the roofline fallback")
     try:

@@ -260,8 +260,8 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         v = getattr(space, label)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             problems.append(f"{label}={v!r} must be a positive integer")
-    if space.max_mem_bytes is not None and not space.max_mem_bytes > 0:
-        problems.append(f"max_mem={space.max_mem_bytes / GIB:g} GiB must be positive")
+    if space.max_mem_bytes is not None and not (math.isfinite(space.max_mem_bytes) and space.max_mem_bytes > 0):
+        problems.append(f"max_mem={space.max_mem_bytes / GIB:g} GiB must be a positive finite number")
     if space.objective not in get_args(Objective):
         problems.append(f"objective={space.objective!r} is not one of {', '.join(get_args(Objective))}")
     if space.attention not in get_args(AttentionImpl):
@@ -913,6 +913,10 @@ def _compose(composer: _Composer, survivors: list[_Survivor], workers: int,
 
 # --------------------------------------------------------------------------- the search
 
+MAX_WORKERS = 1024
+"""Most processes a search may be asked for (--workers)."""
+
+
 def default_workers() -> int:
     """Cores this process may use."""
     try:
@@ -936,6 +940,8 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
 
     if not isinstance(top, int) or isinstance(top, bool) or top < 0:
         raise OpcastError(f"top={top!r} must be a non-negative integer")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS):
+        raise OpcastError(f"workers={workers!r} must be a whole number of processes from 1 to {MAX_WORKERS}")
     worlds = _check_space(arch, device, space)
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
     workers = default_workers() if workers is None else max(1, workers)

@@ -7,6 +7,7 @@ one line (after the JSON document, with ``--json``) and the exit code is 2.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -104,6 +105,7 @@ def _write_csv(result, path: Path) -> None:
 
     rows = [candidate_row(c, rank) for rank, c in enumerate(result.candidates, start=1)]
     fields = list(candidate_row(result.candidates[0], 1)) if rows else ["rank"]
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -112,8 +114,12 @@ def _write_csv(result, path: Path) -> None:
             writer.writeheader()
             writer.writerows(rows)
         os.replace(tmp, path)
+        tmp = None
     except OSError as err:
-        raise OpcastError(f"cannot write {path}: {err.strerror}") from None
+        raise OpcastError(f"cannot write {path}: {err.strerror or err}; free space or choose a writable --csv") from None
+    finally:  # a failed or interrupted write leaves no temp file behind
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
 
 
 def search_cmd(
@@ -144,7 +150,7 @@ def search_cmd(
     from opcast.archs import load_arch
     from opcast.errors import OpcastError
     from opcast.hardware import get_device
-    from opcast.predict.cost import load_kernel_cost
+    from opcast.predict.cost import load_kernel_cost, models_flag_problem
     from opcast.predict.report import to_json
     from opcast.predict.search import SearchSpace, parse_fix, search, search_to_dict, space_problems
 
@@ -156,8 +162,10 @@ def search_cmd(
     except OpcastError as err:
         fixed = {}
         problems.append(str(err))
-    if gpu_hour_price is not None and not gpu_hour_price >= 0:
-        problems.append(f"--gpu-hour-price {gpu_hour_price} must be >= 0")
+    if gpu_hour_price is not None and not (math.isfinite(gpu_hour_price) and gpu_hour_price >= 0):
+        problems.append(f"--gpu-hour-price {gpu_hour_price} must be a finite number >= 0")
+    if (problem := models_flag_problem(models, not roofline)):
+        problems.append(problem)
     space = SearchSpace(gpus=gpus, gpus_per_node=gpus_per_node, global_batch=global_batch, seq=seq,
                         precision=precision, attention=attention, objective=objective,  # type: ignore[arg-type]
                         max_tp=max_tp, tp_within_node=tp_within_node, aligned_groups=not allow_straddling,

@@ -62,3 +62,28 @@ def test_bad_requests_list_every_problem(capsys):
         assert part in err
     assert main([*SMALL, "--fix", "tp=3"]) == 2
     assert "nothing to search" in capsys.readouterr().err
+
+
+def test_non_finite_numbers_and_models_with_roofline_are_refused_in_one_line(capsys):
+    code = main([*SMALL, "--gpu-hour-price", "inf", "--max-mem", "inf", "--models", "models/default"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    for part in ("--gpu-hour-price inf must be a finite number", "max_mem=inf GiB must be a positive finite number",
+                 "--models models/default and --roofline contradict each other"):
+        assert part in err
+    assert main([*SMALL, "--workers", "0"]) == 2
+    assert "workers=0 must be a whole number of processes from 1 to 1024" in capsys.readouterr().err
+
+
+def test_a_full_disk_under_csv_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
+    import csv as csv_module
+    import errno
+
+    def disk_full(self, rows):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(csv_module.DictWriter, "writerows", disk_full)
+    assert main([*SMALL, "--csv", str(tmp_path / "all.csv")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "cannot write" in err and "No space left on device" in err and "\n" not in err
+    assert list(tmp_path.iterdir()) == []
