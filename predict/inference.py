@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
@@ -24,8 +24,8 @@ from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
-from opcast.predict.memory import Memory, kv_cache_bytes, stage_params
-from opcast.predict.parallel import Cluster, InferConfig, validate_infer
+from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
+from opcast.predict.parallel import Cluster, InferConfig, Precision, _device_reasons, validate_infer
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -93,9 +93,12 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
                   gpus_per_node: int | None = None, kernels: KernelCostModel | None = None,
                   comms: CollectiveCostModel | None = None, details: bool = True) -> InferResult:
     """Latency, throughput and memory of one inference batch (see the module docstring)."""
-    cluster, reasons = validate_infer(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
-    if cluster is None:
-        return InferResult(arch=arch, device=device, config=cfg, feasible=False, reasons=tuple(reasons))
+    cluster, reasons = validate_infer(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, check_device=False)
+    device_reasons = _device_reasons(device, cfg.precision)
+    if device_reasons and cluster is not None and cfg.precision in get_args(Precision):  # every reason at once
+        reasons = [r for r in (overflow_reason(_infer_memory(arch, cfg), device, _MEMORY_FIX),) if r]
+    if device_reasons or cluster is None:
+        return InferResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*device_reasons, *reasons))
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
     comms = comms or CollectiveCostModel()
     prec = precision_of(cfg.precision, cfg.tensor_cores)
@@ -130,21 +133,8 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
     tpot = (dec_c + dec_tp + dec_pp) if G > 1 else 0.0
     total = ttft + (G - 1) * tpot
 
-    # Memory: the worst stage (the first holds the embedding, the last the head).
-    weight_b = dtype_bytes(prec.matrix)
-    kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + G, dtype=prec.act)
-    tokens = b * P
-    heads = arch.n_heads // cfg.tp
-    work = act_b * tokens * (2 * arch.hidden + (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
-                             + (2 if arch.gated_mlp else 1) * arch.ffn_hidden // cfg.tp)
-    if cfg.attention == "eager":
-        work += act_b * b * heads * P * P
-    mems = []
-    for s in {0, cfg.pp - 1}:
-        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, stage=s)
-        mems.append(Memory(stage=s, weights_bytes=weight_b * params.total, gradients_bytes=0.0, optimizer_states_bytes=0.0,
-                           activations_bytes=work, kv_cache_bytes=kv))
-    memory = max(mems, key=lambda m: m.total_bytes)
+    memory = _infer_memory(arch, cfg)
+    kv = memory.kv_cache_bytes
     sources: dict[str, Any] = {**kernels.describe(), **comms.describe()}
     if lines is not None:
         counts: dict[str, int] = {}
@@ -157,12 +147,33 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
         breakdown_s={"prefill": {"compute": pre_c, "tp_comm": pre_tp, "pp_comm": pre_pp},
                      "decode_step": {"compute": dec_c, "tp_comm": dec_tp, "pp_comm": dec_pp}},
         ops=tuple(lines or ()), cost_sources=sources)
-    if not result.fits:
-        parts = ", ".join(f"{key} {v / 2**30:.1f}" for key, v in memory.breakdown().items())
-        result = _with_reason(result, f"does not fit: stage {memory.stage} needs {memory.total_bytes / 2**30:.1f} GiB per GPU "
-                                      f"({parts} GiB) > {device.name}'s {device.mem_bytes / 2**30:.0f} GiB; "
-                                      "try more tp/pp or a smaller --batch")
+    reason = overflow_reason(memory, device, _MEMORY_FIX)
+    if reason:
+        result = _with_reason(result, reason)
     return result
+
+
+_MEMORY_FIX = "try more tp/pp or a smaller --batch"
+
+
+def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
+    """Memory per GPU of the worst stage (the first holds the embedding, the last the head)."""
+    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    b, P = cfg.batch, cfg.prompt_len
+    act_b = dtype_bytes(prec.act)
+    weight_b = dtype_bytes(prec.matrix)
+    kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
+    heads = arch.n_heads // cfg.tp
+    work = act_b * b * P * (2 * arch.hidden + (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
+                            + (2 if arch.gated_mlp else 1) * arch.ffn_hidden // cfg.tp)
+    if cfg.attention == "eager":
+        work += act_b * b * heads * P * P
+    mems = []
+    for s in {0, cfg.pp - 1}:
+        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, stage=s)
+        mems.append(Memory(stage=s, weights_bytes=weight_b * params.total, gradients_bytes=0.0, optimizer_states_bytes=0.0,
+                           activations_bytes=work, kv_cache_bytes=kv))
+    return max(mems, key=lambda m: m.total_bytes)
 
 
 def _with_reason(result: InferResult, reason: str) -> InferResult:

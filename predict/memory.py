@@ -236,6 +236,17 @@ def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: i
                   activation_working_set_bytes=working, zero3_gather_bytes=gather)
 
 
+def overflow_reason(memory: Memory, device, fix: str) -> str | None:
+    """Why ``memory`` (a GPU's worst stage) does not fit ``device``, with ``fix`` (what to try),
+    or None when it fits: the one wording of the memory reason of an infeasible configuration."""
+    if memory.total_bytes <= device.mem_bytes:
+        return None
+    parts = ", ".join(f"{key} {v / 2**30:.1f}" for key, v in memory.breakdown().items())
+    return (f"does not fit: stage {memory.stage} needs {memory.total_bytes / 2**30:.1f} GiB per GPU ({parts} GiB) "
+            f"> {device.name}'s {device.mem_bytes / 2**30:.0f} GiB, over by "
+            f"{(memory.total_bytes - device.mem_bytes) / 2**30:.1f} GiB; {fix}")
+
+
 def kv_cache_bytes(arch: ArchSpec, *, tp: int, pp: int, batch: int, tokens: int, dtype: str) -> float:
     """K and V of ``tokens`` positions for ``batch`` sequences on one rank: ``2 b T k d B L / pp``."""
     kv = max(1, arch.n_kv_heads // tp)

@@ -12,7 +12,6 @@ ranks are consecutive, then CP, DP, and pipeline stages outermost, so a group of
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Literal, get_args
 
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
+from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
 
 Recompute = Literal["none", "selective", "full"]
@@ -198,15 +198,32 @@ def resolve_cluster(device, *, nodes: int | None, gpus_per_node: int | None, wor
     return Cluster(nodes=nodes, gpus_per_node=gpus_per_node), []
 
 
+def _degree_reasons(arch: ArchSpec, bad: set[str], **factor: int) -> list[str]:
+    """The arch's reasons against each degree in ``factor`` that is itself a positive integer."""
+    reasons: list[str] = []
+    for label, value in factor.items():
+        if label in bad:
+            continue
+        if label == "ep" and value > 1 and arch.n_experts == 1:
+            reasons.append(f"ep={value} needs an MoE arch; {arch.name} is dense (n_experts=1)")
+        else:
+            reasons += _arch_reasons(arch, **{label: value})
+    return reasons
+
+
 def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | None = None,
-                   gpus_per_node: int | None = None) -> tuple[Layout | None, list[str]]:
-    """The :class:`Layout` of ``cfg``, or None and every reason it cannot run."""
+                   gpus_per_node: int | None = None, check_device: bool = True) -> tuple[Layout | None, list[str]]:
+    """The :class:`Layout` of ``cfg``, or None and every reason it cannot run, of every class at
+    once (bad values, the device and precision, the arch's parallel degrees, the cluster, the
+    batch). ``check_device=False`` leaves the device and precision out, so a caller can still
+    lay out (and size the memory of) a configuration the device cannot run."""
     reasons: list[str] = []
     ints = {"tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep, "micro_batch": cfg.micro_batch,
             "seq": cfg.seq, "virtual_stages": cfg.virtual_stages}
     for optional in ("dp", "global_batch"):
         if getattr(cfg, optional) is not None:
             ints[optional] = getattr(cfg, optional)
+    bad = {k for k, v in ints.items() if _positive(k, v)}
     reasons += [p for k, v in ints.items() if (p := _positive(k, v))]
     if cfg.zero not in (0, 1, 2, 3):
         reasons.append(f"zero={cfg.zero!r} must be 0, 1, 2 or 3")
@@ -214,17 +231,13 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
                                   ("schedule", cfg.schedule, Schedule)):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
-    reasons += _device_reasons(device, cfg.precision)
-    if reasons:  # the arithmetic below needs sane integers
+    if check_device:
+        reasons += _device_reasons(device, cfg.precision)
+    reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)
+    if bad:  # the arithmetic below needs sane integers
         return None, reasons
 
     tp, pp, cp, ep = cfg.tp, cfg.pp, cfg.cp, cfg.ep
-    reasons += _arch_reasons(arch, tp=tp)
-    reasons += _arch_reasons(arch, pp=pp)
-    if ep > 1 and arch.n_experts == 1:
-        reasons.append(f"ep={ep} needs an MoE arch; {arch.name} is dense (n_experts=1)")
-    else:
-        reasons += _arch_reasons(arch, ep=ep)
     if cfg.dp is not None:
         world_needed: int | None = tp * pp * cp * cfg.dp
     else:  # no dp: the cluster decides it, or dp = 1 without a cluster
@@ -293,16 +306,19 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
 
 
 def validate_infer(arch: ArchSpec, device, cfg: InferConfig, *, nodes: int | None = None,
-                   gpus_per_node: int | None = None) -> tuple[Cluster | None, list[str]]:
-    """The cluster of an inference configuration, or None and every reason it cannot run."""
-    reasons = [p for k in ("tp", "pp", "batch", "prompt_len", "gen_len") if (p := _positive(k, getattr(cfg, k)))]
+                   gpus_per_node: int | None = None, check_device: bool = True) -> tuple[Cluster | None, list[str]]:
+    """The cluster of an inference configuration, or None and every reason it cannot run, of
+    every class at once (see :func:`validate_train`, also for ``check_device``)."""
+    ints = {k: getattr(cfg, k) for k in ("tp", "pp", "batch", "prompt_len", "gen_len")}
+    bad = {k for k, v in ints.items() if _positive(k, v)}
+    reasons = [p for k, v in ints.items() if (p := _positive(k, v))]
     if cfg.attention not in get_args(AttentionImpl):
         reasons.append(f"attention={cfg.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
-    reasons += _device_reasons(device, cfg.precision)
-    if reasons:
+    if check_device:
+        reasons += _device_reasons(device, cfg.precision)
+    reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp)
+    if bad:
         return None, reasons
-    reasons += _arch_reasons(arch, tp=cfg.tp)
-    reasons += _arch_reasons(arch, pp=cfg.pp)
     if arch.position == "learned" and cfg.prompt_len + cfg.gen_len > arch.max_seq:
         reasons.append(f"prompt_len + gen_len = {cfg.prompt_len + cfg.gen_len} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions)")
     cluster, problems = resolve_cluster(device, nodes=nodes, gpus_per_node=gpus_per_node, world_needed=cfg.tp * cfg.pp)
@@ -332,10 +348,7 @@ def parse_cluster(text: str) -> tuple[Cluster, str | None]:
     path = Path(text).expanduser()
     if not path.is_file():
         raise OpcastError(f"--cluster {text!r} is neither NODESxGPUS (e.g. 16x8) nor a cluster JSON file")
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise OpcastError(f"{path}: cannot read the cluster file ({err})") from None
+    data = read_json_file(path, "the cluster file")
     if not isinstance(data, dict):
         raise OpcastError(f"{path}: expected a JSON object with keys nodes, gpus_per_node")
     problems = [f"unknown key {k!r}" for k in data if k not in _CLUSTER_KEYS]

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
@@ -36,8 +36,8 @@ from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
 from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, graph_flops, precision_of, train_block, train_extras
 from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
-from opcast.predict.memory import Memory, stage_params, train_memory
-from opcast.predict.parallel import MEGATRON_MIN_BUCKET_PARAMS, Layout, TrainConfig, validate_train
+from opcast.predict.memory import Memory, overflow_reason, stage_params, train_memory
+from opcast.predict.parallel import MEGATRON_MIN_BUCKET_PARAMS, Layout, Precision, TrainConfig, _device_reasons, validate_train
 from opcast.predict.schedule import pipeline_time
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
@@ -163,10 +163,16 @@ class TrainResult:
 
 def compile_train(arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes: int | None = None,
                   gpus_per_node: int | None = None) -> TrainPlan | TrainResult:
-    """Validate and lay out ``cfg``; an infeasible configuration comes back as a result."""
-    layout, reasons = validate_train(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
-    if layout is None:
-        return TrainResult(arch=arch, device=device, config=cfg, feasible=False, reasons=tuple(reasons))
+    """Validate and lay out ``cfg``; an infeasible configuration comes back as a result with every
+    reason at once: a device that cannot run the precision still has its layout checked and, when
+    that holds, its memory sized."""
+    layout, reasons = validate_train(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, check_device=False)
+    device_reasons = _device_reasons(device, cfg.precision)
+    if device_reasons and layout is not None and cfg.precision in get_args(Precision):
+        reasons = [r for r in (overflow_reason(max(_train_memory(arch, layout), key=lambda m: m.total_bytes), device,
+                                               _MEMORY_FIX),) if r]
+    if device_reasons or layout is None:
+        return TrainResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*device_reasons, *reasons))
     pp = cfg.pp
     kinds = (0,) if pp == 1 else (0, pp - 1) if pp == 2 else (0, 1, pp - 1)
     return TrainPlan(arch=arch, device=device, layout=layout, stage_kinds=kinds)
@@ -401,10 +407,7 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
     model_flops, rec_flops = _model_flops(arch, cfg)
     peak = device.peak_flops(cfg.precision, tensor_cores=precision_of(cfg.precision, cfg.tensor_cores).peak_tensor_cores())
     world = lay.world_size
-    memory = tuple(train_memory(arch, stage=s, tp=cfg.tp, pp=pp, dp=lay.dp, cp=cfg.cp, ep=cfg.ep, sp=cfg.sp,
-                                micro_batch=cfg.micro_batch, seq=cfg.seq, micro_batches=m,
-                                virtual_stages=cfg.virtual_stages, zero=cfg.zero, precision=cfg.precision,
-                                attention=cfg.attention, recompute=cfg.recompute) for s in range(pp))
+    memory = _train_memory(arch, lay)
     ops = tuple(pr.ops)
     sources = _cost_sources(kernels, comms, ops, pr.comm_lines)
     interval = _interval(plan, kernels, ops, pipe, crit, tail, iteration, coverage, interval_mode) if details else None
@@ -414,15 +417,22 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
         hfu=(model_flops + rec_flops) / (iteration * world * peak), model_flops=model_flops,
         breakdown_s=breakdown, stages=stages, memory=memory, ops=ops, comms=tuple(pr.comm_lines), cost_sources=sources,
         interval=interval)
-    if not result.fits:
-        worst = result.worst_memory
-        parts = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in worst.breakdown().items())
-        reason = (f"does not fit: stage {worst.stage} needs {worst.total_bytes / 2**30:.1f} GiB per GPU ({parts} GiB) "
-                  f"> {device.name}'s {device.mem_bytes / 2**30:.0f} GiB, over by "
-                  f"{(worst.total_bytes - device.mem_bytes) / 2**30:.1f} GiB; try a higher --zero, --recompute, "
-                  "more tp/pp or a smaller --micro-batch")
+    reason = overflow_reason(result.worst_memory, device, _MEMORY_FIX)
+    if reason:
         result = _replace(result, feasible=False, reasons=(reason,))
     return result
+
+
+_MEMORY_FIX = "try a higher --zero, --recompute, more tp/pp or a smaller --micro-batch"
+
+
+def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
+    """Memory per GPU of every pipeline stage of a laid-out configuration."""
+    cfg = lay.cfg
+    return tuple(train_memory(arch, stage=s, tp=cfg.tp, pp=cfg.pp, dp=lay.dp, cp=cfg.cp, ep=cfg.ep, sp=cfg.sp,
+                              micro_batch=cfg.micro_batch, seq=cfg.seq, micro_batches=lay.micro_batches,
+                              virtual_stages=cfg.virtual_stages, zero=cfg.zero, precision=cfg.precision,
+                              attention=cfg.attention, recompute=cfg.recompute) for s in range(cfg.pp))
 
 
 def _interval(plan: TrainPlan, kernels: KernelCostModel, ops: tuple[OpLine, ...], pipe: Any, crit: StageTime,

@@ -135,3 +135,122 @@ def test_infer_json(capsys):
     doc = _json(capsys)
     for key in ("ttft_s", "tpot_s", "total_latency_s", "tokens_per_s", "kv_cache_bytes", "fits"):
         assert key in doc
+
+
+# --------------------------------------------------------------------------- issue 15: no silent wrong answers
+
+GEMM_FP16 = {"op": "gemm", "dtype": "fp16", "direction": "fwd", "b": 1, "m": 4096, "n": 4096, "k": 4096}
+
+
+def _kernels(tmp_path, rows, capsys, out_name="out.csv"):
+    src = tmp_path / "in.csv"
+    if rows is not None:
+        pd.DataFrame(rows).to_csv(src, index=False)
+    out = tmp_path / out_name
+    code = main(["predict", "kernels", str(src), "--gpu", "H100-SXM", "--out", str(out), "--roofline"])
+    return code, out, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("word,tensor_cores", [("true", True), ("TRUE", True), ("yes", True), ("on", True), ("1", True),
+                                               ("false", False), ("False", False), ("no", False), ("off", False),
+                                               ("0", False), ("", True)])
+def test_kernels_reads_tensor_cores_strictly(tmp_path, capsys, word, tensor_cores):
+    # a second row keeps the column textual, as a blank cell or a word makes it
+    code, out, _ = _kernels(tmp_path, [{**GEMM_FP16, "tensor_cores": word}, {**GEMM_FP16, "tensor_cores": "off"}], capsys)
+    assert code == 0
+    times = pd.read_csv(out)["time_s_pred"]
+    # H100 fp16: 989 TFLOP/s on tensor cores, 67 on CUDA cores; the second row is always off
+    assert bool(times[0] < times[1] / 5) is tensor_cores and bool(times[0] == pytest.approx(times[1])) is not tensor_cores
+
+
+@pytest.mark.parametrize("cell,needle", [
+    ({"tensor_cores": "maybe"}, "row 0: tensor_cores='maybe' is not a boolean"),
+    ({"tensor_cores": 2}, "row 0: tensor_cores=2 is not a boolean"),
+    ({"dtype": "bf17"}, "row 0: unknown dtype 'bf17'"),
+    ({"dtype": " bf16"}, "row 0: unknown dtype ' bf16'"),
+    ({"direction": "sideways"}, "row 0: invalid gemm: direction 'sideways'"),
+    ({"m": "4k"}, "row 0: invalid gemm: m='4k' is not an integer"),
+    ({"m": -4096}, "row 0: invalid gemm: m=-4096 must be >= 1"),
+    ({"m": 4096.5}, "row 0: invalid gemm: m=4096.5 is not an integer"),
+    ({"k": float("nan")}, "row 0: invalid gemm: missing parameter k"),
+    ({"n": "inf"}, "row 0: invalid gemm: n=inf is not an integer"),
+    ({"op": ""}, "row 0: the op cell is blank"),
+])
+def test_kernels_names_the_bad_row(tmp_path, capsys, cell, needle):
+    code, out, err = _kernels(tmp_path, [{**GEMM_FP16, **cell}], capsys)
+    assert code == 2 and needle in err and "\n" not in err and not out.exists()
+
+
+def test_kernels_refuses_an_empty_table_and_a_folder(tmp_path, capsys):
+    (tmp_path / "empty.csv").write_text("op,dtype,b,m,n,k\n")
+    assert main(["predict", "kernels", str(tmp_path / "empty.csv"), "--gpu", "H100-SXM", "--out",
+                 str(tmp_path / "o.csv"), "--roofline"]) == 2
+    assert "holds no rows" in capsys.readouterr().err
+    assert main(["predict", "kernels", str(tmp_path), "--gpu", "H100-SXM", "--out", str(tmp_path / "o.csv")]) == 2
+    assert "is a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_failed_write_leaves_no_temp_file_and_keeps_the_old_output(tmp_path, capsys, monkeypatch, suffix):
+    import errno
+
+    code, out, _ = _kernels(tmp_path, [GEMM_FP16], capsys, out_name=f"out{suffix}")
+    assert code == 0
+    before = out.read_bytes()
+
+    def disk_full(self, path, *args, **kwargs):
+        with open(path, "wb") as fh:
+            fh.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv" if suffix == ".csv" else "to_parquet", disk_full)
+    code, out, err = _kernels(tmp_path, None, capsys, out_name=f"out{suffix}")
+    assert code == 2 and "No space left on device" in err and "\n" not in err
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["in.csv", f"out{suffix}"])
+
+
+def test_an_interrupted_write_leaves_no_temp_file(tmp_path, capsys, monkeypatch):
+    from opcast.predict.batch import write_rows
+
+    def interrupted(self, path, *args, **kwargs):
+        open(path, "wb").close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_rows(pd.DataFrame([GEMM_FP16]), tmp_path / "o.csv")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("args", [
+    ["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM"],
+    ["predict", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM"],
+    ["predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=8", "--param", "n=8",
+     "--param", "k=8"],
+    ["search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "8", "--seq", "1024"],
+    ["explore", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary", "mem_bw_bytes_per_s=1,2"],
+    ["compare", "infer", "--arch", "gpt3-125m", "--gpus", "A100-SXM4-80GB,H100-SXM"],
+])
+def test_models_with_roofline_is_refused(args, capsys):
+    assert main([*args, "--models", "models/default", "--roofline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--models models/default and --roofline contradict each other" in err and "\n" not in err
+
+
+def test_an_infeasible_config_names_every_class_of_reason(capsys):
+    assert main(["predict", "train", "--arch", "llama2-7b", "--gpu", "T4", "--tp", "3", "--pp", "5", "--roofline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("opcast: error: infeasible configuration (4 reasons): T4 has no bf16 peak")
+    for needle in ("tp=3 does not divide n_heads=32", "pp=5 does not divide n_layers=32", "world size 15"):
+        assert needle in err
+    # a device without the precision still has its memory sized
+    assert main(["predict", "infer", "--arch", "llama2-70b", "--gpu", "T4", "--roofline"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "(2 reasons): T4 has no bf16 peak" in err and "does not fit: stage 0 needs 128.8 GiB" in err
+    # a bad value does not hide the other degrees' reasons
+    assert main(["predict", "train", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--tp", "0", "--pp", "5",
+                 "--precision", "fp9", "--roofline"]) == 2
+    err = capsys.readouterr().err.strip()
+    for needle in ("tp=0 must be a positive integer", "pp=5 does not divide", "precision='fp9'"):
+        assert needle in err
