@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 import uuid
 from collections import Counter
@@ -25,8 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opcast.collect.io import DiskWriteError, PartWriter, WriterLock, done_point_ids, record_run
+from opcast.collect.io import PartWriter, WriterLock, done_point_ids, failure_text, finish_run
 from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, make_plan
+from opcast.collect.signals import StopSignals
 from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
 from opcast.dtypes import DTYPES
 from opcast.errors import OpcastError
@@ -234,52 +234,10 @@ def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[st
     }
 
 
-class _Stop:
-    """SIGINT and SIGTERM while a bench runs: the first asks to stop (checked between
-    repetitions), a second aborts what is running (``KeyboardInterrupt``), except while
-    ``shielded`` (the final writes), when signals are only noted. Signals ignored when the run
-    started (``nohup``, a background job) stay ignored."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.shielded = False
-        self._previous: dict[int, Any] = {}
-
-    @property
-    def stop(self) -> bool:
-        return self.signum is not None
-
-    @property
-    def name(self) -> str | None:
-        return signal.Signals(self.signum).name if self.signum is not None else None
-
-    def __enter__(self) -> _Stop:
-        for signum in self.SIGNALS:
-            try:
-                if signal.getsignal(signum) is not signal.SIG_IGN:
-                    self._previous[signum] = signal.signal(signum, self._handle)
-            except ValueError:  # not the main thread: signals stay with the caller
-                break
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-        elif not self.shielded:
-            raise KeyboardInterrupt
-
-    def __exit__(self, *exc: object) -> None:
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        self._previous.clear()
-
-
 def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
     """Measure this rank's share of the plan into ``cfg.out``; see the module docstring."""
     rank, world, local_rank, local_world = rank_and_world()
-    with _Stop() as flag:
+    with StopSignals() as flag:
         import torch
 
         device = resolve_device(cfg.device, local_rank)
@@ -308,7 +266,7 @@ def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
             return _measure_plan(cfg, plan, spec, device, flag, rank=rank, world=world, progress=progress)
 
 
-def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, flag: _Stop, *, rank: int, world: int,
+def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, flag: StopSignals, *, rank: int, world: int,
                   progress: Any) -> BenchResult:
     """Measure this rank's unmeasured points of ``plan``; whatever stops it (the budget, a signal,
     a full disk, a bug), every measured row is written and the run recorded in run.json."""
@@ -377,38 +335,24 @@ def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, f
     except BaseException as err:  # a full disk, a bug: write what was measured, record the run, then re-raise
         failure = err
     flag.shielded = True
-    try:
-        writer.flush()
-    except DiskWriteError as err:
-        failure = failure or err
-    result.rows_written = writer.saved
     result.remaining = len(todo) - processed
-    result.interrupted = failure is not None or (flag.stop and result.remaining > 0)  # a signal after the last point loses nothing
     result.signal = flag.name
-    error = None if failure is None else (f"{failure.problem} (writing {failure.path})" if isinstance(failure, DiskWriteError)
-                                          else f"{type(failure).__name__}: {str(failure)[:200]}")
-    recorded = True
-    try:
-        record_run(out, rank=rank, record={
+
+    def record(failure: BaseException | None) -> dict[str, Any]:
+        result.rows_written = writer.saved
+        result.interrupted = failure is not None or (flag.stop and result.remaining > 0)  # a signal after the last point loses nothing
+        return {
             "run_id": run_id, "command": "bench", "rank": rank, "world_size": world,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in _config_dict(cfg).items()},
             "environment": env, "device_spec": _spec_dict(spec), "rows_written": result.rows_written,
             "rows_not_written": len(writer.rows), "planned": result.planned, "already_done": result.already_done,
-            "remaining": result.remaining, "interrupted": result.interrupted, "signal": result.signal, "error": error,
-            "skipped_in_plan": dict(plan.skipped), "skipped_at_run": dict(result.skipped_at_run),
-        })
-    except OSError:
-        if failure is None:
-            raise
-        recorded = False
-    if isinstance(failure, DiskWriteError):
-        raise OpcastError(f"{failure}: {result.rows_written} rows of this run are on disk, {len(writer.rows)} measured rows "
-                          f"could not be written{'' if recorded else ' and run.json could not be updated'}; "
-                          "free space and re-run the same command to resume") from None
-    if failure is not None:
-        raise failure
+            "remaining": result.remaining, "interrupted": result.interrupted, "signal": result.signal,
+            "error": failure_text(failure), "skipped_in_plan": dict(plan.skipped), "skipped_at_run": dict(result.skipped_at_run),
+        }
+
+    finish_run(writer, out, rank=rank, failure=failure, record=record)
     return result
 
 

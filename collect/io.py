@@ -14,7 +14,7 @@ import os
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,41 @@ def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
             raise OpcastError(f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)") from None
     write_json_atomic(path, {"runs": runs + [dict(record)]})
     return path
+
+
+def failure_text(failure: BaseException | None) -> str | None:
+    """What stopped a run, for the ``error`` of its run.json record (None: nothing went wrong)."""
+    if failure is None:
+        return None
+    if isinstance(failure, DiskWriteError):
+        return f"{failure.problem} (writing {failure.path})"
+    return f"{type(failure).__name__}: {str(failure)[:200]}"
+
+
+def finish_run(writer: PartWriter, out: Path, *, rank: int, failure: BaseException | None,
+               record: Callable[[BaseException | None], Mapping[str, Any]]) -> None:
+    """The one way a collect run ends, whatever stopped it (done, a signal, a full disk, a bug):
+    write the buffered rows, then append ``record(failure)`` to run.json (``failure`` includes a
+    full disk met by this last write), then raise ``failure``; a full disk becomes one line that
+    says what is on disk. A run.json that cannot be written is an error only when nothing else
+    went wrong (the first problem is the one reported)."""
+    try:
+        writer.flush()
+    except DiskWriteError as err:
+        failure = failure or err
+    recorded = True
+    try:
+        record_run(out, rank=rank, record=record(failure))
+    except OSError:
+        if failure is None:
+            raise
+        recorded = False
+    if isinstance(failure, DiskWriteError):
+        raise OpcastError(f"{failure}: {writer.saved} rows of this run are on disk, {len(writer.rows)} measured rows "
+                          f"could not be written{'' if recorded else ' and run.json could not be updated'}; "
+                          "free space and re-run the same command to resume") from None
+    if failure is not None:
+        raise failure
 
 
 class WriterLock:
