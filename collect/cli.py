@@ -108,11 +108,17 @@ def comm(
     is_rank0 = os.environ.get("RANK", "0") == "0"
     with progress_bar(enabled=is_rank0) as progress:
         result = run_comm(cfg, progress=progress)
+    if result.interrupted and result.signal:
+        if is_rank0:
+            err_console.print(f"opcast: interrupted by {result.signal}: the {result.rows_written} rows measured are saved "
+                              f"in {out}; re-run the same command to resume", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(128 + int(getattr(signal.Signals, result.signal)))
     if not is_rank0:
         return
     summary = {"device": result.device, "world_size": result.world_size, "nodes": result.nodes,
                "gpus_per_node": result.gpus_per_node, "rows_written": result.rows_written,
-               "already_done": result.already_done, "out": str(out)}
+               "already_done": result.already_done, "remaining": result.remaining, "run_id": result.run_id,
+               "out": str(out)}
     if as_json:
         console.print_json(json.dumps(summary))
     else:

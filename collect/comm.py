@@ -4,13 +4,27 @@ For each collective and each message size of a log-spaced sweep: a barrier first
 iteration the time of one call on every rank (device synchronised before and after); the
 iteration's time is the max across ranks and the result the median across iterations (p20/p80
 kept). algbw = size / time and busbw = algbw x the nccl-tests factor (opcast.ops.BUS_FACTORS).
-NCCL on GPUs, gloo on CPUs. Rank 0 writes the rows; a re-run skips sizes already measured.
+NCCL on GPUs, gloo on CPUs. Rank 0 writes the rows (alone: a second sweep into the same
+``--out`` is refused); a re-run skips sizes already measured, so it resumes without duplicates.
+
+Stopping: every rank gets the signal (SIGINT, SIGTERM: torchrun forwards what it gets, SLURM
+signals every task), but collectives are collective, so no rank leaves on its own. The barrier
+before each size and each timed iteration is an all-reduce (max) of every rank's state: the
+signal it got, whether rank 0 could not write (a full disk), whether it cannot allocate the
+size's buffers. So all ranks stop at the same iteration, the size being measured is dropped
+(measured again on resume), rank 0 writes every measured row and records the run in run.json as
+interrupted, with the signal, and all ranks leave together. A second signal aborts a rank's
+sweep at once (it still writes). A rank still blocked in a collective STUCK_AFTER_S after a
+signal (a peer is gone or stopped) writes what it has from a watchdog thread and exits with
+128 + the signal, before the launcher's SIGKILL. A collective that fails because a peer died
+stops the run the same way, as one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import uuid
 from collections import Counter
@@ -18,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from opcast.collect.io import PartWriter, WriterLock, done_point_ids, record_run
+from opcast.collect.io import DiskWriteError, PartWriter, WriterLock, done_point_ids, failure_text, finish_run
+from opcast.collect.signals import StopSignals, signal_name
 from opcast.collect.timing import summarise
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
@@ -54,13 +69,23 @@ class CommConfig:
 
 @dataclass(kw_only=True, slots=True)
 class CommResult:
+    """What a comm run did (on rank 0: what it wrote)."""
+
     rows_written: int = 0
     already_done: int = 0
+    planned: int = 0
+    remaining: int = 0
+    """Sizes left to measure (re-run to resume)."""
     skipped: Counter = field(default_factory=Counter)
     world_size: int = 0
     nodes: int = 0
     gpus_per_node: int = 0
     device: str = ""
+    run_id: str = ""
+    interrupted: bool = False
+    signal: str | None = None
+    """SIGINT or SIGTERM when a signal (on any rank) stopped the run."""
+    error: str | None = None
 
 
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
@@ -127,109 +152,269 @@ def _buffers(op: str, size: int, world: int, dtype, device):
 
 def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
     """Sweep the collectives over every rank of the job; rank 0 writes the dataset (alone: a
-    second sweep into the same ``--out`` is refused)."""
-    rank, world, nodes, per_node = _topology()
-    import torch
+    second sweep into the same ``--out`` is refused). See the module docstring for stopping."""
+    ending = _Ending()
+    with StopSignals(stuck_after_s=STUCK_AFTER_S, on_stuck=ending.stuck) as flag:  # before torch's slow import
+        rank, world, nodes, per_node = _topology()
+        import torch
 
-    from opcast.dtypes import torch_dtype
+        from opcast.dtypes import torch_dtype
 
-    for op in cfg.ops:
-        if op not in COMM_OPS:
-            get_op(op)  # unknown names get the registry's message
-            raise OpcastError(f"{op} is not a collective; measure it with `opcast collect bench`")
-    if cfg.backend not in ("nccl", "gloo"):
-        raise OpcastError(f"unknown --backend {cfg.backend!r}; use nccl (GPUs) or gloo (CPUs)")
-    if cfg.backend == "nccl" and not torch.cuda.is_available():
-        raise OpcastError("--backend nccl needs CUDA GPUs; use --backend gloo on CPUs")
-    sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
-    dtype = torch_dtype(cfg.dtype)
-    if cfg.backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    out = Path(cfg.out)
-    if rank == 0:
+        for op in cfg.ops:
+            if op not in COMM_OPS:
+                get_op(op)  # unknown names get the registry's message
+                raise OpcastError(f"{op} is not a collective; measure it with `opcast collect bench`")
+        if cfg.backend not in ("nccl", "gloo"):
+            raise OpcastError(f"unknown --backend {cfg.backend!r}; use nccl (GPUs) or gloo (CPUs)")
+        if cfg.backend == "nccl" and not torch.cuda.is_available():
+            raise OpcastError("--backend nccl needs CUDA GPUs; use --backend gloo on CPUs")
+        sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
+        dtype = torch_dtype(cfg.dtype)
+        if cfg.backend == "nccl":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        return _sweep(cfg, sizes, dtype, device, flag, ending, rank=rank, world=world, nodes=nodes, per_node=per_node,
+                      progress=progress)
+
+
+STUCK_AFTER_S = 5.0
+"""After a signal, the longest a rank may stay blocked (in a collective whose peer is gone or
+stopped) before it writes what it has and exits: inside the grace before SIGKILL of docker stop
+(10 s), torchrun and SLURM (30 s)."""
+
+PART_EVERY_S = 5.0
+"""Rank 0 writes a part at least this often, so even a SIGKILL loses little."""
+
+_STOP, _FAILED, _SKIP = range(3)
+"""The fields of the state every rank all-reduces (max) before each size and each timed
+iteration: the first signal received (0: none), rank 0 could not write, a rank cannot allocate
+the size's buffers."""
+
+
+class Blocked(Exception):
+    """A signal arrived and the rank was still blocked in a collective ``STUCK_AFTER_S`` later."""
+
+
+class _Ending:
+    """Rank 0 ends a run once: on the main path or, when a collective is still blocked
+    ``STUCK_AFTER_S`` after a signal, from the watchdog thread, which then exits the process."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        """Held by whoever touches the writer."""
+        self.done = False
+        self.finish: Any = None
+        """Rank 0, once the sweep runs: ``finish(failure)`` writes the rows and run.json."""
+
+    def stuck(self, signum: int) -> None:
+        name = signal_name(signum)
+        if self.lock.acquire(timeout=STUCK_AFTER_S):  # the main path may be writing
+            try:
+                if self.finish is not None and not self.done:
+                    self.done = True
+                    self.finish(Blocked(f"{name} arrived while a collective was blocked; still blocked {STUCK_AFTER_S:g} s "
+                                        "later (another rank is gone or stopped)"), signum)
+            except BaseException:  # noqa: BLE001 - the exit below must happen; run.json says what was kept
+                pass
+            finally:
+                self.lock.release()
+        with contextlib.suppress(OSError):
+            os.write(2, f"opcast: {name} while a collective was blocked (another rank is gone or stopped): what was measured "
+                        "is saved; re-run the same command to resume\n".encode())
+        os._exit(128 + signum)
+
+
+def _claim(out: Path, device: Any, stack: contextlib.ExitStack, run_id: str) -> dict[str, Any]:
+    """Rank 0: take the dataset folder (its lock) and read what is already measured there; an
+    error message for every rank if it cannot."""
+    from opcast.hardware import describe_local
+
+    try:
         try:
             (out / "comm").mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
-    with WriterLock(out / "comm" / ".lock", command="comm", out=out) if rank == 0 else contextlib.nullcontext():
-        return _sweep(cfg, sizes, dtype, device, rank=rank, world=world, nodes=nodes, per_node=per_node, progress=progress)
+        stack.enter_context(WriterLock(out / "comm" / ".lock", command="comm", out=out))
+        name = describe_local(str(device)).name
+        return {"device": name, "done": done_point_ids(out, name), "run_id": run_id}
+    except OpcastError as err:
+        return {"error": str(err)}
 
 
-def _sweep(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, *, rank: int, world: int, nodes: int, per_node: int,
-           progress: Any) -> CommResult:
+def _sweep(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: StopSignals, ending: _Ending, *, rank: int,
+           world: int, nodes: int, per_node: int, progress: Any) -> CommResult:
+    import torch.distributed as dist
+
+    out = Path(cfg.out)
+    dist.init_process_group(cfg.backend, device_id=device if cfg.backend == "nccl" else None)
+    try:
+        with contextlib.ExitStack() as stack:
+            run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
+            setup = [_claim(out, device, stack, run_id) if rank == 0 else None]
+            dist.broadcast_object_list(setup, src=0)
+            if "error" in setup[0]:
+                raise OpcastError(setup[0]["error"])  # every rank stops with rank 0's one line
+            return _measure(cfg, sizes, dtype, device, flag, ending, setup[0], rank=rank, world=world, nodes=nodes,
+                            per_node=per_node, progress=progress)
+    finally:
+        dist.destroy_process_group()
+
+
+def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: StopSignals, ending: _Ending,
+             setup: dict[str, Any], *, rank: int, world: int, nodes: int, per_node: int, progress: Any) -> CommResult:
+    """Time every size not yet measured; whatever stops the sweep (done, a signal on any rank, a
+    full disk on rank 0, a collective that fails), rank 0 writes every measured row and records
+    the run in run.json."""
     import torch
     import torch.distributed as dist
 
-    from opcast.hardware import describe_local
-
     out = Path(cfg.out)
-    spec = describe_local(str(device)) if rank == 0 else None
-    dist.init_process_group(cfg.backend, device_id=device if cfg.backend == "nccl" else None)
+    device_name, run_id = setup["device"], setup["run_id"]
+    result = CommResult(world_size=world, nodes=nodes, gpus_per_node=per_node, device=device_name, run_id=run_id)
+    todo = []
+    for op in cfg.ops:
+        for size in sizes:
+            params = get_op(op).validate({"bytes": size, "world_size": world, "nodes": nodes, "gpus_per_node": per_node})
+            pid = point_id(op, params, cfg.dtype, "fwd", None)
+            if pid in setup["done"]:
+                result.already_done += 1
+            else:
+                todo.append((op, params, pid))
+    result.planned = result.already_done + len(todo)
+    result.remaining = len(todo)
+    writer = PartWriter(out / "comm", rank=0, run_id=run_id, every_s=PART_EVERY_S) if rank == 0 else None
+    started = time.time()
+    task = progress.add_task(f"comm {cfg.backend} x{world}", total=len(todo)) if progress is not None and rank == 0 else None
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    state = torch.zeros(3, dtype=torch.int64, device=device)
+    disk_full = False
+
+    def agree(cannot: bool = False) -> list[int]:
+        """Every rank's wishes, max-reduced: all ranks take the same branch (and wait for each
+        other, like a barrier)."""
+        state.copy_(torch.tensor([flag.signum or 0, int(disk_full), int(cannot)], dtype=torch.int64))
+        dist.all_reduce(state, op=dist.ReduceOp.MAX)
+        return state.tolist()
+
+    agreed = [0, 0, 0]
+    failure: BaseException | None = None
+    collective_error: BaseException | None = None
+    in_step = True
+
+    def record(failure: BaseException | None) -> dict[str, Any]:
+        assert writer is not None
+        result.rows_written = writer.saved
+        result.interrupted = failure is not None or bool(agreed[_FAILED]) or (result.signal is not None and result.remaining > 0)
+        result.error = failure_text(failure or collective_error)
+        return {
+            "run_id": run_id, "command": "comm", "backend": cfg.backend, "world_size": world, "nodes": nodes,
+            "gpus_per_node": per_node, "device": device_name, "arguments": {k: str(v) for k, v in _asdict(cfg).items()},
+            "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dtype_bytes": dtype_bytes(cfg.dtype),
+            "rows_written": result.rows_written, "rows_not_written": len(writer.rows), "planned": result.planned,
+            "already_done": result.already_done, "remaining": result.remaining, "skipped": dict(result.skipped),
+            "interrupted": result.interrupted, "signal": result.signal, "error": result.error,
+        }
+
+    def finish(failure: BaseException | None, signum: int) -> None:
+        result.signal = signal_name(signum)
+        finish_run(writer, out, rank=0, failure=failure, record=record)  # type: ignore[arg-type]
+
+    if writer is not None:
+        ending.finish = finish
     try:
-        names = [spec.name if spec else None]
-        dist.broadcast_object_list(names, src=0)
-        device_name = names[0]
-        done = [done_point_ids(out, device_name) if rank == 0 else set()]
-        dist.broadcast_object_list(done, src=0)
-        result = CommResult(world_size=world, nodes=nodes, gpus_per_node=per_node, device=device_name)
-        run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
-        writer = PartWriter(out / "comm", rank=0, run_id=run_id) if rank == 0 else None
-        todo = []
-        for op in cfg.ops:
-            for size in sizes:
-                params = get_op(op).validate({"bytes": size, "world_size": world, "nodes": nodes, "gpus_per_node": per_node})
-                pid = point_id(op, params, cfg.dtype, "fwd", None)
-                if pid in done[0]:
-                    result.already_done += 1
-                else:
-                    todo.append((op, params, pid))
-        task = progress.add_task(f"comm {cfg.backend} x{world}", total=len(todo)) if progress is not None and rank == 0 else None
-        sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
         for op, params, pid in todo:
-            buf, res = _buffers(op, params["bytes"], world, dtype, device)
-            for _ in range(cfg.warmup_iters):
-                _call(op, buf, res, world, rank)
-            sync()
-            times = []
-            for _ in range(cfg.iters):
-                dist.barrier()
+            try:
+                buf, res = _buffers(op, params["bytes"], world, dtype, device)
+            except (RuntimeError, MemoryError):  # out of memory (torch's is a RuntimeError)
+                buf = res = None
+            agreed = agree(cannot=buf is None)
+            if agreed[_STOP] or agreed[_FAILED]:
+                break
+            if agreed[_SKIP]:
+                result.skipped[f"{op}: {params['bytes']} B buffers do not fit on every rank"] += 1
+            else:
+                for _ in range(cfg.warmup_iters):
+                    _call(op, buf, res, world, rank)
                 sync()
-                t0 = time.perf_counter()
-                _call(op, buf, res, world, rank)
-                sync()
-                times.append(time.perf_counter() - t0)
-            mine = torch.tensor(times, dtype=torch.float64, device=device)
-            dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # per iteration, the slowest rank
-            if writer is not None:
-                stats = summarise(mine.cpu().tolist(), "wallclock_max_ranks")
-                size = params["bytes"]
-                algbw = size / stats.time_s_median / 1e9
-                writer.add({
-                    "run_id": run_id, "source": "comm", "device": device_name, "torch_version": torch.__version__,
-                    "cuda_version": torch.version.cuda if device.type == "cuda" else None,
-                    "opcast_version": _version(), "timing_method": f"wallclock_max_ranks:{cfg.backend}",
-                    "op": op, "dtype": cfg.dtype, "direction": "fwd", "tensor_cores": None, "point_id": pid, **params,
-                    "time_s_median": stats.time_s_median, "time_s_p20": stats.time_s_p20, "time_s_p80": stats.time_s_p80,
-                    "n_reps": stats.n_reps, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world),
-                })
-                result.rows_written += 1
+                times = []
+                for _ in range(cfg.iters):
+                    agreed = agree()  # the barrier before each iteration, and where every rank stops together
+                    if agreed[_STOP] or agreed[_FAILED]:
+                        break
+                    sync()
+                    t0 = time.perf_counter()
+                    _call(op, buf, res, world, rank)
+                    sync()
+                    times.append(time.perf_counter() - t0)
+                if len(times) < cfg.iters:  # stopped inside the size: it is measured again on resume
+                    break
+                mine = torch.tensor(times, dtype=torch.float64, device=device)
+                dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # per iteration, the slowest rank
+                if writer is not None:
+                    row = _row(cfg, op, params, pid, summarise(mine.cpu().tolist(), "wallclock_max_ranks"), world=world,
+                               run_id=run_id, device_name=device_name, device=device)
+                    flag.shielded = True  # a second signal must not land between writing a part and forgetting its rows
+                    try:
+                        with ending.lock:
+                            writer.add(row)
+                    except DiskWriteError as err:  # the rows stay in the writer; every rank stops at the next agreement
+                        failure, disk_full = err, True
+                    finally:
+                        flag.shielded = False
+            buf = res = None
+            result.remaining -= 1
             if task is not None:
                 progress.update(task, advance=1, description=f"comm {op} {params['bytes']} B")
-        if writer is not None:
-            writer.flush()
-            record_run(out, rank=0, record={
-                "run_id": run_id, "command": "comm", "backend": cfg.backend, "world_size": world, "nodes": nodes,
-                "gpus_per_node": per_node, "arguments": {k: str(v) for k, v in _asdict(cfg).items()},
-                "rows_written": result.rows_written, "already_done": result.already_done,
-                "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dtype_bytes": dtype_bytes(cfg.dtype),
-            })
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    except KeyboardInterrupt:  # a second signal: this rank leaves the lock-step; what was measured is written below
+        in_step = False
+    except RuntimeError as err:  # a collective failed: another rank stopped or died
+        in_step, collective_error = False, err
+    except BaseException as err:  # a bug: write what was measured, record the run, then re-raise
+        in_step, failure = False, err
+    flag.shielded = True
+    signum = agreed[_STOP] or flag.signum or 0
+    if collective_error is not None and not signum and failure is None:
+        failure = OpcastError(f"a collective failed ({type(collective_error).__name__}: "
+                              f"{(str(collective_error).splitlines() or [''])[0][:200]}): another rank has stopped or died; "
+                              f"what was measured is saved in {out}; re-run the same command to resume")
+    pending: BaseException | None = None
+    if writer is not None:
+        with ending.lock:
+            if not ending.done:  # else the watchdog has written and is ending the process
+                ending.done = True
+                try:
+                    finish(failure, signum)
+                except BaseException as err:  # raised after the other ranks are let go
+                    pending = err
+    else:
+        result.signal = signal_name(signum)
+        result.interrupted = failure is not None or bool(agreed[_FAILED]) or (bool(signum) and result.remaining > 0)
+        result.error = failure_text(failure or collective_error)
+        pending = failure
+    if in_step:
+        dist.barrier()  # every rank stopped at the same agreed point: they leave together
+    if pending is not None:
+        raise pending
     return result
+
+
+def _row(cfg: CommConfig, op: str, params: dict[str, Any], pid: str, stats: Any, *, world: int, run_id: str,
+         device_name: str, device: Any) -> dict[str, Any]:
+    import torch
+
+    size = params["bytes"]
+    algbw = size / stats.time_s_median / 1e9
+    return {
+        "run_id": run_id, "source": "comm", "device": device_name, "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda if device.type == "cuda" else None,
+        "opcast_version": _version(), "timing_method": f"wallclock_max_ranks:{cfg.backend}",
+        "op": op, "dtype": cfg.dtype, "direction": "fwd", "tensor_cores": None, "point_id": pid, **params,
+        "time_s_median": stats.time_s_median, "time_s_p20": stats.time_s_p20, "time_s_p80": stats.time_s_p80,
+        "n_reps": stats.n_reps, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world),
+    }
 
 
 def _version() -> str:
