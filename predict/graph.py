@@ -36,6 +36,7 @@ from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
 from opcast.ops import get_op
 from opcast.predict.cost import Kernel, kernel, uses_tensor_cores
+from opcast.predict.memory import activation_dtype
 
 FWD, BWD, RECOMPUTE = "forward", "backward", "recompute"
 
@@ -97,7 +98,7 @@ class Dtypes:
 
 
 def precision_of(precision: str, tensor_cores: bool | None = None) -> Dtypes:
-    return Dtypes(matrix=precision, act="bf16" if precision == "fp8" else precision, tensor_cores=tensor_cores)
+    return Dtypes(matrix=precision, act=activation_dtype(precision), tensor_cores=tensor_cores)
 
 
 # --------------------------------------------------------------------------- forward lists
@@ -109,6 +110,8 @@ Op = tuple[str, str, dict, int]
 def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool) -> list[Op]:
     ffn = arch.ffn_hidden // tp
     up_n = (2 if arch.gated_mlp else 1) * ffn
+    pre: list[Op]
+    post: list[Op]
     if arch.n_experts == 1:
         b, rows, pre, post = 1, tokens, [], []
     else:
@@ -266,19 +269,28 @@ def _bwd_nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
 
 
 @lru_cache(maxsize=4096)
-def train_block(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str,
-                recompute: str, prec: Dtypes) -> Graph:
-    """One block's training graph per micro-batch (``seq`` = full sequence; ranks hold ``seq / cp``)."""
+def _block_passes(arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str,
+                  prec: Dtypes) -> tuple[tuple[Node, ...], tuple[Node, ...], dict[str, tuple[Comm, ...]]]:
+    """(forward nodes, backward nodes, collectives) of one block, whatever the recomputation: the
+    graphs of the three modes share these objects (built once, costed once by the search)."""
     seq_q = seq // cp
     ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_q, sp=sp, cp=cp, ep=ep, attention=attention)
     comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act)
+    return _nodes(ops, prec), _bwd_nodes(ops, prec), comms
+
+
+@lru_cache(maxsize=4096)
+def train_block(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str,
+                recompute: str, prec: Dtypes) -> Graph:
+    """One block's training graph per micro-batch (``seq`` = full sequence; ranks hold ``seq / cp``)."""
+    fwd, bwd, comms = _block_passes(arch, tp, batch, seq, sp, cp, ep, attention, prec)
+    rec_nodes: tuple[Node, ...] = ()
+    rec_comms: tuple[Comm, ...] = ()
     if recompute == "full":
-        rec_nodes, rec_comms = _nodes(ops, prec), comms[FWD]
+        rec_nodes, rec_comms = fwd, comms[FWD]
     elif recompute == "selective":
-        rec_nodes, rec_comms = _nodes([o for o in ops if o[0] in ("attn", "attn_cp")], prec), ()
-    else:
-        rec_nodes, rec_comms = (), ()
-    return Graph(nodes={FWD: _nodes(ops, prec), BWD: _bwd_nodes(ops, prec), RECOMPUTE: rec_nodes},
+        rec_nodes = tuple(n for n in fwd if n.role in ("attn", "attn_cp"))
+    return Graph(nodes={FWD: fwd, BWD: bwd, RECOMPUTE: rec_nodes},
                  comms={FWD: comms[FWD], BWD: comms[BWD], RECOMPUTE: rec_comms})
 
 

@@ -165,6 +165,12 @@ def in_flight_micro_batches(*, pp: int, stage: int, micro_batches: int, virtual_
     return chunks / virtual_stages
 
 
+def stage_total_bytes(weights: float, gradients: float, optimizer_states: float, activations: float,
+                working_set: float = 0.0, zero3_gather: float = 0.0, kv_cache: float = 0.0) -> float:
+    """Bytes per GPU of a stage from its parts (:attr:`Memory.total_bytes`; the search sums the same way)."""
+    return weights + gradients + optimizer_states + activations + working_set + zero3_gather + kv_cache
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Memory:
     """Bytes per GPU on one pipeline stage."""
@@ -182,8 +188,9 @@ class Memory:
 
     @property
     def total_bytes(self) -> float:
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_states_bytes + self.activations_bytes
-                + self.activation_working_set_bytes + self.zero3_gather_bytes + self.kv_cache_bytes)
+        return stage_total_bytes(self.weights_bytes, self.gradients_bytes, self.optimizer_states_bytes,
+                                 self.activations_bytes, self.activation_working_set_bytes, self.zero3_gather_bytes,
+                                 self.kv_cache_bytes)
 
     def breakdown(self) -> dict[str, float]:
         """Bytes by part; parts that are zero (inference has no gradients) are left out."""
@@ -199,10 +206,18 @@ class Memory:
         return out
 
 
-def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool,
-                 micro_batch: int, seq: int, micro_batches: int, virtual_stages: int, zero: int, precision: str,
-                 attention: str, recompute: str) -> Memory:
-    """Memory of one GPU of pipeline ``stage`` during training."""
+def activation_dtype(precision: str) -> str:
+    """The dtype of activations, attention, norms and pointwise ops (and the gradients and pipeline
+    messages sized by them) when computing in ``precision``: fp8 trains with bf16 activations
+    (Transformer Engine casts to fp8 per GEMM), every other precision in itself. The one rule."""
+    return "bf16" if precision == "fp8" else precision
+
+
+def model_state_bytes(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int,
+                      precision: str) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer states, ZeRO-3 gather buffer) bytes per GPU of pipeline
+    ``stage``: :data:`STATE_BYTES` per parameter, sharded over the N_d = dp x cp ranks (expert
+    weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5)."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
     w, g, o = STATE_BYTES[precision]
     n_d, n_e = dp * cp, max(1, dp * cp // ep)
@@ -212,13 +227,33 @@ def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: i
             return per_param * params.total
         return per_param * (params.dense / n_d + params.expert / n_e)
 
-    act_dtype = "bf16" if precision == "fp8" else precision
-    per_layer = layer_activation_bytes(arch, tp=tp, sp=sp, batch=micro_batch, seq=seq, cp=cp, ep=ep,
-                                       attention=attention, recompute=recompute, dtype=act_dtype)
-    layers = in_flight_layers(n_layers=arch.n_layers, pp=pp, stage=stage, micro_batches=micro_batches,
-                              virtual_stages=virtual_stages)
-    acts = per_layer * layers
-    B = dtype_bytes(act_dtype)
+    gather = ZERO3_PREFETCH_LAYERS * w * params.per_layer if zero == 3 else 0.0
+    return shard(w, zero >= 3), shard(g, zero >= 2), shard(o, zero >= 1), gather
+
+
+def layer_activation_terms(arch: ArchSpec, *, tp: int, sp: bool, batch: int, seq: int, cp: int, ep: int,
+                           attention: str, recompute: str, dtype: str) -> tuple[float, float]:
+    """(bytes one block keeps per micro-batch, the working set its backward rebuilds): with full
+    recomputation one layer's activations are materialised again during its backward."""
+    kept = layer_activation_bytes(arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention,
+                                  recompute=recompute, dtype=dtype)
+    working = 0.0
+    if recompute == "full":
+        working = layer_activation_bytes(arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention,
+                                         recompute="none", dtype=dtype)
+    return kept, working
+
+
+def stage_activation_bytes(arch: ArchSpec, *, stage: int, pp: int, tp: int, sp: bool, cp: int, micro_batch: int,
+                           seq: int, micro_batches: int, virtual_stages: int, per_layer_bytes: float,
+                           dtype: str) -> float:
+    """Activations stage ``stage`` holds at its peak: ``per_layer_bytes`` (see
+    :func:`layer_activation_terms`) times its in-flight layers, the embedding dropout mask of each
+    in-flight micro-batch on the first stage, the final-norm and LM-head inputs and the fp32
+    logits on the last (module docstring)."""
+    acts = per_layer_bytes * in_flight_layers(n_layers=arch.n_layers, pp=pp, stage=stage, micro_batches=micro_batches,
+                                              virtual_stages=virtual_stages)
+    B = dtype_bytes(dtype)
     sbh = (seq // cp) * micro_batch * arch.hidden
     div = tp if sp else 1
     if stage == 0 and arch.family in DROPOUT_FAMILIES:
@@ -226,13 +261,30 @@ def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: i
                                                     virtual_stages=virtual_stages)
     if stage == pp - 1:
         acts += 2 * B * sbh / div + 4 * (seq // cp) * micro_batch * padded_vocab(arch.vocab, tp) // tp
-    working = 0.0
-    if recompute == "full":
-        working = layer_activation_bytes(arch, tp=tp, sp=sp, batch=micro_batch, seq=seq, cp=cp, ep=ep,
-                                         attention=attention, recompute="none", dtype=act_dtype)
-    gather = ZERO3_PREFETCH_LAYERS * w * params.per_layer if zero == 3 else 0.0
-    return Memory(stage=stage, weights_bytes=shard(w, zero >= 3), gradients_bytes=shard(g, zero >= 2),
-                  optimizer_states_bytes=shard(o, zero >= 1), activations_bytes=acts,
+    return acts
+
+
+def fullest_stages(pp: int) -> tuple[int, ...]:
+    """The stages whose memory can be the largest: the first and the last. A middle stage holds
+    neither the embedding nor the head, and no more in-flight activations than the first."""
+    return (0,) if pp == 1 else (0, pp - 1)
+
+
+def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool,
+                 micro_batch: int, seq: int, micro_batches: int, virtual_stages: int, zero: int, precision: str,
+                 attention: str, recompute: str) -> Memory:
+    """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
+    :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
+    same three)."""
+    w, g, o, gather = model_state_bytes(arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero,
+                                        precision=precision)
+    act_dtype = activation_dtype(precision)
+    per_layer, working = layer_activation_terms(arch, tp=tp, sp=sp, batch=micro_batch, seq=seq, cp=cp, ep=ep,
+                                                attention=attention, recompute=recompute, dtype=act_dtype)
+    acts = stage_activation_bytes(arch, stage=stage, pp=pp, tp=tp, sp=sp, cp=cp, micro_batch=micro_batch, seq=seq,
+                                  micro_batches=micro_batches, virtual_stages=virtual_stages, per_layer_bytes=per_layer,
+                                  dtype=act_dtype)
+    return Memory(stage=stage, weights_bytes=w, gradients_bytes=g, optimizer_states_bytes=o, activations_bytes=acts,
                   activation_working_set_bytes=working, zero3_gather_bytes=gather)
 
 

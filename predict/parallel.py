@@ -21,6 +21,7 @@ from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
+from opcast.predict.memory import activation_dtype
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
@@ -29,6 +30,23 @@ Schedule = Literal["1f1b", "interleaved"]
 
 MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
 """Megatron-LM DDP gradient bucket: ``max(40M, 1M x dp)`` parameters (distributed_data_parallel_config.py)."""
+
+
+def gradient_bucket_params(dp: int, bucket_params: int | None = None) -> int:
+    """Parameters per gradient bucket: ``bucket_params`` when given, else Megatron's ``max(40M, 1M x dp)``."""
+    return bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * dp)
+
+
+def model_parallel_groups(*, tp: int, cp: int, ep: int, gpus_per_node: int) -> tuple[Group, Group, Group]:
+    """The (tp, cp, ep) communicators in Megatron's ``tp-cp-ep-dp-pp`` rank order: tp ranks
+    consecutive, cp and ep ranks tp apart."""
+    return place(tp, 1, gpus_per_node), place(cp, tp, gpus_per_node), place(ep, tp, gpus_per_node)
+
+
+def data_parallel_groups(*, tp: int, cp: int, dp: int, ep: int, gpus_per_node: int) -> tuple[Group, Group]:
+    """The gradient-reduction communicators: the dp x cp ranks holding the same weights, and the
+    dp x cp / ep ranks holding the same experts (tp x ep apart)."""
+    return place(dp * cp, tp, gpus_per_node), place(dp * cp // ep, tp * ep, gpus_per_node)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -140,7 +158,7 @@ class Layout:
 
     @property
     def act_dtype(self) -> str:
-        return "bf16" if self.cfg.precision == "fp8" else self.cfg.precision
+        return activation_dtype(self.cfg.precision)
 
 
 # --------------------------------------------------------------------------- validation
@@ -161,12 +179,16 @@ def _arch_reasons(arch: ArchSpec, **factor: int) -> list[str]:
     return []
 
 
-def _device_reasons(device, precision: str) -> list[str]:
+def device_reasons(device, precision: str) -> list[str]:
+    """Why ``device`` cannot compute in ``precision`` (empty when it can)."""
     if precision not in get_args(Precision):
         return [f"precision={precision!r} is not one of {', '.join(get_args(Precision))}"]
     if not device.supports(precision):
         return [f"{device.name} has no {precision} peak; use one of {', '.join(d for d in device.supported_dtypes() if d in get_args(Precision))}"]
     return []
+
+
+_device_reasons = device_reasons  # predict/inference.py still imports the old private name
 
 
 def resolve_cluster(device, *, nodes: int | None, gpus_per_node: int | None, world_needed: int | None) -> tuple[Cluster | None, list[str]]:
@@ -232,7 +254,7 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
     if check_device:
-        reasons += _device_reasons(device, cfg.precision)
+        reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)
     if bad:  # the arithmetic below needs sane integers
         return None, reasons
@@ -296,10 +318,11 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
     if reasons or cluster is None or dp is None:
         return None, reasons
     g = cluster.gpus_per_node
+    tp_group, cp_group, ep_group = model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g)
+    dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=g)
     layout = Layout(
         cfg=replace(cfg, dp=dp, global_batch=global_batch), cluster=cluster, dp=dp, micro_batches=micro_batches,
-        tp_group=place(tp, 1, g), cp_group=place(cp, tp, g), ep_group=place(ep, tp, g),
-        dp_group=place(dp * cp, tp, g), expert_dp_group=place(dp * cp // ep, tp * ep, g),
+        tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, dp_group=dp_group, expert_dp_group=expert_dp_group,
         pp_group=place(pp, tp * cp * dp, g),
     )
     return layout, []
@@ -315,7 +338,7 @@ def validate_infer(arch: ArchSpec, device, cfg: InferConfig, *, nodes: int | Non
     if cfg.attention not in get_args(AttentionImpl):
         reasons.append(f"attention={cfg.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
     if check_device:
-        reasons += _device_reasons(device, cfg.precision)
+        reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp)
     if bad:
         return None, reasons

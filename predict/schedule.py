@@ -124,7 +124,7 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], micro_batches: int,
                             else ("F", s, mb, chunk))
                 if prev is not None and prev not in done:
                     break
-                ready = done.get(prev, 0.0) + (p2p_s if prev is not None and prev[1] != s else 0.0)
+                ready = 0.0 if prev is None else done[prev] + (p2p_s if prev[1] != s else 0.0)
                 start = max(clock[s], ready)
                 end = start + (fwd_s[s] if kind == "F" else bwd_s[s]) / v
                 done[(kind, s, mb, chunk)] = end

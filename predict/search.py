@@ -15,17 +15,22 @@ The stages, each cheap because the one before shrank the space:
    kernel in them (and every optimizer step) is priced in **one** :meth:`KernelCostModel.lookup`,
    i.e. one batched call per learned model, and each graph's per-phase kernel time and exposed
    collectives are summed once.
-3. **Compose** each survivor's iteration time from those sums: stage times, pipeline sends, the
-   data-parallel tail, :func:`~opcast.predict.schedule.pipeline_time`; a few microseconds each,
-   memoised across configurations that share a part, and spread over a process pool when there
-   are more than :data:`POOL_MIN_CONFIGS` of them.
+3. **Compose** each survivor's iteration time from those sums with ``run_train``'s own terms:
+   stage times, pipeline sends, the data-parallel tail,
+   :func:`~opcast.predict.training.compose_iteration`; a few microseconds each, memoised across
+   configurations that share a part, and spread over a process pool when there are more than
+   :data:`POOL_MIN_CONFIGS` of them.
 4. **Rank** by the objective and re-predict the top K with
    :func:`~opcast.predict.training.run_train` (the full breakdown) for the report.
 
-Composition mirrors ``run_train`` and memory mirrors ``train_memory`` term for term, the same
-operations in the same order, so the floats are identical: ``tests/unit/test_search.py`` holds
-them together on a space that takes every branch, and every search re-checks its top K against
-``run_train`` (:attr:`SearchResult.max_recheck_rel_diff`).
+There is one cost model. Every term -- model states, activations, a stage's compute and exposed
+collectives, the data-parallel synchronisation, pipeline sends, the optimizer step, the pipeline
+composition -- is a pure function in :mod:`opcast.predict.memory` or
+:mod:`opcast.predict.training` that ``run_train`` calls once per priced stage; the search
+(:class:`_Terms`) only memoises the same functions across configurations, so a new term is
+written once and the floats are identical. ``tests/unit/test_search.py`` still holds the two
+together against brute force on spaces that take every branch, and every search re-checks its
+top K against ``run_train`` (:attr:`SearchResult.max_recheck_rel_diff`).
 
 Objectives (:data:`Objective`):
 
@@ -50,21 +55,24 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
+from opcast.archs import ArchSpec
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
-from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
-from opcast.predict.cost import Kernel, KernelCostModel, kernel
-from opcast.predict.graph import BWD, FWD, RECOMPUTE, precision_of, train_block, train_extras
-from opcast.predict.memory import (STATE_BYTES, ZERO3_PREFETCH_LAYERS, in_flight_layers, in_flight_micro_batches,
-                                   layer_activation_bytes, stage_params)
-from opcast.predict.parallel import (MEGATRON_MIN_BUCKET_PARAMS, AttentionImpl, Precision, Recompute, Schedule,
-                                     TrainConfig, _device_reasons)
-from opcast.predict.schedule import pipeline_time
+from opcast.predict.comm import CollectiveCostModel
+from opcast.predict.cost import KernelCostModel
+from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, precision_of, train_block, train_extras
+from opcast.predict.memory import (activation_dtype, fullest_stages, layer_activation_terms, model_state_bytes,
+                                   stage_activation_bytes, stage_total_bytes)
+from opcast.predict.parallel import (AttentionImpl, Precision, Recompute, Schedule, TrainConfig, device_reasons,
+                                     model_parallel_groups)
+from opcast.predict.training import (DataParallelSync, PhaseCost, StageCompute, TrainResult, compose_iteration,
+                                     data_parallel_sync, data_parallel_time, dense_peak_flops, flops_utilisation,
+                                     graph_groups, micro_batch_s, model_flops, optimizer_kernel, optimizer_numel,
+                                     p2p_message_bytes, phase_cost, pipeline_send_s, pipeline_sends, stage_compute,
+                                     stage_kind, stage_kinds, stage_tail_s, tokens_per_s)
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
-    from opcast.predict.training import TrainResult
 
 Objective = Literal["throughput", "cost", "memory"]
 
@@ -153,9 +161,9 @@ class Candidate:
     micro_batch: int
     micro_batches: int
     """Per data-parallel rank and iteration."""
-    recompute: str
+    recompute: Recompute
     zero: int
-    schedule: str
+    schedule: Schedule
     virtual_stages: int
     nodes: int
     gpus_per_node: int
@@ -177,8 +185,8 @@ class Candidate:
     def train_config(self, space: SearchSpace) -> TrainConfig:
         return TrainConfig(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, sp=self.sp,
                            micro_batch=self.micro_batch, global_batch=space.global_batch, seq=space.seq,
-                           recompute=self.recompute, zero=self.zero, precision=space.precision,  # type: ignore[arg-type]
-                           attention=space.attention, schedule=self.schedule,  # type: ignore[arg-type]
+                           recompute=self.recompute, zero=self.zero, precision=space.precision,
+                           attention=space.attention, schedule=self.schedule,
                            virtual_stages=self.virtual_stages, overlap_grad_reduce=space.overlap_grad_reduce)
 
 
@@ -266,7 +274,7 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(f"objective={space.objective!r} is not one of {', '.join(get_args(Objective))}")
     if space.attention not in get_args(AttentionImpl):
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
-    problems += _device_reasons(device, space.precision)
+    problems += device_reasons(device, space.precision)
     problems += _fixed_problems(space.fixed)
     return problems
 
@@ -346,6 +354,189 @@ def parse_fix(items: Iterable[str]) -> dict[str, tuple[Any, ...]]:
     return out
 
 
+# --------------------------------------------------------------------------- the shared cost terms, memoised
+
+class _Terms:
+    """The cost terms of one search: the pure functions of :mod:`opcast.predict.memory` and
+    :mod:`opcast.predict.training` that ``run_train`` calls, each called here once per distinct
+    argument set (configurations share most of them: the compute of a stage across ZeRO stages
+    and schedules, the data-parallel collectives across all but the layout and ZeRO stage, the
+    pipeline sends across recomputation modes and ZeRO stages). Nothing here computes a term."""
+
+    def __init__(self, arch: ArchSpec, device: DeviceSpec, space: SearchSpace,
+                 worlds: Sequence[tuple[int, int]]) -> None:
+        self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
+        self.act_dtype = activation_dtype(space.precision)
+        self.grad_b = dtype_bytes(self.act_dtype)
+        self.peak = dense_peak_flops(device, space.precision)
+        self.comms = CollectiveCostModel()
+        self.graph_costs: dict[tuple, dict[str, PhaseCost]] = {}
+        """(graph key, GPUs per node) -> phase -> cost of one copy (filled by :func:`_compile`)."""
+        self.opt_s: dict[int, float] = {}
+        """Optimizer-step seconds by parameters updated (filled by :func:`_compile`)."""
+        self.model_flops: dict[str, float] = {}
+        """Model FLOPs of an iteration by recomputation mode (filled by :func:`_compile`)."""
+        self._clear()
+
+    def _clear(self) -> None:
+        self._states: dict[tuple, tuple[float, float, float, float]] = {}
+        self._layer: dict[tuple, tuple[float, float]] = {}
+        self._acts: dict[tuple, float] = {}
+        self._numel: dict[tuple, int] = {}
+        self._compute: dict[tuple, StageCompute] = {}
+        self._sync: dict[tuple, tuple[DataParallelSync, float]] = {}
+        self._p2p: dict[tuple, tuple[float, ...]] = {}
+        self._stages: dict[tuple, tuple[dict[int, tuple[StageCompute, float]], list[float]]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:  # memo tables stay behind: a spawned worker builds its own
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")} | {"comms": CollectiveCostModel()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._clear()
+
+    # -- memory (memory.train_memory's terms)
+
+    def states(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int,
+               stage: int) -> tuple[float, float, float, float]:
+        key = (tp, pp, dp, cp, ep, zero, stage)
+        hit = self._states.get(key)
+        if hit is None:
+            hit = self._states[key] = model_state_bytes(self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+                                                        zero=zero, precision=self.space.precision)
+        return hit
+
+    def layer(self, tp: int, sp: bool, mb: int, cp: int, ep: int, rc: str) -> tuple[float, float]:
+        key = (tp, sp, mb, cp, ep, rc)
+        hit = self._layer.get(key)
+        if hit is None:
+            hit = self._layer[key] = layer_activation_terms(
+                self.arch, tp=tp, sp=sp, batch=mb, seq=self.space.seq, cp=cp, ep=ep, attention=self.space.attention,
+                recompute=rc, dtype=self.act_dtype)
+        return hit
+
+    def states_bound(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int) -> float:
+        """A lower bound of the peak that does not depend on the micro-batch: the memory without activations."""
+        return max(stage_total_bytes(w, g, o, 0.0, 0.0, gather)
+                   for w, g, o, gather in (self.states(tp, pp, dp, cp, ep, zero, st) for st in fullest_stages(pp)))
+
+    def memory(self, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, mb: int, rc: str, m: int,
+               v: int) -> float:
+        """Peak bytes per GPU over the pipeline stages (``train_memory``'s ``total_bytes`` of the fullest)."""
+        per_layer, working = self.layer(tp, sp, mb, cp, ep, rc)
+        best = 0.0
+        for stage in fullest_stages(pp):
+            w, g, o, gather = self.states(tp, pp, dp, cp, ep, zero, stage)
+            key = (tp, pp, cp, ep, sp, mb, rc, m, v, stage)
+            acts = self._acts.get(key)
+            if acts is None:
+                acts = self._acts[key] = stage_activation_bytes(
+                    self.arch, stage=stage, pp=pp, tp=tp, sp=sp, cp=cp, micro_batch=mb, seq=self.space.seq,
+                    micro_batches=m, virtual_stages=v, per_layer_bytes=per_layer, dtype=self.act_dtype)
+            best = max(best, stage_total_bytes(w, g, o, acts, working, gather))
+        return best
+
+    # -- time (training.run_train's terms)
+
+    def numel(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int, stage: int) -> int:
+        key = (tp, pp, dp, cp, ep, zero, stage)
+        hit = self._numel.get(key)
+        if hit is None:
+            hit = self._numel[key] = optimizer_numel(self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
+                                                     zero=zero)
+        return hit
+
+    def compute(self, tp: int, pp: int, cp: int, ep: int, sp: bool, mb: int, rc: str, stage: int,
+                g: int) -> StageCompute:
+        key = (tp, pp, cp, ep, sp, mb, rc, stage, g)
+        hit = self._compute.get(key)
+        if hit is None:
+            layers = self.arch.n_layers // pp
+            costs = self.graph_costs
+            hit = self._compute[key] = stage_compute((
+                (costs[(_block_key(tp, cp, ep, sp, mb, rc), g)], layers),
+                (costs[(_extras_key(tp, cp, sp, mb, stage == 0, stage == pp - 1), g)], 1)))
+        return hit
+
+    def sync(self, tp: int, pp: int, cp: int, ep: int, zero: int, stage: int,
+             wi: int) -> tuple[DataParallelSync, float]:
+        """A stage's data-parallel collectives and its optimizer-step seconds."""
+        key = (tp, pp, cp, ep, zero, stage, wi)
+        hit = self._sync.get(key)
+        if hit is None:
+            nodes, g = self.worlds[wi]
+            dp = nodes * g // (tp * pp * cp)
+            sync = data_parallel_sync(self.arch, self.device, self.comms, stage=stage, tp=tp, pp=pp, cp=cp, ep=ep,
+                                      dp=dp, zero=zero, gpus_per_node=g, grad_bytes=self.grad_b)
+            hit = self._sync[key] = (sync, self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)])
+        return hit
+
+    def p2p(self, tp: int, pp: int, cp: int, mb: int, v: int, stride: int, g: int) -> tuple[float, ...]:
+        """Pipeline-send seconds per micro-batch of every stage."""
+        key = (tp, pp, cp, mb, v, stride, g)
+        hit = self._p2p.get(key)
+        if hit is None:
+            act = p2p_message_bytes(self.arch, micro_batch=mb, seq=self.space.seq, cp=cp, tp=tp,
+                                    precision=self.space.precision)
+            hit = self._p2p[key] = tuple(
+                pipeline_send_s(self.comms, self.device,
+                                pipeline_sends(stage=st, pp=pp, virtual_stages=v, message_bytes=act, stride=stride,
+                                               gpus_per_node=g))
+                for st in range(pp))
+        return hit
+
+    def iteration(self, s: _Survivor) -> float:
+        """Iteration seconds of a survivor: ``run_train``'s composition of the same terms (the
+        stages' work memoised across schedules, which change only the pipeline sends)."""
+        arch, space = self.arch, self.space
+        nodes, g = self.worlds[s.wi]
+        tp, pp, cp, ep, mb, rc = s.tp, s.pp, s.cp, s.ep, s.mb, s.rc
+        dp = nodes * g // (tp * pp * cp)
+        m = space.global_batch // (mb * dp)
+        key = (tp, pp, cp, ep, s.sp, mb, rc, s.zero, s.wi)  # everything but the schedule
+        hit = self._stages.get(key)
+        if hit is None:
+            layers = arch.n_layers // pp
+            work: dict[int, tuple[StageCompute, float]] = {}
+            tails = []
+            for stage in stage_kinds(pp):
+                comp = self.compute(tp, pp, cp, ep, s.sp, mb, rc, stage, g)
+                sync, opt_s = self.sync(tp, pp, cp, ep, s.zero, stage, s.wi)
+                dpt = data_parallel_time(sync, comp, layers=layers, micro_batches=m, recompute=rc,
+                                         overlap_grad_reduce=space.overlap_grad_reduce)
+                work[stage] = (comp, dpt.zero3_s)
+                tails.append(stage_tail_s(opt_s, dpt.exposed_s))
+            hit = self._stages[key] = (work, tails)
+        work, tails = hit
+        p2p = self.p2p(tp, pp, cp, mb, s.v, tp * cp * dp, g)
+        stage_s = []
+        for stage in range(pp):
+            comp, zero3_s = work[stage_kind(stage, pp)]
+            stage_s.append(micro_batch_s(comp, p2p[stage], zero3_s))
+        return compose_iteration(stage_s, tails, m, s.v)[2]
+
+    def candidate(self, s: _Survivor, it: float) -> Candidate:
+        """The candidate of a survivor whose iteration takes ``it`` seconds."""
+        nodes, g = self.worlds[s.wi]
+        dp = nodes * g // (s.tp * s.pp * s.cp)
+        space = self.space
+        m = space.global_batch // (s.mb * dp)
+        world = nodes * g
+        return Candidate(tp=s.tp, pp=s.pp, dp=dp, cp=s.cp, ep=s.ep, sp=s.sp, micro_batch=s.mb, micro_batches=m,
+                         recompute=s.rc, zero=s.zero, schedule="interleaved" if s.v > 1 else "1f1b",
+                         virtual_stages=s.v, nodes=nodes, gpus_per_node=g, iteration_time_s=it,
+                         tokens_per_s=tokens_per_s(space.global_batch, space.seq, it),
+                         mfu=flops_utilisation(self.model_flops[s.rc], it, world, self.peak), memory_bytes=s.mem)
+
+
+def _block_key(tp: int, cp: int, ep: int, sp: bool, mb: int, rc: str) -> tuple:
+    return ("block", tp, cp, ep, sp, mb, rc)
+
+
+def _extras_key(tp: int, cp: int, sp: bool, mb: int, first: bool, last: bool) -> tuple:
+    return ("extras", tp, cp, sp, mb, first, last)
+
+
 # --------------------------------------------------------------------------- stage 1: enumerate
 
 @dataclass(slots=True)
@@ -360,88 +551,9 @@ class _Survivor:
     sp: bool
     zero: int
     mb: int
-    rc: str
+    rc: Recompute
     v: int
     mem: float
-
-
-class _Memory:
-    """Per-GPU memory, memoised by part. Mirrors :func:`opcast.predict.memory.train_memory` term
-    for term (same operations, same order) for the stages that can be the fullest, the first and
-    the last: a middle stage holds neither the embedding nor the head and no more in-flight
-    activations than stage 0."""
-
-    def __init__(self, arch: ArchSpec, space: SearchSpace) -> None:
-        self.arch, self.space = arch, space
-        self.act_dtype = "bf16" if space.precision == "fp8" else space.precision
-        self.B = dtype_bytes(self.act_dtype)
-        self.state_bytes = STATE_BYTES[space.precision]
-        self._params: dict[tuple, Any] = {}
-        self._states: dict[tuple, tuple[float, float, float, float]] = {}
-        self._act: dict[tuple, float] = {}
-
-    def params(self, tp: int, pp: int, ep: int, stage: int):
-        key = (tp, pp, ep, stage)
-        p = self._params.get(key)
-        if p is None:
-            p = self._params[key] = stage_params(self.arch, tp=tp, pp=pp, ep=ep, stage=stage)
-        return p
-
-    def states(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int, stage: int) -> tuple[float, float, float, float]:
-        """(weights, gradients, optimizer states, ZeRO-3 gather) bytes."""
-        key = (tp, pp, dp, cp, ep, zero, stage)
-        hit = self._states.get(key)
-        if hit is None:
-            params = self.params(tp, pp, ep, stage)
-            w, g, o = self.state_bytes
-            n_d, n_e = dp * cp, max(1, dp * cp // ep)
-
-            def shard(per_param: float, sharded: bool) -> float:
-                if not sharded:
-                    return per_param * params.total
-                return per_param * (params.dense / n_d + params.expert / n_e)
-
-            gather = ZERO3_PREFETCH_LAYERS * w * params.per_layer if zero == 3 else 0.0
-            hit = self._states[key] = (shard(w, zero >= 3), shard(g, zero >= 2), shard(o, zero >= 1), gather)
-        return hit
-
-    def states_bound(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int) -> float:
-        """A lower bound of the peak: model states and the ZeRO-3 buffer, no activations."""
-        best = 0.0
-        for stage in {0, pp - 1}:
-            w, g, o, gather = self.states(tp, pp, dp, cp, ep, zero, stage)
-            best = max(best, w + g + o + gather)
-        return best
-
-    def per_layer(self, tp: int, sp: bool, mb: int, cp: int, ep: int, rc: str) -> float:
-        key = (tp, sp, mb, cp, ep, rc)
-        hit = self._act.get(key)
-        if hit is None:
-            hit = self._act[key] = layer_activation_bytes(
-                self.arch, tp=tp, sp=sp, batch=mb, seq=self.space.seq, cp=cp, ep=ep, attention=self.space.attention,
-                recompute=rc, dtype=self.act_dtype)
-        return hit
-
-    def total(self, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, mb: int, rc: str, m: int,
-              v: int) -> float:
-        """Peak bytes per GPU over the pipeline stages."""
-        arch, seq = self.arch, self.space.seq
-        per_layer = self.per_layer(tp, sp, mb, cp, ep, rc)
-        working = self.per_layer(tp, sp, mb, cp, ep, "none") if rc == "full" else 0.0
-        sbh = (seq // cp) * mb * arch.hidden
-        div = tp if sp else 1
-        best = 0.0
-        for stage in ((0,) if pp == 1 else (0, pp - 1)):
-            w, g, o, gather = self.states(tp, pp, dp, cp, ep, zero, stage)
-            acts = per_layer * in_flight_layers(n_layers=arch.n_layers, pp=pp, stage=stage, micro_batches=m,
-                                                virtual_stages=v)
-            if stage == 0 and arch.family in DROPOUT_FAMILIES:
-                acts += sbh / div * in_flight_micro_batches(pp=pp, stage=0, micro_batches=m, virtual_stages=v)
-            if stage == pp - 1:
-                acts += 2 * self.B * sbh / div + 4 * (seq // cp) * mb * padded_vocab(arch.vocab, tp) // tp
-            total = w + g + o + acts + working + gather + 0.0
-            best = max(best, total)
-        return best
 
 
 def _schedules(arch: ArchSpec, fixed: Mapping[str, tuple[Any, ...]]) -> list[tuple[str, int]]:
@@ -463,7 +575,7 @@ def _values(fixed: Mapping[str, tuple[Any, ...]], key: str, default: Iterable[An
     return [v for v in default if v in allowed]
 
 
-def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]], limit: float, memory: _Memory,
+def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]], limit: float, terms: _Terms,
                progress: Callable[[str, int, int], None] | None = None) -> tuple[int, Counter, list[_Survivor]]:
     """Walk the tree, counting pruned subtrees by reason; returns (considered, pruned, survivors).
 
@@ -530,7 +642,7 @@ def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, i
                         if zero == 3 and pp > 1:
                             pruned["zero3_pp"] += n_mb
                             continue
-                        if memory.states_bound(tp, pp, dp, cp, ep, zero) > limit:
+                        if terms.states_bound(tp, pp, dp, cp, ep, zero) > limit:
                             pruned["mem_states"] += n_mb
                             continue
                         for mb in mbs:
@@ -549,7 +661,7 @@ def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, i
                                 ok_scheds.append(v)
                             for rc in rcs:
                                 for v in ok_scheds:
-                                    mem = memory.total(tp, pp, dp, cp, ep, sp, zero, mb, rc, m, v)
+                                    mem = terms.memory(tp, pp, dp, cp, ep, sp, zero, mb, rc, m, v)
                                     if mem > limit:
                                         pruned["mem_total"] += 1
                                         continue
@@ -559,45 +671,12 @@ def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, i
 
 # --------------------------------------------------------------------------- stage 2: compile
 
-class _DevicePlan:
-    """The only attribute of a plan :class:`opcast.predict.training._Pricer` reads."""
-
-    __slots__ = ("device",)
-
-    def __init__(self, device: DeviceSpec) -> None:
-        self.device = device
-
-
-def _stage_kinds(pp: int) -> tuple[int, ...]:
-    return (0,) if pp == 1 else (0, pp - 1) if pp == 2 else (0, 1, pp - 1)
-
-
-def _optimizer_numel(mem: _Memory, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int, stage: int) -> int:
-    """Mirrors ``training._optimizer_kernel``: the parameters this rank's Adam step updates."""
-    params = mem.params(tp, pp, ep, stage)
-    n_d = dp * cp
-    numel = params.dense / (n_d if zero >= 1 else 1) + params.expert / (max(1, n_d // ep) if zero >= 1 else 1)
-    return max(1, int(round(numel)))
-
-
-def _optimizer_kernel(numel: int) -> Kernel:
-    return kernel("optimizer", {"numel": numel}, "fp32", "fwd", False)
-
-
-GraphTable = dict[tuple, tuple[float, tuple[float, float, float]]]
-"""(graph key, phase, gpus per node) -> (kernel seconds, exposed (tp, cp, ep) collective seconds)
-of one copy of the graph in that phase."""
-
-
-def _compile(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]],
-             survivors: Sequence[_Survivor], memory: _Memory, kernels: KernelCostModel, comms: CollectiveCostModel,
-             progress: Callable[[str, int, int], None] | None = None
-             ) -> tuple[GraphTable, dict[int, float], dict[str, int], int, int, float]:
-    """Build every distinct graph of the survivors, price all their kernels in one lookup, and sum
-    each graph per phase. Returns the graph table, optimizer seconds by numel, kernels by source,
-    the counts of distinct graphs and kernels, and the seconds of the lookup."""
-    from opcast.predict.training import _Pricer
-
+def _compile(terms: _Terms, survivors: Sequence[_Survivor], kernels: KernelCostModel,
+             progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, int], int, int, float]:
+    """Build every distinct graph of the survivors, price all their kernels (and optimizer steps)
+    in one lookup, and cost each graph per phase into ``terms``. Returns kernels by source, the
+    counts of distinct graphs and kernels, and the seconds of the lookup."""
+    arch, device, space, worlds = terms.arch, terms.device, terms.space, terms.worlds
     prec = precision_of(space.precision)
     seq, attn = space.seq, space.attention
     block_keys: dict[tuple, None] = {}
@@ -605,277 +684,95 @@ def _compile(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, worlds: Seq
     layouts: dict[tuple, None] = {}
     for s in survivors:
         g = worlds[s.wi][1]
-        block_keys[(s.tp, s.cp, s.ep, s.sp, s.mb, s.rc, g)] = None
+        block_keys[(_block_key(s.tp, s.cp, s.ep, s.sp, s.mb, s.rc), g)] = None
         layouts[(s.wi, s.tp, s.pp, s.cp, s.ep, s.zero)] = None
-        for stage in _stage_kinds(s.pp):
-            extras_keys[(s.tp, s.cp, s.sp, s.mb, stage == 0, stage == s.pp - 1, g)] = None
+        for stage in stage_kinds(s.pp):
+            extras_keys[(_extras_key(s.tp, s.cp, s.sp, s.mb, stage == 0, stage == s.pp - 1), g)] = None
     numels: dict[int, None] = {}
     for wi, tp, pp, cp, ep, zero in layouts:
         dp = worlds[wi][0] * worlds[wi][1] // (tp * pp * cp)
-        for stage in _stage_kinds(pp):
-            numels[_optimizer_numel(memory, tp, pp, dp, cp, ep, zero, stage)] = None
-    graphs: dict[tuple, Any] = {}
+        for stage in stage_kinds(pp):
+            numels[terms.numel(tp, pp, dp, cp, ep, zero, stage)] = None
+    graphs: dict[tuple, Graph] = {}
     todo = len(block_keys) + len(extras_keys)
-    for i, (tp, cp, ep, sp, mb, rc, _g) in enumerate(block_keys):
-        key = ("block", tp, cp, ep, sp, mb, rc)
+    for i, (key, _g) in enumerate(block_keys):
         if key not in graphs:
+            _, tp, cp, ep, sp, mb, rc = key
             graphs[key] = train_block(arch, tp=tp, batch=mb, seq=seq, sp=sp, cp=cp, ep=ep, attention=attn,
                                       recompute=rc, prec=prec)
         if progress and i % 256 == 0:
             progress("compile", i, todo)
-    for tp, cp, sp, mb, first, last, _g in extras_keys:
-        key = ("extras", tp, cp, sp, mb, first, last)
+    for key, _g in extras_keys:
         if key not in graphs:
+            _, tp, cp, sp, mb, first, last = key
             graphs[key] = train_extras(arch, tp=tp, batch=mb, seq=seq, sp=sp, cp=cp, first=first, last=last, prec=prec)
     if progress:
         progress("compile", todo, todo)
     wanted = [n.kernel for gr in graphs.values() for nodes in gr.nodes.values() for n in nodes]
-    opt_kernels = {numel: _optimizer_kernel(numel) for numel in numels}
+    opt_kernels = {numel: optimizer_kernel(numel) for numel in numels}
     wanted += opt_kernels.values()
     unique = list(dict.fromkeys(wanted))
     t0 = time.perf_counter()
     table = kernels.lookup(unique, device)  # the one batched prediction of the whole space
     lookup_s = time.perf_counter() - t0
     by_source = Counter(table[k][1] for k in unique)
-    pricer = _Pricer(_DevicePlan(device), kernels, comms, keep_lines=False)  # type: ignore[arg-type]
-    out: GraphTable = {}
-    for keyset, kind in ((block_keys, "block"), (extras_keys, "extras")):
-        for key in keyset:
-            g = key[-1]
-            tp, cp = key[0], key[1]
-            ep = key[2] if kind == "block" else 1
-            graph = graphs[(kind, *key[:-1])]
-            grp = place(tp, 1, g)
-            groups = {"tp": grp, "embed_tp": grp, "head_tp": grp, "ce_tp": grp, "cp": place(cp, tp, g),
-                      "ep": place(ep, tp, g)}
-            for phase in (FWD, BWD, RECOMPUTE):
-                t, roles = pricer.kernels_s(graph, phase, 0, 1, 1)
-                fam = pricer.comms_s(graph, phase, groups, roles, 0, 1, 1)
-                out[((kind, *key[:-1]), phase, g)] = (t, (fam["tp"], fam["cp"], fam["ep"]))
-    opt_s = {numel: table[k][0] for numel, k in opt_kernels.items()}
-    return out, opt_s, dict(sorted(by_source.items())), len(graphs), len(unique), lookup_s
+    # Graphs share the node and collective tuples of a phase they have in common (the forward and
+    # backward of the three recomputation modes); each shared phase is costed once. ``graphs``
+    # keeps every tuple alive, so their ids identify them for this loop.
+    costed: dict[tuple, PhaseCost] = {}
+    for key, g in (*block_keys, *extras_keys):
+        tp, cp = key[1], key[2]
+        ep = key[3] if key[0] == "block" else 1
+        groups = graph_groups(*model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g))
+        graph = graphs[key]
+        phases = {}
+        for phase in (FWD, BWD, RECOMPUTE):
+            shared = (id(graph.nodes[phase]), id(graph.comms[phase]), tp, cp, ep, g)
+            cost = costed.get(shared)
+            if cost is None:
+                cost = costed[shared] = phase_cost(graph, phase, groups, table, terms.comms, device)
+            phases[phase] = cost
+        terms.graph_costs[(key, g)] = phases
+    terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})
+    for rc in {s.rc for s in survivors}:
+        terms.model_flops[rc] = model_flops(arch, seq=seq, global_batch=space.global_batch, precision=space.precision,
+                                            attention=attn, recompute=rc)[0]
+    return dict(sorted(by_source.items())), len(graphs), len(unique), lookup_s
 
 
 # --------------------------------------------------------------------------- stage 3: compose
 
-class _Composer:
-    """Iteration time of a survivor from the graph table: mirrors ``training._stage_time`` and
-    ``run_train`` term for term, memoising the parts configurations share (the compute of a stage
-    across ZeRO stages and schedules, the data-parallel collectives across everything but the
-    layout and ZeRO stage, the pipeline sends across recomputation modes and ZeRO stages)."""
-
-    def __init__(self, arch: ArchSpec, device: DeviceSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]],
-                 graph_table: GraphTable, opt_s: dict[int, float], model_flops: dict[str, float], memory: _Memory) -> None:
-        self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
-        self.graph_table, self.opt_s, self.model_flops, self.memory = graph_table, opt_s, model_flops, memory
-        prec = precision_of(space.precision)
-        self.grad_b = dtype_bytes(prec.act)
-        self.peak = device.peak_flops(space.precision, tensor_cores=prec.peak_tensor_cores())
-        self.comms = CollectiveCostModel()
-        self._compute: dict[tuple, tuple] = {}
-        self._sync: dict[tuple, tuple] = {}
-        self._p2p: dict[tuple, tuple[float, ...]] = {}
-
-    def __getstate__(self) -> dict[str, Any]:  # memo tables stay behind: a worker builds its own
-        state = dict(self.__dict__)
-        state.update(_compute={}, _sync={}, _p2p={}, comms=CollectiveCostModel())
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    # -- parts
-
-    def compute(self, tp: int, pp: int, cp: int, ep: int, sp: bool, mb: int, rc: str, stage: int, g: int) -> tuple:
-        """(forward, backward, recompute, tp comm, cp comm, ep comm) seconds per micro-batch."""
-        key = (tp, pp, cp, ep, sp, mb, rc, stage, g)
-        hit = self._compute.get(key)
-        if hit is not None:
-            return hit
-        layers = self.arch.n_layers // pp
-        bkey = ("block", tp, cp, ep, sp, mb, rc)
-        ekey = ("extras", tp, cp, sp, mb, stage == 0, stage == pp - 1)
-        phase_s = {FWD: 0.0, BWD: 0.0, RECOMPUTE: 0.0}
-        comm_s = [0.0, 0.0, 0.0]
-        table = self.graph_table
-        for gkey, repeat in ((bkey, layers), (ekey, 1)):
-            for phase in (FWD, BWD, RECOMPUTE):
-                t, fams = table[(gkey, phase, g)]
-                phase_s[phase] += repeat * t
-                for i in range(3):
-                    comm_s[i] += repeat * fams[i]
-        hit = self._compute[key] = (phase_s[FWD], phase_s[BWD], phase_s[RECOMPUTE], comm_s[0], comm_s[1], comm_s[2])
-        return hit
-
-    def sync(self, tp: int, pp: int, cp: int, ep: int, zero: int, stage: int, wi: int) -> tuple:
-        """The data-parallel collectives of a stage that do not depend on its compute: ZeRO-3's
-        per-layer (all-gather, reduce-scatter) or the bucketed (reduce total, last bucket, gather
-        total, all of it); the tied-embedding all-reduce (or None); the optimizer step."""
-        key = (tp, pp, cp, ep, zero, stage, wi)
-        hit = self._sync.get(key)
-        if hit is not None:
-            return hit
-        from opcast.predict.training import _bucketed_s
-
-        nodes, g = self.worlds[wi]
-        dp = nodes * g // (tp * pp * cp)
-        arch, comms, device, grad_b = self.arch, self.comms, self.device, self.grad_b
-        params = self.memory.params(tp, pp, ep, stage)
-        dp_group = place(dp * cp, tp, g)
-        if zero == 3 and dp_group.size > 1:
-            ag = comms.time_s(Collective("all_gather", params.per_layer * grad_b, dp_group), device)[0]
-            rs = comms.time_s(Collective("reduce_scatter", params.per_layer * grad_b, dp_group), device)[0]
-            parts: tuple = ("zero3", ag, rs)
-        else:
-            expert_dp_group = place(dp * cp // ep, tp * ep, g)
-            bucket = max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * dp)
-            reduce_kind = "all_reduce" if zero == 0 else "reduce_scatter"
-            pr = _CommsOnly(comms, device)
-            tot_d, last_d = _bucketed_s(pr, reduce_kind, params.dense, grad_b, dp_group, bucket)  # type: ignore[arg-type]
-            tot_e, last_e = _bucketed_s(pr, reduce_kind, params.expert, grad_b, expert_dp_group, bucket)  # type: ignore[arg-type]
-            reduce_total, last = tot_d + tot_e, max(last_d, last_e)
-            gather_total = 0.0
-            if zero in (1, 2):
-                g_d = _bucketed_s(pr, "all_gather", params.dense, grad_b, dp_group, bucket)[0]  # type: ignore[arg-type]
-                g_e = _bucketed_s(pr, "all_gather", params.expert, grad_b, expert_dp_group, bucket)[0]  # type: ignore[arg-type]
-                gather_total = g_d + g_e
-            parts = ("buckets", reduce_total, last, gather_total, reduce_total + gather_total)
-        tied_s = None
-        if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
-            tied = Collective("all_reduce", padded_vocab(arch.vocab, tp) // tp * arch.hidden * grad_b,
-                              place(2, (pp - 1) * tp * cp * dp, g))
-            tied_s = comms.time_s(tied, device)[0]
-        opt = self.opt_s[_optimizer_numel(self.memory, tp, pp, dp, cp, ep, zero, stage)]
-        hit = self._sync[key] = (parts, tied_s, opt)
-        return hit
-
-    def tail(self, pp: int, rc: str, sync: tuple, comp: tuple) -> tuple[float, float, float]:
-        """(ZeRO-3 exposed per micro-batch, exposed data-parallel sync, optimizer) seconds of a
-        stage: what of ``sync`` its compute ``comp`` does not hide."""
-        parts, tied_s, opt = sync
-        fwd_s, bwd_s, rec_s = comp[0], comp[1], comp[2]
-        zero3_s = 0.0
-        dp_exposed = 0.0
-        if parts[0] == "zero3":
-            _, ag, rs = parts
-            layers = self.arch.n_layers // pp
-            gathers = 3 if rc == "full" else 2
-            fwd_layer = fwd_s / layers
-            bwd_layer = (bwd_s + rec_s) / layers
-            zero3_fwd = layers * max(0.0, ag - fwd_layer)
-            zero3_s = zero3_fwd + layers * max(0.0, (gathers - 1) * ag + rs - bwd_layer)
-        else:
-            _, reduce_total, last, gather_total, dp_total = parts
-            window = bwd_s + rec_s
-            reduce_exposed = max(last, reduce_total - window) if self.space.overlap_grad_reduce else reduce_total
-            dp_exposed = min(dp_total, reduce_exposed + gather_total)
-        if tied_s is not None:
-            dp_exposed += tied_s
-        return zero3_s, dp_exposed, opt
-
-    def p2p(self, act: int, pp: int, v: int, stride: int, g: int) -> tuple[float, ...]:
-        """Pipeline-send seconds per micro-batch of every stage (mirrors ``training._p2p_s``)."""
-        key = (act, pp, v, stride, g)
-        hit = self._p2p.get(key)
-        if hit is not None:
-            return hit
-        comms, device = self.comms, self.device
-        out = []
-        for stage in range(pp):
-            total = 0.0
-            if pp > 1:
-                for target, sends in (((stage + 1) % pp, v - (stage == pp - 1)), ((stage - 1) % pp, v - (stage == 0))):
-                    if sends <= 0:
-                        continue
-                    same_node = (stage * stride) // g == (target * stride) // g
-                    call = Collective("send_recv", act, Group(2, 1, 2) if same_node else Group(2, 2, 1))
-                    total += sends * comms.time_s(call, device)[0]
-            out.append(total)
-        hit = self._p2p[key] = tuple(out)
-        return hit
-
-    # -- one configuration
-
-    def iteration(self, s: _Survivor) -> float:
-        """Iteration seconds of a survivor."""
-        arch, space = self.arch, self.space
-        nodes, g = self.worlds[s.wi]
-        tp, pp, cp, ep, sp, mb, rc, zero, v = s.tp, s.pp, s.cp, s.ep, s.sp, s.mb, s.rc, s.zero, s.v
-        dp = nodes * g // (tp * pp * cp)
-        m = space.global_batch // (mb * dp)
-        act = mb * (space.seq // cp) * arch.hidden * self.grad_b // tp
-        p2p = self.p2p(act, pp, v, tp * cp * dp, g)
-        per_mb: dict[int, float] = {}
-        max_tail = -math.inf
-        base1 = zero3_1 = 0.0
-        for stage in _stage_kinds(pp):
-            comp = self.compute(tp, pp, cp, ep, sp, mb, rc, stage, g)
-            zero3_s, dp_exposed, opt = self.tail(pp, rc, self.sync(tp, pp, cp, ep, zero, stage, s.wi), comp)
-            base = comp[0] + comp[1] + comp[2] + comp[3] + comp[4] + comp[5]
-            per_mb[stage] = base + p2p[stage] + zero3_s
-            max_tail = max(max_tail, opt + dp_exposed)
-            if stage == 1:
-                base1, zero3_1 = base, zero3_s
-        if pp > 3:
-            stage_s = [per_mb[0], per_mb[1], *(base1 + p2p[i] + zero3_1 for i in range(2, pp - 1)), per_mb[pp - 1]]
-        else:
-            stage_s = [per_mb[i] for i in range(pp)]
-        pipe = pipeline_time(stage_s, m, v)
-        return pipe.time_s + max_tail
-
-    def candidate(self, s: _Survivor, it: float) -> Candidate:
-        """The candidate of a survivor whose iteration takes ``it`` seconds."""
-        nodes, g = self.worlds[s.wi]
-        dp = nodes * g // (s.tp * s.pp * s.cp)
-        space = self.space
-        m = space.global_batch // (s.mb * dp)
-        world = nodes * g
-        return Candidate(tp=s.tp, pp=s.pp, dp=dp, cp=s.cp, ep=s.ep, sp=s.sp, micro_batch=s.mb, micro_batches=m,
-                         recompute=s.rc, zero=s.zero, schedule="interleaved" if s.v > 1 else "1f1b",
-                         virtual_stages=s.v, nodes=nodes, gpus_per_node=g, iteration_time_s=it,
-                         tokens_per_s=space.global_batch * space.seq / it,
-                         mfu=self.model_flops[s.rc] / (it * world * self.peak), memory_bytes=s.mem)
-
-
-class _CommsOnly:
-    """What ``training._bucketed_s`` reads of a pricer."""
-
-    __slots__ = ("comms", "device")
-
-    def __init__(self, comms: CollectiveCostModel, device: DeviceSpec) -> None:
-        self.comms, self.device = comms, device
-
-
-_WORKER: _Composer | None = None
+_WORKER: _Terms | None = None
 _WORK: list[_Survivor] = []
 
 
-def _init_worker(composer: _Composer | None) -> None:
+def _init_worker(terms: _Terms | None) -> None:
     global _WORKER
-    if composer is not None:  # spawn: pickled here; fork: inherited as the module global
-        _WORKER = composer
+    if terms is not None:  # spawn: pickled here; fork: inherited as the module global
+        _WORKER = terms
 
 
 def _compose_chunk(chunk: tuple[int, int] | list[_Survivor]) -> array:
     """Iteration times of a slice of the inherited survivors (fork) or of the survivors sent (spawn)."""
-    assert _WORKER is not None
+    if _WORKER is None:
+        raise RuntimeError("internal: a search worker started without its cost terms")
     items = _WORK[chunk[0]:chunk[1]] if isinstance(chunk, tuple) else chunk
     return array("d", map(_WORKER.iteration, items))
 
 
-def _compose(composer: _Composer, survivors: list[_Survivor], workers: int,
+def _compose(terms: _Terms, survivors: list[_Survivor], workers: int,
              progress: Callable[[str, int, int], None] | None) -> tuple[list[Candidate], int]:
     """Candidates of every survivor, serially or over ``workers`` processes. Forked workers inherit
-    the composer and the survivors and send back iteration times only."""
+    the terms and the survivors and send back iteration times only."""
     total = len(survivors)
     if workers <= 1 or total < POOL_MIN_CONFIGS:
         step = 8192
         times = array("d")
         for i in range(0, total, step):
-            times.extend(map(composer.iteration, survivors[i:i + step]))
+            times.extend(map(terms.iteration, survivors[i:i + step]))
             if progress:
                 progress("compose", len(times), total)
-        return list(map(composer.candidate, survivors, times)), 1
+        return list(map(terms.candidate, survivors, times)), 1
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -888,12 +785,12 @@ def _compose(composer: _Composer, survivors: list[_Survivor], workers: int,
     size = -(-total // n_chunks)
     bounds = [(i, min(total, i + size)) for i in range(0, total, size)]
     if forked:
-        _WORKER, _WORK = composer, survivors
+        _WORKER, _WORK = terms, survivors
     results: list[array] = [array("d") for _ in bounds]
     done = 0
     try:
         with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(None if forked else composer,)) as pool:
+                                 initargs=(None if forked else terms,)) as pool:
             futures = {pool.submit(_compose_chunk, b if forked else survivors[b[0]:b[1]]): i
                        for i, b in enumerate(bounds)}
             for fut in as_completed(futures):
@@ -908,7 +805,7 @@ def _compose(composer: _Composer, survivors: list[_Survivor], workers: int,
     times = array("d")
     for part in results:
         times.extend(part)
-    return list(map(composer.candidate, survivors, times)), workers
+    return list(map(terms.candidate, survivors, times)), workers
 
 
 # --------------------------------------------------------------------------- the search
@@ -936,7 +833,7 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
     :class:`OpcastError` for a malformed request, never for an empty result (``candidates`` is
     then empty and ``pruned`` says why)."""
     from opcast.predict.cost import roofline_only
-    from opcast.predict.training import _model_flops, predict_train
+    from opcast.predict.training import predict_train
 
     if not isinstance(top, int) or isinstance(top, bool) or top < 0:
         raise OpcastError(f"top={top!r} must be a non-negative integer")
@@ -949,26 +846,17 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    memory = _Memory(arch, space)
-    considered, pruned, survivors = _enumerate(arch, space, worlds, limit, memory, progress)
+    terms = _Terms(arch, device, space, worlds)
+    considered, pruned, survivors = _enumerate(arch, space, worlds, limit, terms, progress)
     t1 = time.perf_counter()
     seconds["enumerate"] = t1 - t0
 
-    comms = CollectiveCostModel()
-    graph_table, opt_s, by_source, n_graphs, n_kernels, lookup_s = _compile(arch, device, space, worlds, survivors,
-                                                                            memory, kernels, comms, progress)
-    model_flops = {}
-    for rc in {s.rc for s in survivors}:
-        cfg = TrainConfig(seq=space.seq, global_batch=space.global_batch, precision=space.precision, attention=space.attention,
-                          recompute=rc)  # type: ignore[arg-type]
-        model_flops[rc] = _model_flops(arch, cfg)[0]
+    by_source, n_graphs, n_kernels, lookup_s = _compile(terms, survivors, kernels, progress)
     t2 = time.perf_counter()
     seconds["compile"] = t2 - t1 - lookup_s
     seconds["kernels"] = lookup_s
 
-    composer = _Composer(arch, device, space, worlds, graph_table, opt_s, model_flops, memory)
-    composer.comms = comms
-    candidates, used = _compose(composer, survivors, workers, progress)
+    candidates, used = _compose(terms, survivors, workers, progress)
     t3 = time.perf_counter()
     seconds["compose"] = t3 - t2
 
@@ -977,9 +865,10 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
     worst = 0.0
     for c in candidates[:top]:
         r = predict_train(arch, device, c.train_config(space), nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-                          kernels=kernels, comms=comms)
-        if r.iteration_time_s is None:  # the search and run_train disagree on feasibility: a bug
-            raise OpcastError(f"internal: search kept an infeasible configuration ({'; '.join(r.reasons)})")
+                          kernels=kernels, comms=terms.comms)
+        if r.iteration_time_s is None:  # the search and run_train disagree on feasibility: a bug, not the input's
+            raise RuntimeError("internal: search kept a configuration run_train finds infeasible "
+                               f"({describe_config(c)}: {'; '.join(r.reasons)})")
         worst = max(worst, abs(r.iteration_time_s - c.iteration_time_s) / r.iteration_time_s)
         top_results.append(r)
     seconds["rank"] = time.perf_counter() - t3
@@ -988,7 +877,7 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
         arch=arch, device=device, space=space, memory_limit_bytes=limit, worlds=tuple(worlds), considered=considered,
         pruned=ordered, candidates=tuple(candidates), top=tuple(top_results), seconds=seconds, unique_graphs=n_graphs,
         unique_kernels=n_kernels, kernels_by_source=by_source, workers=used, max_recheck_rel_diff=worst,
-        cost_sources={**kernels.describe(), **comms.describe()})
+        cost_sources={**kernels.describe(), **terms.comms.describe()})
 
 
 # --------------------------------------------------------------------------- reporting helpers

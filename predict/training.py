@@ -16,6 +16,10 @@ per micro-batch, prefetched behind the layer's compute. MoE expert gradients are
 dp x cp / ep ranks. A tied embedding split across pipeline stages all-reduces its gradient between
 the first and last stage.
 
+Each term is a pure function of plain values (section "the cost terms"): :func:`run_train` calls
+them once per priced stage and :mod:`opcast.predict.search` memoises the same functions across
+configurations, so a term is written once.
+
 MFU (Chowdhery et al. 2022, arXiv 2204.02311, App. B: model FLOPs exclude recomputation) uses the
 exact FLOPs of the unsharded op graph, forward and backward, for the global batch, over
 ``iteration time x world size x dense peak``; HFU adds the recomputation. The op graph counts
@@ -26,19 +30,22 @@ below ``6 N D``-style counts (Narayanan et al. 2021 Eq. 3 counts full attention)
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
-from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, graph_flops, precision_of, train_block, train_extras
+from opcast.predict.graph import (BWD, FWD, RECOMPUTE, Comm, Graph, Node, graph_flops, precision_of, train_block,
+                                  train_extras)
 from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
-from opcast.predict.memory import Memory, overflow_reason, stage_params, train_memory
-from opcast.predict.parallel import MEGATRON_MIN_BUCKET_PARAMS, Layout, Precision, TrainConfig, _device_reasons, validate_train
-from opcast.predict.schedule import pipeline_time
+from opcast.predict.memory import Memory, activation_dtype, overflow_reason, stage_params, train_memory
+from opcast.predict.parallel import (Layout, Precision, TrainConfig, data_parallel_groups, device_reasons,
+                                     gradient_bucket_params, validate_train)
+from opcast.predict.schedule import PipelineTime, pipeline_time
 
 BREAKDOWN_KEYS = ("forward", "backward", "recompute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
                   "dp_comm_exposed", "pipeline_bubble")
@@ -70,12 +77,11 @@ class StageTime:
 
     @property
     def per_micro_batch_s(self) -> float:
-        return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s + self.cp_comm_s
-                + self.ep_comm_s + self.pp_comm_s + self.zero3_comm_s)
+        return micro_batch_s(self, self.pp_comm_s, self.zero3_comm_s)
 
     @property
     def tail_s(self) -> float:
-        return self.optimizer_s + self.dp_comm_s
+        return stage_tail_s(self.optimizer_s, self.dp_comm_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,183 +173,414 @@ def compile_train(arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes
     reason at once: a device that cannot run the precision still has its layout checked and, when
     that holds, its memory sized."""
     layout, reasons = validate_train(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, check_device=False)
-    device_reasons = _device_reasons(device, cfg.precision)
-    if device_reasons and layout is not None and cfg.precision in get_args(Precision):
+    precision_reasons = device_reasons(device, cfg.precision)
+    if precision_reasons and layout is not None and cfg.precision in get_args(Precision):
         reasons = [r for r in (overflow_reason(max(_train_memory(arch, layout), key=lambda m: m.total_bytes), device,
                                                _MEMORY_FIX),) if r]
-    if device_reasons or layout is None:
-        return TrainResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*device_reasons, *reasons))
-    pp = cfg.pp
-    kinds = (0,) if pp == 1 else (0, pp - 1) if pp == 2 else (0, 1, pp - 1)
-    return TrainPlan(arch=arch, device=device, layout=layout, stage_kinds=kinds)
+    if precision_reasons or layout is None:
+        return TrainResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*precision_reasons, *reasons))
+    return TrainPlan(arch=arch, device=device, layout=layout, stage_kinds=stage_kinds(cfg.pp))
 
 
-def _exposed(comm_s: float, role: str | None, role_times: dict[str, float]) -> float:
-    if role is None:
+# --------------------------------------------------------------------------- the cost terms
+#
+# Pure functions of plain values, the one implementation of each term: run_train calls them once
+# per priced stage, the search (predict/search.py) memoises them across configurations.
+
+def stage_kinds(pp: int) -> tuple[int, ...]:
+    """The distinct pipeline stages to price: the first, one middle and the last."""
+    return (0,) if pp == 1 else (0, pp - 1) if pp == 2 else (0, 1, pp - 1)
+
+
+def stage_kind(stage: int, pp: int) -> int:
+    """The priced stage (:func:`stage_kinds`) whose compute, memory and data-parallel traffic
+    ``stage`` repeats: itself when first or last, else stage 1 (a middle stage holds the same
+    layers and neither embedding nor head; only its pipeline sends are its own)."""
+    return stage if stage in (0, pp - 1) else 1
+
+
+def graph_groups(tp_group: Group, cp_group: Group, ep_group: Group) -> dict[str, Group]:
+    """The communicator of each collective role of the block and model-level graphs."""
+    return {"tp": tp_group, "embed_tp": tp_group, "head_tp": tp_group, "ce_tp": tp_group, "cp": cp_group,
+            "ep": ep_group}
+
+
+_FAMILY = {"cp": 1, "ep": 2}
+"""Collective role -> index in (tp, cp, ep); every other role (embed_tp, head_tp, ce_tp) is tensor-parallel."""
+
+
+def exposed_s(comm_s: float, overlap_with: str | None, role_times: Mapping[str, float]) -> float:
+    """What of a collective's ``comm_s`` is not hidden behind the kernels of role ``overlap_with``."""
+    if overlap_with is None:
         return comm_s
-    return max(0.0, comm_s - role_times.get(role, 0.0))
+    return max(0.0, comm_s - role_times.get(overlap_with, 0.0))
 
 
-class _Pricer:
-    """Prices graphs with the kernel and collective models, remembering lines for the report."""
+class PhaseCost(NamedTuple):
+    """One copy of a graph in one phase, per micro-batch."""
 
-    def __init__(self, plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostModel, keep_lines: bool) -> None:
-        self.plan, self.kernels, self.comms, self.keep = plan, kernels, comms, keep_lines
-        self.device = plan.device
-        self.ops: list[OpLine] = []
-        self.comm_lines: list[CommLine] = []
-
-    def kernels_s(self, graph: Graph, phase: str, stage: int, repeat: float, per_iter: float) -> tuple[float, dict[str, float]]:
-        nodes = graph.nodes[phase]
-        if not nodes:
-            return 0.0, {}
-        table = self.kernels.lookup([n.kernel for n in nodes], self.device)
-        total, by_role = 0.0, {}
-        for n in nodes:
-            t, src = table[n.kernel]
-            total += n.count * t
-            by_role[n.role] = by_role.get(n.role, 0.0) + n.count * t
-            if self.keep:
-                self.ops.append(OpLine(stage=stage, phase=phase, role=n.role, kernel=n.kernel,
-                                       count=n.count * repeat * per_iter, time_s=t, source=src))
-        return total, by_role
-
-    def comms_s(self, graph: Graph, phase: str, groups: dict[str, Group], role_times: dict[str, float], stage: int,
-                repeat: float, per_iter: float) -> dict[str, float]:
-        """Exposed seconds per comm family (tp, cp, ep) of one copy of ``graph`` in ``phase``."""
-        out = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-        for c in graph.comms[phase]:
-            call = Collective(c.kind, c.bytes, groups[c.role])
-            t, src = self.comms.time_s(call, self.device)
-            exposed = _exposed(c.count * t, c.overlap_with, role_times)
-            family = c.role.split("_")[0] if c.role.split("_")[0] in out else "tp"
-            out[family] += exposed
-            if self.keep:
-                self.comm_lines.append(CommLine(stage=stage, phase=phase, role=c.role, call=call,
-                                                count=c.count * repeat * per_iter, time_s=t,
-                                                exposed_s=exposed * repeat * per_iter, source=src))
-        return out
-
-    def collective(self, stage: int, phase: str, role: str, call: Collective, count: float, exposed_s: float) -> float:
-        t, src = self.comms.time_s(call, self.device)
-        if self.keep and call.group.size > 1:
-            self.comm_lines.append(CommLine(stage=stage, phase=phase, role=role, call=call, count=count, time_s=t,
-                                            exposed_s=exposed_s, source=src))
-        return t
+    kernel_s: float
+    comm_s: tuple[float, float, float]
+    """Exposed (tp, cp, ep) collective seconds."""
 
 
-def _bucketed_s(pricer: _Pricer, kind: str, params: int, bytes_per_param: int, group: Group, bucket_params: int) -> tuple[float, float]:
+KernelLine = tuple[Node, float, str]
+"""(node, seconds per call, source) of one kernel of a priced phase."""
+CommDetail = tuple[Comm, Collective, float, str, float]
+"""(graph collective, the call, seconds per call, source, exposed seconds of its count) of a priced phase."""
+
+
+def phase_cost(graph: Graph, phase: str, groups: Mapping[str, Group], kernel_times: Mapping[Kernel, tuple[float, str]],
+               comms: CollectiveCostModel, device: DeviceSpec, kernel_lines: list[KernelLine] | None = None,
+               comm_lines: list[CommDetail] | None = None) -> PhaseCost:
+    """Kernel seconds and exposed collectives of one copy of ``graph`` in ``phase``; each kernel's
+    time from ``kernel_times`` (a :meth:`KernelCostModel.lookup` answer), a collective hidden
+    behind the kernels of the role it overlaps with. ``kernel_lines`` / ``comm_lines`` collect the
+    per-item figures when given."""
+    total = 0.0
+    by_role: dict[str, float] = {}
+    for n in graph.nodes[phase]:
+        t, src = kernel_times[n.kernel]
+        total += n.count * t
+        by_role[n.role] = by_role.get(n.role, 0.0) + n.count * t
+        if kernel_lines is not None:
+            kernel_lines.append((n, t, src))
+    out = [0.0, 0.0, 0.0]
+    for c in graph.comms[phase]:
+        call = Collective(c.kind, c.bytes, groups[c.role])
+        t, src = comms.time_s(call, device)
+        exposed = exposed_s(c.count * t, c.overlap_with, by_role)
+        out[_FAMILY.get(c.role, 0)] += exposed
+        if comm_lines is not None:
+            comm_lines.append((c, call, t, src, exposed))
+    return PhaseCost(total, (out[0], out[1], out[2]))
+
+
+class StageCompute(NamedTuple):
+    """Seconds per micro-batch on one rank of a stage: compute by phase and exposed collectives."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    tp_comm_s: float
+    cp_comm_s: float
+    ep_comm_s: float
+    forward_comm_s: float
+    """The forward phase's share of the three collective fields."""
+
+
+def stage_compute(parts: Iterable[tuple[Mapping[str, PhaseCost], int]]) -> StageCompute:
+    """A stage's compute from its graphs: (phase -> :class:`PhaseCost`, copies) for the block
+    (``n_layers / pp`` copies) and the model-level graph (one)."""
+    phase_s = {FWD: 0.0, BWD: 0.0, RECOMPUTE: 0.0}
+    comm_s = [0.0, 0.0, 0.0]
+    fwd_comm = 0.0
+    for costs, repeat in parts:
+        for phase in (FWD, BWD, RECOMPUTE):
+            kernel_s, fams = costs[phase]
+            phase_s[phase] += repeat * kernel_s
+            for i in range(3):
+                comm_s[i] += repeat * fams[i]
+                fwd_comm += repeat * fams[i] if phase == FWD else 0.0
+    return StageCompute(phase_s[FWD], phase_s[BWD], phase_s[RECOMPUTE], comm_s[0], comm_s[1], comm_s[2], fwd_comm)
+
+
+def micro_batch_s(work: StageCompute | StageTime, pp_comm_s: float, zero3_comm_s: float) -> float:
+    """Seconds a stage spends per micro-batch: compute, exposed TP/CP/EP collectives, pipeline
+    sends and exposed ZeRO-3 traffic (:attr:`StageTime.per_micro_batch_s`)."""
+    return (work.forward_s + work.backward_s + work.recompute_s + work.tp_comm_s + work.cp_comm_s + work.ep_comm_s
+            + pp_comm_s + zero3_comm_s)
+
+
+def stage_tail_s(optimizer_s: float, dp_comm_s: float) -> float:
+    """What a stage adds once per iteration after its last micro-batch (:attr:`StageTime.tail_s`)."""
+    return optimizer_s + dp_comm_s
+
+
+def bucketed_s(comms: CollectiveCostModel, device: DeviceSpec, kind: str, params: int, bytes_per_param: int,
+               group: Group, bucket_params: int) -> tuple[float, float]:
     """(total, last bucket) seconds of a bucketed collective over ``params`` parameters."""
     if group.size <= 1 or params <= 0:
         return 0.0, 0.0
     full, rest = divmod(params, bucket_params)
-    t_full = pricer.comms.time_s(Collective(kind, bucket_params * bytes_per_param, group), pricer.device)[0] if full else 0.0
-    t_rest = pricer.comms.time_s(Collective(kind, rest * bytes_per_param, group), pricer.device)[0] if rest else 0.0
+    t_full = comms.time_s(Collective(kind, bucket_params * bytes_per_param, group), device)[0] if full else 0.0
+    t_rest = comms.time_s(Collective(kind, rest * bytes_per_param, group), device)[0] if rest else 0.0
     return full * t_full + t_rest, (t_rest if rest else t_full)
 
 
-def _stage_time(pr: _Pricer, stage: int) -> StageTime:
-    plan = pr.plan
-    arch, lay, cfg = plan.arch, plan.layout, plan.layout.cfg
-    tp, pp, cp, ep, m = cfg.tp, cfg.pp, cfg.cp, cfg.ep, lay.micro_batches
-    prec = precision_of(cfg.precision, cfg.tensor_cores)
-    block, extras = _graphs(plan, stage)
-    layers = arch.n_layers // pp
-    groups = {"tp": lay.tp_group, "embed_tp": lay.tp_group, "head_tp": lay.tp_group, "ce_tp": lay.tp_group,
-              "cp": lay.cp_group, "ep": lay.ep_group}
-    phase_s = {FWD: 0.0, BWD: 0.0, RECOMPUTE: 0.0}
-    comm_s = {"tp": 0.0, "cp": 0.0, "ep": 0.0}
-    fwd_comm = 0.0
-    for graph, repeat in ((block, layers), (extras, 1)):
-        for phase in (FWD, BWD, RECOMPUTE):
-            t, roles = pr.kernels_s(graph, phase, stage, repeat, m)
-            phase_s[phase] += repeat * t
-            for fam, s in pr.comms_s(graph, phase, groups, roles, stage, repeat, m).items():
-                comm_s[fam] += repeat * s
-                fwd_comm += repeat * s if phase == FWD else 0.0
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataParallelSync:
+    """The data-parallel collectives of one stage's rank, which do not depend on its compute."""
 
-    pp_s = _p2p_s(pr, stage)
+    zero3: tuple[Collective, float, Collective, float] | None
+    """ZeRO-3: (per-layer all-gather, its seconds, per-layer reduce-scatter, its seconds); else None."""
+    reduce: Collective | None = None
+    """Bucketed (ZeRO 0-2): the whole gradient reduction as one call (for the report line)."""
+    reduce_total_s: float = 0.0
+    last_bucket_s: float = 0.0
+    gather_total_s: float = 0.0
+    """ZeRO 1/2: the all-gather of the updated weights after the step."""
+    tied: Collective | None = None
+    """The tied-embedding gradient all-reduce between the first and last stage, when split by pp."""
+    tied_s: float = 0.0
 
-    # Parameters, optimizer, data-parallel synchronisation.
+
+def data_parallel_sync(arch: ArchSpec, device: DeviceSpec, comms: CollectiveCostModel, *, stage: int, tp: int, pp: int,
+                       cp: int, ep: int, dp: int, zero: int, gpus_per_node: int, grad_bytes: int,
+                       bucket_params: int | None = None) -> DataParallelSync:
+    """Data-parallel gradients (module docstring): ZeRO-3 gathers and reduce-scatters each layer;
+    ZeRO 0 all-reduces, 1/2 reduce-scatter (and all-gather the weights) in buckets, the expert
+    gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
-    grad_b = dtype_bytes(prec.act)
-    zero3_s = 0.0
-    dp_exposed = dp_total = 0.0
-    if cfg.zero == 3 and lay.dp_group.size > 1:
-        # Per micro-batch: gather weights for forward (and recompute) and backward, reduce-scatter grads,
-        # each layer's behind its compute (prefetch).
-        gathers = 3 if cfg.recompute == "full" else 2
-        per_layer_full = params.per_layer
-        ag = pr.collective(stage, "zero3", "dp", Collective("all_gather", per_layer_full * grad_b, lay.dp_group),
-                           gathers * layers * m, 0.0)
-        rs = pr.collective(stage, "zero3", "dp", Collective("reduce_scatter", per_layer_full * grad_b, lay.dp_group),
-                           layers * m, 0.0)
-        fwd_layer = phase_s[FWD] / layers
-        bwd_layer = (phase_s[BWD] + phase_s[RECOMPUTE]) / layers
+    dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
+    tied = tied_s = None
+    if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
+        tied = Collective("all_reduce", padded_vocab(arch.vocab, tp) // tp * arch.hidden * grad_bytes,
+                          place(2, (pp - 1) * tp * cp * dp, gpus_per_node))
+        tied_s = comms.time_s(tied, device)[0]
+    if zero == 3 and dp_group.size > 1:
+        ag = Collective("all_gather", params.per_layer * grad_bytes, dp_group)
+        rs = Collective("reduce_scatter", params.per_layer * grad_bytes, dp_group)
+        return DataParallelSync(zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]), tied=tied,
+                                tied_s=tied_s or 0.0)
+    bucket = gradient_bucket_params(dp, bucket_params)
+    reduce_kind = "all_reduce" if zero == 0 else "reduce_scatter"
+    tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
+    tot_e, last_e = bucketed_s(comms, device, reduce_kind, params.expert, grad_bytes, expert_dp_group, bucket)
+    gather_total = 0.0
+    if zero in (1, 2):
+        g_d = bucketed_s(comms, device, "all_gather", params.dense, grad_bytes, dp_group, bucket)[0]
+        g_e = bucketed_s(comms, device, "all_gather", params.expert, grad_bytes, expert_dp_group, bucket)[0]
+        gather_total = g_d + g_e
+    return DataParallelSync(zero3=None, reduce=Collective(reduce_kind, params.total * grad_bytes, dp_group),
+                            reduce_total_s=tot_d + tot_e, last_bucket_s=max(last_d, last_e),
+                            gather_total_s=gather_total, tied=tied, tied_s=tied_s or 0.0)
+
+
+def zero3_gathers(recompute: str) -> int:
+    """ZeRO-3 weight gathers per layer and micro-batch: forward, backward and, with full recomputation, recompute."""
+    return 3 if recompute == "full" else 2
+
+
+class DataParallelTime(NamedTuple):
+    """What of a stage's :class:`DataParallelSync` its compute does not hide."""
+
+    zero3_s: float
+    """Exposed ZeRO-3 traffic per micro-batch."""
+    zero3_forward_s: float
+    """Its forward share."""
+    exposed_s: float
+    """Exposed gradient / weight synchronisation after the last micro-batch, once per iteration."""
+    total_s: float
+    """All of the data-parallel traffic of an iteration, hidden or not."""
+    gradients_exposed_s: float
+    """The bucketed reduction and weight gather's share of ``exposed_s`` (all but the tied embedding)."""
+
+
+def data_parallel_time(sync: DataParallelSync, compute: StageCompute, *, layers: int, micro_batches: int,
+                       recompute: str, overlap_grad_reduce: bool) -> DataParallelTime:
+    """ZeRO-3 prefetches each layer's gathers behind the previous layer's compute; the bucketed
+    reduction overlaps (``overlap_grad_reduce``) the last micro-batch's backward, leaving
+    ``max(one bucket, total - that backward)`` exposed, and the weight gather follows the step."""
+    zero3_s = zero3_fwd = dp_exposed = dp_total = 0.0
+    if sync.zero3 is not None:
+        _, ag, _, rs = sync.zero3
+        gathers = zero3_gathers(recompute)
+        fwd_layer = compute.forward_s / layers
+        bwd_layer = (compute.backward_s + compute.recompute_s) / layers
         zero3_fwd = layers * max(0.0, ag - fwd_layer)
         zero3_s = zero3_fwd + layers * max(0.0, (gathers - 1) * ag + rs - bwd_layer)
-        fwd_comm += zero3_fwd
-        dp_total = m * layers * (gathers * ag + rs)
+        dp_total = micro_batches * layers * (gathers * ag + rs)
     else:
-        bucket = cfg.bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * lay.dp)
-        reduce_kind = "all_reduce" if cfg.zero == 0 else "reduce_scatter"
-        tot_d, last_d = _bucketed_s(pr, reduce_kind, params.dense, grad_b, lay.dp_group, bucket)
-        tot_e, last_e = _bucketed_s(pr, reduce_kind, params.expert, grad_b, lay.expert_dp_group, bucket)
-        reduce_total, last = tot_d + tot_e, max(last_d, last_e)
-        window = phase_s[BWD] + phase_s[RECOMPUTE]  # the last micro-batch's backward on this stage
-        reduce_exposed = max(last, reduce_total - window) if cfg.overlap_grad_reduce else reduce_total
-        gather_total = 0.0
-        if cfg.zero in (1, 2):
-            g_d = _bucketed_s(pr, "all_gather", params.dense, grad_b, lay.dp_group, bucket)[0]
-            g_e = _bucketed_s(pr, "all_gather", params.expert, grad_b, lay.expert_dp_group, bucket)[0]
-            gather_total = g_d + g_e
-        dp_total = reduce_total + gather_total
-        dp_exposed = min(dp_total, reduce_exposed + gather_total)
-        if dp_total and pr.keep:
-            call = Collective(reduce_kind, params.total * grad_b, lay.dp_group)
-            pr.comm_lines.append(CommLine(stage=stage, phase="dp", role="dp", call=call, count=1, time_s=dp_total,
-                                          exposed_s=dp_exposed, source=pr.comms.time_s(call, pr.device)[1] + " (bucketed)"))
-    if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
-        tied = Collective("all_reduce", padded_vocab(arch.vocab, tp) // tp * arch.hidden * grad_b,
-                          place(2, (pp - 1) * tp * cp * lay.dp, lay.cluster.gpus_per_node))
-        t = pr.collective(stage, "dp", "tied_embedding", tied, 1, 0.0)
-        dp_total += t
-        dp_exposed += t
-
-    opt_kernel = _optimizer_kernel(plan, stage)
-    opt_s, opt_src = pr.kernels.time_s(opt_kernel, pr.device)
-    if pr.keep:
-        pr.ops.append(OpLine(stage=stage, phase="optimizer", role="adam", kernel=opt_kernel, count=1, time_s=opt_s, source=opt_src))
-    return StageTime(stage=stage, forward_s=phase_s[FWD], backward_s=phase_s[BWD], recompute_s=phase_s[RECOMPUTE],
-                     tp_comm_s=comm_s["tp"], cp_comm_s=comm_s["cp"], ep_comm_s=comm_s["ep"], pp_comm_s=pp_s,
-                     zero3_comm_s=zero3_s, optimizer_s=opt_s, dp_comm_s=dp_exposed, dp_comm_total_s=dp_total,
-                     forward_comm_s=fwd_comm)
+        window = compute.backward_s + compute.recompute_s  # the last micro-batch's backward on this stage
+        reduce_exposed = (max(sync.last_bucket_s, sync.reduce_total_s - window) if overlap_grad_reduce
+                          else sync.reduce_total_s)
+        dp_total = sync.reduce_total_s + sync.gather_total_s
+        dp_exposed = min(dp_total, reduce_exposed + sync.gather_total_s)
+    gradients_exposed = dp_exposed
+    if sync.tied is not None:
+        dp_total += sync.tied_s
+        dp_exposed += sync.tied_s
+    return DataParallelTime(zero3_s, zero3_fwd, dp_exposed, dp_total, gradients_exposed)
 
 
-def _p2p_s(pr: _Pricer, stage: int, record: bool = True) -> float:
-    """Seconds of pipeline sends of one micro-batch on ``stage``: each of its v chunks sends its
-    output forward and its input gradient backward, except the very last chunk's forward and the
-    very first chunk's backward; interleaving wraps from the last stage to the first. With
-    Megatron's scatter/gather optimisation (or SP) each message is 1/tp of the activation; a
-    boundary between ranks on different nodes goes over the NIC."""
-    plan = pr.plan
-    lay, cfg = plan.layout, plan.layout.cfg
-    pp, v = cfg.pp, cfg.virtual_stages
+def p2p_message_bytes(arch: ArchSpec, *, micro_batch: int, seq: int, cp: int, tp: int, precision: str) -> int:
+    """Bytes of one pipeline message: a micro-batch's activation, 1/tp of it with Megatron's
+    scatter/gather optimisation (or SP)."""
+    return micro_batch * (seq // cp) * arch.hidden * dtype_bytes(activation_dtype(precision)) // tp
+
+
+def pipeline_sends(*, stage: int, pp: int, virtual_stages: int, message_bytes: int, stride: int,
+                   gpus_per_node: int) -> tuple[tuple[Collective, int], ...]:
+    """(send, count per micro-batch) of ``stage``: each of its v chunks sends its output forward and
+    its input gradient backward, except the very last chunk's forward and the very first chunk's
+    backward; interleaving wraps from the last stage to the first. A boundary between ranks
+    (``stride`` apart per stage) on different nodes goes over the NIC."""
     if pp == 1:
-        return 0.0
-    act = cfg.micro_batch * (cfg.seq // cfg.cp) * plan.arch.hidden * dtype_bytes(precision_of(cfg.precision).act) // cfg.tp
-    stride, g = cfg.tp * cfg.cp * lay.dp, lay.cluster.gpus_per_node
-    total = 0.0
+        return ()
+    v, g = virtual_stages, gpus_per_node
+    out = []
     for target, sends in (((stage + 1) % pp, v - (stage == pp - 1)), ((stage - 1) % pp, v - (stage == 0))):
         if sends <= 0:
             continue
         same_node = (stage * stride) // g == (target * stride) // g
-        call = Collective("send_recv", act, Group(2, 1, 2) if same_node else Group(2, 2, 1))
-        t = pr.comms.time_s(call, pr.device)[0]
-        total += sends * t
-        if record:
-            pr.collective(stage, "pipeline", "pp", call, sends * lay.micro_batches, sends * t * lay.micro_batches)
+        out.append((Collective("send_recv", message_bytes, Group(2, 1, 2) if same_node else Group(2, 2, 1)), sends))
+    return tuple(out)
+
+
+def pipeline_send_s(comms: CollectiveCostModel, device: DeviceSpec, sends: Iterable[tuple[Collective, int]]) -> float:
+    """Seconds of a stage's pipeline sends per micro-batch."""
+    total = 0.0
+    for call, n in sends:
+        total += n * comms.time_s(call, device)[0]
     return total
+
+
+def optimizer_numel(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int) -> int:
+    """Parameters one rank's Adam step updates: its stage's, divided over the dp x cp ranks (the
+    experts' over dp x cp / ep) from ZeRO 1 on."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
+    n_d = dp * cp
+    numel = params.dense / (n_d if zero >= 1 else 1) + params.expert / (max(1, n_d // ep) if zero >= 1 else 1)
+    return max(1, int(round(numel)))
+
+
+def optimizer_kernel(numel: int) -> Kernel:
+    """One fused Adam step over ``numel`` fp32 parameters."""
+    return kernel("optimizer", {"numel": numel}, "fp32", "fwd", False)
+
+
+def stage_time(stage: int, compute: StageCompute, dp: DataParallelTime, *, pp_comm_s: float,
+               optimizer_s: float) -> StageTime:
+    """A priced stage from its terms."""
+    return StageTime(stage=stage, forward_s=compute.forward_s, backward_s=compute.backward_s,
+                     recompute_s=compute.recompute_s, tp_comm_s=compute.tp_comm_s, cp_comm_s=compute.cp_comm_s,
+                     ep_comm_s=compute.ep_comm_s, pp_comm_s=pp_comm_s, zero3_comm_s=dp.zero3_s, optimizer_s=optimizer_s,
+                     dp_comm_s=dp.exposed_s, dp_comm_total_s=dp.total_s,
+                     forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s)
+
+
+def compose_iteration(stage_s: Sequence[float], tails_s: Sequence[float], micro_batches: int,
+                      virtual_stages: int) -> tuple[PipelineTime, int, float]:
+    """(pipeline, index of the slowest tail, iteration seconds) from every stage's seconds per
+    micro-batch and the stages' tails: the pipeline (:func:`~opcast.predict.schedule.pipeline_time`)
+    plus the slowest optimizer step and exposed data-parallel synchronisation."""
+    pipe = pipeline_time(stage_s, micro_batches, virtual_stages)
+    tail = max(range(len(tails_s)), key=tails_s.__getitem__)
+    return pipe, tail, pipe.time_s + tails_s[tail]
+
+
+def tokens_per_s(global_batch: int, seq: int, iteration_s: float) -> float:
+    """Training throughput: the tokens of an iteration over its seconds."""
+    return global_batch * seq / iteration_s
+
+
+def flops_utilisation(flops: float, iteration_s: float, world: int, peak_flops: float) -> float:
+    """MFU (model FLOPs) or HFU (with recomputation): FLOPs over iteration time x GPUs x dense peak."""
+    return flops / (iteration_s * world * peak_flops)
+
+
+def dense_peak_flops(device: DeviceSpec, precision: str, tensor_cores: bool | None = None) -> float:
+    """The peak MFU is measured against: the GEMMs' (tensor-core unless fp32 without TF32)."""
+    return device.peak_flops(precision, tensor_cores=precision_of(precision, tensor_cores).peak_tensor_cores())
+
+
+def model_flops(arch: ArchSpec, *, seq: int, global_batch: int, precision: str, attention: str, recompute: str,
+                tensor_cores: bool | None = None) -> tuple[float, float]:
+    """(model FLOPs, recompute FLOPs) of one iteration on all GPUs, from the unsharded graph."""
+    prec = precision_of(precision, tensor_cores)
+    block = train_block(arch, tp=1, batch=1, seq=seq, sp=False, cp=1, ep=1, attention=attention, recompute=recompute,
+                        prec=prec)
+    extras = train_extras(arch, tp=1, batch=1, seq=seq, sp=False, cp=1, first=True, last=True, prec=prec)
+    per_seq = arch.n_layers * graph_flops(block) + graph_flops(extras)
+    rec = arch.n_layers * graph_flops(block, (RECOMPUTE,))
+    return per_seq * global_batch, rec * global_batch
+
+
+# --------------------------------------------------------------------------- pricing a plan
+
+class _Pricer:
+    """Prices one plan's stages with the cost terms above, remembering lines for the report."""
+
+    def __init__(self, plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostModel, keep_lines: bool) -> None:
+        self.plan, self.kernels, self.comms, self.keep = plan, kernels, comms, keep_lines
+        self.device = plan.device
+        self.table: Mapping[Kernel, tuple[float, str]] = {}
+        self.ops: list[OpLine] = []
+        self.comm_lines: list[CommLine] = []
+
+    def graph_costs(self, graph: Graph, groups: Mapping[str, Group], stage: int, repeat: int) -> dict[str, PhaseCost]:
+        """Phase -> cost of one copy of ``graph``, recording its lines (``repeat`` copies per micro-batch)."""
+        m = self.plan.layout.micro_batches
+        out = {}
+        for phase in (FWD, BWD, RECOMPUTE):
+            klines: list[KernelLine] | None = [] if self.keep else None
+            clines: list[CommDetail] | None = [] if self.keep else None
+            out[phase] = phase_cost(graph, phase, groups, self.table, self.comms, self.device, klines, clines)
+            for n, t, src in klines or ():
+                self.ops.append(OpLine(stage=stage, phase=phase, role=n.role, kernel=n.kernel,
+                                       count=n.count * repeat * m, time_s=t, source=src))
+            for c, call, t, src, exposed in clines or ():
+                self.comm_lines.append(CommLine(stage=stage, phase=phase, role=c.role, call=call,
+                                                count=c.count * repeat * m, time_s=t, exposed_s=exposed * repeat * m,
+                                                source=src))
+        return out
+
+    def collective(self, stage: int, phase: str, role: str, call: Collective, count: float, exposed_s: float) -> None:
+        if self.keep and call.group.size > 1:
+            t, src = self.comms.time_s(call, self.device)
+            self.comm_lines.append(CommLine(stage=stage, phase=phase, role=role, call=call, count=count, time_s=t,
+                                            exposed_s=exposed_s, source=src))
+
+    def p2p_s(self, stage: int, record: bool = True) -> float:
+        """Seconds of pipeline sends of one micro-batch on ``stage`` (:func:`pipeline_sends`)."""
+        plan = self.plan
+        lay, cfg = plan.layout, plan.layout.cfg
+        act = p2p_message_bytes(plan.arch, micro_batch=cfg.micro_batch, seq=cfg.seq, cp=cfg.cp, tp=cfg.tp,
+                                precision=cfg.precision)
+        sends = pipeline_sends(stage=stage, pp=cfg.pp, virtual_stages=cfg.virtual_stages, message_bytes=act,
+                               stride=cfg.tp * cfg.cp * lay.dp, gpus_per_node=lay.cluster.gpus_per_node)
+        if record:
+            for call, n in sends:
+                t = self.comms.time_s(call, self.device)[0]
+                self.collective(stage, "pipeline", "pp", call, n * lay.micro_batches, n * t * lay.micro_batches)
+        return pipeline_send_s(self.comms, self.device, sends)
+
+    def stage(self, stage: int) -> StageTime:
+        plan = self.plan
+        arch, lay, cfg = plan.arch, plan.layout, plan.layout.cfg
+        m = lay.micro_batches
+        block, extras = _graphs(plan, stage)
+        layers = arch.n_layers // cfg.pp
+        groups = graph_groups(lay.tp_group, lay.cp_group, lay.ep_group)
+        compute = stage_compute(((self.graph_costs(block, groups, stage, layers), layers),
+                                 (self.graph_costs(extras, groups, stage, 1), 1)))
+        pp_s = self.p2p_s(stage)
+        grad_b = dtype_bytes(lay.act_dtype)
+        sync = data_parallel_sync(arch, self.device, self.comms, stage=stage, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp,
+                                  ep=cfg.ep, dp=lay.dp, zero=cfg.zero, gpus_per_node=lay.cluster.gpus_per_node,
+                                  grad_bytes=grad_b, bucket_params=cfg.bucket_params)
+        dp = data_parallel_time(sync, compute, layers=layers, micro_batches=m, recompute=cfg.recompute,
+                                overlap_grad_reduce=cfg.overlap_grad_reduce)
+        if sync.zero3 is not None:
+            ag, _, rs, _ = sync.zero3
+            self.collective(stage, "zero3", "dp", ag, zero3_gathers(cfg.recompute) * layers * m, 0.0)
+            self.collective(stage, "zero3", "dp", rs, layers * m, 0.0)
+        else:
+            bucketed = sync.reduce_total_s + sync.gather_total_s
+            if bucketed and self.keep and sync.reduce is not None:
+                self.comm_lines.append(CommLine(stage=stage, phase="dp", role="dp", call=sync.reduce, count=1,
+                                                time_s=bucketed, exposed_s=dp.gradients_exposed_s,
+                                                source=self.comms.time_s(sync.reduce, self.device)[1] + " (bucketed)"))
+        if sync.tied is not None:
+            self.collective(stage, "dp", "tied_embedding", sync.tied, 1, 0.0)
+        opt_kernel = optimizer_kernel(optimizer_numel(arch, stage=stage, tp=cfg.tp, pp=cfg.pp, dp=lay.dp, cp=cfg.cp,
+                                                      ep=cfg.ep, zero=cfg.zero))
+        opt_s, opt_src = self.table[opt_kernel]
+        if self.keep:
+            self.ops.append(OpLine(stage=stage, phase="optimizer", role="adam", kernel=opt_kernel, count=1,
+                                   time_s=opt_s, source=opt_src))
+        return stage_time(stage, compute, dp, pp_comm_s=pp_s, optimizer_s=opt_s)
 
 
 def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
@@ -358,23 +595,9 @@ def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
 
 
 def _optimizer_kernel(plan: TrainPlan, stage: int) -> Kernel:
-    """One fused Adam step over the parameters this rank updates (its ZeRO shard)."""
     lay, cfg = plan.layout, plan.layout.cfg
-    params = stage_params(plan.arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=stage)
-    n_d = lay.dp * cfg.cp
-    numel = params.dense / (n_d if cfg.zero >= 1 else 1) + params.expert / (max(1, n_d // cfg.ep) if cfg.zero >= 1 else 1)
-    return kernel("optimizer", {"numel": max(1, int(round(numel)))}, "fp32", "fwd", False)
-
-
-def _model_flops(arch: ArchSpec, cfg: TrainConfig) -> tuple[float, float]:
-    """(model FLOPs, recompute FLOPs) of one iteration on all GPUs, from the unsharded graph."""
-    prec = precision_of(cfg.precision, cfg.tensor_cores)
-    block = train_block(arch, tp=1, batch=1, seq=cfg.seq, sp=False, cp=1, ep=1, attention=cfg.attention,
-                        recompute=cfg.recompute, prec=prec)
-    extras = train_extras(arch, tp=1, batch=1, seq=cfg.seq, sp=False, cp=1, first=True, last=True, prec=prec)
-    per_seq = arch.n_layers * graph_flops(block) + graph_flops(extras)
-    rec = arch.n_layers * graph_flops(block, (RECOMPUTE,))
-    return per_seq * cfg.global_batch, rec * cfg.global_batch
+    return optimizer_kernel(optimizer_numel(plan.arch, stage=stage, tp=cfg.tp, pp=cfg.pp, dp=lay.dp, cp=cfg.cp,
+                                            ep=cfg.ep, zero=cfg.zero))
 
 
 def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostModel | None = None, *,
@@ -389,23 +612,26 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
     for s in plan.stage_kinds:
         for graph in _graphs(plan, s):
             wanted += [n.kernel for nodes in graph.nodes.values() for n in nodes]
-    kernels.lookup(wanted, device)
-    priced = {s: _stage_time(pr, s) for s in plan.stage_kinds}
+    pr.table = kernels.lookup(wanted, device)
+    priced = {s: pr.stage(s) for s in plan.stage_kinds}
     pp = cfg.pp
-    stages = tuple(priced.get(s) or _replace(priced[1], stage=s, pp_comm_s=_p2p_s(pr, s, record=False)) for s in range(pp))
-    pipe = pipeline_time([st.per_micro_batch_s for st in stages], lay.micro_batches, cfg.virtual_stages)
-    crit = stages[pipe.critical_stage]
-    tail = max(stages, key=lambda st: st.tail_s)
+    stages = tuple(priced[s] if s in priced
+                   else _replace(priced[stage_kind(s, pp)], stage=s, pp_comm_s=pr.p2p_s(s, record=False))
+                   for s in range(pp))
     m = lay.micro_batches
+    pipe, tail_stage, iteration = compose_iteration([st.per_micro_batch_s for st in stages],
+                                                    [st.tail_s for st in stages], m, cfg.virtual_stages)
+    crit = stages[pipe.critical_stage]
+    tail = stages[tail_stage]
     breakdown = {
         "forward": m * crit.forward_s, "backward": m * crit.backward_s, "recompute": m * crit.recompute_s,
         "optimizer": tail.optimizer_s, "tp_comm": m * crit.tp_comm_s, "cp_comm": m * crit.cp_comm_s,
         "ep_comm": m * crit.ep_comm_s, "pp_comm": m * crit.pp_comm_s,
         "dp_comm_exposed": tail.dp_comm_s + m * crit.zero3_comm_s, "pipeline_bubble": pipe.bubble_s,
     }
-    iteration = pipe.time_s + tail.tail_s
-    model_flops, rec_flops = _model_flops(arch, cfg)
-    peak = device.peak_flops(cfg.precision, tensor_cores=precision_of(cfg.precision, cfg.tensor_cores).peak_tensor_cores())
+    flops, rec_flops = model_flops(arch, seq=cfg.seq, global_batch=cfg.global_batch, precision=cfg.precision,
+                                   attention=cfg.attention, recompute=cfg.recompute, tensor_cores=cfg.tensor_cores)
+    peak = dense_peak_flops(device, cfg.precision, cfg.tensor_cores)
     world = lay.world_size
     memory = _train_memory(arch, lay)
     ops = tuple(pr.ops)
@@ -413,8 +639,9 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
     interval = _interval(plan, kernels, ops, pipe, crit, tail, iteration, coverage, interval_mode) if details else None
     result = TrainResult(
         arch=arch, device=device, config=cfg, feasible=True, layout=lay, iteration_time_s=iteration,
-        tokens_per_s=cfg.global_batch * cfg.seq / iteration, mfu=model_flops / (iteration * world * peak),
-        hfu=(model_flops + rec_flops) / (iteration * world * peak), model_flops=model_flops,
+        tokens_per_s=tokens_per_s(cfg.global_batch, cfg.seq, iteration),
+        mfu=flops_utilisation(flops, iteration, world, peak),
+        hfu=flops_utilisation(flops + rec_flops, iteration, world, peak), model_flops=flops,
         breakdown_s=breakdown, stages=stages, memory=memory, ops=ops, comms=tuple(pr.comm_lines), cost_sources=sources,
         interval=interval)
     reason = overflow_reason(result.worst_memory, device, _MEMORY_FIX)

@@ -7,9 +7,12 @@ import pytest
 
 from opcast.archs import load_arch, padded_vocab
 from opcast.predict.memory import (
+    activation_dtype,
+    fullest_stages,
     in_flight_layers,
     kv_cache_bytes,
     layer_activation_bytes,
+    model_state_bytes,
     stage_params,
     train_memory,
 )
@@ -109,3 +112,40 @@ def test_zero_stages_shrink_memory_monotonically():
 def test_kv_cache_bytes():
     arch = load_arch("llama2-70b")  # 80 layers, 8 kv heads of 128
     assert kv_cache_bytes(arch, tp=8, pp=1, batch=4, tokens=1000, dtype="bf16") == 2 * 4 * 1000 * 1 * 128 * 2 * 80
+
+
+@pytest.mark.parametrize("arch, kw", [
+    (GPT175, dict(tp=8, pp=8, dp=2, cp=1, ep=1, sp=True, micro_batch=1, seq=2048, micro_batches=16, virtual_stages=3,
+                  zero=1, precision="bf16", attention="flash", recompute="selective")),  # dropout, tied
+    (load_arch("mixtral-8x7b"), dict(tp=2, pp=4, dp=4, cp=1, ep=4, sp=False, micro_batch=2, seq=4096, micro_batches=2,
+                                     virtual_stages=1, zero=2, precision="fp8", attention="eager", recompute="full")),
+    (load_arch("llama2-7b"), dict(tp=1, pp=4, dp=1, cp=2, ep=1, sp=False, micro_batch=1, seq=8192, micro_batches=64,
+                                  virtual_stages=1, zero=0, precision="fp32", attention="flash", recompute="none")),
+], ids=["gpt-interleaved", "moe-fp8-full", "cp-fp32"])
+def test_the_fullest_stage_is_the_first_or_the_last(arch, kw):
+    """The search sizes only fullest_stages(pp); every other stage holds less."""
+    pp = kw["pp"]
+    totals = [train_memory(arch, stage=s, **kw).total_bytes for s in range(pp)]
+    assert max(totals) == max(totals[s] for s in fullest_stages(pp))
+    assert all(totals[s] <= totals[0] for s in range(1, pp - 1))
+
+
+def test_memory_total_is_the_sum_of_its_terms():
+    m = train_memory(GPT175, stage=0, tp=8, pp=2, dp=4, cp=1, ep=1, sp=True, micro_batch=1, seq=2048, micro_batches=8,
+                     virtual_stages=1, zero=1, precision="bf16", attention="flash", recompute="full")
+    w, g, o, gather = model_state_bytes(GPT175, stage=0, tp=8, pp=2, dp=4, cp=1, ep=1, zero=1, precision="bf16")
+    assert (m.weights_bytes, m.gradients_bytes, m.optimizer_states_bytes, m.zero3_gather_bytes) == (w, g, o, gather)
+    assert o == pytest.approx(12 * stage_params(GPT175, tp=8, pp=2, stage=0).total / 4, rel=1e-15)  # ZeRO-1
+    assert m.total_bytes == sum(m.breakdown().values())
+    assert m.activation_working_set_bytes > 0  # full recomputation rebuilds one layer
+
+
+def test_fp8_trains_with_bf16_activations_everywhere():
+    from opcast.hardware import get_device
+    from opcast.predict.graph import precision_of
+    from opcast.predict.parallel import TrainConfig, validate_train
+
+    assert activation_dtype("fp8") == "bf16" and activation_dtype("fp16") == "fp16"
+    assert precision_of("fp8").act == "bf16" and precision_of("fp8").matrix == "fp8"
+    layout, reasons = validate_train(load_arch("llama2-7b"), get_device("H100-SXM"), TrainConfig(precision="fp8"))
+    assert layout is not None and layout.act_dtype == "bf16", reasons

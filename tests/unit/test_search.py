@@ -38,7 +38,7 @@ def _key(tp, pp, cp, ep, sp, zero, mb, rc, v):
 
 def _first_reason(arch, space, nodes, g, tp, pp, cp, ep, sp, zero, mb, rc, sched, v) -> str | None:
     """The documented check order (search.REASONS), one configuration at a time, without memory."""
-    L, seq, GB = arch.n_layers, space.seq, space.global_batch
+    L, seq = arch.n_layers, space.seq
     dp = nodes * g // (tp * pp * cp)
     if space.max_tp is not None and tp > space.max_tp:
         return "max_tp"
@@ -234,3 +234,37 @@ def test_search_imports_neither_torch_nor_xgboost():
     code = "import sys, opcast.predict.search, opcast.predict.search_cli; print(sorted(m for m in ('torch', 'xgboost') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_disagreement_with_run_train_is_an_internal_error_not_a_user_error(monkeypatch):
+    """Were the search to keep a configuration run_train finds infeasible, that is a bug in opcast:
+    RuntimeError (the CLI's exit 1, "internal error"), never an OpcastError blaming the input."""
+    from opcast.predict import training
+    from opcast.predict.training import TrainResult
+
+    def infeasible(arch, device, cfg, **kw):
+        return TrainResult(arch=arch, device=device, config=cfg, feasible=False, reasons=("disagrees",))
+
+    monkeypatch.setattr(training, "predict_train", infeasible)
+    with pytest.raises(RuntimeError, match="internal: search kept a configuration run_train finds infeasible") as err:
+        S.search(TINY_GPT, H100, S.SearchSpace(gpus=2, global_batch=4, seq=1024), top=1, workers=1)
+    assert not isinstance(err.value, OpcastError)
+
+
+def test_the_search_reuses_the_cost_model_instead_of_mirroring_it():
+    """One cost model: search.py imports no private name of another module, needs no type: ignore
+    for stand-ins, and defines none of the terms it composes (they live in memory.py and training.py)."""
+    import ast
+    from pathlib import Path
+
+    source = Path(S.__file__).read_text()
+    tree = ast.parse(source)
+    private = [f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and (node.module or "").startswith("opcast") for a in node.names if a.name.startswith("_")]
+    assert private == []
+    assert "type: ignore" not in source
+    defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    for term in ("train_memory", "model_state_bytes", "stage_activation_bytes", "stage_total_bytes", "stage_compute",
+                 "data_parallel_sync", "data_parallel_time", "bucketed_s", "pipeline_sends", "optimizer_numel",
+                 "compose_iteration", "micro_batch_s", "_Memory", "_Composer", "_optimizer_numel", "_stage_kinds"):
+        assert term not in defined, term
