@@ -1,7 +1,9 @@
-"""What every CLI command shares: consoles, tables and the progress bar."""
+"""What every CLI command shares: consoles, tables, JSON output and the progress bar."""
 
 from __future__ import annotations
 
+import json
+import sys
 from contextlib import contextmanager
 from collections.abc import Iterator
 from typing import Any
@@ -11,6 +13,14 @@ from rich.table import Table
 
 console = Console(width=None if Console().is_terminal else 160)  # wide tables in logs and pipes
 err_console = Console(stderr=True)
+
+
+def print_json(doc: Any) -> None:
+    """``doc`` as an indented JSON document on stdout (the ``--json`` of every command): plain
+    text, byte for byte what rich's ``print_json`` writes to a pipe, without its highlighting
+    (0.4 s for the 90 KB document of a training prediction). Values JSON does not know
+    (numpy scalars) are written as floats."""
+    sys.stdout.write(json.dumps(doc, indent=2, default=float, ensure_ascii=False) + "\n")
 
 
 def print_frame(frame: Any, *, title: str | None = None) -> None:
