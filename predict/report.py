@@ -1,4 +1,6 @@
-"""Results as JSON, rich summaries, Chrome/Perfetto traces and breakdown charts.
+"""Results as JSON, rich summaries, Chrome/Perfetto traces and charts: the presentation of every
+prediction command (``predict kernel|train|infer``, ``search``, ``explore``, ``compare``) in one
+place, with one way to write seconds (:func:`fmt_s`) and non-finite numbers (:func:`finite`).
 
 Every op line carries its roofline bottleneck on the device (:func:`opcast.predict.cost.bottleneck`:
 compute- or memory-bound, arithmetic intensity against the ridge point, the fraction of the peak
@@ -34,14 +36,15 @@ def _kernel_dict(k) -> dict[str, Any]:
             "tensor_cores": k.tensor_cores}
 
 
-def _finite(x: float) -> float | None:
+def finite(x: float) -> float | None:
+    """``x``, or None (JSON null) when it is not finite."""
     return x if math.isfinite(x) else None
 
 
 def op_bottleneck(k: Kernel, time_s: float, device, kernels: KernelCostModel | None = None) -> dict[str, Any]:
     """The per-op bottleneck keys of the JSON documents."""
     b = bottleneck(k, device, time_s, kernels.roofline if kernels is not None else None)
-    return {"roofline_bound": b.bound, "arithmetic_intensity_flop_per_byte": _finite(b.intensity),
+    return {"roofline_bound": b.bound, "arithmetic_intensity_flop_per_byte": finite(b.intensity),
             "ridge_flop_per_byte": b.ridge, "compute_utilisation": b.compute_utilisation,
             "memory_bw_utilisation": b.memory_utilisation,
             "out_of_range": kernels.range_flag(k, device) if kernels is not None else None}
@@ -160,9 +163,15 @@ def to_json(doc: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- rich
 
-def _fmt_s(t: float) -> str:
+def fmt_s(t: float | None, *, short: bool = False) -> str:
+    """Seconds for reading: ``1.234 s`` from one second up; below, ``12.345 ms`` down to a
+    millisecond, then ``123.4 us``; ``short`` (table columns): ``12.3 ms`` all the way down; None: ``-``."""
+    if t is None:
+        return "-"
     if t >= 1:
         return f"{t:.3f} s"
+    if short:
+        return f"{t * 1e3:.1f} ms"
     if t >= 1e-3:
         return f"{t * 1e3:.3f} ms"
     return f"{t * 1e6:.1f} us"
@@ -198,7 +207,7 @@ def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None)
                   f"recompute {cfg.recompute}, zero {cfg.zero}, {cfg.precision}, {cfg.attention} attention, {cfg.schedule}"
                   + (f" v={cfg.virtual_stages}" if cfg.schedule == "interleaved" else ""))
     span = r.iteration_time_interval_s
-    console.print(f"iteration [bold]{_fmt_s(r.iteration_time_s)}[/]" + (escape(f" [{_fmt_s(span[0])}, {_fmt_s(span[1])}]") if span else "")
+    console.print(f"iteration [bold]{fmt_s(r.iteration_time_s)}[/]" + (escape(f" [{fmt_s(span[0])}, {fmt_s(span[1])}]") if span else "")
                   + f"   {r.tokens_per_s:,.0f} tokens/s   MFU [bold]{100 * r.mfu:.1f} %[/] (HFU {100 * r.hfu:.1f} %)")
     if r.interval is not None:
         console.print(f"  interval: {escape(r.interval.assumption())}", style="dim")
@@ -228,7 +237,7 @@ def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None)
     for o in top:
         b = op_bottleneck(o.kernel, o.time_s, r.device, kernels)
         util = b["compute_utilisation"] if b["roofline_bound"] == "compute" else b["memory_bw_utilisation"]
-        ops.add_row(str(o.stage), o.phase, o.role, o.kernel.kind, f"{o.count:g}", _fmt_s(o.count * o.time_s),
+        ops.add_row(str(o.stage), o.phase, o.role, o.kernel.kind, f"{o.count:g}", fmt_s(o.count * o.time_s),
                     b["roofline_bound"], f"{100 * util:.0f} %", o.source + (" (out of range)" if b["out_of_range"] else ""))
     console.print(ops)
     src = r.cost_sources
@@ -244,10 +253,10 @@ def print_infer(r: InferResult, console, kernels: KernelCostModel | None = None)
     assert r.memory is not None
     console.print(f"[bold]{escape(r.arch.name)}[/] on {cfg.tp * cfg.pp} x {escape(r.device.name)}: tp {cfg.tp}, pp {cfg.pp}; "
                   f"batch {cfg.batch}, prompt {cfg.prompt_len}, generate {cfg.gen_len}; {cfg.precision}, {cfg.attention}")
-    console.print(f"time to first token [bold]{_fmt_s(r.ttft_s)}[/]   time per output token [bold]{_fmt_s(r.tpot_s)}[/]   "
-                  f"total {_fmt_s(r.total_latency_s)}   {r.tokens_per_s:,.0f} tokens/s")
+    console.print(f"time to first token [bold]{fmt_s(r.ttft_s)}[/]   time per output token [bold]{fmt_s(r.tpot_s)}[/]   "
+                  f"total {fmt_s(r.total_latency_s)}   {r.tokens_per_s:,.0f} tokens/s")
     for phase, parts in r.breakdown_s.items():
-        console.print(f"  {phase}: " + ", ".join(f"{k} {_fmt_s(v)}" for k, v in parts.items()))
+        console.print(f"  {phase}: " + ", ".join(f"{k} {fmt_s(v)}" for k, v in parts.items()))
     console.print(f"memory per GPU {r.memory.total_bytes / GIB:.2f} GiB of {r.device.mem_bytes / GIB:.0f} GiB "
                   f"({', '.join(f'{k} {v / GIB:.2f}' for k, v in r.memory.breakdown().items())}) -> "
                   f"{'fits' if r.fits else 'DOES NOT FIT'}; KV cache {r.kv_cache_bytes / GIB:.3f} GiB")
@@ -266,7 +275,7 @@ def print_infer(r: InferResult, console, kernels: KernelCostModel | None = None)
             util = g["compute_utilisation"] if g["roofline_bound"] == "compute" else g["memory_bw_utilisation"]
             table.add_row(g["role"], f"{g['m']} x {g['n']} x {g['k']}" + (f" (batch {g['b']})" if g["b"] > 1 else ""),
                           f"{g['arithmetic_intensity_flop_per_byte']:.1f}", g["roofline_bound"], f"{100 * util:.0f} %",
-                          _fmt_s(g["time_s"]), g["source"] + (" (out of range)" if g["out_of_range"] else ""))
+                          fmt_s(g["time_s"]), g["source"] + (" (out of range)" if g["out_of_range"] else ""))
         console.print(table)
     console.print(f"kernel costs: {r.cost_sources.get('unique_kernels_by_source')}")
     _range_lines(console, r.device, kernels, (infer_kernel(r, line) for line in r.ops))
@@ -345,5 +354,256 @@ def write_plot(r: TrainResult, path: str | Path) -> Path:
     ax_m.set_xlabel("GiB per GPU")
     ax_m.set_title(f"memory, stage {worst.stage}")
     ax_m.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+# --------------------------------------------------------------------------- kernel
+
+def print_kernel(doc: dict[str, Any], console) -> None:
+    """The ``predict kernel`` document in a few lines: time, interval, roofline position, flags."""
+    seconds, span = doc["time_s"], doc.get("time_s_interval")
+    console.print(f"[bold]{doc['op']}[/] {escape(str(doc['params']))} on {escape(doc['gpu'])}: [bold]{seconds * 1e6:.2f} us[/] "
+                  + (escape(f"[{span[0] * 1e6:.2f}, {span[1] * 1e6:.2f}] ") if span else "") + f"({doc['source']})")
+    if span:
+        console.print(f"  90 % interval from the {escape(doc['interval_basis'])}")
+    if "roofline_bound" in doc:
+        util = doc["compute_utilisation"] if doc["roofline_bound"] == "compute" else doc["memory_bw_utilisation"]
+        console.print(f"  {doc['flops']:.4g} FLOP, {doc['bytes']:.4g} bytes; roofline {doc['roofline_time_s'] * 1e6:.2f} us, "
+                      f"{doc['roofline_bound']}-bound (intensity {doc['arithmetic_intensity_flop_per_byte'] or 0:.3g} vs ridge "
+                      f"{doc['ridge_flop_per_byte']:.3g} FLOP/byte); the prediction uses {100 * util:.0f} % of the "
+                      f"{'peak' if doc['roofline_bound'] == 'compute' else 'memory bandwidth'}")
+        if doc["out_of_range"]:
+            console.print(f"  warning: {doc['out_of_range']}", style="yellow", markup=False, highlight=False)
+        for note in doc["notes"]:
+            console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+
+
+# --------------------------------------------------------------------------- search
+
+def print_search(result, console, price: float | None) -> None:
+    """The ranked table of a search, what was pruned and why, and where the search spent its time."""
+    from rich.table import Table
+
+    from opcast.predict.search import REASONS, describe_config, main_cost
+
+    space = result.space
+    worlds = ", ".join(f"{n * g} ({n} x {g})" for n, g in result.worlds)
+    console.print(f"[bold]{result.arch.name}[/] on {result.device.name}: GPUs {worlds}; global batch "
+                  f"{space.global_batch} x {space.seq} tokens, {space.precision}, {space.attention} attention; "
+                  f"objective [bold]{space.objective}[/]; memory limit {result.memory_limit_bytes / 2**30:.1f} GiB per GPU")
+    table = Table(title=f"top {len(result.top)} of {result.predicted:,} feasible configurations")
+    cols = ["#", "configuration", "GPUs", "m", "tokens/s", "iteration", "MFU", "mem GiB", "GPU-h / 1M tok"]
+    if price is not None:
+        cols.append("$ / 1M tok")
+    cols.append("main cost (largest overhead)")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("configuration", "main cost (largest overhead)") else "right")
+    for rank, (c, r) in enumerate(zip(result.candidates, result.top), start=1):
+        big, big_share, over, over_share = main_cost(r)
+        gpu_h = c.gpu_s_per_token * 1e6 / 3600
+        row = [str(rank), describe_config(c), str(c.world_size), str(c.micro_batches), f"{r.tokens_per_s:,.0f}",
+               fmt_s(r.iteration_time_s, short=True), f"{100 * r.mfu:.1f} %", f"{r.worst_memory.total_bytes / 2**30:.1f}",
+               f"{gpu_h:.3g}"]
+        if price is not None:
+            row.append(f"{gpu_h * price:.3g}")
+        row.append(f"{big} {100 * big_share:.0f} % ({over} {100 * over_share:.0f} %)")
+        table.add_row(*row)
+    console.print(table)
+    total = result.total_s
+    console.print(f"considered {result.considered:,} configurations, pruned {sum(result.pruned.values()):,}, "
+                  f"predicted {result.predicted:,} in {total:.2f} s ({result.considered / total:,.0f} configurations/s, "
+                  f"{result.predicted / total:,.0f} predicted/s; {result.workers} process(es))")
+    for key, n in sorted(result.pruned.items(), key=lambda kv: -kv[1]):
+        console.print(f"  pruned {n:>12,}  {REASONS[key]}")
+    console.print(f"  {result.unique_graphs:,} distinct op graphs, {result.unique_kernels:,} distinct kernels "
+                  f"{result.kernels_by_source}; stages " + ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items()))
+    for note in result.cost_sources.get("notes", []):
+        console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+    if result.max_recheck_rel_diff > 1e-9:
+        console.print(f"  warning: the search and run_train differ by {result.max_recheck_rel_diff:.2e} on the top "
+                      "configurations (the table shows run_train's figures)", style="yellow")
+
+
+# --------------------------------------------------------------------------- explore and compare
+
+_SPLIT_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:gray")
+"""Chart colours of :data:`opcast.predict.whatif.SPLIT_PARTS`, in order."""
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f} %" if math.isfinite(x) else "-"
+
+
+def num(x: float, fmt: str = ".4g") -> str:
+    return format(x, fmt) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+
+
+def records(frame) -> list[dict[str, Any]]:
+    """A frame's rows with NaN as null (strict JSON)."""
+    return [{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+            for row in frame.to_dict("records")]
+
+
+def describe_workload(w) -> str:
+    """One line naming a what-if workload's arch and configuration."""
+    c = w.config
+    if w.kind == "train":
+        return (f"{w.arch.name} training: tp {c.tp}, pp {c.pp}, dp {c.dp or 'auto'}, cp {c.cp}, ep {c.ep}{', sp' if c.sp else ''}; "
+                f"micro-batch {c.micro_batch}, global batch {c.global_batch or 'auto'} x {c.seq} tokens; recompute "
+                f"{c.recompute}, zero {c.zero}, {c.precision}")
+    return (f"{w.arch.name} inference: tp {c.tp}, pp {c.pp}; batch {c.batch}, prompt {c.prompt_len}, generate "
+            f"{c.gen_len}; {c.precision}")
+
+
+def explore_to_dict(result, frame, kernels: KernelCostModel) -> dict[str, Any]:
+    """The ``explore --json`` document: every grid point's row, the grid and the cost sources."""
+    w = result.workload
+    return {"workload": describe_workload(w), "kind": w.kind, "base_gpu": result.base.device.name,
+            "metric": w.metric, "base_time_s": result.base.time_s, "vary": {k: list(v) for k, v in result.vary.items()},
+            "grid_shape": [len(v) for v in result.vary.values()], "columns": list(frame.columns), "points": records(frame),
+            "cost_sources": kernels.describe(), "notes": list(result.notes)}
+
+
+def print_explore(result, frame, console) -> None:
+    from rich.table import Table
+
+    from opcast.predict.whatif import SPLIT_PARTS
+
+    w = result.workload
+    console.print(f"[bold]{escape(describe_workload(w))}[/]")
+    console.print(f"base {escape(result.base.device.name)}: {w.metric.removesuffix('_s').replace('_', ' ')} "
+                  f"{num(result.base.time_s)} s; {len(frame)} point(s) of {' x '.join(str(len(v)) for v in result.vary.values())}")
+    table = Table(title="speed-up over the base and where the time goes at each point")
+    factor_cols = [c for c in frame.columns if c.startswith("x_")]
+    for c in factor_cols:
+        table.add_column(c.removeprefix("x_"), justify="right")
+    heads = [w.metric.removesuffix("_s") + " (s)", "speed-up"] + (["ttft x", "tpot x"] if w.kind == "infer" else [])
+    for c in (*heads, "compute", "memory", "comm", "bubble", "fits", "flags"):
+        table.add_column(c, justify="right")
+    for row in frame.to_dict("records"):
+        cells = [f"x{row[c]:g}" for c in factor_cols]
+        cells += [num(row[w.metric]), num(row["speedup"], ".3f")]
+        if w.kind == "infer":
+            cells += [num(row["ttft_speedup"], ".3f"), num(row["tpot_speedup"], ".3f")]
+        cells += [pct(row[f"{p}_share"]) for p in SPLIT_PARTS]
+        flags = (f"{row['learned_out_of_range']} out of range" if row["learned_out_of_range"] else "")
+        if row["reasons"] and not row["feasible"] and not math.isfinite(row[w.metric]):
+            flags = "infeasible"
+        cells += ["yes" if row["fits"] else "NO", flags]
+        table.add_row(*cells)
+    console.print(table)
+    console.print("compute / memory: kernels on that side of the achievable roofline; comm: exposed collectives and "
+                  "pipeline sends; bubble: pipeline fill and drain (shares of the point's time)")
+    for note in result.notes:
+        console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
+    bad = [r for r in frame.to_dict("records") if r["reasons"] and not math.isfinite(r[w.metric])]
+    for r in bad[:3]:
+        console.print(f"  {r['gpu']}: {r['reasons']}", markup=False, highlight=False)
+
+
+def plot_explore(result, frame, path: str | Path) -> Path:
+    """Left: speed-up against the first varied field's factor (one line per combination of the
+    others). Right: the four shares at every point, stacked."""
+    from opcast.predict.whatif import SPLIT_PARTS
+
+    plt = pyplot()
+    fields = list(result.vary)
+    first, others = fields[0], fields[1:]
+    fig, (ax_s, ax_b) = plt.subplots(1, 2, figsize=(12, 4.8))
+    groups = frame.groupby([f"x_{f}" for f in others], sort=False) if others else [((), frame)]
+    for key, sub in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{f} x{v:g}" for f, v in zip(others, key)) or None
+        ax_s.plot(sub[f"x_{first}"], sub["speedup"], marker="o", label=label)
+    ax_s.set_xlabel(f"{first} (x base)")
+    ax_s.set_ylabel(f"speed-up over {result.base.device.name}")
+    ax_s.set_title(f"{result.workload.arch.name} {result.workload.kind}: {result.workload.metric}")
+    ax_s.grid(True, alpha=0.3)
+    if others:
+        ax_s.legend(fontsize=7)
+    labels = ["/".join(f"x{row[f'x_{f}']:g}" for f in fields) for row in frame.to_dict("records")]
+    bottom = [0.0] * len(frame)
+    for part, colour in zip(SPLIT_PARTS, _SPLIT_COLOURS):
+        values = [v if math.isfinite(v) else 0.0 for v in frame[f"{part}_share"]]
+        ax_b.bar(range(len(frame)), values, bottom=bottom, label=part.replace("_", "-"), color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax_b.set_xticks(range(len(frame)), labels, rotation=60 if len(frame) > 6 else 0, fontsize=7)
+    ax_b.set_xlabel(" / ".join(fields))
+    ax_b.set_ylabel("share of the time")
+    ax_b.set_title("where the time goes")
+    ax_b.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=4)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def gpu_summary(o) -> dict[str, Any]:
+    """One GPU of a comparison: whether it runs and fits, its time, range flags and time shares."""
+    from opcast.predict.whatif import SPLIT_PARTS
+
+    r = o.result
+    out: dict[str, Any] = {"gpu": o.device.name, "feasible": bool(r.feasible), "fits": o.fits, "time_s": finite(o.time_s),
+                           "learned_kernels": o.learned, "learned_out_of_range": o.out_of_range, "reasons": list(o.reasons)}
+    if o.split is not None:
+        out["shares"] = {p: o.split.share(p) for p in SPLIT_PARTS}
+        if hasattr(r, "mfu"):
+            out["mfu"] = r.mfu
+    return out
+
+
+def compare_to_dict(result, frame, kernels: KernelCostModel) -> dict[str, Any]:
+    """The ``compare --json`` document: each GPU's summary and every phase's seconds and speed-up."""
+    w = result.workload
+    return {"workload": describe_workload(w), "kind": w.kind, "reference_gpu": result.outcomes[0].device.name,
+            "gpus": [gpu_summary(o) for o in result.outcomes], "columns": list(frame.columns), "phases": records(frame),
+            "cost_sources": kernels.describe()}
+
+
+def print_compare(result, frame, console) -> None:
+    from rich.table import Table
+
+    names = [o.device.name for o in result.outcomes]
+    console.print(f"[bold]{escape(describe_workload(result.workload))}[/]")
+    table = Table(title=f"seconds per phase and speed-up over {escape(names[0])} (its seconds / this GPU's)")
+    table.add_column("phase")
+    for n in names:
+        table.add_column(f"{escape(n)} s", justify="right")
+        if n != names[0]:
+            table.add_column("x", justify="right")
+    for row in frame.to_dict("records"):
+        cells = [row["phase"]]
+        for n in names:
+            cells.append(num(row[f"{n}_s"]))
+            if n != names[0]:
+                cells.append(num(row[f"{n}_speedup"], ".2f"))
+        table.add_row(*cells)
+    console.print(table)
+    for s in map(gpu_summary, result.outcomes):
+        extra = f", MFU {100 * s['mfu']:.1f} %" if s.get("mfu") else ""
+        state = "fits" if s["fits"] else "DOES NOT FIT" if s["time_s"] is not None else "cannot run"
+        console.print(f"  {s['gpu']}: {state}{extra}"
+                      + (f"; {s['learned_out_of_range']} learned kernel(s) out of range" if s["learned_out_of_range"] else ""),
+                      markup=False, highlight=False)
+        if s["reasons"]:
+            console.print(f"    {'; '.join(s['reasons'])}", style="yellow", markup=False, highlight=False)
+
+
+def plot_compare(result, path: str | Path) -> Path:
+    """One stacked bar per GPU: its headline time split into compute-bound, memory-bound,
+    communication and bubble seconds."""
+    from opcast.predict.whatif import SPLIT_PARTS
+
+    plt = pyplot()
+    names = [o.device.name for o in result.outcomes]
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(names) + 3), 4.5))
+    bottom = [0.0] * len(names)
+    for part, colour in zip(SPLIT_PARTS, _SPLIT_COLOURS):
+        values = [getattr(o.split, f"{part}_s") if o.split else 0.0 for o in result.outcomes]
+        ax.bar(range(len(names)), values, bottom=bottom, label=part.replace("_", "-"), color=colour)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_ylabel(f"seconds ({result.workload.metric.removesuffix('_s').replace('_', ' ')})")
+    ax.set_title(f"{result.workload.arch.name} {result.workload.kind}")
+    ax.legend(fontsize=7)
     fig.tight_layout()
     return save_figure(fig, path)

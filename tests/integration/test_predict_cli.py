@@ -82,8 +82,6 @@ def test_infeasible_json_still_prints_the_document(capsys):
     (["predict", "infer", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--tp", "3", "--roofline"], "tp=3 does not divide"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
-    if "--models" in args:
-        pytest.importorskip("opcast.train.artifacts")
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and "\n" not in err and "Traceback" not in err
@@ -254,3 +252,113 @@ def test_an_infeasible_config_names_every_class_of_reason(capsys):
     err = capsys.readouterr().err.strip()
     for needle in ("tp=0 must be a positive integer", "pp=5 does not divide", "precision='fp9'"):
         assert needle in err
+
+
+# --------------------------------------------------------------------------- one options layer (issue 16)
+
+FLAGS_BEFORE_ISSUE_16 = {  # every flag each command took before the options layer: none may disappear
+    "predict kernel": "--analytic --direction --dtype --gpu --json --models --op --param --roofline --set --tensor-cores "
+                      "--no-tensor-cores",
+    "predict kernels": "--analytic --gpu --models --out --roofline --set",
+    "predict train": "--analytic --arch --attention --cluster --coverage --cp --dp --ep --global-batch --gpu --gpus-per-node "
+                     "--interval-mode --json --micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision "
+                     "--recompute --roofline --schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --trace "
+                     "--virtual-stages --zero",
+    "predict infer": "--analytic --arch --attention --batch --gen-len --gpu --gpus-per-node --json --models --nodes --pp "
+                     "--precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp",
+    "search": "--allow-straddling --arch --attention --csv --fix --global-batch --gpu --gpu-hour-price --gpus --gpus-per-node "
+              "--json --max-mem --max-tp --models --objective --overlap-grad-reduce --no-overlap-grad-reduce --precision "
+              "--roofline --seq --top --tp-within-node --workers",
+    "explore train": "--analytic --arch --attention --cp --csv --dp --ep --global-batch --gpu --gpus-per-node --json "
+                     "--micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision --recompute --roofline "
+                     "--schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --vary --virtual-stages --zero",
+    "explore infer": "--analytic --arch --attention --batch --csv --gen-len --gpu --gpus-per-node --json --models --nodes "
+                     "--plot --pp --precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp --vary",
+    "compare train": "--analytic --arch --attention --cp --csv --dp --ep --global-batch --gpus --gpus-per-node --json "
+                     "--micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision --recompute --roofline "
+                     "--schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --virtual-stages --zero",
+    "compare infer": "--analytic --arch --attention --batch --csv --gen-len --gpus --gpus-per-node --json --models --nodes "
+                     "--plot --pp --precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp",
+}
+
+
+def _options_by_command() -> dict[str, dict[str, object]]:
+    """Command path -> {flag: the click option} for every prediction command."""
+    import typer.main
+
+    from opcast.cli import app
+
+    root = typer.main.get_command(app)
+    out = {}
+    for path in FLAGS_BEFORE_ISSUE_16:
+        cmd = root
+        for word in path.split():
+            cmd = cmd.commands[word]
+        out[path] = {flag: p for p in cmd.params for flag in (*p.opts, *p.secondary_opts) if flag.startswith("--")}
+    return out
+
+
+def test_every_command_keeps_its_flags_and_search_gains_set_and_analytic():
+    options = _options_by_command()
+    for path, flags in FLAGS_BEFORE_ISSUE_16.items():
+        missing = set(flags.split()) - set(options[path])
+        assert not missing, f"{path} lost {sorted(missing)}"
+    assert {"--set", "--analytic"} <= set(options["search"])
+
+
+@pytest.mark.parametrize("flag", ["--arch", "--set", "--models", "--roofline", "--analytic", "--json", "--tensor-cores",
+                                  "--tp", "--pp", "--precision", "--attention", "--seq", "--gpus-per-node",
+                                  "--overlap-grad-reduce", "--micro-batch", "--recompute"])
+def test_a_shared_option_reads_the_same_in_every_command(flag):
+    """The drift issue 16 found (--tensor-cores, --arch, --seq said different things in different
+    commands): an option declared once has one help text wherever it appears."""
+    seen = {path: opts[flag] for path, opts in _options_by_command().items() if flag in opts}
+    assert len(seen) >= 2, flag
+    helps = {p.help for p in seen.values()}
+    assert len(helps) == 1, f"{flag}: {helps}"
+
+
+def test_option_checks_run_before_any_work_and_report_together(capsys):
+    # the arch does not exist either, but the option problems are found first, all in one line
+    assert main(["predict", "train", "--arch", "no-such-arch", "--gpu", "H100-SXM", "--coverage", "1.5",
+                 "--interval-mode", "sideways"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--coverage 1.5 must lie in (0, 1)" in err and "--interval-mode 'sideways'" in err
+    assert "unknown arch" not in err
+    assert main(["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--cluster", "1x8", "--nodes", "1"]) == 2
+    assert "either --cluster or --nodes" in capsys.readouterr().err
+
+
+def test_json_output_is_what_rich_print_json_wrote_without_the_highlighting(capsys):
+    import io
+    import math
+
+    import numpy as np
+    from rich.console import Console
+
+    from opcast.cli_common import print_json
+
+    doc = {"gpu": "H100-SXM[mem_bw_bytes_per_s=x2]", "µs": [1.0, 1e-7, 3, None, True], "nan": math.nan,
+           "np": np.float64(0.1), "n": np.int64(7), "nested": {"a": {"b": [1, {"c": "naïve"}]}}, "empty": {}}
+    print_json(doc)
+    ours = capsys.readouterr().out
+    buf = io.StringIO()
+    Console(file=buf, width=160).print_json(json.dumps(doc, default=float))
+    assert ours == buf.getvalue()
+    assert "\x1b" not in ours
+
+
+def test_predict_train_imports_neither_torch_nor_xgboost(tmp_path):
+    """The light predict path, through the real console script's entry point in a fresh
+    interpreter (the embedded learned models: numpy trees, no xgboost)."""
+    import subprocess
+    import sys
+
+    code = ("import contextlib, io, sys\n"
+            "from opcast.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    rc = main(['predict', 'train', '--arch', 'llama2-7b', '--gpu', 'A100-SXM4-80GB', '--nodes', '1',\n"
+            "               '--gpus-per-node', '8', '--tp', '2', '--global-batch', '64', '--seq', '4096', '--json'])\n"
+            "print(rc, sorted(m for m in ('torch', 'xgboost', 'matplotlib', 'sklearn') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.stdout.split("\n")[0] == "0 []", done.stdout + done.stderr

@@ -87,3 +87,46 @@ def test_a_full_disk_under_csv_leaves_no_temp_file(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err.strip()
     assert "cannot write" in err and "No space left on device" in err and "\n" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def _predict_train(doc: dict, extra: list[str], capsys) -> dict:
+    """`predict train --json` of a search's first configuration, with the same kernel options."""
+    c = doc["top"][0]["config"]
+    args = ["predict", "train", "--arch", doc["arch"], "--gpu", "H100-SXM", "--nodes", str(c["nodes"]),
+            "--gpus-per-node", str(c["gpus_per_node"]), "--global-batch", str(c["global_batch"]), "--seq", str(c["seq"]),
+            "--micro-batch", str(c["micro_batch"]), "--recompute", c["recompute"], "--zero", str(c["zero"]),
+            "--schedule", c["schedule"], "--virtual-stages", str(c["virtual_stages"]), "--overlap-grad-reduce",
+            *[f"--{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep")], *(["--sp"] if c["sp"] else []), *extra, "--json"]
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_set_means_what_it_means_in_predict_train(capsys):
+    """--set makes the same hypothetical GPU as in predict train: the search's best configuration
+    on it predicts the same iteration time there, and differs from the unmodified GPU's."""
+    base = main([*SMALL, "--top", "1", "--json"]) == 0 and json.loads(capsys.readouterr().out)
+    assert main([*SMALL, "--top", "1", "--set", "mem_bw_bytes_per_s=x4", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["gpu"] == "H100-SXM[mem_bw_bytes_per_s=x4]"
+    assert doc["top"][0]["tokens_per_s"] > base["top"][0]["tokens_per_s"]
+    same = _predict_train(doc, ["--roofline", "--set", "mem_bw_bytes_per_s=x4"], capsys)
+    assert same["gpu"] == doc["gpu"]
+    assert same["iteration_time_s"] == doc["top"][0]["iteration_time_s"]
+    assert main([*SMALL, "--set", "colour=x2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "colour" in err and "\n" not in err
+
+
+def test_analytic_means_what_it_means_in_predict_train(capsys):
+    """--analytic: learned models answer only inside the hardware they were fitted on, as in predict
+    train (a GPU with 4x the SMs of an H100 is outside every fitted range)."""
+    learned = [a for a in SMALL if a != "--roofline"] + ["--top", "1", "--set", "sm_count=x4", "--json"]
+    assert main(learned) == 0
+    flagged = json.loads(capsys.readouterr().out)
+    assert main([*learned, "--analytic"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert flagged["cost_sources"]["learned_out_of_range"] == "flagged"
+    assert doc["cost_sources"]["learned_out_of_range"] == "roofline"
+    assert doc["kernels_by_source"] != flagged["kernels_by_source"]
+    same = _predict_train(doc, ["--set", "sm_count=x4", "--analytic"], capsys)
+    assert same["iteration_time_s"] == doc["top"][0]["iteration_time_s"]

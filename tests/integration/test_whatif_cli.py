@@ -153,8 +153,7 @@ def test_plot_is_an_optional_extra(tmp_path, monkeypatch, capsys):
 
 def test_learned_models_outside_their_hardware_are_flagged_and_analytic_falls_back(tmp_path_factory, capsys):
     pytest.importorskip("xgboost")
-    fit = pytest.importorskip("opcast.train.fit")
-    synthetic = pytest.importorskip("opcast.train.synthetic")
+    from opcast.train import fit, synthetic  # our own modules: a broken import must fail, not skip
     from opcast.schema import write_parquet
 
     data = tmp_path_factory.mktemp("ds")
@@ -183,3 +182,27 @@ def test_learned_models_outside_their_hardware_are_flagged_and_analytic_falls_ba
     # the toy set's shapes are narrow, so some base-point kernels are already outside them (shape
     # ranges are recorded now); with doubled peaks every learned kernel is outside the hardware range
     assert points[1]["learned_out_of_range"] >= points[0]["learned_out_of_range"] and points[1]["learned_out_of_range"] > 0
+
+
+@pytest.mark.parametrize("switch", ["--overlap-grad-reduce", "--no-overlap-grad-reduce"])
+def test_compare_takes_the_options_of_predict_train_with_their_meaning(switch, capsys):
+    """explore and compare build the same TrainConfig from the same options as predict train."""
+    assert main(["predict", "train", *TRAIN, "--gpu", "H100-SXM", switch, "--json"]) == 0
+    alone = _json(capsys)
+    assert main(["compare", "train", *TRAIN, "--gpus", "H100-SXM,B200", switch, "--json"]) == 0
+    doc = _json(capsys)
+    assert alone["config"]["overlap_grad_reduce"] is (switch == "--overlap-grad-reduce")
+    assert doc["gpus"][0]["time_s"] == alone["iteration_time_s"]
+
+
+def test_a_bad_option_fails_before_any_work_through_the_console_script(tmp_path):
+    import subprocess
+    from pathlib import Path
+
+    exe = Path(sys.executable).with_name("opcast")
+    script = [str(exe)] if exe.is_file() else [sys.executable, "-m", "opcast"]
+    done = subprocess.run([*script, "explore", "train", "--arch", "no-such-arch", "--gpu", "H100-SXM", "--vary",
+                           "peak_flops=1,2", "--csv", "grid.txt"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "--csv grid.txt: give a file name ending in .csv" in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,330 @@
+"""The command-line options of every prediction command, each declared once.
+
+``opcast predict kernel|kernels|train|infer``, ``opcast search``, ``opcast explore train|infer``
+and ``opcast compare train|infer`` take their options from here, so a flag means the same
+thing, with the same help, type, default and check, wherever it appears. The options of a
+training or inference configuration are built from the fields of
+:class:`~opcast.predict.parallel.TrainConfig` and :class:`~opcast.predict.parallel.InferConfig`
+(name, type and default; Vidur builds its CLI from field metadata the same way), so a new
+field needs one line of help here, and :func:`train_config` / :func:`infer_config` turn the
+parsed options back into the dataclass.
+
+A command declares the options it takes and receives them as one :class:`Args`::
+
+    @app.command("train")
+    @command(ARCH, GPU, *TRAIN, *KERNEL_SOURCE, JSON)
+    def train_cmd(o: Args) -> None:
+        cfg = train_config(o)
+
+:func:`command` writes the function signature typer reads (so help, type errors and missing
+options stay typer's), then, before the command runs, applies every option's check and every
+:data:`RULES` rule whose options the command takes, and raises all problems found as one
+:class:`~opcast.errors.OpcastError` line. Domain validation (a tp that does not divide the
+heads, ...) stays with the library, which lists every reason of an infeasible configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import math
+import types
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional, Union
+
+import typer
+from rich.markup import escape
+
+from opcast.errors import OpcastError
+from opcast.predict.parallel import InferConfig, TrainConfig
+
+REQUIRED: Any = inspect.Parameter.empty
+"""The default of an option that must be given."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Opt:
+    """One command-line option (or, with ``argument``, a positional argument)."""
+
+    name: str
+    """Python parameter name, the attribute of :class:`Args`."""
+    flags: str
+    """``--flag``, or ``--flag/--no-flag`` for a switch that can be turned off."""
+    type: Any
+    help: str
+    default: Any = REQUIRED
+    default_help: str | None = None
+    """What an omitted option means, when its default is None (shown as ``(default: ...)``)."""
+    check: Callable[[Any], str | None] | None = None
+    """The problem with a given value, or None; not called when the value is None."""
+    argument: bool = False
+
+    def but(self, **changes: Any) -> Opt:
+        """The same option with some of its declaration changed (a command's own default)."""
+        return dataclasses.replace(self, **changes)
+
+    def parameter(self) -> inspect.Parameter:
+        text = f"{self.help.rstrip('.')} (default: {self.default_help})." if self.default_help else self.help
+        text = escape(text)  # typer renders help as rich markup: NAME[field=xK] is text, not a tag
+        info = typer.Argument(help=text) if self.argument else typer.Option(self.flags, help=text)
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
+                                 annotation=Annotated[self.type, info])
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rule:
+    """A check over several options, applied to every command that takes all of them."""
+
+    names: tuple[str, ...]
+    check: Callable[[Args], str | None]
+
+
+class Args(types.SimpleNamespace):
+    """The parsed options of one command, as attributes named by :attr:`Opt.name`."""
+
+
+def command(*specs: Opt, defer_problems: bool = False) -> Callable[[Callable[[Args], None]], Callable[..., None]]:
+    """Make ``fn(o: Args)`` a typer command taking ``specs``. The problems of the given values
+    (each option's check, then the :data:`RULES` that apply) raise as one line before ``fn``
+    runs; with ``defer_problems`` they are handed to ``fn`` in ``o.problems`` instead, for a
+    command that reports them together with its own (``opcast search``)."""
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"an option is declared twice: {names}")
+    rules = [r for r in RULES if set(r.names) <= set(names)]
+
+    def wrap(fn: Callable[[Args], None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def run(**values: Any) -> None:
+            o = Args(**values)
+            problems = [p for s in specs if s.check is not None and values[s.name] is not None
+                        and (p := s.check(values[s.name]))]
+            problems += [p for r in rules if (p := r.check(o))]
+            if defer_problems:
+                o.problems = problems
+            elif problems:
+                raise OpcastError("; ".join(problems))
+            fn(o)
+
+        params = [s.parameter() for s in specs]
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return wrap
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _finite_at_least(flag: str, low: float) -> Callable[[float], str | None]:
+    return lambda v: None if math.isfinite(v) and v >= low else f"{flag} {v} must be a finite number >= {low:g}"
+
+
+def _coverage(c: float) -> str | None:
+    return None if 0 < c < 1 else f"--coverage {c} must lie in (0, 1), e.g. 0.9"
+
+
+def _interval_mode(mode: str) -> str | None:
+    return None if mode in ("group", "correlated") else f"--interval-mode {mode!r} must be group or correlated"
+
+
+def _csv_suffix(path: Path) -> str | None:
+    return None if path.suffix == ".csv" else f"--csv {path}: give a file name ending in .csv"
+
+
+def _models_rule(o: Args) -> str | None:
+    from opcast.predict.cost import models_flag_problem
+
+    return models_flag_problem(o.models, not o.roofline)
+
+
+def _cluster_rule(o: Args) -> str | None:
+    if o.cluster is not None and (o.nodes is not None or o.gpus_per_node is not None):
+        return "give either --cluster or --nodes/--gpus-per-node, not both"
+    return None
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(("models", "roofline"), _models_rule),
+    Rule(("cluster", "nodes", "gpus_per_node"), _cluster_rule),
+)
+"""Checks across options: each applies to every command that takes all of its options."""
+
+
+# --------------------------------------------------------------------------- the options
+
+ARCH = Opt("arch", "--arch", str, "Arch preset (opcast arch list), preset JSON or Hugging Face config.json.")
+GPU = Opt("gpu", "--gpu", str, "Catalog GPU name or alias (opcast hardware list), a device JSON file, or "
+                               "NAME[field=xK,...] (a hypothetical GPU, as --set makes).")
+SET = Opt("set_", "--set", Optional[list[str]],
+          "Hypothetical GPU: FIELD=xK multiplies a spec of --gpu, FIELD=VALUE sets it (units as in the JSON keys, e.g. "
+          "mem_bw_bytes_per_s=8e12); peak_flops=xK scales every peak. Repeat.", None)
+NODES = Opt("nodes", "--nodes", Optional[int], "Nodes.", None, "as few as the world size needs")
+GPUS_PER_NODE = Opt("gpus_per_node", "--gpus-per-node", Optional[int], "GPUs per node.", None, "the GPU's typical node")
+CLUSTER = Opt("cluster", "--cluster", Optional[str],
+              "NODESxGPUS (e.g. 16x8) or a cluster JSON file (nodes, gpus_per_node[, gpu]).", None)
+
+MODELS = Opt("models", "--models", Optional[Path],
+             "Learned kernel models (opcast train fit --out); default: the embedded ones.", None)
+ROOFLINE = Opt("roofline", "--roofline", bool, "Ignore learned models: every kernel from the roofline fallback.", False)
+ANALYTIC = Opt("analytic", "--analytic", bool,
+               "Where a learned model would extrapolate beyond the hardware it was fitted on, use the analytical "
+               "roofline instead (such kernels are flagged either way).", False)
+KERNEL_SOURCE = (MODELS, ROOFLINE, ANALYTIC)
+"""Where kernel times come from: :func:`kernel_cost`."""
+JSON = Opt("as_json", "--json", bool, "Print the result as JSON.", False)
+
+TENSOR_CORES = Opt("tensor_cores", "--tensor-cores/--no-tensor-cores", Optional[bool],
+                   "Matrix math on tensor cores (fp32: TF32); default: all but fp32.", None)
+
+# The help of each configuration option; its name, type and default come from the dataclass.
+_CONFIG_HELP: dict[str, tuple[str, str | None]] = {
+    "tp": ("Tensor-parallel degree.", None),
+    "pp": ("Pipeline stages.", None),
+    "dp": ("Data-parallel degree.", "world / (tp x pp x cp)"),
+    "cp": ("Context-parallel degree.", None),
+    "ep": ("Expert-parallel degree (MoE).", None),
+    "sp": ("Sequence parallelism.", None),
+    "micro_batch": ("Sequences per micro-batch.", None),
+    "global_batch": ("Sequences per iteration.", "one micro-batch per data-parallel rank"),
+    "seq": ("Sequence length, tokens.", None),
+    "recompute": ("none, selective or full.", None),
+    "zero": ("ZeRO stage 0, 1, 2 or 3.", None),
+    "precision": ("bf16, fp16, fp32 or fp8.", None),
+    "attention": ("flash or eager.", None),
+    "schedule": ("1f1b or interleaved.", None),
+    "virtual_stages": ("Model chunks per stage (interleaved).", None),
+    "overlap_grad_reduce": ("Overlap the data-parallel gradient reduction with the last backward.", None),
+    "tensor_cores": (TENSOR_CORES.help, None),
+    "batch": ("Sequences decoded together.", None),
+    "prompt_len": ("Prompt tokens per sequence.", None),
+    "gen_len": ("Generated tokens per sequence.", None),
+}
+_SWITCHES = {"tensor_cores", "overlap_grad_reduce"}
+"""Boolean fields that take ``--no-...`` as well (a default that may be on)."""
+_NOT_OPTIONS = {"bucket_params"}
+"""Fields with no command-line option (library use only)."""
+
+
+def _cli_type(hint: Any) -> Any:
+    """The type typer parses: Literal choices as str (the library names every bad value among the
+    reasons of an infeasible configuration), ``X | None`` as ``Optional[X]``."""
+    if typing.get_origin(hint) is Literal:
+        return str
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (Union, types.UnionType) and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return Optional[_cli_type(inner)]
+    return hint
+
+
+def config_options(cls: type) -> tuple[Opt, ...]:
+    """The options of a configuration dataclass, in field order."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.name in _NOT_OPTIONS:
+            continue
+        help_, default_help = _CONFIG_HELP[f.name]  # a new field needs its help above
+        flag = "--" + f.name.replace("_", "-")
+        out.append(Opt(f.name, f"{flag}/--no-{flag[2:]}" if f.name in _SWITCHES else flag, _cli_type(hints[f.name]),
+                       help_, f.default, default_help))
+    return tuple(out)
+
+
+TRAIN = config_options(TrainConfig)
+"""``TrainConfig`` as options: tp, pp, dp, cp, ep, sp, micro-batch, global-batch, seq, ..."""
+INFER = config_options(InferConfig)
+"""``InferConfig`` as options: tp, pp, batch, prompt-len, gen-len, precision, attention, tensor-cores."""
+INFER_NODES = NODES.but(default_help="as few as tp x pp needs")
+
+
+def _option(group: tuple[Opt, ...], name: str) -> Opt:
+    return next(o for o in group if o.name == name)
+
+
+PRECISION = _option(TRAIN, "precision")
+ATTENTION = _option(TRAIN, "attention")
+
+
+# predict train
+TRAIN_GPU = GPU.but(default=None, default_help="the gpu of a --cluster file")
+TRACE = Opt("trace", "--trace", Optional[Path], "Write a Chrome/Perfetto trace of one iteration.", None)
+TRAIN_PLOT = Opt("plot", "--plot", Optional[Path], "Write a breakdown chart (needs matplotlib).", None)
+COVERAGE = Opt("coverage", "--coverage", float, "Coverage of the prediction interval (0-1).", 0.9, check=_coverage)
+INTERVAL_MODE = Opt("interval_mode", "--interval-mode", str,
+                    "How kernel errors combine: group (correlated within a learned predictor, independent between them) "
+                    "or correlated (all together).", "group", check=_interval_mode)
+
+# predict kernel, kernels
+OP = Opt("op", "--op", str, "Op kind (opcast.ops registry), e.g. gemm, attention, all_reduce.")
+PARAM = Opt("param", "--param", Optional[list[str]], "Shape parameter k=v (repeat).", None)
+DTYPE = Opt("dtype", "--dtype", str, "fp32, tf32, fp16, bf16 or fp8.", "bf16")
+DIRECTION = Opt("direction", "--direction", str, "fwd or bwd.", "fwd")
+KERNELS_INPUT = Opt("input", "INPUT", Path, "Rows to predict: a .parquet (e.g. an opcast dataset) or .csv with op, dtype, "
+                                            "direction and the op's parameter columns.", argument=True)
+KERNELS_OUT = Opt("out", "--out", Path, "Output .parquet or .csv: the input rows plus time_s_pred and source_pred.")
+
+# search
+SEARCH_GPUS = Opt("gpus", "--gpus", int, "GPUs available (the world size).")
+SEARCH_GLOBAL_BATCH = _option(TRAIN, "global_batch").but(type=int, default=REQUIRED, default_help=None)
+SEARCH_SEQ = _option(TRAIN, "seq").but(default=REQUIRED)
+SEARCH_OVERLAP = _option(TRAIN, "overlap_grad_reduce").but(default=True)
+TOP = Opt("top", "--top", int, "Configurations to show (each re-predicted with the full breakdown).", 10)
+OBJECTIVE = Opt("objective", "--objective", str,
+                "throughput: most tokens/s; cost: fewest GPU-hours per token (also tries fewer GPUs than --gpus: "
+                "every divisor that is whole nodes or fits one node); memory: least memory per GPU.", "throughput")
+MAX_TP = Opt("max_tp", "--max-tp", Optional[int], "Largest tensor-parallel degree.", None)
+TP_WITHIN_NODE = Opt("tp_within_node", "--tp-within-node", bool, "Keep tensor-parallel groups inside a node.", False)
+MAX_MEM = Opt("max_mem", "--max-mem", Optional[float], "Memory limit per GPU, GiB.", None, "the GPU's memory")
+FIX = Opt("fix", "--fix", Optional[list[str]],
+          "Restrict a dimension: KEY=V[,V...] with KEY one of tp, pp, cp, ep, sp (on/off), micro_batch, recompute, zero, "
+          "schedule, virtual_stages (repeat).", None)
+ALLOW_STRADDLING = Opt("allow_straddling", "--allow-straddling", bool,
+                       "Also search layouts whose tp / cp / dp groups straddle node boundaries (priced as if aligned: "
+                       "optimistic).", False)
+GPU_HOUR_PRICE = Opt("gpu_hour_price", "--gpu-hour-price", Optional[float],
+                     "Price of one GPU-hour: adds a cost column in that currency.", None,
+                     check=_finite_at_least("--gpu-hour-price", 0))
+WORKERS = Opt("workers", "--workers", Optional[int], "Processes for large spaces.", None,
+              "the cores available; small spaces stay in one")
+SEARCH_CSV = Opt("csv", "--csv", Optional[Path], "Write every feasible configuration, ranked, to this CSV.", None)
+
+# explore, compare
+BASE_GPU = GPU.but(help="The base GPU: catalog name or alias, device JSON file, or NAME[field=xK,...].")
+GPU_LIST = Opt("gpus", "--gpus", str, "Comma-separated GPUs, the first is the reference, e.g. A100-SXM4-80GB,H100-SXM,B200 "
+                                      "(NAME[field=xK,...] allowed).")
+VARY = Opt("vary", "--vary", list[str], "FIELD=F1,F2,...: factors of the base GPU's FIELD (any numeric spec key, or "
+                                        "peak_flops for every peak); repeat for a grid.")
+TABLE_CSV = Opt("csv", "--csv", Optional[Path], "Also write the table to this .csv file.", None, check=_csv_suffix)
+CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplotlib).", None)
+
+
+# --------------------------------------------------------------------------- options -> library objects
+
+
+def train_config(o: Args) -> TrainConfig:
+    """The :class:`TrainConfig` of a command's options (fields without an option keep their default)."""
+    return TrainConfig(**{s.name: getattr(o, s.name) for s in TRAIN})
+
+
+def infer_config(o: Args) -> InferConfig:
+    return InferConfig(**{s.name: getattr(o, s.name) for s in INFER})
+
+
+def device(gpu: str, sets: list[str] | None):
+    """The ``--gpu`` device with every ``--set`` applied (a hypothetical GPU named ``GPU[field=...]``)."""
+    from opcast.hardware import derive_device, get_device
+
+    return derive_device(get_device(gpu), sets or [])
+
+
+def kernel_cost(o: Args):
+    """The kernel cost model of ``--models``, ``--roofline`` and ``--analytic``."""
+    from opcast.predict.cost import load_kernel_cost
+
+    return load_kernel_cost(o.models, use_learned=not o.roofline, in_range_only=o.analytic)
