@@ -2,6 +2,7 @@
 are loaded; loading the default models under 1 s.
 
 Usage:  python benchmarks/predict_speed.py [--models DIR] [--repeats N]
+        python benchmarks/predict_speed.py --cli [--runs 9] [--baseline DIR]
 
 Prints, per configuration: the first prediction with a cold kernel cache (every unique kernel
 priced, learned ones in one batched call per model), then the median of N warm predictions with the full per-op report (what the CLI does),
@@ -15,6 +16,8 @@ import argparse
 import statistics
 import subprocess
 import sys
+import os
+import resource
 import time
 from pathlib import Path
 
@@ -54,6 +57,76 @@ print(f"imports {t1 - t0:.2f} s + load {t2 - t1:.2f} s + first predict train {t3
 """
 
 
+CLI_JOBS = [
+    # (label, arguments after `opcast`): the README's main job and the 175B job Calculon is compared on
+    ("README main job", "predict train --arch llama2-7b --gpu A100-SXM4-80GB --nodes 1 --gpus-per-node 8 --tp 2 --pp 1 "
+                        "--micro-batch 1 --global-batch 64 --seq 4096 --json"),
+    ("megatron-175b 1024xA100", "predict train --arch megatron-175b --gpu A100-SXM4-80GB --nodes 128 --gpus-per-node 8 "
+                                "--tp 8 --pp 8 --micro-batch 1 --global-batch 1536 --seq 2048 --recompute full --json"),
+]
+HEAVY = ("torch", "xgboost", "pandas", "sklearn", "scipy", "matplotlib", "pyarrow")
+"""Libraries the predict path should not import (xgboost and torch load only with a model that needs them)."""
+
+
+def _one_run(args: list[str], pythonpath: str | None) -> tuple[float, float]:
+    """(wall, CPU) seconds of one whole `python -m opcast ...` process; CPU is user + system of the
+    child, less sensitive to a loaded machine than the wall time."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "opcast", *args], env=env, capture_output=True, cwd=Path.home())
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise SystemExit(f"opcast {' '.join(args)} failed ({done.returncode}): {done.stderr.decode()[-300:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def _heavy_imports(args: list[str]) -> tuple[list[str], list[tuple[float, str]]]:
+    """The heavy libraries one run imports, and the slowest top-level imports (ms, module)."""
+    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opcast", *args], capture_output=True, text=True,
+                          cwd=Path.home())
+    heavy, top = [], []
+    for line in done.stderr.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        name = parts[2].rstrip()
+        if name.strip() in HEAVY:
+            heavy.append(name.strip())
+        if not name.startswith("  ") and name.strip():  # a top-level import: its cumulative time
+            top.append((int(parts[1]) / 1e3, name.strip()))
+    return heavy, sorted(top, reverse=True)[:6]
+
+
+def cli_main(runs: int, baseline: str | None) -> int:
+    """Whole-process timings, the medians of ``runs`` runs; with ``baseline`` (a folder holding
+    another ``opcast`` package tree, put first on PYTHONPATH) each run is paired with one of the
+    baseline, interleaved, so both see the same machine load."""
+    for label, line in CLI_JOBS:
+        args = line.split()
+        heavy, top = _heavy_imports(args)
+        print(f"{label}: opcast {line}")
+        print(f"  heavy libraries imported: {', '.join(heavy) or 'none'}; slowest imports: "
+              + ", ".join(f"{name} {ms:.0f} ms" for ms, name in top))
+        variants = {"this tree": None} | ({"baseline": baseline} if baseline else {})
+        samples: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
+        for _ in range(runs):
+            for name, path in variants.items():
+                samples[name].append(_one_run(args, path))
+        for name, got in samples.items():
+            walls, cpus = [w for w, _ in got], [c for _, c in got]
+            print(f"  {name:10s} wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), "
+                  f"CPU median {statistics.median(cpus):.3f} s over {runs} runs")
+        if baseline:
+            ratio = [statistics.median([s[i] for s in samples["this tree"]]) / statistics.median([s[i] for s in samples["baseline"]])
+                     for i in (0, 1)]
+            print(f"  this tree / baseline: wall {ratio[0]:.2f}, CPU {ratio[1]:.2f}")
+    return 0
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:8.3f} ms"
 
@@ -62,7 +135,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=None, help="model set (default: the embedded one, if any)")
     ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--cli", action="store_true", help="time whole `opcast predict train --json` processes instead")
+    ap.add_argument("--runs", type=int, default=9, help="--cli: processes per job (the median is reported)")
+    ap.add_argument("--baseline", default=None,
+                    help="--cli: a folder with another opcast package tree (PYTHONPATH) to time, paired, against this one")
     args = ap.parse_args()
+    if args.cli:
+        return cli_main(args.runs, args.baseline)
 
     t0 = time.perf_counter()
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import opcast.predict.cli"], capture_output=True, text=True)
