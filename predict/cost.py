@@ -21,12 +21,30 @@ Sources:
 :func:`bottleneck` says where a kernel sits on the roofline of a device (compute- or memory-bound,
 arithmetic intensity against the ridge point) and how much of the peak its predicted time uses.
 
+Physical bounds (:meth:`LearnedKernelCost.bound`, applied by :class:`KernelCostModel` to every
+learned answer, reported by :meth:`KernelCostModel.bound_flag` and in ``describe()``):
+
+- no kernel runs faster than its roofline at the peak, ``max(FLOPs / peak, bytes / bw)``
+  (datasheet peak for the kernel's dtype and tensor-core use, no efficiency derating);
+- on a device its predictor was not fitted on, the kernel's utilisation of that roofline (of its
+  bounding resource) stays within what the same model predicts for the same kernel on the
+  training devices, ``[min, max]`` (:data:`UTILISATION_MARGIN`), no higher than on a training
+  device with less of that resource and no lower than on one with more, so its speed-up against
+  a training device is at most the ratio of the resource that bounds the kernel (where training
+  devices disagree, a GPU with more of the resource reaching a larger share of it, the lower
+  utilisation is kept);
+- monotone in the resources: such a device with at least the peak and the bandwidth of a training
+  device is never slower on a kernel than that training device, and one with at most both never faster.
+
+Devices a predictor was fitted on get only the roofline floor.
+
 Collectives are not kernels here: :mod:`opcast.predict.comm` costs them.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -265,6 +283,42 @@ def bottleneck(k: Kernel, device: DeviceSpec, time_s: float, roofline: RooflineK
 _DEFAULT_ROOFLINE = RooflineKernelCost()
 
 
+def peak_roofline_s(k: Kernel, device: DeviceSpec) -> tuple[float, str]:
+    """(seconds, bounding resource) of ``k`` at the device's datasheet peaks, no efficiency
+    derating: ``max(FLOPs / peak, bytes / mem_bw)``, the time no implementation can beat; NaN
+    when the device has no peak for the kernel's dtype."""
+    try:
+        peak = kernel_peak(k, device)
+    except OpcastError:
+        return math.nan, "compute"
+    return _roof_at_peak(k.flops(), k.bytes_moved(), peak, device.mem_bw_bytes_per_s)
+
+
+def _roof_at_peak(flops: float, moved: float, peak: float, bw: float) -> tuple[float, str]:
+    compute, memory = flops / peak, moved / bw
+    return (compute, "compute") if compute >= memory else (memory, "memory")
+
+
+# --------------------------------------------------------------------------- physical bounds
+
+UTILISATION_MARGIN = 1.0
+"""How far beyond the training devices' span a learned model may move a kernel's utilisation
+of its roofline on a device it was not fitted on: ``[min / margin, min(1, max x margin)]``. 1.0:
+exactly the span, so a device with twice the bandwidth runs a memory-bound kernel at most twice
+as fast as the training device that uses its bandwidth best."""
+
+FLOOR, SPAN, RATIO, MONOTONE = "roofline_floor", "utilisation_span", "resource_ratio", "monotone"
+BOUND_RULES: dict[str, str] = {
+    FLOOR: "no faster than the roofline at the datasheet peak",
+    SPAN: f"utilisation of the bounding resource within the span of the training devices (margin {UTILISATION_MARGIN:g})",
+    RATIO: "utilisation no higher than on a training device with less of the bounding resource and no lower than "
+           "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
+    MONOTONE: "no slower than a training device with less of both peak and bandwidth, no faster than one with more "
+              "(the first wins where the training devices disagree)",
+}
+"""The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
+
+
 # --------------------------------------------------------------------------- hardware range
 
 RANGE_SLACK = 0.02
@@ -323,6 +377,15 @@ class HardwareRange:
         if predictors and not any("feature_ranges" in e for e in predictors.values() if isinstance(e, Mapping)):
             self.notes.append("hardware range checked against the training devices' specs; shape ranges are not "
                               "recorded in the model set and are not checked")
+
+    def fitted_on(self, key: str) -> tuple[str, ...]:
+        """Names of the devices predictor ``key`` was fitted on (empty when not recorded)."""
+        entry = self.meta.get("predictors", {}).get(key)
+        return tuple(str(n) for n in entry.get("devices", ())) if isinstance(entry, Mapping) else ()
+
+    def training_specs(self, key: str) -> tuple[DeviceSpec, ...]:
+        """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on."""
+        return tuple(self._specs[n] for n in self.fitted_on(key) if n in self._specs)
 
     def reason(self, key: str, k: Kernel, device: DeviceSpec) -> str | None:
         """Why ``device`` is outside the hardware predictor ``key`` was fitted on, or None."""
@@ -397,9 +460,22 @@ class LearnedKernelCost:
         """Where the models came from (a folder, or 'embedded default')."""
         self._covers: dict[tuple[str, str, str], bool] = {}
         self._residuals: dict[tuple[str, str], Residuals | None] = {}
+        self._groups: dict[tuple[str, str, str, bool], str] = {}
+        self._on_training: dict[str, dict[Kernel, float]] = {}
+        """Training device name -> this source's raw time of each kernel asked there (for :meth:`bound`)."""
         meta = getattr(model_set, "meta", None)
         self.range = HardwareRange(meta if isinstance(meta, Mapping) else None)
         """The hardware each predictor was fitted on (:class:`HardwareRange`)."""
+
+    def group_of(self, k: Kernel) -> str:
+        """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
+        memo = (k.kind, k.direction, k.dtype, k.tensor_cores)
+        key = self._groups.get(memo)
+        if key is None:
+            from opcast.train.features import dtype_class, group_key
+
+            key = self._groups[memo] = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+        return key
 
     def out_of_range(self, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, str]:
         """Why each of ``kernels`` (covered ones) would be an extrapolation on ``device``; the
@@ -407,13 +483,13 @@ class LearnedKernelCost:
         if not self.range.meta.get("predictors") or not kernels:
             return {}
         try:
-            from opcast.train.features import dtype_class, group_key
+            import opcast.train.features  # noqa: F401
         except ImportError:
             return {}
         out: dict[Kernel, str] = {}
         by_key: dict[str, list[Kernel]] = {}
         for k in kernels:
-            key = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+            key = self.group_of(k)
             why = self.range.reason(key, k, device)
             if why:
                 out[k] = why
@@ -454,9 +530,7 @@ class LearnedKernelCost:
         get = getattr(self.model_set, "residuals", None)
         if get is None:
             return None
-        from opcast.train.features import dtype_class, group_key
-
-        key = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+        key = self.group_of(k)
         memo = self._residuals.get((key, device.name), False)
         if memo is False:
             got = get(key, device.name)
@@ -470,6 +544,104 @@ class LearnedKernelCost:
                               "refit them with this opcast (opcast train fit)")
         out[~np.isfinite(out) | (out <= 0)] = np.nan
         return out
+
+    def bound(self, kernels: Sequence[Kernel], times: np.ndarray, device: DeviceSpec,
+              margin: float = UTILISATION_MARGIN) -> tuple[np.ndarray, dict[Kernel, tuple[str, str]]]:
+        """``times`` (this source's answers for ``kernels`` on ``device``) held to physics
+        (:data:`BOUND_RULES`): the roofline floor everywhere; on a device a kernel's predictor was
+        not fitted on, also the utilisation span of its training devices and monotonicity
+        against them. Returns the bounded times and, for each kernel a rule moved, (rule, why).
+        The training devices' times come from this source in one batched call per device, cached."""
+        out = np.array(times, dtype=float)
+        why: dict[Kernel, tuple[str, str]] = {}
+        keys = [self.group_of(k) for k in kernels]
+        work = [(k.flops(), k.bytes_moved()) for k in kernels]
+        peaks: dict[tuple[str, str, bool], float] = {}
+
+        def roof(i: int, spec: DeviceSpec) -> tuple[float, float, str]:
+            """(roofline seconds at the peak, the peak, the bounding resource) of kernel i on spec."""
+            k = kernels[i]
+            memo = (spec.name, k.dtype, k.kind in MATRIX_KINDS and k.tensor_cores)
+            peak = peaks.get(memo)
+            if peak is None:
+                try:
+                    peak = kernel_peak(k, spec)
+                except OpcastError:
+                    peak = math.nan
+                peaks[memo] = peak
+            seconds, resource = _roof_at_peak(*work[i], peak, spec.mem_bw_bytes_per_s)
+            return seconds, peak, resource
+
+        roofs = [roof(i, device) for i in range(len(kernels))]
+        extrapolated: list[int] = []
+        wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
+        for i, (k, key) in enumerate(zip(kernels, keys)):
+            if not np.isfinite(out[i]):
+                continue
+            if device.name in self.range.fitted_on(key):
+                self._on_training.setdefault(device.name, {})[k] = float(out[i])
+                continue
+            specs = self.range.training_specs(key)
+            if specs and np.isfinite(roofs[i][0]):
+                extrapolated.append(i)
+                for spec in specs:
+                    if k not in self._on_training.get(spec.name, {}):
+                        wanted.setdefault(spec.name, (spec, []))[1].append(k)
+        for name, (spec, ks) in wanted.items():  # one batched call per training device
+            got = self.predict_s(list(dict.fromkeys(ks)), spec)
+            self._on_training.setdefault(name, {}).update(zip(dict.fromkeys(ks), (float(t) for t in got)))
+        for i in extrapolated:
+            k, key = kernels[i], keys[i]
+            r_s, peak, resource = roofs[i]
+            seen: list[tuple[str, float, float, float, float, float]] = []  # (name, time, utilisation, peak, bw, roof)
+            for spec in self.range.training_specs(key):
+                t_i = self._on_training[spec.name].get(k, math.nan)
+                r_i, peak_i, _ = roof(i, spec)
+                if np.isfinite(t_i) and np.isfinite(r_i):
+                    t_i = max(t_i, r_i)
+                    seen.append((spec.name, t_i, r_i / t_i, peak_i, spec.mem_bw_bytes_per_s, r_i))
+            if not seen:
+                continue
+            utils = [u for _, _, u, *_ in seen]
+            lo, hi = min(utils) / margin, min(1.0, max(utils) * margin)
+            t, u = out[i], r_s / out[i]
+            what = "peak" if resource == "compute" else "memory bandwidth"
+            if u > hi or u < lo:
+                t = r_s / (hi if u > hi else lo)
+                why[k] = (SPAN, f"{key} on {device.name} at {u:.0%} of its {what}, outside the {lo:.0%}..{hi:.0%} "
+                                f"it predicts on its training devices ({', '.join(n for n, *_ in seen)}); "
+                                f"held at {100 * r_s / t:.0f} %")
+            # Speed-ups at most the ratio of what bounds the kernel, against a training device with
+            # less of it (utilisation no higher than there) and one with more (no lower than there).
+            weaker = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i >= r_s]
+            stronger = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i <= r_s]
+            cap = min(weaker, key=lambda nu: nu[1]) if weaker else None
+            rise = max(stronger, key=lambda nu: nu[1]) if stronger else None
+            u = r_s / t
+            if rise is not None and u < rise[1] / margin and (cap is None or rise[1] <= cap[1]):
+                t = r_s / (rise[1] / margin)
+                why[k] = (RATIO, f"{key} on {device.name} at {u:.0%} of its {what}, below the {rise[1]:.0%} it "
+                                 f"predicts on {rise[0]}, which has more of it; held there")
+            if cap is not None and u > cap[1] * margin:
+                t = r_s / (cap[1] * margin)
+                why[k] = (RATIO, f"{key} on {device.name} at {u:.0%} of its {what}, above the {cap[1]:.0%} it "
+                                 f"predicts on {cap[0]}, which has less of it; held there")
+            for name, t_i, _, peak_i, bw_i, _ in seen:  # monotone in the resources; "never slower" wins
+                if peak <= peak_i and device.mem_bw_bytes_per_s <= bw_i and t < t_i:
+                    t, why[k] = t_i, (MONOTONE, f"{key} on {device.name} faster than on {name}, which has more of "
+                                                "both peak and bandwidth; held at its time")
+            for name, t_i, _, peak_i, bw_i, _ in seen:
+                if peak >= peak_i and device.mem_bw_bytes_per_s >= bw_i and t > t_i:
+                    t, why[k] = t_i, (MONOTONE, f"{key} on {device.name} slower than on {name}, which has less of "
+                                                "both peak and bandwidth; held at its time")
+            out[i] = t
+        for i, k in enumerate(kernels):  # the floor, last: nothing beats the roofline at the peak
+            r_s, _, resource = roofs[i]
+            if np.isfinite(out[i]) and np.isfinite(r_s) and out[i] < r_s:
+                why[k] = (FLOOR, f"{keys[i]} on {device.name} faster than its {resource} roofline at the datasheet peak "
+                                 f"({r_s * 1e6:.3g} us; {out[i] / r_s:.0%} of it); held at the roofline")
+                out[i] = r_s
+        return out, why
 
 
 # --------------------------------------------------------------------------- decompositions
@@ -520,8 +692,12 @@ class KernelCostModel:
     in_range_only: bool = False
     """A learned model answers only inside the hardware range it was fitted on; outside it the
     roofline does (the CLI's ``--analytic``). Either way the kernel is flagged (:meth:`range_flag`)."""
+    physical_bounds: bool = True
+    """Hold every learned answer to physics (:meth:`LearnedKernelCost.bound`); off only to measure
+    what the bounds change (``benchmarks/kernel_sanity.py``)."""
     _cache: dict[Any, dict[Kernel, tuple[float, str]]] = field(default_factory=dict)
     _flags: dict[Any, dict[Kernel, str]] = field(default_factory=dict)
+    _bounds: dict[Any, dict[Kernel, tuple[str, str]]] = field(default_factory=dict)
 
     @property
     def roofline(self) -> RooflineKernelCost:
@@ -552,6 +728,10 @@ class KernelCostModel:
                 why = next((flags[p] for p, _ in parts if p in flags), None)
                 if why:
                     flags[k] = f"eager attention from its kernels; {why}"
+                bounds = self._bounds.get(device, {})
+                rule = next((bounds[p] for p, _ in parts if p in bounds), None)
+                if rule and k in cache:
+                    bounds[k] = (rule[0], f"eager attention from its kernels; {rule[1]}")
             todo = [k for k in todo if k not in cache]
         todo = self._ask(fallback, todo, device, cache, flags)
         if todo:  # the last source always answers; reaching here is a bug in a source
@@ -571,7 +751,12 @@ class KernelCostModel:
                 for k, why in outside.items():
                     flags[k] = f"{why}; roofline used instead (--analytic)"
         if mine:
-            for k, t in zip(mine, source.predict_s(mine, device)):
+            times = source.predict_s(mine, device)
+            if self.physical_bounds and isinstance(source, LearnedKernelCost):
+                times, bounded = source.bound(mine, times, device)
+                if bounded:
+                    self._bounds.setdefault(device, {}).update(bounded)
+            for k, t in zip(mine, times):
                 if np.isfinite(t):
                     cache[k] = (float(t), source.name)
                     if k in outside:
@@ -607,6 +792,31 @@ class KernelCostModel:
         """Every flagged kernel looked up on ``device`` so far."""
         return dict(self._flags.get(device, {}))
 
+    def bound_flag(self, k: Kernel, device: DeviceSpec) -> str | None:
+        """Why a physical bound (:data:`BOUND_RULES`) moved the learned time of ``k`` on ``device``;
+        None when none did. Valid after the kernel was looked up."""
+        hit = self._bounds.get(device, {}).get(k)
+        return hit[1] if hit else None
+
+    def bound_flags(self, device: DeviceSpec) -> dict[Kernel, tuple[str, str]]:
+        """Every kernel looked up on ``device`` so far whose learned time a bound moved: (rule, why)."""
+        return dict(self._bounds.get(device, {}))
+
+    def bounds_summary(self) -> dict[str, dict[str, Any]]:
+        """Per device looked up so far: how many learned kernel times the physical bounds moved,
+        by rule, out of how many learned ones, and the first reason."""
+        out: dict[str, dict[str, Any]] = {}
+        for device, bounded in self._bounds.items():
+            if not bounded:
+                continue
+            learned = sum(1 for k, (_, src) in self._cache.get(device, {}).items() if src == LEARNED)
+            by_rule: dict[str, int] = {}
+            for rule, _ in bounded.values():
+                by_rule[rule] = by_rule.get(rule, 0) + 1
+            out[device.name] = {"bounded_kernels": len(bounded), "learned_kernels": learned,
+                                "by_rule": dict(sorted(by_rule.items())), "example": next(iter(bounded.values()))[1]}
+        return out
+
     def warm(self) -> int:
         """Load every learned predictor now; returns how many."""
         return sum(s.warm() for s in self.sources if isinstance(s, LearnedKernelCost))
@@ -617,15 +827,25 @@ class KernelCostModel:
     def describe(self) -> dict[str, object]:
         """The ``cost_sources`` header: which kernel sources exist and why one is missing."""
         notes = list(self.notes)
+        learned = any(isinstance(s, LearnedKernelCost) for s in self.sources)
         for s in self.sources:
             if isinstance(s, LearnedKernelCost):
                 notes += [n for n in s.range.notes if n not in notes]
-        return {
+        summary = self.bounds_summary()
+        for name, b in summary.items():
+            rules = ", ".join(f"{n} {rule.replace('_', ' ')}" for rule, n in b["by_rule"].items())
+            notes.append(f"physical bounds moved {b['bounded_kernels']} of {b['learned_kernels']} learned kernel time(s) "
+                         f"on {name} ({rules}), e.g. {b['example']}")
+        out: dict[str, Any] = {
             "kernel_models": self.models_label,
             "roofline_efficiency": self.roofline.efficiency.source,
             "learned_out_of_range": "roofline" if self.in_range_only else "flagged",
             "notes": notes,
         }
+        if learned:
+            out["physical_bounds"] = {"rules": dict(BOUND_RULES) if self.physical_bounds else "off",
+                                      "bounded": summary}
+        return out
 
 
 def roofline_only(note: str = "roofline forced") -> KernelCostModel:
@@ -639,6 +859,16 @@ def models_flag_problem(models: str | Path | None, use_learned: bool) -> str | N
         return (f"--models {models} and --roofline contradict each other (--roofline ignores every learned model); "
                 "drop one of them")
     return None
+
+
+BOUNDS_ENV = "OPCAST_PHYSICAL_BOUNDS"
+"""Internal switch, not a user option: ``off`` turns the physical bounds off in
+:func:`load_kernel_cost` (to measure what they change; the JSON's ``physical_bounds.rules`` then
+says ``off``). Anything else, or unset: on."""
+
+
+def physical_bounds_enabled() -> bool:
+    return os.environ.get(BOUNDS_ENV, "on").strip().lower() != "off"
 
 
 def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = True,
@@ -674,5 +904,5 @@ def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = Tr
         label = "embedded default (models/default)"
     where = "(op, dtype, direction)" + (" inside the hardware they were fitted on (--analytic)" if in_range_only else "")
     return KernelCostModel(sources=(LearnedKernelCost(model_set, label), RooflineKernelCost()), models_label=label,
-                           in_range_only=in_range_only,
+                           in_range_only=in_range_only, physical_bounds=physical_bounds_enabled(),
                            notes=[f"learned models from {label} where they cover the {where}; roofline elsewhere"])
