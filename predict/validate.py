@@ -31,7 +31,8 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,19 +45,8 @@ PHASES = ("forward", "backward", "optimizer", "total", "forward_nograd")
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch DDP's default ``bucket_cap_mb=25``; the prediction uses buckets of the same size."""
 
-BUSY_LOAD = 0.75
-"""A CPU run is flagged when the 1-minute load average before it exceeds this share of the cores."""
 SPREAD = 1.25
 """A run is flagged when the p80 of its step times exceeds the p20 by more than this factor."""
-
-
-def _load_average() -> tuple[float, int] | None:
-    """(1-minute load average, usable cores), where the OS reports one."""
-    try:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return os.getloadavg()[0], cores
-    except OSError:
-        return None
 
 
 # ---------------------------------------------------------------------------- check archs
@@ -234,17 +224,25 @@ class _Env:
     rank: int
     world: int
     local_rank: int
+    local_world: int = 1
+    """Ranks on this host (torchrun's LOCAL_WORLD_SIZE): they share its cores."""
 
 
 def local_env() -> _Env:
-    e = os.environ
-    try:
-        rank, world, local = int(e.get("RANK", 0)), int(e.get("WORLD_SIZE", 1)), int(e.get("LOCAL_RANK", 0))
-    except ValueError:
-        raise OpcastError("RANK, WORLD_SIZE and LOCAL_RANK must be integers (set by torchrun)") from None
-    if world < 1 or not 0 <= rank < world:
+    """This process's place under torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), each
+    checked before any work: a value torchrun would never set is a one-line error naming it."""
+    from opcast.collect.bench import env_int
+
+    rank = env_int("RANK", default=0, minimum=0)
+    world = env_int("WORLD_SIZE", default=1, minimum=1)
+    local = env_int("LOCAL_RANK", default=0, minimum=0)
+    local_world = env_int("LOCAL_WORLD_SIZE", default=world, minimum=1)
+    if not rank < world:
         raise OpcastError(f"rank {rank} is outside world size {world}; check RANK/WORLD_SIZE")
-    return _Env(rank=rank, world=world, local_rank=local)
+    if local_world > world or not local < local_world:
+        raise OpcastError(f"LOCAL_RANK={local} and LOCAL_WORLD_SIZE={local_world} do not fit WORLD_SIZE={world}; "
+                          "unset them or launch with torchrun, which sets them")
+    return _Env(rank=rank, world=world, local_rank=local, local_world=local_world)
 
 
 def _positive(label: str, value: object, minimum: int = 1) -> None:
@@ -329,6 +327,63 @@ def _kernel_summary(result, kernels, device) -> tuple[dict[str, int], tuple[str,
     return dict(sorted(by_source.items())), tuple(sorted(roof)), (roof_s / total_s if total_s else 0.0), flagged
 
 
+# ---------------------------------------------------------------------------- process group
+
+@dataclass(kw_only=True, slots=True)
+class GroupSession:
+    """What :func:`process_group` did: whether it started a group, and whether the group was freed
+    (its communication threads joined) when the block ended."""
+
+    started: bool = False
+    released: bool | None = None
+    """None while the block runs or when no group was started; then True when nothing kept the
+    group alive past ``destroy_process_group``."""
+
+
+@contextmanager
+def process_group(backend: str, world: int) -> Iterator[GroupSession]:
+    """The default process group of a ``torchrun`` validation (``world > 1``), torn down so that
+    none of its threads outlives it.
+
+    Why: ``torch.distributed.nn.functional`` binds ``group.WORLD`` as a default argument when it is
+    first imported, and DDP's construction imports it; imported after ``init_process_group``, it
+    keeps the gloo group alive past ``destroy_process_group``, with its worker threads running into
+    interpreter shutdown. A worker that drops the last reference to a finished collective's tensors
+    then needs the GIL while the interpreter finalises: it is made to exit inside a C++ destructor
+    and the rank dies with SIGABRT ("terminate called without an active exception"), more often on
+    a loaded machine where the worker runs late. Imported before the group exists, it binds None;
+    on success every rank passes a barrier (no rank leaves while a peer is inside a collective),
+    then the group is destroyed, which joins its threads."""
+    import gc
+    import weakref
+
+    session = GroupSession()
+    if world <= 1:
+        yield session
+        return
+    import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401 - before init_process_group, see the docstring
+
+    if dist.is_initialized():  # somebody else's group: theirs to tear down
+        yield session
+        return
+    dist.init_process_group(backend)
+    session.started = True
+    world_group = weakref.ref(dist.group.WORLD)
+    ok = False
+    try:
+        yield session
+        ok = True
+    finally:
+        try:
+            if ok:
+                dist.barrier()
+        finally:
+            dist.destroy_process_group()
+            gc.collect()
+            session.released = world_group() is None
+
+
 # ---------------------------------------------------------------------------- measure
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -402,9 +457,8 @@ def measure_step(arch: ArchSpec, *, batch: int, seq: int, precision: str, attent
     from opcast.predict.torch_model import build_model, count_params
 
     if device.type == "cpu":
-        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", env.world))
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        torch.set_num_threads(max(1, cores // max(1, local_world)))
+        torch.set_num_threads(max(1, cores // env.local_world))
     else:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 GEMMs on CUDA cores, as the prediction assumes
@@ -581,10 +635,11 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
     """Measure and predict one training step of ``arch`` on the local ``device``; see the module
     docstring. ``kernels`` (a :class:`~opcast.predict.cost.KernelCostModel`) replaces ``models``."""
     from opcast.hardware import describe_local
+    from opcast.predict.calibrate_noise import load_average, load_reason
     from opcast.predict.cost import load_kernel_cost
 
     env = local_env()
-    load = _load_average()
+    load = load_average()
     spec_arch = resolve_arch(arch, layers)
     dev = torch_device(device, env)
     check_inputs(spec_arch, batch, seq, precision, attention, steps, warmup, dev.type)
@@ -600,19 +655,9 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
         raise OpcastError(f"{spec_arch.name} at batch {batch} x seq {seq} ({precision}) needs {need:.1f} GiB by the "
                           f"prediction, more than the {spec.mem_bytes / 2**30:.0f} GiB of {spec.name}; use --layers, a "
                           "smaller --batch or --seq")
-    started_group = False
-    if env.world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
-            started_group = True
-    try:
+    with process_group("nccl" if dev.type == "cuda" else "gloo", env.world):
         timings = measure_step(spec_arch, batch=batch, seq=seq, precision=precision, attention=attention, device=dev,
                                env=env, steps=steps, warmup=warmup, profile=profile, progress=progress)
-    finally:
-        if started_group:
-            dist.destroy_process_group()
     b = result.breakdown_s
     dp_s = b.get("dp_comm_exposed", 0.0)
     predicted = {
@@ -642,10 +687,10 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
         if dev.type == "cpu":
             notes.append(f"the {env.world} ranks share this CPU's cores ({timings.threads} thread(s) each) while the "
                          "prediction prices each rank on the whole CPU's spec")
-    if dev.type == "cpu" and load is not None and load[0] > BUSY_LOAD * load[1]:
-        notes.append(f"the machine was busy (load average {load[0]:.1f} on {load[1]} cores before the run): other work "
-                     "steals cores and every multi-threaded op waits for them; time on a quiet machine, or pin this "
-                     "run to free cores with taskset -c")
+    busy = load_reason(load) if dev.type == "cpu" else None
+    if busy:
+        notes.append(f"the machine was busy ({busy}): other work steals cores and every multi-threaded op waits for "
+                     "them; time on a quiet machine, or pin this run to free cores with taskset -c")
     step = phases[PHASES.index("total")]
     if step.measured_p80_s > SPREAD * step.measured_p20_s:
         notes.append(f"the steps varied widely (p20 {step.measured_p20_s:.3g} s, p80 {step.measured_p80_s:.3g} s): "

@@ -9,7 +9,6 @@ only when a command runs. Under ``torchrun`` every rank trains and only rank 0 p
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -83,9 +82,9 @@ def validate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train an arch for a few steps on this machine and compare every phase with the prediction."""
-    from opcast.predict.validate import run_validate
+    from opcast.predict.validate import local_env, run_validate
 
-    rank0 = os.environ.get("RANK", "0") == "0"
+    rank0 = local_env().rank == 0  # RANK=abc, WORLD_SIZE=0, ...: one line before any work
     show = rank0 and not as_json and err_console.is_terminal
 
     def progress(msg: str) -> None:
@@ -124,8 +123,15 @@ def print_calibrate(r: Any) -> None:
     console.print(f"collected {r.rows_collected} rows ({r.rows_total} in {r.data}, {r.points_remaining} planned points left); "
                   f"fitted {fitted} predictor(s)" + (f" -> {r.models}" if r.models else ""), markup=False, highlight=False)
     console.print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in r.seconds.items()), markup=False, highlight=False)
+    for i in r.intervals:
+        console.print(f"interval of {i['arch']} (batch {i['batch']} x seq {i['seq']}): {_fmt_s(i['predicted_s'])} "
+                      f"[{_fmt_s(i['low_s'])}, {_fmt_s(i['high_s'])}], {i['high_s'] / i['low_s']:.2g}x wide"
+                      if i["low_s"] > 0 else f"interval of {i['arch']}: [{i['low_s']}, {i['high_s']}]",
+                      markup=False, highlight=False)
     for note in r.notes:
         console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
+    if r.failure:
+        console.print(f"FAILED: {r.failure}", style="bold red", markup=False, highlight=False)
 
 
 def calibrate_cmd(
@@ -142,15 +148,18 @@ def calibrate_cmd(
     name: Annotated[str, typer.Option("--name", help="Name of the model set (its folder under --out).")] = "calibrated",
     estimator: Annotated[str, typer.Option("--estimator", help="xgb (fast), tile-mlp or auto.")] = "xgb",
     steps: Annotated[int, typer.Option("--steps", help="Timed steps of each validation.")] = 3,
+    allow_busy: Annotated[bool, typer.Option("--allow-busy", help="Calibrate even on a busy machine or with noisy timings (the report says so).")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
-    """Collect kernel timings on this machine, fit models on them and show the validation error before and after."""
+    """Collect kernel timings on this machine, fit models on them and show the validation error before and after.
+    --budget-s bounds the wall time of the whole command; a busy machine, noisy timings or too wide
+    an interval fail the calibration (exit 2), keeping what was measured."""
     from opcast.predict.calibrate import DEFAULT_SEQS, CalibrateConfig, run_calibrate
 
     cfg = CalibrateConfig(out=out, device=device, budget_s=budget_s, archs=tuple(arch or ()),
                           validate_archs=tuple(validate_arch or ()), datasets=tuple(datasets or ()),
                           batches=tuple(batch or (1,)), seqs=tuple(seq or DEFAULT_SEQS), precision=precision,
-                          attention=attention, name=name, estimator=estimator, steps=steps)
+                          attention=attention, name=name, estimator=estimator, steps=steps, allow_busy=allow_busy)
 
     def log(msg: str) -> None:
         err_console.print(f"calibrate: {msg}", highlight=False, markup=False, soft_wrap=True)
@@ -165,3 +174,7 @@ def calibrate_cmd(
         err_console.print(f"interrupted: the {report.rows_total} measured rows are kept in {report.data}; "
                           "re-run the same command to resume", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(130)
+    if report.failure:
+        from opcast.errors import OpcastError
+
+        raise OpcastError(report.failure)

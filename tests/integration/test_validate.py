@@ -4,6 +4,7 @@ structure, real measured times that grow with the layers, and one-line errors (e
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -58,15 +59,20 @@ def test_llama_style_and_eager_attention_run(tmp_path, capsys):
     assert doc["attention"] == "eager" and doc["phases"][3]["measured_s"] > 0
 
 
-def test_measured_time_grows_with_the_layers(tmp_path, capsys):
+def test_layers_override_builds_and_prices_the_deeper_model(tmp_path, capsys):
+    """--layers changes what is built and measured (parameters) and what is predicted. The measured
+    times are only checked to be real: on a shared machine a 2-layer run measured 0.86 s against
+    0.12 s for 8 layers, so comparing them would test the load, not opcast (issue 15)."""
     path = _write(tmp_path, TINY, hidden=256, ffn_hidden=1024, n_heads=8)
     short = _validate(capsys, path, "--layers", "2")
     deep = _validate(capsys, path, "--layers", "8")
     assert deep["arch"].endswith("[layers=8]") and deep["params"] > short["params"]
-    t2, t8 = short["phases"][3]["measured_s"], deep["phases"][3]["measured_s"]
+    qkv = (8 + 2 * 4) * 32  # 8 query heads and 4 key/value heads of 32
+    per_block = (256 * qkv + qkv) + (256 * 256 + 256) + (256 * 1024 + 1024) + (1024 * 256 + 256) + 4 * 256
+    assert deep["params"] - short["params"] == 6 * per_block
+    assert short["phases"][3]["measured_s"] > 0 and deep["phases"][3]["measured_s"] > 0
     p2, p8 = short["phases"][3]["predicted_s"], deep["phases"][3]["predicted_s"]
-    assert t8 > 1.5 * t2, (t2, t8)  # 4x the blocks; embedding, head and optimizer are shared
-    assert p8 > 1.5 * p2
+    assert p8 > 1.5 * p2  # 4x the blocks; embedding, head and optimizer are shared
 
 
 def test_table_output(tmp_path, capsys):
@@ -149,8 +155,14 @@ def _fake_report(arch: str, predicted_s: float):
                           batch=1, seq=64, world_size=1, threads=1, steps=1, warmup=0, models="m", phases=phases)
 
 
+def _quiet_anchors():
+    from opcast.predict.calibrate_noise import AnchorTiming
+
+    return (AnchorTiming(name="gemm 512^3", median_s=5e-3, p20_s=4.9e-3, p80_s=5.1e-3),)
+
+
 def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_before(tmp_path, capsys, monkeypatch):
-    """The flow without the measurements: validations and the bench replaced by fakes."""
+    """The flow without the measurements: anchors, validations and the bench replaced by fakes."""
     from opcast.collect.bench import BenchResult
     import opcast.predict.isolated as isolated
 
@@ -158,13 +170,16 @@ def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_befor
 
     def fake(fn, *args, **kwargs):
         calls.append(fn.__name__)
+        if fn.__name__ == "measure_anchors":
+            return _quiet_anchors()
         if fn.__name__ == "run_validate":
             return _fake_report(args[0].name, 0.5)
         return BenchResult(rows_written=3, remaining=7, planned=10, interrupted=True)
 
     monkeypatch.setattr(isolated, "in_fresh_process", fake)
+    monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.0, 2))
     out = tmp_path / "cal"
-    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "5", "--json"]
+    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "600", "--json"]
     assert main(argv) == 130
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
@@ -172,10 +187,10 @@ def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_befor
     assert doc["checks"][0]["before"]["phases"][3]["error_pct"] == pytest.approx(-50.0)
     assert "re-run the same command to resume" in captured.err
     assert (out / "calibrate.json").is_file() and (out / "validate-before.json").is_file()
-    assert calls == ["run_validate", "bench_with_progress"]
+    assert calls == ["measure_anchors", "run_validate", "bench_with_progress"]
     calls.clear()
     assert main(argv) == 130  # the re-run reuses the validation before
-    assert calls == ["bench_with_progress"] and "cached" in capsys.readouterr().err
+    assert calls == ["measure_anchors", "bench_with_progress"] and "cached" in capsys.readouterr().err
 
 
 def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monkeypatch):
@@ -183,11 +198,14 @@ def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monk
     import opcast.predict.isolated as isolated
 
     def fake(fn, *args, **kwargs):
+        if fn.__name__ == "measure_anchors":
+            return _quiet_anchors()
         return _fake_report(args[0].name, 1.0) if fn.__name__ == "run_validate" else BenchResult(rows_written=0)
 
     monkeypatch.setattr(isolated, "in_fresh_process", fake)
+    monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.0, 2))
     monkeypatch.setattr("opcast.predict.calibrate.default_datasets", lambda: [])
-    argv = ["calibrate", "--out", str(tmp_path / "cal"), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "5"]
+    argv = ["calibrate", "--out", str(tmp_path / "cal"), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "600"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "too few to fit" in err[-1] and "re-run the same command" in err[-1]
@@ -195,10 +213,11 @@ def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monk
 
 @pytest.mark.slow
 def test_calibrate_end_to_end_on_the_cpu(tmp_path, capsys):
-    """A real calibration with a tiny budget: validate, collect, fit, validate, the model set usable."""
+    """A real calibration with a small budget (now a hard bound: 120 s leaves each stage room on a
+    loaded machine): validate, collect, fit, validate, the model set usable."""
     out = tmp_path / "cal"
-    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "60",
-            "--steps", "1", "--json"]
+    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "120",
+            "--steps", "1", "--allow-busy", "--json"]  # CI machines are loaded: the noise rules are tested apart
     assert main(argv) == 0, capsys.readouterr().err
     doc = json.loads(capsys.readouterr().out)
     assert doc["rows_collected"] > 0 and doc["interrupted"] is False and doc["fit_groups"]
@@ -221,9 +240,52 @@ def test_ddp_under_torchrun_on_the_cpu(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "opcast", "validate",
            "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32", "--steps", "2", "--warmup", "1", "--json"]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 0, _whole(res)
     doc = json.loads(res.stdout[res.stdout.index("{"):])
     assert doc["world_size"] == 2
     backward = next(p for p in doc["phases"] if p["phase"] == "backward")
     assert backward["predicted_as"] == "breakdown_s[backward] + [dp_comm_exposed]" and backward["measured_s"] > 0
     assert any("placeholders" in n for n in doc["notes"])
+
+
+def _whole(res) -> str:
+    """A failed subprocess's exit code and its whole stderr (every rank's lines: the first failure
+    is often far above torchrun's summary), with stdout's tail."""
+    return f"exit code {res.returncode}\n--- stderr ---\n{res.stderr}\n--- stdout (tail) ---\n{res.stdout[-2000:]}"
+
+
+_GROUP_SCRIPT = """
+import json, os, sys
+from opcast.predict.validate import local_env, measure_step, process_group, resolve_arch, torch_device
+env = local_env()
+arch = resolve_arch(sys.argv[1])
+with process_group("gloo", env.world) as session:
+    measure_step(arch, batch=1, seq=16, precision="fp32", attention="flash", device=torch_device("cpu", env), env=env,
+                 steps=1, warmup=0, profile=False)
+gloo = sorted(n for n in (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+              if "gloo" in n)
+print(json.dumps({"rank": env.rank, "started": session.started, "released": session.released, "gloo_threads": gloo}))
+"""
+
+
+@pytest.mark.slow
+def test_ddp_process_group_is_freed_before_exit(tmp_path):
+    """The cause of the SIGABRT at a rank's exit (issue 15, item 8): DDP's import of
+    torch.distributed.nn.functional kept the gloo group alive past destroy_process_group, so its
+    worker threads ran into interpreter shutdown and one that released a finished all-reduce late
+    aborted the rank. Deterministic check of the cause: after the block, the group is freed and no
+    gloo thread is left on either rank (the crash itself is a race, seen about 1 run in 20 under load)."""
+    import subprocess
+    import sys
+
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("needs /proc to list threads")
+    script = tmp_path / "group.py"
+    script.write_text(_GROUP_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), _write(tmp_path, TINY)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, _whole(res)
+    docs = sorted((json.loads(m) for m in re.findall(r'\{"rank"[^{}]*\}', res.stdout)), key=lambda d: d["rank"])
+    assert [d["rank"] for d in docs] == [0, 1], _whole(res)
+    for d in docs:
+        assert d["started"] is True and d["released"] is True and d["gloo_threads"] == [], (d, _whole(res))
