@@ -13,6 +13,12 @@ The child is started with ``spawn`` in its own process group, so a terminal's Ct
 the parent: with ``forward_sigint`` the parent passes each one on (``collect bench`` then finishes
 the current point and returns what it measured; a second one aborts it), otherwise the parent stops
 the child and raises ``KeyboardInterrupt``.
+
+``timeout_s`` makes a wall-time budget a hard bound on the child: shortly before it is spent the
+child is asked to stop (SIGINT when it handles one, as ``collect bench`` does, else SIGTERM), then
+without an answer stopped harder (SIGTERM, then SIGKILL), all within ``timeout_s`` (each signal
+gets :data:`GRACE_S`, at most a quarter of the timeout between them), and :class:`Overran` is
+raised with whatever it returned when asked.
 """
 
 from __future__ import annotations
@@ -22,6 +28,19 @@ import signal
 import traceback
 from collections.abc import Callable
 from typing import Any
+
+GRACE_S = 5.0
+"""Seconds a child that overran its timeout gets to answer each stop signal before the next one."""
+
+
+class Overran(Exception):
+    """The child ran past its ``timeout_s`` and was stopped."""
+
+    def __init__(self, timeout_s: float, value: Any = None) -> None:
+        super().__init__(f"stopped after its {timeout_s:.0f} s budget")
+        self.timeout_s = timeout_s
+        self.value = value
+        """What the child returned when asked to stop (e.g. collect's rows so far), or None."""
 
 
 def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -40,9 +59,12 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         conn.close()
 
 
-def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = False, **kwargs: Any) -> Any:
+def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = False, timeout_s: float | None = None,
+                     grace_s: float = GRACE_S, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` in a new ``spawn``-ed process; its result or its exception comes back.
-    ``fn`` must be importable (a module-level function) and its arguments picklable."""
+    ``fn`` must be importable (a module-level function) and its arguments picklable. Within
+    ``timeout_s`` seconds an unfinished child is stopped and :class:`Overran` raised (see the
+    module docstring)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -59,11 +81,22 @@ def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = 
             previous = signal.signal(signal.SIGINT, forward)
         except ValueError:  # not the main thread: Ctrl-C cannot be forwarded, the child keeps running
             previous = None
+    late = False
+    signals = (signal.SIGINT, signal.SIGTERM) if forward_sigint else (signal.SIGTERM,)
+    grace = 0.0 if timeout_s is None else min(grace_s, max(0.0, timeout_s) / 4 / len(signals))
     try:
+        ready = parent.poll(None if timeout_s is None else max(0.0, timeout_s - grace * len(signals)))
+        if not ready:
+            late = True
+            ready = _stop(proc, parent, signals, grace)
+        if not ready:
+            raise Overran(timeout_s or 0.0)
         try:
             status, value = parent.recv()
         except EOFError:
             proc.join()
+            if late:
+                raise Overran(timeout_s or 0.0) from None
             from opcast.errors import OpcastError
 
             why = " (killed: out of memory?)" if proc.exitcode in (-9, 137) else ""
@@ -79,8 +112,25 @@ def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = 
         proc.join(timeout=30)
         if proc.is_alive():
             proc.kill()
+    if late:
+        raise Overran(timeout_s or 0.0, value if status == "ok" else None)
     if status == "ok":
         return value
     if status == "err":
         raise value
     raise RuntimeError(f"the measuring process failed:\n{value}")
+
+
+def _stop(proc: Any, conn: Any, signals: tuple[int, ...], grace_s: float) -> bool:
+    """Signal an overrunning child (each of ``signals``, then SIGKILL), ``grace_s`` apart; True
+    when it answered (a result or its end) before being killed."""
+    for sig in signals:
+        if proc.pid is not None and proc.is_alive():
+            try:
+                os.kill(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        if conn.poll(grace_s):
+            return True
+    proc.kill()
+    return False
