@@ -101,6 +101,9 @@ def main() -> int:
             if calibrate.interrupted:
                 log("interrupted during collection; re-run the same command to resume")
                 return 130
+            if calibrate.models is None:  # a busy machine, a spent budget or too wide an interval
+                log(f"calibrate failed: {calibrate.failure}")
+                return 2
             models = Path(calibrate.models)
         spec = describe_local("cpu")
         default = None if args.no_default else load_kernel_cost(None)
