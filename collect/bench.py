@@ -25,12 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from opcast.collect.io import PartWriter, WriterLock, done_point_ids, failure_text, finish_run
+from opcast.collect.local_device import describe_local
 from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, make_plan
 from opcast.collect.signals import StopSignals
 from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
 from opcast.dtypes import DTYPES
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, describe_local
+from opcast.hardware import DeviceSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

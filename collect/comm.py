@@ -229,7 +229,7 @@ class _Ending:
 def _claim(out: Path, device: Any, stack: contextlib.ExitStack, run_id: str) -> dict[str, Any]:
     """Rank 0: take the dataset folder (its lock) and read what is already measured there; an
     error message for every rank if it cannot."""
-    from opcast.hardware import describe_local
+    from opcast.collect.local_device import describe_local
 
     try:
         try:

@@ -61,7 +61,8 @@ def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> N
 @hardware_app.command("show")
 def hardware_show(name: Annotated[str, typer.Argument(help="Catalog name or alias, 'local', 'cuda', or a JSON file.")]) -> None:
     """One device's full spec as JSON ('local' measures this machine's CPU)."""
-    from opcast.hardware import describe_local, device_to_dict, get_device
+    from opcast.collect.local_device import describe_local
+    from opcast.hardware import device_to_dict, get_device
 
     spec = describe_local("cpu") if name == "local" else describe_local(name) if name.startswith("cuda") else get_device(name)
     console.print_json(json.dumps(device_to_dict(spec)))

@@ -1,4 +1,5 @@
-"""The hardware catalog (data/hardware/*.json), name resolution, strict validation and the local CPU spec."""
+"""The hardware catalog (data/hardware/*.json), name resolution and strict validation (the local machine:
+test_local_device.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from opcast.errors import OpcastError
 from opcast.hardware import (
     DeviceSpec,
     catalog,
-    describe_local,
     device_to_dict,
     get_device,
     load_device_file,
@@ -293,33 +293,3 @@ def test_direct_construction_is_validated(valid: dict) -> None:
     fields = {**valid, "aliases": tuple(valid["aliases"]), "gpus_per_node": 0}
     assert "'gpus_per_node' must be positive" in _one_line_error(DeviceSpec, **fields)
 
-
-# ---------------------------------------------------------------------- local CPU
-
-def test_describe_local_cpu_is_measured_then_cached(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("OPCAST_CACHE_DIR", str(tmp_path))
-    spec = describe_local("cpu")
-    assert spec.vendor == "cpu" and spec.name.startswith("cpu-") and spec.name.endswith(f"-{spec.sm_count}c")
-    # measured rates: positive, but no floor (a loaded CI machine measured 95 MFLOP/s)
-    assert spec.peak_fp32_flops > 0 and spec.mem_bw_bytes_per_s > 0
-    assert spec.peak_tf32_flops is None and spec.peak_fp8_flops is None and spec.tdp_w is None
-    assert spec.source.startswith("measured by opcast on ")
-    if spec.supports("bf16"):  # a CPU has no tensor cores: each measured peak is its own vector rate
-        assert spec.peak_flops("bf16", tensor_cores=False) == spec.peak_bf16_flops
-    assert len(list(tmp_path.glob("local-*.json"))) == 1
-
-    def must_not_measure(*args, **kwargs):
-        raise AssertionError("the second call should be served from the cache")
-
-    monkeypatch.setattr(hardware, "_measure_cpu", must_not_measure)
-    assert describe_local("cpu") == spec
-    assert get_device("cpu") == spec
-
-    fresh = DeviceSpec(**{**device_to_dict(spec), "aliases": (), "peak_fp32_flops": 1.0})
-    monkeypatch.setattr(hardware, "_measure_cpu", lambda *args: fresh)
-    assert describe_local("cpu", remeasure=True) == fresh
-    assert describe_local("cpu").peak_fp32_flops == 1.0  # the cache was rewritten
-
-
-def test_describe_local_rejects_unknown_devices() -> None:
-    assert "use cpu, cuda or cuda:N" in _one_line_error(describe_local, "tpu")
