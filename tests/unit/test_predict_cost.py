@@ -172,3 +172,37 @@ def test_uncovered_eager_attention_is_priced_from_its_learned_kernels():
     assert model.time_s(bwd, A100)[1] == ROOFLINE
     flash = kernel("attention", {**att.param_dict, "impl": "flash"}, "fp32")
     assert decompose(flash) is None and model.time_s(flash, A100)[1] == ROOFLINE
+
+
+def test_the_cost_package_is_layered_by_concern_and_re_exports_every_public_name():
+    """query <- roofline <- learned <- model: each module imports only the ones before it (no cycle,
+    one home per concern), and ``opcast.predict.cost`` re-exports each public name of them once."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    import opcast.predict.cost as cost
+
+    order = ["query", "roofline", "learned", "model"]
+    folder = Path(cost.__file__).parent
+    for i, name in enumerate(order):
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        siblings = {n.module.rsplit(".", 1)[1] for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("opcast.predict.cost.")}
+        assert siblings <= set(order[:i]), f"{name} imports {sorted(siblings - set(order[:i]))}"
+    defined = {}
+    for name in order:
+        module = importlib.import_module(f"opcast.predict.cost.{name}")
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        for node in tree.body:
+            targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
+                       [t.id for a in ([node] if isinstance(node, ast.Assign) else []) for tg in a.targets
+                        for t in ast.walk(tg) if isinstance(t, ast.Name)] +
+                       ([node.target.id] if isinstance(node, ast.AnnAssign) else []))
+            for target in targets:
+                assert target not in defined, f"{target} is defined in both {defined[target]} and {name}"
+                defined[target] = name
+                if target in cost.__all__:
+                    assert getattr(cost, target) is getattr(module, target)
+    helpers = {"roof_at_peak"}  # shared between the modules, not part of the package's interface
+    assert sorted(cost.__all__) == sorted(n for n in defined if not n.startswith("_") and n not in helpers)

@@ -1,0 +1,93 @@
+"""Kernel times: one small protocol, a learned source and a flagged roofline fallback, cached.
+
+A :class:`Kernel` is one unique op query ``(kind, params, dtype, direction, tensor_cores)``. A
+*kernel-time source* (:class:`KernelTimeSource`) turns a batch of them into seconds on a device,
+NaN where it cannot speak. :class:`KernelCostModel` asks its sources in order, labels every
+answer with the source that gave it (``learned`` or ``roofline``) and caches it per device, so a
+layer repeated 96 times, or a config search over thousands of layouts, costs each unique kernel
+once.
+
+Sources:
+
+- :class:`LearnedKernelCost` wraps ``opcast.train.artifacts.ModelSet`` (``--models DIR`` or the
+  embedded default); it answers only the (op, dtype, direction) groups the set covers. A device
+  outside the hardware a predictor was fitted on (:class:`HardwareRange`, from the training
+  devices' specs recorded in ``meta.json``) is an extrapolation: the answer is flagged, and with
+  ``in_range_only`` (the CLI's ``--analytic``) the roofline answers instead, flagged too.
+- :class:`RooflineKernelCost`, the fallback, is ``max(FLOPs / (peak x eff_c), bytes / (bw x eff_m))``
+  with the efficiencies of :data:`ROOFLINE_EFFICIENCY`. It has no constant terms, so a GPU with
+  every spec doubled is exactly twice as fast on this path.
+
+:func:`bottleneck` says where a kernel sits on the roofline of a device (compute- or memory-bound,
+arithmetic intensity against the ridge point) and how much of the peak its predicted time uses.
+Every learned answer is held to physical bounds (:data:`BOUND_RULES`, listed in
+:mod:`~opcast.predict.cost.learned`), reported by :meth:`KernelCostModel.bound_flag` and in
+``describe()``.
+
+One module per concern; this package re-exports their public names, so import from
+``opcast.predict.cost``:
+
+- :mod:`~opcast.predict.cost.query`     :class:`Kernel`, :func:`kernel`, :func:`validated_kernel`, the
+  tensor-core rule (:func:`uses_tensor_cores`) and the :class:`KernelTimeSource` protocol;
+- :mod:`~opcast.predict.cost.roofline`  the analytic price: :class:`RooflineKernelCost`,
+  :func:`kernel_peak`, :func:`bottleneck`, :func:`peak_roofline_s`;
+- :mod:`~opcast.predict.cost.learned`   :class:`LearnedKernelCost`, its range checks
+  (:class:`HardwareRange`) and the physical bounds;
+- :mod:`~opcast.predict.cost.model`     the composition, :class:`KernelCostModel` (with
+  :func:`decompose` for eager attention), and the entry points :func:`load_kernel_cost` and
+  :func:`roofline_only`.
+
+Collectives are not kernels here: :mod:`opcast.predict.comm` costs them.
+"""
+
+from __future__ import annotations
+
+from opcast.predict.cost.learned import (
+    BOUND_RULES,
+    FLOOR,
+    MONOTONE,
+    RANGE_SLACK,
+    RATIO,
+    SPAN,
+    UTILISATION_MARGIN,
+    HardwareRange,
+    LearnedKernelCost,
+)
+from opcast.predict.cost.model import (
+    BOUNDS_ENV,
+    KernelCostModel,
+    decompose,
+    load_kernel_cost,
+    models_flag_problem,
+    physical_bounds_enabled,
+    roofline_only,
+)
+from opcast.predict.cost.query import (
+    LEARNED,
+    MATRIX_KINDS,
+    ROOFLINE,
+    Kernel,
+    KernelTimeSource,
+    kernel,
+    uses_tensor_cores,
+    validated_kernel,
+)
+from opcast.predict.cost.roofline import (
+    ROOFLINE_EFFICIENCY,
+    Bottleneck,
+    EfficiencyCurve,
+    RooflineEfficiency,
+    RooflineKernelCost,
+    RooflineTerms,
+    bottleneck,
+    kernel_peak,
+    peak_roofline_s,
+)
+
+__all__ = [
+    "BOUNDS_ENV", "BOUND_RULES", "FLOOR", "LEARNED", "MATRIX_KINDS", "MONOTONE", "RANGE_SLACK", "RATIO", "ROOFLINE",
+    "ROOFLINE_EFFICIENCY", "SPAN", "UTILISATION_MARGIN", "Bottleneck", "EfficiencyCurve", "HardwareRange", "Kernel",
+    "KernelCostModel", "KernelTimeSource", "LearnedKernelCost", "RooflineEfficiency", "RooflineKernelCost",
+    "RooflineTerms", "bottleneck", "decompose", "kernel", "kernel_peak", "load_kernel_cost", "models_flag_problem",
+    "peak_roofline_s", "physical_bounds_enabled", "roofline_only", "uses_tensor_cores", "validated_kernel",
+]

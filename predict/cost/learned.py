@@ -1,0 +1,380 @@
+"""The learned kernel-time source (:class:`LearnedKernelCost`, a fitted
+``opcast.train.artifacts.ModelSet``), the hardware and feature range each predictor was fitted on
+(:class:`HardwareRange`) and the physical bounds every learned answer is held to
+(:meth:`LearnedKernelCost.bound`, :data:`BOUND_RULES`):
+
+- no kernel runs faster than its roofline at the peak, ``max(FLOPs / peak, bytes / bw)``
+  (datasheet peak for the kernel's dtype and tensor-core use, no efficiency derating);
+- on a device its predictor was not fitted on, the kernel's utilisation of that roofline (of its
+  bounding resource) stays within what the same model predicts for the same kernel on the
+  training devices, ``[min, max]`` (:data:`UTILISATION_MARGIN`), no higher than on a training
+  device with less of that resource and no lower than on one with more, so its speed-up against
+  a training device is at most the ratio of the resource that bounds the kernel (where training
+  devices disagree, a GPU with more of the resource reaching a larger share of it, the lower
+  utilisation is kept);
+- monotone in the resources: such a device with at least the peak and the bandwidth of a training
+  device is never slower on a kernel than that training device, and one with at most both never faster.
+
+Devices a predictor was fitted on get only the roofline floor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from opcast.errors import OpcastError
+from opcast.predict.cost.query import LEARNED, MATRIX_KINDS, Kernel
+from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
+from opcast.predict.intervals import Residuals
+
+if TYPE_CHECKING:
+    from opcast.hardware import DeviceSpec
+
+
+# --------------------------------------------------------------------------- physical bounds
+
+UTILISATION_MARGIN = 1.0
+"""How far beyond the training devices' span a learned model may move a kernel's utilisation
+of its roofline on a device it was not fitted on: ``[min / margin, min(1, max x margin)]``. 1.0:
+exactly the span, so a device with twice the bandwidth runs a memory-bound kernel at most twice
+as fast as the training device that uses its bandwidth best."""
+
+FLOOR, SPAN, RATIO, MONOTONE = "roofline_floor", "utilisation_span", "resource_ratio", "monotone"
+BOUND_RULES: dict[str, str] = {
+    FLOOR: "no faster than the roofline at the datasheet peak",
+    SPAN: f"utilisation of the bounding resource within the span of the training devices (margin {UTILISATION_MARGIN:g})",
+    RATIO: "utilisation no higher than on a training device with less of the bounding resource and no lower than "
+           "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
+    MONOTONE: "no slower than a training device with less of both peak and bandwidth, no faster than one with more "
+              "(the first wins where the training devices disagree)",
+}
+"""The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
+
+
+# --------------------------------------------------------------------------- hardware range
+
+RANGE_SLACK = 0.02
+"""A device spec within 2 % of a predictor's fitted range counts as inside it (datasheet
+rounding, re-measured specs); a fitted feature range gets the same slack on its (mostly log) scale."""
+
+_DEVICE_FEATURES: dict[str, str] = {
+    "log_peak_flops": "peak_flops", "log_mem_bw_bytes_per_s": "mem_bw_bytes_per_s", "log_sm_count": "sm_count",
+    "log_l2_bytes": "l2_bytes", "log_clock_hz": "boost_clock_hz", "log_ridge": "ridge_flop_per_byte",
+    "fp32_lanes_per_sm": "fp32_lanes_per_sm", "is_cpu": "is_cpu",
+}
+"""Device features of ``opcast.train.features`` -> the spec quantity each reads."""
+
+
+def _device_quantities(device: DeviceSpec, k: Kernel) -> dict[str, float] | None:
+    """The spec quantities of ``device`` a predictor of ``k``'s group reads (None: no peak for its dtype)."""
+    try:
+        peak = kernel_peak(k, device)
+    except OpcastError:
+        return None
+    return {"peak_flops": peak, "mem_bw_bytes_per_s": device.mem_bw_bytes_per_s, "sm_count": float(device.sm_count),
+            "l2_bytes": float(device.l2_bytes), "boost_clock_hz": device.boost_clock_hz,
+            "ridge_flop_per_byte": peak / device.mem_bw_bytes_per_s, "fp32_lanes_per_sm": float(device.fp32_lanes_per_sm),
+            "is_cpu": float(device.vendor == "cpu")}
+
+
+class HardwareRange:
+    """The hardware (and, where recorded, feature) range each predictor of a model set was fitted on.
+
+    Read from ``meta.json``: a predictor's ``devices`` (names) and the set's ``device_specs``
+    (name -> catalog-style spec) give, for every device quantity the predictor reads (its
+    ``features``; all of them when none is listed), the [min, max] over its training devices; a
+    query device outside one of them by more than :data:`RANGE_SLACK` is an extrapolation. A
+    predictor entry that records ``feature_ranges`` (feature -> [min, max] over its training rows)
+    is also checked feature by feature, which covers shapes too. What is not recorded is not
+    checked, and :attr:`notes` says so.
+    """
+
+    def __init__(self, meta: Mapping[str, Any] | None) -> None:
+        self.meta = meta or {}
+        self.notes: list[str] = []
+        self._specs: dict[str, DeviceSpec] = {}
+        self._reasons: dict[tuple[Any, ...], str | None] = {}
+        specs = self.meta.get("device_specs")
+        if not isinstance(specs, Mapping):
+            self.notes.append("the model set records no device_specs: learned predictions are not range-checked")
+            return
+        from opcast.hardware import spec_from_dict
+
+        for name, raw in specs.items():
+            try:
+                self._specs[str(name)] = spec_from_dict(raw, f"device_specs[{name}] of the model set")
+            except OpcastError:
+                self.notes.append(f"device spec {name} of the model set is invalid: its range is not checked")
+        predictors = self.meta.get("predictors", {})
+        if predictors and not any("feature_ranges" in e for e in predictors.values() if isinstance(e, Mapping)):
+            self.notes.append("hardware range checked against the training devices' specs; shape ranges are not "
+                              "recorded in the model set and are not checked")
+
+    def fitted_on(self, key: str) -> tuple[str, ...]:
+        """Names of the devices predictor ``key`` was fitted on (empty when not recorded)."""
+        entry = self.meta.get("predictors", {}).get(key)
+        return tuple(str(n) for n in entry.get("devices", ())) if isinstance(entry, Mapping) else ()
+
+    def training_specs(self, key: str) -> tuple[DeviceSpec, ...]:
+        """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on."""
+        return tuple(self._specs[n] for n in self.fitted_on(key) if n in self._specs)
+
+    def reason(self, key: str, k: Kernel, device: DeviceSpec) -> str | None:
+        """Why ``device`` is outside the hardware predictor ``key`` was fitted on, or None."""
+        cache_key = (key, k.dtype, k.tensor_cores, device)
+        if cache_key in self._reasons:
+            return self._reasons[cache_key]
+        entry = self.meta.get("predictors", {}).get(key)
+        why = None
+        if isinstance(entry, Mapping):
+            names = [str(n) for n in entry.get("devices", ()) if str(n) in self._specs]
+            listed = [_DEVICE_FEATURES[f] for f in entry.get("features", ()) if f in _DEVICE_FEATURES]
+            wanted = listed or list(_DEVICE_FEATURES.values())
+            mine = _device_quantities(device, k)
+            fitted = [q for n in names if (q := _device_quantities(self._specs[n], k)) is not None]
+            if mine is not None and fitted:
+                out = []
+                for q in wanted:
+                    lo, hi, v = min(f[q] for f in fitted), max(f[q] for f in fitted), mine[q]
+                    if q == "is_cpu":
+                        if not lo <= v <= hi:
+                            out.append("a CPU, fitted on GPUs only" if v else "a GPU, fitted on CPUs only")
+                    elif v < lo * (1 - RANGE_SLACK) or v > hi * (1 + RANGE_SLACK):
+                        out.append(f"{q} {v:.3g} {'below' if v < lo else 'above'} {lo:.3g}..{hi:.3g}")
+                if out:
+                    why = f"{key} fitted on {', '.join(names)}: {'; '.join(out)}"
+        self._reasons[cache_key] = why
+        return why
+
+    def feature_reasons(self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None) -> dict[Kernel, str]:
+        """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``
+        (``feats``: their feature rows, when the caller computed them already)."""
+        entry = self.meta.get("predictors", {}).get(key)
+        ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
+        if not ranges or not kernels:
+            return {}
+        if feats is None:
+            from opcast.train.features import features
+
+            feats = features(_query_frame(kernels), device)
+        out: dict[Kernel, str] = {}
+        for name, bounds in ranges.items():
+            if name not in feats.columns:
+                continue
+            lo, hi = float(bounds[0]), float(bounds[1])
+            values = feats[name].to_numpy(dtype=float)
+            for k, v in zip(kernels, values):
+                if k not in out and np.isfinite(v) and (v < lo - RANGE_SLACK or v > hi + RANGE_SLACK):
+                    out[k] = f"{key}: feature {name} = {v:.3g} outside its fitted {lo:.3g}..{hi:.3g}"
+        return out
+
+
+def _query_frame(kernels: Sequence[Kernel]) -> Any:
+    """Kernels as query rows of the dataset schema (op, dtype, direction, tensor_cores, params)."""
+    import pandas as pd
+
+    rows = []
+    for k in kernels:
+        row: dict[str, object] = {"op": k.kind, "dtype": k.dtype, "direction": k.direction, "tensor_cores": k.tensor_cores}
+        row.update(k.params)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+class LearnedKernelCost:
+    """Adapter of a fitted ``opcast.train.artifacts.ModelSet`` to :class:`KernelTimeSource`."""
+
+    name = LEARNED
+
+    def __init__(self, model_set: Any, label: str) -> None:
+        self.model_set = model_set
+        self.label = label
+        """Where the models came from (a folder, or 'embedded default')."""
+        self._covers: dict[tuple[str, str, str], bool] = {}
+        self._residuals: dict[tuple[str, str], Residuals | None] = {}
+        self._groups: dict[tuple[str, str, str, bool], str] = {}
+        self._on_training: dict[str, dict[Kernel, float]] = {}
+        """Training device name -> this source's raw time of each kernel asked there (for :meth:`bound`)."""
+        meta = getattr(model_set, "meta", None)
+        self.range = HardwareRange(meta if isinstance(meta, Mapping) else None)
+        """The hardware each predictor was fitted on (:class:`HardwareRange`)."""
+
+    def group_of(self, k: Kernel) -> str:
+        """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
+        memo = (k.kind, k.direction, k.dtype, k.tensor_cores)
+        key = self._groups.get(memo)
+        if key is None:
+            from opcast.train.features import dtype_class, group_key
+
+            key = self._groups[memo] = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+        return key
+
+    def out_of_range(self, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, str]:
+        """Why each of ``kernels`` (covered ones) would be an extrapolation on ``device``; the
+        kernels inside the fitted range are absent."""
+        if not self.range.meta.get("predictors") or not kernels:
+            return {}
+        try:
+            import opcast.train.features  # noqa: F401
+        except ImportError:
+            return {}
+        out: dict[Kernel, str] = {}
+        by_key: dict[str, list[Kernel]] = {}
+        for k in kernels:
+            key = self.group_of(k)
+            why = self.range.reason(key, k, device)
+            if why:
+                out[k] = why
+            else:
+                by_key.setdefault(key, []).append(k)
+        if by_key:  # one feature computation for every group (pandas overhead is per call)
+            from opcast.train.features import features
+
+            todo = [k for ks in by_key.values() for k in ks]
+            feats = features(_query_frame(todo), device).reset_index(drop=True)
+            start = 0
+            for key, ks in by_key.items():
+                rows = feats.iloc[start:start + len(ks)]
+                start += len(ks)
+                out.update(self.range.feature_reasons(key, ks, device, rows))
+        return out
+
+    def warm(self) -> int:
+        """Load every predictor now (a ModelSet loads them on first use); returns how many. A
+        benchmark calls this so that 'after the models are loaded' means what it says."""
+        keys = list(getattr(self.model_set, "predictors", {}) or {})
+        load = getattr(self.model_set, "estimator", None)
+        if load is not None:
+            for key in keys:
+                load(key)
+        return len(keys)
+
+    def covers(self, k: Kernel) -> bool:
+        key = (k.kind, k.dtype, k.direction)
+        hit = self._covers.get(key)
+        if hit is None:
+            hit = self._covers[key] = bool(self.model_set.covers(*key))
+        return hit
+
+    def residuals(self, k: Kernel, device: DeviceSpec) -> Residuals | None:
+        """The held-out residuals of the predictor that prices ``k`` on ``device`` (None when the
+        model set records none)."""
+        get = getattr(self.model_set, "residuals", None)
+        if get is None:
+            return None
+        key = self.group_of(k)
+        memo = self._residuals.get((key, device.name), False)
+        if memo is False:
+            got = get(key, device.name)
+            memo = self._residuals[(key, device.name)] = Residuals(key, *got) if got is not None else None
+        return memo
+
+    def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
+        out = np.asarray(self.model_set.predict_s(_query_frame(kernels), device), dtype=float)
+        if out.shape != (len(kernels),):
+            raise OpcastError(f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
+                              "refit them with this opcast (opcast train fit)")
+        out[~np.isfinite(out) | (out <= 0)] = np.nan
+        return out
+
+    def bound(self, kernels: Sequence[Kernel], times: np.ndarray, device: DeviceSpec,
+              margin: float = UTILISATION_MARGIN) -> tuple[np.ndarray, dict[Kernel, tuple[str, str]]]:
+        """``times`` (this source's answers for ``kernels`` on ``device``) held to physics
+        (:data:`BOUND_RULES`): the roofline floor everywhere; on a device a kernel's predictor was
+        not fitted on, also the utilisation span of its training devices and monotonicity
+        against them. Returns the bounded times and, for each kernel a rule moved, (rule, why).
+        The training devices' times come from this source in one batched call per device, cached."""
+        out = np.array(times, dtype=float)
+        why: dict[Kernel, tuple[str, str]] = {}
+        keys = [self.group_of(k) for k in kernels]
+        work = [(k.flops(), k.bytes_moved()) for k in kernels]
+        peaks: dict[tuple[str, str, bool], float] = {}
+
+        def roof(i: int, spec: DeviceSpec) -> tuple[float, float, str]:
+            """(roofline seconds at the peak, the peak, the bounding resource) of kernel i on spec."""
+            k = kernels[i]
+            memo = (spec.name, k.dtype, k.kind in MATRIX_KINDS and k.tensor_cores)
+            peak = peaks.get(memo)
+            if peak is None:
+                try:
+                    peak = kernel_peak(k, spec)
+                except OpcastError:
+                    peak = math.nan
+                peaks[memo] = peak
+            seconds, resource = roof_at_peak(*work[i], peak, spec.mem_bw_bytes_per_s)
+            return seconds, peak, resource
+
+        roofs = [roof(i, device) for i in range(len(kernels))]
+        extrapolated: list[int] = []
+        wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
+        for i, (k, key) in enumerate(zip(kernels, keys)):
+            if not np.isfinite(out[i]):
+                continue
+            if device.name in self.range.fitted_on(key):
+                self._on_training.setdefault(device.name, {})[k] = float(out[i])
+                continue
+            specs = self.range.training_specs(key)
+            if specs and np.isfinite(roofs[i][0]):
+                extrapolated.append(i)
+                for spec in specs:
+                    if k not in self._on_training.get(spec.name, {}):
+                        wanted.setdefault(spec.name, (spec, []))[1].append(k)
+        for name, (spec, ks) in wanted.items():  # one batched call per training device
+            got = self.predict_s(list(dict.fromkeys(ks)), spec)
+            self._on_training.setdefault(name, {}).update(zip(dict.fromkeys(ks), (float(t) for t in got)))
+        for i in extrapolated:
+            k, key = kernels[i], keys[i]
+            r_s, peak, resource = roofs[i]
+            seen: list[tuple[str, float, float, float, float, float]] = []  # (name, time, utilisation, peak, bw, roof)
+            for spec in self.range.training_specs(key):
+                t_i = self._on_training[spec.name].get(k, math.nan)
+                r_i, peak_i, _ = roof(i, spec)
+                if np.isfinite(t_i) and np.isfinite(r_i):
+                    t_i = max(t_i, r_i)
+                    seen.append((spec.name, t_i, r_i / t_i, peak_i, spec.mem_bw_bytes_per_s, r_i))
+            if not seen:
+                continue
+            utils = [u for _, _, u, *_ in seen]
+            lo, hi = min(utils) / margin, min(1.0, max(utils) * margin)
+            t, u = out[i], r_s / out[i]
+            what = "peak" if resource == "compute" else "memory bandwidth"
+            if u > hi or u < lo:
+                t = r_s / (hi if u > hi else lo)
+                why[k] = (SPAN, f"{key} on {device.name} at {u:.0%} of its {what}, outside the {lo:.0%}..{hi:.0%} "
+                                f"it predicts on its training devices ({', '.join(n for n, *_ in seen)}); "
+                                f"held at {100 * r_s / t:.0f} %")
+            # Speed-ups at most the ratio of what bounds the kernel, against a training device with
+            # less of it (utilisation no higher than there) and one with more (no lower than there).
+            weaker = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i >= r_s]
+            stronger = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i <= r_s]
+            cap = min(weaker, key=lambda nu: nu[1]) if weaker else None
+            rise = max(stronger, key=lambda nu: nu[1]) if stronger else None
+            u = r_s / t
+            if rise is not None and u < rise[1] / margin and (cap is None or rise[1] <= cap[1]):
+                t = r_s / (rise[1] / margin)
+                why[k] = (RATIO, f"{key} on {device.name} at {u:.0%} of its {what}, below the {rise[1]:.0%} it "
+                                 f"predicts on {rise[0]}, which has more of it; held there")
+            if cap is not None and u > cap[1] * margin:
+                t = r_s / (cap[1] * margin)
+                why[k] = (RATIO, f"{key} on {device.name} at {u:.0%} of its {what}, above the {cap[1]:.0%} it "
+                                 f"predicts on {cap[0]}, which has less of it; held there")
+            for name, t_i, _, peak_i, bw_i, _ in seen:  # monotone in the resources; "never slower" wins
+                if peak <= peak_i and device.mem_bw_bytes_per_s <= bw_i and t < t_i:
+                    t, why[k] = t_i, (MONOTONE, f"{key} on {device.name} faster than on {name}, which has more of "
+                                                "both peak and bandwidth; held at its time")
+            for name, t_i, _, peak_i, bw_i, _ in seen:
+                if peak >= peak_i and device.mem_bw_bytes_per_s >= bw_i and t > t_i:
+                    t, why[k] = t_i, (MONOTONE, f"{key} on {device.name} slower than on {name}, which has less of "
+                                                "both peak and bandwidth; held at its time")
+            out[i] = t
+        for i, k in enumerate(kernels):  # the floor, last: nothing beats the roofline at the peak
+            r_s, _, resource = roofs[i]
+            if np.isfinite(out[i]) and np.isfinite(r_s) and out[i] < r_s:
+                why[k] = (FLOOR, f"{keys[i]} on {device.name} faster than its {resource} roofline at the datasheet peak "
+                                 f"({r_s * 1e6:.3g} us; {out[i] / r_s:.0%} of it); held at the roofline")
+                out[i] = r_s
+        return out, why
