@@ -1,25 +1,48 @@
 """opcast.predict: decompose archs into ops, cost them and compose distributed training and
 inference time, throughput and memory, on a CPU.
 
-The modules follow the data flow, Calculon-style explicit stages:
+The modules, by concern (keep this list true: one line per module).
 
-- :mod:`~opcast.predict.parallel`  configurations (frozen dataclasses), the cluster, validation
+The model core, following the data flow in Calculon-style explicit stages:
+
+- :mod:`~opcast.predict.parallel`    configurations (frozen dataclasses), the cluster, validation
   that lists every reason a configuration is infeasible, rank placement;
-- :mod:`~opcast.predict.graph`     arch -> per-rank kernels and collectives of a block and of the
+- :mod:`~opcast.predict.graph`       arch -> per-rank kernels and collectives of a block and of the
   model-level ops, forward, backward, recomputation (Megatron TP/SP/CP/EP shapes);
-- :mod:`~opcast.predict.cost`      kernel times: learned models where they cover, a flagged
-  roofline elsewhere, cached;
-- :mod:`~opcast.predict.comm`      collective times: hierarchical ring/tree alpha-beta;
-- :mod:`~opcast.predict.schedule`  1F1B / interleaved pipeline time and the replayed timeline;
-- :mod:`~opcast.predict.memory`    weights, gradients, optimizer states, activations, KV cache;
-- :mod:`~opcast.predict.training`  ``compile_train -> run_train -> TrainResult``;
-- :mod:`~opcast.predict.inference` prefill and decode;
-- :mod:`~opcast.predict.report`    JSON, rich summaries, Chrome traces, charts;
-- :mod:`~opcast.predict.batch`     ``predict kernels`` over a table;
-- :mod:`~opcast.predict.cli`       the ``opcast predict`` commands.
+- :mod:`~opcast.predict.cost`        kernel times (a package: query, roofline, learned, model):
+  learned models where they cover, a flagged roofline elsewhere, held to physical bounds, cached;
+- :mod:`~opcast.predict.comm`        collective times: hierarchical ring/tree alpha-beta;
+- :mod:`~opcast.predict.schedule`    1F1B / interleaved pipeline time and the replayed timeline;
+- :mod:`~opcast.predict.memory`      weights, gradients, optimizer states, activations, KV cache;
+- :mod:`~opcast.predict.training`    ``compile_train -> run_train -> TrainResult``;
+- :mod:`~opcast.predict.inference`   prefill and decode;
+- :mod:`~opcast.predict.intervals`   prediction intervals from the learned predictors' held-out residuals;
+- :mod:`~opcast.predict.batch`       ``predict kernels`` over a table.
 
-Nothing here imports torch or xgboost at start-up; learned models are loaded (lazily) through
-``opcast.train.artifacts`` only when a prediction asks for them.
+Search and what-if:
+
+- :mod:`~opcast.predict.search`      every parallel configuration of a job, pruned early, predicted and ranked;
+- :mod:`~opcast.predict.whatif`      hypothetical GPUs, scaling grids, side-by-side GPUs, where the time goes.
+
+Measuring this machine and checking predictions against it (these import torch when they run):
+
+- :mod:`~opcast.predict.validate`    time real training steps here and compare them with the prediction;
+- :mod:`~opcast.predict.calibrate`   fit kernel models for this machine and show what they change;
+- :mod:`~opcast.predict.calibrate_noise` whether this machine is quiet enough to calibrate on (rules over timings);
+- :mod:`~opcast.predict.torch_model` a compact PyTorch GPT / Llama, kernel for kernel the priced op graph;
+- :mod:`~opcast.predict.isolated`    run a measurement in a fresh process.
+
+The command line and presentation:
+
+- :mod:`~opcast.predict.options`     the options of every prediction command, each declared once;
+- :mod:`~opcast.predict.report`      JSON, rich summaries, Chrome traces, charts;
+- :mod:`~opcast.predict.cli`         the ``opcast predict`` commands;
+- :mod:`~opcast.predict.search_cli`  ``opcast search``;
+- :mod:`~opcast.predict.whatif_cli`  ``opcast explore`` and ``opcast compare``;
+- :mod:`~opcast.predict.validate_cli` ``opcast validate`` and ``opcast calibrate``.
+
+Nothing on the prediction path imports torch or xgboost at start-up; learned models are loaded
+(lazily) through ``opcast.train.artifacts`` only when a prediction asks for them.
 
 Library use::
 
