@@ -25,7 +25,7 @@ from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
-from opcast.predict.parallel import Cluster, InferConfig, Precision, _device_reasons, validate_infer
+from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -94,11 +94,11 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
                   comms: CollectiveCostModel | None = None, details: bool = True) -> InferResult:
     """Latency, throughput and memory of one inference batch (see the module docstring)."""
     cluster, reasons = validate_infer(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, check_device=False)
-    device_reasons = _device_reasons(device, cfg.precision)
-    if device_reasons and cluster is not None and cfg.precision in get_args(Precision):  # every reason at once
+    precision_reasons = device_reasons(device, cfg.precision)
+    if precision_reasons and cluster is not None and cfg.precision in get_args(Precision):  # every reason at once
         reasons = [r for r in (overflow_reason(_infer_memory(arch, cfg), device, _MEMORY_FIX),) if r]
-    if device_reasons or cluster is None:
-        return InferResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*device_reasons, *reasons))
+    if precision_reasons or cluster is None:
+        return InferResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*precision_reasons, *reasons))
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
     comms = comms or CollectiveCostModel()
     prec = precision_of(cfg.precision, cfg.tensor_cores)

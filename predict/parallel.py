@@ -188,9 +188,6 @@ def device_reasons(device, precision: str) -> list[str]:
     return []
 
 
-_device_reasons = device_reasons  # predict/inference.py still imports the old private name
-
-
 def resolve_cluster(device, *, nodes: int | None, gpus_per_node: int | None, world_needed: int | None) -> tuple[Cluster | None, list[str]]:
     """The cluster from --nodes/--gpus-per-node, or the smallest one of ``device`` nodes holding
     ``world_needed`` GPUs."""
