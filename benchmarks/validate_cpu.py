@@ -26,22 +26,61 @@ from pathlib import Path
 
 from opcast.archs import ArchSpec
 
-GPT2 = ArchSpec(name="gpt2-style", family="gpt2", n_layers=12, hidden=768, n_heads=12, n_kv_heads=12, head_dim=64,
-                ffn_hidden=3072, vocab=50257, max_seq=1024, norm="layernorm", activation="gelu", gated_mlp=False,
-                position="learned", tied_embeddings=True, linear_bias=True, parallel_residual=False,
-                source="GPT-2 (Radford et al. 2019) block and vocab at the given width and depth")
-LLAMA = ArchSpec(name="llama-style", family="llama", n_layers=12, hidden=768, n_heads=12, n_kv_heads=4, head_dim=64,
-                 ffn_hidden=2048, vocab=32000, max_seq=4096, norm="rmsnorm", activation="silu", gated_mlp=True,
-                 position="rope", tied_embeddings=False, linear_bias=False, parallel_residual=False,
-                 source="Llama-2 (Touvron et al. 2023) block, GQA, 32000 vocab at the given width and depth")
+GPT2 = ArchSpec(
+    name="gpt2-style",
+    family="gpt2",
+    n_layers=12,
+    hidden=768,
+    n_heads=12,
+    n_kv_heads=12,
+    head_dim=64,
+    ffn_hidden=3072,
+    vocab=50257,
+    max_seq=1024,
+    norm="layernorm",
+    activation="gelu",
+    gated_mlp=False,
+    position="learned",
+    tied_embeddings=True,
+    linear_bias=True,
+    parallel_residual=False,
+    source="GPT-2 (Radford et al. 2019) block and vocab at the given width and depth",
+)
+LLAMA = ArchSpec(
+    name="llama-style",
+    family="llama",
+    n_layers=12,
+    hidden=768,
+    n_heads=12,
+    n_kv_heads=4,
+    head_dim=64,
+    ffn_hidden=2048,
+    vocab=32000,
+    max_seq=4096,
+    norm="rmsnorm",
+    activation="silu",
+    gated_mlp=True,
+    position="rope",
+    tied_embeddings=False,
+    linear_bias=False,
+    parallel_residual=False,
+    source="Llama-2 (Touvron et al. 2023) block, GQA, 32000 vocab at the given width and depth",
+)
 
 
 def _arch(base: ArchSpec, hidden: int, layers: int) -> ArchSpec:
     heads = hidden // 64
     kv = heads if base.n_kv_heads == base.n_heads else max(1, heads // 4) if heads % 4 == 0 else heads // 2
     ffn = 4 * hidden if not base.gated_mlp else 64 * round(8 * hidden / 3 / 64)  # Llama's 8/3 h, rounded to 64
-    return replace(base, name=f"{base.name}-h{hidden}-l{layers}", hidden=hidden, n_layers=layers, n_heads=heads,
-                   n_kv_heads=kv, ffn_hidden=ffn)
+    return replace(
+        base,
+        name=f"{base.name}-h{hidden}-l{layers}",
+        hidden=hidden,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=kv,
+        ffn_hidden=ffn,
+    )
 
 
 CONFIGS: list[tuple[ArchSpec, int, int]] = [
@@ -78,10 +117,10 @@ def main() -> int:
         ap.error("give --out (calibrate first) or --models (an existing model set)")
     configs = CONFIGS[: max(1, args.configs)]
 
+    from opcast.collect.local_device import describe_local
     from opcast.errors import OpcastError
     from opcast.predict.calibrate import CalibrateConfig, Workload, run_calibrate
     from opcast.predict.cost import load_kernel_cost
-    from opcast.hardware import describe_local
     from opcast.predict.isolated import in_fresh_process
     from opcast.predict.validate import predict_step, run_validate
 
@@ -92,12 +131,19 @@ def main() -> int:
         calibrate = None
         models = args.models
         if args.out is not None:
-            cfg = CalibrateConfig(out=args.out, device="cpu", budget_s=args.budget_s, checks=(),
-                                  workloads=tuple(Workload(arch=a, batch=b, seq=s) for a, b, s in configs))
+            cfg = CalibrateConfig(
+                out=args.out,
+                device="cpu",
+                budget_s=args.budget_s,
+                checks=(),
+                workloads=tuple(Workload(arch=a, batch=b, seq=s) for a, b, s in configs),
+            )
             t0 = time.monotonic()
             calibrate = run_calibrate(cfg, log=log)
-            log(f"calibrate: {time.monotonic() - t0:.0f} s (target < 900 s); {calibrate.rows_total} rows, "
-                f"{len(calibrate.fit_groups)} predictors; stages {({k: round(v) for k, v in calibrate.seconds.items()})}")
+            log(
+                f"calibrate: {time.monotonic() - t0:.0f} s (target < 900 s); {calibrate.rows_total} rows, "
+                f"{len(calibrate.fit_groups)} predictors; stages { ({k: round(v) for k, v in calibrate.seconds.items()}) }"
+            )
             if calibrate.interrupted:
                 log("interrupted during collection; re-run the same command to resume")
                 return 130
@@ -110,37 +156,61 @@ def main() -> int:
         rows = []
         for arch, batch, seq in configs:
             log(f"validate {arch.name} batch {batch} x seq {seq}")
-            r = in_fresh_process(run_validate, arch, batch=batch, seq=seq, steps=args.steps, warmup=args.warmup,
-                                 models=models)
+            r = in_fresh_process(
+                run_validate, arch, batch=batch, seq=seq, steps=args.steps, warmup=args.warmup, models=models
+            )
             tot = r.phase("total")
-            d = predict_step(arch, spec, batch=batch, seq=seq, precision="fp32", attention="flash", world=1,
-                             kernels=default).iteration_time_s if default else None
-            rows.append({"arch": arch.name, "params_m": r.params / 1e6, "batch": batch, "seq": seq,
-                         "measured_s": tot.measured_s, "predicted_s": tot.predicted_s, "error_pct": tot.error_pct,
-                         "interval_s": r.iteration_time_interval_s, "inside": r.inside_interval,
-                         "roofline_share": r.roofline_share,
-                         "default_error_pct": 100 * (d - tot.measured_s) / tot.measured_s if d else None,
-                         "phases": {p.phase: [p.measured_s, p.predicted_s] for p in r.phases}})
+            d = (
+                predict_step(
+                    arch, spec, batch=batch, seq=seq, precision="fp32", attention="flash", world=1, kernels=default
+                ).iteration_time_s
+                if default
+                else None
+            )
+            rows.append(
+                {
+                    "arch": arch.name,
+                    "params_m": r.params / 1e6,
+                    "batch": batch,
+                    "seq": seq,
+                    "measured_s": tot.measured_s,
+                    "predicted_s": tot.predicted_s,
+                    "error_pct": tot.error_pct,
+                    "interval_s": r.iteration_time_interval_s,
+                    "inside": r.inside_interval,
+                    "roofline_share": r.roofline_share,
+                    "default_error_pct": 100 * (d - tot.measured_s) / tot.measured_s if d else None,
+                    "phases": {p.phase: [p.measured_s, p.predicted_s] for p in r.phases},
+                }
+            )
     except OpcastError as err:
         print(f"validate_cpu: error: {err}", file=sys.stderr)
         return 2
 
-    print(f"{'config':<22} {'M params':>8} {'b x s':>9} {'measured':>10} {'predicted':>10} {'error':>8} "
-          f"{'interval':>20} {'inside':>6} {'roofline':>8} {'default err':>11}")
+    print(
+        f"{'config':<22} {'M params':>8} {'b x s':>9} {'measured':>10} {'predicted':>10} {'error':>8} "
+        f"{'interval':>20} {'inside':>6} {'roofline':>8} {'default err':>11}"
+    )
     for row in rows:
         lo_hi = row["interval_s"]
         interval = f"[{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else "-"
         inside = "-" if row["inside"] is None else "yes" if row["inside"] else "no"
-        print(f"{row['arch']:<22} {row['params_m']:8.1f} {row['batch']:>3} x {row['seq']:<4} {_fmt(row['measured_s']):>10} "
-              f"{_fmt(row['predicted_s']):>10} {_fmt(row['error_pct'], '%'):>8} {interval:>20} {inside:>6} "
-              f"{100 * row['roofline_share']:7.0f}% {_fmt(row['default_error_pct'], '%'):>11}")
+        print(
+            f"{row['arch']:<22} {row['params_m']:8.1f} {row['batch']:>3} x {row['seq']:<4} {_fmt(row['measured_s']):>10} "
+            f"{_fmt(row['predicted_s']):>10} {_fmt(row['error_pct'], '%'):>8} {interval:>20} {inside:>6} "
+            f"{100 * row['roofline_share']:7.0f}% {_fmt(row['default_error_pct'], '%'):>11}"
+        )
     within = sum(abs(r["error_pct"]) <= TARGET_PCT for r in rows)
     inside = sum(bool(r["inside"]) for r in rows)
     has_interval = sum(r["interval_s"] is not None for r in rows)
-    print(f"within {TARGET_PCT:.0f} %: {within} of {len(rows)}; inside the interval: "
-          + (f"{inside} of {has_interval}" if has_interval else "no interval in the predictions"))
+    print(
+        f"within {TARGET_PCT:.0f} %: {within} of {len(rows)}; inside the interval: "
+        + (f"{inside} of {has_interval}" if has_interval else "no interval in the predictions")
+    )
     if calibrate is not None:
-        print(f"calibrate: {calibrate.seconds.get('total', 0):.0f} s of a {args.budget_s:.0f} s budget (target < 900 s)")
+        print(
+            f"calibrate: {calibrate.seconds.get('total', 0):.0f} s of a {args.budget_s:.0f} s budget (target < 900 s)"
+        )
     if args.out is not None:
         doc = {"configs": rows, "calibrate": calibrate.to_dict() if calibrate else None}
         (args.out / "validate_cpu.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")

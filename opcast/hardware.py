@@ -481,16 +481,3 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
 
 def _fmt(value: Any) -> str:
     return "null" if value is None else f"{value:g}"
-
-
-def __getattr__(name: str) -> Any:
-    # Temporary forwarder, to be removed by the lead once nothing imports describe_local from here:
-    # predict/calibrate.py and predict/validate.py (being edited by others), train/fit.py,
-    # benchmarks/validate_cpu.py, tests/integration/test_collect_cpu.py and test_collect_signals.py
-    # still do. It lives in opcast.collect.local_device; import it from there. Lazy, so the core
-    # never imports collect at module level.
-    if name == "describe_local":
-        from opcast.collect.local_device import describe_local
-
-        return describe_local
-    raise AttributeError(f"module 'opcast.hardware' has no attribute {name!r}")

@@ -42,6 +42,7 @@ does not repeat them. Every validation and the collection run in fresh processes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -192,21 +193,41 @@ class CalibrateReport:
     spent before a fit); None when it produced a model set."""
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("device", "models", "data", "budget_s", "seconds", "rows_collected",
-                                             "rows_total", "points_remaining", "interrupted", "failure")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "device",
+                "models",
+                "data",
+                "budget_s",
+                "seconds",
+                "rows_collected",
+                "rows_total",
+                "points_remaining",
+                "interrupted",
+                "failure",
+            )
+        }
         out["budget_cut"] = list(self.budget_cut)
         out["noise"] = dict(self.noise)
         out["intervals"] = [dict(i) for i in self.intervals]
         out["datasets"] = list(self.datasets)
         out["fit_groups"] = [asdict(g) for g in self.fit_groups]
         out["fit_skipped"] = dict(self.fit_skipped)
-        out["checks"] = [{"arch": c.arch, "before": c.before.to_dict() if c.before else None,
-                          "after": c.after.to_dict() if c.after else None} for c in self.checks]
+        out["checks"] = [
+            {
+                "arch": c.arch,
+                "before": c.before.to_dict() if c.before else None,
+                "after": c.after.to_dict() if c.after else None,
+            }
+            for c in self.checks
+        ]
         out["notes"] = list(self.notes)
         return out
 
 
 # --------------------------------------------------------------------------- planning
+
 
 def needed_ops(archs: Sequence[ArchSpec]) -> tuple[str, ...]:
     """Op kinds the training graph of ``archs`` prices (eager attention is measured whole, so
@@ -222,18 +243,27 @@ def _shapes(arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]]) ->
     from opcast.collect.sampling import arch_shapes
     from opcast.ops import get_op
 
-    return [(op, get_op(op).validate(p)) for op, p in arch_shapes([str(a) for a in arch_paths], (1,), batch_seq=batch_seq)]
+    return [
+        (op, get_op(op).validate(p)) for op, p in arch_shapes([str(a) for a in arch_paths], (1,), batch_seq=batch_seq)
+    ]
 
 
-def max_point_s(arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]], precision: str, spec,
-                device_type: str) -> float:
+def max_point_s(
+    arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]], precision: str, spec, device_type: str
+) -> float:
     """The longest one-call roofline estimate among the arch shapes (x1.2), at least collect's
     default 0.05 s and at most :data:`MAX_POINT_CAP_S`: every shape validate queries is measured."""
     from opcast.collect.sampling import roofline_s
     from opcast.ops import get_op
 
-    worst = max((roofline_s(op, p, precision, str(d), spec, device_type)
-                 for op, p in _shapes(arch_paths, batch_seq) for d in get_op(op).directions(p)), default=0.0)
+    worst = max(
+        (
+            roofline_s(op, p, precision, str(d), spec, device_type)
+            for op, p in _shapes(arch_paths, batch_seq)
+            for d in get_op(op).directions(p)
+        ),
+        default=0.0,
+    )
     return min(MAX_POINT_CAP_S, max(0.05, 1.2 * worst))
 
 
@@ -294,20 +324,32 @@ def _check_out(out: Path, name: str) -> None:
     from opcast.train.artifacts import check_output
 
     check_output(out, name)  # out a file, out/name a file or a non-set folder, an unwritable parent
-    for sub, kind in (("data", "folder"), ("archs", "folder"), (NOISY_DIR, "folder"), (REJECTED_DIR, "folder"),
-                      (STAGING_DIR, "folder"), (REPORT, "file"), (BEFORE_CACHE, "file")):
+    for sub, kind in (
+        ("data", "folder"),
+        ("archs", "folder"),
+        (NOISY_DIR, "folder"),
+        (REJECTED_DIR, "folder"),
+        (STAGING_DIR, "folder"),
+        (REPORT, "file"),
+        (BEFORE_CACHE, "file"),
+    ):
         p = out / sub
         if p.exists() and (p.is_dir() if kind == "file" else not p.is_dir()):
-            raise OpcastError(f"{p} exists and is not a {kind}; calibrate writes its {sub} there, so choose another "
-                              "--out (or move it away)")
+            raise OpcastError(
+                f"{p} exists and is not a {kind}; calibrate writes its {sub} there, so choose another "
+                "--out (or move it away)"
+            )
 
 
 def _check_config(cfg: CalibrateConfig) -> None:
     """Every option, before any work (a bad one must not cost a calibration first)."""
     import math
 
-    if isinstance(cfg.budget_s, bool) or not isinstance(cfg.budget_s, (int, float)) or not (
-            math.isfinite(cfg.budget_s) and cfg.budget_s > 0):
+    if (
+        isinstance(cfg.budget_s, bool)
+        or not isinstance(cfg.budget_s, (int, float))
+        or not (math.isfinite(cfg.budget_s) and cfg.budget_s > 0)
+    ):
         raise OpcastError(f"--budget-s takes a finite number of seconds > 0, got {cfg.budget_s!r}")
     if isinstance(cfg.steps, bool) or not isinstance(cfg.steps, int) or cfg.steps < 1:
         raise OpcastError(f"--steps must be an integer >= 1, got {cfg.steps!r}")
@@ -350,10 +392,21 @@ def plan_workloads(cfg: CalibrateConfig) -> tuple[list[Workload], list[Workload]
 
 # --------------------------------------------------------------------------- before-cache
 
+
 def _cache_key(w: Workload, cfg: CalibrateConfig, device: str) -> str:
-    return json.dumps({"arch": asdict(w.arch), "batch": w.batch, "seq": w.seq, "precision": cfg.precision,  # type: ignore[call-overload]
-                       "attention": cfg.attention, "device": device, "steps": cfg.steps, "warmup": cfg.warmup},
-                      sort_keys=True)
+    return json.dumps(
+        {
+            "arch": asdict(w.arch),
+            "batch": w.batch,
+            "seq": w.seq,
+            "precision": cfg.precision,  # type: ignore[call-overload]
+            "attention": cfg.attention,
+            "device": device,
+            "steps": cfg.steps,
+            "warmup": cfg.warmup,
+        },
+        sort_keys=True,
+    )
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
@@ -371,6 +424,7 @@ def _write_json(path: Path, payload: Any) -> None:
 
 
 # --------------------------------------------------------------------------- the chain
+
 
 def bench_with_progress(cfg: Any) -> Any:
     """``run_bench(cfg)`` with a progress bar on stderr when it is a terminal (for a fresh process)."""
@@ -395,9 +449,9 @@ def measure_anchors(device: str) -> tuple[AnchorTiming, ...]:
     with collect's timing (for a fresh process)."""
     import torch
 
+    from opcast.collect.local_device import describe_local
     from opcast.collect.ops import BUILDERS, BuildRequest
     from opcast.collect.timing import TimingBudget, measure_cpu, measure_cuda
-    from opcast.hardware import describe_local
     from opcast.ops import get_op
 
     dev = torch.device(device)
@@ -413,7 +467,9 @@ def measure_anchors(device: str) -> tuple[AnchorTiming, ...]:
             stats = measure_cuda(fn, device=dev, l2_bytes=l2, budget=budget, use_graphs=False)
         else:
             stats = measure_cpu(fn, budget, flush_bytes=2 * l2)
-        out.append(AnchorTiming(name=label, median_s=stats.time_s_median, p20_s=stats.time_s_p20, p80_s=stats.time_s_p80))
+        out.append(
+            AnchorTiming(name=label, median_s=stats.time_s_median, p20_s=stats.time_s_p20, p80_s=stats.time_s_p80)
+        )
     return tuple(out)
 
 
@@ -497,10 +553,8 @@ def _install(staged: Path, final: Path) -> None:
 
 
 def _remove_empty(folder: Path) -> None:
-    try:
+    with contextlib.suppress(OSError):  # absent, or not empty: left as it is
         folder.rmdir()
-    except OSError:  # absent, or not empty: left as it is
-        pass
 
 
 def check_intervals(models: Path, checks: Sequence[Workload], spec: Any, cfg: CalibrateConfig) -> list[dict[str, Any]]:
@@ -512,13 +566,29 @@ def check_intervals(models: Path, checks: Sequence[Workload], spec: Any, cfg: Ca
     cost = load_kernel_cost(models)
     out = []
     for w in checks:
-        result = predict_step(w.arch, spec, batch=w.batch, seq=w.seq, precision=cfg.precision,  # type: ignore[arg-type]
-                              attention=cfg.attention, world=1, kernels=cost)
+        result = predict_step(
+            w.arch,
+            spec,
+            batch=w.batch,
+            seq=w.seq,
+            precision=cfg.precision,  # type: ignore[arg-type]
+            attention=cfg.attention,
+            world=1,
+            kernels=cost,
+        )
         interval = getattr(result, "iteration_time_interval_s", None)
         if interval is not None:
             lo, hi = (float(x) for x in interval)
-            out.append({"arch": w.arch.name, "batch": w.batch, "seq": w.seq,  # type: ignore[union-attr]
-                        "predicted_s": float(result.iteration_time_s), "low_s": lo, "high_s": hi})
+            out.append(
+                {
+                    "arch": w.arch.name,
+                    "batch": w.batch,
+                    "seq": w.seq,  # type: ignore[union-attr]
+                    "predicted_s": float(result.iteration_time_s),
+                    "low_s": lo,
+                    "high_s": hi,
+                }
+            )
     return out
 
 
@@ -528,8 +598,13 @@ class _Collected:
     interrupted = False
 
 
-def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = None, progress: Any = None,
-                  clock: Callable[[], float] = time.monotonic) -> CalibrateReport:
+def run_calibrate(
+    cfg: CalibrateConfig,
+    *,
+    log: Callable[[str], None] | None = None,
+    progress: Any = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> CalibrateReport:
     """Validate, collect, fit, validate; see the module docstring. ``clock`` times the budget."""
     from opcast.predict import isolated
     from opcast.predict.validate import check_inputs, local_env, torch_device
@@ -546,8 +621,8 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     fit_cfg = fit_config(cfg)
     load = load_average() if dev.type == "cpu" else None  # before any of our own work
     from opcast.collect.bench import BenchConfig, build_plan
+    from opcast.collect.local_device import describe_local
     from opcast.collect.timing import TimingBudget
-    from opcast.hardware import describe_local
 
     spec = describe_local("cpu" if dev.type == "cpu" else f"cuda:{dev.index}")
     out = Path(cfg.out)
@@ -569,27 +644,49 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     after: list[ValidateReport | None] = [None] * len(checks)
     intervals: list[dict[str, Any]] = []
 
-    def report(models: str | None, failure: str | None = None, groups: tuple[FitGroup, ...] = (),
-               skipped: dict[str, str] | None = None) -> CalibrateReport:
+    def report(
+        models: str | None,
+        failure: str | None = None,
+        groups: tuple[FitGroup, ...] = (),
+        skipped: dict[str, str] | None = None,
+    ) -> CalibrateReport:
         seconds["total"] = budget.elapsed()
         rows_total = _rows(data)
-        r = CalibrateReport(device=spec.name, models=models, data=str(data), budget_s=float(cfg.budget_s), seconds=seconds,
-                            rows_collected=got.rows, rows_total=rows_total, points_remaining=got.remaining,
-                            interrupted=got.interrupted,
-                            datasets=tuple(str(d) for d in ([data] if rows_total else []) + shipped + extra),
-                            fit_groups=groups, fit_skipped=dict(skipped or {}), notes=tuple(notes), noise=noise,
-                            intervals=tuple(intervals), budget_cut=tuple(cut), failure=failure,
-                            checks=tuple(ArchCheck(arch=w.arch.name, before=b, after=a)  # type: ignore[union-attr]
-                                         for w, b, a in zip(checks, before, after)))
+        r = CalibrateReport(
+            device=spec.name,
+            models=models,
+            data=str(data),
+            budget_s=float(cfg.budget_s),
+            seconds=seconds,
+            rows_collected=got.rows,
+            rows_total=rows_total,
+            points_remaining=got.remaining,
+            interrupted=got.interrupted,
+            datasets=tuple(str(d) for d in ([data] if rows_total else []) + shipped + extra),
+            fit_groups=groups,
+            fit_skipped=dict(skipped or {}),
+            notes=tuple(notes),
+            noise=noise,
+            intervals=tuple(intervals),
+            budget_cut=tuple(cut),
+            failure=failure,
+            checks=tuple(
+                ArchCheck(arch=w.arch.name, before=b, after=a)  # type: ignore[union-attr]
+                for w, b, a in zip(checks, before, after)
+            ),
+        )
         _write_json(out / REPORT, r.to_dict())
         return r
 
     def spent(stage: str) -> CalibrateReport:
         """The budget ran out before a model set was fitted."""
         rows = _rows(data)
-        return report(None, f"the --budget-s {cfg.budget_s:g} s budget was spent before a model set could be fitted "
-                            f"({'; '.join(cut) or stage}); the {rows} measured rows are kept in {data}: re-run the same "
-                            "command to continue, or raise --budget-s")
+        return report(
+            None,
+            f"the --budget-s {cfg.budget_s:g} s budget was spent before a model set could be fitted "
+            f"({'; '.join(cut) or stage}); the {rows} measured rows are kept in {data}: re-run the same "
+            "command to continue, or raise --budget-s",
+        )
 
     def anchors(label: str, limit_s: float = ANCHOR_MAX_S) -> tuple[AnchorTiming, ...] | None:
         left = min(ANCHOR_MAX_S, limit_s, budget.left())
@@ -624,9 +721,12 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     seconds["anchors_start"] = budget.clock() - t
     why = refuse_or_note(verdict, "the machine was busy at the start")
     if why:
-        return report(None, f"the machine is busy ({why}): calibrate times this machine's kernels and would fit the "
-                            "other work's noise; stop other work (or pin calibrate to free cores with taskset -c) and "
-                            "re-run, or pass --allow-busy to calibrate anyway")
+        return report(
+            None,
+            f"the machine is busy ({why}): calibrate times this machine's kernels and would fit the "
+            "other work's noise; stop other work (or pin calibrate to free cores with taskset -c) and "
+            "re-run, or pass --allow-busy to calibrate anyway",
+        )
 
     # 1. before, with the embedded default models (cached across re-runs; together at most VALIDATE_SHARE)
     def validate(w: Workload, models: Path | None, label: str, limit_s: float) -> ValidateReport | None:
@@ -635,9 +735,19 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
             return None
         say(f"validate {w.arch.name} ({label}): batch {w.batch} x seq {w.seq}, {cfg.steps} steps")  # type: ignore[union-attr]
         try:
-            return isolated.in_fresh_process(run_validate, w.arch, batch=w.batch, seq=w.seq, precision=cfg.precision,
-                                             device=device, steps=cfg.steps, warmup=cfg.warmup, attention=cfg.attention,
-                                             models=models, timeout_s=limit_s)
+            return isolated.in_fresh_process(
+                run_validate,
+                w.arch,
+                batch=w.batch,
+                seq=w.seq,
+                precision=cfg.precision,
+                device=device,
+                steps=cfg.steps,
+                warmup=cfg.warmup,
+                attention=cfg.attention,
+                models=models,
+                timeout_s=limit_s,
+            )
         except isolated.Overran:
             cut.append(f"validate {w.arch.name} ({label}) stopped at its {limit_s:.0f} s share of the budget")  # type: ignore[union-attr]
         except OpcastError as err:
@@ -671,18 +781,27 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
         cut.append("validations after dropped: the budget leaves too little to collect otherwise")
     all_pairs = sorted({(w.batch, w.seq) for w in measured})
     all_paths = list(paths.values())
-    base = BenchConfig(out=data, device=device, ops=needed_ops(archs), dtypes=(cfg.precision,), tp_degrees=(1,),
-                       arch_first=True, seed=cfg.seed,
-                       max_point_s=max_point_s(all_paths, all_pairs, cfg.precision, spec, dev.type),
-                       max_mem_fraction=mem_fraction(all_paths, all_pairs, cfg.precision, dev),
-                       timing=TimingBudget(warmup_s=0.025, rep_s=0.1, min_reps=3))
+    base = BenchConfig(
+        out=data,
+        device=device,
+        ops=needed_ops(archs),
+        dtypes=(cfg.precision,),
+        tp_degrees=(1,),
+        arch_first=True,
+        seed=cfg.seed,
+        max_point_s=max_point_s(all_paths, all_pairs, cfg.precision, spec, dev.type),
+        max_mem_fraction=mem_fraction(all_paths, all_pairs, cfg.precision, dev),
+        timing=TimingBudget(warmup_s=0.025, rep_s=0.1, min_reps=3),
+    )
     t = budget.clock()
     run_ids: list[str] = []
     if stages.collect_s <= 0:
         cut.append("collection skipped: no budget left for it")
     else:
-        say(f"collect on {spec.name}: {', '.join(base.ops)} in {cfg.precision} for up to {stages.collect_s:.0f} s, first "
-            f"the shapes of {len(measured)} workload(s) of {', '.join(a.name for a in archs)}")
+        say(
+            f"collect on {spec.name}: {', '.join(base.ops)} in {cfg.precision} for up to {stages.collect_s:.0f} s, first "
+            f"the shapes of {len(measured)} workload(s) of {', '.join(a.name for a in archs)}"
+        )
         deadline = t + stages.collect_s
         runs = []
         for pair in all_pairs:  # one arch-only run per (batch, seq): samples = its arch points
@@ -732,10 +851,13 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
         if why:
             _move_all(new_parts, out / NOISY_DIR)
             got.rows = 0
-            return report(None, f"the timings were noisy ({why}): the machine got busy while calibrating; the "
-                                f"{len(new_parts)} part(s) this run measured are moved to {out / NOISY_DIR} and a re-run "
-                                "measures them again; calibrate on a quiet machine (stop other work, or pin it to free "
-                                "cores with taskset -c), or pass --allow-busy to fit them anyway")
+            return report(
+                None,
+                f"the timings were noisy ({why}): the machine got busy while calibrating; the "
+                f"{len(new_parts)} part(s) this run measured are moved to {out / NOISY_DIR} and a re-run "
+                "measures them again; calibrate on a quiet machine (stop other work, or pin it to free "
+                "cores with taskset -c), or pass --allow-busy to fit them anyway",
+            )
 
     # 4. fit, into OUT/.staging: installed as OUT/<name> only when its intervals are narrow enough
     rows_total = _rows(data)
@@ -743,24 +865,33 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     if not datasets:
         if cut:
             return spent("collection")
-        raise OpcastError(f"nothing was measured in {seconds['collect']:.0f} s, too few to fit any op group; re-run the "
-                          f"same command to collect more (kept in {data}), or raise --budget-s")
+        raise OpcastError(
+            f"nothing was measured in {seconds['collect']:.0f} s, too few to fit any op group; re-run the "
+            f"same command to collect more (kept in {data}), or raise --budget-s"
+        )
     if not shipped:
-        notes.append("data/datasets holds no dataset: fitted on this machine's measurements" + (" and --datasets" if extra else ""))
+        notes.append(
+            "data/datasets holds no dataset: fitted on this machine's measurements"
+            + (" and --datasets" if extra else "")
+        )
     fit_s = budget.left() - stages.after_s
     if fit_s < FIT_MIN_S:  # the validations after give way to the fit
         fit_s = budget.left()
     if fit_s <= 1.0:
         cut.append("fit skipped: no budget left")
         return spent("fit")
-    say(f"fit {cfg.estimator} predictors on {rows_total} local rows"
-        + (f" and {len(datasets) - 1} more dataset(s)" if len(datasets) > 1 else "") + f" (up to {fit_s:.0f} s)")
+    say(
+        f"fit {cfg.estimator} predictors on {rows_total} local rows"
+        + (f" and {len(datasets) - 1} more dataset(s)" if len(datasets) > 1 else "")
+        + f" (up to {fit_s:.0f} s)"
+    )
     t = budget.clock()
     command = " ".join(["opcast calibrate --device", cfg.device, "--budget-s", f"{cfg.budget_s:g}", "--out", str(out)])
     staging = out / STAGING_DIR
     try:
-        fitted = isolated.in_fresh_process(fit_with_progress, datasets, staging, cfg.name, fit_cfg, command,
-                                           timeout_s=fit_s)
+        fitted = isolated.in_fresh_process(
+            fit_with_progress, datasets, staging, cfg.name, fit_cfg, command, timeout_s=fit_s
+        )
     except isolated.Overran:
         seconds["fit"] = budget.clock() - t
         cut.append(f"fit stopped after {fit_s:.0f} s")
@@ -768,17 +899,28 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
     except OpcastError as err:
         if "no op group could be fitted" not in str(err) and "no parquet files found" not in str(err):
             raise
-        raise OpcastError(f"the {rows_total} rows measured so far are too few to fit any op group (each needs "
-                          f"{fit_cfg.min_rows}); re-run the same command to collect more (kept in {data}), "
-                          "or raise --budget-s") from None
+        raise OpcastError(
+            f"the {rows_total} rows measured so far are too few to fit any op group (each needs "
+            f"{fit_cfg.min_rows}); re-run the same command to collect more (kept in {data}), "
+            "or raise --budget-s"
+        ) from None
     seconds["fit"] = budget.clock() - t
-    groups = tuple(FitGroup(group=str(r["group"]), rows=int(r["rows"]), estimator=str(r["estimator"]),
-                            held_out_mape=_float_or_none(r.get("held_out_mape")))
-                   for r in fitted.groups.to_dict("records"))
+    groups = tuple(
+        FitGroup(
+            group=str(r["group"]),
+            rows=int(r["rows"]),
+            estimator=str(r["estimator"]),
+            held_out_mape=_float_or_none(r.get("held_out_mape")),
+        )
+        for r in fitted.groups.to_dict("records")
+    )
     judged = list({(w.arch.name, w.batch, w.seq): w for w in (*checks, *measured)}.values())  # type: ignore[union-attr]
     intervals.extend(check_intervals(fitted.path, judged, spec, cfg))
-    wide = [why for i in intervals if (why := interval_reason(f"{i['arch']} (batch {i['batch']} x seq {i['seq']})",
-                                                              i["low_s"], i["high_s"]))]
+    wide = [
+        why
+        for i in intervals
+        if (why := interval_reason(f"{i['arch']} (batch {i['batch']} x seq {i['seq']})", i["low_s"], i["high_s"]))
+    ]
     if wide and not cfg.allow_busy:
         rejected = out / REJECTED_DIR / cfg.name
         import shutil
@@ -787,10 +929,15 @@ def run_calibrate(cfg: CalibrateConfig, *, log: Callable[[str], None] | None = N
         rejected.parent.mkdir(parents=True, exist_ok=True)
         os.replace(fitted.path, rejected)
         _remove_empty(staging)
-        return report(None, f"calibration failed: {wide[0]}{f' (and {len(wide) - 1} more)' if len(wide) > 1 else ''}; "
-                            f"models that uncertain are no result, so they are set aside in {rejected}; the usual cause "
-                            "is a busy machine or too few rows: re-run on a quiet machine (the measured rows are kept) or "
-                            "raise --budget-s", groups, dict(fitted.skipped))
+        return report(
+            None,
+            f"calibration failed: {wide[0]}{f' (and {len(wide) - 1} more)' if len(wide) > 1 else ''}; "
+            f"models that uncertain are no result, so they are set aside in {rejected}; the usual cause "
+            "is a busy machine or too few rows: re-run on a quiet machine (the measured rows are kept) or "
+            "raise --budget-s",
+            groups,
+            dict(fitted.skipped),
+        )
     if wide:
         notes.append("; ".join(wide) + "; kept because of --allow-busy")
     final = out / cfg.name

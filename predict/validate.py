@@ -4,7 +4,7 @@ what ``opcast predict train`` says for the same device.
 Stages, as everywhere in predict: ``prepare`` (arch, device spec, training config; every bad input
 is an :class:`~opcast.errors.OpcastError` before any work), ``predict`` (the same library call as
 ``opcast predict train --gpu cpu|cuda``: :func:`~opcast.predict.training.predict_train` on the
-measured :func:`~opcast.hardware.describe_local` spec with :func:`~opcast.predict.cost.load_kernel_cost`),
+measured :func:`~opcast.collect.local_device.describe_local` spec with :func:`~opcast.predict.cost.load_kernel_cost`),
 ``measure`` (the arch built by :mod:`opcast.predict.torch_model`, trained for real) and
 ``compare`` (a frozen :class:`ValidateReport`).
 
@@ -53,16 +53,46 @@ SPREAD = 1.25
 
 CHECK_ARCHS: dict[str, ArchSpec] = {
     "gpt2-124m": ArchSpec(
-        name="gpt2-124m", family="gpt2", n_layers=12, hidden=768, n_heads=12, n_kv_heads=12, head_dim=64,
-        ffn_hidden=3072, vocab=50257, max_seq=1024, norm="layernorm", activation="gelu", gated_mlp=False,
-        position="learned", tied_embeddings=True, linear_bias=True, parallel_residual=False,
-        source="GPT-2 small: Radford et al. 2019, Table 2; Hugging Face openai-community/gpt2 config.json"),
+        name="gpt2-124m",
+        family="gpt2",
+        n_layers=12,
+        hidden=768,
+        n_heads=12,
+        n_kv_heads=12,
+        head_dim=64,
+        ffn_hidden=3072,
+        vocab=50257,
+        max_seq=1024,
+        norm="layernorm",
+        activation="gelu",
+        gated_mlp=False,
+        position="learned",
+        tied_embeddings=True,
+        linear_bias=True,
+        parallel_residual=False,
+        source="GPT-2 small: Radford et al. 2019, Table 2; Hugging Face openai-community/gpt2 config.json",
+    ),
     "llama-style-125m": ArchSpec(
-        name="llama-style-125m", family="llama", n_layers=12, hidden=768, n_heads=12, n_kv_heads=4, head_dim=64,
-        ffn_hidden=2048, vocab=32000, max_seq=4096, norm="rmsnorm", activation="silu", gated_mlp=True,
-        position="rope", tied_embeddings=False, linear_bias=False, parallel_residual=False,
+        name="llama-style-125m",
+        family="llama",
+        n_layers=12,
+        hidden=768,
+        n_heads=12,
+        n_kv_heads=4,
+        head_dim=64,
+        ffn_hidden=2048,
+        vocab=32000,
+        max_seq=4096,
+        norm="rmsnorm",
+        activation="silu",
+        gated_mlp=True,
+        position="rope",
+        tied_embeddings=False,
+        linear_bias=False,
+        parallel_residual=False,
         source="opcast check arch: the Llama-2 block (Touvron et al. 2023, arXiv 2307.09288: pre-RMSNorm, SwiGLU, "
-               "rope, untied, 32000 vocab) with GQA, scaled to GPT-2 small's width and depth"),
+        "rope, untied, 32000 vocab) with GQA, scaled to GPT-2 small's width and depth",
+    ),
 }
 """Small archs for checks on one machine (``opcast validate --arch gpt2-124m``); preset names,
 preset JSON files and Hugging Face ``config.json`` files work as everywhere else."""
@@ -100,6 +130,7 @@ def arch_file(arch: ArchSpec, folder: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- report
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PhaseCheck:
@@ -187,30 +218,76 @@ class ValidateReport:
         return lo <= self.phase("total").measured_s <= hi
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("arch", "params", "device", "device_type", "precision", "attention", "batch",
-                                             "seq", "world_size", "threads", "steps", "warmup", "models")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "arch",
+                "params",
+                "device",
+                "device_type",
+                "precision",
+                "attention",
+                "batch",
+                "seq",
+                "world_size",
+                "threads",
+                "steps",
+                "warmup",
+                "models",
+            )
+        }
         out["phases"] = [{**asdict(p), "error_pct": _finite(p.error_pct)} for p in self.phases]
         out["total_error_pct"] = _finite(self.total_error_pct)
-        out["iteration_time_interval_s"] = list(self.iteration_time_interval_s) if self.iteration_time_interval_s else None
+        out["iteration_time_interval_s"] = (
+            list(self.iteration_time_interval_s) if self.iteration_time_interval_s else None
+        )
         out["inside_interval"] = self.inside_interval
-        out.update(kernels_by_source=dict(self.kernels_by_source), roofline_groups=list(self.roofline_groups),
-                   roofline_share=self.roofline_share, out_of_range_kernels=self.out_of_range_kernels,
-                   profile=[asdict(g) for g in self.profile], profile_overhead=self.profile_overhead, notes=list(self.notes))
+        out.update(
+            kernels_by_source=dict(self.kernels_by_source),
+            roofline_groups=list(self.roofline_groups),
+            roofline_share=self.roofline_share,
+            out_of_range_kernels=self.out_of_range_kernels,
+            profile=[asdict(g) for g in self.profile],
+            profile_overhead=self.profile_overhead,
+            notes=list(self.notes),
+        )
         return out
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ValidateReport:
         """The report back from :meth:`to_dict` (derived keys are recomputed, not read)."""
-        plain = {k: doc[k] for k in ("arch", "params", "device", "device_type", "precision", "attention", "batch", "seq",
-                                     "world_size", "threads", "steps", "warmup", "models")}
+        plain = {
+            k: doc[k]
+            for k in (
+                "arch",
+                "params",
+                "device",
+                "device_type",
+                "precision",
+                "attention",
+                "batch",
+                "seq",
+                "world_size",
+                "threads",
+                "steps",
+                "warmup",
+                "models",
+            )
+        }
         phases = tuple(PhaseCheck(**{k: v for k, v in p.items() if k != "error_pct"}) for p in doc["phases"])
         interval = doc.get("iteration_time_interval_s")
-        return cls(**plain, phases=phases, iteration_time_interval_s=tuple(interval) if interval else None,
-                   kernels_by_source=dict(doc.get("kernels_by_source", {})),
-                   roofline_groups=tuple(doc.get("roofline_groups", ())), roofline_share=float(doc.get("roofline_share", 0.0)),
-                   out_of_range_kernels=int(doc.get("out_of_range_kernels", 0)),
-                   profile=tuple(GroupCheck(**g) for g in doc.get("profile", ())),
-                   profile_overhead=doc.get("profile_overhead"), notes=tuple(doc.get("notes", ())))
+        return cls(
+            **plain,
+            phases=phases,
+            iteration_time_interval_s=tuple(interval) if interval else None,
+            kernels_by_source=dict(doc.get("kernels_by_source", {})),
+            roofline_groups=tuple(doc.get("roofline_groups", ())),
+            roofline_share=float(doc.get("roofline_share", 0.0)),
+            out_of_range_kernels=int(doc.get("out_of_range_kernels", 0)),
+            profile=tuple(GroupCheck(**g) for g in doc.get("profile", ())),
+            profile_overhead=doc.get("profile_overhead"),
+            notes=tuple(doc.get("notes", ())),
+        )
 
 
 def _finite(x: float) -> float | None:
@@ -218,6 +295,7 @@ def _finite(x: float) -> float | None:
 
 
 # ---------------------------------------------------------------------------- prepare
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Env:
@@ -240,8 +318,10 @@ def local_env() -> _Env:
     if not rank < world:
         raise OpcastError(f"rank {rank} is outside world size {world}; check RANK/WORLD_SIZE")
     if local_world > world or not local < local_world:
-        raise OpcastError(f"LOCAL_RANK={local} and LOCAL_WORLD_SIZE={local_world} do not fit WORLD_SIZE={world}; "
-                          "unset them or launch with torchrun, which sets them")
+        raise OpcastError(
+            f"LOCAL_RANK={local} and LOCAL_WORLD_SIZE={local_world} do not fit WORLD_SIZE={world}; "
+            "unset them or launch with torchrun, which sets them"
+        )
     return _Env(rank=rank, world=world, local_rank=local, local_world=local_world)
 
 
@@ -258,7 +338,9 @@ def torch_device(device: str, env: _Env):
         return torch.device("cpu")
     if text == "cuda" or text.startswith("cuda:"):
         if not torch.cuda.is_available():
-            raise OpcastError(f"--device {device}: torch sees no CUDA device (torch {torch.__version__}); use --device cpu")
+            raise OpcastError(
+                f"--device {device}: torch sees no CUDA device (torch {torch.__version__}); use --device cpu"
+            )
         try:
             index = int(text.split(":", 1)[1]) if ":" in text else env.local_rank
         except ValueError:
@@ -269,8 +351,9 @@ def torch_device(device: str, env: _Env):
     raise OpcastError(f"unknown --device {device!r}; use cpu or cuda")
 
 
-def check_inputs(arch: ArchSpec, batch: int, seq: int, precision: str, attention: str, steps: int, warmup: int,
-                  device_type: str) -> None:
+def check_inputs(
+    arch: ArchSpec, batch: int, seq: int, precision: str, attention: str, steps: int, warmup: int, device_type: str
+) -> None:
     from opcast.predict.torch_model import check_arch
 
     _positive("batch", batch)
@@ -282,13 +365,16 @@ def check_inputs(arch: ArchSpec, batch: int, seq: int, precision: str, attention
     check_arch(arch, attention)
     arch.validate_parallel(tp=1)
     if arch.position == "learned" and seq > arch.max_seq:
-        raise OpcastError(f"--seq {seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions); "
-                          f"use --seq <= {arch.max_seq}")
+        raise OpcastError(
+            f"--seq {seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions); "
+            f"use --seq <= {arch.max_seq}"
+        )
     if device_type == "cuda" and attention == "flash" and precision == "fp32":
         raise OpcastError("flash attention on CUDA needs bf16 or fp16; use --precision bf16 or --attention eager")
 
 
 # ---------------------------------------------------------------------------- predict
+
 
 def predict_step(arch: ArchSpec, spec, *, batch: int, seq: int, precision: str, attention: str, world: int, kernels):
     """The training prediction matching a validate run: ``dp = world`` replicas of ``batch``
@@ -298,9 +384,16 @@ def predict_step(arch: ArchSpec, spec, *, batch: int, seq: int, precision: str, 
     from opcast.predict.training import predict_train
 
     grad_bytes = 4 if precision == "fp32" else 2
-    cfg = TrainConfig(micro_batch=batch, global_batch=batch * world, dp=world, seq=seq, precision=precision,  # type: ignore[arg-type]
-                      attention=attention, overlap_grad_reduce=world > 1,  # type: ignore[arg-type]
-                      bucket_params=DDP_BUCKET_BYTES // grad_bytes if world > 1 else None)
+    cfg = TrainConfig(
+        micro_batch=batch,
+        global_batch=batch * world,
+        dp=world,
+        seq=seq,
+        precision=precision,  # type: ignore[arg-type]
+        attention=attention,
+        overlap_grad_reduce=world > 1,  # type: ignore[arg-type]
+        bucket_params=DDP_BUCKET_BYTES // grad_bytes if world > 1 else None,
+    )
     result = predict_train(arch, spec, cfg, nodes=1, gpus_per_node=world, kernels=kernels)
     if not result.feasible and result.layout is None:
         raise OpcastError(f"the prediction refuses this configuration: {'; '.join(result.reasons)}")
@@ -319,7 +412,11 @@ def _kernel_summary(result, kernels, device) -> tuple[dict[str, int], tuple[str,
         total_s += t
         if o.source != "learned":
             roof_s += t
-            roof.add(group_key(o.kernel.kind, o.kernel.direction, dtype_class(o.kernel.kind, o.kernel.dtype, o.kernel.tensor_cores)))
+            roof.add(
+                group_key(
+                    o.kernel.kind, o.kernel.direction, dtype_class(o.kernel.kind, o.kernel.dtype, o.kernel.tensor_cores)
+                )
+            )
         if o.kernel not in seen:
             seen.add(o.kernel)
             by_source[o.source] = by_source.get(o.source, 0) + 1
@@ -328,6 +425,7 @@ def _kernel_summary(result, kernels, device) -> tuple[dict[str, int], tuple[str,
 
 
 # ---------------------------------------------------------------------------- process group
+
 
 @dataclass(kw_only=True, slots=True)
 class GroupSession:
@@ -385,6 +483,7 @@ def process_group(backend: str, world: int) -> Iterator[GroupSession]:
 
 
 # ---------------------------------------------------------------------------- measure
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _Timings:
@@ -447,8 +546,20 @@ def _quantiles(xs: Sequence[float]) -> tuple[float, float]:
     return q[1], q[7]
 
 
-def measure_step(arch: ArchSpec, *, batch: int, seq: int, precision: str, attention: str, device, env: _Env,
-                 steps: int, warmup: int, profile: bool, progress: Callable[[str], None] | None = None) -> _Timings:
+def measure_step(
+    arch: ArchSpec,
+    *,
+    batch: int,
+    seq: int,
+    precision: str,
+    attention: str,
+    device,
+    env: _Env,
+    steps: int,
+    warmup: int,
+    profile: bool,
+    progress: Callable[[str], None] | None = None,
+) -> _Timings:
     """Train ``arch`` for ``warmup + steps`` steps and time every phase (see the module docstring)."""
     import torch
     import torch.distributed as dist
@@ -471,8 +582,9 @@ def measure_step(arch: ArchSpec, *, batch: int, seq: int, precision: str, attent
     if env.world > 1:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                    bucket_cap_mb=DDP_BUCKET_BYTES / 2**20)
+        model = DDP(
+            model, device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=DDP_BUCKET_BYTES / 2**20
+        )
     opt = _Optimizer(params, half=precision != "fp32")
     gen = torch.Generator().manual_seed(1234 + env.rank)
     ids = torch.randint(0, arch.vocab, (batch, seq), generator=gen).to(device)
@@ -522,20 +634,37 @@ def measure_step(arch: ArchSpec, *, batch: int, seq: int, precision: str, attent
                 progress("profiling")
             prof_groups, prof_step = _profile(step, device, min(steps, 3))
     except torch.OutOfMemoryError:
-        raise OpcastError(f"{arch.name} at batch {batch} x seq {seq} ({precision}) does not fit in {device} memory; "
-                          "use a smaller --batch, --seq or --layers") from None
+        raise OpcastError(
+            f"{arch.name} at batch {batch} x seq {seq} ({precision}) does not fit in {device} memory; "
+            "use a smaller --batch, --seq or --layers"
+        ) from None
     if env.world > 1:  # per-step max over ranks
         for name in PHASES:
             t = torch.tensor(samples[name], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             samples[name] = t.tolist()
-    return _Timings(samples=samples, params=n_params, threads=torch.get_num_threads(), profile=prof_groups,
-                    profiled_step_s=prof_step)
+    return _Timings(
+        samples=samples,
+        params=n_params,
+        threads=torch.get_num_threads(),
+        profile=prof_groups,
+        profiled_step_s=prof_step,
+    )
 
 
 # ---------------------------------------------------------------------------- profile
 
-PROFILE_GROUPS = ("gemm", "attention", "norm", "softmax", "elementwise", "embedding", "cross_entropy", "optimizer", "other")
+PROFILE_GROUPS = (
+    "gemm",
+    "attention",
+    "norm",
+    "softmax",
+    "elementwise",
+    "embedding",
+    "cross_entropy",
+    "optimizer",
+    "other",
+)
 """Op groups of the profile comparison. Predicted kinds map onto them (layernorm, rmsnorm -> norm;
 rope -> elementwise, since torch runs it as multiplies, a concatenation and an add); measured op
 events are attributed by :func:`profile_group` from the outermost recognised op down, so a
@@ -544,30 +673,99 @@ whole under its group; what no rule recognises (autograd bookkeeping, allocation
 ``other``."""
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "dot", "_addmm_activation"}
-_NORM = {"layer_norm", "native_layer_norm", "native_layer_norm_backward", "rms_norm", "_fused_rms_norm",
-         "_fused_rms_norm_backward", "group_norm"}
+_NORM = {
+    "layer_norm",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "rms_norm",
+    "_fused_rms_norm",
+    "_fused_rms_norm_backward",
+    "group_norm",
+}
 _SOFTMAX = {"softmax", "_softmax", "_softmax_backward_data", "safe_softmax", "_safe_softmax"}
-_CROSS_ENTROPY = {"cross_entropy_loss", "log_softmax", "_log_softmax", "_log_softmax_backward_data", "nll_loss",
-                  "nll_loss_nd", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward"}
+_CROSS_ENTROPY = {
+    "cross_entropy_loss",
+    "log_softmax",
+    "_log_softmax",
+    "_log_softmax_backward_data",
+    "nll_loss",
+    "nll_loss_nd",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "nll_loss2d_forward",
+    "nll_loss2d_backward",
+}
 _EMBEDDING = {"embedding", "embedding_backward", "embedding_dense_backward", "embedding_renorm_"}
-_ELEMENTWISE = {"add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "neg", "pow", "rsqrt", "sqrt", "exp", "tanh",
-                "sigmoid", "gelu", "gelu_backward", "silu", "silu_backward", "relu", "threshold_backward", "dropout",
-                "native_dropout", "native_dropout_backward", "masked_fill", "masked_fill_", "cat", "copy_", "clone",
-                "contiguous", "mean", "sum", "where", "_to_copy", "to", "repeat_interleave", "index_select", "fill_",
-                "zero_", "zeros_like", "ones_like", "bernoulli_", "slice_backward", "select_backward", "add_n"}
+_ELEMENTWISE = {
+    "add",
+    "add_",
+    "sub",
+    "sub_",
+    "mul",
+    "mul_",
+    "div",
+    "div_",
+    "neg",
+    "pow",
+    "rsqrt",
+    "sqrt",
+    "exp",
+    "tanh",
+    "sigmoid",
+    "gelu",
+    "gelu_backward",
+    "silu",
+    "silu_backward",
+    "relu",
+    "threshold_backward",
+    "dropout",
+    "native_dropout",
+    "native_dropout_backward",
+    "masked_fill",
+    "masked_fill_",
+    "cat",
+    "copy_",
+    "clone",
+    "contiguous",
+    "mean",
+    "sum",
+    "where",
+    "_to_copy",
+    "to",
+    "repeat_interleave",
+    "index_select",
+    "fill_",
+    "zero_",
+    "zeros_like",
+    "ones_like",
+    "bernoulli_",
+    "slice_backward",
+    "select_backward",
+    "add_n",
+}
 
 
 def profile_group(name: str) -> str | None:
     """The :data:`PROFILE_GROUPS` entry of a profiler event name, None when not recognised."""
-    if name.startswith(("Optimizer.", "opcast::optimizer")) or "adam" in name.lower() or name.startswith("aten::_foreach"):
+    if (
+        name.startswith(("Optimizer.", "opcast::optimizer"))
+        or "adam" in name.lower()
+        or name.startswith("aten::_foreach")
+    ):
         return "optimizer"
     if not name.startswith("aten::"):
         return None
     op = name[6:]
     if "scaled_dot_product" in op or "flash_attention" in op or "efficient_attention" in op or "cudnn_attention" in op:
         return "attention"
-    for group, names in (("gemm", _GEMM), ("norm", _NORM), ("softmax", _SOFTMAX), ("cross_entropy", _CROSS_ENTROPY),
-                         ("embedding", _EMBEDDING), ("elementwise", _ELEMENTWISE)):
+    for group, names in (
+        ("gemm", _GEMM),
+        ("norm", _NORM),
+        ("softmax", _SOFTMAX),
+        ("cross_entropy", _CROSS_ENTROPY),
+        ("embedding", _EMBEDDING),
+        ("elementwise", _ELEMENTWISE),
+    ):
         if op in names:
             return group
     return None
@@ -628,13 +826,26 @@ def _predicted_groups(result) -> dict[str, tuple[float, dict[str, int]]]:
 
 # ---------------------------------------------------------------------------- the whole check
 
-def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision: str = "fp32", device: str = "cpu",
-                 models: str | Path | None = None, steps: int = 5, warmup: int = 2, profile: bool = False,
-                 attention: str = "flash", layers: int | None = None, kernels: Any = None,
-                 progress: Callable[[str], None] | None = None) -> ValidateReport:
+
+def run_validate(
+    arch: ArchSpec | str | Path,
+    *,
+    batch: int,
+    seq: int,
+    precision: str = "fp32",
+    device: str = "cpu",
+    models: str | Path | None = None,
+    steps: int = 5,
+    warmup: int = 2,
+    profile: bool = False,
+    attention: str = "flash",
+    layers: int | None = None,
+    kernels: Any = None,
+    progress: Callable[[str], None] | None = None,
+) -> ValidateReport:
     """Measure and predict one training step of ``arch`` on the local ``device``; see the module
     docstring. ``kernels`` (a :class:`~opcast.predict.cost.KernelCostModel`) replaces ``models``."""
-    from opcast.hardware import describe_local
+    from opcast.collect.local_device import describe_local
     from opcast.predict.calibrate_noise import load_average, load_reason
     from opcast.predict.cost import load_kernel_cost
 
@@ -647,23 +858,39 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
     if not spec.supports(precision):
         raise OpcastError(f"{spec.name} has no {precision} peak; use --precision fp32")
     cost = kernels if kernels is not None else load_kernel_cost(models)
-    result = predict_step(spec_arch, spec, batch=batch, seq=seq, precision=precision, attention=attention,
-                          world=env.world, kernels=cost)
+    result = predict_step(
+        spec_arch, spec, batch=batch, seq=seq, precision=precision, attention=attention, world=env.world, kernels=cost
+    )
     notes: list[str] = []
     if not result.feasible:
         need = result.worst_memory.total_bytes / 2**30 if result.memory else float("nan")
-        raise OpcastError(f"{spec_arch.name} at batch {batch} x seq {seq} ({precision}) needs {need:.1f} GiB by the "
-                          f"prediction, more than the {spec.mem_bytes / 2**30:.0f} GiB of {spec.name}; use --layers, a "
-                          "smaller --batch or --seq")
+        raise OpcastError(
+            f"{spec_arch.name} at batch {batch} x seq {seq} ({precision}) needs {need:.1f} GiB by the "
+            f"prediction, more than the {spec.mem_bytes / 2**30:.0f} GiB of {spec.name}; use --layers, a "
+            "smaller --batch or --seq"
+        )
     with process_group("nccl" if dev.type == "cuda" else "gloo", env.world):
-        timings = measure_step(spec_arch, batch=batch, seq=seq, precision=precision, attention=attention, device=dev,
-                               env=env, steps=steps, warmup=warmup, profile=profile, progress=progress)
+        timings = measure_step(
+            spec_arch,
+            batch=batch,
+            seq=seq,
+            precision=precision,
+            attention=attention,
+            device=dev,
+            env=env,
+            steps=steps,
+            warmup=warmup,
+            profile=profile,
+            progress=progress,
+        )
     b = result.breakdown_s
     dp_s = b.get("dp_comm_exposed", 0.0)
     predicted = {
         "forward": (b["forward"], "breakdown_s[forward]"),
-        "backward": (b["backward"] + dp_s,
-                     "breakdown_s[backward] + [dp_comm_exposed]" if env.world > 1 else "breakdown_s[backward]"),
+        "backward": (
+            b["backward"] + dp_s,
+            "breakdown_s[backward] + [dp_comm_exposed]" if env.world > 1 else "breakdown_s[backward]",
+        ),
         "optimizer": (b["optimizer"], "breakdown_s[optimizer]"),
         "total": (result.iteration_time_s, "iteration_time_s"),
         "forward_nograd": (b["forward"], "breakdown_s[forward]"),
@@ -672,47 +899,93 @@ def run_validate(arch: ArchSpec | str | Path, *, batch: int, seq: int, precision
     for name in PHASES:
         xs = timings.samples[name]
         p20, p80 = _quantiles(xs)
-        phases.append(PhaseCheck(phase=name, measured_s=_median(xs), measured_p20_s=p20, measured_p80_s=p80,
-                                 predicted_s=float(predicted[name][0]), predicted_as=predicted[name][1]))
+        phases.append(
+            PhaseCheck(
+                phase=name,
+                measured_s=_median(xs),
+                measured_p20_s=p20,
+                measured_p80_s=p80,
+                predicted_s=float(predicted[name][0]),
+                predicted_as=predicted[name][1],
+            )
+        )
     by_source, roof_groups, roof_share, flagged = _kernel_summary(result, cost, spec)
     if roof_groups:
-        notes.append(f"{len(roof_groups)} op group(s) not covered by the learned models, priced by the roofline "
-                     f"({100 * roof_share:.0f} % of the predicted time): {', '.join(roof_groups)}; "
-                     "opcast calibrate fits models for this machine")
+        notes.append(
+            f"{len(roof_groups)} op group(s) not covered by the learned models, priced by the roofline "
+            f"({100 * roof_share:.0f} % of the predicted time): {', '.join(roof_groups)}; "
+            "opcast calibrate fits models for this machine"
+        )
     if env.world > 1:
         link = "placeholder" if spec.vendor == "cpu" or "Placeholders" in spec.notes else "catalog"
         if link == "placeholder":
-            notes.append(f"data-parallel communication ({1e3 * dp_s:.3g} ms exposed predicted) is unknown: {spec.name}'s "
-                         "link bandwidths are placeholders, not measured links (alpha-beta on them is no prediction)")
+            notes.append(
+                f"data-parallel communication ({1e3 * dp_s:.3g} ms exposed predicted) is unknown: {spec.name}'s "
+                "link bandwidths are placeholders, not measured links (alpha-beta on them is no prediction)"
+            )
         if dev.type == "cpu":
-            notes.append(f"the {env.world} ranks share this CPU's cores ({timings.threads} thread(s) each) while the "
-                         "prediction prices each rank on the whole CPU's spec")
+            notes.append(
+                f"the {env.world} ranks share this CPU's cores ({timings.threads} thread(s) each) while the "
+                "prediction prices each rank on the whole CPU's spec"
+            )
     busy = load_reason(load) if dev.type == "cpu" else None
     if busy:
-        notes.append(f"the machine was busy ({busy}): other work steals cores and every multi-threaded op waits for "
-                     "them; time on a quiet machine, or pin this run to free cores with taskset -c")
+        notes.append(
+            f"the machine was busy ({busy}): other work steals cores and every multi-threaded op waits for "
+            "them; time on a quiet machine, or pin this run to free cores with taskset -c"
+        )
     step = phases[PHASES.index("total")]
     if step.measured_p80_s > SPREAD * step.measured_p20_s:
-        notes.append(f"the steps varied widely (p20 {step.measured_p20_s:.3g} s, p80 {step.measured_p80_s:.3g} s): "
-                     "more --steps, or a quieter machine")
+        notes.append(
+            f"the steps varied widely (p20 {step.measured_p20_s:.3g} s, p80 {step.measured_p80_s:.3g} s): "
+            "more --steps, or a quieter machine"
+        )
     if precision == "fp16":
         notes.append("fp16 runs without loss scaling (the timing is what is checked)")
     if attention == "eager" and profile:
-        notes.append("eager attention runs as gemm, softmax and elementwise kernels: the measured profile shows it there, "
-                     "the prediction under attention")
+        notes.append(
+            "eager attention runs as gemm, softmax and elementwise kernels: the measured profile shows it there, "
+            "the prediction under attention"
+        )
     interval = getattr(result, "iteration_time_interval_s", None)
     groups: tuple[GroupCheck, ...] = ()
     overhead = None
     if timings.profile is not None:
         pred = _predicted_groups(result)
-        groups = tuple(GroupCheck(group=g, measured_s=timings.profile.get(g, 0.0), predicted_s=pred.get(g, (0.0, {}))[0],
-                                  predicted_sources=", ".join(f"{k} {v}" for k, v in sorted(pred.get(g, (0.0, {}))[1].items())))
-                       for g in PROFILE_GROUPS if timings.profile.get(g, 0.0) > 0 or g in pred)
-        overhead = timings.profiled_step_s / step.measured_s if timings.profiled_step_s and step.measured_s > 0 else None
+        groups = tuple(
+            GroupCheck(
+                group=g,
+                measured_s=timings.profile.get(g, 0.0),
+                predicted_s=pred.get(g, (0.0, {}))[0],
+                predicted_sources=", ".join(f"{k} {v}" for k, v in sorted(pred.get(g, (0.0, {}))[1].items())),
+            )
+            for g in PROFILE_GROUPS
+            if timings.profile.get(g, 0.0) > 0 or g in pred
+        )
+        overhead = (
+            timings.profiled_step_s / step.measured_s if timings.profiled_step_s and step.measured_s > 0 else None
+        )
     return ValidateReport(
-        arch=spec_arch.name, params=timings.params, device=spec.name, device_type=dev.type, precision=precision,
-        attention=attention, batch=batch, seq=seq, world_size=env.world, threads=timings.threads, steps=steps,
-        warmup=warmup, models=cost.models_label or "roofline only", phases=tuple(phases),
+        arch=spec_arch.name,
+        params=timings.params,
+        device=spec.name,
+        device_type=dev.type,
+        precision=precision,
+        attention=attention,
+        batch=batch,
+        seq=seq,
+        world_size=env.world,
+        threads=timings.threads,
+        steps=steps,
+        warmup=warmup,
+        models=cost.models_label or "roofline only",
+        phases=tuple(phases),
         iteration_time_interval_s=tuple(float(x) for x in interval) if interval is not None else None,  # type: ignore[arg-type]
-        kernels_by_source=by_source, roofline_groups=roof_groups, roofline_share=roof_share,
-        out_of_range_kernels=flagged, profile=groups, profile_overhead=overhead, notes=tuple(notes))
+        kernels_by_source=by_source,
+        roofline_groups=roof_groups,
+        roofline_share=roof_share,
+        out_of_range_kernels=flagged,
+        profile=groups,
+        profile_overhead=overhead,
+        notes=tuple(notes),
+    )

@@ -191,7 +191,7 @@ def resolve_devices(names: Iterable[str], datasets: Iterable[str | Path] = (),
             out[name] = recorded[name]
             continue
         if local is None and name.startswith("cpu-"):
-            from opcast.hardware import describe_local
+            from opcast.collect.local_device import describe_local
 
             local = describe_local("cpu")
         if local is not None and local.name == name:

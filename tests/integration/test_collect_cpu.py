@@ -17,7 +17,18 @@ from opcast.collect.timing import TimingBudget
 from opcast.schema import read_dataset
 
 FAST = TimingBudget(warmup_s=0.001, rep_s=0.004, min_reps=3, max_reps=20)
-OPS = ("gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy", "rope", "optimizer")
+OPS = (
+    "gemm",
+    "attention",
+    "layernorm",
+    "rmsnorm",
+    "softmax",
+    "elementwise",
+    "embedding",
+    "cross_entropy",
+    "rope",
+    "optimizer",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -27,10 +38,11 @@ def _fixed_cpu_spec(monkeypatch):
     from dataclasses import replace
 
     from opcast.collect import bench
-    from opcast.hardware import describe_local
+    from opcast.collect.local_device import describe_local
 
-    spec = replace(describe_local("cpu"), peak_fp32_flops=1e11, peak_bf16_flops=1e11, peak_fp16_flops=None,
-                   mem_bw_bytes_per_s=2e10)
+    spec = replace(
+        describe_local("cpu"), peak_fp32_flops=1e11, peak_bf16_flops=1e11, peak_fp16_flops=None, mem_bw_bytes_per_s=2e10
+    )
     monkeypatch.setattr(bench, "describe_local", lambda device: spec)
 
 
@@ -73,7 +85,9 @@ class _InterruptAfter:
 
 
 def test_ctrl_c_finishes_the_point_keeps_rows_and_resumes(tmp_path):
-    result = run_bench(_cfg(tmp_path, ops=("gemm", "softmax"), dtypes=("fp32",), samples=12), progress=_InterruptAfter(3))
+    result = run_bench(
+        _cfg(tmp_path, ops=("gemm", "softmax"), dtypes=("fp32",), samples=12), progress=_InterruptAfter(3)
+    )
     assert result.interrupted and result.remaining > 0
     kept = read_dataset(tmp_path)
     assert len(kept) == result.rows_written == 3
@@ -87,15 +101,18 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
     return code, captured.err
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--op", "conv2d"], "unknown op 'conv2d'"),
-    (["--op", "all_reduce"], "collect comm"),
-    (["--dtype", "fp8"], "not available on the CPU"),
-    (["--dtype", "fp64"], "unknown dtype"),
-    (["--device", "cuda"] if not shutil.which("nvidia-smi") else ["--device", "tpu"], "--device"),
-    (["--tp", "1,x"], "--tp takes"),
-    (["--arch", "gpt-7"], "gpt-7"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--op", "conv2d"], "unknown op 'conv2d'"),
+        (["--op", "all_reduce"], "collect comm"),
+        (["--dtype", "fp8"], "not available on the CPU"),
+        (["--dtype", "fp64"], "unknown dtype"),
+        (["--device", "cuda"] if not shutil.which("nvidia-smi") else ["--device", "tpu"], "--device"),
+        (["--tp", "1,x"], "--tp takes"),
+        (["--arch", "gpt-7"], "gpt-7"),
+    ],
+)
 def test_bad_bench_input_is_one_line_exit_2(tmp_path, capsys, args, message):
     code, err = _cli(capsys, "collect", "bench", "--out", str(tmp_path / "d"), "--samples", "2", *args)
     assert code == 2, err
@@ -117,8 +134,19 @@ def test_unwritable_out_and_corrupt_dataset_exit_2(tmp_path, capsys):
 
 
 def test_help_of_every_command(capsys):
-    for args in ([], ["collect"], ["collect", "bench"], ["collect", "comm"], ["collect", "info"], ["hardware"],
-                 ["hardware", "list"], ["hardware", "show"], ["arch"], ["arch", "list"], ["arch", "show"]):
+    for args in (
+        [],
+        ["collect"],
+        ["collect", "bench"],
+        ["collect", "comm"],
+        ["collect", "info"],
+        ["hardware"],
+        ["hardware", "list"],
+        ["hardware", "show"],
+        ["arch"],
+        ["arch", "list"],
+        ["arch", "show"],
+    ):
         assert main([*args, "--help"]) == 0, args
         assert "Usage" in capsys.readouterr().out
 

@@ -155,7 +155,9 @@ sys.exit(main(sys.argv[1:]))
 def test_full_disk_keeps_the_written_parts_and_resumes(tmp_path, capsys):
     out = tmp_path / "d"
     cmd = [sys.executable, "-c", FULL_DISK, *_bench(out, *QUICK)[1:]]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "PARTS_THAT_FIT": "1"})
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env={**os.environ, "PARTS_THAT_FIT": "1"}
+    )
     assert res.returncode == 2
     err = _one_line(res.stderr)
     assert "disk is full" in err and "re-run the same command to resume" in err
@@ -177,10 +179,11 @@ FAST = TimingBudget(warmup_s=0.0, rep_s=0.002, min_reps=3, max_reps=10)
 @pytest.fixture()
 def fixed_cpu_spec(monkeypatch):
     """Plan against a fixed CPU spec (the real one is measured; the timings stay real)."""
-    from opcast.hardware import describe_local
+    from opcast.collect.local_device import describe_local
 
-    spec = replace(describe_local("cpu"), peak_fp32_flops=1e11, peak_bf16_flops=1e11, peak_fp16_flops=None,
-                   mem_bw_bytes_per_s=2e10)
+    spec = replace(
+        describe_local("cpu"), peak_fp32_flops=1e11, peak_bf16_flops=1e11, peak_fp16_flops=None, mem_bw_bytes_per_s=2e10
+    )
     monkeypatch.setattr(bench, "describe_local", lambda device: spec)
 
 
@@ -266,22 +269,46 @@ def test_a_held_lock_refuses_and_info_counts_duplicates_once(tmp_path, fixed_cpu
 # ----------------------------------------------------------------------------- bad numbers and environments
 
 BAD_OPTIONS = [
-    (["--budget-s", "nan"], "--budget-s"), (["--budget-s", "-5"], "--budget-s"), (["--budget-s", "inf"], "--budget-s"),
-    (["--max-point-s", "-1"], "--max-point-s"), (["--max-point-s", "nan"], "--max-point-s"),
-    (["--max-mem-fraction", "-1"], "--max-mem-fraction"), (["--max-mem-fraction", "1.5"], "--max-mem-fraction"),
-    (["--rep-s", "nan"], "--rep-s"), (["--rep-s", "0"], "--rep-s"), (["--warmup-s", "1e9"], "--warmup-s"),
-    (["--warmup-s", "-1"], "--warmup-s"), (["--samples", "0"], "--samples"), (["--samples", "100000000"], "--samples"),
+    (["--budget-s", "nan"], "--budget-s"),
+    (["--budget-s", "-5"], "--budget-s"),
+    (["--budget-s", "inf"], "--budget-s"),
+    (["--max-point-s", "-1"], "--max-point-s"),
+    (["--max-point-s", "nan"], "--max-point-s"),
+    (["--max-mem-fraction", "-1"], "--max-mem-fraction"),
+    (["--max-mem-fraction", "1.5"], "--max-mem-fraction"),
+    (["--rep-s", "nan"], "--rep-s"),
+    (["--rep-s", "0"], "--rep-s"),
+    (["--warmup-s", "1e9"], "--warmup-s"),
+    (["--warmup-s", "-1"], "--warmup-s"),
+    (["--samples", "0"], "--samples"),
+    (["--samples", "100000000"], "--samples"),
 ]
-BAD_ENV = [({"RANK": "abc"}, "RANK"), ({"WORLD_SIZE": "x"}, "WORLD_SIZE"), ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE"),
-           ({"RANK": "-1"}, "RANK"), ({"LOCAL_RANK": "-2"}, "LOCAL_RANK"), ({"RANK": "3", "WORLD_SIZE": "2"}, "outside")]
+BAD_ENV = [
+    ({"RANK": "abc"}, "RANK"),
+    ({"WORLD_SIZE": "x"}, "WORLD_SIZE"),
+    ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE"),
+    ({"RANK": "-1"}, "RANK"),
+    ({"LOCAL_RANK": "-2"}, "LOCAL_RANK"),
+    ({"RANK": "3", "WORLD_SIZE": "2"}, "outside"),
+]
 
 
-@pytest.mark.parametrize("args, env, needle", [
-    (["--budget-s", "nan"], {}, "--budget-s"), (["--warmup-s", "1e9"], {}, "--warmup-s"), ([], {"RANK": "abc"}, "RANK"),
-])
+@pytest.mark.parametrize(
+    "args, env, needle",
+    [
+        (["--budget-s", "nan"], {}, "--budget-s"),
+        (["--warmup-s", "1e9"], {}, "--warmup-s"),
+        ([], {"RANK": "abc"}, "RANK"),
+    ],
+)
 def test_bad_numbers_and_env_through_the_script(tmp_path, args, env, needle):
-    res = subprocess.run(_bench(tmp_path / "d", "--samples", "2", *args), capture_output=True, text=True,
-                         timeout=TIMEOUT_S, env={**os.environ, **env})
+    res = subprocess.run(
+        _bench(tmp_path / "d", "--samples", "2", *args),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**os.environ, **env},
+    )
     assert res.returncode == 2 and needle in _one_line(res.stderr)
     assert not (tmp_path / "d").exists()  # refused before any work
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from opcast import hardware
 from opcast.collect import local_device
 from opcast.collect.local_device import describe_local
 from opcast.errors import OpcastError
@@ -72,10 +71,3 @@ def test_the_core_does_not_import_collect_to_resolve_a_catalog_gpu() -> None:
             "print(sorted(m for m in sys.modules if m.startswith('opcast.collect')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_the_temporary_forwarder_in_hardware_is_the_collect_function() -> None:
-    # Remove with the forwarder once predict/calibrate.py and predict/validate.py import from collect.
-    assert hardware.describe_local is describe_local
-    with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
-        hardware.not_a_name  # noqa: B018
