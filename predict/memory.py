@@ -51,7 +51,10 @@ from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
 
 STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
-    "bf16": (2, 2, 12), "fp16": (2, 2, 12), "fp8": (2, 2, 12), "fp32": (4, 4, 8),
+    "bf16": (2, 2, 12),
+    "fp16": (2, 2, 12),
+    "fp8": (2, 2, 12),
+    "fp32": (4, 4, 8),
 }
 """ZeRO paper Sec. 3.1 (mixed-precision Adam: 2 + 2 + K with K = 12); fp8 keeps 16-bit weights
 and gradients (Transformer Engine casts to fp8 per GEMM); fp32 has no master copy."""
@@ -93,12 +96,15 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
     return attn + norms + router, (arch.n_experts // ep) * mlp
 
 
-def stage_params(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, stage: int = 0) -> StageParams:
-    """Parameters on one rank of pipeline ``stage``: its ``n_layers / pp`` blocks, the
+def stage_params(
+    arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, stage: int = 0, layers: int | None = None
+) -> StageParams:
+    """Parameters on one rank of pipeline ``stage``: its ``layers`` blocks (default ``n_layers / pp``;
+    an uneven split gives each stage's own, :func:`opcast.predict.parallel.pipeline_split`), the
     vocab-parallel embedding (and learned positions) on stage 0, the final norm and LM head on the
     last (a tied head is a second copy of the embedding when pp > 1, as in Megatron-LM)."""
     dense_l, expert_l = layer_params(arch, tp, ep)
-    layers = arch.n_layers // pp
+    layers = arch.n_layers // pp if layers is None else layers
     dense, expert = layers * dense_l, layers * expert_l
     vocab_slice = padded_vocab(arch.vocab, tp) // tp * arch.hidden
     if stage == 0:
@@ -112,8 +118,20 @@ def stage_params(arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, stage: int = 
 
 # --------------------------------------------------------------------------- activations
 
-def layer_activation_bytes(arch: ArchSpec, *, tp: int, sp: bool, batch: int, seq: int, cp: int = 1, ep: int = 1,
-                           attention: str = "flash", recompute: str = "none", dtype: str = "bf16") -> float:
+
+def layer_activation_bytes(
+    arch: ArchSpec,
+    *,
+    tp: int,
+    sp: bool,
+    batch: int,
+    seq: int,
+    cp: int = 1,
+    ep: int = 1,
+    attention: str = "flash",
+    recompute: str = "none",
+    dtype: str = "bf16",
+) -> float:
     """Bytes one block keeps for its backward, per micro-batch, on one rank (see the module table).
 
     ``seq`` is the full sequence; a context-parallel rank holds ``seq / cp`` of it.
@@ -127,30 +145,39 @@ def layer_activation_bytes(arch: ArchSpec, *, tp: int, sp: bool, batch: int, seq
     heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
     dropout = arch.family in DROPOUT_FAMILIES
     tokens = s * batch
-    out = 2 * B * sbh / div                                   # norm-1 input, QKV input
-    out += B * tokens * (heads + 2 * kv) * arch.head_dim      # Q, K, V
+    out = 2 * B * sbh / div  # norm-1 input, QKV input
+    out += B * tokens * (heads + 2 * kv) * arch.head_dim  # Q, K, V
     if recompute != "selective":
         if attention == "eager":
             pairs = batch * heads * (s * s + (cp - 1) * s * (s // 2))  # score entries of this rank's blocks
             out += (2 * B + 1 if dropout else B) * pairs
         else:
-            out += 4 * batch * heads * s * (1 + (cp - 1))     # fp32 logsumexp per query and block
-    out += B * tokens * heads * arch.head_dim                 # out-proj input
-    out += (2 * sbh / div if dropout else 0)                  # two 1-byte dropout masks
-    out += 2 * B * sbh / div                                  # norm-2 input, MLP input
+            out += 4 * batch * heads * s * (1 + (cp - 1))  # fp32 logsumexp per query and block
+    out += B * tokens * heads * arch.head_dim  # out-proj input
+    out += 2 * sbh / div if dropout else 0  # two 1-byte dropout masks
+    out += 2 * B * sbh / div  # norm-2 input, MLP input
     ffn = arch.ffn_hidden // tp
-    per_row = (3 if arch.gated_mlp else 2) * ffn              # act input (+ gate) and down-proj input
+    per_row = (3 if arch.gated_mlp else 2) * ffn  # act input (+ gate) and down-proj input
     if arch.n_experts == 1:
         out += B * tokens * per_row
     else:
         routed_rows = (arch.n_experts // ep) * -(-tokens * arch.experts_top_k * ep // arch.n_experts)
-        out += B * routed_rows * (arch.hidden + per_row)      # permuted expert inputs and activations
-        out += 4 * tokens * arch.n_experts                    # fp32 router probabilities
+        out += B * routed_rows * (arch.hidden + per_row)  # permuted expert inputs and activations
+        out += 4 * tokens * arch.n_experts  # fp32 router probabilities
     return float(out)
 
 
-def in_flight_layers(*, n_layers: int, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1) -> float:
-    """Layers' worth of activations stage ``stage`` holds at its peak (1F1B or interleaved)."""
+def in_flight_layers(
+    *, n_layers: int, pp: int, stage: int, micro_batches: int, virtual_stages: int = 1, layers: int | None = None
+) -> float:
+    """Layers' worth of activations stage ``stage`` holds at its peak (1F1B or interleaved);
+    ``layers``: the stage's own layers when the split is uneven (default ``n_layers / pp``; its
+    chunks of an interleaved schedule are taken as ``layers / virtual_stages`` each)."""
+    if layers is not None and layers * pp != n_layers:  # uneven: this stage's own layers
+        if virtual_stages <= 1:
+            return float(min(pp - stage, micro_batches) * layers)
+        chunks = min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, micro_batches * virtual_stages)
+        return chunks * layers / virtual_stages
     if virtual_stages <= 1:
         return min(pp - stage, micro_batches) * n_layers / pp
     chunks = min(2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1, micro_batches * virtual_stages)
@@ -165,8 +192,15 @@ def in_flight_micro_batches(*, pp: int, stage: int, micro_batches: int, virtual_
     return chunks / virtual_stages
 
 
-def stage_total_bytes(weights: float, gradients: float, optimizer_states: float, activations: float,
-                working_set: float = 0.0, zero3_gather: float = 0.0, kv_cache: float = 0.0) -> float:
+def stage_total_bytes(
+    weights: float,
+    gradients: float,
+    optimizer_states: float,
+    activations: float,
+    working_set: float = 0.0,
+    zero3_gather: float = 0.0,
+    kv_cache: float = 0.0,
+) -> float:
     """Bytes per GPU of a stage from its parts (:attr:`Memory.total_bytes`; the search sums the same way)."""
     return weights + gradients + optimizer_states + activations + working_set + zero3_gather + kv_cache
 
@@ -188,9 +222,15 @@ class Memory:
 
     @property
     def total_bytes(self) -> float:
-        return stage_total_bytes(self.weights_bytes, self.gradients_bytes, self.optimizer_states_bytes,
-                                 self.activations_bytes, self.activation_working_set_bytes, self.zero3_gather_bytes,
-                                 self.kv_cache_bytes)
+        return stage_total_bytes(
+            self.weights_bytes,
+            self.gradients_bytes,
+            self.optimizer_states_bytes,
+            self.activations_bytes,
+            self.activation_working_set_bytes,
+            self.zero3_gather_bytes,
+            self.kv_cache_bytes,
+        )
 
     def breakdown(self) -> dict[str, float]:
         """Bytes by part; parts that are zero (inference has no gradients) are left out."""
@@ -199,8 +239,11 @@ class Memory:
             if value:
                 out[key] = value
         out["activations"] = self.activations_bytes
-        for key, value in (("activation_working_set", self.activation_working_set_bytes),
-                           ("zero3_gather", self.zero3_gather_bytes), ("kv_cache", self.kv_cache_bytes)):
+        for key, value in (
+            ("activation_working_set", self.activation_working_set_bytes),
+            ("zero3_gather", self.zero3_gather_bytes),
+            ("kv_cache", self.kv_cache_bytes),
+        ):
             if value:
                 out[key] = value
         return out
@@ -213,12 +256,23 @@ def activation_dtype(precision: str) -> str:
     return "bf16" if precision == "fp8" else precision
 
 
-def model_state_bytes(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int,
-                      precision: str) -> tuple[float, float, float, float]:
+def model_state_bytes(
+    arch: ArchSpec,
+    *,
+    stage: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int,
+    ep: int,
+    zero: int,
+    precision: str,
+    layers: int | None = None,
+) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, ZeRO-3 gather buffer) bytes per GPU of pipeline
     ``stage``: :data:`STATE_BYTES` per parameter, sharded over the N_d = dp x cp ranks (expert
     weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5)."""
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     w, g, o = STATE_BYTES[precision]
     n_d, n_e = dp * cp, max(1, dp * cp // ep)
 
@@ -231,34 +285,69 @@ def model_state_bytes(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, 
     return shard(w, zero >= 3), shard(g, zero >= 2), shard(o, zero >= 1), gather
 
 
-def layer_activation_terms(arch: ArchSpec, *, tp: int, sp: bool, batch: int, seq: int, cp: int, ep: int,
-                           attention: str, recompute: str, dtype: str) -> tuple[float, float]:
+def layer_activation_terms(
+    arch: ArchSpec,
+    *,
+    tp: int,
+    sp: bool,
+    batch: int,
+    seq: int,
+    cp: int,
+    ep: int,
+    attention: str,
+    recompute: str,
+    dtype: str,
+) -> tuple[float, float]:
     """(bytes one block keeps per micro-batch, the working set its backward rebuilds): with full
     recomputation one layer's activations are materialised again during its backward."""
-    kept = layer_activation_bytes(arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention,
-                                  recompute=recompute, dtype=dtype)
+    kept = layer_activation_bytes(
+        arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention, recompute=recompute, dtype=dtype
+    )
     working = 0.0
     if recompute == "full":
-        working = layer_activation_bytes(arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention,
-                                         recompute="none", dtype=dtype)
+        working = layer_activation_bytes(
+            arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention, recompute="none", dtype=dtype
+        )
     return kept, working
 
 
-def stage_activation_bytes(arch: ArchSpec, *, stage: int, pp: int, tp: int, sp: bool, cp: int, micro_batch: int,
-                           seq: int, micro_batches: int, virtual_stages: int, per_layer_bytes: float,
-                           dtype: str) -> float:
+def stage_activation_bytes(
+    arch: ArchSpec,
+    *,
+    stage: int,
+    pp: int,
+    tp: int,
+    sp: bool,
+    cp: int,
+    micro_batch: int,
+    seq: int,
+    micro_batches: int,
+    virtual_stages: int,
+    per_layer_bytes: float,
+    dtype: str,
+    layers: int | None = None,
+) -> float:
     """Activations stage ``stage`` holds at its peak: ``per_layer_bytes`` (see
     :func:`layer_activation_terms`) times its in-flight layers, the embedding dropout mask of each
     in-flight micro-batch on the first stage, the final-norm and LM-head inputs and the fp32
     logits on the last (module docstring)."""
-    acts = per_layer_bytes * in_flight_layers(n_layers=arch.n_layers, pp=pp, stage=stage, micro_batches=micro_batches,
-                                              virtual_stages=virtual_stages)
+    acts = per_layer_bytes * in_flight_layers(
+        n_layers=arch.n_layers,
+        pp=pp,
+        stage=stage,
+        micro_batches=micro_batches,
+        virtual_stages=virtual_stages,
+        layers=layers,
+    )
     B = dtype_bytes(dtype)
     sbh = (seq // cp) * micro_batch * arch.hidden
     div = tp if sp else 1
     if stage == 0 and arch.family in DROPOUT_FAMILIES:
-        acts += sbh / div * in_flight_micro_batches(pp=pp, stage=0, micro_batches=micro_batches,
-                                                    virtual_stages=virtual_stages)
+        acts += (
+            sbh
+            / div
+            * in_flight_micro_batches(pp=pp, stage=0, micro_batches=micro_batches, virtual_stages=virtual_stages)
+        )
     if stage == pp - 1:
         acts += 2 * B * sbh / div + 4 * (seq // cp) * micro_batch * padded_vocab(arch.vocab, tp) // tp
     return acts
@@ -270,22 +359,69 @@ def fullest_stages(pp: int) -> tuple[int, ...]:
     return (0,) if pp == 1 else (0, pp - 1)
 
 
-def train_memory(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool,
-                 micro_batch: int, seq: int, micro_batches: int, virtual_stages: int, zero: int, precision: str,
-                 attention: str, recompute: str) -> Memory:
+def train_memory(
+    arch: ArchSpec,
+    *,
+    stage: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int,
+    ep: int,
+    sp: bool,
+    micro_batch: int,
+    seq: int,
+    micro_batches: int,
+    virtual_stages: int,
+    zero: int,
+    precision: str,
+    attention: str,
+    recompute: str,
+    layers: int | None = None,
+) -> Memory:
     """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
     :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
-    same three)."""
-    w, g, o, gather = model_state_bytes(arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero,
-                                        precision=precision)
+    same three); ``layers``: the stage's transformer layers when the pipeline split is uneven."""
+    w, g, o, gather = model_state_bytes(
+        arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, precision=precision, layers=layers
+    )
     act_dtype = activation_dtype(precision)
-    per_layer, working = layer_activation_terms(arch, tp=tp, sp=sp, batch=micro_batch, seq=seq, cp=cp, ep=ep,
-                                                attention=attention, recompute=recompute, dtype=act_dtype)
-    acts = stage_activation_bytes(arch, stage=stage, pp=pp, tp=tp, sp=sp, cp=cp, micro_batch=micro_batch, seq=seq,
-                                  micro_batches=micro_batches, virtual_stages=virtual_stages, per_layer_bytes=per_layer,
-                                  dtype=act_dtype)
-    return Memory(stage=stage, weights_bytes=w, gradients_bytes=g, optimizer_states_bytes=o, activations_bytes=acts,
-                  activation_working_set_bytes=working, zero3_gather_bytes=gather)
+    per_layer, working = layer_activation_terms(
+        arch,
+        tp=tp,
+        sp=sp,
+        batch=micro_batch,
+        seq=seq,
+        cp=cp,
+        ep=ep,
+        attention=attention,
+        recompute=recompute,
+        dtype=act_dtype,
+    )
+    acts = stage_activation_bytes(
+        arch,
+        stage=stage,
+        pp=pp,
+        tp=tp,
+        sp=sp,
+        cp=cp,
+        micro_batch=micro_batch,
+        seq=seq,
+        micro_batches=micro_batches,
+        virtual_stages=virtual_stages,
+        per_layer_bytes=per_layer,
+        dtype=act_dtype,
+        layers=layers,
+    )
+    return Memory(
+        stage=stage,
+        weights_bytes=w,
+        gradients_bytes=g,
+        optimizer_states_bytes=o,
+        activations_bytes=acts,
+        activation_working_set_bytes=working,
+        zero3_gather_bytes=gather,
+    )
 
 
 def overflow_reason(memory: Memory, device, fix: str) -> str | None:
@@ -294,9 +430,11 @@ def overflow_reason(memory: Memory, device, fix: str) -> str | None:
     if memory.total_bytes <= device.mem_bytes:
         return None
     parts = ", ".join(f"{key} {v / 2**30:.1f}" for key, v in memory.breakdown().items())
-    return (f"does not fit: stage {memory.stage} needs {memory.total_bytes / 2**30:.1f} GiB per GPU ({parts} GiB) "
-            f"> {device.name}'s {device.mem_bytes / 2**30:.0f} GiB, over by "
-            f"{(memory.total_bytes - device.mem_bytes) / 2**30:.1f} GiB; {fix}")
+    return (
+        f"does not fit: stage {memory.stage} needs {memory.total_bytes / 2**30:.1f} GiB per GPU ({parts} GiB) "
+        f"> {device.name}'s {device.mem_bytes / 2**30:.0f} GiB, over by "
+        f"{(memory.total_bytes - device.mem_bytes) / 2**30:.1f} GiB; {fix}"
+    )
 
 
 def kv_cache_bytes(arch: ArchSpec, *, tp: int, pp: int, batch: int, tokens: int, dtype: str) -> float:

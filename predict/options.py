@@ -70,8 +70,9 @@ class Opt:
         text = f"{self.help.rstrip('.')} (default: {self.default_help})." if self.default_help else self.help
         text = escape(text)  # typer renders help as rich markup: NAME[field=xK] is text, not a tag
         info = typer.Argument(help=text) if self.argument else typer.Option(self.flags, help=text)
-        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default,
-                                 annotation=Annotated[self.type, info])
+        return inspect.Parameter(
+            self.name, inspect.Parameter.KEYWORD_ONLY, default=self.default, annotation=Annotated[self.type, info]
+        )
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -100,8 +101,11 @@ def command(*specs: Opt, defer_problems: bool = False) -> Callable[[Callable[[Ar
         @functools.wraps(fn)
         def run(**values: Any) -> None:
             o = Args(**values)
-            problems = [p for s in specs if s.check is not None and values[s.name] is not None
-                        and (p := s.check(values[s.name]))]
+            problems = [
+                p
+                for s in specs
+                if s.check is not None and values[s.name] is not None and (p := s.check(values[s.name]))
+            ]
             problems += [p for r in rules if (p := r.check(o))]
             if defer_problems:
                 o.problems = problems
@@ -158,28 +162,60 @@ RULES: tuple[Rule, ...] = (
 # --------------------------------------------------------------------------- the options
 
 ARCH = Opt("arch", "--arch", str, "Arch preset (opcast arch list), preset JSON or Hugging Face config.json.")
-GPU = Opt("gpu", "--gpu", str, "Catalog GPU name or alias (opcast hardware list), a device JSON file, or "
-                               "NAME[field=xK,...] (a hypothetical GPU, as --set makes).")
-SET = Opt("set_", "--set", Optional[list[str]],
-          "Hypothetical GPU: FIELD=xK multiplies a spec of --gpu, FIELD=VALUE sets it (units as in the JSON keys, e.g. "
-          "mem_bw_bytes_per_s=8e12); peak_flops=xK scales every peak. Repeat.", None)
+GPU = Opt(
+    "gpu",
+    "--gpu",
+    str,
+    "Catalog GPU name or alias (opcast hardware list), a device JSON file, or "
+    "NAME[field=xK,...] (a hypothetical GPU, as --set makes).",
+)
+SET = Opt(
+    "set_",
+    "--set",
+    Optional[list[str]],
+    "Hypothetical GPU: FIELD=xK multiplies a spec of --gpu, FIELD=VALUE sets it (units as in the JSON keys, e.g. "
+    "mem_bw_bytes_per_s=8e12); peak_flops=xK scales every peak. Repeat.",
+    None,
+)
 NODES = Opt("nodes", "--nodes", Optional[int], "Nodes.", None, "as few as the world size needs")
 GPUS_PER_NODE = Opt("gpus_per_node", "--gpus-per-node", Optional[int], "GPUs per node.", None, "the GPU's typical node")
-CLUSTER = Opt("cluster", "--cluster", Optional[str],
-              "NODESxGPUS (e.g. 16x8) or a cluster JSON file (nodes, gpus_per_node[, gpu]).", None)
+CLUSTER = Opt(
+    "cluster",
+    "--cluster",
+    Optional[str],
+    "NODESxGPUS (e.g. 16x8), a catalog cluster NAME or NAME:NODES (data/clusters: perlmutter, vista, dgx-a100, "
+    "dgx-h100, dgx-b200, gb200-nvl72, azure-nd-a100-v4, azure-nc-a100-v4; its GPU, links and NVLink domain), a "
+    "catalog-style cluster JSON file, or a JSON file of nodes, gpus_per_node[, gpu].",
+    None,
+)
 
-MODELS = Opt("models", "--models", Optional[Path],
-             "Learned kernel models (opcast train fit --out); default: the embedded ones.", None)
+MODELS = Opt(
+    "models",
+    "--models",
+    Optional[Path],
+    "Learned kernel models (opcast train fit --out); default: the embedded ones.",
+    None,
+)
 ROOFLINE = Opt("roofline", "--roofline", bool, "Ignore learned models: every kernel from the roofline fallback.", False)
-ANALYTIC = Opt("analytic", "--analytic", bool,
-               "Where a learned model would extrapolate beyond the hardware it was fitted on, use the analytical "
-               "roofline instead (such kernels are flagged either way).", False)
+ANALYTIC = Opt(
+    "analytic",
+    "--analytic",
+    bool,
+    "Where a learned model would extrapolate beyond the hardware it was fitted on, use the analytical "
+    "roofline instead (such kernels are flagged either way).",
+    False,
+)
 KERNEL_SOURCE = (MODELS, ROOFLINE, ANALYTIC)
 """Where kernel times come from: :func:`kernel_cost`."""
 JSON = Opt("as_json", "--json", bool, "Print the result as JSON.", False)
 
-TENSOR_CORES = Opt("tensor_cores", "--tensor-cores/--no-tensor-cores", Optional[bool],
-                   "Matrix math on tensor cores (fp32: TF32); default: all but fp32.", None)
+TENSOR_CORES = Opt(
+    "tensor_cores",
+    "--tensor-cores/--no-tensor-cores",
+    Optional[bool],
+    "Matrix math on tensor cores (fp32: TF32); default: all but fp32.",
+    None,
+)
 
 # The help of each configuration option; its name, type and default come from the dataclass.
 _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
@@ -198,6 +234,17 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "attention": ("flash or eager.", None),
     "schedule": ("1f1b or interleaved.", None),
     "virtual_stages": ("Model chunks per stage (interleaved).", None),
+    "pp_layers": (
+        "Transformer layers of each pipeline stage, comma-separated, e.g. 5,6,6,6,6,6,5,4.",
+        "by --pp-partition",
+    ),
+    "pp_partition": (
+        "How layers split over pipeline stages: auto (even where pp divides the layers, else DeepSpeed's "
+        "type:transformer|mlp as GPT-NeoX; interleaved: Megatron's), DeepSpeed's uniform, parameters or "
+        "type:REGEX, or megatron[:first=N,last=N] / megatron:embedding,loss (Megatron-LM's first/last-stage "
+        "layer counts and account_for_embedding/loss_in_pipeline_split).",
+        None,
+    ),
     "overlap_grad_reduce": ("Overlap the data-parallel gradient reduction with the last backward.", None),
     "tensor_cores": (TENSOR_CORES.help, None),
     "batch": ("Sequences decoded together.", None),
@@ -208,6 +255,26 @@ _SWITCHES = {"tensor_cores", "overlap_grad_reduce"}
 """Boolean fields that take ``--no-...`` as well (a default that may be on)."""
 _NOT_OPTIONS = {"bucket_params"}
 """Fields with no command-line option (library use only)."""
+
+
+def parse_pp_layers(text: str) -> tuple[int, ...]:
+    """``--pp-layers 5,6,6,...``: the layers of each stage (its count and sum are the library's to check)."""
+    if (problem := _pp_layers_problem(text)) is not None:
+        raise OpcastError(problem)
+    return tuple(int(t) for t in text.split(","))
+
+
+def _pp_layers_problem(text: str) -> str | None:
+    items = [t.strip() for t in text.split(",")]
+    if not all(t.isdigit() for t in items):
+        return f"--pp-layers {text!r}: give the layers of each stage as positive integers, e.g. 5,6,6,6,6,6,5,4"
+    if any(int(t) < 1 for t in items):
+        return f"--pp-layers {text!r}: every stage needs >= 1 layer"
+    return None
+
+
+_TEXT_FIELDS: dict[str, Callable[[Any], str | None] | None] = {"pp_layers": _pp_layers_problem}
+"""Configuration fields given as text on the command line (parsed by :func:`train_config`), with their check."""
 
 
 def _cli_type(hint: Any) -> Any:
@@ -231,8 +298,18 @@ def config_options(cls: type) -> tuple[Opt, ...]:
             continue
         help_, default_help = _CONFIG_HELP[f.name]  # a new field needs its help above
         flag = "--" + f.name.replace("_", "-")
-        out.append(Opt(f.name, f"{flag}/--no-{flag[2:]}" if f.name in _SWITCHES else flag, _cli_type(hints[f.name]),
-                       help_, f.default, default_help))
+        text = f.name in _TEXT_FIELDS  # given as text, parsed by train_config
+        out.append(
+            Opt(
+                f.name,
+                f"{flag}/--no-{flag[2:]}" if f.name in _SWITCHES else flag,
+                Optional[str] if text else _cli_type(hints[f.name]),
+                help_,
+                f.default,
+                default_help,
+                check=_TEXT_FIELDS.get(f.name),
+            )
+        )
     return tuple(out)
 
 
@@ -256,17 +333,29 @@ TRAIN_GPU = GPU.but(default=None, default_help="the gpu of a --cluster file")
 TRACE = Opt("trace", "--trace", Optional[Path], "Write a Chrome/Perfetto trace of one iteration.", None)
 TRAIN_PLOT = Opt("plot", "--plot", Optional[Path], "Write a breakdown chart (needs matplotlib).", None)
 COVERAGE = Opt("coverage", "--coverage", float, "Coverage of the prediction interval (0-1).", 0.9, check=_coverage)
-INTERVAL_MODE = Opt("interval_mode", "--interval-mode", str,
-                    "How kernel errors combine: group (correlated within a learned predictor, independent between them) "
-                    "or correlated (all together).", "group", check=_interval_mode)
+INTERVAL_MODE = Opt(
+    "interval_mode",
+    "--interval-mode",
+    str,
+    "How kernel errors combine: group (correlated within a learned predictor, independent between them) "
+    "or correlated (all together).",
+    "group",
+    check=_interval_mode,
+)
 
 # predict kernel, kernels
 OP = Opt("op", "--op", str, "Op kind (opcast.ops registry), e.g. gemm, attention, all_reduce.")
 PARAM = Opt("param", "--param", Optional[list[str]], "Shape parameter k=v (repeat).", None)
 DTYPE = Opt("dtype", "--dtype", str, "fp32, tf32, fp16, bf16 or fp8.", "bf16")
 DIRECTION = Opt("direction", "--direction", str, "fwd or bwd.", "fwd")
-KERNELS_INPUT = Opt("input", "INPUT", Path, "Rows to predict: a .parquet (e.g. an opcast dataset) or .csv with op, dtype, "
-                                            "direction and the op's parameter columns.", argument=True)
+KERNELS_INPUT = Opt(
+    "input",
+    "INPUT",
+    Path,
+    "Rows to predict: a .parquet (e.g. an opcast dataset) or .csv with op, dtype, "
+    "direction and the op's parameter columns.",
+    argument=True,
+)
 KERNELS_OUT = Opt("out", "--out", Path, "Output .parquet or .csv: the input rows plus time_s_pred and source_pred.")
 
 # search
@@ -275,31 +364,65 @@ SEARCH_GLOBAL_BATCH = _option(TRAIN, "global_batch").but(type=int, default=REQUI
 SEARCH_SEQ = _option(TRAIN, "seq").but(default=REQUIRED)
 SEARCH_OVERLAP = _option(TRAIN, "overlap_grad_reduce").but(default=True)
 TOP = Opt("top", "--top", int, "Configurations to show (each re-predicted with the full breakdown).", 10)
-OBJECTIVE = Opt("objective", "--objective", str,
-                "throughput: most tokens/s; cost: fewest GPU-hours per token (also tries fewer GPUs than --gpus: "
-                "every divisor that is whole nodes or fits one node); memory: least memory per GPU.", "throughput")
+OBJECTIVE = Opt(
+    "objective",
+    "--objective",
+    str,
+    "throughput: most tokens/s; cost: fewest GPU-hours per token (also tries fewer GPUs than --gpus: "
+    "every divisor that is whole nodes or fits one node); memory: least memory per GPU.",
+    "throughput",
+)
 MAX_TP = Opt("max_tp", "--max-tp", Optional[int], "Largest tensor-parallel degree.", None)
 TP_WITHIN_NODE = Opt("tp_within_node", "--tp-within-node", bool, "Keep tensor-parallel groups inside a node.", False)
 MAX_MEM = Opt("max_mem", "--max-mem", Optional[float], "Memory limit per GPU, GiB.", None, "the GPU's memory")
-FIX = Opt("fix", "--fix", Optional[list[str]],
-          "Restrict a dimension: KEY=V[,V...] with KEY one of tp, pp, cp, ep, sp (on/off), micro_batch, recompute, zero, "
-          "schedule, virtual_stages (repeat).", None)
-ALLOW_STRADDLING = Opt("allow_straddling", "--allow-straddling", bool,
-                       "Also search layouts whose tp / cp / dp groups straddle node boundaries (priced as if aligned: "
-                       "optimistic).", False)
-GPU_HOUR_PRICE = Opt("gpu_hour_price", "--gpu-hour-price", Optional[float],
-                     "Price of one GPU-hour: adds a cost column in that currency.", None,
-                     check=_finite_at_least("--gpu-hour-price", 0))
-WORKERS = Opt("workers", "--workers", Optional[int], "Processes for large spaces.", None,
-              "the cores available; small spaces stay in one")
+FIX = Opt(
+    "fix",
+    "--fix",
+    Optional[list[str]],
+    "Restrict a dimension: KEY=V[,V...] with KEY one of tp, pp, cp, ep, sp (on/off), micro_batch, recompute, zero, "
+    "schedule, virtual_stages (repeat).",
+    None,
+)
+ALLOW_STRADDLING = Opt(
+    "allow_straddling",
+    "--allow-straddling",
+    bool,
+    "Also search layouts whose tp / cp / dp groups straddle node boundaries (priced as if aligned: optimistic).",
+    False,
+)
+GPU_HOUR_PRICE = Opt(
+    "gpu_hour_price",
+    "--gpu-hour-price",
+    Optional[float],
+    "Price of one GPU-hour: adds a cost column in that currency.",
+    None,
+    check=_finite_at_least("--gpu-hour-price", 0),
+)
+WORKERS = Opt(
+    "workers",
+    "--workers",
+    Optional[int],
+    "Processes for large spaces.",
+    None,
+    "the cores available; small spaces stay in one",
+)
 SEARCH_CSV = Opt("csv", "--csv", Optional[Path], "Write every feasible configuration, ranked, to this CSV.", None)
 
 # explore, compare
 BASE_GPU = GPU.but(help="The base GPU: catalog name or alias, device JSON file, or NAME[field=xK,...].")
-GPU_LIST = Opt("gpus", "--gpus", str, "Comma-separated GPUs, the first is the reference, e.g. A100-SXM4-80GB,H100-SXM,B200 "
-                                      "(NAME[field=xK,...] allowed).")
-VARY = Opt("vary", "--vary", list[str], "FIELD=F1,F2,...: factors of the base GPU's FIELD (any numeric spec key, or "
-                                        "peak_flops for every peak); repeat for a grid.")
+GPU_LIST = Opt(
+    "gpus",
+    "--gpus",
+    str,
+    "Comma-separated GPUs, the first is the reference, e.g. A100-SXM4-80GB,H100-SXM,B200 (NAME[field=xK,...] allowed).",
+)
+VARY = Opt(
+    "vary",
+    "--vary",
+    list[str],
+    "FIELD=F1,F2,...: factors of the base GPU's FIELD (any numeric spec key, or "
+    "peak_flops for every peak); repeat for a grid.",
+)
 TABLE_CSV = Opt("csv", "--csv", Optional[Path], "Also write the table to this .csv file.", None, check=_csv_suffix)
 CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplotlib).", None)
 
@@ -309,7 +432,10 @@ CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplo
 
 def train_config(o: Args) -> TrainConfig:
     """The :class:`TrainConfig` of a command's options (fields without an option keep their default)."""
-    return TrainConfig(**{s.name: getattr(o, s.name) for s in TRAIN})
+    values = {s.name: getattr(o, s.name) for s in TRAIN}
+    if values.get("pp_layers") is not None:
+        values["pp_layers"] = parse_pp_layers(values["pp_layers"])
+    return TrainConfig(**values)
 
 
 def infer_config(o: Args) -> InferConfig:

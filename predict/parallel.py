@@ -12,6 +12,7 @@ ranks are consecutive, then CP, DP, and pipeline stages outermost, so a group of
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -97,6 +98,14 @@ class TrainConfig:
     """Pipeline schedule."""
     virtual_stages: int = 1
     """Model chunks per pipeline rank for the interleaved schedule."""
+    pp_layers: tuple[int, ...] | None = None
+    """Transformer layers of each pipeline stage (an explicit, possibly uneven, split); None: by ``pp_partition``."""
+    pp_partition: str = "auto"
+    """How layers are split over the stages when ``pp_layers`` is not given (:func:`pipeline_split`): auto (even
+    when pp divides the layers, else DeepSpeed's ``type:transformer|mlp``, GPT-NeoX's default; interleaved:
+    Megatron's), DeepSpeed's ``uniform``, ``parameters`` or ``type:REGEX``, or
+    ``megatron[:first=N,last=N|embedding,loss]`` (Megatron-LM's decoder_first/last_pipeline_num_layers and
+    account_for_embedding/loss_in_pipeline_split)."""
     overlap_grad_reduce: bool = False
     """Overlap the data-parallel gradient reduction with the last micro-batch's backward."""
     tensor_cores: bool | None = None
@@ -147,6 +156,17 @@ class Layout:
     """Gradient reduction group of expert weights: dp x cp / ep."""
     pp_group: Group
     """The pipeline's ranks (send/recv is inter-node when this spans nodes)."""
+    stage_layers: tuple[int, ...] = ()
+    """Transformer layers of each pipeline stage (:func:`pipeline_split`); empty: ``n_layers / pp`` each."""
+
+    def layers(self, stage: int) -> int | None:
+        """Transformer layers of pipeline ``stage``, or None when the split is the even default."""
+        return self.stage_layers[stage] if self.stage_layers else None
+
+    @property
+    def uneven(self) -> bool:
+        """Whether the stages hold different numbers of layers."""
+        return len(set(self.stage_layers)) > 1
 
     @property
     def world_size(self) -> int:
@@ -159,6 +179,210 @@ class Layout:
     @property
     def act_dtype(self) -> str:
         return activation_dtype(self.cfg.precision)
+
+
+# --------------------------------------------------------------------------- pipeline split
+#
+# How the frameworks assign transformer layers to pipeline stages, reproduced exactly:
+# DeepSpeed's PipelineModule._partition_layers (deepspeed/runtime/pipe/module.py) over the layer
+# specs of GPT-NeoX's GPTModelPipe, with partition_uniform / partition_balanced
+# (deepspeed/runtime/utils.py), and Megatron-LM's get_num_layers_to_build
+# (megatron/core/transformer/transformer_block.py).
+
+PP_PARTITION_AUTO = "auto"
+DEEPSPEED_NEOX_DEFAULT = "type:transformer|mlp"
+"""GPT-NeoX's default ``pipe_partition_method``."""
+
+
+def partition_uniform(num_items: int, num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_uniform``: part boundaries (num_parts + 1), the first
+    ``num_items % num_parts`` parts one item longer."""
+    if num_items <= num_parts:
+        return [min(p, num_items) for p in range(num_parts + 1)]
+    chunk, residual = divmod(num_items, num_parts)
+    return [p * chunk + min(p, residual) for p in range(num_parts + 1)]
+
+
+def partition_balanced(weights: list[float], num_parts: int) -> list[int]:
+    """DeepSpeed's ``partition_balanced``: the linear-partition dynamic programme minimising the
+    spread (heaviest minus lightest part), ties to the later cut, as boundaries (num_parts + 1)."""
+    n, m = len(weights), num_parts
+    if n <= m:
+        return partition_uniform(n, m)
+    inf = math.inf
+    prefix = [0.0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + w
+    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
+    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
+    position = [[0] * (m + 1) for _ in range(n + 1)]
+    dp_max[0][0] = dp_cost[0][0] = 0.0
+    for i in range(1, n + 1):
+        for j in range(1, min(i, m) + 1):
+            for k in range(i):
+                part = prefix[i] - prefix[k]
+                hi, lo = max(dp_max[k][j - 1], part), min(dp_min[k][j - 1], part)
+                if dp_cost[i][j] >= hi - lo:
+                    dp_cost[i][j], dp_max[i][j], dp_min[i][j], position[i][j] = hi - lo, hi, lo, k
+    parts = [n]
+    for j in range(m, 0, -1):
+        parts.append(position[parts[-1]][j])
+    return parts[::-1]
+
+
+def neox_layer_specs(arch: ArchSpec, *, tp: int, ep: int = 1) -> list[tuple[str, int]]:
+    """(type name, parameters on one tensor-parallel rank) of each entry of GPT-NeoX's
+    ``GPTModelPipe`` specs: the embedding, ``_pre_transformer_block``, the transformer layers,
+    ``_post_transformer_block``, the final norm and the head (a tied head is the embedding again)."""
+    from opcast.archs import padded_vocab
+    from opcast.predict.memory import layer_params
+
+    dense_l, expert_l = layer_params(arch, tp, ep)
+    embedding = padded_vocab(arch.vocab, tp) // tp * arch.hidden
+    embedding += arch.max_seq * arch.hidden if arch.position == "learned" else 0
+    head = ("EmbeddingPipe", embedding) if arch.tied_embeddings else (
+        "ParallelLinearPipe", padded_vocab(arch.vocab, tp) // tp * arch.hidden)
+    return [
+        ("EmbeddingPipe", embedding),
+        ("_pre_transformer_block", 0),
+        *[("ParallelTransformerLayerPipe", dense_l + expert_l)] * arch.n_layers,
+        ("_post_transformer_block", 0),
+        ("NormPipe", (2 if arch.norm == "layernorm" else 1) * arch.hidden),
+        head,
+    ]
+
+
+def deepspeed_split(
+    arch: ArchSpec, pp: int, method: str, *, tp: int = 1, ep: int = 1
+) -> tuple[tuple[int, ...] | None, list[str]]:
+    """Transformer layers per stage as DeepSpeed's ``partition_method`` (uniform, parameters,
+    type:REGEX) splits GPT-NeoX's layer specs over ``pp`` stages."""
+    specs = neox_layer_specs(arch, tp=tp, ep=ep)
+    if method == "uniform":
+        parts = partition_uniform(len(specs), pp)
+    elif method == "parameters":
+        parts = partition_balanced([float(n) for _, n in specs], pp)
+    else:  # type:REGEX, matched case-insensitively anywhere in each spec's type name
+        try:
+            pattern = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+        except re.error as err:
+            return None, [f"pp_partition={method!r}: bad regular expression ({err})"]
+        weights = [1.0 if pattern.search(name) else 0.0 for name, _ in specs]
+        if not any(weights):
+            return None, [f"pp_partition={method!r} matches no layer type (GPT-NeoX's are "
+                          f"{', '.join(dict.fromkeys(n for n, _ in specs))})"]
+        parts = partition_balanced(weights, pp)
+    is_layer = [name == "ParallelTransformerLayerPipe" for name, _ in specs]
+    return tuple(sum(is_layer[parts[s]:parts[s + 1]]) for s in range(pp)), []
+
+
+def megatron_chunks(
+    n_layers: int, pp: int, virtual_stages: int = 1, *, first: int | None = None, last: int | None = None,
+    embedding: bool = False, loss: bool = False,
+) -> tuple[tuple[tuple[int, ...], ...] | None, list[str]]:
+    """Transformer layers of each model chunk of each pipeline rank, as Megatron-LM's
+    ``get_num_layers_to_build`` builds them (``decoder_first/last_pipeline_num_layers``,
+    ``account_for_embedding/loss_in_pipeline_split``), or None and why it refuses."""
+    v = max(1, virtual_stages)
+    if (first is not None or last is not None) and (embedding or loss):
+        return None, ["Megatron-LM cannot combine first/last-stage layer counts with account_for_embedding/loss"]
+    if first is not None or last is not None:
+        rest, left = n_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
+        if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
+            return None, [f"Megatron-LM: the {rest} layers left after first={first}, last={last} do not divide "
+                          f"evenly over the {left} other stage(s) of pp={pp}"]
+        middle = rest // left if left > 0 else 0
+        per_rank = [middle] * pp
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+    else:
+        total = n_layers + embedding + loss
+        if total % pp:
+            what = "n_layers" + (" + embedding" if embedding else "") + (" + loss" if loss else "")
+            return None, [f"Megatron-LM needs pp={pp} to divide {what} = {total}; give first=/last= stage layer "
+                          "counts, embedding/loss, or --pp-layers"]
+        per_rank = [total // pp] * pp
+    if v > 1 and pp > 1 and any(n % v for n in per_rank):
+        return None, [f"Megatron-LM needs virtual_stages={v} to divide each rank's layers {per_rank}"]
+    chunks = [[n // v if (v > 1 and pp > 1) else n] * (v if pp > 1 else 1) for n in per_rank]
+    if embedding:
+        chunks[0][0] -= 1
+    if loss:
+        chunks[-1][-1] -= 1
+    if any(c < 0 for rank in chunks for c in rank):
+        return None, ["Megatron-LM: not enough layers in the first/last virtual stage for the embedding/loss"]
+    return tuple(tuple(rank) for rank in chunks), []
+
+
+def parse_pp_partition(text: str) -> tuple[str, dict[str, int | bool]] | str:
+    """(method, Megatron options) of ``pp_partition``, or the problem with it."""
+    how = "give auto, uniform, parameters, type:REGEX or megatron[:first=N,last=N|embedding,loss]"
+    if not isinstance(text, str) or not text:
+        return f"pp_partition={text!r}: {how}"
+    if text in (PP_PARTITION_AUTO, "uniform", "parameters") or (text.startswith("type:") and len(text) > 5):
+        return text, {}
+    head, _, tail = text.partition(":")
+    if head != "megatron":
+        return f"pp_partition={text!r}: {how}"
+    opts: dict[str, int | bool] = {}
+    for item in filter(None, (t.strip() for t in tail.split(","))):
+        key, eq, value = item.partition("=")
+        if key in ("embedding", "loss") and not eq:
+            opts[key] = True
+        elif key in ("first", "last") and eq and value.isdigit() and int(value) >= 1:
+            opts[key] = int(value)
+        else:
+            return f"pp_partition={text!r}: bad Megatron option {item!r}; {how}"
+    return "megatron", opts
+
+
+def pipeline_split(
+    arch: ArchSpec, *, pp: int, tp: int = 1, ep: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
+    pp_layers: tuple[int, ...] | None = None, pp_partition: str = PP_PARTITION_AUTO,
+) -> tuple[tuple[int, ...] | None, list[str]]:
+    """Transformer layers of each pipeline rank (all its chunks), or None and every reason.
+
+    ``pp_layers`` is an explicit split; else ``pp_partition`` (see :attr:`TrainConfig.pp_partition`).
+    An even split (pp divides the layers) is the same in every framework."""
+    L, v = arch.n_layers, virtual_stages
+    interleaved = schedule == "interleaved"
+    if pp > L:
+        return None, [f"pp={pp} exceeds n_layers={L}: every stage needs a layer"]
+    if pp_layers is not None:
+        layers = tuple(pp_layers)
+        problems = []
+        if len(layers) != pp:
+            problems.append(f"--pp-layers gives {len(layers)} stages, pp={pp}")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in layers):
+            problems.append(f"--pp-layers {','.join(map(str, layers))}: every stage needs >= 1 layer")
+        elif sum(layers) != L:
+            problems.append(f"--pp-layers sums to {sum(layers)}, {arch.name} has n_layers={L}")
+        if not problems and interleaved and any(n % v for n in layers):
+            problems.append(f"interleaving needs virtual_stages={v} to divide each stage's layers {list(layers)}")
+        return (None, problems) if problems else (layers, [])
+    parsed = parse_pp_partition(pp_partition)
+    if isinstance(parsed, str):
+        return None, [parsed]
+    method, opts = parsed
+    if method == PP_PARTITION_AUTO:
+        if interleaved:
+            if L % (pp * v):
+                return None, [f"interleaving needs pp x virtual_stages = {pp * v} to divide n_layers={L}; "
+                              "or give --pp-partition megatron:embedding,loss or --pp-layers"]
+            return (L // pp,) * pp, []
+        if L % pp == 0:
+            return (L // pp,) * pp, []
+        method = DEEPSPEED_NEOX_DEFAULT
+    if method == "megatron":
+        chunks, problems = megatron_chunks(L, pp, v if interleaved else 1, **opts)  # type: ignore[arg-type]
+        return (None, problems) if chunks is None else (tuple(sum(c) for c in chunks), [])
+    if interleaved:
+        return None, [f"pp_partition={pp_partition!r} is DeepSpeed's, which has no interleaved schedule; "
+                      "use megatron[:...] or --pp-layers"]
+    return deepspeed_split(arch, pp, method, tp=tp, ep=ep)
 
 
 # --------------------------------------------------------------------------- validation
@@ -252,9 +476,14 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
     if check_device:
         reasons += device_reasons(device, cfg.precision)
-    reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)
+    reasons += _degree_reasons(arch, bad, tp=cfg.tp, ep=cfg.ep)  # pp: pipeline_split below
     if bad:  # the arithmetic below needs sane integers
         return None, reasons
+    stage_layers, split_reasons = pipeline_split(
+        arch, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
+        pp_layers=cfg.pp_layers, pp_partition=cfg.pp_partition,
+    )
+    reasons += split_reasons
 
     tp, pp, cp, ep = cfg.tp, cfg.pp, cfg.cp, cfg.ep
     if cfg.dp is not None:
@@ -301,8 +530,6 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
             reasons.append("the interleaved schedule needs pp > 1")
         if v < 2:
             reasons.append(f"the interleaved schedule needs --virtual-stages >= 2, got {v}")
-        if arch.n_layers % (pp * v):
-            reasons.append(f"interleaving needs pp x virtual_stages = {pp * v} to divide n_layers={arch.n_layers}")
         if micro_batches and micro_batches % pp:
             reasons.append(f"interleaving needs the {micro_batches} micro-batches per rank to be a multiple of pp={pp} (Megatron-LM)")
     elif v != 1:
@@ -312,15 +539,18 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
                        "Megatron's distributed optimizer is zero 1/2)")
     if cfg.bucket_params is not None and (p := _positive("bucket_params", cfg.bucket_params)):
         reasons.append(p)
-    if reasons or cluster is None or dp is None:
+    if reasons or cluster is None or dp is None or stage_layers is None:
         return None, reasons
     g = cluster.gpus_per_node
     tp_group, cp_group, ep_group = model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g)
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=g)
     layout = Layout(
-        cfg=replace(cfg, dp=dp, global_batch=global_batch), cluster=cluster, dp=dp, micro_batches=micro_batches,
+        cfg=replace(cfg, dp=dp, global_batch=global_batch,
+                    pp_layers=stage_layers if len(set(stage_layers)) > 1 else cfg.pp_layers),
+        cluster=cluster, dp=dp, micro_batches=micro_batches,
         tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, dp_group=dp_group, expert_dp_group=expert_dp_group,
         pp_group=place(pp, tp * cp * dp, g),
+        stage_layers=stage_layers,
     )
     return layout, []
 
@@ -355,10 +585,30 @@ _SHORTHAND = re.compile(r"\s*(\d+)\s*[xX*]\s*(\d+)\s*")
 _CLUSTER_KEYS = {"name": str, "nodes": int, "gpus_per_node": int, "gpu": str, "source": str}
 
 
-def parse_cluster(text: str) -> tuple[Cluster, str | None]:
-    """``--cluster``: ``NODESxGPUS`` (e.g. ``16x8``) or a JSON file with keys ``nodes``,
-    ``gpus_per_node`` and optional ``name``, ``gpu`` (a catalog name) and ``source``.
-    Returns the cluster and its GPU name, if the file names one."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterChoice:
+    """A ``--cluster`` naming a catalog cluster (or a catalog-style cluster file): its nodes when
+    given (``NAME:NODES``), else as few as the world size needs, of its NVLink domains."""
+
+    nodes: int | None
+    """Nodes given, or None."""
+    gpus_per_node: int | None = None
+    """None: the cluster's NVLink domain (the device :func:`opcast.clusters.cluster_device_name` prices)."""
+    name: str
+    """The catalog cluster's name."""
+
+
+_CLUSTER_NAME = re.compile(r"\s*([A-Za-z][\w.\-]*?)(?::(\d+))?\s*")
+
+
+def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
+    """``--cluster``: ``NODESxGPUS`` (e.g. ``16x8``), a catalog cluster ``NAME`` or ``NAME:NODES``
+    (``data/clusters``, :mod:`opcast.clusters`), a catalog-style cluster JSON file, or a JSON file
+    with keys ``nodes``, ``gpus_per_node`` and optional ``name``, ``gpu`` (a catalog name) and
+    ``source``. Returns the cluster and its GPU name, if it names one (for a catalog cluster, the
+    GPU with the cluster's links and NVLink domain)."""
+    from opcast.clusters import cluster_device_name, cluster_from_dict, find_cluster
+
     m = _SHORTHAND.fullmatch(text)
     if m:
         nodes, g = int(m.group(1)), int(m.group(2))
@@ -366,11 +616,23 @@ def parse_cluster(text: str) -> tuple[Cluster, str | None]:
             raise OpcastError(f"--cluster {text!r}: nodes and GPUs per node must be >= 1")
         return Cluster(nodes=nodes, gpus_per_node=g), None
     path = Path(text).expanduser()
+    named = _CLUSTER_NAME.fullmatch(text)
+    if named and not path.is_file() and (spec := find_cluster(named.group(1))) is not None:
+        given = int(named.group(2)) if named.group(2) else None
+        if given is not None and given < 1:
+            raise OpcastError(f"--cluster {text!r}: nodes must be >= 1")
+        return ClusterChoice(nodes=given, name=spec.name), cluster_device_name(spec)
     if not path.is_file():
-        raise OpcastError(f"--cluster {text!r} is neither NODESxGPUS (e.g. 16x8) nor a cluster JSON file")
+        from opcast.clusters import cluster_catalog
+
+        raise OpcastError(f"--cluster {text!r} is neither NODESxGPUS (e.g. 16x8), a catalog cluster "
+                          f"({', '.join(sorted(cluster_catalog()))}, optionally NAME:NODES) nor a cluster JSON file")
     data = read_json_file(path, "the cluster file")
     if not isinstance(data, dict):
         raise OpcastError(f"{path}: expected a JSON object with keys nodes, gpus_per_node")
+    if "nodes" not in data:  # a catalog-style cluster (data/clusters/*.json)
+        spec = cluster_from_dict(data, str(path))
+        return ClusterChoice(nodes=None, name=spec.name), cluster_device_name(spec)
     problems = [f"unknown key {k!r}" for k in data if k not in _CLUSTER_KEYS]
     problems += [f"missing key {k!r}" for k in ("nodes", "gpus_per_node") if k not in data]
     for k, t in _CLUSTER_KEYS.items():

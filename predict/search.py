@@ -61,15 +61,48 @@ from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.cost import KernelCostModel
 from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, precision_of, train_block, train_extras
-from opcast.predict.memory import (activation_dtype, fullest_stages, layer_activation_terms, model_state_bytes,
-                                   stage_activation_bytes, stage_total_bytes)
-from opcast.predict.parallel import (AttentionImpl, Precision, Recompute, Schedule, TrainConfig, device_reasons,
-                                     model_parallel_groups)
-from opcast.predict.training import (DataParallelSync, PhaseCost, StageCompute, TrainResult, compose_iteration,
-                                     data_parallel_sync, data_parallel_time, dense_peak_flops, flops_utilisation,
-                                     graph_groups, micro_batch_s, model_flops, optimizer_kernel, optimizer_numel,
-                                     p2p_message_bytes, phase_cost, pipeline_send_s, pipeline_sends, stage_compute,
-                                     stage_kind, stage_kinds, stage_tail_s, tokens_per_s)
+from opcast.predict.memory import (
+    activation_dtype,
+    fullest_stages,
+    layer_activation_terms,
+    model_state_bytes,
+    stage_activation_bytes,
+    stage_total_bytes,
+)
+from opcast.predict.parallel import (
+    AttentionImpl,
+    Precision,
+    Recompute,
+    Schedule,
+    TrainConfig,
+    device_reasons,
+    model_parallel_groups,
+)
+from opcast.predict.training import (
+    DataParallelSync,
+    PhaseCost,
+    StageCompute,
+    TrainResult,
+    compose_iteration,
+    data_parallel_sync,
+    data_parallel_time,
+    dense_peak_flops,
+    flops_utilisation,
+    graph_groups,
+    micro_batch_s,
+    model_flops,
+    optimizer_kernel,
+    optimizer_numel,
+    p2p_message_bytes,
+    phase_cost,
+    pipeline_send_s,
+    pipeline_sends,
+    stage_compute,
+    stage_kind,
+    stage_kinds,
+    stage_tail_s,
+    tokens_per_s,
+)
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
@@ -91,7 +124,8 @@ REASONS: dict[str, str] = {
     "max_tp": "tp above --max-tp",
     "tp_within_node": "tp group spans nodes (--tp-within-node)",
     "tp_arch": "tp does not divide the heads, kv heads or ffn of the arch",
-    "pp_layers": "pp does not divide n_layers",
+    "pp_layers": "pp does not divide n_layers (the search tries even splits only; price an uneven one with "
+    "opcast predict train --pp-partition or --pp-layers)",
     "cp_seq": "2 x cp does not divide seq (context-parallel chunks)",
     "node_straddle": "tp, tp x cp or tp x cp x dp groups straddle node boundaries (--allow-straddling)",
     "ep_dp": "ep does not divide dp x cp",
@@ -110,6 +144,7 @@ FIXABLE = ("tp", "pp", "cp", "ep", "sp", "micro_batch", "recompute", "zero", "sc
 
 
 # --------------------------------------------------------------------------- the space
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SearchSpace:
@@ -183,11 +218,24 @@ class Candidate:
         return self.world_size / self.tokens_per_s
 
     def train_config(self, space: SearchSpace) -> TrainConfig:
-        return TrainConfig(tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep, sp=self.sp,
-                           micro_batch=self.micro_batch, global_batch=space.global_batch, seq=space.seq,
-                           recompute=self.recompute, zero=self.zero, precision=space.precision,
-                           attention=space.attention, schedule=self.schedule,
-                           virtual_stages=self.virtual_stages, overlap_grad_reduce=space.overlap_grad_reduce)
+        return TrainConfig(
+            tp=self.tp,
+            pp=self.pp,
+            dp=self.dp,
+            cp=self.cp,
+            ep=self.ep,
+            sp=self.sp,
+            micro_batch=self.micro_batch,
+            global_batch=space.global_batch,
+            seq=space.seq,
+            recompute=self.recompute,
+            zero=self.zero,
+            precision=space.precision,
+            attention=space.attention,
+            schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
+            overlap_grad_reduce=space.overlap_grad_reduce,
+        )
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -237,9 +285,20 @@ class SearchResult:
 
 def objective_key(objective: str) -> Callable[[Candidate], tuple]:
     """Sort key of a candidate, best first; ties go to less memory, then to the simpler configuration."""
+
     def simple(c: Candidate) -> tuple:
-        return (c.world_size, c.tp, c.pp, c.cp, c.ep, c.zero, RECOMPUTE_MODES.index(c.recompute), -c.micro_batch,
-                c.virtual_stages, c.sp)
+        return (
+            c.world_size,
+            c.tp,
+            c.pp,
+            c.cp,
+            c.ep,
+            c.zero,
+            RECOMPUTE_MODES.index(c.recompute),
+            -c.micro_batch,
+            c.virtual_stages,
+            c.sp,
+        )
 
     if objective == "throughput":
         return lambda c: (-c.tokens_per_s, c.memory_bytes, *simple(c))
@@ -251,6 +310,7 @@ def objective_key(objective: str) -> Callable[[Candidate], tuple]:
 
 
 # --------------------------------------------------------------------------- checks of the request
+
 
 def _divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
@@ -286,8 +346,9 @@ def _check_space(arch: ArchSpec, device: DeviceSpec, space: SearchSpace) -> list
     if problems:
         raise OpcastError("; ".join(problems))
     if arch.position == "learned" and space.seq > arch.max_seq:
-        raise OpcastError(f"seq={space.seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions); "
-                          "nothing to search")
+        raise OpcastError(
+            f"seq={space.seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions); nothing to search"
+        )
     g = space.gpus_per_node or min(space.gpus, device.gpus_per_node)
     if space.gpus % g and space.gpus > g:
         raise OpcastError(f"--gpus {space.gpus} is not a whole number of {g}-GPU nodes; give --gpus-per-node")
@@ -356,6 +417,7 @@ def parse_fix(items: Iterable[str]) -> dict[str, tuple[Any, ...]]:
 
 # --------------------------------------------------------------------------- the shared cost terms, memoised
 
+
 class _Terms:
     """The cost terms of one search: the pure functions of :mod:`opcast.predict.memory` and
     :mod:`opcast.predict.training` that ``run_train`` calls, each called here once per distinct
@@ -363,8 +425,9 @@ class _Terms:
     and schedules, the data-parallel collectives across all but the layout and ZeRO stage, the
     pipeline sends across recomputation modes and ZeRO stages). Nothing here computes a term."""
 
-    def __init__(self, arch: ArchSpec, device: DeviceSpec, space: SearchSpace,
-                 worlds: Sequence[tuple[int, int]]) -> None:
+    def __init__(
+        self, arch: ArchSpec, device: DeviceSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]]
+    ) -> None:
         self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
         self.act_dtype = activation_dtype(space.precision)
         self.grad_b = dtype_bytes(self.act_dtype)
@@ -397,13 +460,15 @@ class _Terms:
 
     # -- memory (memory.train_memory's terms)
 
-    def states(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int,
-               stage: int) -> tuple[float, float, float, float]:
+    def states(
+        self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int, stage: int
+    ) -> tuple[float, float, float, float]:
         key = (tp, pp, dp, cp, ep, zero, stage)
         hit = self._states.get(key)
         if hit is None:
-            hit = self._states[key] = model_state_bytes(self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-                                                        zero=zero, precision=self.space.precision)
+            hit = self._states[key] = model_state_bytes(
+                self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, precision=self.space.precision
+            )
         return hit
 
     def layer(self, tp: int, sp: bool, mb: int, cp: int, ep: int, rc: str) -> tuple[float, float]:
@@ -411,17 +476,29 @@ class _Terms:
         hit = self._layer.get(key)
         if hit is None:
             hit = self._layer[key] = layer_activation_terms(
-                self.arch, tp=tp, sp=sp, batch=mb, seq=self.space.seq, cp=cp, ep=ep, attention=self.space.attention,
-                recompute=rc, dtype=self.act_dtype)
+                self.arch,
+                tp=tp,
+                sp=sp,
+                batch=mb,
+                seq=self.space.seq,
+                cp=cp,
+                ep=ep,
+                attention=self.space.attention,
+                recompute=rc,
+                dtype=self.act_dtype,
+            )
         return hit
 
     def states_bound(self, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int) -> float:
         """A lower bound of the peak that does not depend on the micro-batch: the memory without activations."""
-        return max(stage_total_bytes(w, g, o, 0.0, 0.0, gather)
-                   for w, g, o, gather in (self.states(tp, pp, dp, cp, ep, zero, st) for st in fullest_stages(pp)))
+        return max(
+            stage_total_bytes(w, g, o, 0.0, 0.0, gather)
+            for w, g, o, gather in (self.states(tp, pp, dp, cp, ep, zero, st) for st in fullest_stages(pp))
+        )
 
-    def memory(self, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, mb: int, rc: str, m: int,
-               v: int) -> float:
+    def memory(
+        self, tp: int, pp: int, dp: int, cp: int, ep: int, sp: bool, zero: int, mb: int, rc: str, m: int, v: int
+    ) -> float:
         """Peak bytes per GPU over the pipeline stages (``train_memory``'s ``total_bytes`` of the fullest)."""
         per_layer, working = self.layer(tp, sp, mb, cp, ep, rc)
         best = 0.0
@@ -431,8 +508,19 @@ class _Terms:
             acts = self._acts.get(key)
             if acts is None:
                 acts = self._acts[key] = stage_activation_bytes(
-                    self.arch, stage=stage, pp=pp, tp=tp, sp=sp, cp=cp, micro_batch=mb, seq=self.space.seq,
-                    micro_batches=m, virtual_stages=v, per_layer_bytes=per_layer, dtype=self.act_dtype)
+                    self.arch,
+                    stage=stage,
+                    pp=pp,
+                    tp=tp,
+                    sp=sp,
+                    cp=cp,
+                    micro_batch=mb,
+                    seq=self.space.seq,
+                    micro_batches=m,
+                    virtual_stages=v,
+                    per_layer_bytes=per_layer,
+                    dtype=self.act_dtype,
+                )
             best = max(best, stage_total_bytes(w, g, o, acts, working, gather))
         return best
 
@@ -442,32 +530,50 @@ class _Terms:
         key = (tp, pp, dp, cp, ep, zero, stage)
         hit = self._numel.get(key)
         if hit is None:
-            hit = self._numel[key] = optimizer_numel(self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep,
-                                                     zero=zero)
+            hit = self._numel[key] = optimizer_numel(
+                self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero
+            )
         return hit
 
-    def compute(self, tp: int, pp: int, cp: int, ep: int, sp: bool, mb: int, rc: str, stage: int,
-                g: int) -> StageCompute:
+    def compute(
+        self, tp: int, pp: int, cp: int, ep: int, sp: bool, mb: int, rc: str, stage: int, g: int
+    ) -> StageCompute:
         key = (tp, pp, cp, ep, sp, mb, rc, stage, g)
         hit = self._compute.get(key)
         if hit is None:
             layers = self.arch.n_layers // pp
             costs = self.graph_costs
-            hit = self._compute[key] = stage_compute((
-                (costs[(_block_key(tp, cp, ep, sp, mb, rc), g)], layers),
-                (costs[(_extras_key(tp, cp, sp, mb, stage == 0, stage == pp - 1), g)], 1)))
+            hit = self._compute[key] = stage_compute(
+                (
+                    (costs[(_block_key(tp, cp, ep, sp, mb, rc), g)], layers),
+                    (costs[(_extras_key(tp, cp, sp, mb, stage == 0, stage == pp - 1), g)], 1),
+                )
+            )
         return hit
 
-    def sync(self, tp: int, pp: int, cp: int, ep: int, zero: int, stage: int,
-             wi: int) -> tuple[DataParallelSync, float]:
+    def sync(
+        self, tp: int, pp: int, cp: int, ep: int, zero: int, stage: int, wi: int
+    ) -> tuple[DataParallelSync, float]:
         """A stage's data-parallel collectives and its optimizer-step seconds."""
         key = (tp, pp, cp, ep, zero, stage, wi)
         hit = self._sync.get(key)
         if hit is None:
             nodes, g = self.worlds[wi]
             dp = nodes * g // (tp * pp * cp)
-            sync = data_parallel_sync(self.arch, self.device, self.comms, stage=stage, tp=tp, pp=pp, cp=cp, ep=ep,
-                                      dp=dp, zero=zero, gpus_per_node=g, grad_bytes=self.grad_b)
+            sync = data_parallel_sync(
+                self.arch,
+                self.device,
+                self.comms,
+                stage=stage,
+                tp=tp,
+                pp=pp,
+                cp=cp,
+                ep=ep,
+                dp=dp,
+                zero=zero,
+                gpus_per_node=g,
+                grad_bytes=self.grad_b,
+            )
             hit = self._sync[key] = (sync, self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)])
         return hit
 
@@ -476,13 +582,19 @@ class _Terms:
         key = (tp, pp, cp, mb, v, stride, g)
         hit = self._p2p.get(key)
         if hit is None:
-            act = p2p_message_bytes(self.arch, micro_batch=mb, seq=self.space.seq, cp=cp, tp=tp,
-                                    precision=self.space.precision)
+            act = p2p_message_bytes(
+                self.arch, micro_batch=mb, seq=self.space.seq, cp=cp, tp=tp, precision=self.space.precision
+            )
             hit = self._p2p[key] = tuple(
-                pipeline_send_s(self.comms, self.device,
-                                pipeline_sends(stage=st, pp=pp, virtual_stages=v, message_bytes=act, stride=stride,
-                                               gpus_per_node=g))
-                for st in range(pp))
+                pipeline_send_s(
+                    self.comms,
+                    self.device,
+                    pipeline_sends(
+                        stage=st, pp=pp, virtual_stages=v, message_bytes=act, stride=stride, gpus_per_node=g
+                    ),
+                )
+                for st in range(pp)
+            )
         return hit
 
     def iteration(self, s: _Survivor) -> float:
@@ -502,8 +614,14 @@ class _Terms:
             for stage in stage_kinds(pp):
                 comp = self.compute(tp, pp, cp, ep, s.sp, mb, rc, stage, g)
                 sync, opt_s = self.sync(tp, pp, cp, ep, s.zero, stage, s.wi)
-                dpt = data_parallel_time(sync, comp, layers=layers, micro_batches=m, recompute=rc,
-                                         overlap_grad_reduce=space.overlap_grad_reduce)
+                dpt = data_parallel_time(
+                    sync,
+                    comp,
+                    layers=layers,
+                    micro_batches=m,
+                    recompute=rc,
+                    overlap_grad_reduce=space.overlap_grad_reduce,
+                )
                 work[stage] = (comp, dpt.zero3_s)
                 tails.append(stage_tail_s(opt_s, dpt.exposed_s))
             hit = self._stages[key] = (work, tails)
@@ -522,11 +640,26 @@ class _Terms:
         space = self.space
         m = space.global_batch // (s.mb * dp)
         world = nodes * g
-        return Candidate(tp=s.tp, pp=s.pp, dp=dp, cp=s.cp, ep=s.ep, sp=s.sp, micro_batch=s.mb, micro_batches=m,
-                         recompute=s.rc, zero=s.zero, schedule="interleaved" if s.v > 1 else "1f1b",
-                         virtual_stages=s.v, nodes=nodes, gpus_per_node=g, iteration_time_s=it,
-                         tokens_per_s=tokens_per_s(space.global_batch, space.seq, it),
-                         mfu=flops_utilisation(self.model_flops[s.rc], it, world, self.peak), memory_bytes=s.mem)
+        return Candidate(
+            tp=s.tp,
+            pp=s.pp,
+            dp=dp,
+            cp=s.cp,
+            ep=s.ep,
+            sp=s.sp,
+            micro_batch=s.mb,
+            micro_batches=m,
+            recompute=s.rc,
+            zero=s.zero,
+            schedule="interleaved" if s.v > 1 else "1f1b",
+            virtual_stages=s.v,
+            nodes=nodes,
+            gpus_per_node=g,
+            iteration_time_s=it,
+            tokens_per_s=tokens_per_s(space.global_batch, space.seq, it),
+            mfu=flops_utilisation(self.model_flops[s.rc], it, world, self.peak),
+            memory_bytes=s.mem,
+        )
 
 
 def _block_key(tp: int, cp: int, ep: int, sp: bool, mb: int, rc: str) -> tuple:
@@ -538,6 +671,7 @@ def _extras_key(tp: int, cp: int, sp: bool, mb: int, first: bool, last: bool) ->
 
 
 # --------------------------------------------------------------------------- stage 1: enumerate
+
 
 @dataclass(slots=True)
 class _Survivor:
@@ -575,8 +709,14 @@ def _values(fixed: Mapping[str, tuple[Any, ...]], key: str, default: Iterable[An
     return [v for v in default if v in allowed]
 
 
-def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]], limit: float, terms: _Terms,
-               progress: Callable[[str, int, int], None] | None = None) -> tuple[int, Counter, list[_Survivor]]:
+def _enumerate(
+    arch: ArchSpec,
+    space: SearchSpace,
+    worlds: Sequence[tuple[int, int]],
+    limit: float,
+    terms: _Terms,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[int, Counter, list[_Survivor]]:
     """Walk the tree, counting pruned subtrees by reason; returns (considered, pruned, survivors).
 
     The space of one world W: every (tp, pp, cp) whose product divides W (dp = W / (tp pp cp)),
@@ -598,9 +738,21 @@ def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, i
     pruned: Counter = Counter()
     survivors: list[_Survivor] = []
     considered = 0
-    trees = [(wi, nodes * g, g, tp, [(pp, cp) for pp in _values(fx, "pp", _divisors(nodes * g // tp))
-                                     for cp in _values(fx, "cp", _divisors(nodes * g // (tp * pp)))])
-             for wi, (nodes, g) in enumerate(worlds) for tp in _values(fx, "tp", _divisors(nodes * g))]
+    trees = [
+        (
+            wi,
+            nodes * g,
+            g,
+            tp,
+            [
+                (pp, cp)
+                for pp in _values(fx, "pp", _divisors(nodes * g // tp))
+                for cp in _values(fx, "cp", _divisors(nodes * g // (tp * pp)))
+            ],
+        )
+        for wi, (nodes, g) in enumerate(worlds)
+        for tp in _values(fx, "tp", _divisors(nodes * g))
+    ]
     total = sum(len(pairs) for *_, pairs in trees) * n_ep
     for wi, world, g, tp, pairs in trees:
         subtree = len(pairs) * n_ep
@@ -653,8 +805,15 @@ def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, i
                             ok_scheds = []
                             for sched, v in scheds:
                                 if sched == "interleaved":
-                                    reason = ("interleaved_pp1" if pp == 1 else "interleaved_layers" if L % (pp * v)
-                                              else "interleaved_m" if m % pp else None)
+                                    reason = (
+                                        "interleaved_pp1"
+                                        if pp == 1
+                                        else "interleaved_layers"
+                                        if L % (pp * v)
+                                        else "interleaved_m"
+                                        if m % pp
+                                        else None
+                                    )
                                     if reason:
                                         pruned[reason] += len(rcs)
                                         continue
@@ -671,8 +830,13 @@ def _enumerate(arch: ArchSpec, space: SearchSpace, worlds: Sequence[tuple[int, i
 
 # --------------------------------------------------------------------------- stage 2: compile
 
-def _compile(terms: _Terms, survivors: Sequence[_Survivor], kernels: KernelCostModel,
-             progress: Callable[[str, int, int], None] | None = None) -> tuple[dict[str, int], int, int, float]:
+
+def _compile(
+    terms: _Terms,
+    survivors: Sequence[_Survivor],
+    kernels: KernelCostModel,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[dict[str, int], int, int, float]:
     """Build every distinct graph of the survivors, price all their kernels (and optimizer steps)
     in one lookup, and cost each graph per phase into ``terms``. Returns kernels by source, the
     counts of distinct graphs and kernels, and the seconds of the lookup."""
@@ -698,8 +862,9 @@ def _compile(terms: _Terms, survivors: Sequence[_Survivor], kernels: KernelCostM
     for i, (key, _g) in enumerate(block_keys):
         if key not in graphs:
             _, tp, cp, ep, sp, mb, rc = key
-            graphs[key] = train_block(arch, tp=tp, batch=mb, seq=seq, sp=sp, cp=cp, ep=ep, attention=attn,
-                                      recompute=rc, prec=prec)
+            graphs[key] = train_block(
+                arch, tp=tp, batch=mb, seq=seq, sp=sp, cp=cp, ep=ep, attention=attn, recompute=rc, prec=prec
+            )
         if progress and i % 256 == 0:
             progress("compile", i, todo)
     for key, _g in extras_keys:
@@ -735,8 +900,9 @@ def _compile(terms: _Terms, survivors: Sequence[_Survivor], kernels: KernelCostM
         terms.graph_costs[(key, g)] = phases
     terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})
     for rc in {s.rc for s in survivors}:
-        terms.model_flops[rc] = model_flops(arch, seq=seq, global_batch=space.global_batch, precision=space.precision,
-                                            attention=attn, recompute=rc)[0]
+        terms.model_flops[rc] = model_flops(
+            arch, seq=seq, global_batch=space.global_batch, precision=space.precision, attention=attn, recompute=rc
+        )[0]
     return dict(sorted(by_source.items())), len(graphs), len(unique), lookup_s
 
 
@@ -756,12 +922,13 @@ def _compose_chunk(chunk: tuple[int, int] | list[_Survivor]) -> array:
     """Iteration times of a slice of the inherited survivors (fork) or of the survivors sent (spawn)."""
     if _WORKER is None:
         raise RuntimeError("internal: a search worker started without its cost terms")
-    items = _WORK[chunk[0]:chunk[1]] if isinstance(chunk, tuple) else chunk
+    items = _WORK[chunk[0] : chunk[1]] if isinstance(chunk, tuple) else chunk
     return array("d", map(_WORKER.iteration, items))
 
 
-def _compose(terms: _Terms, survivors: list[_Survivor], workers: int,
-             progress: Callable[[str, int, int], None] | None) -> tuple[list[Candidate], int]:
+def _compose(
+    terms: _Terms, survivors: list[_Survivor], workers: int, progress: Callable[[str, int, int], None] | None
+) -> tuple[list[Candidate], int]:
     """Candidates of every survivor, serially or over ``workers`` processes. Forked workers inherit
     the terms and the survivors and send back iteration times only."""
     total = len(survivors)
@@ -769,7 +936,7 @@ def _compose(terms: _Terms, survivors: list[_Survivor], workers: int,
         step = 8192
         times = array("d")
         for i in range(0, total, step):
-            times.extend(map(terms.iteration, survivors[i:i + step]))
+            times.extend(map(terms.iteration, survivors[i : i + step]))
             if progress:
                 progress("compose", len(times), total)
         return list(map(terms.candidate, survivors, times)), 1
@@ -789,10 +956,12 @@ def _compose(terms: _Terms, survivors: list[_Survivor], workers: int,
     results: list[array] = [array("d") for _ in bounds]
     done = 0
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(None if forked else terms,)) as pool:
-            futures = {pool.submit(_compose_chunk, b if forked else survivors[b[0]:b[1]]): i
-                       for i, b in enumerate(bounds)}
+        with ProcessPoolExecutor(
+            max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(None if forked else terms,)
+        ) as pool:
+            futures = {
+                pool.submit(_compose_chunk, b if forked else survivors[b[0] : b[1]]): i for i, b in enumerate(bounds)
+            }
             for fut in as_completed(futures):
                 i = futures[fut]
                 results[i] = fut.result()
@@ -822,9 +991,16 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
-def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: KernelCostModel | None = None,
-           top: int = 10, workers: int | None = None,
-           progress: Callable[[str, int, int], None] | None = None) -> SearchResult:
+def search(
+    arch: ArchSpec,
+    device: DeviceSpec,
+    space: SearchSpace,
+    *,
+    kernels: KernelCostModel | None = None,
+    top: int = 10,
+    workers: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> SearchResult:
     """Enumerate, prune, predict and rank every parallel configuration of ``space``.
 
     ``kernels`` defaults to the roofline fallback (the CLI passes the learned models); ``workers``
@@ -837,12 +1013,18 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
 
     if not isinstance(top, int) or isinstance(top, bool) or top < 0:
         raise OpcastError(f"top={top!r} must be a non-negative integer")
-    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS):
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS
+    ):
         raise OpcastError(f"workers={workers!r} must be a whole number of processes from 1 to {MAX_WORKERS}")
     worlds = _check_space(arch, device, space)
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
     workers = default_workers() if workers is None else max(1, workers)
-    limit = float(device.mem_bytes) if space.max_mem_bytes is None else min(float(space.max_mem_bytes), float(device.mem_bytes))
+    limit = (
+        float(device.mem_bytes)
+        if space.max_mem_bytes is None
+        else min(float(space.max_mem_bytes), float(device.mem_bytes))
+    )
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
@@ -864,23 +1046,46 @@ def search(arch: ArchSpec, device: DeviceSpec, space: SearchSpace, *, kernels: K
     top_results = []
     worst = 0.0
     for c in candidates[:top]:
-        r = predict_train(arch, device, c.train_config(space), nodes=c.nodes, gpus_per_node=c.gpus_per_node,
-                          kernels=kernels, comms=terms.comms)
+        r = predict_train(
+            arch,
+            device,
+            c.train_config(space),
+            nodes=c.nodes,
+            gpus_per_node=c.gpus_per_node,
+            kernels=kernels,
+            comms=terms.comms,
+        )
         if r.iteration_time_s is None:  # the search and run_train disagree on feasibility: a bug, not the input's
-            raise RuntimeError("internal: search kept a configuration run_train finds infeasible "
-                               f"({describe_config(c)}: {'; '.join(r.reasons)})")
+            raise RuntimeError(
+                "internal: search kept a configuration run_train finds infeasible "
+                f"({describe_config(c)}: {'; '.join(r.reasons)})"
+            )
         worst = max(worst, abs(r.iteration_time_s - c.iteration_time_s) / r.iteration_time_s)
         top_results.append(r)
     seconds["rank"] = time.perf_counter() - t3
     ordered = {k: pruned[k] for k in REASONS if pruned.get(k)}
     return SearchResult(
-        arch=arch, device=device, space=space, memory_limit_bytes=limit, worlds=tuple(worlds), considered=considered,
-        pruned=ordered, candidates=tuple(candidates), top=tuple(top_results), seconds=seconds, unique_graphs=n_graphs,
-        unique_kernels=n_kernels, kernels_by_source=by_source, workers=used, max_recheck_rel_diff=worst,
-        cost_sources={**kernels.describe(), **terms.comms.describe()})
+        arch=arch,
+        device=device,
+        space=space,
+        memory_limit_bytes=limit,
+        worlds=tuple(worlds),
+        considered=considered,
+        pruned=ordered,
+        candidates=tuple(candidates),
+        top=tuple(top_results),
+        seconds=seconds,
+        unique_graphs=n_graphs,
+        unique_kernels=n_kernels,
+        kernels_by_source=by_source,
+        workers=used,
+        max_recheck_rel_diff=worst,
+        cost_sources={**kernels.describe(), **terms.comms.describe()},
+    )
 
 
 # --------------------------------------------------------------------------- reporting helpers
+
 
 def main_cost(result: TrainResult) -> tuple[str, float, str, float]:
     """(largest part, its share, largest overhead, its share) of a prediction's breakdown; an
@@ -895,12 +1100,29 @@ def main_cost(result: TrainResult) -> tuple[str, float, str, float]:
 
 def candidate_row(c: Candidate, rank: int) -> dict[str, Any]:
     """One CSV / JSON row of a candidate (units in the names)."""
-    return {"rank": rank, "world_size": c.world_size, "nodes": c.nodes, "gpus_per_node": c.gpus_per_node,
-            "tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "ep": c.ep, "sp": c.sp, "micro_batch": c.micro_batch,
-            "micro_batches": c.micro_batches, "recompute": c.recompute, "zero": c.zero, "schedule": c.schedule,
-            "virtual_stages": c.virtual_stages, "iteration_time_s": c.iteration_time_s, "tokens_per_s": c.tokens_per_s,
-            "mfu": c.mfu, "memory_per_gpu_bytes": c.memory_bytes,
-            "gpu_hours_per_million_tokens": c.gpu_s_per_token * 1e6 / 3600}
+    return {
+        "rank": rank,
+        "world_size": c.world_size,
+        "nodes": c.nodes,
+        "gpus_per_node": c.gpus_per_node,
+        "tp": c.tp,
+        "pp": c.pp,
+        "dp": c.dp,
+        "cp": c.cp,
+        "ep": c.ep,
+        "sp": c.sp,
+        "micro_batch": c.micro_batch,
+        "micro_batches": c.micro_batches,
+        "recompute": c.recompute,
+        "zero": c.zero,
+        "schedule": c.schedule,
+        "virtual_stages": c.virtual_stages,
+        "iteration_time_s": c.iteration_time_s,
+        "tokens_per_s": c.tokens_per_s,
+        "mfu": c.mfu,
+        "memory_per_gpu_bytes": c.memory_bytes,
+        "gpu_hours_per_million_tokens": c.gpu_s_per_token * 1e6 / 3600,
+    }
 
 
 def describe_config(c: Candidate | TrainConfig) -> str:
@@ -926,40 +1148,99 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
     for rank, (c, r) in enumerate(zip(result.candidates, result.top), start=1):
         big, big_share, over, over_share = main_cost(r)
         worst = r.worst_memory
-        top.append({
-            "rank": rank, "summary": describe_config(c),
-            "config": {**{k: v for k, v in candidate_row(c, rank).items()
-                          if k in ("world_size", "nodes", "gpus_per_node", "tp", "pp", "dp", "cp", "ep", "sp",
-                                   "micro_batch", "micro_batches", "recompute", "zero", "schedule", "virtual_stages")},
-                       "global_batch": space.global_batch, "seq": space.seq, "precision": space.precision,
-                       "attention": space.attention, "overlap_grad_reduce": space.overlap_grad_reduce},
-            "iteration_time_s": r.iteration_time_s, "tokens_per_s": r.tokens_per_s, "mfu": r.mfu, "hfu": r.hfu,
-            "gpu_hours_per_million_tokens": c.gpu_s_per_token * 1e6 / 3600,
-            "memory_per_gpu_bytes": worst.total_bytes, "memory_breakdown_bytes": worst.breakdown(),
-            "breakdown_s": dict(r.breakdown_s), "main_cost": {"part": big, "share": big_share},
-            "largest_overhead": {"part": over, "share": over_share},
-        })
+        top.append(
+            {
+                "rank": rank,
+                "summary": describe_config(c),
+                "config": {
+                    **{
+                        k: v
+                        for k, v in candidate_row(c, rank).items()
+                        if k
+                        in (
+                            "world_size",
+                            "nodes",
+                            "gpus_per_node",
+                            "tp",
+                            "pp",
+                            "dp",
+                            "cp",
+                            "ep",
+                            "sp",
+                            "micro_batch",
+                            "micro_batches",
+                            "recompute",
+                            "zero",
+                            "schedule",
+                            "virtual_stages",
+                        )
+                    },
+                    "global_batch": space.global_batch,
+                    "seq": space.seq,
+                    "precision": space.precision,
+                    "attention": space.attention,
+                    "overlap_grad_reduce": space.overlap_grad_reduce,
+                },
+                "iteration_time_s": r.iteration_time_s,
+                "tokens_per_s": r.tokens_per_s,
+                "mfu": r.mfu,
+                "hfu": r.hfu,
+                "gpu_hours_per_million_tokens": c.gpu_s_per_token * 1e6 / 3600,
+                "memory_per_gpu_bytes": worst.total_bytes,
+                "memory_breakdown_bytes": worst.breakdown(),
+                "breakdown_s": dict(r.breakdown_s),
+                "main_cost": {"part": big, "share": big_share},
+                "largest_overhead": {"part": over, "share": over_share},
+            }
+        )
     return {
-        "arch": result.arch.name, "gpu": result.device.name, "objective": space.objective,
-        "space": {"gpus": space.gpus, "global_batch": space.global_batch, "seq": space.seq,
-                  "precision": space.precision, "attention": space.attention, "max_tp": space.max_tp,
-                  "tp_within_node": space.tp_within_node, "max_mem_bytes": space.max_mem_bytes,
-                  "aligned_groups": space.aligned_groups,
-                  "overlap_grad_reduce": space.overlap_grad_reduce,
-                  "fixed": {k: list(v) for k, v in space.fixed.items()},
-                  "worlds": [{"nodes": n, "gpus_per_node": g, "world_size": n * g} for n, g in result.worlds]},
-        "memory_limit_bytes": result.memory_limit_bytes, "considered": result.considered,
+        "arch": result.arch.name,
+        "gpu": result.device.name,
+        "objective": space.objective,
+        "space": {
+            "gpus": space.gpus,
+            "global_batch": space.global_batch,
+            "seq": space.seq,
+            "precision": space.precision,
+            "attention": space.attention,
+            "max_tp": space.max_tp,
+            "tp_within_node": space.tp_within_node,
+            "max_mem_bytes": space.max_mem_bytes,
+            "aligned_groups": space.aligned_groups,
+            "overlap_grad_reduce": space.overlap_grad_reduce,
+            "fixed": {k: list(v) for k, v in space.fixed.items()},
+            "worlds": [{"nodes": n, "gpus_per_node": g, "world_size": n * g} for n, g in result.worlds],
+        },
+        "memory_limit_bytes": result.memory_limit_bytes,
+        "considered": result.considered,
         "pruned_total": sum(result.pruned.values()),
         "pruned": {k: {"count": n, "reason": REASONS[k]} for k, n in result.pruned.items()},
-        "predicted": result.predicted, "seconds": {**result.seconds, "total": total_s},
+        "predicted": result.predicted,
+        "seconds": {**result.seconds, "total": total_s},
         "configs_per_s": result.considered / total_s if total_s else None,
         "predicted_per_s": result.predicted / total_s if total_s else None,
-        "workers": result.workers, "unique_graphs": result.unique_graphs, "unique_kernels": result.unique_kernels,
-        "kernels_by_source": result.kernels_by_source, "max_recheck_rel_diff": result.max_recheck_rel_diff,
-        "cost_sources": result.cost_sources, "top": top,
+        "workers": result.workers,
+        "unique_graphs": result.unique_graphs,
+        "unique_kernels": result.unique_kernels,
+        "kernels_by_source": result.kernels_by_source,
+        "max_recheck_rel_diff": result.max_recheck_rel_diff,
+        "cost_sources": result.cost_sources,
+        "top": top,
     }
 
 
-__all__ = ["Candidate", "Objective", "REASONS", "SearchResult", "SearchSpace", "candidate_row", "describe_config",
-           "main_cost", "objective_key", "parse_fix", "search", "search_to_dict", "space_problems"]
-
+__all__ = [
+    "REASONS",
+    "Candidate",
+    "Objective",
+    "SearchResult",
+    "SearchSpace",
+    "candidate_row",
+    "describe_config",
+    "main_cost",
+    "objective_key",
+    "parse_fix",
+    "search",
+    "search_to_dict",
+    "space_problems",
+]

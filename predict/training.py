@@ -39,16 +39,43 @@ from opcast.dtypes import dtype_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
-from opcast.predict.graph import (BWD, FWD, RECOMPUTE, Comm, Graph, Node, graph_flops, precision_of, train_block,
-                                  train_extras)
+from opcast.predict.graph import (
+    BWD,
+    FWD,
+    RECOMPUTE,
+    Comm,
+    Graph,
+    Node,
+    graph_flops,
+    precision_of,
+    train_block,
+    train_extras,
+)
 from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
 from opcast.predict.memory import Memory, activation_dtype, overflow_reason, stage_params, train_memory
-from opcast.predict.parallel import (Layout, Precision, TrainConfig, data_parallel_groups, device_reasons,
-                                     gradient_bucket_params, validate_train)
+from opcast.predict.parallel import (
+    Layout,
+    Precision,
+    TrainConfig,
+    data_parallel_groups,
+    device_reasons,
+    gradient_bucket_params,
+    validate_train,
+)
 from opcast.predict.schedule import PipelineTime, pipeline_time
 
-BREAKDOWN_KEYS = ("forward", "backward", "recompute", "optimizer", "tp_comm", "cp_comm", "ep_comm", "pp_comm",
-                  "dp_comm_exposed", "pipeline_bubble")
+BREAKDOWN_KEYS = (
+    "forward",
+    "backward",
+    "recompute",
+    "optimizer",
+    "tp_comm",
+    "cp_comm",
+    "ep_comm",
+    "pp_comm",
+    "dp_comm_exposed",
+    "pipeline_bubble",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,19 +194,26 @@ class TrainResult:
 
 # --------------------------------------------------------------------------- stages
 
-def compile_train(arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes: int | None = None,
-                  gpus_per_node: int | None = None) -> TrainPlan | TrainResult:
+
+def compile_train(
+    arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes: int | None = None, gpus_per_node: int | None = None
+) -> TrainPlan | TrainResult:
     """Validate and lay out ``cfg``; an infeasible configuration comes back as a result with every
     reason at once: a device that cannot run the precision still has its layout checked and, when
     that holds, its memory sized."""
     layout, reasons = validate_train(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, check_device=False)
     precision_reasons = device_reasons(device, cfg.precision)
     if precision_reasons and layout is not None and cfg.precision in get_args(Precision):
-        reasons = [r for r in (overflow_reason(max(_train_memory(arch, layout), key=lambda m: m.total_bytes), device,
-                                               _MEMORY_FIX),) if r]
+        reasons = [
+            r
+            for r in (
+                overflow_reason(max(_train_memory(arch, layout), key=lambda m: m.total_bytes), device, _MEMORY_FIX),
+            )
+            if r
+        ]
     if precision_reasons or layout is None:
         return TrainResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*precision_reasons, *reasons))
-    return TrainPlan(arch=arch, device=device, layout=layout, stage_kinds=stage_kinds(cfg.pp))
+    return TrainPlan(arch=arch, device=device, layout=layout, stage_kinds=stage_kinds(cfg.pp, layout.stage_layers))
 
 
 # --------------------------------------------------------------------------- the cost terms
@@ -187,8 +221,12 @@ def compile_train(arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes
 # Pure functions of plain values, the one implementation of each term: run_train calls them once
 # per priced stage, the search (predict/search.py) memoises them across configurations.
 
-def stage_kinds(pp: int) -> tuple[int, ...]:
-    """The distinct pipeline stages to price: the first, one middle and the last."""
+
+def stage_kinds(pp: int, stage_layers: Sequence[int] = ()) -> tuple[int, ...]:
+    """The distinct pipeline stages to price: the first, one middle and the last; every stage
+    when the split is uneven (``stage_layers``, :func:`~opcast.predict.parallel.pipeline_split`)."""
+    if len(set(stage_layers)) > 1:
+        return tuple(range(pp))
     return (0,) if pp == 1 else (0, pp - 1) if pp == 2 else (0, 1, pp - 1)
 
 
@@ -201,8 +239,14 @@ def stage_kind(stage: int, pp: int) -> int:
 
 def graph_groups(tp_group: Group, cp_group: Group, ep_group: Group) -> dict[str, Group]:
     """The communicator of each collective role of the block and model-level graphs."""
-    return {"tp": tp_group, "embed_tp": tp_group, "head_tp": tp_group, "ce_tp": tp_group, "cp": cp_group,
-            "ep": ep_group}
+    return {
+        "tp": tp_group,
+        "embed_tp": tp_group,
+        "head_tp": tp_group,
+        "ce_tp": tp_group,
+        "cp": cp_group,
+        "ep": ep_group,
+    }
 
 
 _FAMILY = {"cp": 1, "ep": 2}
@@ -230,9 +274,16 @@ CommDetail = tuple[Comm, Collective, float, str, float]
 """(graph collective, the call, seconds per call, source, exposed seconds of its count) of a priced phase."""
 
 
-def phase_cost(graph: Graph, phase: str, groups: Mapping[str, Group], kernel_times: Mapping[Kernel, tuple[float, str]],
-               comms: CollectiveCostModel, device: DeviceSpec, kernel_lines: list[KernelLine] | None = None,
-               comm_lines: list[CommDetail] | None = None) -> PhaseCost:
+def phase_cost(
+    graph: Graph,
+    phase: str,
+    groups: Mapping[str, Group],
+    kernel_times: Mapping[Kernel, tuple[float, str]],
+    comms: CollectiveCostModel,
+    device: DeviceSpec,
+    kernel_lines: list[KernelLine] | None = None,
+    comm_lines: list[CommDetail] | None = None,
+) -> PhaseCost:
     """Kernel seconds and exposed collectives of one copy of ``graph`` in ``phase``; each kernel's
     time from ``kernel_times`` (a :meth:`KernelCostModel.lookup` answer), a collective hidden
     behind the kernels of the role it overlaps with. ``kernel_lines`` / ``comm_lines`` collect the
@@ -288,8 +339,16 @@ def stage_compute(parts: Iterable[tuple[Mapping[str, PhaseCost], int]]) -> Stage
 def micro_batch_s(work: StageCompute | StageTime, pp_comm_s: float, zero3_comm_s: float) -> float:
     """Seconds a stage spends per micro-batch: compute, exposed TP/CP/EP collectives, pipeline
     sends and exposed ZeRO-3 traffic (:attr:`StageTime.per_micro_batch_s`)."""
-    return (work.forward_s + work.backward_s + work.recompute_s + work.tp_comm_s + work.cp_comm_s + work.ep_comm_s
-            + pp_comm_s + zero3_comm_s)
+    return (
+        work.forward_s
+        + work.backward_s
+        + work.recompute_s
+        + work.tp_comm_s
+        + work.cp_comm_s
+        + work.ep_comm_s
+        + pp_comm_s
+        + zero3_comm_s
+    )
 
 
 def stage_tail_s(optimizer_s: float, dp_comm_s: float) -> float:
@@ -297,8 +356,15 @@ def stage_tail_s(optimizer_s: float, dp_comm_s: float) -> float:
     return optimizer_s + dp_comm_s
 
 
-def bucketed_s(comms: CollectiveCostModel, device: DeviceSpec, kind: str, params: int, bytes_per_param: int,
-               group: Group, bucket_params: int) -> tuple[float, float]:
+def bucketed_s(
+    comms: CollectiveCostModel,
+    device: DeviceSpec,
+    kind: str,
+    params: int,
+    bytes_per_param: int,
+    group: Group,
+    bucket_params: int,
+) -> tuple[float, float]:
     """(total, last bucket) seconds of a bucketed collective over ``params`` parameters."""
     if group.size <= 1 or params <= 0:
         return 0.0, 0.0
@@ -325,24 +391,43 @@ class DataParallelSync:
     tied_s: float = 0.0
 
 
-def data_parallel_sync(arch: ArchSpec, device: DeviceSpec, comms: CollectiveCostModel, *, stage: int, tp: int, pp: int,
-                       cp: int, ep: int, dp: int, zero: int, gpus_per_node: int, grad_bytes: int,
-                       bucket_params: int | None = None) -> DataParallelSync:
+def data_parallel_sync(
+    arch: ArchSpec,
+    device: DeviceSpec,
+    comms: CollectiveCostModel,
+    *,
+    stage: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    ep: int,
+    dp: int,
+    zero: int,
+    gpus_per_node: int,
+    grad_bytes: int,
+    bucket_params: int | None = None,
+    layers: int | None = None,
+) -> DataParallelSync:
     """Data-parallel gradients (module docstring): ZeRO-3 gathers and reduce-scatters each layer;
     ZeRO 0 all-reduces, 1/2 reduce-scatter (and all-gather the weights) in buckets, the expert
-    gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient."""
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
+    gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient.
+    ``layers``: the stage's transformer layers when the pipeline split is uneven."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
     tied = tied_s = None
     if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
-        tied = Collective("all_reduce", padded_vocab(arch.vocab, tp) // tp * arch.hidden * grad_bytes,
-                          place(2, (pp - 1) * tp * cp * dp, gpus_per_node))
+        tied = Collective(
+            "all_reduce",
+            padded_vocab(arch.vocab, tp) // tp * arch.hidden * grad_bytes,
+            place(2, (pp - 1) * tp * cp * dp, gpus_per_node),
+        )
         tied_s = comms.time_s(tied, device)[0]
     if zero == 3 and dp_group.size > 1:
         ag = Collective("all_gather", params.per_layer * grad_bytes, dp_group)
         rs = Collective("reduce_scatter", params.per_layer * grad_bytes, dp_group)
-        return DataParallelSync(zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]), tied=tied,
-                                tied_s=tied_s or 0.0)
+        return DataParallelSync(
+            zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]), tied=tied, tied_s=tied_s or 0.0
+        )
     bucket = gradient_bucket_params(dp, bucket_params)
     reduce_kind = "all_reduce" if zero == 0 else "reduce_scatter"
     tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
@@ -352,9 +437,15 @@ def data_parallel_sync(arch: ArchSpec, device: DeviceSpec, comms: CollectiveCost
         g_d = bucketed_s(comms, device, "all_gather", params.dense, grad_bytes, dp_group, bucket)[0]
         g_e = bucketed_s(comms, device, "all_gather", params.expert, grad_bytes, expert_dp_group, bucket)[0]
         gather_total = g_d + g_e
-    return DataParallelSync(zero3=None, reduce=Collective(reduce_kind, params.total * grad_bytes, dp_group),
-                            reduce_total_s=tot_d + tot_e, last_bucket_s=max(last_d, last_e),
-                            gather_total_s=gather_total, tied=tied, tied_s=tied_s or 0.0)
+    return DataParallelSync(
+        zero3=None,
+        reduce=Collective(reduce_kind, params.total * grad_bytes, dp_group),
+        reduce_total_s=tot_d + tot_e,
+        last_bucket_s=max(last_d, last_e),
+        gather_total_s=gather_total,
+        tied=tied,
+        tied_s=tied_s or 0.0,
+    )
 
 
 def zero3_gathers(recompute: str) -> int:
@@ -377,8 +468,15 @@ class DataParallelTime(NamedTuple):
     """The bucketed reduction and weight gather's share of ``exposed_s`` (all but the tied embedding)."""
 
 
-def data_parallel_time(sync: DataParallelSync, compute: StageCompute, *, layers: int, micro_batches: int,
-                       recompute: str, overlap_grad_reduce: bool) -> DataParallelTime:
+def data_parallel_time(
+    sync: DataParallelSync,
+    compute: StageCompute,
+    *,
+    layers: int,
+    micro_batches: int,
+    recompute: str,
+    overlap_grad_reduce: bool,
+) -> DataParallelTime:
     """ZeRO-3 prefetches each layer's gathers behind the previous layer's compute; the bucketed
     reduction overlaps (``overlap_grad_reduce``) the last micro-batch's backward, leaving
     ``max(one bucket, total - that backward)`` exposed, and the weight gather follows the step."""
@@ -393,8 +491,9 @@ def data_parallel_time(sync: DataParallelSync, compute: StageCompute, *, layers:
         dp_total = micro_batches * layers * (gathers * ag + rs)
     else:
         window = compute.backward_s + compute.recompute_s  # the last micro-batch's backward on this stage
-        reduce_exposed = (max(sync.last_bucket_s, sync.reduce_total_s - window) if overlap_grad_reduce
-                          else sync.reduce_total_s)
+        reduce_exposed = (
+            max(sync.last_bucket_s, sync.reduce_total_s - window) if overlap_grad_reduce else sync.reduce_total_s
+        )
         dp_total = sync.reduce_total_s + sync.gather_total_s
         dp_exposed = min(dp_total, reduce_exposed + sync.gather_total_s)
     gradients_exposed = dp_exposed
@@ -410,8 +509,9 @@ def p2p_message_bytes(arch: ArchSpec, *, micro_batch: int, seq: int, cp: int, tp
     return micro_batch * (seq // cp) * arch.hidden * dtype_bytes(activation_dtype(precision)) // tp
 
 
-def pipeline_sends(*, stage: int, pp: int, virtual_stages: int, message_bytes: int, stride: int,
-                   gpus_per_node: int) -> tuple[tuple[Collective, int], ...]:
+def pipeline_sends(
+    *, stage: int, pp: int, virtual_stages: int, message_bytes: int, stride: int, gpus_per_node: int
+) -> tuple[tuple[Collective, int], ...]:
     """(send, count per micro-batch) of ``stage``: each of its v chunks sends its output forward and
     its input gradient backward, except the very last chunk's forward and the very first chunk's
     backward; interleaving wraps from the last stage to the first. A boundary between ranks
@@ -436,10 +536,12 @@ def pipeline_send_s(comms: CollectiveCostModel, device: DeviceSpec, sends: Itera
     return total
 
 
-def optimizer_numel(arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int) -> int:
-    """Parameters one rank's Adam step updates: its stage's, divided over the dp x cp ranks (the
-    experts' over dp x cp / ep) from ZeRO 1 on."""
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage)
+def optimizer_numel(
+    arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int, layers: int | None = None
+) -> int:
+    """Parameters one rank's Adam step updates: its stage's (``layers`` blocks when the split is
+    uneven), divided over the dp x cp ranks (the experts' over dp x cp / ep) from ZeRO 1 on."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     n_d = dp * cp
     numel = params.dense / (n_d if zero >= 1 else 1) + params.expert / (max(1, n_d // ep) if zero >= 1 else 1)
     return max(1, int(round(numel)))
@@ -450,18 +552,30 @@ def optimizer_kernel(numel: int) -> Kernel:
     return kernel("optimizer", {"numel": numel}, "fp32", "fwd", False)
 
 
-def stage_time(stage: int, compute: StageCompute, dp: DataParallelTime, *, pp_comm_s: float,
-               optimizer_s: float) -> StageTime:
+def stage_time(
+    stage: int, compute: StageCompute, dp: DataParallelTime, *, pp_comm_s: float, optimizer_s: float
+) -> StageTime:
     """A priced stage from its terms."""
-    return StageTime(stage=stage, forward_s=compute.forward_s, backward_s=compute.backward_s,
-                     recompute_s=compute.recompute_s, tp_comm_s=compute.tp_comm_s, cp_comm_s=compute.cp_comm_s,
-                     ep_comm_s=compute.ep_comm_s, pp_comm_s=pp_comm_s, zero3_comm_s=dp.zero3_s, optimizer_s=optimizer_s,
-                     dp_comm_s=dp.exposed_s, dp_comm_total_s=dp.total_s,
-                     forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s)
+    return StageTime(
+        stage=stage,
+        forward_s=compute.forward_s,
+        backward_s=compute.backward_s,
+        recompute_s=compute.recompute_s,
+        tp_comm_s=compute.tp_comm_s,
+        cp_comm_s=compute.cp_comm_s,
+        ep_comm_s=compute.ep_comm_s,
+        pp_comm_s=pp_comm_s,
+        zero3_comm_s=dp.zero3_s,
+        optimizer_s=optimizer_s,
+        dp_comm_s=dp.exposed_s,
+        dp_comm_total_s=dp.total_s,
+        forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s,
+    )
 
 
-def compose_iteration(stage_s: Sequence[float], tails_s: Sequence[float], micro_batches: int,
-                      virtual_stages: int) -> tuple[PipelineTime, int, float]:
+def compose_iteration(
+    stage_s: Sequence[float], tails_s: Sequence[float], micro_batches: int, virtual_stages: int
+) -> tuple[PipelineTime, int, float]:
     """(pipeline, index of the slowest tail, iteration seconds) from every stage's seconds per
     micro-batch and the stages' tails: the pipeline (:func:`~opcast.predict.schedule.pipeline_time`)
     plus the slowest optimizer step and exposed data-parallel synchronisation."""
@@ -485,12 +599,21 @@ def dense_peak_flops(device: DeviceSpec, precision: str, tensor_cores: bool | No
     return device.peak_flops(precision, tensor_cores=precision_of(precision, tensor_cores).peak_tensor_cores())
 
 
-def model_flops(arch: ArchSpec, *, seq: int, global_batch: int, precision: str, attention: str, recompute: str,
-                tensor_cores: bool | None = None) -> tuple[float, float]:
+def model_flops(
+    arch: ArchSpec,
+    *,
+    seq: int,
+    global_batch: int,
+    precision: str,
+    attention: str,
+    recompute: str,
+    tensor_cores: bool | None = None,
+) -> tuple[float, float]:
     """(model FLOPs, recompute FLOPs) of one iteration on all GPUs, from the unsharded graph."""
     prec = precision_of(precision, tensor_cores)
-    block = train_block(arch, tp=1, batch=1, seq=seq, sp=False, cp=1, ep=1, attention=attention, recompute=recompute,
-                        prec=prec)
+    block = train_block(
+        arch, tp=1, batch=1, seq=seq, sp=False, cp=1, ep=1, attention=attention, recompute=recompute, prec=prec
+    )
     extras = train_extras(arch, tp=1, batch=1, seq=seq, sp=False, cp=1, first=True, last=True, prec=prec)
     per_seq = arch.n_layers * graph_flops(block) + graph_flops(extras)
     rec = arch.n_layers * graph_flops(block, (RECOMPUTE,))
@@ -498,6 +621,7 @@ def model_flops(arch: ArchSpec, *, seq: int, global_batch: int, precision: str, 
 
 
 # --------------------------------------------------------------------------- pricing a plan
+
 
 class _Pricer:
     """Prices one plan's stages with the cost terms above, remembering lines for the report."""
@@ -518,28 +642,63 @@ class _Pricer:
             clines: list[CommDetail] | None = [] if self.keep else None
             out[phase] = phase_cost(graph, phase, groups, self.table, self.comms, self.device, klines, clines)
             for n, t, src in klines or ():
-                self.ops.append(OpLine(stage=stage, phase=phase, role=n.role, kernel=n.kernel,
-                                       count=n.count * repeat * m, time_s=t, source=src))
+                self.ops.append(
+                    OpLine(
+                        stage=stage,
+                        phase=phase,
+                        role=n.role,
+                        kernel=n.kernel,
+                        count=n.count * repeat * m,
+                        time_s=t,
+                        source=src,
+                    )
+                )
             for c, call, t, src, exposed in clines or ():
-                self.comm_lines.append(CommLine(stage=stage, phase=phase, role=c.role, call=call,
-                                                count=c.count * repeat * m, time_s=t, exposed_s=exposed * repeat * m,
-                                                source=src))
+                self.comm_lines.append(
+                    CommLine(
+                        stage=stage,
+                        phase=phase,
+                        role=c.role,
+                        call=call,
+                        count=c.count * repeat * m,
+                        time_s=t,
+                        exposed_s=exposed * repeat * m,
+                        source=src,
+                    )
+                )
         return out
 
     def collective(self, stage: int, phase: str, role: str, call: Collective, count: float, exposed_s: float) -> None:
         if self.keep and call.group.size > 1:
             t, src = self.comms.time_s(call, self.device)
-            self.comm_lines.append(CommLine(stage=stage, phase=phase, role=role, call=call, count=count, time_s=t,
-                                            exposed_s=exposed_s, source=src))
+            self.comm_lines.append(
+                CommLine(
+                    stage=stage,
+                    phase=phase,
+                    role=role,
+                    call=call,
+                    count=count,
+                    time_s=t,
+                    exposed_s=exposed_s,
+                    source=src,
+                )
+            )
 
     def p2p_s(self, stage: int, record: bool = True) -> float:
         """Seconds of pipeline sends of one micro-batch on ``stage`` (:func:`pipeline_sends`)."""
         plan = self.plan
         lay, cfg = plan.layout, plan.layout.cfg
-        act = p2p_message_bytes(plan.arch, micro_batch=cfg.micro_batch, seq=cfg.seq, cp=cfg.cp, tp=cfg.tp,
-                                precision=cfg.precision)
-        sends = pipeline_sends(stage=stage, pp=cfg.pp, virtual_stages=cfg.virtual_stages, message_bytes=act,
-                               stride=cfg.tp * cfg.cp * lay.dp, gpus_per_node=lay.cluster.gpus_per_node)
+        act = p2p_message_bytes(
+            plan.arch, micro_batch=cfg.micro_batch, seq=cfg.seq, cp=cfg.cp, tp=cfg.tp, precision=cfg.precision
+        )
+        sends = pipeline_sends(
+            stage=stage,
+            pp=cfg.pp,
+            virtual_stages=cfg.virtual_stages,
+            message_bytes=act,
+            stride=cfg.tp * cfg.cp * lay.dp,
+            gpus_per_node=lay.cluster.gpus_per_node,
+        )
         if record:
             for call, n in sends:
                 t = self.comms.time_s(call, self.device)[0]
@@ -551,17 +710,38 @@ class _Pricer:
         arch, lay, cfg = plan.arch, plan.layout, plan.layout.cfg
         m = lay.micro_batches
         block, extras = _graphs(plan, stage)
-        layers = arch.n_layers // cfg.pp
+        own = lay.layers(stage)
+        layers = arch.n_layers // cfg.pp if own is None else own
         groups = graph_groups(lay.tp_group, lay.cp_group, lay.ep_group)
-        compute = stage_compute(((self.graph_costs(block, groups, stage, layers), layers),
-                                 (self.graph_costs(extras, groups, stage, 1), 1)))
+        compute = stage_compute(
+            ((self.graph_costs(block, groups, stage, layers), layers), (self.graph_costs(extras, groups, stage, 1), 1))
+        )
         pp_s = self.p2p_s(stage)
         grad_b = dtype_bytes(lay.act_dtype)
-        sync = data_parallel_sync(arch, self.device, self.comms, stage=stage, tp=cfg.tp, pp=cfg.pp, cp=cfg.cp,
-                                  ep=cfg.ep, dp=lay.dp, zero=cfg.zero, gpus_per_node=lay.cluster.gpus_per_node,
-                                  grad_bytes=grad_b, bucket_params=cfg.bucket_params)
-        dp = data_parallel_time(sync, compute, layers=layers, micro_batches=m, recompute=cfg.recompute,
-                                overlap_grad_reduce=cfg.overlap_grad_reduce)
+        sync = data_parallel_sync(
+            arch,
+            self.device,
+            self.comms,
+            stage=stage,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            cp=cfg.cp,
+            ep=cfg.ep,
+            dp=lay.dp,
+            zero=cfg.zero,
+            gpus_per_node=lay.cluster.gpus_per_node,
+            grad_bytes=grad_b,
+            bucket_params=cfg.bucket_params,
+            layers=own,
+        )
+        dp = data_parallel_time(
+            sync,
+            compute,
+            layers=layers,
+            micro_batches=m,
+            recompute=cfg.recompute,
+            overlap_grad_reduce=cfg.overlap_grad_reduce,
+        )
         if sync.zero3 is not None:
             ag, _, rs, _ = sync.zero3
             self.collective(stage, "zero3", "dp", ag, zero3_gathers(cfg.recompute) * layers * m, 0.0)
@@ -569,17 +749,34 @@ class _Pricer:
         else:
             bucketed = sync.reduce_total_s + sync.gather_total_s
             if bucketed and self.keep and sync.reduce is not None:
-                self.comm_lines.append(CommLine(stage=stage, phase="dp", role="dp", call=sync.reduce, count=1,
-                                                time_s=bucketed, exposed_s=dp.gradients_exposed_s,
-                                                source=self.comms.time_s(sync.reduce, self.device)[1] + " (bucketed)"))
+                self.comm_lines.append(
+                    CommLine(
+                        stage=stage,
+                        phase="dp",
+                        role="dp",
+                        call=sync.reduce,
+                        count=1,
+                        time_s=bucketed,
+                        exposed_s=dp.gradients_exposed_s,
+                        source=self.comms.time_s(sync.reduce, self.device)[1] + " (bucketed)",
+                    )
+                )
         if sync.tied is not None:
             self.collective(stage, "dp", "tied_embedding", sync.tied, 1, 0.0)
-        opt_kernel = optimizer_kernel(optimizer_numel(arch, stage=stage, tp=cfg.tp, pp=cfg.pp, dp=lay.dp, cp=cfg.cp,
-                                                      ep=cfg.ep, zero=cfg.zero))
+        opt_kernel = _optimizer_kernel(plan, stage)
         opt_s, opt_src = self.table[opt_kernel]
         if self.keep:
-            self.ops.append(OpLine(stage=stage, phase="optimizer", role="adam", kernel=opt_kernel, count=1,
-                                   time_s=opt_s, source=opt_src))
+            self.ops.append(
+                OpLine(
+                    stage=stage,
+                    phase="optimizer",
+                    role="adam",
+                    kernel=opt_kernel,
+                    count=1,
+                    time_s=opt_s,
+                    source=opt_src,
+                )
+            )
         return stage_time(stage, compute, dp, pp_comm_s=pp_s, optimizer_s=opt_s)
 
 
@@ -587,21 +784,58 @@ def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
     """The block graph and the model-level graph of ``stage`` (both cached)."""
     arch, cfg = plan.arch, plan.layout.cfg
     prec = precision_of(cfg.precision, cfg.tensor_cores)
-    block = train_block(arch, tp=cfg.tp, batch=cfg.micro_batch, seq=cfg.seq, sp=cfg.sp, cp=cfg.cp, ep=cfg.ep,
-                        attention=cfg.attention, recompute=cfg.recompute, prec=prec)
-    extras = train_extras(arch, tp=cfg.tp, batch=cfg.micro_batch, seq=cfg.seq, sp=cfg.sp, cp=cfg.cp,
-                          first=stage == 0, last=stage == cfg.pp - 1, prec=prec)
+    block = train_block(
+        arch,
+        tp=cfg.tp,
+        batch=cfg.micro_batch,
+        seq=cfg.seq,
+        sp=cfg.sp,
+        cp=cfg.cp,
+        ep=cfg.ep,
+        attention=cfg.attention,
+        recompute=cfg.recompute,
+        prec=prec,
+    )
+    extras = train_extras(
+        arch,
+        tp=cfg.tp,
+        batch=cfg.micro_batch,
+        seq=cfg.seq,
+        sp=cfg.sp,
+        cp=cfg.cp,
+        first=stage == 0,
+        last=stage == cfg.pp - 1,
+        prec=prec,
+    )
     return block, extras
 
 
 def _optimizer_kernel(plan: TrainPlan, stage: int) -> Kernel:
     lay, cfg = plan.layout, plan.layout.cfg
-    return optimizer_kernel(optimizer_numel(plan.arch, stage=stage, tp=cfg.tp, pp=cfg.pp, dp=lay.dp, cp=cfg.cp,
-                                            ep=cfg.ep, zero=cfg.zero))
+    return optimizer_kernel(
+        optimizer_numel(
+            plan.arch,
+            stage=stage,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            dp=lay.dp,
+            cp=cfg.cp,
+            ep=cfg.ep,
+            zero=cfg.zero,
+            layers=lay.layers(stage),
+        )
+    )
 
 
-def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostModel | None = None, *,
-              details: bool = True, coverage: float = DEFAULT_COVERAGE, interval_mode: IntervalMode = "group") -> TrainResult:
+def run_train(
+    plan: TrainPlan,
+    kernels: KernelCostModel,
+    comms: CollectiveCostModel | None = None,
+    *,
+    details: bool = True,
+    coverage: float = DEFAULT_COVERAGE,
+    interval_mode: IntervalMode = "group",
+) -> TrainResult:
     """Price a compiled plan. ``details=False`` skips the per-op and per-collective lines and the
     prediction interval (search); ``coverage`` and ``interval_mode`` shape the interval."""
     comms = comms or CollectiveCostModel()
@@ -615,22 +849,37 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
     pr.table = kernels.lookup(wanted, device)
     priced = {s: pr.stage(s) for s in plan.stage_kinds}
     pp = cfg.pp
-    stages = tuple(priced[s] if s in priced
-                   else _replace(priced[stage_kind(s, pp)], stage=s, pp_comm_s=pr.p2p_s(s, record=False))
-                   for s in range(pp))
+    stages = tuple(
+        priced[s] if s in priced else _replace(priced[stage_kind(s, pp)], stage=s, pp_comm_s=pr.p2p_s(s, record=False))
+        for s in range(pp)
+    )
     m = lay.micro_batches
-    pipe, tail_stage, iteration = compose_iteration([st.per_micro_batch_s for st in stages],
-                                                    [st.tail_s for st in stages], m, cfg.virtual_stages)
+    pipe, tail_stage, iteration = compose_iteration(
+        [st.per_micro_batch_s for st in stages], [st.tail_s for st in stages], m, cfg.virtual_stages
+    )
     crit = stages[pipe.critical_stage]
     tail = stages[tail_stage]
     breakdown = {
-        "forward": m * crit.forward_s, "backward": m * crit.backward_s, "recompute": m * crit.recompute_s,
-        "optimizer": tail.optimizer_s, "tp_comm": m * crit.tp_comm_s, "cp_comm": m * crit.cp_comm_s,
-        "ep_comm": m * crit.ep_comm_s, "pp_comm": m * crit.pp_comm_s,
-        "dp_comm_exposed": tail.dp_comm_s + m * crit.zero3_comm_s, "pipeline_bubble": pipe.bubble_s,
+        "forward": m * crit.forward_s,
+        "backward": m * crit.backward_s,
+        "recompute": m * crit.recompute_s,
+        "optimizer": tail.optimizer_s,
+        "tp_comm": m * crit.tp_comm_s,
+        "cp_comm": m * crit.cp_comm_s,
+        "ep_comm": m * crit.ep_comm_s,
+        "pp_comm": m * crit.pp_comm_s,
+        "dp_comm_exposed": tail.dp_comm_s + m * crit.zero3_comm_s,
+        "pipeline_bubble": pipe.bubble_s,
     }
-    flops, rec_flops = model_flops(arch, seq=cfg.seq, global_batch=cfg.global_batch, precision=cfg.precision,
-                                   attention=cfg.attention, recompute=cfg.recompute, tensor_cores=cfg.tensor_cores)
+    flops, rec_flops = model_flops(
+        arch,
+        seq=cfg.seq,
+        global_batch=cfg.global_batch,
+        precision=cfg.precision,
+        attention=cfg.attention,
+        recompute=cfg.recompute,
+        tensor_cores=cfg.tensor_cores,
+    )
     peak = dense_peak_flops(device, cfg.precision, cfg.tensor_cores)
     world = lay.world_size
     memory = _train_memory(arch, lay)
@@ -638,12 +887,24 @@ def run_train(plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostMo
     sources = _cost_sources(kernels, comms, ops, pr.comm_lines)
     interval = _interval(plan, kernels, ops, pipe, crit, tail, iteration, coverage, interval_mode) if details else None
     result = TrainResult(
-        arch=arch, device=device, config=cfg, feasible=True, layout=lay, iteration_time_s=iteration,
+        arch=arch,
+        device=device,
+        config=cfg,
+        feasible=True,
+        layout=lay,
+        iteration_time_s=iteration,
         tokens_per_s=tokens_per_s(cfg.global_batch, cfg.seq, iteration),
         mfu=flops_utilisation(flops, iteration, world, peak),
-        hfu=flops_utilisation(flops + rec_flops, iteration, world, peak), model_flops=flops,
-        breakdown_s=breakdown, stages=stages, memory=memory, ops=ops, comms=tuple(pr.comm_lines), cost_sources=sources,
-        interval=interval)
+        hfu=flops_utilisation(flops + rec_flops, iteration, world, peak),
+        model_flops=flops,
+        breakdown_s=breakdown,
+        stages=stages,
+        memory=memory,
+        ops=ops,
+        comms=tuple(pr.comm_lines),
+        cost_sources=sources,
+        interval=interval,
+    )
     reason = overflow_reason(result.worst_memory, device, _MEMORY_FIX)
     if reason:
         result = _replace(result, feasible=False, reasons=(reason,))
@@ -656,14 +917,41 @@ _MEMORY_FIX = "try a higher --zero, --recompute, more tp/pp or a smaller --micro
 def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
     """Memory per GPU of every pipeline stage of a laid-out configuration."""
     cfg = lay.cfg
-    return tuple(train_memory(arch, stage=s, tp=cfg.tp, pp=cfg.pp, dp=lay.dp, cp=cfg.cp, ep=cfg.ep, sp=cfg.sp,
-                              micro_batch=cfg.micro_batch, seq=cfg.seq, micro_batches=lay.micro_batches,
-                              virtual_stages=cfg.virtual_stages, zero=cfg.zero, precision=cfg.precision,
-                              attention=cfg.attention, recompute=cfg.recompute) for s in range(cfg.pp))
+    return tuple(
+        train_memory(
+            arch,
+            stage=s,
+            tp=cfg.tp,
+            pp=cfg.pp,
+            dp=lay.dp,
+            cp=cfg.cp,
+            ep=cfg.ep,
+            sp=cfg.sp,
+            micro_batch=cfg.micro_batch,
+            seq=cfg.seq,
+            micro_batches=lay.micro_batches,
+            virtual_stages=cfg.virtual_stages,
+            zero=cfg.zero,
+            precision=cfg.precision,
+            attention=cfg.attention,
+            recompute=cfg.recompute,
+            layers=lay.layers(s),
+        )
+        for s in range(cfg.pp)
+    )
 
 
-def _interval(plan: TrainPlan, kernels: KernelCostModel, ops: tuple[OpLine, ...], pipe: Any, crit: StageTime,
-              tail: StageTime, iteration_s: float, coverage: float, mode: IntervalMode) -> Interval | None:
+def _interval(
+    plan: TrainPlan,
+    kernels: KernelCostModel,
+    ops: tuple[OpLine, ...],
+    pipe: Any,
+    crit: StageTime,
+    tail: StageTime,
+    iteration_s: float,
+    coverage: float,
+    mode: IntervalMode,
+) -> Interval | None:
     """The iteration's prediction interval: each learned predictor's seconds on the critical
     path (the critical stage's ops scaled by its share of the pipeline time, the optimizer of the
     slowest tail) with its held-out residuals (:func:`opcast.predict.intervals.propagate`)."""
@@ -689,30 +977,50 @@ def _replace(obj: Any, **changes: Any) -> Any:
     return replace(obj, **changes)
 
 
-def _cost_sources(kernels: KernelCostModel, comms: CollectiveCostModel, ops: tuple[OpLine, ...],
-                  comm_lines: list[CommLine]) -> dict[str, Any]:
+def _cost_sources(
+    kernels: KernelCostModel, comms: CollectiveCostModel, ops: tuple[OpLine, ...], comm_lines: list[CommLine]
+) -> dict[str, Any]:
     by_source: dict[str, int] = {}
-    for k, src in {(o.kernel, o.source) for o in ops}:
+    for _k, src in {(o.kernel, o.source) for o in ops}:
         by_source[src] = by_source.get(src, 0) + 1
     coll: dict[str, int] = {}
     for c in comm_lines:
         coll[c.source] = coll.get(c.source, 0) + 1
-    return {**kernels.describe(), "unique_kernels_by_source": dict(sorted(by_source.items())),
-            **comms.describe(), "collectives_by_source": dict(sorted(coll.items()))}
+    return {
+        **kernels.describe(),
+        "unique_kernels_by_source": dict(sorted(by_source.items())),
+        **comms.describe(),
+        "collectives_by_source": dict(sorted(coll.items())),
+    }
 
 
-def predict_train(arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, *, nodes: int | None = None,
-                  gpus_per_node: int | None = None, kernels: KernelCostModel | None = None,
-                  comms: CollectiveCostModel | None = None, details: bool = True, coverage: float = DEFAULT_COVERAGE,
-                  interval_mode: IntervalMode = "group") -> TrainResult:
+def predict_train(
+    arch: ArchSpec,
+    device: DeviceSpec,
+    cfg: TrainConfig,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    kernels: KernelCostModel | None = None,
+    comms: CollectiveCostModel | None = None,
+    details: bool = True,
+    coverage: float = DEFAULT_COVERAGE,
+    interval_mode: IntervalMode = "group",
+) -> TrainResult:
     """Compile and run one training configuration (roofline-only kernels unless given a model)."""
     from opcast.predict.cost import roofline_only
 
     plan = compile_train(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
     if isinstance(plan, TrainResult):
         return plan
-    return run_train(plan, kernels or roofline_only("no kernel models given: roofline fallback"), comms, details=details,
-                     coverage=coverage, interval_mode=interval_mode)
+    return run_train(
+        plan,
+        kernels or roofline_only("no kernel models given: roofline fallback"),
+        comms,
+        details=details,
+        coverage=coverage,
+        interval_mode=interval_mode,
+    )
 
 
 def iteration_sum_check(result: TrainResult) -> float:

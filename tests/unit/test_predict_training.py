@@ -12,9 +12,18 @@ from opcast.hardware import get_device
 from opcast.predict.comm import Collective, CollectiveCostModel, place
 from opcast.predict.cost import roofline_only
 from opcast.predict.parallel import TrainConfig, parse_cluster
-from opcast.predict.training import (BREAKDOWN_KEYS, DataParallelSync, StageCompute, compose_iteration,
-                                     data_parallel_time, iteration_sum_check, micro_batch_s, predict_train, stage_kind,
-                                     stage_kinds)
+from opcast.predict.training import (
+    BREAKDOWN_KEYS,
+    DataParallelSync,
+    StageCompute,
+    compose_iteration,
+    data_parallel_time,
+    iteration_sum_check,
+    micro_batch_s,
+    predict_train,
+    stage_kind,
+    stage_kinds,
+)
 
 H100 = get_device("H100-SXM")
 A100 = get_device("A100-SXM4-80GB")
@@ -36,10 +45,21 @@ def test_one_gpu_prediction_is_the_sum_of_its_op_predictions():
 
 
 def test_breakdown_adds_up_to_the_iteration():
-    for kw in (dict(tp=2, pp=2, dp=2, sp=True, micro_batch=1, global_batch=16, seq=2048, recompute="selective", zero=1),
-               dict(tp=1, pp=4, dp=2, micro_batch=1, global_batch=32, seq=1024, schedule="interleaved", virtual_stages=2,
-                    overlap_grad_reduce=True),
-               dict(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, seq=1024, zero=3, recompute="full")):
+    for kw in (
+        dict(tp=2, pp=2, dp=2, sp=True, micro_batch=1, global_batch=16, seq=2048, recompute="selective", zero=1),
+        dict(
+            tp=1,
+            pp=4,
+            dp=2,
+            micro_batch=1,
+            global_batch=32,
+            seq=1024,
+            schedule="interleaved",
+            virtual_stages=2,
+            overlap_grad_reduce=True,
+        ),
+        dict(tp=1, pp=1, dp=8, micro_batch=2, global_batch=32, seq=1024, zero=3, recompute="full"),
+    ):
         r = run(**kw)
         assert r.feasible, r.reasons
         assert set(r.breakdown_s) == set(BREAKDOWN_KEYS)
@@ -58,11 +78,14 @@ def test_doubling_dp_halves_compute_per_gpu_and_adds_the_all_reduce():
     comms = CollectiveCostModel()
     group = place(2, 1, H100.gpus_per_node)
     full, rest = divmod(params, 40_000_000)
-    expected = full * comms.time_s(Collective("all_reduce", 40_000_000 * 2, group), H100)[0] \
+    expected = (
+        full * comms.time_s(Collective("all_reduce", 40_000_000 * 2, group), H100)[0]
         + comms.time_s(Collective("all_reduce", rest * 2, group), H100)[0]
+    )
     assert two.breakdown_s["dp_comm_exposed"] == pytest.approx(expected, rel=1e-12)
-    assert two.iteration_time_s == pytest.approx(one.iteration_time_s - (one.breakdown_s["forward"] + one.breakdown_s["backward"]) / 2
-                                                 + expected, rel=1e-12)
+    assert two.iteration_time_s == pytest.approx(
+        one.iteration_time_s - (one.breakdown_s["forward"] + one.breakdown_s["backward"]) / 2 + expected, rel=1e-12
+    )
 
 
 def test_overlapping_the_gradient_reduction_hides_it():
@@ -77,7 +100,9 @@ def test_pipeline_bubble_is_about_p_minus_1_over_m():
     arch = load_arch("llama2-7b")
     p, m = 4, 16
     r = run(arch, pp=p, micro_batch=1, global_batch=m, seq=2048)
-    steady = sum(r.breakdown_s[k] for k in BREAKDOWN_KEYS if k not in ("pipeline_bubble", "optimizer", "dp_comm_exposed"))
+    steady = sum(
+        r.breakdown_s[k] for k in BREAKDOWN_KEYS if k not in ("pipeline_bubble", "optimizer", "dp_comm_exposed")
+    )
     per = [st.per_micro_batch_s for st in r.stages]
     assert r.breakdown_s["pipeline_bubble"] / steady == pytest.approx((p - 1) / m, rel=max(per) / min(per) - 1 + 1e-9)
     inter = run(arch, pp=p, micro_batch=1, global_batch=m, seq=2048, schedule="interleaved", virtual_stages=2)
@@ -90,7 +115,7 @@ def test_every_reason_of_a_bad_configuration_is_listed():
     text = " | ".join(r.reasons)
     assert not r.feasible and r.iteration_time_s is None
     assert "tp=3 does not divide n_heads=32" in text
-    assert "pp=5 does not divide n_layers=32" in text
+    assert "pp=5" not in text  # an uneven split is no reason any more (DeepSpeed's type:transformer|mlp)
     assert "world size 16 (2 nodes x 8 GPUs) != tp x pp x dp x cp = 3 x 5 x 2 x 1 = 30" in text
     assert "global_batch=16 is not a multiple of micro_batch x dp = 3 x 2 = 6" in text
     assert "tp=3 to divide the per-rank sequence 1000" in text
@@ -98,14 +123,29 @@ def test_every_reason_of_a_bad_configuration_is_listed():
 
 def test_more_bad_configurations():
     arch = load_arch("llama2-7b")
-    reasons = run(arch, tp=2, cp=3, ep=2, seq=4096, zero=3, pp=2, global_batch=8, precision="fp8", schedule="interleaved",
-                  device=A100).reasons
+    reasons = run(
+        arch,
+        tp=2,
+        cp=3,
+        ep=2,
+        seq=4096,
+        zero=3,
+        pp=2,
+        global_batch=8,
+        precision="fp8",
+        schedule="interleaved",
+        device=A100,
+    ).reasons
     text = " | ".join(reasons)
     assert "no fp8 peak" in text
     reasons = run(arch, tp=2, cp=3, ep=2, seq=4096, zero=3, pp=2, global_batch=8, schedule="interleaved").reasons
     text = " | ".join(reasons)
-    for needle in ("cp=3 needs seq=4096 divisible by 6", "ep=2 needs an MoE arch", "zero=3 with pp > 1",
-                   "--virtual-stages >= 2"):
+    for needle in (
+        "cp=3 needs seq=4096 divisible by 6",
+        "ep=2 needs an MoE arch",
+        "zero=3 with pp > 1",
+        "--virtual-stages >= 2",
+    ):
         assert needle in text
     assert "tp=0 must be a positive integer" in run(tp=0).reasons
 
@@ -141,16 +181,33 @@ def test_context_parallel_halves_the_attention_work_and_activations():
 
 
 def test_moe_with_expert_parallelism():
-    r = run(load_arch("mixtral-8x7b"), tp=2, dp=4, ep=4, sp=True, micro_batch=1, global_batch=8, seq=4096, zero=1,
-            recompute="full")
+    r = run(
+        load_arch("mixtral-8x7b"),
+        tp=2,
+        dp=4,
+        ep=4,
+        sp=True,
+        micro_batch=1,
+        global_batch=8,
+        seq=4096,
+        zero=1,
+        recompute="full",
+    )
     assert r.iteration_time_s and r.breakdown_s["ep_comm"] > 0
     assert any(c.call.kind == "all_to_all" for c in r.comms)
 
 
 def test_scale_invariance_on_the_analytical_path():
-    fast = dataclasses.replace(H100, name="H100-x2", aliases=(), mem_bw_bytes_per_s=2 * H100.mem_bw_bytes_per_s,
-                               **{f: 2 * getattr(H100, f) for f in ("peak_fp32_flops", "peak_tf32_flops", "peak_fp16_flops",
-                                                                    "peak_bf16_flops", "peak_fp8_flops")})
+    fast = dataclasses.replace(
+        H100,
+        name="H100-x2",
+        aliases=(),
+        mem_bw_bytes_per_s=2 * H100.mem_bw_bytes_per_s,
+        **{
+            f: 2 * getattr(H100, f)
+            for f in ("peak_fp32_flops", "peak_tf32_flops", "peak_fp16_flops", "peak_bf16_flops", "peak_fp8_flops")
+        },
+    )
     slow = run(micro_batch=2, global_batch=8, seq=1024)
     quick = run(device=fast, micro_batch=2, global_batch=8, seq=1024)
     assert slow.iteration_time_s == pytest.approx(2 * quick.iteration_time_s, rel=1e-12)
@@ -174,7 +231,7 @@ def test_parse_cluster(tmp_path):
     cluster, gpu = parse_cluster(str(f))
     assert (cluster.nodes, gpu) == (4, "H100-SXM")
     f.write_text('{"nodes": 4, "gpu_per_node": 8}')
-    with pytest.raises(OpcastError, match="unknown key 'gpu_per_node'.*missing key 'gpus_per_node'"):
+    with pytest.raises(OpcastError, match=r"unknown key 'gpu_per_node'.*missing key 'gpus_per_node'"):
         parse_cluster(str(f))
     with pytest.raises(OpcastError, match="NODESxGPUS"):
         parse_cluster("lots")
@@ -231,6 +288,7 @@ def test_each_stage_is_composed_from_the_shared_terms():
         assert st.per_micro_batch_s == micro_batch_s(one, st.pp_comm_s, one.zero3_comm_s)
     pp = [st.pp_comm_s for st in r.stages]
     assert pp[2] == pp[3] > pp[1] == pp[4]  # one send of each crosses the node boundary
-    pipe, tail, iteration = compose_iteration([st.per_micro_batch_s for st in r.stages], [st.tail_s for st in r.stages],
-                                              r.layout.micro_batches, 1)
+    pipe, _tail, iteration = compose_iteration(
+        [st.per_micro_batch_s for st in r.stages], [st.tail_s for st in r.stages], r.layout.micro_batches, 1
+    )
     assert iteration == r.iteration_time_s and pipe.bubble_s == r.breakdown_s["pipeline_bubble"]

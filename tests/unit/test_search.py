@@ -22,14 +22,57 @@ from opcast.predict.training import predict_train
 A100 = get_device("A100-SXM4-80GB")
 H100 = get_device("H100-SXM")
 
-_BASE = dict(norm="rmsnorm", activation="silu", gated_mlp=True, position="rope", tied_embeddings=False, linear_bias=False,
-             parallel_residual=False, source="test")
-TINY_MOE = arch_from_dict(dict(_BASE, name="tiny-moe", family="mixtral", n_layers=4, hidden=512, n_heads=8, n_kv_heads=2,
-                               head_dim=64, ffn_hidden=1024, vocab=1000, max_seq=4096, n_experts=4, experts_top_k=2), "test")
-TINY_GPT = arch_from_dict(dict(name="tiny-gpt", family="gpt3", n_layers=6, hidden=768, n_heads=12, n_kv_heads=12,
-                               head_dim=64, ffn_hidden=3072, vocab=5000, max_seq=2048, norm="layernorm",
-                               activation="gelu", gated_mlp=False, position="learned", tied_embeddings=True,
-                               linear_bias=True, parallel_residual=False, source="test"), "test")
+_BASE = dict(
+    norm="rmsnorm",
+    activation="silu",
+    gated_mlp=True,
+    position="rope",
+    tied_embeddings=False,
+    linear_bias=False,
+    parallel_residual=False,
+    source="test",
+)
+TINY_MOE = arch_from_dict(
+    dict(
+        _BASE,
+        name="tiny-moe",
+        family="mixtral",
+        n_layers=4,
+        hidden=512,
+        n_heads=8,
+        n_kv_heads=2,
+        head_dim=64,
+        ffn_hidden=1024,
+        vocab=1000,
+        max_seq=4096,
+        n_experts=4,
+        experts_top_k=2,
+    ),
+    "test",
+)
+TINY_GPT = arch_from_dict(
+    dict(
+        name="tiny-gpt",
+        family="gpt3",
+        n_layers=6,
+        hidden=768,
+        n_heads=12,
+        n_kv_heads=12,
+        head_dim=64,
+        ffn_hidden=3072,
+        vocab=5000,
+        max_seq=2048,
+        norm="layernorm",
+        activation="gelu",
+        gated_mlp=False,
+        position="learned",
+        tied_embeddings=True,
+        linear_bias=True,
+        parallel_residual=False,
+        source="test",
+    ),
+    "test",
+)
 
 
 def _key(tp, pp, cp, ep, sp, zero, mb, rc, v):
@@ -65,7 +108,7 @@ def _first_reason(arch, space, nodes, g, tp, pp, cp, ep, sp, zero, mb, rc, sched
 
 def _brute(arch, device, space):
     """Every configuration of the space through predict_train: (feasible dict, expected reason counts)."""
-    (nodes, g), = S._check_space(arch, device, space)
+    ((nodes, g),) = S._check_space(arch, device, space)
     world = nodes * g
     limit = space.max_mem_bytes or device.mem_bytes
     kernels, comms = roofline_only(), CollectiveCostModel()
@@ -80,15 +123,42 @@ def _brute(arch, device, space):
                             for mb in S._divisors(space.global_batch):
                                 for rc in ("none", "selective", "full"):
                                     for sched, v in S._schedules(arch, {}):
-                                        cfg = TrainConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp, micro_batch=mb,
-                                                          global_batch=space.global_batch, seq=space.seq, recompute=rc,
-                                                          zero=zero, schedule=sched, virtual_stages=v,
-                                                          overlap_grad_reduce=space.overlap_grad_reduce)
-                                        r = predict_train(arch, device, cfg, nodes=nodes, gpus_per_node=g, kernels=kernels,
-                                                          comms=comms, details=False)
-                                        early = _first_reason(arch, space, nodes, g, tp, pp, cp, ep, sp, zero, mb, rc, sched, v)
+                                        cfg = TrainConfig(
+                                            tp=tp,
+                                            pp=pp,
+                                            dp=dp,
+                                            cp=cp,
+                                            ep=ep,
+                                            sp=sp,
+                                            micro_batch=mb,
+                                            global_batch=space.global_batch,
+                                            seq=space.seq,
+                                            recompute=rc,
+                                            zero=zero,
+                                            schedule=sched,
+                                            virtual_stages=v,
+                                            overlap_grad_reduce=space.overlap_grad_reduce,
+                                        )
+                                        r = predict_train(
+                                            arch,
+                                            device,
+                                            cfg,
+                                            nodes=nodes,
+                                            gpus_per_node=g,
+                                            kernels=kernels,
+                                            comms=comms,
+                                            details=False,
+                                        )
+                                        early = _first_reason(
+                                            arch, space, nodes, g, tp, pp, cp, ep, sp, zero, mb, rc, sched, v
+                                        )
                                         if early != "later":
-                                            if early not in ("max_tp", "tp_within_node", "node_straddle"):  # search's own
+                                            if early not in (
+                                                "max_tp",
+                                                "tp_within_node",
+                                                "node_straddle",
+                                                "pp_layers",  # the search tries even splits only
+                                            ):  # search's own
                                                 assert not r.feasible, (early, cfg)
                                             reasons[early] += 1
                                         elif r.layout is None:
@@ -97,33 +167,62 @@ def _brute(arch, device, space):
                                             reasons["memory"] += 1
                                         else:
                                             feasible[_key(tp, pp, cp, ep, sp, zero, mb, rc, v)] = (
-                                                r.iteration_time_s, r.worst_memory.total_bytes, r.mfu)
+                                                r.iteration_time_s,
+                                                r.worst_memory.total_bytes,
+                                                r.mfu,
+                                            )
     return feasible, reasons
 
 
-@pytest.mark.parametrize("arch, device, space", [
-    # MoE with expert parallelism, GQA, rope, two 4-GPU nodes (pipeline sends and DP groups cross nodes)
-    (TINY_MOE, A100, S.SearchSpace(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4)),
-    # dropout, learned positions, a tied embedding split over stages; a sequence only some cp and tp
-    # divide, tp = 8 that does not divide the 12 heads; a tight limit prunes on memory
-    (TINY_GPT, H100, S.SearchSpace(gpus=8, global_batch=8, seq=1020, overlap_grad_reduce=False,
-                                   max_mem_bytes=0.5 * 2**30)),
-], ids=["moe-2-nodes", "gpt-memory-limit"])
+@pytest.mark.parametrize(
+    "arch, device, space",
+    [
+        # MoE with expert parallelism, GQA, rope, two 4-GPU nodes (pipeline sends and DP groups cross nodes)
+        (TINY_MOE, A100, S.SearchSpace(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4)),
+        # dropout, learned positions, a tied embedding split over stages; a sequence only some cp and tp
+        # divide, tp = 8 that does not divide the 12 heads; a tight limit prunes on memory
+        (
+            TINY_GPT,
+            H100,
+            S.SearchSpace(gpus=8, global_batch=8, seq=1020, overlap_grad_reduce=False, max_mem_bytes=0.5 * 2**30),
+        ),
+    ],
+    ids=["moe-2-nodes", "gpt-memory-limit"],
+)
 def test_search_returns_exactly_the_feasible_set_with_run_train_figures(arch, device, space):
     result = S.search(arch, device, space, top=3, workers=1)
     feasible, expected = _brute(arch, device, space)
-    got = {_key(c.tp, c.pp, c.cp, c.ep, c.sp, c.zero, c.micro_batch, c.recompute, c.virtual_stages):
-           (c.iteration_time_s, c.memory_bytes, c.mfu) for c in result.candidates}
+    got = {
+        _key(c.tp, c.pp, c.cp, c.ep, c.sp, c.zero, c.micro_batch, c.recompute, c.virtual_stages): (
+            c.iteration_time_s,
+            c.memory_bytes,
+            c.mfu,
+        )
+        for c in result.candidates
+    }
     assert got == feasible  # same set, and the same floats as run_train and train_memory
     assert result.predicted == len(feasible) > 0
     # every configuration is counted once: predicted or under one reason
     assert result.considered == len(feasible) + sum(expected.values())
     assert result.considered == result.predicted + sum(result.pruned.values())
-    for key in ("max_tp", "tp_within_node", "tp_arch", "pp_layers", "cp_seq", "node_straddle", "ep_dp", "sp_tp1", "sp_seq",
-                "zero3_pp"):
+    for key in (
+        "max_tp",
+        "tp_within_node",
+        "tp_arch",
+        "pp_layers",
+        "cp_seq",
+        "node_straddle",
+        "ep_dp",
+        "sp_tp1",
+        "sp_seq",
+        "zero3_pp",
+    ):
         assert result.pruned.get(key, 0) == expected.get(key, 0), key
-    late = sum(n for k, n in result.pruned.items() if k in ("global_batch", "interleaved_pp1", "interleaved_layers",
-                                                            "interleaved_m", "mem_states", "mem_total"))
+    late = sum(
+        n
+        for k, n in result.pruned.items()
+        if k in ("global_batch", "interleaved_pp1", "interleaved_layers", "interleaved_m", "mem_states", "mem_total")
+    )
     assert late == expected["validate"] + expected["memory"]
     assert list(result.pruned) == [k for k in S.REASONS if k in result.pruned]  # in check order
     assert result.max_recheck_rel_diff == 0.0
@@ -153,8 +252,9 @@ def test_candidates_are_ranked_by_the_objective(objective):
     else:
         values = [c.gpu_s_per_token for c in cands]
         assert {c.world_size for c in cands} == {1, 2, 4, 8}  # cost also tries fewer GPUs
-        assert cands[0].gpu_s_per_token == pytest.approx(cands[0].world_size * cands[0].iteration_time_s
-                                                         / (16 * 1024), rel=1e-12)
+        assert cands[0].gpu_s_per_token == pytest.approx(
+            cands[0].world_size * cands[0].iteration_time_s / (16 * 1024), rel=1e-12
+        )
     assert values == sorted(values)
     # the top K are run_train's full predictions of the first K candidates
     assert [r.iteration_time_s for r in result.top] == [c.iteration_time_s for c in cands[:4]]
@@ -176,9 +276,15 @@ def test_constraints_and_fixed_dimensions():
     assert result.pruned["max_tp"] > 0 and all(c.tp <= 2 for c in result.candidates)
     within = S.search(TINY_GPT, H100, S.SearchSpace(**base, gpus_per_node=2, tp_within_node=True), top=0)
     assert within.pruned["tp_within_node"] > 0 and {c.tp for c in within.candidates} <= {1, 2}
-    fixed = S.search(TINY_GPT, H100, S.SearchSpace(**base, fixed=S.parse_fix(["tp=2", "sp=on", "recompute=full",
-                                                                              "schedule=1f1b"])), top=0)
-    assert fixed.candidates and {(c.tp, c.sp, c.recompute, c.schedule) for c in fixed.candidates} == {(2, True, "full", "1f1b")}
+    fixed = S.search(
+        TINY_GPT,
+        H100,
+        S.SearchSpace(**base, fixed=S.parse_fix(["tp=2", "sp=on", "recompute=full", "schedule=1f1b"])),
+        top=0,
+    )
+    assert fixed.candidates and {(c.tp, c.sp, c.recompute, c.schedule) for c in fixed.candidates} == {
+        (2, True, "full", "1f1b")
+    }
     assert fixed.considered < result.considered  # fixing shrinks the space; it does not count as pruning
 
 
@@ -194,7 +300,11 @@ def test_groups_straddling_nodes_are_skipped_unless_allowed():
 
 def test_parse_fix_lists_every_problem():
     assert S.parse_fix(["tp=2,4", "sp=off", "micro-batch=1", "recompute=FULL"]) == {
-        "tp": (2, 4), "sp": (False,), "micro_batch": (1,), "recompute": ("full",)}
+        "tp": (2, 4),
+        "sp": (False,),
+        "micro_batch": (1,),
+        "recompute": ("full",),
+    }
     with pytest.raises(OpcastError) as err:
         S.parse_fix(["tp=two", "sp=maybe", "colour=red", "zero=5", "nonsense"])
     text = str(err.value)
@@ -204,8 +314,17 @@ def test_parse_fix_lists_every_problem():
 
 def test_bad_requests_and_empty_results():
     with pytest.raises(OpcastError) as err:
-        S.search(TINY_GPT, H100, S.SearchSpace(gpus=0, global_batch=8, seq=1024, objective="speed",  # type: ignore[arg-type]
-                                               max_mem_bytes=-1))
+        S.search(
+            TINY_GPT,
+            H100,
+            S.SearchSpace(
+                gpus=0,
+                global_batch=8,
+                seq=1024,
+                objective="speed",  # type: ignore[arg-type]
+                max_mem_bytes=-1,
+            ),
+        )
     assert all(p in str(err.value) for p in ("gpus=0", "objective='speed'", "max_mem"))
     with pytest.raises(OpcastError, match="max_seq"):
         S.search(TINY_GPT, H100, S.SearchSpace(gpus=1, global_batch=8, seq=4096))
@@ -231,7 +350,10 @@ def test_the_report_helpers():
 
 
 def test_search_imports_neither_torch_nor_xgboost():
-    code = "import sys, opcast.predict.search, opcast.predict.search_cli; print(sorted(m for m in ('torch', 'xgboost') if m in sys.modules))"
+    code = (
+        "import sys, opcast.predict.search, opcast.predict.search_cli; "
+        "print(sorted(m for m in ('torch', 'xgboost') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -259,12 +381,32 @@ def test_the_search_reuses_the_cost_model_instead_of_mirroring_it():
 
     source = Path(S.__file__).read_text()
     tree = ast.parse(source)
-    private = [f"{node.module}.{a.name}" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-               and (node.module or "").startswith("opcast") for a in node.names if a.name.startswith("_")]
+    private = [
+        f"{node.module}.{a.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("opcast")
+        for a in node.names
+        if a.name.startswith("_")
+    ]
     assert private == []
     assert "type: ignore" not in source
     defined = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    for term in ("train_memory", "model_state_bytes", "stage_activation_bytes", "stage_total_bytes", "stage_compute",
-                 "data_parallel_sync", "data_parallel_time", "bucketed_s", "pipeline_sends", "optimizer_numel",
-                 "compose_iteration", "micro_batch_s", "_Memory", "_Composer", "_optimizer_numel", "_stage_kinds"):
+    for term in (
+        "train_memory",
+        "model_state_bytes",
+        "stage_activation_bytes",
+        "stage_total_bytes",
+        "stage_compute",
+        "data_parallel_sync",
+        "data_parallel_time",
+        "bucketed_s",
+        "pipeline_sends",
+        "optimizer_numel",
+        "compose_iteration",
+        "micro_batch_s",
+        "_Memory",
+        "_Composer",
+        "_optimizer_numel",
+        "_stage_kinds",
+    ):
         assert term not in defined, term

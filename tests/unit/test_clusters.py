@@ -1,0 +1,120 @@
+"""The cluster catalog (data/clusters/*.json): strict validation, the presets, --cluster NAME."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from opcast.clusters import (
+    cluster_catalog,
+    cluster_device_name,
+    cluster_from_dict,
+    find_cluster,
+    get_cluster,
+    load_cluster_file,
+)
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.paths import data_path
+from opcast.predict.parallel import ClusterChoice, parse_cluster
+
+PRESETS = {
+    "perlmutter",
+    "vista",
+    "dgx-a100",
+    "dgx-h100",
+    "dgx-b200",
+    "gb200-nvl72",
+    "azure-nd-a100-v4",
+    "azure-nc-a100-v4",
+}
+
+
+def test_catalog_validates_and_cites():
+    cat = cluster_catalog()
+    assert set(cat) >= PRESETS
+    for name, c in cat.items():
+        assert c.source.strip() and "http" in c.source, name
+        get_device(c.gpu)  # its GPU is in the hardware catalog
+        assert get_device(cluster_device_name(c)).gpus_per_node == c.nvlink_domain_gpus
+    assert cat["gb200-nvl72"].nvlink_domain_gpus == 72 and cat["gb200-nvl72"].gpus_per_node == 4
+    assert find_cluster("selene").name == "dgx-a100"
+    assert find_cluster("a100_pairwise_nvlink").name == "azure-nc-a100-v4"  # Vidur's folder names
+    assert find_cluster("a100_dgx").name == "azure-nd-a100-v4"
+    assert cat["perlmutter"].datasets and cat["vista"].datasets
+
+
+def _perlmutter() -> dict:
+    return json.loads((data_path("clusters") / "perlmutter.json").read_text())
+
+
+def test_refuses_unknown_and_missing_keys():
+    doc = _perlmutter() | {"colour": "blue"}
+    del doc["nics_per_node"]
+    with pytest.raises(OpcastError, match=r"unknown key 'colour'.*missing key 'nics_per_node'"):
+        cluster_from_dict(doc, "x.json")
+
+
+def test_refuses_missing_units():
+    doc = _perlmutter()
+    doc["intra_node_bw"] = doc.pop("intra_node_bw_bytes_per_s")
+    with pytest.raises(OpcastError, match=r"'intra_node_bw' has no unit; write it as 'intra_node_bw_bytes_per_s'") as e:
+        cluster_from_dict(doc, "x.json")
+    assert "missing key 'intra_node_bw_bytes_per_s'" not in str(e.value)  # said once, as the unit
+    doc = _perlmutter() | {"inter_node_bw_bytes_per_s": "25 GB/s"}
+    with pytest.raises(OpcastError, match="positive number in bytes/s"):
+        cluster_from_dict(doc, "x.json")
+
+
+def test_refuses_inconsistent_links(tmp_path):
+    doc = _perlmutter() | {"inter_node_bw_bytes_per_s": 100e9}  # more than its NICs carry
+    with pytest.raises(OpcastError, match="exceeds the NICs' share"):
+        cluster_from_dict(doc, "x.json")
+    f = tmp_path / "mine.json"
+    f.write_text(json.dumps(_perlmutter() | {"name": "mine"}))
+    assert load_cluster_file(f).name == "mine" and get_cluster(str(f)).gpus_per_node == 4
+    with pytest.raises(OpcastError, match="unknown cluster 'nowhere'"):
+        get_cluster("nowhere")
+
+
+def test_parse_cluster_forms(tmp_path):
+    assert parse_cluster("16x8")[0].world_size == 128  # the old forms stay
+    c, gpu = parse_cluster("perlmutter")
+    assert c == ClusterChoice(nodes=None, name="perlmutter") and gpu.startswith("A100-SXM4-80GB[")
+    assert parse_cluster("vista:8")[0].nodes == 8
+    f = tmp_path / "c.json"
+    f.write_text(json.dumps(_perlmutter() | {"name": "mine"}))
+    assert parse_cluster(str(f))[0].name == "mine"
+    with pytest.raises(OpcastError, match="catalog cluster"):
+        parse_cluster("lots")
+
+
+def _opcast(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "opcast", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_console_cluster_perlmutter():
+    out = _opcast(
+        "predict",
+        "train",
+        "--arch",
+        "gpt-neox-20b",
+        "--cluster",
+        "perlmutter:8",
+        "--tp",
+        "4",
+        "--pp",
+        "8",
+        "--global-batch",
+        "16",
+        "--json",
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["config"]["nodes"] == 8 and doc["config"]["gpus_per_node"] == 4
+    assert doc["gpu"].startswith("A100-SXM4-80GB[") and "inter_node_bw_bytes_per_s=25000000000" in doc["gpu"]
+    bad = _opcast("predict", "train", "--arch", "gpt-neox-20b", "--cluster", "perlmuter", "--pp", "4")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "perlmutter" in bad.stderr
