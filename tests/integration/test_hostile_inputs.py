@@ -1,0 +1,415 @@
+"""Acceptance test of issue 15: the ``opcast`` console script over a table of hostile inputs.
+
+Every case runs the real console script in a subprocess (no ``CliRunner``: the boundary in
+``opcast.cli.main``, the interpreter's exit flush and the environment all take part). A bad
+input must end with exit code 2, exactly one non-empty line on stderr and no ``Traceback``
+anywhere; a bare group prints its help and exits 2; a valid edge case must give the right
+answer. The malformed files are built in a module-scoped temporary folder, and all the cases
+run concurrently (four at a time) in one module-scoped fixture, so the table takes well under a
+minute; each test only reads its result. No case may start a real measurement: collect and
+calibrate cases fail at validation and carry tiny budgets anyway.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+CASE_TIMEOUT_S = 60  # a hang (or a measurement that should never have started) fails, not a stuck suite
+ROOF = "--roofline"
+
+
+def _opcast() -> list[str]:
+    script = Path(sys.executable).with_name("opcast")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "opcast"]
+
+
+@dataclass(frozen=True)
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    args: tuple[str, ...]
+    """Command line after ``opcast``; ``{d}`` is the folder of the malformed files."""
+    expect: str = "error"
+    """``error`` (exit 2, one line), ``help`` (exit 2, the group's help) or ``ok`` (exit 0 and ``check``)."""
+    needles: tuple[str, ...] = ()
+    """Substrings the error line must contain (the file, the field, the fix)."""
+    env: dict[str, str] = field(default_factory=dict)
+    stdout_full: bool = False
+    """Run with stdout on a full device: /dev/full where it is one, else a file that cannot grow
+    past 1 KiB (``ulimit -f 1``: writes fail with EFBIG, as on a full disk)."""
+    fsize_limit_kib: int | None = None
+    """``ulimit -f``: writes beyond this many KiB fail with EFBIG (a full disk for the writers)."""
+    check: Callable[[Result, Path], None] | None = None
+    """For ``ok``: asserts the right answer; for ``error``: a further check (e.g. no temp file left)."""
+
+
+# --------------------------------------------------------------------------- malformed files
+
+LLAMA = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
+         "num_hidden_layers": 2, "intermediate_size": 512, "max_position_embeddings": 1024, "vocab_size": 1000,
+         "hidden_act": "silu"}
+
+
+def _hf(**changes: object) -> str:
+    return json.dumps({**LLAMA, **changes})
+
+
+def _write_dataset(path: Path) -> None:
+    from opcast.schema import write_parquet
+
+    rows = [{"run_id": "r", "source": "bench", "device": "H100-SXM", "timing_method": "cuda_event", "op": "gemm",
+             "dtype": "bf16", "direction": "fwd", "b": 1, "m": 64 * i, "n": 64, "k": 64, "time_s_median": 1e-5 * i}
+            for i in range(1, 9)]
+    write_parquet(rows, path)
+
+
+def _build_files(d: Path) -> None:
+    import pyarrow.parquet as pq
+
+    w = lambda name, text: (d / name).write_text(text, encoding="utf-8")  # noqa: E731
+    # Hugging Face configs (--arch FILE)
+    w("act_list.json", _hf(hidden_act=["silu"]))
+    w("act_dict.json", _hf(hidden_act={"name": "silu"}))
+    w("size_dict.json", _hf(hidden_size={"value": 256}))
+    w("size_huge.json", _hf(vocab_size=10**40))
+    w("missing_key.json", json.dumps({k: v for k, v in LLAMA.items() if k != "intermediate_size"}))
+    w("nested.json", "[" * 100_000 + "]" * 100_000)
+    (d / "binary.json").write_bytes(bytes(range(256)) * 8)
+    (d / "latin1.json").write_bytes('{"model_type": "llama", "name": "caf\xe9"}'.encode("latin-1"))
+    (d / "config_dir").mkdir()
+    w("config.json", json.dumps(LLAMA))
+    # hardware files (--gpu FILE)
+    h100 = json.loads((Path(__file__).resolve().parents[2] / "data" / "hardware" / "H100-SXM.json").read_text())
+    w("gpu_missing.json", json.dumps({k: v for k, v in h100.items() if k != "mem_bytes"}))
+    w("gpu_dict.json", json.dumps({**h100, "peak_bf16_flops": {"dense": 1e15}}))
+    w("gpu_nested.json", "[" * 100_000 + "]" * 100_000)
+    (d / "gpu_binary.json").write_bytes(b"\x00\xff\xfe" * 300)
+    w("gpu_ok.json", json.dumps({**h100, "name": "my-gpu", "aliases": []}))
+    # parquet datasets
+    good = d / "good.parquet"
+    _write_dataset(good)
+    table = pq.read_table(good)
+    meta = dict(table.schema.metadata)
+    pq.write_table(table.replace_schema_metadata({**meta, b"opcast.schema_version": b"one"}), d / "version_text.parquet")
+    pq.write_table(table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet")
+    w("text.parquet", "this is not parquet\n")
+    (d / "bad_parts").mkdir()
+    shutil.copy(d / "version_text.parquet", d / "bad_parts" / "part-0.parquet")
+    (d / "bad_parts" / "part-1.parquet").write_bytes(b"PAR1" + b"\x00" * 64)
+    (d / "no_parts").mkdir()
+    # csv tables for predict kernels
+    gemm = {"op": "gemm", "dtype": "fp16", "direction": "fwd", "b": 1, "m": 4096, "n": 4096, "k": 4096}
+    tc = ["true", "false", "no", "off", "0", "", "yes", "on", "1", "False"]
+    pd.DataFrame([{**gemm, "tensor_cores": v} for v in tc]).to_csv(d / "tc_strings.csv", index=False)
+    pd.DataFrame([{**gemm, "tensor_cores": "maybe"}]).to_csv(d / "tc_maybe.csv", index=False)
+    pd.DataFrame([{**gemm, "dtype": "bf17"}]).to_csv(d / "dtype_bad.csv", index=False)
+    pd.DataFrame([{**gemm, "direction": "sideways"}]).to_csv(d / "direction_bad.csv", index=False)
+    pd.DataFrame([gemm, {**gemm, "m": "abc"}]).to_csv(d / "m_text.csv", index=False)
+    pd.DataFrame([{"dtype": "bf16", "m": 1}]).to_csv(d / "no_op.csv", index=False)
+    w("empty.csv", "")
+    (d / "latin1.csv").write_bytes("op,dtype,b,m,n,k\ngemm\xe9,bf16,1,64,64,64\n".encode("latin-1"))
+    pd.DataFrame([gemm]).to_csv(d / "one_gemm.csv", index=False)
+    pd.DataFrame([{**gemm, "m": 64 * (i + 1)} for i in range(4000)]).to_csv(d / "many_gemms.csv", index=False)
+    (d / "kernels_out").mkdir()
+    # model sets (--models)
+    (d / "models_badmeta").mkdir()
+    w("models_badmeta/meta.json", "{ not json")
+    (d / "models_listmeta").mkdir()
+    w("models_listmeta/meta.json", "[]")
+    # cluster files
+    w("cluster_bad.json", json.dumps({"nodes": "two", "gpus_per_node": 8}))
+    # a file where a folder is expected
+    w("not_a_dir", "x")
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("hostile")
+    _build_files(d)
+    return d
+
+
+# --------------------------------------------------------------------------- checks of valid edges
+
+def _kernels_tc_check(result: Result, d: Path) -> None:
+    got = pd.read_csv(d / "kernels_out" / "tc.csv", keep_default_na=False)
+    t = dict(zip(range(len(got)), got["time_s_pred"].astype(float)))
+    on, off = t[0], t[1]
+    # fp16 on H100 tensor cores (989 TFLOP/s dense) vs CUDA cores (67 TFLOP/s): a big GEMM is far slower
+    assert off > 5 * on, (on, off)
+    for i in (2, 3, 4, 9):  # no, off, 0, False
+        assert t[i] == pytest.approx(off), i
+    for i in (5, 6, 7, 8):  # blank (fp16 default: tensor cores), yes, on, 1
+        assert t[i] == pytest.approx(on), i
+
+
+def _json_check(**expected: object) -> Callable[[Result, Path], None]:
+    def check(result: Result, d: Path) -> None:
+        doc = json.loads(result.out)
+        for key, value in expected.items():
+            assert doc[key] == value, (key, doc[key])
+    return check
+
+
+def _no_tmp_left(result: Result, d: Path) -> None:
+    left = [p.name for p in (d / "kernels_out").iterdir() if p.name.endswith(".tmp")]
+    assert not left, left
+
+
+def _dataset_predicted(result: Result, d: Path) -> None:
+    got = pd.read_parquet(d / "kernels_out" / "ds.parquet")
+    assert len(got) == 8 and (got["time_s_pred"] > 0).all() and got["time_s_pred"].is_monotonic_increasing
+    assert set(got["source_pred"]) == {"roofline"}
+
+
+def _arch_list_check(result: Result, d: Path) -> None:
+    names = {row["name"] for row in json.loads(result.out)}
+    assert {"llama2-7b", "gpt3-175b", "mixtral-8x7b"} <= names
+
+
+def _arch_show_check(result: Result, d: Path) -> None:
+    doc = json.loads(result.out)
+    assert (doc["hidden"], doc["n_layers"], doc["activation"]) == (256, 2, "silu")
+
+
+# --------------------------------------------------------------------------- the table
+
+TRAIN = ("predict", "train", "--gpu", "H100-SXM", ROOF)
+INFER = ("predict", "infer", "--gpu", "H100-SXM", ROOF)
+KERNEL = ("predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=64",
+          "--param", "n=64", "--param", "k=64")
+SEARCH = ("search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "8", "--seq", "1024")
+BENCH = ("collect", "bench", "--out", "{d}/bench_out", "--budget-s", "0.5", "--samples", "2", "--op", "gemm",
+         "--dtype", "fp32", "--rep-s", "0.01", "--warmup-s", "0.01")
+CALIB = ("calibrate", "--out", "{d}/calib_out", "--budget-s", "2", "--steps", "1")
+VALIDATE = ("validate", "--batch", "1", "--seq", "16", "--layers", "1", "--steps", "1", "--warmup", "0")
+KERNELS = ("predict", "kernels", "--gpu", "H100-SXM", ROOF, "--out", "{d}/kernels_out/out.csv")
+
+
+def _c(id: str, *args: str, **kw: object) -> Case:
+    return Case(id=id, args=tuple(args), **kw)  # type: ignore[arg-type]
+
+
+CASES: list[Case] = [
+    # ---- the command line itself: typos, unknown flags, missing options, wrong types, bare groups
+    _c("typo-root", "predcit"),
+    _c("typo-predict", "predict", "trian", "--arch", "gpt3-125m"),
+    _c("typo-collect", "collect", "bnech"),
+    _c("unknown-flag", *TRAIN, "--arch", "gpt3-125m", "--tensor-paralel", "2"),
+    _c("missing-required", "predict", "infer", "--arch", "gpt3-125m", needles=("--gpu",)),
+    _c("tp-abc", *TRAIN, "--arch", "gpt3-125m", "--tp", "abc", needles=("--tp",)),
+    _c("bare-root", expect="help"),
+    _c("bare-predict", "predict", expect="help"),
+    _c("bare-train", "train", expect="help"),
+    _c("bare-explore", "explore", expect="help"),
+    # ---- numbers: zero, negative, nan, inf
+    _c("train-tp-zero", *TRAIN, "--arch", "gpt3-125m", "--tp", "0", needles=("tp=0",)),
+    _c("train-seq-negative", *TRAIN, "--arch", "gpt3-125m", "--seq", "-1", needles=("seq=-1",)),
+    _c("train-coverage-nan", *TRAIN, "--arch", "gpt3-125m", "--coverage", "nan", needles=("--coverage",)),
+    _c("search-gpus-zero", "search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "0", "--global-batch", "8",
+       "--seq", "1024", ROOF, needles=("gpus=0",)),
+    _c("search-price-inf", *SEARCH, ROOF, "--gpu-hour-price", "inf", needles=("--gpu-hour-price",)),
+    _c("search-workers-zero", *SEARCH, ROOF, "--workers", "0", needles=("workers",)),
+    _c("kernel-param-nan", "predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=nan",
+       "--param", "n=64", "--param", "k=64", ROOF, needles=("m=",)),
+    _c("kernel-set-nan", *KERNEL, ROOF, "--set", "mem_bw_bytes_per_s=nan", needles=("mem_bw_bytes_per_s",)),
+    _c("explore-vary-negative", "explore", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary",
+       "mem_bw_bytes_per_s=1,-2", ROOF, needles=("mem_bw_bytes_per_s",)),
+    _c("compare-unknown-gpu", "compare", "infer", "--arch", "gpt3-125m", "--gpus", "H100-SXM,H1000", ROOF,
+       needles=("H1000",)),
+    # ---- infeasible configurations: every reason of every class in the one line
+    _c("train-infeasible-every-class", "predict", "train", "--arch", "llama2-7b", "--gpu", "T4", "--tp", "3", "--pp", "5",
+       ROOF, needles=("T4 has no bf16 peak", "tp=3", "pp=5")),
+    _c("infer-infeasible-every-class", "predict", "infer", "--arch", "llama2-7b", "--gpu", "T4", "--tp", "3",
+       "--pp", "5", ROOF, needles=("T4 has no bf16 peak", "tp=3", "pp=5")),
+    _c("train-infeasible-device-and-memory", "predict", "train", "--arch", "llama2-70b", "--gpu", "T4", ROOF,
+       needles=("T4 has no bf16 peak", "does not fit")),
+    _c("train-precision-bad", *TRAIN, "--arch", "gpt3-125m", "--precision", "fp9", "--tp", "5",
+       needles=("fp9", "tp=5")),
+    # ---- --models with --roofline: refused wherever both are taken
+    _c("models-roofline-train", *TRAIN, "--arch", "gpt3-125m", "--models", "models", needles=("--models", "--roofline")),
+    _c("models-roofline-kernels", *KERNELS, "{d}/one_gemm.csv", "--models", "models", needles=("--models", "--roofline")),
+    _c("models-roofline-search", *SEARCH, ROOF, "--models", "models", needles=("--models", "--roofline")),
+    _c("models-roofline-explore", "explore", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary",
+       "mem_bw_bytes_per_s=1,2", ROOF, "--models", "models", needles=("--models", "--roofline")),
+    _c("models-roofline-compare", "compare", "train", "--arch", "gpt3-125m", "--gpus", "A100-SXM4-80GB,H100-SXM", ROOF,
+       "--models", "models", needles=("--models", "--roofline")),
+    # ---- malformed arch configs (--arch FILE); the value variants are unit tests (tests/unit/test_archs.py)
+    _c("arch-act-list", "arch", "show", "{d}/act_list.json", needles=("act_list.json", "hidden_act")),
+    _c("arch-act-dict", *TRAIN, "--arch", "{d}/act_dict.json", needles=("act_dict.json", "hidden_act")),
+    _c("arch-size-dict", *INFER, "--arch", "{d}/size_dict.json", needles=("size_dict.json", "hidden_size")),
+    _c("arch-size-huge", *TRAIN, "--arch", "{d}/size_huge.json", needles=("size_huge.json", "vocab_size")),
+    _c("arch-missing-key", "arch", "show", "{d}/missing_key.json", needles=("missing_key.json", "intermediate_size")),
+    _c("arch-nested", "arch", "show", "{d}/nested.json", needles=("nested.json",)),
+    _c("arch-binary", "arch", "show", "{d}/binary.json", needles=("binary.json", "UTF-8")),
+    _c("arch-latin1", "arch", "show", "{d}/latin1.json", needles=("latin1.json", "UTF-8")),
+    _c("arch-directory", "arch", "show", "{d}/config_dir", needles=("config_dir",)),
+    _c("arch-valid-hf", "arch", "show", "{d}/config.json", expect="ok", check=_arch_show_check),
+    _c("validate-arch-nested", *VALIDATE, "--arch", "{d}/nested.json", needles=("nested.json",)),
+    _c("bench-arch-act-dict", *BENCH, "--arch", "{d}/act_dict.json", needles=("act_dict.json", "hidden_act")),
+    _c("calibrate-arch-binary", *CALIB, "--arch", "{d}/binary.json", needles=("binary.json",)),
+    # ---- malformed hardware files (--gpu FILE, hardware show FILE); more in tests/unit/test_hardware.py
+    _c("gpu-missing-key", *KERNEL, ROOF, "--gpu", "{d}/gpu_missing.json", needles=("gpu_missing.json", "mem_bytes")),
+    _c("gpu-dict", *TRAIN[:2], "--arch", "gpt3-125m", "--gpu", "{d}/gpu_dict.json", ROOF,
+       needles=("gpu_dict.json", "peak_bf16_flops")),
+    _c("gpu-nested", "hardware", "show", "{d}/gpu_nested.json", needles=("gpu_nested.json",)),
+    _c("gpu-binary", "hardware", "show", "{d}/gpu_binary.json", needles=("gpu_binary.json", "UTF-8")),
+    _c("gpu-directory", "hardware", "show", "{d}/config_dir", needles=("config_dir",)),
+    _c("gpu-valid-file", "hardware", "show", "{d}/gpu_ok.json", expect="ok", check=_json_check(name="my-gpu")),
+    _c("cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)),
+    # ---- parquet datasets
+    _c("parquet-version-text", "collect", "info", "{d}/version_text.parquet", needles=("version_text.parquet",)),
+    _c("parquet-version-inf", "train", "eval", "{d}/version_inf.parquet", needles=("version_inf.parquet",)),
+    _c("parquet-text", "train", "fit", "{d}/text.parquet", "--out", "{d}/fit_out", needles=("text.parquet",)),
+    _c("parquet-bad-parts", "collect", "info", "{d}/bad_parts", needles=("bad_parts",)),
+    _c("parquet-empty-dir", "train", "eval", "{d}/no_parts", needles=("no_parts",)),
+    # ---- tables for predict kernels
+    _c("kernels-tc-maybe", *KERNELS, "{d}/tc_maybe.csv", needles=("row 0", "tensor_cores")),
+    _c("kernels-dtype-bad", *KERNELS, "{d}/dtype_bad.csv", needles=("row 0", "bf17")),
+    _c("kernels-direction-bad", *KERNELS, "{d}/direction_bad.csv", needles=("row 0", "sideways")),
+    _c("kernels-m-text", *KERNELS, "{d}/m_text.csv", needles=("row 1", "abc")),
+    _c("kernels-no-op", *KERNELS, "{d}/no_op.csv", needles=("op",)),
+    _c("kernels-empty-csv", *KERNELS, "{d}/empty.csv", needles=("empty.csv",)),
+    _c("kernels-latin1-csv", *KERNELS, "{d}/latin1.csv", needles=("latin1.csv",)),
+    _c("kernels-text-parquet", *KERNELS, "{d}/text.parquet", needles=("text.parquet",)),
+    _c("kernels-out-bad-suffix", "predict", "kernels", "{d}/one_gemm.csv", "--gpu", "H100-SXM", ROOF,
+       "--out", "{d}/kernels_out/out.txt", needles=(".csv",)),
+    _c("kernels-tc-strings", "predict", "kernels", "{d}/tc_strings.csv", "--gpu", "H100-SXM", ROOF,
+       "--out", "{d}/kernels_out/tc.csv", expect="ok", check=_kernels_tc_check),
+    _c("kernels-dataset-parquet", "predict", "kernels", "{d}/good.parquet", "--gpu", "H100-SXM", ROOF,
+       "--out", "{d}/kernels_out/ds.parquet", expect="ok", check=_dataset_predicted),
+    _c("kernels-full-disk", "predict", "kernels", "{d}/many_gemms.csv", "--gpu", "H100-SXM", ROOF,
+       "--out", "{d}/kernels_out/full.csv", fsize_limit_kib=16, needles=("full.csv",), check=_no_tmp_left),
+    _c("search-csv-full-disk", *SEARCH, ROOF, "--csv", "{d}/kernels_out/search.csv", fsize_limit_kib=1,
+       needles=("search.csv",), check=_no_tmp_left),
+    # ---- model sets (--models)
+    _c("models-missing", *KERNEL, "--models", "{d}/no_such_models", needles=("no_such_models",)),
+    _c("models-file", *KERNEL, "--models", "{d}/one_gemm.csv", needles=("one_gemm.csv",)),
+    _c("models-bad-meta", "train", "eval", "{d}/good.parquet", "--models", "{d}/models_badmeta",
+       needles=("models_badmeta",)),
+    _c("models-list-meta", *INFER[:2], "--gpu", "H100-SXM", "--arch", "gpt3-125m", "--models", "{d}/models_listmeta",
+       needles=("models_listmeta",)),
+    # ---- collect, train, validate, calibrate: fail at validation, before any measurement
+    _c("bench-max-point-negative", *BENCH, "--max-point-s", "-1", needles=("--max-point-s",)),
+    _c("bench-rep-nan", *BENCH, "--rep-s", "nan", needles=("--rep-s",)),
+    _c("bench-budget-nan", *BENCH, "--budget-s", "nan", needles=("--budget-s",)),
+    _c("bench-local-world-zero", *BENCH, env={"LOCAL_WORLD_SIZE": "0"}, needles=("LOCAL_WORLD_SIZE",)),
+    _c("bench-rank-abc", *BENCH, env={"RANK": "abc", "WORLD_SIZE": "2"}, needles=("RANK",)),
+    _c("comm-rank-abc", "collect", "comm", "--out", "{d}/comm_out", "--iters", "1", "--max-bytes", "1024",
+       env={"RANK": "abc", "WORLD_SIZE": "2"}, needles=("RANK",)),
+    _c("replay-unknown-source", "collect", "replay", "foo", "{d}/one_gemm.csv", "--out", "{d}/replay_out",
+       needles=("foo",)),
+    _c("replay-kineto-nested", "collect", "replay", "kineto", "{d}/nested.json", "--out", "{d}/replay_out",
+       "--device", "H100-SXM", needles=("nested.json",)),
+    _c("info-missing", "collect", "info", "{d}/nope.parquet", needles=("nope.parquet",)),
+    _c("fit-estimator-bad", "train", "fit", "{d}/good.parquet", "--out", "{d}/fit_out", "--estimator", "foo",
+       needles=("foo",)),
+    _c("fit-out-is-file", "train", "fit", "{d}/good.parquet", "--out", "{d}/not_a_dir", needles=("not_a_dir",)),
+    _c("validate-batch-zero", *VALIDATE[:2], "0", *VALIDATE[3:], "--arch", "gpt3-125m", needles=("batch",)),
+    _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",)),
+    _c("calibrate-estimator-bad", *CALIB, "--estimator", "foo", needles=("foo",)),
+    _c("calibrate-budget-nan", "calibrate", "--out", "{d}/calib_out", "--budget-s", "nan", needles=("--budget-s",)),
+    # ---- output: a full stdout
+    _c("stdout-full-hardware-list", "hardware", "list", stdout_full=True, needles=("output",)),
+    _c("stdout-full-predict-json", *TRAIN, "--arch", "gpt3-125m", "--json", stdout_full=True, needles=("output",)),
+    _c("stdout-full-search", *SEARCH, ROOF, "--json", stdout_full=True, needles=("output",)),
+    # ---- valid edges with their answers
+    _c("valid-infer-T4-fp16", "predict", "infer", "--arch", "gpt3-125m", "--gpu", "T4", "--precision", "fp16", ROOF,
+       "--json", expect="ok", check=_json_check(fits=True)),
+    _c("valid-arch-list", "arch", "list", "--json", expect="ok", check=_arch_list_check),
+    _c("valid-hardware-alias", "hardware", "show", "nvidia h100 sxm", expect="ok", check=_json_check(name="H100-SXM")),
+]
+
+
+# --------------------------------------------------------------------------- running the cases
+
+def _argv(case: Case, d: Path) -> list[str]:
+    return [a.replace("{d}", str(d)) for a in case.args]
+
+
+def _run(case: Case, d: Path) -> Result:
+    unset = ("OPCAST_DEBUG", "PYTHONUNBUFFERED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+             "SLURM_PROCID", "SLURM_NTASKS")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update({"COLUMNS": "120", **case.env})
+    cmd = [*_opcast(), *_argv(case, d)]
+    limit_kib = case.fsize_limit_kib
+    if case.stdout_full:
+        full = Path("/dev/full")
+        if full.is_char_device():
+            stdout = open(full, "w")  # noqa: SIM115
+        else:  # no /dev/full here (never create one): a file that cannot grow
+            limit_kib = 1
+            stdout = open(d / f"stdout-{case.id}.txt", "w")  # noqa: SIM115
+    else:
+        stdout = subprocess.PIPE
+    if limit_kib is not None:  # writes past the limit fail with EFBIG instead of killing (SIGXFSZ ignored)
+        cmd = ["bash", "-c", f'ulimit -f {limit_kib}; trap "" XFSZ; exec "$@"', "bash", *cmd]
+    try:
+        proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                              timeout=CASE_TIMEOUT_S, cwd=Path(__file__).resolve().parents[2])
+    except subprocess.TimeoutExpired as exc:
+        return Result(-1, "", f"timed out after {CASE_TIMEOUT_S} s: {exc}")
+    finally:
+        if case.stdout_full:
+            stdout.close()  # type: ignore[union-attr]
+    out = "" if case.stdout_full else proc.stdout.decode(errors="replace")
+    return Result(proc.returncode, out, proc.stderr.decode(errors="replace"))
+
+
+@pytest.fixture(scope="module")
+def results(files: Path) -> dict[str, Result]:
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {c.id: pool.submit(_run, c, files) for c in CASES}
+        return {k: f.result() for k, f in futures.items()}
+
+
+def test_the_table_is_large_and_covers_every_command():
+    ids = [c.id for c in CASES]
+    assert len(ids) == len(set(ids)) and len(CASES) >= 70
+    heads = {" ".join(a for a in c.args[:2] if not a.startswith("-") and "{" not in a) for c in CASES}
+    for command in ("collect bench", "collect comm", "collect replay", "collect info", "train fit", "train eval",
+                    "predict train", "predict infer", "predict kernel", "predict kernels", "explore train",
+                    "explore infer", "compare train", "compare infer", "hardware list", "hardware show",
+                    "arch list", "arch show"):
+        assert command in heads, command
+    for command in ("search", "validate", "calibrate"):
+        assert any(c.args[:1] == (command,) for c in CASES), command
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_hostile_input(case: Case, results: dict[str, Result], files: Path):
+    r = results[case.id]
+    where = f"exit {r.code}\nstderr: {r.err[-3000:]}\nstdout: {r.out[-1000:]}"
+    assert "Traceback" not in r.err and "Traceback" not in r.out, where
+    if case.expect == "help":
+        assert r.code == 2 and "Usage" in r.out + r.err and "Commands" in r.out + r.err, where
+        return
+    if case.expect == "ok":
+        assert r.code == 0, where
+        case.check(r, files)  # type: ignore[misc]
+        return
+    lines = r.err.splitlines()
+    assert r.code == 2, where
+    assert len(lines) == 1 and lines[0].strip() and lines[0].startswith("opcast: error: "), where
+    for needle in case.needles:
+        assert needle in lines[0], f"{needle!r} not in the message\n{where}"
+    if case.check is not None:
+        case.check(r, files)
