@@ -60,10 +60,34 @@ KERNELS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # (label, op, params): a large and a small shape of each op
     ("gemm large", "gemm", {"b": 1, "m": 8192, "n": 8192, "k": 8192}),
     ("gemm small", "gemm", {"b": 1, "m": 512, "n": 512, "k": 512}),
-    ("attention large", "attention", {"batch": 4, "heads": 32, "kv_heads": 32, "seq_q": 4096, "seq_kv": 4096,
-                                      "head_dim": 128, "causal": True, "impl": "flash"}),
-    ("attention small", "attention", {"batch": 1, "heads": 8, "kv_heads": 8, "seq_q": 512, "seq_kv": 512,
-                                      "head_dim": 64, "causal": True, "impl": "flash"}),
+    (
+        "attention large",
+        "attention",
+        {
+            "batch": 4,
+            "heads": 32,
+            "kv_heads": 32,
+            "seq_q": 4096,
+            "seq_kv": 4096,
+            "head_dim": 128,
+            "causal": True,
+            "impl": "flash",
+        },
+    ),
+    (
+        "attention small",
+        "attention",
+        {
+            "batch": 1,
+            "heads": 8,
+            "kv_heads": 8,
+            "seq_q": 512,
+            "seq_kv": 512,
+            "head_dim": 64,
+            "causal": True,
+            "impl": "flash",
+        },
+    ),
     ("layernorm large", "layernorm", {"rows": 16384, "cols": 12288}),
     ("layernorm small", "layernorm", {"rows": 1024, "cols": 1024}),
     ("rmsnorm large", "rmsnorm", {"rows": 16384, "cols": 8192}),
@@ -121,14 +145,18 @@ def gpus() -> tuple[list[Any], list[Any], list[str]]:
     from opcast.hardware import catalog, get_device
 
     first = [get_device(n) for n in PRIMARY]
-    others = sorted((d for d in catalog().values() if d.vendor == "nvidia" and d.name not in PRIMARY),
-                    key=lambda d: (d.peak_bf16_flops or 0.0, d.mem_bw_bytes_per_s))
+    others = sorted(
+        (d for d in catalog().values() if d.vendor == "nvidia" and d.name not in PRIMARY),
+        key=lambda d: (d.peak_bf16_flops or 0.0, d.mem_bw_bytes_per_s),
+    )
     second = [d for d in others if d.supports(DTYPE)]
     skipped = [d.name for d in others if not d.supports(DTYPE)]
     return first, second, skipped
 
 
-def price(models: str | None, bounds: bool, kernels: Sequence[tuple[str, Any]], devices: Sequence[Any]) -> dict[str, dict[str, Cell]]:
+def price(
+    models: str | None, bounds: bool, kernels: Sequence[tuple[str, Any]], devices: Sequence[Any]
+) -> dict[str, dict[str, Cell]]:
     """label -> GPU name -> :class:`Cell`, with the physical bounds on or off."""
     import dataclasses
 
@@ -158,8 +186,15 @@ def violations(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> lis
         for dev in devices:
             c = row[dev.name]
             if c.utilisation > 1.0 + 1e-9:
-                out.append({"rule": "utilisation", "kernel": label, "gpu": dev.name, "source": c.source,
-                            "what": f"{100 * c.utilisation:.0f} % of its {c.resource} roofline"})
+                out.append(
+                    {
+                        "rule": "utilisation",
+                        "kernel": label,
+                        "gpu": dev.name,
+                        "source": c.source,
+                        "what": f"{100 * c.utilisation:.0f} % of its {c.resource} roofline",
+                    }
+                )
         for a in devices:
             for b in devices:
                 if a is b:
@@ -167,17 +202,32 @@ def violations(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> lis
                 ca, cb = row[a.name], row[b.name]
                 speedup, ratio = ca.time_s / cb.time_s, ca.roof_s / cb.roof_s
                 if ratio >= 1.0 and speedup > SPEEDUP_SLACK * ratio:  # b has at least a's bounding resource
-                    out.append({"rule": "speed-up", "kernel": label, "gpu": f"{b.name} vs {a.name}",
-                                "source": f"{_src(cb)}/{_src(ca)}",
-                                "what": f"{speedup:.2f}x faster, {cb.resource}-bound ratio {ratio:.2f}x "
-                                        f"({speedup / ratio:.2f}x the ratio)"})
-                more = (kernel_peak(k, b) >= kernel_peak(k, a) and b.mem_bw_bytes_per_s >= a.mem_bw_bytes_per_s
-                        and (kernel_peak(k, b), b.mem_bw_bytes_per_s) != (kernel_peak(k, a), a.mem_bw_bytes_per_s))
+                    out.append(
+                        {
+                            "rule": "speed-up",
+                            "kernel": label,
+                            "gpu": f"{b.name} vs {a.name}",
+                            "source": f"{_src(cb)}/{_src(ca)}",
+                            "what": f"{speedup:.2f}x faster, {cb.resource}-bound ratio {ratio:.2f}x "
+                            f"({speedup / ratio:.2f}x the ratio)",
+                        }
+                    )
+                more = (
+                    kernel_peak(k, b) >= kernel_peak(k, a)
+                    and b.mem_bw_bytes_per_s >= a.mem_bw_bytes_per_s
+                    and (kernel_peak(k, b), b.mem_bw_bytes_per_s) != (kernel_peak(k, a), a.mem_bw_bytes_per_s)
+                )
                 if more and cb.time_s > ca.time_s * (1 + 1e-9):
-                    out.append({"rule": "monotone", "kernel": label, "gpu": f"{b.name} vs {a.name}",
-                                "source": f"{_src(cb)}/{_src(ca)}",
-                                "what": f"{b.name} has more peak and bandwidth but is {cb.time_s / ca.time_s:.2f}x slower "
-                                        f"({cb.time_s * 1e6:.1f} vs {ca.time_s * 1e6:.1f} us)"})
+                    out.append(
+                        {
+                            "rule": "monotone",
+                            "kernel": label,
+                            "gpu": f"{b.name} vs {a.name}",
+                            "source": f"{_src(cb)}/{_src(ca)}",
+                            "what": f"{b.name} has more peak and bandwidth but is {cb.time_s / ca.time_s:.2f}x slower "
+                            f"({cb.time_s * 1e6:.1f} vs {ca.time_s * 1e6:.1f} us)",
+                        }
+                    )
     return out
 
 
@@ -196,22 +246,30 @@ def _util_table(title: str, cells: dict[str, dict[str, Cell]], devices: Sequence
             mark = "r" if c.source != "learned" else ("*" if c.bound else " ")
             text.append(f"{100 * c.utilisation:>{width - 2}.0f}%{mark}")
         lines.append(f"{label:28s}" + "".join(text))
-    lines.append("  utilisation of the bounding resource at the datasheet peak; r: roofline fallback, "
-                 "*: a physical bound moved the learned time")
+    lines.append(
+        "  utilisation of the bounding resource at the datasheet peak; r: roofline fallback, "
+        "*: a physical bound moved the learned time"
+    )
     return lines
 
 
 def _speedup_table(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> list[str]:
     base = devices[0].name
     names = [d.name for d in devices[1:]]
-    lines = [f"speed-up over {base}: predicted / ratio of the roofline times (the bounding resource)",
-             f"{'kernel':28s}" + "".join(f"{n:>18s}" for n in names)]
+    lines = [
+        f"speed-up over {base}: predicted / ratio of the roofline times (the bounding resource)",
+        f"{'kernel':28s}" + "".join(f"{n:>18s}" for n in names),
+    ]
     for label, row in cells.items():
         a = row[base]
-        lines.append(f"{label:28s}" + "".join(
-            f"{a.time_s / row[n].time_s:>9.2f}/{a.roof_s / row[n].roof_s:<7.2f}" + (" " if a.time_s / row[n].time_s
-                                                                                   <= SPEEDUP_SLACK * a.roof_s / row[n].roof_s else "!")
-            for n in names))
+        lines.append(
+            f"{label:28s}"
+            + "".join(
+                f"{a.time_s / row[n].time_s:>9.2f}/{a.roof_s / row[n].roof_s:<7.2f}"
+                + (" " if a.time_s / row[n].time_s <= SPEEDUP_SLACK * a.roof_s / row[n].roof_s else "!")
+                for n in names
+            )
+        )
     return lines
 
 
@@ -219,23 +277,29 @@ def _fused_lines(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> l
     lines = [f"large norms and softmax against the fused-kernel target (>= {FUSED_TARGET:.0%} of memory bandwidth):"]
     short = 0
     for label, row in cells.items():
-        if not label.rsplit(" ", 1)[0] in FUSED_LABELS:
+        if label.rsplit(" ", 1)[0] not in FUSED_LABELS:
             continue
         utils = [row[d.name].utilisation for d in devices]
         short += sum(u < FUSED_TARGET for u in utils)
         lines.append(f"  {label:24s} " + ", ".join(f"{d.name} {100 * u:.0f} %" for d, u in zip(devices, utils)))
-    lines.append(f"  {short} kernel-GPU pairs below {FUSED_TARGET:.0%}. Not met and not claimable yet: the registry has no "
-                 "fused/unfused choice for norms and softmax, and the models were fitted on unfused data (GPT-NeoX's "
-                 "python RMSNorm, torch eager); fused-implementation measurements are needed.")
+    lines.append(
+        f"  {short} kernel-GPU pairs below {FUSED_TARGET:.0%}. Not met and not claimable yet: the registry has no "
+        "fused/unfused choice for norms and softmax, and the models were fitted on unfused data (GPT-NeoX's "
+        "python RMSNorm, torch eager); fused-implementation measurements are needed."
+    )
     return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", help="model set folder (default: the embedded models/default)")
     ap.add_argument("--json", type=Path, help="write every number to this file")
     ap.add_argument("--check", action="store_true", help="exit 1 if the first table has a violation with the bounds on")
-    ap.add_argument("--max-listed", type=int, default=200, help="violations listed per table and mode (the count is always whole)")
+    ap.add_argument(
+        "--max-listed", type=int, default=200, help="violations listed per table and mode (the count is always whole)"
+    )
     args = ap.parse_args(argv)
 
     from opcast.errors import OpcastError
@@ -253,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     from opcast.hardware import get_device
 
     fitted = [get_device(n) for n in FITTED]
-    for title, devices in (("data-centre GPUs (A100 to GB200)", first), ("other NVIDIA GPUs of the catalog", second),
-                           ("training devices against each other", fitted)):
+    for title, devices in (
+        ("data-centre GPUs (A100 to GB200)", first),
+        ("other NVIDIA GPUs of the catalog", second),
+        ("training devices against each other", fitted),
+    ):
         names = [d.name for d in devices]
         table: dict[str, Any] = {"gpus": names}
         print(f"=== {title} ===")
@@ -264,11 +331,24 @@ def main(argv: list[str] | None = None) -> int:
             by_rule: dict[str, int] = {}
             for v in found:
                 by_rule[v["rule"]] = by_rule.get(v["rule"], 0) + 1
-            table[mode] = {"violations": found, "by_rule": by_rule,
-                           "cells": {label: {n: {"time_s": c.time_s, "source": c.source, "roofline_s": c.roof_s,
-                                                 "bound_resource": c.resource, "utilisation": c.utilisation,
-                                                 "physical_bound": c.bound} for n, c in row.items()}
-                                     for label, row in cells.items()}}
+            table[mode] = {
+                "violations": found,
+                "by_rule": by_rule,
+                "cells": {
+                    label: {
+                        n: {
+                            "time_s": c.time_s,
+                            "source": c.source,
+                            "roofline_s": c.roof_s,
+                            "bound_resource": c.resource,
+                            "utilisation": c.utilisation,
+                            "physical_bound": c.bound,
+                        }
+                        for n, c in row.items()
+                    }
+                    for label, row in cells.items()
+                },
+            }
             if mode == "on" and devices is not fitted:
                 if devices is first:
                     primary_on = len(found)
@@ -276,18 +356,25 @@ def main(argv: list[str] | None = None) -> int:
                 print("\n".join(_speedup_table(cells, devices)))
                 if devices is first:
                     print("\n".join(_fused_lines(cells, devices)))
-            print(f"-- bounds {mode}: {len(found)} violation(s) "
-                  f"({', '.join(f'{n} {r}' for r, n in sorted(by_rule.items())) or 'none'})")
-            for v in found[:args.max_listed]:
+            print(
+                f"-- bounds {mode}: {len(found)} violation(s) "
+                f"({', '.join(f'{n} {r}' for r, n in sorted(by_rule.items())) or 'none'})"
+            )
+            for v in found[: args.max_listed]:
                 print(f"   {v['rule']:11s} {v['kernel']:26s} {v['gpu']:30s} {v['what']} [{v['source']}]")
             if len(found) > args.max_listed:
                 print(f"   ... and {len(found) - args.max_listed} more (--max-listed, --json)")
         doc["tables"][title] = table
     if skipped:
         print(f"skipped (no {DTYPE} peak): {', '.join(skipped)}")
-    print(f"violations with the bounds off -> on: " + "; ".join(
-        f"{title}: {len(t['off']['violations'])} -> {len(t['on']['violations'])}" for title, t in doc["tables"].items())
-        + f" ({time.perf_counter() - t0:.1f} s)")
+    print(
+        "violations with the bounds off -> on: "
+        + "; ".join(
+            f"{title}: {len(t['off']['violations'])} -> {len(t['on']['violations'])}"
+            for title, t in doc["tables"].items()
+        )
+        + f" ({time.perf_counter() - t0:.1f} s)"
+    )
     if args.json:
         args.json.write_text(json.dumps(doc, indent=1, default=str) + "\n")
     return 1 if args.check and primary_on else 0

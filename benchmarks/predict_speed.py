@@ -5,35 +5,79 @@ Usage:  python benchmarks/predict_speed.py [--models DIR] [--repeats N]
         python benchmarks/predict_speed.py --cli [--runs 9] [--baseline DIR]
 
 Prints, per configuration: the first prediction with a cold kernel cache (every unique kernel
-priced, learned ones in one batched call per model), then the median of N warm predictions with the full per-op report (what the CLI does),
-and without it (what a configuration search does). Also the model-set load time and the
-import time of ``opcast.predict`` (no torch or xgboost at start-up).
+priced, learned ones in one batched call per model), then the median of N warm predictions with
+the full per-op report (what the CLI does), and without it (what a configuration search does).
+Also the model-set load time and the import time of ``opcast.predict`` (no torch or xgboost at
+start-up).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import statistics
 import subprocess
 import sys
-import os
-import resource
 import time
 from pathlib import Path
 
 CONFIGS = [
     # (label, arch, gpu, nodes, gpus per node, TrainConfig kwargs)
-    ("llama2-7b 8xH100 tp2 pp2 dp2 sp", "llama2-7b", "H100-SXM", 1, 8,
-     dict(tp=2, pp=2, dp=2, sp=True, micro_batch=1, global_batch=64, seq=4096, recompute="selective", zero=1)),
-    ("megatron-175b 1024xA100 tp8 pp8", "megatron-175b", "A100-SXM4-80GB", 128, 8,
-     dict(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, seq=2048, recompute="full")),
-    ("llama3-70b 512xH100 tp8 pp4 cp2 v2", "llama3-70b", "H100-SXM", 64, 8,
-     dict(tp=8, pp=4, dp=8, cp=2, sp=True, micro_batch=1, global_batch=512, seq=8192, recompute="full", zero=1,
-          schedule="interleaved", virtual_stages=2, overlap_grad_reduce=True)),
-    ("gpt3-2.7b 1xV100 fp32 eager", "gpt3-2.7b", "V100-PCIe-32GB", 1, 1,
-     dict(micro_batch=2, global_batch=8, seq=2048, precision="fp32", attention="eager")),
-    ("mixtral-8x7b 64xH100 tp2 ep8", "mixtral-8x7b", "H100-SXM", 8, 8,
-     dict(tp=2, pp=1, dp=32, ep=8, sp=True, micro_batch=1, global_batch=256, seq=4096, recompute="full", zero=1)),
+    (
+        "llama2-7b 8xH100 tp2 pp2 dp2 sp",
+        "llama2-7b",
+        "H100-SXM",
+        1,
+        8,
+        dict(tp=2, pp=2, dp=2, sp=True, micro_batch=1, global_batch=64, seq=4096, recompute="selective", zero=1),
+    ),
+    (
+        "megatron-175b 1024xA100 tp8 pp8",
+        "megatron-175b",
+        "A100-SXM4-80GB",
+        128,
+        8,
+        dict(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, seq=2048, recompute="full"),
+    ),
+    (
+        "llama3-70b 512xH100 tp8 pp4 cp2 v2",
+        "llama3-70b",
+        "H100-SXM",
+        64,
+        8,
+        dict(
+            tp=8,
+            pp=4,
+            dp=8,
+            cp=2,
+            sp=True,
+            micro_batch=1,
+            global_batch=512,
+            seq=8192,
+            recompute="full",
+            zero=1,
+            schedule="interleaved",
+            virtual_stages=2,
+            overlap_grad_reduce=True,
+        ),
+    ),
+    (
+        "gpt3-2.7b 1xV100 fp32 eager",
+        "gpt3-2.7b",
+        "V100-PCIe-32GB",
+        1,
+        1,
+        dict(micro_batch=2, global_batch=8, seq=2048, precision="fp32", attention="eager"),
+    ),
+    (
+        "mixtral-8x7b 64xH100 tp2 ep8",
+        "mixtral-8x7b",
+        "H100-SXM",
+        8,
+        8,
+        dict(tp=2, pp=1, dp=32, ep=8, sp=True, micro_batch=1, global_batch=256, seq=4096, recompute="full", zero=1),
+    ),
 ]
 
 
@@ -49,7 +93,8 @@ t1 = time.perf_counter()
 kernels = load_kernel_cost(sys.argv[1] or None)
 kernels.warm()
 t2 = time.perf_counter()
-r = predict_train(load_arch("llama2-7b"), get_device("A100-SXM4-80GB"), TrainConfig(tp=2, micro_batch=1, global_batch=64, seq=4096),
+r = predict_train(load_arch("llama2-7b"), get_device("A100-SXM4-80GB"),
+                  TrainConfig(tp=2, micro_batch=1, global_batch=64, seq=4096),
                   nodes=1, gpus_per_node=8, kernels=kernels)
 t3 = time.perf_counter()
 print(f"imports {t1 - t0:.2f} s + load {t2 - t1:.2f} s + first predict train {t3 - t2:.2f} s = {t3 - t0:.2f} s; "
@@ -59,10 +104,16 @@ print(f"imports {t1 - t0:.2f} s + load {t2 - t1:.2f} s + first predict train {t3
 
 CLI_JOBS = [
     # (label, arguments after `opcast`): the README's main job and the 175B job Calculon is compared on
-    ("README main job", "predict train --arch llama2-7b --gpu A100-SXM4-80GB --nodes 1 --gpus-per-node 8 --tp 2 --pp 1 "
-                        "--micro-batch 1 --global-batch 64 --seq 4096 --json"),
-    ("megatron-175b 1024xA100", "predict train --arch megatron-175b --gpu A100-SXM4-80GB --nodes 128 --gpus-per-node 8 "
-                                "--tp 8 --pp 8 --micro-batch 1 --global-batch 1536 --seq 2048 --recompute full --json"),
+    (
+        "README main job",
+        "predict train --arch llama2-7b --gpu A100-SXM4-80GB --nodes 1 --gpus-per-node 8 --tp 2 --pp 1 "
+        "--micro-batch 1 --global-batch 64 --seq 4096 --json",
+    ),
+    (
+        "megatron-175b 1024xA100",
+        "predict train --arch megatron-175b --gpu A100-SXM4-80GB --nodes 128 --gpus-per-node 8 "
+        "--tp 8 --pp 8 --micro-batch 1 --global-batch 1536 --seq 2048 --recompute full --json",
+    ),
 ]
 HEAVY = ("torch", "xgboost", "pandas", "sklearn", "scipy", "matplotlib", "pyarrow")
 """Libraries the predict path should not import (xgboost and torch load only with a model that needs them)."""
@@ -86,8 +137,9 @@ def _one_run(args: list[str], pythonpath: str | None) -> tuple[float, float]:
 
 def _heavy_imports(args: list[str]) -> tuple[list[str], list[tuple[float, str]]]:
     """The heavy libraries one run imports, and the slowest top-level imports (ms, module)."""
-    done = subprocess.run([sys.executable, "-X", "importtime", "-m", "opcast", *args], capture_output=True, text=True,
-                          cwd=Path.home())
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "opcast", *args], capture_output=True, text=True, cwd=Path.home()
+    )
     heavy, top = [], []
     for line in done.stderr.splitlines():
         parts = line.split("|")
@@ -109,8 +161,10 @@ def cli_main(runs: int, baseline: str | None) -> int:
         args = line.split()
         heavy, top = _heavy_imports(args)
         print(f"{label}: opcast {line}")
-        print(f"  heavy libraries imported: {', '.join(heavy) or 'none'}; slowest imports: "
-              + ", ".join(f"{name} {ms:.0f} ms" for ms, name in top))
+        print(
+            f"  heavy libraries imported: {', '.join(heavy) or 'none'}; slowest imports: "
+            + ", ".join(f"{name} {ms:.0f} ms" for ms, name in top)
+        )
         variants = {"this tree": None} | ({"baseline": baseline} if baseline else {})
         samples: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
         for _ in range(runs):
@@ -118,11 +172,16 @@ def cli_main(runs: int, baseline: str | None) -> int:
                 samples[name].append(_one_run(args, path))
         for name, got in samples.items():
             walls, cpus = [w for w, _ in got], [c for _, c in got]
-            print(f"  {name:10s} wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), "
-                  f"CPU median {statistics.median(cpus):.3f} s over {runs} runs")
+            print(
+                f"  {name:10s} wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), "
+                f"CPU median {statistics.median(cpus):.3f} s over {runs} runs"
+            )
         if baseline:
-            ratio = [statistics.median([s[i] for s in samples["this tree"]]) / statistics.median([s[i] for s in samples["baseline"]])
-                     for i in (0, 1)]
+            ratio = [
+                statistics.median([s[i] for s in samples["this tree"]])
+                / statistics.median([s[i] for s in samples["baseline"]])
+                for i in (0, 1)
+            ]
             print(f"  this tree / baseline: wall {ratio[0]:.2f}, CPU {ratio[1]:.2f}")
     return 0
 
@@ -137,17 +196,26 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--cli", action="store_true", help="time whole `opcast predict train --json` processes instead")
     ap.add_argument("--runs", type=int, default=9, help="--cli: processes per job (the median is reported)")
-    ap.add_argument("--baseline", default=None,
-                    help="--cli: a folder with another opcast package tree (PYTHONPATH) to time, paired, against this one")
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="--cli: a folder with another opcast package tree (PYTHONPATH) to time, paired, against this one",
+    )
     args = ap.parse_args()
     if args.cli:
         return cli_main(args.runs, args.baseline)
 
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-X", "importtime", "-c", "import opcast.predict.cli"], capture_output=True, text=True)
-    heavy = [ln.split("|")[-1].strip() for ln in out.stderr.splitlines() if ln.split("|")[-1].strip() in ("torch", "xgboost")]
-    print(f"import opcast.predict.cli (fresh interpreter): {time.perf_counter() - t0:.2f} s; torch/xgboost imported: "
-          f"{heavy or 'no'}")
+    out = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import opcast.predict.cli"], capture_output=True, text=True
+    )
+    heavy = [
+        ln.split("|")[-1].strip() for ln in out.stderr.splitlines() if ln.split("|")[-1].strip() in ("torch", "xgboost")
+    ]
+    print(
+        f"import opcast.predict.cli (fresh interpreter): {time.perf_counter() - t0:.2f} s; torch/xgboost imported: "
+        f"{heavy or 'no'}"
+    )
 
     from opcast.archs import load_arch
     from opcast.hardware import get_device
@@ -159,8 +227,10 @@ def main() -> int:
     kernels = load_kernel_cost(args.models)
     warmed = kernels.warm()  # ModelSet loads predictors lazily; count that as loading
     load_s = time.perf_counter() - t0
-    print(f"load kernel models: {load_s:.3f} s, {warmed} predictors "
-          f"({kernels.models_label or 'none: ' + '; '.join(kernels.notes)}) -- target < 1 s")
+    print(
+        f"load kernel models: {load_s:.3f} s, {warmed} predictors "
+        f"({kernels.models_label or 'none: ' + '; '.join(kernels.notes)}) -- target < 1 s"
+    )
     fresh = subprocess.run([sys.executable, "-c", _FRESH, str(args.models or "")], capture_output=True, text=True)
     print(f"fresh interpreter: {fresh.stdout.strip() or fresh.stderr.strip().splitlines()[-1:]}")
     print()
@@ -188,8 +258,10 @@ def main() -> int:
         worst_cold, worst_warm = max(worst_cold, cold), max(worst_warm, w)
         print(f"{label:40s} {_ms(cold)} {_ms(w)} {_ms(b)}  {result.cost_sources['unique_kernels_by_source']}")
     print()
-    for label, t in (("cold (kernels not seen before, learned ones in one batch per model)", worst_cold),
-                     ("warm (kernels cached: repeated configurations, searches)", worst_warm)):
+    for label, t in (
+        ("cold (kernels not seen before, learned ones in one batch per model)", worst_cold),
+        ("warm (kernels cached: repeated configurations, searches)", worst_warm),
+    ):
         print(f"slowest prediction, {label}: {t * 1e3:.2f} ms -- target < 10 ms: {'met' if t < 0.010 else 'MISSED'}")
     return 0
 

@@ -54,10 +54,17 @@ def forward_only_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, 
 
     prec = precision_of("fp32")
     tokens = batch * seq
-    groups = [(block_ops(arch, tp=1, batch=batch, seq_q=seq, seq_kv=seq, sp=False, attention="eager", training=False),
-               arch.n_layers),
-              (embedding_ops(arch, tp=1, tokens=tokens, rows=tokens, training=False)
-               + head_ops(arch, tp=1, tokens=tokens, rows=tokens, loss=False), 1)]
+    groups = [
+        (
+            block_ops(arch, tp=1, batch=batch, seq_q=seq, seq_kv=seq, sp=False, attention="eager", training=False),
+            arch.n_layers,
+        ),
+        (
+            embedding_ops(arch, tp=1, tokens=tokens, rows=tokens, training=False)
+            + head_ops(arch, tp=1, tokens=tokens, rows=tokens, loss=False),
+            1,
+        ),
+    ]
     total, sources = 0.0, set()
     for ops, repeat in groups:
         ks = [prec.of(kind, p) for _, kind, p, _ in ops]
@@ -96,7 +103,11 @@ def validate_neusight(published: Path, cost_models: dict[str, object]) -> None:
     skipped: dict[str, int] = {}
     for row in runs.sort_values(["device", "model", "mode", "batch"]).itertuples():
         try:
-            arch = load_arch(row.arch) if isinstance(row.arch, str) and row.arch else load_arch(configs / f"{row.model}.json")
+            arch = (
+                load_arch(row.arch)
+                if isinstance(row.arch, str) and row.arch
+                else load_arch(configs / f"{row.model}.json")
+            )
         except OpcastError as err:
             key = f"{row.model}: {str(err).split(';')[0]}"
             skipped[key] = skipped.get(key, 0) + 1
@@ -125,9 +136,12 @@ def validate_neusight(published: Path, cost_models: dict[str, object]) -> None:
             by_dev.setdefault(dev, []).append(abs(e))
         per_dev = ", ".join(f"{d} {100 * statistics.fmean(v):.1f}%" for d, v in sorted(by_dev.items()))
         by_mode = {m: statistics.fmean(abs(e) for _, mm, e in errs if mm == m) for m in {m for _, m, _ in errs}}
-        print(f"{name}: MAPE {100 * mape:.1f}% over {len(errs)} runs; median |err| "
-              f"{100 * statistics.median(abs(e) for _, _, e in errs):.1f}%; by mode "
-              + ", ".join(f"{m} {100 * v:.1f}%" for m, v in sorted(by_mode.items())) + f"; by device {per_dev}")
+        print(
+            f"{name}: MAPE {100 * mape:.1f}% over {len(errs)} runs; median |err| "
+            f"{100 * statistics.median(abs(e) for _, _, e in errs):.1f}%; by mode "
+            + ", ".join(f"{m} {100 * v:.1f}%" for m, v in sorted(by_mode.items()))
+            + f"; by device {per_dev}"
+        )
     print("(NeuSight's own end-to-end error on such runs: about 6-10 %)")
 
 
@@ -148,22 +162,32 @@ def megatron_175b() -> None:
     flops = narayanan_eq3_flops(1536, 2048, arch.n_layers, arch.hidden, arch.vocab)
     print()
     print("Megatron-LM GPT-3 175B, 1024 x A100-SXM4-80GB (128 nodes x 8), TP 8, PP 8, DP 16, batch 1536, seq 2048,")
-    print("fp16, full recomputation, unfused (eager) attention as in 2021; published: 140 TFLOP/s per GPU (45 % of 312).")
+    print(
+        "fp16, full recomputation, unfused (eager) attention as in 2021; published: 140 TFLOP/s per GPU (45 % of 312)."
+    )
     print(f"{'assumed schedule':32s} {'iteration':>10s} {'TFLOP/s/GPU':>12s} {'vs 140':>7s} {'MFU':>6s}  breakdown (s)")
-    for label, kw in (("1F1B, micro-batch 1", dict(micro_batch=1)),
-                      ("interleaved v=2, micro-batch 1", dict(micro_batch=1, schedule="interleaved", virtual_stages=2)),
-                      ("1F1B, micro-batch 2", dict(micro_batch=2))):
-        cfg = TrainConfig(tp=8, pp=8, dp=16, global_batch=1536, seq=2048, precision="fp16", attention="eager",
-                          recompute="full", **kw)
+    for label, kw in (
+        ("1F1B, micro-batch 1", dict(micro_batch=1)),
+        ("interleaved v=2, micro-batch 1", dict(micro_batch=1, schedule="interleaved", virtual_stages=2)),
+        ("1F1B, micro-batch 2", dict(micro_batch=2)),
+    ):
+        cfg = TrainConfig(
+            tp=8, pp=8, dp=16, global_batch=1536, seq=2048, precision="fp16", attention="eager", recompute="full", **kw
+        )
         r = predict_train(arch, device, cfg, nodes=128, gpus_per_node=8, kernels=roofline_only())
         if r.iteration_time_s is None:
             print(f"{label:32s} infeasible: {'; '.join(r.reasons)}")
             continue
         tflops = flops / r.iteration_time_s / 1024 / 1e12
         parts = ", ".join(f"{k} {v:.2f}" for k, v in r.breakdown_s.items() if v > 0.005)
-        print(f"{label:32s} {r.iteration_time_s:9.2f}s {tflops:12.1f} {100 * (tflops / 140 - 1):+6.1f}% "
-              f"{100 * r.mfu:5.1f}%  {parts}{'' if r.fits else '  [does not fit]'}")
-    print("(roofline fallback, Calculon's A100 efficiency tables, NCCL alpha-beta collectives; nothing tuned to this point)")
+        print(
+            f"{label:32s} {r.iteration_time_s:9.2f}s {tflops:12.1f} {100 * (tflops / 140 - 1):+6.1f}% "
+            f"{100 * r.mfu:5.1f}%  {parts}{'' if r.fits else '  [does not fit]'}"
+        )
+    print(
+        "(roofline fallback, Calculon's A100 efficiency tables, NCCL alpha-beta collectives; nothing tuned to this "
+        "point)"
+    )
 
 
 def main() -> int:
@@ -183,8 +207,10 @@ def main() -> int:
     if args.published.is_dir():
         validate_neusight(args.published, models)
     else:
-        print(f"skipping the NeuSight validation: published measurements not found at {args.published} "
-              "(clone the shared data beside the repo or pass --published)")
+        print(
+            f"skipping the NeuSight validation: published measurements not found at {args.published} "
+            "(clone the shared data beside the repo or pass --published)"
+        )
     megatron_175b()
     return 0
 

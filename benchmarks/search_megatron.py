@@ -54,7 +54,9 @@ def eq3_tflops_per_gpu(arch, global_batch: int, iteration_s: float, gpus: int) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=None, help="learned model set (default: the embedded one, if any)")
-    ap.add_argument("--overlap-grad-reduce", action="store_true", help="overlap the DP reduction (search and authors' config)")
+    ap.add_argument(
+        "--overlap-grad-reduce", action="store_true", help="overlap the DP reduction (search and authors' config)"
+    )
     args = ap.parse_args()
 
     from opcast.archs import load_arch
@@ -77,57 +79,143 @@ def main() -> int:
         arch = load_arch(arch_name)
         dp = gpus // (tp * pp)
         for src_label, kernels in sources:
-            print(f"{label}: {arch.name} on {gpus} x {GPU}, batch {gb} x {SEQ}; authors: tp {tp}, pp {pp}, dp {dp}, "
-                  f"micro-batch 1, full recomputation ({source}, {published:.0f} TFLOP/s per GPU) -- kernels: {src_label}")
+            print(
+                f"{label}: {arch.name} on {gpus} x {GPU}, batch {gb} x {SEQ}; authors: tp {tp}, pp {pp}, dp {dp}, "
+                f"micro-batch 1, full recomputation ({source}, {published:.0f} TFLOP/s per GPU) -- kernels: {src_label}"
+            )
             space = SearchSpace(gpus=gpus, global_batch=gb, seq=SEQ, overlap_grad_reduce=overlap)
             t0 = time.perf_counter()
             result = search(arch, device, space, kernels=kernels, top=3)
             wall = time.perf_counter() - t0
             stages = ", ".join(f"{k} {v:.2f}" for k, v in result.seconds.items())
-            print(f"  search: considered {result.considered:,}, pruned {sum(result.pruned.values()):,}, predicted "
-                  f"{result.predicted:,} in {wall:.2f} s ({stages}; {result.considered / wall:,.0f} configurations/s, "
-                  f"{result.workers} process(es))")
-            plain = predict_train(arch, device, TrainConfig(tp=tp, pp=pp, dp=dp, micro_batch=1, global_batch=gb, seq=SEQ,
-                                                            recompute="full", overlap_grad_reduce=overlap),
-                                  kernels=kernels, details=False)
-            fixed = {"tp": (tp,), "pp": (pp,), "cp": (1,), "sp": (False,), "zero": (0,), "recompute": ("full",),
-                     "micro_batch": (1,)}
-            best_auth = search(arch, device, SearchSpace(gpus=gpus, global_batch=gb, seq=SEQ, overlap_grad_reduce=overlap,
-                                                         fixed=fixed), kernels=kernels, top=1)
+            print(
+                f"  search: considered {result.considered:,}, pruned {sum(result.pruned.values()):,}, predicted "
+                f"{result.predicted:,} in {wall:.2f} s ({stages}; {result.considered / wall:,.0f} configurations/s, "
+                f"{result.workers} process(es))"
+            )
+            plain = predict_train(
+                arch,
+                device,
+                TrainConfig(
+                    tp=tp,
+                    pp=pp,
+                    dp=dp,
+                    micro_batch=1,
+                    global_batch=gb,
+                    seq=SEQ,
+                    recompute="full",
+                    overlap_grad_reduce=overlap,
+                ),
+                kernels=kernels,
+                details=False,
+            )
+            fixed = {
+                "tp": (tp,),
+                "pp": (pp,),
+                "cp": (1,),
+                "sp": (False,),
+                "zero": (0,),
+                "recompute": ("full",),
+                "micro_batch": (1,),
+            }
+            best_auth = search(
+                arch,
+                device,
+                SearchSpace(gpus=gpus, global_batch=gb, seq=SEQ, overlap_grad_reduce=overlap, fixed=fixed),
+                kernels=kernels,
+                top=1,
+            )
             # the search restricted to what Megatron-LM had in 2021, every layout and schedule free
-            era = search(arch, device, SearchSpace(gpus=gpus, global_batch=gb, seq=SEQ, overlap_grad_reduce=overlap,
-                                                   fixed={"cp": (1,), "sp": (False,), "zero": (0,), "recompute": ("full",)}),
-                         kernels=kernels, top=1)
+            era = search(
+                arch,
+                device,
+                SearchSpace(
+                    gpus=gpus,
+                    global_batch=gb,
+                    seq=SEQ,
+                    overlap_grad_reduce=overlap,
+                    fixed={"cp": (1,), "sp": (False,), "zero": (0,), "recompute": ("full",)},
+                ),
+                kernels=kernels,
+                top=1,
+            )
             rows = []
             if plain.feasible:
-                rows.append(("authors, 1F1B", describe_config(plain.config), plain.tokens_per_s, plain.iteration_time_s,
-                             plain.mfu, plain.worst_memory.total_bytes))
+                rows.append(
+                    (
+                        "authors, 1F1B",
+                        describe_config(plain.config),
+                        plain.tokens_per_s,
+                        plain.iteration_time_s,
+                        plain.mfu,
+                        plain.worst_memory.total_bytes,
+                    )
+                )
             else:
                 print(f"  authors' 1F1B configuration does not fit here: {'; '.join(plain.reasons)}")
             if best_auth.candidates:
                 c = best_auth.candidates[0]
-                rows.append(("authors, best schedule", describe_config(c), c.tokens_per_s, c.iteration_time_s, c.mfu,
-                             c.memory_bytes))
+                rows.append(
+                    (
+                        "authors, best schedule",
+                        describe_config(c),
+                        c.tokens_per_s,
+                        c.iteration_time_s,
+                        c.mfu,
+                        c.memory_bytes,
+                    )
+                )
             if era.candidates:
                 c = era.candidates[0]
-                rows.append(("search, 2021 features", describe_config(c), c.tokens_per_s, c.iteration_time_s, c.mfu,
-                             c.memory_bytes))
+                rows.append(
+                    (
+                        "search, 2021 features",
+                        describe_config(c),
+                        c.tokens_per_s,
+                        c.iteration_time_s,
+                        c.mfu,
+                        c.memory_bytes,
+                    )
+                )
             for rank, c in enumerate(result.candidates[:3], start=1):
-                rows.append((f"search #{rank}", describe_config(c), c.tokens_per_s, c.iteration_time_s, c.mfu, c.memory_bytes))
+                rows.append(
+                    (f"search #{rank}", describe_config(c), c.tokens_per_s, c.iteration_time_s, c.mfu, c.memory_bytes)
+                )
             for who, cfg, tps, it, mfu, mem in rows:
-                print(f"  {who:23s} {cfg:40s} {tps:>10,.0f} tokens/s  iteration {it:7.3f} s  MFU {100 * mfu:5.1f} %  "
-                      f"Eq.3 {eq3_tflops_per_gpu(arch, gb, it, gpus):5.1f} TFLOP/s/GPU  {mem / 2**30:5.1f} GiB")
+                print(
+                    f"  {who:23s} {cfg:40s} {tps:>10,.0f} tokens/s  iteration {it:7.3f} s  MFU {100 * mfu:5.1f} %  "
+                    f"Eq.3 {eq3_tflops_per_gpu(arch, gb, it, gpus):5.1f} TFLOP/s/GPU  {mem / 2**30:5.1f} GiB"
+                )
             if zero3_published is not None:
-                z3 = predict_train(arch, device, TrainConfig(tp=1, pp=1, dp=gpus, micro_batch=1, global_batch=gb, seq=SEQ,
-                                                             recompute="full", zero=3, overlap_grad_reduce=overlap),
-                                   kernels=kernels, details=False)
+                z3 = predict_train(
+                    arch,
+                    device,
+                    TrainConfig(
+                        tp=1,
+                        pp=1,
+                        dp=gpus,
+                        micro_batch=1,
+                        global_batch=gb,
+                        seq=SEQ,
+                        recompute="full",
+                        zero=3,
+                        overlap_grad_reduce=overlap,
+                    ),
+                    kernels=kernels,
+                    details=False,
+                )
                 if z3.feasible:
                     z3_tflops = eq3_tflops_per_gpu(arch, gb, z3.iteration_time_s, gpus)
-                    print(f"  sanity, ZeRO-3 without model parallelism (Table 2, same GPUs, micro-batch 1): predicted "
-                          f"Eq.3 {z3_tflops:.0f} TFLOP/s/GPU vs published {zero3_published:.0f}"
-                          + (" -- the model hides ZeRO-3's per-layer gathers behind compute, so rankings that put "
-                             "ZeRO-3 first are optimistic (--fix zero=0,1,2 excludes it)"
-                             if z3_tflops > 1.5 * zero3_published else ""))
+                    print(
+                        f"  sanity, ZeRO-3 without model parallelism (Table 2, same GPUs, micro-batch 1): predicted "
+                        f"Eq.3 {z3_tflops:.0f} TFLOP/s/GPU vs published {zero3_published:.0f}"
+                        + (
+                            " -- the model hides ZeRO-3's per-layer gathers behind compute, so rankings that put "
+                            "ZeRO-3 first are optimistic (--fix zero=0,1,2 excludes it)"
+                            if z3_tflops > 1.5 * zero3_published
+                            else ""
+                        )
+                    )
             authors = max((r[2] for r in rows if r[0].startswith("authors")), default=None)
             if authors is None or not result.candidates:
                 print("  check: cannot compare (nothing feasible)")
@@ -136,10 +224,14 @@ def main() -> int:
                 ratio = result.candidates[0].tokens_per_s / authors
                 ok = ratio >= 0.95
                 met_all &= ok
-                print(f"  check: search top / authors' best = {ratio:.3f} -- target >= 0.95: {'met' if ok else 'MISSED'}")
+                print(
+                    f"  check: search top / authors' best = {ratio:.3f} -- target >= 0.95: {'met' if ok else 'MISSED'}"
+                )
                 if era.candidates:
-                    print(f"  with 2021 features only (full recomputation, no sp/cp/ZeRO): search top / authors' best = "
-                          f"{era.candidates[0].tokens_per_s / authors:.3f}")
+                    print(
+                        f"  with 2021 features only (full recomputation, no sp/cp/ZeRO): search top / authors' best = "
+                        f"{era.candidates[0].tokens_per_s / authors:.3f}"
+                    )
             print()
     print(f"Megatron checks: {'all met' if met_all else 'NOT all met'}")
     return 0

@@ -43,13 +43,40 @@ CASES = [
 REPO = Path(__file__).resolve().parents[1]
 
 
-def run(arch: str, gpu: str, gpus: int, gb: int, seq: int, source: list[str], workers: int | None,
-        tree: Path | None = None, cwd: Path | None = None) -> tuple[dict, float, float, list[str]]:
+def run(
+    arch: str,
+    gpu: str,
+    gpus: int,
+    gb: int,
+    seq: int,
+    source: list[str],
+    workers: int | None,
+    tree: Path | None = None,
+    cwd: Path | None = None,
+) -> tuple[dict, float, float, list[str]]:
     """(document, wall seconds, CPU seconds of the child, command) of one search; ``tree``: an
     importable folder holding another ``opcast`` package to run instead of the installed one (run
     from a ``cwd`` outside the checkout, which would otherwise come first on the path)."""
-    cmd = [sys.executable, "-m", "opcast", "search", "--arch", arch, "--gpu", gpu, "--gpus", str(gpus),
-           "--global-batch", str(gb), "--seq", str(seq), "--top", "3", "--json", *source]
+    cmd = [
+        sys.executable,
+        "-m",
+        "opcast",
+        "search",
+        "--arch",
+        arch,
+        "--gpu",
+        gpu,
+        "--gpus",
+        str(gpus),
+        "--global-batch",
+        str(gb),
+        "--seq",
+        str(seq),
+        "--top",
+        "3",
+        "--json",
+        *source,
+    ]
     if workers is not None:
         cmd += ["--workers", str(workers)]
     env = dict(os.environ)
@@ -62,16 +89,18 @@ def run(arch: str, gpu: str, gpus: int, gb: int, seq: int, source: list[str], wo
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if out.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}){' on ' + str(tree) if tree else ''}: "
-                         f"{out.stderr.strip()}")
+        raise SystemExit(
+            f"{' '.join(cmd)} failed ({out.returncode}){' on ' + str(tree) if tree else ''}: {out.stderr.strip()}"
+        )
     return json.loads(out.stdout), wall, cpu, cmd
 
 
 def export_revision(rev: str, into: Path) -> Path:
     """``git archive REV`` laid out as the installed package (pyproject's ``package-dir``): returns
     a folder to put on PYTHONPATH. Reads the repository; changes nothing in it."""
-    data = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", rev], capture_output=True,
-                          check=True).stdout
+    data = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", rev], capture_output=True, check=True
+    ).stdout
     src = into / "src"
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
         tar.extractall(src, filter="data")
@@ -81,21 +110,39 @@ def export_revision(rev: str, into: Path) -> Path:
         target = root.joinpath(*package.split("."))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(src / folder, target_is_directory=True)
-    probe = subprocess.run([sys.executable, "-c", "import opcast.predict.search as s; print(s.__file__)"],
-                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(root)}, cwd=into)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import opcast.predict.search as s; print(s.__file__)"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        cwd=into,
+    )
     if probe.returncode or not probe.stdout.strip().startswith(str(root)):
-        raise SystemExit(f"the exported tree of {rev} does not import ahead of the installed opcast: "
-                         f"{probe.stdout.strip() or probe.stderr.strip()}")
+        raise SystemExit(
+            f"the exported tree of {rev} does not import ahead of the installed opcast: "
+            f"{probe.stdout.strip() or probe.stderr.strip()}"
+        )
     return root
 
 
 def predictions(doc: dict) -> dict:
     """The predicted figures of a search document: the counts and the top configurations' figures
     (not the timings, nor fields the report may add)."""
-    keep = ("summary", "iteration_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "breakdown_s",
-            "memory_breakdown_bytes")
-    return {"considered": doc["considered"], "pruned": doc["pruned"], "predicted": doc["predicted"],
-            "top": [{k: t.get(k) for k in keep} for t in doc["top"]]}
+    keep = (
+        "summary",
+        "iteration_time_s",
+        "tokens_per_s",
+        "mfu",
+        "memory_per_gpu_bytes",
+        "breakdown_s",
+        "memory_breakdown_bytes",
+    )
+    return {
+        "considered": doc["considered"],
+        "pruned": doc["pruned"],
+        "predicted": doc["predicted"],
+        "top": [{k: t.get(k) for k in keep} for t in doc["top"]],
+    }
 
 
 def main() -> int:
@@ -104,8 +151,9 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=None, help="processes (default: the cores available)")
     ap.add_argument("--repeats", type=int, default=1, help="runs per case and source; the median is reported")
     ap.add_argument("--only", default=None, help="run only the cases whose label contains this text (e.g. 13B)")
-    ap.add_argument("--baseline", default=None, metavar="REV",
-                    help="also time git revision REV (e.g. HEAD), alternately")
+    ap.add_argument(
+        "--baseline", default=None, metavar="REV", help="also time git revision REV (e.g. HEAD), alternately"
+    )
     args = ap.parse_args()
 
     from opcast.predict.cost import load_kernel_cost
@@ -140,26 +188,36 @@ def main() -> int:
                 top = doc["top"][0]
                 print(f"{label} -- kernels: {src_label}")
                 print(f"  command: {' '.join(['opcast', *cmd[3:]])}")
-                print(f"  considered {doc['considered']:,}, pruned {doc['pruned_total']:,}, predicted {doc['predicted']:,}; "
-                      f"{doc['unique_graphs']:,} op graphs, {doc['unique_kernels']:,} kernels {doc['kernels_by_source']}; "
-                      f"{doc['workers']} process(es)")
+                print(
+                    f"  considered {doc['considered']:,}, pruned {doc['pruned_total']:,}, predicted "
+                    f"{doc['predicted']:,}; "
+                    f"{doc['unique_graphs']:,} op graphs, {doc['unique_kernels']:,} kernels "
+                    f"{doc['kernels_by_source']}; "
+                    f"{doc['workers']} process(es)"
+                )
                 stages = ", ".join(f"{k} {v:.2f}" for k, v in doc["seconds"].items() if k != "total")
-                print(f"  search {search_s:.2f} s ({stages}); {doc['considered'] / search_s:,.0f} configurations/s, "
-                      f"{doc['predicted'] / search_s:,.0f} predicted/s; whole command {wall_s:.2f} s wall, "
-                      f"{cpu_s:.2f} s CPU (median of {len(runs)})")
+                print(
+                    f"  search {search_s:.2f} s ({stages}); {doc['considered'] / search_s:,.0f} configurations/s, "
+                    f"{doc['predicted'] / search_s:,.0f} predicted/s; whole command {wall_s:.2f} s wall, "
+                    f"{cpu_s:.2f} s CPU (median of {len(runs)})"
+                )
                 if base:
                     b_search = statistics.median(d["seconds"]["total"] for d, *_ in base)
                     b_wall = statistics.median(r[1] for r in base)
                     b_cpu = statistics.median(r[2] for r in base)
-                    print(f"  baseline {args.baseline}: search {b_search:.2f} s; whole command {b_wall:.2f} s wall, "
-                          f"{b_cpu:.2f} s CPU -> now {b_wall / wall_s:.2f}x (wall), {b_cpu / cpu_s:.2f}x (CPU); "
-                          f"runs alternated, wall now {[round(r[1], 2) for r in runs]} vs "
-                          f"{[round(r[1], 2) for r in base]}")
+                    print(
+                        f"  baseline {args.baseline}: search {b_search:.2f} s; whole command {b_wall:.2f} s wall, "
+                        f"{b_cpu:.2f} s CPU -> now {b_wall / wall_s:.2f}x (wall), {b_cpu / cpu_s:.2f}x (CPU); "
+                        f"runs alternated, wall now {[round(r[1], 2) for r in runs]} vs "
+                        f"{[round(r[1], 2) for r in base]}"
+                    )
                     same = predictions(base[0][0]) == predictions(doc)
                     moved |= not same
                     print(f"  predictions: {'identical to the baseline' if same else 'DIFFER from the baseline'}")
-                print(f"  top: {top['summary']}  {top['tokens_per_s']:,.0f} tokens/s, MFU {100 * top['mfu']:.1f} %, "
-                      f"{top['memory_per_gpu_bytes'] / 2**30:.1f} GiB per GPU")
+                print(
+                    f"  top: {top['summary']}  {top['tokens_per_s']:,.0f} tokens/s, MFU {100 * top['mfu']:.1f} %, "
+                    f"{top['memory_per_gpu_bytes'] / 2**30:.1f} GiB per GPU"
+                )
                 biggest = sorted(doc["pruned"].items(), key=lambda kv: -kv[1]["count"])[:3]
                 print("  most pruned: " + "; ".join(f"{v['reason']} {v['count']:,}" for _, v in biggest))
                 print()

@@ -53,11 +53,20 @@ def main(argv: list[str] | None = None) -> int:
         r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
         step()
         r1, t1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        rows.append((t1 - t0, r1.ru_stime - r0.ru_stime, r1.ru_utime - r0.ru_utime, (r1.ru_minflt - r0.ru_minflt) * 4096 / 2**30))
+        rows.append(
+            (
+                t1 - t0,
+                r1.ru_stime - r0.ru_stime,
+                r1.ru_utime - r0.ru_utime,
+                (r1.ru_minflt - r0.ru_minflt) * 4096 / 2**30,
+            )
+        )
     wall, sys_s, user_s, gib = (statistics.median(x) for x in zip(*rows))
-    print(f"{arch.name} {args.batch} x {args.seq}: step {wall:.3f} s wall; system {sys_s:.3f} s, user {user_s:.3f} s "
-          f"({torch.get_num_threads()} threads); {gib:.2f} GiB of fresh 4 KiB pages per step "
-          f"({sys_s / gib if gib else float('nan'):.2f} s of system time per GiB)")
+    print(
+        f"{arch.name} {args.batch} x {args.seq}: step {wall:.3f} s wall; system {sys_s:.3f} s, user {user_s:.3f} s "
+        f"({torch.get_num_threads()} threads); {gib:.2f} GiB of fresh 4 KiB pages per step "
+        f"({sys_s / gib if gib else float('nan'):.2f} s of system time per GiB)"
+    )
     return 0
 
 

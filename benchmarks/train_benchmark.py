@@ -96,8 +96,11 @@ def neusight(path: Path, estimator: str, log) -> dict[str, pd.DataFrame]:
     train = df[~is_test & ~df["point_id"].isin(test_shapes).to_numpy()]
     test = df[is_test].reset_index(drop=True)
     devices = resolve_devices(pd.unique(df["device"].astype(object)))
-    log(f"neusight: {len(train)} train rows, {len(test)} test rows (NeuSight's test files), {len(test_shapes)} test shapes "
-        "removed from training")
+    log(
+        f"neusight: {len(train)} train rows, {len(test)} test rows (NeuSight's test files), {len(test_shapes)} test "
+        f"shapes "
+        "removed from training"
+    )
     # (a) all five GPUs, OOD shapes
     t0 = time.perf_counter()
     pred, chosen = _fit_predict(train, test, devices, estimator)
@@ -122,12 +125,21 @@ def neusight(path: Path, estimator: str, log) -> dict[str, pd.DataFrame]:
     logo_all = pd.concat([t for t, _ in per_dev], ignore_index=True)
     logo_pred = np.concatenate([p for _, p in per_dev])
     logo = _table(logo_all, logo_pred, "label", NEUSIGHT_OOD_MAPE)
-    return {"ood_shapes": ood, "ood_shapes_by_gpu": pd.DataFrame(ood_rows), "leave_one_gpu_out": logo,
-            "leave_one_gpu_out_by_gpu": pd.DataFrame(rows)}
+    return {
+        "ood_shapes": ood,
+        "ood_shapes_by_gpu": pd.DataFrame(ood_rows),
+        "leave_one_gpu_out": logo,
+        "leave_one_gpu_out_by_gpu": pd.DataFrame(rows),
+    }
 
 
-def _table(frame: pd.DataFrame, pred: np.ndarray, by: str, reference: dict[str, float] | None = None,
-           ref_name: str = "neusight_mape") -> pd.DataFrame:
+def _table(
+    frame: pd.DataFrame,
+    pred: np.ndarray,
+    by: str,
+    reference: dict[str, float] | None = None,
+    ref_name: str = "neusight_mape",
+) -> pd.DataFrame:
     rows = []
     true = frame["time_s_median"].to_numpy(dtype=float)
     for label in sorted(pd.unique(frame[by].astype(object))):
@@ -203,12 +215,22 @@ def speed(log, fit_default: bool, datasets: list[Path]) -> pd.DataFrame:
     ms = load_model_set(None)
     rng = np.random.default_rng(0)
     n = 100_000
-    q = pd.DataFrame({
-        "op": rng.choice(["gemm", "layernorm", "elementwise", "softmax"], n), "dtype": "bf16",
-        "direction": rng.choice(["fwd", "bwd"], n), "tensor_cores": pd.array([None] * n, dtype="boolean"),
-        "b": 1, "m": rng.integers(1, 16384, n), "n": rng.integers(1, 16384, n), "k": rng.integers(1, 16384, n),
-        "rows": rng.integers(1, 65536, n), "cols": rng.integers(64, 16384, n), "numel": rng.integers(1, 1 << 28, n),
-        "fn": "gelu"})
+    q = pd.DataFrame(
+        {
+            "op": rng.choice(["gemm", "layernorm", "elementwise", "softmax"], n),
+            "dtype": "bf16",
+            "direction": rng.choice(["fwd", "bwd"], n),
+            "tensor_cores": pd.array([None] * n, dtype="boolean"),
+            "b": 1,
+            "m": rng.integers(1, 16384, n),
+            "n": rng.integers(1, 16384, n),
+            "k": rng.integers(1, 16384, n),
+            "rows": rng.integers(1, 65536, n),
+            "cols": rng.integers(64, 16384, n),
+            "numel": rng.integers(1, 1 << 28, n),
+            "fn": "gelu",
+        }
+    )
     q.loc[q["op"] != "gemm", ["b", "m", "n", "k"]] = None
     q.loc[~q["op"].isin(["layernorm", "softmax"]), ["rows", "cols"]] = None
     q.loc[q["op"] != "elementwise", ["numel", "fn"]] = None
@@ -216,14 +238,24 @@ def speed(log, fit_default: bool, datasets: list[Path]) -> pd.DataFrame:
     h100 = get_device("H100-SXM")
     t0 = time.perf_counter()
     ms.predict_s(q.head(500), h100)  # first call: loads the predictors; numpy trees, no xgboost import
-    rows.append({"what": "load the default set + predict the first 500 kernels (numpy path)",
-                 "seconds": time.perf_counter() - t0, "covered": None})
+    rows.append(
+        {
+            "what": "load the default set + predict the first 500 kernels (numpy path)",
+            "seconds": time.perf_counter() - t0,
+            "covered": None,
+        }
+    )
     ms.predict_s(q, h100)  # large batches switch to xgboost's predictor: its import (~1 s) stays outside the timing
     t0 = time.perf_counter()
     p = ms.predict_s(q, h100)
     dt = time.perf_counter() - t0
-    rows.append({"what": f"predict {n} distinct kernels (4 kinds, H100, default set)", "seconds": dt,
-                 "covered": int(np.isfinite(p).sum())})
+    rows.append(
+        {
+            "what": f"predict {n} distinct kernels (4 kinds, H100, default set)",
+            "seconds": dt,
+            "covered": int(np.isfinite(p).sum()),
+        }
+    )
     log(f"speed: predicted {n} kernels in {dt:.2f} s")
     if fit_default:
         from opcast.train.fit import FitConfig, fit_model_set
@@ -233,8 +265,13 @@ def speed(log, fit_default: bool, datasets: list[Path]) -> pd.DataFrame:
             fit_model_set(datasets, tmp, name="default", cfg=FitConfig(n_jobs=2))
             dt = time.perf_counter() - t0
             size = sum(f.stat().st_size for f in (Path(tmp) / "default").iterdir())
-        rows.append({"what": f"fit the default set ({', '.join(p.name for p in datasets)}; 2 threads)", "seconds": dt,
-                     "covered": None})
+        rows.append(
+            {
+                "what": f"fit the default set ({', '.join(p.name for p in datasets)}; 2 threads)",
+                "seconds": dt,
+                "covered": None,
+            }
+        )
         rows.append({"what": "default set size on disk, MB", "seconds": size / 1e6, "covered": None})
         log(f"speed: default fit {dt:.0f} s, {size / 1e6:.1f} MB")
     return pd.DataFrame(rows)
@@ -245,7 +282,9 @@ def _print(title: str, table: pd.DataFrame) -> None:
     fmt = table.copy()
     for c in fmt.columns:
         if fmt[c].dtype.kind == "f" or c.endswith("mape") or c.endswith("_ape") or c.endswith("within_gpu"):
-            fmt[c] = [("" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.1f}") for v in fmt[c]]
+            fmt[c] = [
+                ("" if v is None or (isinstance(v, float) and not np.isfinite(v)) else f"{v:.1f}") for v in fmt[c]
+            ]
     print(fmt.to_markdown(index=False) if _has_tabulate() else fmt.to_string(index=False))
 
 
@@ -258,12 +297,20 @@ def _has_tabulate() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--published", type=Path, default=PUBLISHED, help="The shared published measurements (default: %(default)s).")
-    ap.add_argument("--work", type=Path, default=None, help="Where the replayed datasets go (default: a temporary folder).")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--published", type=Path, default=PUBLISHED, help="The shared published measurements (default: %(default)s)."
+    )
+    ap.add_argument(
+        "--work", type=Path, default=None, help="Where the replayed datasets go (default: a temporary folder)."
+    )
     ap.add_argument("--estimator", default="auto", choices=["auto", "xgb", "tile-mlp"])
     ap.add_argument("--sections", default="neusight,fp16,speed")
-    ap.add_argument("--fit-default", action="store_true", help="Also time fitting the default set from scratch (minutes).")
+    ap.add_argument(
+        "--fit-default", action="store_true", help="Also time fitting the default set from scratch (minutes)."
+    )
     ap.add_argument("--json", type=Path, default=None, help="Also write every table as JSON here.")
     args = ap.parse_args(argv)
     if not args.published.is_dir():
@@ -281,7 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     if "neusight" in sections:
         ns = neusight(data["neusight"], args.estimator, log)
         tables["NeuSight (a): all 5 GPUs, NeuSight's out-of-distribution test shapes — APE %"] = ns["ood_shapes"]
-        tables["NeuSight (a) per GPU (a GPU whose training sweep and test files disagree shows here) — APE %"] = ns["ood_shapes_by_gpu"]
+        tables["NeuSight (a) per GPU (a GPU whose training sweep and test files disagree shows here) — APE %"] = ns[
+            "ood_shapes_by_gpu"
+        ]
         tables["NeuSight (b): leave-one-GPU-out, left-out GPU's test shapes, pooled — APE %"] = ns["leave_one_gpu_out"]
         tables["NeuSight (b) per left-out GPU — APE %"] = ns["leave_one_gpu_out_by_gpu"]
     if "fp16" in sections:
@@ -293,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     for title, table in tables.items():
         _print(title, table)
     if args.json:
-        args.json.write_text(json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in tables.items()}, indent=1))
+        args.json.write_text(
+            json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in tables.items()}, indent=1)
+        )
     if tmp:
         tmp.cleanup()
     return 0

@@ -10,9 +10,10 @@ Usage:
 
 Calibration measures exactly the shapes of the configurations below (each at its batch and
 sequence length) and then Sobol samples, fits, and skips its own before/after validations; the
-benchmark validates, each configuration in a fresh process (opcast.predict.isolated), every configuration with the calibrated models and, for reference, predicts
-the measured step with the embedded default models too. Run it on a quiet machine: on a shared 2-core box every parallel op waits
-for a descheduled thread and no timing means anything (``taskset -c N`` pins a run to N cores).
+benchmark validates, each configuration in a fresh process (opcast.predict.isolated), every
+configuration with the calibrated models and, for reference, predicts the measured step with the
+embedded default models too. Run it on a quiet machine: on a shared 2-core box every parallel op
+waits for a descheduled thread and no timing means anything (``taskset -c N`` pins a run to N cores).
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def main() -> int:
             calibrate = run_calibrate(cfg, log=log)
             log(
                 f"calibrate: {time.monotonic() - t0:.0f} s (target < 900 s); {calibrate.rows_total} rows, "
-                f"{len(calibrate.fit_groups)} predictors; stages { ({k: round(v) for k, v in calibrate.seconds.items()}) }"
+                f"{len(calibrate.fit_groups)} predictors; stages "
+                f"{ ({k: round(v) for k, v in calibrate.seconds.items()}) }"
             )
             if calibrate.interrupted:
                 log("interrupted during collection; re-run the same command to resume")
@@ -196,7 +198,8 @@ def main() -> int:
         interval = f"[{lo_hi[0]:.3f}, {lo_hi[1]:.3f}]" if lo_hi else "-"
         inside = "-" if row["inside"] is None else "yes" if row["inside"] else "no"
         print(
-            f"{row['arch']:<22} {row['params_m']:8.1f} {row['batch']:>3} x {row['seq']:<4} {_fmt(row['measured_s']):>10} "
+            f"{row['arch']:<22} {row['params_m']:8.1f} {row['batch']:>3} x {row['seq']:<4} "
+            f"{_fmt(row['measured_s']):>10} "
             f"{_fmt(row['predicted_s']):>10} {_fmt(row['error_pct'], '%'):>8} {interval:>20} {inside:>6} "
             f"{100 * row['roofline_share']:7.0f}% {_fmt(row['default_error_pct'], '%'):>11}"
         )

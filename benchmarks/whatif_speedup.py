@@ -33,10 +33,20 @@ from opcast.predict.parallel import InferConfig, TrainConfig
 from opcast.predict.report import decode_gemms
 from opcast.predict.whatif import SPLIT_PARTS, CompareResult, Workload, compare, split_gpu_list
 
-GPT3_TRAIN = Workload(kind="train", arch=load_arch("gpt3-175b"), nodes=128, gpus_per_node=8,
-                      config=TrainConfig(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, seq=2048, recompute="full"))
-LLAMA_DECODE = Workload(kind="infer", arch=load_arch("llama2-70b"), nodes=1, gpus_per_node=8,
-                        config=InferConfig(tp=8, batch=32, prompt_len=1024, gen_len=128))
+GPT3_TRAIN = Workload(
+    kind="train",
+    arch=load_arch("gpt3-175b"),
+    nodes=128,
+    gpus_per_node=8,
+    config=TrainConfig(tp=8, pp=8, dp=16, micro_batch=1, global_batch=1536, seq=2048, recompute="full"),
+)
+LLAMA_DECODE = Workload(
+    kind="infer",
+    arch=load_arch("llama2-70b"),
+    nodes=1,
+    gpus_per_node=8,
+    config=InferConfig(tp=8, batch=32, prompt_len=1024, gen_len=128),
+)
 
 
 def _fmt(x: float) -> str:
@@ -52,7 +62,9 @@ def _table(result: CompareResult, keep) -> None:
     for phase, secs in result.rows():
         if not keep(phase):
             continue
-        cells = "".join(f"{_fmt(s):>{width}} {(secs[0] / s if s and math.isfinite(s) else math.nan):>6.2f}" for s in secs)
+        cells = "".join(
+            f"{_fmt(s):>{width}} {(secs[0] / s if s and math.isfinite(s) else math.nan):>6.2f}" for s in secs
+        )
         print(f"  {phase:<34}" + cells)
 
 
@@ -75,11 +87,16 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", type=Path, default=None, help="learned kernel models (default: roofline only)")
     ap.add_argument("--analytic", action="store_true", help="learned models only inside their fitted hardware")
-    ap.add_argument("--gpus", default="A100-SXM4-80GB,H100-SXM,B200", help="comma-separated GPUs, the first is the reference")
+    ap.add_argument(
+        "--gpus", default="A100-SXM4-80GB,H100-SXM,B200", help="comma-separated GPUs, the first is the reference"
+    )
     args = ap.parse_args()
 
-    kernels = (load_kernel_cost(args.models, in_range_only=args.analytic) if args.models is not None
-               else roofline_only("no --models: every kernel from the roofline fallback (the analytical path)"))
+    kernels = (
+        load_kernel_cost(args.models, in_range_only=args.analytic)
+        if args.models is not None
+        else roofline_only("no --models: every kernel from the roofline fallback (the analytical path)")
+    )
     devices = [get_device(g) for g in split_gpu_list(args.gpus)]
     print(f"kernel times: {kernels.describe()['notes'][0]}")
 
@@ -87,8 +104,10 @@ def main() -> int:
     train = compare(GPT3_TRAIN, devices, kernels=kernels)
     t1 = time.perf_counter()
     c = GPT3_TRAIN.config
-    print(f"\nGPT-3 175B training step: {c.tp * c.pp * c.dp} GPUs, tp {c.tp}, pp {c.pp}, dp {c.dp}, global batch "
-          f"{c.global_batch} x {c.seq}, recompute {c.recompute} ({(t1 - t0) * 1e3:.0f} ms for {len(devices)} predictions)")
+    print(
+        f"\nGPT-3 175B training step: {c.tp * c.pp * c.dp} GPUs, tp {c.tp}, pp {c.pp}, dp {c.dp}, global batch "
+        f"{c.global_batch} x {c.seq}, recompute {c.recompute} ({(t1 - t0) * 1e3:.0f} ms for {len(devices)} predictions)"
+    )
     line = " -> ".join(f"{o.device.name} {train.outcomes[0].time_s / o.time_s:.2f}x" for o in train.outcomes)
     print(f"  speed-up of the iteration: {line}")
     _table(train, lambda p: True)
@@ -98,18 +117,25 @@ def main() -> int:
     decode = compare(LLAMA_DECODE, devices, kernels=kernels)
     t1 = time.perf_counter()
     c = LLAMA_DECODE.config
-    print(f"\nLlama-2 70B decode step: tp {c.tp}, batch {c.batch}, prompt {c.prompt_len}, generate {c.gen_len} "
-          f"({(t1 - t0) * 1e3:.0f} ms for {len(devices)} predictions)")
+    print(
+        f"\nLlama-2 70B decode step: tp {c.tp}, batch {c.batch}, prompt {c.prompt_len}, generate {c.gen_len} "
+        f"({(t1 - t0) * 1e3:.0f} ms for {len(devices)} predictions)"
+    )
     tpot = [o.result.tpot_s for o in decode.outcomes]
-    print("  speed-up of the decode step (TPOT): "
-          + " -> ".join(f"{o.device.name} {tpot[0] / t:.2f}x" for o, t in zip(decode.outcomes, tpot)))
+    print(
+        "  speed-up of the decode step (TPOT): "
+        + " -> ".join(f"{o.device.name} {tpot[0] / t:.2f}x" for o, t in zip(decode.outcomes, tpot))
+    )
     _table(decode, lambda p: p in ("tpot", "ttft") or p.startswith("decode_step/"))
     _shares(decode, "decode step", "decode_step")
     for o in decode.outcomes:
         g = decode_gemms(o.result, kernels) if o.split is not None else []
         if g:
-            print(f"  {o.device.name}: decode GEMMs at {g[0]['arithmetic_intensity_flop_per_byte']:.0f} FLOP/byte vs ridge "
-                  f"{g[0]['ridge_flop_per_byte']:.0f} -> {', '.join(sorted({x['roofline_bound'] for x in g}))}-bound")
+            print(
+                f"  {o.device.name}: decode GEMMs at {g[0]['arithmetic_intensity_flop_per_byte']:.0f} FLOP/byte vs "
+                f"ridge "
+                f"{g[0]['ridge_flop_per_byte']:.0f} -> {', '.join(sorted({x['roofline_bound'] for x in g}))}-bound"
+            )
     return 0
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -31,14 +31,26 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def bench(
     out: Annotated[Path, typer.Option("--out", help="Dataset folder; re-running the same command resumes it.")],
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N (under torchrun, cuda = cuda:LOCAL_RANK).")] = "cpu",
-    op: Annotated[Optional[list[str]], typer.Option("--op", help="Op kind to measure (repeat); default: all compute kinds.")] = None,
-    dtype: Annotated[Optional[list[str]], typer.Option("--dtype", help="fp32, fp16, bf16, tf32, fp8 (repeat); default: fp32, fp16, bf16.")] = None,
-    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Add the exact shapes of this arch preset or config.json (repeat).")] = None,
+    op: Annotated[
+        list[str] | None, typer.Option("--op", help="Op kind to measure (repeat); default: all compute kinds.")
+    ] = None,
+    dtype: Annotated[
+        list[str] | None,
+        typer.Option("--dtype", help="fp32, fp16, bf16, tf32, fp8 (repeat); default: fp32, fp16, bf16."),
+    ] = None,
+    arch: Annotated[
+        list[str] | None,
+        typer.Option("--arch", help="Add the exact shapes of this arch preset or config.json (repeat)."),
+    ] = None,
     tp: Annotated[str, typer.Option(help="Tensor-parallel degrees for --arch shapes.")] = "1,2,4,8",
-    samples: Annotated[Optional[int], typer.Option(help="Points to plan in all (split across op/dtype strata).")] = None,
-    budget_s: Annotated[Optional[float], typer.Option("--budget-s", help="Stop after this many seconds; re-run to continue.")] = None,
+    samples: Annotated[int | None, typer.Option(help="Points to plan in all (split across op/dtype strata).")] = None,
+    budget_s: Annotated[
+        float | None, typer.Option("--budget-s", help="Stop after this many seconds; re-run to continue.")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the sampling plan.")] = 0,
-    max_point_s: Annotated[float, typer.Option("--max-point-s", help="Skip points whose roofline time per call exceeds this.")] = 0.05,
+    max_point_s: Annotated[
+        float, typer.Option("--max-point-s", help="Skip points whose roofline time per call exceeds this.")
+    ] = 0.05,
     max_mem_fraction: Annotated[float, typer.Option(help="Largest share of free memory one point may use.")] = 0.25,
     warmup_s: Annotated[float, typer.Option("--warmup-s", help="Warm-up seconds per point.")] = 0.025,
     rep_s: Annotated[float, typer.Option("--rep-s", help="Timed seconds per point.")] = 0.1,
@@ -54,31 +66,57 @@ def bench(
         samples = 200
     if samples is not None and samples < 1:
         raise OpcastError(f"--samples must be >= 1, got {samples}")
-    cfg = BenchConfig(out=out, device=device, ops=tuple(op or ()), dtypes=tuple(dtype or ()), archs=tuple(arch or ()),
-                      tp_degrees=_ints(tp, "--tp"), samples=samples, budget_s=budget_s, seed=seed,
-                      max_point_s=max_point_s, max_mem_fraction=max_mem_fraction,
-                      timing=TimingBudget(warmup_s=warmup_s, rep_s=rep_s), cuda_graphs=cuda_graphs)
+    cfg = BenchConfig(
+        out=out,
+        device=device,
+        ops=tuple(op or ()),
+        dtypes=tuple(dtype or ()),
+        archs=tuple(arch or ()),
+        tp_degrees=_ints(tp, "--tp"),
+        samples=samples,
+        budget_s=budget_s,
+        seed=seed,
+        max_point_s=max_point_s,
+        max_mem_fraction=max_mem_fraction,
+        timing=TimingBudget(warmup_s=warmup_s, rep_s=rep_s),
+        cuda_graphs=cuda_graphs,
+    )
     with progress_bar() as progress:
         result = run_bench(cfg, progress=progress)
     summary = {
-        "device": result.device, "run_id": result.run_id, "rows_written": result.rows_written,
-        "already_done": result.already_done, "remaining": result.remaining, "planned": result.planned,
-        "interrupted": result.interrupted, "skipped_in_plan": dict(result.skipped_in_plan),
-        "skipped_at_run": dict(result.skipped_at_run), "out": str(out),
+        "device": result.device,
+        "run_id": result.run_id,
+        "rows_written": result.rows_written,
+        "already_done": result.already_done,
+        "remaining": result.remaining,
+        "planned": result.planned,
+        "interrupted": result.interrupted,
+        "skipped_in_plan": dict(result.skipped_in_plan),
+        "skipped_at_run": dict(result.skipped_at_run),
+        "out": str(out),
     }
     if as_json:
         console.print_json(json.dumps(summary))
     else:
-        console.print(f"[bold]{result.device}[/]: wrote {result.rows_written} rows to {out} "
-                      f"({result.already_done} already done, {result.remaining} left of {result.planned} planned)")
-        for reason, count in sorted({**result.skipped_in_plan, **result.skipped_at_run}.items(), key=lambda kv: -kv[1])[:8]:
+        console.print(
+            f"[bold]{result.device}[/]: wrote {result.rows_written} rows to {out} "
+            f"({result.already_done} already done, {result.remaining} left of {result.planned} planned)"
+        )
+        for reason, count in sorted({**result.skipped_in_plan, **result.skipped_at_run}.items(), key=lambda kv: -kv[1])[
+            :8
+        ]:
             console.print(f"  skipped {count:5d}: {reason}")
         if result.remaining:
             console.print("  re-run the same command to continue")
     if result.interrupted:
         name = result.signal or "SIGINT"
-        err_console.print(f"opcast: interrupted by {name}: the {result.rows_written} rows measured are saved in {out}; "
-                          "re-run the same command to resume", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"opcast: interrupted by {name}: the {result.rows_written} rows measured are saved in {out}; "
+            "re-run the same command to resume",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(128 + int(getattr(signal.Signals, name)))
 
 
@@ -86,7 +124,7 @@ def bench(
 def comm(
     out: Annotated[Path, typer.Option("--out", help="Dataset folder (rank 0 writes it).")],
     backend: Annotated[str, typer.Option(help="nccl (GPUs) or gloo (CPUs).")] = "gloo",
-    op: Annotated[Optional[list[str]], typer.Option("--op", help="Collective (repeat); default: all.")] = None,
+    op: Annotated[list[str] | None, typer.Option("--op", help="Collective (repeat); default: all.")] = None,
     dtype: Annotated[str, typer.Option(help="Buffer element type.")] = "fp32",
     min_bytes: Annotated[int, typer.Option("--min-bytes", help="Smallest message, bytes.")] = 1 << 10,
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Largest message, bytes.")] = 1 << 26,
@@ -95,14 +133,23 @@ def comm(
     warmup_iters: Annotated[int, typer.Option(help="Untimed iterations per size.")] = 3,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Sweep collectives over all ranks; run under torchrun (`torchrun --nproc-per-node N --no-python opcast collect comm ...`)."""
+    """Sweep collectives over all ranks; run under torchrun (`torchrun --nproc-per-node N --no-python opcast collect comm ...`)."""  # noqa: E501 -- the command's one-line help
     from opcast.collect.comm import COMM_OPS, CommConfig, run_comm
     from opcast.errors import OpcastError
 
     if iters < 1 or warmup_iters < 0:
         raise OpcastError(f"--iters must be >= 1 and --warmup-iters >= 0 (got {iters}, {warmup_iters})")
-    cfg = CommConfig(out=out, backend=backend, ops=tuple(op or COMM_OPS), dtype=dtype, min_bytes=min_bytes,
-                     max_bytes=max_bytes, step_factor=step_factor, iters=iters, warmup_iters=warmup_iters)
+    cfg = CommConfig(
+        out=out,
+        backend=backend,
+        ops=tuple(op or COMM_OPS),
+        dtype=dtype,
+        min_bytes=min_bytes,
+        max_bytes=max_bytes,
+        step_factor=step_factor,
+        iters=iters,
+        warmup_iters=warmup_iters,
+    )
     import os
 
     is_rank0 = os.environ.get("RANK", "0") == "0"
@@ -110,53 +157,84 @@ def comm(
         result = run_comm(cfg, progress=progress)
     if result.interrupted and result.signal:
         if is_rank0:
-            err_console.print(f"opcast: interrupted by {result.signal}: the {result.rows_written} rows measured are saved "
-                              f"in {out}; re-run the same command to resume", markup=False, highlight=False, soft_wrap=True)
+            err_console.print(
+                f"opcast: interrupted by {result.signal}: the {result.rows_written} rows measured are saved "
+                f"in {out}; re-run the same command to resume",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         raise typer.Exit(128 + int(getattr(signal.Signals, result.signal)))
     if not is_rank0:
         return
-    summary = {"device": result.device, "world_size": result.world_size, "nodes": result.nodes,
-               "gpus_per_node": result.gpus_per_node, "rows_written": result.rows_written,
-               "already_done": result.already_done, "remaining": result.remaining, "run_id": result.run_id,
-               "out": str(out)}
+    summary = {
+        "device": result.device,
+        "world_size": result.world_size,
+        "nodes": result.nodes,
+        "gpus_per_node": result.gpus_per_node,
+        "rows_written": result.rows_written,
+        "already_done": result.already_done,
+        "remaining": result.remaining,
+        "run_id": result.run_id,
+        "out": str(out),
+    }
     if as_json:
         console.print_json(json.dumps(summary))
     else:
-        console.print(f"[bold]{result.device}[/] x{result.world_size} ({result.nodes} node(s) x {result.gpus_per_node}): "
-                      f"wrote {result.rows_written} collective rows to {out} ({result.already_done} already done)")
+        console.print(
+            f"[bold]{result.device}[/] x{result.world_size} ({result.nodes} node(s) x {result.gpus_per_node}): "
+            f"wrote {result.rows_written} collective rows to {out} ({result.already_done} already done)"
+        )
 
 
 @app.command()
 def replay(
-    source: Annotated[str, typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator")],
+    source: Annotated[
+        str, typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator")
+    ],
     out: Annotated[Path, typer.Option("--out", help="Dataset folder to write <source>.parquet into.")],
-    path: Annotated[Optional[Path], typer.Argument(help="The source's repository checkout, or the trace / log file; "
-                                                        "aiconfigurator: default the installed package's data.")] = None,
-    device: Annotated[Optional[str], typer.Option(help="Catalog name of the device (kineto, nccl-tests).")] = None,
-    world_size: Annotated[Optional[int], typer.Option(help="Ranks of the run (nccl-tests).")] = None,
-    nodes: Annotated[Optional[int], typer.Option(help="Nodes of the run (nccl-tests).")] = None,
-    gpus_per_node: Annotated[Optional[int], typer.Option(help="Ranks per node (nccl-tests).")] = None,
+    path: Annotated[
+        Path | None,
+        typer.Argument(
+            help="The source's repository checkout, or the trace / log file; "
+            "aiconfigurator: default the installed package's data."
+        ),
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="Catalog name of the device (kineto, nccl-tests).")] = None,
+    world_size: Annotated[int | None, typer.Option(help="Ranks of the run (nccl-tests).")] = None,
+    nodes: Annotated[int | None, typer.Option(help="Nodes of the run (nccl-tests).")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option(help="Ranks per node (nccl-tests).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator), a profiler trace or an nccl-tests log."""
+    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator), a profiler trace or an nccl-tests log."""  # noqa: E501 -- the command's one-line help
     from opcast.collect.info import summarise
     from opcast.collect.io import shared_mode
     from opcast.collect.replay import ReplayOptions, run_replay
 
-    summary = run_replay(source, path, out, ReplayOptions(device=device, world_size=world_size, nodes=nodes,
-                                                           gpus_per_node=gpus_per_node))
+    summary = run_replay(
+        source, path, out, ReplayOptions(device=device, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node)
+    )
     for output in summary.outputs:  # written through mkstemp (0600): give them the umask's mode
         shared_mode(output)
-    record = {"source": source, "files": summary.files, "rows_read": summary.rows_read, "rows_written": summary.rows_written,
-              "runs_written": summary.runs_written, "skipped": dict(summary.skipped), "outputs": [str(p) for p in summary.outputs]}
+    record = {
+        "source": source,
+        "files": summary.files,
+        "rows_read": summary.rows_read,
+        "rows_written": summary.rows_written,
+        "runs_written": summary.runs_written,
+        "skipped": dict(summary.skipped),
+        "outputs": [str(p) for p in summary.outputs],
+    }
     if as_json:
         console.print_json(json.dumps(record))
         return
     ops_files = [p for p in summary.outputs if not p.name.endswith("-runs.parquet")]
     if ops_files:
         table = summarise(ops_files)
-        print_frame(table[["op", "device", "dtype", "source", "rows", "directions"]],
-                    title=f"{source}: {summary.rows_written} rows from {summary.files} files")
+        print_frame(
+            table[["op", "device", "dtype", "source", "rows", "directions"]],
+            title=f"{source}: {summary.rows_written} rows from {summary.files} files",
+        )
     if summary.runs_written:
         console.print(f"{summary.runs_written} end-to-end runs -> {summary.outputs[-1]}")
     for reason, count in sorted(summary.skipped.items(), key=lambda kv: -kv[1]):
@@ -174,8 +252,13 @@ def info(
     rows, duplicates = read_unique(dataset)
     table = summarise_frame(rows)
     if duplicates:
-        err_console.print(f"note: {duplicates} duplicate rows (same source, device and point) are counted once; "
-                          "they come from two runs writing one folder at once", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"note: {duplicates} duplicate rows (same source, device and point) are counted once; "
+            "they come from two runs writing one folder at once",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     if as_json:
         console.print_json(table.to_json(orient="records"))
         return

@@ -48,12 +48,14 @@ def summarise_frame(df: pd.DataFrame) -> pd.DataFrame:
     for key, group in df.groupby(GROUP, sort=True, dropna=False):
         spec = get_op(str(key[0]))
         shapes = ", ".join(f"{p}={_range(group[p])}" for p in spec.param_names)
-        records.append({
-            **dict(zip(GROUP, key)),
-            "rows": len(group),
-            "directions": "/".join(sorted(group["direction"].unique())),
-            "shapes": shapes,
-            "time_s_min": float(group["time_s_median"].min()),
-            "time_s_max": float(group["time_s_median"].max()),
-        })
+        records.append(
+            {
+                **dict(zip(GROUP, key)),
+                "rows": len(group),
+                "directions": "/".join(sorted(group["direction"].unique())),
+                "shapes": shapes,
+                "time_s_min": float(group["time_s_median"].min()),
+                "time_s_max": float(group["time_s_median"].max()),
+            }
+        )
     return pd.DataFrame.from_records(records)

@@ -8,6 +8,7 @@ fails (a full disk) leaves no temp file behind and keeps every part written befo
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -125,8 +126,10 @@ def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
         try:
             runs = json.loads(path.read_text()).get("runs", [])
         except (json.JSONDecodeError, AttributeError):
-            raise OpcastError(f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)") from None
-    write_json_atomic(path, {"runs": runs + [dict(record)]})
+            raise OpcastError(
+                f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)"
+            ) from None
+    write_json_atomic(path, {"runs": [*runs, dict(record)]})
     return path
 
 
@@ -139,8 +142,14 @@ def failure_text(failure: BaseException | None) -> str | None:
     return f"{type(failure).__name__}: {str(failure)[:200]}"
 
 
-def finish_run(writer: PartWriter, out: Path, *, rank: int, failure: BaseException | None,
-               record: Callable[[BaseException | None], Mapping[str, Any]]) -> None:
+def finish_run(
+    writer: PartWriter,
+    out: Path,
+    *,
+    rank: int,
+    failure: BaseException | None,
+    record: Callable[[BaseException | None], Mapping[str, Any]],
+) -> None:
     """The one way a collect run ends, whatever stopped it (done, a signal, a full disk, a bug):
     write the buffered rows, then append ``record(failure)`` to run.json (``failure`` includes a
     full disk met by this last write), then raise ``failure``; a full disk becomes one line that
@@ -158,9 +167,11 @@ def finish_run(writer: PartWriter, out: Path, *, rank: int, failure: BaseExcepti
             raise
         recorded = False
     if isinstance(failure, DiskWriteError):
-        raise OpcastError(f"{failure}: {writer.saved} rows of this run are on disk, {len(writer.rows)} measured rows "
-                          f"could not be written{'' if recorded else ' and run.json could not be updated'}; "
-                          "free space and re-run the same command to resume") from None
+        raise OpcastError(
+            f"{failure}: {writer.saved} rows of this run are on disk, {len(writer.rows)} measured rows "
+            f"could not be written{'' if recorded else ' and run.json could not be updated'}; "
+            "free space and re-run the same command to resume"
+        ) from None
     if failure is not None:
         raise failure
 
@@ -192,8 +203,10 @@ class WriterLock:
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise OpcastError(f"{self.out} is being written by {holder} (lock {self.path.name}); wait for it to finish "
-                              f"or stop it, or give another --out") from None
+            raise OpcastError(
+                f"{self.out} is being written by {holder} (lock {self.path.name}); wait for it to finish "
+                f"or stop it, or give another --out"
+            ) from None
         except OSError:  # no locking on this file system
             os.close(fd)
             return self
@@ -204,9 +217,7 @@ class WriterLock:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(self._fd, 0)
-            except OSError:
-                pass
             os.close(self._fd)
             self._fd = None

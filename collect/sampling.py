@@ -62,6 +62,7 @@ class Plan:
 
 # --------------------------------------------------------------------------- shape spaces
 
+
 def align(value: float, lo: int = 1) -> int:
     """Round to a hardware-friendly multiple: 8 below 256, 64 up to 4096, 128 above."""
     v = max(float(lo), value)
@@ -93,8 +94,12 @@ of 64) while 60 % of its test rows are multiples of 64 in every dimension."""
 def _gemm(u: np.ndarray, _: str) -> dict[str, Any]:
     b = 1 if u[0] < 0.6 else log_int((u[0] - 0.6) / 0.4, 2, 128, aligned=False)
     aligned = bool(u[4] >= UNALIGNED_SHARE)
-    return {"b": b, "m": log_int(u[1], 16, 16384, aligned=aligned), "n": log_int(u[2], 16, 16384, aligned=aligned),
-            "k": log_int(u[3], 16, 16384, aligned=aligned)}
+    return {
+        "b": b,
+        "m": log_int(u[1], 16, 16384, aligned=aligned),
+        "n": log_int(u[2], 16, 16384, aligned=aligned),
+        "k": log_int(u[3], 16, 16384, aligned=aligned),
+    }
 
 
 def _attention(u: np.ndarray, device_type: str) -> dict[str, Any]:
@@ -104,9 +109,14 @@ def _attention(u: np.ndarray, device_type: str) -> dict[str, Any]:
     decode = bool(u[4] < 0.2)
     impls = ATTENTION_IMPLS
     return {
-        "batch": log_int(u[0], 1, 32, aligned=False), "heads": heads, "kv_heads": heads // choose(u[2], groups),
-        "seq_q": 1 if decode else seq, "seq_kv": seq, "head_dim": choose(u[5], HEAD_DIMS),
-        "causal": bool(not decode and u[6] < 0.7), "impl": choose(u[7], impls),
+        "batch": log_int(u[0], 1, 32, aligned=False),
+        "heads": heads,
+        "kv_heads": heads // choose(u[2], groups),
+        "seq_q": 1 if decode else seq,
+        "seq_kv": seq,
+        "head_dim": choose(u[5], HEAD_DIMS),
+        "causal": bool(not decode and u[6] < 0.7),
+        "impl": choose(u[7], impls),
     }
 
 
@@ -119,7 +129,11 @@ def _elementwise(u: np.ndarray, _: str) -> dict[str, Any]:
 
 
 def _embedding(u: np.ndarray, _: str) -> dict[str, Any]:
-    return {"tokens": log_int(u[0], 64, 32768), "vocab": log_int(u[1], 1024, 262144), "hidden": log_int(u[2], 256, 16384)}
+    return {
+        "tokens": log_int(u[0], 64, 32768),
+        "vocab": log_int(u[1], 1024, 262144),
+        "hidden": log_int(u[2], 256, 16384),
+    }
 
 
 def _cross_entropy(u: np.ndarray, _: str) -> dict[str, Any]:
@@ -127,7 +141,11 @@ def _cross_entropy(u: np.ndarray, _: str) -> dict[str, Any]:
 
 
 def _rope(u: np.ndarray, _: str) -> dict[str, Any]:
-    return {"tokens": log_int(u[0], 64, 65536), "heads": log_int(u[1], 1, 128, aligned=False), "head_dim": choose(u[2], (64, 128))}
+    return {
+        "tokens": log_int(u[0], 64, 65536),
+        "heads": log_int(u[1], 1, 128, aligned=False),
+        "head_dim": choose(u[2], (64, 128)),
+    }
 
 
 def _optimizer(u: np.ndarray, _: str) -> dict[str, Any]:
@@ -160,10 +178,11 @@ def sobol_points(n: int, dims: int, seed: int) -> np.ndarray:
 
 
 def _stratum_seed(seed: int, *parts: str) -> int:
-    return int.from_bytes(hashlib.sha1(":".join((str(seed),) + parts).encode()).digest()[:4], "little")
+    return int.from_bytes(hashlib.sha1(":".join((str(seed), *parts)).encode()).digest()[:4], "little")
 
 
 # --------------------------------------------------------------------------- validation
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DeviceLimits:
@@ -193,12 +212,16 @@ def peak_for(spec: DeviceSpec, dtype: str, device_type: str) -> float:
         return spec.peak_fp32_flops
 
 
-def roofline_s(op: str, params: dict[str, Any], dtype: str, direction: str, spec: DeviceSpec, device_type: str) -> float:
+def roofline_s(
+    op: str, params: dict[str, Any], dtype: str, direction: str, spec: DeviceSpec, device_type: str
+) -> float:
     """max(FLOPs / peak, bytes / bandwidth): a lower bound on one call's time."""
     kind = get_op(op)
     db = dtype_bytes(dtype)
-    return max(kind.flops(params, direction, db) / peak_for(spec, dtype, device_type),
-               kind.bytes_moved(params, db, direction) / spec.mem_bw_bytes_per_s)
+    return max(
+        kind.flops(params, direction, db) / peak_for(spec, dtype, device_type),
+        kind.bytes_moved(params, db, direction) / spec.mem_bw_bytes_per_s,
+    )
 
 
 def footprint_bytes(op: str, params: dict[str, Any], dtype: str) -> float:
@@ -239,8 +262,17 @@ def check_point(op: str, params: dict[str, Any], dtype: str, direction: str, lim
 
 # --------------------------------------------------------------------------- the plan
 
-def _expand(op: str, params: dict[str, Any], dtype: str, stratum: str, limits: DeviceLimits,
-            plan_points: list[PlanPoint], skipped: Counter, seen: set[str]) -> None:
+
+def _expand(
+    op: str,
+    params: dict[str, Any],
+    dtype: str,
+    stratum: str,
+    limits: DeviceLimits,
+    plan_points: list[PlanPoint],
+    skipped: Counter,
+    seen: set[str],
+) -> None:
     kind = get_op(op)
     try:
         params = kind.validate(params)
@@ -258,8 +290,17 @@ def _expand(op: str, params: dict[str, Any], dtype: str, stratum: str, limits: D
         if reason:
             skipped[f"{op}: {reason}"] += 1
             continue
-        plan_points.append(PlanPoint(op=op, params=params, dtype=dtype, direction=str(direction),
-                                     tensor_cores=tc, stratum=stratum, point_id=pid))
+        plan_points.append(
+            PlanPoint(
+                op=op,
+                params=params,
+                dtype=dtype,
+                direction=str(direction),
+                tensor_cores=tc,
+                stratum=stratum,
+                point_id=pid,
+            )
+        )
 
 
 def gemm_grads(ops: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
@@ -275,7 +316,9 @@ def gemm_grads(ops: Iterable[tuple[str, dict[str, Any]]]) -> list[tuple[str, dic
     return out
 
 
-def arch_shapes(arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_seq: Sequence[tuple[int, int]] = ()) -> list[tuple[str, dict[str, Any]]]:
+def arch_shapes(
+    arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_seq: Sequence[tuple[int, int]] = ()
+) -> list[tuple[str, dict[str, Any]]]:
     """The exact per-rank ops (kind, params) of the named archs under each valid TP degree, the
     gradient GEMMs of the backward pass included (:func:`gemm_grads`)."""
     from opcast.archs import layer_ops, load_arch, model_ops
@@ -299,9 +342,18 @@ def arch_shapes(arch_names: Iterable[str], tp_degrees: Sequence[int], *, batch_s
     return out
 
 
-def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits, seed: int = 0,
-              per_stratum: int = 64, archs: Sequence[str] = (), tp_degrees: Sequence[int] = (1, 2, 4, 8),
-              arch_batch_seq: Sequence[tuple[int, int]] = (), arch_first: bool = False) -> Plan:
+def make_plan(
+    *,
+    ops: Sequence[str],
+    dtypes: Sequence[str],
+    limits: DeviceLimits,
+    seed: int = 0,
+    per_stratum: int = 64,
+    archs: Sequence[str] = (),
+    tp_degrees: Sequence[int] = (1, 2, 4, 8),
+    arch_batch_seq: Sequence[tuple[int, int]] = (),
+    arch_first: bool = False,
+) -> Plan:
     """The deterministic, interleaved plan: ``per_stratum`` Sobol points per (op, dtype), plus
     the arch shapes, each validated against ``limits``. ``arch_batch_seq`` replaces the default
     (batch, seq) pairs of the arch shapes (:func:`arch_shapes`); ``arch_first`` puts the arch
@@ -329,7 +381,9 @@ def make_plan(*, ops: Sequence[str], dtypes: Sequence[str], limits: DeviceLimits
             dims, to_params = SPACES[op]
             points: list[PlanPoint] = []
             for u in sobol_points(per_stratum, dims, _stratum_seed(seed, op, dtype)):
-                _expand(op, to_params(u, limits.device_type), dtype, f"sobol:{op}:{dtype}", limits, points, skipped, seen)
+                _expand(
+                    op, to_params(u, limits.device_type), dtype, f"sobol:{op}:{dtype}", limits, points, skipped, seen
+                )
             strata.append(points)
     if shapes and not arch_first:
         strata.extend(arch_points(dtype) for dtype in dtypes)

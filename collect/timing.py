@@ -72,10 +72,16 @@ class TimingBudget:
 
     def __post_init__(self) -> None:
         for option, value, lo in (("--warmup-s", self.warmup_s, 0.0), ("--rep-s", self.rep_s, None)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value <= MAX_POINT_BUDGET_S
-                    and (value >= lo if lo is not None else value > 0)):
+            if not (
+                isinstance(value, (int, float))
+                and math.isfinite(value)
+                and value <= MAX_POINT_BUDGET_S
+                and (value >= lo if lo is not None else value > 0)
+            ):
                 bound = ">= 0" if lo is not None else "> 0"
-                raise OpcastError(f"{option} takes seconds per point, {bound} and at most {MAX_POINT_BUDGET_S:.0f}; got {value}")
+                raise OpcastError(
+                    f"{option} takes seconds per point, {bound} and at most {MAX_POINT_BUDGET_S:.0f}; got {value}"
+                )
         if not 1 <= self.min_reps <= self.max_reps:
             raise OpcastError(f"timing needs 1 <= min_reps <= max_reps, got {self.min_reps} and {self.max_reps}")
 
@@ -88,8 +94,13 @@ def summarise(samples_s: list[float], method: str, calls_per_sample: int = 1) ->
     else:
         cuts = statistics.quantiles(per_call, n=10, method="inclusive")
         q20, q80 = cuts[1], cuts[7]
-    return TimingStats(time_s_median=statistics.median(per_call), time_s_p20=q20, time_s_p80=q80,
-                       n_reps=len(per_call) * calls_per_sample, method=method)
+    return TimingStats(
+        time_s_median=statistics.median(per_call),
+        time_s_p20=q20,
+        time_s_p80=q80,
+        n_reps=len(per_call) * calls_per_sample,
+        method=method,
+    )
 
 
 def _rep_count(estimate_s: float, budget_s: float, budget: TimingBudget) -> int:
@@ -109,8 +120,13 @@ def _flush_buffer(flush_bytes: int):
     return np.empty(max(1, flush_bytes // 8))
 
 
-def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(), *, flush_bytes: int = 0,
-                stop: Callable[[], bool] | None = None) -> TimingStats:
+def measure_cpu(
+    fn: Callable[[], object],
+    budget: TimingBudget = TimingBudget(),
+    *,
+    flush_bytes: int = 0,
+    stop: Callable[[], bool] | None = None,
+) -> TimingStats:
     """Time ``fn`` on the CPU with ``perf_counter``; with ``flush_bytes``, calls of
     :data:`CPU_FLUSH_MIN_S` or more each start after ``flush_bytes`` were written (cold caches).
     Raises :class:`Abandoned` as soon as ``stop()`` is true between two calls."""
@@ -142,8 +158,15 @@ def measure_cpu(fn: Callable[[], object], budget: TimingBudget = TimingBudget(),
     return summarise(samples, "perf_counter+flush" if flush is not None else "perf_counter")
 
 
-def measure_cuda(fn: Callable[[], object], *, device, l2_bytes: int, budget: TimingBudget = TimingBudget(),
-                 use_graphs: bool = True, stop: Callable[[], bool] | None = None) -> TimingStats:
+def measure_cuda(
+    fn: Callable[[], object],
+    *,
+    device,
+    l2_bytes: int,
+    budget: TimingBudget = TimingBudget(),
+    use_graphs: bool = True,
+    stop: Callable[[], bool] | None = None,
+) -> TimingStats:
     """Time ``fn`` on a CUDA device with events, flushing the L2 between repetitions (``stop`` as
     for :func:`measure_cpu`, checked between launches)."""
     import torch
@@ -172,7 +195,9 @@ def measure_cuda(fn: Callable[[], object], *, device, l2_bytes: int, budget: Tim
     return summarise(samples, "cuda_event")
 
 
-def _event_samples(fn: Callable[[], object], *, device, n: int, before: Callable[[], object] | None = None) -> list[float]:
+def _event_samples(
+    fn: Callable[[], object], *, device, n: int, before: Callable[[], object] | None = None
+) -> list[float]:
     """Seconds of ``n`` calls of ``fn``, one event pair each (``before`` runs outside the pair),
     with a single synchronise at the end."""
     import torch
@@ -189,7 +214,9 @@ def _event_samples(fn: Callable[[], object], *, device, n: int, before: Callable
     return [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends)]
 
 
-def _measure_cuda_graph(fn: Callable[[], object], *, device, estimate_s: float, budget: TimingBudget) -> TimingStats | None:
+def _measure_cuda_graph(
+    fn: Callable[[], object], *, device, estimate_s: float, budget: TimingBudget
+) -> TimingStats | None:
     """Time ``fn`` as ``calls`` back-to-back calls captured in one CUDA graph; None if capture fails."""
     import torch
 
@@ -207,7 +234,7 @@ def _measure_cuda_graph(fn: Callable[[], object], *, device, estimate_s: float, 
                 fn()
         graph.replay()
         torch.cuda.synchronize(device)
-    except Exception:  # noqa: BLE001 - ops that cannot be captured fall back to events
+    except Exception:
         return None
     samples = _event_samples(graph.replay, device=device, n=_rep_count(estimate_s * calls, budget.rep_s, budget))
     return summarise(samples, "cuda_graph", calls_per_sample=calls)

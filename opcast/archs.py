@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
@@ -91,8 +91,11 @@ class ArchSpec:
 
     def __post_init__(self) -> None:
         label = self.name if isinstance(self.name, str) and self.name else "<unnamed>"
-        problems = [p for f in fields(self)
-                    if (p := value_problem(f.name, getattr(self, f.name), _FIELD_TYPES[f.name], _CHOICES.get(f.name)))]
+        problems = [
+            p
+            for f in fields(self)
+            if (p := value_problem(f.name, getattr(self, f.name), _FIELD_TYPES[f.name], _CHOICES.get(f.name)))
+        ]
         if not problems:
             if not self.name.strip():
                 problems.append("name is empty")
@@ -123,8 +126,12 @@ class ArchSpec:
 
     def params_per_layer(self) -> int:
         """Parameters of one block: attention, all experts' MLPs, router, two norms."""
-        return (self._attention_params() + self.n_experts * self._expert_params()
-                + self._router_params() + 2 * self._norm_params())
+        return (
+            self._attention_params()
+            + self.n_experts * self._expert_params()
+            + self._router_params()
+            + 2 * self._norm_params()
+        )
 
     def embedding_params(self) -> int:
         """Token embedding (unpadded vocab) plus the learned position table, if any."""
@@ -182,24 +189,44 @@ class ArchSpec:
             nor = f" (nor {', '.join(bad[1:])})" if len(bad) > 1 else ""
             problems.append(f"tp={tp} does not divide {bad[0]}{nor}; choose tp in {_join(self.tp_choices())}")
         if self.n_layers % pp:
-            problems.append(f"pp={pp} does not divide n_layers={self.n_layers}; "
-                            f"choose pp in {_join(_divisors(self.n_layers))}")
+            problems.append(
+                f"pp={pp} does not divide n_layers={self.n_layers}; choose pp in {_join(_divisors(self.n_layers))}"
+            )
         if self.n_experts % ep:
-            problems.append(f"ep={ep} does not divide n_experts={self.n_experts}; "
-                            f"choose ep in {_join(_divisors(self.n_experts))}")
+            problems.append(
+                f"ep={ep} does not divide n_experts={self.n_experts}; choose ep in {_join(_divisors(self.n_experts))}"
+            )
         if problems:
             raise OpcastError(f"{self.name}: " + "; ".join(problems))
 
 
 _FIELD_TYPES: dict[str, type] = {
-    "name": str, "family": str, "n_layers": int, "hidden": int, "n_heads": int, "n_kv_heads": int,
-    "head_dim": int, "ffn_hidden": int, "vocab": int, "max_seq": int, "norm": str, "activation": str,
-    "gated_mlp": bool, "position": str, "tied_embeddings": bool, "linear_bias": bool,
-    "parallel_residual": bool, "n_experts": int, "experts_top_k": int, "source": str,
+    "name": str,
+    "family": str,
+    "n_layers": int,
+    "hidden": int,
+    "n_heads": int,
+    "n_kv_heads": int,
+    "head_dim": int,
+    "ffn_hidden": int,
+    "vocab": int,
+    "max_seq": int,
+    "norm": str,
+    "activation": str,
+    "gated_mlp": bool,
+    "position": str,
+    "tied_embeddings": bool,
+    "linear_bias": bool,
+    "parallel_residual": bool,
+    "n_experts": int,
+    "experts_top_k": int,
+    "source": str,
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "family": get_args(Family), "norm": get_args(Norm),
-    "activation": get_args(Activation), "position": get_args(Position),
+    "family": get_args(Family),
+    "norm": get_args(Norm),
+    "activation": get_args(Activation),
+    "position": get_args(Position),
 }
 _REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k"))
 
@@ -254,6 +281,7 @@ def padded_vocab(vocab: int, tp: int = 1, divisible_by: int = MAKE_VOCAB_SIZE_DI
 
 # ---------------------------------------------------------------------- op lists
 
+
 def _tokens(arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool) -> tuple[int, int]:
     """``(T, rows)``: all tokens, and the tokens of the sequence-parallel region."""
     arch.validate_parallel(tp=tp)
@@ -276,22 +304,25 @@ def _mlp_ops(arch: ArchSpec, tp: int, tokens: int) -> list[Op]:
     ffn = arch.ffn_hidden // tp
     up_n = (2 if arch.gated_mlp else 1) * ffn
     if arch.n_experts == 1:
-        batch, rows, router = 1, tokens, []
+        router: list[Op] = []
+        batch, rows = 1, tokens
     else:  # experts batched in one grouped GEMM; rows = expected tokens per expert (balanced routing)
         batch, rows = arch.n_experts, -(-tokens * arch.experts_top_k // arch.n_experts)
         router = [("gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden})]
     act_numel = batch * rows * ffn
+    gate: list[Op] = [("elementwise", {"numel": act_numel, "fn": "mul"})] if arch.gated_mlp else []
     return [
         *router,
         ("gemm", {"b": batch, "m": rows, "n": up_n, "k": arch.hidden}),
         ("elementwise", {"numel": act_numel, "fn": arch.activation}),
-        *([("elementwise", {"numel": act_numel, "fn": "mul"})] if arch.gated_mlp else []),
+        *gate,
         ("gemm", {"b": batch, "m": rows, "n": arch.hidden, "k": ffn}),
     ]
 
 
-def layer_ops(arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = False,
-              attention_impl: str = "flash") -> list[Op]:
+def layer_ops(
+    arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = False, attention_impl: str = "flash"
+) -> list[Op]:
     """Forward ops of ONE transformer block on one tensor-parallel rank, in execution order.
 
     Communication (all-reduce, or all-gather/reduce-scatter with ``sp``) is not listed. With
@@ -304,15 +335,30 @@ def layer_ops(arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = F
     tokens, rows = _tokens(arch, tp, batch, seq, sp)
     heads, kv_heads = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
     residual = rows * arch.hidden
-    norm = (arch.norm, {"rows": rows, "cols": arch.hidden})
-    add = ("elementwise", {"numel": residual, "fn": "add"})
+    norm: Op = (arch.norm, {"rows": rows, "cols": arch.hidden})
+    add: Op = ("elementwise", {"numel": residual, "fn": "add"})
+    rope: list[Op] = (
+        [("rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim})]
+        if arch.position == "rope"
+        else []
+    )
     attention: list[Op] = [
         norm,
         ("gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}),
-        *([("rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim})]
-          if arch.position == "rope" else []),
-        ("attention", {"batch": batch, "heads": heads, "kv_heads": kv_heads, "seq_q": seq, "seq_kv": seq,
-                       "head_dim": arch.head_dim, "causal": True, "impl": attention_impl}),
+        *rope,
+        (
+            "attention",
+            {
+                "batch": batch,
+                "heads": heads,
+                "kv_heads": kv_heads,
+                "seq_q": seq,
+                "seq_kv": seq,
+                "head_dim": arch.head_dim,
+                "causal": True,
+                "impl": attention_impl,
+            },
+        ),
         ("gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}),
         *_dropout(arch, residual),
     ]
@@ -332,8 +378,10 @@ def model_ops(arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = F
     vocab = padded_vocab(arch.vocab, tp) // tp
     ops: list[Op] = [("embedding", {"tokens": tokens, "vocab": vocab, "hidden": arch.hidden})]
     if arch.position == "learned":
-        ops += [("embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}),
-                ("elementwise", {"numel": tokens * arch.hidden, "fn": "add"})]
+        ops += [
+            ("embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}),
+            ("elementwise", {"numel": tokens * arch.hidden, "fn": "add"}),
+        ]
     ops += _dropout(arch, rows * arch.hidden)
     ops += [
         (arch.norm, {"rows": rows, "cols": arch.hidden}),
@@ -344,6 +392,7 @@ def model_ops(arch: ArchSpec, *, tp: int = 1, batch: int, seq: int, sp: bool = F
 
 
 # ---------------------------------------------------------------------- presets and loading
+
 
 def _presets_dir() -> Path:
     return data_path("archs")
@@ -356,19 +405,24 @@ def _read_json(path: Path) -> Any:
 def arch_from_dict(data: Any, origin: str) -> ArchSpec:
     """An ArchSpec from a preset-style mapping; unknown or missing keys raise naming ``origin``."""
     if not isinstance(data, dict):
-        raise OpcastError(f"{origin}: expected a JSON object with the ArchSpec keys (or a Hugging Face config.json "
-                          f"with model_type), got {type(data).__name__}; see opcast arch show llama2-7b")
+        raise OpcastError(
+            f"{origin}: expected a JSON object with the ArchSpec keys (or a Hugging Face config.json "
+            f"with model_type), got {type(data).__name__}; see opcast arch show llama2-7b"
+        )
     unknown = sorted(set(data) - set(_FIELD_TYPES))
     if unknown:
         raise OpcastError(f"{origin}: unknown key '{unknown[0]}' (valid keys: {', '.join(_FIELD_TYPES)})")
     missing = [k for k in _REQUIRED if k not in data]
     if missing:
-        raise OpcastError(f"{origin}: missing key '{missing[0]}'"
-                          + (f" (and {', '.join(missing[1:])})" if len(missing) > 1 else ""))
+        raise OpcastError(
+            f"{origin}: missing key '{missing[0]}'" + (f" (and {', '.join(missing[1:])})" if len(missing) > 1 else "")
+        )
     try:
         return ArchSpec(**data)
     except OpcastError as e:
-        raise OpcastError(f"{origin}: {e}; fix these keys (opcast arch show llama2-7b prints a complete preset)") from None
+        raise OpcastError(
+            f"{origin}: {e}; fix these keys (opcast arch show llama2-7b prints a complete preset)"
+        ) from None
 
 
 def _normalise(name: str) -> str:
@@ -407,20 +461,25 @@ def load_arch(name_or_path: str | Path) -> ArchSpec:
         return _load_path(path)
     text = str(name_or_path)
     if text.lower().endswith(".json"):
-        raise OpcastError(f"{text}: no such file; give an existing preset JSON or config.json, or a preset name "
-                          "(opcast arch list)")
+        raise OpcastError(
+            f"{text}: no such file; give an existing preset JSON or config.json, or a preset name (opcast arch list)"
+        )
     found = _preset_index(_presets_dir()).get(_normalise(text))
     if found is None:
-        raise OpcastError(f"unknown arch {_show(text)}; choose one of {', '.join(list_archs())}, "
-                          "or pass a preset JSON or a Hugging Face config.json")
+        raise OpcastError(
+            f"unknown arch {_show(text)}; choose one of {', '.join(list_archs())}, "
+            "or pass a preset JSON or a Hugging Face config.json"
+        )
     return arch_from_dict(_read_json(found), str(found))
 
 
 def _load_path(path: Path) -> ArchSpec:
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise OpcastError(f"{path}: folder has no config.json; give a preset name, a preset JSON or a "
-                              "Hugging Face config.json (or its folder)")
+            raise OpcastError(
+                f"{path}: folder has no config.json; give a preset name, a preset JSON or a "
+                "Hugging Face config.json (or its folder)"
+            )
         path = path / "config.json"
     data = _read_json(path)
     if isinstance(data, dict) and "model_type" in data:
@@ -435,8 +494,15 @@ HF_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "opt", "mixtr
 """``model_type`` values :func:`arch_from_hf_config` understands."""
 
 _HF_ACTIVATIONS: dict[str, Activation] = {
-    "gelu": "gelu", "gelu_new": "gelu", "gelu_fast": "gelu", "gelu_pytorch_tanh": "gelu",
-    "gelu_python": "gelu", "gelu_accurate": "gelu", "silu": "silu", "swish": "silu", "relu": "relu",
+    "gelu": "gelu",
+    "gelu_new": "gelu",
+    "gelu_fast": "gelu",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_python": "gelu",
+    "gelu_accurate": "gelu",
+    "silu": "silu",
+    "swish": "silu",
+    "relu": "relu",
 }
 
 
@@ -445,7 +511,7 @@ class _HfConfig:
     :func:`value_problem` and records what is wrong instead of raising, so :meth:`raise_problems`
     reports every bad key of the file in one line; a bad value reads as a harmless placeholder."""
 
-    _PLACEHOLDER: dict[type, Any] = {int: 1, float: 1.0, bool: False, str: ""}
+    _PLACEHOLDER: ClassVar[dict[type, Any]] = {int: 1, float: 1.0, bool: False, str: ""}
 
     def __init__(self, cfg: Mapping[str, Any], origin: str) -> None:
         self.cfg, self.origin = cfg, origin
@@ -494,8 +560,11 @@ class _HfConfig:
 
     def raise_problems(self) -> None:
         if self.problems:
-            raise OpcastError(f"{self.origin}: " + "; ".join(self.problems)
-                              + " (sizes are integers >= 1, flags true or false); fix these keys of the config")
+            raise OpcastError(
+                f"{self.origin}: "
+                + "; ".join(self.problems)
+                + " (sizes are integers >= 1, flags true or false); fix these keys of the config"
+            )
 
 
 def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None = None) -> ArchSpec:
@@ -511,49 +580,75 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
         raise OpcastError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
-        raise OpcastError(f"{where}: model_type={_show(model_type)} is not supported; "
-                          f"supported: {', '.join(HF_MODEL_TYPES)}")
+        raise OpcastError(
+            f"{where}: model_type={_show(model_type)} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
+        )
     c = _HfConfig(cfg, where)
     label = cfg.get("_name_or_path") if isinstance(cfg.get("_name_or_path"), str) and cfg.get("_name_or_path") else name
     source = f"Hugging Face config.json ({label})"
     if model_type == "gpt2":
         hidden, heads = c.req("n_embd", "hidden_size"), c.req("n_head", "num_attention_heads")
         fields_: dict[str, Any] = dict(
-            n_layers=c.req("n_layer", "num_hidden_layers"), ffn_hidden=c.get("n_inner", 4 * hidden),
-            max_seq=c.req("n_positions", "n_ctx"), norm="layernorm", gated_mlp=False, position="learned",
+            n_layers=c.req("n_layer", "num_hidden_layers"),
+            ffn_hidden=c.get("n_inner", 4 * hidden),
+            max_seq=c.req("n_positions", "n_ctx"),
+            norm="layernorm",
+            gated_mlp=False,
+            position="learned",
             activation=c.activation("activation_function", "gelu_new"),
-            tied_embeddings=c.get("tie_word_embeddings", True, bool), linear_bias=True, parallel_residual=False)
+            tied_embeddings=c.get("tie_word_embeddings", True, bool),
+            linear_bias=True,
+            parallel_residual=False,
+        )
     elif model_type == "gpt_neox":
         hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
         fields_ = dict(
-            n_layers=c.req("num_hidden_layers"), ffn_hidden=c.req("intermediate_size"),
-            max_seq=c.req("max_position_embeddings"), norm="layernorm", gated_mlp=False, position="rope",
+            n_layers=c.req("num_hidden_layers"),
+            ffn_hidden=c.req("intermediate_size"),
+            max_seq=c.req("max_position_embeddings"),
+            norm="layernorm",
+            gated_mlp=False,
+            position="rope",
             activation=c.activation("hidden_act", "gelu"),
-            tied_embeddings=c.get("tie_word_embeddings", False, bool), linear_bias=c.get("attention_bias", True, bool),
-            parallel_residual=c.get("use_parallel_residual", True, bool))
+            tied_embeddings=c.get("tie_word_embeddings", False, bool),
+            linear_bias=c.get("attention_bias", True, bool),
+            parallel_residual=c.get("use_parallel_residual", True, bool),
+        )
         rotary = c.get("rotary_pct", 0.25, float)
         if rotary != 1:
             source += f"; rotary_pct={rotary} treated as full rope"
     elif model_type == "opt":
         hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
         fields_ = dict(
-            n_layers=c.req("num_hidden_layers"), ffn_hidden=c.req("ffn_dim"),
-            max_seq=c.req("max_position_embeddings"), norm="layernorm", gated_mlp=False, position="learned",
+            n_layers=c.req("num_hidden_layers"),
+            ffn_hidden=c.req("ffn_dim"),
+            max_seq=c.req("max_position_embeddings"),
+            norm="layernorm",
+            gated_mlp=False,
+            position="learned",
             activation=c.activation("activation_function", "relu"),
-            tied_embeddings=c.get("tie_word_embeddings", True, bool), linear_bias=c.get("enable_bias", True, bool),
-            parallel_residual=False)
+            tied_embeddings=c.get("tie_word_embeddings", True, bool),
+            linear_bias=c.get("enable_bias", True, bool),
+            parallel_residual=False,
+        )
         proj = c.get("word_embed_proj_dim", hidden)
         if proj != hidden:
             source += f"; word_embed_proj_dim={proj} != hidden_size={hidden}: project_in/out not modelled"
     else:  # llama, mistral, qwen2, mixtral: pre-RMSNorm, rope, gated MLP (gate_proj/up_proj/down_proj)
         hidden, heads = c.req("hidden_size"), c.req("num_attention_heads")
         fields_ = dict(
-            n_layers=c.req("num_hidden_layers"), n_kv_heads=c.get("num_key_value_heads", heads),
-            ffn_hidden=c.req("intermediate_size"), max_seq=c.req("max_position_embeddings"), norm="rmsnorm",
-            gated_mlp=True, position="rope", activation=c.activation("hidden_act", "silu"),
+            n_layers=c.req("num_hidden_layers"),
+            n_kv_heads=c.get("num_key_value_heads", heads),
+            ffn_hidden=c.req("intermediate_size"),
+            max_seq=c.req("max_position_embeddings"),
+            norm="rmsnorm",
+            gated_mlp=True,
+            position="rope",
+            activation=c.activation("hidden_act", "silu"),
             tied_embeddings=c.get("tie_word_embeddings", False, bool),
             linear_bias=c.get("attention_bias", False, bool) if model_type == "llama" else False,
-            parallel_residual=False)
+            parallel_residual=False,
+        )
         if model_type == "qwen2":
             source += "; QKV biases not counted"
         if model_type == "mistral" and c.cfg.get("sliding_window") is not None:

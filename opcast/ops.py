@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final
+from typing import Final, SupportsFloat, cast
 
 from opcast.errors import OpcastError
 
@@ -168,7 +168,9 @@ class OpSpec:
                 out[p.name] = value
         unknown = sorted(set(params) - set(self.param_names))
         if unknown:
-            problems.append(f"unknown parameter(s) {', '.join(unknown)}; {self.kind} takes {', '.join(self.param_names)}")
+            problems.append(
+                f"unknown parameter(s) {', '.join(unknown)}; {self.kind} takes {', '.join(self.param_names)}"
+            )
         if not problems and self.check is not None:
             problems.extend(self.check(out))
         if not problems and direction is not None and direction not in self.directions(out):
@@ -222,7 +224,8 @@ def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
         return flag, ""
     if p.type is int:
         try:
-            as_float = float(value)  # accepts numpy ints, integral floats from parquet, "4096"
+            # accepts numpy ints, integral floats from parquet, "4096"
+            as_float = float(cast("SupportsFloat | str", value))
         except (TypeError, ValueError):
             return 0, f"{p.name}={value!r} is not an integer"
         if isinstance(value, bool) or not as_float.is_integer():
@@ -250,7 +253,10 @@ def register(spec: OpSpec) -> OpSpec:
         for other in _REGISTRY.values():
             for q in other.params:
                 if q.name == p.name and q.type is not p.type:
-                    raise ValueError(f"parameter {p.name!r} of {spec.kind} is {p.type.__name__} but {q.type.__name__} in {other.kind}")
+                    raise ValueError(
+                        f"parameter {p.name!r} of {spec.kind} is {p.type.__name__} but {q.type.__name__} in "
+                        f"{other.kind}"
+                    )
     _REGISTRY[spec.kind] = spec
     return spec
 
@@ -291,11 +297,12 @@ def arithmetic_intensity(kind: str, params: Params, dtype_bytes: int, direction:
 
 # --------------------------------------------------------------------------- GEMM
 
+
 def _i(p: Params, name: str) -> int:
     """Integer parameter ``name``; a numpy array stays one, so that a formula can be evaluated
     over many configurations at once (:func:`opcast.train.features` does, in float64)."""
     v = p[name]
-    return v if getattr(v, "ndim", 0) else int(v)  # type: ignore[return-value, arg-type]
+    return v if getattr(v, "ndim", 0) else int(v)  # type: ignore[return-value]
 
 
 def _f(x: float) -> float:
@@ -312,23 +319,25 @@ def _gemm_bytes(p: Params, dt: int) -> float:
     return _f(dt * b * (m * k + k * n + m * n))
 
 
-register(OpSpec(
-    kind=OpKind.GEMM,
-    doc="C[b,m,n] = A[b,m,k] @ B[b,k,n]; b=1 is a plain linear layer (m tokens, k in, n out features)",
-    params=(
-        Param(name="b", type=int, doc="batch of independent matrix products"),
-        Param(name="m", type=int, doc="rows of A and C"),
-        Param(name="n", type=int, doc="columns of B and C"),
-        Param(name="k", type=int, doc="reduction dimension"),
-    ),
-    flops_fwd=_gemm_flops,
-    bytes_fwd=_gemm_bytes,
-    # Backward: dA = dC @ B^T and dB = A^T @ dC, two GEMMs of the forward's size, each reading
-    # two of the three operands and writing the third.
-    flops_bwd=lambda p, dt: 2.0 * _gemm_flops(p, dt),
-    bytes_bwd=lambda p, dt: 2.0 * _gemm_bytes(p, dt),
-    source="2*m*n*k multiply-add count (e.g. Narayanan et al. 2021, arXiv 2104.04473, Sec. 5.1)",
-))
+register(
+    OpSpec(
+        kind=OpKind.GEMM,
+        doc="C[b,m,n] = A[b,m,k] @ B[b,k,n]; b=1 is a plain linear layer (m tokens, k in, n out features)",
+        params=(
+            Param(name="b", type=int, doc="batch of independent matrix products"),
+            Param(name="m", type=int, doc="rows of A and C"),
+            Param(name="n", type=int, doc="columns of B and C"),
+            Param(name="k", type=int, doc="reduction dimension"),
+        ),
+        flops_fwd=_gemm_flops,
+        bytes_fwd=_gemm_bytes,
+        # Backward: dA = dC @ B^T and dB = A^T @ dC, two GEMMs of the forward's size, each reading
+        # two of the three operands and writing the third.
+        flops_bwd=lambda p, dt: 2.0 * _gemm_flops(p, dt),
+        bytes_bwd=lambda p, dt: 2.0 * _gemm_bytes(p, dt),
+        source="2*m*n*k multiply-add count (e.g. Narayanan et al. 2021, arXiv 2104.04473, Sec. 5.1)",
+    )
+)
 
 
 # --------------------------------------------------------------------------- attention
@@ -389,26 +398,29 @@ def _attention_check(p: Params) -> list[str]:
     return problems
 
 
-register(OpSpec(
-    kind=OpKind.ATTENTION,
-    doc="softmax(Q K^T / sqrt(d)) V with Q [batch, heads, seq_q, head_dim], K/V [batch, kv_heads, seq_kv, head_dim]",
-    params=(
-        Param(name="batch", type=int, doc="sequences in the batch"),
-        Param(name="heads", type=int, doc="query heads (per rank)"),
-        Param(name="kv_heads", type=int, doc="key/value heads (per rank; < heads for GQA/MQA)"),
-        Param(name="seq_q", type=int, doc="query length (1 for a decode step)"),
-        Param(name="seq_kv", type=int, doc="key/value length"),
-        Param(name="head_dim", type=int, doc="channels per head"),
-        Param(name="causal", type=bool, doc="causal mask"),
-        Param(name="impl", type=str, doc="kernel family", choices=ATTENTION_IMPLS),
-    ),
-    flops_fwd=_attention_flops_fwd,
-    bytes_fwd=_attention_bytes_fwd,
-    flops_bwd=_attention_flops_bwd,
-    bytes_bwd=_attention_bytes_bwd,
-    check=_attention_check,
-    source="FlashAttention-2 FLOP count (Dao 2023, arXiv 2307.08691); causal pairs per flash-attn 2.1 alignment",
-))
+register(
+    OpSpec(
+        kind=OpKind.ATTENTION,
+        doc="softmax(Q K^T / sqrt(d)) V with Q [batch, heads, seq_q, head_dim], K/V [batch, kv_heads, seq_kv, "
+        "head_dim]",
+        params=(
+            Param(name="batch", type=int, doc="sequences in the batch"),
+            Param(name="heads", type=int, doc="query heads (per rank)"),
+            Param(name="kv_heads", type=int, doc="key/value heads (per rank; < heads for GQA/MQA)"),
+            Param(name="seq_q", type=int, doc="query length (1 for a decode step)"),
+            Param(name="seq_kv", type=int, doc="key/value length"),
+            Param(name="head_dim", type=int, doc="channels per head"),
+            Param(name="causal", type=bool, doc="causal mask"),
+            Param(name="impl", type=str, doc="kernel family", choices=ATTENTION_IMPLS),
+        ),
+        flops_fwd=_attention_flops_fwd,
+        bytes_fwd=_attention_bytes_fwd,
+        flops_bwd=_attention_flops_bwd,
+        bytes_bwd=_attention_bytes_bwd,
+        check=_attention_check,
+        source="FlashAttention-2 FLOP count (Dao 2023, arXiv 2307.08691); causal pairs per flash-attn 2.1 alignment",
+    )
+)
 
 
 # --------------------------------------------------------------------------- row-wise ops
@@ -421,42 +433,53 @@ def _rc(p: Params) -> float:
     return _f(_i(p, "rows") * _i(p, "cols"))
 
 
-register(OpSpec(
-    kind=OpKind.LAYERNORM,
-    doc="y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dim of x [rows, cols]",
-    params=(_ROWS, _COLS),
-    # mean 1, variance 3, normalise 2, affine 2 per element; backward about twice that.
-    flops_fwd=lambda p, dt: 8.0 * _rc(p),
-    bytes_fwd=lambda p, dt: dt * (2 * _rc(p) + 2 * _i(p, "cols")) + 8.0 * _i(p, "rows"),  # x, y, gamma, beta; fp32 mean/rstd
-    flops_bwd=lambda p, dt: 16.0 * _rc(p),
-    bytes_bwd=lambda p, dt: dt * (3 * _rc(p) + 4 * _i(p, "cols")) + 8.0 * _i(p, "rows"),  # x, dy, dx; gamma, beta, dgamma, dbeta
-    source="Ba et al. 2016 (arXiv 1607.06450); per-element operation count",
-))
+register(
+    OpSpec(
+        kind=OpKind.LAYERNORM,
+        doc="y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dim of x [rows, cols]",
+        params=(_ROWS, _COLS),
+        # mean 1, variance 3, normalise 2, affine 2 per element; backward about twice that.
+        flops_fwd=lambda p, dt: 8.0 * _rc(p),
+        bytes_fwd=lambda p, dt: (
+            dt * (2 * _rc(p) + 2 * _i(p, "cols")) + 8.0 * _i(p, "rows")
+        ),  # x, y, gamma, beta; fp32 mean/rstd
+        flops_bwd=lambda p, dt: 16.0 * _rc(p),
+        bytes_bwd=lambda p, dt: (
+            dt * (3 * _rc(p) + 4 * _i(p, "cols")) + 8.0 * _i(p, "rows")
+        ),  # x, dy, dx; gamma, beta, dgamma, dbeta
+        source="Ba et al. 2016 (arXiv 1607.06450); per-element operation count",
+    )
+)
 
-register(OpSpec(
-    kind=OpKind.RMSNORM,
-    doc="y = x / sqrt(mean(x^2) + eps) * gamma over the last dim of x [rows, cols]",
-    params=(_ROWS, _COLS),
-    flops_fwd=lambda p, dt: 4.0 * _rc(p),  # square, accumulate, scale, gamma
-    bytes_fwd=lambda p, dt: dt * (2 * _rc(p) + _i(p, "cols")) + 4.0 * _i(p, "rows"),
-    flops_bwd=lambda p, dt: 8.0 * _rc(p),
-    bytes_bwd=lambda p, dt: dt * (3 * _rc(p) + 2 * _i(p, "cols")) + 4.0 * _i(p, "rows"),
-    source="Zhang & Sennrich 2019 (arXiv 1910.07467); per-element operation count",
-))
+register(
+    OpSpec(
+        kind=OpKind.RMSNORM,
+        doc="y = x / sqrt(mean(x^2) + eps) * gamma over the last dim of x [rows, cols]",
+        params=(_ROWS, _COLS),
+        flops_fwd=lambda p, dt: 4.0 * _rc(p),  # square, accumulate, scale, gamma
+        bytes_fwd=lambda p, dt: dt * (2 * _rc(p) + _i(p, "cols")) + 4.0 * _i(p, "rows"),
+        flops_bwd=lambda p, dt: 8.0 * _rc(p),
+        bytes_bwd=lambda p, dt: dt * (3 * _rc(p) + 2 * _i(p, "cols")) + 4.0 * _i(p, "rows"),
+        source="Zhang & Sennrich 2019 (arXiv 1910.07467); per-element operation count",
+    )
+)
 
-register(OpSpec(
-    kind=OpKind.SOFTMAX,
-    doc="y = exp(x - max) / sum(exp(x - max)) over the last dim of x [rows, cols]",
-    params=(_ROWS, _COLS),
-    flops_fwd=lambda p, dt: 5.0 * _rc(p),  # max, subtract, exp, sum, divide
-    bytes_fwd=lambda p, dt: dt * 2 * _rc(p),
-    flops_bwd=lambda p, dt: 4.0 * _rc(p),  # dx = y * (dy - sum(dy * y)): multiply, sum, subtract, multiply
-    bytes_bwd=lambda p, dt: dt * 3 * _rc(p),
-    source="per-element operation count of the numerically stable softmax",
-))
+register(
+    OpSpec(
+        kind=OpKind.SOFTMAX,
+        doc="y = exp(x - max) / sum(exp(x - max)) over the last dim of x [rows, cols]",
+        params=(_ROWS, _COLS),
+        flops_fwd=lambda p, dt: 5.0 * _rc(p),  # max, subtract, exp, sum, divide
+        bytes_fwd=lambda p, dt: dt * 2 * _rc(p),
+        flops_bwd=lambda p, dt: 4.0 * _rc(p),  # dx = y * (dy - sum(dy * y)): multiply, sum, subtract, multiply
+        bytes_bwd=lambda p, dt: dt * 3 * _rc(p),
+        source="per-element operation count of the numerically stable softmax",
+    )
+)
 
 
 # --------------------------------------------------------------------------- elementwise
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ElementwiseFn:
@@ -490,7 +513,9 @@ ELEMENTWISE_FNS: Final[dict[str, ElementwiseFn]] = {
     "tanh": ElementwiseFn(inputs=1, flops=1, bwd=(2, 1, 2)),
     "exp": ElementwiseFn(inputs=1, flops=1, bwd=(2, 1, 1)),
     "swiglu": ElementwiseFn(inputs=2, flops=5, bwd=(3, 2, 10)),  # silu(a) * b, fused
-    "dropout": ElementwiseFn(inputs=1, flops=2, bwd=(1, 1, 1), extra_bytes_per_elem=1.0),  # bool mask written, then read
+    "dropout": ElementwiseFn(
+        inputs=1, flops=2, bwd=(1, 1, 1), extra_bytes_per_elem=1.0
+    ),  # bool mask written, then read
     "copy": ElementwiseFn(inputs=1, flops=0, bwd=None),
 }
 
@@ -511,58 +536,68 @@ def _ew_bwd_bytes(p: Params, dt: int) -> float:
     return _f(_i(p, "numel") * (dt * (fn.bwd[0] + fn.bwd[1]) + fn.extra_bytes_per_elem))
 
 
-register(OpSpec(
-    kind=OpKind.ELEMENTWISE,
-    doc="y = fn(x[, x2]) over numel elements (the *_scalar variants take a scalar second operand)",
-    params=(
-        Param(name="numel", type=int, doc="elements of the output"),
-        Param(name="fn", type=str, doc="pointwise function", choices=tuple(ELEMENTWISE_FNS)),
-    ),
-    flops_fwd=lambda p, dt: _ew(p).flops * _i(p, "numel"),
-    bytes_fwd=lambda p, dt: _i(p, "numel") * (dt * (_ew(p).inputs + 1) + _ew(p).extra_bytes_per_elem),
-    flops_bwd=_ew_bwd_flops,
-    bytes_bwd=_ew_bwd_bytes,
-    has_bwd=lambda p: _ew(p).bwd is not None,
-    source="per-element operation counts; each input read and the output written once",
-))
+register(
+    OpSpec(
+        kind=OpKind.ELEMENTWISE,
+        doc="y = fn(x[, x2]) over numel elements (the *_scalar variants take a scalar second operand)",
+        params=(
+            Param(name="numel", type=int, doc="elements of the output"),
+            Param(name="fn", type=str, doc="pointwise function", choices=tuple(ELEMENTWISE_FNS)),
+        ),
+        flops_fwd=lambda p, dt: _ew(p).flops * _i(p, "numel"),
+        bytes_fwd=lambda p, dt: _i(p, "numel") * (dt * (_ew(p).inputs + 1) + _ew(p).extra_bytes_per_elem),
+        flops_bwd=_ew_bwd_flops,
+        bytes_bwd=_ew_bwd_bytes,
+        has_bwd=lambda p: _ew(p).bwd is not None,
+        source="per-element operation counts; each input read and the output written once",
+    )
+)
 
 
 # --------------------------------------------------------------------------- model-level ops
 
-register(OpSpec(
-    kind=OpKind.EMBEDDING,
-    doc="y[t] = table[ids[t]] for tokens ids into a [vocab, hidden] table",
-    params=(
-        Param(name="tokens", type=int, doc="looked-up token ids"),
-        Param(name="vocab", type=int, doc="rows of the table (per rank when vocab-parallel)"),
-        Param(name="hidden", type=int, doc="embedding width"),
-    ),
-    flops_fwd=lambda p, dt: 0.0,
-    bytes_fwd=lambda p, dt: 8.0 * _i(p, "tokens") + dt * 2.0 * _i(p, "tokens") * _i(p, "hidden"),  # int64 ids, rows, output
-    # Backward: zero the dense [vocab, hidden] gradient, then scatter-add the token rows into it.
-    flops_bwd=lambda p, dt: _f(_i(p, "tokens") * _i(p, "hidden")),
-    bytes_bwd=lambda p, dt: 8.0 * _i(p, "tokens") + dt * (_i(p, "vocab") * _i(p, "hidden") + 3.0 * _i(p, "tokens") * _i(p, "hidden")),
-    source="gather / scatter-add traffic of torch.nn.functional.embedding with a dense gradient",
-))
+register(
+    OpSpec(
+        kind=OpKind.EMBEDDING,
+        doc="y[t] = table[ids[t]] for tokens ids into a [vocab, hidden] table",
+        params=(
+            Param(name="tokens", type=int, doc="looked-up token ids"),
+            Param(name="vocab", type=int, doc="rows of the table (per rank when vocab-parallel)"),
+            Param(name="hidden", type=int, doc="embedding width"),
+        ),
+        flops_fwd=lambda p, dt: 0.0,
+        bytes_fwd=lambda p, dt: (
+            8.0 * _i(p, "tokens") + dt * 2.0 * _i(p, "tokens") * _i(p, "hidden")
+        ),  # int64 ids, rows, output
+        # Backward: zero the dense [vocab, hidden] gradient, then scatter-add the token rows into it.
+        flops_bwd=lambda p, dt: _f(_i(p, "tokens") * _i(p, "hidden")),
+        bytes_bwd=lambda p, dt: (
+            8.0 * _i(p, "tokens") + dt * (_i(p, "vocab") * _i(p, "hidden") + 3.0 * _i(p, "tokens") * _i(p, "hidden"))
+        ),
+        source="gather / scatter-add traffic of torch.nn.functional.embedding with a dense gradient",
+    )
+)
 
 
 def _tv(p: Params) -> float:
     return _f(_i(p, "tokens") * _i(p, "vocab"))
 
 
-register(OpSpec(
-    kind=OpKind.CROSS_ENTROPY,
-    doc="mean over tokens of -log softmax(logits)[target] with logits [tokens, vocab]",
-    params=(
-        Param(name="tokens", type=int, doc="predicted tokens"),
-        Param(name="vocab", type=int, doc="logit width (per rank when vocab-parallel)"),
-    ),
-    flops_fwd=lambda p, dt: 4.0 * _tv(p),  # max, subtract, exp, sum
-    bytes_fwd=lambda p, dt: dt * _tv(p) + 16.0 * _i(p, "tokens"),  # logits, int64 targets, loss
-    flops_bwd=lambda p, dt: 3.0 * _tv(p),  # softmax from saved logsumexp, minus one-hot, scale
-    bytes_bwd=lambda p, dt: dt * 2.0 * _tv(p) + 16.0 * _i(p, "tokens"),
-    source="log-softmax + NLL per-element count (PyTorch cross_entropy)",
-))
+register(
+    OpSpec(
+        kind=OpKind.CROSS_ENTROPY,
+        doc="mean over tokens of -log softmax(logits)[target] with logits [tokens, vocab]",
+        params=(
+            Param(name="tokens", type=int, doc="predicted tokens"),
+            Param(name="vocab", type=int, doc="logit width (per rank when vocab-parallel)"),
+        ),
+        flops_fwd=lambda p, dt: 4.0 * _tv(p),  # max, subtract, exp, sum
+        bytes_fwd=lambda p, dt: dt * _tv(p) + 16.0 * _i(p, "tokens"),  # logits, int64 targets, loss
+        flops_bwd=lambda p, dt: 3.0 * _tv(p),  # softmax from saved logsumexp, minus one-hot, scale
+        bytes_bwd=lambda p, dt: dt * 2.0 * _tv(p) + 16.0 * _i(p, "tokens"),
+        source="log-softmax + NLL per-element count (PyTorch cross_entropy)",
+    )
+)
 
 ROPE_IMPLS: Final = ("fused", "unfused")
 
@@ -577,34 +612,44 @@ def _rope_bytes(p: Params, dt: int) -> float:
     return dt * ((2.0 if p.get("impl", "unfused") == "fused" else 10.0) * x + table)
 
 
-register(OpSpec(
-    kind=OpKind.ROPE,
-    doc="rotary position embedding of x [tokens, heads, head_dim] (Su et al. 2021, arXiv 2104.09864)",
-    params=(
-        Param(name="tokens", type=int, doc="positions (batch x sequence)"),
-        Param(name="heads", type=int, doc="heads rotated (queries and keys together, per rank)"),
-        Param(name="head_dim", type=int, doc="channels per head"),
-        Param(name="impl", type=str, doc="fused (one kernel: vLLM, apex, Transformer Engine) or unfused (torch ops: "
-              "Hugging Face / Megatron apply_rotary_pos_emb)", choices=ROPE_IMPLS, default="unfused"),
-    ),
-    # y = x * cos + rotate_half(x) * sin: two multiplies and an add per element.
-    flops_fwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
-    bytes_fwd=lambda p, dt: _rope_bytes(p, dt),
-    flops_bwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
-    bytes_bwd=lambda p, dt: _rope_bytes(p, dt),
-    source="Su et al. 2021 (arXiv 2104.09864), Eq. 34; unfused traffic counted over the torch ops of Hugging Face "
-           "Llama's apply_rotary_pos_emb",
-))
+register(
+    OpSpec(
+        kind=OpKind.ROPE,
+        doc="rotary position embedding of x [tokens, heads, head_dim] (Su et al. 2021, arXiv 2104.09864)",
+        params=(
+            Param(name="tokens", type=int, doc="positions (batch x sequence)"),
+            Param(name="heads", type=int, doc="heads rotated (queries and keys together, per rank)"),
+            Param(name="head_dim", type=int, doc="channels per head"),
+            Param(
+                name="impl",
+                type=str,
+                doc="fused (one kernel: vLLM, apex, Transformer Engine) or unfused (torch ops: "
+                "Hugging Face / Megatron apply_rotary_pos_emb)",
+                choices=ROPE_IMPLS,
+                default="unfused",
+            ),
+        ),
+        # y = x * cos + rotate_half(x) * sin: two multiplies and an add per element.
+        flops_fwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
+        bytes_fwd=lambda p, dt: _rope_bytes(p, dt),
+        flops_bwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
+        bytes_bwd=lambda p, dt: _rope_bytes(p, dt),
+        source="Su et al. 2021 (arXiv 2104.09864), Eq. 34; unfused traffic counted over the torch ops of Hugging Face "
+        "Llama's apply_rotary_pos_emb",
+    )
+)
 
-register(OpSpec(
-    kind=OpKind.OPTIMIZER,
-    doc="one Adam step over numel parameters, states in the parameter dtype (torch.optim.Adam)",
-    params=(Param(name="numel", type=int, doc="parameters updated"),),
-    # Kingma & Ba 2015 (arXiv 1412.6980) Algorithm 1: m update 3, v update 4, step 5 per element.
-    flops_fwd=lambda p, dt: 12.0 * _i(p, "numel"),
-    bytes_fwd=lambda p, dt: 7.0 * dt * _i(p, "numel"),  # read param, grad, m, v; write param, m, v
-    source="Kingma & Ba 2015 (arXiv 1412.6980), Algorithm 1",
-))
+register(
+    OpSpec(
+        kind=OpKind.OPTIMIZER,
+        doc="one Adam step over numel parameters, states in the parameter dtype (torch.optim.Adam)",
+        params=(Param(name="numel", type=int, doc="parameters updated"),),
+        # Kingma & Ba 2015 (arXiv 1412.6980) Algorithm 1: m update 3, v update 4, step 5 per element.
+        flops_fwd=lambda p, dt: 12.0 * _i(p, "numel"),
+        bytes_fwd=lambda p, dt: 7.0 * dt * _i(p, "numel"),  # read param, grad, m, v; write param, m, v
+        source="Kingma & Ba 2015 (arXiv 1412.6980), Algorithm 1",
+    )
+)
 
 
 # --------------------------------------------------------------------------- collectives
@@ -644,6 +689,7 @@ _COLLECTIVE_DOCS: Final = {
     OpKind.BROADCAST: "copy a bytes-sized buffer from one rank to all",
 }
 
+
 def _reduction_flops(p: Params, dt: int) -> float:
     n = _i(p, "world_size")
     return (n - 1) / n * _i(p, "bytes") / dt
@@ -652,20 +698,22 @@ def _reduction_flops(p: Params, dt: int) -> float:
 for _kind, _doc in _COLLECTIVE_DOCS.items():
     _factor = BUS_FACTORS[_kind]
     _reduces = _kind in (OpKind.ALL_REDUCE, OpKind.REDUCE_SCATTER)
-    register(OpSpec(
-        kind=_kind,
-        doc=_doc,
-        params=(
-            Param(name="bytes", type=int, doc="message size in bytes (nccl-tests 'size')"),
-            Param(name="world_size", type=int, doc="ranks taking part"),
-            Param(name="nodes", type=int, doc="nodes the ranks span"),
-            Param(name="gpus_per_node", type=int, doc="ranks per node"),
-        ),
-        # Reductions add (n-1)/n of the elements on each rank; the others do no arithmetic.
-        flops_fwd=_reduction_flops if _reduces else (lambda p, dt: 0.0),
-        # Bus bytes per rank: size x the nccl-tests factor.
-        bytes_fwd=(lambda f: lambda p, dt: f(_i(p, "world_size")) * _i(p, "bytes"))(_factor),
-        check=_collective_check,
-        collective=True,
-        source="nccl-tests doc/PERFORMANCE.md (algbw, busbw factors)",
-    ))
+    register(
+        OpSpec(
+            kind=_kind,
+            doc=_doc,
+            params=(
+                Param(name="bytes", type=int, doc="message size in bytes (nccl-tests 'size')"),
+                Param(name="world_size", type=int, doc="ranks taking part"),
+                Param(name="nodes", type=int, doc="nodes the ranks span"),
+                Param(name="gpus_per_node", type=int, doc="ranks per node"),
+            ),
+            # Reductions add (n-1)/n of the elements on each rank; the others do no arithmetic.
+            flops_fwd=_reduction_flops if _reduces else (lambda p, dt: 0.0),
+            # Bus bytes per rank: size x the nccl-tests factor.
+            bytes_fwd=(lambda f: lambda p, dt: f(_i(p, "world_size")) * _i(p, "bytes"))(_factor),
+            check=_collective_check,
+            collective=True,
+            source="nccl-tests doc/PERFORMANCE.md (algbw, busbw factors)",
+        )
+    )

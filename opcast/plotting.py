@@ -18,7 +18,9 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise OpcastError("--plot needs matplotlib, an optional extra: pip install 'opcast[plot]' (or pip install matplotlib)") from None
+        raise OpcastError(
+            "--plot needs matplotlib, an optional extra: pip install 'opcast[plot]' (or pip install matplotlib)"
+        ) from None
     return plt
 
 

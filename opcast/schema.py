@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Final
 
@@ -83,23 +83,31 @@ def required_columns() -> tuple[str, ...]:
     return tuple(name for name, _, required, _ in columns() if required)
 
 
-def point_id(op: str, params: Mapping[str, object], dtype: str, direction: str, tensor_cores: bool | None = None) -> str:
+def point_id(
+    op: str, params: Mapping[str, object], dtype: str, direction: str, tensor_cores: bool | None = None
+) -> str:
     """Stable id of one op configuration: the key that resumable collection skips on."""
-    canon = {"op": op, "params": {k: _canon(params[k]) for k in sorted(params)}, "dtype": dtype,
-             "direction": direction, "tensor_cores": tensor_cores}
+    canon = {
+        "op": op,
+        "params": {k: _canon(params[k]) for k in sorted(params)},
+        "dtype": dtype,
+        "direction": direction,
+        "tensor_cores": tensor_cores,
+    }
     return hashlib.sha1(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _canon(value: object) -> object:
     """numpy/pandas scalars and integral floats as plain Python values, so ids are stable."""
     if hasattr(value, "item"):
-        value = value.item()  # type: ignore[union-attr]
+        value = value.item()
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value
 
 
 # --------------------------------------------------------------------------- frames
+
 
 def to_table(rows: pd.DataFrame | Iterable[Mapping[str, object]]) -> pa.Table:
     """Rows (dicts or a frame) as an arrow table in the dataset schema.
@@ -127,11 +135,17 @@ def to_table(rows: pd.DataFrame | Iterable[Mapping[str, object]]) -> pa.Table:
         raise OpcastError(f"rows do not fit the dataset schema: {str(err).splitlines()[0]}") from None
 
 
-def _row_point_id(row: Mapping[str, object]) -> str:
+def _row_point_id(row: Mapping[Hashable, object]) -> str:
     spec = get_op(str(row["op"]))
     params = {k: row[k] for k in spec.param_names if k in row}
     tc = row.get("tensor_cores")
-    return point_id(spec.kind.value, params, str(row["dtype"]), str(row["direction"]), None if pd.isna(tc) else bool(tc))
+    return point_id(
+        spec.kind.value,
+        params,
+        str(row["dtype"]),
+        str(row["direction"]),
+        None if pd.isna(tc) else bool(tc),  # type: ignore[call-overload]  # pandas-stubs: isna takes any scalar
+    )
 
 
 def write_parquet(rows: pd.DataFrame | Iterable[Mapping[str, object]] | pa.Table, path: str | Path) -> Path:
@@ -172,8 +186,9 @@ def dataset_files(path: str | Path) -> list[Path]:
     if path.is_file():
         return [path]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*.parquet")
-                      if p.is_file() and not p.name.startswith(".") and not _is_other_table(p))
+        return sorted(
+            p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith(".") and not _is_other_table(p)
+        )
     raise OpcastError(f"dataset {path} does not exist; give a .parquet file or a folder written by opcast collect")
 
 
@@ -182,15 +197,21 @@ def _check_version(path: Path, meta: Mapping[bytes, bytes]) -> int:
     one-line :class:`OpcastError` naming the file."""
     raw = meta.get(VERSION_KEY)
     if raw is None:
-        raise OpcastError(f"{path} has no opcast schema version; it was not written by opcast (convert it with opcast collect replay)")
+        raise OpcastError(
+            f"{path} has no opcast schema version; it was not written by opcast (convert it with opcast collect replay)"
+        )
     text = raw.decode("utf-8", "replace").strip()
     if not text.isascii() or not text.isdigit():
         shown = text if len(text) <= 20 else text[:17] + "..."
-        raise OpcastError(f"{path}: its opcast.schema_version metadata {shown!r} is not a whole number; the file was "
-                          "edited or written by another tool: delete it or re-create it with opcast collect")
+        raise OpcastError(
+            f"{path}: its opcast.schema_version metadata {shown!r} is not a whole number; the file was "
+            "edited or written by another tool: delete it or re-create it with opcast collect"
+        )
     version = int(text)
     if version > SCHEMA_VERSION:
-        raise OpcastError(f"{path} has schema version {version}, newer than this opcast ({SCHEMA_VERSION}); upgrade opcast")
+        raise OpcastError(
+            f"{path} has schema version {version}, newer than this opcast ({SCHEMA_VERSION}); upgrade opcast"
+        )
     return version
 
 
@@ -200,7 +221,9 @@ def read_table(path: str | Path) -> pa.Table:
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
-        raise OpcastError(f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); delete or re-create it") from None
+        raise OpcastError(
+            f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); delete or re-create it"
+        ) from None
     _check_version(path, table.schema.metadata or {})
     schema = dataset_schema()
     missing = [n for n in required_columns() if n not in table.schema.names]
@@ -209,9 +232,14 @@ def read_table(path: str | Path) -> pa.Table:
     for name in table.schema.names:
         if name in schema.names and not table.schema.field(name).type.equals(schema.field(name).type):
             try:
-                table = table.set_column(table.schema.get_field_index(name), name, table[name].cast(schema.field(name).type))
+                table = table.set_column(
+                    table.schema.get_field_index(name), name, table[name].cast(schema.field(name).type)
+                )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-                raise OpcastError(f"{path}: column {name} has type {table.schema.field(name).type}, expected {schema.field(name).type}") from None
+                raise OpcastError(
+                    f"{path}: column {name} has type {table.schema.field(name).type}, expected "
+                    f"{schema.field(name).type}"
+                ) from None
     for name in schema.names:  # older files may lack newer optional columns
         if name not in table.schema.names:
             table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))

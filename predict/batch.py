@@ -35,7 +35,9 @@ def read_rows(path: str | Path) -> pd.DataFrame:
         frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as err:  # pandas/pyarrow raise many types for unreadable files
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
-        raise OpcastError(f"{path} is not a readable {path.suffix[1:]} file ({first}); give a table with an op column") from None
+        raise OpcastError(
+            f"{path} is not a readable {path.suffix[1:]} file ({first}); give a table with an op column"
+        ) from None
     if frame.empty:
         raise OpcastError(f"{path} holds no rows; give at least one kernel (op, dtype, direction and its parameters)")
     return frame
@@ -62,7 +64,9 @@ def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
         os.replace(tmp, path)
         tmp = None
     except OSError as err:
-        raise OpcastError(f"cannot write {path}: {err.strerror or err}; free space or choose a writable --out") from None
+        raise OpcastError(
+            f"cannot write {path}: {err.strerror or err}; free space or choose a writable --out"
+        ) from None
     except (pa.ArrowException, ValueError, TypeError) as err:
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise OpcastError(f"cannot write {path} as parquet ({first}); write a .csv instead") from None
@@ -86,8 +90,9 @@ def _tensor_cores(row: dict) -> bool | None:
         raise OpcastError(f"tensor_cores={err}") from None
 
 
-def predict_frame(frame: pd.DataFrame, device, kernels: KernelCostModel,
-                  comms: CollectiveCostModel | None = None) -> pd.DataFrame:
+def predict_frame(
+    frame: pd.DataFrame, device, kernels: KernelCostModel, comms: CollectiveCostModel | None = None
+) -> pd.DataFrame:
     """``frame`` with ``time_s_pred`` (seconds per call) and ``source_pred`` for every row."""
     if "op" not in frame.columns:
         raise OpcastError("the input has no 'op' column; name each row's op kind (e.g. gemm)")
@@ -104,16 +109,30 @@ def predict_frame(frame: pd.DataFrame, device, kernels: KernelCostModel,
             params = {n: row[n] for n in spec.param_names if n in row}
             if spec.collective:
                 clean = spec.validate(params)
-                parsed.append(Collective(spec.kind.value, clean["bytes"],
-                                         Group(clean["world_size"], clean["nodes"], clean["gpus_per_node"])))
+                parsed.append(
+                    Collective(
+                        spec.kind.value,
+                        clean["bytes"],
+                        Group(clean["world_size"], clean["nodes"], clean["gpus_per_node"]),
+                    )
+                )
             else:
-                parsed.append(validated_kernel(spec.kind.value, params, str(_value(row, "dtype", "bf16")),
-                                               str(_value(row, "direction", "fwd")), _tensor_cores(row)))
+                parsed.append(
+                    validated_kernel(
+                        spec.kind.value,
+                        params,
+                        str(_value(row, "dtype", "bf16")),
+                        str(_value(row, "direction", "fwd")),
+                        _tensor_cores(row),
+                    )
+                )
         except OpcastError as err:
             bad.append(f"row {i}: {err}")
     if bad:
         more = f" (and {len(bad) - SHOWN_BAD_ROWS} more)" if len(bad) > SHOWN_BAD_ROWS else ""
-        raise OpcastError(f"{len(bad)} of {len(rows)} rows cannot be predicted: " + "; ".join(bad[:SHOWN_BAD_ROWS]) + more)
+        raise OpcastError(
+            f"{len(bad)} of {len(rows)} rows cannot be predicted: " + "; ".join(bad[:SHOWN_BAD_ROWS]) + more
+        )
     table = kernels.lookup([p for p in parsed if not isinstance(p, Collective)], device)
     times, sources = [], []
     for p in parsed:

@@ -49,7 +49,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
@@ -396,10 +396,10 @@ def plan_workloads(cfg: CalibrateConfig) -> tuple[list[Workload], list[Workload]
 def _cache_key(w: Workload, cfg: CalibrateConfig, device: str) -> str:
     return json.dumps(
         {
-            "arch": asdict(w.arch),
+            "arch": asdict(w.arch),  # type: ignore[arg-type]  # resolved by plan_workloads
             "batch": w.batch,
             "seq": w.seq,
-            "precision": cfg.precision,  # type: ignore[call-overload]
+            "precision": cfg.precision,
             "attention": cfg.attention,
             "device": device,
             "steps": cfg.steps,
@@ -581,9 +581,9 @@ def check_intervals(models: Path, checks: Sequence[Workload], spec: Any, cfg: Ca
             lo, hi = (float(x) for x in interval)
             out.append(
                 {
-                    "arch": w.arch.name,
+                    "arch": w.arch.name,  # type: ignore[union-attr]
                     "batch": w.batch,
-                    "seq": w.seq,  # type: ignore[union-attr]
+                    "seq": w.seq,
                     "predicted_s": float(result.iteration_time_s),
                     "low_s": lo,
                     "high_s": hi,
@@ -627,7 +627,8 @@ def run_calibrate(
     spec = describe_local("cpu" if dev.type == "cpu" else f"cuda:{dev.index}")
     out = Path(cfg.out)
     data, arch_dir = out / "data", out / "archs"
-    archs = list({w.arch.name: w.arch for w in measured}.values())  # type: ignore[union-attr]
+    # plan_workloads resolved every arch name to its ArchSpec
+    archs = cast("list[ArchSpec]", list({w.arch.name: w.arch for w in measured}.values()))  # type: ignore[union-attr]
     try:
         paths = {a.name: arch_file(a, arch_dir) for a in archs}
     except OSError as err:
@@ -799,8 +800,8 @@ def run_calibrate(
         cut.append("collection skipped: no budget left for it")
     else:
         say(
-            f"collect on {spec.name}: {', '.join(base.ops)} in {cfg.precision} for up to {stages.collect_s:.0f} s, first "
-            f"the shapes of {len(measured)} workload(s) of {', '.join(a.name for a in archs)}"
+            f"collect on {spec.name}: {', '.join(base.ops)} in {cfg.precision} for up to {stages.collect_s:.0f} s, "
+            f"first the shapes of {len(measured)} workload(s) of {', '.join(a.name for a in archs)}"
         )
         deadline = t + stages.collect_s
         runs = []

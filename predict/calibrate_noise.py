@@ -69,15 +69,20 @@ class AnchorTiming:
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> AnchorTiming:
-        return cls(name=str(doc["name"]), median_s=float(doc["median_s"]), p20_s=float(doc["p20_s"]),
-                   p80_s=float(doc["p80_s"]))
+        return cls(
+            name=str(doc["name"]), median_s=float(doc["median_s"]), p20_s=float(doc["p20_s"]), p80_s=float(doc["p80_s"])
+        )
 
 
 ANCHOR_SHAPES: dict[str, dict[str, tuple[str, dict[str, Any]]]] = {
-    "cpu": {"gemm 512^3": ("gemm", {"b": 1, "m": 512, "n": 512, "k": 512}),
-            "add 4M": ("elementwise", {"numel": 1 << 22, "fn": "add"})},
-    "cuda": {"gemm 4096^3": ("gemm", {"b": 1, "m": 4096, "n": 4096, "k": 4096}),
-             "add 64M": ("elementwise", {"numel": 1 << 26, "fn": "add"})},
+    "cpu": {
+        "gemm 512^3": ("gemm", {"b": 1, "m": 512, "n": 512, "k": 512}),
+        "add 4M": ("elementwise", {"numel": 1 << 22, "fn": "add"}),
+    },
+    "cuda": {
+        "gemm 4096^3": ("gemm", {"b": 1, "m": 4096, "n": 4096, "k": 4096}),
+        "add 64M": ("elementwise", {"numel": 1 << 26, "fn": "add"}),
+    },
 }
 """Anchors per device type: one compute-bound GEMM and one memory-bound add, a few milliseconds
 each on their device (a 2-core CPU; one GPU)."""
@@ -127,7 +132,9 @@ def anchor_reasons(anchors: Sequence[AnchorTiming], rules: NoiseRules = RULES) -
     for a in anchors:
         s = spread(a.p20_s, a.p80_s)
         if s > rules.anchor_spread:
-            out.append(f"anchor {a.name} varied {s:.2f}x between its repetitions (p80/p20; quiet: < {rules.anchor_spread:g}x)")
+            out.append(
+                f"anchor {a.name} varied {s:.2f}x between its repetitions (p80/p20; quiet: < {rules.anchor_spread:g}x)"
+            )
     return out
 
 
@@ -141,8 +148,10 @@ def drift_reasons(start: Sequence[AnchorTiming], end: Sequence[AnchorTiming], ru
             continue
         ratio = a.median_s / b.median_s
         if max(ratio, 1 / ratio) > rules.anchor_drift:
-            out.append(f"anchor {a.name} took {1e3 * b.median_s:.3g} ms at the start and {1e3 * a.median_s:.3g} ms "
-                       f"at the end ({ratio:.2f}x; quiet: within {rules.anchor_drift:g}x)")
+            out.append(
+                f"anchor {a.name} took {1e3 * b.median_s:.3g} ms at the start and {1e3 * a.median_s:.3g} ms "
+                f"at the end ({ratio:.2f}x; quiet: within {rules.anchor_drift:g}x)"
+            )
     return out
 
 
@@ -153,8 +162,10 @@ def row_reasons(spreads: Sequence[tuple[float, float]], rules: NoiseRules = RULE
     noisy = sum(1 for p20, p80 in spreads if spread(p20, p80) > rules.row_spread)
     share = noisy / len(spreads)
     if share > rules.noisy_row_share:
-        return [f"{noisy} of {len(spreads)} measured points ({100 * share:.0f} %) varied more than {rules.row_spread:g}x "
-                f"between repetitions (quiet: under {100 * rules.noisy_row_share:.0f} %)"]
+        return [
+            f"{noisy} of {len(spreads)} measured points ({100 * share:.0f} %) varied more than {rules.row_spread:g}x "
+            f"between repetitions (quiet: under {100 * rules.noisy_row_share:.0f} %)"
+        ]
     return []
 
 
@@ -162,14 +173,21 @@ def interval_reason(label: str, low_s: float, high_s: float, rules: NoiseRules =
     """Why the interval of ``label`` is too wide to be a result, or None."""
     ratio = high_s / low_s if low_s > 0 else math.inf
     if not ratio <= rules.max_interval_ratio:
-        return (f"the 90 % interval of {label} is [{low_s:.3g} s, {high_s:.3g} s], {ratio:.3g}x wide "
-                f"(a calibration fails above {rules.max_interval_ratio:g}x)")
+        return (
+            f"the 90 % interval of {label} is [{low_s:.3g} s, {high_s:.3g} s], {ratio:.3g}x wide "
+            f"(a calibration fails above {rules.max_interval_ratio:g}x)"
+        )
     return None
 
 
-def assess(*, load: tuple[float, int] | None = None, anchors: Sequence[AnchorTiming] = (),
-           start_anchors: Sequence[AnchorTiming] | None = None, rows: Sequence[tuple[float, float]] = (),
-           rules: NoiseRules = RULES) -> Verdict:
+def assess(
+    *,
+    load: tuple[float, int] | None = None,
+    anchors: Sequence[AnchorTiming] = (),
+    start_anchors: Sequence[AnchorTiming] | None = None,
+    rows: Sequence[tuple[float, float]] = (),
+    rules: NoiseRules = RULES,
+) -> Verdict:
     """Every rule on what was measured: the load before the run, the anchors (and their drift from
     ``start_anchors``), the (p20, p80) of collected rows."""
     reasons: list[str] = []

@@ -12,10 +12,37 @@ from __future__ import annotations
 import typer
 
 from opcast.cli_common import console, print_json
-from opcast.predict.options import (ARCH, CLUSTER, COVERAGE, DIRECTION, DTYPE, GPU, GPUS_PER_NODE, INFER, INFER_NODES,
-                                    INTERVAL_MODE, JSON, KERNEL_SOURCE, KERNELS_INPUT, KERNELS_OUT, NODES, OP, PARAM, SET,
-                                    TENSOR_CORES, TRACE, TRAIN, TRAIN_GPU, TRAIN_PLOT, Args, command, device, infer_config,
-                                    kernel_cost, train_config)
+from opcast.predict.options import (
+    ARCH,
+    CLUSTER,
+    COVERAGE,
+    DIRECTION,
+    DTYPE,
+    GPU,
+    GPUS_PER_NODE,
+    INFER,
+    INFER_NODES,
+    INTERVAL_MODE,
+    JSON,
+    KERNEL_SOURCE,
+    KERNELS_INPUT,
+    KERNELS_OUT,
+    NODES,
+    OP,
+    PARAM,
+    SET,
+    TENSOR_CORES,
+    TRACE,
+    TRAIN,
+    TRAIN_GPU,
+    TRAIN_PLOT,
+    Args,
+    command,
+    device,
+    infer_config,
+    kernel_cost,
+    train_config,
+)
 
 app = typer.Typer(no_args_is_help=True, help="Predict kernel latency and LLM training/inference time and memory.")
 
@@ -35,8 +62,9 @@ def _parse_params(items: list[str]) -> dict[str, str]:
 def _infeasible(reasons: tuple[str, ...] | list[str]):
     from opcast.errors import OpcastError
 
-    return OpcastError(f"infeasible configuration ({len(reasons)} reason{'s' if len(reasons) != 1 else ''}): "
-                       + "; ".join(reasons))
+    return OpcastError(
+        f"infeasible configuration ({len(reasons)} reason{'s' if len(reasons) != 1 else ''}): " + "; ".join(reasons)
+    )
 
 
 @app.command("kernel")
@@ -54,8 +82,14 @@ def kernel_cmd(o: Args) -> None:
         clean = spec.validate(params)
         group = Group(clean["world_size"], clean["nodes"], clean["gpus_per_node"])
         seconds, source = CollectiveCostModel().time_s(Collective(spec.kind.value, clean["bytes"], group), dev)
-        doc = {"gpu": dev.name, "op": spec.kind.value, "params": clean, "time_s": seconds, "source": source,
-               "busbw_gbps": spec.bytes_moved(clean, 1) / seconds / 1e9 if seconds else None}
+        doc = {
+            "gpu": dev.name,
+            "op": spec.kind.value,
+            "params": clean,
+            "time_s": seconds,
+            "source": source,
+            "busbw_gbps": spec.bytes_moved(clean, 1) / seconds / 1e9 if seconds else None,
+        }
     else:
         from opcast.predict.cost import validated_kernel
         from opcast.predict.report import op_bottleneck
@@ -65,13 +99,34 @@ def kernel_cmd(o: Args) -> None:
         seconds, source = cost.time_s(k, dev)
         terms = cost.roofline.terms(k, dev)
         res = cost.residuals(k, dev)
-        interval = {"time_s_interval": list(res.bounds(seconds, 0.9)), "interval_coverage": 0.9,
-                    "interval_basis": f"held-out residuals of {res.group} ({res.device_class})"} if res is not None else \
-            {"time_s_interval": None, "interval_basis": "none: no held-out residuals behind this time (roofline or an old model set)"}
-        doc = {"gpu": dev.name, "op": k.kind, "params": dict(k.params), "dtype": k.dtype, "direction": k.direction,
-               "tensor_cores": k.tensor_cores, "time_s": seconds, "source": source, "flops": terms.flops,
-               "bytes": terms.bytes, "roofline_time_s": terms.time_s, **op_bottleneck(k, seconds, dev, cost),
-               **interval, "notes": cost.describe()["notes"]}
+        interval = (
+            {
+                "time_s_interval": list(res.bounds(seconds, 0.9)),
+                "interval_coverage": 0.9,
+                "interval_basis": f"held-out residuals of {res.group} ({res.device_class})",
+            }
+            if res is not None
+            else {
+                "time_s_interval": None,
+                "interval_basis": "none: no held-out residuals behind this time (roofline or an old model set)",
+            }
+        )
+        doc = {
+            "gpu": dev.name,
+            "op": k.kind,
+            "params": dict(k.params),
+            "dtype": k.dtype,
+            "direction": k.direction,
+            "tensor_cores": k.tensor_cores,
+            "time_s": seconds,
+            "source": source,
+            "flops": terms.flops,
+            "bytes": terms.bytes,
+            "roofline_time_s": terms.time_s,
+            **op_bottleneck(k, seconds, dev, cost),
+            **interval,
+            "notes": cost.describe()["notes"],
+        }
     if o.as_json:
         print_json(doc)
         return
@@ -92,18 +147,39 @@ def kernels_cmd(o: Args) -> None:
     filled = predict_frame(frame, dev, cost)
     write_rows(filled, o.out)
     counts = filled["source_pred"].value_counts().to_dict()
-    console.print(f"{len(filled)} rows -> {o.out} on {dev.name} ({', '.join(f'{v} {k}' for k, v in counts.items())})",
-                  markup=False, highlight=False)
+    console.print(
+        f"{len(filled)} rows -> {o.out} on {dev.name} ({', '.join(f'{v} {k}' for k, v in counts.items())})",
+        markup=False,
+        highlight=False,
+    )
     flagged = cost.range_flags(dev)
     if flagged:
-        console.print(f"  warning: {len(flagged)} distinct kernel(s) outside the shapes or hardware their learned model was fitted on"
-                      f"{' (roofline used, --analytic)' if o.analytic else ''}, e.g. {next(iter(flagged.values()))}",
-                      style="yellow", markup=False, highlight=False)
+        console.print(
+            f"  warning: {len(flagged)} distinct kernel(s) outside the shapes or hardware their learned model was "
+            f"fitted on"
+            f"{' (roofline used, --analytic)' if o.analytic else ''}, e.g. {next(iter(flagged.values()))}",
+            style="yellow",
+            markup=False,
+            highlight=False,
+        )
 
 
 @app.command("train")
-@command(ARCH, TRAIN_GPU, NODES, GPUS_PER_NODE, CLUSTER, *TRAIN, *KERNEL_SOURCE, SET, JSON, TRACE, TRAIN_PLOT, COVERAGE,
-         INTERVAL_MODE)
+@command(
+    ARCH,
+    TRAIN_GPU,
+    NODES,
+    GPUS_PER_NODE,
+    CLUSTER,
+    *TRAIN,
+    *KERNEL_SOURCE,
+    SET,
+    JSON,
+    TRACE,
+    TRAIN_PLOT,
+    COVERAGE,
+    INTERVAL_MODE,
+)
 def train_cmd(o: Args) -> None:
     """Iteration time, tokens/s, MFU and memory per GPU of one training configuration."""
     from opcast.archs import load_arch

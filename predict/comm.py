@@ -73,8 +73,7 @@ class CollectiveCostSource(Protocol):
 
     name: str
 
-    def covers(self, call: Collective, device: DeviceSpec) -> bool:
-        ...
+    def covers(self, call: Collective, device: DeviceSpec) -> bool: ...
 
     def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
         """(seconds, label of how it was costed)."""
@@ -105,19 +104,28 @@ class _Protocol:
 
 # NCCL 2.7 src/graph/tuning.cc: baseLat {Tree, Ring} x {LL, Simple} and hwLat {NVLink, PCI, NET}.
 _PROTOCOLS: dict[str, _Protocol] = {
-    "LL": _Protocol(base_ring_s=3.6e-6, base_tree_s=4.4e-6,
-                    hop_ring_s={"nvlink": 0.47e-6, "pci": 1.0e-6, "net": 2.7e-6},
-                    hop_tree_s={"nvlink": 0.52e-6, "pci": 1.0e-6, "net": 5.0e-6},
-                    bw_ring=1.0 / 4.0, bw_tree=1.0 / 3.8),
-    "Simple": _Protocol(base_ring_s=8.4e-6, base_tree_s=0.0,
-                        hop_ring_s={"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 9.6e-6},
-                        hop_tree_s={"nvlink": 28e-6, "pci": 28e-6, "net": 50e-6},
-                        bw_ring=1.0, bw_tree=1.0),
+    "LL": _Protocol(
+        base_ring_s=3.6e-6,
+        base_tree_s=4.4e-6,
+        hop_ring_s={"nvlink": 0.47e-6, "pci": 1.0e-6, "net": 2.7e-6},
+        hop_tree_s={"nvlink": 0.52e-6, "pci": 1.0e-6, "net": 5.0e-6},
+        bw_ring=1.0 / 4.0,
+        bw_tree=1.0 / 3.8,
+    ),
+    "Simple": _Protocol(
+        base_ring_s=8.4e-6,
+        base_tree_s=0.0,
+        hop_ring_s={"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 9.6e-6},
+        hop_tree_s={"nvlink": 28e-6, "pci": 28e-6, "net": 50e-6},
+        bw_ring=1.0,
+        bw_tree=1.0,
+    ),
 }
 _TREE_BW = 0.9  # NCCL: tree busBw = 0.9 x ring's
 
 
 # --------------------------------------------------------------------------- alpha-beta
+
 
 class AlphaBetaCollectives:
     """Ring / tree / hierarchical alpha-beta costs; see the module docstring."""
@@ -154,11 +162,14 @@ class AlphaBetaCollectives:
             hop_i, hop_n = p.hop_ring_s[tier], p.hop_ring_s["net"]
 
             def ring(steps: int, inter_steps: int, volume: float, bw: float) -> float:
-                return p.base_ring_s + (steps - inter_steps) * hop_i + inter_steps * hop_n + volume / (bw * p.bw_ring)
+                # called only in the iteration that defines it, so the loop variables are the current ones
+                return p.base_ring_s + (steps - inter_steps) * hop_i + inter_steps * hop_n + volume / (bw * p.bw_ring)  # noqa: B023
 
             if kind == "all_reduce":
                 out.append((ring(2 * (n - 1), 2 * (nodes - 1), 2 * (n - 1) / n * s, b_flat), f"ring/{pname}"))
-                tree_lat = p.base_tree_s + 2 * ((per - 1) * p.hop_tree_s[tier] + math.ceil(math.log2(nodes)) * p.hop_tree_s["net"])
+                tree_lat = p.base_tree_s + 2 * (
+                    (per - 1) * p.hop_tree_s[tier] + math.ceil(math.log2(nodes)) * p.hop_tree_s["net"]
+                )
                 out.append((tree_lat + 2 * s / (_TREE_BW * b_flat * p.bw_tree), f"tree/{pname}"))
                 if nodes > 1 and per > 1:
                     rs = ring(per - 1, 0, (per - 1) / per * s, b_intra)
@@ -212,9 +223,11 @@ class CollectiveCostModel:
         return sum(n * self.time_s(c, device)[0] for c, n in calls)
 
     def describe(self) -> dict[str, object]:
-        return {"collective_models": [s.name for s in self.sources],
-                "link_efficiency": dict(LINK_EFFICIENCY),
-                "latencies": "NCCL 2.7 src/graph/tuning.cc baseLat/hwLat (LL and Simple protocols)"}
+        return {
+            "collective_models": [s.name for s in self.sources],
+            "link_efficiency": dict(LINK_EFFICIENCY),
+            "latencies": "NCCL 2.7 src/graph/tuning.cc baseLat/hwLat (LL and Simple protocols)",
+        }
 
 
 def place(size: int, stride: int, gpus_per_node: int) -> Group:

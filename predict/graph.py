@@ -118,8 +118,10 @@ def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool) -> list[
         b = arch.n_experts // ep
         rows = -(-tokens * arch.experts_top_k * ep // arch.n_experts)
         routed = tokens * arch.experts_top_k * arch.hidden
-        pre = [("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1),
-               ("permute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
+        pre = [
+            ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1),
+            ("permute", "elementwise", {"numel": routed, "fn": "copy"}, 1),
+        ]
         post = [("unpermute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
     act_numel = b * rows * ffn
     return [
@@ -132,8 +134,19 @@ def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool) -> list[
     ]
 
 
-def block_ops(arch: ArchSpec, *, tp: int, batch: int, seq_q: int, seq_kv: int, sp: bool, cp: int = 1, ep: int = 1,
-              attention: str = "flash", training: bool = True) -> list[Op]:
+def block_ops(
+    arch: ArchSpec,
+    *,
+    tp: int,
+    batch: int,
+    seq_q: int,
+    seq_kv: int,
+    sp: bool,
+    cp: int = 1,
+    ep: int = 1,
+    attention: str = "flash",
+    training: bool = True,
+) -> list[Op]:
     """Forward ops of one block on one rank for ``batch`` sequences of ``seq_q`` local queries
     against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``)."""
     tokens = batch * seq_q
@@ -146,21 +159,33 @@ def block_ops(arch: ArchSpec, *, tp: int, batch: int, seq_q: int, seq_kv: int, s
     if cp == 1:
         core = [("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_kv, "causal": True}, 1)]
     else:
-        core = [("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q, "causal": True}, 1),
-                ("attn_cp", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q // 2, "causal": False}, cp - 1)]
-    kv_write = [] if training else [("kv_write", "elementwise", {"numel": 2 * tokens * kv_heads * arch.head_dim, "fn": "copy"}, 1)]
+        core = [
+            ("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q, "causal": True}, 1),
+            ("attn_cp", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q // 2, "causal": False}, cp - 1),
+        ]
+    kv_write = (
+        []
+        if training
+        else [("kv_write", "elementwise", {"numel": 2 * tokens * kv_heads * arch.head_dim, "fn": "copy"}, 1)]
+    )
     attention_ops: list[Op] = [
         ("norm1", *norm, 1),
         ("qkv", "gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}, 1),
-        *([("rope", "rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim}, 1)]
-          if arch.position == "rope" else []),
+        *(
+            [("rope", "rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim}, 1)]
+            if arch.position == "rope"
+            else []
+        ),
         *kv_write,
         *core,
         ("proj", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}, 1),
         *([("attn_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
     ]
-    mlp_ops: list[Op] = [("norm2", *norm, 1), *_mlp(arch, tp, tokens, ep, training),
-                         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else [])]
+    mlp_ops: list[Op] = [
+        ("norm2", *norm, 1),
+        *_mlp(arch, tp, tokens, ep, training),
+        *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
+    ]
     add: Op = ("residual_add", "elementwise", {"numel": residual, "fn": "add"}, 1)
     if arch.parallel_residual:
         return [*attention_ops, *mlp_ops, add, add]
@@ -173,8 +198,10 @@ def embedding_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, training: 
     vocab = padded_vocab(arch.vocab, tp) // tp
     ops: list[Op] = [("embed", "embedding", {"tokens": tokens, "vocab": vocab, "hidden": arch.hidden}, 1)]
     if arch.position == "learned":
-        ops += [("pos_embed", "embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}, 1),
-                ("pos_add", "elementwise", {"numel": tokens * arch.hidden, "fn": "add"}, 1)]
+        ops += [
+            ("pos_embed", "embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}, 1),
+            ("pos_add", "elementwise", {"numel": tokens * arch.hidden, "fn": "add"}, 1),
+        ]
     if training and arch.family in DROPOUT_FAMILIES:
         ops.append(("embed_dropout", "elementwise", {"numel": rows * arch.hidden, "fn": "dropout"}, 1))
     return ops
@@ -183,14 +210,17 @@ def embedding_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, training: 
 def head_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, loss: bool = True) -> list[Op]:
     """Forward ops of the last stage after the blocks: final norm, LM head, vocab-parallel cross entropy."""
     vocab = padded_vocab(arch.vocab, tp) // tp
-    ops: list[Op] = [("final_norm", arch.norm, {"rows": rows, "cols": arch.hidden}, 1),
-                     ("lm_head", "gemm", {"b": 1, "m": tokens, "n": vocab, "k": arch.hidden}, 1)]
+    ops: list[Op] = [
+        ("final_norm", arch.norm, {"rows": rows, "cols": arch.hidden}, 1),
+        ("lm_head", "gemm", {"b": 1, "m": tokens, "n": vocab, "k": arch.hidden}, 1),
+    ]
     if loss:
         ops.append(("cross_entropy", "cross_entropy", {"tokens": tokens, "vocab": vocab}, 1))
     return ops
 
 
 # --------------------------------------------------------------------------- backward
+
 
 def backward_ops(ops: list[Op]) -> list[tuple[str, str, dict, str, int]]:
     """(role, kind, params, direction, count) of the backward pass of ``ops``, in reverse order."""
@@ -207,8 +237,10 @@ def backward_ops(ops: list[Op]) -> list[tuple[str, str, dict, str, int]]:
 
 # --------------------------------------------------------------------------- comms
 
-def block_comms(arch: ArchSpec, *, tp: int, batch: int, seq_q: int, sp: bool, cp: int, ep: int, dtype: str,
-                training: bool = True) -> dict[str, tuple[Comm, ...]]:
+
+def block_comms(
+    arch: ArchSpec, *, tp: int, batch: int, seq_q: int, sp: bool, cp: int, ep: int, dtype: str, training: bool = True
+) -> dict[str, tuple[Comm, ...]]:
     """Collectives of one block per micro-batch by phase (forward, backward; recompute = forward)."""
     b = dtype_bytes(dtype)
     tokens = batch * seq_q
@@ -218,11 +250,14 @@ def block_comms(arch: ArchSpec, *, tp: int, batch: int, seq_q: int, sp: bool, cp
     if tp > 1:
         if sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
             fwd += [Comm("tp", "all_gather", act, 2), Comm("tp", "reduce_scatter", act, 2)]
-            bwd += [Comm("tp", "reduce_scatter", act, 2), Comm("tp", "all_gather", act, 2),
-                    # Megatron re-gathers the sharded QKV / MLP-up input for the weight gradient,
-                    # asynchronously, behind the data-gradient GEMM.
-                    Comm("tp", "all_gather", act, 1, overlap_with="qkv.dgrad"),
-                    Comm("tp", "all_gather", act, 1, overlap_with="mlp_up.dgrad")]
+            bwd += [
+                Comm("tp", "reduce_scatter", act, 2),
+                Comm("tp", "all_gather", act, 2),
+                # Megatron re-gathers the sharded QKV / MLP-up input for the weight gradient,
+                # asynchronously, behind the data-gradient GEMM.
+                Comm("tp", "all_gather", act, 1, overlap_with="qkv.dgrad"),
+                Comm("tp", "all_gather", act, 1, overlap_with="mlp_up.dgrad"),
+            ]
         else:
             fwd.append(Comm("tp", "all_reduce", act, 2))
             bwd.append(Comm("tp", "all_reduce", act, 2))
@@ -247,7 +282,9 @@ def embedding_comms(arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: st
     return {FWD: fwd, BWD: bwd}
 
 
-def head_comms(arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: str, loss: bool = True) -> dict[str, tuple[Comm, ...]]:
+def head_comms(
+    arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: str, loss: bool = True
+) -> dict[str, tuple[Comm, ...]]:
     if tp == 1:
         return {FWD: (), BWD: ()}
     act = tokens * arch.hidden * dtype_bytes(dtype)
@@ -260,17 +297,21 @@ def head_comms(arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: str, lo
 
 # --------------------------------------------------------------------------- assembled, cached
 
+
 def _nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
     return tuple(Node(role, prec.of(kind, p), count) for role, kind, p, count in ops)
 
 
 def _bwd_nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
-    return tuple(Node(role, prec.of(kind, p, direction), count) for role, kind, p, direction, count in backward_ops(ops))
+    return tuple(
+        Node(role, prec.of(kind, p, direction), count) for role, kind, p, direction, count in backward_ops(ops)
+    )
 
 
 @lru_cache(maxsize=4096)
-def _block_passes(arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str,
-                  prec: Dtypes) -> tuple[tuple[Node, ...], tuple[Node, ...], dict[str, tuple[Comm, ...]]]:
+def _block_passes(
+    arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str, prec: Dtypes
+) -> tuple[tuple[Node, ...], tuple[Node, ...], dict[str, tuple[Comm, ...]]]:
     """(forward nodes, backward nodes, collectives) of one block, whatever the recomputation: the
     graphs of the three modes share these objects (built once, costed once by the search)."""
     seq_q = seq // cp
@@ -280,8 +321,19 @@ def _block_passes(arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool, cp: i
 
 
 @lru_cache(maxsize=4096)
-def train_block(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str,
-                recompute: str, prec: Dtypes) -> Graph:
+def train_block(
+    arch: ArchSpec,
+    *,
+    tp: int,
+    batch: int,
+    seq: int,
+    sp: bool,
+    cp: int,
+    ep: int,
+    attention: str,
+    recompute: str,
+    prec: Dtypes,
+) -> Graph:
     """One block's training graph per micro-batch (``seq`` = full sequence; ranks hold ``seq / cp``)."""
     fwd, bwd, comms = _block_passes(arch, tp, batch, seq, sp, cp, ep, attention, prec)
     rec_nodes: tuple[Node, ...] = ()
@@ -290,13 +342,15 @@ def train_block(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: 
         rec_nodes, rec_comms = fwd, comms[FWD]
     elif recompute == "selective":
         rec_nodes = tuple(n for n in fwd if n.role in ("attn", "attn_cp"))
-    return Graph(nodes={FWD: fwd, BWD: bwd, RECOMPUTE: rec_nodes},
-                 comms={FWD: comms[FWD], BWD: comms[BWD], RECOMPUTE: rec_comms})
+    return Graph(
+        nodes={FWD: fwd, BWD: bwd, RECOMPUTE: rec_nodes}, comms={FWD: comms[FWD], BWD: comms[BWD], RECOMPUTE: rec_comms}
+    )
 
 
 @lru_cache(maxsize=4096)
-def train_extras(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, first: bool, last: bool,
-                 prec: Dtypes) -> Graph:
+def train_extras(
+    arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp: int, first: bool, last: bool, prec: Dtypes
+) -> Graph:
     """The model-level ops of a first and/or last pipeline stage per micro-batch."""
     tokens = batch * (seq // cp)
     rows = tokens // tp if sp else tokens
@@ -320,8 +374,10 @@ def train_extras(arch: ArchSpec, *, tp: int, batch: int, seq: int, sp: bool, cp:
         # on two stages and Megatron all-reduces their gradients instead (embedding group).
         numel = padded_vocab(arch.vocab, tp) // tp * arch.hidden
         bwd += (Node("embedding.tied_grad", prec.of("elementwise", {"numel": numel, "fn": "add"}, "fwd"), 1),)
-    return Graph(nodes={FWD: _nodes(ops, prec), BWD: bwd, RECOMPUTE: ()},
-                 comms={FWD: tuple(fwd_c), BWD: tuple(bwd_c), RECOMPUTE: ()})
+    return Graph(
+        nodes={FWD: _nodes(ops, prec), BWD: bwd, RECOMPUTE: ()},
+        comms={FWD: tuple(fwd_c), BWD: tuple(bwd_c), RECOMPUTE: ()},
+    )
 
 
 def graph_flops(graph: Graph, phases: tuple[str, ...] = (FWD, BWD)) -> float:

@@ -71,19 +71,38 @@ class Interval:
     """The device classes of the residuals used (``seen_device`` / ``unseen_device`` / ``seen_device only``)."""
 
     def assumption(self) -> str:
-        how = ("errors fully correlated within each learned predictor, independent between predictors"
-               if self.mode == "group" else "errors fully correlated across all learned predictors")
-        return (f"{self.coverage:.0%} interval from held-out residuals ({', '.join(self.device_classes) or 'none'}); {how}; "
-                f"{self.learned_share:.0%} of the critical path is learned, the rest enters as a point value")
+        how = (
+            "errors fully correlated within each learned predictor, independent between predictors"
+            if self.mode == "group"
+            else "errors fully correlated across all learned predictors"
+        )
+        return (
+            f"{self.coverage:.0%} interval from held-out residuals ({', '.join(self.device_classes) or 'none'}); "
+            f"{how}; "
+            f"{self.learned_share:.0%} of the critical path is learned, the rest enters as a point value"
+        )
 
     def to_dict(self) -> dict[str, object]:
-        return {"low_s": self.low_s, "high_s": self.high_s, "coverage": self.coverage, "mode": self.mode,
-                "learned_share": self.learned_share, "device_classes": list(self.device_classes),
-                "assumption": self.assumption()}
+        return {
+            "low_s": self.low_s,
+            "high_s": self.high_s,
+            "coverage": self.coverage,
+            "mode": self.mode,
+            "learned_share": self.learned_share,
+            "device_classes": list(self.device_classes),
+            "assumption": self.assumption(),
+        }
 
 
-def propagate(total_s: float, contributions: Mapping[str, float], residuals: Mapping[str, Residuals], *,
-              coverage: float = DEFAULT_COVERAGE, mode: IntervalMode = "group", seed: int = 0) -> Interval:
+def propagate(
+    total_s: float,
+    contributions: Mapping[str, float],
+    residuals: Mapping[str, Residuals],
+    *,
+    coverage: float = DEFAULT_COVERAGE,
+    mode: IntervalMode = "group",
+    seed: int = 0,
+) -> Interval:
     """The interval of ``total_s`` when predictor ``g`` contributes ``contributions[g]`` seconds of it
     (linearly) and its error follows ``residuals[g]``."""
     if not 0 < coverage < 1:

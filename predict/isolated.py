@@ -23,6 +23,7 @@ raised with whatever it returned when asked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import traceback
@@ -44,13 +45,11 @@ class Overran(Exception):
 
 
 def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.setpgrp()
-    except OSError:
-        pass
     try:
         conn.send(("ok", fn(*args, **kwargs)))
-    except BaseException as err:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException as err:
         try:
             conn.send(("err", err))
         except Exception:  # an exception that does not pickle
@@ -59,8 +58,14 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
         conn.close()
 
 
-def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = False, timeout_s: float | None = None,
-                     grace_s: float = GRACE_S, **kwargs: Any) -> Any:
+def in_fresh_process(
+    fn: Callable[..., Any],
+    *args: Any,
+    forward_sigint: bool = False,
+    timeout_s: float | None = None,
+    grace_s: float = GRACE_S,
+    **kwargs: Any,
+) -> Any:
     """``fn(*args, **kwargs)`` in a new ``spawn``-ed process; its result or its exception comes back.
     ``fn`` must be importable (a module-level function) and its arguments picklable. Within
     ``timeout_s`` seconds an unfinished child is stopped and :class:`Overran` raised (see the
@@ -74,9 +79,11 @@ def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = 
     child.close()
     previous = None
     if forward_sigint:
+
         def forward(signum: int, frame: Any) -> None:
             if proc.pid is not None and proc.is_alive():
                 os.kill(proc.pid, signal.SIGINT)
+
         try:
             previous = signal.signal(signal.SIGINT, forward)
         except ValueError:  # not the main thread: Ctrl-C cannot be forwarded, the child keeps running
@@ -100,8 +107,10 @@ def in_fresh_process(fn: Callable[..., Any], *args: Any, forward_sigint: bool = 
             from opcast.errors import OpcastError
 
             why = " (killed: out of memory?)" if proc.exitcode in (-9, 137) else ""
-            raise OpcastError(f"the measuring process died with exit code {proc.exitcode}{why} before it finished; "
-                              "try a smaller arch, batch or sequence") from None
+            raise OpcastError(
+                f"the measuring process died with exit code {proc.exitcode}{why} before it finished; "
+                "try a smaller arch, batch or sequence"
+            ) from None
     except KeyboardInterrupt:
         proc.terminate()
         raise
@@ -126,10 +135,8 @@ def _stop(proc: Any, conn: Any, signals: tuple[int, ...], grace_s: float) -> boo
     when it answered (a result or its end) before being killed."""
     for sig in signals:
         if proc.pid is not None and proc.is_alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, sig)
-            except ProcessLookupError:
-                pass
         if conn.poll(grace_s):
             return True
     proc.kill()

@@ -55,6 +55,7 @@ def bubble_fraction(pp: int, micro_batches: int, virtual_stages: int = 1) -> flo
 
 # --------------------------------------------------------------------------- simulation (traces)
 
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Task:
     """One forward or backward of one micro-batch's model chunk on one stage."""
@@ -101,8 +102,9 @@ def _order(pp: int, stage: int, m: int, v: int) -> list[tuple[str, int, int]]:
     return order
 
 
-def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], micro_batches: int, virtual_stages: int = 1,
-             p2p_s: float = 0.0) -> list[Task]:
+def simulate(
+    fwd_s: Sequence[float], bwd_s: Sequence[float], micro_batches: int, virtual_stages: int = 1, p2p_s: float = 0.0
+) -> list[Task]:
     """Timeline of one iteration: per-stage forward / backward times of one micro-batch (all of the
     stage's chunks together), split evenly over its ``virtual_stages`` chunks."""
     pp, v, m = len(fwd_s), max(1, virtual_stages), micro_batches
@@ -118,10 +120,15 @@ def simulate(fwd_s: Sequence[float], bwd_s: Sequence[float], micro_batches: int,
             while pos[s] < len(orders[s]):
                 kind, mb, chunk = orders[s][pos[s]]
                 if kind == "F":
-                    prev = (("F", s - 1, mb, chunk) if s > 0 else ("F", pp - 1, mb, chunk - 1) if chunk > 0 else None)
+                    prev = ("F", s - 1, mb, chunk) if s > 0 else ("F", pp - 1, mb, chunk - 1) if chunk > 0 else None
                 else:
-                    prev = (("B", s + 1, mb, chunk) if s < pp - 1 else ("B", 0, mb, chunk + 1) if chunk < v - 1
-                            else ("F", s, mb, chunk))
+                    prev = (
+                        ("B", s + 1, mb, chunk)
+                        if s < pp - 1
+                        else ("B", 0, mb, chunk + 1)
+                        if chunk < v - 1
+                        else ("F", s, mb, chunk)
+                    )
                 if prev is not None and prev not in done:
                     break
                 ready = 0.0 if prev is None else done[prev] + (p2p_s if prev[1] != s else 0.0)

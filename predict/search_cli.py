@@ -14,10 +14,34 @@ from pathlib import Path
 from typing import Any
 
 from opcast.cli_common import console, err_console, print_json
-from opcast.predict.options import (ALLOW_STRADDLING, ARCH, ATTENTION, FIX, GPU, GPU_HOUR_PRICE, GPUS_PER_NODE, JSON,
-                                    KERNEL_SOURCE, MAX_MEM, MAX_TP, OBJECTIVE, PRECISION, SEARCH_CSV, SEARCH_GLOBAL_BATCH,
-                                    SEARCH_GPUS, SEARCH_OVERLAP, SEARCH_SEQ, SET, TOP, TP_WITHIN_NODE, WORKERS, Args, command,
-                                    device, kernel_cost)
+from opcast.predict.options import (
+    ALLOW_STRADDLING,
+    ARCH,
+    ATTENTION,
+    FIX,
+    GPU,
+    GPU_HOUR_PRICE,
+    GPUS_PER_NODE,
+    JSON,
+    KERNEL_SOURCE,
+    MAX_MEM,
+    MAX_TP,
+    OBJECTIVE,
+    PRECISION,
+    SEARCH_CSV,
+    SEARCH_GLOBAL_BATCH,
+    SEARCH_GPUS,
+    SEARCH_OVERLAP,
+    SEARCH_SEQ,
+    SET,
+    TOP,
+    TP_WITHIN_NODE,
+    WORKERS,
+    Args,
+    command,
+    device,
+    kernel_cost,
+)
 
 
 class _LazyBar:
@@ -35,8 +59,14 @@ class _LazyBar:
                 return
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self.progress = Progress(TextColumn("search: {task.description:9s}"), BarColumn(), MofNCompleteColumn(),
-                                     TimeElapsedColumn(), console=err_console, transient=True)
+            self.progress = Progress(
+                TextColumn("search: {task.description:9s}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err_console,
+                transient=True,
+            )
             self.progress.start()
         task = self.tasks.get(stage)
         if task is None:
@@ -69,17 +99,41 @@ def _write_csv(result, path: Path) -> None:
         os.replace(tmp, path)
         tmp = None
     except OSError as err:
-        raise OpcastError(f"cannot write {path}: {err.strerror or err}; free space or choose a writable --csv") from None
+        raise OpcastError(
+            f"cannot write {path}: {err.strerror or err}; free space or choose a writable --csv"
+        ) from None
     finally:  # a failed or interrupted write leaves no temp file behind
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
 
 
-@command(ARCH, GPU, SEARCH_GPUS, SEARCH_GLOBAL_BATCH, SEARCH_SEQ, GPUS_PER_NODE, PRECISION, ATTENTION, TOP, OBJECTIVE,
-         MAX_TP, TP_WITHIN_NODE, MAX_MEM, FIX, ALLOW_STRADDLING, SEARCH_OVERLAP, GPU_HOUR_PRICE, WORKERS, *KERNEL_SOURCE, SET,
-         JSON, SEARCH_CSV, defer_problems=True)
+@command(
+    ARCH,
+    GPU,
+    SEARCH_GPUS,
+    SEARCH_GLOBAL_BATCH,
+    SEARCH_SEQ,
+    GPUS_PER_NODE,
+    PRECISION,
+    ATTENTION,
+    TOP,
+    OBJECTIVE,
+    MAX_TP,
+    TP_WITHIN_NODE,
+    MAX_MEM,
+    FIX,
+    ALLOW_STRADDLING,
+    SEARCH_OVERLAP,
+    GPU_HOUR_PRICE,
+    WORKERS,
+    *KERNEL_SOURCE,
+    SET,
+    JSON,
+    SEARCH_CSV,
+    defer_problems=True,
+)
 def search_cmd(o: Args) -> None:
-    """Search every TP/PP/DP/CP/SP, micro-batch, recomputation, ZeRO and schedule combination; rank the feasible ones."""
+    """Search every TP/PP/DP/CP/SP, micro-batch, recomputation, ZeRO and schedule combination; rank the feasible ones."""  # noqa: E501 -- the command's one-line help
     from opcast.archs import load_arch
     from opcast.errors import OpcastError
     from opcast.predict.report import print_search
@@ -94,11 +148,21 @@ def search_cmd(o: Args) -> None:
         fixed = {}
         problems.append(str(err))
     problems += o.problems  # the options' own checks (--gpu-hour-price, --models with --roofline)
-    space = SearchSpace(gpus=o.gpus, gpus_per_node=o.gpus_per_node, global_batch=o.global_batch, seq=o.seq,
-                        precision=o.precision, attention=o.attention, objective=o.objective,
-                        max_tp=o.max_tp, tp_within_node=o.tp_within_node, aligned_groups=not o.allow_straddling,
-                        max_mem_bytes=None if o.max_mem is None else o.max_mem * 2**30,
-                        overlap_grad_reduce=o.overlap_grad_reduce, fixed=fixed)
+    space = SearchSpace(
+        gpus=o.gpus,
+        gpus_per_node=o.gpus_per_node,
+        global_batch=o.global_batch,
+        seq=o.seq,
+        precision=o.precision,
+        attention=o.attention,
+        objective=o.objective,
+        max_tp=o.max_tp,
+        tp_within_node=o.tp_within_node,
+        aligned_groups=not o.allow_straddling,
+        max_mem_bytes=None if o.max_mem is None else o.max_mem * 2**30,
+        overlap_grad_reduce=o.overlap_grad_reduce,
+        fixed=fixed,
+    )
     problems += space_problems(dev, space)
     if problems:  # every problem of the request in one line
         raise OpcastError("; ".join(problems))
@@ -115,11 +179,15 @@ def search_cmd(o: Args) -> None:
     elif result.candidates:
         print_search(result, console, o.gpu_hour_price)
     if not result.considered:
-        raise OpcastError(f"nothing to search: the --fix values leave no configuration on {o.gpus} GPUs "
-                          "(tp x pp x cp must divide --gpus, micro_batch the --global-batch, virtual_stages n_layers)")
+        raise OpcastError(
+            f"nothing to search: the --fix values leave no configuration on {o.gpus} GPUs "
+            "(tp x pp x cp must divide --gpus, micro_batch the --global-batch, virtual_stages n_layers)"
+        )
     if not result.candidates:
         where = " or ".join(f"{n * g}" for n, g in result.worlds)
-        raise OpcastError(f"nothing fits: none of the {result.considered:,} configurations of {spec.name} on {where} "
-                          f"x {dev.name} with global batch {o.global_batch} x {o.seq} tokens fits in "
-                          f"{result.memory_limit_bytes / 2**30:.1f} GiB per GPU; pruned: {result.reasons_summary()}; "
-                          "try more GPUs, a smaller --global-batch or --seq, or fewer constraints")
+        raise OpcastError(
+            f"nothing fits: none of the {result.considered:,} configurations of {spec.name} on {where} "
+            f"x {dev.name} with global batch {o.global_batch} x {o.seq} tokens fits in "
+            f"{result.memory_limit_bytes / 2**30:.1f} GiB per GPU; pruned: {result.reasons_summary()}; "
+            "try more GPUs, a smaller --global-batch or --seq, or fewer constraints"
+        )

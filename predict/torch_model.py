@@ -58,7 +58,9 @@ def check_arch(arch: ArchSpec, attention: str = "flash") -> None:
     """Refuse what this implementation does not build, in one line."""
     problems = []
     if arch.n_experts > 1:
-        problems.append(f"{arch.name} is a mixture of experts (n_experts={arch.n_experts}); validate builds dense archs only")
+        problems.append(
+            f"{arch.name} is a mixture of experts (n_experts={arch.n_experts}); validate builds dense archs only"
+        )
     if arch.position == "alibi":
         problems.append(f"{arch.name} uses ALiBi positions, which validate does not build; use a learned or rope arch")
     if attention not in ATTENTION_IMPLS:
@@ -107,8 +109,9 @@ class Attention(nn.Module):
         b, s, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         qkv = self.qkv(x).view(b, s, h + 2 * kvh, d)
-        qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh:]
+        qk, v = qkv[:, :, : h + kvh], qkv[:, :, h + kvh :]
         if self.rope:  # one rope op over the query and key heads together, as the graph lists it
+            assert cos is not None and sin is not None, "a rope arch gets its cos/sin tables from DecoderLM"
             qk = apply_rope(qk, cos, sin)
         q, k = qk[:, :, :h].transpose(1, 2), qk[:, :, h:].transpose(1, 2)
         v = v.transpose(1, 2)
@@ -176,8 +179,9 @@ class Block(nn.Module):
 class DecoderLM(nn.Module):
     """Embeddings, ``n_layers`` blocks, final norm, LM head and the cross-entropy loss."""
 
-    def __init__(self, arch: ArchSpec, *, attention: str = "flash", pad_vocab: bool = True,
-                 dropout: bool | None = None) -> None:
+    def __init__(
+        self, arch: ArchSpec, *, attention: str = "flash", pad_vocab: bool = True, dropout: bool | None = None
+    ) -> None:
         super().__init__()
         check_arch(arch, attention)
         self.arch = arch
@@ -224,8 +228,16 @@ class DecoderLM(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def build_model(arch: ArchSpec, *, attention: str = "flash", pad_vocab: bool = True, dropout: bool | None = None,
-                device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32, seed: int = 0) -> DecoderLM:
+def build_model(
+    arch: ArchSpec,
+    *,
+    attention: str = "flash",
+    pad_vocab: bool = True,
+    dropout: bool | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    seed: int = 0,
+) -> DecoderLM:
     """A seeded :class:`DecoderLM` of ``arch`` on ``device`` in ``dtype`` (GPT-2's initialisation:
     normal(0, 0.02) weights, zero biases; norms at one)."""
     gen_state = torch.random.get_rng_state()
@@ -235,8 +247,9 @@ def build_model(arch: ArchSpec, *, attention: str = "flash", pad_vocab: bool = T
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)  # nn.Embedding has none
+                if bias is not None:
+                    nn.init.zeros_(bias)
     finally:
         torch.random.set_rng_state(gen_state)
     return model.to(device=device, dtype=dtype)

@@ -512,7 +512,7 @@ class _Optimizer:
         self.params = params
         self.half = half
         self.masters = [p.detach().float().clone().requires_grad_(True) for p in params] if half else params
-        kwargs = {"lr": 1e-4, "weight_decay": 0.1}
+        kwargs: dict[str, Any] = {"lr": 1e-4, "weight_decay": 0.1}
         try:
             self.opt = torch.optim.AdamW(self.masters, fused=True, **kwargs)
         except (RuntimeError, ValueError):
@@ -640,9 +640,9 @@ def measure_step(
         ) from None
     if env.world > 1:  # per-step max over ranks
         for name in PHASES:
-            t = torch.tensor(samples[name], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            samples[name] = t.tolist()
+            per_rank = torch.tensor(samples[name], dtype=torch.float64)
+            dist.all_reduce(per_rank, op=dist.ReduceOp.MAX)
+            samples[name] = per_rank.tolist()
     return _Timings(
         samples=samples,
         params=n_params,

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
 from opcast.cli_common import console, err_console, progress_bar
 
-_ARCH_HELP = ("Arch preset (opcast arch list), check arch (gpt2-124m, llama-style-125m), preset JSON or Hugging Face "
-              "config.json.")
+_ARCH_HELP = (
+    "Arch preset (opcast arch list), check arch (gpt2-124m, llama-style-125m), preset JSON or Hugging Face config.json."
+)
 
 
 def _fmt_s(t: float | None) -> str:
@@ -36,32 +37,59 @@ def print_validate(r: Any) -> None:
     from rich.table import Table
 
     world = f", {r.world_size} ranks (DDP)" if r.world_size > 1 else ""
-    console.print(f"[bold]{escape(r.arch)}[/] ({r.params / 1e6:.1f} M parameters) on {escape(r.device)} "
-                  f"({r.device_type}, {r.threads} thread(s){world}): batch {r.batch} x seq {r.seq}, {r.precision}, "
-                  f"{r.attention} attention; median of {r.steps} steps after {r.warmup} warm-up")
+    console.print(
+        f"[bold]{escape(r.arch)}[/] ({r.params / 1e6:.1f} M parameters) on {escape(r.device)} "
+        f"({r.device_type}, {r.threads} thread(s){world}): batch {r.batch} x seq {r.seq}, {r.precision}, "
+        f"{r.attention} attention; median of {r.steps} steps after {r.warmup} warm-up"
+    )
     table = Table(title=f"measured vs predicted ({escape(r.models)})")
-    for col, justify in (("phase", "left"), ("measured", "right"), ("p20-p80", "right"), ("predicted", "right"),
-                         ("error", "right"), ("predicted as", "left")):
+    for col, justify in (
+        ("phase", "left"),
+        ("measured", "right"),
+        ("p20-p80", "right"),
+        ("predicted", "right"),
+        ("error", "right"),
+        ("predicted as", "left"),
+    ):
         table.add_column(col, justify=justify)  # type: ignore[arg-type]
     for p in r.phases:
-        table.add_row(p.phase, _fmt_s(p.measured_s), f"{_fmt_s(p.measured_p20_s)} - {_fmt_s(p.measured_p80_s)}",
-                      _fmt_s(p.predicted_s), _fmt_pct(p.error_pct), escape(p.predicted_as))
+        table.add_row(
+            p.phase,
+            _fmt_s(p.measured_s),
+            f"{_fmt_s(p.measured_p20_s)} - {_fmt_s(p.measured_p80_s)}",
+            _fmt_s(p.predicted_s),
+            _fmt_pct(p.error_pct),
+            escape(p.predicted_as),
+        )
     console.print(table)
     if r.iteration_time_interval_s is not None:
         lo, hi = r.iteration_time_interval_s
-        console.print(f"predicted iteration {_fmt_s(r.phase('total').predicted_s)} [{_fmt_s(lo)}, {_fmt_s(hi)}]: the "
-                      f"measured {_fmt_s(r.phase('total').measured_s)} is {'inside' if r.inside_interval else 'OUTSIDE'}")
-    console.print(f"kernel costs: {r.kernels_by_source}; {100 * r.roofline_share:.0f} % of the predicted time from the "
-                  f"roofline; {r.out_of_range_kernels} learned kernel(s) flagged out of range", markup=False, highlight=False)
+        console.print(
+            f"predicted iteration {_fmt_s(r.phase('total').predicted_s)} [{_fmt_s(lo)}, {_fmt_s(hi)}]: the "
+            f"measured {_fmt_s(r.phase('total').measured_s)} is {'inside' if r.inside_interval else 'OUTSIDE'}"
+        )
+    console.print(
+        f"kernel costs: {r.kernels_by_source}; {100 * r.roofline_share:.0f} % of the predicted time from the "
+        f"roofline; {r.out_of_range_kernels} learned kernel(s) flagged out of range",
+        markup=False,
+        highlight=False,
+    )
     if r.profile:
-        prof = Table(title="per op group, seconds per step (torch.profiler; the profiled step took "
-                           f"{r.profile_overhead or 0:.2f}x the unprofiled one)")
+        prof = Table(
+            title="per op group, seconds per step (torch.profiler; the profiled step took "
+            f"{r.profile_overhead or 0:.2f}x the unprofiled one)"
+        )
         for col in ("group", "measured", "predicted", "error", "predicted from"):
             prof.add_column(col, justify="left" if col in ("group", "predicted from") else "right")
         for g in r.profile:
             err = 100 * (g.predicted_s - g.measured_s) / g.measured_s if g.measured_s > 0 else None
-            prof.add_row(g.group, _fmt_s(g.measured_s), _fmt_s(g.predicted_s) if g.predicted_sources else "-",
-                         _fmt_pct(err) if g.predicted_sources else "-", escape(g.predicted_sources))
+            prof.add_row(
+                g.group,
+                _fmt_s(g.measured_s),
+                _fmt_s(g.predicted_s) if g.predicted_sources else "-",
+                _fmt_pct(err) if g.predicted_sources else "-",
+                escape(g.predicted_sources),
+            )
         console.print(prof)
     for note in r.notes:
         console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
@@ -71,14 +99,25 @@ def validate_cmd(
     arch: Annotated[str, typer.Option("--arch", help=_ARCH_HELP)],
     batch: Annotated[int, typer.Option("--batch", help="Sequences per step (per rank under torchrun).")],
     seq: Annotated[int, typer.Option("--seq", help="Tokens per sequence.")],
-    precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16 (half precisions keep fp32 master weights).")] = "fp32",
+    precision: Annotated[
+        str, typer.Option("--precision", help="fp32, bf16 or fp16 (half precisions keep fp32 master weights).")
+    ] = "fp32",
     device: Annotated[str, typer.Option("--device", help="cpu or cuda (under torchrun: cuda:LOCAL_RANK).")] = "cpu",
-    models: Annotated[Optional[Path], typer.Option("--models", help="Kernel models (opcast train fit / calibrate --out); default: the embedded ones.")] = None,
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            "--models", help="Kernel models (opcast train fit / calibrate --out); default: the embedded ones."
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option("--steps", help="Timed training steps (the median is reported).")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps.")] = 2,
-    layers: Annotated[Optional[int], typer.Option("--layers", help="Override the arch's n_layers (quick checks).")] = None,
-    attention: Annotated[str, typer.Option("--attention", help="flash (scaled_dot_product_attention) or eager.")] = "flash",
-    profile: Annotated[bool, typer.Option("--profile", help="Per op group: torch.profiler's time next to the predicted one.")] = False,
+    layers: Annotated[int | None, typer.Option("--layers", help="Override the arch's n_layers (quick checks).")] = None,
+    attention: Annotated[
+        str, typer.Option("--attention", help="flash (scaled_dot_product_attention) or eager.")
+    ] = "flash",
+    profile: Annotated[
+        bool, typer.Option("--profile", help="Per op group: torch.profiler's time next to the predicted one.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train an arch for a few steps on this machine and compare every phase with the prediction."""
@@ -91,8 +130,20 @@ def validate_cmd(
         if show:
             err_console.print(f"validate: {msg}", highlight=False, markup=False, soft_wrap=True)
 
-    report = run_validate(arch, batch=batch, seq=seq, precision=precision, device=device, models=models, steps=steps,
-                          warmup=warmup, profile=profile, attention=attention, layers=layers, progress=progress)
+    report = run_validate(
+        arch,
+        batch=batch,
+        seq=seq,
+        precision=precision,
+        device=device,
+        models=models,
+        steps=steps,
+        warmup=warmup,
+        profile=profile,
+        attention=attention,
+        layers=layers,
+        progress=progress,
+    )
     if not rank0:
         return
     if as_json:
@@ -106,8 +157,10 @@ def print_calibrate(r: Any) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"step time on {escape(r.device)}: prediction error before (embedded default models) and after "
-                        f"({escape(r.models or 'not fitted')})")
+    table = Table(
+        title=f"step time on {escape(r.device)}: prediction error before (embedded default models) and after "
+        f"({escape(r.models or 'not fitted')})"
+    )
     for col in ("arch", "batch x seq", "measured", "predicted before", "error", "measured", "predicted after", "error"):
         table.add_column(col, justify="left" if col == "arch" else "right")
     for c in r.checks:
@@ -115,19 +168,30 @@ def print_calibrate(r: Any) -> None:
         cells = []
         for rep in (c.before, c.after):
             p = rep.phase("total") if rep is not None else None
-            cells += [_fmt_s(p.measured_s if p else None), _fmt_s(p.predicted_s if p else None),
-                      _fmt_pct(p.error_pct if p else None)]
+            cells += [
+                _fmt_s(p.measured_s if p else None),
+                _fmt_s(p.predicted_s if p else None),
+                _fmt_pct(p.error_pct if p else None),
+            ]
         table.add_row(escape(c.arch), f"{ref.batch} x {ref.seq}" if ref else "-", *cells)
     console.print(table)
     fitted = len(r.fit_groups)
-    console.print(f"collected {r.rows_collected} rows ({r.rows_total} in {r.data}, {r.points_remaining} planned points left); "
-                  f"fitted {fitted} predictor(s)" + (f" -> {r.models}" if r.models else ""), markup=False, highlight=False)
+    console.print(
+        f"collected {r.rows_collected} rows ({r.rows_total} in {r.data}, {r.points_remaining} planned points left); "
+        f"fitted {fitted} predictor(s)" + (f" -> {r.models}" if r.models else ""),
+        markup=False,
+        highlight=False,
+    )
     console.print("seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in r.seconds.items()), markup=False, highlight=False)
     for i in r.intervals:
-        console.print(f"interval of {i['arch']} (batch {i['batch']} x seq {i['seq']}): {_fmt_s(i['predicted_s'])} "
-                      f"[{_fmt_s(i['low_s'])}, {_fmt_s(i['high_s'])}], {i['high_s'] / i['low_s']:.2g}x wide"
-                      if i["low_s"] > 0 else f"interval of {i['arch']}: [{i['low_s']}, {i['high_s']}]",
-                      markup=False, highlight=False)
+        console.print(
+            f"interval of {i['arch']} (batch {i['batch']} x seq {i['seq']}): {_fmt_s(i['predicted_s'])} "
+            f"[{_fmt_s(i['low_s'])}, {_fmt_s(i['high_s'])}], {i['high_s'] / i['low_s']:.2g}x wide"
+            if i["low_s"] > 0
+            else f"interval of {i['arch']}: [{i['low_s']}, {i['high_s']}]",
+            markup=False,
+            highlight=False,
+        )
     for note in r.notes:
         console.print(f"  note: {note}", style="yellow", markup=False, highlight=False)
     if r.failure:
@@ -135,20 +199,56 @@ def print_calibrate(r: Any) -> None:
 
 
 def calibrate_cmd(
-    out: Annotated[Path, typer.Option("--out", help="Folder for the model set (OUT/NAME, selected by --models OUT), the data and the report.")],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Folder for the model set (OUT/NAME, selected by --models OUT), the data and the report."
+        ),
+    ],
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
-    budget_s: Annotated[float, typer.Option("--budget-s", help="Seconds for the whole calibration; collection gets what validation and fit leave.")] = 840.0,
-    arch: Annotated[Optional[list[str]], typer.Option("--arch", help="Arch whose shapes are measured (repeat); default: gpt2-124m and llama-style-125m.")] = None,
-    validate_arch: Annotated[Optional[list[str]], typer.Option("--validate-arch", help="Arch validated before and after (repeat); default: the --arch ones.")] = None,
-    datasets: Annotated[Optional[list[Path]], typer.Option("--datasets", help="More datasets to fit on (repeat), besides data/datasets.")] = None,
-    batch: Annotated[Optional[list[int]], typer.Option("--batch", help="Batch size of the measured arch shapes (repeat; the first is validated).")] = None,
-    seq: Annotated[Optional[list[int]], typer.Option("--seq", help="Sequence length of the measured arch shapes (repeat; default 256, 512, 1024; the shortest is validated).")] = None,
+    budget_s: Annotated[
+        float,
+        typer.Option(
+            "--budget-s", help="Seconds for the whole calibration; collection gets what validation and fit leave."
+        ),
+    ] = 840.0,
+    arch: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--arch", help="Arch whose shapes are measured (repeat); default: gpt2-124m and llama-style-125m."
+        ),
+    ] = None,
+    validate_arch: Annotated[
+        list[str] | None,
+        typer.Option("--validate-arch", help="Arch validated before and after (repeat); default: the --arch ones."),
+    ] = None,
+    datasets: Annotated[
+        list[Path] | None,
+        typer.Option("--datasets", help="More datasets to fit on (repeat), besides data/datasets."),
+    ] = None,
+    batch: Annotated[
+        list[int] | None,
+        typer.Option("--batch", help="Batch size of the measured arch shapes (repeat; the first is validated)."),
+    ] = None,
+    seq: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--seq",
+            help="Sequence length of the measured arch shapes (repeat; default 256, 512, 1024; the shortest is "
+            "validated).",
+        ),
+    ] = None,
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16.")] = "fp32",
     attention: Annotated[str, typer.Option("--attention", help="flash or eager.")] = "flash",
     name: Annotated[str, typer.Option("--name", help="Name of the model set (its folder under --out).")] = "calibrated",
     estimator: Annotated[str, typer.Option("--estimator", help="xgb (fast), tile-mlp or auto.")] = "xgb",
     steps: Annotated[int, typer.Option("--steps", help="Timed steps of each validation.")] = 3,
-    allow_busy: Annotated[bool, typer.Option("--allow-busy", help="Calibrate even on a busy machine or with noisy timings (the report says so).")] = False,
+    allow_busy: Annotated[
+        bool,
+        typer.Option(
+            "--allow-busy", help="Calibrate even on a busy machine or with noisy timings (the report says so)."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Collect kernel timings on this machine, fit models on them and show the validation error before and after.
@@ -156,10 +256,22 @@ def calibrate_cmd(
     an interval fail the calibration (exit 2), keeping what was measured."""
     from opcast.predict.calibrate import DEFAULT_SEQS, CalibrateConfig, run_calibrate
 
-    cfg = CalibrateConfig(out=out, device=device, budget_s=budget_s, archs=tuple(arch or ()),
-                          validate_archs=tuple(validate_arch or ()), datasets=tuple(datasets or ()),
-                          batches=tuple(batch or (1,)), seqs=tuple(seq or DEFAULT_SEQS), precision=precision,
-                          attention=attention, name=name, estimator=estimator, steps=steps, allow_busy=allow_busy)
+    cfg = CalibrateConfig(
+        out=out,
+        device=device,
+        budget_s=budget_s,
+        archs=tuple(arch or ()),
+        validate_archs=tuple(validate_arch or ()),
+        datasets=tuple(datasets or ()),
+        batches=tuple(batch or (1,)),
+        seqs=tuple(seq or DEFAULT_SEQS),
+        precision=precision,
+        attention=attention,
+        name=name,
+        estimator=estimator,
+        steps=steps,
+        allow_busy=allow_busy,
+    )
 
     def log(msg: str) -> None:
         err_console.print(f"calibrate: {msg}", highlight=False, markup=False, soft_wrap=True)
@@ -171,8 +283,13 @@ def calibrate_cmd(
     else:
         print_calibrate(report)
     if report.interrupted:
-        err_console.print(f"interrupted: the {report.rows_total} measured rows are kept in {report.data}; "
-                          "re-run the same command to resume", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(
+            f"interrupted: the {report.rows_total} measured rows are kept in {report.data}; "
+            "re-run the same command to resume",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
         raise typer.Exit(130)
     if report.failure:
         from opcast.errors import OpcastError

@@ -141,27 +141,49 @@ class Outcome:
 
 # --------------------------------------------------------------------------- one prediction
 
-def predict(workload: Workload, device: DeviceSpec, kernels: KernelCostModel | None = None,
-            comms: CollectiveCostModel | None = None) -> Outcome:
+
+def predict(
+    workload: Workload,
+    device: DeviceSpec,
+    kernels: KernelCostModel | None = None,
+    comms: CollectiveCostModel | None = None,
+) -> Outcome:
     """Predict ``workload`` on ``device`` with the per-op details :func:`time_split` needs."""
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
     comms = comms or CollectiveCostModel()
     if workload.kind == "train":
-        plan = compile_train(workload.arch, device, workload.config, nodes=workload.nodes,  # type: ignore[arg-type]
-                             gpus_per_node=workload.gpus_per_node)
+        plan = compile_train(
+            workload.arch,
+            device,
+            workload.config,
+            nodes=workload.nodes,  # type: ignore[arg-type]
+            gpus_per_node=workload.gpus_per_node,
+        )
         result: TrainResult | InferResult = plan if isinstance(plan, TrainResult) else run_train(plan, kernels, comms)
         timed = result.layout is not None  # type: ignore[union-attr]
         used = [(o.kernel, o.source) for o in result.ops] if timed else []  # type: ignore[union-attr]
     else:
-        result = predict_infer(workload.arch, device, workload.config, nodes=workload.nodes,  # type: ignore[arg-type]
-                               gpus_per_node=workload.gpus_per_node, kernels=kernels, comms=comms)
+        result = predict_infer(
+            workload.arch,
+            device,
+            workload.config,
+            nodes=workload.nodes,  # type: ignore[arg-type]
+            gpus_per_node=workload.gpus_per_node,
+            kernels=kernels,
+            comms=comms,
+        )
         timed = result.memory is not None
         used = [(_infer_kernel(result, ln), ln["source"]) for ln in result.ops] if timed else []
     split = time_split(result, kernels) if timed else None
     unique = dict(used)
     flagged = sum(1 for k in unique if kernels.range_flag(k, device))
-    return Outcome(device=device, result=result, split=split, out_of_range=flagged,
-                   learned=sum(1 for s in unique.values() if s == "learned"))
+    return Outcome(
+        device=device,
+        result=result,
+        split=split,
+        out_of_range=flagged,
+        learned=sum(1 for s in unique.values() if s == "learned"),
+    )
 
 
 def _infer_kernel(r: InferResult, line: Mapping[str, Any]) -> Kernel:
@@ -182,8 +204,15 @@ def time_split(result: TrainResult | InferResult, kernels: KernelCostModel | Non
     return _infer_split(result, kernels)
 
 
-def _attribute(lines: Sequence[tuple[Kernel, float]], total: float, device: DeviceSpec, kernels: KernelCostModel,
-               prefix: str, parts: dict[str, float], by_phase: dict[str, float]) -> None:
+def _attribute(
+    lines: Sequence[tuple[Kernel, float]],
+    total: float,
+    device: DeviceSpec,
+    kernels: KernelCostModel,
+    prefix: str,
+    parts: dict[str, float],
+    by_phase: dict[str, float],
+) -> None:
     """Spread ``total`` seconds over compute/memory-bound and op kinds in proportion to the
     lines' (kernel, seconds per iteration)."""
     weight = math.fsum(s for _, s in lines)
@@ -225,9 +254,14 @@ def _train_split(r: TrainResult, kernels: KernelCostModel) -> TimeSplit:
     parts["bubble"] = r.breakdown_s["pipeline_bubble"]
     if parts["bubble"]:
         by_phase["pipeline_bubble"] = parts["bubble"]
-    return TimeSplit(total_s=r.iteration_time_s or 0.0, compute_bound_s=parts["compute_bound"],
-                     memory_bound_s=parts["memory_bound"], communication_s=parts["communication"],
-                     bubble_s=parts["bubble"], by_phase=_ordered(by_phase))
+    return TimeSplit(
+        total_s=r.iteration_time_s or 0.0,
+        compute_bound_s=parts["compute_bound"],
+        memory_bound_s=parts["memory_bound"],
+        communication_s=parts["communication"],
+        bubble_s=parts["bubble"],
+        by_phase=_ordered(by_phase),
+    )
 
 
 def _infer_split(r: InferResult, kernels: KernelCostModel) -> TimeSplit:
@@ -256,20 +290,31 @@ def _infer_split(r: InferResult, kernels: KernelCostModel) -> TimeSplit:
             parts[key] += weight * v
         by_phase.update(step_phase)
     ordered = {**_ordered(by_phase, "prefill/"), **_ordered(by_phase, "decode_step/")}
-    return TimeSplit(total_s=r.total_latency_s or 0.0, compute_bound_s=parts["compute_bound"],
-                     memory_bound_s=parts["memory_bound"], communication_s=parts["communication"],
-                     bubble_s=0.0, by_phase=ordered, phase_parts=phase_parts)
+    return TimeSplit(
+        total_s=r.total_latency_s or 0.0,
+        compute_bound_s=parts["compute_bound"],
+        memory_bound_s=parts["memory_bound"],
+        communication_s=parts["communication"],
+        bubble_s=0.0,
+        by_phase=ordered,
+        phase_parts=phase_parts,
+    )
 
 
 def _ordered(by_phase: dict[str, float], prefix: str = "") -> dict[str, float]:
     """The ``prefix`` rows: compute kinds by time (largest first), then communication and the
     bubble in breakdown order."""
     compute = sorted(((k, v) for k, v in by_phase.items() if k.startswith(f"{prefix}compute:")), key=lambda kv: -kv[1])
-    rest = [(f"{prefix}{k}", by_phase[f"{prefix}{k}"]) for k in (*COMM_PARTS, "pipeline_bubble") if f"{prefix}{k}" in by_phase]
+    rest = [
+        (f"{prefix}{k}", by_phase[f"{prefix}{k}"])
+        for k in (*COMM_PARTS, "pipeline_bubble")
+        if f"{prefix}{k}" in by_phase
+    ]
     return dict(compute + rest)
 
 
 # --------------------------------------------------------------------------- explore
+
 
 def parse_vary(items: Sequence[str]) -> dict[str, tuple[float, ...]]:
     """``--vary FIELD=1,1.5,2`` (factors of the base GPU's value; an ``x`` before each is allowed)
@@ -280,8 +325,10 @@ def parse_vary(items: Sequence[str]) -> dict[str, tuple[float, ...]]:
         key = key.strip()
         values = [v.strip() for v in raw.split(",") if v.strip()]
         if not sep or not key or not values:
-            raise OpcastError(f"--vary {item!r}: give FIELD=F1,F2,... (factors of the base GPU's value), "
-                              "e.g. --vary mem_bw_bytes_per_s=1,1.5,2,4")
+            raise OpcastError(
+                f"--vary {item!r}: give FIELD=F1,F2,... (factors of the base GPU's value), "
+                "e.g. --vary mem_bw_bytes_per_s=1,1.5,2,4"
+            )
         factors = []
         for v in values:
             setting = parse_setting(f"{key}={v if v[:1] in 'xX*' else 'x' + v}")
@@ -327,11 +374,24 @@ class ExploreResult:
 
 def explore_columns(kind: WorkloadKind) -> tuple[str, ...]:
     """The columns of :meth:`ExploreResult.frame` after the ``x_<field>`` factor columns."""
-    metrics = (("iteration_time_s", "tokens_per_s", "mfu") if kind == "train"
-               else ("ttft_s", "tpot_s", "total_latency_s", "tokens_per_s"))
+    metrics = (
+        ("iteration_time_s", "tokens_per_s", "mfu")
+        if kind == "train"
+        else ("ttft_s", "tpot_s", "total_latency_s", "tokens_per_s")
+    )
     speedups = ("speedup",) if kind == "train" else ("speedup", "ttft_speedup", "tpot_speedup")
     split = tuple(f"{p}_s" for p in SPLIT_PARTS) + tuple(f"{p}_share" for p in SPLIT_PARTS)
-    return ("gpu", "feasible", "fits", *metrics, *speedups, *split, "learned_kernels", "learned_out_of_range", "reasons")
+    return (
+        "gpu",
+        "feasible",
+        "fits",
+        *metrics,
+        *speedups,
+        *split,
+        "learned_kernels",
+        "learned_out_of_range",
+        "reasons",
+    )
 
 
 EXPLORE_COLUMNS = {"train": explore_columns("train"), "infer": explore_columns("infer")}
@@ -351,13 +411,23 @@ def _row(workload: Workload, factors: Mapping[str, float], out: Outcome, base: O
     row: dict[str, Any] = {f"x_{f}": x for f, x in factors.items()}
     row.update(gpu=out.device.name, feasible=bool(r.feasible), fits=out.fits)
     if isinstance(r, TrainResult):
-        row.update(iteration_time_s=r.iteration_time_s, tokens_per_s=r.tokens_per_s, mfu=r.mfu,
-                   speedup=_ratio(base.result.iteration_time_s, r.iteration_time_s))  # type: ignore[union-attr]
+        row.update(
+            iteration_time_s=r.iteration_time_s,
+            tokens_per_s=r.tokens_per_s,
+            mfu=r.mfu,
+            speedup=_ratio(base.result.iteration_time_s, r.iteration_time_s),  # type: ignore[union-attr]
+        )
     else:
         b: Any = base.result
-        row.update(ttft_s=r.ttft_s, tpot_s=r.tpot_s, total_latency_s=r.total_latency_s, tokens_per_s=r.tokens_per_s,
-                   speedup=_ratio(b.total_latency_s, r.total_latency_s), ttft_speedup=_ratio(b.ttft_s, r.ttft_s),
-                   tpot_speedup=_ratio(b.tpot_s, r.tpot_s))
+        row.update(
+            ttft_s=r.ttft_s,
+            tpot_s=r.tpot_s,
+            total_latency_s=r.total_latency_s,
+            tokens_per_s=r.tokens_per_s,
+            speedup=_ratio(b.total_latency_s, r.total_latency_s),
+            ttft_speedup=_ratio(b.ttft_s, r.ttft_s),
+            tpot_speedup=_ratio(b.tpot_s, r.tpot_s),
+        )
     for p in SPLIT_PARTS:
         row[f"{p}_s"] = getattr(out.split, f"{p}_s") if out.split else math.nan
         row[f"{p}_share"] = out.split.share(p) if out.split else math.nan
@@ -365,8 +435,14 @@ def _row(workload: Workload, factors: Mapping[str, float], out: Outcome, base: O
     return row
 
 
-def explore(workload: Workload, base: DeviceSpec, vary: Mapping[str, Sequence[float]], *,
-            kernels: KernelCostModel | None = None, comms: CollectiveCostModel | None = None) -> ExploreResult:
+def explore(
+    workload: Workload,
+    base: DeviceSpec,
+    vary: Mapping[str, Sequence[float]],
+    *,
+    kernels: KernelCostModel | None = None,
+    comms: CollectiveCostModel | None = None,
+) -> ExploreResult:
     """Predict ``workload`` on every point of the grid ``vary`` (field -> factors of ``base``'s
     value; the cartesian product, the last field varying fastest) and on ``base`` itself."""
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
@@ -382,46 +458,74 @@ def explore(workload: Workload, base: DeviceSpec, vary: Mapping[str, Sequence[fl
             parse_setting(f"{f}=x{x!r}")
     base_out = predict(workload, base, kernels, comms)
     if base_out.split is None:
-        raise OpcastError(f"the configuration cannot run on the base GPU {base.name} "
-                          f"({len(base_out.reasons)} reason(s)): " + "; ".join(base_out.reasons))
+        raise OpcastError(
+            f"the configuration cannot run on the base GPU {base.name} "
+            f"({len(base_out.reasons)} reason(s)): " + "; ".join(base_out.reasons)
+        )
     points = []
     for combo in itertools.product(*grid.values()):
         factors = dict(zip(grid, combo))
         device = point_device(base, factors)
         points.append((factors, base_out if device == base else predict(workload, device, kernels, comms)))
-    return ExploreResult(workload=workload, base=base_out, vary=grid, points=tuple(points),
-                         notes=tuple(_notes(workload, grid, base_out, [o for _, o in points], kernels)))
+    return ExploreResult(
+        workload=workload,
+        base=base_out,
+        vary=grid,
+        points=tuple(points),
+        notes=tuple(_notes(workload, grid, base_out, [o for _, o in points], kernels)),
+    )
 
 
-def _notes(workload: Workload, grid: Mapping[str, Sequence[float]], base: Outcome, outs: Sequence[Outcome],
-           kernels: KernelCostModel) -> list[str]:
+def _notes(
+    workload: Workload,
+    grid: Mapping[str, Sequence[float]],
+    base: Outcome,
+    outs: Sequence[Outcome],
+    kernels: KernelCostModel,
+) -> list[str]:
     notes = []
     if "gpus_per_node" in grid and workload.gpus_per_node is not None:
-        notes.append(f"--gpus-per-node {workload.gpus_per_node} fixes the node size, so varying the GPU's typical "
-                     "gpus_per_node changes nothing; leave --gpus-per-node out to let it set the cluster")
+        notes.append(
+            f"--gpus-per-node {workload.gpus_per_node} fixes the node size, so varying the GPU's typical "
+            "gpus_per_node changes nothing; leave --gpus-per-node out to let it set the cluster"
+        )
     learned = any(isinstance(s, LearnedKernelCost) for s in kernels.sources)
     ignored = sorted(f for f in grid if f in LEARNED_ONLY_FIELDS)
     if ignored:
-        notes.append(f"{', '.join(ignored)} enter the learned models only; kernels timed by the roofline do not change "
-                     + ("(no learned models are loaded, so nothing changes)" if not learned else ""))
+        notes.append(
+            f"{', '.join(ignored)} enter the learned models only; kernels timed by the roofline do not change "
+            + ("(no learned models are loaded, so nothing changes)" if not learned else "")
+        )
     if "mem_bytes" in grid:
         notes.append("mem_bytes changes only whether the configuration fits (fits column), not its time")
     if "tdp_w" in grid:
         notes.append("tdp_w does not enter the time model")
     if any(f in grid for f in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s")):
-        notes.append("a link-bandwidth factor scales the bandwidth term of each collective; NCCL's per-step "
-                     "latencies stay, so latency-bound collectives gain less than the factor")
+        notes.append(
+            "a link-bandwidth factor scales the bandwidth term of each collective; NCCL's per-step "
+            "latencies stay, so latency-bound collectives gain less than the factor"
+        )
     if not base.fits:
-        notes.append(f"the configuration does not fit in the base GPU's memory ({base.reasons[0] if base.reasons else ''}); "
-                     "times are still predicted")
+        notes.append(
+            f"the configuration does not fit in the base GPU's memory ({base.reasons[0] if base.reasons else ''}); "
+            "times are still predicted"
+        )
     flagged = sum(o.out_of_range for o in outs)
     if flagged:
-        how = "replaced by the roofline (--analytic)" if kernels.in_range_only else "flagged (--analytic uses the roofline)"
-        notes.append(f"{flagged} learned kernel time(s) over the grid are outside the shapes or hardware their model was fitted on: {how}")
+        how = (
+            "replaced by the roofline (--analytic)"
+            if kernels.in_range_only
+            else "flagged (--analytic uses the roofline)"
+        )
+        notes.append(
+            f"{flagged} learned kernel time(s) over the grid are outside the shapes or hardware their model was "
+            f"fitted on: {how}"
+        )
     return notes
 
 
 # --------------------------------------------------------------------------- compare
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CompareResult:
@@ -436,21 +540,26 @@ class CompareResult:
         the first GPU's order (NaN where a GPU has no times)."""
         heads: list[tuple[str, list[float]]]
         if self.workload.kind == "train":
-            heads = [("iteration", [getattr(o.result, "iteration_time_s") if o.split else math.nan for o in self.outcomes])]
+            heads = [("iteration", [o.result.iteration_time_s if o.split else math.nan for o in self.outcomes])]
         else:
-            heads = [(name, [getattr(o.result, attr) if o.split else math.nan for o in self.outcomes])
-                     for name, attr in (("total_latency", "total_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))]
-        split_rows = [(f"{p} (all phases)", [getattr(o.split, f"{p}_s") if o.split else math.nan for o in self.outcomes])
-                      for p in SPLIT_PARTS]
+            heads = [
+                (name, [getattr(o.result, attr) if o.split else math.nan for o in self.outcomes])
+                for name, attr in (("total_latency", "total_latency_s"), ("ttft", "ttft_s"), ("tpot", "tpot_s"))
+            ]
+        split_rows = [
+            (f"{p} (all phases)", [getattr(o.split, f"{p}_s") if o.split else math.nan for o in self.outcomes])
+            for p in SPLIT_PARTS
+        ]
         if self.workload.kind == "infer":
             split_rows = [r for r in split_rows if not r[0].startswith("bubble")]
         phases: list[str] = []
         for o in self.outcomes:
-            for key in (o.split.by_phase if o.split else {}):
+            for key in o.split.by_phase if o.split else {}:
                 if key not in phases:
                     phases.append(key)
-        phase_rows = [(key, [o.split.by_phase.get(key, 0.0) if o.split else math.nan for o in self.outcomes])
-                      for key in phases]
+        phase_rows = [
+            (key, [o.split.by_phase.get(key, 0.0) if o.split else math.nan for o in self.outcomes]) for key in phases
+        ]
         return heads + phase_rows + split_rows
 
     def frame(self) -> Any:
@@ -470,8 +579,13 @@ class CompareResult:
         return pd.DataFrame(records)
 
 
-def compare(workload: Workload, devices: Sequence[DeviceSpec], *, kernels: KernelCostModel | None = None,
-            comms: CollectiveCostModel | None = None) -> CompareResult:
+def compare(
+    workload: Workload,
+    devices: Sequence[DeviceSpec],
+    *,
+    kernels: KernelCostModel | None = None,
+    comms: CollectiveCostModel | None = None,
+) -> CompareResult:
     """Predict ``workload`` on each of ``devices`` (at least two, distinct)."""
     if len(devices) < 2:
         raise OpcastError("compare needs at least two GPUs, e.g. --gpus A100-SXM4-80GB,H100-SXM,B200")
@@ -487,7 +601,9 @@ def compare(workload: Workload, devices: Sequence[DeviceSpec], *, kernels: Kerne
 def split_gpu_list(text: str) -> list[str]:
     """``A100,H100-SXM[mem_bw_bytes_per_s=x2,peak_flops=x1.5],B200`` -> the three names (commas
     inside brackets belong to a derived GPU)."""
-    out, depth, cur = [], 0, []
+    out: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in text:
         if ch == "[":
             depth += 1

@@ -16,17 +16,37 @@ derived ``NAME[field=xK,...]``. Commands are thin: parse, build the workload, ca
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from opcast.cli_common import console, err_console, print_json
-from opcast.predict.options import (ARCH, BASE_GPU, CHART, GPU_LIST, GPUS_PER_NODE, INFER, INFER_NODES, JSON,
-                                    KERNEL_SOURCE, NODES, SET, TABLE_CSV, TRAIN, VARY, Args, command, device, infer_config,
-                                    kernel_cost, train_config)
+from opcast.predict.options import (
+    ARCH,
+    BASE_GPU,
+    CHART,
+    GPU_LIST,
+    GPUS_PER_NODE,
+    INFER,
+    INFER_NODES,
+    JSON,
+    KERNEL_SOURCE,
+    NODES,
+    SET,
+    TABLE_CSV,
+    TRAIN,
+    VARY,
+    Args,
+    command,
+    device,
+    infer_config,
+    kernel_cost,
+    train_config,
+)
 
-explore_app = typer.Typer(no_args_is_help=True, help="Scan hypothetical GPUs around a base: speed-up and where the "
-                                                     "bottleneck moves (--vary FIELD=1,2,4).")
+explore_app = typer.Typer(
+    no_args_is_help=True,
+    help="Scan hypothetical GPUs around a base: speed-up and where the bottleneck moves (--vary FIELD=1,2,4).",
+)
 compare_app = typer.Typer(no_args_is_help=True, help="One workload on several GPUs, side by side, phase by phase.")
 
 _OUTPUTS = (*KERNEL_SOURCE, JSON, TABLE_CSV, CHART)
@@ -36,11 +56,16 @@ def _workload(kind: str, o: Args):
     from opcast.archs import load_arch
     from opcast.predict.whatif import Workload
 
-    return Workload(kind=kind, arch=load_arch(o.arch), config=train_config(o) if kind == "train" else infer_config(o),
-                    nodes=o.nodes, gpus_per_node=o.gpus_per_node)
+    return Workload(
+        kind=kind,
+        arch=load_arch(o.arch),
+        config=train_config(o) if kind == "train" else infer_config(o),
+        nodes=o.nodes,
+        gpus_per_node=o.gpus_per_node,
+    )
 
 
-def _write_csv(frame, path: Optional[Path]) -> None:
+def _write_csv(frame, path: Path | None) -> None:
     if path is None:
         return
     from opcast.predict.batch import write_rows
@@ -54,6 +79,7 @@ def _wrote(path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- explore
+
 
 def _run_explore(kind: str, o: Args) -> None:
     from opcast.predict.report import explore_to_dict, plot_explore, print_explore
@@ -89,6 +115,7 @@ def explore_infer(o: Args) -> None:
 
 
 # --------------------------------------------------------------------------- compare
+
 
 def _run_compare(kind: str, o: Args) -> None:
     from opcast.predict.report import compare_to_dict, plot_compare, print_compare

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from opcast.collect.ops import (attention, cross_entropy, elementwise, embedding, gemm, norm, optimizer, rope,
-                                softmax)
+from opcast.collect.ops import attention, cross_entropy, elementwise, embedding, gemm, norm, optimizer, rope, softmax
 from opcast.collect.ops.common import BuildRequest, UnsupportedPoint
 from opcast.ops import op_kinds
 

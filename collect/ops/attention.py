@@ -27,13 +27,14 @@ def build(req: BuildRequest) -> Callable[[], object]:
         if causal:  # bottom-right aligned: query i sees keys up to skv - sq + i
             mask = torch.ones(sq, skv, dtype=torch.bool, device=req.device).tril(skv - sq).logical_not()
 
-        def forward():
+        def forward_math():
             kk, vv = (k.repeat_interleave(h // kvh, dim=1), v.repeat_interleave(h // kvh, dim=1)) if gqa else (k, v)
             scores = torch.matmul(q, kk.transpose(-1, -2)) * scale
             if mask is not None:
                 scores = scores.masked_fill(mask, float("-inf"))
             return torch.matmul(torch.softmax(scores, dim=-1), vv)
-        return run(req, forward, [q, k, v])
+
+        return run(req, forward_math, [q, k, v])
 
     kwargs = {"enable_gqa": gqa}
     if causal and sq == skv:

@@ -62,9 +62,11 @@ def run(req: BuildRequest, forward: Callable[[], Any], inputs: Sequence[Any]) ->
     import torch
 
     if req.direction == "fwd":
+
         def fwd() -> object:
             with torch.no_grad():
                 return forward()
+
         return fwd
     for t in inputs:
         t.requires_grad_(True)
@@ -73,4 +75,5 @@ def run(req: BuildRequest, forward: Callable[[], Any], inputs: Sequence[Any]) ->
 
     def bwd() -> object:
         return torch.autograd.grad(out, inputs, grad_out, retain_graph=True)
+
     return bwd

@@ -21,7 +21,7 @@ def _functions():
         "sub_scalar": lambda a: a - 2.0,
         "mul_scalar": lambda a: a * 2.0,
         "div_scalar": lambda a: a / 2.0,
-        "pow_scalar": lambda a: a ** 2.0,
+        "pow_scalar": lambda a: a**2.0,
         "relu": F.relu,
         "gelu": lambda a: F.gelu(a, approximate="tanh"),
         "silu": F.silu,

@@ -31,4 +31,5 @@ def _build_fp8(req: BuildRequest, b: int, m: int, n: int, k: int) -> Callable[[]
 
     def fwd() -> object:
         return torch._scaled_mm(a, w, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+
     return fwd

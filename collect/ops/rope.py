@@ -15,6 +15,7 @@ def build(req: BuildRequest) -> Callable[[], object]:
     cos, sin = randn(req, tokens, 1, d), randn(req, tokens, 1, d)
 
     def forward():
-        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        x1, x2 = x[..., : d // 2], x[..., d // 2 :]
         return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
     return run(req, forward, [x])

@@ -25,7 +25,8 @@ SOURCES: dict[str, str] = {
     "estimate-train-time": "arXiv 2509.22832 artifact: FP16 Megatron operators on A100-SXM4-80GB and GH200, NCCL",
     "kineto": "a PyTorch profiler Chrome-trace JSON recorded with record_shapes=True",
     "nccl-tests": "the text output of nccl-tests (all_reduce_perf and friends)",
-    "aiconfigurator": "NVIDIA AIConfigurator (aiconfigurator-core): bf16/fp8 GEMM, prefill/decode attention, NCCL on ten GPUs",
+    "aiconfigurator": "NVIDIA AIConfigurator (aiconfigurator-core): bf16/fp8 GEMM, prefill/decode attention, NCCL on "
+    "ten GPUs",
 }
 """Source name -> what it is; the module is opcast.collect.replay.<name with _ for ->."""
 
@@ -63,7 +64,9 @@ def importer(source: str) -> Any:
     return importlib.import_module(f"opcast.collect.replay.{source.replace('-', '_')}")
 
 
-def run_replay(source: str, path: str | Path | None, out: str | Path, options: ReplayOptions = ReplayOptions()) -> ReplaySummary:
+def run_replay(
+    source: str, path: str | Path | None, out: str | Path, options: ReplayOptions = ReplayOptions()
+) -> ReplaySummary:
     """Convert ``path`` (a source checkout, or a trace/log file) into ``out``. ``None`` reads a
     source's installed package (aiconfigurator); the other sources need a path."""
     import opcast
@@ -74,7 +77,9 @@ def run_replay(source: str, path: str | Path | None, out: str | Path, options: R
     module = importer(source)
     if path is None:
         if not hasattr(module, "default_root"):
-            raise OpcastError(f"give the {source} checkout (or file) to replay: opcast collect replay {source} PATH --out DIR")
+            raise OpcastError(
+                f"give the {source} checkout (or file) to replay: opcast collect replay {source} PATH --out DIR"
+            )
         path = module.default_root()
     path = Path(path)
     if not path.exists():
@@ -82,10 +87,14 @@ def run_replay(source: str, path: str | Path | None, out: str | Path, options: R
     result: ReplayResult = module.replay(path, options)
     run_id = f"replay-{source}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
     rows, skipped = normalise(result, source=source, run_id=run_id, opcast_version=opcast.__version__)
-    summary = ReplaySummary(source=source, rows_read=len(result.rows), rows_written=len(rows), files=result.files,
-                            skipped=skipped)
+    summary = ReplaySummary(
+        source=source, rows_read=len(result.rows), rows_written=len(rows), files=result.files, skipped=skipped
+    )
     if not rows and not result.runs:
-        raise OpcastError(f"no {source} measurements found under {path} ({sum(skipped.values())} rows skipped); is it the right folder?")
+        raise OpcastError(
+            f"no {source} measurements found under {path} ({sum(skipped.values())} rows skipped); is it the right "
+            f"folder?"
+        )
     out = Path(out)
     if rows:
         summary.outputs.append(write_parquet(rows, out / f"{source}.parquet"))

@@ -126,7 +126,7 @@ TIMING_NCCL: Final = "replay:aiconfigurator:nccl-tests-avg"
 GEMM_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8"}
 GEMM_SKIPPED: Final = {
     "fp8_block": "gemm fp8_block: block-scaled fp8 (DeepGEMM-style 1x128/128x128 scales) is another kernel than "
-                 "per-tensor fp8; opcast has no dtype for it",
+    "per-tensor fp8; opcast has no dtype for it",
     "nvfp4": "gemm nvfp4: opcast has no fp4 dtype",
     "int8_wo": "gemm int8_wo: integer weight-only GEMM, no opcast dtype",
     "int4_wo": "gemm int4_wo: integer weight-only GEMM, no opcast dtype",
@@ -135,8 +135,12 @@ GEMM_SKIPPED: Final = {
 ATTENTION_DTYPES: Final = {("bfloat16", "bfloat16"): "bf16", ("float16", "float16"): "bf16", ("fp8", "fp8"): "fp8"}
 """(attn_dtype, kv_cache_dtype) -> opcast dtype. The collectors label bf16 tensors ``float16`` in
 older versions (collect_attn.py builds q and kv with ``.bfloat16()``)."""
-COLLECTIVES: Final = {"all_gather": "all_gather", "all_reduce": "all_reduce", "reduce_scatter": "reduce_scatter",
-                      "alltoall": "all_to_all"}
+COLLECTIVES: Final = {
+    "all_gather": "all_gather",
+    "all_reduce": "all_reduce",
+    "reduce_scatter": "reduce_scatter",
+    "alltoall": "all_to_all",
+}
 COLLECTIVE_DTYPES: Final = {"half": ("fp16", 2)}
 
 ATTENTION_TABLES: Final = {"context_attention_perf": "context", "generation_attention_perf": "generation"}
@@ -144,15 +148,25 @@ COLLECTIVE_TABLES: Final = ("nccl_perf", "oneccl_perf")
 TABLE_REASONS: Final[dict[str, str]] = {
     "moe_perf": "moe/moe_perf: fused MoE layer (routing + grouped GEMMs); the registry has no MoE op",
     "custom_allreduce_perf": "comm/custom_allreduce_perf: framework custom all-reduce kernels, not NCCL "
-                             "(opcast's all_reduce is NCCL's)",
+    "(opcast's all_reduce is NCCL's)",
     "moe_a2a_perf": "comm/moe_a2a_perf: MoE token dispatch/combine; the registry has no MoE op",
     "mla_bmm_perf": "mla_bmm/mla_bmm_perf: DeepSeek MLA absorbed BMMs (shape constants not in the table)",
 }
 
 _SOURCE_COLUMNS: Final = {
     "gemm_perf": ("kernel_source", "gemm_dtype", "m", "n", "k", "latency"),
-    "context_attention_perf": ("kernel_source", "batch_size", "isl", "num_heads", "num_key_value_heads", "head_dim",
-                               "attn_dtype", "kv_cache_dtype", "step", "latency"),
+    "context_attention_perf": (
+        "kernel_source",
+        "batch_size",
+        "isl",
+        "num_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "attn_dtype",
+        "kv_cache_dtype",
+        "step",
+        "latency",
+    ),
     "nccl_perf": ("kernel_source", "op_name", "nccl_dtype", "num_gpus", "message_size", "latency"),
 }
 _SOURCE_COLUMNS["generation_attention_perf"] = _SOURCE_COLUMNS["context_attention_perf"]
@@ -168,16 +182,21 @@ _PARAMS: Final = {
 
 # --------------------------------------------------------------------------- entry points
 
+
 def default_root() -> Path:
     """``systems/data`` of the installed aiconfigurator-core package (found, not imported)."""
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise OpcastError("aiconfigurator-core is not installed; pip install 'opcast[aiconfigurator]' "
-                          "or give the path of its systems/data folder")
+        raise OpcastError(
+            "aiconfigurator-core is not installed; pip install 'opcast[aiconfigurator]' "
+            "or give the path of its systems/data folder"
+        )
     root = Path(next(iter(spec.submodule_search_locations))) / DATA_DIR
     if not root.is_dir():
-        raise OpcastError(f"{root} does not exist: this aiconfigurator-core ships no measured data; "
-                          "install aiconfigurator-core>=0.12 or give the path of a systems/data folder")
+        raise OpcastError(
+            f"{root} does not exist: this aiconfigurator-core ships no measured data; "
+            "install aiconfigurator-core>=0.12 or give the path of a systems/data folder"
+        )
     return root
 
 
@@ -193,9 +212,14 @@ def data_root(path: Path | str | None) -> Path:
     return path
 
 
-def replay(root: Path | str | None = None, options: ReplayOptions | None = None, *,
-           frameworks: Iterable[str] = FRAMEWORKS, systems: Iterable[str] | None = None,
-           tables: Iterable[str] | None = None) -> ReplayResult:
+def replay(
+    root: Path | str | None = None,
+    options: ReplayOptions | None = None,
+    *,
+    frameworks: Iterable[str] = FRAMEWORKS,
+    systems: Iterable[str] | None = None,
+    tables: Iterable[str] | None = None,
+) -> ReplayResult:
     """Rows of every converted table under ``root`` (see the module docstring).
 
     ``systems`` / ``tables`` restrict what is read (folder names, table stems such as
@@ -205,8 +229,10 @@ def replay(root: Path | str | None = None, options: ReplayOptions | None = None,
     del options
     base = data_root(root)
     if not base.is_dir():
-        raise OpcastError(f"{base} is not a folder; give aiconfigurator-core's systems/data folder (or nothing, "
-                          "to read the installed package)")
+        raise OpcastError(
+            f"{base} is not a folder; give aiconfigurator-core's systems/data folder (or nothing, "
+            "to read the installed package)"
+        )
     order = tuple(frameworks)
     only_systems = set(systems) if systems is not None else None
     only_tables = set(tables) if tables is not None else None
@@ -216,14 +242,19 @@ def replay(root: Path | str | None = None, options: ReplayOptions | None = None,
         rel = path.relative_to(base)
         system, family, framework, version = rel.parts[:4]
         table = path.stem
-        if (only_systems is not None and system not in only_systems) or (only_tables is not None and table not in only_tables):
+        if (only_systems is not None and system not in only_systems) or (
+            only_tables is not None and table not in only_tables
+        ):
             continue
         result.files += 1
         device = system_device(system)
         if device is None:
             name = SYSTEM_DEVICES.get(system)
-            reason = (f"system {system}: {name} is not in the hardware catalog" if name
-                      else f"system {system}: no hardware catalog device for this folder")
+            reason = (
+                f"system {system}: {name} is not in the hardware catalog"
+                if name
+                else f"system {system}: no hardware catalog device for this folder"
+            )
             result.skipped[reason] += _num_rows(path)
             continue
         if table == "gemm_perf":
@@ -240,10 +271,16 @@ def replay(root: Path | str | None = None, options: ReplayOptions | None = None,
         _check_device(path, frame, device)
         meta = read_meta(path.parent / "collection_meta.yaml")
         frame = frame.assign(
-            device=device, source_file=rel.as_posix(), torch_version=meta.get(("runtime", "abi", "torch")),
+            device=device,
+            source_file=rel.as_posix(),
+            torch_version=meta.get(("runtime", "abi", "torch")),
             cuda_version=meta.get(("runtime", "abi", "cuda")),
             kernel_name=framework + " " + version + ": " + frame["kernel_source"].astype(str),
-            _system=system, _table=table, _framework=framework, _version=version)
+            _system=system,
+            _table=table,
+            _framework=framework,
+            _version=version,
+        )
         frames[kind].append(frame)
     versions = _version_ranks(f for fs in frames.values() for f in fs)
     for kind, parts in frames.items():
@@ -254,6 +291,7 @@ def replay(root: Path | str | None = None, options: ReplayOptions | None = None,
 
 
 # --------------------------------------------------------------------------- tables
+
 
 def _read(path: Path, table: str) -> pd.DataFrame:
     """The columns of ``table`` this importer needs (a missing one names the file)."""
@@ -300,21 +338,31 @@ def _gemm(path: Path, result: ReplayResult) -> pd.DataFrame:
     shape = frame[["m", "n", "k"]]
     bad = (shape < 1).any(axis=1)
     frame = _skip_by(frame, bad, "gemm: a dimension below 1", result)
-    return frame.assign(op="gemm", b=1, m=frame["m"].astype("int64"), n=frame["n"].astype("int64"),
-                        k=frame["k"].astype("int64"))
+    return frame.assign(
+        op="gemm", b=1, m=frame["m"].astype("int64"), n=frame["n"].astype("int64"), k=frame["k"].astype("int64")
+    )
 
 
 def _attention(path: Path, phase: str, result: ReplayResult) -> pd.DataFrame:
     frame = _read(path, "context_attention_perf")
     pair = list(zip(frame["attn_dtype"].astype(str), frame["kv_cache_dtype"].astype(str)))
     dtype = pd.Series([ATTENTION_DTYPES.get(p) for p in pair], index=frame.index, dtype=object)
-    reasons = pd.Series([f"{phase} attention: {a} attention over a {kv} KV cache (the registry has one dtype per op)"
-                         for a, kv in pair], index=frame.index)
+    reasons = pd.Series(
+        [
+            f"{phase} attention: {a} attention over a {kv} KV cache (the registry has one dtype per op)"
+            for a, kv in pair
+        ],
+        index=frame.index,
+    )
     frame = _skip_by(frame.assign(dtype=dtype), dtype.isna(), reasons, result)
     if "window_size" in frame:
         window = frame["window_size"].fillna(0)
-        frame = _skip_by(frame, window > 0, f"{phase} attention: sliding window (window_size > 0); the registry's "
-                                            "attention has no window", result)
+        frame = _skip_by(
+            frame,
+            window > 0,
+            f"{phase} attention: sliding window (window_size > 0); the registry's attention has no window",
+            result,
+        )
     if "beam_width" in frame:
         frame = _skip_by(frame, frame["beam_width"].fillna(1) != 1, f"{phase} attention: beam_width > 1", result)
     frame = _positive_time(frame, result, f"{phase} attention")
@@ -322,48 +370,72 @@ def _attention(path: Path, phase: str, result: ReplayResult) -> pd.DataFrame:
         seq_q = seq_kv = frame["isl"]
     else:
         seq_q, seq_kv = pd.Series(1, index=frame.index), frame["step"] + 1
-    return frame.assign(op="attention", batch=frame["batch_size"], heads=frame["num_heads"],
-                        kv_heads=frame["num_key_value_heads"], seq_q=seq_q, seq_kv=seq_kv,
-                        head_dim=frame["head_dim"], causal=True, impl="flash")
+    return frame.assign(
+        op="attention",
+        batch=frame["batch_size"],
+        heads=frame["num_heads"],
+        kv_heads=frame["num_key_value_heads"],
+        seq_q=seq_q,
+        seq_kv=seq_kv,
+        head_dim=frame["head_dim"],
+        causal=True,
+        impl="flash",
+    )
 
 
 def _collective(path: Path, result: ReplayResult) -> pd.DataFrame:
     frame = _read(path, path.stem)
     op = frame["op_name"].astype(str).map(COLLECTIVES)
-    frame = _skip_by(frame.assign(op=op), op.isna(),
-                     frame["op_name"].astype(str).map(lambda o: f"collective {o}: no opcast op for it"), result)
+    frame = _skip_by(
+        frame.assign(op=op),
+        op.isna(),
+        frame["op_name"].astype(str).map(lambda o: f"collective {o}: no opcast op for it"),
+        result,
+    )
     source_dtype = frame["nccl_dtype"].astype(str)
     known = source_dtype.isin(list(COLLECTIVE_DTYPES))
-    frame = _skip_by(frame, ~known, source_dtype.map(lambda d: f"collective dtype {d}: no opcast dtype "
-                                                               "(float/half/bfloat16 only)"), result)
+    frame = _skip_by(
+        frame,
+        ~known,
+        source_dtype.map(lambda d: f"collective dtype {d}: no opcast dtype (float/half/bfloat16 only)"),
+        result,
+    )
     frame = _positive_time(frame, result, "collective")
     frame = _skip_by(frame, frame["num_gpus"] < 2, "collective: fewer than 2 GPUs", result)
     frame = _skip_by(frame, frame["message_size"] < 1, "collective: empty message", result)
     dtype = frame["nccl_dtype"].astype(str).map(lambda d: COLLECTIVE_DTYPES[d][0])
     nbytes = frame["message_size"].astype("int64") * frame["nccl_dtype"].astype(str).map(
-        lambda d: COLLECTIVE_DTYPES[d][1]).astype("int64")
-    return frame.assign(dtype=dtype, bytes=nbytes, world_size=frame["num_gpus"], nodes=1,
-                        gpus_per_node=frame["num_gpus"])
+        lambda d: COLLECTIVE_DTYPES[d][1]
+    ).astype("int64")
+    return frame.assign(
+        dtype=dtype, bytes=nbytes, world_size=frame["num_gpus"], nodes=1, gpus_per_node=frame["num_gpus"]
+    )
 
 
 # --------------------------------------------------------------------------- selection
 
-def _rank(frame: pd.DataFrame, order: tuple[str, ...], versions: Mapping[tuple[str, str, str, str], int]) -> pd.DataFrame:
+
+def _rank(
+    frame: pd.DataFrame, order: tuple[str, ...], versions: Mapping[tuple[str, str, str, str], int]
+) -> pd.DataFrame:
     """Precedence columns of one file's rows: framework, version, kernel lane density."""
     first = frame.iloc[0]
     framework = str(first["_framework"])
     lane_rows = frame.groupby(["dtype", "kernel_source"], sort=False)["time_s"].transform("size")
-    return frame.assign(_fw_rank=order.index(framework) if framework in order else len(order),
-                        _ver_rank=versions[(first["_system"], first["_table"], framework, first["_version"])],
-                        _lane_rows=-lane_rows)
+    return frame.assign(
+        _fw_rank=order.index(framework) if framework in order else len(order),
+        _ver_rank=versions[(first["_system"], first["_table"], framework, first["_version"])],
+        _lane_rows=-lane_rows,
+    )
 
 
 def _select(kind: str, frame: pd.DataFrame, result: ReplayResult) -> list[dict[str, Any]]:
     """One row per (device, op, params, dtype) by the precedence of the module docstring."""
     params = list(_PARAMS[kind])
     key = ["device", "op", *params, "dtype"]
-    frame = frame.sort_values(["_fw_rank", "_framework", "_ver_rank", "_lane_rows", "kernel_source"],
-                          kind="stable").reset_index(drop=True)  # the index is now the precedence order
+    frame = frame.sort_values(
+        ["_fw_rank", "_framework", "_ver_rank", "_lane_rows", "kernel_source"], kind="stable"
+    ).reset_index(drop=True)  # the index is now the precedence order
     frame = frame.rename(columns={"time_s": "time_s_median"}).assign(time_s_p20=np.nan, time_s_p80=np.nan)
     # Repeats within one file and lane: one row, the median (p20/p80 from 3 repeats on).
     group = [*key, "source_file", "kernel_source"]
@@ -374,13 +446,16 @@ def _select(kind: str, frame: pd.DataFrame, result: ReplayResult) -> list[dict[s
         stats["_p20"] = times.quantile(0.2)
         stats["_p80"] = times.quantile(0.8)
         result.skipped["repeat of a configuration in the same file and kernel (merged: median)"] += int(
-            (stats["_n"] - 1).sum())
+            (stats["_n"] - 1).sum()
+        )
         kept = frame.loc[repeated].drop_duplicates(group, keep="first")
         kept = kept.merge(stats.reset_index(), on=group, how="left", sort=False)
         enough = kept["_n"] >= 3
-        kept = kept.assign(time_s_median=kept["_median"].to_numpy(),
-                           time_s_p20=kept["_p20"].where(enough).to_numpy(),
-                           time_s_p80=kept["_p80"].where(enough).to_numpy())
+        kept = kept.assign(
+            time_s_median=kept["_median"].to_numpy(),
+            time_s_p20=kept["_p20"].where(enough).to_numpy(),
+            time_s_p80=kept["_p80"].where(enough).to_numpy(),
+        )
         kept.index = frame.index[repeated & ~frame.duplicated(group, keep="first")]
         frame = pd.concat([frame.loc[~repeated], kept.drop(columns=["_median", "_n", "_p20", "_p80"])]).sort_index()
     # Across files and lanes: the first by precedence.
@@ -390,9 +465,15 @@ def _select(kind: str, frame: pd.DataFrame, result: ReplayResult) -> list[dict[s
         dup = frame[repeat]
         same_file = dup["source_file"] == firsts.loc[repeat, "source_file"]
         same_fw = dup["_framework"] == firsts.loc[repeat, "_framework"]
-        reasons = np.where(same_file, "measured again by another kernel of the same file (kept the densest lane)",
-                           np.where(same_fw, "measured again by an older version of the same framework (kept the newest)",
-                                    "measured again by a lower-precedence framework"))
+        reasons = np.where(
+            same_file,
+            "measured again by another kernel of the same file (kept the densest lane)",
+            np.where(
+                same_fw,
+                "measured again by an older version of the same framework (kept the newest)",
+                "measured again by a lower-precedence framework",
+            ),
+        )
         for reason, count in pd.Series(reasons).value_counts().items():
             result.skipped[f"{kind}: {reason}"] += int(count)
         frame = frame[~repeat]
@@ -423,7 +504,7 @@ def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str
             value = row[name]
             if hasattr(value, "item"):
                 row[name] = value.item()
-    return records
+    return records  # type: ignore[return-value]  # pandas-stubs: to_dict's keys are the column labels, str here
 
 
 def _version_ranks(frames: Iterable[pd.DataFrame]) -> dict[tuple[str, str, str, str], int]:
@@ -432,9 +513,11 @@ def _version_ranks(frames: Iterable[pd.DataFrame]) -> dict[tuple[str, str, str, 
     for frame in frames:  # one file each
         first = frame.iloc[0]
         found.setdefault((first["_system"], first["_table"], first["_framework"]), set()).add(first["_version"])
-    return {(system, table, framework, version): rank
-            for (system, table, framework), names in found.items()
-            for rank, version in enumerate(sorted(names, key=version_key, reverse=True))}
+    return {
+        (system, table, framework, version): rank
+        for (system, table, framework), names in found.items()
+        for rank, version in enumerate(sorted(names, key=version_key, reverse=True))
+    }
 
 
 _VERSION = re.compile(r"^v?(?P<release>\d+(?:\.\d+)*)(?:[.\-_]?(?P<tag>dev|a|alpha|b|beta|rc|post)\.?(?P<n>\d*))?")
@@ -454,6 +537,7 @@ def version_key(version: str) -> tuple:
 
 
 # --------------------------------------------------------------------------- devices and metadata
+
 
 @cache
 def system_device(system: str) -> str | None:
@@ -540,5 +624,13 @@ def read_meta(path: Path) -> dict[tuple[str, ...], str]:
     return out
 
 
-__all__ = ["FRAMEWORKS", "SYSTEM_DEVICES", "data_root", "default_root", "read_meta", "replay", "system_device",
-           "version_key"]
+__all__ = [
+    "FRAMEWORKS",
+    "SYSTEM_DEVICES",
+    "data_root",
+    "default_root",
+    "read_meta",
+    "replay",
+    "system_device",
+    "version_key",
+]

@@ -38,11 +38,14 @@ class ReplayResult:
     """Source files read."""
 
 
-def read_csv(path: Path, *, required: tuple[str, ...] = (), delimiter: str = ",") -> Iterator[tuple[int, dict[str, str]]]:
+def read_csv(
+    path: Path, *, required: tuple[str, ...] = (), delimiter: str = ","
+) -> Iterator[tuple[int, dict[str, str]]]:
     """(line number, row) of a CSV with a header; a missing column or a ragged row raises
     :class:`MalformedFile` naming the file and line."""
     try:
-        fh = open(path, newline="")
+        # closed by the `with fh` below; opened apart so that only open() errors read as unreadable
+        fh = open(path, newline="")  # noqa: SIM115
     except OSError as err:
         raise MalformedFile(path, None, f"cannot read: {err.strerror}") from None
     with fh:
@@ -71,7 +74,9 @@ def number(path: Path, line: int, row: Mapping[str, str], column: str) -> float:
         raise MalformedFile(path, line, f"column {column!r} is {row.get(column)!r}, not a number") from None
 
 
-def normalise(result: ReplayResult, *, source: str, run_id: str, opcast_version: str) -> tuple[list[dict[str, Any]], Counter]:
+def normalise(
+    result: ReplayResult, *, source: str, run_id: str, opcast_version: str
+) -> tuple[list[dict[str, Any]], Counter]:
     """Validate every row against its op kind, add provenance, and drop duplicates.
 
     Returns the kept rows and the skipped counter (the importer's own skips plus invalid rows

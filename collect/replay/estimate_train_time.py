@@ -65,8 +65,10 @@ STAGE_RATIO_LIMIT: Final = 3.0
 LINK_TOLERANCE: Final = 1.1
 
 _OP_FILE = re.compile(r"^(?P<gpu>[^_]+)_(?P<op>.+)_(?P<dtype>fp16|bf16|fp32)$")
-_NCCL_FILE = re.compile(r"^(?P<gpu>[^_]+)_(?P<coll>allreduce|allgather|reducescatter|p2p)(?P<large>_large)?"
-                        r"_(?P<dtype>fp16|bf16|fp32)(?:_(?P<nodes>\d+)_(?P<gpn>\d+))?$")
+_NCCL_FILE = re.compile(
+    r"^(?P<gpu>[^_]+)_(?P<coll>allreduce|allgather|reducescatter|p2p)(?P<large>_large)?"
+    r"_(?P<dtype>fp16|bf16|fp32)(?:_(?P<nodes>\d+)_(?P<gpn>\d+))?$"
+)
 
 
 def padded_vocab_per_rank(mp: int) -> int:
@@ -120,61 +122,117 @@ def _gemm(b: int, m: int, n: int, k: int) -> tuple[str, Shape]:
 def _attention(mp: int, b: int, h: int, l: int, dim: int) -> tuple[str, Shape]:
     # flash_attn_func(Q, K, V) with q, k, v of [b, l, h/mp, dim/h] and flash-attn's default
     # causal=False: the authors did not pass causal=True, so the timing is of full attention.
-    return "attention", {"batch": b, "heads": h // mp, "kv_heads": h // mp, "seq_q": l, "seq_kv": l,
-                         "head_dim": dim // h, "causal": False, "impl": "flash"}
+    return "attention", {
+        "batch": b,
+        "heads": h // mp,
+        "kv_heads": h // mp,
+        "seq_q": l,
+        "seq_kv": l,
+        "head_dim": dim // h,
+        "causal": False,
+        "impl": "flash",
+    }
 
 
 OPERATORS: Final[dict[str, _Operator]] = {
     # [l*b, dim] x [dim, 3 dim/mp] (fused QKV); [l*b, dim/mp] x [dim/mp, dim]; [l*b, dim] x [dim, 4 dim/mp];
     # [l*b, 4 dim/mp] x [4 dim/mp, dim]; [l*b, dim] x [dim, V_p] (LM head, per-rank vocabulary).
-    "linear1": _Operator(columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim * 3 // mp, dim)),
-    "linear2": _Operator(columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim, dim // mp)),
-    "linear3": _Operator(columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim * 4 // mp, dim)),
-    "linear4": _Operator(columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim, dim * 4 // mp)),
-    "linear_final": _Operator(columns=("mp", "b", "l", "dim"),
-                              to_shape=lambda mp, b, l, dim: _gemm(1, l * b, padded_vocab_per_rank(mp), dim)),
+    "linear1": _Operator(
+        columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim * 3 // mp, dim)
+    ),
+    "linear2": _Operator(
+        columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim, dim // mp)
+    ),
+    "linear3": _Operator(
+        columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim * 4 // mp, dim)
+    ),
+    "linear4": _Operator(
+        columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, dim, dim * 4 // mp)
+    ),
+    "linear_final": _Operator(
+        columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: _gemm(1, l * b, padded_vocab_per_rank(mp), dim)
+    ),
     # scores = Q K^T: batch b h/mp, [l, dim/h] x [dim/h, l]; context = P V: [l, l] x [l, dim/h].
-    "baddbmm": _Operator(columns=("mp", "b", "h", "l", "dim"), heads=True,
-                         to_shape=lambda mp, b, h, l, dim: _gemm(b * h // mp, l, l, dim // h)),
-    "bmm": _Operator(columns=("mp", "b", "h", "l", "dim"), heads=True,
-                     to_shape=lambda mp, b, h, l, dim: _gemm(b * h // mp, l, dim // h, l)),
-    "flash_atten": _Operator(columns=("mp", "b", "h", "l", "dim"), heads=True, to_shape=_attention,
-                             kernel_name="flash_attn:flash_attn_func"),
+    "baddbmm": _Operator(
+        columns=("mp", "b", "h", "l", "dim"),
+        heads=True,
+        to_shape=lambda mp, b, h, l, dim: _gemm(b * h // mp, l, l, dim // h),
+    ),
+    "bmm": _Operator(
+        columns=("mp", "b", "h", "l", "dim"),
+        heads=True,
+        to_shape=lambda mp, b, h, l, dim: _gemm(b * h // mp, l, dim // h, l),
+    ),
+    "flash_atten": _Operator(
+        columns=("mp", "b", "h", "l", "dim"), heads=True, to_shape=_attention, kernel_name="flash_attn:flash_attn_func"
+    ),
     # nn.Softmax(dim=-1) over [b, h/mp, l, l]; Megatron's fused causal kernel over [b h/mp, l, l].
-    "softmax": _Operator(columns=("mp", "b", "h", "l"), kernel_name="torch:softmax",
-                         to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * (h // mp) * l, "cols": l})),
+    "softmax": _Operator(
+        columns=("mp", "b", "h", "l"),
+        kernel_name="torch:softmax",
+        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * (h // mp) * l, "cols": l}),
+    ),
     "ScaledUpperTriangMaskedSoftmax": _Operator(
-        columns=("mp", "b", "h", "l"), kernel_name="megatron:ScaledUpperTriangMaskedSoftmax",
-        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * h // mp * l, "cols": l})),
-    "layernorm": _Operator(columns=("b", "l", "dim"), to_shape=lambda b, l, dim: ("layernorm", {"rows": l * b, "cols": dim})),
-    "RMSlayernorm": _Operator(columns=("b", "l", "dim"), kernel_name="neox:RMSNorm",
-                              to_shape=lambda b, l, dim: ("rmsnorm", {"rows": l * b, "cols": dim})),
-    "res_add": _Operator(columns=("b", "l", "dim"),
-                         to_shape=lambda b, l, dim: ("elementwise", {"numel": l * b * dim, "fn": "add"})),
-    "gelu": _Operator(columns=("mp", "b", "l", "dim"),
-                      to_shape=lambda mp, b, l, dim: ("elementwise", {"numel": l * b * (dim * 4 // mp), "fn": "gelu"})),
+        columns=("mp", "b", "h", "l"),
+        kernel_name="megatron:ScaledUpperTriangMaskedSoftmax",
+        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * h // mp * l, "cols": l}),
+    ),
+    "layernorm": _Operator(
+        columns=("b", "l", "dim"), to_shape=lambda b, l, dim: ("layernorm", {"rows": l * b, "cols": dim})
+    ),
+    "RMSlayernorm": _Operator(
+        columns=("b", "l", "dim"),
+        kernel_name="neox:RMSNorm",
+        to_shape=lambda b, l, dim: ("rmsnorm", {"rows": l * b, "cols": dim}),
+    ),
+    "res_add": _Operator(
+        columns=("b", "l", "dim"), to_shape=lambda b, l, dim: ("elementwise", {"numel": l * b * dim, "fn": "add"})
+    ),
+    "gelu": _Operator(
+        columns=("mp", "b", "l", "dim"),
+        to_shape=lambda mp, b, l, dim: ("elementwise", {"numel": l * b * (dim * 4 // mp), "fn": "gelu"}),
+    ),
     # apply_rotary_pos_emb(q, k, cos, sin) rotates q and k, each [l, b, h/mp, dim/h], in one call,
     # as torch ops (unfused): 2.5x slower than Vidur's fused kernel on the same A100 at large sizes.
-    "RoPE": _Operator(columns=("mp", "b", "h", "l", "dim"), heads=True, to_shape=lambda mp, b, h, l, dim: (
-        "rope", {"tokens": l * b, "heads": 2 * (h // mp), "head_dim": dim // h, "impl": "unfused"})),
+    "RoPE": _Operator(
+        columns=("mp", "b", "h", "l", "dim"),
+        heads=True,
+        to_shape=lambda mp, b, h, l, dim: (
+            "rope",
+            {"tokens": l * b, "heads": 2 * (h // mp), "head_dim": dim // h, "impl": "unfused"},
+        ),
+    ),
     # nn.Embedding(V_p, dim) looked up with [b, l] ids; V_p is the per-rank slice.
-    "embedding": _Operator(columns=("mp", "b", "l", "dim"), to_shape=lambda mp, b, l, dim: (
-        "embedding", {"tokens": b * l, "vocab": padded_vocab_per_rank(mp), "hidden": dim})),
+    "embedding": _Operator(
+        columns=("mp", "b", "l", "dim"),
+        to_shape=lambda mp, b, l, dim: (
+            "embedding",
+            {"tokens": b * l, "vocab": padded_vocab_per_rank(mp), "hidden": dim},
+        ),
+    ),
     # vocab_parallel_cross_entropy over [b, l, V_p].
     "parallel_cross_entropy_128": _Operator(
-        columns=("mp", "b", "l"), kernel_name="megatron:vocab_parallel_cross_entropy",
-        to_shape=lambda mp, b, l: ("cross_entropy", {"tokens": b * l, "vocab": padded_vocab_per_rank(mp)})),
+        columns=("mp", "b", "l"),
+        kernel_name="megatron:vocab_parallel_cross_entropy",
+        to_shape=lambda mp, b, l: ("cross_entropy", {"tokens": b * l, "vocab": padded_vocab_per_rank(mp)}),
+    ),
     # One DeepSpeed FusedAdam step over a pipeline stage's parameters (dur(us) only).
-    **{f"{stage}Stage_optimizer": _Operator(
-        columns=("mp", "dim", "encoders"), kernel_name="deepspeed:FusedAdam",
-        to_shape=(lambda s: lambda mp, dim, encoders: ("optimizer", {"numel": stage_params(s, mp, dim, encoders)}))(stage))
-       for stage in ("first", "middle", "last")},
+    **{
+        f"{stage}Stage_optimizer": _Operator(
+            columns=("mp", "dim", "encoders"),
+            kernel_name="deepspeed:FusedAdam",
+            to_shape=(lambda s: lambda mp, dim, encoders: ("optimizer", {"numel": stage_params(s, mp, dim, encoders)}))(
+                stage
+            ),
+        )
+        for stage in ("first", "middle", "last")
+    },
 }
 
 SKIPPED_OPERATORS: Final[dict[str, str]] = {
     "fillmask": "fillmask: baddbmm + causal masked_fill + softmax timed as one, no single opcast op",
     "optimizer": "optimizer_fp16.csv: whole-model optimizer timing of undocumented implementation and unit "
-                 "(time follows param_tensors, not params)",
+    "(time follows param_tensors, not params)",
 }
 ORDER: Final = ("middleStage_optimizer", *(n for n in (*OPERATORS, *SKIPPED_OPERATORS) if n != "middleStage_optimizer"))
 """Files are read in this order: the middle stage first (the first and last stages are checked
@@ -182,10 +240,16 @@ against it), and torch softmax before Megatron's fused causal kernel, so that a 
 both keeps the plain kernel when ``normalise`` drops the repeat."""
 ORDER_INDEX: Final = {name: i for i, name in enumerate(ORDER)}
 
-COLLECTIVES: Final = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter", "p2p": "send_recv"}
+COLLECTIVES: Final = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "p2p": "send_recv",
+}
 
 
 # --------------------------------------------------------------------------- entry point
+
 
 def replay(root: Path, options: ReplayOptions) -> ReplayResult:
     """Rows of every operator and NCCL CSV under ``root/data/regressors``."""
@@ -198,7 +262,9 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
     for path in (*operator_files, *nccl_files):  # <GPU>.csv (no "_") is a regressor summary: not read
         if "_" in path.stem and not (_OP_FILE if path.parent.name == "operator" else _NCCL_FILE).match(path.stem):
             result.files += 1
-            result.skipped[f"{path.parent.name} file name not understood (<GPU>_<op>_<dtype>...)"] += len(list(read_csv(path)))
+            result.skipped[f"{path.parent.name} file name not understood (<GPU>_<op>_<dtype>...)"] += len(
+                list(read_csv(path))
+            )
     parsed_ops = [(p, m) for p in operator_files if (m := _OP_FILE.match(p.stem))]
     parsed_ops.sort(key=lambda pm: (pm[1]["gpu"], ORDER_INDEX.get(pm[1]["op"], len(ORDER)), pm[0].name))
     middle: dict[tuple[str, str], dict[tuple[int, ...], float]] = {}
@@ -223,11 +289,18 @@ def _device(path: Path, gpu: str) -> str:
     try:
         return get_device(gpu).name
     except Exception as err:  # an unknown GPU: the file cannot be placed
-        raise MalformedFile(path, None, f"GPU {gpu!r} from the file name is not in the hardware catalog ({err})") from None
+        raise MalformedFile(
+            path, None, f"GPU {gpu!r} from the file name is not in the hardware catalog ({err})"
+        ) from None
 
 
-def _read_operator_file(root: Path, path: Path, match: re.Match[str], result: ReplayResult,
-                        middle: dict[tuple[str, str], dict[tuple[int, ...], float]]) -> None:
+def _read_operator_file(
+    root: Path,
+    path: Path,
+    match: re.Match[str],
+    result: ReplayResult,
+    middle: dict[tuple[str, str], dict[tuple[int, ...], float]],
+) -> None:
     name, dtype = match["op"], match["dtype"]
     operator = OPERATORS.get(name)
     if operator is None:
@@ -247,24 +320,33 @@ def _read_operator_file(root: Path, path: Path, match: re.Match[str], result: Re
         times = {c: number(path, line, row, c) for c in time_cols}
         records.append((line, shape, times))
     source_file = path.relative_to(root).as_posix()
-    base = {"device": device, "dtype": dtype, "tensor_cores": dtype != "fp32", "timing_method": TIMING_METHOD,
-            "source_file": source_file}
+    base = {
+        "device": device,
+        "dtype": dtype,
+        "tensor_cores": dtype != "fp32",
+        "timing_method": TIMING_METHOD,
+        "source_file": source_file,
+    }
     if operator.kernel_name:
         base["kernel_name"] = operator.kernel_name
 
     skip_bwd = None
     if name == "res_add":
-        skip_bwd = ("res_add B_dur: elementwise add has no backward kernel "
-                    "(the sampling function has no backward; B_dur repeats F_dur)")
+        skip_bwd = (
+            "res_add B_dur: elementwise add has no backward kernel "
+            "(the sampling function has no backward; B_dur repeats F_dur)"
+        )
     elif name == "flash_atten":
         ratios = [t[BWD_COL] / t[FWD_COL] for _, _, t in records if t[FWD_COL] > 0]
         if ratios and median(ratios) < 1.0:
-            skip_bwd = (f"flash_atten B_dur on {device}: median backward/forward {median(ratios):.2f} < 1 "
-                        "(FlashAttention-2 backward is ~2.5x forward; kernels missing from the capture)")
+            skip_bwd = (
+                f"flash_atten B_dur on {device}: median backward/forward {median(ratios):.2f} < 1 "
+                "(FlashAttention-2 backward is ~2.5x forward; kernels missing from the capture)"
+            )
     if stage == "middle":
         middle[(device, dtype)] = {shape: t[DUR_COL] for _, shape, t in records}
 
-    for line, shape, times in records:
+    for _line, shape, times in records:
         values = dict(zip(operator.columns, shape))
         if operator.heads and (values["h"] % values["mp"] or values["dim"] % values["h"]):
             result.skipped[f"{name}: h not divisible by mp or dim by h"] += len(times)
@@ -281,15 +363,20 @@ def _read_operator_file(root: Path, path: Path, match: re.Match[str], result: Re
             if stage in ("first", "last"):
                 reference = middle.get((device, dtype), {}).get(shape)
                 if reference is not None and seconds_us > STAGE_RATIO_LIMIT * reference:
-                    result.skipped[f"{name} on {device}: more than {STAGE_RATIO_LIMIT:g}x the middle-stage step "
-                                   "of the same (mp, dim, encoders)"] += 1
+                    result.skipped[
+                        f"{name} on {device}: more than {STAGE_RATIO_LIMIT:g}x the middle-stage step "
+                        "of the same (mp, dim, encoders)"
+                    ] += 1
                     continue
             result.rows.append({**base, "op": op, **params, "direction": direction, "time_s_median": seconds_us / 1e6})
 
 
 # --------------------------------------------------------------------------- NCCL
 
-def _read_nccl_file(root: Path, path: Path, match: re.Match[str], result: ReplayResult, seen: set[tuple[Any, ...]]) -> None:
+
+def _read_nccl_file(
+    root: Path, path: Path, match: re.Match[str], result: ReplayResult, seen: set[tuple[Any, ...]]
+) -> None:
     device = _device(path, match["gpu"])
     spec = get_device(device)
     dtype = match["dtype"]
@@ -304,7 +391,9 @@ def _read_nccl_file(root: Path, path: Path, match: re.Match[str], result: Replay
         nodes, gpn = _int(path, line, row, "nodes"), _int(path, line, row, "GPUsPerNode")
         dur_us = number(path, line, row, DUR_COL)
         if suffix is not None and (nodes, gpn) != suffix:
-            raise MalformedFile(path, line, f"nodes={nodes}, GPUsPerNode={gpn} but the file name says {suffix[0]}_{suffix[1]}")
+            raise MalformedFile(
+                path, line, f"nodes={nodes}, GPUsPerNode={gpn} but the file name says {suffix[0]}_{suffix[1]}"
+            )
         key = (*family, nodes, gpn, shape, dur_us)
         if suffix is None and key in seen:
             result.skipped["nccl file without topology suffix: row repeats a per-topology file"] += 1
@@ -323,11 +412,25 @@ def _read_nccl_file(root: Path, path: Path, match: re.Match[str], result: Replay
         link = spec.inter_node_bw_bytes_per_s if nodes > 1 else spec.intra_node_bw_bytes_per_s
         if link and busbw * 1e9 > LINK_TOLERANCE * link:
             path_name = "inter-node (NIC)" if nodes > 1 else "intra-node (NVLink)"
-            result.skipped[f"{op} on {device}: busbw above {LINK_TOLERANCE:g}x the {path_name} link bandwidth "
-                           f"({link / 1e9:g} GB/s), a partial capture"] += 1
+            result.skipped[
+                f"{op} on {device}: busbw above {LINK_TOLERANCE:g}x the {path_name} link bandwidth "
+                f"({link / 1e9:g} GB/s), a partial capture"
+            ] += 1
             continue
-        result.rows.append({
-            "device": device, "op": op, "bytes": nbytes, "world_size": world, "nodes": nodes, "gpus_per_node": gpn,
-            "dtype": dtype, "direction": "fwd", "time_s_median": seconds, "algbw_gbps": algbw, "busbw_gbps": busbw,
-            "timing_method": TIMING_METHOD, "source_file": source_file,
-        })
+        result.rows.append(
+            {
+                "device": device,
+                "op": op,
+                "bytes": nbytes,
+                "world_size": world,
+                "nodes": nodes,
+                "gpus_per_node": gpn,
+                "dtype": dtype,
+                "direction": "fwd",
+                "time_s_median": seconds,
+                "algbw_gbps": algbw,
+                "busbw_gbps": busbw,
+                "timing_method": TIMING_METHOD,
+                "source_file": source_file,
+            }
+        )

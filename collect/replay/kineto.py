@@ -97,8 +97,14 @@ ORPHAN = "GPU kernel without a launching CPU op"
 NEGATIVE_TIME = "invocation with a negative kernel duration (broken GPU timestamps in the trace)"
 ZERO_TIME = "invocation whose kernels take no time (below the trace's timer resolution)"
 
-DTYPES = {"float": "fp32", "Float": "fp32", "c10::Half": "fp16", "Half": "fp16",
-          "c10::BFloat16": "bf16", "BFloat16": "bf16"}
+DTYPES = {
+    "float": "fp32",
+    "Float": "fp32",
+    "c10::Half": "fp16",
+    "Half": "fp16",
+    "c10::BFloat16": "bf16",
+    "BFloat16": "bf16",
+}
 """``Input type`` / ``record_param_comms`` dtype spellings -> opcast dtype."""
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
@@ -138,8 +144,13 @@ ROWWISE = {
 }
 MAPPED = frozenset((*GEMM_FWD, *ATTENTION, *ROWWISE))
 
-COLLECTIVES = (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
-               ("alltoall", "all_to_all"), ("broadcast", "broadcast"))
+COLLECTIVES = (
+    ("allreduce", "all_reduce"),
+    ("allgather", "all_gather"),
+    ("reducescatter", "reduce_scatter"),
+    ("alltoall", "all_to_all"),
+    ("broadcast", "broadcast"),
+)
 """Normalised collective / kernel name fragment -> registry kind (first match wins)."""
 _NODE = re.compile(r"^(?:autograd::engine::evaluate_function: )?(\w+Backward)\d*$")
 _NCCL_KERNEL = re.compile(r"^(?:void )?nccl(?:Dev)?Kernel", re.IGNORECASE)
@@ -184,17 +195,22 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
         result.files += 1
         with_kernels += _replay_trace(path, rel, doc, options, forced, result)
     if result.files and not with_kernels:
-        raise OpcastError(f"{root}: no GPU kernels in {result.files} trace(s); opcast replays GPU kernel times only, "
-                          "so profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] and record_shapes=True")
+        raise OpcastError(
+            f"{root}: no GPU kernels in {result.files} trace(s); opcast replays GPU kernel times only, "
+            "so profile with activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA] and record_shapes=True"
+        )
     return result
 
 
 # --------------------------------------------------------------------------- reading
 
+
 def _trace_files(root: Path) -> list[Path]:
     if root.is_file():
         return [root]
-    return sorted(p for p in root.rglob("*") if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz")))
+    return sorted(
+        p for p in root.rglob("*") if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+    )
 
 
 def _load(path: Path) -> dict[str, Any] | None:
@@ -222,11 +238,15 @@ def _load(path: Path) -> dict[str, Any] | None:
 def _num(path: Path, index: int, event: dict[str, Any], key: str) -> float:
     value = event.get(key)
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise MalformedFile(path, None, f"traceEvents[{index}] ({event.get('name')!r}) has {key}={value!r}, not a number")
+        raise MalformedFile(
+            path, None, f"traceEvents[{index}] ({event.get('name')!r}) has {key}={value!r}, not a number"
+        )
     try:
         out = float(value)
     except ValueError:
-        raise MalformedFile(path, None, f"traceEvents[{index}] ({event.get('name')!r}) has {key}={value!r}, not a number") from None
+        raise MalformedFile(
+            path, None, f"traceEvents[{index}] ({event.get('name')!r}) has {key}={value!r}, not a number"
+        ) from None
     if not math.isfinite(out):
         raise MalformedFile(path, None, f"traceEvents[{index}] ({event.get('name')!r}) has {key}={value!r}")
     return out
@@ -241,7 +261,7 @@ class _Trace:
     by_ext: dict[Any, _Op] = field(default_factory=dict)
     runtime: dict[Any, tuple[Any, float]] = field(default_factory=dict)
     """correlation -> (thread, ts) of the launching runtime/driver call."""
-    flow_end: dict[tuple[Any, Any, float], Any] = field(default_factory=dict)
+    flow_end: dict[tuple[Any, Any, Any], Any] = field(default_factory=dict)
     flow_start: dict[Any, tuple[Any, float]] = field(default_factory=dict)
     kernels: list[dict[str, Any]] = field(default_factory=list)
 
@@ -279,7 +299,9 @@ def _parse(path: Path, events: list[Any]) -> _Trace:
             ts, dur = _num(path, i, ev, "ts"), _num(path, i, ev, "dur")
             args = ev.get("args") or {}
             if not isinstance(args, dict):
-                raise MalformedFile(path, None, f"traceEvents[{i}] ({ev.get('name')!r}) has args that are not an object")
+                raise MalformedFile(
+                    path, None, f"traceEvents[{i}] ({ev.get('name')!r}) has args that are not an object"
+                )
             thread = (ev.get("pid"), ev.get("tid"))
             if cat == "kernel":
                 trace.kernels.append(ev)
@@ -311,6 +333,7 @@ def _parse(path: Path, events: list[Any]) -> _Trace:
 
 # --------------------------------------------------------------------------- attribution
 
+
 def _node_name(op: _Op) -> str | None:
     match = _NODE.match(op.name)
     return match.group(1) if match else None
@@ -336,8 +359,9 @@ def _owner(launcher: _Op) -> tuple[_Op, _Op | None, str | None]:
     return op, None, f"{op.name} inside {name} (a backward product opcast cannot attribute)"
 
 
-def _replay_trace(path: Path, rel: str, doc: dict[str, Any], options: ReplayOptions, forced: str | None,
-                  result: ReplayResult) -> int:
+def _replay_trace(
+    path: Path, rel: str, doc: dict[str, Any], options: ReplayOptions, forced: str | None, result: ReplayResult
+) -> int:
     """Add one trace's rows to ``result``; returns 1 if it had GPU kernels, else 0."""
     trace = _parse(path, doc["traceEvents"])
     if not trace.kernels:
@@ -375,15 +399,15 @@ def _replay_trace(path: Path, rel: str, doc: dict[str, Any], options: ReplayOpti
         op, params, dtype, direction = mapped
         _add(groups, devices(inv.kernels[0]), op, params, dtype, direction, dtype != "fp32", inv.kernels, TIMING)
     for key, kernels in comms.items():
-        mapped = _map_comm(kernels, comm_launcher[key], options)
-        if isinstance(mapped, str):
-            result.skipped[mapped] += 1
+        mapped_comm = _map_comm(kernels, comm_launcher[key], options)
+        if isinstance(mapped_comm, str):
+            result.skipped[mapped_comm] += 1
             continue
         bad = _bad_time(kernels)
         if bad:
             result.skipped[bad] += 1
             continue
-        op, params, dtype = mapped
+        op, params, dtype = mapped_comm
         _add(groups, devices(kernels[0]), op, params, dtype, "fwd", None, kernels, NCCL_TIMING)
     for group in groups.values():
         result.rows.append(group.row(rel))
@@ -403,12 +427,18 @@ def _devices(path: Path, doc: dict[str, Any], forced: str | None) -> Callable[[d
         if index not in resolved:
             name = names.get(index) or (next(iter(names.values())) if len(set(names.values())) == 1 else None)
             if not name:
-                raise MalformedFile(path, None, f"the trace names no GPU for device {index} (no deviceProperties); pass --device")
+                raise MalformedFile(
+                    path, None, f"the trace names no GPU for device {index} (no deviceProperties); pass --device"
+                )
             try:
                 resolved[index] = get_device(str(name)).name
             except OpcastError:
-                raise MalformedFile(path, None, f"GPU {name!r} from deviceProperties is not in the hardware catalog; "
-                                                "pass --device with its catalog name (opcast hardware list)") from None
+                raise MalformedFile(
+                    path,
+                    None,
+                    f"GPU {name!r} from deviceProperties is not in the hardware catalog; "
+                    "pass --device with its catalog name (opcast hardware list)",
+                ) from None
         return resolved[index]
 
     return device
@@ -474,7 +504,7 @@ def _map_gemm(op: _Op) -> Mapped | str:
     rank = 3 if op.name in ("aten::bmm", "aten::baddbmm") else 2
     a, b = _shape(dims, first, rank), _shape(dims, first + 1, rank)
     if a is None or b is None or a[-1] != b[-2] or (rank == 3 and a[0] != b[0]):
-        return f"{op.name}: operands {dims[first:first + 2]} are not [..,m,k] x [..,k,n]"
+        return f"{op.name}: operands {dims[first : first + 2]} are not [..,m,k] x [..,k,n]"
     dtype = _dtype(op, first)
     if dtype is None:
         return _type_reason(op, first)
@@ -521,7 +551,7 @@ def _map_attention(op: _Op, spec: _Attn) -> Mapped | str:
         return f"{op.name}: no Input Dims (record with record_shapes=True)"
     q, k = _shape(dims, spec.q, 4), _shape(dims, spec.q + 1, 4)
     if q is None or k is None or q[0] != k[0] or q[3] != k[3]:
-        return f"{op.name}: q/k {dims[spec.q:spec.q + 2]} are not [b,h,s,d] / [b,kvh,skv,d]"
+        return f"{op.name}: q/k {dims[spec.q : spec.q + 2]} are not [b,h,s,d] / [b,kvh,skv,d]"
     if spec.mask is not None and _shape(dims, spec.mask):
         return f"{op.name}: explicit attention mask/bias (opcast models causal or no mask)"
     causal = _concrete(op, spec.causal)
@@ -530,8 +560,16 @@ def _map_attention(op: _Op, spec: _Attn) -> Mapped | str:
     dtype = _dtype(op, spec.q)
     if dtype is None:
         return _type_reason(op, spec.q)
-    params = {"batch": q[0], "heads": q[1], "kv_heads": k[1], "seq_q": q[2], "seq_kv": k[2], "head_dim": q[3],
-              "causal": causal == "True", "impl": spec.impl}
+    params = {
+        "batch": q[0],
+        "heads": q[1],
+        "kv_heads": k[1],
+        "seq_q": q[2],
+        "seq_kv": k[2],
+        "head_dim": q[3],
+        "causal": causal == "True",
+        "impl": spec.impl,
+    }
     return "attention", params, dtype, spec.direction
 
 
@@ -578,7 +616,9 @@ def _comm_info(kernels: list[dict[str, Any]], launcher: _Op | None) -> dict[str,
     return {}
 
 
-def _map_comm(kernels: list[dict[str, Any]], launcher: _Op | None, options: ReplayOptions) -> tuple[str, dict[str, Any], str] | str:
+def _map_comm(
+    kernels: list[dict[str, Any]], launcher: _Op | None, options: ReplayOptions
+) -> tuple[str, dict[str, Any], str] | str:
     info = _comm_info(kernels, launcher)
     name = str(kernels[0].get("name", ""))
     label = re.sub(r"[_\-\s]", "", str(info.get("Collective name") or "")).lower()
@@ -594,8 +634,8 @@ def _map_comm(kernels: list[dict[str, Any]], launcher: _Op | None, options: Repl
     dtype = DTYPES.get(str(info.get("dtype"))) if info.get("dtype") is not None else _kernel_dtype(kernel_label)
     if dtype is None:
         return f"{kind}: dtype {info.get('dtype')!r} unknown (opcast tracks fp32, fp16, bf16)"
-    nelems = [info.get("In msg nelems"), info.get("Out msg nelems")]
-    nelems = [int(v) for v in nelems if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    sizes = [info.get("In msg nelems"), info.get("Out msg nelems")]
+    nelems = [int(v) for v in sizes if isinstance(v, (int, float)) and not isinstance(v, bool)]
     if not nelems:
         return f"{kind}: message size unknown (no record_param_comms 'In msg nelems')"
     world = info.get("Group size") or options.world_size
@@ -618,14 +658,21 @@ def _map_comm(kernels: list[dict[str, Any]], launcher: _Op | None, options: Repl
 
 
 def _kernel_dtype(kernel_label: str) -> str | None:
-    for token, dtype in (("bf16", "bf16"), ("bfloat16", "bf16"), ("f16", "fp16"), ("half", "fp16"),
-                         ("f32", "fp32"), ("float", "fp32")):
+    for token, dtype in (
+        ("bf16", "bf16"),
+        ("bfloat16", "bf16"),
+        ("f16", "fp16"),
+        ("half", "fp16"),
+        ("f32", "fp32"),
+        ("float", "fp32"),
+    ):
         if token in kernel_label:
             return dtype
     return None
 
 
 # --------------------------------------------------------------------------- aggregation
+
 
 @dataclass(slots=True)
 class _Group:
@@ -646,10 +693,19 @@ class _Group:
         median = statistics.median(times)
         args = self.kernel.get("args") or {}
         row: dict[str, Any] = {
-            "device": self.device, "op": self.op, **self.params, "dtype": self.dtype, "direction": self.direction,
-            "tensor_cores": self.tensor_cores, "time_s_median": median, "n_reps": len(times),
-            "source_file": source_file, "kernel_name": str(self.kernel.get("name", "")), "timing_method": self.timing,
-            "grid": _launch(args.get("grid")), "block": _launch(args.get("block")),
+            "device": self.device,
+            "op": self.op,
+            **self.params,
+            "dtype": self.dtype,
+            "direction": self.direction,
+            "tensor_cores": self.tensor_cores,
+            "time_s_median": median,
+            "n_reps": len(times),
+            "source_file": source_file,
+            "kernel_name": str(self.kernel.get("name", "")),
+            "timing_method": self.timing,
+            "grid": _launch(args.get("grid")),
+            "block": _launch(args.get("block")),
         }
         if len(times) >= 3:
             cuts = statistics.quantiles(times, n=10, method="inclusive")
@@ -678,12 +734,32 @@ def _bad_time(kernels: Iterable[dict[str, Any]]) -> str | None:
     return None
 
 
-def _add(groups: dict[tuple, _Group], device: str, op: str, params: dict[str, Any], dtype: str, direction: str,
-         tensor_cores: bool | None, kernels: Iterable[dict[str, Any]], timing: str) -> None:
+def _add(
+    groups: dict[tuple, _Group],
+    device: str,
+    op: str,
+    params: dict[str, Any],
+    dtype: str,
+    direction: str,
+    tensor_cores: bool | None,
+    kernels: Iterable[dict[str, Any]],
+    timing: str,
+) -> None:
     kernels = list(kernels)
     seconds = sum(float(k["dur"]) for k in kernels) / 1e6
     key = (device, op, tuple(sorted(params.items())), dtype, direction, tensor_cores)
     main = max(kernels, key=lambda k: float(k["dur"]))
-    group = groups.setdefault(key, _Group(device=device, op=op, params=params, dtype=dtype, direction=direction,
-                                          tensor_cores=tensor_cores, timing=timing, kernel=main))
+    group = groups.setdefault(
+        key,
+        _Group(
+            device=device,
+            op=op,
+            params=params,
+            dtype=dtype,
+            direction=direction,
+            tensor_cores=tensor_cores,
+            timing=timing,
+            kernel=main,
+        ),
+    )
     group.times_s.append(seconds)

@@ -70,26 +70,47 @@ TIMING = "replay:nccl-tests:out-of-place"
 SUFFIXES = (".txt", ".log", ".out")
 
 BINARIES = {
-    "all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "reduce_scatter_perf": "reduce_scatter",
-    "alltoall_perf": "all_to_all", "sendrecv_perf": "send_recv", "broadcast_perf": "broadcast",
+    "all_reduce_perf": "all_reduce",
+    "all_gather_perf": "all_gather",
+    "reduce_scatter_perf": "reduce_scatter",
+    "alltoall_perf": "all_to_all",
+    "sendrecv_perf": "send_recv",
+    "broadcast_perf": "broadcast",
 }
 UNSUPPORTED = ("alltoallv_perf", "reduce_perf", "gather_perf", "scatter_perf", "hypercube_perf")
 # File-name fragments (lower case, without _ and -), most specific first.
 _NAME_FRAGMENTS = (
-    ("reducescatter", "reduce_scatter_perf"), ("allreduce", "all_reduce_perf"), ("allgather", "all_gather_perf"),
-    ("alltoallv", "alltoallv_perf"), ("alltoall", "alltoall_perf"), ("sendrecv", "sendrecv_perf"),
-    ("broadcast", "broadcast_perf"), ("hypercube", "hypercube_perf"), ("reduceperf", "reduce_perf"),
-    ("gatherperf", "gather_perf"), ("scatterperf", "scatter_perf"),
+    ("reducescatter", "reduce_scatter_perf"),
+    ("allreduce", "all_reduce_perf"),
+    ("allgather", "all_gather_perf"),
+    ("alltoallv", "alltoallv_perf"),
+    ("alltoall", "alltoall_perf"),
+    ("sendrecv", "sendrecv_perf"),
+    ("broadcast", "broadcast_perf"),
+    ("hypercube", "hypercube_perf"),
+    ("reduceperf", "reduce_perf"),
+    ("gatherperf", "gather_perf"),
+    ("scatterperf", "scatter_perf"),
 )
-DTYPES = {"float": "fp32", "float32": "fp32", "fp32": "fp32", "half": "fp16", "float16": "fp16", "fp16": "fp16",
-          "bfloat16": "bf16", "bf16": "bf16"}
+DTYPES = {
+    "float": "fp32",
+    "float32": "fp32",
+    "fp32": "fp32",
+    "half": "fp16",
+    "float16": "fp16",
+    "fp16": "fp16",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+}
 REDUCTIONS = ("all_reduce", "reduce_scatter")
 
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _ITERS = re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)")
 _AGG_ITERS = re.compile(r"\bagg iters:\s*(\d+)")
 _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
-_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*\S)\s*$")
+_RANK = re.compile(
+    r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*\S)\s*$"
+)
 
 
 @dataclass(slots=True)
@@ -155,6 +176,7 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
 
 # --------------------------------------------------------------------------- parsing
 
+
 def _parse(path: Path) -> list[_Run]:
     try:
         text = path.read_text(errors="replace")
@@ -203,7 +225,7 @@ def _parse(path: Path) -> list[_Run]:
 
 def _columns(path: Path, number: int, names: list[str]) -> list[str]:
     times = [i for i, name in enumerate(names) if name in ("time", "cputime")]
-    if not times or names[times[0] + 1:times[0] + 4][:2] != ["algbw", "busbw"] or len(names) < times[0] + 4:
+    if not times or names[times[0] + 1 : times[0] + 4][:2] != ["algbw", "busbw"] or len(names) < times[0] + 4:
         raise MalformedFile(path, number, f"unrecognised nccl-tests table header {' '.join(names)!r}")
     return names
 
@@ -212,7 +234,9 @@ def _data(path: Path, number: int, tokens: list[str], run: _Run) -> _Line:
     columns = run.columns or []
     expected = len(columns) + (1 if columns[-1] == "timestamp" else 0)  # the timestamp is 'date time'
     if len(tokens) != expected:
-        raise MalformedFile(path, number, f"{len(tokens)} fields, the table header (line {run.header_line}) has {expected}")
+        raise MalformedFile(
+            path, number, f"{len(tokens)} fields, the table header (line {run.header_line}) has {expected}"
+        )
     times = [i for i, name in enumerate(columns) if name in ("time", "cputime")]
     first = times[0]
 
@@ -224,9 +248,13 @@ def _data(path: Path, number: int, tokens: list[str], run: _Run) -> _Line:
 
     wrong = False
     for start in times:
-        if start + 3 < len(columns) and columns[start + 3] in ("#wrong", "wrong"):
-            if tokens[start + 3] != "N/A" and num(start + 3) > 0:
-                wrong = True
+        if (
+            start + 3 < len(columns)
+            and columns[start + 3] in ("#wrong", "wrong")
+            and tokens[start + 3] != "N/A"
+            and num(start + 3) > 0
+        ):
+            wrong = True
     index = {name: i for i, name in enumerate(columns[:first])}
     for name in ("size", "count", "type"):
         if name not in index:
@@ -235,12 +263,20 @@ def _data(path: Path, number: int, tokens: list[str], run: _Run) -> _Line:
     if time_us <= 0:
         raise MalformedFile(path, number, f"time {tokens[first]!r} us is not positive")
     num(index["count"], integer=True)
-    return _Line(number=number, size=int(num(index["size"], integer=True)), type=tokens[index["type"]],
-                 redop=tokens[index["redop"]] if "redop" in index else None, time_us=time_us,
-                 algbw=num(first + 1), busbw=num(first + 2), wrong=wrong)
+    return _Line(
+        number=number,
+        size=int(num(index["size"], integer=True)),
+        type=tokens[index["type"]],
+        redop=tokens[index["redop"]] if "redop" in index else None,
+        time_us=time_us,
+        algbw=num(first + 1),
+        busbw=num(first + 2),
+        wrong=wrong,
+    )
 
 
 # --------------------------------------------------------------------------- conversion
+
 
 def _binary(path: Path, run: _Run) -> str | None:
     """The nccl-tests binary that wrote ``run``: its starting line, else the file name."""
@@ -288,24 +324,39 @@ def _device(path: Path, run: _Run, forced: str | None) -> str:
     if not names:
         raise MalformedFile(path, None, "no '#  Rank ... device' lines name the GPU; pass --device")
     if len(names) > 1:
-        raise MalformedFile(path, min(names.values()), f"ranks run on different GPUs ({', '.join(sorted(names))}); pass --device")
-    (name, number), = names.items()
+        raise MalformedFile(
+            path, min(names.values()), f"ranks run on different GPUs ({', '.join(sorted(names))}); pass --device"
+        )
+    ((name, number),) = names.items()
     try:
         return get_device(name).name
     except OpcastError:
-        raise MalformedFile(path, number, f"GPU {name!r} is not in the hardware catalog; pass --device with its "
-                                          "catalog name (opcast hardware list)") from None
+        raise MalformedFile(
+            path,
+            number,
+            f"GPU {name!r} is not in the hardware catalog; pass --device with its catalog name (opcast hardware list)",
+        ) from None
 
 
-def _convert(path: Path, run: _Run, options: ReplayOptions, forced: str | None,
-             groups: dict[tuple, list[tuple[float, int]]], skipped: Counter) -> None:
+def _convert(
+    path: Path,
+    run: _Run,
+    options: ReplayOptions,
+    forced: str | None,
+    groups: dict[tuple, list[tuple[float, int]]],
+    skipped: Counter,
+) -> None:
     if not run.lines:
         return
     binary = _binary(path, run)
     if binary is None:
-        raise MalformedFile(path, run.lines[0].number, "cannot tell which nccl-tests binary wrote this table: no "
-                                                       "'# Collective test starting' line and the file name names none of "
-                                                       f"{', '.join(BINARIES)}; rename the file")
+        raise MalformedFile(
+            path,
+            run.lines[0].number,
+            "cannot tell which nccl-tests binary wrote this table: no "
+            "'# Collective test starting' line and the file name names none of "
+            f"{', '.join(BINARIES)}; rename the file",
+        )
     kind = BINARIES.get(binary)
     if kind is None:
         skipped[f"{binary}: no opcast collective for it"] += len(run.lines)
@@ -316,7 +367,9 @@ def _convert(path: Path, run: _Run, options: ReplayOptions, forced: str | None,
         return
     world, nodes, gpn = topology
     if run.out_of_bounds and "error" in (run.columns or []):
-        skipped[f"{kind}: {run.out_of_bounds} out-of-bounds values in a run with the old 'error' column"] += len(run.lines)
+        skipped[f"{kind}: {run.out_of_bounds} out-of-bounds values in a run with the old 'error' column"] += len(
+            run.lines
+        )
         return
     device = _device(path, run, forced)
     factor = bus_factor(kind, world)
@@ -343,19 +396,39 @@ def _check(path: Path, line: _Line, kind: str, world: int, factor: float) -> Non
     if abs(algbw - line.algbw) > 0.05 * line.algbw + 0.015:
         raise MalformedFile(path, line.number, f"algbw {line.algbw} GB/s disagrees with size/time = {algbw:.3f} GB/s")
     if line.algbw >= 1.0 and abs(line.busbw - line.algbw * factor) > 0.02 * line.busbw + 0.015:
-        raise MalformedFile(path, line.number, f"busbw/algbw = {line.busbw / line.algbw:.3f} but {kind} over {world} ranks "
-                                               f"has factor {factor:.3f}: wrong collective or world size (see --world-size)")
+        raise MalformedFile(
+            path,
+            line.number,
+            f"busbw/algbw = {line.busbw / line.algbw:.3f} but {kind} over {world} ranks "
+            f"has factor {factor:.3f}: wrong collective or world size (see --world-size)",
+        )
 
 
-def _row(device: str, kind: str, params: dict[str, Any], dtype: str, timing: str,
-         samples: list[tuple[float, int]], source_file: str) -> dict[str, Any]:
+def _row(
+    device: str,
+    kind: str,
+    params: dict[str, Any],
+    dtype: str,
+    timing: str,
+    samples: list[tuple[float, int]],
+    source_file: str,
+) -> dict[str, Any]:
     times = sorted(t for t, _ in samples)
     median = statistics.median(times)
     algbw = params["bytes"] / median / 1e9
     row: dict[str, Any] = {
-        "device": device, "op": kind, **params, "dtype": dtype, "direction": "fwd", "tensor_cores": None,
-        "time_s_median": median, "n_reps": sum(reps for _, reps in samples), "source_file": source_file,
-        "timing_method": timing, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(kind, params["world_size"]),
+        "device": device,
+        "op": kind,
+        **params,
+        "dtype": dtype,
+        "direction": "fwd",
+        "tensor_cores": None,
+        "time_s_median": median,
+        "n_reps": sum(reps for _, reps in samples),
+        "source_file": source_file,
+        "timing_method": timing,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_factor(kind, params["world_size"]),
     }
     if len(times) >= 3:
         cuts = statistics.quantiles(times, n=10, method="inclusive")

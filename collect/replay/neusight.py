@@ -48,18 +48,40 @@ N_REPS: Final = 25
 
 GEMM_OPS: Final = ("bmm", "linear")
 ELEMENTWISE: Final[dict[str, str]] = {
-    "add": "add", "mul": "mul", "div": "div", "pow": "pow",
-    "addu": "add_scalar", "mulu": "mul_scalar", "divu": "div_scalar", "powu": "pow_scalar",
-    "relu": "relu", "gelu": "gelu", "tanh": "tanh",
+    "add": "add",
+    "mul": "mul",
+    "div": "div",
+    "pow": "pow",
+    "addu": "add_scalar",
+    "mulu": "mul_scalar",
+    "divu": "div_scalar",
+    "powu": "pow_scalar",
+    "relu": "relu",
+    "gelu": "gelu",
+    "tanh": "tanh",
 }
 """NeuSight OPName -> opcast elementwise fn."""
 ROWWISE: Final[dict[str, str]] = {"ln": "layernorm", "softmax": "softmax"}
 UNSUPPORTED: Final[dict[str, str]] = {"conv": "conv: opcast has no convolution op"}
 
 _LABEL_NAME = re.compile(r"(?P<model>.+)-(?P<mode>inf|train)-(?P<seq>\d+)-(?P<batch>\d+)(?P<fusion>-fusion)?")
-_ARCH_FIELDS: Final = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "vocab", "norm",
-                       "gated_mlp", "position", "tied_embeddings", "linear_bias", "parallel_residual",
-                       "n_experts", "experts_top_k")
+_ARCH_FIELDS: Final = (
+    "n_layers",
+    "hidden",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "ffn_hidden",
+    "vocab",
+    "norm",
+    "gated_mlp",
+    "position",
+    "tied_embeddings",
+    "linear_bias",
+    "parallel_residual",
+    "n_experts",
+    "experts_top_k",
+)
 """ArchSpec fields that must agree for a NeuSight model config to map to an opcast preset
 (activation is left out: Hugging Face's gelu_new and the presets' gelu cost the same)."""
 
@@ -86,6 +108,7 @@ def replay(root: Path, options: ReplayOptions | None = None) -> ReplayResult:
 
 # --------------------------------------------------------------------------- layout
 
+
 def _layout(root: Path) -> tuple[Path | None, Path | None]:
     """(data folder holding ``dataset/``, label folder) under ``root``."""
     for asplos in (root / "scripts" / "asplos", root):
@@ -95,8 +118,10 @@ def _layout(root: Path) -> tuple[Path | None, Path | None]:
             return data, label
     if (root / "dataset").is_dir():  # pointed at scripts/asplos/data
         return root, (root / "label" if (root / "label").is_dir() else None)
-    raise OpcastError(f"{root} is not a NeuSight checkout: expected scripts/asplos/data/dataset "
-                      "(or give scripts/asplos or scripts/asplos/data)")
+    raise OpcastError(
+        f"{root} is not a NeuSight checkout: expected scripts/asplos/data/dataset "
+        "(or give scripts/asplos or scripts/asplos/data)"
+    )
 
 
 def _kernel_files(dataset: Path) -> list[Path]:
@@ -114,6 +139,7 @@ def _kernel_files(dataset: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- kernels
+
 
 class _Seen:
     """Shapes already read: the source's own shape key and the opcast config it maps to."""
@@ -209,21 +235,35 @@ def _read_kernels(path: Path, source_file: str, result: ReplayResult, seen: _See
         seen.source[source_key] = source_file
         config_key = (device, *sorted(op_params.items()))
         if config_key in seen.config:
-            result.skipped[f"{op}: same opcast {op_params['op']} config as a shape already read"
-                           + (" (numel = B*H)" if op_params["op"] == "elementwise" else "")] += 1
+            result.skipped[
+                f"{op}: same opcast {op_params['op']} config as a shape already read"
+                + (" (numel = B*H)" if op_params["op"] == "elementwise" else "")
+            ] += 1
             continue
         seen.config.add(config_key)
         torch_version, cuda_version = _versions(row.get("Torch Version") or folder_torch, row.get("CUDA Version") or "")
-        result.rows.append({
-            "device": device, **op_params, "dtype": "fp32", "direction": "fwd", "tensor_cores": False,
-            "time_s_median": latency_ms / 1e3, "n_reps": N_REPS, "source_file": source_file,
-            "kernel_name": row.get("Kernel Name") or None, "grid": _triple(path, line, row, "Grid"),
-            "block": _triple(path, line, row, "Block"), "timing_method": TIMING_METHOD,
-            "torch_version": torch_version, "cuda_version": cuda_version,
-        })
+        result.rows.append(
+            {
+                "device": device,
+                **op_params,
+                "dtype": "fp32",
+                "direction": "fwd",
+                "tensor_cores": False,
+                "time_s_median": latency_ms / 1e3,
+                "n_reps": N_REPS,
+                "source_file": source_file,
+                "kernel_name": row.get("Kernel Name") or None,
+                "grid": _triple(path, line, row, "Grid"),
+                "block": _triple(path, line, row, "Block"),
+                "timing_method": TIMING_METHOD,
+                "torch_version": torch_version,
+                "cuda_version": cuda_version,
+            }
+        )
 
 
 # --------------------------------------------------------------------------- end-to-end runs
+
 
 def _read_json(path: Path) -> Any:
     try:
@@ -261,21 +301,32 @@ def _read_labels(root: Path, label: Path, configs: Path, result: ReplayResult) -
         data = _read_json(path)
         result.files += 1
         if not isinstance(data, dict):
-            raise MalformedFile(path, 1, "expected a JSON object with num_layer, e2e_latency, fw_latency, bwall_latency")
+            raise MalformedFile(
+                path, 1, "expected a JSON object with num_layer, e2e_latency, fw_latency, bwall_latency"
+            )
         layers = data.get("num_layer")
         if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 0):
             raise MalformedFile(path, None, f"'num_layer' is {layers!r}, not a layer count")
         train = name["mode"] == "train"
         ops = path.with_suffix(".csv")
-        result.runs.append({
-            "source": "replay:neusight", "source_file": path.relative_to(root).as_posix(), "device": device,
-            "model": name["model"], "arch": _arch(configs, name["model"]), "mode": name["mode"], "dtype": "fp32",
-            "batch": int(name["batch"]), "seq": int(name["seq"]),
-            "num_layers": layers or None,  # NeuSight writes 0 (or null) for the Switch MoE models
-            "total_s": _ms(path, data, "e2e_latency"), "fwd_s": _ms(path, data, "fw_latency"),
-            "bwd_s": _ms(path, data, "bwall_latency") if train else None,
-            "ops_json": _ops_json(ops, result) if ops.is_file() else None,
-        })
+        result.runs.append(
+            {
+                "source": "replay:neusight",
+                "source_file": path.relative_to(root).as_posix(),
+                "device": device,
+                "model": name["model"],
+                "arch": _arch(configs, name["model"]),
+                "mode": name["mode"],
+                "dtype": "fp32",
+                "batch": int(name["batch"]),
+                "seq": int(name["seq"]),
+                "num_layers": layers or None,  # NeuSight writes 0 (or null) for the Switch MoE models
+                "total_s": _ms(path, data, "e2e_latency"),
+                "fwd_s": _ms(path, data, "fw_latency"),
+                "bwd_s": _ms(path, data, "bwall_latency") if train else None,
+                "ops_json": _ops_json(ops, result) if ops.is_file() else None,
+            }
+        )
 
 
 def _ops_json(path: Path, result: ReplayResult) -> str:

@@ -38,8 +38,10 @@ RUN_COLUMNS: Final = (
 
 
 def runs_schema() -> pa.Schema:
-    return pa.schema([pa.field(n, t) for n, t, _ in RUN_COLUMNS],
-                     metadata={VERSION_KEY: str(RUNS_SCHEMA_VERSION).encode(), TABLE_KEY: b"runs"})
+    return pa.schema(
+        [pa.field(n, t) for n, t, _ in RUN_COLUMNS],
+        metadata={VERSION_KEY: str(RUNS_SCHEMA_VERSION).encode(), TABLE_KEY: b"runs"},
+    )
 
 
 def write_runs(runs: Iterable[Mapping[str, Any]], path: Path) -> Path:

@@ -101,8 +101,16 @@ COMPUTE_REPS: Final = 20
 NETWORK_REPS: Final = 3
 """vidur/profiling/collectives/collectives_wrapper.py: ACTIVE_STEPS."""
 
-SHAPE_COLUMNS: Final = ("n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp",
-                        "num_tokens", "num_tensor_parallel_workers")
+SHAPE_COLUMNS: Final = (
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "n_expanded_embd",
+    "vocab_size",
+    "use_gated_mlp",
+    "num_tokens",
+    "num_tensor_parallel_workers",
+)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -167,6 +175,7 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
 
 # --------------------------------------------------------------------------- compute
 
+
 def _compute_file(root: Path, path: Path, result: ReplayResult) -> None:
     rel = path.relative_to(root).as_posix()
     gpu, org, model_name = path.parent.parent.parent.name, path.parent.parent.name, path.parent.name
@@ -194,11 +203,22 @@ def _compute_file(root: Path, path: Path, result: ReplayResult) -> None:
                 result.skipped[f"vidur mlp.csv: non-positive median time ({op_column})"] += 1
                 continue
             op, params = mapped
-            result.rows.append({
-                "device": device, "op": op, **params, "dtype": DTYPE, "direction": "fwd", "tensor_cores": True,
-                "time_s_median": ms / 1e3, "time_s_p20": None, "time_s_p80": None, "n_reps": COMPUTE_REPS,
-                "source_file": rel, "timing_method": "replay:vidur:median20",
-            })
+            result.rows.append(
+                {
+                    "device": device,
+                    "op": op,
+                    **params,
+                    "dtype": DTYPE,
+                    "direction": "fwd",
+                    "tensor_cores": True,
+                    "time_s_median": ms / 1e3,
+                    "time_s_p20": None,
+                    "time_s_p80": None,
+                    "n_reps": COMPUTE_REPS,
+                    "source_file": rel,
+                    "timing_method": "replay:vidur:median20",
+                }
+            )
 
 
 def _shape(path: Path, line: int, row: dict[str, str]) -> _Shape:
@@ -206,16 +226,27 @@ def _shape(path: Path, line: int, row: dict[str, str]) -> _Shape:
     gated_text = row["use_gated_mlp"].lower()
     if gated_text not in ("true", "false"):
         raise MalformedFile(path, line, f"column 'use_gated_mlp' is {row['use_gated_mlp']!r}, not True or False")
-    shape = _Shape(tokens=values["num_tokens"], tp=values["num_tensor_parallel_workers"], heads=values["n_head"],
-                   kv_heads=values["n_kv_head"], hidden=values["n_embd"], ffn=values["n_expanded_embd"],
-                   vocab=values["vocab_size"], gated=gated_text == "true")
-    problems = [f"{name}={value} is not a multiple of {what}={by}" for name, value, what, by in (
-        ("n_embd", shape.hidden, "n_head", shape.heads),
-        ("n_head", shape.heads, "num_tensor_parallel_workers", shape.tp),
-        ("n_kv_head", shape.kv_heads, "num_tensor_parallel_workers", shape.tp),
-        ("n_expanded_embd", shape.ffn, "num_tensor_parallel_workers", shape.tp),
-        ("vocab_size", shape.vocab, "num_tensor_parallel_workers", shape.tp),
-    ) if value % by]
+    shape = _Shape(
+        tokens=values["num_tokens"],
+        tp=values["num_tensor_parallel_workers"],
+        heads=values["n_head"],
+        kv_heads=values["n_kv_head"],
+        hidden=values["n_embd"],
+        ffn=values["n_expanded_embd"],
+        vocab=values["vocab_size"],
+        gated=gated_text == "true",
+    )
+    problems = [
+        f"{name}={value} is not a multiple of {what}={by}"
+        for name, value, what, by in (
+            ("n_embd", shape.hidden, "n_head", shape.heads),
+            ("n_head", shape.heads, "num_tensor_parallel_workers", shape.tp),
+            ("n_kv_head", shape.kv_heads, "num_tensor_parallel_workers", shape.tp),
+            ("n_expanded_embd", shape.ffn, "num_tensor_parallel_workers", shape.tp),
+            ("vocab_size", shape.vocab, "num_tensor_parallel_workers", shape.tp),
+        )
+        if value % by
+    ]
     if problems:
         raise MalformedFile(path, line, "; ".join(problems) + " (vidur asserts these)")
     return shape
@@ -230,7 +261,12 @@ def _compute_op(column: str, s: _Shape, model: _Model | None, model_key: str) ->
     if column == "attn_pre_proj":
         return "gemm", {"b": 1, "m": t, "n": (s.heads + 2 * s.kv_heads) * d // tp, "k": h}
     if column == "attn_rope":
-        return "rope", {"tokens": t, "heads": (s.heads + s.kv_heads) // tp, "head_dim": d, "impl": "fused"}  # vLLM's rotary_embedding kernel
+        return "rope", {
+            "tokens": t,
+            "heads": (s.heads + s.kv_heads) // tp,
+            "head_dim": d,
+            "impl": "fused",
+        }  # vLLM's rotary_embedding kernel
     if column == "attn_post_proj":
         return "gemm", {"b": 1, "m": t, "n": h, "k": s.heads * d // tp}
     if column == "mlp_up_proj":
@@ -270,11 +306,23 @@ def _network_file(root: Path, path: Path, result: ReplayResult, seen: dict[tuple
         return
     folder = path.parent.name
     gpu = NETWORK_GPUS.get(folder, folder.split("_", 1)[0])
-    _sized_collectives(root, path, op, gpu, folder, result, seen, n_reps=NETWORK_REPS, timing_method="replay:vidur:median3")
+    _sized_collectives(
+        root, path, op, gpu, folder, result, seen, n_reps=NETWORK_REPS, timing_method="replay:vidur:median3"
+    )
 
 
-def _sized_collectives(root: Path, path: Path, op: str, gpu: str, folder: str, result: ReplayResult,
-                       seen: dict[tuple[Any, ...], str], *, n_reps: int | None, timing_method: str) -> None:
+def _sized_collectives(
+    root: Path,
+    path: Path,
+    op: str,
+    gpu: str,
+    folder: str,
+    result: ReplayResult,
+    seen: dict[tuple[Any, ...], str],
+    *,
+    n_reps: int | None,
+    timing_method: str,
+) -> None:
     """A file with ``size`` (bytes), ``num_workers`` and ``devices_per_node`` columns; ``folder``
     names the topology (network folder or history commit) for the collision reason."""
     rel = path.relative_to(root).as_posix()
@@ -291,9 +339,24 @@ def _sized_collectives(root: Path, path: Path, op: str, gpu: str, folder: str, r
         if nodes * gpus_per_node != workers:
             result.skipped[f"vidur {op}: num_workers not a multiple of devices_per_node"] += 1
             continue
-        _collective(result, seen, path=path, line=line, row=row, column=column, rel=rel, folder=folder, device=device,
-                    op=op, nbytes=size, world=workers, nodes=nodes, gpus_per_node=gpus_per_node, n_reps=n_reps,
-                    timing_method=timing_method)
+        _collective(
+            result,
+            seen,
+            path=path,
+            line=line,
+            row=row,
+            column=column,
+            rel=rel,
+            folder=folder,
+            device=device,
+            op=op,
+            nbytes=size,
+            world=workers,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            n_reps=n_reps,
+            timing_method=timing_method,
+        )
 
 
 def _history_file(root: Path, path: Path, result: ReplayResult, seen: dict[tuple[Any, ...], str]) -> None:
@@ -305,8 +368,9 @@ def _history_file(root: Path, path: Path, result: ReplayResult, seen: dict[tuple
         _skip_file(path, result, ALL_GATHER)
         return
     if path.stem == "all_reduce" and "size" in header:
-        _sized_collectives(root, path, "all_reduce", gpu, folder, result, seen, n_reps=None,
-                           timing_method="replay:vidur:median")
+        _sized_collectives(
+            root, path, "all_reduce", gpu, folder, result, seen, n_reps=None, timing_method="replay:vidur:median"
+        )
         return
     if path.stem == "all_reduce":
         required: tuple[str, ...] = ("num_workers", "n_embd", "num_tokens", "time_stats.all_reduce.median")
@@ -334,18 +398,52 @@ def _history_file(root: Path, path: Path, result: ReplayResult, seen: dict[tuple
         else:
             tp = _integer(path, line, row, "num_tensor_parallel_workers")
             if (tokens * hidden) % tp:
-                raise MalformedFile(path, line, f"num_tokens x n_embd = {tokens * hidden} is not a multiple of "
-                                                f"num_tensor_parallel_workers={tp}")
+                raise MalformedFile(
+                    path,
+                    line,
+                    f"num_tokens x n_embd = {tokens * hidden} is not a multiple of num_tensor_parallel_workers={tp}",
+                )
             op, world, nbytes = "send_recv", 2, tokens * hidden * FP16_BYTES // tp
             nodes, gpus_per_node = (1, 2) if stem == "p2p_intra_node" else (2, 1)
-        _collective(result, seen, path=path, line=line, row=row, column=column, rel=rel, folder=folder, device=device,
-                    op=op, nbytes=nbytes, world=world, nodes=nodes, gpus_per_node=gpus_per_node, n_reps=None,
-                    timing_method="replay:vidur:median")
+        _collective(
+            result,
+            seen,
+            path=path,
+            line=line,
+            row=row,
+            column=column,
+            rel=rel,
+            folder=folder,
+            device=device,
+            op=op,
+            nbytes=nbytes,
+            world=world,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            n_reps=None,
+            timing_method="replay:vidur:median",
+        )
 
 
-def _collective(result: ReplayResult, seen: dict[tuple[Any, ...], str], *, path: Path, line: int, row: dict[str, str],
-                column: str, rel: str, folder: str, device: str, op: str, nbytes: int, world: int, nodes: int,
-                gpus_per_node: int, n_reps: int | None, timing_method: str) -> None:
+def _collective(
+    result: ReplayResult,
+    seen: dict[tuple[Any, ...], str],
+    *,
+    path: Path,
+    line: int,
+    row: dict[str, str],
+    column: str,
+    rel: str,
+    folder: str,
+    device: str,
+    op: str,
+    nbytes: int,
+    world: int,
+    nodes: int,
+    gpus_per_node: int,
+    n_reps: int | None,
+    timing_method: str,
+) -> None:
     ms = number(path, line, row, column)
     if ms <= 0:
         result.skipped[f"vidur {op}: non-positive median time"] += 1
@@ -357,16 +455,31 @@ def _collective(result: ReplayResult, seen: dict[tuple[Any, ...], str], *, path:
         return
     seconds = ms / 1e3
     algbw = nbytes / seconds / 1e9
-    result.rows.append({
-        "device": device, "op": op, "bytes": nbytes, "world_size": world, "nodes": nodes,
-        "gpus_per_node": gpus_per_node, "dtype": DTYPE, "direction": "fwd", "tensor_cores": None,
-        "time_s_median": seconds, "time_s_p20": None, "time_s_p80": None, "n_reps": n_reps,
-        "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world), "source_file": rel,
-        "timing_method": timing_method,
-    })
+    result.rows.append(
+        {
+            "device": device,
+            "op": op,
+            "bytes": nbytes,
+            "world_size": world,
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "dtype": DTYPE,
+            "direction": "fwd",
+            "tensor_cores": None,
+            "time_s_median": seconds,
+            "time_s_p20": None,
+            "time_s_p80": None,
+            "n_reps": n_reps,
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * bus_factor(op, world),
+            "source_file": rel,
+            "timing_method": timing_method,
+        }
+    )
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def _device(folder: str) -> str | None:
     """Catalog name of vidur's GPU folder name, or None when the catalog has no such alias."""
@@ -396,8 +509,11 @@ def _header(path: Path) -> list[str]:
 
 def _ops(path: Path) -> list[str]:
     """The ``<op>`` of every ``time_stats.<op>.median`` column of an mlp.csv."""
-    return [c[len("time_stats."):-len(".median")] for c in _header(path)
-            if c.startswith("time_stats.") and c.endswith(".median")]
+    return [
+        c[len("time_stats.") : -len(".median")]
+        for c in _header(path)
+        if c.startswith("time_stats.") and c.endswith(".median")
+    ]
 
 
 def _skip_file(path: Path, result: ReplayResult, reason: str, *, rows: int = 1) -> None:

@@ -40,34 +40,181 @@ HERE = Path(__file__).resolve().parent
 
 CASES: dict[str, tuple[str, ...]] = {
     # The README's main job (its headline numbers: 9.09 s an iteration, 28,852 tokens/s, MFU 50.2 %).
-    "main_job": ("predict", "train", "--arch", "llama2-7b", "--gpu", "A100-SXM4-80GB", "--nodes", "1",
-                 "--gpus-per-node", "8", "--tp", "2", "--pp", "1", "--micro-batch", "1", "--global-batch", "64",
-                 "--seq", "4096"),
+    "main_job": (
+        "predict",
+        "train",
+        "--arch",
+        "llama2-7b",
+        "--gpu",
+        "A100-SXM4-80GB",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "1",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "64",
+        "--seq",
+        "4096",
+    ),
     # A 175B-class Megatron job: pp with interleaving, sp, selective recomputation, the distributed
     # optimizer overlapped with backward, a tied embedding across the first and last stage.
-    "megatron_175b_interleaved": ("predict", "train", "--arch", "megatron-175b", "--gpu", "A100-SXM4-80GB",
-                                  "--nodes", "16", "--gpus-per-node", "8", "--tp", "8", "--pp", "8", "--sp",
-                                  "--micro-batch", "1", "--global-batch", "512", "--seq", "2048",
-                                  "--schedule", "interleaved", "--virtual-stages", "3", "--recompute", "selective",
-                                  "--zero", "1", "--overlap-grad-reduce"),
+    "megatron_175b_interleaved": (
+        "predict",
+        "train",
+        "--arch",
+        "megatron-175b",
+        "--gpu",
+        "A100-SXM4-80GB",
+        "--nodes",
+        "16",
+        "--gpus-per-node",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--sp",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "512",
+        "--seq",
+        "2048",
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "3",
+        "--recompute",
+        "selective",
+        "--zero",
+        "1",
+        "--overlap-grad-reduce",
+    ),
     # MoE with expert parallelism (all-to-all, expert data-parallel group), pp and full recomputation.
-    "mixtral_ep": ("predict", "train", "--arch", "mixtral-8x7b", "--gpu", "H100-SXM", "--nodes", "4",
-                   "--gpus-per-node", "8", "--tp", "2", "--pp", "4", "--ep", "4", "--sp", "--micro-batch", "1",
-                   "--global-batch", "128", "--seq", "4096", "--recompute", "full", "--overlap-grad-reduce"),
+    "mixtral_ep": (
+        "predict",
+        "train",
+        "--arch",
+        "mixtral-8x7b",
+        "--gpu",
+        "H100-SXM",
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "8",
+        "--tp",
+        "2",
+        "--pp",
+        "4",
+        "--ep",
+        "4",
+        "--sp",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "128",
+        "--seq",
+        "4096",
+        "--recompute",
+        "full",
+        "--overlap-grad-reduce",
+    ),
     # ZeRO-3 with full recomputation, context parallelism and fp8 (bf16 activations).
-    "zero3_recompute_cp_fp8": ("predict", "train", "--arch", "llama3-8b", "--gpu", "H100-SXM", "--nodes", "2",
-                               "--gpus-per-node", "8", "--tp", "2", "--cp", "2", "--zero", "3", "--recompute", "full",
-                               "--precision", "fp8", "--micro-batch", "2", "--global-batch", "64", "--seq", "8192"),
+    "zero3_recompute_cp_fp8": (
+        "predict",
+        "train",
+        "--arch",
+        "llama3-8b",
+        "--gpu",
+        "H100-SXM",
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "8",
+        "--tp",
+        "2",
+        "--cp",
+        "2",
+        "--zero",
+        "3",
+        "--recompute",
+        "full",
+        "--precision",
+        "fp8",
+        "--micro-batch",
+        "2",
+        "--global-batch",
+        "64",
+        "--seq",
+        "8192",
+    ),
     # The README's inference example.
-    "infer_llama3_70b": ("predict", "infer", "--arch", "llama3-70b", "--gpu", "H100-SXM", "--tp", "8", "--pp", "1",
-                         "--batch", "32", "--prompt-len", "1024", "--gen-len", "128"),
+    "infer_llama3_70b": (
+        "predict",
+        "infer",
+        "--arch",
+        "llama3-70b",
+        "--gpu",
+        "H100-SXM",
+        "--tp",
+        "8",
+        "--pp",
+        "1",
+        "--batch",
+        "32",
+        "--prompt-len",
+        "1024",
+        "--gen-len",
+        "128",
+    ),
     # The README's search (one process, so the document does not depend on the cores).
-    "search_llama2_13b": ("search", "--arch", "llama2-13b", "--gpu", "A100-SXM4-80GB", "--gpus", "64",
-                          "--global-batch", "1024", "--seq", "4096", "--top", "5", "--workers", "1"),
+    "search_llama2_13b": (
+        "search",
+        "--arch",
+        "llama2-13b",
+        "--gpu",
+        "A100-SXM4-80GB",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "1024",
+        "--seq",
+        "4096",
+        "--top",
+        "5",
+        "--workers",
+        "1",
+    ),
     # Analytic: every kernel from the roofline, GPT-3 175B over 64 H100s.
-    "roofline_gpt3_175b": ("predict", "train", "--arch", "gpt3-175b", "--gpu", "H100-SXM", "--nodes", "8",
-                           "--gpus-per-node", "8", "--tp", "8", "--pp", "8", "--micro-batch", "1",
-                           "--global-batch", "256", "--seq", "2048", "--roofline"),
+    "roofline_gpt3_175b": (
+        "predict",
+        "train",
+        "--arch",
+        "gpt3-175b",
+        "--gpu",
+        "H100-SXM",
+        "--nodes",
+        "8",
+        "--gpus-per-node",
+        "8",
+        "--tp",
+        "8",
+        "--pp",
+        "8",
+        "--micro-batch",
+        "1",
+        "--global-batch",
+        "256",
+        "--seq",
+        "2048",
+        "--roofline",
+    ),
 }
 """Case name -> ``opcast`` arguments (``--json`` is added)."""
 
@@ -110,15 +257,18 @@ def run_case(name: str) -> dict[str, Any]:
     for key in VOLATILE.get(args[0], ()):
         doc.pop(key, None)
     if "xgboost" in sys.modules:
-        raise RuntimeError(f"{command_line(name)} imported xgboost, which changes later learned predictions at "
-                           "float32 rounding; run such a case in its own process")
+        raise RuntimeError(
+            f"{command_line(name)} imported xgboost, which changes later learned predictions at "
+            "float32 rounding; run such a case in its own process"
+        )
     return doc
 
 
 def run_fresh(names: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Case -> document, every case run in one fresh interpreter (``--print``)."""
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--print", *(names or [])],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--print", *(names or [])], capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise RuntimeError(f"{Path(__file__).name} --print failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)
@@ -130,8 +280,12 @@ def load_golden(name: str) -> dict[str, Any]:
 
 def write_golden(name: str, doc: dict[str, Any], models: dict[str, Any]) -> Path:
     path = golden_path(name)
-    record = {"command": command_line(name), "models": models,
-              "volatile_fields_left_out": list(VOLATILE.get(CASES[name][0], ())), "output": doc}
+    record = {
+        "command": command_line(name),
+        "models": models,
+        "volatile_fields_left_out": list(VOLATILE.get(CASES[name][0], ())),
+        "output": doc,
+    }
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(record, indent=1, allow_nan=False) + "\n")
     tmp.replace(path)
@@ -142,11 +296,17 @@ def compare(expected: Any, actual: Any, path: str = "", rel: float = REL_TOL) ->
     """Every difference between two JSON documents, one readable line each: numbers beyond a
     relative ``rel``, other values, keys added or removed, list lengths."""
     if isinstance(expected, bool) or isinstance(actual, bool) or expected is None or actual is None:
-        return [] if expected is actual or expected == actual and type(expected) is type(actual) else \
-            [f"{path or '.'}: {expected!r} -> {actual!r}"]
+        return (
+            []
+            if expected is actual or (expected == actual and type(expected) is type(actual))
+            else [f"{path or '.'}: {expected!r} -> {actual!r}"]
+        )
     if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
-        if expected == actual or (math.isfinite(expected) and math.isfinite(actual)
-                                  and abs(actual - expected) <= rel * max(abs(expected), abs(actual))):
+        if expected == actual or (
+            math.isfinite(expected)
+            and math.isfinite(actual)
+            and abs(actual - expected) <= rel * max(abs(expected), abs(actual))
+        ):
             return []
         change = f" ({(actual - expected) / expected:+.3e} rel)" if expected and math.isfinite(expected) else ""
         return [f"{path or '.'}: {expected!r} -> {actual!r}{change}"]
@@ -169,7 +329,7 @@ def compare(expected: Any, actual: Any, path: str = "", rel: float = REL_TOL) ->
 
 def _short(value: Any, limit: int = 80) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:

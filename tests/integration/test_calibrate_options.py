@@ -14,8 +14,9 @@ import pytest
 def _run(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "opcast", *args], capture_output=True, text=True, timeout=120, env=full,
-                          cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "opcast", *args], capture_output=True, text=True, timeout=120, env=full, cwd=cwd
+    )
 
 
 def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
@@ -26,16 +27,19 @@ def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
     assert "calibrate: anchors" not in err and "validate:" not in err  # refused before any work
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--budget-s", "nan"], "--budget-s takes a finite number of seconds > 0, got nan"),
-    (["--budget-s", "-1"], "--budget-s takes a finite number"),
-    (["--budget-s", "0"], "--budget-s takes a finite number"),
-    (["--budget-s", "inf"], "got inf"),
-    (["--estimator", "foo"], "unknown estimator 'foo'; use xgb, tile-mlp or auto"),
-    (["--device", "tpu"], "unknown --device 'tpu'"),
-    (["--steps", "0"], "--steps must be an integer >= 1"),
-    (["--attention", "sparse"], "--attention 'sparse'"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--budget-s", "nan"], "--budget-s takes a finite number of seconds > 0, got nan"),
+        (["--budget-s", "-1"], "--budget-s takes a finite number"),
+        (["--budget-s", "0"], "--budget-s takes a finite number"),
+        (["--budget-s", "inf"], "got inf"),
+        (["--estimator", "foo"], "unknown estimator 'foo'; use xgb, tile-mlp or auto"),
+        (["--device", "tpu"], "unknown --device 'tpu'"),
+        (["--steps", "0"], "--steps must be an integer >= 1"),
+        (["--attention", "sparse"], "--attention 'sparse'"),
+    ],
+)
 def test_calibrate_bad_options(tmp_path, args, needle):
     out = tmp_path / "cal"
     _one_line_exit_2(_run(["calibrate", "--out", str(out), *args]), needle)
@@ -53,12 +57,18 @@ def test_calibrate_out_paths(tmp_path):
     _one_line_exit_2(_run(["calibrate", "--out", str(out)]), f"{out / 'data'} exists and is not a folder")
 
 
-@pytest.mark.parametrize("env, needle", [
-    ({"RANK": "abc"}, "RANK='abc' in the environment is not an integer >= 0"),
-    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' in the environment is not an integer >= 1"),
-    ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE='0' in the environment is not an integer >= 1"),
-    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=3 and LOCAL_WORLD_SIZE=2"),
-])
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"RANK": "abc"}, "RANK='abc' in the environment is not an integer >= 0"),
+        ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' in the environment is not an integer >= 1"),
+        ({"LOCAL_WORLD_SIZE": "0"}, "LOCAL_WORLD_SIZE='0' in the environment is not an integer >= 1"),
+        (
+            {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"},
+            "LOCAL_RANK=3 and LOCAL_WORLD_SIZE=2",
+        ),
+    ],
+)
 def test_validate_bad_torchrun_environment(env, needle):
     _one_line_exit_2(_run(["validate", "--arch", "gpt2-124m", "--batch", "1", "--seq", "64"], env=env), needle)
 
@@ -80,7 +90,9 @@ def test_a_tiny_budget_bounds_the_real_command(tmp_path):
     took = time.monotonic() - t0
     err = res.stderr.strip().splitlines()
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
-    assert err[-1].startswith("opcast: error: the --budget-s 5 s budget was spent before a model set could be fitted"), err
+    assert err[-1].startswith(
+        "opcast: error: the --budget-s 5 s budget was spent before a model set could be fitted"
+    ), err
     assert took < 90, took  # startup and imports included; the old calibrate took minutes
     report = __import__("json").loads((out / "calibrate.json").read_text())
     assert report["failure"] and report["budget_cut"] and report["models"] is None

@@ -50,18 +50,39 @@ def _comm(out: Path, *args: str) -> list[str]:
 
 
 def _torchrun(out: Path, *args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-            "--master-port", str(_free_port()), "--no-python", str(SCRIPT), *_comm(out, *args)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(_free_port()),
+        "--no-python",
+        str(SCRIPT),
+        *_comm(out, *args),
+    ]
 
 
-def _ranks(out: Path, tmp: Path, *args: str, prefix: tuple[str, ...] = (str(SCRIPT),),
-           env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+def _ranks(
+    out: Path, tmp: Path, *args: str, prefix: tuple[str, ...] = (str(SCRIPT),), env: dict[str, str] | None = None
+) -> list[subprocess.Popen]:
     """Two ranks launched directly, as srun does (each with the variables torchrun would set)."""
     port = str(_free_port())
     procs = []
     for rank in (0, 1):
-        rank_env = {**ENV, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
-                    "RANK": str(rank), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2"}
+        rank_env = {
+            **ENV,
+            **(env or {}),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": port,
+            "WORLD_SIZE": "2",
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+        }
         procs.append(_start([*prefix, *_comm(out, *args)], tmp, f"r{rank}", env=rank_env))
     return procs
 

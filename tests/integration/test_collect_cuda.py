@@ -52,8 +52,27 @@ def test_nccl_comm_on_two_gpus(tmp_path):
 
     if torch.cuda.device_count() < 2 or shutil.which("torchrun") is None:
         pytest.skip("needs 2 CUDA devices and torchrun")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "opcast", "collect", "comm",
-           "--backend", "nccl", "--dtype", "bf16", "--out", str(tmp_path), "--max-bytes", "1048576", "--iters", "5"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "opcast",
+        "collect",
+        "comm",
+        "--backend",
+        "nccl",
+        "--dtype",
+        "bf16",
+        "--out",
+        str(tmp_path),
+        "--max-bytes",
+        "1048576",
+        "--iters",
+        "5",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert res.returncode == 0, res.stderr[-2000:]
     df = read_dataset(tmp_path)

@@ -26,8 +26,10 @@ _spec.loader.exec_module(golden)
 def test_every_case_has_a_golden_file_and_no_file_is_orphaned():
     stored = {p.stem for p in _SCRIPT.parent.glob("*.json")}
     missing, orphaned = sorted(set(golden.CASES) - stored), sorted(stored - set(golden.CASES))
-    assert not missing and not orphaned, ("run `python tests/golden/regenerate.py`: golden files and CASES differ "
-                                          f"(missing {missing}, orphaned {orphaned})")
+    assert not missing and not orphaned, (
+        "run `python tests/golden/regenerate.py`: golden files and CASES differ "
+        f"(missing {missing}, orphaned {orphaned})"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +45,17 @@ def test_golden_prediction_unchanged(name, now):
     diff = golden.compare(stored["output"], now[name])
     if diff:
         models_now = golden.models_fingerprint()
-        hint = ("" if stored["models"] == models_now else
-                f"\nthe default model set changed since this file was written ({stored['models']} -> {models_now}): "
-                "a refit moves learned kernel times.")
+        hint = (
+            ""
+            if stored["models"] == models_now
+            else f"\nthe default model set changed since this file was written ({stored['models']} -> {models_now}): "
+            "a refit moves learned kernel times."
+        )
         shown = "\n  ".join(diff[:60]) + (f"\n  ... and {len(diff) - 60} more" if len(diff) > 60 else "")
-        pytest.fail(f"{stored['command']}\n{len(diff)} field(s) moved (golden -> now):\n  {shown}{hint}\n"
-                    "If intended, run `python tests/golden/regenerate.py` and explain the change in the commit.")
+        pytest.fail(
+            f"{stored['command']}\n{len(diff)} field(s) moved (golden -> now):\n  {shown}{hint}\n"
+            "If intended, run `python tests/golden/regenerate.py` and explain the change in the commit."
+        )
 
 
 def test_compare_reports_every_kind_of_change():

@@ -21,7 +21,9 @@ def test_script_on_cpu_with_a_tiny_budget(tmp_path):
     if shutil.which("bash") is None:
         pytest.skip("bash is not available")
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable}
-    res = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "d"), "15"], capture_output=True, text=True, env=env, timeout=300)
+    res = subprocess.run(
+        ["bash", str(SCRIPT), str(tmp_path / "d"), "15"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     df = read_dataset(tmp_path / "d")
     assert {"bf16", "fp16", "fp32"} <= set(df["dtype"])

@@ -10,16 +10,37 @@ import pytest
 
 from opcast.cli import main
 
-TRAIN = ["predict", "train", "--arch", "gpt3-350m", "--gpu", "H100-SXM", "--tp", "2", "--pp", "2", "--dp", "2",
-         "--micro-batch", "1", "--global-batch", "8", "--seq", "1024", "--sp", "--roofline"]
+TRAIN = [
+    "predict",
+    "train",
+    "--arch",
+    "gpt3-350m",
+    "--gpu",
+    "H100-SXM",
+    "--tp",
+    "2",
+    "--pp",
+    "2",
+    "--dp",
+    "2",
+    "--micro-batch",
+    "1",
+    "--global-batch",
+    "8",
+    "--seq",
+    "1024",
+    "--sp",
+    "--roofline",
+]
 
 
 def _json(capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("args", [["predict"], ["predict", "kernel"], ["predict", "kernels"], ["predict", "train"],
-                                  ["predict", "infer"]])
+@pytest.mark.parametrize(
+    "args", [["predict"], ["predict", "kernel"], ["predict", "kernels"], ["predict", "train"], ["predict", "infer"]]
+)
 def test_help_of_every_predict_command(args, capsys):
     assert main([*args, "--help"]) == 0
     assert "Usage" in capsys.readouterr().out
@@ -28,11 +49,28 @@ def test_help_of_every_predict_command(args, capsys):
 def test_train_json_has_the_documented_keys(capsys):
     assert main([*TRAIN, "--json"]) == 0
     doc = _json(capsys)
-    for key in ("iteration_time_s", "tokens_per_s", "mfu", "memory_per_gpu_bytes", "memory_breakdown_bytes", "fits",
-                "breakdown_s", "ops", "cost_sources"):
+    for key in (
+        "iteration_time_s",
+        "tokens_per_s",
+        "mfu",
+        "memory_per_gpu_bytes",
+        "memory_breakdown_bytes",
+        "fits",
+        "breakdown_s",
+        "ops",
+        "cost_sources",
+    ):
         assert key in doc, key
-    assert set(doc["breakdown_s"]) >= {"forward", "backward", "recompute", "optimizer", "tp_comm", "pp_comm",
-                                       "dp_comm_exposed", "pipeline_bubble"}
+    assert set(doc["breakdown_s"]) >= {
+        "forward",
+        "backward",
+        "recompute",
+        "optimizer",
+        "tp_comm",
+        "pp_comm",
+        "dp_comm_exposed",
+        "pipeline_bubble",
+    }
     assert sum(doc["breakdown_s"].values()) == pytest.approx(doc["iteration_time_s"])
     op = doc["ops"][0]
     assert {"kind", "params", "count", "time_s", "source"} <= set(op) and op["source"] in ("learned", "roofline")
@@ -42,21 +80,63 @@ def test_train_json_has_the_documented_keys(capsys):
 
 def test_train_summary_trace_and_cluster(tmp_path, capsys):
     trace = tmp_path / "t.json"
-    args = [a for a in TRAIN if a not in ()]
+    args = list(TRAIN)
     assert main([*args, "--trace", str(trace)]) == 0
     out = capsys.readouterr().out
     assert "iteration" in out and "MFU" in out and "memory per GPU" in out
     events = json.loads(trace.read_text())["traceEvents"]
     stages = {e["pid"] for e in events if e["ph"] == "X"}
     assert stages == {0, 1} and any(e["name"].startswith("backward") for e in events)
-    assert main(["predict", "train", "--arch", "gpt3-350m", "--gpu", "H100-SXM", "--cluster", "1x8", "--tp", "2",
-                 "--global-batch", "8", "--roofline", "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "train",
+                "--arch",
+                "gpt3-350m",
+                "--gpu",
+                "H100-SXM",
+                "--cluster",
+                "1x8",
+                "--tp",
+                "2",
+                "--global-batch",
+                "8",
+                "--roofline",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert _json(capsys)["config"]["dp"] == 4
 
 
 def test_infeasible_train_lists_every_reason_on_one_line(capsys):
-    code = main(["predict", "train", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--nodes", "2", "--gpus-per-node", "8",
-                 "--tp", "3", "--pp", "5", "--dp", "2", "--micro-batch", "3", "--global-batch", "16", "--roofline"])
+    code = main(
+        [
+            "predict",
+            "train",
+            "--arch",
+            "llama2-7b",
+            "--gpu",
+            "H100-SXM",
+            "--nodes",
+            "2",
+            "--gpus-per-node",
+            "8",
+            "--tp",
+            "3",
+            "--pp",
+            "5",
+            "--dp",
+            "2",
+            "--micro-batch",
+            "3",
+            "--global-batch",
+            "16",
+            "--roofline",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert err.startswith("opcast: error: infeasible configuration (")
@@ -65,22 +145,45 @@ def test_infeasible_train_lists_every_reason_on_one_line(capsys):
 
 
 def test_infeasible_json_still_prints_the_document(capsys):
-    code = main(["predict", "train", "--arch", "megatron-175b", "--gpu", "A100-SXM4-80GB", "--tp", "8",
-                 "--global-batch", "8", "--roofline", "--json"])
+    code = main(
+        [
+            "predict",
+            "train",
+            "--arch",
+            "megatron-175b",
+            "--gpu",
+            "A100-SXM4-80GB",
+            "--tp",
+            "8",
+            "--global-batch",
+            "8",
+            "--roofline",
+            "--json",
+        ]
+    )
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
     assert code == 2 and doc["fits"] is False and doc["feasible"] is False and doc["memory_overflow_bytes"] > 0
     assert "does not fit" in captured.err
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["predict", "train", "--arch", "llama2-7b", "--gpu", "H1000"], "unknown GPU 'H1000'"),
-    (["predict", "train", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--models", "/nonexistent/models"], "/nonexistent/models"),
-    (["predict", "train", "--arch", "no-such-arch", "--gpu", "H100-SXM"], "unknown arch"),
-    (["predict", "train", "--arch", "llama2-7b"], "--gpu is required"),
-    (["predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "m=4"], "missing parameter"),
-    (["predict", "infer", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--tp", "3", "--roofline"], "tp=3 does not divide"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["predict", "train", "--arch", "llama2-7b", "--gpu", "H1000"], "unknown GPU 'H1000'"),
+        (
+            ["predict", "train", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--models", "/nonexistent/models"],
+            "/nonexistent/models",
+        ),
+        (["predict", "train", "--arch", "no-such-arch", "--gpu", "H100-SXM"], "unknown arch"),
+        (["predict", "train", "--arch", "llama2-7b"], "--gpu is required"),
+        (["predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "m=4"], "missing parameter"),
+        (
+            ["predict", "infer", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--tp", "3", "--roofline"],
+            "tp=3 does not divide",
+        ),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args, needle, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
@@ -99,21 +202,64 @@ def test_plot_is_an_optional_extra(tmp_path, capsys):
 
 
 def test_kernel_command(capsys):
-    assert main(["predict", "kernel", "--gpu", "A100-SXM4-80GB", "--op", "gemm", "--param", "b=1", "--param", "m=4096",
-                 "--param", "n=4096", "--param", "k=4096", "--roofline", "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "kernel",
+                "--gpu",
+                "A100-SXM4-80GB",
+                "--op",
+                "gemm",
+                "--param",
+                "b=1",
+                "--param",
+                "m=4096",
+                "--param",
+                "n=4096",
+                "--param",
+                "k=4096",
+                "--roofline",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = _json(capsys)
     assert doc["source"] == "roofline" and doc["roofline_bound"] == "compute" and doc["time_s"] > 0
-    assert main(["predict", "kernel", "--gpu", "A100-SXM4-80GB", "--op", "all_reduce", "--param", "bytes=1048576",
-                 "--param", "world_size=8", "--param", "nodes=1", "--param", "gpus_per_node=8", "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "kernel",
+                "--gpu",
+                "A100-SXM4-80GB",
+                "--op",
+                "all_reduce",
+                "--param",
+                "bytes=1048576",
+                "--param",
+                "world_size=8",
+                "--param",
+                "nodes=1",
+                "--param",
+                "gpus_per_node=8",
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert _json(capsys)["source"].startswith("alpha-beta/")
 
 
 def test_kernels_fills_every_row(tmp_path, capsys):
-    rows = pd.DataFrame([
-        {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 1024, "n": 1024, "k": 1024},
-        {"op": "layernorm", "dtype": "fp32", "direction": "bwd", "rows": 4096, "cols": 1024},
-        {"op": "all_gather", "bytes": 1 << 20, "world_size": 8, "nodes": 1, "gpus_per_node": 8},
-    ])
+    rows = pd.DataFrame(
+        [
+            {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 1024, "n": 1024, "k": 1024},
+            {"op": "layernorm", "dtype": "fp32", "direction": "bwd", "rows": 4096, "cols": 1024},
+            {"op": "all_gather", "bytes": 1 << 20, "world_size": 8, "nodes": 1, "gpus_per_node": 8},
+        ]
+    )
     src = tmp_path / "in.csv"
     rows.to_csv(src, index=False)
     out = tmp_path / "out.parquet"
@@ -128,8 +274,27 @@ def test_kernels_fills_every_row(tmp_path, capsys):
 
 
 def test_infer_json(capsys):
-    assert main(["predict", "infer", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--batch", "4", "--prompt-len", "256",
-                 "--gen-len", "32", "--roofline", "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "infer",
+                "--arch",
+                "llama2-7b",
+                "--gpu",
+                "H100-SXM",
+                "--batch",
+                "4",
+                "--prompt-len",
+                "256",
+                "--gen-len",
+                "32",
+                "--roofline",
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = _json(capsys)
     for key in ("ttft_s", "tpot_s", "total_latency_s", "tokens_per_s", "kv_cache_bytes", "fits"):
         assert key in doc
@@ -149,31 +314,51 @@ def _kernels(tmp_path, rows, capsys, out_name="out.csv"):
     return code, out, capsys.readouterr().err.strip()
 
 
-@pytest.mark.parametrize("word,tensor_cores", [("true", True), ("TRUE", True), ("yes", True), ("on", True), ("1", True),
-                                               ("false", False), ("False", False), ("no", False), ("off", False),
-                                               ("0", False), ("", True)])
+@pytest.mark.parametrize(
+    "word,tensor_cores",
+    [
+        ("true", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("on", True),
+        ("1", True),
+        ("false", False),
+        ("False", False),
+        ("no", False),
+        ("off", False),
+        ("0", False),
+        ("", True),
+    ],
+)
 def test_kernels_reads_tensor_cores_strictly(tmp_path, capsys, word, tensor_cores):
     # a second row keeps the column textual, as a blank cell or a word makes it
-    code, out, _ = _kernels(tmp_path, [{**GEMM_FP16, "tensor_cores": word}, {**GEMM_FP16, "tensor_cores": "off"}], capsys)
+    code, out, _ = _kernels(
+        tmp_path, [{**GEMM_FP16, "tensor_cores": word}, {**GEMM_FP16, "tensor_cores": "off"}], capsys
+    )
     assert code == 0
     times = pd.read_csv(out)["time_s_pred"]
     # H100 fp16: 989 TFLOP/s on tensor cores, 67 on CUDA cores; the second row is always off
-    assert bool(times[0] < times[1] / 5) is tensor_cores and bool(times[0] == pytest.approx(times[1])) is not tensor_cores
+    assert (
+        bool(times[0] < times[1] / 5) is tensor_cores and bool(times[0] == pytest.approx(times[1])) is not tensor_cores
+    )
 
 
-@pytest.mark.parametrize("cell,needle", [
-    ({"tensor_cores": "maybe"}, "row 0: tensor_cores='maybe' is not a boolean"),
-    ({"tensor_cores": 2}, "row 0: tensor_cores=2 is not a boolean"),
-    ({"dtype": "bf17"}, "row 0: unknown dtype 'bf17'"),
-    ({"dtype": " bf16"}, "row 0: unknown dtype ' bf16'"),
-    ({"direction": "sideways"}, "row 0: invalid gemm: direction 'sideways'"),
-    ({"m": "4k"}, "row 0: invalid gemm: m='4k' is not an integer"),
-    ({"m": -4096}, "row 0: invalid gemm: m=-4096 must be >= 1"),
-    ({"m": 4096.5}, "row 0: invalid gemm: m=4096.5 is not an integer"),
-    ({"k": float("nan")}, "row 0: invalid gemm: missing parameter k"),
-    ({"n": "inf"}, "row 0: invalid gemm: n=inf is not an integer"),
-    ({"op": ""}, "row 0: the op cell is blank"),
-])
+@pytest.mark.parametrize(
+    "cell,needle",
+    [
+        ({"tensor_cores": "maybe"}, "row 0: tensor_cores='maybe' is not a boolean"),
+        ({"tensor_cores": 2}, "row 0: tensor_cores=2 is not a boolean"),
+        ({"dtype": "bf17"}, "row 0: unknown dtype 'bf17'"),
+        ({"dtype": " bf16"}, "row 0: unknown dtype ' bf16'"),
+        ({"direction": "sideways"}, "row 0: invalid gemm: direction 'sideways'"),
+        ({"m": "4k"}, "row 0: invalid gemm: m='4k' is not an integer"),
+        ({"m": -4096}, "row 0: invalid gemm: m=-4096 must be >= 1"),
+        ({"m": 4096.5}, "row 0: invalid gemm: m=4096.5 is not an integer"),
+        ({"k": float("nan")}, "row 0: invalid gemm: missing parameter k"),
+        ({"n": "inf"}, "row 0: invalid gemm: n=inf is not an integer"),
+        ({"op": ""}, "row 0: the op cell is blank"),
+    ],
+)
 def test_kernels_names_the_bad_row(tmp_path, capsys, cell, needle):
     code, out, err = _kernels(tmp_path, [{**GEMM_FP16, **cell}], capsys)
     assert code == 2 and needle in err and "\n" not in err and not out.exists()
@@ -181,8 +366,21 @@ def test_kernels_names_the_bad_row(tmp_path, capsys, cell, needle):
 
 def test_kernels_refuses_an_empty_table_and_a_folder(tmp_path, capsys):
     (tmp_path / "empty.csv").write_text("op,dtype,b,m,n,k\n")
-    assert main(["predict", "kernels", str(tmp_path / "empty.csv"), "--gpu", "H100-SXM", "--out",
-                 str(tmp_path / "o.csv"), "--roofline"]) == 2
+    assert (
+        main(
+            [
+                "predict",
+                "kernels",
+                str(tmp_path / "empty.csv"),
+                "--gpu",
+                "H100-SXM",
+                "--out",
+                str(tmp_path / "o.csv"),
+                "--roofline",
+            ]
+        )
+        == 2
+    )
     assert "holds no rows" in capsys.readouterr().err
     assert main(["predict", "kernels", str(tmp_path), "--gpu", "H100-SXM", "--out", str(tmp_path / "o.csv")]) == 2
     assert "is a folder" in capsys.readouterr().err
@@ -221,15 +419,32 @@ def test_an_interrupted_write_leaves_no_temp_file(tmp_path, capsys, monkeypatch)
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("args", [
-    ["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM"],
-    ["predict", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM"],
-    ["predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=8", "--param", "n=8",
-     "--param", "k=8"],
-    ["search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "8", "--seq", "1024"],
-    ["explore", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary", "mem_bw_bytes_per_s=1,2"],
-    ["compare", "infer", "--arch", "gpt3-125m", "--gpus", "A100-SXM4-80GB,H100-SXM"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM"],
+        ["predict", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM"],
+        [
+            "predict",
+            "kernel",
+            "--gpu",
+            "H100-SXM",
+            "--op",
+            "gemm",
+            "--param",
+            "b=1",
+            "--param",
+            "m=8",
+            "--param",
+            "n=8",
+            "--param",
+            "k=8",
+        ],
+        ["search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "8", "--seq", "1024"],
+        ["explore", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary", "mem_bw_bytes_per_s=1,2"],
+        ["compare", "infer", "--arch", "gpt3-125m", "--gpus", "A100-SXM4-80GB,H100-SXM"],
+    ],
+)
 def test_models_with_roofline_is_refused(args, capsys):
     assert main([*args, "--models", "models/default", "--roofline"]) == 2
     err = capsys.readouterr().err.strip()
@@ -247,8 +462,26 @@ def test_an_infeasible_config_names_every_class_of_reason(capsys):
     err = capsys.readouterr().err.strip()
     assert "(2 reasons): T4 has no bf16 peak" in err and "does not fit: stage 0 needs 128.8 GiB" in err
     # a bad value does not hide the other degrees' reasons
-    assert main(["predict", "train", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--tp", "0", "--pp", "5",
-                 "--precision", "fp9", "--roofline"]) == 2
+    assert (
+        main(
+            [
+                "predict",
+                "train",
+                "--arch",
+                "llama2-7b",
+                "--gpu",
+                "H100-SXM",
+                "--tp",
+                "0",
+                "--pp",
+                "5",
+                "--precision",
+                "fp9",
+                "--roofline",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     for needle in ("tp=0 must be a positive integer", "pp=5 does not divide", "precision='fp9'"):
         assert needle in err
@@ -257,28 +490,34 @@ def test_an_infeasible_config_names_every_class_of_reason(capsys):
 # --------------------------------------------------------------------------- one options layer (issue 16)
 
 FLAGS_BEFORE_ISSUE_16 = {  # every flag each command took before the options layer: none may disappear
-    "predict kernel": "--analytic --direction --dtype --gpu --json --models --op --param --roofline --set --tensor-cores "
-                      "--no-tensor-cores",
+    "predict kernel": "--analytic --direction --dtype --gpu --json --models --op --param --roofline --set "
+    "--tensor-cores "
+    "--no-tensor-cores",
     "predict kernels": "--analytic --gpu --models --out --roofline --set",
-    "predict train": "--analytic --arch --attention --cluster --coverage --cp --dp --ep --global-batch --gpu --gpus-per-node "
-                     "--interval-mode --json --micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision "
-                     "--recompute --roofline --schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --trace "
-                     "--virtual-stages --zero",
-    "predict infer": "--analytic --arch --attention --batch --gen-len --gpu --gpus-per-node --json --models --nodes --pp "
-                     "--precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp",
-    "search": "--allow-straddling --arch --attention --csv --fix --global-batch --gpu --gpu-hour-price --gpus --gpus-per-node "
-              "--json --max-mem --max-tp --models --objective --overlap-grad-reduce --no-overlap-grad-reduce --precision "
-              "--roofline --seq --top --tp-within-node --workers",
+    "predict train": "--analytic --arch --attention --cluster --coverage --cp --dp --ep --global-batch --gpu "
+    "--gpus-per-node "
+    "--interval-mode --json --micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision "
+    "--recompute --roofline --schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --trace "
+    "--virtual-stages --zero",
+    "predict infer": "--analytic --arch --attention --batch --gen-len --gpu --gpus-per-node --json --models --nodes "
+    "--pp "
+    "--precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp",
+    "search": "--allow-straddling --arch --attention --csv --fix --global-batch --gpu --gpu-hour-price --gpus "
+    "--gpus-per-node "
+    "--json --max-mem --max-tp --models --objective --overlap-grad-reduce --no-overlap-grad-reduce --precision "
+    "--roofline --seq --top --tp-within-node --workers",
     "explore train": "--analytic --arch --attention --cp --csv --dp --ep --global-batch --gpu --gpus-per-node --json "
-                     "--micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision --recompute --roofline "
-                     "--schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --vary --virtual-stages --zero",
-    "explore infer": "--analytic --arch --attention --batch --csv --gen-len --gpu --gpus-per-node --json --models --nodes "
-                     "--plot --pp --precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp --vary",
+    "--micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision --recompute --roofline "
+    "--schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --vary --virtual-stages --zero",
+    "explore infer": "--analytic --arch --attention --batch --csv --gen-len --gpu --gpus-per-node --json --models "
+    "--nodes "
+    "--plot --pp --precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp --vary",
     "compare train": "--analytic --arch --attention --cp --csv --dp --ep --global-batch --gpus --gpus-per-node --json "
-                     "--micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision --recompute --roofline "
-                     "--schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --virtual-stages --zero",
-    "compare infer": "--analytic --arch --attention --batch --csv --gen-len --gpus --gpus-per-node --json --models --nodes "
-                     "--plot --pp --precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp",
+    "--micro-batch --models --nodes --overlap-grad-reduce --plot --pp --precision --recompute --roofline "
+    "--schedule --seq --set --sp --tensor-cores --no-tensor-cores --tp --virtual-stages --zero",
+    "compare infer": "--analytic --arch --attention --batch --csv --gen-len --gpus --gpus-per-node --json --models "
+    "--nodes "
+    "--plot --pp --precision --prompt-len --roofline --set --tensor-cores --no-tensor-cores --tp",
 }
 
 
@@ -306,9 +545,27 @@ def test_every_command_keeps_its_flags_and_search_gains_set_and_analytic():
     assert {"--set", "--analytic"} <= set(options["search"])
 
 
-@pytest.mark.parametrize("flag", ["--arch", "--set", "--models", "--roofline", "--analytic", "--json", "--tensor-cores",
-                                  "--tp", "--pp", "--precision", "--attention", "--seq", "--gpus-per-node",
-                                  "--overlap-grad-reduce", "--micro-batch", "--recompute"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--arch",
+        "--set",
+        "--models",
+        "--roofline",
+        "--analytic",
+        "--json",
+        "--tensor-cores",
+        "--tp",
+        "--pp",
+        "--precision",
+        "--attention",
+        "--seq",
+        "--gpus-per-node",
+        "--overlap-grad-reduce",
+        "--micro-batch",
+        "--recompute",
+    ],
+)
 def test_a_shared_option_reads_the_same_in_every_command(flag):
     """The drift issue 16 found (--tensor-cores, --arch, --seq said different things in different
     commands): an option declared once has one help text wherever it appears."""
@@ -320,12 +577,29 @@ def test_a_shared_option_reads_the_same_in_every_command(flag):
 
 def test_option_checks_run_before_any_work_and_report_together(capsys):
     # the arch does not exist either, but the option problems are found first, all in one line
-    assert main(["predict", "train", "--arch", "no-such-arch", "--gpu", "H100-SXM", "--coverage", "1.5",
-                 "--interval-mode", "sideways"]) == 2
+    assert (
+        main(
+            [
+                "predict",
+                "train",
+                "--arch",
+                "no-such-arch",
+                "--gpu",
+                "H100-SXM",
+                "--coverage",
+                "1.5",
+                "--interval-mode",
+                "sideways",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "--coverage 1.5 must lie in (0, 1)" in err and "--interval-mode 'sideways'" in err
     assert "unknown arch" not in err
-    assert main(["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--cluster", "1x8", "--nodes", "1"]) == 2
+    assert (
+        main(["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--cluster", "1x8", "--nodes", "1"]) == 2
+    )
     assert "either --cluster or --nodes" in capsys.readouterr().err
 
 
@@ -338,8 +612,15 @@ def test_json_output_is_what_rich_print_json_wrote_without_the_highlighting(caps
 
     from opcast.cli_common import print_json
 
-    doc = {"gpu": "H100-SXM[mem_bw_bytes_per_s=x2]", "µs": [1.0, 1e-7, 3, None, True], "nan": math.nan,
-           "np": np.float64(0.1), "n": np.int64(7), "nested": {"a": {"b": [1, {"c": "naïve"}]}}, "empty": {}}
+    doc = {
+        "gpu": "H100-SXM[mem_bw_bytes_per_s=x2]",
+        "µs": [1.0, 1e-7, 3, None, True],
+        "nan": math.nan,
+        "np": np.float64(0.1),
+        "n": np.int64(7),
+        "nested": {"a": {"b": [1, {"c": "naïve"}]}},
+        "empty": {},
+    }
     print_json(doc)
     ours = capsys.readouterr().out
     buf = io.StringIO()
@@ -354,11 +635,13 @@ def test_predict_train_imports_neither_torch_nor_xgboost(tmp_path):
     import subprocess
     import sys
 
-    code = ("import contextlib, io, sys\n"
-            "from opcast.cli import main\n"
-            "with contextlib.redirect_stdout(io.StringIO()):\n"
-            "    rc = main(['predict', 'train', '--arch', 'llama2-7b', '--gpu', 'A100-SXM4-80GB', '--nodes', '1',\n"
-            "               '--gpus-per-node', '8', '--tp', '2', '--global-batch', '64', '--seq', '4096', '--json'])\n"
-            "print(rc, sorted(m for m in ('torch', 'xgboost', 'matplotlib', 'sklearn') if m in sys.modules))\n")
+    code = (
+        "import contextlib, io, sys\n"
+        "from opcast.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    rc = main(['predict', 'train', '--arch', 'llama2-7b', '--gpu', 'A100-SXM4-80GB', '--nodes', '1',\n"
+        "               '--gpus-per-node', '8', '--tp', '2', '--global-batch', '64', '--seq', '4096', '--json'])\n"
+        "print(rc, sorted(m for m in ('torch', 'xgboost', 'matplotlib', 'sklearn') if m in sys.modules))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split("\n")[0] == "0 []", done.stdout + done.stderr

@@ -20,26 +20,53 @@ GPUS = ("A10", "A40", "A100-SXM4-80GB", "H100-SXM")
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     data = tmp_path_factory.mktemp("ds")
-    frame = synthetic.synthetic_dataset([get_device(g) for g in GPUS], ops=("gemm", "elementwise", "layernorm"),
-                                        dtype="bf16", rows_per_op=60, seed=5)
+    frame = synthetic.synthetic_dataset(
+        [get_device(g) for g in GPUS], ops=("gemm", "elementwise", "layernorm"), dtype="bf16", rows_per_op=60, seed=5
+    )
     write_parquet(frame, data / "synthetic.parquet")
     out = tmp_path_factory.mktemp("models")
     # the library call: the CLI has no hyper-parameter flags, and a small forest keeps this test quick
     fit = pytest.importorskip("opcast.train.fit")
-    result = fit.fit_model_set([data], out, name="toy", cfg=fit.FitConfig(
-        estimator="xgb", folds=0, n_jobs=1, xgb_params={"n_estimators": 60, "max_depth": 4, "learning_rate": 0.3}))
+    result = fit.fit_model_set(
+        [data],
+        out,
+        name="toy",
+        cfg=fit.FitConfig(
+            estimator="xgb", folds=0, n_jobs=1, xgb_params={"n_estimators": 60, "max_depth": 4, "learning_rate": 0.3}
+        ),
+    )
     return result.path
 
 
 def test_learned_kernels_are_used_and_labelled(models, capsys):
     capsys.readouterr()
-    assert main(["predict", "train", "--arch", "gpt3-350m", "--gpu", "H200", "--tp", "2", "--global-batch", "4",
-                 "--seq", "1024", "--models", str(models), "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "train",
+                "--arch",
+                "gpt3-350m",
+                "--gpu",
+                "H200",
+                "--tp",
+                "2",
+                "--global-batch",
+                "4",
+                "--seq",
+                "1024",
+                "--models",
+                str(models),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     by_source = {(o["kind"], o["direction"]): o["source"] for o in doc["ops"]}
-    assert by_source[("gemm", "fwd")] == "learned"           # dgrad/wgrad GEMMs are forward GEMMs too
+    assert by_source[("gemm", "fwd")] == "learned"  # dgrad/wgrad GEMMs are forward GEMMs too
     assert by_source[("layernorm", "fwd")] == "learned"
-    assert by_source[("attention", "fwd")] == "roofline"     # no attention model in the set: flagged fallback
+    assert by_source[("attention", "fwd")] == "roofline"  # no attention model in the set: flagged fallback
     assert by_source[("layernorm", "bwd")] == "roofline"
     assert doc["cost_sources"]["kernel_models"] == str(models)
     assert doc["cost_sources"]["unique_kernels_by_source"]["learned"] > 0
@@ -48,8 +75,30 @@ def test_learned_kernels_are_used_and_labelled(models, capsys):
 
 def test_kernel_command_uses_the_models(models, capsys):
     capsys.readouterr()
-    assert main(["predict", "kernel", "--gpu", "H200", "--op", "gemm", "--param", "b=1", "--param", "m=2048",
-                 "--param", "n=2048", "--param", "k=2048", "--models", str(models), "--json"]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "kernel",
+                "--gpu",
+                "H200",
+                "--op",
+                "gemm",
+                "--param",
+                "b=1",
+                "--param",
+                "m=2048",
+                "--param",
+                "n=2048",
+                "--param",
+                "k=2048",
+                "--models",
+                str(models),
+                "--json",
+            ]
+        )
+        == 0
+    )
     doc = json.loads(capsys.readouterr().out)
     assert doc["source"] == "learned"
     # the synthetic law is the roofline + 5 us; a fitted model lands near it on an unseen GPU

@@ -8,8 +8,20 @@ import json
 
 from opcast.cli import main
 
-SMALL = ["search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "16", "--seq", "1024",
-         "--roofline"]
+SMALL = [
+    "search",
+    "--arch",
+    "gpt3-125m",
+    "--gpu",
+    "H100-SXM",
+    "--gpus",
+    "8",
+    "--global-batch",
+    "16",
+    "--seq",
+    "1024",
+    "--roofline",
+]
 
 
 def test_help(capsys):
@@ -46,8 +58,22 @@ def test_json_document(capsys):
 
 
 def test_nothing_fits_is_one_line_with_the_reasons(capsys):
-    code = main(["search", "--arch", "llama2-70b", "--gpu", "H100-SXM", "--gpus", "2", "--global-batch", "4", "--seq", "4096",
-                 "--roofline"])
+    code = main(
+        [
+            "search",
+            "--arch",
+            "llama2-70b",
+            "--gpu",
+            "H100-SXM",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "4",
+            "--seq",
+            "4096",
+            "--roofline",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2
     assert "\n" not in err and err.startswith("opcast: error: nothing fits")
@@ -68,8 +94,11 @@ def test_non_finite_numbers_and_models_with_roofline_are_refused_in_one_line(cap
     code = main([*SMALL, "--gpu-hour-price", "inf", "--max-mem", "inf", "--models", "models/default"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err
-    for part in ("--gpu-hour-price inf must be a finite number", "max_mem=inf GiB must be a positive finite number",
-                 "--models models/default and --roofline contradict each other"):
+    for part in (
+        "--gpu-hour-price inf must be a finite number",
+        "max_mem=inf GiB must be a positive finite number",
+        "--models models/default and --roofline contradict each other",
+    ):
         assert part in err
     assert main([*SMALL, "--workers", "0"]) == 2
     assert "workers=0 must be a whole number of processes from 1 to 1024" in capsys.readouterr().err
@@ -92,11 +121,37 @@ def test_a_full_disk_under_csv_leaves_no_temp_file(tmp_path, capsys, monkeypatch
 def _predict_train(doc: dict, extra: list[str], capsys) -> dict:
     """`predict train --json` of a search's first configuration, with the same kernel options."""
     c = doc["top"][0]["config"]
-    args = ["predict", "train", "--arch", doc["arch"], "--gpu", "H100-SXM", "--nodes", str(c["nodes"]),
-            "--gpus-per-node", str(c["gpus_per_node"]), "--global-batch", str(c["global_batch"]), "--seq", str(c["seq"]),
-            "--micro-batch", str(c["micro_batch"]), "--recompute", c["recompute"], "--zero", str(c["zero"]),
-            "--schedule", c["schedule"], "--virtual-stages", str(c["virtual_stages"]), "--overlap-grad-reduce",
-            *[f"--{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep")], *(["--sp"] if c["sp"] else []), *extra, "--json"]
+    args = [
+        "predict",
+        "train",
+        "--arch",
+        doc["arch"],
+        "--gpu",
+        "H100-SXM",
+        "--nodes",
+        str(c["nodes"]),
+        "--gpus-per-node",
+        str(c["gpus_per_node"]),
+        "--global-batch",
+        str(c["global_batch"]),
+        "--seq",
+        str(c["seq"]),
+        "--micro-batch",
+        str(c["micro_batch"]),
+        "--recompute",
+        c["recompute"],
+        "--zero",
+        str(c["zero"]),
+        "--schedule",
+        c["schedule"],
+        "--virtual-stages",
+        str(c["virtual_stages"]),
+        "--overlap-grad-reduce",
+        *[f"--{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep")],
+        *(["--sp"] if c["sp"] else []),
+        *extra,
+        "--json",
+    ]
     assert main(args) == 0
     return json.loads(capsys.readouterr().out)
 

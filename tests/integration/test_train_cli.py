@@ -4,6 +4,7 @@ GPUs, and their one-line errors (exit code 2)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -26,8 +27,24 @@ def dataset(tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(dataset, tmp_path_factory):
     out = tmp_path_factory.mktemp("models")
-    code = main(["train", "fit", str(dataset), "--out", str(out), "--name", "toy", "--estimator", "xgb",
-                 "--holdout-device", "A40", "--folds", "1", "--json"])
+    code = main(
+        [
+            "train",
+            "fit",
+            str(dataset),
+            "--out",
+            str(out),
+            "--name",
+            "toy",
+            "--estimator",
+            "xgb",
+            "--holdout-device",
+            "A40",
+            "--folds",
+            "1",
+            "--json",
+        ]
+    )
     assert code == 0
     return out / "toy"
 
@@ -64,13 +81,16 @@ def test_plot_without_matplotlib_is_one_line(models, dataset, tmp_path, capsys):
         assert (tmp_path / "s.png").stat().st_size > 1000
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["train", "eval", "--models", "/nonexistent/models", "DATA"], "does not exist"),
-    (["train", "fit", "DATA", "--out", "OUT", "--estimator", "forest"], "unknown estimator"),
-    (["train", "fit", "DATA", "--out", "OUT", "--holdout-device", "H900"], "unknown GPU"),
-    (["train", "fit", "BAD", "--out", "OUT"], "not a readable parquet"),
-    (["train", "fit", "CPU", "--out", "OUT"], "neither in the hardware catalog"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "eval", "--models", "/nonexistent/models", "DATA"], "does not exist"),
+        (["train", "fit", "DATA", "--out", "OUT", "--estimator", "forest"], "unknown estimator"),
+        (["train", "fit", "DATA", "--out", "OUT", "--holdout-device", "H900"], "unknown GPU"),
+        (["train", "fit", "BAD", "--out", "OUT"], "not a readable parquet"),
+        (["train", "fit", "CPU", "--out", "OUT"], "neither in the hardware catalog"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(argv, needle, dataset, tmp_path, capsys):
     bad = tmp_path / "bad.parquet"
     bad.write_bytes(b"not parquet")
@@ -102,41 +122,56 @@ def places(tmp_path):
     user.mkdir(parents=True)
     (user / "thesis.tex").write_text("keep me too\n")
     (tmp_path / "plots").mkdir()
-    return {"MISSING": str(tmp_path / "no-such-dataset"), "FILE": str(file), "OUT": str(tmp_path / "out"),
-            "UNDERFILE": str(file / "models"), "PLOTDIR": str(tmp_path / "plots")}
+    return {
+        "MISSING": str(tmp_path / "no-such-dataset"),
+        "FILE": str(file),
+        "OUT": str(tmp_path / "out"),
+        "UNDERFILE": str(file / "models"),
+        "PLOTDIR": str(tmp_path / "plots"),
+    }
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["train", "fit", "MISSING", "--out", "FILE"], "is a file; give a folder"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--name", "mine"], "exists and is a folder that is not a model set"),
-    (["train", "fit", "MISSING", "--out", "UNDERFILE"], "which is a file"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--name", ".hidden"], "plain folder name"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--op", "conv"], "unknown op(s) conv"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--jobs", "0"], "--jobs 0"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--seed", "-1"], "--seed -1"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--folds", "-1"], "folds must be >= 0"),
-    (["train", "eval", "--models", "MISSING", "MISSING", "--plot", "PLOTDIR"], "is a folder"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "fit", "MISSING", "--out", "FILE"], "is a file; give a folder"),
+        (
+            ["train", "fit", "MISSING", "--out", "OUT", "--name", "mine"],
+            "exists and is a folder that is not a model set",
+        ),
+        (["train", "fit", "MISSING", "--out", "UNDERFILE"], "which is a file"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--name", ".hidden"], "plain folder name"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--op", "conv"], "unknown op(s) conv"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--jobs", "0"], "--jobs 0"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--seed", "-1"], "--seed -1"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--folds", "-1"], "folds must be >= 0"),
+        (["train", "eval", "--models", "MISSING", "MISSING", "--plot", "PLOTDIR"], "is a folder"),
+    ],
+)
 def test_options_are_checked_before_any_data_is_read(argv, needle, places, capsys):
     capsys.readouterr()
     assert main([places.get(a, a) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and err.count("\n") == 0, err
-    assert open(places["FILE"]).read() == "keep me\n"
-    assert open(f"{places['OUT']}/mine/thesis.tex").read() == "keep me too\n"
+    assert Path(places["FILE"]).read_text() == "keep me\n"
+    assert Path(f"{places['OUT']}/mine/thesis.tex").read_text() == "keep me too\n"
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["train", "fit", "MISSING", "--out", "FILE"], "is a file; give a folder"),
-    (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["train", "fit", "MISSING", "--out", "FILE"], "is a file; give a folder"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
+    ],
+)
 def test_early_errors_through_the_console_script(argv, needle, places):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "opcast", *[places.get(a, a) for a in argv]], capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "opcast", *[places.get(a, a) for a in argv]], capture_output=True, text=True, timeout=120
+    )
     err = out.stderr.strip()
     assert out.returncode == 2 and err.startswith("opcast: error:") and needle in err and err.count("\n") == 0, err
-    assert "Traceback" not in out.stderr and open(places["FILE"]).read() == "keep me\n"
+    assert "Traceback" not in out.stderr and Path(places["FILE"]).read_text() == "keep me\n"

@@ -12,14 +12,41 @@ import pytest
 
 pytest.importorskip("torch")
 
-from opcast.archs import ArchSpec  # noqa: E402
-from opcast.cli import main  # noqa: E402
+from opcast.archs import ArchSpec
+from opcast.cli import main
 
-TINY = ArchSpec(name="tiny", family="gpt2", n_layers=2, hidden=128, n_heads=4, n_kv_heads=4, head_dim=32,
-                ffn_hidden=512, vocab=512, max_seq=256, norm="layernorm", activation="gelu", gated_mlp=False,
-                position="learned", tied_embeddings=True, linear_bias=True, parallel_residual=False, source="test")
-TINY_LLAMA = replace(TINY, name="tiny-llama", family="llama", n_kv_heads=2, norm="rmsnorm", activation="silu",
-                     gated_mlp=True, position="rope", tied_embeddings=False, linear_bias=False)
+TINY = ArchSpec(
+    name="tiny",
+    family="gpt2",
+    n_layers=2,
+    hidden=128,
+    n_heads=4,
+    n_kv_heads=4,
+    head_dim=32,
+    ffn_hidden=512,
+    vocab=512,
+    max_seq=256,
+    norm="layernorm",
+    activation="gelu",
+    gated_mlp=False,
+    position="learned",
+    tied_embeddings=True,
+    linear_bias=True,
+    parallel_residual=False,
+    source="test",
+)
+TINY_LLAMA = replace(
+    TINY,
+    name="tiny-llama",
+    family="llama",
+    n_kv_heads=2,
+    norm="rmsnorm",
+    activation="silu",
+    gated_mlp=True,
+    position="rope",
+    tied_embeddings=False,
+    linear_bias=False,
+)
 
 
 def _write(tmp_path: Path, arch: ArchSpec, **changes) -> str:
@@ -30,7 +57,9 @@ def _write(tmp_path: Path, arch: ArchSpec, **changes) -> str:
 
 
 def _validate(capsys, arch: str, *extra: str) -> dict:
-    code = main(["validate", "--arch", arch, "--batch", "1", "--seq", "64", "--steps", "3", "--warmup", "1", "--json", *extra])
+    code = main(
+        ["validate", "--arch", arch, "--batch", "1", "--seq", "64", "--steps", "3", "--warmup", "1", "--json", *extra]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(captured.out)
@@ -78,23 +107,27 @@ def test_layers_override_builds_and_prices_the_deeper_model(tmp_path, capsys):
 
 
 def test_table_output(tmp_path, capsys):
-    code = main(["validate", "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32", "--steps", "1",
-                 "--warmup", "0"])
+    code = main(
+        ["validate", "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32", "--steps", "1", "--warmup", "0"]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "measured vs predicted" in out and "breakdown_s[forward]" in out and "total" in out
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--arch", "gpt-7"], "unknown arch 'gpt-7'"),
-    (["--arch", "mixtral-8x7b"], "mixture of experts"),
-    (["--arch", "gpt2-124m", "--seq", "2048"], "exceeds max_seq=1024"),
-    (["--arch", "gpt2-124m", "--precision", "fp8"], "--precision 'fp8'"),
-    (["--arch", "gpt2-124m", "--layers", "0"], "--layers"),
-    (["--arch", "gpt2-124m", "--steps", "0"], "--steps"),
-    (["--arch", "gpt2-124m", "--device", "tpu"], "unknown --device"),
-    (["--arch", "gpt2-124m", "--models", "no/such/models"], "--models no/such/models does not exist"),
-    (["--arch", "llama2-7b", "--seq", "4096"], "GiB by the prediction, more than"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--arch", "gpt-7"], "unknown arch 'gpt-7'"),
+        (["--arch", "mixtral-8x7b"], "mixture of experts"),
+        (["--arch", "gpt2-124m", "--seq", "2048"], "exceeds max_seq=1024"),
+        (["--arch", "gpt2-124m", "--precision", "fp8"], "--precision 'fp8'"),
+        (["--arch", "gpt2-124m", "--layers", "0"], "--layers"),
+        (["--arch", "gpt2-124m", "--steps", "0"], "--steps"),
+        (["--arch", "gpt2-124m", "--device", "tpu"], "unknown --device"),
+        (["--arch", "gpt2-124m", "--models", "no/such/models"], "--models no/such/models does not exist"),
+        (["--arch", "llama2-7b", "--seq", "4096"], "GiB by the prediction, more than"),
+    ],
+)
 def test_bad_inputs_exit_2_with_one_line(args, needle, capsys):
     base = {"--batch": "1", "--seq": "64"}
     for flag in ("--seq",):
@@ -151,10 +184,28 @@ def test_calibrate_help(capsys):
 def _fake_report(arch: str, predicted_s: float):
     from opcast.predict.validate import PhaseCheck, ValidateReport
 
-    phases = tuple(PhaseCheck(phase=p, measured_s=1.0, measured_p20_s=1.0, measured_p80_s=1.0, predicted_s=predicted_s,
-                              predicted_as="x") for p in ("forward", "backward", "optimizer", "total", "forward_nograd"))
-    return ValidateReport(arch=arch, params=1, device="cpu-test", device_type="cpu", precision="fp32", attention="flash",
-                          batch=1, seq=64, world_size=1, threads=1, steps=1, warmup=0, models="m", phases=phases)
+    phases = tuple(
+        PhaseCheck(
+            phase=p, measured_s=1.0, measured_p20_s=1.0, measured_p80_s=1.0, predicted_s=predicted_s, predicted_as="x"
+        )
+        for p in ("forward", "backward", "optimizer", "total", "forward_nograd")
+    )
+    return ValidateReport(
+        arch=arch,
+        params=1,
+        device="cpu-test",
+        device_type="cpu",
+        precision="fp32",
+        attention="flash",
+        batch=1,
+        seq=64,
+        world_size=1,
+        threads=1,
+        steps=1,
+        warmup=0,
+        models="m",
+        phases=phases,
+    )
 
 
 def _quiet_anchors():
@@ -165,8 +216,8 @@ def _quiet_anchors():
 
 def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_before(tmp_path, capsys, monkeypatch):
     """The flow without the measurements: anchors, validations and the bench replaced by fakes."""
-    from opcast.collect.bench import BenchResult
     import opcast.predict.isolated as isolated
+    from opcast.collect.bench import BenchResult
 
     calls = []
 
@@ -181,7 +232,18 @@ def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_befor
     monkeypatch.setattr(isolated, "in_fresh_process", fake)
     monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.0, 2))
     out = tmp_path / "cal"
-    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "600", "--json"]
+    argv = [
+        "calibrate",
+        "--out",
+        str(out),
+        "--arch",
+        _write(tmp_path, TINY),
+        "--seq",
+        "64",
+        "--budget-s",
+        "600",
+        "--json",
+    ]
     assert main(argv) == 130
     captured = capsys.readouterr()
     doc = json.loads(captured.out)
@@ -196,8 +258,8 @@ def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_befor
 
 
 def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monkeypatch):
-    from opcast.collect.bench import BenchResult
     import opcast.predict.isolated as isolated
+    from opcast.collect.bench import BenchResult
 
     def fake(fn, *args, **kwargs):
         if fn.__name__ == "measure_anchors":
@@ -207,7 +269,17 @@ def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monk
     monkeypatch.setattr(isolated, "in_fresh_process", fake)
     monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.0, 2))
     monkeypatch.setattr("opcast.predict.calibrate.default_datasets", lambda: [])
-    argv = ["calibrate", "--out", str(tmp_path / "cal"), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "600"]
+    argv = [
+        "calibrate",
+        "--out",
+        str(tmp_path / "cal"),
+        "--arch",
+        _write(tmp_path, TINY),
+        "--seq",
+        "64",
+        "--budget-s",
+        "600",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert "too few to fit" in err[-1] and "re-run the same command" in err[-1]
@@ -218,8 +290,21 @@ def test_calibrate_end_to_end_on_the_cpu(tmp_path, capsys):
     """A real calibration with a small budget (now a hard bound: 120 s leaves each stage room on a
     loaded machine): validate, collect, fit, validate, the model set usable."""
     out = tmp_path / "cal"
-    argv = ["calibrate", "--out", str(out), "--arch", _write(tmp_path, TINY), "--seq", "64", "--budget-s", "120",
-            "--steps", "1", "--allow-busy", "--json"]  # CI machines are loaded: the noise rules are tested apart
+    argv = [
+        "calibrate",
+        "--out",
+        str(out),
+        "--arch",
+        _write(tmp_path, TINY),
+        "--seq",
+        "64",
+        "--budget-s",
+        "120",
+        "--steps",
+        "1",
+        "--allow-busy",
+        "--json",
+    ]  # CI machines are loaded: the noise rules are tested apart
     assert main(argv) == 0, capsys.readouterr().err
     doc = json.loads(capsys.readouterr().out)
     assert doc["rows_collected"] > 0 and doc["interrupted"] is False and doc["fit_groups"]
@@ -228,8 +313,27 @@ def test_calibrate_end_to_end_on_the_cpu(tmp_path, capsys):
     assert check["after"]["phases"][3]["measured_s"] > 0
     assert {"validate_before", "collect", "fit", "validate_after", "total"} <= set(doc["seconds"])
     assert (out / "calibrated" / "meta.json").is_file() and (out / "calibrate.json").is_file()
-    assert main(["validate", "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "64", "--steps", "1",
-                 "--warmup", "0", "--models", str(out), "--json"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "--arch",
+                _write(tmp_path, TINY),
+                "--batch",
+                "1",
+                "--seq",
+                "64",
+                "--steps",
+                "1",
+                "--warmup",
+                "0",
+                "--models",
+                str(out),
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["kernels_by_source"].get("learned", 0) > 0
 
 
@@ -239,11 +343,30 @@ def test_ddp_under_torchrun_on_the_cpu(tmp_path):
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "opcast", "validate",
-           "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32", "--steps", "2", "--warmup", "1", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "opcast",
+        "validate",
+        "--arch",
+        _write(tmp_path, TINY),
+        "--batch",
+        "1",
+        "--seq",
+        "32",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert res.returncode == 0, _whole(res)
-    doc = json.loads(res.stdout[res.stdout.index("{"):])
+    doc = json.loads(res.stdout[res.stdout.index("{") :])
     assert doc["world_size"] == 2
     backward = next(p for p in doc["phases"] if p["phase"] == "backward")
     assert backward["predicted_as"] == "breakdown_s[backward] + [dp_comm_exposed]" and backward["measured_s"] > 0

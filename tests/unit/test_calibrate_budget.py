@@ -12,14 +12,31 @@ import pytest
 
 pytest.importorskip("torch")
 
-import opcast.predict.isolated as isolated  # noqa: E402
-from opcast.archs import ArchSpec  # noqa: E402
-from opcast.predict.calibrate import CalibrateConfig, StagePlan, plan_stages, run_calibrate  # noqa: E402
-from opcast.predict.calibrate_noise import AnchorTiming  # noqa: E402
+import opcast.predict.isolated as isolated
+from opcast.archs import ArchSpec
+from opcast.predict.calibrate import CalibrateConfig, StagePlan, plan_stages, run_calibrate
+from opcast.predict.calibrate_noise import AnchorTiming
 
-TINY = ArchSpec(name="tiny", family="gpt2", n_layers=2, hidden=128, n_heads=4, n_kv_heads=4, head_dim=32,
-                ffn_hidden=512, vocab=512, max_seq=256, norm="layernorm", activation="gelu", gated_mlp=False,
-                position="learned", tied_embeddings=True, linear_bias=True, parallel_residual=False, source="test")
+TINY = ArchSpec(
+    name="tiny",
+    family="gpt2",
+    n_layers=2,
+    hidden=128,
+    n_heads=4,
+    n_kv_heads=4,
+    head_dim=32,
+    ffn_hidden=512,
+    vocab=512,
+    max_seq=256,
+    norm="layernorm",
+    activation="gelu",
+    gated_mlp=False,
+    position="learned",
+    tied_embeddings=True,
+    linear_bias=True,
+    parallel_residual=False,
+    source="test",
+)
 
 
 def _anchors(spread_x: float = 1.02, median_ms: float = 5.0) -> tuple[AnchorTiming, ...]:
@@ -30,10 +47,26 @@ def _anchors(spread_x: float = 1.02, median_ms: float = 5.0) -> tuple[AnchorTimi
 def _report(arch: str):
     from opcast.predict.validate import PhaseCheck, ValidateReport
 
-    phases = tuple(PhaseCheck(phase=p, measured_s=1.0, measured_p20_s=1.0, measured_p80_s=1.0, predicted_s=1.1,
-                              predicted_as="x") for p in ("forward", "backward", "optimizer", "total", "forward_nograd"))
-    return ValidateReport(arch=arch, params=1, device="cpu-test", device_type="cpu", precision="fp32", attention="flash",
-                          batch=1, seq=64, world_size=1, threads=1, steps=1, warmup=0, models="m", phases=phases)
+    phases = tuple(
+        PhaseCheck(phase=p, measured_s=1.0, measured_p20_s=1.0, measured_p80_s=1.0, predicted_s=1.1, predicted_as="x")
+        for p in ("forward", "backward", "optimizer", "total", "forward_nograd")
+    )
+    return ValidateReport(
+        arch=arch,
+        params=1,
+        device="cpu-test",
+        device_type="cpu",
+        precision="fp32",
+        attention="flash",
+        batch=1,
+        seq=64,
+        world_size=1,
+        threads=1,
+        steps=1,
+        warmup=0,
+        models="m",
+        phases=phases,
+    )
 
 
 class Clock:
@@ -86,8 +119,10 @@ class Stages:
         parts = Path(cfg.out) / "bench"
         parts.mkdir(parents=True, exist_ok=True)
         if n:
-            pq.write_table(pa.table({"time_s_p20": [1.0] * n, "time_s_p80": [self.row_spread] * n}),
-                           parts / f"rank0000-{run_id}-0000.parquet")
+            pq.write_table(
+                pa.table({"time_s_p20": [1.0] * n, "time_s_p80": [self.row_spread] * n}),
+                parts / f"rank0000-{run_id}-0000.parquet",
+            )
         return BenchResult(rows_written=n, remaining=self.rows - n, planned=self.rows, run_id=run_id, interrupted=False)
 
     def _fit(self, datasets, out, name, cfg, command):
@@ -113,14 +148,18 @@ def setup(monkeypatch, tmp_path):
     monkeypatch.setattr("opcast.predict.calibrate.check_intervals", lambda *a, **k: [dict(i) for i in intervals])
 
     def run(**changes):
-        cfg = CalibrateConfig(out=tmp_path / "cal", archs=(TINY,), seqs=(64,), steps=1, **{"budget_s": 600.0, **changes})
+        cfg = CalibrateConfig(
+            out=tmp_path / "cal", archs=(TINY,), seqs=(64,), steps=1, **{"budget_s": 600.0, **changes}
+        )
         return run_calibrate(cfg, clock=clock)
 
     return clock, stages, intervals, run, tmp_path / "cal"
 
 
 def test_plan_stages_gives_collection_what_is_left_and_drops_the_validations_after_first():
-    assert plan_stages(800, budget_s=840, after_s=40, anchors_s=5) == StagePlan(collect_s=800 - 67.2 - 40 - 5, fit_s=67.2, after_s=40)
+    assert plan_stages(800, budget_s=840, after_s=40, anchors_s=5) == StagePlan(
+        collect_s=800 - 67.2 - 40 - 5, fit_s=67.2, after_s=40
+    )
     short = plan_stages(60, budget_s=60, after_s=40, anchors_s=5)  # 60 - 10 - 40 - 5 < 20: no validations after
     assert short == StagePlan(collect_s=45, fit_s=10, after_s=0)
     assert plan_stages(12, budget_s=20, after_s=40, anchors_s=0).collect_s == 0  # under 5 s: no collection
@@ -131,8 +170,15 @@ def test_a_quiet_calibration_installs_the_set_and_stays_in_budget(setup):
     clock, stages, _, run, out = setup
     r = run()
     assert r.failure is None and r.models == str(out / "calibrated") and (out / "calibrated" / "meta.json").is_file()
-    assert [c for c, _ in stages.calls] == ["measure_anchors", "run_validate", "bench_with_progress",
-                                            "bench_with_progress", "measure_anchors", "fit_with_progress", "run_validate"]
+    assert [c for c, _ in stages.calls] == [
+        "measure_anchors",
+        "run_validate",
+        "bench_with_progress",
+        "bench_with_progress",
+        "measure_anchors",
+        "fit_with_progress",
+        "run_validate",
+    ]
     assert r.checks[0].before is not None and r.checks[0].after is not None and r.budget_cut == ()
     assert clock.t - 1000.0 <= 600 and not (out / ".staging").exists()
     assert json.loads((out / "calibrate.json").read_text())["noise"]["end_verdict"]["noisy"] is False
@@ -143,16 +189,20 @@ def test_every_stage_overrunning_never_passes_the_budget(setup, budget):
     """Each stage would take 10x the whole budget: each is stopped at its deadline, and the fake
     clock (the sum of what every stage was allowed) never passes the budget."""
     clock, stages, _, run, out = setup
-    stages.seconds = {k: 10 * budget for k in ("measure_anchors", "run_validate", "bench_with_progress", "fit_with_progress")}
+    stages.seconds = {
+        k: 10 * budget for k in ("measure_anchors", "run_validate", "bench_with_progress", "fit_with_progress")
+    }
     r = run(budget_s=budget)
     assert clock.t - 1000.0 <= budget + 1e-9, stages.calls
-    assert r.budget_cut and r.failure is not None and "--budget-s" in r.failure and "re-run the same command" in r.failure
+    assert (
+        r.budget_cut and r.failure is not None and "--budget-s" in r.failure and "re-run the same command" in r.failure
+    )
     assert all(t is not None and t > 0 for _, t in stages.calls)  # every child ran under a deadline
     assert r.models is None and not (out / "calibrated").exists()
 
 
 def test_the_budget_cuts_the_validations_after_but_keeps_the_set(setup):
-    clock, stages, _, run, out = setup
+    clock, stages, _, run, _out = setup
     stages.seconds = {"run_validate": 30.0, "bench_with_progress": 400.0, "measure_anchors": 3.0}
     r = run(budget_s=200.0)
     assert r.failure is None and r.models is not None
@@ -162,7 +212,7 @@ def test_the_budget_cuts_the_validations_after_but_keeps_the_set(setup):
 
 
 def test_validations_before_stop_at_their_share(setup):
-    clock, stages, _, run, out = setup
+    _clock, stages, _, run, _out = setup
     stages.seconds = {"run_validate": 1000.0}
     r = run(budget_s=400.0)
     timeout = next(t for name, t in stages.calls if name == "run_validate")
@@ -171,7 +221,7 @@ def test_validations_before_stop_at_their_share(setup):
 
 
 def test_a_busy_machine_is_measured_again_then_refused(setup):
-    clock, stages, _, run, out = setup
+    _clock, stages, _, run, out = setup
     stages.anchors = [_anchors(spread_x=2.5)]
     r = run()
     assert [c for c, _ in stages.calls] == ["measure_anchors", "measure_anchors"]
@@ -180,14 +230,14 @@ def test_a_busy_machine_is_measured_again_then_refused(setup):
 
 
 def test_a_busy_start_that_calms_down_goes_on(setup):
-    clock, stages, _, run, out = setup
+    _clock, stages, _, run, _out = setup
     stages.anchors = [_anchors(spread_x=2.5), _anchors()]
     r = run()
     assert r.failure is None and r.models is not None
 
 
 def test_load_alone_refuses(setup, monkeypatch):
-    clock, stages, _, run, out = setup
+    _clock, _stages, _, run, _out = setup
     monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (3.9, 2))
     r = run()
     assert "load average 3.9 on 2 core(s)" in r.failure
@@ -196,7 +246,7 @@ def test_load_alone_refuses(setup, monkeypatch):
 
 
 def test_noisy_rows_fail_and_are_moved_aside_to_be_measured_again(setup):
-    clock, stages, _, run, out = setup
+    _clock, stages, _, run, out = setup
     stages.row_spread = 2.0
     r = run()
     assert r.failure.startswith("the timings were noisy (") and "measures them again" in r.failure
@@ -205,19 +255,21 @@ def test_noisy_rows_fail_and_are_moved_aside_to_be_measured_again(setup):
 
 
 def test_anchor_drift_fails(setup):
-    clock, stages, _, run, out = setup
+    _clock, stages, _, run, _out = setup
     stages.anchors = [_anchors(), _anchors(median_ms=9.0)]
     r = run()
     assert "anchor gemm 512^3 took 5 ms at the start and 9 ms at the end" in r.failure
 
 
 def test_a_wide_interval_fails_and_keeps_the_previous_set(setup):
-    clock, stages, intervals, run, out = setup
+    _clock, stages, intervals, run, out = setup
     (out / "calibrated").mkdir(parents=True)
     (out / "calibrated" / "meta.json").write_text('{"old": true}')
     intervals[0].update(low_s=3.6, high_s=203.0)
     r = run()
-    assert r.failure.startswith("calibration failed: the 90 % interval of tiny (batch 1 x seq 64) is [3.6 s, 203 s], 56.4x")
+    assert r.failure.startswith(
+        "calibration failed: the 90 % interval of tiny (batch 1 x seq 64) is [3.6 s, 203 s], 56.4x"
+    )
     assert json.loads((out / "calibrated" / "meta.json").read_text()) == {"old": True}
     assert json.loads((out / "rejected" / "calibrated" / "meta.json").read_text())["new"] is True
     assert r.models is None and [c for c, _ in stages.calls][-1] == "fit_with_progress"  # no validation after
@@ -225,7 +277,7 @@ def test_a_wide_interval_fails_and_keeps_the_previous_set(setup):
 
 
 def test_allow_busy_keeps_a_wide_interval_as_a_note(setup):
-    clock, stages, intervals, run, out = setup
+    _clock, _stages, intervals, run, _out = setup
     intervals[0].update(low_s=3.6, high_s=203.0)
     r = run(allow_busy=True)
     assert r.failure is None and r.models is not None and any("56.4x" in n for n in r.notes)

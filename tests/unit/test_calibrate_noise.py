@@ -6,8 +6,17 @@ import math
 
 import pytest
 
-from opcast.predict.calibrate_noise import (AnchorTiming, NoiseRules, anchor_reasons, assess, drift_reasons,
-                                            interval_reason, load_reason, row_reasons, spread)
+from opcast.predict.calibrate_noise import (
+    AnchorTiming,
+    NoiseRules,
+    anchor_reasons,
+    assess,
+    drift_reasons,
+    interval_reason,
+    load_reason,
+    row_reasons,
+    spread,
+)
 
 
 def _anchor(name: str, median_ms: float, spread_x: float = 1.02) -> AnchorTiming:
@@ -29,7 +38,9 @@ def test_quiet_machine_passes_every_rule():
     assert not verdict.noisy and verdict.reasons == ()
 
 
-@pytest.mark.parametrize("load, busy", [((1.4, 2), False), ((1.6, 2), True), ((3.9, 2), True), ((3.9, 8), False), (None, False)])
+@pytest.mark.parametrize(
+    "load, busy", [((1.4, 2), False), ((1.6, 2), True), ((3.9, 2), True), ((3.9, 8), False), (None, False)]
+)
 def test_load_average_against_the_cores(load, busy):
     assert (load_reason(load) is not None) is busy
 
@@ -57,8 +68,9 @@ def test_rows_judged_by_the_share_of_wide_ones():
 
 
 def test_every_reason_is_reported_together():
-    verdict = assess(load=(4.0, 2), anchors=(_anchor("gemm", 9.0, spread_x=1.8),), start_anchors=QUIET,
-                     rows=[(1.0, 2.0)] * 40)
+    verdict = assess(
+        load=(4.0, 2), anchors=(_anchor("gemm", 9.0, spread_x=1.8),), start_anchors=QUIET, rows=[(1.0, 2.0)] * 40
+    )
     assert verdict.noisy and len(verdict.reasons) == 4
     assert verdict.to_dict()["noisy"] is True and "load average 4.0" in verdict.message()
 

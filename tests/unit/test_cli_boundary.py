@@ -27,13 +27,20 @@ def raising(monkeypatch):
     return install
 
 
-@pytest.mark.parametrize(("exc", "code", "start"), [
-    (OpcastError("tp=3 does not divide n_heads=32;\n pick a divisor"), 2, "opcast: error: tp=3 does not divide n_heads=32; pick a divisor"),
-    (RuntimeError("something\nmulti-line"), 1, "opcast: internal error: RuntimeError: something (a bug in opcast"),
-    (KeyboardInterrupt(), 130, "opcast: interrupted"),
-    (RecursionError(), 2, "opcast: error: an input is nested too deeply"),
-    (PermissionError(errno.EACCES, "Permission denied", "/x/y"), 2, "opcast: error: /x/y: Permission denied"),
-])
+@pytest.mark.parametrize(
+    ("exc", "code", "start"),
+    [
+        (
+            OpcastError("tp=3 does not divide n_heads=32;\n pick a divisor"),
+            2,
+            "opcast: error: tp=3 does not divide n_heads=32; pick a divisor",
+        ),
+        (RuntimeError("something\nmulti-line"), 1, "opcast: internal error: RuntimeError: something (a bug in opcast"),
+        (KeyboardInterrupt(), 130, "opcast: interrupted"),
+        (RecursionError(), 2, "opcast: error: an input is nested too deeply"),
+        (PermissionError(errno.EACCES, "Permission denied", "/x/y"), 2, "opcast: error: /x/y: Permission denied"),
+    ],
+)
 def test_each_failure_is_one_line_with_its_exit_code(raising, capsys, exc, code, start):
     raising(exc)
     assert cli.main([]) == code
@@ -54,7 +61,9 @@ def test_typer_exit_keeps_its_code(raising):
     assert cli.main([]) == 143
 
 
-@pytest.mark.parametrize("argv", [["predict", "trian"], ["--bogus"], ["predict", "train"], ["predict", "train", "--tp", "abc"]])
+@pytest.mark.parametrize(
+    "argv", [["predict", "trian"], ["--bogus"], ["predict", "train"], ["predict", "train", "--tp", "abc"]]
+)
 def test_usage_errors_are_one_line_exit_2(capsys, argv):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip()

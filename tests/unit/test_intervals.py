@@ -95,7 +95,9 @@ def test_kernel_intervals_cover_held_out_rows(model_set, device):
 
 def test_predict_train_carries_the_interval(model_set):
     ms, devices = model_set
-    kernels = KernelCostModel(sources=(LearnedKernelCost(ms, "synthetic"), RooflineKernelCost()), models_label="synthetic")
+    kernels = KernelCostModel(
+        sources=(LearnedKernelCost(ms, "synthetic"), RooflineKernelCost()), models_label="synthetic"
+    )
     arch = load_arch("gpt3-125m")
     cfg = TrainConfig(micro_batch=4, global_batch=8, seq=1024, precision="fp16")
     r = predict_train(arch, devices["fake-4"], cfg, kernels=kernels)

@@ -55,8 +55,14 @@ def fitted():
     rng = np.random.default_rng(0)
     mlp = TileMLPEstimator(feature_names=names, hidden=(8,))
     mlp.mean_, mlp.std_ = np.zeros(len(names)), np.ones(len(names))
-    mlp.weights_ = [(rng.normal(size=(8, len(names))), rng.normal(size=8)), (rng.normal(size=(3, 8)), rng.normal(size=3))]
-    groups["layernorm-fwd-half"] = (mlp, {"op": "layernorm", "rows": 1, "devices": sorted(devices), "features": list(names)})
+    mlp.weights_ = [
+        (rng.normal(size=(8, len(names))), rng.normal(size=8)),
+        (rng.normal(size=(3, 8)), rng.normal(size=3)),
+    ]
+    groups["layernorm-fwd-half"] = (
+        mlp,
+        {"op": "layernorm", "rows": 1, "devices": sorted(devices), "features": list(names)},
+    )
     assert set(groups) == {"gemm-fwd-half", "gemm-bwd-half", "layernorm-fwd-half"}
     return devices, groups
 
@@ -73,8 +79,12 @@ def _meta(model_dir: pathlib.Path) -> dict:
 def _rehash(model_dir: pathlib.Path, meta: dict) -> None:
     """Recompute every file's sha256 and meta_sha256, as anyone editing a set can."""
     if isinstance(meta.get("files"), dict):
-        meta["files"] = {name: hashlib.sha256((model_dir / name).read_bytes()).hexdigest() if (model_dir / name).is_file()
-                         else digest for name, digest in meta["files"].items()}
+        meta["files"] = {
+            name: hashlib.sha256((model_dir / name).read_bytes()).hexdigest()
+            if (model_dir / name).is_file()
+            else digest
+            for name, digest in meta["files"].items()
+        }
     meta["meta_sha256"] = artifacts._meta_digest(meta)
     (model_dir / "meta.json").write_text(json.dumps(meta))
 
@@ -181,9 +191,32 @@ def test_a_pickled_set_through_the_console_script_is_exit_2_and_runs_nothing(tmp
     pickle.dump(Payload(target), buf)
     _replace_file(other, "gemm-bwd-half", buf.getvalue(), ".joblib")
     for models, needle in ((model_dir, "object arrays"), (other, "pickled predictor")):
-        out = subprocess.run([sys.executable, "-m", "opcast", "predict", "kernel", "--gpu", "A100-SXM4-80GB", "--op", "gemm",
-                              "--param", "b=1", "--param", "m=512", "--param", "n=512", "--param", "k=512",
-                              "--models", str(models)], capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "opcast",
+                "predict",
+                "kernel",
+                "--gpu",
+                "A100-SXM4-80GB",
+                "--op",
+                "gemm",
+                "--param",
+                "b=1",
+                "--param",
+                "m=512",
+                "--param",
+                "n=512",
+                "--param",
+                "k=512",
+                "--models",
+                str(models),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         err = out.stderr.strip()
         assert out.returncode == 2, (out.returncode, err)
         assert err.startswith("opcast: error:") and needle in err and err.count("\n") == 0, err
@@ -199,8 +232,19 @@ def _record_of(model_dir, key):
         return blob["opcast_record"]
 
 
-@pytest.mark.parametrize("kind", ["empty", "random", "zip-not-npz", "foreign-npz", "foreign-npz-with-record", "bare-npy",
-                                  "short-trees", "mlp-shapes"])
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "empty",
+        "random",
+        "zip-not-npz",
+        "foreign-npz",
+        "foreign-npz-with-record",
+        "bare-npy",
+        "short-trees",
+        "mlp-shapes",
+    ],
+)
 def test_a_corrupt_predictor_file_is_one_line(model_dir, fitted, kind):
     key = "layernorm-fwd-half" if kind == "mlp-shapes" else "gemm-fwd-half"
     if kind == "empty":
@@ -241,11 +285,37 @@ def test_a_corrupt_predictor_file_is_one_line(model_dir, fitted, kind):
 def test_an_empty_booster_is_exit_2_not_sigabrt(model_dir):
     """xgboost aborts the interpreter on an empty model buffer; run in a child process so a
     regression shows as its exit status instead of killing the test session."""
-    _replace_file(model_dir, "gemm-fwd-half", _npz(ubj=np.zeros(0, dtype=np.uint8),
-                                                    opcast_record=_record_of(model_dir, "gemm-fwd-half")))
-    out = subprocess.run([sys.executable, "-m", "opcast", "predict", "kernel", "--gpu", "A100-SXM4-80GB", "--op", "gemm",
-                          "--param", "b=1", "--param", "m=64", "--param", "n=64", "--param", "k=64",
-                          "--models", str(model_dir)], capture_output=True, text=True, timeout=120)
+    _replace_file(
+        model_dir,
+        "gemm-fwd-half",
+        _npz(ubj=np.zeros(0, dtype=np.uint8), opcast_record=_record_of(model_dir, "gemm-fwd-half")),
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opcast",
+            "predict",
+            "kernel",
+            "--gpu",
+            "A100-SXM4-80GB",
+            "--op",
+            "gemm",
+            "--param",
+            "b=1",
+            "--param",
+            "m=64",
+            "--param",
+            "n=64",
+            "--param",
+            "k=64",
+            "--models",
+            str(model_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     err = out.stderr.strip()
     assert out.returncode == 2, (out.returncode, err)
     assert "booster bytes are empty" in err and err.count("\n") == 0 and "Traceback" not in err, err
@@ -327,6 +397,7 @@ def _set(path: str, value):
         for p in parents:
             obj = obj[p]
         obj[last] = value
+
     return edit
 
 
@@ -359,8 +430,14 @@ META_EDITS = {
     "config a string": (_set("predictors/gemm-fwd-half/config", "x"), "config must be"),
     "hyper_parameters a list": (_set("predictors/gemm-fwd-half/config", {"hyper_parameters": [1]}), "config must be"),
     "devices a string": (_set("predictors/gemm-fwd-half/devices", "A100"), "devices must be"),
-    "feature_ranges wrong": (_set("predictors/gemm-fwd-half/feature_ranges", {"log_flops": "1..2"}), "feature_ranges must be"),
-    "residuals wrong": (_set("predictors/gemm-fwd-half/residuals", {"seen_device": {"levels": "x"}}), "residuals must be"),
+    "feature_ranges wrong": (
+        _set("predictors/gemm-fwd-half/feature_ranges", {"log_flops": "1..2"}),
+        "feature_ranges must be",
+    ),
+    "residuals wrong": (
+        _set("predictors/gemm-fwd-half/residuals", {"seen_device": {"levels": "x"}}),
+        "residuals must be",
+    ),
     "held_out a string": (_set("predictors/gemm-fwd-half/held_out", "good"), "held_out must be"),
     "a group key of no op": (_rename_key, "is not <op>-<direction>-<dtype class>"),
     "file missing": (lambda m: m["predictors"]["gemm-fwd-half"].pop("file"), "file is missing"),
@@ -379,12 +456,15 @@ def test_a_wrongly_typed_meta_is_one_line_naming_the_field(model_dir, case):
     assert needle in msg, msg
 
 
-@pytest.mark.parametrize("content, needle", [
-    (b"\xff\xfe\x00garbage", "not UTF-8"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b"[]", "not an opcast model set"),
-    (b'{"format_version": 1, "predictors": {}', "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"\xff\xfe\x00garbage", "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"[]", "not an opcast model set"),
+        (b'{"format_version": 1, "predictors": {}', "not valid JSON"),
+    ],
+)
 def test_a_meta_json_that_is_not_a_model_set_is_one_line(model_dir, content, needle):
     (model_dir / "meta.json").write_bytes(content)
     with pytest.raises(OpcastError) as err:
@@ -396,7 +476,7 @@ def test_a_newer_format_asks_for_an_upgrade_not_a_refit(model_dir):
     meta = _meta(model_dir)
     meta["format_version"] = artifacts.FORMAT_VERSION + 1
     _rehash(model_dir, meta)
-    with pytest.raises(OpcastError, match="newer than this opcast reads.*upgrade opcast"):
+    with pytest.raises(OpcastError, match=r"newer than this opcast reads.*upgrade opcast"):
         load_model_set(model_dir)
 
 

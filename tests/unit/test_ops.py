@@ -5,16 +5,50 @@ from __future__ import annotations
 import pytest
 
 from opcast.errors import OpcastError
-from opcast.ops import (BUS_FACTORS, ELEMENTWISE_FNS, OpKind, OpSpec, Param, arithmetic_intensity, bus_factor,
-                        get_op, op_kinds, param_types, register)
+from opcast.ops import (
+    BUS_FACTORS,
+    ELEMENTWISE_FNS,
+    OpKind,
+    OpSpec,
+    Param,
+    arithmetic_intensity,
+    bus_factor,
+    get_op,
+    op_kinds,
+    param_types,
+    register,
+)
 
-REQUIRED_KINDS = {"gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy",
-                  "rope", "optimizer", "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
+REQUIRED_KINDS = {
+    "gemm",
+    "attention",
+    "layernorm",
+    "rmsnorm",
+    "softmax",
+    "elementwise",
+    "embedding",
+    "cross_entropy",
+    "rope",
+    "optimizer",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "send_recv",
+    "broadcast",
+}
 
 
 def test_registry_holds_every_required_kind():
     assert set(op_kinds()) == REQUIRED_KINDS
-    assert set(op_kinds(collective=True)) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast"}
+    assert set(op_kinds(collective=True)) == {
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "all_to_all",
+        "send_recv",
+        "broadcast",
+    }
 
 
 def test_registering_a_kind_twice_raises():
@@ -23,8 +57,13 @@ def test_registering_a_kind_twice_raises():
 
 
 def test_a_parameter_keeps_one_type_across_kinds():
-    spec = OpSpec(kind=OpKind.GEMM, doc="", params=(Param(name="rows", type=str, doc=""),),
-                  flops_fwd=lambda p, d: 0.0, bytes_fwd=lambda p, d: 0.0)
+    spec = OpSpec(
+        kind=OpKind.GEMM,
+        doc="",
+        params=(Param(name="rows", type=str, doc=""),),
+        flops_fwd=lambda p, d: 0.0,
+        bytes_fwd=lambda p, d: 0.0,
+    )
     with pytest.raises(ValueError):
         register(spec)
     assert param_types()["rows"] is int
@@ -80,7 +119,9 @@ def test_attention_bytes_by_hand():
 
 def test_attention_validation_names_every_problem():
     with pytest.raises(OpcastError) as err:
-        get_op("attention").validate(dict(batch=1, heads=6, kv_heads=4, seq_q=16, seq_kv=8, head_dim=8, causal=True, impl="flash"))
+        get_op("attention").validate(
+            dict(batch=1, heads=6, kv_heads=4, seq_q=16, seq_kv=8, head_dim=8, causal=True, impl="flash")
+        )
     assert "kv_heads=4 does not divide heads=6" in str(err.value)
     assert "seq_q=16 <= seq_kv=8" in str(err.value)
     with pytest.raises(OpcastError, match="impl='xformers' is not one of flash, sdpa, eager"):
@@ -148,7 +189,12 @@ def test_validation_coerces_and_rejects():
     with pytest.raises(OpcastError) as err:
         g.validate({"b": 1, "m": 0, "n": 2.5, "q": 1})
     msg = str(err.value)
-    assert "m=0 must be >= 1" in msg and "n=2.5 is not an integer" in msg and "missing parameter k" in msg and "unknown parameter(s) q" in msg
+    assert (
+        "m=0 must be >= 1" in msg
+        and "n=2.5 is not an integer" in msg
+        and "missing parameter k" in msg
+        and "unknown parameter(s) q" in msg
+    )
     assert "\n" not in msg
     with pytest.raises(OpcastError, match="unknown op 'conv2d'"):
         get_op("conv2d")

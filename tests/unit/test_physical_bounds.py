@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from opcast.hardware import device_to_dict
-from opcast.predict.cost import FLOOR, load_kernel_cost, kernel, peak_roofline_s
+from opcast.predict.cost import FLOOR, kernel, load_kernel_cost, peak_roofline_s
 
 pytest.importorskip("xgboost")
 synthetic = pytest.importorskip("opcast.train.synthetic")
@@ -35,15 +35,23 @@ def world(tmp_path_factory):
     fast, slow = _device(base, "fake-bw2", 2.0e12), _device(base, "fake-bw05", 0.5e12)
     frame = synthetic.synthetic_dataset([one, two], ops=("elementwise", "layernorm"), rows_per_op=80, seed=3)
     devices = {d.name: d for d in (one, two)}
-    groups, _, _ = fit.fit_frame(frame, devices, fit.FitConfig(estimator="xgb", folds=0, n_jobs=1,
-                                                               xgb_params={"n_estimators": 60, "max_depth": 4}))
-    path = artifacts.write_model_set(tmp_path_factory.mktemp("models"), "toy", groups,
-                                     {"datasets": [], "device_specs": {n: device_to_dict(d) for n, d in devices.items()}})
+    groups, _, _ = fit.fit_frame(
+        frame,
+        devices,
+        fit.FitConfig(estimator="xgb", folds=0, n_jobs=1, xgb_params={"n_estimators": 60, "max_depth": 4}),
+    )
+    path = artifacts.write_model_set(
+        tmp_path_factory.mktemp("models"),
+        "toy",
+        groups,
+        {"datasets": [], "device_specs": {n: device_to_dict(d) for n, d in devices.items()}},
+    )
     return {"one": one, "two": two, "fast": fast, "slow": slow, "path": path}
 
 
-MEMORY_BOUND = [kernel("elementwise", {"numel": n, "fn": "add"}, "fp16") for n in (1 << 18, 1 << 21, 1 << 24)] + \
-               [kernel("layernorm", {"rows": r, "cols": 4096}, "fp16") for r in (256, 4096)]
+MEMORY_BOUND = [kernel("elementwise", {"numel": n, "fn": "add"}, "fp16") for n in (1 << 18, 1 << 21, 1 << 24)] + [
+    kernel("layernorm", {"rows": r, "cols": 4096}, "fp16") for r in (256, 4096)
+]
 
 
 def _times(cost, device):
@@ -55,9 +63,9 @@ def test_twice_the_bandwidth_is_at_most_twice_as_fast_and_never_slower(world):
     cost = load_kernel_cost(world["path"])
     assert all(peak_roofline_s(k, world["fast"])[1] == "memory" for k in MEMORY_BOUND)
     t1, t2, t3 = (_times(cost, world[d]) for d in ("one", "two", "fast"))
-    assert np.all(t3 >= t1 / 2 * (1 - 1e-9))       # no faster than 2x the first
+    assert np.all(t3 >= t1 / 2 * (1 - 1e-9))  # no faster than 2x the first
     assert np.all(t3 >= t2 / (2.0 / 1.5) * (1 - 1e-9))  # nor more than the bandwidth ratio over the second
-    assert np.all(t3 <= t1) and np.all(t3 <= t2)    # and never slower than either
+    assert np.all(t3 <= t1) and np.all(t3 <= t2)  # and never slower than either
     assert all(peak_roofline_s(k, world["fast"])[0] <= t for k, t in zip(MEMORY_BOUND, t3))
 
 
@@ -101,8 +109,26 @@ def test_fitted_devices_get_only_the_roofline_floor(world):
 def test_the_console_script_reports_a_bound_and_the_switch_turns_it_off(world, tmp_path):
     gpu = tmp_path / "fast.json"
     gpu.write_text(json.dumps(device_to_dict(world["fast"])))
-    cmd = [sys.executable, "-m", "opcast", "predict", "kernel", "--gpu", str(gpu), "--op", "layernorm", "--param",
-           "rows=4096", "--param", "cols=4096", "--dtype", "fp16", "--models", str(world["path"]), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "opcast",
+        "predict",
+        "kernel",
+        "--gpu",
+        str(gpu),
+        "--op",
+        "layernorm",
+        "--param",
+        "rows=4096",
+        "--param",
+        "cols=4096",
+        "--dtype",
+        "fp16",
+        "--models",
+        str(world["path"]),
+        "--json",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "OPCAST_PHYSICAL_BOUNDS"}
     on = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     off = subprocess.run(cmd, capture_output=True, text=True, env={**env, "OPCAST_PHYSICAL_BOUNDS": "off"}, timeout=120)

@@ -51,8 +51,12 @@ def test_across_nodes_is_slower_and_hierarchical_or_ring_is_chosen():
 def test_hierarchical_formula():
     # RS intra + AR of the 1/g shard over the NICs + AG intra (Thakur et al. 2005 style phases).
     s, g, n = 1 << 30, 8, 4
-    options = dict((lab, sec) for sec, lab in AB._options(Collective("all_reduce", s, Group(g * n, n, g)), Group(g * n, n, g),
-                                                          "nvlink", 235e9, 22.5e9))
+    options = dict(
+        (lab, sec)
+        for sec, lab in AB._options(
+            Collective("all_reduce", s, Group(g * n, n, g)), Group(g * n, n, g), "nvlink", 235e9, 22.5e9
+        )
+    )
     h = options["hierarchical/Simple"]
     bw = 2 * (g - 1) / g * s / 235e9 + 2 * (n - 1) / n * s / g / 22.5e9
     assert h == pytest.approx(bw, rel=0.01)
@@ -69,9 +73,9 @@ def test_time_grows_with_bytes_and_trivial_groups_cost_nothing():
 
 
 def test_place_follows_megatron_rank_order():
-    assert place(8, 1, 8) == Group(8, 1, 8)      # TP inside a node
-    assert place(16, 8, 8) == Group(16, 16, 1)   # DP across nodes, one rank per node
-    assert place(4, 2, 8) == Group(4, 1, 4)      # stride 2 still inside the node
+    assert place(8, 1, 8) == Group(8, 1, 8)  # TP inside a node
+    assert place(16, 8, 8) == Group(16, 16, 1)  # DP across nodes, one rank per node
+    assert place(4, 2, 8) == Group(4, 1, 4)  # stride 2 still inside the node
     assert place(8, 2, 8) == Group(8, 2, 4)
     assert place(1, 4, 8) == Group(1, 1, 1)
 

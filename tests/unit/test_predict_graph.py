@@ -35,8 +35,11 @@ def test_forward_equals_the_ops_collect_benchmarks(name, tp, sp):
 
 def test_moe_with_ep1_equals_layer_ops_plus_permutation():
     arch = load_arch("mixtral-8x7b")
-    mine = [(k, p) for r, k, p, c in block_ops(arch, tp=2, batch=1, seq_q=256, seq_kv=256, sp=False)
-            if r not in ("permute", "unpermute")]
+    mine = [
+        (k, p)
+        for r, k, p, c in block_ops(arch, tp=2, batch=1, seq_q=256, seq_kv=256, sp=False)
+        if r not in ("permute", "unpermute")
+    ]
     assert mine == [(k, p) for k, p in layer_ops(arch, tp=2, batch=1, seq=256)]
 
 
@@ -50,15 +53,19 @@ def test_expert_parallelism_keeps_the_expert_flops_per_rank():
 
     (b1, f1), (b4, f4) = expert_flops(1), expert_flops(4)
     assert (b1, b4) == (8, 2) and f1 == f4
-    assert any(c.kind == "all_to_all" for c in block_comms(arch, tp=1, batch=1, seq_q=1024, sp=False, cp=1, ep=4,
-                                                           dtype="bf16")[FWD])
+    assert any(
+        c.kind == "all_to_all"
+        for c in block_comms(arch, tp=1, batch=1, seq_q=1024, sp=False, cp=1, ep=4, dtype="bf16")[FWD]
+    )
 
 
 def test_backward_gemms_are_dgrad_and_wgrad_with_twice_the_flops():
     ops = [("qkv", "gemm", {"b": 1, "m": 4096, "n": 3072, "k": 1024}, 1)]
     bwd = backward_ops(ops)
-    assert [(r, p) for r, _, p, _, _ in bwd] == [("qkv.dgrad", {"b": 1, "m": 4096, "n": 1024, "k": 3072}),
-                                                 ("qkv.wgrad", {"b": 1, "m": 1024, "n": 3072, "k": 4096})]
+    assert [(r, p) for r, _, p, _, _ in bwd] == [
+        ("qkv.dgrad", {"b": 1, "m": 4096, "n": 1024, "k": 3072}),
+        ("qkv.wgrad", {"b": 1, "m": 1024, "n": 3072, "k": 4096}),
+    ]
     identity = backward_ops([("residual_add", "elementwise", {"numel": 10, "fn": "add"}, 1)])
     assert identity == []
 
@@ -69,9 +76,13 @@ def test_block_backward_is_about_twice_the_forward_and_recompute_modes():
     fwd, bwd = graph_flops(g, (FWD,)), graph_flops(g, (BWD,))
     assert 2.0 <= bwd / fwd <= 2.1  # GEMMs exactly 2x, flash attention 2.5x
     assert g.nodes[RECOMPUTE] == ()
-    full = train_block(arch, tp=1, batch=1, seq=2048, sp=False, cp=1, ep=1, attention="flash", recompute="full", prec=BF16)
+    full = train_block(
+        arch, tp=1, batch=1, seq=2048, sp=False, cp=1, ep=1, attention="flash", recompute="full", prec=BF16
+    )
     assert graph_flops(full, (RECOMPUTE,)) == fwd
-    sel = train_block(arch, tp=1, batch=1, seq=2048, sp=False, cp=1, ep=1, attention="flash", recompute="selective", prec=BF16)
+    sel = train_block(
+        arch, tp=1, batch=1, seq=2048, sp=False, cp=1, ep=1, attention="flash", recompute="selective", prec=BF16
+    )
     assert [n.role for n in sel.nodes[RECOMPUTE]] == ["attn"]
 
 
@@ -84,7 +95,7 @@ def test_context_parallel_attention_is_balanced_and_exact():
 
     def attn_pairs(ops):
         total = 0
-        for role, kind, p, count in ops:
+        for _role, kind, p, count in ops:
             if kind == "attention":
                 sq, skv = p["seq_q"], p["seq_kv"]
                 total += count * (sq * (skv - sq) + sq * (sq + 1) / 2 if p["causal"] else sq * skv)

@@ -64,7 +64,9 @@ def test_in_flight_layers_match_korthikanti_pipeline_factors():
     assert in_flight_layers(n_layers=96, pp=8, stage=7, micro_batches=64) == 12
     assert in_flight_layers(n_layers=96, pp=8, stage=0, micro_batches=3) == 36  # fewer micro-batches than stages
     # interleaved: L (1 + (p - 1) / (p v))
-    assert in_flight_layers(n_layers=96, pp=8, stage=0, micro_batches=64, virtual_stages=3) == pytest.approx(96 * (1 + 7 / 24))
+    assert in_flight_layers(n_layers=96, pp=8, stage=0, micro_batches=64, virtual_stages=3) == pytest.approx(
+        96 * (1 + 7 / 24)
+    )
 
 
 def test_stage_params_add_up_to_the_arch():
@@ -81,21 +83,70 @@ def test_175b_model_states_by_hand():
     blocks = 12 * per_layer
     embed = padded_vocab(V, 8) // 8 * H + S * H
     assert first.total == blocks + embed
-    mem = train_memory(GPT175, stage=0, tp=8, pp=8, dp=16, cp=1, ep=1, sp=True, micro_batch=1, seq=S, micro_batches=96,
-                       virtual_stages=1, zero=0, precision="bf16", attention="eager", recompute="selective")
-    assert (mem.weights_bytes, mem.gradients_bytes, mem.optimizer_states_bytes) == (2 * first.total, 2 * first.total,
-                                                                                   12 * first.total)
+    mem = train_memory(
+        GPT175,
+        stage=0,
+        tp=8,
+        pp=8,
+        dp=16,
+        cp=1,
+        ep=1,
+        sp=True,
+        micro_batch=1,
+        seq=S,
+        micro_batches=96,
+        virtual_stages=1,
+        zero=0,
+        precision="bf16",
+        attention="eager",
+        recompute="selective",
+    )
+    assert (mem.weights_bytes, mem.gradients_bytes, mem.optimizer_states_bytes) == (
+        2 * first.total,
+        2 * first.total,
+        12 * first.total,
+    )
     # activations: L layers of 34 sbh/t (stage 0 holds p micro-batches) + the embedding dropout masks
     assert mem.activations_bytes == pytest.approx(L * 34 * SBH / 8 + 8 * SBH / 8, rel=1e-12)
-    z1 = train_memory(GPT175, stage=0, tp=8, pp=8, dp=16, cp=1, ep=1, sp=True, micro_batch=1, seq=S, micro_batches=96,
-                      virtual_stages=1, zero=1, precision="bf16", attention="eager", recompute="selective")
+    z1 = train_memory(
+        GPT175,
+        stage=0,
+        tp=8,
+        pp=8,
+        dp=16,
+        cp=1,
+        ep=1,
+        sp=True,
+        micro_batch=1,
+        seq=S,
+        micro_batches=96,
+        virtual_stages=1,
+        zero=1,
+        precision="bf16",
+        attention="eager",
+        recompute="selective",
+    )
     assert z1.optimizer_states_bytes == pytest.approx(12 * first.total / 16)
 
 
 def test_last_stage_adds_the_output_layer_terms():
     # Korthikanti Sec. 4.3: 4sbh/t (1 + v/h) for the final norm, LM head and fp32 cross-entropy logits.
-    kw = dict(tp=8, pp=8, dp=1, cp=1, ep=1, sp=True, micro_batch=1, seq=S, micro_batches=96, virtual_stages=1,
-              zero=0, precision="bf16", attention="eager", recompute="selective")
+    kw = dict(
+        tp=8,
+        pp=8,
+        dp=1,
+        cp=1,
+        ep=1,
+        sp=True,
+        micro_batch=1,
+        seq=S,
+        micro_batches=96,
+        virtual_stages=1,
+        zero=0,
+        precision="bf16",
+        attention="eager",
+        recompute="selective",
+    )
     last = train_memory(GPT175, stage=7, **kw)
     vp = padded_vocab(V, 8)
     assert last.activations_bytes == pytest.approx(12 * 34 * SBH / 8 + 4 * SBH / 8 + 4 * S * B * vp / 8, rel=1e-12)
@@ -103,9 +154,27 @@ def test_last_stage_adds_the_output_layer_terms():
 
 def test_zero_stages_shrink_memory_monotonically():
     arch = load_arch("llama2-7b")
-    totals = [train_memory(arch, stage=0, tp=1, pp=1, dp=8, cp=1, ep=1, sp=False, micro_batch=1, seq=4096,
-                           micro_batches=4, virtual_stages=1, zero=z, precision="bf16", attention="flash",
-                           recompute="full").total_bytes for z in (0, 1, 2, 3)]
+    totals = [
+        train_memory(
+            arch,
+            stage=0,
+            tp=1,
+            pp=1,
+            dp=8,
+            cp=1,
+            ep=1,
+            sp=False,
+            micro_batch=1,
+            seq=4096,
+            micro_batches=4,
+            virtual_stages=1,
+            zero=z,
+            precision="bf16",
+            attention="flash",
+            recompute="full",
+        ).total_bytes
+        for z in (0, 1, 2, 3)
+    ]
     assert totals == sorted(totals, reverse=True) and totals[0] > 2 * totals[3]
 
 
@@ -114,14 +183,69 @@ def test_kv_cache_bytes():
     assert kv_cache_bytes(arch, tp=8, pp=1, batch=4, tokens=1000, dtype="bf16") == 2 * 4 * 1000 * 1 * 128 * 2 * 80
 
 
-@pytest.mark.parametrize("arch, kw", [
-    (GPT175, dict(tp=8, pp=8, dp=2, cp=1, ep=1, sp=True, micro_batch=1, seq=2048, micro_batches=16, virtual_stages=3,
-                  zero=1, precision="bf16", attention="flash", recompute="selective")),  # dropout, tied
-    (load_arch("mixtral-8x7b"), dict(tp=2, pp=4, dp=4, cp=1, ep=4, sp=False, micro_batch=2, seq=4096, micro_batches=2,
-                                     virtual_stages=1, zero=2, precision="fp8", attention="eager", recompute="full")),
-    (load_arch("llama2-7b"), dict(tp=1, pp=4, dp=1, cp=2, ep=1, sp=False, micro_batch=1, seq=8192, micro_batches=64,
-                                  virtual_stages=1, zero=0, precision="fp32", attention="flash", recompute="none")),
-], ids=["gpt-interleaved", "moe-fp8-full", "cp-fp32"])
+@pytest.mark.parametrize(
+    "arch, kw",
+    [
+        (
+            GPT175,
+            dict(
+                tp=8,
+                pp=8,
+                dp=2,
+                cp=1,
+                ep=1,
+                sp=True,
+                micro_batch=1,
+                seq=2048,
+                micro_batches=16,
+                virtual_stages=3,
+                zero=1,
+                precision="bf16",
+                attention="flash",
+                recompute="selective",
+            ),
+        ),  # dropout, tied
+        (
+            load_arch("mixtral-8x7b"),
+            dict(
+                tp=2,
+                pp=4,
+                dp=4,
+                cp=1,
+                ep=4,
+                sp=False,
+                micro_batch=2,
+                seq=4096,
+                micro_batches=2,
+                virtual_stages=1,
+                zero=2,
+                precision="fp8",
+                attention="eager",
+                recompute="full",
+            ),
+        ),
+        (
+            load_arch("llama2-7b"),
+            dict(
+                tp=1,
+                pp=4,
+                dp=1,
+                cp=2,
+                ep=1,
+                sp=False,
+                micro_batch=1,
+                seq=8192,
+                micro_batches=64,
+                virtual_stages=1,
+                zero=0,
+                precision="fp32",
+                attention="flash",
+                recompute="none",
+            ),
+        ),
+    ],
+    ids=["gpt-interleaved", "moe-fp8-full", "cp-fp32"],
+)
 def test_the_fullest_stage_is_the_first_or_the_last(arch, kw):
     """The search sizes only fullest_stages(pp); every other stage holds less."""
     pp = kw["pp"]
@@ -131,8 +255,24 @@ def test_the_fullest_stage_is_the_first_or_the_last(arch, kw):
 
 
 def test_memory_total_is_the_sum_of_its_terms():
-    m = train_memory(GPT175, stage=0, tp=8, pp=2, dp=4, cp=1, ep=1, sp=True, micro_batch=1, seq=2048, micro_batches=8,
-                     virtual_stages=1, zero=1, precision="bf16", attention="flash", recompute="full")
+    m = train_memory(
+        GPT175,
+        stage=0,
+        tp=8,
+        pp=2,
+        dp=4,
+        cp=1,
+        ep=1,
+        sp=True,
+        micro_batch=1,
+        seq=2048,
+        micro_batches=8,
+        virtual_stages=1,
+        zero=1,
+        precision="bf16",
+        attention="flash",
+        recompute="full",
+    )
     w, g, o, gather = model_state_bytes(GPT175, stage=0, tp=8, pp=2, dp=4, cp=1, ep=1, zero=1, precision="bf16")
     assert (m.weights_bytes, m.gradients_bytes, m.optimizer_states_bytes, m.zero3_gather_bytes) == (w, g, o, gather)
     assert o == pytest.approx(12 * stage_params(GPT175, tp=8, pp=2, stage=0).total / 4, rel=1e-15)  # ZeRO-1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from opcast.predict.schedule import bubble_fraction, pipeline_time, simulate
@@ -36,7 +38,7 @@ def test_replayed_1f1b_matches_the_formula_for_equal_stages(p, m):
         mine = [t for t in tasks if t.stage == s]
         assert sorted(t.micro_batch for t in mine if t.kind == "F") == list(range(m))
         assert sorted(t.micro_batch for t in mine if t.kind == "B") == list(range(m))
-        assert all(a.end_s <= b.start_s + 1e-12 for a, b in zip(mine, mine[1:]))  # one task at a time
+        assert all(a.end_s <= b.start_s + 1e-12 for a, b in itertools.pairwise(mine))  # one task at a time
 
 
 def test_replayed_interleaved_schedule_matches_the_formula_and_beats_1f1b():

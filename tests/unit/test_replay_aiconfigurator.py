@@ -31,7 +31,7 @@ def _source(root: Path) -> pd.DataFrame:
     frames = []
     for path in sorted(root.glob("*/*/*/*/*.parquet")):
         frame = pq.read_table(path).to_pandas()
-        system, family, framework, version = path.relative_to(root).parts[:4]
+        system, _family, framework, version = path.relative_to(root).parts[:4]
         frames.append(frame.assign(system=system, table=path.stem, pfw=framework, pver=version))
     return pd.concat(frames, ignore_index=True)
 
@@ -49,6 +49,7 @@ def replayed():
 
 # --------------------------------------------------------------------------- counts
 
+
 def test_every_source_row_is_kept_or_counted(source, replayed):
     result, rows = replayed
     assert len(rows) + sum(result.skipped.values()) == len(source)
@@ -57,10 +58,16 @@ def test_every_source_row_is_kept_or_counted(source, replayed):
 
 def test_gemm_rows_match_pandas(source, replayed):
     _, rows = replayed
-    g = source[(source.table == "gemm_perf") & source.system.isin(list(DEVICES))
-               & source.gemm_dtype.isin(["bfloat16", "fp8"]) & (source.latency > 0)]
-    expected = {(DEVICES[s], m, n, k, {"bfloat16": "bf16", "fp8": "fp8"}[d])
-                for s, m, n, k, d in zip(g.system, g.m, g.n, g.k, g.gemm_dtype)}
+    g = source[
+        (source.table == "gemm_perf")
+        & source.system.isin(list(DEVICES))
+        & source.gemm_dtype.isin(["bfloat16", "fp8"])
+        & (source.latency > 0)
+    ]
+    expected = {
+        (DEVICES[s], m, n, k, {"bfloat16": "bf16", "fp8": "fp8"}[d])
+        for s, m, n, k, d in zip(g.system, g.m, g.n, g.k, g.gemm_dtype)
+    }
     got = rows[rows.op == "gemm"]
     assert len(got) == len(expected)
     assert set(zip(got.device, got.m, got.n, got.k, got.dtype)) == expected
@@ -70,7 +77,9 @@ def test_gemm_rows_match_pandas(source, replayed):
 def test_attention_rows_match_pandas(source, replayed):
     _, rows = replayed
     a = source[source.table.isin(["context_attention_perf", "generation_attention_perf"])]
-    dtype = [{("bfloat16", "bfloat16"): "bf16", ("fp8", "fp8"): "fp8"}.get(p) for p in zip(a.attn_dtype, a.kv_cache_dtype)]
+    dtype = [
+        {("bfloat16", "bfloat16"): "bf16", ("fp8", "fp8"): "fp8"}.get(p) for p in zip(a.attn_dtype, a.kv_cache_dtype)
+    ]
     a = a.assign(dtype=dtype)
     a = a[a.dtype.notna() & (a.window_size.fillna(0) == 0)]
     decode = a.table == "generation_attention_perf"
@@ -86,7 +95,12 @@ def test_attention_rows_match_pandas(source, replayed):
 def test_collective_rows_match_pandas(source, replayed):
     _, rows = replayed
     c = source[(source.table == "nccl_perf") & (source.nccl_dtype == "half")]
-    ops = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter", "alltoall": "all_to_all"}
+    ops = {
+        "all_reduce": "all_reduce",
+        "all_gather": "all_gather",
+        "reduce_scatter": "reduce_scatter",
+        "alltoall": "all_to_all",
+    }
     expected = {(ops[o], 2 * e, g) for o, e, g in zip(c.op_name, c.message_size, c.num_gpus)}
     got = rows[rows.op.isin(list(ops.values()))]
     assert len(got) == len(expected)
@@ -97,21 +111,30 @@ def test_collective_rows_match_pandas(source, replayed):
 def test_skip_reasons_are_counted(source, replayed):
     result, _ = replayed
     s = result.skipped
-    assert s["gemm fp8_block: block-scaled fp8 (DeepGEMM-style 1x128/128x128 scales) is another kernel than per-tensor "
-             "fp8; opcast has no dtype for it"] == int((source.gemm_dtype == "fp8_block").sum())
+    assert s[
+        "gemm fp8_block: block-scaled fp8 (DeepGEMM-style 1x128/128x128 scales) is another kernel than per-tensor "
+        "fp8; opcast has no dtype for it"
+    ] == int((source.gemm_dtype == "fp8_block").sum())
     assert s["gemm nvfp4: opcast has no fp4 dtype"] == int((source.gemm_dtype == "nvfp4").sum())
-    assert s["system zz_future: no hardware catalog device for this folder"] == int((source.system == "zz_future").sum())
+    assert s["system zz_future: no hardware catalog device for this folder"] == int(
+        (source.system == "zz_future").sum()
+    )
     assert s[aic.TABLE_REASONS["moe_perf"]] == int((source.table == "moe_perf").sum())
     assert s[aic.TABLE_REASONS["custom_allreduce_perf"]] == int((source.table == "custom_allreduce_perf").sum())
-    assert s["collective dtype int8: no opcast dtype (float/half/bfloat16 only)"] == int((source.nccl_dtype == "int8").sum())
+    assert s["collective dtype int8: no opcast dtype (float/half/bfloat16 only)"] == int(
+        (source.nccl_dtype == "int8").sum()
+    )
     window = s["context attention: sliding window (window_size > 0); the registry's attention has no window"]
     assert window == int((source.window_size > 0).sum())
     mixed = sum(v for k, v in s.items() if "attention over a fp8 KV cache" in k)
     assert mixed == int(((source.attn_dtype == "bfloat16") & (source.kv_cache_dtype == "fp8")).sum())
-    assert s["gemm: latency not a positive number"] == int(((source.table == "gemm_perf") & (source.latency <= 0)).sum())
+    assert s["gemm: latency not a positive number"] == int(
+        ((source.table == "gemm_perf") & (source.latency <= 0)).sum()
+    )
 
 
 # --------------------------------------------------------------------------- precedence and values
+
 
 def _one(rows: pd.DataFrame, **where) -> pd.Series:
     mask = pd.Series(True, index=rows.index)
@@ -147,8 +170,15 @@ def test_times_are_seconds_and_repeats_merge(source, replayed):
     src = source[(source.table == "gemm_perf") & (source.system == "gb200") & (source.m == 8192)]
     row = _one(rows, op="gemm", device="GB200", m=8192)
     assert row.time_s_median == pytest.approx(float(src.latency.iloc[0]) / 1e3)
-    reps = source[(source.table == "nccl_perf") & (source.pver == "2.29.2") & (source.op_name == "all_reduce")
-                  & (source.message_size == 1048576)].latency / 1e3
+    reps = (
+        source[
+            (source.table == "nccl_perf")
+            & (source.pver == "2.29.2")
+            & (source.op_name == "all_reduce")
+            & (source.message_size == 1048576)
+        ].latency
+        / 1e3
+    )
     merged = _one(rows, op="all_reduce", bytes=2 * 1048576, world_size=8)
     assert merged.time_s_median == pytest.approx(reps.median())
     assert merged.time_s_p20 == pytest.approx(reps.quantile(0.2))
@@ -157,8 +187,16 @@ def test_times_are_seconds_and_repeats_merge(source, replayed):
     assert merged.busbw_gbps == pytest.approx(merged.algbw_gbps * 2 * 7 / 8)
     trtllm_first = pd.DataFrame(aic.replay(FIXTURE, frameworks=("trtllm",), tables=["context_attention_perf"]).rows)
     single = _one(trtllm_first, op="attention", batch=2, seq_q=1024, dtype="bf16")  # 2 rows in one file: median only
-    ctx = source[(source.table == "context_attention_perf") & (source.pfw == "trtllm") & (source.batch_size == 2)
-                 & (source.attn_dtype == "bfloat16") & (source.kv_cache_dtype == "bfloat16")].latency / 1e3
+    ctx = (
+        source[
+            (source.table == "context_attention_perf")
+            & (source.pfw == "trtllm")
+            & (source.batch_size == 2)
+            & (source.attn_dtype == "bfloat16")
+            & (source.kv_cache_dtype == "bfloat16")
+        ].latency
+        / 1e3
+    )
     assert single.time_s_median == pytest.approx(ctx.median()) and pd.isna(single.time_s_p20)
 
 
@@ -189,6 +227,7 @@ def test_rows_validate_and_round_trip_the_schema(replayed, tmp_path):
 
 # --------------------------------------------------------------------------- layout, metadata, errors
 
+
 def test_data_root_accepts_the_package_and_systems_folders(tmp_path):
     data = tmp_path / "pkg" / "systems" / "data"
     (data / "h100_sxm" / "gemm" / "vllm" / "0.24.0").mkdir(parents=True)
@@ -210,8 +249,17 @@ def test_read_meta_reads_scalars_and_skips_blocks_and_lists():
 
 def test_version_key_orders_releases():
     versions = ["0.5.14", "0.5.6.post2", "1.3.0rc20", "1.3.0rc23", "1.3.0", "0.1.dev19262", "0.1", "2.27", "2.27.3"]
-    assert sorted(versions, key=aic.version_key) == ["0.1.dev19262", "0.1", "0.5.6.post2", "0.5.14", "1.3.0rc20",
-                                                    "1.3.0rc23", "1.3.0", "2.27", "2.27.3"]
+    assert sorted(versions, key=aic.version_key) == [
+        "0.1.dev19262",
+        "0.1",
+        "0.5.6.post2",
+        "0.5.14",
+        "1.3.0rc20",
+        "1.3.0rc23",
+        "1.3.0",
+        "2.27",
+        "2.27.3",
+    ]
 
 
 def test_missing_package_names_the_extra(monkeypatch):
@@ -234,11 +282,26 @@ def test_malformed_tables_name_the_file(tmp_path):
     folder = tmp_path / "h100_sxm" / "gemm" / "trtllm" / "1.0"
     folder.mkdir(parents=True)
     pd.DataFrame({"m": [1], "n": [2], "k": [3], "latency": [0.1]}).to_parquet(folder / "gemm_perf.parquet")
-    with pytest.raises(MalformedFile, match=r"gemm_perf.parquet: gemm_perf lacks column\(s\) kernel_source, gemm_dtype"):
+    with pytest.raises(
+        MalformedFile, match=r"gemm_perf.parquet: gemm_perf lacks column\(s\) kernel_source, gemm_dtype"
+    ):
         aic.replay(tmp_path)
-    pd.DataFrame({"device": ["NVIDIA A100-SXM4-80GB"], "kernel_source": ["x"], "gemm_dtype": ["bfloat16"], "m": [1], "n": [2],
-                  "k": [3], "latency": [0.1]}).to_parquet(folder / "gemm_perf.parquet")
-    with pytest.raises(MalformedFile, match="device column says 'NVIDIA A100-SXM4-80GB' .* but the folder is H100-SXM"):
+    pd.DataFrame(
+        {
+            "device": ["NVIDIA A100-SXM4-80GB"],
+            "kernel_source": ["x"],
+            "gemm_dtype": ["bfloat16"],
+            "m": [1],
+            "n": [2],
+            "k": [3],
+            "latency": [0.1],
+        }
+    ).to_parquet(folder / "gemm_perf.parquet")
+    with pytest.raises(
+        MalformedFile,
+        match=r"device column says 'NVIDIA A100-SXM4-80GB' .* but the folder is "
+        r"H100-SXM",
+    ):
         aic.replay(tmp_path)
     (folder / "gemm_perf.parquet").write_text("not parquet")
     with pytest.raises(MalformedFile, match="not a readable parquet file"):
@@ -246,6 +309,7 @@ def test_malformed_tables_name_the_file(tmp_path):
 
 
 # --------------------------------------------------------------------------- catalog
+
 
 @pytest.mark.parametrize("name", NEW_DEVICES)
 def test_new_catalog_entries_load(name):
@@ -258,22 +322,29 @@ def test_new_catalog_entries_load(name):
 def test_every_measured_system_resolves_or_is_pending():
     resolved = {s: aic.system_device(s) for s in aic.SYSTEM_DEVICES}
     assert {s: d for s, d in resolved.items() if d != aic.SYSTEM_DEVICES[s]} == {"b60": None}  # vendor intel pending
-    for torch_name, device in (("NVIDIA B300 SXM6 AC", "B300"), ("NVIDIA GB200", "GB200"), ("NVIDIA L40S", "L40S"),
-                               ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000")):
+    for torch_name, device in (
+        ("NVIDIA B300 SXM6 AC", "B300"),
+        ("NVIDIA GB200", "GB200"),
+        ("NVIDIA L40S", "L40S"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTX-PRO-6000"),
+    ):
         assert get_device(torch_name).name == device
 
 
 def test_catalog_entry_through_the_console_script():
-    done = subprocess.run([sys.executable, "-m", "opcast", "hardware", "show", "gb200"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "opcast", "hardware", "show", "gb200"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0, done.stderr
     assert '"name": "GB200"' in done.stdout or "GB200" in done.stdout
-    bad = subprocess.run([sys.executable, "-m", "opcast", "hardware", "show", "gb2000"], capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "opcast", "hardware", "show", "gb2000"], capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("opcast: error:") and "Traceback" not in bad.stderr
 
 
 # --------------------------------------------------------------------------- the real package
+
 
 @pytest.fixture(scope="module")
 def package_root() -> Path:
@@ -285,14 +356,21 @@ def package_root() -> Path:
 def test_real_h100_gemms(package_root):
     result = aic.replay(None, systems=["h100_sxm"], tables=["gemm_perf"])
     rows = pd.DataFrame(result.rows)
-    source = pd.concat([pq.read_table(p, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
-                        for p in sorted(package_root.glob("h100_sxm/gemm/*/*/gemm_perf.parquet"))], ignore_index=True)
+    source = pd.concat(
+        [
+            pq.read_table(p, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
+            for p in sorted(package_root.glob("h100_sxm/gemm/*/*/gemm_perf.parquet"))
+        ],
+        ignore_index=True,
+    )
     source = source[source.gemm_dtype.isin(["bfloat16", "fp8"]) & (source.latency > 0)]
     assert len(rows) == len(source.drop_duplicates(["gemm_dtype", "m", "n", "k"]))
     anchor = _one(rows, m=32768, n=65536, k=12288, dtype="bf16")
     # The issue's check: 60.3 ms, 88 % of H100's 989 TFLOP/s dense bf16 peak.
     assert anchor.time_s_median == pytest.approx(0.0603, rel=0.01)
-    assert 2 * 32768 * 65536 * 12288 / anchor.time_s_median / get_device("H100-SXM").peak_bf16_flops == pytest.approx(0.88, abs=0.01)
+    assert 2 * 32768 * 65536 * 12288 / anchor.time_s_median / get_device("H100-SXM").peak_bf16_flops == pytest.approx(
+        0.88, abs=0.01
+    )
 
 
 def test_real_catalog_numbers_agree_with_the_package_specs(package_root):
@@ -316,20 +394,44 @@ def test_fixture_generator_is_current(tmp_path, monkeypatch):
     for path in sorted(FIXTURE.glob("*/*/*/*/*.parquet")):
         fresh = pq.read_table(tmp_path / path.relative_to(FIXTURE))
         assert fresh.equals(pq.read_table(path)), path
-    assert json.dumps(sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())) == json.dumps(
-        sorted(p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file() and p.name != "make_fixture.py"))
+    assert json.dumps(
+        sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    ) == json.dumps(
+        sorted(
+            p.relative_to(FIXTURE).as_posix() for p in FIXTURE.rglob("*") if p.is_file() and p.name != "make_fixture.py"
+        )
+    )
 
 
 def test_the_console_script_replays_the_fixture_and_needs_a_path_for_other_sources(tmp_path):
     out = tmp_path / "ds"
-    done = subprocess.run([sys.executable, "-m", "opcast", "collect", "replay", "aiconfigurator", str(FIXTURE),
-                           "--out", str(out), "--json"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "opcast",
+            "collect",
+            "replay",
+            "aiconfigurator",
+            str(FIXTURE),
+            "--out",
+            str(out),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
     expected = aic.replay(FIXTURE)
     rows, _ = normalise(expected, source="aiconfigurator", run_id="x", opcast_version="0")
     assert record["rows_written"] == len(rows) == len(read_dataset(out / "aiconfigurator.parquet"))
-    bare = subprocess.run([sys.executable, "-m", "opcast", "collect", "replay", "neusight", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    bare = subprocess.run(
+        [sys.executable, "-m", "opcast", "collect", "replay", "neusight", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bare.returncode == 2 and "Traceback" not in bare.stderr
     assert bare.stderr.strip().splitlines() == [bare.stderr.strip()] and "PATH" in bare.stderr

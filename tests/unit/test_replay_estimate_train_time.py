@@ -44,6 +44,7 @@ def _csv(root: Path, rel: str) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- counts
 
+
 def test_every_operator_file_gives_one_row_per_direction_minus_the_skips(root, result):
     got = _by_file(result)
     for path in sorted((root / "data" / "regressors").glob("*/operator/*_*.csv")):
@@ -106,6 +107,7 @@ def test_skip_reasons_are_counted_exactly(root, result):
 
 # --------------------------------------------------------------------------- hand-checked values
 
+
 def _find(result, source_file: str, **params):
     """The first row per direction of ``source_file`` with these params (later lines may repeat a shape)."""
     rows = [r for r in result.rows if r["source_file"] == source_file and all(r.get(k) == v for k, v in params.items())]
@@ -117,7 +119,13 @@ def test_linear1_at_mp2(result):
     rows = _find(result, f"{PERL_OP}_linear1_fp16.csv", m=3072, n=5376, k=3584)
     assert set(rows) == {"fwd", "bwd"}
     fwd, bwd = rows["fwd"], rows["bwd"]
-    assert (fwd["op"], fwd["b"], fwd["device"], fwd["dtype"], fwd["tensor_cores"]) == ("gemm", 1, "A100-SXM4-80GB", "fp16", True)
+    assert (fwd["op"], fwd["b"], fwd["device"], fwd["dtype"], fwd["tensor_cores"]) == (
+        "gemm",
+        1,
+        "A100-SXM4-80GB",
+        "fp16",
+        True,
+    )
     assert fwd["time_s_median"] == 475.4 / 1e6 and bwd["time_s_median"] == 952.6 / 1e6
     assert fwd["timing_method"] == "replay:estimate-train-time"
 
@@ -126,7 +134,12 @@ def test_flash_atten_row(result):
     # line 2: mp=1, b=4, h=16, l=1536, dim=3072, F 742.0 us, B 2385.4 us; flash_attn_func's default causal=False
     rows = _find(result, f"{PERL_OP}_flash_atten_fp16.csv", batch=4, heads=16, seq_q=1536, head_dim=192)
     assert rows["fwd"]["op"] == "attention"
-    assert (rows["fwd"]["kv_heads"], rows["fwd"]["seq_kv"], rows["fwd"]["causal"], rows["fwd"]["impl"]) == (16, 1536, False, "flash")
+    assert (rows["fwd"]["kv_heads"], rows["fwd"]["seq_kv"], rows["fwd"]["causal"], rows["fwd"]["impl"]) == (
+        16,
+        1536,
+        False,
+        "flash",
+    )
     assert rows["fwd"]["time_s_median"] == 742.0 / 1e6 and rows["bwd"]["time_s_median"] == 2385.4 / 1e6
 
 
@@ -146,7 +159,12 @@ def test_allgather_bytes_are_the_gathered_output_and_p2p_topology(result):
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 7 / 8)
     intra = _find(result, f"{PERL_NCCL}_p2p_fp16_1_2.csv", bytes=4194304)["fwd"]  # 1 node x 2 GPUs
     inter = _find(result, f"{PERL_NCCL}_p2p_fp16_2_1.csv", bytes=4194304)["fwd"]  # 2 nodes x 1 GPU
-    assert (intra["op"], intra["nodes"], intra["gpus_per_node"], intra["time_s_median"]) == ("send_recv", 1, 2, 63.4 / 1e6)
+    assert (intra["op"], intra["nodes"], intra["gpus_per_node"], intra["time_s_median"]) == (
+        "send_recv",
+        1,
+        2,
+        63.4 / 1e6,
+    )
     assert (inter["nodes"], inter["gpus_per_node"], inter["world_size"]) == (2, 1, 2)
 
 
@@ -172,6 +190,7 @@ def test_softmax_variants_keep_their_kernel_name(result):
 
 # --------------------------------------------------------------------------- end to end
 
+
 def test_run_replay_writes_a_dataset_with_every_gpu_and_op(root, result, tmp_path, monkeypatch):
     # run_replay on the importer's (already computed) result: normalise, write, read back.
     monkeypatch.setattr(ett, "replay", lambda path, options: result)
@@ -182,8 +201,21 @@ def test_run_replay_writes_a_dataset_with_every_gpu_and_op(root, result, tmp_pat
     assert len(df) == summary.rows_written
     assert (df["source"] == "replay:estimate-train-time").all() and not df.duplicated(["device", "point_id"]).any()
     table = summarise([tmp_path / "estimate-train-time.parquet"])
-    ops = {"gemm", "attention", "softmax", "layernorm", "rmsnorm", "elementwise", "rope", "embedding", "cross_entropy",
-           "optimizer", "all_reduce", "all_gather", "send_recv"}
+    ops = {
+        "gemm",
+        "attention",
+        "softmax",
+        "layernorm",
+        "rmsnorm",
+        "elementwise",
+        "rope",
+        "embedding",
+        "cross_entropy",
+        "optimizer",
+        "all_reduce",
+        "all_gather",
+        "send_recv",
+    }
     for device in ("A100-SXM4-80GB", "GH200"):
         assert set(table.loc[table["device"] == device, "op"]) == ops
     # point_id has no kernel_name: a shape in both softmax files keeps torch's (read first) and
@@ -198,6 +230,7 @@ def test_run_replay_writes_a_dataset_with_every_gpu_and_op(root, result, tmp_pat
 
 # --------------------------------------------------------------------------- malformed input
 
+
 def _tree(tmp_path: Path, name: str, text: str, kind: str = "operator") -> Path:
     folder = tmp_path / "data" / "regressors" / "Perlmutter" / kind
     folder.mkdir(parents=True, exist_ok=True)
@@ -205,12 +238,15 @@ def _tree(tmp_path: Path, name: str, text: str, kind: str = "operator") -> Path:
     return folder / name
 
 
-@pytest.mark.parametrize("text, line, problem", [
-    ("mp,b,l,dim,F_dur(us),B_dur(us)\n1,2,1024,2048,10.0,20.0\n1,2,1536,2048,fast,20.0\n", 3, "not a number"),
-    ("mp,b,l,dim,F_dur(us),B_dur(us)\n1,2,1024,2048,10.0\n", 2, "5 fields"),
-    ("mp,b,l,F_dur(us),B_dur(us)\n1,2,1024,10.0,20.0\n", 1, "dim"),
-    ("mp,b,l,dim,F_dur(us),B_dur(us)\n1,2.5,1024,2048,10.0,20.0\n", 2, "whole number"),
-])
+@pytest.mark.parametrize(
+    "text, line, problem",
+    [
+        ("mp,b,l,dim,F_dur(us),B_dur(us)\n1,2,1024,2048,10.0,20.0\n1,2,1536,2048,fast,20.0\n", 3, "not a number"),
+        ("mp,b,l,dim,F_dur(us),B_dur(us)\n1,2,1024,2048,10.0\n", 2, "5 fields"),
+        ("mp,b,l,F_dur(us),B_dur(us)\n1,2,1024,10.0,20.0\n", 1, "dim"),
+        ("mp,b,l,dim,F_dur(us),B_dur(us)\n1,2.5,1024,2048,10.0,20.0\n", 2, "whole number"),
+    ],
+)
 def test_malformed_operator_file_names_file_and_line(tmp_path, text, line, problem):
     path = _tree(tmp_path, f"{A100}_linear1_fp16.csv", text)
     with pytest.raises(MalformedFile, match=re.escape(f"{path}:{line}") + ".*" + problem):
@@ -218,8 +254,12 @@ def test_malformed_operator_file_names_file_and_line(tmp_path, text, line, probl
 
 
 def test_nccl_topology_must_match_the_file_name(tmp_path):
-    path = _tree(tmp_path, f"{A100}_allreduce_fp16_2_4.csv",
-                 "shape,nodes,GPUsPerNode,dur(us)\n1024,2,4,10.0\n2048,1,4,11.0\n", kind="nccl")
+    path = _tree(
+        tmp_path,
+        f"{A100}_allreduce_fp16_2_4.csv",
+        "shape,nodes,GPUsPerNode,dur(us)\n1024,2,4,10.0\n2048,1,4,11.0\n",
+        kind="nccl",
+    )
     with pytest.raises(MalformedFile, match=re.escape(f"{path}:3") + ".*file name says 2_4"):
         ett.replay(tmp_path, ReplayOptions())
 
@@ -235,9 +275,14 @@ def test_small_tree_converts_and_skips(tmp_path):
     add = next(r for r in result.rows if r["op"] == "elementwise")
     assert (add["numel"], add["fn"], add["direction"], add["time_s_median"]) == (1024 * 2 * 2048, "add", "fwd", 42.5e-6)
     soft = [r for r in result.rows if r["op"] == "softmax"]
-    assert {(r["rows"], r["cols"], r["direction"]) for r in soft} == {(2 * 8 * 1024, 1024, "fwd"), (2 * 8 * 1024, 1024, "bwd")}
+    assert {(r["rows"], r["cols"], r["direction"]) for r in soft} == {
+        (2 * 8 * 1024, 1024, "fwd"),
+        (2 * 8 * 1024, 1024, "bwd"),
+    }
     p2p = next(r for r in result.rows if r["op"] == "send_recv")
     assert p2p["bytes"] == 2 * 1048576 and math.isclose(p2p["busbw_gbps"], 2 * 1048576 / 50e-6 / 1e9)
     assert dict(result.skipped) == {
-        "res_add B_dur: elementwise add has no backward kernel (the sampling function has no backward; B_dur repeats F_dur)": 1,
-        "nccl file name not understood (<GPU>_<op>_<dtype>...)": 1}
+        "res_add B_dur: elementwise add has no backward kernel (the sampling function has no backward; B_dur repeats "
+        "F_dur)": 1,
+        "nccl file name not understood (<GPU>_<op>_<dtype>...)": 1,
+    }

@@ -37,13 +37,39 @@ def _events() -> list[dict]:
 
 
 def _key(row: dict) -> tuple:
-    params = {k: row[k] for k in ("b", "m", "n", "k", "batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal",
-                                  "impl", "rows", "cols", "bytes", "world_size", "nodes", "gpus_per_node") if k in row}
+    params = {
+        k: row[k]
+        for k in (
+            "b",
+            "m",
+            "n",
+            "k",
+            "batch",
+            "heads",
+            "kv_heads",
+            "seq_q",
+            "seq_kv",
+            "head_dim",
+            "causal",
+            "impl",
+            "rows",
+            "cols",
+            "bytes",
+            "world_size",
+            "nodes",
+            "gpus_per_node",
+        )
+        if k in row
+    }
     return row["op"], tuple(sorted(params.items())), row["dtype"], row["direction"]
 
 
 def _find(rows: list[dict], op: str, direction: str, **params) -> dict:
-    found = [r for r in rows if r["op"] == op and r["direction"] == direction and all(r.get(k) == v for k, v in params.items())]
+    found = [
+        r
+        for r in rows
+        if r["op"] == op and r["direction"] == direction and all(r.get(k) == v for k, v in params.items())
+    ]
     assert len(found) == 1, (op, direction, params, found)
     return found[0]
 
@@ -51,17 +77,43 @@ def _find(rows: list[dict], op: str, direction: str, **params) -> dict:
 def test_rows_are_the_mapped_invocations(result):
     expected = {
         # (op, params, dtype, direction): invocations
-        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 3072)), "bf16", "fwd"): 3,   # aten::addmm under aten::linear
-        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 4096)), "bf16", "fwd"): 1,   # aten::mm under aten::matmul
-        ("gemm", (("b", 32), ("k", 128), ("m", 2048), ("n", 2048)), "fp16", "fwd"): 1,   # aten::bmm
-        ("gemm", (("b", 32), ("k", 64), ("m", 2048), ("n", 1024)), "fp16", "fwd"): 1,    # aten::baddbmm
-        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 8)), "fp32", "fwd"): 1,      # the fp32 router mm
-        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 3072)), "bf16", "bwd"): 3,   # AddmmBackward0: two mm each
-        ("gemm", (("b", 32), ("k", 128), ("m", 2048), ("n", 2048)), "fp16", "bwd"): 1,   # BmmBackward0: two bmm
-        ("attention", (("batch", 2), ("causal", True), ("head_dim", 128), ("heads", 16), ("impl", "flash"),
-                       ("kv_heads", 16), ("seq_kv", 2048), ("seq_q", 2048)), "bf16", "fwd"): 1,
-        ("attention", (("batch", 2), ("causal", True), ("head_dim", 128), ("heads", 16), ("impl", "flash"),
-                       ("kv_heads", 16), ("seq_kv", 2048), ("seq_q", 2048)), "bf16", "bwd"): 1,
+        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 3072)), "bf16", "fwd"): 3,  # aten::addmm under aten::linear
+        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 4096)), "bf16", "fwd"): 1,  # aten::mm under aten::matmul
+        ("gemm", (("b", 32), ("k", 128), ("m", 2048), ("n", 2048)), "fp16", "fwd"): 1,  # aten::bmm
+        ("gemm", (("b", 32), ("k", 64), ("m", 2048), ("n", 1024)), "fp16", "fwd"): 1,  # aten::baddbmm
+        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 8)), "fp32", "fwd"): 1,  # the fp32 router mm
+        ("gemm", (("b", 1), ("k", 1024), ("m", 4096), ("n", 3072)), "bf16", "bwd"): 3,  # AddmmBackward0: two mm each
+        ("gemm", (("b", 32), ("k", 128), ("m", 2048), ("n", 2048)), "fp16", "bwd"): 1,  # BmmBackward0: two bmm
+        (
+            "attention",
+            (
+                ("batch", 2),
+                ("causal", True),
+                ("head_dim", 128),
+                ("heads", 16),
+                ("impl", "flash"),
+                ("kv_heads", 16),
+                ("seq_kv", 2048),
+                ("seq_q", 2048),
+            ),
+            "bf16",
+            "fwd",
+        ): 1,
+        (
+            "attention",
+            (
+                ("batch", 2),
+                ("causal", True),
+                ("head_dim", 128),
+                ("heads", 16),
+                ("impl", "flash"),
+                ("kv_heads", 16),
+                ("seq_kv", 2048),
+                ("seq_q", 2048),
+            ),
+            "bf16",
+            "bwd",
+        ): 1,
         ("layernorm", (("cols", 1024), ("rows", 4096)), "bf16", "fwd"): 3,
         ("layernorm", (("cols", 1024), ("rows", 4096)), "bf16", "bwd"): 3,
         ("softmax", (("cols", 2048), ("rows", 65536)), "fp16", "fwd"): 1,
@@ -86,7 +138,8 @@ def test_invocation_counts_match_the_trace(result):
     assert _find(result.rows, "gemm", "bwd", m=4096)["n_reps"] == names["AddmmBackward0"] == 3
     nccl = [k for k in kernels if k["name"].startswith("ncclDevKernel")]
     assert sum(r["n_reps"] for r in result.rows if r["op"] in ("all_reduce", "all_gather")) == len(nccl) == 2
-    # every kernel is in a row or a skip: rows' kernels + gelu 3 + sum 3 + add_ 1 + MmBackward 1 + efficient attn 1 + orphan 1
+    # every kernel is in a row or a skip: rows' kernels + gelu 3 + sum 3 + add_ 1 + MmBackward 1
+    # + efficient attn 1 + orphan 1
     in_rows = 3 + 1 + 1 + 1 + 1 + 3 * 2 + 2 + 1 + 4 + 3 + 3 * 2 + 1 + 1 + 2
     assert len(kernels) == in_rows + 3 + 3 + 1 + 1 + 1 + 1
 
@@ -94,11 +147,12 @@ def test_invocation_counts_match_the_trace(result):
 def test_skips_are_counted_with_reasons(result):
     assert dict(result.skipped) == {
         "unmapped aten::gelu": 3,
-        "unmapped aten::sum": 3,       # bias gradients, outside the AddmmBackward0 node
+        "unmapped aten::sum": 3,  # bias gradients, outside the AddmmBackward0 node
         "unmapped aten::add_": 1,
         ORPHAN: 1,
         "MmBackward: one product (one input needed no gradient), not a full gemm backward": 1,
-        "aten::_scaled_dot_product_efficient_attention: is_causal unknown (trace has no Concrete Inputs; torch >= 2.1 records them)": 1,
+        "aten::_scaled_dot_product_efficient_attention: is_causal unknown (trace has no Concrete Inputs; torch >= 2.1 "
+        "records them)": 1,
     }
 
 
@@ -216,24 +270,58 @@ def test_corrupt_json_names_the_file(tmp_path):
 
 def _mm_trace(kernel_args: dict, runtime: bool = True, flows: bool = False) -> dict:
     """An older-style trace: the kernel's External id is its correlation, not the op's."""
-    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 10, "tid": 10, "ts": 100.0, "dur": 50.0,
-          "args": {"External id": 7, "Input Dims": [[2048, 2048], [2048, 256]], "Input type": ["float", "float"]}}
-    events = [op, {"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_nn", "pid": 0, "tid": 7, "ts": 160.0,
-                   "dur": 45.0, "args": {"device": 0, **kernel_args}}]
+    op = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": "aten::mm",
+        "pid": 10,
+        "tid": 10,
+        "ts": 100.0,
+        "dur": 50.0,
+        "args": {"External id": 7, "Input Dims": [[2048, 2048], [2048, 256]], "Input type": ["float", "float"]},
+    }
+    events = [
+        op,
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "ampere_sgemm_128x64_nn",
+            "pid": 0,
+            "tid": 7,
+            "ts": 160.0,
+            "dur": 45.0,
+            "args": {"device": 0, **kernel_args},
+        },
+    ]
     if runtime:
-        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 10, "tid": 10, "ts": 130.0,
-                       "dur": 10.0, "args": {"External id": 2131433, "correlation": 2131433}})
+        events.append(
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaLaunchKernel",
+                "pid": 10,
+                "tid": 10,
+                "ts": 130.0,
+                "dur": 10.0,
+                "args": {"External id": 2131433, "correlation": 2131433},
+            }
+        )
     if flows:
         events.append({"ph": "s", "id": 2131433, "pid": 10, "tid": 10, "ts": 130.0, "cat": "ac2g", "name": "ac2g"})
-        events.append({"ph": "f", "id": 2131433, "pid": 0, "tid": 7, "ts": 160.0, "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        events.append(
+            {"ph": "f", "id": 2131433, "pid": 0, "tid": 7, "ts": 160.0, "cat": "ac2g", "name": "ac2g", "bp": "e"}
+        )
     return {"deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-40GB"}], "traceEvents": events}
 
 
-@pytest.mark.parametrize("kernel_args, runtime, flows", [
-    ({"External id": 2131433, "correlation": 2131433}, True, False),   # torch <= 1.12: linked by the runtime call
-    ({"External id": 2131433}, True, True),                            # no correlation arg: the ac2g flow
-    ({"External id": 7, "correlation": 99}, False, False),            # no runtime event: the op's External id
-])
+@pytest.mark.parametrize(
+    "kernel_args, runtime, flows",
+    [
+        ({"External id": 2131433, "correlation": 2131433}, True, False),  # torch <= 1.12: linked by the runtime call
+        ({"External id": 2131433}, True, True),  # no correlation arg: the ac2g flow
+        ({"External id": 7, "correlation": 99}, False, False),  # no runtime event: the op's External id
+    ],
+)
 def test_kernel_linking_variants(tmp_path, kernel_args, runtime, flows):
     path = tmp_path / "old.json"
     path.write_text(json.dumps(_mm_trace(kernel_args, runtime, flows)))
@@ -286,13 +374,25 @@ def test_argument_positions_match_the_aten_schemas():
 
 def test_products_under_other_backward_nodes_are_skipped(tmp_path):
     doc = _mm_trace({"External id": 2131433, "correlation": 2131433})
-    doc["traceEvents"].append({"ph": "X", "cat": "cpu_op", "name": "FusedMatmulBackward", "pid": 10, "tid": 10,
-                               "ts": 90.0, "dur": 80.0, "args": {"External id": 6, "Input Dims": [[2048, 256]]}})
+    doc["traceEvents"].append(
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "FusedMatmulBackward",
+            "pid": 10,
+            "tid": 10,
+            "ts": 90.0,
+            "dur": 80.0,
+            "args": {"External id": 6, "Input Dims": [[2048, 256]]},
+        }
+    )
     path = tmp_path / "custom.json"
     path.write_text(json.dumps(doc))
     result = replay(path, ReplayOptions())
     assert not result.rows
-    assert dict(result.skipped) == {"aten::mm inside FusedMatmulBackward (a backward product opcast cannot attribute)": 1}
+    assert dict(result.skipped) == {
+        "aten::mm inside FusedMatmulBackward (a backward product opcast cannot attribute)": 1
+    }
 
 
 def _with_durations(tmp_path: Path, durations: dict[float, float]) -> Path:
@@ -333,8 +433,13 @@ def test_replay_cli_reports_the_drops_and_writes_shareable_files(tmp_path):
 
     path = _with_durations(tmp_path, {212.8: -212.8, 488.2: -3.0})
     script = Path(sys.executable).parent / "opcast"
-    res = subprocess.run([str(script), "collect", "replay", "kineto", str(path), "--out", str(tmp_path / "out"), "--json"],
-                         capture_output=True, text=True, timeout=300, umask=0o027)
+    res = subprocess.run(
+        [str(script), "collect", "replay", "kineto", str(path), "--out", str(tmp_path / "out"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        umask=0o027,
+    )
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["skipped"]["invocation with a negative kernel duration (broken GPU timestamps in the trace)"] == 2

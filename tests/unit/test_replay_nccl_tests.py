@@ -29,8 +29,11 @@ SENDRECV = FIXTURES / "sendrecv_perf.txt"
 
 def _table_lines(path: Path) -> list[tuple[int, list[str]]]:
     """(line number, fields) of the data lines, counted independently of the importer."""
-    return [(n, line.split()) for n, line in enumerate(path.read_text().splitlines(), start=1)
-            if re.match(r"^\s+\d+\s+\d+\s+\w+\s", line)]
+    return [
+        (n, line.split())
+        for n, line in enumerate(path.read_text().splitlines(), start=1)
+        if re.match(r"^\s+\d+\s+\d+\s+\w+\s", line)
+    ]
 
 
 def _row(rows: list[dict], size: int) -> dict:
@@ -43,15 +46,21 @@ def test_all_reduce_8_gpus_one_node():
     lines = _table_lines(ALL_REDUCE)
     assert len(lines) == 25 and len(result.rows) == len(lines)
     assert result.files == 1 and not result.skipped
-    assert {(r["op"], r["device"], r["dtype"], r["world_size"], r["nodes"], r["gpus_per_node"], r["n_reps"])
-            for r in result.rows} == {("all_reduce", "A100-SXM4-80GB", "fp32", 8, 1, 8, 20)}
+    assert {
+        (r["op"], r["device"], r["dtype"], r["world_size"], r["nodes"], r["gpus_per_node"], r["n_reps"])
+        for r in result.rows
+    } == {("all_reduce", "A100-SXM4-80GB", "fp32", 8, 1, 8, 20)}
     # hand-checked: "   134217728      33554432     float     sum      -1   604.89  221.89  388.30       0 ..."
     row = _row(result.rows, 134217728)
     assert row["time_s_median"] == 604.89 / 1e6
     assert row["algbw_gbps"] == pytest.approx(134217728 / 604.89e-6 / 1e9, rel=1e-12)
     assert row["busbw_gbps"] == pytest.approx(388.30, abs=0.005)  # the file's value, ours from 2(n-1)/n
     assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * 1.75, rel=1e-12)
-    assert (row["direction"], row["tensor_cores"], row["timing_method"]) == ("fwd", None, "replay:nccl-tests:out-of-place")
+    assert (row["direction"], row["tensor_cores"], row["timing_method"]) == (
+        "fwd",
+        None,
+        "replay:nccl-tests:out-of-place",
+    )
     assert row["source_file"] == ALL_REDUCE.name
     assert "time_s_p20" not in row
     assert _row(result.rows, 8)["time_s_median"] == 24.55 / 1e6
@@ -60,8 +69,9 @@ def test_all_reduce_8_gpus_one_node():
 def test_all_gather_16_ranks_on_2_hosts():
     result = replay(ALL_GATHER, ReplayOptions())
     assert len(result.rows) == len(_table_lines(ALL_GATHER)) == 6 and not result.skipped
-    assert {(r["op"], r["device"], r["dtype"], r["world_size"], r["nodes"], r["gpus_per_node"])
-            for r in result.rows} == {("all_gather", "H100-SXM", "bf16", 16, 2, 8)}
+    assert {
+        (r["op"], r["device"], r["dtype"], r["world_size"], r["nodes"], r["gpus_per_node"]) for r in result.rows
+    } == {("all_gather", "H100-SXM", "bf16", 16, 2, 8)}
     # "  1073741824      33554432  bfloat16    none      -1  22208.0   48.35   45.33       0 ..."
     row = _row(result.rows, 1073741824)
     assert row["time_s_median"] == 22208.0 / 1e6
@@ -73,7 +83,13 @@ def test_sendrecv_two_gpus():
     result = replay(SENDRECV, ReplayOptions())
     assert len(result.rows) == len(_table_lines(SENDRECV)) == 7 and not result.skipped
     row = _row(result.rows, 33554432)
-    assert (row["op"], row["world_size"], row["nodes"], row["gpus_per_node"], row["n_reps"]) == ("send_recv", 2, 1, 2, 50)
+    assert (row["op"], row["world_size"], row["nodes"], row["gpus_per_node"], row["n_reps"]) == (
+        "send_recv",
+        2,
+        1,
+        2,
+        50,
+    )
     assert row["time_s_median"] == 102.44 / 1e6
     assert row["busbw_gbps"] == row["algbw_gbps"] == pytest.approx(33554432 / 102.44e-6 / 1e9, rel=1e-12)
 
@@ -90,11 +106,16 @@ def test_folder_run_replay_and_info(tmp_path):
     assert len(frame) == total and set(frame["source"]) == {"replay:nccl-tests"}
     assert set(frame["source_file"]) == {f"cluster-a/{p.name}" for p in (ALL_REDUCE, ALL_GATHER, SENDRECV)}
     table = summarise([tmp_path / "out"])
-    assert set(zip(table["op"], table["device"])) == {("all_reduce", "A100-SXM4-80GB"), ("all_gather", "H100-SXM"),
-                                                        ("send_recv", "H100-SXM")}
+    assert set(zip(table["op"], table["device"])) == {
+        ("all_reduce", "A100-SXM4-80GB"),
+        ("all_gather", "H100-SXM"),
+        ("send_recv", "H100-SXM"),
+    }
 
 
-def _edit(tmp_path: Path, source: Path, size: int, column: int, value: str, name: str | None = None) -> tuple[Path, int]:
+def _edit(
+    tmp_path: Path, source: Path, size: int, column: int, value: str, name: str | None = None
+) -> tuple[Path, int]:
     """A copy of ``source`` with field ``column`` of the ``size`` line replaced (None removes it)."""
     lines = source.read_text().splitlines(keepends=True)
     for i, line in enumerate(lines):
@@ -113,10 +134,14 @@ def _edit(tmp_path: Path, source: Path, size: int, column: int, value: str, name
 
 def test_garbled_and_ragged_lines_name_file_and_line(tmp_path):
     path, number = _edit(tmp_path, ALL_REDUCE, 1048576, 7, "5x.19")
-    with pytest.raises(MalformedFile, match=rf"^{re.escape(str(path))}:{number}: column 'busbw' is '5x.19', not a number"):
+    with pytest.raises(
+        MalformedFile, match=rf"^{re.escape(str(path))}:{number}: column 'busbw' is '5x.19', not a number"
+    ):
         replay(path, ReplayOptions())
     path, number = _edit(tmp_path, ALL_REDUCE, 2048, 9, None)
-    with pytest.raises(MalformedFile, match=rf"^{re.escape(str(path))}:{number}: 12 fields, the table header \(line 17\) has 13"):
+    with pytest.raises(
+        MalformedFile, match=rf"^{re.escape(str(path))}:{number}: 12 fields, the table header \(line 17\) has 13"
+    ):
         replay(path, ReplayOptions())
     path, number = _edit(tmp_path, ALL_REDUCE, 4194304, 6, "8.38")  # algbw no longer size/time
     with pytest.raises(MalformedFile, match=rf":{number}: algbw 8.38 GB/s disagrees with size/time"):
@@ -150,8 +175,11 @@ def test_collective_from_the_file_name_or_an_error(tmp_path):
     wrong = tmp_path / "claimed.txt"
     wrong.write_text(ALL_REDUCE.read_text().replace("starting: all_reduce_perf", "starting: reduce_scatter_perf"))
     number = next(n for n, fields in _table_lines(wrong) if float(fields[6]) >= 1.0)
-    with pytest.raises(MalformedFile, match=rf"claimed\.txt:{number}: busbw/algbw = 1.75\d but reduce_scatter over 8 ranks "
-                                            r"has factor 0.875: wrong collective or world size"):
+    with pytest.raises(
+        MalformedFile,
+        match=rf"claimed\.txt:{number}: busbw/algbw = 1.75\d but reduce_scatter over 8 ranks "
+        r"has factor 0.875: wrong collective or world size",
+    ):
         replay(wrong, ReplayOptions())
 
 
@@ -161,10 +189,12 @@ def test_topology_overrides(tmp_path):
     bare.write_text(text)
     result = replay(bare, ReplayOptions(device="A100-SXM4-80GB"))
     assert not result.rows
-    assert result.skipped == {"all_reduce: world size unknown: no '#  Rank ...' lines; pass --world-size (and --nodes)": 25}
+    assert result.skipped == {
+        "all_reduce: world size unknown: no '#  Rank ...' lines; pass --world-size (and --nodes)": 25
+    }
     rows = replay(bare, ReplayOptions(device="A100-SXM4-80GB", world_size=8, gpus_per_node=8)).rows
     assert {(r["world_size"], r["nodes"], r["gpus_per_node"]) for r in rows} == {(8, 1, 8)}
-    with pytest.raises(MalformedFile, match="no '#  Rank ... device' lines name the GPU; pass --device"):
+    with pytest.raises(MalformedFile, match=r"no '#  Rank ... device' lines name the GPU; pass --device"):
         replay(bare, ReplayOptions(world_size=8, nodes=1))
     # the factor check catches a wrong override: nccl-tests ran 8 ranks, not 16
     with pytest.raises(MalformedFile, match="all_reduce over 16 ranks"):
@@ -176,7 +206,10 @@ def test_topology_overrides(tmp_path):
 def test_unknown_gpu_asks_for_device(tmp_path):
     path = tmp_path / "all_reduce_perf.txt"
     path.write_text(ALL_REDUCE.read_text().replace("NVIDIA A100-SXM4-80GB", "NVIDIA Graphics Device"))
-    with pytest.raises(MalformedFile, match=r"all_reduce_perf\.txt:6: GPU 'NVIDIA Graphics Device' is not in the hardware catalog; pass --device"):
+    with pytest.raises(
+        MalformedFile,
+        match=r"all_reduce_perf\.txt:6: GPU 'NVIDIA Graphics Device' is not in the hardware catalog; pass --device",
+    ):
         replay(path, ReplayOptions())
     assert {r["device"] for r in replay(path, ReplayOptions(device="A100-SXM4-80GB")).rows} == {"A100-SXM4-80GB"}
 
@@ -198,14 +231,23 @@ def test_repeated_runs_give_median_and_quantiles(tmp_path):
 
 def test_other_types_and_binaries_are_skipped(tmp_path):
     path = tmp_path / "all_reduce_perf.txt"
-    path.write_text(ALL_REDUCE.read_text().replace("     float     sum", "    double     sum", 3)
-                    .replace("     float     sum", "     float    prod", 2))
+    path.write_text(
+        ALL_REDUCE.read_text()
+        .replace("     float     sum", "    double     sum", 3)
+        .replace("     float     sum", "     float    prod", 2)
+    )
     result = replay(path, ReplayOptions())
     assert len(result.rows) == 20
-    assert dict(result.skipped) == {"all_reduce: type double (opcast tracks float, half, bfloat16)": 3,
-                                    "all_reduce: redop prod (opcast models sum)": 2}
+    assert dict(result.skipped) == {
+        "all_reduce: type double (opcast tracks float, half, bfloat16)": 3,
+        "all_reduce: redop prod (opcast models sum)": 2,
+    }
     gather = tmp_path / "gather_perf.txt"
-    gather.write_text(ALL_REDUCE.read_text().replace("Collective test starting: all_reduce_perf", "Collective test starting: gather_perf"))
+    gather.write_text(
+        ALL_REDUCE.read_text().replace(
+            "Collective test starting: all_reduce_perf", "Collective test starting: gather_perf"
+        )
+    )
     assert replay(gather, ReplayOptions()).skipped == {"gather_perf: no opcast collective for it": 25}
 
 
@@ -246,7 +288,8 @@ def test_old_output_without_group_root_and_wrong_columns(tmp_path):
     result = replay(path, ReplayOptions())
     assert len(result.rows) == 4 and not result.skipped
     assert {(r["device"], r["world_size"], r["nodes"], r["gpus_per_node"], r["n_reps"]) for r in result.rows} == {
-        ("V100-SXM2-32GB", 4, 1, 4, 20)}
+        ("V100-SXM2-32GB", 4, 1, 4, 20)
+    }
     row = _row(result.rows, 262144)
     assert row["time_s_median"] == 27.60 / 1e6
     assert row["busbw_gbps"] == pytest.approx(14.25, abs=0.005)  # factor 2 x 3/4

@@ -49,7 +49,12 @@ def _source_counts(dataset: Path) -> tuple[int, int, int]:
         if "dims" in path.relative_to(dataset).parts:
             continue
         frame = pd.read_csv(path, usecols=lambda c: c in wanted)
-        if path.relative_to(dataset).as_posix() in ("train/elem.csv", "train/ln.csv", "train/softmax.csv", "test/vec.csv"):
+        if path.relative_to(dataset).as_posix() in (
+            "train/elem.csv",
+            "train/ln.csv",
+            "train/softmax.csv",
+            "test/vec.csv",
+        ):
             merged += len(frame)
         frames.append(frame)
     df = pd.concat(frames, ignore_index=True)
@@ -59,19 +64,28 @@ def _source_counts(dataset: Path) -> tuple[int, int, int]:
     rowwise = df["OPName"].isin(["ln", "softmax"])
     ew = ~gemm & ~rowwise
     fn = df["OPName"].str.replace(r"^(add|mul|div|pow)u$", r"\1_scalar", regex=True)
-    keys = pd.DataFrame({
-        "device": device,
-        "kind": fn.where(ew, df["OPName"].where(~gemm, "gemm")),
-        "b": df["B"].where(gemm & ~linear, 1).where(gemm, 0),
-        "m": (df["B"] * df["M"]).where(linear, df["M"]).where(gemm, 0),
-        "n": df["K"].where(gemm, 0), "k": df["N"].where(gemm, 0),
-        "rows": df["B"].where(rowwise, 0), "cols": df["H"].where(rowwise, 0),
-        "numel": (df["B"] * df["H"]).where(ew, 0),
-    }).fillna(0).astype({c: "int64" for c in ("b", "m", "n", "k", "rows", "cols", "numel")})
+    keys = (
+        pd.DataFrame(
+            {
+                "device": device,
+                "kind": fn.where(ew, df["OPName"].where(~gemm, "gemm")),
+                "b": df["B"].where(gemm & ~linear, 1).where(gemm, 0),
+                "m": (df["B"] * df["M"]).where(linear, df["M"]).where(gemm, 0),
+                "n": df["K"].where(gemm, 0),
+                "k": df["N"].where(gemm, 0),
+                "rows": df["B"].where(rowwise, 0),
+                "cols": df["H"].where(rowwise, 0),
+                "numel": (df["B"] * df["H"]).where(ew, 0),
+            }
+        )
+        .fillna(0)
+        .astype({c: "int64" for c in ("b", "m", "n", "k", "rows", "cols", "numel")})
+    )
     return len(df), merged, len(keys.drop_duplicates())
 
 
 # --------------------------------------------------------------------------- published data
+
 
 def test_counts_are_exact(replayed, published: Path) -> None:
     summary = replayed["summary"]
@@ -86,9 +100,12 @@ def test_counts_are_exact(replayed, published: Path) -> None:
     labels = sorted((published / ASPLOS / "label").glob("*/*.json"))
     fusion = [p for p in labels if p.stem.endswith("-fusion")]
     assert summary.runs_written == len(labels) - len(fusion) == RUNS_WRITTEN
-    assert summary.skipped["label run: torch.compile ('-fusion') run; the runs table has no compile flag"] == len(fusion)
+    assert summary.skipped["label run: torch.compile ('-fusion') run; the runs table has no compile flag"] == len(
+        fusion
+    )
     assert summary.files == len(labels) - len(fusion) + len(list((published / ASPLOS / "label").glob("*/*.csv"))) + sum(
-        1 for p in (published / ASPLOS / "data" / "dataset").rglob("*.csv") if "dims" not in p.parts)
+        1 for p in (published / ASPLOS / "data" / "dataset").rglob("*.csv") if "dims" not in p.parts
+    )
 
 
 def _one(ops: pd.DataFrame, **where: object) -> pd.Series:
@@ -112,12 +129,16 @@ def test_bmm_row(replayed, published: Path) -> None:
     assert (row["dtype"], row["direction"], bool(row["tensor_cores"])) == ("fp32", "fwd", False)
     assert (row["kernel_name"], row["grid"], row["block"]) == ("volta_sgemm_64x64_nn", "1,1,13", "64,1,1")
     assert row["source_file"] == "scripts/asplos/data/dataset/train/collect/bmm/p2.1.0/Tesla T4.csv"
-    assert (row["timing_method"], row["torch_version"], row["cuda_version"]) == ("replay:neusight:mean_fastest5", "2.1.0", "12.1")
+    assert (row["timing_method"], row["torch_version"], row["cuda_version"]) == (
+        "replay:neusight:mean_fastest5",
+        "2.1.0",
+        "12.1",
+    )
     assert row["source"] == "replay:neusight"
 
 
 def test_linear_row(replayed, published: Path) -> None:
-    # linear,20.197440338134765,Tesla V100-PCIE-32GB,...,volta_sgemm_128x128_tn,...,8,256,1,256,1,1,cu121,,1,32768,4096,1024
+    # linear,20.197440338134765,Tesla V100-PCIE-32GB,...,volta_sgemm_128x128_tn,...,8,256,1,256,1,1,cu121,,1,32768,4096,1024  # noqa: E501 (a verbatim line of the file)
     path = published / ASPLOS / "data/dataset/test/linear.csv"
     assert _line(path, 3).startswith("linear,20.197440338134765,Tesla V100-PCIE-32GB,")
     assert _line(path, 3).endswith(",1,32768,4096,1024")
@@ -146,9 +167,15 @@ def test_label_runs(replayed, published: Path) -> None:
     assert len(runs) == RUNS_WRITTEN and set(runs["device"]) == GPUS
     assert set(runs["source"]) == {"replay:neusight"} and set(runs["dtype"]) == {"fp32"}
     run = runs[runs["source_file"] == "scripts/asplos/label/Tesla_V100-PCIE-32GB/bert_large-train-512-8.json"].iloc[0]
-    # {"num_layer": 24, "e2e_latency": 841.1236450195313, "fw_latency": 298.737451171875, "bwall_latency": 542.3861938476563}
+    # {"num_layer": 24, "e2e_latency": 841.1236450195313, "fw_latency": 298.737451171875, "bwall_latency": 542.3861938476563}  # noqa: E501 (a verbatim line of the file)
     assert (run["device"], run["model"], run["mode"], run["batch"], run["seq"], run["num_layers"]) == (
-        "V100-PCIe-32GB", "bert_large", "train", 8, 512, 24)
+        "V100-PCIe-32GB",
+        "bert_large",
+        "train",
+        8,
+        512,
+        24,
+    )
     assert pd.isna(run["arch"])
     assert run["total_s"] == 841.1236450195313 / 1e3
     assert run["fwd_s"] == 298.737451171875 / 1e3
@@ -164,7 +191,12 @@ def test_label_runs(replayed, published: Path) -> None:
     assert dense["acc_s"] == 0.0714688017964363 / 1e3
 
     inf = runs[runs["source_file"] == "scripts/asplos/label/Tesla_V100-PCIE-32GB/gpt3_27-inf-2048-2.json"].iloc[0]
-    assert (inf["arch"], inf["mode"], inf["num_layers"], inf["fwd_s"]) == ("gpt3-2.7b", "inf", 32, 2292.841650390625 / 1e3)
+    assert (inf["arch"], inf["mode"], inf["num_layers"], inf["fwd_s"]) == (
+        "gpt3-2.7b",
+        "inf",
+        32,
+        2292.841650390625 / 1e3,
+    )
     assert pd.isna(inf["bwd_s"])
     switch = runs[runs["model"] == "switchxl4"]
     assert len(switch) and switch["num_layers"].isna().all() and switch["ops_json"].isna().all()
@@ -181,10 +213,14 @@ def test_dataset_reads_back(replayed) -> None:
 
 # --------------------------------------------------------------------------- fixtures
 
-HEADER_MM = ("OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,Blocks per SM,"
-             "Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,Kernels,B,M,N,K")
-HEADER_VEC = ("OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,Blocks per SM,"
-              "Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,B,H")
+HEADER_MM = (
+    "OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,Blocks per SM,"
+    "Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,Kernels,B,M,N,K"
+)
+HEADER_VEC = (
+    "OPName,Latency,Device,Torch Version,CUDNN Version,Kernel Name,Warps per SM,Blocks per SM,"
+    "Grid x,Grid y,Grid z,Block x,Block y,Block z,CUDA Version,B,H"
+)
 
 
 def _write(root: Path, relative: str, text: str) -> Path:
@@ -196,29 +232,58 @@ def _write(root: Path, relative: str, text: str) -> Path:
 
 def _checkout(root: Path) -> Path:
     data = "scripts/asplos/data/dataset"
-    _write(root, f"{data}/train/collect/bmm/p2.1.0/Tesla T4.csv", HEADER_MM + "\n"
-           "bmm,0.5,Tesla T4,p2.1.0,8902,k1,1,1,2,3,4,64,1,1,cu121,;k1,4,8,16,32\n"
-           "bmm,0.7,Tesla T4,p2.1.0,8902,k1,1,1,2,3,4,64,1,1,cu121,;k1,4,8,16,32\n")  # repeat in one file
-    _write(root, f"{data}/train/collect/linear/p2.1.0/Tesla T4.csv", HEADER_MM + "\n"
-           "linear,1.25,Tesla T4,p2.1.0,8902,k2,1,1,1,1,1,128,1,1,cu121,;k2,2,8,16,32\n"
-           "conv,1.0,Tesla T4,p2.1.0,8902,k3,1,1,1,1,1,128,1,1,cu121,;k3,2,8,16,32\n"
-           "linear,1.0,NVIDIA Z9000,p2.1.0,8902,k2,1,1,1,1,1,128,1,1,cu121,;k2,2,8,16,32\n")
-    _write(root, f"{data}/train/collect/mulu/p2.1.0/Tesla P4.csv", HEADER_VEC + "\n"
-           "mulu,0.02,Tesla P4,p2.1.0,8902,k4,1,1,5,1,1,128,1,1,cu121,10,20\n"
-           "mulu,0.03,Tesla P4,p2.1.0,8902,k4,1,1,5,1,1,128,1,1,cu121,20,10\n")  # same numel
-    _write(root, f"{data}/test/vec.csv", HEADER_VEC + "\n"
-           "mulu,0.02,Tesla P4,p2.1.0,8902,k4,1,1,5,1,1,128,1,1,cu121,10,20\n"
-           "softmax,0.04,Tesla P4,p2.1.0,8902,k5,1,1,7,1,1,32,4,1,cu121,7,300\n")
+    _write(
+        root,
+        f"{data}/train/collect/bmm/p2.1.0/Tesla T4.csv",
+        HEADER_MM + "\n"
+        "bmm,0.5,Tesla T4,p2.1.0,8902,k1,1,1,2,3,4,64,1,1,cu121,;k1,4,8,16,32\n"
+        "bmm,0.7,Tesla T4,p2.1.0,8902,k1,1,1,2,3,4,64,1,1,cu121,;k1,4,8,16,32\n",
+    )  # repeat in one file
+    _write(
+        root,
+        f"{data}/train/collect/linear/p2.1.0/Tesla T4.csv",
+        HEADER_MM + "\n"
+        "linear,1.25,Tesla T4,p2.1.0,8902,k2,1,1,1,1,1,128,1,1,cu121,;k2,2,8,16,32\n"
+        "conv,1.0,Tesla T4,p2.1.0,8902,k3,1,1,1,1,1,128,1,1,cu121,;k3,2,8,16,32\n"
+        "linear,1.0,NVIDIA Z9000,p2.1.0,8902,k2,1,1,1,1,1,128,1,1,cu121,;k2,2,8,16,32\n",
+    )
+    _write(
+        root,
+        f"{data}/train/collect/mulu/p2.1.0/Tesla P4.csv",
+        HEADER_VEC + "\n"
+        "mulu,0.02,Tesla P4,p2.1.0,8902,k4,1,1,5,1,1,128,1,1,cu121,10,20\n"
+        "mulu,0.03,Tesla P4,p2.1.0,8902,k4,1,1,5,1,1,128,1,1,cu121,20,10\n",
+    )  # same numel
+    _write(
+        root,
+        f"{data}/test/vec.csv",
+        HEADER_VEC + "\n"
+        "mulu,0.02,Tesla P4,p2.1.0,8902,k4,1,1,5,1,1,128,1,1,cu121,10,20\n"
+        "softmax,0.04,Tesla P4,p2.1.0,8902,k5,1,1,7,1,1,32,4,1,cu121,7,300\n",
+    )
     _write(root, f"{data}/dims/train_bmm.csv", "1;2;3;4\n")
-    _write(root, "scripts/asplos/label/Tesla_T4/gpt2_large-inf-1024-4.json",
-           json.dumps({"num_layer": 36, "e2e_latency": 2505.5, "fw_latency": 2505.5, "bwall_latency": 0}))
-    _write(root, "scripts/asplos/label/Tesla_T4/gpt2_large-train-1024-1.json",
-           json.dumps({"num_layer": 36, "e2e_latency": 30.0, "fw_latency": 10.0, "bwall_latency": 20.0}))
-    _write(root, "scripts/asplos/label/Tesla_T4/gpt2_large-train-1024-1.csv",
-           "op,target,input_shapes,latency,fw_latency,bw_latency,acc_latency,output_shape,dtype,Name\n"
-           "call_module,transformer.h.0.ln_1,\"[[1, 1024, 1280]]\",0.5,0.125,0.25,0.125,\"(1, 1024, 1280)\",torch.float32,ln_1\n")
-    _write(root, "scripts/asplos/label/Tesla_T4/gpt2_large-inf-1024-4-fusion.json",
-           json.dumps({"num_layer": 36, "e2e_latency": 1.0, "fw_latency": 1.0, "bwall_latency": 0}))
+    _write(
+        root,
+        "scripts/asplos/label/Tesla_T4/gpt2_large-inf-1024-4.json",
+        json.dumps({"num_layer": 36, "e2e_latency": 2505.5, "fw_latency": 2505.5, "bwall_latency": 0}),
+    )
+    _write(
+        root,
+        "scripts/asplos/label/Tesla_T4/gpt2_large-train-1024-1.json",
+        json.dumps({"num_layer": 36, "e2e_latency": 30.0, "fw_latency": 10.0, "bwall_latency": 20.0}),
+    )
+    _write(
+        root,
+        "scripts/asplos/label/Tesla_T4/gpt2_large-train-1024-1.csv",
+        "op,target,input_shapes,latency,fw_latency,bw_latency,acc_latency,output_shape,dtype,Name\n"
+        'call_module,transformer.h.0.ln_1,"[[1, 1024, 1280]]",0.5,0.125,0.25,0.125,"(1, 1024, '
+        '1280)",torch.float32,ln_1\n',
+    )
+    _write(
+        root,
+        "scripts/asplos/label/Tesla_T4/gpt2_large-inf-1024-4-fusion.json",
+        json.dumps({"num_layer": 36, "e2e_latency": 1.0, "fw_latency": 1.0, "bwall_latency": 0}),
+    )
     return root
 
 
@@ -230,7 +295,11 @@ def test_fixture_mapping_and_skips(tmp_path: Path) -> None:
     assert (bmm["m"], bmm["n"], bmm["k"], bmm["time_s_median"], bmm["grid"]) == (8, 32, 16, 0.5 / 1e3, "2,3,4")
     linear = next(r for r in result.rows if r["op"] == "gemm" and r["b"] == 1)
     assert (linear["m"], linear["n"], linear["k"], linear["time_s_median"]) == (16, 32, 16, 1.25 / 1e3)
-    assert (rows["elementwise", "mul_scalar"]["numel"], rows["softmax", None]["rows"], rows["softmax", None]["cols"]) == (200, 7, 300)
+    assert (
+        rows["elementwise", "mul_scalar"]["numel"],
+        rows["softmax", None]["rows"],
+        rows["softmax", None]["cols"],
+    ) == (200, 7, 300)
     assert result.skipped == {
         "shape measured again, already read from the same file": 1,
         "shape measured again, already read from another file (NeuSight's merged CSVs)": 1,
@@ -240,11 +309,32 @@ def test_fixture_mapping_and_skips(tmp_path: Path) -> None:
         "label run: torch.compile ('-fusion') run; the runs table has no compile flag": 1,
     }
     inf, train = sorted(result.runs, key=lambda r: r["mode"])
-    assert (inf["mode"], inf["total_s"], inf["bwd_s"], inf["ops_json"], inf["arch"]) == ("inf", 2505.5 / 1e3, None, None, None)
-    assert (train["total_s"], train["fwd_s"], train["bwd_s"], train["batch"], train["seq"]) == (30.0 / 1e3, 10.0 / 1e3, 20.0 / 1e3, 1, 1024)
-    assert json.loads(train["ops_json"]) == [{
-        "name": "ln_1", "op": "call_module", "target": "transformer.h.0.ln_1", "input_shapes": "[[1, 1024, 1280]]",
-        "output_shape": "(1, 1024, 1280)", "fwd_s": 0.125 / 1e3, "bwd_s": 0.25 / 1e3, "acc_s": 0.125 / 1e3}]
+    assert (inf["mode"], inf["total_s"], inf["bwd_s"], inf["ops_json"], inf["arch"]) == (
+        "inf",
+        2505.5 / 1e3,
+        None,
+        None,
+        None,
+    )
+    assert (train["total_s"], train["fwd_s"], train["bwd_s"], train["batch"], train["seq"]) == (
+        30.0 / 1e3,
+        10.0 / 1e3,
+        20.0 / 1e3,
+        1,
+        1024,
+    )
+    assert json.loads(train["ops_json"]) == [
+        {
+            "name": "ln_1",
+            "op": "call_module",
+            "target": "transformer.h.0.ln_1",
+            "input_shapes": "[[1, 1024, 1280]]",
+            "output_shape": "(1, 1024, 1280)",
+            "fwd_s": 0.125 / 1e3,
+            "bwd_s": 0.25 / 1e3,
+            "acc_s": 0.125 / 1e3,
+        }
+    ]
 
 
 def test_other_roots(tmp_path: Path) -> None:
@@ -259,14 +349,21 @@ def test_other_roots(tmp_path: Path) -> None:
         replay(tmp_path / "scripts", ReplayOptions())
 
 
-@pytest.mark.parametrize(("text", "line", "problem"), [
-    (HEADER_MM + "\nbmm,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2,3,4\nbmm,fast,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2,3,5\n",
-     3, "'Latency'"),
-    (HEADER_MM + "\nbmm,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2,3\n", 2, "fields"),
-    (HEADER_MM + "\nbmm,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2.5,3,4\n", 2, "not an integer"),
-    ("Latency,Device,B,H\n0.5,Tesla T4,1,2\n", 1, "OPName"),
-    (HEADER_VEC.replace(",H", "") + "\nadd,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,3\n", 2, "'H'"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "problem"),
+    [
+        (
+            HEADER_MM + "\nbmm,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2,3,4\nbmm,fast,Tesla "
+            "T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2,3,5\n",
+            3,
+            "'Latency'",
+        ),
+        (HEADER_MM + "\nbmm,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2,3\n", 2, "fields"),
+        (HEADER_MM + "\nbmm,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,,1,2.5,3,4\n", 2, "not an integer"),
+        ("Latency,Device,B,H\n0.5,Tesla T4,1,2\n", 1, "OPName"),
+        (HEADER_VEC.replace(",H", "") + "\nadd,0.5,Tesla T4,p2.1.0,8902,k,1,1,1,1,1,1,1,1,cu121,3\n", 2, "'H'"),
+    ],
+)
 def test_malformed_kernel_csv(tmp_path: Path, text: str, line: int, problem: str) -> None:
     path = _write(tmp_path, "scripts/asplos/data/dataset/train/collect/x/p2.1.0/Tesla T4.csv", text)
     with pytest.raises(MalformedFile, match=problem) as err:
@@ -274,11 +371,18 @@ def test_malformed_kernel_csv(tmp_path: Path, text: str, line: int, problem: str
     assert str(err.value).startswith(f"{path}:{line}: ")
 
 
-@pytest.mark.parametrize(("name", "text", "where"), [
-    ("bert_large-inf-512-8.json", '{\n  "num_layer": 24,\n  "e2e_latency": ,\n}', ":3: not valid JSON"),
-    ("bert_large-inf-512-8.json", '{"num_layer": 24, "fw_latency": 1.0, "bwall_latency": 0}', ": 'e2e_latency' is None"),
-    ("bert_large-inf-512-8.json", '[1, 2]', ":1: expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "where"),
+    [
+        ("bert_large-inf-512-8.json", '{\n  "num_layer": 24,\n  "e2e_latency": ,\n}', ":3: not valid JSON"),
+        (
+            "bert_large-inf-512-8.json",
+            '{"num_layer": 24, "fw_latency": 1.0, "bwall_latency": 0}',
+            ": 'e2e_latency' is None",
+        ),
+        ("bert_large-inf-512-8.json", "[1, 2]", ":1: expected a JSON object"),
+    ],
+)
 def test_malformed_label(tmp_path: Path, name: str, text: str, where: str) -> None:
     path = _write(tmp_path, f"scripts/asplos/label/Tesla_T4/{name}", text)
     with pytest.raises(MalformedFile) as err:
@@ -287,10 +391,16 @@ def test_malformed_label(tmp_path: Path, name: str, text: str, where: str) -> No
 
 
 def test_malformed_label_csv(tmp_path: Path) -> None:
-    _write(tmp_path, "scripts/asplos/label/Tesla_T4/bert_large-inf-512-8.json",
-           '{"num_layer": 24, "e2e_latency": 1.0, "fw_latency": 1.0, "bwall_latency": 0}')
-    path = _write(tmp_path, "scripts/asplos/label/Tesla_T4/bert_large-inf-512-8.csv",
-                  "op,Name,fw_latency,bw_latency\ncall_module,dense,0.5,0\ncall_module,dense_1,n/a,0\n")
+    _write(
+        tmp_path,
+        "scripts/asplos/label/Tesla_T4/bert_large-inf-512-8.json",
+        '{"num_layer": 24, "e2e_latency": 1.0, "fw_latency": 1.0, "bwall_latency": 0}',
+    )
+    path = _write(
+        tmp_path,
+        "scripts/asplos/label/Tesla_T4/bert_large-inf-512-8.csv",
+        "op,Name,fw_latency,bw_latency\ncall_module,dense,0.5,0\ncall_module,dense_1,n/a,0\n",
+    )
     with pytest.raises(MalformedFile, match="'fw_latency'") as err:
         replay(tmp_path, ReplayOptions())
     assert str(err.value).startswith(f"{path}:3: ")

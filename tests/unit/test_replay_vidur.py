@@ -9,8 +9,7 @@ import pandas as pd
 import pytest
 
 from opcast.collect.info import summarise
-from opcast.collect.replay import ReplayOptions, run_replay
-from opcast.collect.replay import vidur
+from opcast.collect.replay import ReplayOptions, run_replay, vidur
 from opcast.collect.replay.common import MalformedFile
 from opcast.schema import read_dataset
 
@@ -19,6 +18,7 @@ GEMMS = ("attn_pre_proj", "attn_post_proj", "mlp_up_proj", "mlp_down_proj")
 
 
 # --------------------------------------------------------------------------- the published data
+
 
 @pytest.fixture(scope="module")
 def vidur_root(published) -> Path:
@@ -54,7 +54,10 @@ def _compute_keys(root: Path) -> tuple[int, int, set]:
             "attn_post_proj": ("gemm", {"m": t, "n": df.n_embd, "k": df.n_head * d // tp}),
             "mlp_up_proj": ("gemm", {"m": t, "n": f * (1 + gated.astype(int)), "k": df.n_embd}),
             "mlp_down_proj": ("gemm", {"m": t, "n": df.n_embd, "k": f}),
-            "attn_rope": ("rope", {"tokens": t, "heads": (df.n_head + df.n_kv_head) // tp, "head_dim": d, "impl": "fused"}),
+            "attn_rope": (
+                "rope",
+                {"tokens": t, "heads": (df.n_head + df.n_kv_head) // tp, "head_dim": d, "impl": "fused"},
+            ),
             "mlp_act": ("elementwise", {"numel": t * f, "fn": gated.map({True: "swiglu", False: "gelu"})}),
         }
         for norm in ("input_layernorm", "post_attention_layernorm"):
@@ -88,19 +91,27 @@ def _collective_keys(root: Path) -> tuple[int, int, set]:
             continue
         if "size" in df.columns:
             gpn = df[["num_workers", "devices_per_node"]].min(axis=1)
-            frame = pd.DataFrame({"bytes": df["size"], "world": df.num_workers, "nodes": df.num_workers // gpn,
-                                  "gpn": gpn})
+            frame = pd.DataFrame(
+                {"bytes": df["size"], "world": df.num_workers, "nodes": df.num_workers // gpn, "gpn": gpn}
+            )
         else:
             empty = df.num_tokens == 0
             skipped += int(empty.sum())
             df = df[~empty]
             if path.stem == "all_reduce":
-                frame = pd.DataFrame({"bytes": df.num_tokens * df.n_embd * 2, "world": df.num_workers, "nodes": 1,
-                                      "gpn": df.num_workers})
+                frame = pd.DataFrame(
+                    {"bytes": df.num_tokens * df.n_embd * 2, "world": df.num_workers, "nodes": 1, "gpn": df.num_workers}
+                )
             else:
                 inter = path.stem == "p2p_inter_node"
-                frame = pd.DataFrame({"bytes": df.num_tokens * df.n_embd * 2 // df.num_tensor_parallel_workers,
-                                      "world": 2, "nodes": 2 if inter else 1, "gpn": 1 if inter else 2})
+                frame = pd.DataFrame(
+                    {
+                        "bytes": df.num_tokens * df.n_embd * 2 // df.num_tensor_parallel_workers,
+                        "world": 2,
+                        "nodes": 2 if inter else 1,
+                        "gpn": 1 if inter else 2,
+                    }
+                )
         op = "all_reduce" if path.stem == "all_reduce" else "send_recv"
         keys.update((device, op, *row) for row in frame.itertuples(index=False))
     return rows, skipped, keys
@@ -113,8 +124,12 @@ def test_counts_match_the_source(vidur_root, replayed):
     assert summary.files == 14 + 5 + 10
     own = {k: v for k, v in summary.skipped.items() if k != "duplicate" and "already read from" not in k}
     assert sum(own.values()) == compute_skips + coll_skips
-    assert own == {vidur.REPLICATED: 31698, vidur.PARALLEL_ADD: 522, vidur.ALL_GATHER: 9558 * 2 + 9503,
-                   vidur.EMPTY_MESSAGE: 147}
+    assert own == {
+        vidur.REPLICATED: 31698,
+        vidur.PARALLEL_ADD: 522,
+        vidur.ALL_GATHER: 9558 * 2 + 9503,
+        vidur.EMPTY_MESSAGE: 147,
+    }
     collided = sum(v for k, v in summary.skipped.items() if "already read from" in k)
     assert summary.rows_read + sum(own.values()) + collided == cells + coll_rows
     # Every distinct configuration is written once; everything else is a counted duplicate.
@@ -175,10 +190,22 @@ def test_dataset_reads_back_with_every_gpu_and_op(replayed):
 
 # --------------------------------------------------------------------------- hand-written files
 
-MLP_HEADER = ["time_stats.emb.median", "time_stats.attn_pre_proj.median", "time_stats.input_layernorm.median",
-              "time_stats.mlp_up_proj.median", "time_stats.mlp_act.median", "time_stats.attn_kv_cache_save.median",
-              "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "vocab_size", "use_gated_mlp", "num_tokens",
-              "num_tensor_parallel_workers"]
+MLP_HEADER = [
+    "time_stats.emb.median",
+    "time_stats.attn_pre_proj.median",
+    "time_stats.input_layernorm.median",
+    "time_stats.mlp_up_proj.median",
+    "time_stats.mlp_act.median",
+    "time_stats.attn_kv_cache_save.median",
+    "n_head",
+    "n_kv_head",
+    "n_embd",
+    "n_expanded_embd",
+    "vocab_size",
+    "use_gated_mlp",
+    "num_tokens",
+    "num_tensor_parallel_workers",
+]
 
 
 def _write(root: Path, rel: str, lines: list[str]) -> Path:
@@ -193,8 +220,11 @@ def _mlp(root: Path, *rows: str, model: str = "acme/tiny") -> Path:
 
 
 def test_small_mlp_file_mapping(tmp_path):
-    _mlp(tmp_path, "0.1,0.2,0.3,0.4,0.5,0.6,8,2,512,1024,1000,True,16,2",
-         "0.1,0.2,0.3,0.4,0.5,0.6,8,8,512,1024,1000,False,32,1")
+    _mlp(
+        tmp_path,
+        "0.1,0.2,0.3,0.4,0.5,0.6,8,2,512,1024,1000,True,16,2",
+        "0.1,0.2,0.3,0.4,0.5,0.6,8,8,512,1024,1000,False,32,1",
+    )
     result = vidur.replay(tmp_path, ReplayOptions())
     assert result.files == 1
     params = ("b", "m", "n", "k", "tokens", "vocab", "hidden", "numel", "fn")
@@ -211,8 +241,13 @@ def test_small_mlp_file_mapping(tmp_path):
         ("gemm", 1, 32, 1024, 512, None, None, None, None, None): 0.4 / 1e3,
         ("elementwise", None, None, None, None, None, None, None, 32 * 1024, "gelu"): 0.5 / 1e3,
     }
-    assert all(r["dtype"] == "fp16" and r["direction"] == "fwd" and r["device"] == "A40"
-               and r["source_file"] == "data/profiling/compute/a40/acme/tiny/mlp.csv" for r in result.rows)
+    assert all(
+        r["dtype"] == "fp16"
+        and r["direction"] == "fwd"
+        and r["device"] == "A40"
+        and r["source_file"] == "data/profiling/compute/a40/acme/tiny/mlp.csv"
+        for r in result.rows
+    )
     assert result.skipped == {
         "vidur input_layernorm: block structure of acme/tiny unknown (not in vidur._MODELS)": 2,
         "vidur mlp.csv: unmapped column time_stats.attn_kv_cache_save": 2,
@@ -220,12 +255,16 @@ def test_small_mlp_file_mapping(tmp_path):
 
 
 def test_small_network_file(tmp_path):
-    _write(tmp_path, "data/profiling/network/a40_pairwise_nvlink/all_reduce.csv", [
-        ",time_stats.all_reduce.min,time_stats.all_reduce.max,time_stats.all_reduce.mean,time_stats.all_reduce.median,"
-        "time_stats.all_reduce.std,rank,num_workers,size,collective,devices_per_node,max_devices_per_node",
-        "0,0.1,0.3,0.2,0.2,0.1,0,4,4000000,all_reduce,2,8",
-        "1,0.1,0.3,0.2,0.25,0.1,0,2,4000000,all_reduce,4,8",
-    ])
+    _write(
+        tmp_path,
+        "data/profiling/network/a40_pairwise_nvlink/all_reduce.csv",
+        [
+            ",time_stats.all_reduce.min,time_stats.all_reduce.max,time_stats.all_reduce.mean,time_stats.all_reduce.median,"
+            "time_stats.all_reduce.std,rank,num_workers,size,collective,devices_per_node,max_devices_per_node",
+            "0,0.1,0.3,0.2,0.2,0.1,0,4,4000000,all_reduce,2,8",
+            "1,0.1,0.3,0.2,0.25,0.1,0,2,4000000,all_reduce,4,8",
+        ],
+    )
     rows = vidur.replay(tmp_path, ReplayOptions()).rows
     assert [(r["world_size"], r["nodes"], r["gpus_per_node"]) for r in rows] == [(4, 2, 2), (2, 1, 2)]
     assert rows[0]["algbw_gbps"] == pytest.approx(4000000 / 0.2e-3 / 1e9)
@@ -234,8 +273,11 @@ def test_small_network_file(tmp_path):
 
 
 def test_non_numeric_time_names_file_and_line(tmp_path):
-    path = _mlp(tmp_path, "0.1,0.2,0.3,0.4,0.5,0.6,8,2,512,1024,1000,True,16,2",
-                "0.1,fast,0.3,0.4,0.5,0.6,8,2,512,1024,1000,True,32,2")
+    path = _mlp(
+        tmp_path,
+        "0.1,0.2,0.3,0.4,0.5,0.6,8,2,512,1024,1000,True,16,2",
+        "0.1,fast,0.3,0.4,0.5,0.6,8,2,512,1024,1000,True,32,2",
+    )
     with pytest.raises(MalformedFile, match=rf"{path}:3: column 'time_stats.attn_pre_proj.median'"):
         vidur.replay(tmp_path, ReplayOptions())
 
@@ -247,8 +289,7 @@ def test_ragged_line_names_file_and_line(tmp_path):
 
 
 def test_missing_column_names_file_and_line(tmp_path):
-    path = _write(tmp_path, "data/profiling/compute/a100/acme/tiny/mlp.csv",
-                  ["time_stats.emb.median,n_head", "0.1,8"])
+    path = _write(tmp_path, "data/profiling/compute/a100/acme/tiny/mlp.csv", ["time_stats.emb.median,n_head", "0.1,8"])
     with pytest.raises(MalformedFile, match=rf"{path}:1: header lacks column\(s\) n_kv_head"):
         vidur.replay(tmp_path, ReplayOptions())
 
@@ -265,7 +306,10 @@ def test_bad_boolean_and_bad_size(tmp_path):
     with pytest.raises(MalformedFile, match=rf"{path}:2: column 'use_gated_mlp'"):
         vidur.replay(tmp_path, ReplayOptions())
     path.unlink()
-    net = _write(tmp_path, "data/profiling/network/a100_dgx/send_recv.csv", [
-        ",time_stats.send_recv.median,num_workers,size,devices_per_node", "0,0.1,2,12.5,1"])
+    net = _write(
+        tmp_path,
+        "data/profiling/network/a100_dgx/send_recv.csv",
+        [",time_stats.send_recv.median,num_workers,size,devices_per_node", "0,0.1,2,12.5,1"],
+    )
     with pytest.raises(MalformedFile, match=rf"{net}:2: column 'size' is '12.5', not a non-negative integer"):
         vidur.replay(tmp_path, ReplayOptions())

@@ -11,11 +11,24 @@ from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.ops import get_op
 
-OPS = ("gemm", "attention", "layernorm", "rmsnorm", "softmax", "elementwise", "embedding", "cross_entropy", "rope", "optimizer")
+OPS = (
+    "gemm",
+    "attention",
+    "layernorm",
+    "rmsnorm",
+    "softmax",
+    "elementwise",
+    "embedding",
+    "cross_entropy",
+    "rope",
+    "optimizer",
+)
 
 
 def _limits(max_point_s=1.0, max_bytes=40e9, device_type="cuda"):
-    return DeviceLimits(spec=get_device("A100-SXM4-80GB"), device_type=device_type, max_point_s=max_point_s, max_bytes=max_bytes)
+    return DeviceLimits(
+        spec=get_device("A100-SXM4-80GB"), device_type=device_type, max_point_s=max_point_s, max_bytes=max_bytes
+    )
 
 
 def test_same_seed_same_plan_other_seed_other_plan():
@@ -88,7 +101,9 @@ def test_infeasible_points_are_skipped_with_reasons():
 
 
 def test_arch_shapes_join_the_plan():
-    plan = make_plan(ops=("gemm",), dtypes=("bf16",), limits=_limits(), per_stratum=1, archs=("llama2-7b",), tp_degrees=(1, 2))
+    plan = make_plan(
+        ops=("gemm",), dtypes=("bf16",), limits=_limits(), per_stratum=1, archs=("llama2-7b",), tp_degrees=(1, 2)
+    )
     arch = [p for p in plan.points if p.stratum == "arch"]
     shapes = {(p.params["m"], p.params["n"], p.params["k"]) for p in arch}
     assert (4096, 3 * 4096, 4096) in shapes  # fused QKV, tp=1, batch 1 x seq 4096

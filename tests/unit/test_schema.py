@@ -7,18 +7,62 @@ import pyarrow.parquet as pq
 import pytest
 
 from opcast.errors import OpcastError
-from opcast.schema import (SCHEMA_VERSION, VERSION_KEY, dataset_schema, point_id, read_dataset, read_table,
-                           required_columns, row_params, to_table, write_parquet)
+from opcast.schema import (
+    SCHEMA_VERSION,
+    VERSION_KEY,
+    dataset_schema,
+    point_id,
+    read_dataset,
+    read_table,
+    required_columns,
+    row_params,
+    to_table,
+    write_parquet,
+)
 
 
 def _rows():
-    base = dict(run_id="r1", source="bench", device="cpu-test", timing_method="perf_counter", dtype="fp32", direction="fwd")
+    base = dict(
+        run_id="r1", source="bench", device="cpu-test", timing_method="perf_counter", dtype="fp32", direction="fwd"
+    )
     return [
-        {**base, "op": "gemm", "b": 1, "m": 64, "n": 128, "k": 256, "time_s_median": 1e-4, "time_s_p20": 9e-5, "time_s_p80": 2e-4, "n_reps": 7},
-        {**base, "op": "attention", "batch": 2, "heads": 8, "kv_heads": 2, "seq_q": 128, "seq_kv": 128, "head_dim": 64,
-         "causal": True, "impl": "sdpa", "time_s_median": 3e-4},
-        {**base, "op": "all_reduce", "bytes": 4096, "world_size": 2, "nodes": 1, "gpus_per_node": 2, "time_s_median": 5e-5,
-         "algbw_gbps": 0.08, "busbw_gbps": 0.08, "source": "comm"},
+        {
+            **base,
+            "op": "gemm",
+            "b": 1,
+            "m": 64,
+            "n": 128,
+            "k": 256,
+            "time_s_median": 1e-4,
+            "time_s_p20": 9e-5,
+            "time_s_p80": 2e-4,
+            "n_reps": 7,
+        },
+        {
+            **base,
+            "op": "attention",
+            "batch": 2,
+            "heads": 8,
+            "kv_heads": 2,
+            "seq_q": 128,
+            "seq_kv": 128,
+            "head_dim": 64,
+            "causal": True,
+            "impl": "sdpa",
+            "time_s_median": 3e-4,
+        },
+        {
+            **base,
+            "op": "all_reduce",
+            "bytes": 4096,
+            "world_size": 2,
+            "nodes": 1,
+            "gpus_per_node": 2,
+            "time_s_median": 5e-5,
+            "algbw_gbps": 0.08,
+            "busbw_gbps": 0.08,
+            "source": "comm",
+        },
     ]
 
 
@@ -69,7 +113,7 @@ def test_corrupt_file_is_named(tmp_path):
 
 def test_foreign_and_future_files_are_refused(tmp_path):
     pq.write_table(pa.table({"x": [1]}), tmp_path / "foreign.parquet")
-    with pytest.raises(OpcastError, match="foreign.parquet has no opcast schema version"):
+    with pytest.raises(OpcastError, match=r"foreign.parquet has no opcast schema version"):
         read_table(tmp_path / "foreign.parquet")
     table = to_table(_rows()).replace_schema_metadata({VERSION_KEY: str(SCHEMA_VERSION + 1).encode()})
     pq.write_table(table, tmp_path / "future.parquet")
@@ -77,7 +121,7 @@ def test_foreign_and_future_files_are_refused(tmp_path):
         read_table(tmp_path / "future.parquet")
     no_time = to_table(_rows()).drop_columns(["time_s_median"])
     pq.write_table(no_time.replace_schema_metadata({VERSION_KEY: b"1"}), tmp_path / "short.parquet")
-    with pytest.raises(OpcastError, match="short.parquet lacks required column"):
+    with pytest.raises(OpcastError, match=r"short.parquet lacks required column"):
         read_table(tmp_path / "short.parquet")
 
 
@@ -85,7 +129,9 @@ def test_foreign_and_future_files_are_refused(tmp_path):
 def test_a_version_that_is_not_a_whole_number_is_named(tmp_path, version):
     table = to_table(_rows()).replace_schema_metadata({VERSION_KEY: version})
     pq.write_table(table, tmp_path / "odd.parquet")
-    with pytest.raises(OpcastError, match="odd.parquet: its opcast.schema_version metadata .* is not a whole number") as err:
+    with pytest.raises(
+        OpcastError, match=r"odd.parquet: its opcast.schema_version metadata .* is not a whole number"
+    ) as err:
         read_dataset(tmp_path)
     assert "\n" not in str(err.value)
 
@@ -122,4 +168,6 @@ def test_missing_dataset_path(tmp_path):
 
 
 def test_required_columns_cover_provenance_and_timing():
-    assert {"run_id", "source", "device", "op", "dtype", "direction", "time_s_median", "timing_method"} <= set(required_columns())
+    assert {"run_id", "source", "device", "op", "dtype", "direction", "time_s_median", "timing_method"} <= set(
+        required_columns()
+    )

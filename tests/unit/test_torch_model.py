@@ -13,12 +13,46 @@ from opcast.archs import ArchSpec, padded_vocab  # noqa: E402
 from opcast.errors import OpcastError  # noqa: E402
 from opcast.predict.torch_model import build_model, check_arch, count_params  # noqa: E402
 
-GPT = ArchSpec(name="tiny-gpt2", family="gpt2", n_layers=2, hidden=64, n_heads=4, n_kv_heads=4, head_dim=16,
-               ffn_hidden=256, vocab=1000, max_seq=128, norm="layernorm", activation="gelu", gated_mlp=False,
-               position="learned", tied_embeddings=True, linear_bias=True, parallel_residual=False, source="test")
-LLAMA = ArchSpec(name="tiny-llama", family="llama", n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, head_dim=16,
-                 ffn_hidden=160, vocab=999, max_seq=512, norm="rmsnorm", activation="silu", gated_mlp=True,
-                 position="rope", tied_embeddings=False, linear_bias=False, parallel_residual=False, source="test")
+GPT = ArchSpec(
+    name="tiny-gpt2",
+    family="gpt2",
+    n_layers=2,
+    hidden=64,
+    n_heads=4,
+    n_kv_heads=4,
+    head_dim=16,
+    ffn_hidden=256,
+    vocab=1000,
+    max_seq=128,
+    norm="layernorm",
+    activation="gelu",
+    gated_mlp=False,
+    position="learned",
+    tied_embeddings=True,
+    linear_bias=True,
+    parallel_residual=False,
+    source="test",
+)
+LLAMA = ArchSpec(
+    name="tiny-llama",
+    family="llama",
+    n_layers=3,
+    hidden=64,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=16,
+    ffn_hidden=160,
+    vocab=999,
+    max_seq=512,
+    norm="rmsnorm",
+    activation="silu",
+    gated_mlp=True,
+    position="rope",
+    tied_embeddings=False,
+    linear_bias=False,
+    parallel_residual=False,
+    source="test",
+)
 NEOX = replace(GPT, name="tiny-neox", family="gpt_neox", position="rope", tied_embeddings=False, parallel_residual=True)
 
 

@@ -67,11 +67,23 @@ def test_round_trip_predicts_the_same(fitted, model_dir):
 def test_uncovered_rows_are_nan_and_mixed_kinds_are_batched(fitted, model_dir):
     _, devices, _ = fitted
     ms = load_model_set(model_dir)
-    q = pd.DataFrame([
-        {"op": "gemm", "dtype": "fp16", "direction": "fwd", "tensor_cores": None, "b": 1, "m": 512, "n": 512, "k": 512},
-        {"op": "softmax", "dtype": "fp16", "direction": "fwd", "tensor_cores": None, "rows": 8, "cols": 512},
-        {"op": "layernorm", "dtype": "bf16", "direction": "fwd", "tensor_cores": None, "rows": 8, "cols": 512},
-    ], index=[10, 10, 3])  # a repeated, unordered index must not matter
+    q = pd.DataFrame(
+        [
+            {
+                "op": "gemm",
+                "dtype": "fp16",
+                "direction": "fwd",
+                "tensor_cores": None,
+                "b": 1,
+                "m": 512,
+                "n": 512,
+                "k": 512,
+            },
+            {"op": "softmax", "dtype": "fp16", "direction": "fwd", "tensor_cores": None, "rows": 8, "cols": 512},
+            {"op": "layernorm", "dtype": "bf16", "direction": "fwd", "tensor_cores": None, "rows": 8, "cols": 512},
+        ],
+        index=[10, 10, 3],
+    )  # a repeated, unordered index must not matter
     got = ms.predict_s(q, devices["fake-0"])
     assert np.isfinite(got[0]) and np.isnan(got[1]) and np.isfinite(got[2]) and got[0] > 0
 
@@ -107,7 +119,7 @@ def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir,
         load_model_set(fresh)
     monkeypatch.undo()
     monkeypatch.setattr(artifacts, "library_versions", lambda: {"xgboost": "1.7.0", "torch": "2.0"})
-    with pytest.raises(OpcastError, match="fitted with xgboost .* but 1.7.0 is installed"):
+    with pytest.raises(OpcastError, match=r"fitted with xgboost .* but 1.7.0 is installed"):
         load_model_set(fresh)
 
 
@@ -179,7 +191,9 @@ def test_default_models_path_is_models_default():
 
 def test_the_embedded_default_loads_and_predicts_sanely():
     if not (default_models_path() / "meta.json").is_file():
-        pytest.skip(f"no embedded default at {default_models_path()} (re-make it: bash benchmarks/train_default_models.sh)")
+        pytest.skip(
+            f"no embedded default at {default_models_path()} (re-make it: bash benchmarks/train_default_models.sh)"
+        )
     from opcast.hardware import get_device
     from opcast.train.features import features
 
@@ -187,8 +201,12 @@ def test_the_embedded_default_loads_and_predicts_sanely():
     assert ms.name == "default" and ms.covers("gemm", "bf16", "fwd") and ms.covers("gemm", "fp32", "fwd")
     assert ms.meta["datasets"] and all(d["sha256"] for d in ms.meta["datasets"])
     h100 = get_device("H100-SXM")
-    q = pd.DataFrame([{"op": "gemm", "dtype": "bf16", "direction": d, "b": 1, "m": 8192, "n": 8192, "k": 8192}
-                      for d in ("fwd", "bwd")])
+    q = pd.DataFrame(
+        [
+            {"op": "gemm", "dtype": "bf16", "direction": d, "b": 1, "m": 8192, "n": 8192, "k": 8192}
+            for d in ("fwd", "bwd")
+        ]
+    )
     pred = ms.predict_s(q, h100)
     roof = features(q, h100)["t_roof_s"].to_numpy()
     assert np.all(pred > 0.9 * roof) and np.all(pred < 5 * roof), (pred, roof)  # near the roofline, never 5x off

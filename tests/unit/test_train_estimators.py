@@ -13,7 +13,7 @@ from opcast.train.splits import shape_groups
 from opcast.train.synthetic import fake_devices, synthetic_dataset
 
 TOLERANCE_PCT = 5.0  # the acceptance: held-out-device MAPE within 5 %
-HELD = "fake-2"      # the middle of five fake GPUs: an interpolation in specs, never seen in training
+HELD = "fake-2"  # the middle of five fake GPUs: an interpolation in specs, never seen in training
 FAST = {"xgb": {"n_estimators": 300}, "tile-mlp": {"epochs": 120, "patience": 30, "hidden": (64, 64)}}
 
 
@@ -79,7 +79,9 @@ def test_a_sweep_running_at_a_third_of_its_twin_is_left_out_and_named(synthetic,
     fitted, _, skipped = fit_frame(g, devices, cfg)
     assert skipped["sweep sweeps/second.csv"].startswith(f"{(g['source_file'] == 'sweeps/second.csv').sum()} rows")
     assert fitted["gemm-fwd-half"][1]["rows"] == (g["source_file"] == "sweeps/first.csv").sum()
-    kept, _, skipped = fit_frame(g, devices, FitConfig(estimator="xgb", folds=0, xgb_params=FAST["xgb"], keep_suspect_sweeps=True))
+    kept, _, skipped = fit_frame(
+        g, devices, FitConfig(estimator="xgb", folds=0, xgb_params=FAST["xgb"], keep_suspect_sweeps=True)
+    )
     assert kept["gemm-fwd-half"][1]["rows"] == len(g) and not any(k.startswith("sweep ") for k in skipped)
 
 

@@ -26,11 +26,30 @@ def test_every_kind_declares_features_that_features_computes():
     a100 = get_device("A100-SXM4-80GB")
     rows = [
         {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 4096, "n": 4096, "k": 4096},
-        {"op": "attention", "dtype": "bf16", "direction": "bwd", "batch": 2, "heads": 16, "kv_heads": 16, "seq_q": 2048,
-         "seq_kv": 2048, "head_dim": 128, "causal": True, "impl": "flash"},
+        {
+            "op": "attention",
+            "dtype": "bf16",
+            "direction": "bwd",
+            "batch": 2,
+            "heads": 16,
+            "kv_heads": 16,
+            "seq_q": 2048,
+            "seq_kv": 2048,
+            "head_dim": 128,
+            "causal": True,
+            "impl": "flash",
+        },
         {"op": "layernorm", "dtype": "fp16", "direction": "fwd", "rows": 8192, "cols": 4096},
         {"op": "elementwise", "dtype": "fp32", "direction": "fwd", "numel": 1 << 20, "fn": "gelu"},
-        {"op": "all_reduce", "dtype": "bf16", "direction": "fwd", "bytes": 1 << 26, "world_size": 8, "nodes": 1, "gpus_per_node": 8},
+        {
+            "op": "all_reduce",
+            "dtype": "bf16",
+            "direction": "fwd",
+            "bytes": 1 << 26,
+            "world_size": 8,
+            "nodes": 1,
+            "gpus_per_node": 8,
+        },
     ]
     feats = features(_frame(rows), a100)
     for row, (_, f) in zip(rows, feats.iterrows()):
@@ -42,8 +61,10 @@ def test_every_kind_declares_features_that_features_computes():
 def test_gemm_roofline_uses_the_dtype_aware_peak_and_tile_waves():
     a100 = get_device("A100-SXM4-80GB")
     m = n = k = 8192
-    rows = [{"op": "gemm", "dtype": d, "direction": "fwd", "tensor_cores": tc, "b": 1, "m": m, "n": n, "k": k}
-            for d, tc in (("bf16", None), ("fp32", False), ("fp32", True))]
+    rows = [
+        {"op": "gemm", "dtype": d, "direction": "fwd", "tensor_cores": tc, "b": 1, "m": m, "n": n, "k": k}
+        for d, tc in (("bf16", None), ("fp32", False), ("fp32", True))
+    ]
     f = features(_frame(rows), a100)
     flops = 2.0 * m * n * k
     assert f["t_roof_s"].iloc[0] == pytest.approx(flops / a100.peak_bf16_flops)
@@ -56,9 +77,16 @@ def test_gemm_roofline_uses_the_dtype_aware_peak_and_tile_waves():
 
 def test_bwd_gemm_has_twice_the_work_and_memory_bound_ops_use_bandwidth():
     h100 = get_device("H100-SXM")
-    f = features(_frame([
-        {"op": "gemm", "dtype": "bf16", "direction": d, "b": 1, "m": 1024, "n": 1024, "k": 1024} for d in ("fwd", "bwd")
-    ] + [{"op": "elementwise", "dtype": "bf16", "direction": "fwd", "numel": 1 << 24, "fn": "add"}]), h100)
+    f = features(
+        _frame(
+            [
+                {"op": "gemm", "dtype": "bf16", "direction": d, "b": 1, "m": 1024, "n": 1024, "k": 1024}
+                for d in ("fwd", "bwd")
+            ]
+            + [{"op": "elementwise", "dtype": "bf16", "direction": "fwd", "numel": 1 << 24, "fn": "add"}]
+        ),
+        h100,
+    )
     assert f["flops"].iloc[1] == pytest.approx(2 * f["flops"].iloc[0])
     assert f["t_roof_s"].iloc[2] == pytest.approx(3 * 2 * (1 << 24) / h100.mem_bw_bytes_per_s)
 
@@ -74,8 +102,12 @@ def test_dtype_classes_and_group_keys():
     assert dtype_class("gemm", "fp32", False) == dtype_class("gemm", "fp32") == "fp32"
     assert dtype_class("gemm", "fp32", True) == dtype_class("gemm", "tf32") == "tf32"
     assert dtype_class("layernorm", "fp32", True) == "fp32"  # no tensor cores outside matrix kinds
-    frame = _frame([{"op": "gemm", "dtype": "bf16", "direction": "bwd", "tensor_cores": None},
-                    {"op": "softmax", "dtype": "fp32", "direction": "fwd", "tensor_cores": False}])
+    frame = _frame(
+        [
+            {"op": "gemm", "dtype": "bf16", "direction": "bwd", "tensor_cores": None},
+            {"op": "softmax", "dtype": "fp32", "direction": "fwd", "tensor_cores": False},
+        ]
+    )
     assert group_keys(frame).tolist() == ["gemm-bwd-half", "softmax-fwd-fp32"]
 
 
@@ -87,8 +119,10 @@ def test_tile_mlp_reads_no_absolute_device_specs():
 
 def test_tile_fill_is_the_useful_share_of_the_padded_tiles():
     a100 = get_device("A100-SXM4-80GB")  # 108 SMs
-    rows = [{"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": m, "n": n, "k": 512}
-            for m, n in ((8192, 8192), (8193, 8192), (100, 100))]
+    rows = [
+        {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": m, "n": n, "k": 512}
+        for m, n in ((8192, 8192), (8193, 8192), (100, 100))
+    ]
     rows.append({"op": "gemm", "dtype": "bf16", "direction": "bwd", "b": 1, "m": 8192, "n": 8192, "k": 512})
     f = features(_frame(rows), a100)
     assert f["tile_fill"].iloc[0] == 1.0  # 128x256 tiles divide 8192^2 exactly
@@ -112,8 +146,11 @@ def test_softmax_fill_follows_pytorch_launch_rules():
         ("fp16", 1536, 1536 / 2048),  # 8 halves a vector: 192 / 2 -> 128 threads x 8 = 1024-element chunks
         ("fp16", 1000, 1000 / 1024),
     ]
-    rows = [{"op": "softmax", "dtype": dt, "direction": d, "rows": 4096, "cols": c}
-            for dt, c, _ in cases for d in ("fwd", "bwd")]
+    rows = [
+        {"op": "softmax", "dtype": dt, "direction": d, "rows": 4096, "cols": c}
+        for dt, c, _ in cases
+        for d in ("fwd", "bwd")
+    ]
     got = features(_frame(rows), a100)["tile_fill"].to_numpy()
     want = np.repeat([w for _, _, w in cases], 2)
     np.testing.assert_allclose(got, want)
@@ -124,23 +161,61 @@ def test_array_formulas_match_the_registry_row_by_row():
     from opcast.ops import get_op
     from opcast.train.features import _fill_defaults, _work
 
-    rows = [
-        {"op": "gemm", "dtype": "bf16", "direction": d, "b": b, "m": m, "n": 3 * m + 1, "k": 77}
-        for d in ("fwd", "bwd") for b, m in ((1, 1), (4, 4095), (1, 65536))
-    ] + [
-        {"op": "attention", "dtype": "fp16", "direction": d, "batch": 2, "heads": 16, "kv_heads": 4, "seq_q": sq,
-         "seq_kv": 2048, "head_dim": 128, "causal": c, "impl": impl}
-        for d in ("fwd", "bwd") for sq in (1, 2048) for c in (True, False) for impl in ("flash", "eager")
-    ] + [
-        {"op": "elementwise", "dtype": "fp32", "direction": "fwd", "numel": n, "fn": fn}
-        for n in (1, 12345) for fn in ("add", "gelu", "dropout")
-    ] + [
-        {"op": "rope", "dtype": "bf16", "direction": "fwd", "tokens": 4096, "heads": 40, "head_dim": 128, "impl": impl}
-        for impl in ("fused", "unfused", None)
-    ] + [
-        {"op": "all_reduce", "dtype": "bf16", "direction": "fwd", "bytes": 1 << 26, "world_size": w, "nodes": 1,
-         "gpus_per_node": w} for w in (2, 8)
-    ]
+    rows = (
+        [
+            {"op": "gemm", "dtype": "bf16", "direction": d, "b": b, "m": m, "n": 3 * m + 1, "k": 77}
+            for d in ("fwd", "bwd")
+            for b, m in ((1, 1), (4, 4095), (1, 65536))
+        ]
+        + [
+            {
+                "op": "attention",
+                "dtype": "fp16",
+                "direction": d,
+                "batch": 2,
+                "heads": 16,
+                "kv_heads": 4,
+                "seq_q": sq,
+                "seq_kv": 2048,
+                "head_dim": 128,
+                "causal": c,
+                "impl": impl,
+            }
+            for d in ("fwd", "bwd")
+            for sq in (1, 2048)
+            for c in (True, False)
+            for impl in ("flash", "eager")
+        ]
+        + [
+            {"op": "elementwise", "dtype": "fp32", "direction": "fwd", "numel": n, "fn": fn}
+            for n in (1, 12345)
+            for fn in ("add", "gelu", "dropout")
+        ]
+        + [
+            {
+                "op": "rope",
+                "dtype": "bf16",
+                "direction": "fwd",
+                "tokens": 4096,
+                "heads": 40,
+                "head_dim": 128,
+                "impl": impl,
+            }
+            for impl in ("fused", "unfused", None)
+        ]
+        + [
+            {
+                "op": "all_reduce",
+                "dtype": "bf16",
+                "direction": "fwd",
+                "bytes": 1 << 26,
+                "world_size": w,
+                "nodes": 1,
+                "gpus_per_node": w,
+            }
+            for w in (2, 8)
+        ]
+    )
     frame = _fill_defaults(pd.DataFrame(rows))
     work = _work(frame, 108)
     for i, row in frame.iterrows():

@@ -11,8 +11,16 @@ import pytest
 from opcast.archs import load_arch
 from opcast.errors import OpcastError
 from opcast.predict.calibrate import MAX_POINT_CAP_S, needed_ops
-from opcast.predict.validate import (CHECK_ARCHS, GroupCheck, PhaseCheck, ValidateReport, arch_file, group_times,
-                                     profile_group, resolve_arch)
+from opcast.predict.validate import (
+    CHECK_ARCHS,
+    GroupCheck,
+    PhaseCheck,
+    ValidateReport,
+    arch_file,
+    group_times,
+    profile_group,
+    resolve_arch,
+)
 
 
 def test_check_archs_resolve_and_layers_override():
@@ -23,8 +31,10 @@ def test_check_archs_resolve_and_layers_override():
     assert resolve_arch("gpt3-125m").name == "gpt3-125m"  # presets still resolve
 
 
-@pytest.mark.parametrize("name, layers, match", [("gpt-7", None, "check archs gpt2-124m"), ("gpt2-124m", 0, "--layers"),
-                                                 ("gpt2-124m", True, "--layers")])
+@pytest.mark.parametrize(
+    "name, layers, match",
+    [("gpt-7", None, "check archs gpt2-124m"), ("gpt2-124m", 0, "--layers"), ("gpt2-124m", True, "--layers")],
+)
 def test_bad_arch_inputs_name_the_fix(name, layers, match):
     with pytest.raises(OpcastError, match=match):
         resolve_arch(name, layers)
@@ -35,16 +45,29 @@ def test_arch_file_round_trips_through_load_arch(tmp_path):
     assert load_arch(arch_file(arch, tmp_path)) == arch
 
 
-@pytest.mark.parametrize("name, group", [
-    ("aten::addmm", "gemm"), ("aten::linear", "gemm"), ("aten::bmm", "gemm"),
-    ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
-    ("aten::native_layer_norm_backward", "norm"), ("aten::_fused_rms_norm", "norm"), ("aten::_softmax", "softmax"),
-    ("aten::cross_entropy_loss", "cross_entropy"), ("aten::nll_loss_backward", "cross_entropy"),
-    ("aten::embedding_dense_backward", "embedding"), ("aten::gelu_backward", "elementwise"),
-    ("aten::native_dropout", "elementwise"), ("Optimizer.step#AdamW.step", "optimizer"),
-    ("opcast::optimizer", "optimizer"), ("aten::_fused_adamw_", "optimizer"),
-    ("autograd::engine::evaluate_function: AddmmBackward0", None), ("aten::empty", None), ("AddmmBackward0", None),
-])
+@pytest.mark.parametrize(
+    "name, group",
+    [
+        ("aten::addmm", "gemm"),
+        ("aten::linear", "gemm"),
+        ("aten::bmm", "gemm"),
+        ("aten::_scaled_dot_product_flash_attention_for_cpu_backward", "attention"),
+        ("aten::native_layer_norm_backward", "norm"),
+        ("aten::_fused_rms_norm", "norm"),
+        ("aten::_softmax", "softmax"),
+        ("aten::cross_entropy_loss", "cross_entropy"),
+        ("aten::nll_loss_backward", "cross_entropy"),
+        ("aten::embedding_dense_backward", "embedding"),
+        ("aten::gelu_backward", "elementwise"),
+        ("aten::native_dropout", "elementwise"),
+        ("Optimizer.step#AdamW.step", "optimizer"),
+        ("opcast::optimizer", "optimizer"),
+        ("aten::_fused_adamw_", "optimizer"),
+        ("autograd::engine::evaluate_function: AddmmBackward0", None),
+        ("aten::empty", None),
+        ("AddmmBackward0", None),
+    ],
+)
 def test_profile_groups_of_op_names(name, group):
     assert profile_group(name) == group
 
@@ -77,17 +100,41 @@ def test_group_times_take_the_outermost_recognised_op():
 
 
 def _report(**kw) -> ValidateReport:
-    phases = tuple(PhaseCheck(phase=p, measured_s=1.0, measured_p20_s=0.9, measured_p80_s=1.1, predicted_s=1.1,
-                              predicted_as="iteration_time_s") for p in ("forward", "backward", "optimizer", "total",
-                                                                         "forward_nograd"))
-    base = dict(arch="a", params=10, device="cpu-x", device_type="cpu", precision="fp32", attention="flash", batch=1,
-                seq=8, world_size=1, threads=2, steps=3, warmup=1, models="m", phases=phases)
+    phases = tuple(
+        PhaseCheck(
+            phase=p,
+            measured_s=1.0,
+            measured_p20_s=0.9,
+            measured_p80_s=1.1,
+            predicted_s=1.1,
+            predicted_as="iteration_time_s",
+        )
+        for p in ("forward", "backward", "optimizer", "total", "forward_nograd")
+    )
+    base = dict(
+        arch="a",
+        params=10,
+        device="cpu-x",
+        device_type="cpu",
+        precision="fp32",
+        attention="flash",
+        batch=1,
+        seq=8,
+        world_size=1,
+        threads=2,
+        steps=3,
+        warmup=1,
+        models="m",
+        phases=phases,
+    )
     return ValidateReport(**{**base, **kw})
 
 
 def test_report_errors_interval_and_json_round_trip():
-    r = _report(iteration_time_interval_s=(0.95, 1.2), profile=(GroupCheck(group="gemm", measured_s=0.5, predicted_s=0.6,
-                                                                          predicted_sources="learned 3"),))
+    r = _report(
+        iteration_time_interval_s=(0.95, 1.2),
+        profile=(GroupCheck(group="gemm", measured_s=0.5, predicted_s=0.6, predicted_sources="learned 3"),),
+    )
     assert r.total_error_pct == pytest.approx(10.0)
     assert r.inside_interval is True
     assert _report().inside_interval is None
@@ -99,8 +146,15 @@ def test_report_errors_interval_and_json_round_trip():
 
 def test_calibrate_measures_the_kinds_the_archs_need():
     gpt, llama = CHECK_ARCHS["gpt2-124m"], CHECK_ARCHS["llama-style-125m"]
-    assert set(needed_ops([gpt])) == {"gemm", "attention", "elementwise", "embedding", "cross_entropy", "optimizer",
-                                      "layernorm"}
+    assert set(needed_ops([gpt])) == {
+        "gemm",
+        "attention",
+        "elementwise",
+        "embedding",
+        "cross_entropy",
+        "optimizer",
+        "layernorm",
+    }
     assert {"rmsnorm", "rope"} <= set(needed_ops([gpt, llama])) and "softmax" not in needed_ops([llama])
 
 
@@ -113,8 +167,11 @@ def test_calibrate_point_ceiling_covers_the_arch_shapes(tmp_path):
     spec = get_device("A100-SXM4-80GB")
     path = arch_file(CHECK_ARCHS["gpt2-124m"], tmp_path)
     ceiling = max_point_s([path], ((1, 256),), "fp32", spec, "cuda")
-    worst = max(roofline_s(op, get_op(op).validate(p), "fp32", str(d), spec, "cuda")
-                for op, p in arch_shapes([str(path)], (1,), batch_seq=((1, 256),)) for d in get_op(op).directions(p))
+    worst = max(
+        roofline_s(op, get_op(op).validate(p), "fp32", str(d), spec, "cuda")
+        for op, p in arch_shapes([str(path)], (1,), batch_seq=((1, 256),))
+        for d in get_op(op).directions(p)
+    )
     assert worst <= ceiling <= MAX_POINT_CAP_S and ceiling >= 0.05
 
 
@@ -123,12 +180,21 @@ def test_arch_shapes_can_come_first_with_their_gradient_gemms():
     from opcast.hardware import get_device
 
     limits = DeviceLimits(spec=get_device("H100-SXM"), device_type="cuda", max_point_s=1.0, max_bytes=1e12)
-    kwargs = dict(ops=("gemm", "layernorm"), dtypes=("bf16",), limits=limits, per_stratum=4, archs=("gpt3-125m",),
-                  tp_degrees=(1,), arch_batch_seq=((2, 256),))
+    kwargs = dict(
+        ops=("gemm", "layernorm"),
+        dtypes=("bf16",),
+        limits=limits,
+        per_stratum=4,
+        archs=("gpt3-125m",),
+        tp_degrees=(1,),
+        arch_batch_seq=((2, 256),),
+    )
     plan = make_plan(**kwargs, arch_first=True)
     strata = [p.stratum for p in plan.points]
     n_arch = strata.count("arch")
     assert n_arch and set(strata[:n_arch]) == {"arch"} and "arch" not in strata[n_arch:]
-    gemms = {(p.params["m"], p.params["n"], p.params["k"]) for p in plan.points if p.stratum == "arch" and p.op == "gemm"}
+    gemms = {
+        (p.params["m"], p.params["n"], p.params["k"]) for p in plan.points if p.stratum == "arch" and p.op == "gemm"
+    }
     assert {(512, 2304, 768), (512, 768, 2304), (768, 2304, 512)} <= gemms  # QKV, its dgrad and wgrad
     assert {p.point_id for p in plan.points} == {p.point_id for p in make_plan(**kwargs).points}

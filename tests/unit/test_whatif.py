@@ -42,12 +42,19 @@ THROUGHPUT = ("peak_flops=x2", "mem_bw_bytes_per_s=x2", "intra_node_bw_bytes_per
 bandwidths. Memory size, SMs, L2, clock, lanes and node size stay: the roofline does not read
 the first five (test_learned_only_fields_do_not_move_the_roofline), and the node size is topology."""
 
-SMALL_TRAIN = Workload(kind="train", arch=load_arch("gpt3-350m"),
-                       config=TrainConfig(tp=2, pp=2, dp=4, sp=True, global_batch=32, seq=1024, zero=1,
-                                          overlap_grad_reduce=True), nodes=2, gpus_per_node=8)
-SINGLE_GPU = Workload(kind="train", arch=load_arch("gpt3-125m"), config=TrainConfig(micro_batch=2, global_batch=8, seq=1024))
-SMALL_INFER = Workload(kind="infer", arch=load_arch("llama2-7b"),
-                       config=InferConfig(tp=4, pp=2, batch=8, prompt_len=256, gen_len=32))
+SMALL_TRAIN = Workload(
+    kind="train",
+    arch=load_arch("gpt3-350m"),
+    config=TrainConfig(tp=2, pp=2, dp=4, sp=True, global_batch=32, seq=1024, zero=1, overlap_grad_reduce=True),
+    nodes=2,
+    gpus_per_node=8,
+)
+SINGLE_GPU = Workload(
+    kind="train", arch=load_arch("gpt3-125m"), config=TrainConfig(micro_batch=2, global_batch=8, seq=1024)
+)
+SMALL_INFER = Workload(
+    kind="infer", arch=load_arch("llama2-7b"), config=InferConfig(tp=4, pp=2, batch=8, prompt_len=256, gen_len=32)
+)
 
 
 def _one_line(fn, *args):
@@ -61,13 +68,21 @@ def _one_line(fn, *args):
 @pytest.fixture
 def no_latency(monkeypatch):
     """The NCCL per-step latencies of the alpha-beta model set to zero (bandwidth terms only)."""
-    zero = {name: dataclasses.replace(p, base_ring_s=0.0, base_tree_s=0.0, hop_ring_s=dict.fromkeys(p.hop_ring_s, 0.0),
-                                      hop_tree_s=dict.fromkeys(p.hop_tree_s, 0.0))
-            for name, p in comm._PROTOCOLS.items()}
+    zero = {
+        name: dataclasses.replace(
+            p,
+            base_ring_s=0.0,
+            base_tree_s=0.0,
+            hop_ring_s=dict.fromkeys(p.hop_ring_s, 0.0),
+            hop_tree_s=dict.fromkeys(p.hop_tree_s, 0.0),
+        )
+        for name, p in comm._PROTOCOLS.items()
+    }
     monkeypatch.setattr(comm, "_PROTOCOLS", zero)
 
 
 # --------------------------------------------------------------------------- derived GPUs
+
 
 def test_set_multiplies_sets_and_names_the_derived_gpu():
     d = derive_device(H100, ["mem_bw_bytes_per_s=x2", "peak_bf16_flops=x1.5", "sm_count=100", "tdp_w=900"])
@@ -89,18 +104,21 @@ def test_peak_group_integer_rounding_absolute_null_peak_and_chaining():
     assert chained.mem_bw_bytes_per_s == 4 * H100.mem_bw_bytes_per_s
 
 
-@pytest.mark.parametrize("setting,needles", [
-    ("mem_bw=x2", ["unknown field 'mem_bw'", "did you mean mem_bw_bytes_per_s?", "settable fields"]),
-    ("frequency=x2", ["unknown field 'frequency'", "peak_flops (every peak)"]),
-    ("mem_bw_bytes_per_s=fast", ["'fast' is not a number", "bytes/s"]),
-    ("mem_bw_bytes_per_s=xfast", ["'fast' is not a number", "factor"]),
-    ("mem_bw_bytes_per_s=x0", ["factor of mem_bw_bytes_per_s must be a positive"]),
-    ("mem_bw_bytes_per_s=-8e12", ["value (bytes/s) of mem_bw_bytes_per_s must be a positive"]),
-    ("peak_bf16_flops=x-1", ["factor of peak_bf16_flops must be a positive"]),
-    ("mem_bw_bytes_per_s", ["give FIELD=xFACTOR or FIELD=VALUE"]),
-    ("sm_count=100.5", ["sm_count is a whole number"]),
-    ("peak_flops=1e15", ["peak_flops is a group", "takes a factor only"]),
-])
+@pytest.mark.parametrize(
+    "setting,needles",
+    [
+        ("mem_bw=x2", ["unknown field 'mem_bw'", "did you mean mem_bw_bytes_per_s?", "settable fields"]),
+        ("frequency=x2", ["unknown field 'frequency'", "peak_flops (every peak)"]),
+        ("mem_bw_bytes_per_s=fast", ["'fast' is not a number", "bytes/s"]),
+        ("mem_bw_bytes_per_s=xfast", ["'fast' is not a number", "factor"]),
+        ("mem_bw_bytes_per_s=x0", ["factor of mem_bw_bytes_per_s must be a positive"]),
+        ("mem_bw_bytes_per_s=-8e12", ["value (bytes/s) of mem_bw_bytes_per_s must be a positive"]),
+        ("peak_bf16_flops=x-1", ["factor of peak_bf16_flops must be a positive"]),
+        ("mem_bw_bytes_per_s", ["give FIELD=xFACTOR or FIELD=VALUE"]),
+        ("sm_count=100.5", ["sm_count is a whole number"]),
+        ("peak_flops=1e15", ["peak_flops is a group", "takes a factor only"]),
+    ],
+)
 def test_set_validation_names_the_field_and_the_fix(setting, needles):
     text = _one_line(parse_setting, setting)
     for needle in needles:
@@ -116,6 +134,7 @@ def test_set_refuses_multiplying_a_null_spec_and_setting_twice():
 
 
 # --------------------------------------------------------------------------- exact scaling
+
 
 def test_every_throughput_spec_x2_is_exactly_2x_on_a_single_gpu():
     """One GPU, no collectives: every kernel is roofline-bound, so compute and memory time halve exactly."""
@@ -154,7 +173,9 @@ def test_with_collective_latency_only_the_bandwidth_term_scales():
 
 
 def test_learned_only_fields_do_not_move_the_roofline():
-    other = derive_device(H100, ["sm_count=x2", "l2_bytes=x2", "boost_clock_hz=x2", "fp32_lanes_per_sm=x2", "mem_bytes=x2"])
+    other = derive_device(
+        H100, ["sm_count=x2", "l2_bytes=x2", "boost_clock_hz=x2", "fp32_lanes_per_sm=x2", "mem_bytes=x2"]
+    )
     assert predict(SMALL_TRAIN, other).time_s == predict(SMALL_TRAIN, H100).time_s
 
 
@@ -167,12 +188,29 @@ def test_memory_bandwidth_speeds_up_exactly_the_memory_bound_share_while_nothing
 
 # --------------------------------------------------------------------------- time split
 
-@pytest.mark.parametrize("workload", [
-    SMALL_TRAIN, SMALL_INFER,
-    Workload(kind="train", arch=load_arch("llama2-7b"), config=TrainConfig(tp=2, pp=4, dp=1, global_batch=16, seq=2048,
-                                                                           schedule="interleaved", virtual_stages=2,
-                                                                           recompute="selective")),
-], ids=["train", "infer", "interleaved"])
+
+@pytest.mark.parametrize(
+    "workload",
+    [
+        SMALL_TRAIN,
+        SMALL_INFER,
+        Workload(
+            kind="train",
+            arch=load_arch("llama2-7b"),
+            config=TrainConfig(
+                tp=2,
+                pp=4,
+                dp=1,
+                global_batch=16,
+                seq=2048,
+                schedule="interleaved",
+                virtual_stages=2,
+                recompute="selective",
+            ),
+        ),
+    ],
+    ids=["train", "infer", "interleaved"],
+)
 def test_time_split_and_phases_add_up_to_the_headline_time(workload):
     out = predict(workload, A100)
     split = out.split
@@ -192,12 +230,20 @@ def test_time_split_and_phases_add_up_to_the_headline_time(workload):
 
 # --------------------------------------------------------------------------- explore / compare
 
+
 def test_explore_grid_shape_columns_and_speedups():
     result = explore(SMALL_TRAIN, H100, {"mem_bw_bytes_per_s": (1, 2), "peak_flops": (1, 1.5, 4)})
     frame = result.frame()
     assert frame.shape == (6, 2 + len(EXPLORE_COLUMNS["train"]))
     assert list(frame.columns) == ["x_mem_bw_bytes_per_s", "x_peak_flops", *EXPLORE_COLUMNS["train"]]
-    assert list(zip(frame["x_mem_bw_bytes_per_s"], frame["x_peak_flops"])) == [(1, 1), (1, 1.5), (1, 4), (2, 1), (2, 1.5), (2, 4)]
+    assert list(zip(frame["x_mem_bw_bytes_per_s"], frame["x_peak_flops"])) == [
+        (1, 1),
+        (1, 1.5),
+        (1, 4),
+        (2, 1),
+        (2, 1.5),
+        (2, 4),
+    ]
     assert frame["gpu"][0] == "H100-SXM" and frame["gpu"][5] == "H100-SXM[mem_bw_bytes_per_s=x2,peak_flops=x4]"
     assert frame["speedup"][0] == 1.0 and (frame["speedup"][1:] > 1).all()
     assert frame["speedup"][2] > frame["speedup"][1]  # more compute, faster
@@ -224,22 +270,27 @@ def test_explore_refuses_an_infeasible_base_and_reports_infeasible_points():
     assert "world size" in frame["reasons"][1]
 
 
-@pytest.mark.parametrize("items,needle", [
-    (["mem_bw_bytes_per_s"], "give FIELD=F1,F2"),
-    (["mem_bw_bytes_per_s=1,0"], "must be a positive"),
-    (["membw=1,2"], "unknown field 'membw'"),
-    (["mem_bw_bytes_per_s=1,2", "mem_bw_bytes_per_s=4"], "given twice"),
-    (["mem_bw_bytes_per_s=1,1"], "repeats a factor"),
-    (["peak_flops=1,2", "peak_bf16_flops=1,2"], "already scales"),
-    ([], "at least one --vary"),
-])
+@pytest.mark.parametrize(
+    "items,needle",
+    [
+        (["mem_bw_bytes_per_s"], "give FIELD=F1,F2"),
+        (["mem_bw_bytes_per_s=1,0"], "must be a positive"),
+        (["membw=1,2"], "unknown field 'membw'"),
+        (["mem_bw_bytes_per_s=1,2", "mem_bw_bytes_per_s=4"], "given twice"),
+        (["mem_bw_bytes_per_s=1,1"], "repeats a factor"),
+        (["peak_flops=1,2", "peak_bf16_flops=1,2"], "already scales"),
+        ([], "at least one --vary"),
+    ],
+)
 def test_vary_validation(items, needle):
     assert needle in _one_line(parse_vary, items)
 
 
 def test_vary_accepts_factors_with_or_without_x():
-    assert parse_vary(["mem_bw_bytes_per_s=1,x1.5,2", "peak_flops=x4"]) == {"mem_bw_bytes_per_s": (1.0, 1.5, 2.0),
-                                                                            "peak_flops": (4.0,)}
+    assert parse_vary(["mem_bw_bytes_per_s=1,x1.5,2", "peak_flops=x4"]) == {
+        "mem_bw_bytes_per_s": (1.0, 1.5, 2.0),
+        "peak_flops": (4.0,),
+    }
 
 
 def test_compare_ratios_to_the_first_gpu_per_phase():
@@ -249,7 +300,8 @@ def test_compare_ratios_to_the_first_gpu_per_phase():
     assert (frame["A100-SXM4-80GB_speedup"].dropna() == 1.0).all()
     it = frame.set_index("phase")
     assert it.loc["iteration", "H100-SXM_speedup"] == pytest.approx(
-        it.loc["iteration", "A100-SXM4-80GB_s"] / it.loc["iteration", "H100-SXM_s"])
+        it.loc["iteration", "A100-SXM4-80GB_s"] / it.loc["iteration", "H100-SXM_s"]
+    )
     assert 1 < it.loc["iteration", "H100-SXM_speedup"] < it.loc["iteration", "B200_speedup"]
     assert {"compute:gemm", "tp_comm", "pipeline_bubble"} <= set(frame["phase"])
     assert "needs at least two GPUs" in _one_line(compare, SMALL_TRAIN, [A100])
@@ -258,10 +310,14 @@ def test_compare_ratios_to_the_first_gpu_per_phase():
 
 def test_gpu_lists_keep_derived_names_whole():
     assert split_gpu_list("A100, H100-SXM[mem_bw_bytes_per_s=x2,peak_flops=x1.5] ,B200") == [
-        "A100", "H100-SXM[mem_bw_bytes_per_s=x2,peak_flops=x1.5]", "B200"]
+        "A100",
+        "H100-SXM[mem_bw_bytes_per_s=x2,peak_flops=x1.5]",
+        "B200",
+    ]
 
 
 # --------------------------------------------------------------------------- bottleneck
+
 
 def test_bottleneck_of_a_big_gemm_and_a_decode_gemm():
     big = kernel("gemm", {"b": 1, "m": 8192, "n": 8192, "k": 8192}, "bf16")
@@ -278,18 +334,24 @@ def test_bottleneck_of_a_big_gemm_and_a_decode_gemm():
 
 # --------------------------------------------------------------------------- hardware range of learned models
 
+
 class _RangedSet:
     """A model set fitted (so its meta says) on A100 and H100: gemm fwd, 1 ms per call."""
 
     def __init__(self, feature_ranges=None):
         from opcast.hardware import device_to_dict
 
-        entry = {"op": "gemm", "devices": ["A100-SXM4-80GB", "H100-SXM"],
-                 "features": ["log_flops", "log_peak_flops", "log_mem_bw_bytes_per_s", "log_sm_count"]}
+        entry = {
+            "op": "gemm",
+            "devices": ["A100-SXM4-80GB", "H100-SXM"],
+            "features": ["log_flops", "log_peak_flops", "log_mem_bw_bytes_per_s", "log_sm_count"],
+        }
         if feature_ranges:
             entry["feature_ranges"] = feature_ranges
-        self.meta = {"predictors": {"gemm-fwd-half": entry},
-                     "device_specs": {n: device_to_dict(get_device(n)) for n in entry["devices"]}}
+        self.meta = {
+            "predictors": {"gemm-fwd-half": entry},
+            "device_specs": {n: device_to_dict(get_device(n)) for n in entry["devices"]},
+        }
 
     def covers(self, op, dtype, direction):
         return op == "gemm" and direction == "fwd" and dtype in ("bf16", "fp16")
@@ -334,8 +396,9 @@ def test_analytic_mode_replaces_out_of_range_learned_times_with_the_roofline():
 def test_recorded_feature_ranges_are_checked_too():
     pytest.importorskip("opcast.train.features")
     flops = float(np.log(GEMM.flops() + 1.0))
-    model = KernelCostModel(sources=(LearnedKernelCost(_RangedSet({"log_flops": [flops - 5, flops - 1]}), "fake"),
-                                     RooflineKernelCost()))
+    model = KernelCostModel(
+        sources=(LearnedKernelCost(_RangedSet({"log_flops": [flops - 5, flops - 1]}), "fake"), RooflineKernelCost())
+    )
     model.time_s(GEMM, H100)
     assert "feature log_flops" in model.range_flag(GEMM, H100)
     assert not any("shape ranges are not recorded" in n for n in model.describe()["notes"])
