@@ -41,6 +41,7 @@ from opcast.predict.options import (
     device,
     infer_config,
     kernel_cost,
+    placement,
     train_config,
 )
 
@@ -184,15 +185,10 @@ def train_cmd(o: Args) -> None:
     """Iteration time, tokens/s, MFU and memory per GPU of one training configuration."""
     from opcast.archs import load_arch
     from opcast.errors import OpcastError
-    from opcast.predict.parallel import parse_cluster
     from opcast.predict.report import print_train, train_to_dict, write_plot, write_trace
     from opcast.predict.training import TrainResult, compile_train, run_train
 
-    device_name, nodes, gpus_per_node = o.gpu, o.nodes, o.gpus_per_node
-    if o.cluster is not None:
-        c, cluster_gpu = parse_cluster(o.cluster)
-        nodes, gpus_per_node = c.nodes, c.gpus_per_node
-        device_name = o.gpu or cluster_gpu
+    device_name, nodes, gpus_per_node = placement(o)
     if device_name is None:
         raise OpcastError("--gpu is required (or a --cluster file naming its gpu); see opcast hardware list")
     spec = load_arch(o.arch)
@@ -217,21 +213,25 @@ def train_cmd(o: Args) -> None:
 
 
 @app.command("infer")
-@command(ARCH, GPU, INFER_NODES, GPUS_PER_NODE, *INFER, *KERNEL_SOURCE, SET, JSON)
+@command(ARCH, TRAIN_GPU, INFER_NODES, GPUS_PER_NODE, CLUSTER, *INFER, *KERNEL_SOURCE, SET, JSON)
 def infer_cmd(o: Args) -> None:
     """Time to first token, time per output token, total latency, tokens/s, KV-cache size, and the
     decode-step GEMMs' arithmetic intensity against the GPU's ridge point."""
     from opcast.archs import load_arch
+    from opcast.errors import OpcastError
     from opcast.predict.inference import predict_infer
     from opcast.predict.parallel import validate_infer
     from opcast.predict.report import infer_to_dict, print_infer
 
+    device_name, nodes, gpus_per_node = placement(o)
+    if device_name is None:
+        raise OpcastError("--gpu is required (or a --cluster naming its gpu); see opcast hardware list")
     spec = load_arch(o.arch)
-    dev = device(o.gpu, o.set_)
+    dev = device(device_name, o.set_)
     cfg = infer_config(o)
-    _, reasons = validate_infer(spec, dev, cfg, nodes=o.nodes, gpus_per_node=o.gpus_per_node)
+    _, reasons = validate_infer(spec, dev, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
     kernels = None if reasons else kernel_cost(o)
-    result = predict_infer(spec, dev, cfg, nodes=o.nodes, gpus_per_node=o.gpus_per_node, kernels=kernels)
+    result = predict_infer(spec, dev, cfg, nodes=nodes, gpus_per_node=gpus_per_node, kernels=kernels)
     if o.as_json:
         print_json(infer_to_dict(result, kernels))
     elif result.memory is not None:

@@ -438,6 +438,24 @@ def train_config(o: Args) -> TrainConfig:
     return TrainConfig(**values)
 
 
+def placement(o: Args) -> tuple[str | None, int | None, int | None]:
+    """(GPU name, nodes, GPUs per node) of ``--gpu``, ``--nodes``, ``--gpus-per-node`` and ``--cluster``.
+    A catalog cluster sets the GPU with its links and NVLink domain, so ``--gpu`` beside it is refused
+    rather than silently dropping the cluster's network."""
+    from opcast.errors import OpcastError
+    from opcast.predict.parallel import ClusterChoice, parse_cluster
+
+    if o.cluster is None:
+        return o.gpu, o.nodes, o.gpus_per_node
+    cluster, cluster_gpu = parse_cluster(o.cluster)
+    if isinstance(cluster, ClusterChoice) and o.gpu is not None:
+        raise OpcastError(
+            f"--cluster {o.cluster} sets the GPU and its links ({cluster_gpu}); leave --gpu out, "
+            "or give --cluster NODESxGPUS with --gpu"
+        )
+    return o.gpu or cluster_gpu, cluster.nodes, cluster.gpus_per_node
+
+
 def infer_config(o: Args) -> InferConfig:
     return InferConfig(**{s.name: getattr(o, s.name) for s in INFER})
 

@@ -241,8 +241,11 @@ def neox_layer_specs(arch: ArchSpec, *, tp: int, ep: int = 1) -> list[tuple[str,
     dense_l, expert_l = layer_params(arch, tp, ep)
     embedding = padded_vocab(arch.vocab, tp) // tp * arch.hidden
     embedding += arch.max_seq * arch.hidden if arch.position == "learned" else 0
-    head = ("EmbeddingPipe", embedding) if arch.tied_embeddings else (
-        "ParallelLinearPipe", padded_vocab(arch.vocab, tp) // tp * arch.hidden)
+    head = (
+        ("EmbeddingPipe", embedding)
+        if arch.tied_embeddings
+        else ("ParallelLinearPipe", padded_vocab(arch.vocab, tp) // tp * arch.hidden)
+    )
     return [
         ("EmbeddingPipe", embedding),
         ("_pre_transformer_block", 0),
@@ -270,16 +273,24 @@ def deepspeed_split(
             return None, [f"pp_partition={method!r}: bad regular expression ({err})"]
         weights = [1.0 if pattern.search(name) else 0.0 for name, _ in specs]
         if not any(weights):
-            return None, [f"pp_partition={method!r} matches no layer type (GPT-NeoX's are "
-                          f"{', '.join(dict.fromkeys(n for n, _ in specs))})"]
+            return None, [
+                f"pp_partition={method!r} matches no layer type (GPT-NeoX's are "
+                f"{', '.join(dict.fromkeys(n for n, _ in specs))})"
+            ]
         parts = partition_balanced(weights, pp)
     is_layer = [name == "ParallelTransformerLayerPipe" for name, _ in specs]
-    return tuple(sum(is_layer[parts[s]:parts[s + 1]]) for s in range(pp)), []
+    return tuple(sum(is_layer[parts[s] : parts[s + 1]]) for s in range(pp)), []
 
 
 def megatron_chunks(
-    n_layers: int, pp: int, virtual_stages: int = 1, *, first: int | None = None, last: int | None = None,
-    embedding: bool = False, loss: bool = False,
+    n_layers: int,
+    pp: int,
+    virtual_stages: int = 1,
+    *,
+    first: int | None = None,
+    last: int | None = None,
+    embedding: bool = False,
+    loss: bool = False,
 ) -> tuple[tuple[tuple[int, ...], ...] | None, list[str]]:
     """Transformer layers of each model chunk of each pipeline rank, as Megatron-LM's
     ``get_num_layers_to_build`` builds them (``decoder_first/last_pipeline_num_layers``,
@@ -290,8 +301,10 @@ def megatron_chunks(
     if first is not None or last is not None:
         rest, left = n_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
         if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
-            return None, [f"Megatron-LM: the {rest} layers left after first={first}, last={last} do not divide "
-                          f"evenly over the {left} other stage(s) of pp={pp}"]
+            return None, [
+                f"Megatron-LM: the {rest} layers left after first={first}, last={last} do not divide "
+                f"evenly over the {left} other stage(s) of pp={pp}"
+            ]
         middle = rest // left if left > 0 else 0
         per_rank = [middle] * pp
         if first is not None:
@@ -302,8 +315,10 @@ def megatron_chunks(
         total = n_layers + embedding + loss
         if total % pp:
             what = "n_layers" + (" + embedding" if embedding else "") + (" + loss" if loss else "")
-            return None, [f"Megatron-LM needs pp={pp} to divide {what} = {total}; give first=/last= stage layer "
-                          "counts, embedding/loss, or --pp-layers"]
+            return None, [
+                f"Megatron-LM needs pp={pp} to divide {what} = {total}; give first=/last= stage layer "
+                "counts, embedding/loss, or --pp-layers"
+            ]
         per_rank = [total // pp] * pp
     if v > 1 and pp > 1 and any(n % v for n in per_rank):
         return None, [f"Megatron-LM needs virtual_stages={v} to divide each rank's layers {per_rank}"]
@@ -340,8 +355,15 @@ def parse_pp_partition(text: str) -> tuple[str, dict[str, int | bool]] | str:
 
 
 def pipeline_split(
-    arch: ArchSpec, *, pp: int, tp: int = 1, ep: int = 1, schedule: str = "1f1b", virtual_stages: int = 1,
-    pp_layers: tuple[int, ...] | None = None, pp_partition: str = PP_PARTITION_AUTO,
+    arch: ArchSpec,
+    *,
+    pp: int,
+    tp: int = 1,
+    ep: int = 1,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    pp_layers: tuple[int, ...] | None = None,
+    pp_partition: str = PP_PARTITION_AUTO,
 ) -> tuple[tuple[int, ...] | None, list[str]]:
     """Transformer layers of each pipeline rank (all its chunks), or None and every reason.
 
@@ -370,8 +392,10 @@ def pipeline_split(
     if method == PP_PARTITION_AUTO:
         if interleaved:
             if L % (pp * v):
-                return None, [f"interleaving needs pp x virtual_stages = {pp * v} to divide n_layers={L}; "
-                              "or give --pp-partition megatron:embedding,loss or --pp-layers"]
+                return None, [
+                    f"interleaving needs pp x virtual_stages = {pp * v} to divide n_layers={L}; "
+                    "or give --pp-partition megatron:embedding,loss or --pp-layers"
+                ]
             return (L // pp,) * pp, []
         if L % pp == 0:
             return (L // pp,) * pp, []
@@ -380,12 +404,15 @@ def pipeline_split(
         chunks, problems = megatron_chunks(L, pp, v if interleaved else 1, **opts)  # type: ignore[arg-type]
         return (None, problems) if chunks is None else (tuple(sum(c) for c in chunks), [])
     if interleaved:
-        return None, [f"pp_partition={pp_partition!r} is DeepSpeed's, which has no interleaved schedule; "
-                      "use megatron[:...] or --pp-layers"]
+        return None, [
+            f"pp_partition={pp_partition!r} is DeepSpeed's, which has no interleaved schedule; "
+            "use megatron[:...] or --pp-layers"
+        ]
     return deepspeed_split(arch, pp, method, tp=tp, ep=ep)
 
 
 # --------------------------------------------------------------------------- validation
+
 
 def _positive(label: str, value: object) -> str | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -399,7 +426,7 @@ def _arch_reasons(arch: ArchSpec, **factor: int) -> list[str]:
         arch.validate_parallel(**factor)
     except OpcastError as err:
         text, prefix = str(err), f"{arch.name}: "
-        return [text[len(prefix):] if text.startswith(prefix) else text]
+        return [text[len(prefix) :] if text.startswith(prefix) else text]
     return []
 
 
@@ -408,15 +435,26 @@ def device_reasons(device, precision: str) -> list[str]:
     if precision not in get_args(Precision):
         return [f"precision={precision!r} is not one of {', '.join(get_args(Precision))}"]
     if not device.supports(precision):
-        return [f"{device.name} has no {precision} peak; use one of {', '.join(d for d in device.supported_dtypes() if d in get_args(Precision))}"]
+        return [
+            f"{device.name} has no {precision} peak; use one of "
+            f"{', '.join(d for d in device.supported_dtypes() if d in get_args(Precision))}"
+        ]
     return []
 
 
-def resolve_cluster(device, *, nodes: int | None, gpus_per_node: int | None, world_needed: int | None) -> tuple[Cluster | None, list[str]]:
+def resolve_cluster(
+    device, *, nodes: int | None, gpus_per_node: int | None, world_needed: int | None
+) -> tuple[Cluster | None, list[str]]:
     """The cluster from --nodes/--gpus-per-node, or the smallest one of ``device`` nodes holding
     ``world_needed`` GPUs."""
-    problems = [p for p in (_positive("nodes", nodes) if nodes is not None else None,
-                            _positive("gpus_per_node", gpus_per_node) if gpus_per_node is not None else None) if p]
+    problems = [
+        p
+        for p in (
+            _positive("nodes", nodes) if nodes is not None else None,
+            _positive("gpus_per_node", gpus_per_node) if gpus_per_node is not None else None,
+        )
+        if p
+    ]
     if problems:
         return None, problems
     if nodes is None and gpus_per_node is None:
@@ -426,8 +464,10 @@ def resolve_cluster(device, *, nodes: int | None, gpus_per_node: int | None, wor
         if world_needed <= g:
             return Cluster(nodes=1, gpus_per_node=world_needed), []
         if world_needed % g:
-            return None, [f"world size {world_needed} is not a whole number of {g}-GPU {device.name} nodes; "
-                          "give --nodes and --gpus-per-node"]
+            return None, [
+                f"world size {world_needed} is not a whole number of {g}-GPU {device.name} nodes; "
+                "give --nodes and --gpus-per-node"
+            ]
         return Cluster(nodes=world_needed // g, gpus_per_node=g), []
     if gpus_per_node is None:
         gpus_per_node = device.gpus_per_node
@@ -454,15 +494,29 @@ def _degree_reasons(arch: ArchSpec, bad: set[str], **factor: int) -> list[str]:
     return reasons
 
 
-def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | None = None,
-                   gpus_per_node: int | None = None, check_device: bool = True) -> tuple[Layout | None, list[str]]:
+def validate_train(
+    arch: ArchSpec,
+    device,
+    cfg: TrainConfig,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    check_device: bool = True,
+) -> tuple[Layout | None, list[str]]:
     """The :class:`Layout` of ``cfg``, or None and every reason it cannot run, of every class at
     once (bad values, the device and precision, the arch's parallel degrees, the cluster, the
     batch). ``check_device=False`` leaves the device and precision out, so a caller can still
     lay out (and size the memory of) a configuration the device cannot run."""
     reasons: list[str] = []
-    ints = {"tp": cfg.tp, "pp": cfg.pp, "cp": cfg.cp, "ep": cfg.ep, "micro_batch": cfg.micro_batch,
-            "seq": cfg.seq, "virtual_stages": cfg.virtual_stages}
+    ints = {
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "cp": cfg.cp,
+        "ep": cfg.ep,
+        "micro_batch": cfg.micro_batch,
+        "seq": cfg.seq,
+        "virtual_stages": cfg.virtual_stages,
+    }
     for optional in ("dp", "global_batch"):
         if getattr(cfg, optional) is not None:
             ints[optional] = getattr(cfg, optional)
@@ -470,20 +524,30 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
     reasons += [p for k, v in ints.items() if (p := _positive(k, v))]
     if cfg.zero not in (0, 1, 2, 3):
         reasons.append(f"zero={cfg.zero!r} must be 0, 1, 2 or 3")
-    for label, value, choices in (("recompute", cfg.recompute, Recompute), ("attention", cfg.attention, AttentionImpl),
-                                  ("schedule", cfg.schedule, Schedule)):
+    for label, value, choices in (
+        ("recompute", cfg.recompute, Recompute),
+        ("attention", cfg.attention, AttentionImpl),
+        ("schedule", cfg.schedule, Schedule),
+    ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, ep=cfg.ep)  # pp: pipeline_split below
+    if not bad & {"pp", "virtual_stages"}:  # a bad tp or ep does not hide the split's reasons
+        stage_layers, split_reasons = pipeline_split(
+            arch,
+            pp=cfg.pp,
+            tp=1 if "tp" in bad else cfg.tp,
+            ep=1 if "ep" in bad else cfg.ep,
+            schedule=cfg.schedule,
+            virtual_stages=cfg.virtual_stages,
+            pp_layers=cfg.pp_layers,
+            pp_partition=cfg.pp_partition,
+        )
+        reasons += split_reasons
     if bad:  # the arithmetic below needs sane integers
         return None, reasons
-    stage_layers, split_reasons = pipeline_split(
-        arch, pp=cfg.pp, tp=cfg.tp, ep=cfg.ep, schedule=cfg.schedule, virtual_stages=cfg.virtual_stages,
-        pp_layers=cfg.pp_layers, pp_partition=cfg.pp_partition,
-    )
-    reasons += split_reasons
 
     tp, pp, cp, ep = cfg.tp, cfg.pp, cfg.cp, cfg.ep
     if cfg.dp is not None:
@@ -497,17 +561,24 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
         world = cluster.world_size
         if dp is None:
             if world % (tp * pp * cp):
-                reasons.append(f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) is not a "
-                               f"multiple of tp x pp x cp = {tp} x {pp} x {cp} = {tp * pp * cp}")
+                reasons.append(
+                    f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) is not a "
+                    f"multiple of tp x pp x cp = {tp} x {pp} x {cp} = {tp * pp * cp}"
+                )
             else:
                 dp = world // (tp * pp * cp)
         elif world != tp * pp * dp * cp:
-            reasons.append(f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
-                           f"tp x pp x dp x cp = {tp} x {pp} x {dp} x {cp} = {tp * pp * dp * cp}")
+            reasons.append(
+                f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
+                f"tp x pp x dp x cp = {tp} x {pp} x {dp} x {cp} = {tp * pp * dp * cp}"
+            )
     if cfg.sp and tp == 1:
         reasons.append("sequence parallelism (--sp) needs tp > 1")
     if cp > 1 and cfg.seq % (2 * cp):
-        reasons.append(f"context parallelism splits the sequence into 2 x cp = {2 * cp} chunks; cp={cp} needs seq={cfg.seq} divisible by {2 * cp}")
+        reasons.append(
+            f"context parallelism splits the sequence into 2 x cp = {2 * cp} chunks; "
+            f"cp={cp} needs seq={cfg.seq} divisible by {2 * cp}"
+        )
     if cfg.sp and tp > 1 and (cfg.seq // cp) % tp:
         reasons.append(f"sequence parallelism needs tp={tp} to divide the per-rank sequence {cfg.seq // cp}")
     if arch.position == "learned" and cfg.seq > arch.max_seq:
@@ -518,8 +589,10 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
         if global_batch is None:
             global_batch = cfg.micro_batch * dp
         if global_batch % (cfg.micro_batch * dp):
-            reasons.append(f"global_batch={global_batch} is not a multiple of micro_batch x dp = "
-                           f"{cfg.micro_batch} x {dp} = {cfg.micro_batch * dp}")
+            reasons.append(
+                f"global_batch={global_batch} is not a multiple of micro_batch x dp = "
+                f"{cfg.micro_batch} x {dp} = {cfg.micro_batch * dp}"
+            )
         else:
             micro_batches = global_batch // (cfg.micro_batch * dp)
         if ep > 1 and (dp * cp) % ep:
@@ -531,12 +604,17 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
         if v < 2:
             reasons.append(f"the interleaved schedule needs --virtual-stages >= 2, got {v}")
         if micro_batches and micro_batches % pp:
-            reasons.append(f"interleaving needs the {micro_batches} micro-batches per rank to be a multiple of pp={pp} (Megatron-LM)")
+            reasons.append(
+                f"interleaving needs the {micro_batches} micro-batches per rank "
+                f"to be a multiple of pp={pp} (Megatron-LM)"
+            )
     elif v != 1:
         reasons.append(f"--virtual-stages {v} needs --schedule interleaved")
     if cfg.zero == 3 and pp > 1:
-        reasons.append("zero=3 with pp > 1 is not supported (DeepSpeed's pipeline engine allows ZeRO stage <= 1; "
-                       "Megatron's distributed optimizer is zero 1/2)")
+        reasons.append(
+            "zero=3 with pp > 1 is not supported (DeepSpeed's pipeline engine allows ZeRO stage <= 1; "
+            "Megatron's distributed optimizer is zero 1/2)"
+        )
     if cfg.bucket_params is not None and (p := _positive("bucket_params", cfg.bucket_params)):
         reasons.append(p)
     if reasons or cluster is None or dp is None or stage_layers is None:
@@ -545,18 +623,35 @@ def validate_train(arch: ArchSpec, device, cfg: TrainConfig, *, nodes: int | Non
     tp_group, cp_group, ep_group = model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g)
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=g)
     layout = Layout(
-        cfg=replace(cfg, dp=dp, global_batch=global_batch,
-                    pp_layers=stage_layers if len(set(stage_layers)) > 1 else cfg.pp_layers),
-        cluster=cluster, dp=dp, micro_batches=micro_batches,
-        tp_group=tp_group, cp_group=cp_group, ep_group=ep_group, dp_group=dp_group, expert_dp_group=expert_dp_group,
+        cfg=replace(
+            cfg,
+            dp=dp,
+            global_batch=global_batch,
+            pp_layers=stage_layers if len(set(stage_layers)) > 1 else cfg.pp_layers,
+        ),
+        cluster=cluster,
+        dp=dp,
+        micro_batches=micro_batches,
+        tp_group=tp_group,
+        cp_group=cp_group,
+        ep_group=ep_group,
+        dp_group=dp_group,
+        expert_dp_group=expert_dp_group,
         pp_group=place(pp, tp * cp * dp, g),
         stage_layers=stage_layers,
     )
     return layout, []
 
 
-def validate_infer(arch: ArchSpec, device, cfg: InferConfig, *, nodes: int | None = None,
-                   gpus_per_node: int | None = None, check_device: bool = True) -> tuple[Cluster | None, list[str]]:
+def validate_infer(
+    arch: ArchSpec,
+    device,
+    cfg: InferConfig,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    check_device: bool = True,
+) -> tuple[Cluster | None, list[str]]:
     """The cluster of an inference configuration, or None and every reason it cannot run, of
     every class at once (see :func:`validate_train`, also for ``check_device``)."""
     ints = {k: getattr(cfg, k) for k in ("tp", "pp", "batch", "prompt_len", "gen_len")}
@@ -570,12 +665,17 @@ def validate_infer(arch: ArchSpec, device, cfg: InferConfig, *, nodes: int | Non
     if bad:
         return None, reasons
     if arch.position == "learned" and cfg.prompt_len + cfg.gen_len > arch.max_seq:
-        reasons.append(f"prompt_len + gen_len = {cfg.prompt_len + cfg.gen_len} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions)")
+        reasons.append(
+            f"prompt_len + gen_len = {cfg.prompt_len + cfg.gen_len} exceeds max_seq={arch.max_seq} "
+            f"of {arch.name} (learned positions)"
+        )
     cluster, problems = resolve_cluster(device, nodes=nodes, gpus_per_node=gpus_per_node, world_needed=cfg.tp * cfg.pp)
     reasons += problems
     if cluster is not None and cluster.world_size != cfg.tp * cfg.pp:
-        reasons.append(f"world size {cluster.world_size} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
-                       f"tp x pp = {cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp} (one model replica)")
+        reasons.append(
+            f"world size {cluster.world_size} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
+            f"tp x pp = {cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp} (one model replica)"
+        )
     return (cluster if not reasons else None), reasons
 
 
@@ -625,8 +725,10 @@ def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
     if not path.is_file():
         from opcast.clusters import cluster_catalog
 
-        raise OpcastError(f"--cluster {text!r} is neither NODESxGPUS (e.g. 16x8), a catalog cluster "
-                          f"({', '.join(sorted(cluster_catalog()))}, optionally NAME:NODES) nor a cluster JSON file")
+        raise OpcastError(
+            f"--cluster {text!r} is neither NODESxGPUS (e.g. 16x8), a catalog cluster "
+            f"({', '.join(sorted(cluster_catalog()))}, optionally NAME:NODES) nor a cluster JSON file"
+        )
     data = read_json_file(path, "the cluster file")
     if not isinstance(data, dict):
         raise OpcastError(f"{path}: expected a JSON object with keys nodes, gpus_per_node")

@@ -128,6 +128,8 @@ def test_infeasible_train_lists_every_reason_on_one_line(capsys):
             "3",
             "--pp",
             "5",
+            "--pp-layers",
+            "6,6,6,6,6",  # pp=5 alone now splits 32 layers unevenly; a split that misses two layers is a reason
             "--dp",
             "2",
             "--micro-batch",
@@ -140,7 +142,7 @@ def test_infeasible_train_lists_every_reason_on_one_line(capsys):
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
     assert err.startswith("opcast: error: infeasible configuration (")
-    for needle in ("tp=3 does not divide", "pp=5 does not divide", "world size 16", "global_batch=16"):
+    for needle in ("tp=3 does not divide", "--pp-layers sums to 30", "= 30", "global_batch=16"):
         assert needle in err
 
 
@@ -452,10 +454,28 @@ def test_models_with_roofline_is_refused(args, capsys):
 
 
 def test_an_infeasible_config_names_every_class_of_reason(capsys):
-    assert main(["predict", "train", "--arch", "llama2-7b", "--gpu", "T4", "--tp", "3", "--pp", "5", "--roofline"]) == 2
+    argv = [
+        "predict",
+        "train",
+        "--arch",
+        "llama2-7b",
+        "--gpu",
+        "T4",
+        "--tp",
+        "3",
+        "--pp",
+        "5",
+        "--pp-layers",
+        "6,6,6,6,6",
+    ]
+    assert main([*argv, "--roofline"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("opcast: error: infeasible configuration (4 reasons): T4 has no bf16 peak")
-    for needle in ("tp=3 does not divide n_heads=32", "pp=5 does not divide n_layers=32", "world size 15"):
+    for needle in (
+        "tp=3 does not divide n_heads=32",
+        "--pp-layers sums to 30, llama2-7b has n_layers=32",
+        "world size 15",
+    ):
         assert needle in err
     # a device without the precision still has its memory sized
     assert main(["predict", "infer", "--arch", "llama2-70b", "--gpu", "T4", "--roofline"]) == 2
@@ -474,7 +494,7 @@ def test_an_infeasible_config_names_every_class_of_reason(capsys):
                 "--tp",
                 "0",
                 "--pp",
-                "5",
+                "40",
                 "--precision",
                 "fp9",
                 "--roofline",
@@ -483,7 +503,7 @@ def test_an_infeasible_config_names_every_class_of_reason(capsys):
         == 2
     )
     err = capsys.readouterr().err.strip()
-    for needle in ("tp=0 must be a positive integer", "pp=5 does not divide", "precision='fp9'"):
+    for needle in ("tp=0 must be a positive integer", "pp=40", "precision='fp9'"):
         assert needle in err
 
 

@@ -118,3 +118,17 @@ def test_console_cluster_perlmutter():
     assert doc["gpu"].startswith("A100-SXM4-80GB[") and "inter_node_bw_bytes_per_s=25000000000" in doc["gpu"]
     bad = _opcast("predict", "train", "--arch", "gpt-neox-20b", "--cluster", "perlmuter", "--pp", "4")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "perlmutter" in bad.stderr
+
+
+def test_predict_infer_takes_a_catalog_cluster_and_refuses_a_gpu_beside_it():
+    base = [sys.executable, "-m", "opcast", "predict", "infer", "--arch", "llama3-70b", "--tp", "8", "--json"]
+    done = subprocess.run([*base, "--cluster", "dgx-h100"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    same = subprocess.run([*base, "--gpu", "H100-SXM"], capture_output=True, text=True, timeout=300)
+    # dgx-h100's links are the H100-SXM catalog defaults: the same answer
+    assert json.loads(done.stdout)["ttft_s"] == pytest.approx(json.loads(same.stdout)["ttft_s"], rel=1e-9)
+    both = subprocess.run(
+        [*base, "--cluster", "dgx-h100", "--gpu", "H100-SXM"], capture_output=True, text=True, timeout=300
+    )
+    assert both.returncode == 2 and "Traceback" not in both.stderr
+    assert len(both.stderr.strip().splitlines()) == 1 and "leave --gpu out" in both.stderr
