@@ -33,6 +33,9 @@ from opcast.dtypes import DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 
+DEFAULT_TIMING = TimingBudget()
+"""Default warm-up and repetition budgets (frozen, so one shared instance is safe)."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchConfig:
@@ -64,18 +67,27 @@ class BenchConfig:
     """Skip points whose roofline time of one call is above this."""
     max_mem_fraction: float = 0.25
     """Largest share of device memory one point may use."""
-    timing: TimingBudget = TimingBudget()
+    timing: TimingBudget = DEFAULT_TIMING
     """Warm-up and repetition budgets."""
     cuda_graphs: bool = True
     """Time sub-10 us CUDA ops inside CUDA graphs."""
 
     def __post_init__(self) -> None:
         if self.samples is not None and not 0 <= self.samples <= MAX_SAMPLES:
-            raise OpcastError(f"--samples takes 1 to {MAX_SAMPLES} points, got {self.samples}; split a larger plan over runs with other --seed values")
+            raise OpcastError(
+                f"--samples takes 1 to {MAX_SAMPLES} points, got {self.samples}; "
+                "split a larger plan over runs with other --seed values"
+            )
         if self.budget_s is not None and not (math.isfinite(self.budget_s) and self.budget_s > 0):
-            raise OpcastError(f"--budget-s takes a finite number of seconds > 0, got {self.budget_s}; omit it to run without a time limit")
+            raise OpcastError(
+                f"--budget-s takes a finite number of seconds > 0, got {self.budget_s}; "
+                "omit it to run without a time limit"
+            )
         if not (math.isfinite(self.max_point_s) and 0 < self.max_point_s <= MAX_POINT_BUDGET_S):
-            raise OpcastError(f"--max-point-s takes seconds per call, > 0 and at most {MAX_POINT_BUDGET_S:.0f}, got {self.max_point_s}")
+            raise OpcastError(
+                f"--max-point-s takes seconds per call, > 0 and at most {MAX_POINT_BUDGET_S:.0f}, "
+                f"got {self.max_point_s}"
+            )
         if not (math.isfinite(self.max_mem_fraction) and 0 < self.max_mem_fraction <= 1):
             raise OpcastError(f"--max-mem-fraction takes a share of free memory in (0, 1], got {self.max_mem_fraction}")
         if not self.tp_degrees or min(self.tp_degrees) < 1:
@@ -115,8 +127,10 @@ def env_int(*names: str, default: int, minimum: int) -> int:
         except ValueError:
             value = None
         if value is None or value < minimum:
-            raise OpcastError(f"{name}={text!r} in the environment is not an integer >= {minimum}; "
-                              f"unset it or launch with torchrun/srun, which set it")
+            raise OpcastError(
+                f"{name}={text!r} in the environment is not an integer >= {minimum}; "
+                f"unset it or launch with torchrun/srun, which set it"
+            )
         return value
     return default
 
@@ -141,7 +155,9 @@ def resolve_device(device: str, local_rank: int):
         return torch.device("cpu")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise OpcastError(f"--device {device}: no CUDA device is visible (torch {torch.__version__}); use --device cpu")
+            raise OpcastError(
+                f"--device {device}: no CUDA device is visible (torch {torch.__version__}); use --device cpu"
+            )
         index = int(device.split(":", 1)[1]) if ":" in device else local_rank
         if index >= torch.cuda.device_count():
             raise OpcastError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
@@ -161,14 +177,19 @@ def check_dtypes(dtypes: tuple[str, ...], device) -> None:
         if device.type == "cuda":
             cc = torch.cuda.get_device_capability(device)
             if dtype == "bf16" and not torch.cuda.is_bf16_supported():
-                raise OpcastError(f"dtype bf16 needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}; use fp16 or fp32")
+                raise OpcastError(
+                    f"dtype bf16 needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}; use fp16 or fp32"
+                )
             if dtype == "tf32" and cc < (8, 0):
                 raise OpcastError(f"dtype tf32 needs compute capability >= 8.0, this GPU is {cc[0]}.{cc[1]}")
             if dtype == "fp8" and cc < (8, 9):
-                raise OpcastError(f"dtype fp8 needs compute capability >= 8.9, this GPU is {cc[0]}.{cc[1]}; drop --dtype fp8")
+                raise OpcastError(
+                    f"dtype fp8 needs compute capability >= 8.9, this GPU is {cc[0]}.{cc[1]}; drop --dtype fp8"
+                )
 
 
 def device_limits(spec: DeviceSpec, device, cfg: BenchConfig, world_on_host: int) -> DeviceLimits:
+    mem: float
     if device.type == "cuda":
         import torch
 
@@ -179,8 +200,9 @@ def device_limits(spec: DeviceSpec, device, cfg: BenchConfig, world_on_host: int
             mem = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / max(1, world_on_host)
         except (ValueError, OSError):
             mem = spec.mem_bytes / max(1, world_on_host)
-    return DeviceLimits(spec=spec, device_type=device.type, max_point_s=cfg.max_point_s,
-                        max_bytes=cfg.max_mem_fraction * mem)
+    return DeviceLimits(
+        spec=spec, device_type=device.type, max_point_s=cfg.max_point_s, max_bytes=cfg.max_mem_fraction * mem
+    )
 
 
 def build_plan(cfg: BenchConfig, spec: DeviceSpec, device, world_on_host: int = 1) -> Plan:
@@ -191,9 +213,17 @@ def build_plan(cfg: BenchConfig, spec: DeviceSpec, device, world_on_host: int = 
     limits = device_limits(spec, device, cfg, world_on_host)
     strata = len(ops) * len(dtypes) + (len(dtypes) if cfg.archs else 0)
     per_stratum = 256 if cfg.samples is None else max(1, -(-cfg.samples // strata))
-    plan = make_plan(ops=ops, dtypes=dtypes, limits=limits, seed=cfg.seed, per_stratum=per_stratum,
-                     archs=cfg.archs, tp_degrees=cfg.tp_degrees, arch_batch_seq=cfg.arch_batch_seq,
-                     arch_first=cfg.arch_first)
+    plan = make_plan(
+        ops=ops,
+        dtypes=dtypes,
+        limits=limits,
+        seed=cfg.seed,
+        per_stratum=per_stratum,
+        archs=cfg.archs,
+        tp_degrees=cfg.tp_degrees,
+        arch_batch_seq=cfg.arch_batch_seq,
+        arch_first=cfg.arch_first,
+    )
     if cfg.samples is not None:
         plan.points = plan.points[: cfg.samples]
     return plan
@@ -208,16 +238,31 @@ def environment(device) -> dict[str, Any]:
 
     import opcast
 
-    env: dict[str, Any] = {"opcast": opcast.__version__, "torch": torch.__version__, "python": platform.python_version(),
-                           "platform": platform.platform(), "cuda": torch.version.cuda, "threads": torch.get_num_threads()}
+    env: dict[str, Any] = {
+        "opcast": opcast.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cuda": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", sm_count=props.multi_processor_count,
-                   cudnn=torch.backends.cudnn.version())
+        env.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sm_count=props.multi_processor_count,
+            cudnn=torch.backends.cudnn.version(),
+        )
         try:
             query = "driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit"
-            res = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-i", str(device.index)],
-                                 capture_output=True, text=True, timeout=10, check=True)
+            res = subprocess.run(
+                ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader", "-i", str(device.index)],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=True,
+            )
             env["nvidia_smi"] = dict(zip(query.split(","), (x.strip() for x in res.stdout.split(","))))
         except (OSError, subprocess.SubprocessError):
             env["nvidia_smi"] = None
@@ -226,11 +271,22 @@ def environment(device) -> dict[str, Any]:
 
 def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[str, Any]) -> dict[str, Any]:
     return {
-        "run_id": run_id, "source": "bench", "device": device_name, "torch_version": env["torch"],
-        "cuda_version": env["cuda"] if "gpu" in env else None, "opcast_version": env["opcast"],
-        "timing_method": stats.method, "op": point.op, "dtype": point.dtype, "direction": point.direction,
-        "tensor_cores": point.tensor_cores, "point_id": point.point_id, **point.params,
-        "time_s_median": stats.time_s_median, "time_s_p20": stats.time_s_p20, "time_s_p80": stats.time_s_p80,
+        "run_id": run_id,
+        "source": "bench",
+        "device": device_name,
+        "torch_version": env["torch"],
+        "cuda_version": env["cuda"] if "gpu" in env else None,
+        "opcast_version": env["opcast"],
+        "timing_method": stats.method,
+        "op": point.op,
+        "dtype": point.dtype,
+        "direction": point.direction,
+        "tensor_cores": point.tensor_cores,
+        "point_id": point.point_id,
+        **point.params,
+        "time_s_median": stats.time_s_median,
+        "time_s_p20": stats.time_s_p20,
+        "time_s_p80": stats.time_s_p80,
         "n_reps": stats.n_reps,
     }
 
@@ -262,13 +318,24 @@ def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
             plan = build_plan(cfg, spec, device, local_world)
             if not plan.points and cfg.samples != 0:
                 reasons = ", ".join(f"{n} x {why}" for why, n in plan.skipped.most_common(3)) or "no shapes"
-                raise OpcastError(f"nothing to measure: every planned point was skipped ({reasons}); "
-                                  "raise --max-point-s or --max-mem-fraction, or choose other --op/--dtype")
+                raise OpcastError(
+                    f"nothing to measure: every planned point was skipped ({reasons}); "
+                    "raise --max-point-s or --max-mem-fraction, or choose other --op/--dtype"
+                )
             return _measure_plan(cfg, plan, spec, device, flag, rank=rank, world=world, progress=progress)
 
 
-def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, flag: StopSignals, *, rank: int, world: int,
-                  progress: Any) -> BenchResult:
+def _measure_plan(
+    cfg: BenchConfig,
+    plan: Plan,
+    spec: DeviceSpec,
+    device: Any,
+    flag: StopSignals,
+    *,
+    rank: int,
+    world: int,
+    progress: Any,
+) -> BenchResult:
     """Measure this rank's unmeasured points of ``plan``; whatever stops it (the budget, a signal,
     a full disk, a bug), every measured row is written and the run recorded in run.json."""
     import torch
@@ -281,8 +348,13 @@ def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, f
     todo = [p for p in mine if p.point_id not in done]
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     env = environment(device)
-    result = BenchResult(planned=len(mine), already_done=len(mine) - len(todo), skipped_in_plan=plan.skipped,
-                         device=spec.name, run_id=run_id)
+    result = BenchResult(
+        planned=len(mine),
+        already_done=len(mine) - len(todo),
+        skipped_in_plan=plan.skipped,
+        device=spec.name,
+        run_id=run_id,
+    )
     writer = PartWriter(out / "bench", rank=rank, run_id=run_id)
     deadline = time.monotonic() + cfg.budget_s if cfg.budget_s else None
     started = time.time()
@@ -302,12 +374,15 @@ def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, f
             if device.type == "cuda":
                 torch.backends.cuda.matmul.allow_tf32 = allow_tf32
                 torch.backends.cudnn.allow_tf32 = allow_tf32
-            req = BuildRequest(params=point.params, dtype=point.dtype, direction=point.direction, device=device, seed=cfg.seed)
+            req = BuildRequest(
+                params=point.params, dtype=point.dtype, direction=point.direction, device=device, seed=cfg.seed
+            )
             try:
                 fn = BUILDERS[point.op](req)
                 if device.type == "cuda":
-                    stats = measure_cuda(fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs,
-                                         stop=should_stop)
+                    stats = measure_cuda(
+                        fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs, stop=should_stop
+                    )
                 else:
                     stats = measure_cpu(fn, cfg.timing, flush_bytes=2 * l2, stop=should_stop)
             except Abandoned:  # a signal or the budget: measured again on resume
@@ -330,7 +405,9 @@ def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, f
                     torch.cuda.empty_cache()
             processed += 1
             if task is not None:
-                progress.update(task, advance=1, description=f"bench {spec.name} [{point.op} {point.dtype} {point.direction}]")
+                progress.update(
+                    task, advance=1, description=f"bench {spec.name} [{point.op} {point.dtype} {point.direction}]"
+                )
     except KeyboardInterrupt:  # a second signal: the running point is dropped, the rest is written below
         pass
     except BaseException as err:  # a full disk, a bug: write what was measured, record the run, then re-raise
@@ -341,16 +418,29 @@ def _measure_plan(cfg: BenchConfig, plan: Plan, spec: DeviceSpec, device: Any, f
 
     def record(failure: BaseException | None) -> dict[str, Any]:
         result.rows_written = writer.saved
-        result.interrupted = failure is not None or (flag.stop and result.remaining > 0)  # a signal after the last point loses nothing
+        result.interrupted = failure is not None or (
+            flag.stop and result.remaining > 0
+        )  # a signal after the last point loses nothing
         return {
-            "run_id": run_id, "command": "bench", "rank": rank, "world_size": world,
+            "run_id": run_id,
+            "command": "bench",
+            "rank": rank,
+            "world_size": world,
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
             "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "arguments": {k: (str(v) if isinstance(v, Path) else v) for k, v in _config_dict(cfg).items()},
-            "environment": env, "device_spec": _spec_dict(spec), "rows_written": result.rows_written,
-            "rows_not_written": len(writer.rows), "planned": result.planned, "already_done": result.already_done,
-            "remaining": result.remaining, "interrupted": result.interrupted, "signal": result.signal,
-            "error": failure_text(failure), "skipped_in_plan": dict(plan.skipped), "skipped_at_run": dict(result.skipped_at_run),
+            "environment": env,
+            "device_spec": _spec_dict(spec),
+            "rows_written": result.rows_written,
+            "rows_not_written": len(writer.rows),
+            "planned": result.planned,
+            "already_done": result.already_done,
+            "remaining": result.remaining,
+            "interrupted": result.interrupted,
+            "signal": result.signal,
+            "error": failure_text(failure),
+            "skipped_in_plan": dict(plan.skipped),
+            "skipped_at_run": dict(result.skipped_at_run),
         }
 
     finish_run(writer, out, rank=rank, failure=failure, record=record)

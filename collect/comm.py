@@ -91,7 +91,10 @@ class CommResult:
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     """Log-spaced sizes from min to max (inclusive where the ratio lands on it)."""
     if min_bytes < 1 or max_bytes < min_bytes or factor < 2:
-        raise OpcastError(f"bad sweep: need 1 <= --min-bytes ({min_bytes}) <= --max-bytes ({max_bytes}) and --step-factor ({factor}) >= 2")
+        raise OpcastError(
+            f"bad sweep: need 1 <= --min-bytes ({min_bytes}) <= --max-bytes ({max_bytes}) "
+            f"and --step-factor ({factor}) >= 2"
+        )
     sizes, s = [], min_bytes
     while s <= max_bytes:
         sizes.append(s)
@@ -104,7 +107,10 @@ def _topology() -> tuple[int, int, int, int]:
 
     env = os.environ
     if "WORLD_SIZE" not in env or "RANK" not in env:
-        raise OpcastError("collect comm must run under torchrun, e.g. `torchrun --nproc-per-node 2 -m opcast.cli collect comm --out D`")
+        raise OpcastError(
+            "collect comm must run under torchrun, "
+            "e.g. `torchrun --nproc-per-node 2 -m opcast.cli collect comm --out D`"
+        )
     world = env_int("WORLD_SIZE", default=1, minimum=1)
     rank = env_int("RANK", default=0, minimum=0)
     per_node = env_int("LOCAL_WORLD_SIZE", default=world, minimum=1)
@@ -112,9 +118,15 @@ def _topology() -> tuple[int, int, int, int]:
     if rank >= world:
         raise OpcastError(f"RANK={rank} is outside WORLD_SIZE={world}; launch with torchrun, which sets both")
     if world < 2:
-        raise OpcastError(f"collect comm needs at least 2 ranks, got WORLD_SIZE={world}; launch torchrun with --nproc-per-node 2 or more")
+        raise OpcastError(
+            f"collect comm needs at least 2 ranks, got WORLD_SIZE={world}; "
+            "launch torchrun with --nproc-per-node 2 or more"
+        )
     if world % per_node:
-        raise OpcastError(f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={per_node}; use the same --nproc-per-node on every node")
+        raise OpcastError(
+            f"WORLD_SIZE={world} is not a multiple of LOCAL_WORLD_SIZE={per_node}; "
+            "use the same --nproc-per-node on every node"
+        )
     return rank, world, world // per_node, per_node
 
 
@@ -175,8 +187,19 @@ def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
             torch.cuda.set_device(device)
         else:
             device = torch.device("cpu")
-        return _sweep(cfg, sizes, dtype, device, flag, ending, rank=rank, world=world, nodes=nodes, per_node=per_node,
-                      progress=progress)
+        return _sweep(
+            cfg,
+            sizes,
+            dtype,
+            device,
+            flag,
+            ending,
+            rank=rank,
+            world=world,
+            nodes=nodes,
+            per_node=per_node,
+            progress=progress,
+        )
 
 
 STUCK_AFTER_S = 5.0
@@ -214,15 +237,23 @@ class _Ending:
             try:
                 if self.finish is not None and not self.done:
                     self.done = True
-                    self.finish(Blocked(f"{name} arrived while a collective was blocked; still blocked {STUCK_AFTER_S:g} s "
-                                        "later (another rank is gone or stopped)"), signum)
-            except BaseException:  # noqa: BLE001 - the exit below must happen; run.json says what was kept
+                    self.finish(
+                        Blocked(
+                            f"{name} arrived while a collective was blocked; still blocked {STUCK_AFTER_S:g} s "
+                            "later (another rank is gone or stopped)"
+                        ),
+                        signum,
+                    )
+            except BaseException:
                 pass
             finally:
                 self.lock.release()
         with contextlib.suppress(OSError):
-            os.write(2, f"opcast: {name} while a collective was blocked (another rank is gone or stopped): what was measured "
-                        "is saved; re-run the same command to resume\n".encode())
+            os.write(
+                2,
+                f"opcast: {name} while a collective was blocked (another rank is gone or stopped): what was measured "
+                "is saved; re-run the same command to resume\n".encode(),
+            )
         os._exit(128 + signum)
 
 
@@ -243,8 +274,20 @@ def _claim(out: Path, device: Any, stack: contextlib.ExitStack, run_id: str) -> 
         return {"error": str(err)}
 
 
-def _sweep(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: StopSignals, ending: _Ending, *, rank: int,
-           world: int, nodes: int, per_node: int, progress: Any) -> CommResult:
+def _sweep(
+    cfg: CommConfig,
+    sizes: list[int],
+    dtype: Any,
+    device: Any,
+    flag: StopSignals,
+    ending: _Ending,
+    *,
+    rank: int,
+    world: int,
+    nodes: int,
+    per_node: int,
+    progress: Any,
+) -> CommResult:
     import torch.distributed as dist
 
     out = Path(cfg.out)
@@ -254,16 +297,43 @@ def _sweep(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: Sto
             run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
             setup = [_claim(out, device, stack, run_id) if rank == 0 else None]
             dist.broadcast_object_list(setup, src=0)
-            if "error" in setup[0]:
-                raise OpcastError(setup[0]["error"])  # every rank stops with rank 0's one line
-            return _measure(cfg, sizes, dtype, device, flag, ending, setup[0], rank=rank, world=world, nodes=nodes,
-                            per_node=per_node, progress=progress)
+            claimed = setup[0]
+            assert claimed is not None, "broadcast_object_list fills setup on every rank"
+            if "error" in claimed:
+                raise OpcastError(claimed["error"])  # every rank stops with rank 0's one line
+            return _measure(
+                cfg,
+                sizes,
+                dtype,
+                device,
+                flag,
+                ending,
+                claimed,
+                rank=rank,
+                world=world,
+                nodes=nodes,
+                per_node=per_node,
+                progress=progress,
+            )
     finally:
         dist.destroy_process_group()
 
 
-def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: StopSignals, ending: _Ending,
-             setup: dict[str, Any], *, rank: int, world: int, nodes: int, per_node: int, progress: Any) -> CommResult:
+def _measure(
+    cfg: CommConfig,
+    sizes: list[int],
+    dtype: Any,
+    device: Any,
+    flag: StopSignals,
+    ending: _Ending,
+    setup: dict[str, Any],
+    *,
+    rank: int,
+    world: int,
+    nodes: int,
+    per_node: int,
+    progress: Any,
+) -> CommResult:
     """Time every size not yet measured; whatever stops the sweep (done, a signal on any rank, a
     full disk on rank 0, a collective that fails), rank 0 writes every measured row and records
     the run in run.json."""
@@ -276,7 +346,9 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
     todo = []
     for op in cfg.ops:
         for size in sizes:
-            params = get_op(op).validate({"bytes": size, "world_size": world, "nodes": nodes, "gpus_per_node": per_node})
+            params = get_op(op).validate(
+                {"bytes": size, "world_size": world, "nodes": nodes, "gpus_per_node": per_node}
+            )
             pid = point_id(op, params, cfg.dtype, "fwd", None)
             if pid in setup["done"]:
                 result.already_done += 1
@@ -286,7 +358,11 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
     result.remaining = len(todo)
     writer = PartWriter(out / "comm", rank=0, run_id=run_id, every_s=PART_EVERY_S) if rank == 0 else None
     started = time.time()
-    task = progress.add_task(f"comm {cfg.backend} x{world}", total=len(todo)) if progress is not None and rank == 0 else None
+    task = (
+        progress.add_task(f"comm {cfg.backend} x{world}", total=len(todo))
+        if progress is not None and rank == 0
+        else None
+    )
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     state = torch.zeros(3, dtype=torch.int64, device=device)
     disk_full = False
@@ -306,16 +382,31 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
     def record(failure: BaseException | None) -> dict[str, Any]:
         assert writer is not None
         result.rows_written = writer.saved
-        result.interrupted = failure is not None or bool(agreed[_FAILED]) or (result.signal is not None and result.remaining > 0)
+        result.interrupted = (
+            failure is not None or bool(agreed[_FAILED]) or (result.signal is not None and result.remaining > 0)
+        )
         result.error = failure_text(failure or collective_error)
         return {
-            "run_id": run_id, "command": "comm", "backend": cfg.backend, "world_size": world, "nodes": nodes,
-            "gpus_per_node": per_node, "device": device_name, "arguments": {k: str(v) for k, v in _asdict(cfg).items()},
+            "run_id": run_id,
+            "command": "comm",
+            "backend": cfg.backend,
+            "world_size": world,
+            "nodes": nodes,
+            "gpus_per_node": per_node,
+            "device": device_name,
+            "arguments": {k: str(v) for k, v in _asdict(cfg).items()},
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "dtype_bytes": dtype_bytes(cfg.dtype),
-            "rows_written": result.rows_written, "rows_not_written": len(writer.rows), "planned": result.planned,
-            "already_done": result.already_done, "remaining": result.remaining, "skipped": dict(result.skipped),
-            "interrupted": result.interrupted, "signal": result.signal, "error": result.error,
+            "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "dtype_bytes": dtype_bytes(cfg.dtype),
+            "rows_written": result.rows_written,
+            "rows_not_written": len(writer.rows),
+            "planned": result.planned,
+            "already_done": result.already_done,
+            "remaining": result.remaining,
+            "skipped": dict(result.skipped),
+            "interrupted": result.interrupted,
+            "signal": result.signal,
+            "error": result.error,
         }
 
     def finish(failure: BaseException | None, signum: int) -> None:
@@ -327,7 +418,7 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
     try:
         for op, params, pid in todo:
             try:
-                buf, res = _buffers(op, params["bytes"], world, dtype, device)
+                buf, res = _buffers(op, int(params["bytes"]), world, dtype, device)  # an int param, validated
             except (RuntimeError, MemoryError):  # out of memory (torch's is a RuntimeError)
                 buf = res = None
             agreed = agree(cannot=buf is None)
@@ -354,8 +445,17 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
                 mine = torch.tensor(times, dtype=torch.float64, device=device)
                 dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # per iteration, the slowest rank
                 if writer is not None:
-                    row = _row(cfg, op, params, pid, summarise(mine.cpu().tolist(), "wallclock_max_ranks"), world=world,
-                               run_id=run_id, device_name=device_name, device=device)
+                    row = _row(
+                        cfg,
+                        op,
+                        params,
+                        pid,
+                        summarise(mine.cpu().tolist(), "wallclock_max_ranks"),
+                        world=world,
+                        run_id=run_id,
+                        device_name=device_name,
+                        device=device,
+                    )
                     flag.shielded = True  # a second signal must not land between writing a part and forgetting its rows
                     try:
                         with ending.lock:
@@ -377,9 +477,11 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
     flag.shielded = True
     signum = agreed[_STOP] or flag.signum or 0
     if collective_error is not None and not signum and failure is None:
-        failure = OpcastError(f"a collective failed ({type(collective_error).__name__}: "
-                              f"{(str(collective_error).splitlines() or [''])[0][:200]}): another rank has stopped or died; "
-                              f"what was measured is saved in {out}; re-run the same command to resume")
+        failure = OpcastError(
+            f"a collective failed ({type(collective_error).__name__}: "
+            f"{(str(collective_error).splitlines() or [''])[0][:200]}): another rank has stopped or died; "
+            f"what was measured is saved in {out}; re-run the same command to resume"
+        )
     pending: BaseException | None = None
     if writer is not None:
         with ending.lock:
@@ -401,19 +503,42 @@ def _measure(cfg: CommConfig, sizes: list[int], dtype: Any, device: Any, flag: S
     return result
 
 
-def _row(cfg: CommConfig, op: str, params: dict[str, Any], pid: str, stats: Any, *, world: int, run_id: str,
-         device_name: str, device: Any) -> dict[str, Any]:
+def _row(
+    cfg: CommConfig,
+    op: str,
+    params: dict[str, Any],
+    pid: str,
+    stats: Any,
+    *,
+    world: int,
+    run_id: str,
+    device_name: str,
+    device: Any,
+) -> dict[str, Any]:
     import torch
 
     size = params["bytes"]
     algbw = size / stats.time_s_median / 1e9
     return {
-        "run_id": run_id, "source": "comm", "device": device_name, "torch_version": torch.__version__,
+        "run_id": run_id,
+        "source": "comm",
+        "device": device_name,
+        "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda if device.type == "cuda" else None,
-        "opcast_version": _version(), "timing_method": f"wallclock_max_ranks:{cfg.backend}",
-        "op": op, "dtype": cfg.dtype, "direction": "fwd", "tensor_cores": None, "point_id": pid, **params,
-        "time_s_median": stats.time_s_median, "time_s_p20": stats.time_s_p20, "time_s_p80": stats.time_s_p80,
-        "n_reps": stats.n_reps, "algbw_gbps": algbw, "busbw_gbps": algbw * bus_factor(op, world),
+        "opcast_version": _version(),
+        "timing_method": f"wallclock_max_ranks:{cfg.backend}",
+        "op": op,
+        "dtype": cfg.dtype,
+        "direction": "fwd",
+        "tensor_cores": None,
+        "point_id": pid,
+        **params,
+        "time_s_median": stats.time_s_median,
+        "time_s_p20": stats.time_s_p20,
+        "time_s_p80": stats.time_s_p80,
+        "n_reps": stats.n_reps,
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * bus_factor(op, world),
     }
 
 

@@ -134,8 +134,11 @@ def _cpu_mhz_max() -> float | None:
     except (OSError, ValueError):
         pass
     try:
-        mhz = [float(v) for k, _, v in (ln.partition(":") for ln in Path("/proc/cpuinfo").read_text().splitlines())
-               if k.strip().lower() == "cpu mhz"]
+        mhz = [
+            float(v)
+            for k, _, v in (ln.partition(":") for ln in Path("/proc/cpuinfo").read_text().splitlines())
+            if k.strip().lower() == "cpu mhz"
+        ]
     except (OSError, ValueError):
         return None
     return max(mhz) * 1e6 if mhz and max(mhz) > 0 else None
@@ -184,8 +187,14 @@ def _torch_version() -> str:
 
 def _describe_cpu(remeasure: bool) -> DeviceSpec:
     info = _cpuinfo()
-    model = (info.get("model name") or info.get("hardware") or info.get("model")
-             or platform.processor() or platform.machine() or "unknown")
+    model = (
+        info.get("model name")
+        or info.get("hardware")
+        or info.get("model")
+        or platform.processor()
+        or platform.machine()
+        or "unknown"
+    )
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     parts = ("cpu", model, str(cores), _torch_version())
     return _cached(parts, remeasure, lambda: _measure_cpu(model, cores, info))
@@ -221,33 +230,60 @@ def _measure_cpu(model: str, cores: int, info: Mapping[str, str]) -> DeviceSpec:
         "tf32 and fp8 null. mem_bw: median of copying a "
         f"{copy_bytes // 2**20} MiB float32 tensor, bytes read + written. sm_count = usable cores; "
         f"fp32_lanes_per_sm = {lanes} guessed from the cpu flags ({simd}); "
-        f"l2_bytes = {'the L%d cache of cpu0 (largest level)' % level if llc else 'unknown (0)'}; "
+        f"l2_bytes = {f'the L{level} cache of cpu0 (largest level)' if llc else 'unknown (0)'}; "
         f"boost_clock_hz = {'cpuinfo maximum' if clock else 'placeholder 1e9 (cpuinfo has no clock)'}; "
         "mem_bytes = physical RAM. Placeholders: intra_node_bw = measured memory bandwidth, "
         "inter_node_bw = 1e9, gpus_per_node = 1, tdp unknown."
     )
     return DeviceSpec(
-        name=f"cpu-{_slug(model)}-{cores}c", aliases=(), vendor="cpu", architecture=platform.machine() or "unknown",
-        peak_fp32_flops=peaks["fp32"], peak_tf32_flops=None, peak_fp16_flops=peaks["fp16"],
-        peak_bf16_flops=peaks["bf16"], peak_fp8_flops=None,
-        mem_bytes=phys or 2**30, mem_bw_bytes_per_s=bw, sm_count=cores, fp32_lanes_per_sm=lanes, l2_bytes=llc,
-        boost_clock_hz=clock or _PLACEHOLDER_CLOCK_HZ, intra_node_bw_bytes_per_s=bw, gpus_per_node=1,
-        inter_node_bw_bytes_per_s=_PLACEHOLDER_LINK_BPS, tdp_w=None,
-        source=f"measured by opcast on {today} ({model})", notes=notes,
+        name=f"cpu-{_slug(model)}-{cores}c",
+        aliases=(),
+        vendor="cpu",
+        architecture=platform.machine() or "unknown",
+        peak_fp32_flops=peaks["fp32"],
+        peak_tf32_flops=None,
+        peak_fp16_flops=peaks["fp16"],
+        peak_bf16_flops=peaks["bf16"],
+        peak_fp8_flops=None,
+        mem_bytes=phys or 2**30,
+        mem_bw_bytes_per_s=bw,
+        sm_count=cores,
+        fp32_lanes_per_sm=lanes,
+        l2_bytes=llc,
+        boost_clock_hz=clock or _PLACEHOLDER_CLOCK_HZ,
+        intra_node_bw_bytes_per_s=bw,
+        gpus_per_node=1,
+        inter_node_bw_bytes_per_s=_PLACEHOLDER_LINK_BPS,
+        tdp_w=None,
+        source=f"measured by opcast on {today} ({model})",
+        notes=notes,
     )
 
 
 # FP32 lanes per SM by CUDA compute capability (CUDA C Programming Guide, "Arithmetic Instructions").
-_CUDA_FP32_LANES = {(6, 0): 64, (6, 1): 128, (7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128,
-                    (8, 9): 128, (9, 0): 128, (10, 0): 128, (12, 0): 128}
+_CUDA_FP32_LANES = {
+    (6, 0): 64,
+    (6, 1): 128,
+    (7, 0): 64,
+    (7, 5): 64,
+    (8, 0): 64,
+    (8, 6): 128,
+    (8, 7): 128,
+    (8, 9): 128,
+    (9, 0): 128,
+    (10, 0): 128,
+    (12, 0): 128,
+}
 
 
 def _describe_cuda(index: int, remeasure: bool) -> DeviceSpec:
     import torch  # lazy: only the local benchmarks need it
 
     if not torch.cuda.is_available():
-        raise OpcastError("device 'cuda' requested but torch sees no GPU (torch.cuda.is_available() is False); "
-                          "use 'cpu' or a catalog GPU name")
+        raise OpcastError(
+            "device 'cuda' requested but torch sees no GPU (torch.cuda.is_available() is False); "
+            "use 'cpu' or a catalog GPU name"
+        )
     count = torch.cuda.device_count()
     if index >= count:
         raise OpcastError(f"cuda:{index} does not exist: torch sees {count} GPU(s); use cuda:0..cuda:{count - 1}")
@@ -271,6 +307,14 @@ def _cuda_median_s(torch: Any, fn: Callable[[], object], reps: int = 20) -> floa
         end.record()
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in pairs) / 1e3
+
+
+def _cuda_copy_bandwidth(torch: Any, dev: Any, nbytes: int) -> float:
+    """Bytes read + written per second copying a float32 tensor of ``nbytes`` on ``dev``; both
+    buffers are freed on return."""
+    src = torch.ones(nbytes // 4, device=dev)
+    dst = torch.empty_like(src)
+    return 2.0 * src.numel() * 4 / _cuda_median_s(torch, lambda: dst.copy_(src))
 
 
 def _measure_cuda(torch: Any, index: int, props: Any) -> DeviceSpec:
@@ -298,10 +342,7 @@ def _measure_cuda(torch: Any, index: int, props: Any) -> DeviceSpec:
         fp16 = matmul_flops(torch.float16)
         bf16 = matmul_flops(torch.bfloat16) if torch.cuda.is_bf16_supported() else None
         nbytes = min(2**30, props.total_memory // 8)
-        src = torch.ones(nbytes // 4, device=dev)
-        dst = torch.empty_like(src)
-        bw = 2.0 * src.numel() * 4 / _cuda_median_s(torch, lambda: dst.copy_(src))
-        del src, dst
+        bw = _cuda_copy_bandwidth(torch, dev, nbytes)
     lanes = 64 if hip else _CUDA_FP32_LANES.get((props.major, props.minor), 64)
     sms = props.multi_processor_count
     clock_khz = getattr(props, "clock_rate", 0) or 0
@@ -318,11 +359,25 @@ def _measure_cuda(torch: Any, index: int, props: Any) -> DeviceSpec:
         "tdp unknown."
     )
     return DeviceSpec(
-        name=f"local-{_slug(props.name)}", aliases=(), vendor="amd" if hip else "nvidia",
-        architecture=arch or "unknown", peak_fp32_flops=fp32, peak_tf32_flops=tf32, peak_fp16_flops=fp16,
-        peak_bf16_flops=bf16, peak_fp8_flops=None, mem_bytes=int(props.total_memory), mem_bw_bytes_per_s=bw,
-        sm_count=sms, fp32_lanes_per_sm=lanes, l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
-        boost_clock_hz=clock, intra_node_bw_bytes_per_s=16e9, gpus_per_node=torch.cuda.device_count(),
-        inter_node_bw_bytes_per_s=_PLACEHOLDER_LINK_BPS, tdp_w=None,
-        source=f"measured by opcast on {today} ({props.name})", notes=notes,
+        name=f"local-{_slug(props.name)}",
+        aliases=(),
+        vendor="amd" if hip else "nvidia",
+        architecture=arch or "unknown",
+        peak_fp32_flops=fp32,
+        peak_tf32_flops=tf32,
+        peak_fp16_flops=fp16,
+        peak_bf16_flops=bf16,
+        peak_fp8_flops=None,
+        mem_bytes=int(props.total_memory),
+        mem_bw_bytes_per_s=bw,
+        sm_count=sms,
+        fp32_lanes_per_sm=lanes,
+        l2_bytes=int(getattr(props, "L2_cache_size", 0) or 0),
+        boost_clock_hz=clock,
+        intra_node_bw_bytes_per_s=16e9,
+        gpus_per_node=torch.cuda.device_count(),
+        inter_node_bw_bytes_per_s=_PLACEHOLDER_LINK_BPS,
+        tdp_w=None,
+        source=f"measured by opcast on {today} ({props.name})",
+        notes=notes,
     )

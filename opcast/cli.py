@@ -6,6 +6,7 @@ on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import json
@@ -17,15 +18,19 @@ import typer
 
 from opcast.cli_common import console, err_console, print_frame
 from opcast.collect.cli import app as collect_app
+from opcast.errors import OpcastError
 from opcast.predict.cli import app as predict_app
 from opcast.predict.search_cli import search_cmd
 from opcast.predict.validate_cli import calibrate_cmd, validate_cmd
 from opcast.predict.whatif_cli import compare_app, explore_app
 from opcast.train.cli import app as train_app
-from opcast.errors import OpcastError
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False,
-                  help="Forecast GPU kernel latency and distributed LLM training/inference time on a CPU.")
+app = typer.Typer(
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    help="Forecast GPU kernel latency and distributed LLM training/inference time on a CPU.",
+)
 app.add_typer(collect_app, name="collect")
 app.add_typer(predict_app, name="predict")
 app.command("search")(search_cmd)
@@ -48,9 +53,19 @@ def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> N
 
     from opcast.hardware import catalog
 
-    rows = [{"name": s.name, "vendor": s.vendor, "arch": s.architecture, "bf16_tflops": (s.peak_bf16_flops or 0) / 1e12,
-             "fp32_tflops": s.peak_fp32_flops / 1e12, "mem_gib": s.mem_bytes / 2**30, "mem_bw_gbps": s.mem_bw_bytes_per_s / 1e9,
-             "sms": s.sm_count} for s in catalog().values()]
+    rows = [
+        {
+            "name": s.name,
+            "vendor": s.vendor,
+            "arch": s.architecture,
+            "bf16_tflops": (s.peak_bf16_flops or 0) / 1e12,
+            "fp32_tflops": s.peak_fp32_flops / 1e12,
+            "mem_gib": s.mem_bytes / 2**30,
+            "mem_bw_gbps": s.mem_bw_bytes_per_s / 1e9,
+            "sms": s.sm_count,
+        }
+        for s in catalog().values()
+    ]
     frame = pd.DataFrame(rows)
     if as_json:
         console.print_json(frame.to_json(orient="records"))
@@ -59,12 +74,20 @@ def hardware_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> N
 
 
 @hardware_app.command("show")
-def hardware_show(name: Annotated[str, typer.Argument(help="Catalog name or alias, 'local', 'cuda', or a JSON file.")]) -> None:
+def hardware_show(
+    name: Annotated[str, typer.Argument(help="Catalog name or alias, 'local', 'cuda', or a JSON file.")],
+) -> None:
     """One device's full spec as JSON ('local' measures this machine's CPU)."""
     from opcast.collect.local_device import describe_local
     from opcast.hardware import device_to_dict, get_device
 
-    spec = describe_local("cpu") if name == "local" else describe_local(name) if name.startswith("cuda") else get_device(name)
+    spec = (
+        describe_local("cpu")
+        if name == "local"
+        else describe_local(name)
+        if name.startswith("cuda")
+        else get_device(name)
+    )
     console.print_json(json.dumps(device_to_dict(spec)))
 
 
@@ -78,9 +101,20 @@ def arch_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     rows = []
     for name in list_archs():
         a = load_arch(name)
-        rows.append({"name": a.name, "family": a.family, "params_b": a.params_total() / 1e9, "layers": a.n_layers,
-                     "hidden": a.hidden, "heads": a.n_heads, "kv_heads": a.n_kv_heads, "ffn": a.ffn_hidden,
-                     "vocab": a.vocab, "experts": a.n_experts})
+        rows.append(
+            {
+                "name": a.name,
+                "family": a.family,
+                "params_b": a.params_total() / 1e9,
+                "layers": a.n_layers,
+                "hidden": a.hidden,
+                "heads": a.n_heads,
+                "kv_heads": a.n_kv_heads,
+                "ffn": a.ffn_hidden,
+                "vocab": a.vocab,
+                "experts": a.n_experts,
+            }
+        )
     frame = pd.DataFrame(rows)
     if as_json:
         console.print_json(frame.to_json(orient="records"))
@@ -89,14 +123,18 @@ def arch_list(as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
 
 
 @arch_app.command("show")
-def arch_show(name: Annotated[str, typer.Argument(help="Preset name, preset JSON or Hugging Face config.json.")]) -> None:
+def arch_show(
+    name: Annotated[str, typer.Argument(help="Preset name, preset JSON or Hugging Face config.json.")],
+) -> None:
     """One arch as JSON, with its parameter counts."""
     from dataclasses import asdict
 
     from opcast.archs import load_arch
 
     a = load_arch(name)
-    console.print_json(json.dumps({**asdict(a), "params_total": a.params_total(), "active_params_total": a.active_params_total()}))
+    console.print_json(
+        json.dumps({**asdict(a), "params_total": a.params_total(), "active_params_total": a.active_params_total()})
+    )
 
 
 def _click_exceptions() -> Any:
@@ -117,10 +155,8 @@ def _usage_line(exc: Any) -> str:
 
 
 def _fail(line: str, code: int) -> int:
-    try:
+    with contextlib.suppress(OSError, ValueError):  # stderr closed as well: the exit code still says it
         err_console.print(line, markup=False, highlight=False, soft_wrap=True)
-    except (OSError, ValueError):  # stderr closed as well: the exit code still says it
-        pass
     return code
 
 
@@ -173,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:
         if err.filename is None and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EBADF, errno.EIO):
             _silence_stdout()
-            return _fail(f"opcast: error: cannot write the output ({err.strerror}); free space or redirect stdout elsewhere", 2)
+            return _fail(
+                f"opcast: error: cannot write the output ({err.strerror}); free space or redirect stdout elsewhere", 2
+            )
         where = f"{err.filename}: " if err.filename else ""
         return _fail(f"opcast: error: {where}{err.strerror or err}; check the path and its permissions", 2)
     except RecursionError:
@@ -184,8 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("OPCAST_DEBUG"):
             raise
         first = (str(exc).splitlines() or [""])[0][:300]
-        return _fail(f"opcast: internal error: {type(exc).__name__}: {first} (a bug in opcast; "
-                     "rerun with OPCAST_DEBUG=1 for the traceback and report it)", 1)
+        return _fail(
+            f"opcast: internal error: {type(exc).__name__}: {first} (a bug in opcast; "
+            "rerun with OPCAST_DEBUG=1 for the traceback and report it)",
+            1,
+        )
     # click returns the code of a typer.Exit raised by a command (e.g. 130 after an interrupted collection)
     return code if isinstance(code, int) and not isinstance(code, bool) else 0
 

@@ -224,12 +224,16 @@ def spec_from_dict(data: Any, origin: str) -> DeviceSpec:
     problems: list[str] = []
     unknown = [k for k in data if k not in _RULES]
     if unknown:
-        problems.append(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-                        f"(valid keys: {', '.join(_RULES)})")
+        problems.append(
+            f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(valid keys: {', '.join(_RULES)})"
+        )
     missing = [k for k in _RULES if k not in data and k not in _OPTIONAL]
     if missing:
-        problems.append(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
-                        f"(every key is required; use null only for {', '.join(_NULLABLE)})")
+        problems.append(
+            f"missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
+            f"(every key is required; use null only for {', '.join(_NULLABLE)})"
+        )
     problems += [p for k, v in data.items() if k in _RULES and (p := _check_value(k, v))]
     if problems:
         raise OpcastError(f"{origin}: " + "; ".join(problems) + hint)
@@ -261,19 +265,24 @@ def read_json_file(path: str | Path, what: str) -> Any:
     except IsADirectoryError:
         raise OpcastError(f"{path} is a folder; give the path of {what} (a .json file)") from None
     except OSError as e:
-        raise OpcastError(f"{path}: cannot read {what} ({e.strerror or e}); check the path and its permissions") from None
+        raise OpcastError(
+            f"{path}: cannot read {what} ({e.strerror or e}); check the path and its permissions"
+        ) from None
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise OpcastError(f"{path}: {what} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                          "give a JSON file saved as UTF-8") from None
+        raise OpcastError(
+            f"{path}: {what} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+            "give a JSON file saved as UTF-8"
+        ) from None
     if not text.strip():
         raise OpcastError(f"{path}: {what} is empty; give a JSON object")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise OpcastError(f"{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
-                          "fix the syntax") from None
+        raise OpcastError(
+            f"{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the syntax"
+        ) from None
     except RecursionError:
         raise OpcastError(f"{path}: {what} is nested too deeply to be read as JSON; give a flat JSON object") from None
 
@@ -313,13 +322,16 @@ def _load_catalog() -> tuple[dict[str, DeviceSpec], dict[str, str]]:
     for path in files:
         spec = load_device_file(path)
         if path.stem != spec.name:
-            raise OpcastError(f"{path}: name '{spec.name}' differs from the file name; "
-                              f"rename the file to {spec.name}.json")
+            raise OpcastError(
+                f"{path}: name '{spec.name}' differs from the file name; rename the file to {spec.name}.json"
+            )
         for label in (spec.name, *spec.aliases):
             owner = index.setdefault(_normalise(label), spec.name)
             if owner != spec.name:
-                raise OpcastError(f"{path}: alias '{label}' also names {owner} ({owner}.json); "
-                                  "names and aliases must be unique across the catalog")
+                raise OpcastError(
+                    f"{path}: alias '{label}' also names {owner} ({owner}.json); "
+                    "names and aliases must be unique across the catalog"
+                )
         specs[spec.name] = spec
     return specs, index
 
@@ -356,13 +368,15 @@ def get_device(name: str | Path) -> DeviceSpec:
     found = index.get(key)
     for prefix in _VENDOR_PREFIXES:
         if found is None and key.startswith(prefix):
-            found = index.get(key[len(prefix):])
+            found = index.get(key[len(prefix) :])
     if found is None:
         close = difflib.get_close_matches(key, index, n=1, cutoff=0.75)
         guess = f" (did you mean {index[close[0]]}?)" if close else ""
         shown = text if len(text) <= 80 else text[:77] + "..."
-        raise OpcastError(f"unknown GPU '{shown}'{guess}: known names are {', '.join(sorted(specs))}; "
-                          "run `opcast hardware list` for aliases, or pass a device JSON file")
+        raise OpcastError(
+            f"unknown GPU '{shown}'{guess}: known names are {', '.join(sorted(specs))}; "
+            "run `opcast hardware list` for aliases, or pass a device JSON file"
+        )
     return specs[found]
 
 
@@ -371,7 +385,9 @@ def get_device(name: str | Path) -> DeviceSpec:
 PEAKS_GROUP = "peak_flops"
 """``--set peak_flops=xK`` multiplies every non-null ``peak_<dtype>_flops`` at once."""
 
-SETTABLE: tuple[str, ...] = tuple(k for k, (kind, _) in _RULES.items() if kind in ("flops", "pos_float", "pos_int", "bytes0"))
+SETTABLE: tuple[str, ...] = tuple(
+    k for k, (kind, _) in _RULES.items() if kind in ("flops", "pos_float", "pos_int", "bytes0")
+)
 """Numeric DeviceSpec keys a what-if may change (``--set`` / ``--vary``), plus :data:`PEAKS_GROUP`."""
 
 _DERIVED = re.compile(r"(.+)\[([^\[\]]*)\]")
@@ -410,10 +426,14 @@ def parse_setting(text: str) -> Setting:
         raise OpcastError(f"--set {text!r}: give FIELD=xFACTOR or FIELD=VALUE, {example}")
     if key not in SETTABLE and key != PEAKS_GROUP:
         names = [*SETTABLE, PEAKS_GROUP]
-        close = [n for n in names if n.startswith(key.lower())] or difflib.get_close_matches(key, names, n=1, cutoff=0.5)
+        close = [n for n in names if n.startswith(key.lower())] or difflib.get_close_matches(
+            key, names, n=1, cutoff=0.5
+        )
         guess = f" (did you mean {close[0]}?)" if len(close) == 1 else ""
-        raise OpcastError(f"--set {text!r}: unknown field '{key}'{guess}; settable fields: "
-                          f"{', '.join(SETTABLE)}, {PEAKS_GROUP} (every peak)")
+        raise OpcastError(
+            f"--set {text!r}: unknown field '{key}'{guess}; settable fields: "
+            f"{', '.join(SETTABLE)}, {PEAKS_GROUP} (every peak)"
+        )
     multiply = raw[:1] in ("x", "X", "*")
     number = raw[1:].strip() if multiply else raw
     try:
@@ -427,8 +447,10 @@ def parse_setting(text: str) -> Setting:
     if multiply:
         return Setting(key, factor=amount)
     if key == PEAKS_GROUP:
-        raise OpcastError(f"--set {text!r}: {PEAKS_GROUP} is a group of every peak and takes a factor only, e.g. "
-                          f"{PEAKS_GROUP}=x2; set one precision absolutely with peak_<dtype>_flops=VALUE")
+        raise OpcastError(
+            f"--set {text!r}: {PEAKS_GROUP} is a group of every peak and takes a factor only, e.g. "
+            f"{PEAKS_GROUP}=x2; set one precision absolutely with peak_<dtype>_flops=VALUE"
+        )
     if _RULES[key][0] in ("pos_int", "bytes0") and amount != int(amount):
         raise OpcastError(f"--set {text!r}: {key} is a whole number ({_unit(key)}); give an integer or a factor (x...)")
     return Setting(key, value=amount)
@@ -453,13 +475,17 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
                 raise OpcastError(f"--set {s.label!r}: {key} is already set by {touched[key]}; give each field once")
             touched[key] = s.label
         if s.factor is None:
+            assert s.value is not None, "a Setting gives exactly one of factor and value"
             old = values[s.field]
             values[s.field] = int(s.value) if _RULES[s.field][0] in ("pos_int", "bytes0") else float(s.value)
             changes.append(f"{s.field} {_fmt(old)} -> {_fmt(values[s.field])}")
             continue
         if s.field != PEAKS_GROUP and values[s.field] is None:
-            fix = (f"give an absolute value in {_unit(s.field)}, e.g. {s.field}=1e15" if s.field.startswith("peak_")
-                   else f"give an absolute value, e.g. {s.field}=700")
+            fix = (
+                f"give an absolute value in {_unit(s.field)}, e.g. {s.field}=1e15"
+                if s.field.startswith("peak_")
+                else f"give an absolute value, e.g. {s.field}=700"
+            )
             raise OpcastError(f"--set {s.label!r}: {base.name} has no {s.field} (null) to multiply; {fix}")
         for key in keys:
             old = values[key]
@@ -474,8 +500,10 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
     values["name"] = f"{base.name}[{label}]"
     values["aliases"] = []
     values["source"] = f"hypothetical: {base.name} with {label} (opcast what-if); base spec: {base.source}"
-    values["notes"] = (f"Derived by opcast from {base.name}: {'; '.join(changes)}. Every other field is {base.name}'s. "
-                       f"Base notes: {base.notes}")
+    values["notes"] = (
+        f"Derived by opcast from {base.name}: {'; '.join(changes)}. Every other field is {base.name}'s. "
+        f"Base notes: {base.notes}"
+    )
     return spec_from_dict(values, f"--set on {base.name}")
 
 

@@ -61,15 +61,35 @@ from __future__ import annotations
 from typing import Any
 
 _EXPORTS = {
-    "TrainConfig": "opcast.predict.parallel", "InferConfig": "opcast.predict.parallel",
-    "Cluster": "opcast.predict.parallel", "predict_train": "opcast.predict.training",
-    "compile_train": "opcast.predict.training", "run_train": "opcast.predict.training",
-    "TrainResult": "opcast.predict.training", "predict_infer": "opcast.predict.inference",
-    "InferResult": "opcast.predict.inference", "load_kernel_cost": "opcast.predict.cost",
-    "KernelCostModel": "opcast.predict.cost", "CollectiveCostModel": "opcast.predict.comm",
+    "TrainConfig": "opcast.predict.parallel",
+    "InferConfig": "opcast.predict.parallel",
+    "Cluster": "opcast.predict.parallel",
+    "predict_train": "opcast.predict.training",
+    "compile_train": "opcast.predict.training",
+    "run_train": "opcast.predict.training",
+    "TrainResult": "opcast.predict.training",
+    "predict_infer": "opcast.predict.inference",
+    "InferResult": "opcast.predict.inference",
+    "load_kernel_cost": "opcast.predict.cost",
+    "KernelCostModel": "opcast.predict.cost",
+    "CollectiveCostModel": "opcast.predict.comm",
 }
 
-__all__ = sorted(_EXPORTS)
+# A literal list, so static tools can read it; keep it equal to sorted(_EXPORTS).
+__all__ = [
+    "Cluster",
+    "CollectiveCostModel",
+    "InferConfig",
+    "InferResult",
+    "KernelCostModel",
+    "TrainConfig",
+    "TrainResult",
+    "compile_train",
+    "load_kernel_cost",
+    "predict_infer",
+    "predict_train",
+    "run_train",
+]
 
 
 def __getattr__(name: str) -> Any:  # lazy: `import opcast.predict` stays cheap

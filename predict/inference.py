@@ -59,20 +59,36 @@ class InferResult:
         return self.memory is not None and self.memory.total_bytes <= self.device.mem_bytes
 
 
-def _forward_s(arch: ArchSpec, cfg: InferConfig, prec: Dtypes, *, batch: int, seq_q: int, seq_kv: int, tp_group: Group,
-               kernels: KernelCostModel, comms: CollectiveCostModel, device: DeviceSpec, lines: list[dict[str, Any]] | None,
-               phase: str) -> tuple[float, float]:
+def _forward_s(
+    arch: ArchSpec,
+    cfg: InferConfig,
+    prec: Dtypes,
+    *,
+    batch: int,
+    seq_q: int,
+    seq_kv: int,
+    tp_group: Group,
+    kernels: KernelCostModel,
+    comms: CollectiveCostModel,
+    device: DeviceSpec,
+    lines: list[dict[str, Any]] | None,
+    phase: str,
+) -> tuple[float, float]:
     """(compute, tp comm) seconds of one forward of all layers, the stages one after another."""
     tp = cfg.tp
     tokens = batch * seq_q
-    ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_kv, sp=False, attention=cfg.attention, training=False)
+    ops = block_ops(
+        arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_kv, sp=False, attention=cfg.attention, training=False
+    )
     model = embedding_ops(arch, tp=tp, tokens=tokens, rows=tokens, training=False)
     model += head_ops(arch, tp=tp, tokens=batch, rows=batch, loss=False)  # logits of the last position only
     comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
     extra_comm: tuple[Comm, ...] = ()
     if tp > 1:
-        extra_comm = (Comm("embed_tp", "all_reduce", tokens * arch.hidden * dtype_bytes(prec.act)),
-                      Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)))
+        extra_comm = (
+            Comm("embed_tp", "all_reduce", tokens * arch.hidden * dtype_bytes(prec.act)),
+            Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)),
+        )
     compute = comm_s = 0.0
     for group_ops, repeat in ((ops, arch.n_layers), (model, 1)):
         kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
@@ -81,17 +97,36 @@ def _forward_s(arch: ArchSpec, cfg: InferConfig, prec: Dtypes, *, batch: int, se
             t, src = table[k]
             compute += repeat * count * t
             if lines is not None:
-                lines.append({"phase": phase, "role": role, "kind": k.kind, "params": dict(k.params), "dtype": k.dtype,
-                              "direction": k.direction, "count": repeat * count, "time_s": t, "source": src})
+                lines.append(
+                    {
+                        "phase": phase,
+                        "role": role,
+                        "kind": k.kind,
+                        "params": dict(k.params),
+                        "dtype": k.dtype,
+                        "direction": k.direction,
+                        "count": repeat * count,
+                        "time_s": t,
+                        "source": src,
+                    }
+                )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm]:
         t, _ = comms.time_s(Collective(c.kind, c.bytes, tp_group), device)
         comm_s += repeat * c.count * t
     return compute, comm_s
 
 
-def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes: int | None = None,
-                  gpus_per_node: int | None = None, kernels: KernelCostModel | None = None,
-                  comms: CollectiveCostModel | None = None, details: bool = True) -> InferResult:
+def predict_infer(
+    arch: ArchSpec,
+    device: DeviceSpec,
+    cfg: InferConfig,
+    *,
+    nodes: int | None = None,
+    gpus_per_node: int | None = None,
+    kernels: KernelCostModel | None = None,
+    comms: CollectiveCostModel | None = None,
+    details: bool = True,
+) -> InferResult:
     """Latency, throughput and memory of one inference batch (see the module docstring)."""
     cluster, reasons = validate_infer(arch, device, cfg, nodes=nodes, gpus_per_node=gpus_per_node, check_device=False)
     precision_reasons = device_reasons(device, cfg.precision)
@@ -114,8 +149,20 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
         return (cfg.pp - 1) * comms.time_s(Collective("send_recv", tokens * arch.hidden * act_b, pp_hop), device)[0]
 
     # A single batch runs the stages one after another: its latency is the forward of all layers.
-    pre_c, pre_tp = _forward_s(arch, cfg, prec, batch=b, seq_q=P, seq_kv=P, tp_group=tp_group, kernels=kernels,
-                                  comms=comms, device=device, lines=lines, phase="prefill")
+    pre_c, pre_tp = _forward_s(
+        arch,
+        cfg,
+        prec,
+        batch=b,
+        seq_q=P,
+        seq_kv=P,
+        tp_group=tp_group,
+        kernels=kernels,
+        comms=comms,
+        device=device,
+        lines=lines,
+        phase="prefill",
+    )
     pre_pp = pp_s(b * P)
     ttft = pre_c + pre_tp + pre_pp
     steps = list(range(1, G))
@@ -123,8 +170,20 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
         steps = sorted({1 + round(i * (G - 2) / (DECODE_SAMPLES - 1)) for i in range(DECODE_SAMPLES)})
     dec_c = dec_tp = 0.0
     for n, i in enumerate(steps):
-        c, t = _forward_s(arch, cfg, prec, batch=b, seq_q=1, seq_kv=P + i, tp_group=tp_group, kernels=kernels,
-                             comms=comms, device=device, lines=lines if n == len(steps) // 2 else None, phase="decode")
+        c, t = _forward_s(
+            arch,
+            cfg,
+            prec,
+            batch=b,
+            seq_q=1,
+            seq_kv=P + i,
+            tp_group=tp_group,
+            kernels=kernels,
+            comms=comms,
+            device=device,
+            lines=lines if n == len(steps) // 2 else None,
+            phase="decode",
+        )
         dec_c += c
         dec_tp += t
     k = max(1, len(steps))
@@ -138,15 +197,30 @@ def predict_infer(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, *, nodes
     sources: dict[str, Any] = {**kernels.describe(), **comms.describe()}
     if lines is not None:
         counts: dict[str, int] = {}
-        for key, src in {(str((ln["kind"], ln["params"], ln["dtype"], ln["direction"])), ln["source"]) for ln in lines}:
+        for _key, src in {
+            (str((ln["kind"], ln["params"], ln["dtype"], ln["direction"])), ln["source"]) for ln in lines
+        }:
             counts[src] = counts.get(src, 0) + 1
         sources["unique_kernels_by_source"] = dict(sorted(counts.items()))
     result = InferResult(
-        arch=arch, device=device, config=cfg, feasible=True, cluster=cluster, ttft_s=ttft, tpot_s=tpot,
-        total_latency_s=total, tokens_per_s=b * G / total, kv_cache_bytes=kv, memory=memory,
-        breakdown_s={"prefill": {"compute": pre_c, "tp_comm": pre_tp, "pp_comm": pre_pp},
-                     "decode_step": {"compute": dec_c, "tp_comm": dec_tp, "pp_comm": dec_pp}},
-        ops=tuple(lines or ()), cost_sources=sources)
+        arch=arch,
+        device=device,
+        config=cfg,
+        feasible=True,
+        cluster=cluster,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        total_latency_s=total,
+        tokens_per_s=b * G / total,
+        kv_cache_bytes=kv,
+        memory=memory,
+        breakdown_s={
+            "prefill": {"compute": pre_c, "tp_comm": pre_tp, "pp_comm": pre_pp},
+            "decode_step": {"compute": dec_c, "tp_comm": dec_tp, "pp_comm": dec_pp},
+        },
+        ops=tuple(lines or ()),
+        cost_sources=sources,
+    )
     reason = overflow_reason(memory, device, _MEMORY_FIX)
     if reason:
         result = _with_reason(result, reason)
@@ -164,15 +238,31 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
     weight_b = dtype_bytes(prec.matrix)
     kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
     heads = arch.n_heads // cfg.tp
-    work = act_b * b * P * (2 * arch.hidden + (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
-                            + (2 if arch.gated_mlp else 1) * arch.ffn_hidden // cfg.tp)
+    work = (
+        act_b
+        * b
+        * P
+        * (
+            2 * arch.hidden
+            + (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
+            + (2 if arch.gated_mlp else 1) * arch.ffn_hidden // cfg.tp
+        )
+    )
     if cfg.attention == "eager":
         work += act_b * b * heads * P * P
     mems = []
     for s in {0, cfg.pp - 1}:
         params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, stage=s)
-        mems.append(Memory(stage=s, weights_bytes=weight_b * params.total, gradients_bytes=0.0, optimizer_states_bytes=0.0,
-                           activations_bytes=work, kv_cache_bytes=kv))
+        mems.append(
+            Memory(
+                stage=s,
+                weights_bytes=weight_b * params.total,
+                gradients_bytes=0.0,
+                optimizer_states_bytes=0.0,
+                activations_bytes=work,
+                kv_cache_bytes=kv,
+            )
+        )
     return max(mems, key=lambda m: m.total_bytes)
 
 

@@ -46,11 +46,12 @@ as fast as the training device that uses its bandwidth best."""
 FLOOR, SPAN, RATIO, MONOTONE = "roofline_floor", "utilisation_span", "resource_ratio", "monotone"
 BOUND_RULES: dict[str, str] = {
     FLOOR: "no faster than the roofline at the datasheet peak",
-    SPAN: f"utilisation of the bounding resource within the span of the training devices (margin {UTILISATION_MARGIN:g})",
+    SPAN: "utilisation of the bounding resource within the span of the training devices "
+    f"(margin {UTILISATION_MARGIN:g})",
     RATIO: "utilisation no higher than on a training device with less of the bounding resource and no lower than "
-           "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
+    "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
     MONOTONE: "no slower than a training device with less of both peak and bandwidth, no faster than one with more "
-              "(the first wins where the training devices disagree)",
+    "(the first wins where the training devices disagree)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
 
@@ -62,9 +63,14 @@ RANGE_SLACK = 0.02
 rounding, re-measured specs); a fitted feature range gets the same slack on its (mostly log) scale."""
 
 _DEVICE_FEATURES: dict[str, str] = {
-    "log_peak_flops": "peak_flops", "log_mem_bw_bytes_per_s": "mem_bw_bytes_per_s", "log_sm_count": "sm_count",
-    "log_l2_bytes": "l2_bytes", "log_clock_hz": "boost_clock_hz", "log_ridge": "ridge_flop_per_byte",
-    "fp32_lanes_per_sm": "fp32_lanes_per_sm", "is_cpu": "is_cpu",
+    "log_peak_flops": "peak_flops",
+    "log_mem_bw_bytes_per_s": "mem_bw_bytes_per_s",
+    "log_sm_count": "sm_count",
+    "log_l2_bytes": "l2_bytes",
+    "log_clock_hz": "boost_clock_hz",
+    "log_ridge": "ridge_flop_per_byte",
+    "fp32_lanes_per_sm": "fp32_lanes_per_sm",
+    "is_cpu": "is_cpu",
 }
 """Device features of ``opcast.train.features`` -> the spec quantity each reads."""
 
@@ -75,10 +81,16 @@ def _device_quantities(device: DeviceSpec, k: Kernel) -> dict[str, float] | None
         peak = kernel_peak(k, device)
     except OpcastError:
         return None
-    return {"peak_flops": peak, "mem_bw_bytes_per_s": device.mem_bw_bytes_per_s, "sm_count": float(device.sm_count),
-            "l2_bytes": float(device.l2_bytes), "boost_clock_hz": device.boost_clock_hz,
-            "ridge_flop_per_byte": peak / device.mem_bw_bytes_per_s, "fp32_lanes_per_sm": float(device.fp32_lanes_per_sm),
-            "is_cpu": float(device.vendor == "cpu")}
+    return {
+        "peak_flops": peak,
+        "mem_bw_bytes_per_s": device.mem_bw_bytes_per_s,
+        "sm_count": float(device.sm_count),
+        "l2_bytes": float(device.l2_bytes),
+        "boost_clock_hz": device.boost_clock_hz,
+        "ridge_flop_per_byte": peak / device.mem_bw_bytes_per_s,
+        "fp32_lanes_per_sm": float(device.fp32_lanes_per_sm),
+        "is_cpu": float(device.vendor == "cpu"),
+    }
 
 
 class HardwareRange:
@@ -111,8 +123,10 @@ class HardwareRange:
                 self.notes.append(f"device spec {name} of the model set is invalid: its range is not checked")
         predictors = self.meta.get("predictors", {})
         if predictors and not any("feature_ranges" in e for e in predictors.values() if isinstance(e, Mapping)):
-            self.notes.append("hardware range checked against the training devices' specs; shape ranges are not "
-                              "recorded in the model set and are not checked")
+            self.notes.append(
+                "hardware range checked against the training devices' specs; shape ranges are not "
+                "recorded in the model set and are not checked"
+            )
 
     def fitted_on(self, key: str) -> tuple[str, ...]:
         """Names of the devices predictor ``key`` was fitted on (empty when not recorded)."""
@@ -135,7 +149,7 @@ class HardwareRange:
             listed = [_DEVICE_FEATURES[f] for f in entry.get("features", ()) if f in _DEVICE_FEATURES]
             wanted = listed or list(_DEVICE_FEATURES.values())
             mine = _device_quantities(device, k)
-            fitted = [q for n in names if (q := _device_quantities(self._specs[n], k)) is not None]
+            fitted = [fq for n in names if (fq := _device_quantities(self._specs[n], k)) is not None]
             if mine is not None and fitted:
                 out = []
                 for q in wanted:
@@ -150,7 +164,9 @@ class HardwareRange:
         self._reasons[cache_key] = why
         return why
 
-    def feature_reasons(self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None) -> dict[Kernel, str]:
+    def feature_reasons(
+        self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None
+    ) -> dict[Kernel, str]:
         """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``
         (``feats``: their feature rows, when the caller computed them already)."""
         entry = self.meta.get("predictors", {}).get(key)
@@ -179,7 +195,12 @@ def _query_frame(kernels: Sequence[Kernel]) -> Any:
 
     rows = []
     for k in kernels:
-        row: dict[str, object] = {"op": k.kind, "dtype": k.dtype, "direction": k.direction, "tensor_cores": k.tensor_cores}
+        row: dict[str, object] = {
+            "op": k.kind,
+            "dtype": k.dtype,
+            "direction": k.direction,
+            "tensor_cores": k.tensor_cores,
+        }
         row.update(k.params)
         rows.append(row)
     return pd.DataFrame(rows)
@@ -238,7 +259,7 @@ class LearnedKernelCost:
             feats = features(_query_frame(todo), device).reset_index(drop=True)
             start = 0
             for key, ks in by_key.items():
-                rows = feats.iloc[start:start + len(ks)]
+                rows = feats.iloc[start : start + len(ks)]
                 start += len(ks)
                 out.update(self.range.feature_reasons(key, ks, device, rows))
         return out
@@ -276,13 +297,16 @@ class LearnedKernelCost:
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
         out = np.asarray(self.model_set.predict_s(_query_frame(kernels), device), dtype=float)
         if out.shape != (len(kernels),):
-            raise OpcastError(f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
-                              "refit them with this opcast (opcast train fit)")
+            raise OpcastError(
+                f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
+                "refit them with this opcast (opcast train fit)"
+            )
         out[~np.isfinite(out) | (out <= 0)] = np.nan
         return out
 
-    def bound(self, kernels: Sequence[Kernel], times: np.ndarray, device: DeviceSpec,
-              margin: float = UTILISATION_MARGIN) -> tuple[np.ndarray, dict[Kernel, tuple[str, str]]]:
+    def bound(
+        self, kernels: Sequence[Kernel], times: np.ndarray, device: DeviceSpec, margin: float = UTILISATION_MARGIN
+    ) -> tuple[np.ndarray, dict[Kernel, tuple[str, str]]]:
         """``times`` (this source's answers for ``kernels`` on ``device``) held to physics
         (:data:`BOUND_RULES`): the roofline floor everywhere; on a device a kernel's predictor was
         not fitted on, also the utilisation span of its training devices and monotonicity
@@ -344,9 +368,12 @@ class LearnedKernelCost:
             what = "peak" if resource == "compute" else "memory bandwidth"
             if u > hi or u < lo:
                 t = r_s / (hi if u > hi else lo)
-                why[k] = (SPAN, f"{key} on {device.name} at {u:.0%} of its {what}, outside the {lo:.0%}..{hi:.0%} "
-                                f"it predicts on its training devices ({', '.join(n for n, *_ in seen)}); "
-                                f"held at {100 * r_s / t:.0f} %")
+                why[k] = (
+                    SPAN,
+                    f"{key} on {device.name} at {u:.0%} of its {what}, outside the {lo:.0%}..{hi:.0%} "
+                    f"it predicts on its training devices ({', '.join(n for n, *_ in seen)}); "
+                    f"held at {100 * r_s / t:.0f} %",
+                )
             # Speed-ups at most the ratio of what bounds the kernel, against a training device with
             # less of it (utilisation no higher than there) and one with more (no lower than there).
             weaker = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i >= r_s]
@@ -356,25 +383,46 @@ class LearnedKernelCost:
             u = r_s / t
             if rise is not None and u < rise[1] / margin and (cap is None or rise[1] <= cap[1]):
                 t = r_s / (rise[1] / margin)
-                why[k] = (RATIO, f"{key} on {device.name} at {u:.0%} of its {what}, below the {rise[1]:.0%} it "
-                                 f"predicts on {rise[0]}, which has more of it; held there")
+                why[k] = (
+                    RATIO,
+                    f"{key} on {device.name} at {u:.0%} of its {what}, below the {rise[1]:.0%} it "
+                    f"predicts on {rise[0]}, which has more of it; held there",
+                )
             if cap is not None and u > cap[1] * margin:
                 t = r_s / (cap[1] * margin)
-                why[k] = (RATIO, f"{key} on {device.name} at {u:.0%} of its {what}, above the {cap[1]:.0%} it "
-                                 f"predicts on {cap[0]}, which has less of it; held there")
+                why[k] = (
+                    RATIO,
+                    f"{key} on {device.name} at {u:.0%} of its {what}, above the {cap[1]:.0%} it "
+                    f"predicts on {cap[0]}, which has less of it; held there",
+                )
             for name, t_i, _, peak_i, bw_i, _ in seen:  # monotone in the resources; "never slower" wins
                 if peak <= peak_i and device.mem_bw_bytes_per_s <= bw_i and t < t_i:
-                    t, why[k] = t_i, (MONOTONE, f"{key} on {device.name} faster than on {name}, which has more of "
-                                                "both peak and bandwidth; held at its time")
+                    t, why[k] = (
+                        t_i,
+                        (
+                            MONOTONE,
+                            f"{key} on {device.name} faster than on {name}, which has more of "
+                            "both peak and bandwidth; held at its time",
+                        ),
+                    )
             for name, t_i, _, peak_i, bw_i, _ in seen:
                 if peak >= peak_i and device.mem_bw_bytes_per_s >= bw_i and t > t_i:
-                    t, why[k] = t_i, (MONOTONE, f"{key} on {device.name} slower than on {name}, which has less of "
-                                                "both peak and bandwidth; held at its time")
+                    t, why[k] = (
+                        t_i,
+                        (
+                            MONOTONE,
+                            f"{key} on {device.name} slower than on {name}, which has less of "
+                            "both peak and bandwidth; held at its time",
+                        ),
+                    )
             out[i] = t
         for i, k in enumerate(kernels):  # the floor, last: nothing beats the roofline at the peak
             r_s, _, resource = roofs[i]
             if np.isfinite(out[i]) and np.isfinite(r_s) and out[i] < r_s:
-                why[k] = (FLOOR, f"{keys[i]} on {device.name} faster than its {resource} roofline at the datasheet peak "
-                                 f"({r_s * 1e6:.3g} us; {out[i] / r_s:.0%} of it); held at the roofline")
+                why[k] = (
+                    FLOOR,
+                    f"{keys[i]} on {device.name} faster than its {resource} roofline at the datasheet peak "
+                    f"({r_s * 1e6:.3g} us; {out[i] / r_s:.0%} of it); held at the roofline",
+                )
                 out[i] = r_s
         return out, why

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 # --------------------------------------------------------------------------- decompositions
 
+
 def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     """The kernels an op runs as, where it is not one kernel: eager attention is two batched GEMMs
     around a scale, a mask and a softmax over the ``[b*h, s_q, s_kv]`` scores (Megatron's unfused
@@ -48,16 +49,27 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
 
     softmax = {"rows": bh * sq, "cols": skv}
     if k.direction == "fwd":
-        parts = [g(sq, skv, d), ew("div_scalar"), *([ew("add")] if p["causal"] else []),
-                 kernel("softmax", softmax, k.dtype), g(sq, d, skv)]
+        parts = [
+            g(sq, skv, d),
+            ew("div_scalar"),
+            *([ew("add")] if p["causal"] else []),
+            kernel("softmax", softmax, k.dtype),
+            g(sq, d, skv),
+        ]
     else:
-        parts = [g(sq, skv, d), g(skv, d, sq),            # dP = dO V^T, dV = P^T dO
-                 kernel("softmax", softmax, k.dtype, "bwd"), ew("div_scalar", "bwd"),
-                 g(sq, d, skv), g(skv, d, sq)]            # dQ = dS K, dK = dS^T Q
+        parts = [
+            g(sq, skv, d),
+            g(skv, d, sq),  # dP = dO V^T, dV = P^T dO
+            kernel("softmax", softmax, k.dtype, "bwd"),
+            ew("div_scalar", "bwd"),
+            g(sq, d, skv),
+            g(skv, d, sq),
+        ]  # dQ = dS K, dK = dS^T Q
     return [(part, 1) for part in parts]
 
 
 # --------------------------------------------------------------------------- the composite, cached
+
 
 @dataclass(kw_only=True, slots=True)
 class KernelCostModel:
@@ -97,9 +109,16 @@ class KernelCostModel:
         if preferred and todo:
             # One batch per source: the kernels themselves plus the parts of uncovered multi-kernel
             # ops (a learned model's per-call overhead dwarfs its per-row cost).
-            composite = {k: parts for k in todo if not any(s.covers(k) for s in preferred)
-                         and (parts := decompose(k)) and all(any(s.covers(p) for s in preferred) for p, _ in parts)}
-            batch = list(dict.fromkeys([*todo, *(p for parts in composite.values() for p, _ in parts if p not in cache)]))
+            composite = {
+                k: parts
+                for k in todo
+                if not any(s.covers(k) for s in preferred)
+                and (parts := decompose(k))
+                and all(any(s.covers(p) for s in preferred) for p, _ in parts)
+            }
+            batch = list(
+                dict.fromkeys([*todo, *(p for parts in composite.values() for p, _ in parts if p not in cache)])
+            )
             for source in preferred:
                 batch = self._ask(source, batch, device, cache, flags)
             for k, parts in composite.items():
@@ -118,8 +137,14 @@ class KernelCostModel:
             raise OpcastError(f"no kernel-time source could time {todo[0].kind} {dict(todo[0].params)}")
         return cache
 
-    def _ask(self, source: KernelTimeSource, todo: list[Kernel], device: DeviceSpec,
-             cache: dict[Kernel, tuple[float, str]], flags: dict[Kernel, str]) -> list[Kernel]:
+    def _ask(
+        self,
+        source: KernelTimeSource,
+        todo: list[Kernel],
+        device: DeviceSpec,
+        cache: dict[Kernel, tuple[float, str]],
+        flags: dict[Kernel, str],
+    ) -> list[Kernel]:
         """Cache what ``source`` answers among ``todo``; return the rest. A learned source's
         answers outside its fitted hardware range are flagged, or (``in_range_only``) refused."""
         mine = [k for k in todo if source.covers(k)]
@@ -193,8 +218,12 @@ class KernelCostModel:
             by_rule: dict[str, int] = {}
             for rule, _ in bounded.values():
                 by_rule[rule] = by_rule.get(rule, 0) + 1
-            out[device.name] = {"bounded_kernels": len(bounded), "learned_kernels": learned,
-                                "by_rule": dict(sorted(by_rule.items())), "example": next(iter(bounded.values()))[1]}
+            out[device.name] = {
+                "bounded_kernels": len(bounded),
+                "learned_kernels": learned,
+                "by_rule": dict(sorted(by_rule.items())),
+                "example": next(iter(bounded.values()))[1],
+            }
         return out
 
     def warm(self) -> int:
@@ -214,8 +243,10 @@ class KernelCostModel:
         summary = self.bounds_summary()
         for name, b in summary.items():
             rules = ", ".join(f"{n} {rule.replace('_', ' ')}" for rule, n in b["by_rule"].items())
-            notes.append(f"physical bounds moved {b['bounded_kernels']} of {b['learned_kernels']} learned kernel time(s) "
-                         f"on {name} ({rules}), e.g. {b['example']}")
+            notes.append(
+                f"physical bounds moved {b['bounded_kernels']} of {b['learned_kernels']} learned kernel time(s) "
+                f"on {name} ({rules}), e.g. {b['example']}"
+            )
         out: dict[str, Any] = {
             "kernel_models": self.models_label,
             "roofline_efficiency": self.roofline.efficiency.source,
@@ -223,8 +254,7 @@ class KernelCostModel:
             "notes": notes,
         }
         if learned:
-            out["physical_bounds"] = {"rules": dict(BOUND_RULES) if self.physical_bounds else "off",
-                                      "bounded": summary}
+            out["physical_bounds"] = {"rules": dict(BOUND_RULES) if self.physical_bounds else "off", "bounded": summary}
         return out
 
 
@@ -236,8 +266,10 @@ def models_flag_problem(models: str | Path | None, use_learned: bool) -> str | N
     """The one rule of ``--models`` with ``--roofline``: together they contradict each other
     (the roofline ignores every learned model), so the pair is refused, never silently resolved."""
     if models is not None and not use_learned:
-        return (f"--models {models} and --roofline contradict each other (--roofline ignores every learned model); "
-                "drop one of them")
+        return (
+            f"--models {models} and --roofline contradict each other (--roofline ignores every learned model); "
+            "drop one of them"
+        )
     return None
 
 
@@ -251,13 +283,14 @@ def physical_bounds_enabled() -> bool:
     return os.environ.get(BOUNDS_ENV, "on").strip().lower() != "off"
 
 
-def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = True,
-                     in_range_only: bool = False) -> KernelCostModel:
+def load_kernel_cost(
+    models: str | Path | None = None, *, use_learned: bool = True, in_range_only: bool = False
+) -> KernelCostModel:
     """The kernel cost model for ``--models DIR`` (errors are the user's to fix), or the embedded
     default (its absence falls back to the roofline, said in ``notes``). ``in_range_only``: learned
     models answer only inside the hardware they were fitted on (``--analytic``). ``models`` with
     ``use_learned=False`` is refused (:func:`models_flag_problem`)."""
-    if (problem := models_flag_problem(models, use_learned)):
+    if problem := models_flag_problem(models, use_learned):
         raise OpcastError(problem)
     if not use_learned:
         return roofline_only("learned models disabled (--roofline): every kernel uses the roofline fallback")
@@ -265,15 +298,21 @@ def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = Tr
         from opcast.train.artifacts import load_model_set
     except ImportError as err:
         if models is not None:
-            raise OpcastError(f"--models {models} needs opcast.train.artifacts, which cannot be imported ({err}); "
-                              "install the full opcast or drop --models") from None
-        return roofline_only(f"learned models unavailable (opcast.train.artifacts cannot be imported: {err}); "
-                             "every kernel uses the roofline fallback")
+            raise OpcastError(
+                f"--models {models} needs opcast.train.artifacts, which cannot be imported ({err}); "
+                "install the full opcast or drop --models"
+            ) from None
+        return roofline_only(
+            f"learned models unavailable (opcast.train.artifacts cannot be imported: {err}); "
+            "every kernel uses the roofline fallback"
+        )
     if models is not None:
         path = Path(models)
         if not path.exists():
-            raise OpcastError(f"--models {path} does not exist; give a folder written by `opcast train fit`, "
-                              "or drop --models to use the embedded default")
+            raise OpcastError(
+                f"--models {path} does not exist; give a folder written by `opcast train fit`, "
+                "or drop --models to use the embedded default"
+            )
         model_set = load_model_set(path)
         label = str(path)
     else:
@@ -282,7 +321,13 @@ def load_kernel_cost(models: str | Path | None = None, *, use_learned: bool = Tr
         except OpcastError as err:
             return roofline_only(f"default models unavailable ({err}); every kernel uses the roofline fallback")
         label = "embedded default (models/default)"
-    where = "(op, dtype, direction)" + (" inside the hardware they were fitted on (--analytic)" if in_range_only else "")
-    return KernelCostModel(sources=(LearnedKernelCost(model_set, label), RooflineKernelCost()), models_label=label,
-                           in_range_only=in_range_only, physical_bounds=physical_bounds_enabled(),
-                           notes=[f"learned models from {label} where they cover the {where}; roofline elsewhere"])
+    where = "(op, dtype, direction)" + (
+        " inside the hardware they were fitted on (--analytic)" if in_range_only else ""
+    )
+    return KernelCostModel(
+        sources=(LearnedKernelCost(model_set, label), RooflineKernelCost()),
+        models_label=label,
+        in_range_only=in_range_only,
+        physical_bounds=physical_bounds_enabled(),
+        notes=[f"learned models from {label} where they cover the {where}; roofline elsewhere"],
+    )

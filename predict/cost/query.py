@@ -26,6 +26,7 @@ MATRIX_KINDS = frozenset({"gemm", "attention"})
 
 # --------------------------------------------------------------------------- kernels
 
+
 @dataclass(frozen=True, slots=True)
 class Kernel:
     """One unique kernel query: hashable, so it is the cache key."""
@@ -65,20 +66,31 @@ def uses_tensor_cores(kind: str, dtype: str, tensor_cores: bool | None = None) -
     return dtype != "fp32"
 
 
-def kernel(kind: str, params: Mapping[str, int | bool | str], dtype: str, direction: str = "fwd",
-           tensor_cores: bool | None = None) -> Kernel:
+def kernel(
+    kind: str,
+    params: Mapping[str, int | bool | str],
+    dtype: str,
+    direction: str = "fwd",
+    tensor_cores: bool | None = None,
+) -> Kernel:
     """A :class:`Kernel` with its parameters in canonical order (no validation: graph builders
     produce valid shapes by construction; user input goes through :func:`validated_kernel`).
     ``tensor_cores`` resolves by :func:`uses_tensor_cores`."""
     spec = get_op(kind)
     if spec.defaults and any(n not in params for n in spec.defaults):
         params = {**spec.defaults, **params}
-    return Kernel(kind, tuple((n, params[n]) for n in spec.param_names), dtype, direction,
-                  uses_tensor_cores(kind, dtype, tensor_cores))
+    return Kernel(
+        kind,
+        tuple((n, params[n]) for n in spec.param_names),
+        dtype,
+        direction,
+        uses_tensor_cores(kind, dtype, tensor_cores),
+    )
 
 
-def validated_kernel(kind: str, params: Mapping[str, object], dtype: str, direction: str = "fwd",
-                     tensor_cores: bool | None = None) -> Kernel:
+def validated_kernel(
+    kind: str, params: Mapping[str, object], dtype: str, direction: str = "fwd", tensor_cores: bool | None = None
+) -> Kernel:
     """A kernel from user input: the registry coerces and checks every parameter."""
     spec = get_op(kind)
     if spec.collective:
@@ -89,6 +101,7 @@ def validated_kernel(kind: str, params: Mapping[str, object], dtype: str, direct
 
 
 # --------------------------------------------------------------------------- sources
+
 
 class KernelTimeSource(Protocol):
     """Anything that can time a batch of kernels on a device."""

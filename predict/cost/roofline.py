@@ -6,6 +6,7 @@ roofline at the datasheet peak that no implementation can beat (:func:`peak_roof
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ class EfficiencyCurve:
         pts = self.anchors
         if size <= pts[0][0]:
             return pts[0][1]
-        for (s0, e0), (s1, e1) in zip(pts, pts[1:]):
+        for (s0, e0), (s1, e1) in itertools.pairwise(pts):
             if size <= s1:
                 w = (math.log10(size) - math.log10(s0)) / (math.log10(s1) - math.log10(s0))
                 return e0 + w * (e1 - e0)
@@ -146,10 +147,15 @@ def bottleneck(k: Kernel, device: DeviceSpec, time_s: float, roofline: RooflineK
     """:class:`Bottleneck` of ``k`` on ``device`` for a predicted ``time_s`` per call."""
     terms = (roofline or _DEFAULT_ROOFLINE).terms(k, device)
     peak, bw = kernel_peak(k, device), device.mem_bw_bytes_per_s
-    return Bottleneck(bound=terms.bound, flops=terms.flops, bytes=terms.bytes,
-                      intensity=terms.flops / terms.bytes if terms.bytes else math.inf, ridge=peak / bw,
-                      compute_utilisation=terms.flops / (time_s * peak) if time_s > 0 else 0.0,
-                      memory_utilisation=terms.bytes / (time_s * bw) if time_s > 0 else 0.0)
+    return Bottleneck(
+        bound=terms.bound,
+        flops=terms.flops,
+        bytes=terms.bytes,
+        intensity=terms.flops / terms.bytes if terms.bytes else math.inf,
+        ridge=peak / bw,
+        compute_utilisation=terms.flops / (time_s * peak) if time_s > 0 else 0.0,
+        memory_utilisation=terms.bytes / (time_s * bw) if time_s > 0 else 0.0,
+    )
 
 
 _DEFAULT_ROOFLINE = RooflineKernelCost()

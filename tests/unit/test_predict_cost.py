@@ -30,10 +30,24 @@ A100 = get_device("A100-SXM4-80GB")
 def doubled(device):
     """Every throughput spec x2 (what issue 9 calls a hypothetical GPU)."""
     return dataclasses.replace(
-        device, name=device.name + "-x2", aliases=(),
-        **{f: getattr(device, f) * 2 for f in ("peak_fp32_flops", "peak_tf32_flops", "peak_fp16_flops", "peak_bf16_flops",
-                                              "peak_fp8_flops", "mem_bw_bytes_per_s", "intra_node_bw_bytes_per_s",
-                                              "inter_node_bw_bytes_per_s") if getattr(device, f) is not None})
+        device,
+        name=device.name + "-x2",
+        aliases=(),
+        **{
+            f: getattr(device, f) * 2
+            for f in (
+                "peak_fp32_flops",
+                "peak_tf32_flops",
+                "peak_fp16_flops",
+                "peak_bf16_flops",
+                "peak_fp8_flops",
+                "mem_bw_bytes_per_s",
+                "intra_node_bw_bytes_per_s",
+                "inter_node_bw_bytes_per_s",
+            )
+            if getattr(device, f) is not None
+        },
+    )
 
 
 def test_efficiency_curve_interpolates_in_log_size_and_clamps():
@@ -61,11 +75,25 @@ def test_roofline_of_an_elementwise_op_is_memory_bound():
 def test_roofline_is_scale_invariant():
     fast = doubled(A100)
     cost = RooflineKernelCost()
-    for k in (kernel("gemm", {"b": 1, "m": 512, "n": 384, "k": 1024}, "bf16"),
-              kernel("attention", {"batch": 2, "heads": 8, "kv_heads": 8, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64,
-                                   "causal": True, "impl": "flash"}, "fp16"),
-              kernel("layernorm", {"rows": 4096, "cols": 1024}, "fp32"),
-              kernel("gemm", {"b": 1, "m": 64, "n": 64, "k": 64}, "fp32")):
+    for k in (
+        kernel("gemm", {"b": 1, "m": 512, "n": 384, "k": 1024}, "bf16"),
+        kernel(
+            "attention",
+            {
+                "batch": 2,
+                "heads": 8,
+                "kv_heads": 8,
+                "seq_q": 1024,
+                "seq_kv": 1024,
+                "head_dim": 64,
+                "causal": True,
+                "impl": "flash",
+            },
+            "fp16",
+        ),
+        kernel("layernorm", {"rows": 4096, "cols": 1024}, "fp32"),
+        kernel("gemm", {"b": 1, "m": 64, "n": 64, "k": 64}, "fp32"),
+    ):
         assert cost.predict_s([k], fast)[0] * 2 == pytest.approx(cost.predict_s([k], A100)[0], rel=1e-12)
 
 
@@ -121,7 +149,7 @@ def test_cache_prices_each_kernel_once_per_device():
 
 
 def test_validated_kernel_names_every_problem():
-    with pytest.raises(OpcastError, match="missing parameter k.*unknown parameter"):
+    with pytest.raises(OpcastError, match=r"missing parameter k.*unknown parameter"):
         validated_kernel("gemm", {"b": 1, "m": 2, "n": 3, "q": 4}, "bf16")
     with pytest.raises(OpcastError, match="collective"):
         validated_kernel("all_reduce", {"bytes": 8, "world_size": 2, "nodes": 1, "gpus_per_node": 2}, "bf16")
@@ -160,8 +188,20 @@ class _FakeVectorAndGemm(_FakeModelSet):
 def test_uncovered_eager_attention_is_priced_from_its_learned_kernels():
     from opcast.predict.cost import decompose
 
-    att = kernel("attention", {"batch": 2, "heads": 4, "kv_heads": 4, "seq_q": 256, "seq_kv": 256, "head_dim": 64,
-                               "causal": True, "impl": "eager"}, "fp32")
+    att = kernel(
+        "attention",
+        {
+            "batch": 2,
+            "heads": 4,
+            "kv_heads": 4,
+            "seq_q": 256,
+            "seq_kv": 256,
+            "head_dim": 64,
+            "causal": True,
+            "impl": "eager",
+        },
+        "fp32",
+    )
     parts = decompose(att)
     assert [p.kind for p, _ in parts] == ["gemm", "elementwise", "elementwise", "softmax", "gemm"]
     assert sum(p.flops() for p, _ in parts if p.kind == "gemm") == att.flops()  # the registry's 4 d per pair
@@ -187,18 +227,29 @@ def test_the_cost_package_is_layered_by_concern_and_re_exports_every_public_name
     folder = Path(cost.__file__).parent
     for i, name in enumerate(order):
         tree = ast.parse((folder / f"{name}.py").read_text())
-        siblings = {n.module.rsplit(".", 1)[1] for n in ast.walk(tree)
-                    if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("opcast.predict.cost.")}
+        siblings = {
+            n.module.rsplit(".", 1)[1]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("opcast.predict.cost.")
+        }
         assert siblings <= set(order[:i]), f"{name} imports {sorted(siblings - set(order[:i]))}"
     defined = {}
     for name in order:
         module = importlib.import_module(f"opcast.predict.cost.{name}")
         tree = ast.parse((folder / f"{name}.py").read_text())
         for node in tree.body:
-            targets = ([node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else
-                       [t.id for a in ([node] if isinstance(node, ast.Assign) else []) for tg in a.targets
-                        for t in ast.walk(tg) if isinstance(t, ast.Name)] +
-                       ([node.target.id] if isinstance(node, ast.AnnAssign) else []))
+            targets = (
+                [node.name]
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+                else [
+                    t.id
+                    for a in ([node] if isinstance(node, ast.Assign) else [])
+                    for tg in a.targets
+                    for t in ast.walk(tg)
+                    if isinstance(t, ast.Name)
+                ]
+                + ([node.target.id] if isinstance(node, ast.AnnAssign) else [])
+            )
             for target in targets:
                 assert target not in defined, f"{target} is defined in both {defined[target]} and {name}"
                 defined[target] = name
