@@ -62,9 +62,17 @@ class Case:
 
 # --------------------------------------------------------------------------- malformed files
 
-LLAMA = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
-         "num_hidden_layers": 2, "intermediate_size": 512, "max_position_embeddings": 1024, "vocab_size": 1000,
-         "hidden_act": "silu"}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 2,
+    "intermediate_size": 512,
+    "max_position_embeddings": 1024,
+    "vocab_size": 1000,
+    "hidden_act": "silu",
+}
 
 
 def _hf(**changes: object) -> str:
@@ -74,9 +82,23 @@ def _hf(**changes: object) -> str:
 def _write_dataset(path: Path) -> None:
     from opcast.schema import write_parquet
 
-    rows = [{"run_id": "r", "source": "bench", "device": "H100-SXM", "timing_method": "cuda_event", "op": "gemm",
-             "dtype": "bf16", "direction": "fwd", "b": 1, "m": 64 * i, "n": 64, "k": 64, "time_s_median": 1e-5 * i}
-            for i in range(1, 9)]
+    rows = [
+        {
+            "run_id": "r",
+            "source": "bench",
+            "device": "H100-SXM",
+            "timing_method": "cuda_event",
+            "op": "gemm",
+            "dtype": "bf16",
+            "direction": "fwd",
+            "b": 1,
+            "m": 64 * i,
+            "n": 64,
+            "k": 64,
+            "time_s_median": 1e-5 * i,
+        }
+        for i in range(1, 9)
+    ]
     write_parquet(rows, path)
 
 
@@ -107,8 +129,12 @@ def _build_files(d: Path) -> None:
     _write_dataset(good)
     table = pq.read_table(good)
     meta = dict(table.schema.metadata)
-    pq.write_table(table.replace_schema_metadata({**meta, b"opcast.schema_version": b"one"}), d / "version_text.parquet")
-    pq.write_table(table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet")
+    pq.write_table(
+        table.replace_schema_metadata({**meta, b"opcast.schema_version": b"one"}), d / "version_text.parquet"
+    )
+    pq.write_table(
+        table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet"
+    )
     w("text.parquet", "this is not parquet\n")
     (d / "bad_parts").mkdir()
     shutil.copy(d / "version_text.parquet", d / "bad_parts" / "part-0.parquet")
@@ -148,6 +174,7 @@ def files(tmp_path_factory) -> Path:
 
 # --------------------------------------------------------------------------- checks of valid edges
 
+
 def _kernels_tc_check(result: Result, d: Path) -> None:
     got = pd.read_csv(d / "kernels_out" / "tc.csv", keep_default_na=False)
     t = dict(zip(range(len(got)), got["time_s_pred"].astype(float)))
@@ -165,6 +192,7 @@ def _json_check(**expected: object) -> Callable[[Result, Path], None]:
         doc = json.loads(result.out)
         for key, value in expected.items():
             assert doc[key] == value, (key, doc[key])
+
     return check
 
 
@@ -193,11 +221,41 @@ def _arch_show_check(result: Result, d: Path) -> None:
 
 TRAIN = ("predict", "train", "--gpu", "H100-SXM", ROOF)
 INFER = ("predict", "infer", "--gpu", "H100-SXM", ROOF)
-KERNEL = ("predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=64",
-          "--param", "n=64", "--param", "k=64")
+KERNEL = (
+    "predict",
+    "kernel",
+    "--gpu",
+    "H100-SXM",
+    "--op",
+    "gemm",
+    "--param",
+    "b=1",
+    "--param",
+    "m=64",
+    "--param",
+    "n=64",
+    "--param",
+    "k=64",
+)
 SEARCH = ("search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "8", "--seq", "1024")
-BENCH = ("collect", "bench", "--out", "{d}/bench_out", "--budget-s", "0.5", "--samples", "2", "--op", "gemm",
-         "--dtype", "fp32", "--rep-s", "0.01", "--warmup-s", "0.01")
+BENCH = (
+    "collect",
+    "bench",
+    "--out",
+    "{d}/bench_out",
+    "--budget-s",
+    "0.5",
+    "--samples",
+    "2",
+    "--op",
+    "gemm",
+    "--dtype",
+    "fp32",
+    "--rep-s",
+    "0.01",
+    "--warmup-s",
+    "0.01",
+)
 CALIB = ("calibrate", "--out", "{d}/calib_out", "--budget-s", "2", "--steps", "1")
 VALIDATE = ("validate", "--batch", "1", "--seq", "16", "--layers", "1", "--steps", "1", "--warmup", "0")
 KERNELS = ("predict", "kernels", "--gpu", "H100-SXM", ROOF, "--out", "{d}/kernels_out/out.csv")
@@ -223,34 +281,154 @@ CASES: list[Case] = [
     _c("train-tp-zero", *TRAIN, "--arch", "gpt3-125m", "--tp", "0", needles=("tp=0",)),
     _c("train-seq-negative", *TRAIN, "--arch", "gpt3-125m", "--seq", "-1", needles=("seq=-1",)),
     _c("train-coverage-nan", *TRAIN, "--arch", "gpt3-125m", "--coverage", "nan", needles=("--coverage",)),
-    _c("search-gpus-zero", "search", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus", "0", "--global-batch", "8",
-       "--seq", "1024", ROOF, needles=("gpus=0",)),
+    _c(
+        "search-gpus-zero",
+        "search",
+        "--arch",
+        "gpt3-125m",
+        "--gpu",
+        "H100-SXM",
+        "--gpus",
+        "0",
+        "--global-batch",
+        "8",
+        "--seq",
+        "1024",
+        ROOF,
+        needles=("gpus=0",),
+    ),
     _c("search-price-inf", *SEARCH, ROOF, "--gpu-hour-price", "inf", needles=("--gpu-hour-price",)),
     _c("search-workers-zero", *SEARCH, ROOF, "--workers", "0", needles=("workers",)),
-    _c("kernel-param-nan", "predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=nan",
-       "--param", "n=64", "--param", "k=64", ROOF, needles=("m=",)),
+    _c(
+        "kernel-param-nan",
+        "predict",
+        "kernel",
+        "--gpu",
+        "H100-SXM",
+        "--op",
+        "gemm",
+        "--param",
+        "b=1",
+        "--param",
+        "m=nan",
+        "--param",
+        "n=64",
+        "--param",
+        "k=64",
+        ROOF,
+        needles=("m=",),
+    ),
     _c("kernel-set-nan", *KERNEL, ROOF, "--set", "mem_bw_bytes_per_s=nan", needles=("mem_bw_bytes_per_s",)),
-    _c("explore-vary-negative", "explore", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary",
-       "mem_bw_bytes_per_s=1,-2", ROOF, needles=("mem_bw_bytes_per_s",)),
-    _c("compare-unknown-gpu", "compare", "infer", "--arch", "gpt3-125m", "--gpus", "H100-SXM,H1000", ROOF,
-       needles=("H1000",)),
+    _c(
+        "explore-vary-negative",
+        "explore",
+        "train",
+        "--arch",
+        "gpt3-125m",
+        "--gpu",
+        "H100-SXM",
+        "--vary",
+        "mem_bw_bytes_per_s=1,-2",
+        ROOF,
+        needles=("mem_bw_bytes_per_s",),
+    ),
+    _c(
+        "compare-unknown-gpu",
+        "compare",
+        "infer",
+        "--arch",
+        "gpt3-125m",
+        "--gpus",
+        "H100-SXM,H1000",
+        ROOF,
+        needles=("H1000",),
+    ),
     # ---- infeasible configurations: every reason of every class in the one line
-    _c("train-infeasible-every-class", "predict", "train", "--arch", "llama2-7b", "--gpu", "T4", "--tp", "3", "--pp", "5",
-       ROOF, needles=("T4 has no bf16 peak", "tp=3", "pp=5")),
-    _c("infer-infeasible-every-class", "predict", "infer", "--arch", "llama2-7b", "--gpu", "T4", "--tp", "3",
-       "--pp", "5", ROOF, needles=("T4 has no bf16 peak", "tp=3", "pp=5")),
-    _c("train-infeasible-device-and-memory", "predict", "train", "--arch", "llama2-70b", "--gpu", "T4", ROOF,
-       needles=("T4 has no bf16 peak", "does not fit")),
-    _c("train-precision-bad", *TRAIN, "--arch", "gpt3-125m", "--precision", "fp9", "--tp", "5",
-       needles=("fp9", "tp=5")),
+    _c(
+        "train-infeasible-every-class",
+        "predict",
+        "train",
+        "--arch",
+        "llama2-7b",
+        "--gpu",
+        "T4",
+        "--tp",
+        "3",
+        "--pp",
+        "5",
+        ROOF,
+        needles=("T4 has no bf16 peak", "tp=3", "pp=5"),
+    ),
+    _c(
+        "infer-infeasible-every-class",
+        "predict",
+        "infer",
+        "--arch",
+        "llama2-7b",
+        "--gpu",
+        "T4",
+        "--tp",
+        "3",
+        "--pp",
+        "5",
+        ROOF,
+        needles=("T4 has no bf16 peak", "tp=3", "pp=5"),
+    ),
+    _c(
+        "train-infeasible-device-and-memory",
+        "predict",
+        "train",
+        "--arch",
+        "llama2-70b",
+        "--gpu",
+        "T4",
+        ROOF,
+        needles=("T4 has no bf16 peak", "does not fit"),
+    ),
+    _c(
+        "train-precision-bad", *TRAIN, "--arch", "gpt3-125m", "--precision", "fp9", "--tp", "5", needles=("fp9", "tp=5")
+    ),
     # ---- --models with --roofline: refused wherever both are taken
-    _c("models-roofline-train", *TRAIN, "--arch", "gpt3-125m", "--models", "models", needles=("--models", "--roofline")),
-    _c("models-roofline-kernels", *KERNELS, "{d}/one_gemm.csv", "--models", "models", needles=("--models", "--roofline")),
+    _c(
+        "models-roofline-train", *TRAIN, "--arch", "gpt3-125m", "--models", "models", needles=("--models", "--roofline")
+    ),
+    _c(
+        "models-roofline-kernels",
+        *KERNELS,
+        "{d}/one_gemm.csv",
+        "--models",
+        "models",
+        needles=("--models", "--roofline"),
+    ),
     _c("models-roofline-search", *SEARCH, ROOF, "--models", "models", needles=("--models", "--roofline")),
-    _c("models-roofline-explore", "explore", "infer", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--vary",
-       "mem_bw_bytes_per_s=1,2", ROOF, "--models", "models", needles=("--models", "--roofline")),
-    _c("models-roofline-compare", "compare", "train", "--arch", "gpt3-125m", "--gpus", "A100-SXM4-80GB,H100-SXM", ROOF,
-       "--models", "models", needles=("--models", "--roofline")),
+    _c(
+        "models-roofline-explore",
+        "explore",
+        "infer",
+        "--arch",
+        "gpt3-125m",
+        "--gpu",
+        "H100-SXM",
+        "--vary",
+        "mem_bw_bytes_per_s=1,2",
+        ROOF,
+        "--models",
+        "models",
+        needles=("--models", "--roofline"),
+    ),
+    _c(
+        "models-roofline-compare",
+        "compare",
+        "train",
+        "--arch",
+        "gpt3-125m",
+        "--gpus",
+        "A100-SXM4-80GB,H100-SXM",
+        ROOF,
+        "--models",
+        "models",
+        needles=("--models", "--roofline"),
+    ),
     # ---- malformed arch configs (--arch FILE); the value variants are unit tests (tests/unit/test_archs.py)
     _c("arch-act-list", "arch", "show", "{d}/act_list.json", needles=("act_list.json", "hidden_act")),
     _c("arch-act-dict", *TRAIN, "--arch", "{d}/act_dict.json", needles=("act_dict.json", "hidden_act")),
@@ -267,13 +445,23 @@ CASES: list[Case] = [
     _c("calibrate-arch-binary", *CALIB, "--arch", "{d}/binary.json", needles=("binary.json",)),
     # ---- malformed hardware files (--gpu FILE, hardware show FILE); more in tests/unit/test_hardware.py
     _c("gpu-missing-key", *KERNEL, ROOF, "--gpu", "{d}/gpu_missing.json", needles=("gpu_missing.json", "mem_bytes")),
-    _c("gpu-dict", *TRAIN[:2], "--arch", "gpt3-125m", "--gpu", "{d}/gpu_dict.json", ROOF,
-       needles=("gpu_dict.json", "peak_bf16_flops")),
+    _c(
+        "gpu-dict",
+        *TRAIN[:2],
+        "--arch",
+        "gpt3-125m",
+        "--gpu",
+        "{d}/gpu_dict.json",
+        ROOF,
+        needles=("gpu_dict.json", "peak_bf16_flops"),
+    ),
     _c("gpu-nested", "hardware", "show", "{d}/gpu_nested.json", needles=("gpu_nested.json",)),
     _c("gpu-binary", "hardware", "show", "{d}/gpu_binary.json", needles=("gpu_binary.json", "UTF-8")),
     _c("gpu-directory", "hardware", "show", "{d}/config_dir", needles=("config_dir",)),
     _c("gpu-valid-file", "hardware", "show", "{d}/gpu_ok.json", expect="ok", check=_json_check(name="my-gpu")),
-    _c("cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)),
+    _c(
+        "cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)
+    ),
     # ---- parquet datasets
     _c("parquet-version-text", "collect", "info", "{d}/version_text.parquet", needles=("version_text.parquet",)),
     _c("parquet-version-inf", "train", "eval", "{d}/version_inf.parquet", needles=("version_inf.parquet",)),
@@ -289,38 +477,144 @@ CASES: list[Case] = [
     _c("kernels-empty-csv", *KERNELS, "{d}/empty.csv", needles=("empty.csv",)),
     _c("kernels-latin1-csv", *KERNELS, "{d}/latin1.csv", needles=("latin1.csv",)),
     _c("kernels-text-parquet", *KERNELS, "{d}/text.parquet", needles=("text.parquet",)),
-    _c("kernels-out-bad-suffix", "predict", "kernels", "{d}/one_gemm.csv", "--gpu", "H100-SXM", ROOF,
-       "--out", "{d}/kernels_out/out.txt", needles=(".csv",)),
-    _c("kernels-tc-strings", "predict", "kernels", "{d}/tc_strings.csv", "--gpu", "H100-SXM", ROOF,
-       "--out", "{d}/kernels_out/tc.csv", expect="ok", check=_kernels_tc_check),
-    _c("kernels-dataset-parquet", "predict", "kernels", "{d}/good.parquet", "--gpu", "H100-SXM", ROOF,
-       "--out", "{d}/kernels_out/ds.parquet", expect="ok", check=_dataset_predicted),
-    _c("kernels-full-disk", "predict", "kernels", "{d}/many_gemms.csv", "--gpu", "H100-SXM", ROOF,
-       "--out", "{d}/kernels_out/full.csv", fsize_limit_kib=16, needles=("full.csv",), check=_no_tmp_left),
-    _c("search-csv-full-disk", *SEARCH, ROOF, "--csv", "{d}/kernels_out/search.csv", fsize_limit_kib=1,
-       needles=("search.csv",), check=_no_tmp_left),
+    _c(
+        "kernels-out-bad-suffix",
+        "predict",
+        "kernels",
+        "{d}/one_gemm.csv",
+        "--gpu",
+        "H100-SXM",
+        ROOF,
+        "--out",
+        "{d}/kernels_out/out.txt",
+        needles=(".csv",),
+    ),
+    _c(
+        "kernels-tc-strings",
+        "predict",
+        "kernels",
+        "{d}/tc_strings.csv",
+        "--gpu",
+        "H100-SXM",
+        ROOF,
+        "--out",
+        "{d}/kernels_out/tc.csv",
+        expect="ok",
+        check=_kernels_tc_check,
+    ),
+    _c(
+        "kernels-dataset-parquet",
+        "predict",
+        "kernels",
+        "{d}/good.parquet",
+        "--gpu",
+        "H100-SXM",
+        ROOF,
+        "--out",
+        "{d}/kernels_out/ds.parquet",
+        expect="ok",
+        check=_dataset_predicted,
+    ),
+    _c(
+        "kernels-full-disk",
+        "predict",
+        "kernels",
+        "{d}/many_gemms.csv",
+        "--gpu",
+        "H100-SXM",
+        ROOF,
+        "--out",
+        "{d}/kernels_out/full.csv",
+        fsize_limit_kib=16,
+        needles=("full.csv",),
+        check=_no_tmp_left,
+    ),
+    _c(
+        "search-csv-full-disk",
+        *SEARCH,
+        ROOF,
+        "--csv",
+        "{d}/kernels_out/search.csv",
+        fsize_limit_kib=1,
+        needles=("search.csv",),
+        check=_no_tmp_left,
+    ),
     # ---- model sets (--models)
     _c("models-missing", *KERNEL, "--models", "{d}/no_such_models", needles=("no_such_models",)),
     _c("models-file", *KERNEL, "--models", "{d}/one_gemm.csv", needles=("one_gemm.csv",)),
-    _c("models-bad-meta", "train", "eval", "{d}/good.parquet", "--models", "{d}/models_badmeta",
-       needles=("models_badmeta",)),
-    _c("models-list-meta", *INFER[:2], "--gpu", "H100-SXM", "--arch", "gpt3-125m", "--models", "{d}/models_listmeta",
-       needles=("models_listmeta",)),
+    _c(
+        "models-bad-meta",
+        "train",
+        "eval",
+        "{d}/good.parquet",
+        "--models",
+        "{d}/models_badmeta",
+        needles=("models_badmeta",),
+    ),
+    _c(
+        "models-list-meta",
+        *INFER[:2],
+        "--gpu",
+        "H100-SXM",
+        "--arch",
+        "gpt3-125m",
+        "--models",
+        "{d}/models_listmeta",
+        needles=("models_listmeta",),
+    ),
     # ---- collect, train, validate, calibrate: fail at validation, before any measurement
     _c("bench-max-point-negative", *BENCH, "--max-point-s", "-1", needles=("--max-point-s",)),
     _c("bench-rep-nan", *BENCH, "--rep-s", "nan", needles=("--rep-s",)),
     _c("bench-budget-nan", *BENCH, "--budget-s", "nan", needles=("--budget-s",)),
     _c("bench-local-world-zero", *BENCH, env={"LOCAL_WORLD_SIZE": "0"}, needles=("LOCAL_WORLD_SIZE",)),
     _c("bench-rank-abc", *BENCH, env={"RANK": "abc", "WORLD_SIZE": "2"}, needles=("RANK",)),
-    _c("comm-rank-abc", "collect", "comm", "--out", "{d}/comm_out", "--iters", "1", "--max-bytes", "1024",
-       env={"RANK": "abc", "WORLD_SIZE": "2"}, needles=("RANK",)),
-    _c("replay-unknown-source", "collect", "replay", "foo", "{d}/one_gemm.csv", "--out", "{d}/replay_out",
-       needles=("foo",)),
-    _c("replay-kineto-nested", "collect", "replay", "kineto", "{d}/nested.json", "--out", "{d}/replay_out",
-       "--device", "H100-SXM", needles=("nested.json",)),
+    _c(
+        "comm-rank-abc",
+        "collect",
+        "comm",
+        "--out",
+        "{d}/comm_out",
+        "--iters",
+        "1",
+        "--max-bytes",
+        "1024",
+        env={"RANK": "abc", "WORLD_SIZE": "2"},
+        needles=("RANK",),
+    ),
+    _c(
+        "replay-unknown-source",
+        "collect",
+        "replay",
+        "foo",
+        "{d}/one_gemm.csv",
+        "--out",
+        "{d}/replay_out",
+        needles=("foo",),
+    ),
+    _c(
+        "replay-kineto-nested",
+        "collect",
+        "replay",
+        "kineto",
+        "{d}/nested.json",
+        "--out",
+        "{d}/replay_out",
+        "--device",
+        "H100-SXM",
+        needles=("nested.json",),
+    ),
     _c("info-missing", "collect", "info", "{d}/nope.parquet", needles=("nope.parquet",)),
-    _c("fit-estimator-bad", "train", "fit", "{d}/good.parquet", "--out", "{d}/fit_out", "--estimator", "foo",
-       needles=("foo",)),
+    _c(
+        "fit-estimator-bad",
+        "train",
+        "fit",
+        "{d}/good.parquet",
+        "--out",
+        "{d}/fit_out",
+        "--estimator",
+        "foo",
+        needles=("foo",),
+    ),
     _c("fit-out-is-file", "train", "fit", "{d}/good.parquet", "--out", "{d}/not_a_dir", needles=("not_a_dir",)),
     _c("validate-batch-zero", *VALIDATE[:2], "0", *VALIDATE[3:], "--arch", "gpt3-125m", needles=("batch",)),
     _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",)),
@@ -331,8 +625,21 @@ CASES: list[Case] = [
     _c("stdout-full-predict-json", *TRAIN, "--arch", "gpt3-125m", "--json", stdout_full=True, needles=("output",)),
     _c("stdout-full-search", *SEARCH, ROOF, "--json", stdout_full=True, needles=("output",)),
     # ---- valid edges with their answers
-    _c("valid-infer-T4-fp16", "predict", "infer", "--arch", "gpt3-125m", "--gpu", "T4", "--precision", "fp16", ROOF,
-       "--json", expect="ok", check=_json_check(fits=True)),
+    _c(
+        "valid-infer-T4-fp16",
+        "predict",
+        "infer",
+        "--arch",
+        "gpt3-125m",
+        "--gpu",
+        "T4",
+        "--precision",
+        "fp16",
+        ROOF,
+        "--json",
+        expect="ok",
+        check=_json_check(fits=True),
+    ),
     _c("valid-arch-list", "arch", "list", "--json", expect="ok", check=_arch_list_check),
     _c("valid-hardware-alias", "hardware", "show", "nvidia h100 sxm", expect="ok", check=_json_check(name="H100-SXM")),
 ]
@@ -340,13 +647,22 @@ CASES: list[Case] = [
 
 # --------------------------------------------------------------------------- running the cases
 
+
 def _argv(case: Case, d: Path) -> list[str]:
     return [a.replace("{d}", str(d)) for a in case.args]
 
 
 def _run(case: Case, d: Path) -> Result:
-    unset = ("OPCAST_DEBUG", "PYTHONUNBUFFERED", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "SLURM_PROCID", "SLURM_NTASKS")
+    unset = (
+        "OPCAST_DEBUG",
+        "PYTHONUNBUFFERED",
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+    )
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update({"COLUMNS": "120", **case.env})
     cmd = [*_opcast(), *_argv(case, d)]
@@ -363,8 +679,15 @@ def _run(case: Case, d: Path) -> Result:
     if limit_kib is not None:  # writes past the limit fail with EFBIG instead of killing (SIGXFSZ ignored)
         cmd = ["bash", "-c", f'ulimit -f {limit_kib}; trap "" XFSZ; exec "$@"', "bash", *cmd]
     try:
-        proc = subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
-                              timeout=CASE_TIMEOUT_S, cwd=Path(__file__).resolve().parents[2])
+        proc = subprocess.run(
+            cmd,
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            timeout=CASE_TIMEOUT_S,
+            cwd=Path(__file__).resolve().parents[2],
+        )
     except subprocess.TimeoutExpired as exc:
         return Result(-1, "", f"timed out after {CASE_TIMEOUT_S} s: {exc}")
     finally:
@@ -385,10 +708,26 @@ def test_the_table_is_large_and_covers_every_command():
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids)) and len(CASES) >= 70
     heads = {" ".join(a for a in c.args[:2] if not a.startswith("-") and "{" not in a) for c in CASES}
-    for command in ("collect bench", "collect comm", "collect replay", "collect info", "train fit", "train eval",
-                    "predict train", "predict infer", "predict kernel", "predict kernels", "explore train",
-                    "explore infer", "compare train", "compare infer", "hardware list", "hardware show",
-                    "arch list", "arch show"):
+    for command in (
+        "collect bench",
+        "collect comm",
+        "collect replay",
+        "collect info",
+        "train fit",
+        "train eval",
+        "predict train",
+        "predict infer",
+        "predict kernel",
+        "predict kernels",
+        "explore train",
+        "explore infer",
+        "compare train",
+        "compare infer",
+        "hardware list",
+        "hardware show",
+        "arch list",
+        "arch show",
+    ):
         assert command in heads, command
     for command in ("search", "validate", "calibrate"):
         assert any(c.args[:1] == (command,) for c in CASES), command

@@ -24,9 +24,28 @@ PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "published"
 NEUSIGHT_CONFIGS = PUBLISHED / "neusight" / "scripts" / "asplos" / "data" / "device_configs"
 
 REQUIRED = [
-    "V100-PCIe-32GB", "V100-SXM2-32GB", "A100-PCIe-40GB", "A100-SXM4-40GB", "A100-PCIe-80GB", "A100-SXM4-80GB",
-    "H100-SXM", "H100-PCIe", "H200", "GH200", "B200", "A40", "A10", "L4", "T4", "P100-PCIe-16GB", "P4",
-    "MI100", "MI210", "MI250", "MI250X", "MI300X",
+    "V100-PCIe-32GB",
+    "V100-SXM2-32GB",
+    "A100-PCIe-40GB",
+    "A100-SXM4-40GB",
+    "A100-PCIe-80GB",
+    "A100-SXM4-80GB",
+    "H100-SXM",
+    "H100-PCIe",
+    "H200",
+    "GH200",
+    "B200",
+    "A40",
+    "A10",
+    "L4",
+    "T4",
+    "P100-PCIe-16GB",
+    "P4",
+    "MI100",
+    "MI210",
+    "MI250",
+    "MI250X",
+    "MI300X",
 ]
 
 MiB, GiB = 2**20, 2**30
@@ -92,6 +111,7 @@ def _one_line_error(fn, *args, **kwargs) -> str:
 
 # ---------------------------------------------------------------------- catalog files
 
+
 @pytest.mark.parametrize("path", sorted(data_path("hardware").glob("*.json")), ids=lambda p: p.stem)
 def test_every_catalog_file_loads_and_validates(path: Path) -> None:
     spec = load_device_file(path)
@@ -138,20 +158,24 @@ def test_peaks_are_dense_and_consistent(spec: DeviceSpec) -> None:
 
 # ---------------------------------------------------------------------- name resolution
 
-@pytest.mark.parametrize(("spelling", "name"), [
-    ("NVIDIA H100 80GB HBM3", "H100-SXM"),        # torch.cuda.get_device_name()
-    ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
-    ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"),
-    ("AMD Instinct MI300X", "MI300X"),
-    ("NVIDIAA100-SXM4-80GB", "A100-SXM4-80GB"),   # estimate-train-time (Perlmutter)
-    ("NVIDIAGH200120GB", "GH200"),                # estimate-train-time (Vista)
-    ("a100", "A100-SXM4-80GB"),                   # vidur
-    ("a40", "A40"),
-    ("v100", "V100-SXM2-32GB"),
-    ("h100 sxm", "H100-SXM"),                     # case / separators ignored
-    ("NVIDIA L4", "L4"),
-    ("nvidia_b200", "B200"),                      # vendor prefix optional
-])
+
+@pytest.mark.parametrize(
+    ("spelling", "name"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100-SXM"),  # torch.cuda.get_device_name()
+        ("Tesla V100-SXM2-32GB", "V100-SXM2-32GB"),
+        ("NVIDIA A100 80GB PCIe", "A100-PCIe-80GB"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("NVIDIAA100-SXM4-80GB", "A100-SXM4-80GB"),  # estimate-train-time (Perlmutter)
+        ("NVIDIAGH200120GB", "GH200"),  # estimate-train-time (Vista)
+        ("a100", "A100-SXM4-80GB"),  # vidur
+        ("a40", "A40"),
+        ("v100", "V100-SXM2-32GB"),
+        ("h100 sxm", "H100-SXM"),  # case / separators ignored
+        ("NVIDIA L4", "L4"),
+        ("nvidia_b200", "B200"),  # vendor prefix optional
+    ],
+)
 def test_spellings_resolve(spelling: str, name: str) -> None:
     assert get_device(spelling).name == name
 
@@ -186,6 +210,7 @@ def test_round_trip_through_json(valid: dict) -> None:
 
 
 # ---------------------------------------------------------------------- strict validation
+
 
 def test_unknown_key(tmp_path: Path, valid: dict) -> None:
     path = _write(tmp_path, {**valid, "peak_fp64_flops": 1e12})
@@ -225,14 +250,17 @@ def test_not_an_object(tmp_path: Path) -> None:
     assert "expected a JSON object" in _one_line_error(load_device_file, _write(tmp_path, "[1, 2]"))
 
 
-@pytest.mark.parametrize("content,needle", [
-    (b"", "is empty"),
-    (b"\x00\xff\xfe" * 100, "not UTF-8 text (byte 0xff at offset 1)"),
-    ('{"notes": "\xe9"}'.encode("latin-1"), "not UTF-8 text"),
-    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
-    (b'{"name": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
-    (b'"H100"', "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (b"", "is empty"),
+        (b"\x00\xff\xfe" * 100, "not UTF-8 text (byte 0xff at offset 1)"),
+        ('{"notes": "\xe9"}'.encode("latin-1"), "not UTF-8 text"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"name": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
+        (b'"H100"', "expected a JSON object"),
+    ],
+)
 def test_a_malformed_device_file_is_one_line_naming_it(tmp_path: Path, content: bytes, needle: str) -> None:
     path = tmp_path / "gpu.json"
     path.write_bytes(content)
@@ -241,9 +269,19 @@ def test_a_malformed_device_file_is_one_line_naming_it(tmp_path: Path, content: 
         assert message.startswith(str(path)) and needle in message
 
 
-@pytest.mark.parametrize("key,value", [("peak_bf16_flops", {"dense": 1e15}), ("mem_bytes", [80]), ("sm_count", True),
-                                       ("mem_bw_bytes_per_s", "3.35e12"), ("boost_clock_hz", float("nan")),
-                                       ("aliases", "h100"), ("vendor", ["nvidia"]), ("notes", 3)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("peak_bf16_flops", {"dense": 1e15}),
+        ("mem_bytes", [80]),
+        ("sm_count", True),
+        ("mem_bw_bytes_per_s", "3.35e12"),
+        ("boost_clock_hz", float("nan")),
+        ("aliases", "h100"),
+        ("vendor", ["nvidia"]),
+        ("notes", 3),
+    ],
+)
 def test_a_wrong_type_names_the_key(tmp_path: Path, valid: dict, key: str, value: object) -> None:
     path = _write(tmp_path, {**valid, key: value})
     message = _one_line_error(get_device, str(path))
@@ -274,6 +312,7 @@ def test_catalog_rejects_duplicate_aliases_and_misnamed_files(tmp_path: Path, va
 
 # ---------------------------------------------------------------------- peaks
 
+
 def test_peak_flops_and_supports() -> None:
     h100, v100 = get_device("H100-SXM"), get_device("V100-SXM2-32GB")
     assert h100.peak_flops("bf16") == 989.4e12
@@ -292,4 +331,3 @@ def test_peak_flops_and_supports() -> None:
 def test_direct_construction_is_validated(valid: dict) -> None:
     fields = {**valid, "aliases": tuple(valid["aliases"]), "gpus_per_node": 0}
     assert "'gpus_per_node' must be positive" in _one_line_error(DeviceSpec, **fields)
-

@@ -51,8 +51,9 @@ def test_describe_local_cpu_is_measured_then_cached(tmp_path: Path, monkeypatch)
 
 def test_a_corrupt_cache_entry_is_remeasured_not_reported(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("OPCAST_CACHE_DIR", str(tmp_path))
-    spec = DeviceSpec(**{**device_to_dict(get_device("H100-SXM")), "name": "cpu-test-1c", "aliases": (),
-                         "vendor": "cpu"})
+    spec = DeviceSpec(
+        **{**device_to_dict(get_device("H100-SXM")), "name": "cpu-test-1c", "aliases": (), "vendor": "cpu"}
+    )
     calls = []
     monkeypatch.setattr(local_device, "_measure_cpu", lambda *args: calls.append(1) or spec)
     assert describe_local("cpu") == spec and len(calls) == 1
@@ -67,7 +68,9 @@ def test_describe_local_rejects_unknown_devices() -> None:
 
 
 def test_the_core_does_not_import_collect_to_resolve_a_catalog_gpu() -> None:
-    code = ("import sys; from opcast.hardware import get_device; get_device('A100-SXM4-80GB'); "
-            "print(sorted(m for m in sys.modules if m.startswith('opcast.collect')))")
+    code = (
+        "import sys; from opcast.hardware import get_device; get_device('A100-SXM4-80GB'); "
+        "print(sorted(m for m in sys.modules if m.startswith('opcast.collect')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
