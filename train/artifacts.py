@@ -84,6 +84,7 @@ def _meta_digest(meta: Mapping[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- meta.json types
 
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -115,8 +116,12 @@ _GROUP_KEY = re.compile(r"[a-z0-9_]{1,40}-[a-z0-9_]{1,20}-[a-z0-9_]{1,20}")
 
 
 def _is_residuals(v: Any) -> bool:
-    return (isinstance(v, dict) and _list_of(_is_num)(v.get("levels")) and _list_of(_is_num)(v.get("log_ratio"))
-            and len(v["levels"]) == len(v["log_ratio"]))
+    return (
+        isinstance(v, dict)
+        and _list_of(_is_num)(v.get("levels"))
+        and _list_of(_is_num)(v.get("log_ratio"))
+        and len(v["levels"]) == len(v["log_ratio"])
+    )
 
 
 _Field = tuple[bool, Callable[[Any], bool], str]
@@ -128,11 +133,20 @@ META_FIELDS: Final[dict[str, _Field]] = {
     "name": (False, _is_line, "a short printable string"),
     "versions": (False, _dict_of(lambda v: v is None or _is_line(v)), "an object of library -> version string or null"),
     "predictors": (True, _dict_of(lambda v: isinstance(v, dict)), "an object of group -> predictor object"),
-    "files": (True, lambda v: isinstance(v, dict) and all(_FILE_NAME.fullmatch(k) and _is_str(d) and _SHA256.fullmatch(d)
-                                                          for k, d in v.items()),
-              "an object of plain file name -> sha256 hex digest"),
+    "files": (
+        True,
+        lambda v: (
+            isinstance(v, dict)
+            and all(_FILE_NAME.fullmatch(k) and _is_str(d) and _SHA256.fullmatch(d) for k, d in v.items())
+        ),
+        "an object of plain file name -> sha256 hex digest",
+    ),
     "meta_sha256": (True, _is_str, "a sha256 hex digest"),
-    "datasets": (False, _list_of(lambda d: isinstance(d, dict) and _is_str(d.get("sha256"))), "a list of objects with a sha256"),
+    "datasets": (
+        False,
+        _list_of(lambda d: isinstance(d, dict) and _is_str(d.get("sha256"))),
+        "a list of objects with a sha256",
+    ),
     "device_specs": (False, _dict_of(lambda v: isinstance(v, dict)), "an object of device name -> spec object"),
     "skipped": (False, _dict_of(_is_str), "an object of name -> reason"),
     "rows": (False, _is_int, "an integer"),
@@ -143,11 +157,17 @@ ENTRY_FIELDS: Final[dict[str, _Field]] = {
     "file": (True, lambda v: _is_str(v) and bool(_FILE_NAME.fullmatch(v)), "a plain file name"),
     "estimator": (True, lambda v: v in ESTIMATORS, f"one of {', '.join(ESTIMATORS)}"),
     "features": (True, lambda v: _list_of(_is_str)(v) and len(v) > 0, "a non-empty list of feature names"),
-    "config": (False, lambda v: isinstance(v, dict) and isinstance(v.get("hyper_parameters", {}), dict),
-               "an object whose hyper_parameters is an object"),
+    "config": (
+        False,
+        lambda v: isinstance(v, dict) and isinstance(v.get("hyper_parameters", {}), dict),
+        "an object whose hyper_parameters is an object",
+    ),
     "devices": (False, _list_of(_is_str), "a list of device names"),
-    "feature_ranges": (False, _dict_of(lambda r: isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)),
-                       "an object of feature -> [min, max]"),
+    "feature_ranges": (
+        False,
+        _dict_of(lambda r: isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)),
+        "an object of feature -> [min, max]",
+    ),
     "residuals": (False, _dict_of(_is_residuals), "an object of device class -> {levels, log_ratio} lists of numbers"),
     "held_out": (False, lambda v: v is None or isinstance(v, dict), "an object or null"),
     "rows": (False, _is_int, "an integer"),
@@ -170,26 +190,34 @@ def _check_fields(obj: Mapping[str, Any], spec: Mapping[str, _Field], where: str
     for name, (required, ok, what) in spec.items():
         if name not in obj:
             if required:
-                raise OpcastError(f"{where}: {prefix}{name} is missing; this is not a complete opcast model set, "
-                                  "re-fit with opcast train fit")
+                raise OpcastError(
+                    f"{where}: {prefix}{name} is missing; this is not a complete opcast model set, "
+                    "re-fit with opcast train fit"
+                )
             continue
         if not ok(obj[name]):
-            raise OpcastError(f"{where}: {prefix}{name} must be {what}, got {_show(obj[name])}; the set is corrupt, "
-                              "restore it or re-fit with opcast train fit")
+            raise OpcastError(
+                f"{where}: {prefix}{name} must be {what}, got {_show(obj[name])}; the set is corrupt, "
+                "restore it or re-fit with opcast train fit"
+            )
 
 
 def check_meta(meta: Any, where: str | Path = META) -> None:
     """Check that every field of a parsed meta.json that opcast reads has the type it expects;
     the first that does not is named in a one-line :class:`OpcastError`."""
     if not isinstance(meta, dict):
-        raise OpcastError(f"{where} holds a JSON {type(meta).__name__}, not an object; it is not an opcast model set, "
-                          "re-fit with opcast train fit")
+        raise OpcastError(
+            f"{where} holds a JSON {type(meta).__name__}, not an object; it is not an opcast model set, "
+            "re-fit with opcast train fit"
+        )
     _check_fields(meta, META_FIELDS, str(where), "")
     for key, entry in meta["predictors"].items():
         prefix = f"predictors[{key[:60]!r}]."
         if not _GROUP_KEY.fullmatch(key) or key.rsplit("-", 2)[0] not in FEATURES:
-            raise OpcastError(f"{where}: predictor {key[:60]!r} is not <op>-<direction>-<dtype class> of an op this opcast "
-                              f"knows ({', '.join(FEATURES)}); re-fit with opcast train fit")
+            raise OpcastError(
+                f"{where}: predictor {key[:60]!r} is not <op>-<direction>-<dtype class> of an op this opcast "
+                f"knows ({', '.join(FEATURES)}); re-fit with opcast train fit"
+            )
         _check_fields(entry, ENTRY_FIELDS, str(where), prefix)
 
 
@@ -240,8 +268,10 @@ class ModelSet:
                 raise
             except Exception as err:  # a file that passed its hash but a library cannot read
                 why = (str(err).splitlines() or [type(err).__name__])[0][:120]
-                raise OpcastError(f"{file}: cannot be loaded by {_LIB_OF_ESTIMATOR[entry['estimator']]} "
-                                  f"({why}); re-fit with opcast train fit") from None
+                raise OpcastError(
+                    f"{file}: cannot be loaded by {_LIB_OF_ESTIMATOR[entry['estimator']]} "
+                    f"({why}); re-fit with opcast train fit"
+                ) from None
             _check_record(getattr(est, "record_", None), key, entry, file, _record_required(self.meta))
             self._loaded[key] = est
         return est
@@ -298,18 +328,23 @@ def _resolve(path: Path) -> Path:
         if path.is_dir():
             sets = sorted(p for p in path.iterdir() if (p / META).is_file())
         elif path.exists():
-            raise OpcastError(f"model set {path} is a file, not a folder; give the folder written by opcast train fit "
-                              "(the one holding meta.json)")
+            raise OpcastError(
+                f"model set {path} is a file, not a folder; give the folder written by opcast train fit "
+                "(the one holding meta.json)"
+            )
         else:
-            raise OpcastError(f"model set {path} does not exist; fit one with opcast train fit DATASET --out DIR, "
-                              "or leave --models out to use the embedded default")
+            raise OpcastError(
+                f"model set {path} does not exist; fit one with opcast train fit DATASET --out DIR, "
+                "or leave --models out to use the embedded default"
+            )
     except OSError as err:
         raise OpcastError(f"model set {path} cannot be read ({err.strerror}); fix its permissions") from None
     if len(sets) == 1:
         return sets[0]
     if sets:
-        raise OpcastError(f"{path} holds several model sets ({', '.join(p.name for p in sets)}); give one of them, "
-                          f"e.g. {sets[0]}")
+        raise OpcastError(
+            f"{path} holds several model sets ({', '.join(p.name for p in sets)}); give one of them, e.g. {sets[0]}"
+        )
     raise OpcastError(f"{path} holds no model set (no {META}); fit one with opcast train fit DATASET --out {path}")
 
 
@@ -317,22 +352,28 @@ def _record_required(meta: Mapping[str, Any]) -> bool:
     return int(meta["format_version"]) >= RECORD_REQUIRED_FROM
 
 
-def _check_record(record: Mapping[str, Any] | None, key: str, entry: Mapping[str, Any], file: Path, required: bool) -> None:
+def _check_record(
+    record: Mapping[str, Any] | None, key: str, entry: Mapping[str, Any], file: Path, required: bool
+) -> None:
     """Refuse predictor ``file`` unless the record saved in it (what it holds) is ``key``'s entry
     of meta.json: a file renamed or copied over another predictor's is caught here even when
     the hashes in meta.json were recomputed."""
     if record is None:
         if required:
-            raise OpcastError(f"{file} holds no record of which predictor it is (every file of a format "
-                              f"{RECORD_REQUIRED_FROM}+ set has one); restore the set or re-fit with opcast train fit")
+            raise OpcastError(
+                f"{file} holds no record of which predictor it is (every file of a format "
+                f"{RECORD_REQUIRED_FROM}+ set has one); restore the set or re-fit with opcast train fit"
+            )
         return
     want = {"group": key, "estimator": entry["estimator"], "features": list(entry["features"])}
     wrong = [k for k, v in want.items() if record.get(k) != v]
     if wrong:
-        raise OpcastError(f"{file} holds the {_brief(record.get('estimator'))} predictor of {_brief(record.get('group'))}, "
-                          f"but {META} lists it as the {entry['estimator']} predictor of {key} (differs in "
-                          f"{', '.join(wrong)}): a predictor file was renamed or copied over another; restore the set "
-                          "or re-fit with opcast train fit")
+        raise OpcastError(
+            f"{file} holds the {_brief(record.get('estimator'))} predictor of {_brief(record.get('group'))}, "
+            f"but {META} lists it as the {entry['estimator']} predictor of {key} (differs in "
+            f"{', '.join(wrong)}): a predictor file was renamed or copied over another; restore the set "
+            "or re-fit with opcast train fit"
+        )
 
 
 def _file_record(file: Path) -> dict[str, Any] | None:
@@ -345,15 +386,22 @@ def _read_meta(meta_path: Path) -> Any:
     try:
         return json.loads(meta_path.read_bytes().decode("utf-8"))
     except OSError as err:
-        raise OpcastError(f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or re-fit with "
-                          "opcast train fit") from None
+        raise OpcastError(
+            f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or re-fit with opcast train fit"
+        ) from None
     except UnicodeDecodeError:
-        raise OpcastError(f"{meta_path}: not UTF-8 text; it is corrupt, restore it or re-fit with opcast train fit") from None
+        raise OpcastError(
+            f"{meta_path}: not UTF-8 text; it is corrupt, restore it or re-fit with opcast train fit"
+        ) from None
     except json.JSONDecodeError as err:
-        raise OpcastError(f"{meta_path}: not valid JSON ({err.msg} at line {err.lineno}); it was edited or truncated, "
-                          "re-fit with opcast train fit") from None
+        raise OpcastError(
+            f"{meta_path}: not valid JSON ({err.msg} at line {err.lineno}); it was edited or truncated, "
+            "re-fit with opcast train fit"
+        ) from None
     except RecursionError:
-        raise OpcastError(f"{meta_path}: nested too deeply to be a model set's meta.json; re-fit with opcast train fit") from None
+        raise OpcastError(
+            f"{meta_path}: nested too deeply to be a model set's meta.json; re-fit with opcast train fit"
+        ) from None
 
 
 def load_model_set(path: str | Path | None = None) -> ModelSet:
@@ -366,26 +414,38 @@ def load_model_set(path: str | Path | None = None) -> ModelSet:
     meta_path = root / META
     meta = _read_meta(meta_path)
     if not isinstance(meta, dict) or "format_version" not in meta or "predictors" not in meta:
-        raise OpcastError(f"{meta_path} is not an opcast model set (no format_version/predictors); re-fit with opcast train fit")
+        raise OpcastError(
+            f"{meta_path} is not an opcast model set (no format_version/predictors); re-fit with opcast train fit"
+        )
     if meta.get("meta_sha256") != _meta_digest(meta):
-        raise OpcastError(f"{meta_path} was modified after fitting (its sha256 does not match); restore it "
-                          "(e.g. git checkout) or re-fit with opcast train fit")
+        raise OpcastError(
+            f"{meta_path} was modified after fitting (its sha256 does not match); restore it "
+            "(e.g. git checkout) or re-fit with opcast train fit"
+        )
     if _is_int(meta["format_version"]) and meta["format_version"] > FORMAT_VERSION:
-        raise OpcastError(f"{root}: model-set format {meta['format_version']} is newer than this opcast reads "
-                          f"({FORMAT_VERSION}); upgrade opcast")
+        raise OpcastError(
+            f"{root}: model-set format {meta['format_version']} is newer than this opcast reads "
+            f"({FORMAT_VERSION}); upgrade opcast"
+        )
     check_meta(meta, meta_path)
     if meta["features_version"] != FEATURES_VERSION:
-        raise OpcastError(f"{root}: fitted on feature definitions v{meta['features_version']}, this opcast computes "
-                          f"v{FEATURES_VERSION}; re-fit with opcast train fit")
+        raise OpcastError(
+            f"{root}: fitted on feature definitions v{meta['features_version']}, this opcast computes "
+            f"v{FEATURES_VERSION}; re-fit with opcast train fit"
+        )
     files = meta["files"]
     for name in files:
         suffix = Path(name).suffix
         if suffix in PICKLE_SUFFIXES:
-            raise OpcastError(f"{root / name} is a pickled predictor (an opcast <= 0.1 set), which opcast never loads "
-                              "because unpickling can run code; re-fit the set with opcast train fit")
+            raise OpcastError(
+                f"{root / name} is a pickled predictor (an opcast <= 0.1 set), which opcast never loads "
+                "because unpickling can run code; re-fit the set with opcast train fit"
+            )
         if suffix not in ARTIFACT_SUFFIXES:
-            raise OpcastError(f"{root / name}: opcast reads predictor files of type {', '.join(ARTIFACT_SUFFIXES)} only, "
-                              f"not {suffix or 'without a suffix'}; re-fit with opcast train fit")
+            raise OpcastError(
+                f"{root / name}: opcast reads predictor files of type {', '.join(ARTIFACT_SUFFIXES)} only, "
+                f"not {suffix or 'without a suffix'}; re-fit with opcast train fit"
+            )
     for key, entry in meta["predictors"].items():
         name = entry["file"]
         if name not in files:
@@ -393,8 +453,10 @@ def load_model_set(path: str | Path | None = None) -> ModelSet:
         kind = key.rsplit("-", 2)[0]
         unknown = [f for f in entry["features"] if f not in FEATURES[kind]]
         if unknown:
-            raise OpcastError(f"{root}: predictor {key} uses feature(s) {', '.join(unknown)[:200]} that this opcast does not "
-                              "compute; re-fit with opcast train fit")
+            raise OpcastError(
+                f"{root}: predictor {key} uses feature(s) {', '.join(unknown)[:200]} that this opcast does not "
+                "compute; re-fit with opcast train fit"
+            )
     for name, digest in files.items():
         file = root / name
         try:
@@ -402,11 +464,15 @@ def load_model_set(path: str | Path | None = None) -> ModelSet:
                 raise OpcastError(f"{file} is missing from the model set; restore it or re-fit with opcast train fit")
             actual = sha256_file(file)
         except OSError as err:
-            raise OpcastError(f"{file} cannot be read ({err.strerror}); fix its permissions (chmod a+r) or re-fit "
-                              "with opcast train fit") from None
+            raise OpcastError(
+                f"{file} cannot be read ({err.strerror}); fix its permissions (chmod a+r) or re-fit "
+                "with opcast train fit"
+            ) from None
         if actual != digest:
-            raise OpcastError(f"{file} does not match the sha256 in {META} (tampered or corrupt); restore it "
-                              "or re-fit with opcast train fit")
+            raise OpcastError(
+                f"{file} does not match the sha256 in {META} (tampered or corrupt); restore it "
+                "or re-fit with opcast train fit"
+            )
     required = _record_required(meta)
     for key, entry in meta["predictors"].items():
         file = root / entry["file"]
@@ -420,8 +486,10 @@ def load_model_set(path: str | Path | None = None) -> ModelSet:
         if have is None:
             raise OpcastError(f"{root} needs {lib} (fitted with {fitted}), which is not installed; pip install {lib}")
         if fitted and _major(have) < _major(fitted):
-            raise OpcastError(f"{root} was fitted with {lib} {fitted} but {have} is installed; "
-                              f"pip install '{lib}>={_major(fitted)}' or re-fit with opcast train fit")
+            raise OpcastError(
+                f"{root} was fitted with {lib} {fitted} but {have} is installed; "
+                f"pip install '{lib}>={_major(fitted)}' or re-fit with opcast train fit"
+            )
     return ModelSet(name=str(meta.get("name", root.name)), path=root, meta=meta)
 
 
@@ -438,8 +506,10 @@ def check_output(out: str | Path, name: str) -> Path:
     model set (which the new one replaces). Returns ``out/name``; a one-line OpcastError otherwise,
     so nothing the user already has is overwritten."""
     if not name or len(name) > 100 or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
-        raise OpcastError(f"--name {name[:60]!r} must be a plain folder name (no / or \\, not starting with ., "
-                          "at most 100 characters)")
+        raise OpcastError(
+            f"--name {name[:60]!r} must be a plain folder name (no / or \\, not starting with ., "
+            "at most 100 characters)"
+        )
     out = Path(out)
     final = out / name
     try:
@@ -447,13 +517,17 @@ def check_output(out: str | Path, name: str) -> Path:
             raise OpcastError(f"--out {out} is a file; give a folder (the set is written to OUT/{name}/)")
         if final.exists() and not (final.is_dir() and (final / META).is_file()):
             kind = "folder that is not a model set" if final.is_dir() else "file"
-            raise OpcastError(f"{final} exists and is a {kind}; it would be replaced, so choose another --name or --out "
-                              "(or remove it yourself)")
+            raise OpcastError(
+                f"{final} exists and is a {kind}; it would be replaced, so choose another --name or --out "
+                "(or remove it yourself)"
+            )
         base = out
         while not base.exists():
             base = base.parent
     except OSError as err:
-        raise OpcastError(f"--out {out} cannot be inspected ({err.strerror}); choose a readable, writable folder") from None
+        raise OpcastError(
+            f"--out {out} cannot be inspected ({err.strerror}); choose a readable, writable folder"
+        ) from None
     if not base.is_dir():
         raise OpcastError(f"--out {out} lies under {base}, which is a file; choose a folder")
     if not os.access(base, os.W_OK | os.X_OK):
@@ -461,7 +535,9 @@ def check_output(out: str | Path, name: str) -> Path:
     return final
 
 
-def write_model_set(out: Path, name: str, fitted: Mapping[str, tuple[Any, dict[str, Any]]], meta: dict[str, Any]) -> Path:
+def write_model_set(
+    out: Path, name: str, fitted: Mapping[str, tuple[Any, dict[str, Any]]], meta: dict[str, Any]
+) -> Path:
     """Write ``out/name/`` atomically: each (estimator, entry) of ``fitted`` (group key -> ...)
     saved to ``<group><suffix>`` with its record (group, estimator, features), then ``meta.json``
     with every file's sha256. An existing model set of that name is replaced; anything else
@@ -480,10 +556,22 @@ def write_model_set(out: Path, name: str, fitted: Mapping[str, tuple[Any, dict[s
             record = {"group": key, "estimator": est.name, "features": list(est.feature_names)}
             path = est.save(tmp / key, record=record)
             files[path.name] = sha256_file(path)
-            predictors[key] = {**entry, "file": path.name, "estimator": est.name, "features": list(est.feature_names),
-                               "config": est.config()}
-        body = {"format_version": FORMAT_VERSION, "name": name, "features_version": FEATURES_VERSION,
-                "versions": library_versions(), **meta, "predictors": predictors, "files": files}
+            predictors[key] = {
+                **entry,
+                "file": path.name,
+                "estimator": est.name,
+                "features": list(est.feature_names),
+                "config": est.config(),
+            }
+        body = {
+            "format_version": FORMAT_VERSION,
+            "name": name,
+            "features_version": FEATURES_VERSION,
+            "versions": library_versions(),
+            **meta,
+            "predictors": predictors,
+            "files": files,
+        }
         body["meta_sha256"] = _meta_digest(json.loads(json.dumps(body, default=str)))
         (tmp / META).write_text(json.dumps(body, indent=1, sort_keys=False, default=str) + "\n")
         old = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,37 +15,94 @@ app = typer.Typer(no_args_is_help=True, help="Fit learned kernel predictors and 
 
 @app.command()
 def fit(
-    dataset: Annotated[list[Path], typer.Argument(help="Dataset files or folders (opcast collect / collect replay output).")],
+    dataset: Annotated[
+        list[Path], typer.Argument(help="Dataset files or folders (opcast collect / collect replay output).")
+    ],
     out: Annotated[Path, typer.Option("--out", help="Models folder; the set is written to OUT/NAME/.")],
     name: Annotated[str, typer.Option(help="Name of the model set (its folder under --out).")] = "default",
     estimator: Annotated[str, typer.Option(help="xgb, tile-mlp, or auto (per op group, by held-out error).")] = "auto",
-    holdout_device: Annotated[Optional[list[str]], typer.Option("--holdout-device", help="Leave this device out of fitting and score it (repeat).")] = None,
-    op: Annotated[Optional[list[str]], typer.Option("--op", help="Fit only this op kind (repeat); default: all in the data.")] = None,
-    collectives: Annotated[bool, typer.Option(help="Also fit collectives (off: they do not transfer between clusters).")] = False,
+    holdout_device: Annotated[
+        list[str] | None,
+        typer.Option("--holdout-device", help="Leave this device out of fitting and score it (repeat)."),
+    ] = None,
+    op: Annotated[
+        list[str] | None, typer.Option("--op", help="Fit only this op kind (repeat); default: all in the data.")
+    ] = None,
+    collectives: Annotated[
+        bool, typer.Option(help="Also fit collectives (off: they do not transfer between clusters).")
+    ] = False,
     seed: Annotated[int, typer.Option(help="Seed of every split and estimator.")] = 0,
     jobs: Annotated[int, typer.Option("--jobs", help="Threads for xgboost and torch.")] = 2,
-    folds: Annotated[int, typer.Option(help="Held-out folds per group (each leaves one device and a fifth of the shapes out; groups of at most 20k rows leave out every device in turn); 0: none.")] = 2,
-    keep_suspect_sweeps: Annotated[bool, typer.Option(help="Also fit sweeps that ran at under a third of another sweep's rate of the same op on the same device (left out by default).")] = False,
+    folds: Annotated[
+        int,
+        typer.Option(
+            help="Held-out folds per group (each leaves one device and a fifth of the shapes out; "
+            "groups of at most 20k rows leave out every device in turn); 0: none."
+        ),
+    ] = 2,
+    keep_suspect_sweeps: Annotated[
+        bool,
+        typer.Option(
+            help="Also fit sweeps that ran at under a third of another sweep's rate of the same op "
+            "on the same device (left out by default)."
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Fit one predictor per (op, direction, dtype class); write the artifacts and meta.json."""
     from opcast.train.fit import FitConfig, fit_model_set
 
-    cfg = FitConfig(estimator=estimator, holdout_devices=tuple(holdout_device or ()), ops=tuple(op or ()), collectives=collectives, seed=seed,
-                    n_jobs=jobs, folds=folds, keep_suspect_sweeps=keep_suspect_sweeps)  # type: ignore[arg-type]
-    command = " ".join(["opcast train fit", *map(str, dataset), "--out", str(out), "--name", name, "--estimator", estimator,
-                        *[f"--holdout-device {h}" for h in holdout_device or ()], *[f"--op {o}" for o in op or ()], *(["--collectives"] if collectives else []),
-                        "--seed", str(seed), "--jobs", str(jobs), "--folds", str(folds),
-                        *(["--keep-suspect-sweeps"] if keep_suspect_sweeps else [])])
+    cfg = FitConfig(
+        estimator=estimator,  # type: ignore[arg-type]
+        holdout_devices=tuple(holdout_device or ()),
+        ops=tuple(op or ()),
+        collectives=collectives,
+        seed=seed,
+        n_jobs=jobs,
+        folds=folds,
+        keep_suspect_sweeps=keep_suspect_sweeps,
+    )
+    command = " ".join(
+        [
+            "opcast train fit",
+            *map(str, dataset),
+            "--out",
+            str(out),
+            "--name",
+            name,
+            "--estimator",
+            estimator,
+            *[f"--holdout-device {h}" for h in holdout_device or ()],
+            *[f"--op {o}" for o in op or ()],
+            *(["--collectives"] if collectives else []),
+            "--seed",
+            str(seed),
+            "--jobs",
+            str(jobs),
+            "--folds",
+            str(folds),
+            *(["--keep-suspect-sweeps"] if keep_suspect_sweeps else []),
+        ]
+    )
     with progress_bar() as progress:
         result = fit_model_set(dataset, out, name=name, cfg=cfg, progress=progress, command=command)
     if as_json:
-        console.print_json(json.dumps({
-            "path": str(result.path), "seconds": round(result.seconds, 1), "skipped": result.skipped,
-            "groups": json.loads(result.groups.to_json(orient="records")),
-            "holdout": None if result.holdout is None else json.loads(result.holdout.to_json(orient="records"))}))
+        console.print_json(
+            json.dumps(
+                {
+                    "path": str(result.path),
+                    "seconds": round(result.seconds, 1),
+                    "skipped": result.skipped,
+                    "groups": json.loads(result.groups.to_json(orient="records")),
+                    "holdout": None if result.holdout is None else json.loads(result.holdout.to_json(orient="records")),
+                }
+            )
+        )
         return
-    print_frame(result.groups.drop(columns=["why"]), title=f"{len(result.groups)} predictors -> {result.path} ({result.seconds:.0f} s)")
+    print_frame(
+        result.groups.drop(columns=["why"]),
+        title=f"{len(result.groups)} predictors -> {result.path} ({result.seconds:.0f} s)",
+    )
     for row in result.groups.itertuples():
         console.print(f"  {row.group}: {row.why}")
     for key, why in result.skipped.items():
@@ -57,13 +114,19 @@ def fit(
 @app.command("eval")
 def evaluate(
     dataset: Annotated[list[Path], typer.Argument(help="Dataset files or folders to score.")],
-    models: Annotated[Optional[Path], typer.Option("--models", help="Model set folder (default: the embedded default).")] = None,
+    models: Annotated[
+        Path | None, typer.Option("--models", help="Model set folder (default: the embedded default).")
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON records.")] = False,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write a predicted-vs-measured log-log scatter per op (needs matplotlib).")] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", help="Write a predicted-vs-measured log-log scatter per op (needs matplotlib)."),
+    ] = None,
 ) -> None:
     """Score a model set on datasets: MAPE, median/p90 APE and share within 10 %, per op and device."""
     from opcast.train.artifacts import load_model_set
-    from opcast.train.evaluate import check_plot_path, evaluate as run_eval, plot_scatter, records
+    from opcast.train.evaluate import check_plot_path, plot_scatter, records
+    from opcast.train.evaluate import evaluate as run_eval
 
     if plot is not None:  # fail before the work: a bad path, or the optional dependency missing
         check_plot_path(plot)
@@ -71,14 +134,21 @@ def evaluate(
     result = run_eval(model_set, dataset)
     table = result["table"]
     if plot is not None:
-        plot_scatter(result["frame"], result["pred"], plot, title=f"{model_set.name} on {', '.join(p.name for p in dataset)}")
+        plot_scatter(
+            result["frame"], result["pred"], plot, title=f"{model_set.name} on {', '.join(p.name for p in dataset)}"
+        )
     if as_json:
-        console.print_json(json.dumps({"models": str(model_set.path), "training_data": result["training_data"],
-                                       "metrics": records(table)}))
+        console.print_json(
+            json.dumps(
+                {"models": str(model_set.path), "training_data": result["training_data"], "metrics": records(table)}
+            )
+        )
         return
     print_frame(table, title=f"{model_set.name} ({model_set.path}) on {', '.join(map(str, dataset))}: absolute % error")
     if result["training_data"]:
-        err_console.print(f"note: {', '.join(result['training_data'])} was used to fit these models: this is training "
-                          "error, not a held-out score")
+        err_console.print(
+            f"note: {', '.join(result['training_data'])} was used to fit these models: this is training "
+            "error, not a held-out score"
+        )
     if plot is not None:
         console.print(f"scatter -> {plot}")

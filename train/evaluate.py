@@ -25,15 +25,29 @@ def ape_metrics(pred: np.ndarray, true: np.ndarray) -> dict[str, float]:
     ok = np.isfinite(pred) & np.isfinite(true) & (true > 0)
     ape = np.abs(pred[ok] / true[ok] - 1.0) * 100.0
     if not len(ape):
-        return {"n": 0, "mape": float("nan"), "median_ape": float("nan"), "p90_ape": float("nan"), "within_10": float("nan")}
-    return {"n": int(len(ape)), "mape": float(ape.mean()), "median_ape": float(np.median(ape)),
-            "p90_ape": float(np.quantile(ape, 0.9)), "within_10": float((ape <= 10.0).mean() * 100.0)}
+        return {
+            "n": 0,
+            "mape": float("nan"),
+            "median_ape": float("nan"),
+            "p90_ape": float("nan"),
+            "within_10": float("nan"),
+        }
+    return {
+        "n": int(len(ape)),
+        "mape": float(ape.mean()),
+        "median_ape": float(np.median(ape)),
+        "p90_ape": float(np.quantile(ape, 0.9)),
+        "within_10": float((ape <= 10.0).mean() * 100.0),
+    }
 
 
 def score_table(frame: pd.DataFrame, pred: np.ndarray, by: Sequence[str] = ("op", "device")) -> pd.DataFrame:
     """Metrics per ``by`` group (rows with no prediction counted in ``uncovered``), then ``all``."""
-    work = frame[list(by)].astype(object).assign(_pred=np.asarray(pred, dtype=float),
-                                                 _true=frame["time_s_median"].to_numpy(dtype=float))
+    work = (
+        frame[list(by)]
+        .astype(object)
+        .assign(_pred=np.asarray(pred, dtype=float), _true=frame["time_s_median"].to_numpy(dtype=float))
+    )
     rows = []
     for key, g in work.groupby(list(by), sort=True, dropna=False):
         key = key if isinstance(key, tuple) else (key,)
@@ -62,11 +76,14 @@ def evaluate(model_set: Any, datasets: Sequence[str | Path]) -> dict[str, Any]:
 
     frame = read_dataset(list(datasets))
     frame = frame[frame["time_s_median"].astype(float) > 0].reset_index(drop=True)
-    devices = resolve_devices(pd.unique(frame["device"].astype(object)), datasets,
-                              known=model_set.meta.get("device_specs", {}))
+    devices = resolve_devices(
+        pd.unique(frame["device"].astype(object)), datasets, known=model_set.meta.get("device_specs", {})
+    )
     pred = predict_frame(model_set, frame, devices)
     trained = {d["sha256"] for d in model_set.meta.get("datasets", [])}
-    seen = [str(p) for p, r in zip(datasets, dataset_records(datasets)) if r["sha256"] in trained]  # as the user named it
+    seen = [
+        str(p) for p, r in zip(datasets, dataset_records(datasets)) if r["sha256"] in trained
+    ]  # as the user named it
     return {"table": score_table(frame, pred), "frame": frame, "pred": pred, "training_data": seen}
 
 
@@ -89,8 +106,10 @@ def check_plot_path(path: str | Path) -> Path:
 
     formats = FigureCanvasBase.get_supported_filetypes()
     if path.suffix and path.suffix[1:].lower() not in formats:
-        raise OpcastError(f"--plot {path}: matplotlib cannot write {path.suffix} files; use one of "
-                          f"{', '.join('.' + f for f in sorted(formats))}")
+        raise OpcastError(
+            f"--plot {path}: matplotlib cannot write {path.suffix} files; use one of "
+            f"{', '.join('.' + f for f in sorted(formats))}"
+        )
     return path
 
 
@@ -119,7 +138,7 @@ def plot_scatter(frame: pd.DataFrame, pred: np.ndarray, path: str | Path, *, tit
         ax.set_xlabel("measured (us)")
         ax.set_ylabel("predicted (us)")
         ax.legend(fontsize=6, markerscale=3)
-    for ax in list(axes.flat)[len(ops):]:
+    for ax in list(axes.flat)[len(ops) :]:
         ax.set_visible(False)
     if title:
         fig.suptitle(title)
@@ -129,5 +148,7 @@ def plot_scatter(frame: pd.DataFrame, pred: np.ndarray, path: str | Path, *, tit
 
 def records(table: pd.DataFrame) -> list[dict[str, Any]]:
     """The table as JSON-safe records (NaN -> None)."""
-    return [{k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()}
-            for r in table.to_dict("records")]
+    return [
+        {str(k): (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in r.items()}
+        for r in table.to_dict("records")
+    ]

@@ -26,6 +26,7 @@ Rows are grouped into predictors by (op kind, direction, dtype class), :func:`gr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Final
 
@@ -59,22 +60,52 @@ ATTENTION_TILE_ROWS: Final = 128
 EPS: Final = 1e-30
 
 WORK_FEATURES: Final = (
-    "log_flops", "log_bytes", "log_intensity", "log_t_compute_s", "log_t_memory_s", "log_t_roof_s",
-    "log_compute_over_memory", "log_bytes_over_l2", "dtype_bytes", "tensor_cores",
+    "log_flops",
+    "log_bytes",
+    "log_intensity",
+    "log_t_compute_s",
+    "log_t_memory_s",
+    "log_t_roof_s",
+    "log_compute_over_memory",
+    "log_bytes_over_l2",
+    "dtype_bytes",
+    "tensor_cores",
 )
-TILE_FEATURES: Final = ("log_tiles", "log_waves", "tail_efficiency", "tile_fill", "log_tile_t_roof_s", "log_tile_traffic_over_bytes")
+TILE_FEATURES: Final = (
+    "log_tiles",
+    "log_waves",
+    "tail_efficiency",
+    "tile_fill",
+    "log_tile_t_roof_s",
+    "log_tile_traffic_over_bytes",
+)
 DEVICE_FEATURES: Final = (
-    "log_peak_flops", "log_mem_bw_bytes_per_s", "log_sm_count", "log_l2_bytes", "log_clock_hz",
-    "log_ridge", "fp32_lanes_per_sm", "is_cpu",
+    "log_peak_flops",
+    "log_mem_bw_bytes_per_s",
+    "log_sm_count",
+    "log_l2_bytes",
+    "log_clock_hz",
+    "log_ridge",
+    "fp32_lanes_per_sm",
+    "is_cpu",
 )
-COLLECTIVE_FEATURES: Final = ("log_bytes", "log_message_bytes", "log_t_roof_s", "log_link_bw_bytes_per_s", "world_size",
-                              "nodes", "gpus_per_node", "log_bytes_per_rank")
+COLLECTIVE_FEATURES: Final = (
+    "log_bytes",
+    "log_message_bytes",
+    "log_t_roof_s",
+    "log_link_bw_bytes_per_s",
+    "world_size",
+    "nodes",
+    "gpus_per_node",
+    "log_bytes_per_rank",
+)
 
 RAW_COLUMNS: Final = ("t_roof_s", "waves", "ceil_waves", "flops", "bytes")
 """Unlogged helpers in the frame that :func:`features` returns (estimators that aggregate use them)."""
 
 
 # --------------------------------------------------------------------------- groups
+
 
 def uses_tensor_cores(op: str, dtype: str, tensor_cores: object) -> bool:
     """Whether the row's math runs on tensor cores: only matrix kinds; an explicit flag wins;
@@ -83,7 +114,8 @@ def uses_tensor_cores(op: str, dtype: str, tensor_cores: object) -> bool:
         return False
     if dtype == "tf32":
         return True
-    if tensor_cores is not None and not pd.isna(tensor_cores):
+    # pandas-stubs: isna takes any object at runtime, but its overloads have none for a bare object
+    if tensor_cores is not None and not pd.isna(tensor_cores):  # type: ignore[call-overload]
         return bool(tensor_cores)
     return dtype != "fp32"
 
@@ -110,16 +142,28 @@ def group_keys(frame: pd.DataFrame) -> pd.Series:
     op, dtype, direction and tensor-core flag)."""
     tc = frame["tensor_cores"] if "tensor_cores" in frame.columns else pd.Series(pd.NA, index=frame.index)
     flag = tc.astype("boolean").astype("Int8").fillna(-1).to_numpy(dtype=np.int8)
-    keys = pd.DataFrame({"op": frame["op"].astype(object).to_numpy(), "dtype": frame["dtype"].astype(object).to_numpy(),
-                         "direction": frame["direction"].astype(object).to_numpy(), "tc": flag})
+    keys = pd.DataFrame(
+        {
+            "op": frame["op"].astype(object).to_numpy(),
+            "dtype": frame["dtype"].astype(object).to_numpy(),
+            "direction": frame["direction"].astype(object).to_numpy(),
+            "tc": flag,
+        }
+    )
     codes = keys.groupby(["op", "dtype", "direction", "tc"], sort=False, dropna=False).ngroup().to_numpy()
     first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
-    labels = np.array([group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)))
-                       for op, dtype, direction, f in first.itertuples(index=False)], dtype=object)
+    labels = np.array(
+        [
+            group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)))
+            for op, dtype, direction, f in first.itertuples(index=False)
+        ],
+        dtype=object,
+    )
     return pd.Series(labels[codes], index=frame.index, dtype=object)
 
 
 # --------------------------------------------------------------------------- feature lists
+
 
 def _shape_features(kind: str) -> tuple[str, ...]:
     spec = get_op(kind)
@@ -144,7 +188,7 @@ def feature_names(kind: str) -> tuple[str, ...]:
     """The declared model inputs of op ``kind``, in order (shared by every estimator)."""
     spec = get_op(kind)
     if spec.collective:
-        return COLLECTIVE_FEATURES + ("log_clock_hz", "is_cpu")
+        return (*COLLECTIVE_FEATURES, "log_clock_hz", "is_cpu")
     return WORK_FEATURES + TILE_FEATURES + DEVICE_FEATURES + _shape_features(kind)
 
 
@@ -157,6 +201,7 @@ MONOTONE_DECREASING: Final = frozenset({"tail_efficiency", "tile_fill"})
 
 # --------------------------------------------------------------------------- work and tiles
 
+
 def _align(values: np.ndarray, cap: int = 64) -> np.ndarray:
     """log2 of the largest power of two dividing each value, capped at ``cap`` (vector widths)."""
     v = values.astype(np.int64)
@@ -168,7 +213,9 @@ def _cdiv(a: np.ndarray, b: np.ndarray | float) -> np.ndarray:
     return np.ceil(a / b)
 
 
-def _gemm_tiles(b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, sms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gemm_tiles(
+    b: np.ndarray, m: np.ndarray, n: np.ndarray, k: np.ndarray, sms: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tiles, elements all tiles stream with no cache reuse, padded output elements) of
     C[m,n] = A[m,k] B[k,n] x b, with the largest candidate tile that still fills one wave (cuBLAS
     prefers a fuller GPU), else the smallest. Padded elements are what the tiles compute: a tile
@@ -205,8 +252,9 @@ def _softmax_fill(width: np.ndarray, dt: np.ndarray) -> np.ndarray:
     return np.where((w <= 1024) & (w * dt <= 4096), warp, block)
 
 
-def _tiles(kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray,
-           sms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _tiles(
+    kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray, sms: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(tiles, bytes all tiles stream without cache reuse or NaN where the compulsory bytes stand,
     tile fill: the useful share of the work the tiles do) of rows of one kind; ``cols`` holds the
     parameter columns as floats."""
@@ -250,6 +298,7 @@ def _formulas(spec, first: pd.DataFrame, formulas: Mapping[str, tuple]) -> tuple
     ints, cats = spec.int_params, spec.categorical_params
     cols = {n: first[n].to_numpy(dtype=float) for n in ints}
     for key, pos in first.groupby(["_d", "_dt", *cats], sort=False, dropna=False).indices.items():
+        assert isinstance(key, tuple) and isinstance(pos, np.ndarray)  # grouped by >= 2 columns: tuple keys
         d, dt, *cat_vals = key
         pair = formulas.get(d)
         if pair is None:
@@ -266,10 +315,8 @@ def _formulas(spec, first: pd.DataFrame, formulas: Mapping[str, tuple]) -> tuple
             pass
         for j in pos:
             row = {n: first[n].iat[j] for n in (*ints, *cats)}
-            try:
+            with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError):
                 f_u[j], b_u[j] = pair[0](row, int(dt)), pair[1](row, int(dt))
-            except (KeyError, TypeError, ValueError, ZeroDivisionError):
-                pass
     return f_u, b_u
 
 
@@ -301,8 +348,11 @@ def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
         keys = sub[list(names)].assign(_d=dirs, _dt=dts)
         codes = keys.groupby(list(keys.columns), sort=False, dropna=False).ngroup().to_numpy()
         first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
-        formulas = {d: (spec._formula(d, spec.flops_fwd, spec.flops_bwd), spec._formula(d, spec.bytes_fwd, spec.bytes_bwd))
-                    for d in pd.unique(dirs) if d in spec.directions()}
+        formulas = {
+            d: (spec._formula(d, spec.flops_fwd, spec.flops_bwd), spec._formula(d, spec.bytes_fwd, spec.bytes_bwd))
+            for d in pd.unique(dirs)
+            if d in spec.directions()
+        }
         f_u, b_u = _formulas(spec, first, formulas)
         f_out, b_out = f_u[codes], b_u[codes]
         flops[idx], moved[idx] = f_out, b_out
@@ -311,16 +361,21 @@ def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
         tiles[idx] = t
         fill[idx] = fl
         traffic[idx] = np.where(np.isfinite(tr), tr, b_out)
-    return pd.DataFrame({"flops": flops, "bytes": moved, "tiles": tiles, "traffic": traffic, "fill": fill}, index=frame.index)
+    return pd.DataFrame(
+        {"flops": flops, "bytes": moved, "tiles": tiles, "traffic": traffic, "fill": fill}, index=frame.index
+    )
 
 
 # --------------------------------------------------------------------------- features
+
 
 def _peaks(frame: pd.DataFrame, device: DeviceSpec) -> tuple[np.ndarray, np.ndarray]:
     """(peak FLOP/s per row, tensor_cores flag per row); NaN where the device lacks the dtype."""
     tc = frame["tensor_cores"] if "tensor_cores" in frame.columns else pd.Series(pd.NA, index=frame.index)
     flag = tc.astype("boolean").astype("Int8").fillna(-1).to_numpy(dtype=np.int8)
-    keys = pd.DataFrame({"op": frame["op"].astype(object).to_numpy(), "dtype": frame["dtype"].astype(object).to_numpy(), "tc": flag})
+    keys = pd.DataFrame(
+        {"op": frame["op"].astype(object).to_numpy(), "dtype": frame["dtype"].astype(object).to_numpy(), "tc": flag}
+    )
     codes = keys.groupby(["op", "dtype", "tc"], sort=False, dropna=False).ngroup().to_numpy()
     first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
     peak_u = np.empty(len(first))
@@ -358,7 +413,11 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     traffic = work["traffic"].to_numpy()
     collective = frame["op"].map({k: get_op(str(k)).collective for k in pd.unique(frame["op"])}).to_numpy(dtype=bool)
     # Collectives: bus bytes over the link (NVLink within a node, the NIC across nodes).
-    nodes = pd.to_numeric(frame["nodes"], errors="coerce").to_numpy(dtype=float) if "nodes" in frame.columns else np.full(len(frame), np.nan)
+    nodes = (
+        pd.to_numeric(frame["nodes"], errors="coerce").to_numpy(dtype=float)
+        if "nodes" in frame.columns
+        else np.full(len(frame), np.nan)
+    )
     link = np.where(nodes > 1, device.inter_node_bw_bytes_per_s, device.intra_node_bw_bytes_per_s)
     t_compute = flops / peak
     t_memory = np.where(collective, moved / link, moved / bw)
@@ -367,21 +426,34 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     waves = tiles / sms
     ceil_waves = np.ceil(waves)
     out.update(
-        flops=flops, bytes=moved, t_roof_s=t_roof, waves=waves, ceil_waves=ceil_waves,
-        log_flops=_log(flops + 1.0), log_bytes=_log(moved + 1.0), log_intensity=_log((flops + 1.0) / (moved + 1.0)),
-        log_t_compute_s=_log(t_compute), log_t_memory_s=_log(t_memory), log_t_roof_s=_log(t_roof),
+        flops=flops,
+        bytes=moved,
+        t_roof_s=t_roof,
+        waves=waves,
+        ceil_waves=ceil_waves,
+        log_flops=_log(flops + 1.0),
+        log_bytes=_log(moved + 1.0),
+        log_intensity=_log((flops + 1.0) / (moved + 1.0)),
+        log_t_compute_s=_log(t_compute),
+        log_t_memory_s=_log(t_memory),
+        log_t_roof_s=_log(t_roof),
         log_compute_over_memory=_log(t_compute) - _log(t_memory),
         log_bytes_over_l2=_log(moved) - _log(max(device.l2_bytes, 1)),
         dtype_bytes=frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float),
         tensor_cores=tcs,
-        log_tiles=_log(tiles), log_waves=_log(waves), tail_efficiency=waves / np.maximum(ceil_waves, 1.0),
+        log_tiles=_log(tiles),
+        log_waves=_log(waves),
+        tail_efficiency=waves / np.maximum(ceil_waves, 1.0),
         tile_fill=work["fill"].to_numpy(),
         # One SM's share: a tile's roofline on 1/sm_count of the GPU, i.e. t_roof / waves.
         log_tile_t_roof_s=_log(t_roof) - _log(waves),
         log_tile_traffic_over_bytes=_log(traffic) - _log(moved),
-        log_peak_flops=_log(peak), log_mem_bw_bytes_per_s=np.full(len(frame), np.log(bw)),
-        log_sm_count=np.full(len(frame), np.log(sms)), log_l2_bytes=np.full(len(frame), np.log(max(device.l2_bytes, 1))),
-        log_clock_hz=np.full(len(frame), np.log(device.boost_clock_hz)), log_ridge=_log(peak / bw),
+        log_peak_flops=_log(peak),
+        log_mem_bw_bytes_per_s=np.full(len(frame), np.log(bw)),
+        log_sm_count=np.full(len(frame), np.log(sms)),
+        log_l2_bytes=np.full(len(frame), np.log(max(device.l2_bytes, 1))),
+        log_clock_hz=np.full(len(frame), np.log(device.boost_clock_hz)),
+        log_ridge=_log(peak / bw),
         fp32_lanes_per_sm=np.full(len(frame), float(device.fp32_lanes_per_sm)),
         is_cpu=np.full(len(frame), float(device.vendor == "cpu")),
         log_link_bw_bytes_per_s=_log(link),
@@ -389,19 +461,20 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     for name, typ in _param_columns().items():
         if name not in frame.columns:
             continue
-        col = frame[name]
+        column = frame[name]
         if typ is int:
-            vals = pd.to_numeric(col, errors="coerce").to_numpy(dtype=float)
+            vals = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
             out["log_message_bytes" if name == "bytes" else f"log_{name}"] = _log(vals)
             if name in ("world_size", "nodes", "gpus_per_node"):
                 out[name] = vals
         elif typ is bool:
-            out[name] = col.astype("boolean").astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+            out[name] = column.astype("boolean").astype("Float64").to_numpy(dtype=float, na_value=np.nan)
         else:
-            out[f"{name}_code"] = col.astype(object).map(_CODES.get(name, {})).to_numpy(dtype=float)
+            out[f"{name}_code"] = column.astype(object).map(_CODES.get(name, {})).to_numpy(dtype=float)
     if "bytes" in frame.columns and "world_size" in frame.columns:
         out["log_bytes_per_rank"] = _log(pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(dtype=float)) - _log(
-            pd.to_numeric(frame["world_size"], errors="coerce").to_numpy(dtype=float))
+            pd.to_numeric(frame["world_size"], errors="coerce").to_numpy(dtype=float)
+        )
     for name in ("m", "n", "k", "cols"):
         if name in frame.columns:
             vals = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=float)
@@ -411,7 +484,9 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
             out[f"align_{name}"] = a
     if "fn" in frame.columns:
         fns = frame["fn"].astype(object)
-        out["fn_flops_per_elem"] = fns.map({k: float(f.flops) for k, f in ELEMENTWISE_FNS.items()}).to_numpy(dtype=float)
+        out["fn_flops_per_elem"] = fns.map({k: float(f.flops) for k, f in ELEMENTWISE_FNS.items()}).to_numpy(
+            dtype=float
+        )
         out["fn_inputs"] = fns.map({k: float(f.inputs) for k, f in ELEMENTWISE_FNS.items()}).to_numpy(dtype=float)
     result = pd.DataFrame(out, index=frame.index)
     return result
@@ -458,8 +533,9 @@ def matrix(feats: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
     return np.column_stack(cols) if cols else np.zeros((len(feats), 0))
 
 
-ABSOLUTE_DEVICE_FEATURES: Final = frozenset({"log_peak_flops", "log_mem_bw_bytes_per_s", "log_sm_count", "log_l2_bytes",
-                                             "log_clock_hz", "fp32_lanes_per_sm"})
+ABSOLUTE_DEVICE_FEATURES: Final = frozenset(
+    {"log_peak_flops", "log_mem_bw_bytes_per_s", "log_sm_count", "log_l2_bytes", "log_clock_hz", "fp32_lanes_per_sm"}
+)
 """Device features in absolute units. With a handful of training GPUs an MLP reads them as a
 GPU's identity and does not transfer; the relative features (the roofline times, the ridge, waves,
 working set over L2) carry the device into the tile-MLP instead."""

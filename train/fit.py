@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -82,7 +82,9 @@ class FitConfig:
         if self.estimator not in (*ESTIMATORS, "auto"):
             raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp or auto")
         if self.folds < 0 or not 0 < self.shape_fraction < 1:
-            raise OpcastError(f"folds must be >= 0 and shape_fraction in (0, 1); got {self.folds}, {self.shape_fraction}")
+            raise OpcastError(
+                f"folds must be >= 0 and shape_fraction in (0, 1); got {self.folds}, {self.shape_fraction}"
+            )
         unknown = sorted(set(self.ops) - set(FEATURES))
         if unknown:
             raise OpcastError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
@@ -91,8 +93,10 @@ class FitConfig:
         if not 0 <= self.seed < 2**32:
             raise OpcastError(f"--seed {self.seed}: give an integer from 0 to 2**32 - 1")
         if self.min_rows < 1 or self.fold_max_rows < 1 or self.all_devices_rows < 0:
-            raise OpcastError(f"min_rows and fold_max_rows must be >= 1, all_devices_rows >= 0; got {self.min_rows}, "
-                              f"{self.fold_max_rows}, {self.all_devices_rows}")
+            raise OpcastError(
+                f"min_rows and fold_max_rows must be >= 1, all_devices_rows >= 0; got {self.min_rows}, "
+                f"{self.fold_max_rows}, {self.all_devices_rows}"
+            )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -110,6 +114,7 @@ class FitResult:
 
 
 # --------------------------------------------------------------------------- data and devices
+
 
 def portable_path(path: str | Path) -> str:
     """A path as recorded in meta.json: relative to the working folder when inside it, else just
@@ -141,8 +146,13 @@ def dataset_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
         digest = hashlib.sha256()
         for f in files:
             digest.update(sha256_file(f).encode())
-        out.append({"path": portable_path(p), "files": [str(Path(f).relative_to(p)) if Path(p).is_dir() else Path(f).name for f in files],
-                    "sha256": digest.hexdigest()})
+        out.append(
+            {
+                "path": portable_path(p),
+                "files": [str(Path(f).relative_to(p)) if Path(p).is_dir() else Path(f).name for f in files],
+                "sha256": digest.hexdigest(),
+            }
+        )
     return out
 
 
@@ -151,7 +161,7 @@ def _run_json_specs(paths: Iterable[str | Path]) -> dict[str, DeviceSpec]:
     found: dict[str, DeviceSpec] = {}
     for p in paths:
         p = Path(p)
-        for run_json in ([p / "run.json", *p.glob("**/run*.json")] if p.is_dir() else [p.parent / "run.json"]):
+        for run_json in [p / "run.json", *p.glob("**/run*.json")] if p.is_dir() else [p.parent / "run.json"]:
             if not run_json.is_file():
                 continue
             try:
@@ -168,8 +178,9 @@ def _run_json_specs(paths: Iterable[str | Path]) -> dict[str, DeviceSpec]:
     return found
 
 
-def resolve_devices(names: Iterable[str], datasets: Iterable[str | Path] = (),
-                    known: Mapping[str, Any] | None = None) -> dict[str, DeviceSpec]:
+def resolve_devices(
+    names: Iterable[str], datasets: Iterable[str | Path] = (), known: Mapping[str, Any] | None = None
+) -> dict[str, DeviceSpec]:
     """A spec for every device name: the hardware catalog, a spec recorded in a dataset's
     run.json (``collect bench`` writes one), ``known`` specs (e.g. a model set's training
     devices), or this machine's CPU. Anything else is refused in one line."""
@@ -197,9 +208,11 @@ def resolve_devices(names: Iterable[str], datasets: Iterable[str | Path] = (),
         if local is not None and local.name == name:
             out[name] = local
             continue
-        raise OpcastError(f"device {name!r} of the dataset is neither in the hardware catalog nor described by a run.json "
-                          "beside the dataset nor this machine; add data/hardware/<name>.json or keep the run.json "
-                          "that opcast collect wrote")
+        raise OpcastError(
+            f"device {name!r} of the dataset is neither in the hardware catalog nor described by a run.json "
+            "beside the dataset nor this machine; add data/hardware/<name>.json or keep the run.json "
+            "that opcast collect wrote"
+        )
     return out
 
 
@@ -239,7 +252,9 @@ def _make(name: str, kind: str, cfg: FitConfig, rows: int | None = None) -> Any:
     return estimator_class(name)(feature_names=model_inputs(kind, name), **params)
 
 
-def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
+def _folds(
+    devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig
+) -> list[tuple[str, np.ndarray, np.ndarray, np.ndarray]]:
     """(label, train mask, test mask, seen-device test mask) of each held-out fold. The test rows
     are the left-out device's held-out shapes; the seen-device rows are the same shapes on the
     devices the fold trains on (scored for the prediction intervals of known devices)."""
@@ -256,7 +271,9 @@ def _folds(devices: np.ndarray, shapes: np.ndarray, cfg: FitConfig) -> list[tupl
             test = (devices == dev) & held_shapes
             train = (devices != dev) & ~held_shapes
             if test.any() and train.any():
-                out.append((f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test, (devices != dev) & held_shapes))
+                out.append(
+                    (f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test, (devices != dev) & held_shapes)
+                )
         return out
     held = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1)
     empty = np.zeros(len(held), dtype=bool)
@@ -279,12 +296,22 @@ def residual_quantiles(pred: np.ndarray, true: np.ndarray) -> dict[str, Any] | N
     r = np.log(true[ok] / pred[ok])
     if len(r) < 10:
         return None
-    q = [float(np.quantile(r, lv, method="lower" if lv < 0.5 else "higher" if lv > 0.5 else "linear")) for lv in INTERVAL_LEVELS]
+    q = [
+        float(np.quantile(r, lv, method="lower" if lv < 0.5 else "higher" if lv > 0.5 else "linear"))
+        for lv in INTERVAL_LEVELS
+    ]
     return {"n": int(len(r)), "levels": list(INTERVAL_LEVELS), "log_ratio": [round(v, 5) for v in q]}
 
 
-def _score(name: str, kind: str, feats: pd.DataFrame, y: np.ndarray, shapes: np.ndarray,
-           folds: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], cfg: FitConfig) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _score(
+    name: str,
+    kind: str,
+    feats: pd.DataFrame,
+    y: np.ndarray,
+    shapes: np.ndarray,
+    folds: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
+    cfg: FitConfig,
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """(pooled held-out metrics on the left-out devices, residual quantiles per device class
     ``unseen_device``/``seen_device``) of estimator ``name`` over ``folds``; None when the
     estimator does not apply to the group."""
@@ -313,9 +340,17 @@ def _score(name: str, kind: str, feats: pd.DataFrame, y: np.ndarray, shapes: np.
     if not folds:
         return {}, {}
     cat = np.concatenate
-    metrics = ape_metrics(cat(preds), cat(trues)) if sum(len(p) for p in preds) else ape_metrics(cat(seen_p), cat(seen_t))
-    residuals = {k: v for k, v in (("unseen_device", residual_quantiles(cat(preds), cat(trues))),
-                                   ("seen_device", residual_quantiles(cat(seen_p), cat(seen_t)))) if v is not None}
+    metrics = (
+        ape_metrics(cat(preds), cat(trues)) if sum(len(p) for p in preds) else ape_metrics(cat(seen_p), cat(seen_t))
+    )
+    residuals = {
+        k: v
+        for k, v in (
+            ("unseen_device", residual_quantiles(cat(preds), cat(trues))),
+            ("seen_device", residual_quantiles(cat(seen_p), cat(seen_t))),
+        )
+        if v is not None
+    }
     return metrics, residuals
 
 
@@ -337,12 +372,18 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
     if cfg.estimator != "auto" and scores[chosen] is None:
         raise NotApplicable(f"{key}: {chosen} does not apply")
     est = _make(chosen, kind, cfg, len(y)).fit(feats, y, groups=shapes)
+    chosen_scored = scored.get(chosen)
     entry = {
-        "op": kind, "rows": int(len(frame)), "devices": sorted(pd.unique(devices).tolist()),
-        "features": list(est.feature_names), "feature_ranges": _ranges(feats, est.feature_names),
+        "op": kind,
+        "rows": int(len(frame)),
+        "devices": sorted(pd.unique(devices).tolist()),
+        "features": list(est.feature_names),
+        "feature_ranges": _ranges(feats, est.feature_names),
         "held_out": usable.get(chosen) or None,
-        "held_out_split": [f[0] for f in folds], "candidates": {n: (s or None) for n, s in scores.items()}, "why": why,
-        "residuals": scored[chosen][1] if scored.get(chosen) else {},
+        "held_out_split": [f[0] for f in folds],
+        "candidates": {n: (s or None) for n, s in scores.items()},
+        "why": why,
+        "residuals": chosen_scored[1] if chosen_scored else {},
     }
     return est, entry
 
@@ -372,10 +413,14 @@ def _choose(scores: Mapping[str, dict[str, Any]], mode: str, split: list[str]) -
     mx, mt = scores["xgb"]["median_ape"], scores["tile-mlp"]["median_ape"]
     on = "; ".join(split)
     if mt < mx - TIE_POINTS:
-        return "tile-mlp", (f"held-out median APE {mt:.1f} % vs xgb {mx:.1f} % (MAPE {scores['tile-mlp']['mape']:.1f} vs "
-                            f"{scores['xgb']['mape']:.1f}; {on})")
-    return "xgb", (f"held-out median APE {mx:.1f} % vs tile-mlp {mt:.1f} % (MAPE {scores['xgb']['mape']:.1f} vs "
-                   f"{scores['tile-mlp']['mape']:.1f}; {on}; ties within {TIE_POINTS} points go to xgb)")
+        return "tile-mlp", (
+            f"held-out median APE {mt:.1f} % vs xgb {mx:.1f} % (MAPE {scores['tile-mlp']['mape']:.1f} vs "
+            f"{scores['xgb']['mape']:.1f}; {on})"
+        )
+    return "xgb", (
+        f"held-out median APE {mx:.1f} % vs tile-mlp {mt:.1f} % (MAPE {scores['xgb']['mape']:.1f} vs "
+        f"{scores['tile-mlp']['mape']:.1f}; {on}; ties within {TIE_POINTS} points go to xgb)"
+    )
 
 
 SWEEP_SATURATED_S = 3e-3
@@ -409,9 +454,16 @@ def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
         names = [n for n in get_op(str(kind)).categorical_params if n in sub.columns]
         if names:
             m = (sub["op"] == kind).to_numpy()
-            cats[m] = ["|".join(map(str, r)) for r in sub.loc[m, names].itertuples(index=False)]
-    table = pd.DataFrame({"device": sub["device"].astype(object).to_numpy(), "group": (group_keys(sub) + ":" + cats).to_numpy(),
-                          "sweep": sub["source_file"].astype(object).fillna("").to_numpy(), "u": t_roof[sat] / t[sat]})
+            # pandas-stubs: a masked Series.__setitem__ takes a list of values at runtime, the overloads do not
+            cats[m] = ["|".join(map(str, r)) for r in sub.loc[m, names].itertuples(index=False)]  # type: ignore[call-overload]
+    table = pd.DataFrame(
+        {
+            "device": sub["device"].astype(object).to_numpy(),
+            "group": (group_keys(sub) + ":" + cats).to_numpy(),
+            "sweep": sub["source_file"].astype(object).fillna("").to_numpy(),
+            "u": t_roof[sat] / t[sat],
+        }
+    )
     stats = table.groupby(["device", "group", "sweep"]).u.agg(["size", "median"])
     stats = stats[stats["size"] >= SWEEP_MIN_ROWS]
     out: dict[str, str] = {}
@@ -419,17 +471,25 @@ def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
         if len(g) < 2:
             continue
         best = g["median"].idxmax()
+        assert isinstance(best, tuple)  # a label of the (device, group, sweep) index
+        best_sweep = best[2]
+        assert isinstance(best_sweep, str) and isinstance(group, str)  # the index holds strings
+        best_median = g["median"].max()  # the value at best
         for idx, row in g.iterrows():
-            ratio = row["median"] / g.loc[best, "median"]
+            assert isinstance(idx, tuple)
+            ratio = row["median"] / best_median
             if ratio < SWEEP_MIN_RATIO and idx[2]:
-                out[idx[2]] = (f"{device} {group.rstrip(':')}: sustains {row['median']:.2f} of the roofline on rows of "
-                               f"{SWEEP_SATURATED_S * 1e3:g} ms or more, {ratio:.2f}x the {g.loc[best, 'median']:.2f} of "
-                               f"{best[2]} (a throttled or mistimed sweep; --keep-suspect-sweeps fits it anyway)")
+                out[idx[2]] = (
+                    f"{device} {group.rstrip(':')}: sustains {row['median']:.2f} of the roofline on rows of "
+                    f"{SWEEP_SATURATED_S * 1e3:g} ms or more, {ratio:.2f}x the {best_median:.2f} of "
+                    f"{best_sweep} (a throttled or mistimed sweep; --keep-suspect-sweeps fits it anyway)"
+                )
     return out
 
 
-def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitConfig = FitConfig(),
-              progress: Any = None) -> tuple[dict[str, tuple[Any, dict[str, Any]]], pd.DataFrame, dict[str, str]]:
+def fit_frame(
+    frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitConfig = FitConfig(), progress: Any = None
+) -> tuple[dict[str, tuple[Any, dict[str, Any]]], pd.DataFrame, dict[str, str]]:
     """Fit every group of ``frame`` (rows already filtered to training rows); returns
     (group -> (estimator, entry), the per-group summary, skipped group -> reason)."""
     if cfg.ops:
@@ -438,11 +498,14 @@ def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitCo
     if not cfg.collectives and not cfg.ops:
         coll = frame["op"].isin(op_kinds(collective=True)).to_numpy()
         if coll.any():
-            skipped["collectives"] = (f"{int(coll.sum())} rows not fitted (--collectives fits them; they do not transfer "
-                                      "between clusters)")
+            skipped["collectives"] = (
+                f"{int(coll.sum())} rows not fitted (--collectives fits them; they do not transfer between clusters)"
+            )
             frame = frame[~coll]
     if not len(frame):
-        raise OpcastError("no training rows left (check --op and --holdout-device against the dataset's ops and devices)")
+        raise OpcastError(
+            "no training rows left (check --op and --holdout-device against the dataset's ops and devices)"
+        )
     feats = feature_frame(frame, devices)
     ok = np.isfinite(feats["t_roof_s"].to_numpy(dtype=float))
     if not ok.all():
@@ -475,16 +538,32 @@ def fit_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitCo
                 entry["fit_seconds"] = round(time.perf_counter() - t0, 2)
                 fitted[key] = (est, entry)
                 h = entry["held_out"] or {}
-                summary.append({"group": key, "rows": entry["rows"], "devices": len(entry["devices"]),
-                                "estimator": est.name, "held_out_mape": h.get("mape"), "held_out_p90": h.get("p90_ape"),
-                                "within_10": h.get("within_10"), "why": entry["why"]})
+                summary.append(
+                    {
+                        "group": key,
+                        "rows": entry["rows"],
+                        "devices": len(entry["devices"]),
+                        "estimator": est.name,
+                        "held_out_mape": h.get("mape"),
+                        "held_out_p90": h.get("p90_ape"),
+                        "within_10": h.get("within_10"),
+                        "why": entry["why"],
+                    }
+                )
         if task is not None:
             progress.advance(task)
     return fitted, pd.DataFrame(summary), skipped
 
 
-def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str = "default", cfg: FitConfig = FitConfig(),
-                  progress: Any = None, command: str = "opcast train fit") -> FitResult:
+def fit_model_set(
+    datasets: Sequence[str | Path],
+    out: str | Path,
+    *,
+    name: str = "default",
+    cfg: FitConfig = FitConfig(),
+    progress: Any = None,
+    command: str = "opcast train fit",
+) -> FitResult:
     """Read ``datasets``, fit every group, write ``out/name/`` and score --holdout-device rows."""
     from opcast.train.artifacts import check_output, write_model_set
     from opcast.train.evaluate import predict_frame, score_table
@@ -497,7 +576,9 @@ def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str 
     for h in cfg.holdout_devices:
         canon = get_device(h).name if not any(h == d for d in devices) else h
         if canon not in devices:
-            raise OpcastError(f"--holdout-device {h}: no rows of that device in the datasets (devices: {', '.join(sorted(devices))})")
+            raise OpcastError(
+                f"--holdout-device {h}: no rows of that device in the datasets (devices: {', '.join(sorted(devices))})"
+            )
         held.add(canon)
     is_held = frame["device"].isin(held).to_numpy()
     train = frame[~is_held]
@@ -507,19 +588,34 @@ def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str 
     records = dataset_records(datasets)
     train_devices = sorted(pd.unique(train["device"].astype(object)))
     meta = {
-        "command": portable_command(command), "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "fit_config": {"estimator": cfg.estimator, "holdout_devices": sorted(held), "ops": list(cfg.ops),
-                       "collectives": cfg.collectives, "seed": cfg.seed, "fold_max_rows": cfg.fold_max_rows,
-                       "folds": cfg.folds, "all_devices_rows": cfg.all_devices_rows, "shape_fraction": cfg.shape_fraction, "min_rows": cfg.min_rows,
-                       "xgb_params": dict(cfg.xgb_params), "tile_mlp_params": dict(cfg.tile_mlp_params),
-                       "keep_suspect_sweeps": cfg.keep_suspect_sweeps},
-        "datasets": records, "rows": int(len(train)), "sources": sorted(pd.unique(train["source"].astype(object)).tolist()),
-        "device_specs": {d: device_to_dict(devices[d]) for d in train_devices}, "skipped": skipped,
+        "command": portable_command(command),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "fit_config": {
+            "estimator": cfg.estimator,
+            "holdout_devices": sorted(held),
+            "ops": list(cfg.ops),
+            "collectives": cfg.collectives,
+            "seed": cfg.seed,
+            "fold_max_rows": cfg.fold_max_rows,
+            "folds": cfg.folds,
+            "all_devices_rows": cfg.all_devices_rows,
+            "shape_fraction": cfg.shape_fraction,
+            "min_rows": cfg.min_rows,
+            "xgb_params": dict(cfg.xgb_params),
+            "tile_mlp_params": dict(cfg.tile_mlp_params),
+            "keep_suspect_sweeps": cfg.keep_suspect_sweeps,
+        },
+        "datasets": records,
+        "rows": int(len(train)),
+        "sources": sorted(pd.unique(train["source"].astype(object)).tolist()),
+        "device_specs": {d: device_to_dict(devices[d]) for d in train_devices},
+        "skipped": skipped,
     }
     holdout = None
     if held:
+
         class _Fitted:  # score the fitted estimators before they are written
-            meta = {"predictors": {k: e for k, (_, e) in fitted.items()}}
+            meta: ClassVar[dict[str, Any]] = {"predictors": {k: e for k, (_, e) in fitted.items()}}
 
             def predict_s(self, f: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
                 return _predict_fitted(fitted, f, device)
@@ -531,7 +627,9 @@ def fit_model_set(datasets: Sequence[str | Path], out: str | Path, *, name: str 
     return FitResult(path=path, groups=summary, holdout=holdout, seconds=time.perf_counter() - t0, skipped=skipped)
 
 
-def _predict_fitted(fitted: Mapping[str, tuple[Any, dict[str, Any]]], frame: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
+def _predict_fitted(
+    fitted: Mapping[str, tuple[Any, dict[str, Any]]], frame: pd.DataFrame, device: DeviceSpec
+) -> np.ndarray:
     out = np.full(len(frame), np.nan)
     keys = group_keys(frame).to_numpy()
     feats = features(frame.reset_index(drop=True), device)

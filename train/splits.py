@@ -25,6 +25,7 @@ def grouped_mask(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     hash of the group id (stable when rows are added or reordered)."""
     salt = str(seed).encode()
     uniq, inverse = np.unique(np.asarray(groups, dtype=str), return_inverse=True)
-    draws = np.array([int.from_bytes(hashlib.blake2b(salt + g.encode(), digest_size=8).digest(), "little") / 2**64
-                      for g in uniq])
+    draws = np.array(
+        [int.from_bytes(hashlib.blake2b(salt + g.encode(), digest_size=8).digest(), "little") / 2**64 for g in uniq]
+    )
     return (draws < fraction)[inverse]

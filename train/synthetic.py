@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,27 +29,48 @@ def fake_devices(n: int = 4, *, base: str = "A100-SXM4-80GB") -> list[DeviceSpec
     for i in range(n):
         s = 0.5 * 4.0 ** (i / max(1, n - 1))  # 0.5x .. 2x
         b = 0.6 * 3.0 ** (((i * 3) % n) / max(1, n - 1))  # a different ordering for bandwidth
-        peaks = {f"peak_{d}_flops": (getattr(ref, f"peak_{d}_flops") * s if getattr(ref, f"peak_{d}_flops") else None)
-                 for d in ("fp32", "tf32", "fp16", "bf16", "fp8")}
-        out.append(replace(ref, name=f"fake-{i}", aliases=(), mem_bw_bytes_per_s=ref.mem_bw_bytes_per_s * b,
-                           sm_count=max(8, int(ref.sm_count * s)), l2_bytes=int(ref.l2_bytes * s),
-                           source="synthetic (opcast.train.synthetic)", notes="", **peaks))
+        peaks: dict[str, Any] = {  # keywords of replace: fields of several types
+            f"peak_{d}_flops": (getattr(ref, f"peak_{d}_flops") * s if getattr(ref, f"peak_{d}_flops") else None)
+            for d in ("fp32", "tf32", "fp16", "bf16", "fp8")
+        }
+        out.append(
+            replace(
+                ref,
+                name=f"fake-{i}",
+                aliases=(),
+                mem_bw_bytes_per_s=ref.mem_bw_bytes_per_s * b,
+                sm_count=max(8, int(ref.sm_count * s)),
+                l2_bytes=int(ref.l2_bytes * s),
+                source="synthetic (opcast.train.synthetic)",
+                notes="",
+                **peaks,
+            )
+        )
     return out
 
 
-def law_seconds(flops: np.ndarray, moved: np.ndarray, peak: float | np.ndarray, bw: float, overhead_s: float = 5e-6) -> np.ndarray:
+def law_seconds(
+    flops: np.ndarray, moved: np.ndarray, peak: float | np.ndarray, bw: float, overhead_s: float = 5e-6
+) -> np.ndarray:
     """The synthetic law: roofline time plus a fixed cost."""
     return np.maximum(flops / peak, moved / bw) + overhead_s
 
 
-def synthetic_dataset(devices: Sequence[DeviceSpec], *, ops: Sequence[str] = ("gemm", "elementwise", "layernorm"),
-                      dtype: str = "fp16", rows_per_op: int = 300, noise: float = 0.02, overhead_s: float = 5e-6,
-                      seed: int = 0) -> pd.DataFrame:
+def synthetic_dataset(
+    devices: Sequence[DeviceSpec],
+    *,
+    ops: Sequence[str] = ("gemm", "elementwise", "layernorm"),
+    dtype: str = "fp16",
+    rows_per_op: int = 300,
+    noise: float = 0.02,
+    overhead_s: float = 5e-6,
+    seed: int = 0,
+) -> pd.DataFrame:
     """Rows in the dataset schema: the same ``rows_per_op`` random shapes of each op (forward)
     timed by the law on every device (so shape groups span devices, as in real sweeps)."""
     rng = np.random.default_rng(seed)
     dt = DTYPE_BYTES[dtype]
-    shapes: list[dict[str, object]] = []
+    shapes: list[dict[str, int | bool | str]] = []
     for op in ops:
         for _ in range(rows_per_op):
             shapes.append({"op": op, **_random_params(op, rng)})
@@ -60,16 +82,35 @@ def synthetic_dataset(devices: Sequence[DeviceSpec], *, ops: Sequence[str] = ("g
             params = {k: shape[k] for k in spec.param_names}
             tc = op in ("gemm", "attention")
             peak = dev.peak_flops(dtype, tensor_cores=tc)
-            t = float(law_seconds(np.array(spec.flops(params, "fwd", dt)), np.array(spec.bytes_moved(params, dt, "fwd")),
-                                  peak, dev.mem_bw_bytes_per_s, overhead_s))
+            t = float(
+                law_seconds(
+                    np.array(spec.flops(params, "fwd", dt)),
+                    np.array(spec.bytes_moved(params, dt, "fwd")),
+                    peak,
+                    dev.mem_bw_bytes_per_s,
+                    overhead_s,
+                )
+            )
             t *= float(np.exp(rng.normal(0.0, noise)))
-            rows.append({"run_id": "synthetic", "source": "bench", "device": dev.name, "timing_method": "synthetic",
-                         "op": op, "dtype": dtype, "direction": "fwd", "tensor_cores": tc, **params,
-                         "point_id": point_id(op, params, dtype, "fwd", tc), "time_s_median": t})
+            rows.append(
+                {
+                    "run_id": "synthetic",
+                    "source": "bench",
+                    "device": dev.name,
+                    "timing_method": "synthetic",
+                    "op": op,
+                    "dtype": dtype,
+                    "direction": "fwd",
+                    "tensor_cores": tc,
+                    **params,
+                    "point_id": point_id(op, params, dtype, "fwd", tc),
+                    "time_s_median": t,
+                }
+            )
     return pd.DataFrame(rows)
 
 
-def _random_params(op: str, rng: np.random.Generator) -> dict[str, object]:
+def _random_params(op: str, rng: np.random.Generator) -> dict[str, int | bool | str]:
     def logint(lo: int, hi: int) -> int:
         return int(round(float(np.exp(rng.uniform(np.log(lo), np.log(hi))))))
 

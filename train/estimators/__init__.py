@@ -65,7 +65,9 @@ def parse_record(value: Any, path: Path) -> dict[str, Any]:
     except (ValueError, RecursionError):
         record = None
     if not isinstance(record, dict):
-        raise OpcastError(f"{path}: its {RECORD_KEY} is not a JSON object; the file is corrupt, re-fit with opcast train fit")
+        raise OpcastError(
+            f"{path}: its {RECORD_KEY} is not a JSON object; the file is corrupt, re-fit with opcast train fit"
+        )
     return record
 
 
@@ -78,20 +80,24 @@ def read_arrays(path: Path, names: Iterable[str] | None = None) -> dict[str, np.
     try:
         blob = np.load(path, allow_pickle=False)
         if not isinstance(blob, np.lib.npyio.NpzFile):
-            raise OpcastError(f"{path} is a bare numpy array, not an opcast predictor archive; re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path} is a bare numpy array, not an opcast predictor archive; re-fit with opcast train fit"
+            )
         with blob:
             out = {k: blob[k] for k in blob.files if wanted is None or k in wanted}
     except OpcastError:
         raise
     except PermissionError as err:
         raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions (chmod a+r)") from None
-    except Exception as err:  # noqa: BLE001 - whatever numpy or zipfile raise on a corrupt file is the file's fault
+    except Exception as err:  # whatever numpy or zipfile raise on a corrupt file is the file's fault
         why = (str(err).splitlines() or [type(err).__name__])[0][:160]
         if "Object arrays" in why:
             why = "it holds object arrays, i.e. pickles, which opcast never loads: unpickling can run code"
         elif "pickled data" in why:
             why = "not a numpy archive; opcast never unpickles a file: that can run code"
-        raise OpcastError(f"{path} is not a readable opcast predictor archive ({why}); re-fit with opcast train fit") from None
+        raise OpcastError(
+            f"{path} is not a readable opcast predictor archive ({why}); re-fit with opcast train fit"
+        ) from None
     bad = [k for k, v in out.items() if not isinstance(v, np.ndarray)]
     if bad:
         raise OpcastError(f"{path}: member(s) {', '.join(bad)} are not numpy arrays; re-fit with opcast train fit")
@@ -104,6 +110,10 @@ def require_arrays(arrays: Mapping[str, np.ndarray], spec: Mapping[str, str], pa
     for name, kinds in spec.items():
         arr = arrays.get(name)
         if arr is None:
-            raise OpcastError(f"{path} lacks the array {name!r}; it is not a predictor of this kind, re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path} lacks the array {name!r}; it is not a predictor of this kind, re-fit with opcast train fit"
+            )
         if arr.dtype.kind not in kinds:
-            raise OpcastError(f"{path}: array {name!r} has dtype {arr.dtype}, expected kind {kinds!r}; re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: array {name!r} has dtype {arr.dtype}, expected kind {kinds!r}; re-fit with opcast train fit"
+            )

@@ -48,9 +48,24 @@ class TileMLPEstimator:
     (sets saved before hold a torch state dict, ``.pt``, still read with torch, tensors only:
     ``weights_only=True``)."""
 
-    def __init__(self, *, feature_names: tuple[str, ...], hidden: tuple[int, ...] = (128, 128, 64), epochs: int = 200,
-                 batch_size: int = 512, max_samples: int = 1_500_000, learning_rate: float = 2e-3, weight_decay: float = 1e-5,
-                 patience: int = 25, val_fraction: float = 0.15, seed: int = 0, n_jobs: int = 2) -> None:
+    record_: dict[str, Any] | None
+    """What a loaded file says it holds (None: a file saved without a record); set by load."""
+
+    def __init__(
+        self,
+        *,
+        feature_names: tuple[str, ...],
+        hidden: tuple[int, ...] = (128, 128, 64),
+        epochs: int = 200,
+        batch_size: int = 512,
+        max_samples: int = 1_500_000,
+        learning_rate: float = 2e-3,
+        weight_decay: float = 1e-5,
+        patience: int = 25,
+        val_fraction: float = 0.15,
+        seed: int = 0,
+        n_jobs: int = 2,
+    ) -> None:
         self.feature_names = tuple(feature_names)
         self.hidden = tuple(hidden)
         self.epochs = epochs
@@ -64,9 +79,17 @@ class TileMLPEstimator:
         self.n_jobs = n_jobs
 
     def hyper_parameters(self) -> dict[str, Any]:
-        return {"hidden": list(self.hidden), "epochs": self.epochs, "batch_size": self.batch_size, "max_samples": self.max_samples,
-                "learning_rate": self.learning_rate, "weight_decay": self.weight_decay, "patience": self.patience,
-                "val_fraction": self.val_fraction, "seed": self.seed}
+        return {
+            "hidden": list(self.hidden),
+            "epochs": self.epochs,
+            "batch_size": self.batch_size,
+            "max_samples": self.max_samples,
+            "learning_rate": self.learning_rate,
+            "weight_decay": self.weight_decay,
+            "patience": self.patience,
+            "val_fraction": self.val_fraction,
+            "seed": self.seed,
+        }
 
     # ------------------------------------------------------------------ fit
 
@@ -105,11 +128,13 @@ class TileMLPEstimator:
             vx, va, vy = (torch.tensor(a[val], dtype=torch.float32) for a in (xs, aux, y))
             gen = torch.Generator().manual_seed(self.seed)
             best, best_state, stale = np.inf, None, 0
-            for epoch in range(epochs):
+            epochs_run = 0
+            for _ in range(epochs):
+                epochs_run += 1
                 net.train()
                 order = torch.randperm(n, generator=gen)
                 for start in range(0, n, batch):
-                    idx = order[start:start + batch]
+                    idx = order[start : start + batch]
                     loss = torch.mean((_log_time(torch, net(tx[idx]), ta[idx]) - ty[idx]) ** 2)
                     opt.zero_grad()
                     loss.backward()
@@ -128,7 +153,7 @@ class TileMLPEstimator:
                             break
             if best_state is not None:
                 net.load_state_dict(best_state)
-            self.epochs_run_ = epoch + 1
+            self.epochs_run_ = epochs_run
             self.weights_ = _numpy_layers(net)
         finally:
             torch.set_num_threads(threads)
@@ -153,8 +178,9 @@ class TileMLPEstimator:
     def _aux(feats: pd.DataFrame) -> np.ndarray:
         """log t_roof and log(ceil(waves) / waves): the roofline and wave quantisation terms."""
         waves = feats["waves"].to_numpy(dtype=float)
-        return np.column_stack([np.log(feats["t_roof_s"].to_numpy(dtype=float)),
-                                np.log(np.maximum(np.ceil(waves), 1.0) / waves)])
+        return np.column_stack(
+            [np.log(feats["t_roof_s"].to_numpy(dtype=float)), np.log(np.maximum(np.ceil(waves), 1.0) / waves)]
+        )
 
     # ------------------------------------------------------------------ predict
 
@@ -176,22 +202,28 @@ class TileMLPEstimator:
     # ------------------------------------------------------------------ persistence
 
     def config(self) -> dict[str, Any]:
-        return {"hyper_parameters": self.hyper_parameters(), "epochs_run": getattr(self, "epochs_run_", None),
-                "target": "log(time_s) of t_roof * (ceil(waves)/waves)**gamma / utilisation + overhead"}
+        return {
+            "hyper_parameters": self.hyper_parameters(),
+            "epochs_run": getattr(self, "epochs_run_", None),
+            "target": "log(time_s) of t_roof * (ceil(waves)/waves)**gamma / utilisation + overhead",
+        }
 
     def save(self, path: Path, *, record: dict[str, Any] | None = None) -> Path:
         """Write ``<path>.npz``; ``record`` (what the file holds, see
         :data:`~opcast.train.estimators.RECORD_KEY`) is stored beside the arrays."""
         path = Path(path).with_suffix(self.suffix)
-        arrays: dict[str, np.ndarray] = {"mean": np.asarray(self.mean_, dtype=np.float64),
-                                         "std": np.asarray(self.std_, dtype=np.float64)}
+        arrays: dict[str, np.ndarray] = {
+            "mean": np.asarray(self.mean_, dtype=np.float64),
+            "std": np.asarray(self.std_, dtype=np.float64),
+        }
         if record is not None:
             arrays[RECORD_KEY] = record_array(record)
         for i, (w, b) in enumerate(self.weights_):
             arrays[f"layer{i}.weight"] = np.asarray(w, dtype=np.float32)
             arrays[f"layer{i}.bias"] = np.asarray(b, dtype=np.float32)
         with open(path, "wb") as fh:  # a file object: savez would append .npz to a bare path
-            np.savez_compressed(fh, **arrays)
+            # numpy's stub checks **kwds against allow_pickle (a bool) too; every key here is an array name
+            np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
         return path
 
     @classmethod
@@ -206,8 +238,10 @@ class TileMLPEstimator:
         elif path.suffix == cls.suffix:
             state = read_arrays(path)
         else:
-            raise OpcastError(f"{path}: tile-mlp predictors are read from .npz or .pt (torch state dict) files only; "
-                              "re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: tile-mlp predictors are read from .npz or .pt (torch state dict) files only; "
+                "re-fit with opcast train fit"
+            )
         if RECORD_KEY in state:
             est.record_ = parse_record(state.pop(RECORD_KEY), path)
         est.mean_, est.std_, est.weights_ = _checked_layers(state, len(est.feature_names), path)
@@ -221,11 +255,13 @@ def _torch_state(path: Path) -> dict[str, Any]:
 
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # noqa: BLE001 - torch's unpickler refuses anything but tensors, however it fails
+    except Exception as err:  # torch's unpickler refuses anything but tensors, however it fails
         why = (str(err).splitlines() or [type(err).__name__])[0][:160]
         raise OpcastError(f"{path} is not a readable torch state dict ({why}); re-fit with opcast train fit") from None
     if not isinstance(state, dict):
-        raise OpcastError(f"{path} holds a {type(state).__name__}, not a torch state dict; re-fit with opcast train fit")
+        raise OpcastError(
+            f"{path} holds a {type(state).__name__}, not a torch state dict; re-fit with opcast train fit"
+        )
     out: dict[str, Any] = {}
     for k, v in state.items():
         if k == RECORD_KEY:
@@ -233,33 +269,42 @@ def _torch_state(path: Path) -> dict[str, Any]:
         elif isinstance(v, torch.Tensor):
             out[str(k)] = v.detach().cpu().numpy()
         else:
-            raise OpcastError(f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: entry {k!r} is a {type(v).__name__}, not a tensor; re-fit with opcast train fit"
+            )
     return out
 
 
-def _checked_layers(state: dict[str, np.ndarray], n_features: int,
-                    path: Path) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+def _checked_layers(
+    state: dict[str, np.ndarray], n_features: int, path: Path
+) -> tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
     """(mean, std, [(weight, bias), ...]) of a saved network, each checked to chain from
     ``n_features`` inputs to the three heads, so a corrupt or foreign file is a one-line
     :class:`OpcastError`, never a shape error in the middle of a prediction."""
     require_arrays(state, {"mean": "f", "std": "f"}, path)
     mean, std = (np.asarray(state[k], dtype=np.float64) for k in ("mean", "std"))
     if mean.shape != (n_features,) or std.shape != (n_features,):
-        raise OpcastError(f"{path}: its standardisation has {mean.shape}/{std.shape} values for {n_features} features; "
-                          "it belongs to another predictor, re-fit with opcast train fit")
+        raise OpcastError(
+            f"{path}: its standardisation has {mean.shape}/{std.shape} values for {n_features} features; "
+            "it belongs to another predictor, re-fit with opcast train fit"
+        )
     names = [k for k in state if k not in ("mean", "std")]
     count = len(names) // 2
     expected = {f"layer{i}.{part}" for i in range(count) for part in ("weight", "bias")}
     if not count or set(names) != expected:
-        raise OpcastError(f"{path}: its arrays ({', '.join(sorted(names)[:6])}) are not layer0..layerN weights and biases; "
-                          "re-fit with opcast train fit")
+        raise OpcastError(
+            f"{path}: its arrays ({', '.join(sorted(names)[:6])}) are not layer0..layerN weights and biases; "
+            "re-fit with opcast train fit"
+        )
     layers, width = [], n_features
     for i in range(count):
         require_arrays(state, {f"layer{i}.weight": "f", f"layer{i}.bias": "f"}, path)
         w, b = state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64)
         if w.ndim != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
-            raise OpcastError(f"{path}: layer {i} has weights {w.shape} and bias {b.shape} after a layer of {width}; "
-                              "re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: layer {i} has weights {w.shape} and bias {b.shape} after a layer of {width}; "
+                "re-fit with opcast train fit"
+            )
         layers.append((w, b))
         width = w.shape[0]
     if width != 3:
@@ -267,7 +312,19 @@ def _checked_layers(state: dict[str, np.ndarray], n_features: int,
     return mean, std, layers
 
 
-_INIT_KEYS = frozenset({"hidden", "epochs", "batch_size", "max_samples", "learning_rate", "weight_decay", "patience", "val_fraction", "seed"})
+_INIT_KEYS = frozenset(
+    {
+        "hidden",
+        "epochs",
+        "batch_size",
+        "max_samples",
+        "learning_rate",
+        "weight_decay",
+        "patience",
+        "val_fraction",
+        "seed",
+    }
+)
 
 
 def _log_time(torch: Any, out: Any, aux: Any) -> Any:
@@ -283,5 +340,8 @@ def _log_time(torch: Any, out: Any, aux: Any) -> Any:
 def _numpy_layers(net: Any) -> list[tuple[np.ndarray, np.ndarray]]:
     import torch
 
-    return [(m.weight.detach().double().numpy().copy(), m.bias.detach().double().numpy().copy())
-            for m in net if isinstance(m, torch.nn.Linear)]
+    return [
+        (m.weight.detach().double().numpy().copy(), m.bias.detach().double().numpy().copy())
+        for m in net
+        if isinstance(m, torch.nn.Linear)
+    ]

@@ -47,42 +47,70 @@ class TreeArrays:
 
     def to_arrays(self) -> dict[str, np.ndarray]:
         """What :func:`numpy.savez` stores (see :meth:`from_arrays`)."""
-        return {"tree_left": self.left, "tree_right": self.right, "tree_feature": self.feature,
-                "tree_threshold": self.threshold, "tree_default_left": self.default_left, "tree_value": self.value,
-                "tree_shape": np.array([self.n_trees, self.max_nodes, self.depth], dtype=np.int64),
-                "tree_base_score": np.array([self.base_score], dtype=np.float64)}
+        return {
+            "tree_left": self.left,
+            "tree_right": self.right,
+            "tree_feature": self.feature,
+            "tree_threshold": self.threshold,
+            "tree_default_left": self.default_left,
+            "tree_value": self.value,
+            "tree_shape": np.array([self.n_trees, self.max_nodes, self.depth], dtype=np.int64),
+            "tree_base_score": np.array([self.base_score], dtype=np.float64),
+        }
 
     @classmethod
     def from_arrays(cls, arrays: Any, *, path: Any = "trees", n_features: int | None = None) -> TreeArrays:
         """Rebuild from :meth:`to_arrays`' output. Read from a file (``path``), every array is
         checked first (dtype, length, node and feature indices in range), so a corrupt file is a
         one-line :class:`OpcastError`, never an index error in the middle of a prediction."""
-        kinds = {"tree_left": "iu", "tree_right": "iu", "tree_feature": "iu", "tree_threshold": "f",
-                 "tree_default_left": "b", "tree_value": "f", "tree_shape": "iu", "tree_base_score": "f"}
+        kinds = {
+            "tree_left": "iu",
+            "tree_right": "iu",
+            "tree_feature": "iu",
+            "tree_threshold": "f",
+            "tree_default_left": "b",
+            "tree_value": "f",
+            "tree_shape": "iu",
+            "tree_base_score": "f",
+        }
         require_arrays(arrays, kinds, path)
         shape, base = arrays["tree_shape"], arrays["tree_base_score"]
         if shape.shape != (3,) or base.shape != (1,) or not np.isfinite(base).all():
-            raise OpcastError(f"{path}: tree_shape or tree_base_score has the wrong shape; re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: tree_shape or tree_base_score has the wrong shape; re-fit with opcast train fit"
+            )
         n_trees, max_nodes, depth = (int(v) for v in shape)
         size = n_trees * max_nodes
         if n_trees < 0 or max_nodes < 1 or not 0 <= depth <= max_nodes:
             raise OpcastError(f"{path}: tree_shape {shape.tolist()} is impossible; re-fit with opcast train fit")
         for name in ("tree_left", "tree_right", "tree_feature", "tree_threshold", "tree_default_left", "tree_value"):
             if arrays[name].shape != (size,):
-                raise OpcastError(f"{path}: {name} holds {arrays[name].shape} values, not {n_trees} x {max_nodes}; "
-                                  "re-fit with opcast train fit")
+                raise OpcastError(
+                    f"{path}: {name} holds {arrays[name].shape} values, not {n_trees} x {max_nodes}; "
+                    "re-fit with opcast train fit"
+                )
         for name in ("tree_left", "tree_right"):
             if size and not 0 <= int(arrays[name].min()) <= int(arrays[name].max()) < size:
                 raise OpcastError(f"{path}: {name} points outside the trees; re-fit with opcast train fit")
         limit = n_features if n_features is not None else np.iinfo(np.int32).max
         if size and not 0 <= int(arrays["tree_feature"].min()) <= int(arrays["tree_feature"].max()) < limit:
-            raise OpcastError(f"{path}: tree_feature names a feature outside the {limit} it was fitted on; "
-                              "re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: tree_feature names a feature outside the {limit} it was fitted on; "
+                "re-fit with opcast train fit"
+            )
         as32 = {k: np.ascontiguousarray(arrays[k], dtype=np.int32) for k in ("tree_left", "tree_right", "tree_feature")}
-        return cls(left=as32["tree_left"], right=as32["tree_right"], feature=as32["tree_feature"],
-                   threshold=arrays["tree_threshold"], default_left=arrays["tree_default_left"],
-                   value=arrays["tree_value"], n_trees=n_trees, max_nodes=max_nodes, depth=depth,
-                   base_score=float(base[0]))
+        return cls(
+            left=as32["tree_left"],
+            right=as32["tree_right"],
+            feature=as32["tree_feature"],
+            threshold=arrays["tree_threshold"],
+            default_left=arrays["tree_default_left"],
+            value=arrays["tree_value"],
+            n_trees=n_trees,
+            max_nodes=max_nodes,
+            depth=depth,
+            base_score=float(base[0]),
+        )
 
     def margin(self, x: np.ndarray) -> np.ndarray:
         """The booster's raw output (``output_margin``) for every row of ``x`` (n_rows, n_features)."""
@@ -95,7 +123,7 @@ class TreeArrays:
         step = max(1, _CHUNK_CELLS // self.n_trees)
         has_nan = bool(np.isnan(x32).any())
         for start in range(0, n, step):
-            xc = x32[start:start + step]
+            xc = x32[start : start + step]
             flat = xc.ravel()
             row_base = (np.arange(len(xc), dtype=np.int32) * n_feat)[:, None]
             node = np.broadcast_to(roots, (len(xc), self.n_trees)).copy()
@@ -106,7 +134,7 @@ class TreeArrays:
                     missing = np.isnan(v)
                     go_left = np.where(missing, self.default_left[node], go_left)
                 node = np.where(go_left, self.left[node], self.right[node])
-            out[start:start + step] += self.value[node].sum(axis=1, dtype=np.float64)
+            out[start : start + step] += self.value[node].sum(axis=1, dtype=np.float64)
         return out
 
 
@@ -147,10 +175,20 @@ def trees_from_booster(booster: Any) -> TreeArrays:
         default_left[sl] = np.asarray(tree["default_left"], dtype=bool) & ~leaf
         value[sl] = np.where(leaf, cond, np.float32(0))
         depth = max(depth, _depth(lc, rc))
-        left[off + k: off + max_nodes] = np.arange(off + k, off + max_nodes)  # padding: self loops, never reached
-        right[off + k: off + max_nodes] = np.arange(off + k, off + max_nodes)
-    return TreeArrays(left=left, right=right, feature=feature, threshold=threshold, default_left=default_left,
-                      value=value, n_trees=n_trees, max_nodes=max_nodes, depth=depth, base_score=float(base))
+        left[off + k : off + max_nodes] = np.arange(off + k, off + max_nodes)  # padding: self loops, never reached
+        right[off + k : off + max_nodes] = np.arange(off + k, off + max_nodes)
+    return TreeArrays(
+        left=left,
+        right=right,
+        feature=feature,
+        threshold=threshold,
+        default_left=default_left,
+        value=value,
+        n_trees=n_trees,
+        max_nodes=max_nodes,
+        depth=depth,
+        base_score=float(base),
+    )
 
 
 def _depth(left: np.ndarray, right: np.ndarray) -> int:

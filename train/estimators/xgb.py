@@ -27,8 +27,8 @@ import pandas as pd
 
 from opcast.errors import OpcastError
 from opcast.train.estimators import RECORD_KEY, parse_record, read_arrays, record_array, require_arrays
-from opcast.train.features import MONOTONE_DECREASING, matrix
 from opcast.train.estimators.trees import TreeArrays, trees_from_booster
+from opcast.train.features import MONOTONE_DECREASING, matrix
 from opcast.train.splits import grouped_mask
 
 
@@ -44,10 +44,33 @@ class XGBEstimator:
     numpy_max_cells_imported = 100_000
     """The same once xgboost is imported anyway: only small batches stay with numpy."""
 
-    def __init__(self, *, feature_names: tuple[str, ...], n_estimators: int = 400, max_depth: int = 7,
-                 learning_rate: float = 0.1, subsample: float = 0.8, colsample_bytree: float = 0.8,
-                 min_child_weight: float = 3.0, reg_lambda: float = 1.0, early_stopping_rounds: int = 50,
-                 val_fraction: float = 0.15, monotone: bool = True, seed: int = 0, n_jobs: int = 2) -> None:
+    # Set by fit or load (declared here for the type checker; no class-level values).
+    booster_: Any
+    """The ``xgboost.Booster``, or None in a loaded estimator until :meth:`booster` rebuilds it."""
+    trees_: TreeArrays | None
+    n_trees_: int
+    raw_: bytes
+    """The booster's UBJSON bytes, as loaded."""
+    path_: Path
+    record_: dict[str, Any] | None
+
+    def __init__(
+        self,
+        *,
+        feature_names: tuple[str, ...],
+        n_estimators: int = 400,
+        max_depth: int = 7,
+        learning_rate: float = 0.1,
+        subsample: float = 0.8,
+        colsample_bytree: float = 0.8,
+        min_child_weight: float = 3.0,
+        reg_lambda: float = 1.0,
+        early_stopping_rounds: int = 50,
+        val_fraction: float = 0.15,
+        monotone: bool = True,
+        seed: int = 0,
+        n_jobs: int = 2,
+    ) -> None:
         self.feature_names = tuple(feature_names)
         self.n_estimators = n_estimators
         self.max_depth = max_depth
@@ -63,18 +86,40 @@ class XGBEstimator:
         self.n_jobs = n_jobs
 
     def hyper_parameters(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in ("n_estimators", "max_depth", "learning_rate", "subsample",
-                                              "colsample_bytree", "min_child_weight", "reg_lambda",
-                                              "early_stopping_rounds", "val_fraction", "monotone", "seed")}
+        return {
+            k: getattr(self, k)
+            for k in (
+                "n_estimators",
+                "max_depth",
+                "learning_rate",
+                "subsample",
+                "colsample_bytree",
+                "min_child_weight",
+                "reg_lambda",
+                "early_stopping_rounds",
+                "val_fraction",
+                "monotone",
+                "seed",
+            )
+        }
 
     def _params(self) -> dict[str, Any]:
-        params = {"objective": "reg:squarederror", "eta": self.learning_rate, "max_depth": self.max_depth,
-                  "subsample": self.subsample, "colsample_bytree": self.colsample_bytree,
-                  "min_child_weight": self.min_child_weight, "lambda": self.reg_lambda, "tree_method": "hist",
-                  "seed": self.seed, "nthread": self.n_jobs}
+        params = {
+            "objective": "reg:squarederror",
+            "eta": self.learning_rate,
+            "max_depth": self.max_depth,
+            "subsample": self.subsample,
+            "colsample_bytree": self.colsample_bytree,
+            "min_child_weight": self.min_child_weight,
+            "lambda": self.reg_lambda,
+            "tree_method": "hist",
+            "seed": self.seed,
+            "nthread": self.n_jobs,
+        }
         if self.monotone:
-            params["monotone_constraints"] = "(" + ",".join("-1" if n in MONOTONE_DECREASING else "0"
-                                                            for n in self.feature_names) + ")"
+            params["monotone_constraints"] = (
+                "(" + ",".join("-1" if n in MONOTONE_DECREASING else "0" for n in self.feature_names) + ")"
+            )
         return params
 
     def fit(self, feats: pd.DataFrame, time_s: np.ndarray, *, groups: np.ndarray | None = None) -> XGBEstimator:
@@ -87,13 +132,21 @@ class XGBEstimator:
         groups = np.arange(len(y)) if groups is None else groups
         val = grouped_mask(groups, self.val_fraction, self.seed) if len(y) >= 200 else np.zeros(len(y), dtype=bool)
         train = xgb.DMatrix(x[~val], label=y[~val], feature_names=list(self.feature_names))
-        evals = [(xgb.DMatrix(x[val], label=y[val], feature_names=list(self.feature_names)), "val")] if val.any() else []
-        self.booster_ = xgb.train(self._params(), train, num_boost_round=self.n_estimators, evals=evals,
-                                  early_stopping_rounds=self.early_stopping_rounds if evals else None, verbose_eval=False)
+        evals = (
+            [(xgb.DMatrix(x[val], label=y[val], feature_names=list(self.feature_names)), "val")] if val.any() else []
+        )
+        self.booster_ = xgb.train(
+            self._params(),
+            train,
+            num_boost_round=self.n_estimators,
+            evals=evals,
+            early_stopping_rounds=self.early_stopping_rounds if evals else None,
+            verbose_eval=False,
+        )
         if evals:  # keep only the trees up to the best validation round: a smaller artifact, same predictions
             self.booster_ = self.booster_[: self.booster_.best_iteration + 1]
         self.n_trees_ = int(self.booster_.num_boosted_rounds())
-        self.trees_ = _checked_trees(self.booster_, x[: 2000], self.feature_names)
+        self.trees_ = _checked_trees(self.booster_, x[:2000], self.feature_names)
         return self
 
     def predict_s(self, feats: pd.DataFrame) -> np.ndarray:
@@ -122,22 +175,29 @@ class XGBEstimator:
             try:
                 booster.load_model(bytearray(raw))
             except xgb.core.XGBoostError as err:
-                raise OpcastError(f"{getattr(self, 'path_', 'the predictor')}: xgboost cannot read its booster "
-                                  f"({str(err).splitlines()[0][-120:]}); re-fit with opcast train fit") from None
+                raise OpcastError(
+                    f"{getattr(self, 'path_', 'the predictor')}: xgboost cannot read its booster "
+                    f"({str(err).splitlines()[0][-120:]}); re-fit with opcast train fit"
+                ) from None
             self.booster_ = booster
         return self.booster_
 
     def config(self) -> dict[str, Any]:
         """What ``load`` needs besides the file, and what meta.json reports."""
-        return {"hyper_parameters": self.hyper_parameters(), "n_trees": getattr(self, "n_trees_", None),
-                "numpy_trees": getattr(self, "trees_", None) is not None, "target": "log(time_s / t_roof_s)"}
+        return {
+            "hyper_parameters": self.hyper_parameters(),
+            "n_trees": getattr(self, "n_trees_", None),
+            "numpy_trees": getattr(self, "trees_", None) is not None,
+            "target": "log(time_s / t_roof_s)",
+        }
 
     def save(self, path: Path, *, record: dict[str, Any] | None = None) -> Path:
         """Write ``<path>.npz``; ``record`` (what the file holds, see
         :data:`~opcast.train.estimators.RECORD_KEY`) is stored beside the arrays."""
         path = Path(path).with_suffix(self.suffix)
         raw = np.frombuffer(bytes(self.booster_.save_raw(raw_format="ubj")), dtype=np.uint8)
-        trees = self.trees_.to_arrays() if getattr(self, "trees_", None) is not None else {}
+        fitted_trees = getattr(self, "trees_", None)
+        trees = fitted_trees.to_arrays() if fitted_trees is not None else {}
         extra = {RECORD_KEY: record_array(record)} if record is not None else {}
         with open(path, "wb") as fh:  # a file object: savez would append .npz to a bare path
             np.savez_compressed(fh, format=np.array("xgboost-ubj+trees"), ubj=raw, **trees, **extra)
@@ -151,15 +211,18 @@ class XGBEstimator:
         est.trees_ = None
         est.path_ = path = Path(path)
         if path.suffix != cls.suffix:
-            raise OpcastError(f"{path}: xgb predictors are read from {cls.suffix} archives only (a pickled .joblib "
-                              "of an older opcast is never loaded: unpickling can run code); re-fit with opcast train fit")
+            raise OpcastError(
+                f"{path}: xgb predictors are read from {cls.suffix} archives only (a pickled .joblib "
+                "of an older opcast is never loaded: unpickling can run code); re-fit with opcast train fit"
+            )
         blob = read_arrays(path)
         require_arrays(blob, {"ubj": "u"}, path)
         est.record_ = parse_record(blob[RECORD_KEY], path) if RECORD_KEY in blob else None
         est.raw_ = _checked_raw(blob["ubj"].tobytes(), path)
         if "tree_shape" in blob:
-            est.trees_ = TreeArrays.from_arrays({k: blob[k] for k in blob if k.startswith("tree_")}, path=path,
-                                                n_features=len(est.feature_names))
+            est.trees_ = TreeArrays.from_arrays(
+                {k: blob[k] for k in blob if k.startswith("tree_")}, path=path, n_features=len(est.feature_names)
+            )
         est.n_trees_ = est.trees_.n_trees if est.trees_ is not None else int(est.booster().num_boosted_rounds())
         return est
 
@@ -184,8 +247,10 @@ def _checked_raw(raw: bytes, path: Any) -> bytes:
     """``raw`` if it can be a UBJSON or JSON booster (both open with ``{``): xgboost aborts the
     interpreter (SIGABRT) on an empty buffer, so nothing else reaches it."""
     if not raw.startswith(b"{"):
-        raise OpcastError(f"{path}: its booster bytes are {'empty' if not raw else 'not xgboost UBJSON or JSON'}; "
-                          "re-fit with opcast train fit")
+        raise OpcastError(
+            f"{path}: its booster bytes are {'empty' if not raw else 'not xgboost UBJSON or JSON'}; "
+            "re-fit with opcast train fit"
+        )
     return raw
 
 
@@ -195,5 +260,18 @@ def _xgboost_installed() -> bool:
     return find_spec("xgboost") is not None
 
 
-_INIT_KEYS = frozenset({"n_estimators", "max_depth", "learning_rate", "subsample", "colsample_bytree", "min_child_weight",
-                        "reg_lambda", "early_stopping_rounds", "val_fraction", "monotone", "seed"})
+_INIT_KEYS = frozenset(
+    {
+        "n_estimators",
+        "max_depth",
+        "learning_rate",
+        "subsample",
+        "colsample_bytree",
+        "min_child_weight",
+        "reg_lambda",
+        "early_stopping_rounds",
+        "val_fraction",
+        "monotone",
+        "seed",
+    }
+)
