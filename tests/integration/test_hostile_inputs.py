@@ -355,9 +355,9 @@ CASES: list[Case] = [
         "--tp",
         "3",
         "--pp",
-        "5",
+        "40",
         ROOF,
-        needles=("T4 has no bf16 peak", "tp=3", "pp=5"),
+        needles=("T4 has no bf16 peak", "tp=3", "pp=40"),
     ),
     _c(
         "infer-infeasible-every-class",
@@ -370,9 +370,9 @@ CASES: list[Case] = [
         "--tp",
         "3",
         "--pp",
-        "5",
+        "40",
         ROOF,
-        needles=("T4 has no bf16 peak", "tp=3", "pp=5"),
+        needles=("T4 has no bf16 peak", "tp=3", "pp=40"),
     ),
     _c(
         "train-infeasible-device-and-memory",
