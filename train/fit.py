@@ -440,7 +440,18 @@ def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
     feature can tell its rows apart. Seen in NeuSight's data: the P4 ``linear`` sweep sustains 0.20
     of the FP32 roofline where the P4 ``bmm`` sweep sustains 0.53 and NeuSight's own P4 test file
     0.78; among all other sweeps of the published data the lowest ratio to their op's best sweep
-    on the same device is 0.64. Only rows of ``frame`` are compared."""
+    on the same device is 0.64. Only rows of ``frame`` are compared, and only rows on the same side
+    of the ridge: a compute-bound row's utilisation is a share of the peak FLOP/s, a memory-bound
+    row's a share of the bandwidth, two different rates (AIConfigurator's prefill sweep, 0.41 of
+    the FLOP roofline on RTX PRO 6000, was flagged against its decode sweep's 0.96 of the
+    bandwidth). :func:`suspect_groups` also says which predictor groups each sweep was flagged in."""
+    return {sweep: why for sweep, (why, _) in suspect_groups(frame, feats).items()}
+
+
+def suspect_groups(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, tuple[str, set[str]]]:
+    """:func:`suspect_sweeps` with, per sweep, the predictor groups
+    (:func:`opcast.train.features.group_key`) in which it ran too slowly: only its rows of those
+    groups are suspect (a file may hold several ops)."""
     if "source_file" not in frame.columns or not len(frame):
         return {}
     t_roof = feats["t_roof_s"].to_numpy(dtype=float)
@@ -456,34 +467,40 @@ def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:
             m = (sub["op"] == kind).to_numpy()
             # pandas-stubs: a masked Series.__setitem__ takes a list of values at runtime, the overloads do not
             cats[m] = ["|".join(map(str, r)) for r in sub.loc[m, names].itertuples(index=False)]  # type: ignore[call-overload]
+    compute_bound = feats["log_compute_over_memory"].to_numpy(dtype=float)[sat] >= 0
     table = pd.DataFrame(
         {
             "device": sub["device"].astype(object).to_numpy(),
+            "key": group_keys(sub).to_numpy(),
             "group": (group_keys(sub) + ":" + cats).to_numpy(),
+            "bound": np.where(compute_bound, "compute-bound", "memory-bound"),
             "sweep": sub["source_file"].astype(object).fillna("").to_numpy(),
             "u": t_roof[sat] / t[sat],
         }
     )
-    stats = table.groupby(["device", "group", "sweep"]).u.agg(["size", "median"])
+    stats = table.groupby(["device", "key", "group", "bound", "sweep"]).u.agg(["size", "median"])
     stats = stats[stats["size"] >= SWEEP_MIN_ROWS]
-    out: dict[str, str] = {}
-    for (device, group), g in stats.groupby(level=[0, 1]):
+    out: dict[str, tuple[str, set[str]]] = {}
+    for (device, key, group, bound), g in stats.groupby(level=[0, 1, 2, 3]):
         if len(g) < 2:
             continue
         best = g["median"].idxmax()
-        assert isinstance(best, tuple)  # a label of the (device, group, sweep) index
-        best_sweep = best[2]
-        assert isinstance(best_sweep, str) and isinstance(group, str)  # the index holds strings
+        assert isinstance(best, tuple)  # a label of the (device, key, group, bound, sweep) index
+        best_sweep = best[4]
+        assert isinstance(best_sweep, str) and isinstance(group, str) and isinstance(key, str)  # strings
         best_median = g["median"].max()  # the value at best
         for idx, row in g.iterrows():
             assert isinstance(idx, tuple)
             ratio = row["median"] / best_median
-            if ratio < SWEEP_MIN_RATIO and idx[2]:
-                out[idx[2]] = (
-                    f"{device} {group.rstrip(':')}: sustains {row['median']:.2f} of the roofline on rows of "
+            sweep = idx[4]
+            if ratio < SWEEP_MIN_RATIO and sweep:
+                why = (
+                    f"{device} {group.rstrip(':')} ({bound}): sustains {row['median']:.2f} of the roofline on rows of "
                     f"{SWEEP_SATURATED_S * 1e3:g} ms or more, {ratio:.2f}x the {best_median:.2f} of "
                     f"{best_sweep} (a throttled or mistimed sweep; --keep-suspect-sweeps fits it anyway)"
                 )
+                first, keys = out.get(sweep, (why, set()))
+                out[sweep] = (first, keys | {key})
     return out
 
 
@@ -511,11 +528,16 @@ def fit_frame(
     if not ok.all():
         skipped["rows without a roofline"] = f"{int((~ok).sum())} rows (device lacks the dtype, or missing parameters)"
     frame, feats = frame[ok], feats[ok]
-    suspect = suspect_sweeps(frame, feats)
+    suspect = suspect_groups(frame, feats)
     if suspect and not cfg.keep_suspect_sweeps:
-        drop = frame["source_file"].isin(list(suspect)).to_numpy()
-        for sweep, why in suspect.items():
-            skipped[f"sweep {sweep}"] = f"{int((frame['source_file'] == sweep).sum())} rows: {why}"
+        # only the sweep's rows of the groups it was flagged in: a file may hold other ops too
+        files = frame["source_file"].astype(object).to_numpy()
+        row_keys = group_keys(frame).to_numpy()
+        drop = np.zeros(len(frame), dtype=bool)
+        for sweep, (why, flagged) in suspect.items():
+            rows = (files == sweep) & np.isin(row_keys, list(flagged))
+            drop |= rows
+            skipped[f"sweep {sweep}"] = f"{int(rows.sum())} rows of {', '.join(sorted(flagged))}: {why}"
         frame, feats = frame[~drop], feats[~drop]
     keys = group_keys(frame).to_numpy()
     groups = sorted(pd.unique(keys))

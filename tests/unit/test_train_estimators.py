@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from opcast.train.estimators import estimator_class
@@ -61,6 +62,7 @@ def _two_sweeps(synthetic, slow: float, monkeypatch):
     import opcast.train.fit as fit
 
     monkeypatch.setattr(fit, "SWEEP_SATURATED_S", 2e-6)
+    monkeypatch.setattr(fit, "SWEEP_MIN_ROWS", 8)  # a device's ~50 such rows, split by sweep and by side of the ridge
     frame, devices, _ = synthetic
     g = frame[frame["op"] == "gemm"].reset_index(drop=True)
     second = (np.arange(len(g)) % 2).astype(bool)
@@ -90,3 +92,38 @@ def test_sweeps_within_a_factor_of_two_are_both_kept(synthetic, monkeypatch):
 
     g, devices = _two_sweeps(synthetic, 1.8, monkeypatch)
     assert suspect_sweeps(g, feature_frame(g, devices)) == {}
+
+
+def test_a_flagged_sweep_loses_only_its_rows_of_the_flagged_group(synthetic, monkeypatch):
+    """A file may hold several ops (AIConfigurator's attention files hold bf16 and fp8 lanes): a
+    sweep flagged in one group keeps its rows of the others."""
+    frame, _, _ = synthetic
+    g, devices = _two_sweeps(synthetic, 3.0, monkeypatch)
+    norms = frame[frame["op"] == "layernorm"].assign(source_file="sweeps/second.csv")
+    both = pd.concat([g, norms], ignore_index=True)
+    fitted, _, skipped = fit_frame(both, devices, FitConfig(estimator="xgb", folds=0, xgb_params=FAST["xgb"]))
+    dropped = int((g["source_file"] == "sweeps/second.csv").sum())
+    assert skipped["sweep sweeps/second.csv"].startswith(f"{dropped} rows of gemm-fwd-half: fake-1 gemm-fwd-half")
+    assert fitted["layernorm-fwd-half"][1]["rows"] == len(norms)
+    assert fitted["gemm-fwd-half"][1]["rows"] == len(g) - dropped
+
+
+def test_sweeps_on_opposite_sides_of_the_ridge_are_not_compared(synthetic, monkeypatch):
+    """A compute-bound sweep's share of the peak and a memory-bound sweep's share of the bandwidth
+    are different rates (prefill against decode attention): 3x apart is no evidence of throttling."""
+    import opcast.train.fit as fit
+
+    monkeypatch.setattr(fit, "SWEEP_SATURATED_S", 2e-6)
+    monkeypatch.setattr(fit, "SWEEP_MIN_ROWS", 8)
+    frame, _, feats = synthetic
+    gemm = (frame["op"] == "gemm").to_numpy()
+    g, f = frame[gemm].reset_index(drop=True), feats[gemm].reset_index(drop=True)
+    memory = (f["log_compute_over_memory"] < 0).to_numpy()
+    g = g.assign(source_file=np.where(memory, "sweeps/memory.csv", "sweeps/compute.csv"))
+    g.loc[memory & (g["device"] == "fake-1").to_numpy(), "time_s_median"] *= 3.0
+    assert fit.suspect_sweeps(g, f) == {}
+    # the same slowdown within one side of the ridge is caught
+    odd = ~memory & (g["device"] == "fake-1").to_numpy() & (np.arange(len(g)) % 2 == 1)
+    g.loc[odd, "source_file"] = "sweeps/odd.csv"
+    g.loc[odd, "time_s_median"] *= 3.0
+    assert list(fit.suspect_sweeps(g, f)) == ["sweeps/odd.csv"]
