@@ -208,14 +208,11 @@ def replay(
 ) -> None:
     """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator), a profiler trace or an nccl-tests log."""  # noqa: E501 -- the command's one-line help
     from opcast.collect.info import summarise
-    from opcast.collect.io import shared_mode
     from opcast.collect.replay import ReplayOptions, run_replay
 
     summary = run_replay(
         source, path, out, ReplayOptions(device=device, world_size=world_size, nodes=nodes, gpus_per_node=gpus_per_node)
     )
-    for output in summary.outputs:  # written through mkstemp (0600): give them the umask's mode
-        shared_mode(output)
     record = {
         "source": source,
         "files": summary.files,

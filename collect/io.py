@@ -13,22 +13,14 @@ import errno
 import json
 import os
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from opcast.atomic import write_atomically
 from opcast.errors import OpcastError
 from opcast.schema import dataset_files, read_table, write_parquet
-
-
-def shared_mode(path: Path | str) -> None:
-    """Give ``path`` the mode ``open()`` would have created it with (0666 less the umask): files
-    written through ``mkstemp`` are 0600, which other members of a team cannot read."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
 
 
 def write_problem(err: BaseException) -> str:
@@ -82,7 +74,6 @@ class PartWriter:
             path = self.folder / f"{self.prefix}-{self.parts:04d}.parquet"
             try:
                 write_parquet(self.rows, path)
-                shared_mode(path)
             except OSError as err:
                 raise DiskWriteError(write_problem(err), path) from None
             self.parts += 1
@@ -106,16 +97,12 @@ def done_point_ids(out: Path, device: str) -> set[str]:
 def write_json_atomic(path: Path, payload: Any) -> None:
     """Write ``payload`` as JSON to ``path`` atomically, with the umask's mode; a failed write
     (a full disk) leaves ``path`` as it was and no temp file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w") as fh:
             json.dump(payload, fh, indent=2, default=str)
-        shared_mode(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    write_atomically(path, write)
 
 
 def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import Final
@@ -21,6 +19,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from opcast.atomic import replace_with, temp_beside
 from opcast.errors import OpcastError
 from opcast.ops import get_op, param_types
 
@@ -153,18 +152,10 @@ def write_parquet(rows: pd.DataFrame | Iterable[Mapping[str, object]] | pa.Table
     table = rows if isinstance(rows, pa.Table) else to_table(rows)
     path = Path(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        tmp = temp_beside(path)
     except OSError as err:
         raise OpcastError(f"cannot write {path}: {err.strerror}; choose a writable --out folder") from None
-    os.close(fd)
-    try:
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_with(tmp, path, lambda t: pq.write_table(table, t, compression="zstd"))
 
 
 _PANDAS_TYPES: Final = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype(), pa.string(): pd.StringDtype()}

@@ -44,25 +44,18 @@ def read_rows(path: str | Path) -> pd.DataFrame:
 
 
 def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
-    import os
-    import tempfile
-
     import pyarrow as pa
+
+    from opcast.atomic import write_atomically
 
     path = Path(path)
     if path.suffix not in (".parquet", ".csv") or path.is_dir():
         raise OpcastError(f"--out {path}: give a .parquet or .csv file name")
-    tmp: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        os.close(fd)
+    try:  # a failed or interrupted write leaves no temp file behind
         if path.suffix == ".parquet":
-            frame.to_parquet(tmp, index=False)
+            write_atomically(path, lambda tmp: frame.to_parquet(tmp, index=False))
         else:
-            frame.to_csv(tmp, index=False)
-        os.replace(tmp, path)
-        tmp = None
+            write_atomically(path, lambda tmp: frame.to_csv(tmp, index=False))
     except OSError as err:
         raise OpcastError(
             f"cannot write {path}: {err.strerror or err}; free space or choose a writable --out"
@@ -70,9 +63,6 @@ def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
     except (pa.ArrowException, ValueError, TypeError) as err:
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise OpcastError(f"cannot write {path} as parquet ({first}); write a .csv instead") from None
-    finally:  # a failed or interrupted write leaves no temp file behind
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
     return path
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from rich.markup import escape
 
+from opcast.atomic import write_atomically
 from opcast.errors import OpcastError
 from opcast.plotting import pyplot, save_figure
 from opcast.predict.cost import Kernel, KernelCostModel, bottleneck
@@ -477,18 +477,12 @@ def write_trace(r: TrainResult, path: str | Path) -> Path:
             "note": "timeline replayed task by task (Megatron order); iteration_time_s is the analytical prediction",
         },
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:  # atomic: a full disk leaves the old trace, not a truncated one, and no temp file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, path)
+        return write_atomically(path, lambda tmp: tmp.write_text(json.dumps(doc)))
     except OSError as err:
         raise OpcastError(
             f"cannot write the trace {path}: {err.strerror or err}; free space or choose another --trace"
         ) from None
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
 
 
 def write_plot(r: TrainResult, path: str | Path) -> Path:

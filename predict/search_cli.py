@@ -80,31 +80,26 @@ class _LazyBar:
 
 def _write_csv(result, path: Path) -> None:
     import csv
-    import os
-    import tempfile
 
+    from opcast.atomic import write_atomically
     from opcast.errors import OpcastError
     from opcast.predict.search import candidate_row
 
     rows = [candidate_row(c, rank) for rank, c in enumerate(result.candidates, start=1)]
     fields = list(candidate_row(result.candidates[0], 1)) if rows else ["rank"]
-    tmp: str | None = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", newline="") as fh:
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as fh:
             writer = csv.DictWriter(fh, fieldnames=fields)
             writer.writeheader()
             writer.writerows(rows)
-        os.replace(tmp, path)
-        tmp = None
+
+    try:  # a failed or interrupted write leaves no temp file behind
+        write_atomically(path, write)
     except OSError as err:
         raise OpcastError(
             f"cannot write {path}: {err.strerror or err}; free space or choose a writable --csv"
         ) from None
-    finally:  # a failed or interrupted write leaves no temp file behind
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
 
 
 @command(
