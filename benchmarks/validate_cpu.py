@@ -26,45 +26,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from opcast.archs import ArchSpec
+from opcast.predict.validate import CHECK_ARCHS
 
-GPT2 = ArchSpec(
+# The check archs of `opcast validate`, renamed: this benchmark rescales their width and depth.
+GPT2 = replace(
+    CHECK_ARCHS["gpt2-124m"],
     name="gpt2-style",
-    family="gpt2",
-    n_layers=12,
-    hidden=768,
-    n_heads=12,
-    n_kv_heads=12,
-    head_dim=64,
-    ffn_hidden=3072,
-    vocab=50257,
-    max_seq=1024,
-    norm="layernorm",
-    activation="gelu",
-    gated_mlp=False,
-    position="learned",
-    tied_embeddings=True,
-    linear_bias=True,
-    parallel_residual=False,
     source="GPT-2 (Radford et al. 2019) block and vocab at the given width and depth",
 )
-LLAMA = ArchSpec(
+LLAMA = replace(
+    CHECK_ARCHS["llama-style-125m"],
     name="llama-style",
-    family="llama",
-    n_layers=12,
-    hidden=768,
-    n_heads=12,
-    n_kv_heads=4,
-    head_dim=64,
-    ffn_hidden=2048,
-    vocab=32000,
-    max_seq=4096,
-    norm="rmsnorm",
-    activation="silu",
-    gated_mlp=True,
-    position="rope",
-    tied_embeddings=False,
-    linear_bias=False,
-    parallel_residual=False,
     source="Llama-2 (Touvron et al. 2023) block, GQA, 32000 vocab at the given width and depth",
 )
 
