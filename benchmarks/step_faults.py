@@ -2,7 +2,7 @@
 
     python benchmarks/step_faults.py ARCH BATCH SEQ [--steps N]
 
-Builds ARCH as validate does (``predict/torch_model.py``, fp32, fused AdamW, gradients set to None
+Builds ARCH as validate does (``check/torch_model.py``, fp32, fused AdamW, gradients set to None
 after each step), runs two warm-up steps, then reports per step (median of N): wall time, system
 and user CPU time, and the minor page faults as GiB of 4 KiB pages. PyTorch's CPU allocator does
 not cache, so every step's gradients and saved activations are fresh pages; a kernel timed alone
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from opcast.predict.torch_model import build_model
-    from opcast.predict.validate import resolve_arch
+    from opcast.check.torch_model import build_model
+    from opcast.check.validate import resolve_arch
 
     torch.set_num_threads(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     arch = resolve_arch(args.arch)

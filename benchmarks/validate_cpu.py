@@ -10,7 +10,7 @@ Usage:
 
 Calibration measures exactly the shapes of the configurations below (each at its batch and
 sequence length) and then Sobol samples, fits, and skips its own before/after validations; the
-benchmark validates, each configuration in a fresh process (opcast.predict.isolated), every
+benchmark validates, each configuration in a fresh process (opcast.check.isolated), every
 configuration with the calibrated models and, for reference, predicts the measured step with the
 embedded default models too. Run it on a quiet machine: on a shared 2-core box every parallel op
 waits for a descheduled thread and no timing means anything (``taskset -c N`` pins a run to N cores).
@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from opcast.archs import ArchSpec
-from opcast.predict.validate import CHECK_ARCHS
+from opcast.check.validate import CHECK_ARCHS
 
 # The check archs of `opcast validate`, renamed: this benchmark rescales their width and depth.
 GPT2 = replace(
@@ -90,12 +90,12 @@ def main() -> int:
         ap.error("give --out (calibrate first) or --models (an existing model set)")
     configs = CONFIGS[: max(1, args.configs)]
 
+    from opcast.check.calibrate import CalibrateConfig, Workload, run_calibrate
+    from opcast.check.isolated import in_fresh_process
+    from opcast.check.validate import predict_step, run_validate
     from opcast.collect.local_device import describe_local
     from opcast.errors import OpcastError
-    from opcast.predict.calibrate import CalibrateConfig, Workload, run_calibrate
     from opcast.predict.cost import load_kernel_cost
-    from opcast.predict.isolated import in_fresh_process
-    from opcast.predict.validate import predict_step, run_validate
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

@@ -16,12 +16,12 @@ from typing import Annotated, Any
 
 import typer
 
+from opcast.check.validate_cli import calibrate_cmd, validate_cmd
 from opcast.cli_common import console, err_console, print_frame
 from opcast.collect.cli import app as collect_app
 from opcast.errors import OpcastError
 from opcast.predict.cli import app as predict_app
 from opcast.predict.search_cli import search_cmd
-from opcast.predict.validate_cli import calibrate_cmd, validate_cmd
 from opcast.predict.whatif_cli import compare_app, explore_app
 from opcast.train.cli import app as train_app
 

@@ -24,22 +24,17 @@ Search and what-if:
 - :mod:`~opcast.predict.search`      every parallel configuration of a job, pruned early, predicted and ranked;
 - :mod:`~opcast.predict.whatif`      hypothetical GPUs, scaling grids, side-by-side GPUs, where the time goes.
 
-Measuring this machine and checking predictions against it (these import torch when they run):
-
-- :mod:`~opcast.predict.validate`    time real training steps here and compare them with the prediction;
-- :mod:`~opcast.predict.calibrate`   fit kernel models for this machine and show what they change;
-- :mod:`~opcast.predict.calibrate_noise` whether this machine is quiet enough to calibrate on (rules over timings);
-- :mod:`~opcast.predict.torch_model` a compact PyTorch GPT / Llama, kernel for kernel the priced op graph;
-- :mod:`~opcast.predict.isolated`    run a measurement in a fresh process.
-
 The command line and presentation:
 
 - :mod:`~opcast.predict.options`     the options of every prediction command, each declared once;
 - :mod:`~opcast.predict.report`      JSON, rich summaries, Chrome traces, charts;
 - :mod:`~opcast.predict.cli`         the ``opcast predict`` commands;
 - :mod:`~opcast.predict.search_cli`  ``opcast search``;
-- :mod:`~opcast.predict.whatif_cli`  ``opcast explore`` and ``opcast compare``;
-- :mod:`~opcast.predict.validate_cli` ``opcast validate`` and ``opcast calibrate``.
+- :mod:`~opcast.predict.whatif_cli`  ``opcast explore`` and ``opcast compare``.
+
+Measuring this machine and checking predictions against it (``opcast validate``, ``opcast
+calibrate``, which run torch, ``opcast.collect.bench`` and ``opcast.train.fit``) is its own stage,
+:mod:`opcast.check`: it imports ``predict``; ``predict`` never imports it.
 
 Nothing on the prediction path imports torch or xgboost at start-up; learned models are loaded
 (lazily) through ``opcast.train.artifacts`` only when a prediction asks for them.

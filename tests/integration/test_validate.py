@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
 from opcast.archs import ArchSpec
 from opcast.cli import main
 
@@ -182,7 +180,7 @@ def test_calibrate_help(capsys):
 
 
 def _fake_report(arch: str, predicted_s: float):
-    from opcast.predict.validate import PhaseCheck, ValidateReport
+    from opcast.check.validate import PhaseCheck, ValidateReport
 
     phases = tuple(
         PhaseCheck(
@@ -209,14 +207,14 @@ def _fake_report(arch: str, predicted_s: float):
 
 
 def _quiet_anchors():
-    from opcast.predict.calibrate_noise import AnchorTiming
+    from opcast.check.calibrate_noise import AnchorTiming
 
     return (AnchorTiming(name="gemm 512^3", median_s=5e-3, p20_s=4.9e-3, p80_s=5.1e-3),)
 
 
 def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_before(tmp_path, capsys, monkeypatch):
     """The flow without the measurements: anchors, validations and the bench replaced by fakes."""
-    import opcast.predict.isolated as isolated
+    import opcast.check.isolated as isolated
     from opcast.collect.bench import BenchResult
 
     calls = []
@@ -230,7 +228,7 @@ def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_befor
         return BenchResult(rows_written=3, remaining=7, planned=10, interrupted=True)
 
     monkeypatch.setattr(isolated, "in_fresh_process", fake)
-    monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.0, 2))
+    monkeypatch.setattr("opcast.check.calibrate.load_average", lambda: (0.0, 2))
     out = tmp_path / "cal"
     argv = [
         "calibrate",
@@ -258,7 +256,7 @@ def test_calibrate_interrupted_in_collection_keeps_the_data_and_caches_the_befor
 
 
 def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monkeypatch):
-    import opcast.predict.isolated as isolated
+    import opcast.check.isolated as isolated
     from opcast.collect.bench import BenchResult
 
     def fake(fn, *args, **kwargs):
@@ -267,8 +265,8 @@ def test_calibrate_with_too_few_rows_says_how_to_continue(tmp_path, capsys, monk
         return _fake_report(args[0].name, 1.0) if fn.__name__ == "run_validate" else BenchResult(rows_written=0)
 
     monkeypatch.setattr(isolated, "in_fresh_process", fake)
-    monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.0, 2))
-    monkeypatch.setattr("opcast.predict.calibrate.default_datasets", lambda: [])
+    monkeypatch.setattr("opcast.check.calibrate.load_average", lambda: (0.0, 2))
+    monkeypatch.setattr("opcast.check.calibrate.default_datasets", lambda: [])
     argv = [
         "calibrate",
         "--out",
@@ -381,7 +379,7 @@ def _whole(res) -> str:
 
 _GROUP_SCRIPT = """
 import json, os, sys
-from opcast.predict.validate import local_env, measure_step, process_group, resolve_arch, torch_device
+from opcast.check.validate import local_env, measure_step, process_group, resolve_arch, torch_device
 env = local_env()
 arch = resolve_arch(sys.argv[1])
 with process_group("gloo", env.world) as session:

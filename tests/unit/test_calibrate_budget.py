@@ -10,12 +10,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
-
-import opcast.predict.isolated as isolated
+import opcast.check.isolated as isolated
 from opcast.archs import ArchSpec
-from opcast.predict.calibrate import CalibrateConfig, StagePlan, plan_stages, run_calibrate
-from opcast.predict.calibrate_noise import AnchorTiming
+from opcast.check.calibrate import CalibrateConfig, StagePlan, plan_stages, run_calibrate
+from opcast.check.calibrate_noise import AnchorTiming
 
 TINY = ArchSpec(
     name="tiny",
@@ -45,7 +43,7 @@ def _anchors(spread_x: float = 1.02, median_ms: float = 5.0) -> tuple[AnchorTimi
 
 
 def _report(arch: str):
-    from opcast.predict.validate import PhaseCheck, ValidateReport
+    from opcast.check.validate import PhaseCheck, ValidateReport
 
     phases = tuple(
         PhaseCheck(phase=p, measured_s=1.0, measured_p20_s=1.0, measured_p80_s=1.0, predicted_s=1.1, predicted_as="x")
@@ -143,9 +141,9 @@ def setup(monkeypatch, tmp_path):
     stages = Stages(clock)
     intervals = [{"arch": "tiny", "batch": 1, "seq": 64, "predicted_s": 1.0, "low_s": 0.9, "high_s": 1.3}]
     monkeypatch.setattr(isolated, "in_fresh_process", stages)
-    monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (0.1, 2))
-    monkeypatch.setattr("opcast.predict.calibrate.default_datasets", lambda: [])
-    monkeypatch.setattr("opcast.predict.calibrate.check_intervals", lambda *a, **k: [dict(i) for i in intervals])
+    monkeypatch.setattr("opcast.check.calibrate.load_average", lambda: (0.1, 2))
+    monkeypatch.setattr("opcast.check.calibrate.default_datasets", lambda: [])
+    monkeypatch.setattr("opcast.check.calibrate.check_intervals", lambda *a, **k: [dict(i) for i in intervals])
 
     def run(**changes):
         cfg = CalibrateConfig(
@@ -238,7 +236,7 @@ def test_a_busy_start_that_calms_down_goes_on(setup):
 
 def test_load_alone_refuses(setup, monkeypatch):
     _clock, _stages, _, run, _out = setup
-    monkeypatch.setattr("opcast.predict.calibrate.load_average", lambda: (3.9, 2))
+    monkeypatch.setattr("opcast.check.calibrate.load_average", lambda: (3.9, 2))
     r = run()
     assert "load average 3.9 on 2 core(s)" in r.failure
     r = run(allow_busy=True)

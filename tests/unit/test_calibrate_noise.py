@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from opcast.predict.calibrate_noise import (
+from opcast.check.calibrate_noise import (
     AnchorTiming,
     NoiseRules,
     anchor_reasons,

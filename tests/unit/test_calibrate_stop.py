@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from opcast.predict.isolated import Overran, in_fresh_process
+from opcast.check.isolated import Overran, in_fresh_process
 
 
 def test_a_child_within_its_timeout_returns_its_result():

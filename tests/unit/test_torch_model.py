@@ -6,12 +6,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from opcast.archs import ArchSpec, padded_vocab  # noqa: E402
-from opcast.errors import OpcastError  # noqa: E402
-from opcast.predict.torch_model import build_model, check_arch, count_params  # noqa: E402
+from opcast.archs import ArchSpec, padded_vocab
+from opcast.check.torch_model import build_model, check_arch, count_params
+from opcast.errors import OpcastError
 
 GPT = ArchSpec(
     name="tiny-gpt2",

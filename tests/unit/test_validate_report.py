@@ -9,9 +9,8 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from opcast.archs import load_arch
-from opcast.errors import OpcastError
-from opcast.predict.calibrate import MAX_POINT_CAP_S, needed_ops
-from opcast.predict.validate import (
+from opcast.check.calibrate import MAX_POINT_CAP_S, needed_ops
+from opcast.check.validate import (
     CHECK_ARCHS,
     GroupCheck,
     PhaseCheck,
@@ -21,6 +20,7 @@ from opcast.predict.validate import (
     profile_group,
     resolve_arch,
 )
+from opcast.errors import OpcastError
 
 
 def test_check_archs_resolve_and_layers_override():
@@ -159,10 +159,10 @@ def test_calibrate_measures_the_kinds_the_archs_need():
 
 
 def test_calibrate_point_ceiling_covers_the_arch_shapes(tmp_path):
+    from opcast.check.calibrate import max_point_s
     from opcast.collect.sampling import arch_shapes, roofline_s
     from opcast.hardware import get_device
     from opcast.ops import get_op
-    from opcast.predict.calibrate import max_point_s
 
     spec = get_device("A100-SXM4-80GB")
     path = arch_file(CHECK_ARCHS["gpt2-124m"], tmp_path)

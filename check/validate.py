@@ -1,11 +1,11 @@
 """``opcast validate``: time real training steps of an arch on this machine and compare them with
 what ``opcast predict train`` says for the same device.
 
-Stages, as everywhere in predict: ``prepare`` (arch, device spec, training config; every bad input
+Stages, as in predict: ``prepare`` (arch, device spec, training config; every bad input
 is an :class:`~opcast.errors.OpcastError` before any work), ``predict`` (the same library call as
 ``opcast predict train --gpu cpu|cuda``: :func:`~opcast.predict.training.predict_train` on the
 measured :func:`~opcast.collect.local_device.describe_local` spec with :func:`~opcast.predict.cost.load_kernel_cost`),
-``measure`` (the arch built by :mod:`opcast.predict.torch_model`, trained for real) and
+``measure`` (the arch built by :mod:`opcast.check.torch_model`, trained for real) and
 ``compare`` (a frozen :class:`ValidateReport`).
 
 Measurement follows the timing conventions of ``collect`` (triton ``do_bench``, nccl-tests): warm-up
@@ -354,7 +354,7 @@ def torch_device(device: str, env: _Env):
 def check_inputs(
     arch: ArchSpec, batch: int, seq: int, precision: str, attention: str, steps: int, warmup: int, device_type: str
 ) -> None:
-    from opcast.predict.torch_model import check_arch
+    from opcast.check.torch_model import check_arch
 
     _positive("batch", batch)
     _positive("seq", seq)
@@ -564,8 +564,8 @@ def measure_step(
     import torch
     import torch.distributed as dist
 
+    from opcast.check.torch_model import build_model, count_params
     from opcast.dtypes import torch_dtype
-    from opcast.predict.torch_model import build_model, count_params
 
     if device.type == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -845,8 +845,8 @@ def run_validate(
 ) -> ValidateReport:
     """Measure and predict one training step of ``arch`` on the local ``device``; see the module
     docstring. ``kernels`` (a :class:`~opcast.predict.cost.KernelCostModel`) replaces ``models``."""
+    from opcast.check.calibrate_noise import load_average, load_reason
     from opcast.collect.local_device import describe_local
-    from opcast.predict.calibrate_noise import load_average, load_reason
     from opcast.predict.cost import load_kernel_cost
 
     env = local_env()

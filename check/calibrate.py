@@ -13,7 +13,7 @@ One command chains the three stages on the local device, inside a time budget:
 4. ``validate`` the checks again with the new models: the error *after*.
 
 The budget is a hard bound on wall time. Every stage runs in a fresh process with a deadline
-(:func:`opcast.predict.isolated.in_fresh_process` stops it when the deadline passes): the
+(:func:`opcast.check.isolated.in_fresh_process` stops it when the deadline passes): the
 validations before get at most :data:`VALIDATE_SHARE` of the budget, the ones after are assumed to
 take as long as those before did, the fit is given :data:`FIT_SHARE` (at least :data:`FIT_MIN_S`),
 and collection gets what is left (its own budget ends :data:`WIND_DOWN_S` early, so it writes its
@@ -21,13 +21,13 @@ rows in time). When too little is left, the validations after are dropped first,
 whatever was done is kept and the report says what the budget cut. A budget spent before any
 model set was fitted is a failure (exit 2) that says how to continue.
 
-Noise (:mod:`opcast.predict.calibrate_noise`): the load average before any work and fixed anchor
+Noise (:mod:`opcast.check.calibrate_noise`): the load average before any work and fixed anchor
 shapes timed at the start (re-measured once when noisy) must say the machine is quiet, else the
 calibration is refused; after collection the anchors are timed again, and drift or a wide spread
 of the collected repetitions fails the calibration, with the noisy rows moved to ``OUT/noisy/`` so
 that a re-run measures them again. The fitted set is written to ``OUT/.staging/`` and installed as
 ``OUT/<name>/`` only when the 90 % interval of every check and measured workload is narrower than
-:attr:`~opcast.predict.calibrate_noise.NoiseRules.max_interval_ratio`; a wider one fails the
+:attr:`~opcast.check.calibrate_noise.NoiseRules.max_interval_ratio`; a wider one fails the
 calibration and the set goes to ``OUT/rejected/<name>/`` (a good set from an earlier run stays).
 ``allow_busy`` (``--allow-busy``) keeps going on a busy machine and turns these failures into notes.
 
@@ -37,7 +37,7 @@ command resumes them, as ``collect bench`` does), ``archs/`` (the archs as prese
 ``calibrate.json`` (the report). Ctrl-C during collection stops after the current point and keeps
 what was measured; the validations before are cached in ``validate-before.json``, so a re-run
 does not repeat them. Every validation and the collection run in fresh processes
-(:mod:`opcast.predict.isolated`): what one leaves in the allocator must not speed up the next.
+(:mod:`opcast.check.isolated`): what one leaves in the allocator must not speed up the next.
 """
 
 from __future__ import annotations
@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any, cast
 
 from opcast.archs import ArchSpec
+from opcast.check.calibrate_noise import ANCHOR_SHAPES, AnchorTiming, Verdict, assess, interval_reason, load_average
+from opcast.check.validate import CHECK_ARCHS, PRECISIONS, ValidateReport, arch_file, resolve_arch, run_validate
 from opcast.errors import OpcastError
-from opcast.predict.calibrate_noise import ANCHOR_SHAPES, AnchorTiming, Verdict, assess, interval_reason, load_average
-from opcast.predict.validate import CHECK_ARCHS, PRECISIONS, ValidateReport, arch_file, resolve_arch, run_validate
 
 FIT_SHARE = 0.08
 """Share of the budget reserved for ``train fit`` (xgboost on a few thousand rows: tens of seconds)."""
@@ -112,7 +112,7 @@ class CalibrateConfig:
     issue's 15-minute target)."""
     archs: tuple[ArchSpec | str, ...] = ()
     """Archs whose shapes are measured at every batch x seq; empty: the check archs
-    (:data:`~opcast.predict.validate.CHECK_ARCHS`)."""
+    (:data:`~opcast.check.validate.CHECK_ARCHS`)."""
     batches: tuple[int, ...] = (1,)
     """Batch sizes of the arch shapes (the first is validated)."""
     seqs: tuple[int, ...] = DEFAULT_SEQS
@@ -445,7 +445,7 @@ def fit_with_progress(datasets: Sequence[Path], out: Path, name: str, cfg: Any, 
 
 
 def measure_anchors(device: str) -> tuple[AnchorTiming, ...]:
-    """Time the anchor shapes of ``device`` (:data:`~opcast.predict.calibrate_noise.ANCHOR_SHAPES`),
+    """Time the anchor shapes of ``device`` (:data:`~opcast.check.calibrate_noise.ANCHOR_SHAPES`),
     with collect's timing (for a fresh process)."""
     import torch
 
@@ -560,8 +560,8 @@ def _remove_empty(folder: Path) -> None:
 def check_intervals(models: Path, checks: Sequence[Workload], spec: Any, cfg: CalibrateConfig) -> list[dict[str, Any]]:
     """The 90 % interval of the predicted step of every workload in ``checks`` with ``models`` (no
     measurement): the validated checks and the measured workloads, whose shapes the set was fitted on."""
+    from opcast.check.validate import predict_step
     from opcast.predict.cost import load_kernel_cost
-    from opcast.predict.validate import predict_step
 
     cost = load_kernel_cost(models)
     out = []
@@ -606,8 +606,8 @@ def run_calibrate(
     clock: Callable[[], float] = time.monotonic,
 ) -> CalibrateReport:
     """Validate, collect, fit, validate; see the module docstring. ``clock`` times the budget."""
-    from opcast.predict import isolated
-    from opcast.predict.validate import check_inputs, local_env, torch_device
+    from opcast.check import isolated
+    from opcast.check.validate import check_inputs, local_env, torch_device
 
     say = log or (lambda _msg: None)
     budget = Budget(cfg.budget_s, clock)

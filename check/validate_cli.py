@@ -1,8 +1,8 @@
 """``opcast validate`` and ``opcast calibrate``: check predictions against real training steps on
 this machine, and fit kernel models for it.
 
-Thin commands: parse -> :func:`~opcast.predict.validate.run_validate` /
-:func:`~opcast.predict.calibrate.run_calibrate` -> a rich table or ``--json``. Torch is imported
+Thin commands: parse -> :func:`~opcast.check.validate.run_validate` /
+:func:`~opcast.check.calibrate.run_calibrate` -> a rich table or ``--json``. Torch is imported
 only when a command runs. Under ``torchrun`` every rank trains and only rank 0 prints.
 """
 
@@ -121,7 +121,7 @@ def validate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train an arch for a few steps on this machine and compare every phase with the prediction."""
-    from opcast.predict.validate import local_env, run_validate
+    from opcast.check.validate import local_env, run_validate
 
     rank0 = local_env().rank == 0  # RANK=abc, WORLD_SIZE=0, ...: one line before any work
     show = rank0 and not as_json and err_console.is_terminal
@@ -254,7 +254,7 @@ def calibrate_cmd(
     """Collect kernel timings on this machine, fit models on them and show the validation error before and after.
     --budget-s bounds the wall time of the whole command; a busy machine, noisy timings or too wide
     an interval fail the calibration (exit 2), keeping what was measured."""
-    from opcast.predict.calibrate import DEFAULT_SEQS, CalibrateConfig, run_calibrate
+    from opcast.check.calibrate import DEFAULT_SEQS, CalibrateConfig, run_calibrate
 
     cfg = CalibrateConfig(
         out=out,
