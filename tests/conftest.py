@@ -1,13 +1,19 @@
-"""Shared fixtures: a per-session cache for the measured local CPU spec, and the published data."""
+"""Shared fixtures: a per-session cache for the measured local CPU spec, and the published data;
+``tests/`` on ``sys.path`` so the tests import their helpers as ``helpers.<name>``."""
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+# --import-mode=importlib puts no test folder on sys.path; the helpers (tests/helpers/) need one.
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
 PUBLISHED = REPO.parent / "shared" / "published"
 
 

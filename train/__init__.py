@@ -14,7 +14,6 @@
   versions), :func:`~.artifacts.load_model_set` and :class:`~.artifacts.ModelSet` for predict.
 - :mod:`.evaluate`: MAPE, median / p90 absolute percentage error and share within 10 %.
 - :mod:`.splits`: honest held-out splits, rows grouped by shape and by whole device.
-- :mod:`.synthetic`: synthetic datasets from a known law on fake devices (what the estimators must recover).
 - :mod:`.cli`: the ``opcast train`` commands.
 
 The embedded default ``models/default`` is re-made, reproducibly (seed 0), by

@@ -10,9 +10,9 @@ import pytest
 from opcast.cli import main
 from opcast.hardware import get_device
 from opcast.schema import write_parquet
+from opcast.train import fit
 
-pytest.importorskip("xgboost")
-synthetic = pytest.importorskip("opcast.train.synthetic")
+from helpers import synthetic
 
 GPUS = ("A10", "A40", "A100-SXM4-80GB", "H100-SXM")
 
@@ -26,7 +26,6 @@ def models(tmp_path_factory):
     write_parquet(frame, data / "synthetic.parquet")
     out = tmp_path_factory.mktemp("models")
     # the library call: the CLI has no hyper-parameter flags, and a small forest keeps this test quick
-    fit = pytest.importorskip("opcast.train.fit")
     result = fit.fit_model_set(
         [data],
         out,

@@ -11,7 +11,8 @@ import pytest
 from opcast.cli import main
 from opcast.hardware import get_device
 from opcast.schema import write_parquet
-from opcast.train.synthetic import synthetic_dataset
+
+from helpers.synthetic import synthetic_dataset
 
 GPUS = ("V100-SXM2-32GB", "A40", "A100-SXM4-80GB", "H100-SXM")
 

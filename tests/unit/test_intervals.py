@@ -16,7 +16,8 @@ from opcast.predict.report import train_to_dict
 from opcast.predict.training import predict_train
 from opcast.train.artifacts import load_model_set, write_model_set
 from opcast.train.fit import INTERVAL_LEVELS, FitConfig, fit_frame, residual_quantiles
-from opcast.train.synthetic import fake_devices, synthetic_dataset
+
+from helpers.synthetic import fake_devices, synthetic_dataset
 
 NOISE = 0.05
 

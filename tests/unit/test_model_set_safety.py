@@ -29,7 +29,8 @@ from opcast.train.artifacts import load_model_set, write_model_set
 from opcast.train.estimators.tile_mlp import TileMLPEstimator
 from opcast.train.features import model_inputs
 from opcast.train.fit import FitConfig, fit_frame
-from opcast.train.synthetic import fake_devices, synthetic_dataset
+
+from helpers.synthetic import fake_devices, synthetic_dataset
 
 
 class Payload:
@@ -133,7 +134,7 @@ def test_the_payload_is_live(tmp_path):
 
 
 def test_a_joblib_predictor_is_refused_unread(tmp_path, model_dir):
-    joblib = pytest.importorskip("joblib")  # installed with scikit-learn
+    import joblib  # installed with scikit-learn
 
     target = tmp_path / "pwned-joblib"
     buf = io.BytesIO()
@@ -165,7 +166,7 @@ def test_an_object_array_in_an_npz_is_refused_unpickled(tmp_path, model_dir, fit
 
 
 def test_a_pickle_in_a_torch_state_dict_is_refused_unpickled(tmp_path, model_dir):
-    torch = pytest.importorskip("torch")
+    import torch
 
     target = tmp_path / "pwned-pt"
     buf = io.BytesIO()

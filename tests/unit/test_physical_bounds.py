@@ -15,11 +15,9 @@ import pytest
 
 from opcast.hardware import device_to_dict
 from opcast.predict.cost import FLOOR, kernel, load_kernel_cost, peak_roofline_s
+from opcast.train import artifacts, fit
 
-pytest.importorskip("xgboost")
-synthetic = pytest.importorskip("opcast.train.synthetic")
-fit = pytest.importorskip("opcast.train.fit")
-artifacts = pytest.importorskip("opcast.train.artifacts")
+from helpers import synthetic
 
 
 def _device(base, name: str, bw: float):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,7 +15,8 @@ from opcast.errors import OpcastError
 from opcast.train import artifacts
 from opcast.train.artifacts import default_models_path, load_model_set, write_model_set
 from opcast.train.fit import FitConfig, fit_frame
-from opcast.train.synthetic import fake_devices, synthetic_dataset
+
+from helpers.synthetic import fake_devices, synthetic_dataset
 
 FAST = {"n_estimators": 60}
 
@@ -126,8 +128,9 @@ def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir,
 def test_loading_and_small_predictions_import_neither_torch_nor_xgboost(model_dir):
     code = (
         "import sys, pandas as pd\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"  # tests/, for helpers
         "from opcast.train.artifacts import load_model_set\n"
-        "from opcast.train.synthetic import fake_devices\n"
+        "from helpers.synthetic import fake_devices\n"
         f"ms = load_model_set({str(model_dir)!r})\n"
         "q = pd.DataFrame([{'op': 'gemm', 'dtype': 'bf16', 'direction': 'fwd', 'b': 1, 'm': 64, 'n': 64, 'k': 64},\n"
         "                  {'op': 'layernorm', 'dtype': 'bf16', 'direction': 'fwd', 'rows': 64, 'cols': 1024}])\n"

@@ -2,8 +2,9 @@
 
 The law is the roofline plus a fixed launch cost, ``t = max(flops / peak, bytes / bw) + 5 us``,
 with multiplicative log-normal noise (2 % by default), peaks and bytes from the registry and the
-device exactly as :mod:`opcast.train.features` computes them. Used by the tests (STYLE.md: a
-known law must be recovered within a stated tolerance on a held-out fake device).
+device exactly as :mod:`opcast.train.features` computes them (STYLE.md: a known law must be
+recovered within a stated tolerance on a held-out fake device). A test helper, not part of the
+package: ``from helpers.synthetic import ...`` (``tests/conftest.py`` puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def fake_devices(n: int = 4, *, base: str = "A100-SXM4-80GB") -> list[DeviceSpec
                 mem_bw_bytes_per_s=ref.mem_bw_bytes_per_s * b,
                 sm_count=max(8, int(ref.sm_count * s)),
                 l2_bytes=int(ref.l2_bytes * s),
-                source="synthetic (opcast.train.synthetic)",
+                source="synthetic (tests/helpers/synthetic.py)",
                 notes="",
                 **peaks,
             )
