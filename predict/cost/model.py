@@ -133,8 +133,8 @@ class KernelCostModel:
                     bounds[k] = (rule[0], f"eager attention from its kernels; {rule[1]}")
             todo = [k for k in todo if k not in cache]
         todo = self._ask(fallback, todo, device, cache, flags)
-        if todo:  # the last source always answers; reaching here is a bug in a source
-            raise OpcastError(f"no kernel-time source could time {todo[0].kind} {dict(todo[0].params)}")
+        if todo:  # the last source always answers; reaching here is a bug in a source, not bad input
+            raise RuntimeError(f"internal: no kernel-time source could time {todo[0].kind} {dict(todo[0].params)}")
         return cache
 
     def _ask(

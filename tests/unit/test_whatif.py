@@ -364,7 +364,6 @@ GEMM = kernel("gemm", {"b": 1, "m": 1024, "n": 1024, "k": 1024}, "bf16")
 
 
 def test_learned_times_outside_the_fitted_hardware_are_flagged():
-    pytest.importorskip("opcast.train.features")
     model = KernelCostModel(sources=(LearnedKernelCost(_RangedSet(), "fake"), RooflineKernelCost()))
     inside = derive_device(H100, ["mem_bw_bytes_per_s=2.5e12", "peak_bf16_flops=x0.8"])  # between A100 and H100
     assert model.time_s(GEMM, inside) == (1e-3, LEARNED) and model.range_flag(GEMM, inside) is None
@@ -383,7 +382,6 @@ def test_learned_times_outside_the_fitted_hardware_are_flagged():
 
 
 def test_analytic_mode_replaces_out_of_range_learned_times_with_the_roofline():
-    pytest.importorskip("opcast.train.features")
     model = KernelCostModel(sources=(LearnedKernelCost(_RangedSet(), "fake"), RooflineKernelCost()), in_range_only=True)
     h200 = get_device("H200")
     t, source = model.time_s(GEMM, h200)
@@ -394,7 +392,6 @@ def test_analytic_mode_replaces_out_of_range_learned_times_with_the_roofline():
 
 
 def test_recorded_feature_ranges_are_checked_too():
-    pytest.importorskip("opcast.train.features")
     flops = float(np.log(GEMM.flops() + 1.0))
     model = KernelCostModel(
         sources=(LearnedKernelCost(_RangedSet({"log_flops": [flops - 5, flops - 1]}), "fake"), RooflineKernelCost())
