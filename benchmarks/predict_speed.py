@@ -2,7 +2,15 @@
 are loaded; loading the default models under 1 s.
 
 Usage:  python benchmarks/predict_speed.py [--models DIR] [--repeats N]
-        python benchmarks/predict_speed.py --cli [--runs 9] [--baseline DIR]
+        python benchmarks/predict_speed.py --cli [--runs 9] [--baseline DIR] [--no-bytecode-cache]
+
+``--cli`` (issue 16's target: at most Calculon's 0.46 s for the same 175B configuration, aim
+0.4 s) times whole ``opcast predict train --json`` processes, interleaved with a process that only
+imports numpy (the floor every numpy program pays, which says how loaded the machine is) and,
+with ``--baseline DIR``, the same command on another opcast package tree, so all of them see
+the same machine load. The children compile opcast's modules once into a private bytecode cache
+(``PYTHONPYCACHEPREFIX``, a temporary folder: nothing is written into the tree), as an installed
+opcast has them; ``--no-bytecode-cache`` times them recompiled every run instead.
 
 Prints, per configuration: the first prediction with a cold kernel cache (every unique kernel
 priced, learned ones in one batched call per model), then the median of N warm predictions with
@@ -19,6 +27,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -119,26 +128,40 @@ HEAVY = ("torch", "xgboost", "pandas", "sklearn", "scipy", "matplotlib", "pyarro
 """Libraries the predict path should not import (xgboost and torch load only with a model that needs them)."""
 
 
-def _one_run(args: list[str], pythonpath: str | None) -> tuple[float, float]:
-    """(wall, CPU) seconds of one whole `python -m opcast ...` process; CPU is user + system of the
-    child, less sensitive to a loaded machine than the wall time."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _env(pythonpath: str | None, cache: str | None) -> dict[str, str]:
+    """The children's environment: ``pythonpath`` first on the path (a baseline tree), and
+    bytecode written to ``cache`` (None: never written, so every run recompiles)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONDONTWRITEBYTECODE")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    if cache:
+        env["PYTHONPYCACHEPREFIX"] = cache
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _one_run(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds of one whole process; CPU is user + system of the child, less
+    sensitive to a loaded machine than the wall time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "opcast", *args], env=env, capture_output=True, cwd=Path.home())
+    done = subprocess.run(cmd, env=env, capture_output=True, cwd=Path.home())
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
-        raise SystemExit(f"opcast {' '.join(args)} failed ({done.returncode}): {done.stderr.decode()[-300:]}")
+        raise SystemExit(f"{' '.join(cmd[2:])} failed ({done.returncode}): {done.stderr.decode()[-300:]}")
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def _heavy_imports(args: list[str]) -> tuple[list[str], list[tuple[float, str]]]:
+def _heavy_imports(args: list[str], env: dict[str, str]) -> tuple[list[str], list[tuple[float, str]]]:
     """The heavy libraries one run imports, and the slowest top-level imports (ms, module)."""
     done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "opcast", *args], capture_output=True, text=True, cwd=Path.home()
+        [sys.executable, "-X", "importtime", "-m", "opcast", *args],
+        capture_output=True,
+        text=True,
+        cwd=Path.home(),
+        env=env,
     )
     heavy, top = [], []
     for line in done.stderr.splitlines():
@@ -153,36 +176,51 @@ def _heavy_imports(args: list[str]) -> tuple[list[str], list[tuple[float, str]]]
     return heavy, sorted(top, reverse=True)[:6]
 
 
-def cli_main(runs: int, baseline: str | None) -> int:
-    """Whole-process timings, the medians of ``runs`` runs; with ``baseline`` (a folder holding
-    another ``opcast`` package tree, put first on PYTHONPATH) each run is paired with one of the
-    baseline, interleaved, so both see the same machine load."""
-    for label, line in CLI_JOBS:
-        args = line.split()
-        heavy, top = _heavy_imports(args)
-        print(f"{label}: opcast {line}")
+NUMPY_ONLY = [sys.executable, "-c", "import numpy"]
+"""The reference process: an interpreter that imports numpy and exits."""
+
+
+def cli_main(runs: int, baseline: str | None, bytecode_cache: bool = True) -> int:
+    """Whole-process timings, the medians of ``runs`` runs of each job, interleaved with a
+    numpy-only process and (``baseline``: a folder holding another ``opcast`` package tree, put
+    first on PYTHONPATH) the same job on the baseline, so all of them see the same machine load."""
+    with tempfile.TemporaryDirectory(prefix="opcast-pycache-") as tmp:
+        caches = {"this tree": f"{tmp}/this", "baseline": f"{tmp}/baseline"} if bytecode_cache else {}
+        envs = {name: _env(path, caches.get(name)) for name, path in (("this tree", None), ("baseline", baseline))}
         print(
-            f"  heavy libraries imported: {', '.join(heavy) or 'none'}; slowest imports: "
-            + ", ".join(f"{name} {ms:.0f} ms" for ms, name in top)
+            f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}; python {sys.version.split()[0]}; "
+            + ("bytecode cached (as installed)" if bytecode_cache else "bytecode recompiled every run")
         )
-        variants = {"this tree": None} | ({"baseline": baseline} if baseline else {})
-        samples: dict[str, list[tuple[float, float]]] = {k: [] for k in variants}
-        for _ in range(runs):
-            for name, path in variants.items():
-                samples[name].append(_one_run(args, path))
-        for name, got in samples.items():
-            walls, cpus = [w for w, _ in got], [c for _, c in got]
+        for label, line in CLI_JOBS:
+            args = line.split()
+            cmd = [sys.executable, "-m", "opcast", *args]
+            variants = {"this tree": envs["this tree"]} | ({"baseline": envs["baseline"]} if baseline else {})
+            for env in variants.values():  # warm-up: fills the bytecode cache, and the OS's file cache
+                _one_run(cmd, env)
+            heavy, top = _heavy_imports(args, envs["this tree"])
+            print(f"{label}: opcast {line}")
             print(
-                f"  {name:10s} wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), "
-                f"CPU median {statistics.median(cpus):.3f} s over {runs} runs"
+                f"  heavy libraries imported: {', '.join(heavy) or 'none'}; slowest imports: "
+                + ", ".join(f"{name} {ms:.0f} ms" for ms, name in top)
             )
-        if baseline:
-            ratio = [
-                statistics.median([s[i] for s in samples["this tree"]])
-                / statistics.median([s[i] for s in samples["baseline"]])
-                for i in (0, 1)
-            ]
-            print(f"  this tree / baseline: wall {ratio[0]:.2f}, CPU {ratio[1]:.2f}")
+            samples: dict[str, list[tuple[float, float]]] = {"import numpy": [], **{k: [] for k in variants}}
+            for _ in range(runs):
+                samples["import numpy"].append(_one_run(NUMPY_ONLY, envs["this tree"]))
+                for name, env in variants.items():
+                    samples[name].append(_one_run(cmd, env))
+            for name, got in samples.items():
+                walls, cpus = [w for w, _ in got], [c for _, c in got]
+                print(
+                    f"  {name:12s} wall median {statistics.median(walls):.3f} s (min {min(walls):.3f}), "
+                    f"CPU median {statistics.median(cpus):.3f} s over {runs} runs"
+                )
+            if baseline:
+                ratio = [
+                    statistics.median([s[i] for s in samples["this tree"]])
+                    / statistics.median([s[i] for s in samples["baseline"]])
+                    for i in (0, 1)
+                ]
+                print(f"  this tree / baseline: wall {ratio[0]:.2f}, CPU {ratio[1]:.2f}")
     return 0
 
 
@@ -201,9 +239,14 @@ def main() -> int:
         default=None,
         help="--cli: a folder with another opcast package tree (PYTHONPATH) to time, paired, against this one",
     )
+    ap.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="--cli: recompile opcast's modules in every run instead of caching their bytecode",
+    )
     args = ap.parse_args()
     if args.cli:
-        return cli_main(args.runs, args.baseline)
+        return cli_main(args.runs, args.baseline, bytecode_cache=not args.no_bytecode_cache)
 
     t0 = time.perf_counter()
     out = subprocess.run(

@@ -169,7 +169,7 @@ def main() -> int:
     print(f"machine: {cores} cores available, load average {load:.1f} at start; python {sys.version.split()[0]}")
     print()
     cases = [c for c in CASES if args.only is None or args.only.lower() in c[0].lower()]
-    worst = 0.0
+    worst = worst_wall = 0.0
     moved = False
     with tempfile.TemporaryDirectory(prefix="opcast-baseline-") as tmp:
         tree = export_revision(args.baseline, Path(tmp)) if args.baseline else None
@@ -185,6 +185,8 @@ def main() -> int:
                 wall_s = statistics.median(r[1] for r in runs)
                 cpu_s = statistics.median(r[2] for r in runs)
                 worst = max(worst, search_s)
+                if "13B" in label:
+                    worst_wall = max(worst_wall, wall_s)
                 top = doc["top"][0]
                 print(f"{label} -- kernels: {src_label}")
                 print(f"  command: {' '.join(['opcast', *cmd[3:]])}")
@@ -222,6 +224,11 @@ def main() -> int:
                 print("  most pruned: " + "; ".join(f"{v['reason']} {v['count']:,}" for _, v in biggest))
                 print()
     print(f"slowest search: {worst:.2f} s -- target < 10 s: {'met' if worst < 10 else 'MISSED'}")
+    if worst_wall:
+        print(
+            f"slowest Llama-2 13B whole command: {worst_wall:.2f} s wall -- target < 3 s (issue 16): "
+            f"{'met' if worst_wall < 3 else 'MISSED'}"
+        )
     return 1 if moved else 0
 
 

@@ -274,6 +274,23 @@ def op_kinds(*, collective: bool | None = None) -> tuple[str, ...]:
     return tuple(k.value for k, s in _REGISTRY.items() if collective is None or s.collective == collective)
 
 
+MATRIX_KINDS: Final = frozenset({OpKind.GEMM.value, OpKind.ATTENTION.value})
+"""Kinds whose math may run on tensor (matrix) cores; every other kind runs on the vector units."""
+
+
+def uses_tensor_cores(kind: str, dtype: str, tensor_cores: bool | None = None) -> bool:
+    """Whether an op's math runs on tensor cores: only :data:`MATRIX_KINDS`; tf32 always; an
+    explicit flag wins; by default fp32 does not (PyTorch leaves TF32 matmul off) and every other
+    dtype does. The one statement of this rule: the cost model, the features and the graph use it."""
+    if kind not in MATRIX_KINDS:
+        return False
+    if dtype == "tf32":
+        return True
+    if tensor_cores is not None:
+        return bool(tensor_cores)
+    return dtype != "fp32"
+
+
 def param_defaults(kind: str) -> dict[str, ParamValue]:
     """The optional parameters of ``kind`` with the value they take when not given."""
     return get_op(kind).defaults

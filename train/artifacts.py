@@ -34,15 +34,27 @@ import tempfile
 from collections.abc import Callable, Mapping
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import pandas as pd
 
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
-from opcast.train.features import FEATURES, FEATURES_VERSION, dtype_class, features, group_key, group_keys
+from opcast.train.features import (
+    FEATURES,
+    FEATURES_VERSION,
+    Columns,
+    Table,
+    columns_of,
+    dtype_class,
+    feature_table,
+    group_key,
+    group_key_array,
+)
+
+if TYPE_CHECKING:  # pandas stays off the predict path: only callers that have a frame import it
+    import pandas as pd
 
 FORMAT_VERSION: Final = 2
 """Layout version of a model set; a newer one than this opcast knows is refused. 2: every
@@ -254,13 +266,14 @@ class ModelSet:
             return False
 
     def estimator(self, key: str) -> Any:
-        """The fitted estimator of group ``key`` (loaded on first use)."""
+        """The fitted predictor of group ``key`` (loaded on first use, by the estimator's light
+        predictor class: numpy only, no scikit-learn, xgboost or torch)."""
         est = self._loaded.get(key)
         if est is None:
-            from opcast.train.estimators import estimator_class
+            from opcast.train.estimators import predictor_class
 
             entry = self.predictors[key]
-            cls = estimator_class(entry["estimator"])
+            cls = predictor_class(entry["estimator"])
             file = self.path / entry["file"]
             try:
                 est = cls.load(file, feature_names=tuple(entry["features"]), config=entry.get("config", {}))
@@ -296,23 +309,26 @@ class ModelSet:
             return None
         return label, np.asarray(got["levels"], dtype=float), np.asarray(got["log_ratio"], dtype=float)
 
-    def predict_s(self, frame: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
-        """Predicted seconds of every row of ``frame`` on ``device`` (float64, NaN where no
+    def predict_s(self, frame: pd.DataFrame | Table | Columns, device: DeviceSpec) -> np.ndarray:
+        """Predicted seconds of every row of ``frame`` (a DataFrame, or its columns as numpy
+        arrays: a :class:`~opcast.train.features.Table` or mapping) on ``device`` (float64, NaN where no
         predictor covers the row or the device has no peak for its dtype)."""
-        out = np.full(len(frame), np.nan)
-        if not len(frame):
+        cols = columns_of(frame)
+        n = len(next(iter(cols.values()))) if cols else 0
+        out = np.full(n, np.nan)
+        if not n:
             return out
-        keys = group_keys(frame).to_numpy()
-        covered = np.isin(keys, list(self.predictors))
+        keys = group_key_array(cols)
+        predictors = self.predictors
+        covered = np.fromiter((k in predictors for k in keys.tolist()), dtype=bool, count=n)
         if not covered.any():
             return out
         pos = np.flatnonzero(covered)
-        sub = frame.iloc[pos].reset_index(drop=True)
-        feats = features(sub, device)
+        feats = feature_table({c: v[pos] for c, v in cols.items()}, device)
         sub_keys = keys[pos]
-        for key in pd.unique(sub_keys):
+        for key in dict.fromkeys(sub_keys.tolist()):
             rows = np.flatnonzero(sub_keys == key)
-            out[pos[rows]] = self.estimator(key).predict_s(feats.iloc[rows])
+            out[pos[rows]] = self.estimator(key).predict_s(feats.take(rows))
         bad = ~np.isfinite(out) | (out <= 0)
         out[bad] = np.nan
         return out
@@ -586,3 +602,156 @@ def write_model_set(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+# --------------------------------------------------------------------------- learned collectives
+
+COLLECTIVES_FILE: Final = "collectives.json"
+"""The per-cluster collective laws of a set (:mod:`opcast.train.collectives`), beside meta.json."""
+COLLECTIVES_MAX_BYTES: Final = 4 << 20
+
+
+def _is_finite(v: Any) -> bool:
+    from math import isfinite
+
+    return _is_num(v) and isfinite(v)
+
+
+def _is_finite_nonneg(v: Any) -> bool:
+    return _is_finite(v) and v >= 0
+
+
+def _is_bandwidth(v: Any) -> bool:
+    return _is_finite(v) and v > 0
+
+
+def _is_pair_list(first: Callable[[Any], bool], second: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: (
+        isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 and first(p[0]) and second(p[1]) for p in v)
+    )
+
+
+def _is_count(v: Any) -> bool:
+    return _is_int(v) and v >= 1
+
+
+COLLECTIVES_FIELDS: Final[dict[str, _Field]] = {
+    "format": (True, lambda v: v == "opcast-collectives", "'opcast-collectives'"),
+    "format_version": (True, lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "set_meta_sha256": (True, lambda v: _is_str(v) and bool(_SHA256.fullmatch(v)), "a sha256 hex digest"),
+    "sha256": (True, lambda v: _is_str(v) and bool(_SHA256.fullmatch(v)), "a sha256 hex digest"),
+    "clusters": (True, _dict_of(lambda v: isinstance(v, dict)), "an object of cluster -> object of kind -> law"),
+    "held_out": (False, _list_of(lambda v: isinstance(v, dict)), "a list of objects"),
+    "skipped": (False, _dict_of(_is_int), "an object of reason -> count"),
+}
+"""What :func:`check_collectives` requires of ``collectives.json`` (no other key is allowed)."""
+
+LAW_FIELDS: Final[dict[str, _Field]] = {
+    "base_s": (True, _is_finite_nonneg, "a finite number >= 0 (seconds)"),
+    "step_intra_s": (True, lambda v: v is None or _is_finite_nonneg(v), "null or a finite number >= 0 (seconds)"),
+    "step_net_s": (True, lambda v: v is None or _is_finite_nonneg(v), "null or a finite number >= 0 (seconds)"),
+    "intra_bw_bytes_per_s": (True, _is_pair_list(_is_count, _is_bandwidth), "a list of [ranks per node, bytes/s > 0]"),
+    "net_bw_bytes_per_s": (True, lambda v: v is None or _is_bandwidth(v), "null or a finite number > 0 (bytes/s)"),
+    "net_ranks_exponent": (True, lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "rows": (True, _is_count, "an integer >= 1"),
+    "bytes_min": (True, _is_count, "an integer >= 1"),
+    "bytes_max": (True, _is_count, "an integer >= 1"),
+    "topologies": (True, _is_pair_list(_is_count, _is_count), "a list of [nodes, ranks per node]"),
+}
+"""What :func:`check_collectives` requires of each law (no other key is allowed)."""
+
+_CLUSTER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,80}")
+
+
+def _collectives_digest(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps({k: v for k, v in body.items() if k != "sha256"}, sort_keys=True).encode()
+    ).hexdigest()
+
+
+def check_collectives(data: Any, where: str | Path = COLLECTIVES_FILE) -> None:
+    """Check every field of a parsed ``collectives.json`` (unknown keys included); the first
+    problem is one :class:`OpcastError` line naming it."""
+    from opcast.train.collectives import FORMAT_VERSION as COLLECTIVES_FORMAT
+    from opcast.train.collectives import KINDS
+
+    fix = "restore the set or re-fit with opcast train fit"
+    if not isinstance(data, dict):
+        raise OpcastError(f"{where} holds a JSON {type(data).__name__}, not an object; {fix}")
+    unknown = sorted(set(data) - set(COLLECTIVES_FIELDS))
+    if unknown:
+        raise OpcastError(f"{where}: unknown field {_brief(unknown[0])}; {fix}")
+    _check_fields(data, COLLECTIVES_FIELDS, str(where), "")
+    if data["format_version"] > COLLECTIVES_FORMAT:
+        raise OpcastError(
+            f"{where}: format {data['format_version']} is newer than this opcast reads ({COLLECTIVES_FORMAT}); "
+            "upgrade opcast"
+        )
+    for cluster, kinds in data["clusters"].items():
+        if not _CLUSTER_KEY.fullmatch(cluster):
+            raise OpcastError(f"{where}: cluster {_brief(cluster)} is not a plain cluster name; {fix}")
+        for kind, law in kinds.items():
+            prefix = f"clusters[{cluster!r}][{kind[:30]!r}]."
+            if kind not in KINDS:
+                raise OpcastError(f"{where}: {prefix[:-1]} is not a collective ({', '.join(KINDS)}); {fix}")
+            if not isinstance(law, dict):
+                raise OpcastError(f"{where}: {prefix[:-1]} must be an object, got {_show(law)}; {fix}")
+            extra = sorted(set(law) - set(LAW_FIELDS))
+            if extra:
+                raise OpcastError(f"{where}: {prefix}{extra[0][:40]} is not a field of a collective law; {fix}")
+            _check_fields(law, LAW_FIELDS, str(where), prefix)
+            if law["bytes_max"] < law["bytes_min"]:
+                raise OpcastError(f"{where}: {prefix}bytes_max is below bytes_min; {fix}")
+
+
+def write_collectives(set_path: str | Path, models: Any) -> Path:
+    """Write ``collectives.json`` (:class:`opcast.train.collectives.CollectiveModels`) into the
+    model set at ``set_path`` atomically, bound to that set's meta.json by its ``meta_sha256``
+    (a file copied from another fit is refused on load) and to its own content by ``sha256``."""
+    from opcast.atomic import replace_with, temp_beside
+    from opcast.train.collectives import models_to_dict
+
+    root = Path(set_path)
+    meta = _read_meta(root / META)
+    if not isinstance(meta, dict) or not _is_str(meta.get("meta_sha256")):
+        raise OpcastError(f"{root} is not an opcast model set (no meta.json digest); write the set first")
+    body = {**models_to_dict(models), "set_meta_sha256": meta["meta_sha256"]}
+    body["sha256"] = _collectives_digest(json.loads(json.dumps(body)))
+    check_collectives(body, root / COLLECTIVES_FILE)  # what is written must load
+    target = root / COLLECTIVES_FILE
+    try:
+        tmp = temp_beside(target)
+    except OSError as err:
+        raise OpcastError(f"cannot write {target}: {err.strerror}; choose a writable --out folder") from None
+    return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(body, indent=1) + "\n"))
+
+
+def load_collectives(model_set: ModelSet) -> Any:
+    """The set's learned collective laws (:class:`opcast.train.collectives.CollectiveModels`), or
+    None when it has none. Validated field by field and bound to the set; any problem is one
+    :class:`OpcastError` line. Only parsed: nothing in it runs."""
+    from opcast.train.collectives import models_from_dict
+
+    path = Path(model_set.path) / COLLECTIVES_FILE
+    try:
+        if not path.is_file():
+            return None
+        if path.stat().st_size > COLLECTIVES_MAX_BYTES:
+            raise OpcastError(
+                f"{path} is larger than {COLLECTIVES_MAX_BYTES >> 20} MiB, not a collectives file opcast "
+                "writes; re-fit with opcast train fit"
+            )
+    except OSError as err:
+        raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions") from None
+    data = _read_meta(path)
+    check_collectives(data, path)
+    if data["sha256"] != _collectives_digest(data):
+        raise OpcastError(
+            f"{path} was modified after fitting (its sha256 does not match); re-fit with opcast train fit"
+        )
+    if data["set_meta_sha256"] != model_set.meta.get("meta_sha256"):
+        raise OpcastError(
+            f"{path} belongs to another fit (its set_meta_sha256 is not this set's meta.json); "
+            "re-fit with opcast train fit"
+        )
+    return models_from_dict(data)

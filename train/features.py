@@ -22,27 +22,33 @@ Everything that spans orders of magnitude enters as a natural log, so that a tre
 unit means "ratio", which is what transfers between GPUs.
 
 Rows are grouped into predictors by (op kind, direction, dtype class), :func:`group_key`.
+
+The computation is numpy only, over the rows' columns (:func:`feature_table`, a name -> array
+mapping in, a :class:`Table` out), so ``opcast predict`` never imports pandas; the
+training side's :func:`features` and :func:`group_keys` take and return pandas objects and are
+thin wrappers of the same code (:func:`columns_of` turns a frame into columns).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Iterable, KeysView, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
-import pandas as pd
 
 from opcast.dtypes import DTYPE_BYTES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
+from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the registry's tensor-core rule, re-exported
+from opcast.ops import uses_tensor_cores as uses_tensor_cores
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 FEATURES_VERSION: Final = 3
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused."""
-
-MATRIX_KINDS: Final = frozenset({"gemm", "attention"})
-"""Kinds whose math may run on tensor cores; every other kind runs on the vector units."""
 
 GEMM_TILES: Final = ((128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32), (16, 16))
 """Candidate output tiles (rows, cols), largest first: CUTLASS/cuBLAS threadblock shapes."""
@@ -104,31 +110,116 @@ RAW_COLUMNS: Final = ("t_roof_s", "waves", "ceil_waves", "flops", "bytes")
 """Unlogged helpers in the frame that :func:`features` returns (estimators that aggregate use them)."""
 
 
+# --------------------------------------------------------------------------- columns
+
+Columns = Mapping[str, np.ndarray]
+"""Rows as one numpy array per column (what :func:`columns_of` returns): numeric columns as
+numbers (NaN: missing), others as object arrays (None: missing)."""
+
+
+def columns_of(rows: Any) -> dict[str, np.ndarray]:
+    """The columns of ``rows``: a :class:`Table`, a :class:`Columns` mapping or a pandas
+    DataFrame (read through its own methods: this never imports pandas). A frame's plain numpy
+    columns are kept as they are; the others (strings, nullable booleans and integers) become
+    object arrays with None where the frame has a missing value."""
+    if isinstance(rows, Table):
+        return dict(rows.data)
+    if isinstance(rows, Mapping):
+        return {str(k): np.asarray(v) for k, v in rows.items()}
+    out: dict[str, np.ndarray] = {}
+    for name in rows.columns:
+        column = rows[name]
+        if isinstance(column.dtype, np.dtype) and column.dtype.kind in "biuf":
+            out[str(name)] = column.to_numpy()
+        else:
+            values = column.to_numpy(dtype=object, copy=True)
+            values[column.isna().to_numpy(dtype=bool)] = None
+            out[str(name)] = values
+    return out
+
+
+def _n_rows(cols: Columns) -> int:
+    return len(next(iter(cols.values()))) if cols else 0
+
+
+def _is_na(v: Any) -> bool:
+    """A missing value: None, NaN, or pandas' NA and NaT (recognised by type name, without pandas)."""
+    return v is None or (isinstance(v, float) and v != v) or type(v).__name__ in ("NAType", "NaTType")
+
+
+def _missing(a: np.ndarray) -> np.ndarray:
+    """Where ``a`` holds no value (:func:`_is_na`)."""
+    if a.dtype.kind == "f":
+        return np.isnan(a)
+    if a.dtype.kind != "O":
+        return np.zeros(len(a), dtype=bool)
+    return np.fromiter((_is_na(v) for v in a.tolist()), dtype=bool, count=len(a))
+
+
+def _number(v: Any) -> float:
+    if _is_na(v):
+        return np.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return np.nan
+
+
+def _as_float(a: np.ndarray) -> np.ndarray:
+    """``a`` as float64, NaN where it is missing or not a number (pandas' ``to_numeric(errors="coerce")``)."""
+    if a.dtype.kind in "biuf":
+        return a.astype(float)
+    return np.fromiter((_number(v) for v in a.tolist()), dtype=float, count=len(a))
+
+
+def _as_flag(a: np.ndarray) -> np.ndarray:
+    """A boolean column as int8: 1 true, 0 false, -1 missing."""
+    if a.dtype.kind == "b":
+        return a.astype(np.int8)
+    miss = _missing(a)
+    return np.fromiter(
+        (-1 if m else int(bool(v)) for v, m in zip(a.tolist(), miss.tolist())), dtype=np.int8, count=len(a)
+    )
+
+
+def _mapped(a: np.ndarray, table: Mapping[Any, float]) -> np.ndarray:
+    """``table[v]`` of every value of ``a`` as float64, NaN for a value it lacks (``Series.map``)."""
+    return np.fromiter((table.get(v, np.nan) for v in a.tolist()), dtype=float, count=len(a))
+
+
+def _unique(values: Iterable[Any]) -> list[Any]:
+    """The distinct values in order of first appearance (``pd.unique``)."""
+    return list(dict.fromkeys(values))
+
+
+def _factorize(keys: Sequence[tuple[Any, ...]]) -> tuple[np.ndarray, np.ndarray]:
+    """(code of every key, position of each code's first appearance); codes number the distinct
+    keys in order of first appearance."""
+    index: dict[tuple[Any, ...], int] = {}
+    codes = np.fromiter((index.setdefault(k, len(index)) for k in keys), dtype=np.int64, count=len(keys))
+    first = np.unique(codes, return_index=True)[1] if len(codes) else np.zeros(0, dtype=np.int64)
+    return codes, first
+
+
+def _flags(cols: Columns, n: int) -> np.ndarray:
+    """The ``tensor_cores`` column as :func:`_as_flag` (-1 everywhere when there is none)."""
+    return _as_flag(cols["tensor_cores"]) if "tensor_cores" in cols else np.full(n, -1, dtype=np.int8)
+
+
 # --------------------------------------------------------------------------- groups
-
-
-def uses_tensor_cores(op: str, dtype: str, tensor_cores: object) -> bool:
-    """Whether the row's math runs on tensor cores: only matrix kinds; an explicit flag wins;
-    by default fp32 does not (PyTorch leaves TF32 matmul off) and every other dtype does."""
-    if op not in MATRIX_KINDS:
-        return False
-    if dtype == "tf32":
-        return True
-    # pandas-stubs: isna takes any object at runtime, but its overloads have none for a bare object
-    if tensor_cores is not None and not pd.isna(tensor_cores):  # type: ignore[call-overload]
-        return bool(tensor_cores)
-    return dtype != "fp32"
 
 
 def dtype_class(op: str, dtype: str, tensor_cores: object = None) -> str:
     """``fp32`` (CUDA cores), ``tf32`` (fp32 on tensor cores), ``half`` (fp16 and bf16: same
-    element size, same tensor-core rate on every GPU that has both) or ``fp8``."""
+    element size, same tensor-core rate on every GPU that has both) or ``fp8``; a missing
+    ``tensor_cores`` (None, NaN) takes the default of :func:`uses_tensor_cores`."""
     if dtype in ("fp16", "bf16"):
         return "half"
     if dtype == "fp8":
         return "fp8"
     if dtype in ("fp32", "tf32"):
-        return "tf32" if uses_tensor_cores(op, dtype, tensor_cores) else "fp32"
+        use = uses_tensor_cores(op, dtype, None if _is_na(tensor_cores) else bool(tensor_cores))
+        return "tf32" if use else "fp32"
     raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
 
 
@@ -137,29 +228,29 @@ def group_key(op: str, direction: str, dclass: str) -> str:
     return f"{op}-{direction}-{dclass}"
 
 
-def group_keys(frame: pd.DataFrame) -> pd.Series:
-    """:func:`group_key` of every row of a dataset-schema frame (computed once per distinct
-    op, dtype, direction and tensor-core flag)."""
-    tc = frame["tensor_cores"] if "tensor_cores" in frame.columns else pd.Series(pd.NA, index=frame.index)
-    flag = tc.astype("boolean").astype("Int8").fillna(-1).to_numpy(dtype=np.int8)
-    keys = pd.DataFrame(
-        {
-            "op": frame["op"].astype(object).to_numpy(),
-            "dtype": frame["dtype"].astype(object).to_numpy(),
-            "direction": frame["direction"].astype(object).to_numpy(),
-            "tc": flag,
-        }
-    )
-    codes = keys.groupby(["op", "dtype", "direction", "tc"], sort=False, dropna=False).ngroup().to_numpy()
-    first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
+def group_key_array(rows: Any) -> np.ndarray:
+    """:func:`group_key` of every row (a :class:`Columns` mapping or a DataFrame), as an object
+    array, computed once per distinct op, dtype, direction and tensor-core flag."""
+    cols = columns_of(rows)
+    n = _n_rows(cols)
+    flag = _flags(cols, n)
+    keys = list(zip(cols["op"].tolist(), cols["dtype"].tolist(), cols["direction"].tolist(), flag.tolist()))
+    codes, first = _factorize(keys)
     labels = np.array(
         [
             group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)))
-            for op, dtype, direction, f in first.itertuples(index=False)
+            for op, dtype, direction, f in (keys[i] for i in first)
         ],
         dtype=object,
     )
-    return pd.Series(labels[codes], index=frame.index, dtype=object)
+    return labels[codes] if n else np.zeros(0, dtype=object)
+
+
+def group_keys(frame: pd.DataFrame) -> pd.Series:
+    """:func:`group_key` of every row of a dataset-schema frame, as a Series on its index."""
+    import pandas as pd
+
+    return pd.Series(group_key_array(frame), index=frame.index, dtype=object)
 
 
 # --------------------------------------------------------------------------- feature lists
@@ -288,22 +379,27 @@ def _tiles(
     return _cdiv(numel, np.maximum(1.0, VECTOR_TILE_BYTES / dt)), nan, full
 
 
-def _formulas(spec, first: pd.DataFrame, formulas: Mapping[str, tuple]) -> tuple[np.ndarray, np.ndarray]:
+def _formulas(
+    spec: Any, first: Mapping[str, np.ndarray], formulas: Mapping[str, tuple[Any, Any]]
+) -> tuple[np.ndarray, np.ndarray]:
     """(FLOPs, bytes) of the distinct configurations ``first`` (parameter columns, ``_d`` the
     direction, ``_dt`` the dtype bytes). The registry's formulas are evaluated once per direction,
     dtype and categorical values, over float64 arrays of the integer parameters; a formula that
     cannot take arrays (a branch on an integer parameter) is evaluated row by row."""
-    f_u = np.full(len(first), np.nan)
-    b_u = np.full(len(first), np.nan)
+    n = len(first["_d"])
+    f_u = np.full(n, np.nan)
+    b_u = np.full(n, np.nan)
     ints, cats = spec.int_params, spec.categorical_params
-    cols = {n: first[n].to_numpy(dtype=float) for n in ints}
-    for key, pos in first.groupby(["_d", "_dt", *cats], sort=False, dropna=False).indices.items():
-        assert isinstance(key, tuple) and isinstance(pos, np.ndarray)  # grouped by >= 2 columns: tuple keys
-        d, dt, *cat_vals = key
+    cols = {name: _as_float(first[name]) for name in ints}
+    keys = list(zip(first["_d"].tolist(), first["_dt"].tolist(), *(first[c].tolist() for c in cats)))
+    codes, heads = _factorize(keys)
+    for code, head in enumerate(heads.tolist()):
+        pos = np.flatnonzero(codes == code)
+        d, dt, *cat_vals = keys[head]
         pair = formulas.get(d)
         if pair is None:
             continue
-        params: dict[str, object] = {n: cols[n][pos] for n in ints}
+        params: dict[str, object] = {name: cols[name][pos] for name in ints}
         params.update(zip(cats, cat_vals))
         try:
             with np.errstate(all="ignore"):
@@ -314,73 +410,70 @@ def _formulas(spec, first: pd.DataFrame, formulas: Mapping[str, tuple]) -> tuple
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
             pass
         for j in pos:
-            row = {n: first[n].iat[j] for n in (*ints, *cats)}
+            row = {name: first[name][j] for name in (*ints, *cats)}
             with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError):
                 f_u[j], b_u[j] = pair[0](row, int(dt)), pair[1](row, int(dt))
     return f_u, b_u
 
 
-def _work(frame: pd.DataFrame, sms: int) -> pd.DataFrame:
-    """flops, bytes, tiles and per-tile traffic of every row. FLOPs and bytes are the registry's
-    formulas, called once per distinct configuration (predict queries repeat shapes)."""
-    n = len(frame)
+def _work(rows: Any, sms: int) -> dict[str, np.ndarray]:
+    """flops, bytes, tiles, per-tile traffic and tile fill of every row (a :class:`Columns`
+    mapping or a DataFrame). FLOPs and bytes are the registry's formulas, called once per
+    distinct configuration (predict queries repeat shapes)."""
+    cols = columns_of(rows)
+    n = _n_rows(cols)
     flops = np.full(n, np.nan)
     moved = np.full(n, np.nan)
     tiles = np.full(n, np.nan)
     traffic = np.full(n, np.nan)
     fill = np.full(n, np.nan)
-    ops = frame["op"].to_numpy(dtype=object)
-    dt_all = frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float)
-    for kind in pd.unique(ops):
+    ops = cols["op"].astype(object)
+    dt_all = _mapped(cols["dtype"], DTYPE_BYTES)
+    for kind in _unique(ops.tolist()):
         spec = get_op(str(kind))
         names = spec.param_names
-        missing = [c for c in names if c not in frame.columns]
+        missing = [c for c in names if c not in cols]
         if missing:
             raise OpcastError(f"{kind} rows lack parameter column(s) {', '.join(missing)}")
         idx = np.flatnonzero(ops == kind)
-        sub = frame.iloc[idx]
-        ok = np.isfinite(dt_all[idx]) & sub[list(names)].notna().all(axis=1).to_numpy()
-        idx, sub = idx[ok], sub[ok]
+        ok = np.isfinite(dt_all[idx])
+        for name in names:
+            ok &= ~_missing(cols[name][idx])
+        idx = idx[ok]
         if not len(idx):
             continue
-        dirs = sub["direction"].to_numpy(dtype=object)
+        sub = {name: cols[name][idx] for name in names}
+        dirs = cols["direction"][idx].astype(object)
         dts = dt_all[idx]
-        keys = sub[list(names)].assign(_d=dirs, _dt=dts)
-        codes = keys.groupby(list(keys.columns), sort=False, dropna=False).ngroup().to_numpy()
-        first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
+        codes, heads = _factorize(list(zip(*(sub[name].tolist() for name in names), dirs.tolist(), dts.tolist())))
+        first = {name: sub[name][heads] for name in names} | {"_d": dirs[heads], "_dt": dts[heads]}
         formulas = {
             d: (spec._formula(d, spec.flops_fwd, spec.flops_bwd), spec._formula(d, spec.bytes_fwd, spec.bytes_bwd))
-            for d in pd.unique(dirs)
+            for d in _unique(dirs.tolist())
             if d in spec.directions()
         }
         f_u, b_u = _formulas(spec, first, formulas)
         f_out, b_out = f_u[codes], b_u[codes]
         flops[idx], moved[idx] = f_out, b_out
-        numeric = {n: pd.to_numeric(sub[n], errors="coerce").to_numpy(dtype=float) for n in spec.int_params}
+        numeric = {name: _as_float(sub[name]) for name in spec.int_params}
         t, tr, fl = _tiles(str(kind), numeric, dirs == "fwd", dts, sms)
         tiles[idx] = t
         fill[idx] = fl
         traffic[idx] = np.where(np.isfinite(tr), tr, b_out)
-    return pd.DataFrame(
-        {"flops": flops, "bytes": moved, "tiles": tiles, "traffic": traffic, "fill": fill}, index=frame.index
-    )
+    return {"flops": flops, "bytes": moved, "tiles": tiles, "traffic": traffic, "fill": fill}
 
 
 # --------------------------------------------------------------------------- features
 
 
-def _peaks(frame: pd.DataFrame, device: DeviceSpec) -> tuple[np.ndarray, np.ndarray]:
+def _peaks(cols: Columns, device: DeviceSpec) -> tuple[np.ndarray, np.ndarray]:
     """(peak FLOP/s per row, tensor_cores flag per row); NaN where the device lacks the dtype."""
-    tc = frame["tensor_cores"] if "tensor_cores" in frame.columns else pd.Series(pd.NA, index=frame.index)
-    flag = tc.astype("boolean").astype("Int8").fillna(-1).to_numpy(dtype=np.int8)
-    keys = pd.DataFrame(
-        {"op": frame["op"].astype(object).to_numpy(), "dtype": frame["dtype"].astype(object).to_numpy(), "tc": flag}
-    )
-    codes = keys.groupby(["op", "dtype", "tc"], sort=False, dropna=False).ngroup().to_numpy()
-    first = keys.drop_duplicates()  # first appearances: the order of ngroup(sort=False)
+    n = _n_rows(cols)
+    keys = list(zip(cols["op"].tolist(), cols["dtype"].tolist(), _flags(cols, n).tolist()))
+    codes, first = _factorize(keys)
     peak_u = np.empty(len(first))
     tc_u = np.empty(len(first))
-    for i, (op, dtype, f) in enumerate(first.itertuples(index=False)):
+    for i, (op, dtype, f) in enumerate(keys[j] for j in first):
         use = uses_tensor_cores(op, dtype, None if f < 0 else bool(f))
         try:
             peak_u[i] = device.peak_flops("fp32" if dtype == "tf32" and not use else dtype, tensor_cores=use)
@@ -394,30 +487,73 @@ def _log(x: np.ndarray | float) -> np.ndarray:
     return np.log(np.maximum(x, EPS))
 
 
+class Column(np.ndarray):
+    """A numpy array that also reads as a pandas column does (``to_numpy``): what indexing a
+    :class:`Table` gives, so code written for a DataFrame's columns reads it unchanged."""
+
+    def to_numpy(self, dtype: Any = None) -> np.ndarray:
+        return np.asarray(self.view(np.ndarray), dtype=dtype)
+
+
+class Table:
+    """Rows as one numpy array per column (:attr:`data`), without pandas: what the numpy path
+    passes where the training side passes a DataFrame (query rows, :func:`feature_table`'s
+    features). It reads as the slice of a DataFrame that path uses: ``columns``, ``len`` (rows),
+    ``table[name]`` (a :class:`Column`), :func:`matrix`; :meth:`take` selects rows."""
+
+    __slots__ = ("data", "n_rows")
+
+    def __init__(self, data: dict[str, np.ndarray], n_rows: int | None = None) -> None:
+        self.data = data
+        self.n_rows = _n_rows(data) if n_rows is None else n_rows
+
+    @property
+    def columns(self) -> KeysView[str]:
+        return self.data.keys()
+
+    def __len__(self) -> int:
+        return self.n_rows
+
+    def __getitem__(self, name: str) -> Column:
+        return self.data[name].view(Column)
+
+    def take(self, rows: np.ndarray) -> Table:
+        """The rows at positions (or where the mask is true) ``rows``."""
+        rows = np.asarray(rows)
+        return Table({k: v[rows] for k, v in self.data.items()}, int(rows.sum()) if rows.dtype == bool else len(rows))
+
+
 def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     """Every feature (the union of the declared lists) and the raw helpers of ``frame``'s rows on
-    ``device``; rows the device cannot run (no peak for the dtype) or with missing parameters get
-    NaN ``t_roof_s``. The index is ``frame``'s."""
+    ``device``, as a DataFrame on ``frame``'s index: :func:`feature_table` of its columns."""
+    import pandas as pd
+
+    return pd.DataFrame(feature_table(frame, device).data, index=frame.index)
+
+
+def feature_table(rows: Any, device: DeviceSpec) -> Table:
+    """Every feature (the union of the declared lists) and the raw helpers of the rows (a
+    :class:`Columns` mapping or a DataFrame) on ``device``; rows the device cannot run (no peak
+    for the dtype) or with missing parameters get NaN ``t_roof_s``. numpy only."""
+    cols = columns_of(rows)
     for col in ("op", "dtype", "direction"):
-        if col not in frame.columns:
+        if col not in cols:
             raise OpcastError(f"query frame lacks column {col!r}; give op, dtype, direction and the op's parameters")
-    frame = _fill_defaults(frame)
+    cols = _fill_defaults(cols)
+    n = _n_rows(cols)
     sms = device.sm_count
-    work = _work(frame, sms)
-    peak, tcs = _peaks(frame, device)
+    work = _work(cols, sms)
+    peak, tcs = _peaks(cols, device)
     bw = device.mem_bw_bytes_per_s
     out: dict[str, np.ndarray] = {}
-    flops = work["flops"].to_numpy()
-    moved = work["bytes"].to_numpy()
-    tiles = work["tiles"].to_numpy()
-    traffic = work["traffic"].to_numpy()
-    collective = frame["op"].map({k: get_op(str(k)).collective for k in pd.unique(frame["op"])}).to_numpy(dtype=bool)
+    flops = work["flops"]
+    moved = work["bytes"]
+    tiles = work["tiles"]
+    traffic = work["traffic"]
+    ops = cols["op"].astype(object)
+    collective = _mapped(ops, {k: float(get_op(str(k)).collective) for k in _unique(ops.tolist())}).astype(bool)
     # Collectives: bus bytes over the link (NVLink within a node, the NIC across nodes).
-    nodes = (
-        pd.to_numeric(frame["nodes"], errors="coerce").to_numpy(dtype=float)
-        if "nodes" in frame.columns
-        else np.full(len(frame), np.nan)
-    )
+    nodes = _as_float(cols["nodes"]) if "nodes" in cols else np.full(n, np.nan)
     link = np.where(nodes > 1, device.inter_node_bw_bytes_per_s, device.intra_node_bw_bytes_per_s)
     t_compute = flops / peak
     t_memory = np.where(collective, moved / link, moved / bw)
@@ -439,79 +575,82 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
         log_t_roof_s=_log(t_roof),
         log_compute_over_memory=_log(t_compute) - _log(t_memory),
         log_bytes_over_l2=_log(moved) - _log(max(device.l2_bytes, 1)),
-        dtype_bytes=frame["dtype"].map(DTYPE_BYTES).to_numpy(dtype=float),
+        dtype_bytes=_mapped(cols["dtype"], DTYPE_BYTES),
         tensor_cores=tcs,
         log_tiles=_log(tiles),
         log_waves=_log(waves),
         tail_efficiency=waves / np.maximum(ceil_waves, 1.0),
-        tile_fill=work["fill"].to_numpy(),
+        tile_fill=work["fill"],
         # One SM's share: a tile's roofline on 1/sm_count of the GPU, i.e. t_roof / waves.
         log_tile_t_roof_s=_log(t_roof) - _log(waves),
         log_tile_traffic_over_bytes=_log(traffic) - _log(moved),
         log_peak_flops=_log(peak),
-        log_mem_bw_bytes_per_s=np.full(len(frame), np.log(bw)),
-        log_sm_count=np.full(len(frame), np.log(sms)),
-        log_l2_bytes=np.full(len(frame), np.log(max(device.l2_bytes, 1))),
-        log_clock_hz=np.full(len(frame), np.log(device.boost_clock_hz)),
+        log_mem_bw_bytes_per_s=np.full(n, np.log(bw)),
+        log_sm_count=np.full(n, np.log(sms)),
+        log_l2_bytes=np.full(n, np.log(max(device.l2_bytes, 1))),
+        log_clock_hz=np.full(n, np.log(device.boost_clock_hz)),
         log_ridge=_log(peak / bw),
-        fp32_lanes_per_sm=np.full(len(frame), float(device.fp32_lanes_per_sm)),
-        is_cpu=np.full(len(frame), float(device.vendor == "cpu")),
+        fp32_lanes_per_sm=np.full(n, float(device.fp32_lanes_per_sm)),
+        is_cpu=np.full(n, float(device.vendor == "cpu")),
         log_link_bw_bytes_per_s=_log(link),
     )
     for name, typ in _param_columns().items():
-        if name not in frame.columns:
+        if name not in cols:
             continue
-        column = frame[name]
+        column = cols[name]
         if typ is int:
-            vals = pd.to_numeric(column, errors="coerce").to_numpy(dtype=float)
+            vals = _as_float(column)
             out["log_message_bytes" if name == "bytes" else f"log_{name}"] = _log(vals)
             if name in ("world_size", "nodes", "gpus_per_node"):
                 out[name] = vals
         elif typ is bool:
-            out[name] = column.astype("boolean").astype("Float64").to_numpy(dtype=float, na_value=np.nan)
+            flag = _as_flag(column)
+            out[name] = np.where(flag < 0, np.nan, flag.astype(float))
         else:
-            out[f"{name}_code"] = column.astype(object).map(_CODES.get(name, {})).to_numpy(dtype=float)
-    if "bytes" in frame.columns and "world_size" in frame.columns:
-        out["log_bytes_per_rank"] = _log(pd.to_numeric(frame["bytes"], errors="coerce").to_numpy(dtype=float)) - _log(
-            pd.to_numeric(frame["world_size"], errors="coerce").to_numpy(dtype=float)
-        )
+            out[f"{name}_code"] = _mapped(column, _CODES.get(name, {}))
+    if "bytes" in cols and "world_size" in cols:
+        out["log_bytes_per_rank"] = _log(_as_float(cols["bytes"])) - _log(_as_float(cols["world_size"]))
     for name in ("m", "n", "k", "cols"):
-        if name in frame.columns:
-            vals = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=float)
+        if name in cols:
+            vals = _as_float(cols[name])
             ok = np.isfinite(vals)
-            a = np.full(len(frame), np.nan)
+            a = np.full(n, np.nan)
             a[ok] = _align(vals[ok])
             out[f"align_{name}"] = a
-    if "fn" in frame.columns:
-        fns = frame["fn"].astype(object)
-        out["fn_flops_per_elem"] = fns.map({k: float(f.flops) for k, f in ELEMENTWISE_FNS.items()}).to_numpy(
-            dtype=float
-        )
-        out["fn_inputs"] = fns.map({k: float(f.inputs) for k, f in ELEMENTWISE_FNS.items()}).to_numpy(dtype=float)
-    result = pd.DataFrame(out, index=frame.index)
-    return result
+    if "fn" in cols:
+        fns = cols["fn"]
+        out["fn_flops_per_elem"] = _mapped(fns, {k: float(f.flops) for k, f in ELEMENTWISE_FNS.items()})
+        out["fn_inputs"] = _mapped(fns, {k: float(f.inputs) for k, f in ELEMENTWISE_FNS.items()})
+    return Table(out, n)
 
 
-def _fill_defaults(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with the optional parameters of its ops (:func:`opcast.ops.param_defaults`) set
-    to their defaults where absent (rows written before the parameter existed, callers that leave
-    it out); the frame itself when nothing is missing."""
-    ops = frame["op"].astype(object).to_numpy()
-    out = frame
-    for kind in pd.unique(ops):
+def _fill_defaults(rows: Any) -> dict[str, np.ndarray]:
+    """The columns of ``rows`` with the optional parameters of its ops
+    (:func:`opcast.ops.param_defaults`) set to their defaults where absent (rows written before
+    the parameter existed, callers that leave it out)."""
+    cols = columns_of(rows)
+    n = _n_rows(cols)
+    ops = cols["op"].astype(object)
+    for kind in _unique(ops.tolist()):
         if kind not in FEATURES:
             continue
         for name, default in param_defaults(str(kind)).items():
-            rows = ops == kind
-            if name in out.columns:
-                rows &= out[name].isna().to_numpy()
-            if rows.any():
-                if out is frame:
-                    out = frame.copy()
-                if name not in out.columns:
-                    out[name] = pd.Series([None] * len(out), index=out.index, dtype=object)
-                out.loc[rows, name] = default
-    return out
+            rows_of_kind = ops == kind
+            if name in cols:
+                rows_of_kind &= _missing(cols[name])
+            if rows_of_kind.any():
+                column = cols.get(name)
+                if column is None:
+                    column = np.full(n, None, dtype=object)
+                elif column.dtype.kind != "O" and not (
+                    column.dtype.kind == "f" and isinstance(default, (int, float)) and not isinstance(default, bool)
+                ):
+                    column = column.astype(object)
+                else:
+                    column = column.copy()
+                column[rows_of_kind] = default
+                cols[name] = column
+    return cols
 
 
 def _param_columns() -> dict[str, type]:
@@ -527,7 +666,7 @@ _CODES: Final[dict[str, dict[str, float]]] = {
 """Ordinal codes of the string parameters (their position in the registry's choices)."""
 
 
-def matrix(feats: pd.DataFrame, names: tuple[str, ...]) -> np.ndarray:
+def matrix(feats: pd.DataFrame | Table, names: tuple[str, ...]) -> np.ndarray:
     """The model-input matrix of ``names`` (float64; a declared feature absent from the frame is NaN)."""
     cols = [feats[n].to_numpy(dtype=float) if n in feats.columns else np.full(len(feats), np.nan) for n in names]
     return np.column_stack(cols) if cols else np.zeros((len(feats), 0))

@@ -25,10 +25,10 @@ import pandas as pd
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, device_to_dict, get_device, spec_from_dict
 from opcast.ops import get_op, op_kinds
-from opcast.train.estimators import ESTIMATORS, NotApplicable, estimator_class
+from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
 from opcast.train.evaluate import ape_metrics
 from opcast.train.features import FEATURES, features, group_keys, model_inputs
-from opcast.train.splits import grouped_mask, shape_groups
+from opcast.train.splits import grouped_mask, leave_one_group_out, shape_groups
 
 EstimatorChoice = Literal["xgb", "tile-mlp", "auto"]
 TIE_POINTS = 0.5
@@ -245,7 +245,7 @@ and on a machine busy with other work every parallel region waits for a deschedu
 (a 31-row xgboost fit took 166 s with two threads and 1.9 s with one on the shared 2-core box)."""
 
 
-def _make(name: str, kind: str, cfg: FitConfig, rows: int | None = None) -> Any:
+def _make(name: str, kind: str, cfg: FitConfig, rows: int | None = None) -> Estimator:
     params = dict(cfg.xgb_params if name == "xgb" else cfg.tile_mlp_params)
     params.setdefault("seed", cfg.seed)
     params.setdefault("n_jobs", 1 if rows is not None and rows < SINGLE_THREAD_ROWS else cfg.n_jobs)
@@ -260,20 +260,18 @@ def _folds(
     devices the fold trains on (scored for the prediction intervals of known devices)."""
     if cfg.folds == 0:
         return []
-    uniq = sorted(pd.unique(devices))
-    if len(uniq) >= 2:
-        order = np.random.default_rng(cfg.seed).permutation(len(uniq))
-        n_folds = len(uniq) if len(devices) <= cfg.all_devices_rows else cfg.folds
+    by_device = leave_one_group_out(devices)  # in sorted device order
+    if len(by_device) >= 2:
+        order = np.random.default_rng(cfg.seed).permutation(len(by_device))
+        n_folds = len(by_device) if len(devices) <= cfg.all_devices_rows else cfg.folds
         out = []
         for i in order[:n_folds]:
-            dev = uniq[i]
+            dev, left_out = by_device[i]
             held_shapes = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1 + int(i))
-            test = (devices == dev) & held_shapes
-            train = (devices != dev) & ~held_shapes
+            test = left_out & held_shapes
+            train = ~left_out & ~held_shapes
             if test.any() and train.any():
-                out.append(
-                    (f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test, (devices != dev) & held_shapes)
-                )
+                out.append((f"device {dev} + {cfg.shape_fraction:.0%} of shapes", train, test, ~left_out & held_shapes))
         return out
     held = grouped_mask(shapes, cfg.shape_fraction, cfg.seed + 1)
     empty = np.zeros(len(held), dtype=bool)
@@ -354,7 +352,7 @@ def _score(
     return metrics, residuals
 
 
-def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> tuple[Any, dict[str, Any]]:
+def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> tuple[Estimator, dict[str, Any]]:
     """Fit the predictor of one group (rows of ``frame``/``feats``), choosing the estimator
     with held-out folds when ``cfg.estimator`` is auto; returns (estimator, meta entry)."""
     kind = key.rsplit("-", 2)[0]
@@ -506,7 +504,7 @@ def suspect_groups(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, tuple[
 
 def fit_frame(
     frame: pd.DataFrame, devices: Mapping[str, DeviceSpec], cfg: FitConfig = FitConfig(), progress: Any = None
-) -> tuple[dict[str, tuple[Any, dict[str, Any]]], pd.DataFrame, dict[str, str]]:
+) -> tuple[dict[str, tuple[Estimator, dict[str, Any]]], pd.DataFrame, dict[str, str]]:
     """Fit every group of ``frame`` (rows already filtered to training rows); returns
     (group -> (estimator, entry), the per-group summary, skipped group -> reason)."""
     if cfg.ops:
@@ -541,7 +539,7 @@ def fit_frame(
         frame, feats = frame[~drop], feats[~drop]
     keys = group_keys(frame).to_numpy()
     groups = sorted(pd.unique(keys))
-    fitted: dict[str, tuple[Any, dict[str, Any]]] = {}
+    fitted: dict[str, tuple[Estimator, dict[str, Any]]] = {}
     summary = []
     task = progress.add_task("fit", total=len(groups)) if progress is not None else None
     for key in groups:
@@ -650,7 +648,7 @@ def fit_model_set(
 
 
 def _predict_fitted(
-    fitted: Mapping[str, tuple[Any, dict[str, Any]]], frame: pd.DataFrame, device: DeviceSpec
+    fitted: Mapping[str, tuple[Estimator, dict[str, Any]]], frame: pd.DataFrame, device: DeviceSpec
 ) -> np.ndarray:
     out = np.full(len(frame), np.nan)
     keys = group_keys(frame).to_numpy()

@@ -29,3 +29,20 @@ def grouped_mask(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:
         [int.from_bytes(hashlib.blake2b(salt + g.encode(), digest_size=8).digest(), "little") / 2**64 for g in uniq]
     )
     return (draws < fraction)[inverse]
+
+
+def leave_one_group_out(groups: np.ndarray) -> list[tuple[object, np.ndarray]]:
+    """(group, True on its rows) for every distinct group of ``groups`` in sorted order: the test
+    side of scikit-learn's ``LeaveOneGroupOut`` (the training side is the complement); empty
+    with fewer than two groups, where leaving one out leaves nothing to train on."""
+    from sklearn.model_selection import LeaveOneGroupOut
+
+    groups = np.asarray(groups)
+    if len(np.unique(groups)) < 2:
+        return []
+    out = []
+    for _, test in LeaveOneGroupOut().split(groups, groups=groups):
+        rows = np.zeros(len(groups), dtype=bool)
+        rows[test] = True
+        out.append((groups[test[0]], rows))
+    return out

@@ -27,8 +27,9 @@ Every learned answer is held to physical bounds (:data:`BOUND_RULES`, listed in
 One module per concern; this package re-exports their public names, so import from
 ``opcast.predict.cost``:
 
-- :mod:`~opcast.predict.cost.query`     :class:`Kernel`, :func:`kernel`, :func:`validated_kernel`, the
-  tensor-core rule (:func:`uses_tensor_cores`) and the :class:`KernelTimeSource` protocol;
+- :mod:`~opcast.predict.cost.query`     :class:`Kernel`, :func:`kernel`, :func:`validated_kernel` and
+  the :class:`KernelTimeSource` protocol; the tensor-core rule is the op registry's
+  (:func:`opcast.ops.uses_tensor_cores`, :data:`opcast.ops.MATRIX_KINDS`), importable from here too;
 - :mod:`~opcast.predict.cost.roofline`  the analytic price: :class:`RooflineKernelCost`,
   :func:`kernel_peak`, :func:`bottleneck`, :func:`peak_roofline_s`;
 - :mod:`~opcast.predict.cost.learned`   :class:`LearnedKernelCost`, its range checks
@@ -42,6 +43,8 @@ Collectives are not kernels here: :mod:`opcast.predict.comm` costs them.
 
 from __future__ import annotations
 
+from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the op registry's tensor-core rule, not redefined here
+from opcast.ops import uses_tensor_cores as uses_tensor_cores
 from opcast.predict.cost.learned import (
     BOUND_RULES,
     FLOOR,
@@ -64,12 +67,10 @@ from opcast.predict.cost.model import (
 )
 from opcast.predict.cost.query import (
     LEARNED,
-    MATRIX_KINDS,
     ROOFLINE,
     Kernel,
     KernelTimeSource,
     kernel,
-    uses_tensor_cores,
     validated_kernel,
 )
 from opcast.predict.cost.roofline import (
@@ -89,7 +90,6 @@ __all__ = [
     "BOUND_RULES",
     "FLOOR",
     "LEARNED",
-    "MATRIX_KINDS",
     "MONOTONE",
     "RANGE_SLACK",
     "RATIO",
@@ -116,6 +116,5 @@ __all__ = [
     "peak_roofline_s",
     "physical_bounds_enabled",
     "roofline_only",
-    "uses_tensor_cores",
     "validated_kernel",
 ]

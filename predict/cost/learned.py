@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.predict.cost.query import LEARNED, MATRIX_KINDS, Kernel
+from opcast.ops import MATRIX_KINDS
+from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
 from opcast.predict.intervals import Residuals
 
@@ -168,42 +169,64 @@ class HardwareRange:
         self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None
     ) -> dict[Kernel, str]:
         """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``
-        (``feats``: their feature rows, when the caller computed them already)."""
+        (``feats``: their feature rows, when the caller computed them already); a kernel is
+        named for the first recorded feature it leaves."""
         entry = self.meta.get("predictors", {}).get(key)
         ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
         if not ranges or not kernels:
             return {}
         if feats is None:
-            from opcast.train.features import features
+            from opcast.train.features import feature_table
 
-            feats = features(_query_frame(kernels), device)
+            feats = feature_table(_query_columns(kernels), device)
         out: dict[Kernel, str] = {}
+        left = np.ones(len(kernels), dtype=bool)
         for name, bounds in ranges.items():
             if name not in feats.columns:
                 continue
             lo, hi = float(bounds[0]), float(bounds[1])
             values = feats[name].to_numpy(dtype=float)
-            for k, v in zip(kernels, values):
-                if k not in out and np.isfinite(v) and (v < lo - RANGE_SLACK or v > hi + RANGE_SLACK):
-                    out[k] = f"{key}: feature {name} = {v:.3g} outside its fitted {lo:.3g}..{hi:.3g}"
+            with np.errstate(invalid="ignore"):
+                outside = left & np.isfinite(values) & ((values < lo - RANGE_SLACK) | (values > hi + RANGE_SLACK))
+            for i in np.flatnonzero(outside).tolist():
+                out[kernels[i]] = f"{key}: feature {name} = {values[i]:.3g} outside its fitted {lo:.3g}..{hi:.3g}"
+            left &= ~outside
         return out
 
 
-def _query_frame(kernels: Sequence[Kernel]) -> Any:
-    """Kernels as query rows of the dataset schema (op, dtype, direction, tensor_cores, params)."""
-    import pandas as pd
+def _query_columns(kernels: Sequence[Kernel]) -> Any:
+    """Kernels as query rows of the dataset schema (op, dtype, direction, tensor_cores, params):
+    an ``opcast.train.features.Table``, one numpy array per column, typed as a DataFrame of the
+    same rows would be: integers as int64 (float64 with NaN where a kernel lacks the parameter),
+    flags as bool, the rest as objects (None where absent)."""
+    n = len(kernels)
+    cols: dict[str, list[Any]] = {
+        "op": [k.kind for k in kernels],
+        "dtype": [k.dtype for k in kernels],
+        "direction": [k.direction for k in kernels],
+        "tensor_cores": [k.tensor_cores for k in kernels],
+    }
+    for i, k in enumerate(kernels):
+        for name, value in k.params:
+            column = cols.get(name)
+            if column is None:
+                column = cols[name] = [None] * n
+            column[i] = value
+    from opcast.train.features import Table
 
-    rows = []
-    for k in kernels:
-        row: dict[str, object] = {
-            "op": k.kind,
-            "dtype": k.dtype,
-            "direction": k.direction,
-            "tensor_cores": k.tensor_cores,
-        }
-        row.update(k.params)
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return Table({name: _typed(values) for name, values in cols.items()}, n)
+
+
+def _typed(values: list[Any]) -> np.ndarray:
+    """One column of :func:`_query_columns` as the array type its values call for."""
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return np.array(values, dtype=bool) if len(present) == len(values) else np.array(values, dtype=object)
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        if len(present) == len(values):
+            return np.array(values, dtype=np.int64)
+        return np.array([np.nan if v is None else v for v in values], dtype=float)
+    return np.array(values, dtype=object)
 
 
 class LearnedKernelCost:
@@ -252,14 +275,14 @@ class LearnedKernelCost:
                 out[k] = why
             else:
                 by_key.setdefault(key, []).append(k)
-        if by_key:  # one feature computation for every group (pandas overhead is per call)
-            from opcast.train.features import features
+        if by_key:  # one feature computation for every group
+            from opcast.train.features import feature_table
 
             todo = [k for ks in by_key.values() for k in ks]
-            feats = features(_query_frame(todo), device).reset_index(drop=True)
+            feats = feature_table(_query_columns(todo), device)
             start = 0
             for key, ks in by_key.items():
-                rows = feats.iloc[start : start + len(ks)]
+                rows = feats.take(np.arange(start, start + len(ks)))
                 start += len(ks)
                 out.update(self.range.feature_reasons(key, ks, device, rows))
         return out
@@ -295,7 +318,7 @@ class LearnedKernelCost:
         return memo
 
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
-        out = np.asarray(self.model_set.predict_s(_query_frame(kernels), device), dtype=float)
+        out = np.asarray(self.model_set.predict_s(_query_columns(kernels), device), dtype=float)
         if out.shape != (len(kernels),):
             raise OpcastError(
                 f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "

@@ -1,5 +1,6 @@
 """What is priced: a :class:`Kernel` (one unique op query), the rule of which kernels run on
-tensor cores, and the :class:`KernelTimeSource` protocol every kernel-time source implements
+tensor cores (the op registry's :func:`opcast.ops.uses_tensor_cores`, applied in :func:`kernel`), and the
+:class:`KernelTimeSource` protocol every kernel-time source implements
 (:mod:`~opcast.predict.cost.roofline`, :mod:`~opcast.predict.cost.learned`)."""
 
 from __future__ import annotations
@@ -12,16 +13,13 @@ import numpy as np
 
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
-from opcast.ops import get_op
+from opcast.ops import get_op, uses_tensor_cores
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
 
 LEARNED = "learned"
 ROOFLINE = "roofline"
-
-MATRIX_KINDS = frozenset({"gemm", "attention"})
-"""Kinds whose math may run on tensor/matrix cores; the rest are vector (CUDA-core) work."""
 
 
 # --------------------------------------------------------------------------- kernels
@@ -51,19 +49,6 @@ class Kernel:
 
     def bytes_moved(self) -> float:
         return get_op(self.kind).bytes_moved(self.param_dict, dtype_bytes(self.dtype), self.direction)
-
-
-def uses_tensor_cores(kind: str, dtype: str, tensor_cores: bool | None = None) -> bool:
-    """Whether a kernel's math runs on tensor cores: only matrix kinds; tf32 always; an explicit
-    flag wins; by default fp32 does not (PyTorch leaves TF32 matmul off) and every other dtype
-    does. The same rule as ``opcast.train.features.uses_tensor_cores`` (a test holds them together)."""
-    if kind not in MATRIX_KINDS:
-        return False
-    if dtype == "tf32":
-        return True
-    if tensor_cores is not None:
-        return bool(tensor_cores)
-    return dtype != "fp32"
 
 
 def kernel(

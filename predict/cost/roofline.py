@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.predict.cost.query import MATRIX_KINDS, ROOFLINE, Kernel
+from opcast.ops import MATRIX_KINDS
+from opcast.predict.cost.query import ROOFLINE, Kernel
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec

@@ -216,7 +216,7 @@ def test_array_formulas_match_the_registry_row_by_row():
             for w in (2, 8)
         ]
     )
-    frame = _fill_defaults(pd.DataFrame(rows))
+    frame = pd.DataFrame(_fill_defaults(pd.DataFrame(rows)))
     work = _work(frame, 108)
     for i, row in frame.iterrows():
         spec = get_op(row["op"])

@@ -1,11 +1,20 @@
 """Per-group estimators: gradient-boosted trees (``xgb``) and NeuSight's tile-MLP (``tile-mlp``).
 
-Both follow scikit-learn's conventions: ``__init__`` stores hyper-parameters only, ``fit``
-returns ``self`` and fitted attributes end in ``_``. Both learn a *normalised* target (time over
-the roofline bound on the row's device), never raw seconds, and both read the feature frame of
-:func:`opcast.train.features.features`. Each saves itself to one file (``save``) and is rebuilt
-from that file plus its ``config()`` (``load``). xgboost and torch are imported inside the
-methods that need them.
+Each estimator is a scikit-learn regressor (``sklearn.base.BaseEstimator`` + ``RegressorMixin``):
+its hyper-parameters are declared once, as ``__init__`` keyword arguments, and ``get_params`` /
+``set_params``, ``clone`` and the hyper-parameters a model set records (``config()``) all derive
+from them; ``fit(X, y)`` returns ``self``, fitted attributes end in ``_``, and
+``tests/unit/test_estimator_contract.py`` runs scikit-learn's ``check_estimator`` and opcast's own
+contract (save -> load predicts the same, deterministic fits) over every estimator of
+:data:`ESTIMATORS`. Both learn a *normalised* target (time over the roofline bound on the row's
+device), never raw seconds, reading the feature frame of :func:`opcast.train.features.features`
+(see :mod:`opcast.train.estimators.base` for the two kinds of ``X``).
+
+Each estimator is a subclass of a light *predictor* class (:data:`PREDICTORS`,
+``xgb_predictor.py``, ``tile_mlp_predictor.py``) that holds the fitted state, predicts with numpy
+and writes and reads the predictor file. A model set loads predictors, never estimators, so
+predicting imports neither scikit-learn (with scipy, ~1.7 s) nor xgboost nor torch; fitting
+imports them inside the methods that need them.
 
 Reading a predictor file never runs code from it: numpy archives are read with
 ``allow_pickle=False`` (:func:`read_arrays`), xgboost only from its UBJSON/JSON bytes, torch state
@@ -17,33 +26,164 @@ feature names), which :mod:`opcast.train.artifacts` compares with ``meta.json``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, Self, TypeVar
 
 import numpy as np
 
 from opcast.errors import OpcastError
 
-ESTIMATORS: Final = ("xgb", "tile-mlp")
-"""Estimator names as the CLI and ``meta.json`` spell them."""
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from opcast.train.features import Table
+
+
+class Predictor(Protocol):
+    """A fitted predictor as a model set loads it (:mod:`opcast.train.artifacts`): numpy only."""
+
+    name: ClassVar[str]
+    """The estimator's name as the CLI and ``meta.json`` spell it."""
+    suffix: ClassVar[str]
+    """The predictor file's suffix."""
+    feature_names: tuple[str, ...] | None
+    """The feature-frame columns the model reads, in order."""
+    record_: dict[str, Any] | None
+    """What a loaded file says it holds (:data:`RECORD_KEY`); None: saved without a record."""
+
+    def predict_s(self, feats: pd.DataFrame | Table) -> np.ndarray:
+        """Predicted seconds of every row of a feature frame (or its numpy :class:`Table`)."""
+        ...
+
+    @classmethod
+    def load(cls, path: Path, *, feature_names: tuple[str, ...], config: Mapping[str, Any]) -> Self:
+        """Read a predictor file (and the ``config`` its ``meta.json`` entry records)."""
+        ...
+
+
+class Estimator(Predictor, Protocol):
+    """A scikit-learn regressor that fits a :class:`Predictor` (what :mod:`opcast.train.fit`
+    makes and :func:`opcast.train.artifacts.write_model_set` saves)."""
+
+    def fit(self, X: Any, y: Any, *, groups: np.ndarray | None = None) -> Self:
+        """Fit on a feature frame (or a plain matrix) and measured seconds; returns ``self``."""
+        ...
+
+    def predict(self, X: Any) -> np.ndarray:
+        """Predicted seconds (scikit-learn's name; :meth:`predict_s` for a feature frame)."""
+        ...
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The ``__init__`` arguments (scikit-learn)."""
+        ...
+
+    def set_params(self, **params: Any) -> Self:
+        """Change ``__init__`` arguments (scikit-learn)."""
+        ...
+
+    def config(self) -> dict[str, Any]:
+        """What ``meta.json`` records of the fit (hyper-parameters from ``get_params``) and
+        :meth:`load` reads back."""
+        ...
+
+    def save(self, path: Path, *, record: Mapping[str, Any] | None = None) -> Path:
+        """Write the predictor file (``path`` with :attr:`suffix`) holding ``record``."""
+        ...
+
+
+T = TypeVar("T")
+
+
+def _xgb() -> type[Estimator]:
+    from opcast.train.estimators.xgb import XGBEstimator
+
+    return XGBEstimator
+
+
+def _tile_mlp() -> type[Estimator]:
+    from opcast.train.estimators.tile_mlp import TileMLPEstimator
+
+    return TileMLPEstimator
+
+
+def _xgb_predictor() -> type[Predictor]:
+    from opcast.train.estimators.xgb_predictor import XGBPredictor
+
+    return XGBPredictor
+
+
+def _tile_mlp_predictor() -> type[Predictor]:
+    from opcast.train.estimators.tile_mlp_predictor import TileMLPPredictor
+
+    return TileMLPPredictor
+
+
+class Registry(Mapping[str, Callable[[], type[T]]]):
+    """An immutable name -> class-loader mapping. Asking whether any value is a name (a JSON
+    value read from meta.json: a list, a dict) is a plain True or False, never a TypeError."""
+
+    def __init__(self, loaders: Mapping[str, Callable[[], type[T]]]) -> None:
+        self._loaders = dict(loaders)
+
+    def __getitem__(self, name: str) -> Callable[[], type[T]]:
+        return self._loaders[name]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self._loaders
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaders)
+
+    def __len__(self) -> int:
+        return len(self._loaders)
+
+
+ESTIMATORS: Final[Registry[Estimator]] = Registry({"xgb": _xgb, "tile-mlp": _tile_mlp})
+"""Estimator name (as the CLI and ``meta.json`` spell it) -> its class, imported on demand."""
+PREDICTORS: Final[Registry[Predictor]] = Registry({"xgb": _xgb_predictor, "tile-mlp": _tile_mlp_predictor})
+"""Estimator name -> the light class that loads and runs its saved predictors."""
+
+
+class PredictorBase:
+    """Base of the light predictor classes: built from a ``meta.json`` entry with no
+    hyper-parameters (:meth:`_from_config`), then filled by their ``load``. An estimator's
+    ``_from_config`` (:class:`opcast.train.estimators.base.RooflineEstimator`) restores its
+    hyper-parameters instead."""
+
+    feature_names: tuple[str, ...] | None
+    record_: dict[str, Any] | None
+    """What a loaded file says it holds (None: a file saved without a record); set by load."""
+
+    def __init__(self, *, feature_names: tuple[str, ...]) -> None:
+        self.feature_names = feature_names
+
+    @classmethod
+    def _from_config(cls, feature_names: tuple[str, ...], config: Mapping[str, Any]) -> Self:
+        """An unfitted instance to load a file into."""
+        return cls(feature_names=feature_names)
 
 
 class NotApplicable(OpcastError):
     """The estimator cannot model this op group (e.g. tile-mlp on collectives)."""
 
 
-def estimator_class(name: str) -> Any:
-    """The class of estimator ``name`` (imported on demand)."""
-    if name == "xgb":
-        from opcast.train.estimators.xgb import XGBEstimator
+def _unknown(name: str) -> OpcastError:
+    return OpcastError(f"unknown estimator {name!r}; use one of {', '.join(ESTIMATORS)} or auto")
 
-        return XGBEstimator
-    if name == "tile-mlp":
-        from opcast.train.estimators.tile_mlp import TileMLPEstimator
 
-        return TileMLPEstimator
-    raise OpcastError(f"unknown estimator {name!r}; use one of {', '.join(ESTIMATORS)} or auto")
+def estimator_class(name: str) -> type[Estimator]:
+    """The scikit-learn class of estimator ``name`` (imports scikit-learn)."""
+    if name not in ESTIMATORS:
+        raise _unknown(name)
+    return ESTIMATORS[name]()
+
+
+def predictor_class(name: str) -> type[Predictor]:
+    """The class that loads and runs the saved predictors of estimator ``name`` (numpy only)."""
+    if name not in PREDICTORS:
+        raise _unknown(name)
+    return PREDICTORS[name]()
 
 
 RECORD_KEY: Final = "opcast_record"

@@ -12,7 +12,7 @@ trees at once — vectorised numpy, exact to float32 rounding of xgboost's own s
 
 It pays off for small and medium batches; for very large ones (tens of thousands of rows times
 hundreds of trees) xgboost's C++ predictor is faster once it is imported, and
-:class:`~opcast.train.estimators.xgb.XGBEstimator` switches to it.
+:class:`~opcast.train.estimators.xgb_predictor.XGBPredictor` switches to it.
 """
 
 from __future__ import annotations
