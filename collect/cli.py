@@ -131,6 +131,14 @@ def comm(
     step_factor: Annotated[int, typer.Option(help="Ratio of consecutive message sizes.")] = 4,
     iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 10,
     warmup_iters: Annotated[int, typer.Option(help="Untimed iterations per size.")] = 3,
+    cluster: Annotated[
+        str | None,
+        typer.Option(
+            "--cluster",
+            help="Catalog cluster (see data/clusters) or cluster JSON file the job runs on; recorded on every row "
+            "so that `opcast train fit` learns this cluster's collectives.",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Sweep collectives over all ranks; run under torchrun (`torchrun --nproc-per-node N --no-python opcast collect comm ...`)."""  # noqa: E501 -- the command's one-line help
@@ -149,6 +157,7 @@ def comm(
         step_factor=step_factor,
         iters=iters,
         warmup_iters=warmup_iters,
+        cluster=cluster,
     )
     import os
 

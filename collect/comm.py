@@ -4,8 +4,12 @@ For each collective and each message size of a log-spaced sweep: a barrier first
 iteration the time of one call on every rank (device synchronised before and after); the
 iteration's time is the max across ranks and the result the median across iterations (p20/p80
 kept). algbw = size / time and busbw = algbw x the nccl-tests factor (opcast.ops.BUS_FACTORS).
-NCCL on GPUs, gloo on CPUs. Rank 0 writes the rows (alone: a second sweep into the same
-``--out`` is refused); a re-run skips sizes already measured, so it resumes without duplicates.
+NCCL on GPUs, gloo on CPUs. Every row records the topology (``world_size``, ``nodes``,
+``gpus_per_node``), the ``backend``, the NCCL version (nccl) and, with ``cluster`` set (``collect
+comm --cluster NAME``, a catalog cluster or cluster file), the cluster it ran on, which is what
+``train fit`` fits a cluster's collective model on (:mod:`opcast.train.collectives`). Rank 0
+writes the rows (alone: a second sweep into the same ``--out`` is refused); a re-run skips sizes
+already measured, so it resumes without duplicates.
 
 Stopping: every rank gets the signal (SIGINT, SIGTERM: torchrun forwards what it gets, SLURM
 signals every task), but collectives are collective, so no rank leaves on its own. The barrier
@@ -65,6 +69,8 @@ class CommConfig:
     """Untimed calls per size."""
     iters: int = 10
     """Timed calls per size."""
+    cluster: str | None = None
+    """Catalog cluster (name or alias) or cluster JSON file the job runs on; recorded on every row."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -162,6 +168,30 @@ def _buffers(op: str, size: int, world: int, dtype, device):
     return torch.ones(elems, dtype=dtype, device=device), torch.empty(elems, dtype=dtype, device=device)
 
 
+def cluster_name(cluster: str | None, per_node: int) -> str | None:
+    """The catalog name of ``--cluster`` (a name, alias or cluster file), checked against the job:
+    a node cannot run more ranks than the cluster has GPUs per node (a wrong cluster, or a
+    launch with the wrong ``--nproc-per-node``)."""
+    if cluster is None:
+        return None
+    from opcast.clusters import get_cluster
+
+    spec = get_cluster(cluster)
+    if per_node > spec.gpus_per_node:
+        raise OpcastError(
+            f"--cluster {cluster}: {spec.name} has {spec.gpus_per_node} GPUs per node but this job runs "
+            f"{per_node} ranks per node; give the cluster the job runs on, or launch --nproc-per-node "
+            f"{spec.gpus_per_node} or fewer"
+        )
+    return spec.name
+
+
+def _with_cluster(cfg: CommConfig, per_node: int) -> CommConfig:
+    from dataclasses import replace
+
+    return replace(cfg, cluster=cluster_name(cfg.cluster, per_node))
+
+
 def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
     """Sweep the collectives over every rank of the job; rank 0 writes the dataset (alone: a
     second sweep into the same ``--out`` is refused). See the module docstring for stopping."""
@@ -181,6 +211,7 @@ def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
         if cfg.backend == "nccl" and not torch.cuda.is_available():
             raise OpcastError("--backend nccl needs CUDA GPUs; use --backend gloo on CPUs")
         sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
+        cfg = _with_cluster(cfg, per_node)
         dtype = torch_dtype(cfg.dtype)
         if cfg.backend == "nccl":
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -539,7 +570,21 @@ def _row(
         "n_reps": stats.n_reps,
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * bus_factor(op, world),
+        "cluster": cfg.cluster,
+        "backend": cfg.backend,
+        "nccl_version": _nccl_version() if cfg.backend == "nccl" else None,
     }
+
+
+def _nccl_version() -> str | None:
+    """The NCCL version torch was built with (``torch.cuda.nccl.version()``), as major.minor.patch."""
+    try:
+        import torch
+
+        version = torch.cuda.nccl.version()
+    except Exception:  # no CUDA build, or no NCCL in it: not known
+        return None
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _version() -> str:

@@ -61,6 +61,14 @@ TIMING_COLUMNS: Final = (
     ("algbw_gbps", pa.float64(), False, "collectives: bytes / time, GB/s (1e9)"),
     ("busbw_gbps", pa.float64(), False, "collectives: algbw x nccl-tests bus factor, GB/s"),
 )
+COLLECTIVE_COLUMNS: Final = (
+    ("cluster", pa.string(), False, "collectives: catalog cluster measured on (opcast.clusters), null if unknown"),
+    ("backend", pa.string(), False, "collectives: nccl | gloo | rccl, null if unknown"),
+    ("nccl_version", pa.string(), False, "collectives: NCCL library version (e.g. 2.18.5), null if unknown"),
+)
+"""The cluster a collective ran on, beside its topology (the op parameters ``world_size``,
+``nodes``, ``gpus_per_node``). Optional and appended last, so files written before them read
+with nulls (no schema version change)."""
 
 
 def _param_columns() -> tuple[tuple[str, pa.DataType, bool, str], ...]:
@@ -68,8 +76,8 @@ def _param_columns() -> tuple[tuple[str, pa.DataType, bool, str], ...]:
 
 
 def columns() -> tuple[tuple[str, pa.DataType, bool, str], ...]:
-    """All columns in order: provenance, op identity, op parameters, kernel, timing."""
-    return PROVENANCE_COLUMNS + OP_COLUMNS + _param_columns() + KERNEL_COLUMNS + TIMING_COLUMNS
+    """All columns in order: provenance, op identity, op parameters, kernel, timing, collective."""
+    return PROVENANCE_COLUMNS + OP_COLUMNS + _param_columns() + KERNEL_COLUMNS + TIMING_COLUMNS + COLLECTIVE_COLUMNS
 
 
 def dataset_schema() -> pa.Schema:

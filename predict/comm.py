@@ -3,9 +3,10 @@
 A :class:`Collective` is one call (kind, bytes per rank in the nccl-tests sense, and the
 :class:`Group` of ranks, which says how many nodes they span). A *collective-cost source*
 (:class:`CollectiveCostSource`) returns its time and a label of how it was costed; the only one
-today is :class:`AlphaBetaCollectives` (label ``alpha-beta/<algorithm>/<protocol>``). A learned
-collective model (fitted on ``collect comm`` data for a cluster and topology) plugs in as another
-source in front of it: :class:`CollectiveCostModel` asks its sources in order and caches.
+here is :class:`AlphaBetaCollectives` (label ``alpha-beta/<algorithm>/<protocol>``); the learned
+per-cluster laws (:mod:`opcast.predict.comm_learned`, label ``learned/<cluster>/...``, fitted by
+``train fit`` on ``collect comm`` and replayed data) plug in as another source in front of it:
+:class:`CollectiveCostModel` asks its sources in order and caches.
 
 The alpha-beta model (Hockney 1994; Thakur, Rabenseifner & Gropp 2005, "Optimization of
 collective communication operations in MPICH", IJHPCA 19(1)) prices each algorithm as
@@ -223,11 +224,16 @@ class CollectiveCostModel:
         return sum(n * self.time_s(c, device)[0] for c, n in calls)
 
     def describe(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "collective_models": [s.name for s in self.sources],
             "link_efficiency": dict(LINK_EFFICIENCY),
             "latencies": "NCCL 2.7 src/graph/tuning.cc baseLat/hwLat (LL and Simple protocols)",
         }
+        for s in self.sources:  # a learned source says where its laws came from
+            describe = getattr(s, "describe", None)
+            if describe is not None:
+                out.update(describe())
+        return out
 
 
 def place(size: int, stride: int, gpus_per_node: int) -> Group:

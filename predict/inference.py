@@ -135,7 +135,10 @@ def predict_infer(
     if precision_reasons or cluster is None:
         return InferResult(arch=arch, device=device, config=cfg, feasible=False, reasons=(*precision_reasons, *reasons))
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
-    comms = comms or CollectiveCostModel()
+    if comms is None:
+        from opcast.predict.comm_learned import collective_cost_for
+
+        comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
@@ -144,9 +147,7 @@ def predict_infer(
     act_b = dtype_bytes(prec.act)
 
     def pp_s(tokens: int) -> float:
-        if cfg.pp == 1:
-            return 0.0
-        return (cfg.pp - 1) * comms.time_s(Collective("send_recv", tokens * arch.hidden * act_b, pp_hop), device)[0]
+        return _pp_send_s(arch, cfg, act_b, tokens=tokens, pp_hop=pp_hop, comms=comms, device=device)
 
     # A single batch runs the stages one after another: its latency is the forward of all layers.
     pre_c, pre_tp = _forward_s(
@@ -225,6 +226,57 @@ def predict_infer(
     if reason:
         result = _with_reason(result, reason)
     return result
+
+
+def _pp_send_s(
+    arch: ArchSpec, cfg: InferConfig, act_b: float, *, tokens: int, pp_hop: Group, comms: CollectiveCostModel, device
+) -> float:
+    """The stage-to-stage sends of one forward of ``tokens`` tokens through ``cfg.pp`` stages."""
+    if cfg.pp == 1:
+        return 0.0
+    return (cfg.pp - 1) * comms.time_s(Collective("send_recv", tokens * arch.hidden * act_b, pp_hop), device)[0]
+
+
+def forward_time_s(
+    arch: ArchSpec,
+    device: DeviceSpec,
+    cfg: InferConfig,
+    *,
+    batch: int,
+    seq_q: int,
+    seq_kv: int,
+    gpus_per_node: int,
+    kernels: KernelCostModel,
+    comms: CollectiveCostModel,
+) -> float:
+    """Seconds of one forward of ``batch`` sequences of ``seq_q`` new tokens against ``seq_kv`` keys
+    through every stage (compute, TP collectives, stage-to-stage sends), priced exactly as
+    :func:`predict_infer` prices its prefill (``seq_q = seq_kv = prompt``) and a decode step
+    (``seq_q = 1``). The serving simulator (:mod:`opcast.predict.serve`) prices its steps with it."""
+    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    compute, tp_comm = _forward_s(
+        arch,
+        cfg,
+        prec,
+        batch=batch,
+        seq_q=seq_q,
+        seq_kv=seq_kv,
+        tp_group=place(cfg.tp, 1, gpus_per_node),
+        kernels=kernels,
+        comms=comms,
+        device=device,
+        lines=None,
+        phase="forward",
+    )
+    pp_hop = place(2, cfg.tp, gpus_per_node)
+    pp = _pp_send_s(arch, cfg, dtype_bytes(prec.act), tokens=batch * seq_q, pp_hop=pp_hop, comms=comms, device=device)
+    return compute + tp_comm + pp
+
+
+def infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
+    """Memory per GPU of the worst stage of ``cfg`` (weights, the prefill working set of one block,
+    the KV cache at its final length): the accounting :func:`predict_infer` reports."""
+    return _infer_memory(arch, cfg)
 
 
 _MEMORY_FIX = "try more tp/pp or a smaller --batch"

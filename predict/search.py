@@ -426,13 +426,18 @@ class _Terms:
     pipeline sends across recomputation modes and ZeRO stages). Nothing here computes a term."""
 
     def __init__(
-        self, arch: ArchSpec, device: DeviceSpec, space: SearchSpace, worlds: Sequence[tuple[int, int]]
+        self,
+        arch: ArchSpec,
+        device: DeviceSpec,
+        space: SearchSpace,
+        worlds: Sequence[tuple[int, int]],
+        comms: CollectiveCostModel | None = None,
     ) -> None:
         self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
         self.act_dtype = activation_dtype(space.precision)
         self.grad_b = dtype_bytes(self.act_dtype)
         self.peak = dense_peak_flops(device, space.precision)
-        self.comms = CollectiveCostModel()
+        self.comms = comms if comms is not None else CollectiveCostModel()
         self.graph_costs: dict[tuple, dict[str, PhaseCost]] = {}
         """(graph key, GPUs per node) -> phase -> cost of one copy (filled by :func:`_compile`)."""
         self.opt_s: dict[int, float] = {}
@@ -1028,7 +1033,9 @@ def search(
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    terms = _Terms(arch, device, space, worlds)
+    from opcast.predict.comm_learned import collective_cost_for
+
+    terms = _Terms(arch, device, space, worlds, collective_cost_for(kernels))
     considered, pruned, survivors = _enumerate(arch, space, worlds, limit, terms, progress)
     t1 = time.perf_counter()
     seconds["enumerate"] = t1 - t0

@@ -838,7 +838,10 @@ def run_train(
 ) -> TrainResult:
     """Price a compiled plan. ``details=False`` skips the per-op and per-collective lines and the
     prediction interval (search); ``coverage`` and ``interval_mode`` shape the interval."""
-    comms = comms or CollectiveCostModel()
+    if comms is None:
+        from opcast.predict.comm_learned import collective_cost_for
+
+        comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
     lay, cfg, arch, device = plan.layout, plan.layout.cfg, plan.arch, plan.device
     pr = _Pricer(plan, kernels, comms, keep_lines=details)
     # Every unique kernel of the iteration in one lookup: one batched call per learned model.

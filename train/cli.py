@@ -84,20 +84,47 @@ def fit(
             *(["--keep-suspect-sweeps"] if keep_suspect_sweeps else []),
         ]
     )
-    with progress_bar() as progress:
-        result = fit_model_set(dataset, out, name=name, cfg=cfg, progress=progress, command=command)
+    from opcast.train.artifacts import check_output, write_collectives
+    from opcast.train.collectives import fit_datasets, summary, write_collectives_only_set
+
+    check_output(out, name)  # before any work
+    laws, has_kernels = fit_datasets(dataset)  # per-cluster collective laws, where rows name their cluster
+    if laws is not None and not has_kernels:  # only collectives in the data: a set of collective laws alone
+        result = None
+        path = write_collectives_only_set(out, name, dataset, command)
+    else:
+        with progress_bar() as progress:
+            result = fit_model_set(dataset, out, name=name, cfg=cfg, progress=progress, command=command)
+        path = result.path
+    held = summary(laws.held_out) if laws is not None else []
+    if laws is not None:
+        write_collectives(path, laws)
     if as_json:
         console.print_json(
             json.dumps(
                 {
-                    "path": str(result.path),
-                    "seconds": round(result.seconds, 1),
-                    "skipped": result.skipped,
-                    "groups": json.loads(result.groups.to_json(orient="records")),
-                    "holdout": None if result.holdout is None else json.loads(result.holdout.to_json(orient="records")),
+                    "path": str(path),
+                    "seconds": None if result is None else round(result.seconds, 1),
+                    "skipped": {} if result is None else result.skipped,
+                    "groups": [] if result is None else json.loads(result.groups.to_json(orient="records")),
+                    "holdout": None
+                    if result is None or result.holdout is None
+                    else json.loads(result.holdout.to_json(orient="records")),
+                    "collectives": None
+                    if laws is None
+                    else {"clusters": {c: sorted(k) for c, k in laws.laws.items()}, "held_out": held},
                 }
             )
         )
+        return
+    if laws is not None:
+        import pandas as pd
+
+        print_frame(
+            pd.DataFrame(held),
+            title=f"collective laws of {', '.join(sorted(laws.laws))} -> {path}/collectives.json: held-out % error",
+        )
+    if result is None:
         return
     print_frame(
         result.groups.drop(columns=["why"]),

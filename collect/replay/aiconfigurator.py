@@ -45,7 +45,10 @@ Tables converted (all forward, one measurement per row):
     ``reduce_scatter``, ``alltoall`` -> all_to_all; nccl-tests' size convention is opcast's
     (all_gather: gathered output; reduce_scatter: input). world_size = num_gpus on one node
     (nccl-tests ``-t num_gpus``: one process), gpus_per_node = num_gpus. The time is nccl-tests'
-    out-of-place mean over its iterations, averaged across ranks (``-a 1``).
+    out-of-place mean over its iterations, averaged across ranks (``-a 1``). ``backend`` is
+    ``nccl`` (``oneccl`` for oneccl_perf) and ``cluster`` the catalog node the system folder
+    describes (:data:`SYSTEM_CLUSTERS`: one NVLink/NVSwitch node, so only its intra-node tier is
+    measured), null for a system the cluster catalog lacks.
 
 Every other table (fused MoE, MLA, custom all-reduce, MoE all-to-all, DeepSeek modules, Mamba,
 quantize kernels, ...) is skipped with a counted reason: :data:`TABLE_REASONS`, else "no opcast op".
@@ -116,6 +119,15 @@ SYSTEM_DEVICES: Final[dict[str, str]] = {
     "b60": "Arc-Pro-B60",
 }
 """AIConfigurator system folder -> hardware catalog name."""
+
+SYSTEM_CLUSTERS: Final[dict[str, str]] = {
+    "a100_sxm": "dgx-a100",
+    "h100_sxm": "dgx-h100",
+    "b200_sxm": "dgx-b200",
+    "gb200": "gb200-nvl72",
+}
+"""AIConfigurator system folder -> cluster catalog name, for its NCCL rows: the vendor reference
+node each system's ``systems/<name>.yaml`` describes (8 GPUs on NVSwitch; GB200: NVL72)."""
 
 FRAMEWORKS: Final = ("nccl", "vllm", "trtllm", "sglang")
 """Default framework precedence when several measured the same configuration."""
@@ -495,11 +507,16 @@ def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str
     for column in ("kernel_name", "source_file", "torch_version", "cuda_version"):
         out[column] = frame[column]
     out["timing_method"] = TIMING_NCCL if collective else TIMING_KERNEL
+    if collective:
+        out["cluster"] = frame["_system"].astype(str).map(SYSTEM_CLUSTERS).astype(object)
+        out["backend"] = np.where(frame["_table"].astype(str) == "oneccl_perf", "oneccl", "nccl")
     records = out.to_dict("records")
     for row in records:
         for name in ("time_s_p20", "time_s_p80"):
             if row[name] is not None and math.isnan(row[name]):
                 row[name] = None
+        if collective and not isinstance(row["cluster"], str):
+            row["cluster"] = None
         for name in params:  # numpy scalars as plain Python values
             value = row[name]
             if hasattr(value, "item"):

@@ -51,6 +51,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any, Final
 
+from opcast.clusters import find_cluster
 from opcast.collect.replay import ReplayOptions
 from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv
 from opcast.hardware import get_device
@@ -386,6 +387,8 @@ def _read_nccl_file(
     lines = list(read_csv(path, required=("shape", "nodes", "GPUsPerNode", DUR_COL)))
     result.files += 1
     source_file = path.relative_to(root).as_posix()
+    system = find_cluster(path.parent.parent.name)  # regressors/<Perlmutter|Vista>/nccl/<file>
+    cluster = system.name if system is not None else None
     for line, row in lines:
         shape = _int(path, line, row, "shape")
         nodes, gpn = _int(path, line, row, "nodes"), _int(path, line, row, "GPUsPerNode")
@@ -432,5 +435,7 @@ def _read_nccl_file(
                 "busbw_gbps": busbw,
                 "timing_method": TIMING_METHOD,
                 "source_file": source_file,
+                "cluster": cluster,
+                "backend": "nccl",
             }
         )

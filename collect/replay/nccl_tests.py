@@ -42,6 +42,11 @@ defines as opcast does (all_gather: gathered output; reduce_scatter: input). ``a
 file's own columns only serve as a check (algbw within 5 % + 0.015 of size/time; busbw/algbw
 within 2 % of the factor where algbw >= 1 GB/s, so the rounding of small values cannot trip it).
 
+Cluster tags: every row has ``backend`` ``nccl`` and, where the header prints it
+(``nccl-library=21805``, nccl-tests 2.13 on), ``nccl_version`` (``2.18.5``; the first such line of a
+file holds for all its runs). The output does not say which cluster ran it (the host names are
+not catalog names), so ``cluster`` stays null.
+
 Skipped, with reasons: sizes where either ``#wrong`` is > 0 (the data check failed; old builds
 print a float ``error`` per size instead, so there a whole run is skipped when its footer reports
 out-of-bounds values), types other
@@ -107,6 +112,7 @@ REDUCTIONS = ("all_reduce", "reduce_scatter")
 _STARTING = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 _ITERS = re.compile(r"(?<!warmup )(?<!agg )\biters:\s*(\d+)")
 _AGG_ITERS = re.compile(r"\bagg iters:\s*(\d+)")
+_NCCL_LIBRARY = re.compile(r"\bnccl-library=(\d+)")
 _OUT_OF_BOUNDS = re.compile(r"Out of bounds values\s*:\s*(\d+)")
 _RANK = re.compile(
     r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+\s+\[[^\]]*\]\s+(.*\S)\s*$"
@@ -142,6 +148,8 @@ class _Run:
     out_of_bounds: int = 0
     """The footer's 'Out of bounds values' count (what old builds' float ``error`` column feeds)."""
     lines: list[_Line] = field(default_factory=list)
+    nccl_version: str | None = None
+    """The NCCL library version the file's header names (``nccl-library=``), if any."""
 
     def started(self) -> bool:
         return self.nthread or bool(self.ranks) or self.columns is not None
@@ -169,8 +177,9 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
         groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
         for run in runs:
             _convert(path, run, options, forced, groups, result.skipped)
-        for (device, kind, params, dtype, timing), samples in groups.items():
-            result.rows.append(_row(device, kind, dict(params), dtype, timing, samples, rel))
+        for (device, kind, params, dtype, timing, version), samples in groups.items():
+            row = _row(device, kind, dict(params), dtype, timing, samples, rel)
+            result.rows.append({**row, "backend": "nccl", "nccl_version": version})
     return result
 
 
@@ -184,6 +193,7 @@ def _parse(path: Path) -> list[_Run]:
         raise MalformedFile(path, None, f"cannot read: {err.strerror or err}") from None
     runs = [_Run()]
     in_table = False
+    library = None
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.strip()
         run = runs[-1]
@@ -191,6 +201,8 @@ def _parse(path: Path) -> list[_Run]:
             continue
         if line.startswith("#"):
             body = line.lstrip("#").split()
+            if library is None and (m := _NCCL_LIBRARY.search(line)) is not None:
+                library = nccl_version_text(int(m.group(1)))
             if (m := _STARTING.match(line)) is not None:
                 if run.started():
                     runs.append(run := _Run())
@@ -220,7 +232,17 @@ def _parse(path: Path) -> list[_Run]:
         tokens = line.split()
         if in_table and tokens[0].isdigit():
             run.lines.append(_data(path, number, tokens, run))
+    for run in runs:
+        run.nccl_version = library
     return [run for run in runs if run.started()]
+
+
+def nccl_version_text(code: int) -> str:
+    """``NCCL_VERSION_CODE`` as ``major.minor.patch``: ``major*10000 + minor*100 + patch`` from
+    NCCL 2.9 on (21805 -> 2.18.5), ``major*1000 + minor*100 + patch`` before (2708 -> 2.7.8)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
 
 
 def _columns(path: Path, number: int, names: list[str]) -> list[str]:
@@ -387,7 +409,7 @@ def _convert(
         else:
             _check(path, line, kind, world, factor)
             params = (("bytes", line.size), ("world_size", world), ("nodes", nodes), ("gpus_per_node", gpn))
-            groups[(device, kind, params, dtype, timing)].append((line.time_us / 1e6, run.reps or 1))
+            groups[(device, kind, params, dtype, timing, run.nccl_version)].append((line.time_us / 1e6, run.reps or 1))
 
 
 def _check(path: Path, line: _Line, kind: str, world: int, factor: float) -> None:

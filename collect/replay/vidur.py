@@ -44,7 +44,10 @@
     min(num_workers, devices_per_node), nodes = num_workers / gpus_per_node. The median is over
     3 samples (mean = (min+median+max)/3 in every row), each the median of the 11 NCCL kernels
     of one timed call: ``n_reps`` 3, ``timing_method`` ``replay:vidur:median3``. algbw = bytes /
-    time, busbw = algbw x the nccl-tests factor.
+    time, busbw = algbw x the nccl-tests factor. ``backend`` is ``nccl``; ``cluster`` is the
+    catalog cluster the folder name is an alias of (``a100_dgx`` -> ``azure-nd-a100-v4``,
+    ``a100_pairwise_nvlink`` -> ``azure-nc-a100-v4``: the Azure VMs Vidur profiled, Agrawal et
+    al. 2024, Sec. 6), null for a folder the cluster catalog lacks (``a40_pairwise_nvlink``).
 
 ``_history/<commit>/data/profiling/<gpu>/*.csv`` (older vidur profiles, fp16)
     - ``all_reduce.csv`` with ``size``/``devices_per_node`` (6d98aa8): as the network files.
@@ -84,6 +87,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from opcast.clusters import find_cluster
 from opcast.collect.replay import ReplayOptions
 from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv
 from opcast.errors import OpcastError
@@ -306,8 +310,18 @@ def _network_file(root: Path, path: Path, result: ReplayResult, seen: dict[tuple
         return
     folder = path.parent.name
     gpu = NETWORK_GPUS.get(folder, folder.split("_", 1)[0])
+    spec = find_cluster(folder)
     _sized_collectives(
-        root, path, op, gpu, folder, result, seen, n_reps=NETWORK_REPS, timing_method="replay:vidur:median3"
+        root,
+        path,
+        op,
+        gpu,
+        folder,
+        result,
+        seen,
+        n_reps=NETWORK_REPS,
+        timing_method="replay:vidur:median3",
+        tags={"backend": "nccl", "cluster": spec.name if spec is not None else None},
     )
 
 
@@ -322,9 +336,11 @@ def _sized_collectives(
     *,
     n_reps: int | None,
     timing_method: str,
+    tags: dict[str, str | None] | None = None,
 ) -> None:
     """A file with ``size`` (bytes), ``num_workers`` and ``devices_per_node`` columns; ``folder``
-    names the topology (network folder or history commit) for the collision reason."""
+    names the topology (network folder or history commit) for the collision reason; ``tags``
+    (cluster, backend) go on every row."""
     rel = path.relative_to(root).as_posix()
     device = _device(gpu)
     if device is None:
@@ -356,6 +372,7 @@ def _sized_collectives(
             gpus_per_node=gpus_per_node,
             n_reps=n_reps,
             timing_method=timing_method,
+            tags=tags,
         )
 
 
@@ -443,6 +460,7 @@ def _collective(
     gpus_per_node: int,
     n_reps: int | None,
     timing_method: str,
+    tags: dict[str, str | None] | None = None,
 ) -> None:
     ms = number(path, line, row, column)
     if ms <= 0:
@@ -474,6 +492,7 @@ def _collective(
             "busbw_gbps": algbw * bus_factor(op, world),
             "source_file": rel,
             "timing_method": timing_method,
+            **(tags or {}),
         }
     )
 

@@ -1,0 +1,119 @@
+"""Learned collective costs in predict: the laws ``train fit`` fitted per cluster
+(:mod:`opcast.train.collectives`, ``collectives.json`` of a model set) as a
+:class:`~opcast.predict.comm.CollectiveCostSource` in front of the alpha-beta model.
+
+:class:`LearnedCollectives` covers a call when the job runs on a cluster the set has a law for
+(the device of ``--cluster NAME``: the cluster's GPU with its links, :func:`opcast.clusters.
+cluster_device_name`), the set has a law for the call's kind, and the law identified the call's
+tier (:meth:`CollectiveLaw.covers`); it labels the answer ``learned/<cluster>/<ring|p2p|pairwise>/
+<intra-node|inter-node>``. Every other call falls through to
+:class:`~opcast.predict.comm.AlphaBetaCollectives` (label ``alpha-beta/...``), so a job without
+``--cluster``, or on a cluster the set never measured, is priced exactly as before.
+:func:`collective_cost_for` builds the composite from a kernel cost model's model set.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opcast.predict.comm import AlphaBetaCollectives, Collective, CollectiveCostModel
+
+if TYPE_CHECKING:
+    from opcast.hardware import DeviceSpec
+
+LEARNED = "learned"
+_FORMS = {"send_recv": "p2p", "all_to_all": "pairwise"}
+
+
+def cluster_device(cluster: str) -> str | None:
+    """The name of the device ``--cluster NAME`` prices on, or None for a name the catalog lacks."""
+    from opcast.clusters import cluster_device_name, find_cluster
+    from opcast.hardware import get_device
+
+    spec = find_cluster(cluster)
+    return None if spec is None else get_device(cluster_device_name(spec)).name
+
+
+class LearnedCollectives:
+    """The fitted per-cluster laws of a model set (see the module docstring)."""
+
+    name = LEARNED
+
+    def __init__(self, models: Any, label: str, *, cluster: str | None = None) -> None:
+        self.models = models
+        """:class:`opcast.train.collectives.CollectiveModels`."""
+        self.label = label
+        """Where the laws came from (the model set)."""
+        self.cluster = cluster
+        """The job's cluster when the caller knows it; else found from the device."""
+        self._by_device: dict[str, str | None] = {}
+
+    def cluster_of(self, device: DeviceSpec) -> str | None:
+        """The fitted cluster ``device`` is (None: none, or several fitted clusters share its device)."""
+        if self.cluster is not None:
+            return self.cluster if self.cluster in self.models.laws else None
+        found = self._by_device.get(device.name, "?")
+        if found == "?":
+            matches = [c for c in sorted(self.models.laws) if cluster_device(c) == device.name]
+            found = self._by_device[device.name] = matches[0] if len(matches) == 1 else None
+        return found
+
+    def _law(self, call: Collective, device: DeviceSpec) -> tuple[str, Any] | None:
+        g = call.group
+        if g.size <= 1 or call.bytes <= 0:
+            return None
+        cluster = self.cluster_of(device)
+        law = None if cluster is None else self.models.law(cluster, call.kind)
+        if law is None or not law.covers(g.nodes, g.per_node):
+            return None
+        return str(cluster), law
+
+    def covers(self, call: Collective, device: DeviceSpec) -> bool:
+        return self._law(call, device) is not None
+
+    def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
+        found = self._law(call, device)
+        assert found is not None, "covers() is asked first"
+        cluster, law = found
+        g = call.group
+        seconds = law.time_s(float(call.bytes), g.size, g.nodes, g.per_node)
+        return seconds, f"{LEARNED}/{cluster}/{_FORMS.get(call.kind, 'ring')}/{law.tier(g.nodes)}"
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "learned_collectives": {
+                "from": self.label,
+                "clusters": {c: sorted(kinds) for c, kinds in sorted(self.models.laws.items())},
+            }
+        }
+
+
+_LOADED: dict[tuple[str, str], Any] = {}
+
+
+def _learned_models(kernels: Any) -> tuple[Any, str] | None:
+    """(collective laws, label) of the model set behind ``kernels``' learned source, if any."""
+    for source in getattr(kernels, "sources", ()):
+        model_set = getattr(source, "model_set", None)
+        if model_set is None:
+            continue
+        key = (str(model_set.path), str(model_set.meta.get("meta_sha256")))
+        if key not in _LOADED:
+            from opcast.train.artifacts import load_collectives
+
+            _LOADED[key] = load_collectives(model_set)
+        models = _LOADED[key]
+        if models is not None:
+            return models, str(getattr(source, "label", model_set.path))
+    return None
+
+
+def collective_cost_for(kernels: Any, *, cluster: str | None = None) -> CollectiveCostModel:
+    """The collective cost model for a prediction with ``kernels``: the learned laws of its model
+    set in front of alpha-beta where the set has any, plain alpha-beta otherwise. ``cluster``
+    names the job's cluster when known (else it is recognised by its device)."""
+    found = _learned_models(kernels)
+    if found is None:
+        return CollectiveCostModel()
+    models, label = found
+    return CollectiveCostModel(sources=(LearnedCollectives(models, label, cluster=cluster), AlphaBetaCollectives()))

@@ -1,0 +1,557 @@
+"""Learned collective costs: one physically-shaped alpha-beta law per (cluster, collective kind).
+
+``train fit`` fits it on every collective row that names its cluster (``collect comm --cluster``,
+the replays' tags) and stores it in the model set as ``collectives.json``
+(:func:`opcast.train.artifacts.write_collectives`); predict prices the collectives of a job on
+that cluster with it (:mod:`opcast.predict.comm_learned`) and falls back to the spec-sheet
+alpha-beta model elsewhere.
+
+The law (Hockney's alpha-beta, per link tier, over the ring's phases as NCCL runs them)::
+
+    one node (g ranks):  t = base + step_intra * steps(kind, g) + vol(kind, g) * S / B_intra[g]
+    N > 1 nodes:         t = base + step_intra * (steps(kind, n) - steps_net(kind, N))
+                              + step_net * steps_net(kind, N) + vol_net(kind, n, g) * S / (B_net * g**gamma)
+
+``S`` is the nccl-tests size, ``vol`` the ring volume per rank (the nccl-tests bus factor of
+:func:`opcast.ops.bus_factor`: all-reduce ``2(n-1)/n``, all-gather and reduce-scatter ``(n-1)/n``,
+send/recv and broadcast 1; all-to-all sends its inter-node share ``(n-g)/n`` over each GPU's own
+NIC), ``steps`` the ring's latency steps (``2(n-1)`` for all-reduce, ``n-1`` otherwise, 1 for
+send/recv) of which ``steps_net`` cross nodes. Those are the formulas of
+:class:`opcast.predict.comm.AlphaBetaCollectives`' ring. The parameters are physical: a launch
+latency ``base_s``, a latency per intra-node and per inter-node ring step, the bus bandwidth a
+group of ``g`` ranks of one node reaches (``B_intra[g]``: one per g measured, since an NVLink mesh
+gives a pair a third of what four GPUs reach, while an NVSwitch gives every g the same), the
+per-GPU network bandwidth ``B_net`` and ``gamma`` in [0, 1], how much of its node's NICs a ring
+with g ranks per node uses (1: one NIC per rank, as the alpha-beta model assumes; 0: one NIC for
+the node). They are fitted by non-negative least squares on the relative error (the log-time
+error to first order) with Huber re-weighting (robust to the odd slow sample), ``gamma`` on a
+grid. A parameter the rows cannot identify stays null, and a call that needs it is not covered
+(the alpha-beta model prices it): no intra-node law without single-node rows, none for a number
+of ranks per node never measured inside one node, no inter-node law without multi-node rows.
+So the law extrapolates in message size and in node count (8 nodes from 1-4), not in kinds of
+links it never saw.
+
+Held-out report (:func:`held_out_report`): ``sizes`` leaves out every third message size of each
+topology and fits on the rest; ``topology`` fits on the runs of at most 4 nodes and scores those of
+more where there are any, else leaves each topology out in turn (scored where the rest still
+identify its tiers). Median and mean absolute % error per cluster and kind.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final
+
+from opcast.ops import bus_factor
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+
+KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+FORMAT: Final = "opcast-collectives"
+FORMAT_VERSION: Final = 1
+MIN_ROWS: Final = 8
+"""A (cluster, kind) with fewer usable rows is not fitted."""
+GAMMA_GRID: Final = tuple(i / 10 for i in range(11))
+HUBER_C: Final = 1.345
+IRLS_ITERATIONS: Final = 6
+HOLDOUT_MAX_NODES: Final = 4
+"""The topology split fits on runs of at most this many nodes and scores the larger ones."""
+
+
+# --------------------------------------------------------------------------- the law
+
+
+def ring_steps(kind: str, n: int) -> int:
+    """Latency steps of the ring over ``n`` ranks (NCCL's ring: all-reduce 2(n-1), send/recv 1)."""
+    if kind == "send_recv":
+        return 1
+    return 2 * (n - 1) if kind == "all_reduce" else n - 1
+
+
+def volume(kind: str, n: int, per_node: int, tier: str) -> float:
+    """Bytes per byte of ``S`` that each rank moves over ``tier`` (intra or net) in the ring."""
+    if kind == "all_to_all" and tier == "net":
+        return (n - per_node) / n  # the inter-node share, over each GPU's own NIC
+    return bus_factor(kind, n)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveLaw:
+    """The fitted law of one collective kind on one cluster (see the module docstring)."""
+
+    kind: str
+    base_s: float
+    """Launch latency, seconds."""
+    step_intra_s: float | None
+    """Latency per ring step inside a node (None: not measured)."""
+    step_net_s: float | None
+    """Latency per ring step across nodes (None: not measured)."""
+    intra_bw_bytes_per_s: tuple[tuple[int, float], ...]
+    """(ranks of the group per node g, bus bandwidth g ranks of one node reach), per g measured."""
+    net_bw_bytes_per_s: float | None
+    """Network bandwidth per GPU (one rank per node); None: no multi-node rows."""
+    net_ranks_exponent: float
+    """gamma: a ring with g ranks per node crosses nodes at ``g**gamma`` x the per-GPU bandwidth."""
+    rows: int
+    bytes_min: int
+    bytes_max: int
+    topologies: tuple[tuple[int, int], ...]
+    """(nodes, ranks per node) measured."""
+
+    def covers(self, nodes: int, per_node: int) -> bool:
+        if nodes > 1:
+            return self.net_bw_bytes_per_s is not None
+        return any(g == per_node for g, _ in self.intra_bw_bytes_per_s)
+
+    def tier(self, nodes: int) -> str:
+        return "inter-node" if nodes > 1 else "intra-node"
+
+    def time_s(self, nbytes: float, n: int, nodes: int, per_node: int) -> float:
+        """Seconds of one call (``covers`` must hold)."""
+        x = design_row(self.kind, nbytes, n, nodes, per_node, self.net_ranks_exponent)
+        si, sn = self.step_intra_s or 0.0, self.step_net_s or 0.0
+        t = self.base_s + si * x["steps_intra"] + sn * x["steps_net"]
+        if nodes > 1:
+            assert self.net_bw_bytes_per_s is not None, "covers() is checked first"
+            return t + x["vol_net"] / self.net_bw_bytes_per_s
+        bw = dict(self.intra_bw_bytes_per_s)[per_node]
+        return t + x["vol_intra"] / bw
+
+
+def design_row(kind: str, nbytes: float, n: int, nodes: int, per_node: int, gamma: float) -> dict[str, float]:
+    """The law's regressors of one call: ring steps per tier and bytes over each tier (the
+    network's already divided by ``per_node**gamma``)."""
+    if nodes == 1:
+        return {
+            "steps_intra": float(ring_steps(kind, n)),
+            "steps_net": 0.0,
+            "vol_intra": volume(kind, n, per_node, "intra") * nbytes,
+            "vol_net": 0.0,
+        }
+    net_steps = ring_steps(kind, nodes)
+    return {
+        "steps_intra": float(max(0, ring_steps(kind, n) - net_steps)),
+        "steps_net": float(net_steps),
+        "vol_intra": 0.0,
+        "vol_net": volume(kind, n, per_node, "net") * nbytes / per_node**gamma,
+    }
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CollectiveModels:
+    """Every fitted law, by cluster and kind, with the held-out report."""
+
+    laws: Mapping[str, Mapping[str, CollectiveLaw]]
+    """cluster name -> kind -> law."""
+    held_out: tuple[Mapping[str, Any], ...] = ()
+    skipped: Mapping[str, int] = field(default_factory=dict)
+
+    def law(self, cluster: str, kind: str) -> CollectiveLaw | None:
+        return self.laws.get(cluster, {}).get(kind)
+
+
+# --------------------------------------------------------------------------- fitting
+
+
+def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
+    """The rows a law can be fitted on (a collective, its cluster named, a positive time, a
+    consistent topology) and the count of the others by reason."""
+    import numpy as np
+
+    skipped: dict[str, int] = {}
+    coll = frame[frame["op"].isin(KINDS)] if len(frame) else frame
+    if not len(coll):
+        return coll, skipped
+    cluster = coll["cluster"] if "cluster" in coll.columns else None
+    named = cluster.notna().to_numpy() if cluster is not None else np.zeros(len(coll), dtype=bool)
+    if (~named).any():
+        skipped["collective rows without a cluster (collect comm --cluster NAME records it)"] = int((~named).sum())
+    coll = coll[named]
+    t = coll["time_s_median"].astype(float).to_numpy()
+    nb = coll["bytes"].astype(float).to_numpy()
+    world = coll["world_size"].astype(float).to_numpy()
+    nodes = coll["nodes"].astype(float).to_numpy()
+    per = coll["gpus_per_node"].astype(float).to_numpy()
+    ok = np.isfinite(t) & (t > 0) & np.isfinite(nb) & (nb > 0) & (nodes >= 1) & (per >= 1) & (nodes * per == world)
+    ok &= world >= 2
+    if (~ok).any():
+        skipped["collective rows with a non-positive time or size, or world_size != nodes x gpus_per_node"] = int(
+            (~ok).sum()
+        )
+    return coll[ok], skipped
+
+
+def _arrays(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    import numpy as np
+
+    return {
+        "kind": rows["op"].astype(str).to_numpy(),
+        "bytes": rows["bytes"].astype(float).to_numpy(),
+        "n": rows["world_size"].astype(int).to_numpy(),
+        "nodes": rows["nodes"].astype(int).to_numpy(),
+        "per": rows["gpus_per_node"].astype(int).to_numpy(),
+        "t": rows["time_s_median"].astype(float).to_numpy(),
+        "one": np.ones(len(rows)),
+    }
+
+
+def _design(kind: str, a: Mapping[str, np.ndarray], gamma: float, gs: tuple[int, ...]) -> np.ndarray:
+    """:func:`design_row` over arrays (one row per call), with one intra-node volume column per g."""
+    import numpy as np
+
+    n, nodes, per, nb = a["n"], a["nodes"], a["per"], a["bytes"]
+    single = nodes == 1
+
+    def steps(k: np.ndarray) -> np.ndarray:
+        if kind == "send_recv":
+            return np.ones(len(k))
+        return (2.0 if kind == "all_reduce" else 1.0) * (k - 1)
+
+    factor = np.array([bus_factor(kind, int(k)) for k in n]) if len(n) else np.zeros(0)
+    net_factor = (n - per) / n if kind == "all_to_all" else factor
+    x = np.zeros((len(n), 3 + len(gs) + 1))
+    x[:, 0] = 1.0
+    x[:, 1] = np.where(single, steps(n), np.maximum(0.0, steps(n) - steps(nodes)))
+    x[:, 2] = np.where(single, 0.0, steps(nodes))
+    for j, g in enumerate(gs):
+        x[:, 3 + j] = np.where(single & (per == g), factor * nb, 0.0)
+    x[:, -1] = np.where(single, 0.0, net_factor * nb / per.astype(float) ** gamma)
+    return x
+
+
+def _robust_nnls(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, float]:
+    """Non-negative coefficients minimising the Huber loss of the relative error (IRLS), and
+    that loss's median absolute relative error."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    a = x / t[:, None]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale
+    w = np.ones(len(t))
+    coef = np.zeros(x.shape[1])
+    for _ in range(IRLS_ITERATIONS):
+        # min |W^1/2 (a c - 1)| over c >= 0, reduced to its k x k Cholesky form (same minimiser)
+        aw = a * w[:, None]
+        gram = a.T @ aw + 1e-12 * np.eye(a.shape[1])
+        upper = np.linalg.cholesky(gram).T
+        rhs = np.linalg.solve(upper.T, aw.sum(axis=0))
+        sol, _ = nnls(upper, rhs, maxiter=50 * x.shape[1])
+        coef = sol / scale
+        r = x @ coef / t - 1.0
+        mad = 1.4826 * float(np.median(np.abs(r))) or 1e-12
+        w = np.minimum(1.0, HUBER_C * mad / np.maximum(np.abs(r), 1e-15))
+    r = x @ coef / t - 1.0
+    return coef, float(np.median(np.abs(r)))
+
+
+def fit_law(kind: str, rows: pd.DataFrame) -> CollectiveLaw | None:
+    """The law of one kind on one cluster's rows, or None with too few rows or sizes."""
+    import numpy as np
+
+    if len(rows) < MIN_ROWS or rows["bytes"].nunique() < 2:
+        return None
+    a = _arrays(rows)
+    single = a["nodes"] == 1
+    gs = tuple(sorted({int(g) for g in a["per"][single]}))
+    multi_per = {int(g) for g in a["per"][~single]}
+    gammas = GAMMA_GRID if len(multi_per) > 1 else (1.0,)
+    best: tuple[float, float, np.ndarray] | None = None
+    for gamma in gammas:
+        x = _design(kind, a, gamma, gs)
+        coef, loss = _robust_nnls(x, a["t"])
+        if best is None or loss < best[0] - 1e-12:
+            best = (loss, gamma, coef)
+    assert best is not None
+    _, gamma, coef = best
+    x = _design(kind, a, gamma, gs)
+    used = np.abs(x).sum(axis=0) > 0
+    intra = []
+    for j, g in enumerate(gs):
+        inv = coef[3 + j]
+        intra.append((g, 1.0 / inv if inv > 0 else math.inf))
+    # A bandwidth that fitted as infinite (its time is all latency) is capped at 1 PB/s: finite JSON.
+    intra = [(g, min(bw, 1e15)) for g, bw in intra]
+    net = None
+    if used[-1]:
+        net = min(1.0 / coef[-1], 1e15) if coef[-1] > 0 else 1e15
+    topologies = sorted({(int(nd), int(p)) for nd, p in zip(a["nodes"], a["per"])})
+    return CollectiveLaw(
+        kind=kind,
+        base_s=float(coef[0]),
+        step_intra_s=float(coef[1]) if used[1] else None,
+        step_net_s=float(coef[2]) if used[2] else None,
+        intra_bw_bytes_per_s=tuple((g, float(bw)) for g, bw in intra),
+        net_bw_bytes_per_s=None if net is None else float(net),
+        net_ranks_exponent=float(gamma),
+        rows=len(rows),
+        bytes_min=int(a["bytes"].min()),
+        bytes_max=int(a["bytes"].max()),
+        topologies=tuple(topologies),
+    )
+
+
+def fit_laws(rows: pd.DataFrame) -> dict[str, dict[str, CollectiveLaw]]:
+    """cluster -> kind -> law over already-filtered rows (:func:`collective_rows`)."""
+    out: dict[str, dict[str, CollectiveLaw]] = {}
+    for (cluster, kind), group in rows.groupby([rows["cluster"].astype(str), rows["op"].astype(str)], sort=True):
+        law = fit_law(str(kind), group)
+        if law is not None:
+            out.setdefault(str(cluster), {})[str(kind)] = law
+    return out
+
+
+def fit_collectives(frame: pd.DataFrame, *, held_out: bool = True) -> CollectiveModels | None:
+    """Every (cluster, kind) law of ``frame``'s collective rows with the held-out report; None
+    when no collective row names its cluster."""
+    rows, skipped = collective_rows(frame)
+    if not len(rows):
+        return None
+    laws = fit_laws(rows)
+    if not laws:
+        skipped[f"(cluster, kind) groups with fewer than {MIN_ROWS} rows or one message size"] = len(rows)
+        return None
+    report = tuple(held_out_report(rows)) if held_out else ()
+    return CollectiveModels(laws=laws, held_out=report, skipped=skipped)
+
+
+# --------------------------------------------------------------------------- held-out evaluation
+
+
+def predict_rows(laws: Mapping[str, Mapping[str, CollectiveLaw]], rows: pd.DataFrame) -> np.ndarray:
+    """Predicted seconds of each row (NaN where no law covers it)."""
+    import numpy as np
+
+    out = np.full(len(rows), np.nan)
+    for i, (cluster, kind, b, n, nd, p) in enumerate(
+        zip(
+            rows["cluster"].astype(str),
+            rows["op"].astype(str),
+            rows["bytes"].astype(float),
+            rows["world_size"].astype(int),
+            rows["nodes"].astype(int),
+            rows["gpus_per_node"].astype(int),
+        )
+    ):
+        law = laws.get(cluster, {}).get(kind)
+        if law is not None and law.covers(nd, p):
+            out[i] = law.time_s(b, n, nd, p)
+    return out
+
+
+def size_split(rows: pd.DataFrame) -> np.ndarray:
+    """True for the held-out rows: every third distinct message size of each (cluster, kind, topology)."""
+    import numpy as np
+
+    held = np.zeros(len(rows), dtype=bool)
+    keys = ["cluster", "op", "nodes", "gpus_per_node"]
+    pos = np.arange(len(rows))
+    for _, g in rows.assign(_pos=pos).groupby([rows[k].astype(str) for k in keys]):
+        sizes = sorted(g["bytes"].unique())
+        out = {s for i, s in enumerate(sizes) if i % 3 == 2}
+        held[g["_pos"].to_numpy()[g["bytes"].isin(out).to_numpy()]] = True
+    return held
+
+
+def _score(
+    rows: pd.DataFrame, pred: np.ndarray, split: str, left_out: str, records: list[dict[str, Any]], fitted_on: str
+) -> None:
+    import numpy as np
+
+    ok = np.isfinite(pred)
+    if not ok.any():
+        return
+    ape = np.abs(pred[ok] / rows["time_s_median"].astype(float).to_numpy()[ok] - 1.0) * 100
+    records.append(
+        {
+            "cluster": str(rows["cluster"].iloc[0]),
+            "kind": str(rows["op"].iloc[0]),
+            "split": split,
+            "held_out": left_out,
+            "fitted_on": fitted_on,
+            "rows": int(ok.sum()),
+            "not_covered": int((~ok).sum()),
+            "median_ape": round(float(np.median(ape)), 3),
+            "mean_ape": round(float(np.mean(ape)), 3),
+        }
+    )
+
+
+def _topo_label(topologies: Iterable[tuple[int, int]]) -> str:
+    return " ".join(f"{n}x{g}" for n, g in sorted(topologies)) or "-"
+
+
+def held_out_report(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Held-out absolute % errors per (cluster, kind): the size split and the topology split(s)."""
+    records: list[dict[str, Any]] = []
+    for (_cluster, kind), group in rows.groupby([rows["cluster"].astype(str), rows["op"].astype(str)], sort=True):
+        group = group.reset_index(drop=True)
+        held = size_split(group)
+        law = fit_law(str(kind), group[~held])
+        if law is not None and held.any():
+            sub = group[held]
+            _score(sub, _law_predict(law, sub), "sizes", "every 3rd size", records, "the other sizes")
+        topo = list(zip(group["nodes"].astype(int), group["gpus_per_node"].astype(int)))
+        topologies = sorted(set(topo))
+        if len(topologies) < 2:
+            continue
+        big = group["nodes"].astype(int).to_numpy() > HOLDOUT_MAX_NODES
+        if big.any() and (~big).any():
+            law = fit_law(str(kind), group[~big])
+            if law is not None:
+                sub = group[big]
+                fitted = {t for t, b in zip(topo, big) if not b}
+                left = {t for t, b in zip(topo, big) if b}
+                _score(sub, _law_predict(law, sub), "topology", _topo_label(left), records, _topo_label(fitted))
+            continue
+        for t in topologies:
+            mask = [x == t for x in topo]
+            import numpy as np
+
+            m = np.array(mask)
+            law = fit_law(str(kind), group[~m])
+            if law is not None:
+                _score(
+                    group[m],
+                    _law_predict(law, group[m]),
+                    "topology",
+                    _topo_label([t]),
+                    records,
+                    _topo_label(set(topologies) - {t}),
+                )
+    return records
+
+
+def _law_predict(law: CollectiveLaw, rows: pd.DataFrame) -> np.ndarray:
+    import numpy as np
+
+    out = np.full(len(rows), np.nan)
+    for i, (b, n, nd, p) in enumerate(
+        zip(
+            rows["bytes"].astype(float),
+            rows["world_size"].astype(int),
+            rows["nodes"].astype(int),
+            rows["gpus_per_node"].astype(int),
+        )
+    ):
+        if law.covers(nd, p):
+            out[i] = law.time_s(b, n, nd, p)
+    return out
+
+
+def summary(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per (cluster, kind, split): held-out rows and their median / mean APE pooled over the
+    split's folds (row-weighted mean; median of the fold medians)."""
+    import statistics
+
+    pooled: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        pooled.setdefault((r["cluster"], r["kind"], r["split"]), []).append(r)
+    out = []
+    for (cluster, kind, split), rs in sorted(pooled.items()):
+        n = sum(r["rows"] for r in rs)
+        out.append(
+            {
+                "cluster": cluster,
+                "kind": kind,
+                "split": split,
+                "folds": len(rs),
+                "rows": n,
+                "median_ape": round(statistics.median(r["median_ape"] for r in rs), 2),
+                "mean_ape": round(sum(r["mean_ape"] * r["rows"] for r in rs) / n, 2),
+            }
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def law_to_dict(law: CollectiveLaw) -> dict[str, Any]:
+    return {
+        "base_s": law.base_s,
+        "step_intra_s": law.step_intra_s,
+        "step_net_s": law.step_net_s,
+        "intra_bw_bytes_per_s": [[g, bw] for g, bw in law.intra_bw_bytes_per_s],
+        "net_bw_bytes_per_s": law.net_bw_bytes_per_s,
+        "net_ranks_exponent": law.net_ranks_exponent,
+        "rows": law.rows,
+        "bytes_min": law.bytes_min,
+        "bytes_max": law.bytes_max,
+        "topologies": [[n, g] for n, g in law.topologies],
+    }
+
+
+def law_from_dict(kind: str, data: Mapping[str, Any]) -> CollectiveLaw:
+    """A law from its already validated JSON object (:func:`opcast.train.artifacts.check_collectives`)."""
+    return CollectiveLaw(
+        kind=kind,
+        base_s=float(data["base_s"]),
+        step_intra_s=None if data["step_intra_s"] is None else float(data["step_intra_s"]),
+        step_net_s=None if data["step_net_s"] is None else float(data["step_net_s"]),
+        intra_bw_bytes_per_s=tuple((int(g), float(bw)) for g, bw in data["intra_bw_bytes_per_s"]),
+        net_bw_bytes_per_s=None if data["net_bw_bytes_per_s"] is None else float(data["net_bw_bytes_per_s"]),
+        net_ranks_exponent=float(data["net_ranks_exponent"]),
+        rows=int(data["rows"]),
+        bytes_min=int(data["bytes_min"]),
+        bytes_max=int(data["bytes_max"]),
+        topologies=tuple((int(n), int(g)) for n, g in data["topologies"]),
+    )
+
+
+def models_to_dict(models: CollectiveModels) -> dict[str, Any]:
+    """The ``collectives.json`` body (without the binding to its set, which the writer adds)."""
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "clusters": {
+            c: {k: law_to_dict(law) for k, law in sorted(kinds.items())} for c, kinds in sorted(models.laws.items())
+        },
+        "held_out": [dict(r) for r in models.held_out],
+        "skipped": dict(models.skipped),
+    }
+
+
+def models_from_dict(data: Mapping[str, Any]) -> CollectiveModels:
+    """Models from a validated ``collectives.json`` body."""
+    return CollectiveModels(
+        laws={c: {k: law_from_dict(k, law) for k, law in kinds.items()} for c, kinds in data["clusters"].items()},
+        held_out=tuple(data.get("held_out", ())),
+        skipped=dict(data.get("skipped", {})),
+    )
+
+
+# --------------------------------------------------------------------------- train fit
+
+
+def fit_datasets(datasets: Iterable[str | Any]) -> tuple[CollectiveModels | None, bool]:
+    """The laws of every cluster-tagged collective row in ``datasets`` (None: there are none),
+    and whether the datasets hold any other (kernel) row."""
+    from opcast.schema import read_dataset
+
+    frame = read_dataset(list(datasets))
+    return fit_collectives(frame), bool((~frame["op"].isin(KINDS)).any())
+
+
+def write_collectives_only_set(out: Any, name: str, datasets: Iterable[Any], command: str) -> Any:
+    """A model set with no kernel predictors (the data held only collectives): meta.json for
+    the collective laws to bind to. Returns its folder."""
+    import time
+    from pathlib import Path
+
+    from opcast.train.artifacts import write_model_set
+    from opcast.train.fit import dataset_records, portable_command
+
+    meta = {
+        "command": portable_command(command),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "datasets": dataset_records(list(datasets)),
+        "rows": 0,
+        "skipped": {"kernels": "the datasets hold only collectives: this set prices collectives only"},
+    }
+    return write_model_set(Path(out), name, {}, meta)
