@@ -30,6 +30,9 @@ from opcast.predict.options import (
     NODES,
     OP,
     PARAM,
+    SERVE,
+    SERVE_PARALLEL,
+    SERVE_TRACE,
     SET,
     TENSOR_CORES,
     TRACE,
@@ -42,6 +45,8 @@ from opcast.predict.options import (
     infer_config,
     kernel_cost,
     placement,
+    serve_engine,
+    serve_stream,
     train_config,
 )
 
@@ -238,3 +243,40 @@ def infer_cmd(o: Args) -> None:
         print_infer(result, console, kernels)
     if not result.feasible:
         raise _infeasible(result.reasons)
+
+
+@app.command("serve")
+@command(ARCH, GPU, GPUS_PER_NODE, *SERVE_PARALLEL, *SERVE, *KERNEL_SOURCE, SET, JSON, SERVE_TRACE)
+def serve_cmd(o: Args) -> None:
+    """Simulate serving a request stream with continuous batching: TTFT, TPOT and end-to-end latency
+    percentiles, throughput and goodput of replicas of one model under vLLM, SGLang or TensorRT-LLM."""
+    from opcast.archs import load_arch
+    from opcast.predict.parallel import InferConfig
+    from opcast.predict.serve.deployment import predict_serve
+    from opcast.predict.serve.metrics import write_trace
+    from opcast.predict.serve.report import print_serve, serve_to_dict
+
+    spec = load_arch(o.arch)
+    dev = device(o.gpu, o.set_)
+    cfg = InferConfig(**{s.name: getattr(o, s.name) for s in SERVE_PARALLEL})
+    engine = serve_engine(o, dev)
+    stream = serve_stream(o)
+    result = predict_serve(
+        spec,
+        dev,
+        cfg,
+        engine,
+        stream,
+        replicas=o.replicas,
+        router=o.router,
+        kernels=kernel_cost(o),
+        gpus_per_node=o.gpus_per_node,
+        slo_ttft_s=o.slo_ttft_s,
+        slo_tpot_s=o.slo_tpot_s,
+    )
+    if o.trace is not None:
+        write_trace(result.sim, o.trace, other={"arch": spec.name, "gpu": dev.name, "engine": engine.engine})
+    if o.as_json:
+        print_json(serve_to_dict(result))
+    else:
+        print_serve(result, console)

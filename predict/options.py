@@ -40,6 +40,7 @@ from rich.markup import escape
 
 from opcast.errors import OpcastError
 from opcast.predict.parallel import InferConfig, TrainConfig
+from opcast.predict.serve.engine import ENGINES
 
 REQUIRED: Any = inspect.Parameter.empty
 """The default of an option that must be given."""
@@ -427,6 +428,204 @@ TABLE_CSV = Opt("csv", "--csv", Optional[Path], "Also write the table to this .c
 CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplotlib).", None)
 
 
+# predict serve
+def _length_problem(flag: str) -> Callable[[str], str | None]:
+    def check(text: str) -> str | None:
+        from opcast.predict.serve.requests import parse_lengths
+
+        try:
+            parse_lengths(text, flag)
+        except OpcastError as err:
+            return str(err)
+        return None
+
+    return check
+
+
+def _one_of(flag: str, choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    return lambda v: None if v in choices else f"{flag} {v!r} is not one of {', '.join(choices)}"
+
+
+def _router(v: str) -> str | None:
+    from opcast.predict.serve.simulate import ROUTERS
+
+    return _one_of("--router", ROUTERS)(v)
+
+
+def _positive(flag: str) -> Callable[[float], str | None]:
+    return lambda v: None if math.isfinite(v) and v > 0 else f"{flag} {v} must be a finite number > 0"
+
+
+def _fraction(v: float) -> str | None:
+    return None if 0 < v <= 1 else f"--gpu-memory-utilization {v} must lie in (0, 1], e.g. 0.9"
+
+
+def _serve_stream_rule(o: Args) -> str | None:
+    given = [
+        f
+        for f, v in (
+            ("--rate", o.rate),
+            ("--lengths", o.lengths),
+            ("--input-len", o.input_len),
+            ("--output-len", o.output_len),
+        )
+        if v is not None
+    ]
+    if o.trace_file is not None:
+        return f"give either --trace-file or {', '.join(given)}, not both" if given else None
+    if o.rate is None:
+        return "--rate (requests/s) is required, or give --trace-file with the arrivals"
+    if o.lengths is not None and (o.input_len is not None or o.output_len is not None):
+        return "give either --lengths sharegpt or --input-len/--output-len, not both"
+    return None
+
+
+RULES += (Rule(("trace_file", "rate", "lengths", "input_len", "output_len"), _serve_stream_rule),)
+
+_ENGINE_DEFAULT = "the --engine's default (vLLM: by GPU memory, as vLLM's EngineArgs)"
+SERVE_PARALLEL = tuple(_option(INFER, n) for n in ("tp", "pp", "precision", "attention", "tensor_cores"))
+"""A replica's layout and numerics: the options of ``predict infer`` that apply to serving."""
+SERVE = (
+    Opt(
+        "replicas",
+        "--replicas",
+        int,
+        "Data-parallel replicas, each tp x pp GPUs.",
+        1,
+        check=lambda v: None if v >= 1 else f"--replicas {v} must be >= 1",
+    ),
+    Opt(
+        "router",
+        "--router",
+        str,
+        "How arrivals go to replicas: round_robin or least_loaded (fewest in flight).",
+        "round_robin",
+        check=_router,
+    ),
+    Opt(
+        "engine",
+        "--engine",
+        str,
+        "Serving engine whose defaults and per-step overhead to follow: vllm, sglang or trtllm.",
+        "vllm",
+        check=_one_of("--engine", ENGINES),
+    ),
+    Opt(
+        "rate",
+        "--rate",
+        Optional[float],
+        "Poisson arrival rate, requests/s.",
+        None,
+        "required without --trace-file",
+        check=_positive("--rate"),
+    ),
+    Opt(
+        "num_requests",
+        "--num-requests",
+        int,
+        "Requests to simulate (with --rate).",
+        1000,
+        check=lambda v: None if v >= 1 else f"--num-requests {v} must be >= 1",
+    ),
+    Opt(
+        "input_len",
+        "--input-len",
+        Optional[str],
+        "Prompt tokens: N, or LO:HI for uniform integers.",
+        None,
+        "512",
+        check=_length_problem("--input-len"),
+    ),
+    Opt(
+        "output_len",
+        "--output-len",
+        Optional[str],
+        "Output tokens: N, or LO:HI for uniform integers.",
+        None,
+        "128",
+        check=_length_problem("--output-len"),
+    ),
+    Opt(
+        "lengths",
+        "--lengths",
+        Optional[str],
+        "sharegpt: lognormal prompt and output lengths with ShareGPT's means (vLLM paper, Fig. 11).",
+        None,
+        check=_one_of("--lengths", ("sharegpt",)),
+    ),
+    Opt(
+        "trace_file",
+        "--trace-file",
+        Optional[Path],
+        "Requests from a CSV or JSONL file of arrival_s, input_tokens, output_tokens (instead of --rate).",
+        None,
+    ),
+    Opt("seed", "--seed", int, "Seed of the arrivals and lengths.", 0),
+    Opt(
+        "slo_ttft_s",
+        "--slo-ttft-s",
+        Optional[float],
+        "SLO on time to first token, seconds (goodput).",
+        None,
+        check=_positive("--slo-ttft-s"),
+    ),
+    Opt(
+        "slo_tpot_s",
+        "--slo-tpot-s",
+        Optional[float],
+        "SLO on time per output token, seconds (goodput).",
+        None,
+        check=_positive("--slo-tpot-s"),
+    ),
+    Opt(
+        "max_num_seqs",
+        "--max-num-seqs",
+        Optional[int],
+        "Most sequences in one step.",
+        None,
+        _ENGINE_DEFAULT,
+        check=lambda v: None if v >= 1 else f"--max-num-seqs {v} must be >= 1",
+    ),
+    Opt(
+        "max_num_batched_tokens",
+        "--max-num-batched-tokens",
+        Optional[int],
+        "Most tokens in one step.",
+        None,
+        _ENGINE_DEFAULT,
+        check=lambda v: None if v >= 1 else f"--max-num-batched-tokens {v} must be >= 1",
+    ),
+    Opt(
+        "chunked_prefill",
+        "--chunked-prefill/--no-chunked-prefill",
+        Optional[bool],
+        "Split prompts over steps.",
+        None,
+        _ENGINE_DEFAULT,
+    ),
+    Opt(
+        "block_size",
+        "--block-size",
+        Optional[int],
+        "Tokens per KV-cache block.",
+        None,
+        _ENGINE_DEFAULT,
+        check=lambda v: None if v >= 1 else f"--block-size {v} must be >= 1",
+    ),
+    Opt(
+        "gpu_memory_utilization",
+        "--gpu-memory-utilization",
+        Optional[float],
+        "Fraction of GPU memory the engine uses.",
+        None,
+        _ENGINE_DEFAULT,
+        check=_fraction,
+    ),
+)
+"""``opcast predict serve``: the deployment, the engine's limits, the request stream and the SLOs."""
+SERVE_TRACE = TRACE.but(help="Write a Chrome/Perfetto trace of every step of every replica.")
+
+
 # --------------------------------------------------------------------------- options -> library objects
 
 
@@ -438,22 +637,49 @@ def train_config(o: Args) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def placement(o: Args) -> tuple[str | None, int | None, int | None]:
-    """(GPU name, nodes, GPUs per node) of ``--gpu``, ``--nodes``, ``--gpus-per-node`` and ``--cluster``.
-    A catalog cluster sets the GPU with its links and NVLink domain, so ``--gpu`` beside it is refused
-    rather than silently dropping the cluster's network."""
-    from opcast.errors import OpcastError
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a command's job runs: ``--gpu``, ``--nodes``, ``--gpus-per-node`` and ``--cluster`` resolved."""
+
+    gpu: str | None
+    """The GPU to price on (a catalog cluster's: the GPU with the cluster's links and NVLink domain), or None."""
+    nodes: int | None
+    gpus_per_node: int | None
+    cluster: str | None = None
+    """The catalog cluster's name (``--cluster NAME`` or a catalog-style file), whose learned collectives
+    a model set may hold (:func:`opcast.predict.comm_learned.collective_cost_for`); None for the other forms."""
+
+    def comms(self, kernels):
+        """The collective cost model of this placement with ``kernels``' model set."""
+        from opcast.predict.comm_learned import collective_cost_for
+
+        return collective_cost_for(kernels, cluster=self.cluster)
+
+
+def placement(o: Args, *, gpu_given: bool = True) -> Placement:
+    """The :class:`Placement` of ``--gpu``, ``--nodes``, ``--gpus-per-node`` and ``--cluster`` (options a
+    command lacks count as not given). A catalog cluster sets the GPU with its links and NVLink domain, so
+    ``--gpu`` beside it is refused rather than silently dropping the cluster's network; ``gpu_given=False``
+    (``opcast compare``, whose GPUs come from ``--gpus``) keeps only the cluster's network, nodes and name."""
     from opcast.predict.parallel import ClusterChoice, parse_cluster
 
+    gpu, nodes, per_node = getattr(o, "gpu", None), getattr(o, "nodes", None), getattr(o, "gpus_per_node", None)
     if o.cluster is None:
-        return o.gpu, o.nodes, o.gpus_per_node
+        return Placement(gpu, nodes, per_node)
     cluster, cluster_gpu = parse_cluster(o.cluster)
-    if isinstance(cluster, ClusterChoice) and o.gpu is not None:
+    if not isinstance(cluster, ClusterChoice):
+        if not gpu_given and cluster_gpu is not None:
+            raise OpcastError(
+                f"--cluster {o.cluster} names a gpu ({cluster_gpu}); compare takes its GPUs from --gpus, "
+                "so leave gpu out of the file"
+            )
+        return Placement(gpu or cluster_gpu, cluster.nodes, cluster.gpus_per_node)
+    if gpu_given and gpu is not None:
         raise OpcastError(
             f"--cluster {o.cluster} sets the GPU and its links ({cluster_gpu}); leave --gpu out, "
             "or give --cluster NODESxGPUS with --gpu"
         )
-    return o.gpu or cluster_gpu, cluster.nodes, cluster.gpus_per_node
+    return Placement(cluster_gpu, cluster.nodes, cluster.gpus_per_node, cluster.name)
 
 
 def infer_config(o: Args) -> InferConfig:
@@ -472,3 +698,27 @@ def kernel_cost(o: Args):
     from opcast.predict.cost import load_kernel_cost
 
     return load_kernel_cost(o.models, use_learned=not o.roofline, in_range_only=o.analytic)
+
+
+def serve_engine(o: Args, dev):
+    """The :class:`~opcast.predict.serve.engine.EngineConfig` of ``--engine`` on ``dev`` with the limits given."""
+    from opcast.predict.serve.engine import engine_config
+
+    names = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "block_size", "gpu_memory_utilization")
+    return engine_config(o.engine, dev, **{n: getattr(o, n) for n in names})
+
+
+def serve_stream(o: Args):
+    """The requests of ``--trace-file``, or of ``--rate`` with ``--lengths`` or ``--input-len`` / ``--output-len``."""
+    from opcast.predict.serve.requests import SHAREGPT, parse_lengths, poisson_stream, read_trace
+
+    if o.trace_file is not None:
+        return read_trace(o.trace_file)
+    if o.lengths == "sharegpt":
+        input_len, output_len = SHAREGPT
+    else:
+        input_len = parse_lengths(o.input_len or "512", "--input-len")
+        output_len = parse_lengths(o.output_len or "128", "--output-len")
+    return poisson_stream(
+        rate_per_s=o.rate, num_requests=o.num_requests, input_len=input_len, output_len=output_len, seed=o.seed
+    )

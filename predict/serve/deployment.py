@@ -1,0 +1,87 @@
+"""One serving deployment end to end: replicas of ``arch`` at tp x pp on ``device`` under an engine,
+fed a request stream: KV capacity, step prices, the simulation and its metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from opcast.archs import ArchSpec
+from opcast.errors import OpcastError
+from opcast.hardware import DeviceSpec
+from opcast.predict.comm import CollectiveCostModel
+from opcast.predict.parallel import InferConfig, device_reasons, validate_infer
+from opcast.predict.serve.engine import EngineConfig
+from opcast.predict.serve.kv_cache import KvCapacity, kv_capacity
+from opcast.predict.serve.metrics import ServeMetrics, serve_metrics
+from opcast.predict.serve.requests import RequestStream
+from opcast.predict.serve.simulate import SimResult, simulate
+from opcast.predict.serve.step_cost import PricedStepCost
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServeResult:
+    arch: ArchSpec
+    device: DeviceSpec
+    config: InferConfig
+    """tp, pp, precision and attention of each replica (its batch fields unused)."""
+    engine: EngineConfig
+    replicas: int
+    router: str
+    capacity: KvCapacity
+    metrics: ServeMetrics
+    sim: SimResult
+    cost_sources: tuple[str, ...]
+    """Where kernel times came from (learned, roofline)."""
+
+
+def replica_reasons(arch: ArchSpec, device, cfg: InferConfig, stream: RequestStream, gpus_per_node: int | None):
+    """(cluster of one replica, every reason it cannot run the stream's longest request)."""
+    probe = replace(cfg, batch=1, prompt_len=1, gen_len=max(1, stream.max_tokens - 1))
+    cluster, reasons = validate_infer(arch, device, probe, gpus_per_node=gpus_per_node, check_device=False)
+    return cluster, [*device_reasons(device, cfg.precision), *reasons]
+
+
+def predict_serve(
+    arch: ArchSpec,
+    device,
+    cfg: InferConfig,
+    engine: EngineConfig,
+    stream: RequestStream,
+    *,
+    replicas: int = 1,
+    router: str = "round_robin",
+    kernels,
+    comms: CollectiveCostModel | None = None,
+    gpus_per_node: int | None = None,
+    slo_ttft_s: float | None = None,
+    slo_tpot_s: float | None = None,
+) -> ServeResult:
+    """Simulate ``stream`` on the deployment; an infeasible one raises :class:`OpcastError` with every reason."""
+    cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
+    if cluster is None or reasons:
+        raise OpcastError(f"infeasible configuration: {'; '.join(reasons)}")
+    capacity = kv_capacity(arch, device, cfg, engine, longest_tokens=stream.max_tokens)
+    step_s = PricedStepCost(
+        arch,
+        device,
+        cfg,
+        gpus_per_node=cluster.gpus_per_node,
+        kernels=kernels,
+        comms=comms,
+        max_tokens=engine.max_num_batched_tokens,
+        max_seqs=min(engine.max_num_seqs, engine.max_num_batched_tokens),
+        max_len=stream.max_tokens,
+    )
+    sim = simulate(stream, engine, step_s, kv_blocks=capacity.blocks, replicas=replicas, router=router)
+    return ServeResult(
+        arch=arch,
+        device=device,
+        config=cfg,
+        engine=engine,
+        replicas=replicas,
+        router=router,
+        capacity=capacity,
+        metrics=serve_metrics(sim, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s),
+        sim=sim,
+        cost_sources=tuple(step_s.sources),
+    )

@@ -1,0 +1,143 @@
+"""A serving engine's scheduling limits and per-step CPU overhead, with each engine's defaults.
+
+**vLLM** (V1 engine, ``vllm/engine/arg_utils.py`` ``EngineArgs.get_batch_defaults`` and
+``vllm/config/{scheduler,cache}.py``): chunked prefill always on; for the OpenAI server
+``max_num_batched_tokens`` 8192 and ``max_num_seqs`` 1024 on GPUs of >= 70 GiB other than A100,
+otherwise 2048 and 256; KV blocks of 16 tokens; ``gpu_memory_utilization`` 0.9 of the GPU's
+memory for weights, activations and the KV cache; a request that finds no free block preempts
+the most recently admitted running one, whose KV is dropped and recomputed later
+(``PreemptionMode.RECOMPUTE``, the only mode of V1).
+
+**SGLang** (``python/sglang/srt/server_args.py``): chunked prefill of 8192 tokens on GPUs of
+>= 60 GiB (4096 below, 2048 under 35 GiB), pages of 1 token; ``mem_fraction_static`` 0.88 and a
+running-request cap of 1024 are our estimates of what its memory-derived defaults give on a
+large GPU. Retraction under KV pressure is modelled as vLLM's recompute.
+
+**TensorRT-LLM** (``tensorrt_llm.llmapi``: ``KvCacheConfig`` ``tokens_per_block`` 32 and
+``free_gpu_memory_fraction`` 0.9 of the memory *left after the weights*; ``max_batch_size``
+2048, ``max_num_tokens`` 8192; chunked context off; the capacity scheduler's default
+``GUARANTEED_NO_EVICT`` admits a request only when blocks for its whole prompt and output can be
+reserved, so it never preempts).
+
+**Per-step overhead** (:class:`StepOverhead`): the CPU time of one scheduler iteration that the
+GPU does not hide (scheduling, input preparation, sampling, detokenisation hand-off), as
+``fixed_s + per_seq_s x sequences``. These are estimates, not measurements: vLLM V1 runs
+scheduling beside the model on a separate process but still spends a few hundred microseconds a
+step; SGLang overlaps its scheduler with the GPU ("zero-overhead" scheduler); TensorRT-LLM's C++
+executor is the leanest. Calibrate them against a measured run before trusting small-batch TPOT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from opcast.errors import OpcastError
+
+EngineName = Literal["vllm", "sglang", "trtllm"]
+ENGINES: tuple[str, ...] = get_args(EngineName)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepOverhead:
+    """CPU time per scheduler step not hidden behind the GPU (estimates; see the module docstring)."""
+
+    fixed_s: float
+    """Seconds every step costs on top of the model's forward."""
+    per_seq_s: float
+    """Seconds per scheduled sequence (input preparation, sampling, output processing)."""
+    source: str
+
+    def time_s(self, seqs: int) -> float:
+        return self.fixed_s + self.per_seq_s * seqs
+
+
+OVERHEADS: dict[str, StepOverhead] = {
+    "vllm": StepOverhead(fixed_s=400e-6, per_seq_s=2e-6, source="estimate (vLLM V1, CUDA graphs)"),
+    "sglang": StepOverhead(fixed_s=150e-6, per_seq_s=1e-6, source="estimate (SGLang overlap scheduler)"),
+    "trtllm": StepOverhead(fixed_s=100e-6, per_seq_s=0.5e-6, source="estimate (TensorRT-LLM C++ executor)"),
+}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EngineConfig:
+    """What one replica's scheduler may put in a step, and how much memory its KV cache gets."""
+
+    engine: EngineName = "vllm"
+    """Serving framework whose behaviour and per-step overhead to follow."""
+    max_num_seqs: int = 256
+    """Most sequences in one step (running requests)."""
+    max_num_batched_tokens: int = 2048
+    """Most tokens (prefill chunks plus one per decoding sequence) in one step."""
+    chunked_prefill: bool = True
+    """Split prompts over steps to fill the token budget beside the decodes; off: a prompt runs
+    whole in one step, when it fits the budget left beside the decodes (in-flight batching)."""
+    block_size: int = 16
+    """Tokens per KV-cache block (page)."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of the GPU's memory the engine may use (weights, activations, KV cache)."""
+    memory_fraction_of_free: bool = False
+    """TensorRT-LLM: the fraction applies to the memory left after weights and activations."""
+    reserve_full_output: bool = False
+    """Admit a request only when blocks for its prompt and whole output are free (no preemption)."""
+    overhead: StepOverhead = OVERHEADS["vllm"]
+
+    def __post_init__(self) -> None:
+        problems = [
+            f"{name} {getattr(self, name)} must be >= 1"
+            for name in ("max_num_seqs", "max_num_batched_tokens", "block_size")
+            if getattr(self, name) < 1
+        ]
+        if not 0 < self.gpu_memory_utilization <= 1:
+            problems.append(f"gpu_memory_utilization {self.gpu_memory_utilization} must lie in (0, 1], e.g. 0.9")
+        if self.engine not in ENGINES:
+            problems.append(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if problems:
+            raise OpcastError("; ".join(problems))
+
+
+def engine_defaults(engine: str, device) -> EngineConfig:
+    """``engine``'s defaults on ``device`` (see the module docstring for their sources)."""
+    mem_gib = device.mem_bytes / 2**30
+    if engine == "vllm":
+        big = mem_gib >= 70 and "a100" not in device.name.lower()
+        return EngineConfig(
+            engine="vllm",
+            max_num_seqs=1024 if big else 256,
+            max_num_batched_tokens=8192 if big else 2048,
+            chunked_prefill=True,
+            block_size=16,
+            gpu_memory_utilization=0.9,
+            overhead=OVERHEADS["vllm"],
+        )
+    if engine == "sglang":
+        chunk = 8192 if mem_gib >= 60 else 4096 if mem_gib >= 35 else 2048
+        return EngineConfig(
+            engine="sglang",
+            max_num_seqs=1024,
+            max_num_batched_tokens=chunk,
+            chunked_prefill=True,
+            block_size=1,
+            gpu_memory_utilization=0.88,
+            overhead=OVERHEADS["sglang"],
+        )
+    if engine == "trtllm":
+        return EngineConfig(
+            engine="trtllm",
+            max_num_seqs=2048,
+            max_num_batched_tokens=8192,
+            chunked_prefill=False,
+            block_size=32,
+            gpu_memory_utilization=0.9,
+            memory_fraction_of_free=True,
+            reserve_full_output=True,
+            overhead=OVERHEADS["trtllm"],
+        )
+    raise OpcastError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+
+
+def engine_config(engine: str, device, **overrides) -> EngineConfig:
+    """``engine``'s defaults on ``device`` with every override that is not None."""
+    base = engine_defaults(engine, device)
+    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,125 @@
+"""The KV cache of one replica: how many blocks fit beside the weights, and who holds them.
+
+Capacity, per GPU of the fullest pipeline stage (:func:`kv_capacity`): the engine may use
+``gpu_memory_utilization`` of the GPU's memory (TensorRT-LLM: of what is left after the weights);
+from it go the weights and the prefill working set of a full token budget, both from opcast's
+inference memory model (:func:`opcast.predict.inference.infer_memory`); the rest holds
+``floor(rest / (block_size x KV bytes per token))`` blocks, the KV bytes per token being that
+model's ``2 k d B L / pp`` (:func:`opcast.predict.memory.kv_cache_bytes`). Not counted, as there:
+the CUDA context, CUDA graphs, NCCL and allocator slack.
+
+Blocks (:class:`BlockPool`): a sequence holding ``t`` tokens of KV holds ``ceil(t / block_size)``
+blocks; growing takes new blocks from the free pool, finishing or preemption returns them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from opcast.archs import ArchSpec
+from opcast.errors import OpcastError
+from opcast.predict.inference import infer_memory
+from opcast.predict.parallel import InferConfig
+from opcast.predict.serve.engine import EngineConfig
+
+GIB = 2**30
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold ``tokens`` tokens of KV: ``ceil(tokens / block_size)``."""
+    return -(-tokens // block_size)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KvCapacity:
+    """The KV cache one replica gets (per GPU of its fullest stage)."""
+
+    blocks: int
+    block_size: int
+    kv_bytes_per_token: float
+    """KV bytes of one token on one GPU (all its layers)."""
+    weights_bytes: float
+    activations_bytes: float
+    """Prefill working set of one full token budget."""
+    usable_bytes: float
+    """The engine's share of the GPU's memory."""
+
+    @property
+    def tokens(self) -> int:
+        return self.blocks * self.block_size
+
+    @property
+    def kv_bytes(self) -> float:
+        return self.tokens * self.kv_bytes_per_token
+
+
+def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, *, longest_tokens: int) -> KvCapacity:
+    """The KV blocks of one replica of ``arch`` at ``cfg``'s tp/pp/precision on ``device``, or an
+    :class:`OpcastError` saying by how much it falls short of the weights, the working set and
+    the longest request (``longest_tokens`` = its prompt plus output)."""
+    budget = engine.max_num_batched_tokens
+    mem = infer_memory(arch, InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1}))
+    per_token = mem.kv_cache_bytes / (budget + 1)
+    fixed = mem.weights_bytes + mem.activations_bytes
+    if engine.memory_fraction_of_free:
+        usable = engine.gpu_memory_utilization * max(0.0, device.mem_bytes - fixed) + fixed
+    else:
+        usable = engine.gpu_memory_utilization * device.mem_bytes
+    blocks = int(max(0.0, usable - fixed) // (engine.block_size * per_token))
+    cap = KvCapacity(
+        blocks=blocks,
+        block_size=engine.block_size,
+        kv_bytes_per_token=per_token,
+        weights_bytes=mem.weights_bytes,
+        activations_bytes=mem.activations_bytes,
+        usable_bytes=usable,
+    )
+    where = f"tp={cfg.tp} pp={cfg.pp} on {device.name} ({device.mem_bytes / GIB:.0f} GiB)"
+    fix = "use more --tp/--pp, a GPU with more memory, a lower --precision or a smaller --max-num-batched-tokens"
+    if usable <= fixed:
+        raise OpcastError(
+            f"{arch.name} does not fit in memory at {where}: weights {mem.weights_bytes / GIB:.1f} GiB + prefill "
+            f"working set {mem.activations_bytes / GIB:.1f} GiB exceed {engine.gpu_memory_utilization:g} of the GPU "
+            f"({usable / GIB:.1f} GiB) by {(fixed - usable) / GIB:.1f} GiB, leaving nothing for the KV cache; {fix}"
+        )
+    need = blocks_for(longest_tokens, engine.block_size)
+    if blocks < need:
+        short = (need - blocks) * engine.block_size * per_token
+        raise OpcastError(
+            f"the KV cache of {arch.name} at {where} holds {cap.tokens} tokens, but the longest request needs "
+            f"{longest_tokens} ({short / GIB:.2f} GiB more); {fix}, or shorter requests"
+        )
+    return cap
+
+
+def _fields(cfg: InferConfig) -> dict:
+    return {k: getattr(cfg, k) for k in ("tp", "pp", "precision", "attention", "tensor_cores")}
+
+
+class BlockPool:
+    """Free and held KV blocks of one replica (counts only; which physical block is irrelevant to time)."""
+
+    __slots__ = ("block_size", "free", "total")
+
+    def __init__(self, total: int, block_size: int) -> None:
+        self.total = total
+        self.block_size = block_size
+        self.free = total
+
+    def extra_for(self, held: int, tokens: int) -> int:
+        """New blocks a sequence holding ``held`` blocks needs to hold ``tokens`` tokens."""
+        return max(0, -(-tokens // self.block_size) - held)
+
+    def take(self, n: int) -> None:
+        if n > self.free:
+            raise RuntimeError(f"took {n} KV blocks with {self.free} free")  # the scheduler checks first
+        self.free -= n
+
+    def give(self, n: int) -> None:
+        if self.free + n > self.total:
+            raise RuntimeError(f"{self.free + n} free KV blocks of {self.total}: a block returned twice")
+        self.free += n
+
+    @property
+    def used(self) -> int:
+        return self.total - self.free

@@ -1,0 +1,187 @@
+"""The request stream of a serving simulation: when each request arrives and how many tokens it
+brings and asks for.
+
+- **Arrivals**: a Poisson process at ``rate`` requests/s (exponential gaps from a seeded numpy
+  ``Generator``), the first request at the first gap; or the times of a trace file.
+- **Lengths**: fixed, uniform integers in ``[lo, hi]``, or :data:`SHAREGPT`, a lognormal fit
+  of the ShareGPT conversations that vLLM's serving benchmark replays.
+- **Trace file**: CSV (a header row) or JSONL (one object per line) with ``arrival_s``,
+  ``input_tokens`` and ``output_tokens``; every row is checked and a bad one is refused in one
+  line that names it. Rows are sorted by arrival; nothing in the file is executed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from opcast.errors import OpcastError
+
+TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
+"""The columns (CSV) or keys (JSONL) of a trace file."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStream:
+    """Requests in arrival order (numpy arrays of one length)."""
+
+    arrival_s: np.ndarray
+    """Arrival time of each request, seconds from the start, non-decreasing."""
+    input_tokens: np.ndarray
+    """Prompt tokens of each request (>= 1)."""
+    output_tokens: np.ndarray
+    """Tokens each request generates (>= 1; the first comes out of its prefill)."""
+    source: str
+    """Where the stream comes from, in words (for the report)."""
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest request, prompt plus output: the largest KV footprint of one sequence."""
+        return int((self.input_tokens + self.output_tokens).max())
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """A length distribution: ``fixed`` (``lo``), ``uniform`` integers in ``[lo, hi]``, or
+    ``lognormal`` (``mu``, ``sigma`` of log tokens, rounded and clipped to ``[lo, hi]``)."""
+
+    kind: str
+    lo: int
+    hi: int
+    mu: float = 0.0
+    sigma: float = 0.0
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, self.lo, dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.lo, self.hi + 1, size=n, dtype=np.int64)
+        if self.kind == "lognormal":
+            x = np.rint(rng.lognormal(self.mu, self.sigma, size=n))
+            return np.clip(x, self.lo, self.hi).astype(np.int64)
+        raise AssertionError(f"unknown length kind {self.kind}")
+
+
+def _lognormal_with_mean(mean: float, sigma: float, hi: int) -> Lengths:
+    """The lognormal of log-spread ``sigma`` whose (unclipped) mean is ``mean``: mu = ln(mean) - sigma^2/2."""
+    return Lengths("lognormal", 1, hi, mu=math.log(mean) - sigma**2 / 2, sigma=sigma)
+
+
+SHAREGPT_MEAN_INPUT_TOKENS = 161.31
+SHAREGPT_MEAN_OUTPUT_TOKENS = 337.99
+"""Mean prompt and output lengths of the ShareGPT conversations (Kwon et al. 2023, "Efficient Memory
+Management for Large Language Model Serving with PagedAttention", SOSP, arXiv 2309.06180, Sec. 6.1
+and Fig. 11a)."""
+SHAREGPT_SIGMA = (1.0, 0.9)
+"""Log-spread of input and output lengths: our estimate (the paper shows the histograms, not a fit)
+of their long right tails; the means above are the paper's."""
+SHAREGPT_MAX_TOKENS = 2048
+"""Clip: vLLM's benchmark drops ShareGPT pairs beyond 1,024 prompt / 2,048 total tokens."""
+
+SHAREGPT = (
+    _lognormal_with_mean(SHAREGPT_MEAN_INPUT_TOKENS, SHAREGPT_SIGMA[0], 1024),
+    _lognormal_with_mean(SHAREGPT_MEAN_OUTPUT_TOKENS, SHAREGPT_SIGMA[1], SHAREGPT_MAX_TOKENS - 1024),
+)
+"""(input, output) length distributions like ShareGPT's (see the constants above)."""
+
+
+def parse_lengths(text: str, flag: str) -> Lengths:
+    """``N`` (fixed) or ``LO:HI`` (uniform integers in [LO, HI]), each >= 1."""
+    parts = text.split(":")
+    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+        lo, hi = int(parts[0]), int(parts[-1])
+        if lo >= 1 and hi >= lo:
+            return Lengths("fixed" if len(parts) == 1 else "uniform", lo, hi)
+    raise OpcastError(f"{flag} {text!r}: give tokens N or a uniform range LO:HI, 1 <= LO <= HI, e.g. 512 or 128:1024")
+
+
+def poisson_stream(
+    *, rate_per_s: float, num_requests: int, input_len: Lengths, output_len: Lengths, seed: int
+) -> RequestStream:
+    """``num_requests`` Poisson arrivals at ``rate_per_s`` with lengths drawn from the two
+    distributions, all from one ``numpy.random.default_rng(seed)`` (the same seed, the same stream)."""
+    if not (math.isfinite(rate_per_s) and rate_per_s > 0):
+        raise OpcastError(f"--rate {rate_per_s} must be a finite number of requests/s > 0, e.g. 4")
+    if num_requests < 1:
+        raise OpcastError(f"--num-requests {num_requests} must be >= 1")
+    rng = np.random.default_rng(seed)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, size=num_requests))
+    return RequestStream(
+        arrival_s=arrivals,
+        input_tokens=input_len.draw(rng, num_requests),
+        output_tokens=output_len.draw(rng, num_requests),
+        source=f"Poisson {rate_per_s:g} req/s, seed {seed}",
+    )
+
+
+def read_trace(path: Path) -> RequestStream:
+    """A trace file (see the module docstring), sorted by arrival."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise OpcastError(f"cannot read the trace file {path}: {err}; give a readable CSV or JSONL file") from None
+    rows = _jsonl_rows(text, path) if Path(path).suffix.lower() in (".jsonl", ".json") else _csv_rows(text, path)
+    if not rows:
+        raise OpcastError(f"trace file {path} has no requests; give rows of {', '.join(TRACE_COLUMNS)}")
+    arr = np.array(rows, dtype=np.float64)
+    order = np.argsort(arr[:, 0], kind="stable")
+    arr = arr[order]
+    return RequestStream(
+        arrival_s=arr[:, 0],
+        input_tokens=arr[:, 1].astype(np.int64),
+        output_tokens=arr[:, 2].astype(np.int64),
+        source=f"trace {Path(path).name} ({len(arr)} requests)",
+    )
+
+
+def _row(values: dict, where: str, path: Path) -> tuple[float, int, int]:
+    missing = [c for c in TRACE_COLUMNS if c not in values or values[c] in (None, "")]
+    if missing:
+        need = ", ".join(TRACE_COLUMNS)
+        raise OpcastError(f"trace file {path}, {where}: missing {', '.join(missing)}; every row needs {need}")
+    try:
+        arrival = float(values["arrival_s"])
+        tokens = [float(values[c]) for c in TRACE_COLUMNS[1:]]
+    except (TypeError, ValueError):
+        shown = ", ".join(f"{c}={values[c]!r}" for c in TRACE_COLUMNS)
+        raise OpcastError(f"trace file {path}, {where}: {shown}: give numbers") from None
+    if not (math.isfinite(arrival) and arrival >= 0):
+        raise OpcastError(f"trace file {path}, {where}: arrival_s {values['arrival_s']!r} must be a finite time >= 0 s")
+    for c, v in zip(TRACE_COLUMNS[1:], tokens):
+        if not (math.isfinite(v) and v >= 1 and v == int(v)):
+            raise OpcastError(f"trace file {path}, {where}: {c} {values[c]!r} must be a whole number of tokens >= 1")
+    return arrival, int(tokens[0]), int(tokens[1])
+
+
+def _csv_rows(text: str, path: Path) -> list[tuple[float, int, int]]:
+    reader = csv.DictReader(text.splitlines())
+    header = reader.fieldnames or []
+    if set(TRACE_COLUMNS) - set(header):
+        raise OpcastError(
+            f"trace file {path}: the header {','.join(header) or '(none)'} lacks "
+            f"{', '.join(c for c in TRACE_COLUMNS if c not in header)}; make its first line {','.join(TRACE_COLUMNS)}"
+        )
+    return [_row(r, f"line {i}", path) for i, r in enumerate(reader, start=2)]
+
+
+def _jsonl_rows(text: str, path: Path) -> list[tuple[float, int, int]]:
+    rows = []
+    for i, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise OpcastError(f"trace file {path}, line {i}: not JSON ({err.msg}); give one object per line") from None
+        if not isinstance(obj, dict):
+            raise OpcastError(f"trace file {path}, line {i}: give an object with {', '.join(TRACE_COLUMNS)}")
+        rows.append(_row(obj, f"line {i}", path))
+    return rows

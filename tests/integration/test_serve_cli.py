@@ -1,0 +1,82 @@
+"""`opcast predict serve` through the real console script: a result with its trace, and every bad
+input refused in one line with exit code 2 and nothing written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+OPCAST = [sys.executable, "-m", "opcast"]
+BASE = ["predict", "serve", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--roofline"]
+
+
+def _run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*OPCAST, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_serve_help_lists_the_serve_options(capsys):
+    from opcast.cli import main
+
+    assert main(["predict", "serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for flag in ("--rate", "--trace-file", "--engine", "--max-num-seqs", "--slo-tpot-s", "--replicas", "--tp"):
+        assert flag in out
+
+
+def test_serve_prints_metrics_as_json_and_writes_a_perfetto_trace(tmp_path):
+    trace = tmp_path / "steps.json"
+    args = [*BASE, "--replicas", "2", "--router", "least_loaded", "--rate", "40", "--num-requests", "200"]
+    args += ["--input-len", "64:256", "--output-len", "32", "--slo-ttft-s", "0.5", "--slo-tpot-s", "0.05"]
+    p = _run(*args, "--json", "--trace", str(trace), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    m = doc["metrics"]
+    assert m["requests"] == 200 and sum(m["per_replica_requests"]) == 200
+    assert 0 < m["ttft"]["p50_s"] <= m["ttft"]["p90_s"] <= m["ttft"]["p99_s"]
+    assert m["output_tokens_per_s"] == pytest.approx(m["requests_per_s"] * 32)
+    assert 0 <= m["slo_attainment"] <= 1 and m["goodput_requests_per_s"] <= m["requests_per_s"] + 1e-9
+    assert doc["gpus"] == 2 and doc["engine"]["engine"] == "vllm" and doc["cost_sources"] == ["roofline"]
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X"]
+    assert len(steps) == m["steps"] and {e["pid"] for e in steps} == {0, 1}
+    assert sum(e["args"]["prefill_tokens"] for e in steps) >= 200 * 64
+
+
+def _bad_traces(tmp_path: Path) -> dict[str, Path]:
+    empty = tmp_path / "empty.csv"
+    empty.write_text("arrival_s,input_tokens,output_tokens\n")
+    bad = tmp_path / "bad.csv"
+    bad.write_text("arrival_s,input_tokens,output_tokens\n0,10,10\n1,ten,10\n")
+    return {"empty": empty, "bad": bad}
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--rate", "0"], "--rate 0.0 must be a finite number > 0"),
+        (["--rate", "-2"], "--rate -2.0 must be"),
+        ([], r"--rate \(requests/s\) is required"),
+        (["--trace-file", "{empty}"], "has no requests"),
+        (["--trace-file", "{bad}"], "line 3"),
+        (["--trace-file", "{bad}", "--rate", "3"], "give either --trace-file or --rate"),
+        (["--rate", "1", "--arch", "llama3-405b"], r"does not fit in memory .* by [\d.]+ GiB"),
+        (["--rate", "1", "--input-len", "0"], "--input-len '0'"),
+        (["--rate", "1", "--engine", "tgi"], "--engine 'tgi' is not one of vllm, sglang, trtllm"),
+    ],
+)
+def test_bad_inputs_are_one_line_exit_2_and_write_nothing(tmp_path, extra, message):
+    files = _bad_traces(tmp_path)
+    extra = [e.format(**files) for e in extra]
+    out = tmp_path / "steps.json"
+    p = _run(*BASE, "--num-requests", "20", *extra, "--trace", str(out), cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opcast: error: "), p.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert not out.exists()
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["bad.csv", "empty.csv"]

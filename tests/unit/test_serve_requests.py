@@ -1,0 +1,113 @@
+"""The request stream: seeded Poisson arrivals, length distributions, trace files refused row by row."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.predict.serve.requests import (
+    SHAREGPT,
+    SHAREGPT_MEAN_INPUT_TOKENS,
+    SHAREGPT_MEAN_OUTPUT_TOKENS,
+    Lengths,
+    parse_lengths,
+    poisson_stream,
+    read_trace,
+)
+
+
+def test_poisson_arrivals_have_the_rate_and_exponential_gaps():
+    s = poisson_stream(
+        rate_per_s=4.0,
+        num_requests=50_000,
+        input_len=parse_lengths("512", "-"),
+        output_len=Lengths("uniform", 1, 9),
+        seed=0,
+    )
+    gaps = np.diff(np.concatenate([[0.0], s.arrival_s]))
+    assert gaps.mean() == pytest.approx(0.25, rel=0.02)
+    assert gaps.std() == pytest.approx(0.25, rel=0.02)  # exponential: std = mean
+    assert (s.input_tokens == 512).all()
+    assert set(np.unique(s.output_tokens)) == set(range(1, 10))
+    assert s.max_tokens == 512 + 9
+
+
+def test_the_seed_decides_the_stream():
+    def stream(seed):
+        return poisson_stream(rate_per_s=2, num_requests=100, input_len=SHAREGPT[0], output_len=SHAREGPT[1], seed=seed)
+
+    assert np.array_equal(stream(3).arrival_s, stream(3).arrival_s)
+    assert np.array_equal(stream(3).output_tokens, stream(3).output_tokens)
+    assert not np.array_equal(stream(3).arrival_s, stream(4).arrival_s)
+
+
+def test_sharegpt_lengths_have_the_papers_means_before_clipping():
+    for dist, mean in zip(SHAREGPT, (SHAREGPT_MEAN_INPUT_TOKENS, SHAREGPT_MEAN_OUTPUT_TOKENS)):
+        assert math.exp(dist.mu + dist.sigma**2 / 2) == pytest.approx(mean)
+        x = dist.draw(np.random.default_rng(0), 100_000)
+        assert x.min() >= 1 and x.max() <= dist.hi
+        assert 0.85 * mean < x.mean() < mean  # the clip trims the right tail a little
+
+
+@pytest.mark.parametrize("text", ["0", "5:2", "a", "1:2:3", "-3", ""])
+def test_bad_lengths_are_refused(text):
+    with pytest.raises(OpcastError, match="--input-len"):
+        parse_lengths(text, "--input-len")
+
+
+def test_bad_rate_or_count_is_refused():
+    one = Lengths("fixed", 1, 1)
+    for rate in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(OpcastError, match="--rate"):
+            poisson_stream(rate_per_s=rate, num_requests=3, input_len=one, output_len=one, seed=0)
+    with pytest.raises(OpcastError, match="--num-requests"):
+        poisson_stream(rate_per_s=1.0, num_requests=0, input_len=one, output_len=one, seed=0)
+
+
+def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival_s,input_tokens,output_tokens,extra\n0.5,10,3,x\n0.1,20,4,y\n")
+    s = read_trace(csv)
+    assert s.arrival_s.tolist() == [0.1, 0.5]
+    assert s.input_tokens.tolist() == [20, 10] and s.output_tokens.tolist() == [4, 3]
+    jsonl = tmp_path / "t.jsonl"
+    rows = [
+        '{"arrival_s": 1, "input_tokens": 7, "output_tokens": 2}',
+        "",
+        '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}',
+    ]
+    jsonl.write_text("\n".join(rows) + "\n")
+    s = read_trace(jsonl)
+    assert s.arrival_s.tolist() == [0.0, 1.0] and s.input_tokens.tolist() == [5, 7]
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("empty.csv", "arrival_s,input_tokens,output_tokens\n", "no requests"),
+        ("empty.jsonl", "", "no requests"),
+        ("header.csv", "time,input_tokens,output_tokens\n1,2,3\n", "lacks arrival_s"),
+        ("row.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\n1,abc,5\n", "line 3: .*give numbers"),
+        ("neg.csv", "arrival_s,input_tokens,output_tokens\n-1,5,5\n", "line 2: arrival_s '-1'"),
+        ("zero.csv", "arrival_s,input_tokens,output_tokens\n1,0,5\n", "line 2: input_tokens '0'"),
+        ("frac.csv", "arrival_s,input_tokens,output_tokens\n1,2.5,5\n", "line 2: input_tokens '2.5'"),
+        ("short.csv", "arrival_s,input_tokens,output_tokens\n1,2\n", "line 2: missing output_tokens"),
+        ("bad.jsonl", '{"arrival_s": 1, "input_tokens": 2, "output_tokens": 3}\n{oops\n', "line 2: not JSON"),
+        ("list.jsonl", "[1, 2, 3]\n", "line 1: give an object"),
+        ("inf.jsonl", '{"arrival_s": "inf", "input_tokens": 2, "output_tokens": 3}\n', "line 1: arrival_s"),
+    ],
+)
+def test_bad_traces_are_refused_in_one_line_naming_the_row(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(OpcastError, match=message) as err:
+        read_trace(path)
+    assert "\n" not in str(err.value)
+
+
+def test_a_missing_trace_is_refused(tmp_path):
+    with pytest.raises(OpcastError, match="cannot read the trace file"):
+        read_trace(tmp_path / "nope.csv")

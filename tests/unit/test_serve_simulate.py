@@ -1,0 +1,142 @@
+"""The serving simulator against closed-form queueing, hand-worked schedules and its invariants."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.predict.serve.engine import EngineConfig, StepOverhead
+from opcast.predict.serve.requests import Lengths, RequestStream, poisson_stream
+from opcast.predict.serve.simulate import simulate
+
+NO_OVERHEAD = StepOverhead(fixed_s=0.0, per_seq_s=0.0, source="none (test)")
+
+
+def _engine(**kw) -> EngineConfig:
+    return EngineConfig(**{"overhead": NO_OVERHEAD, "max_num_batched_tokens": 100, **kw})
+
+
+def _constant(seconds: float):
+    return lambda prefill, decode_seqs, decode_kv: seconds
+
+
+def _stream(arrivals, inputs, outputs) -> RequestStream:
+    return RequestStream(
+        arrival_s=np.asarray(arrivals, dtype=float),
+        input_tokens=np.asarray(inputs, dtype=np.int64),
+        output_tokens=np.asarray(outputs, dtype=np.int64),
+        source="test",
+    )
+
+
+@pytest.mark.parametrize(
+    ("rho", "input_tokens", "output_tokens", "steps_per_request"),
+    [
+        (0.5, 1, 1, 1),  # one prefill step emits the only token
+        (0.6, 100, 4, 2 + 3),  # a prompt in two chunks of 50, then three decode steps
+    ],
+)
+def test_one_request_at_a_time_reproduces_md1_waiting_time(rho, input_tokens, output_tokens, steps_per_request):
+    """M/D/1: Poisson arrivals at lambda, a fixed service time D = 1/mu, one server. The mean wait in
+    queue is rho / (2 mu (1 - rho)) (Pollaczek-Khinchine with zero service variance)."""
+    step_s = 0.01
+    service_s = steps_per_request * step_s
+    mu = 1 / service_s
+    n = 100_000 if steps_per_request == 1 else 60_000  # seeds 1-5 land within 2.2 % of the formula
+    fixed_in, fixed_out = Lengths("fixed", input_tokens, input_tokens), Lengths("fixed", output_tokens, output_tokens)
+    stream = poisson_stream(rate_per_s=rho * mu, num_requests=n, input_len=fixed_in, output_len=fixed_out, seed=1)
+    engine = _engine(max_num_seqs=1, max_num_batched_tokens=50)
+    sim = simulate(stream, engine, _constant(step_s), kv_blocks=10**6)
+    # the first token comes after the prefill steps; the wait is the time before the first step
+    prefill_s = -(-input_tokens // 50) * step_s
+    wait = sim.first_token_s - stream.arrival_s - prefill_s
+    assert np.allclose(sim.finish_s - sim.first_token_s, (output_tokens - 1) * step_s)
+    assert wait.min() > -1e-9
+    expected = rho / (2 * mu * (1 - rho))
+    assert wait.mean() == pytest.approx(expected, rel=0.04)
+
+
+def test_hand_worked_schedule_with_a_preemption_by_recompute():
+    """4 blocks of 4 tokens, two requests of 6 prompt + 5 output tokens at t = 0, each step 1 s.
+    A prefills in [0, 1]; B joins in step 2; in step 4 A's 9th token needs a third block, so B
+    (admitted last) is preempted; A finishes at 5; B recomputes its 6 + 2 tokens in step 6
+    (emitting its 3rd token at 6) and finishes at 8."""
+    stream = _stream([0.0, 0.0], [6, 6], [5, 5])
+    sim = simulate(stream, _engine(max_num_seqs=2, block_size=4), _constant(1.0), kv_blocks=4)
+    assert sim.first_token_s.tolist() == [1.0, 2.0]
+    assert sim.finish_s.tolist() == [5.0, 8.0]
+    assert sim.preemptions.tolist() == [0, 1]
+    assert [s.kv_blocks_used for s in sim.steps] == [2, 4, 4, 3, 3, 2, 3, 3]
+    assert [s.prefill_tokens for s in sim.steps] == [6, 6, 0, 0, 0, 8, 0, 0]
+    assert [s.preempted for s in sim.steps] == [0, 0, 0, 1, 0, 0, 0, 0]
+
+
+def test_reserving_the_whole_output_never_preempts():
+    """TensorRT-LLM's guaranteed-no-evict: A reserves ceil(11/4) = 3 of 4 blocks, so B waits for A
+    to finish at 5, then prefills [5, 6] and decodes four steps to 10."""
+    stream = _stream([0.0, 0.0], [6, 6], [5, 5])
+    engine = _engine(max_num_seqs=2, block_size=4, reserve_full_output=True)
+    sim = simulate(stream, engine, _constant(1.0), kv_blocks=4)
+    assert sim.first_token_s.tolist() == [1.0, 6.0]
+    assert sim.finish_s.tolist() == [5.0, 10.0]
+    assert sim.preemptions.sum() == 0
+
+
+def _busy_stream(seed: int) -> RequestStream:
+    return poisson_stream(
+        rate_per_s=150.0,
+        num_requests=400,
+        input_len=Lengths("uniform", 1, 300),
+        output_len=Lengths("uniform", 1, 60),
+        seed=seed,
+    )
+
+
+def _cost(prefill, decode_seqs, decode_kv):
+    return 1e-3 + 2e-5 * (sum(q for q, _ in prefill) + decode_seqs) + 1e-8 * (decode_kv + sum(kv for _, kv in prefill))
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize(("replicas", "router"), [(1, "round_robin"), (3, "least_loaded"), (2, "round_robin")])
+def test_requests_and_tokens_are_conserved_and_limits_hold(chunked, replicas, router):
+    stream = _busy_stream(seed=3)
+    engine = _engine(max_num_seqs=12, max_num_batched_tokens=320, block_size=16, chunked_prefill=chunked)
+    blocks = 40  # 640 tokens: room for two or three requests, so preemption happens
+    sim = simulate(stream, engine, _cost, kv_blocks=blocks, replicas=replicas, router=router)
+    assert np.isfinite(sim.finish_s).all()
+    assert (stream.arrival_s <= sim.first_token_s).all() and (sim.first_token_s <= sim.finish_s).all()
+    assert sum(s.tokens_out for s in sim.steps) == stream.output_tokens.sum()
+    assert sim.preemptions.sum() > 0
+    for s in sim.steps:
+        assert s.prefill_tokens + s.decode_seqs <= engine.max_num_batched_tokens
+        assert 1 <= s.seqs <= engine.max_num_seqs
+        assert s.kv_blocks_used <= blocks
+    for r in range(replicas):  # one step at a time per replica
+        mine = [s for s in sim.steps if s.replica == r]
+        assert all(b.start_s >= a.start_s + a.duration_s - 1e-12 for a, b in itertools.pairwise(mine))
+    assert np.bincount(sim.replica, minlength=replicas).sum() == len(stream)
+    if router == "round_robin":
+        assert sim.replica.tolist() == [i % replicas for i in range(len(stream))]
+
+
+def test_same_seed_same_result_other_seed_other_result():
+    engine = _engine(max_num_seqs=8, max_num_batched_tokens=256)
+    a = simulate(_busy_stream(seed=7), engine, _cost, kv_blocks=60, replicas=2, router="least_loaded")
+    b = simulate(_busy_stream(seed=7), engine, _cost, kv_blocks=60, replicas=2, router="least_loaded")
+    c = simulate(_busy_stream(seed=8), engine, _cost, kv_blocks=60, replicas=2, router="least_loaded")
+    assert np.array_equal(a.finish_s, b.finish_s) and np.array_equal(a.replica, b.replica)
+    assert a.steps == b.steps
+    assert not np.array_equal(a.finish_s, c.finish_s)
+
+
+def test_requests_that_cannot_run_are_refused_in_one_line():
+    stream = _stream([0.0], [60], [10])
+    with pytest.raises(OpcastError, match="needs 5 KV blocks, a replica has 4"):
+        simulate(stream, _engine(block_size=16), _constant(1.0), kv_blocks=4)
+    with pytest.raises(OpcastError, match="chunked prefill off"):
+        simulate(stream, _engine(max_num_batched_tokens=50, chunked_prefill=False), _constant(1.0), kv_blocks=100)
+    with pytest.raises(OpcastError, match="--replicas 0"):
+        simulate(stream, _engine(), _constant(1.0), kv_blocks=100, replicas=0)
