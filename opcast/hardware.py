@@ -33,7 +33,7 @@ from typing import Any, Literal, get_args
 from opcast.errors import OpcastError
 from opcast.paths import data_path
 
-Vendor = Literal["nvidia", "amd", "cpu"]
+Vendor = Literal["nvidia", "amd", "intel", "cpu"]
 PeakDtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 PEAK_DTYPES: tuple[str, ...] = get_args(PeakDtype)
 """Precisions with a peak field (``peak_<dtype>_flops``) in a :class:`DeviceSpec`."""

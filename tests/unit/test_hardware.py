@@ -118,7 +118,7 @@ def test_every_catalog_file_loads_and_validates(path: Path) -> None:
     assert spec.name == path.stem
     assert list(json.loads(path.read_text())) == list(device_to_dict(spec))  # all keys, canonical order
     assert "http" in spec.source and spec.notes
-    assert spec.vendor in ("nvidia", "amd")
+    assert spec.vendor in ("nvidia", "amd", "intel")
 
 
 def test_required_gpus_present() -> None:
