@@ -34,8 +34,8 @@ from functools import lru_cache
 
 from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
-from opcast.ops import get_op
-from opcast.predict.cost import Kernel, kernel, uses_tensor_cores
+from opcast.ops import get_op, uses_tensor_cores
+from opcast.predict.cost import Kernel, kernel
 from opcast.predict.memory import activation_dtype
 
 FWD, BWD, RECOMPUTE = "forward", "backward", "recompute"
