@@ -193,17 +193,17 @@ def train_cmd(o: Args) -> None:
     from opcast.predict.report import print_train, train_to_dict, write_plot, write_trace
     from opcast.predict.training import TrainResult, compile_train, run_train
 
-    device_name, nodes, gpus_per_node = placement(o)
-    if device_name is None:
+    where = placement(o)
+    if where.gpu is None:
         raise OpcastError("--gpu is required (or a --cluster file naming its gpu); see opcast hardware list")
     spec = load_arch(o.arch)
-    dev = device(device_name, o.set_)
-    plan = compile_train(spec, dev, train_config(o), nodes=nodes, gpus_per_node=gpus_per_node)
+    dev = device(where.gpu, o.set_)
+    plan = compile_train(spec, dev, train_config(o), nodes=where.nodes, gpus_per_node=where.gpus_per_node)
     if isinstance(plan, TrainResult):  # infeasible: the reasons, no kernel priced
         result, kernels = plan, None
     else:
         kernels = kernel_cost(o)
-        result = run_train(plan, kernels, coverage=o.coverage, interval_mode=o.interval_mode)
+        result = run_train(plan, kernels, where.comms(kernels), coverage=o.coverage, interval_mode=o.interval_mode)
     if o.as_json:
         print_json(train_to_dict(result, kernels))
     elif result.layout is not None:
@@ -228,15 +228,23 @@ def infer_cmd(o: Args) -> None:
     from opcast.predict.parallel import validate_infer
     from opcast.predict.report import infer_to_dict, print_infer
 
-    device_name, nodes, gpus_per_node = placement(o)
-    if device_name is None:
+    where = placement(o)
+    if where.gpu is None:
         raise OpcastError("--gpu is required (or a --cluster naming its gpu); see opcast hardware list")
     spec = load_arch(o.arch)
-    dev = device(device_name, o.set_)
+    dev = device(where.gpu, o.set_)
     cfg = infer_config(o)
-    _, reasons = validate_infer(spec, dev, cfg, nodes=nodes, gpus_per_node=gpus_per_node)
+    _, reasons = validate_infer(spec, dev, cfg, nodes=where.nodes, gpus_per_node=where.gpus_per_node)
     kernels = None if reasons else kernel_cost(o)
-    result = predict_infer(spec, dev, cfg, nodes=nodes, gpus_per_node=gpus_per_node, kernels=kernels)
+    result = predict_infer(
+        spec,
+        dev,
+        cfg,
+        nodes=where.nodes,
+        gpus_per_node=where.gpus_per_node,
+        kernels=kernels,
+        comms=None if kernels is None else where.comms(kernels),
+    )
     if o.as_json:
         print_json(infer_to_dict(result, kernels))
     elif result.memory is not None:

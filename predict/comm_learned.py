@@ -3,10 +3,11 @@
 :class:`~opcast.predict.comm.CollectiveCostSource` in front of the alpha-beta model.
 
 :class:`LearnedCollectives` covers a call when the job runs on a cluster the set has a law for
-(the device of ``--cluster NAME``: the cluster's GPU with its links, :func:`opcast.clusters.
-cluster_device_name`), the set has a law for the call's kind, and the law identified the call's
-tier (:meth:`CollectiveLaw.covers`); it labels the answer ``learned/<cluster>/<ring|p2p|pairwise>/
-<intra-node|inter-node>``. Every other call falls through to
+(named by ``--cluster NAME`` and the device on that cluster's network, :func:`same_network`; a
+library caller that names no cluster has it recognised by the device, the cluster's GPU with its
+links, :func:`opcast.clusters.cluster_device_name`), the set has a law for the call's kind, and
+the law identified the call's tier (:meth:`CollectiveLaw.covers`); it labels the answer
+``learned/<cluster>/<ring|p2p|pairwise>/<intra-node|inter-node>``. Every other call falls through to
 :class:`~opcast.predict.comm.AlphaBetaCollectives` (label ``alpha-beta/...``), so a job without
 ``--cluster``, or on a cluster the set never measured, is priced exactly as before.
 :func:`collective_cost_for` builds the composite from a kernel cost model's model set.
@@ -34,6 +35,26 @@ def cluster_device(cluster: str) -> str | None:
     return None if spec is None else get_device(cluster_device_name(spec)).name
 
 
+NETWORK_FIELDS = ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "gpus_per_node")
+"""The fields of a device that describe the network its collectives run on."""
+
+
+def same_network(device: DeviceSpec, cluster: str) -> bool:
+    """Whether ``device`` sits on catalog ``cluster``'s network (True for a cluster the catalog lacks:
+    its caller named it and nothing contradicts it). A device whose links or NVLink domain differ
+    (``opcast explore --vary inter_node_bw_bytes_per_s=...``) is another network, which the
+    cluster's fitted laws do not describe."""
+    import math
+
+    from opcast.hardware import get_device
+
+    reference = cluster_device(cluster)
+    if reference is None:
+        return True
+    ref = get_device(reference)
+    return all(math.isclose(getattr(device, f), getattr(ref, f), rel_tol=1e-5) for f in NETWORK_FIELDS)
+
+
 class LearnedCollectives:
     """The fitted per-cluster laws of a model set (see the module docstring)."""
 
@@ -45,13 +66,20 @@ class LearnedCollectives:
         self.label = label
         """Where the laws came from (the model set)."""
         self.cluster = cluster
-        """The job's cluster when the caller knows it; else found from the device."""
+        """The job's cluster when the caller knows it (``--cluster NAME``); else found from the device."""
         self._by_device: dict[str, str | None] = {}
 
     def cluster_of(self, device: DeviceSpec) -> str | None:
-        """The fitted cluster ``device`` is (None: none, or several fitted clusters share its device)."""
+        """The fitted cluster ``device`` is on (None: none, or several fitted clusters share its
+        device). A named cluster covers a device on its network (:func:`same_network`): the
+        cluster's GPU, or any other GPU given the cluster's links (``opcast compare --cluster``)."""
         if self.cluster is not None:
-            return self.cluster if self.cluster in self.models.laws else None
+            if self.cluster not in self.models.laws:
+                return None
+            key = f"{self.cluster}|{device.name}"
+            if key not in self._by_device:
+                self._by_device[key] = self.cluster if same_network(device, self.cluster) else None
+            return self._by_device[key]
         found = self._by_device.get(device.name, "?")
         if found == "?":
             matches = [c for c in sorted(self.models.laws) if cluster_device(c) == device.name]
@@ -111,7 +139,8 @@ def _learned_models(kernels: Any) -> tuple[Any, str] | None:
 def collective_cost_for(kernels: Any, *, cluster: str | None = None) -> CollectiveCostModel:
     """The collective cost model for a prediction with ``kernels``: the learned laws of its model
     set in front of alpha-beta where the set has any, plain alpha-beta otherwise. ``cluster``
-    names the job's cluster when known (else it is recognised by its device)."""
+    names the job's cluster when known (``--cluster NAME``: :attr:`opcast.predict.options.Placement.cluster`);
+    else it is recognised by its device."""
     found = _learned_models(kernels)
     if found is None:
         return CollectiveCostModel()

@@ -247,12 +247,28 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         None,
     ),
     "overlap_grad_reduce": ("Overlap the data-parallel gradient reduction with the last backward.", None),
+    "overlap_param_gather": (
+        "Overlap the distributed optimizer's weight all-gather (--zero 1/2) with the next iteration's first "
+        "forward, leaving max(one bucket, gather - that forward) exposed (Megatron-LM --overlap-param-gather; "
+        "needs --overlap-grad-reduce).",
+        None,
+    ),
+    "tp_comm_overlap": (
+        "Overlap each tensor-parallel all-gather / reduce-scatter with the GEMM of the same layer (Megatron-LM / "
+        "Transformer Engine --tp-comm-overlap; needs --sp): only what exceeds the GEMM's time stays exposed.",
+        None,
+    ),
+    "overlap_p2p_comm": (
+        "Overlap each pipeline send with the compute of one model chunk (Megatron-LM overlap_p2p_comm; "
+        "interleaved schedule only; Megatron's default is on, ours off).",
+        None,
+    ),
     "tensor_cores": (TENSOR_CORES.help, None),
     "batch": ("Sequences decoded together.", None),
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),
 }
-_SWITCHES = {"tensor_cores", "overlap_grad_reduce"}
+_SWITCHES = {"tensor_cores", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm"}
 """Boolean fields that take ``--no-...`` as well (a default that may be on)."""
 _NOT_OPTIONS = {"bucket_params"}
 """Fields with no command-line option (library use only)."""
@@ -410,7 +426,15 @@ WORKERS = Opt(
 SEARCH_CSV = Opt("csv", "--csv", Optional[Path], "Write every feasible configuration, ranked, to this CSV.", None)
 
 # explore, compare
-BASE_GPU = GPU.but(help="The base GPU: catalog name or alias, device JSON file, or NAME[field=xK,...].")
+EXPLORE_GPU = GPU.but(
+    help="The base GPU: catalog name or alias, device JSON file, or NAME[field=xK,...].",
+    default=None,
+    default_help="the GPU of --cluster",
+)
+COMPARE_CLUSTER = CLUSTER.but(
+    help="NODESxGPUS (e.g. 16x8), a JSON file of nodes, gpus_per_node, or a catalog cluster NAME[:NODES] (or "
+    "catalog-style file) as the network: each of --gpus gets the cluster's links and NVLink domain (then --set)."
+)
 GPU_LIST = Opt(
     "gpus",
     "--gpus",
@@ -648,6 +672,9 @@ class Placement:
     cluster: str | None = None
     """The catalog cluster's name (``--cluster NAME`` or a catalog-style file), whose learned collectives
     a model set may hold (:func:`opcast.predict.comm_learned.collective_cost_for`); None for the other forms."""
+    network: tuple[str, ...] = ()
+    """A catalog cluster's ``FIELD=VALUE`` settings that put a GPU on its network (links and NVLink domain):
+    ``opcast compare --cluster NAME`` applies them to each of its GPUs."""
 
     def comms(self, kernels):
         """The collective cost model of this placement with ``kernels``' model set."""
@@ -679,7 +706,9 @@ def placement(o: Args, *, gpu_given: bool = True) -> Placement:
             f"--cluster {o.cluster} sets the GPU and its links ({cluster_gpu}); leave --gpu out, "
             "or give --cluster NODESxGPUS with --gpu"
         )
-    return Placement(cluster_gpu, cluster.nodes, cluster.gpus_per_node, cluster.name)
+    assert cluster_gpu is not None and cluster_gpu.endswith("]"), "a catalog cluster names GPU[links]"
+    network = tuple(cluster_gpu[cluster_gpu.index("[") + 1 : -1].split(","))  # cluster_device_name's settings
+    return Placement(cluster_gpu, cluster.nodes, cluster.gpus_per_node, cluster.name, network)
 
 
 def infer_config(o: Args) -> InferConfig:

@@ -108,6 +108,18 @@ class TrainConfig:
     account_for_embedding/loss_in_pipeline_split)."""
     overlap_grad_reduce: bool = False
     """Overlap the data-parallel gradient reduction with the last micro-batch's backward."""
+    overlap_param_gather: bool = False
+    """Overlap the distributed optimizer's (ZeRO 1/2) weight all-gather with the next iteration's first
+    forward (Megatron-LM ``--overlap-param-gather``, default off; it needs ``--use-distributed-optimizer``
+    and ``--overlap-grad-reduce``)."""
+    tp_comm_overlap: bool = False
+    """Overlap each block's tensor-parallel all-gathers and reduce-scatters with the GEMMs of the same
+    layer (Megatron-LM ``--tp-comm-overlap``, Transformer Engine userbuffers; default off; needs sequence
+    parallelism)."""
+    overlap_p2p_comm: bool = False
+    """Overlap pipeline sends with the compute of the neighbouring model chunk (Megatron-LM's
+    ``overlap_p2p_comm``, on by default there but only for the interleaved schedule; off here so that a
+    configuration is priced as before unless asked)."""
     tensor_cores: bool | None = None
     """Matrix math on tensor cores (fp32: as TF32); None: by dtype, fp32 on CUDA cores as PyTorch's
     default (TF32 matmul off), every other precision on tensor cores."""
@@ -494,6 +506,25 @@ def _degree_reasons(arch: ArchSpec, bad: set[str], **factor: int) -> list[str]:
     return reasons
 
 
+def overlap_reasons(cfg: TrainConfig) -> list[str]:
+    """Why ``cfg``'s communication-overlap switches cannot apply, as Megatron-LM's ``validate_args`` refuses
+    (or, for p2p overlap outside the interleaved schedule, silently turns off) them."""
+    reasons = []
+    if cfg.overlap_param_gather and (cfg.zero not in (1, 2) or not cfg.overlap_grad_reduce):
+        reasons.append(
+            "--overlap-param-gather needs the distributed optimizer (--zero 1 or 2) and --overlap-grad-reduce "
+            "(Megatron-LM)"
+        )
+    if cfg.tp_comm_overlap and not cfg.sp:
+        reasons.append("--tp-comm-overlap needs sequence parallelism (--sp), as Megatron-LM asserts")
+    if cfg.overlap_p2p_comm and cfg.schedule != "interleaved":
+        reasons.append(
+            "--overlap-p2p-comm needs --schedule interleaved "
+            "(Megatron-LM turns it off for the non-interleaved schedule)"
+        )
+    return reasons
+
+
 def validate_train(
     arch: ArchSpec,
     device,
@@ -615,6 +646,7 @@ def validate_train(
             "zero=3 with pp > 1 is not supported (DeepSpeed's pipeline engine allows ZeRO stage <= 1; "
             "Megatron's distributed optimizer is zero 1/2)"
         )
+    reasons += overlap_reasons(cfg)
     if cfg.bucket_params is not None and (p := _positive("bucket_params", cfg.bucket_params)):
         reasons.append(p)
     if reasons or cluster is None or dp is None or stage_layers is None:

@@ -457,7 +457,10 @@ class _Terms:
         self._stages: dict[tuple, tuple[dict[int, tuple[StageCompute, float]], list[float]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # memo tables stay behind: a spawned worker builds its own
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")} | {"comms": CollectiveCostModel()}
+        # the same collective sources (learned laws included) with an empty cache
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")} | {
+            "comms": CollectiveCostModel(sources=self.comms.sources)
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -1005,10 +1008,14 @@ def search(
     top: int = 10,
     workers: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    cluster: str | None = None,
+    comms: CollectiveCostModel | None = None,
 ) -> SearchResult:
     """Enumerate, prune, predict and rank every parallel configuration of ``space``.
 
-    ``kernels`` defaults to the roofline fallback (the CLI passes the learned models); ``workers``
+    ``kernels`` defaults to the roofline fallback (the CLI passes the learned models); ``comms`` to
+    the learned collectives of ``kernels``' model set for catalog ``cluster`` (``--cluster NAME``,
+    :attr:`opcast.predict.options.Placement.cluster`) in front of alpha-beta; ``workers``
     to the cores available (a pool is only used above :data:`POOL_MIN_CONFIGS` survivors);
     ``progress(stage, done, total)`` is called as the enumerate, compile and compose stages advance. Raises
     :class:`OpcastError` for a malformed request, never for an empty result (``candidates`` is
@@ -1033,9 +1040,11 @@ def search(
     seconds: dict[str, float] = {}
 
     t0 = time.perf_counter()
-    from opcast.predict.comm_learned import collective_cost_for
+    if comms is None:
+        from opcast.predict.comm_learned import collective_cost_for
 
-    terms = _Terms(arch, device, space, worlds, collective_cost_for(kernels))
+        comms = collective_cost_for(kernels, cluster=cluster)
+    terms = _Terms(arch, device, space, worlds, comms)
     considered, pruned, survivors = _enumerate(arch, space, worlds, limit, terms, progress)
     t1 = time.perf_counter()
     seconds["enumerate"] = t1 - t0

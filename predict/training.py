@@ -253,11 +253,38 @@ _FAMILY = {"cp": 1, "ep": 2}
 """Collective role -> index in (tp, cp, ep); every other role (embed_tp, head_tp, ce_tp) is tensor-parallel."""
 
 
-def exposed_s(comm_s: float, overlap_with: str | None, role_times: Mapping[str, float]) -> float:
-    """What of a collective's ``comm_s`` is not hidden behind the kernels of role ``overlap_with``."""
+def exposed_s(
+    comm_s: float, overlap_with: str | None, role_times: Mapping[str, float], hidden_fraction: float = 1.0
+) -> float:
+    """What of a collective's ``comm_s`` is not hidden behind the kernels of role ``overlap_with``: at most
+    ``hidden_fraction`` of it hides, and no more than those kernels' time."""
     if overlap_with is None:
         return comm_s
-    return max(0.0, comm_s - role_times.get(overlap_with, 0.0))
+    return comm_s - min(hidden_fraction * comm_s, role_times.get(overlap_with, 0.0))
+
+
+TP_COMM_OVERLAP_GEMMS: dict[str, dict[str, tuple[str, ...]]] = {
+    FWD: {"all_gather": ("qkv", "mlp_up"), "reduce_scatter": ("proj", "mlp_down")},
+    RECOMPUTE: {"all_gather": ("qkv", "mlp_up"), "reduce_scatter": ("proj", "mlp_down")},
+    BWD: {"all_gather": ("proj.dgrad", "mlp_down.dgrad"), "reduce_scatter": ("qkv.wgrad", "mlp_up.wgrad")},
+}
+"""``--tp-comm-overlap`` (Megatron-LM / Transformer Engine userbuffers, with sequence parallelism): the GEMM
+each of a block's tensor-parallel collectives runs behind, by phase and kind, one per call in order.
+Forward: the all-gather of the sequence-parallel input behind the QKV and MLP-up GEMMs (TE's ring-exchange
+``qkv_fprop`` / ``fc1_fprop``), the reduce-scatter of the output behind the projection and MLP-down GEMMs
+(pipelined ``proj_fprop`` / ``fc2_fprop``); backward: the all-gather of the incoming gradient behind the
+projection and MLP-down data-gradient GEMMs (``proj_dgrad`` / ``fc2_dgrad``), the reduce-scatter of the
+QKV and MLP-up data gradients behind their weight-gradient GEMMs (bulk ``qkv_wgrad`` / ``fc1_wgrad``; the
+bulk all-gather behind ``qkv_dgrad`` / ``fc1_dgrad`` is modelled already, ``Comm.overlap_with``). A GEMM
+the block lacks (an MoE block's experts) hides nothing."""
+
+TP_COMM_OVERLAP_HIDDEN_FRACTION = 1.0
+"""The share of a tensor-parallel collective that its GEMM can hide under ``--tp-comm-overlap``. The
+chunked pipelines split the GEMM and the collective into matching pieces and run piece i's transfer
+behind piece i +- 1's GEMM, so all of the collective up to the GEMM's own time hides: exposed =
+``comm - min(fraction x comm, gemm)``. Not modelled: the first/last piece's edge (a 1/k share, k pieces)
+and the GEMM's slowdown from the SMs the transfer occupies (NVIDIA reports both as small next to the
+saving); a library caller who measured them can lower the fraction."""
 
 
 class PhaseCost(NamedTuple):
@@ -283,11 +310,13 @@ def phase_cost(
     device: DeviceSpec,
     kernel_lines: list[KernelLine] | None = None,
     comm_lines: list[CommDetail] | None = None,
+    tp_comm_overlap: bool = False,
 ) -> PhaseCost:
     """Kernel seconds and exposed collectives of one copy of ``graph`` in ``phase``; each kernel's
     time from ``kernel_times`` (a :meth:`KernelCostModel.lookup` answer), a collective hidden
-    behind the kernels of the role it overlaps with. ``kernel_lines`` / ``comm_lines`` collect the
-    per-item figures when given."""
+    behind the kernels of the role it overlaps with, and with ``tp_comm_overlap`` each block
+    tensor-parallel all-gather / reduce-scatter behind its GEMM (:data:`TP_COMM_OVERLAP_GEMMS`).
+    ``kernel_lines`` / ``comm_lines`` collect the per-item figures when given."""
     total = 0.0
     by_role: dict[str, float] = {}
     for n in graph.nodes[phase]:
@@ -297,10 +326,16 @@ def phase_cost(
         if kernel_lines is not None:
             kernel_lines.append((n, t, src))
     out = [0.0, 0.0, 0.0]
+    gemms = TP_COMM_OVERLAP_GEMMS[phase] if tp_comm_overlap else {}
     for c in graph.comms[phase]:
         call = Collective(c.kind, c.bytes, groups[c.role])
         t, src = comms.time_s(call, device)
-        exposed = exposed_s(c.count * t, c.overlap_with, by_role)
+        behind = gemms.get(c.kind, ()) if c.role == "tp" and c.overlap_with is None else ()
+        if behind:  # call i behind GEMM i (TE's userbuffers pipelines)
+            hidden = TP_COMM_OVERLAP_HIDDEN_FRACTION
+            exposed = sum(exposed_s(t, behind[i % len(behind)], by_role, hidden) for i in range(c.count))
+        else:
+            exposed = exposed_s(c.count * t, c.overlap_with, by_role)
         out[_FAMILY.get(c.role, 0)] += exposed
         if comm_lines is not None:
             comm_lines.append((c, call, t, src, exposed))
@@ -386,6 +421,8 @@ class DataParallelSync:
     last_bucket_s: float = 0.0
     gather_total_s: float = 0.0
     """ZeRO 1/2: the all-gather of the updated weights after the step."""
+    gather_bucket_s: float = 0.0
+    """ZeRO 1/2: one bucket's weight all-gather (what ``--overlap-param-gather`` always leaves exposed)."""
     tied: Collective | None = None
     """The tied-embedding gradient all-reduce between the first and last stage, when split by pp."""
     tied_s: float = 0.0
@@ -432,17 +469,18 @@ def data_parallel_sync(
     reduce_kind = "all_reduce" if zero == 0 else "reduce_scatter"
     tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
     tot_e, last_e = bucketed_s(comms, device, reduce_kind, params.expert, grad_bytes, expert_dp_group, bucket)
-    gather_total = 0.0
+    gather_total = gather_bucket = 0.0
     if zero in (1, 2):
-        g_d = bucketed_s(comms, device, "all_gather", params.dense, grad_bytes, dp_group, bucket)[0]
-        g_e = bucketed_s(comms, device, "all_gather", params.expert, grad_bytes, expert_dp_group, bucket)[0]
-        gather_total = g_d + g_e
+        g_d, b_d = bucketed_s(comms, device, "all_gather", params.dense, grad_bytes, dp_group, bucket)
+        g_e, b_e = bucketed_s(comms, device, "all_gather", params.expert, grad_bytes, expert_dp_group, bucket)
+        gather_total, gather_bucket = g_d + g_e, max(b_d, b_e)
     return DataParallelSync(
         zero3=None,
         reduce=Collective(reduce_kind, params.total * grad_bytes, dp_group),
         reduce_total_s=tot_d + tot_e,
         last_bucket_s=max(last_d, last_e),
         gather_total_s=gather_total,
+        gather_bucket_s=gather_bucket,
         tied=tied,
         tied_s=tied_s or 0.0,
     )
@@ -476,10 +514,14 @@ def data_parallel_time(
     micro_batches: int,
     recompute: str,
     overlap_grad_reduce: bool,
+    overlap_param_gather: bool = False,
 ) -> DataParallelTime:
     """ZeRO-3 prefetches each layer's gathers behind the previous layer's compute; the bucketed
     reduction overlaps (``overlap_grad_reduce``) the last micro-batch's backward, leaving
-    ``max(one bucket, total - that backward)`` exposed, and the weight gather follows the step."""
+    ``max(one bucket, total - that backward)`` exposed, and the weight gather follows the step, or
+    with ``overlap_param_gather`` (Megatron-LM: each bucket's gather is waited for in the forward
+    pre-hook of its first layer) runs behind the next iteration's first micro-batch forward, leaving
+    ``max(one bucket, gather - that forward)`` exposed."""
     zero3_s = zero3_fwd = dp_exposed = dp_total = 0.0
     if sync.zero3 is not None:
         _, ag, _, rs = sync.zero3
@@ -494,8 +536,13 @@ def data_parallel_time(
         reduce_exposed = (
             max(sync.last_bucket_s, sync.reduce_total_s - window) if overlap_grad_reduce else sync.reduce_total_s
         )
+        gather_exposed = (
+            max(sync.gather_bucket_s, sync.gather_total_s - compute.forward_s)
+            if overlap_param_gather and sync.gather_total_s > 0
+            else sync.gather_total_s
+        )
         dp_total = sync.reduce_total_s + sync.gather_total_s
-        dp_exposed = min(dp_total, reduce_exposed + sync.gather_total_s)
+        dp_exposed = min(dp_total, reduce_exposed + gather_exposed)
     gradients_exposed = dp_exposed
     if sync.tied is not None:
         dp_total += sync.tied_s
@@ -515,25 +562,46 @@ def pipeline_sends(
     """(send, count per micro-batch) of ``stage``: each of its v chunks sends its output forward and
     its input gradient backward, except the very last chunk's forward and the very first chunk's
     backward; interleaving wraps from the last stage to the first. A boundary between ranks
-    (``stride`` apart per stage) on different nodes goes over the NIC."""
+    (``stride`` apart per stage) on different nodes goes over the NIC. With pp > 1 the forward
+    sends come first, then the backward ones (a count may be 0)."""
     if pp == 1:
         return ()
     v, g = virtual_stages, gpus_per_node
     out = []
     for target, sends in (((stage + 1) % pp, v - (stage == pp - 1)), ((stage - 1) % pp, v - (stage == 0))):
-        if sends <= 0:
-            continue
         same_node = (stage * stride) // g == (target * stride) // g
         out.append((Collective("send_recv", message_bytes, Group(2, 1, 2) if same_node else Group(2, 2, 1)), sends))
     return tuple(out)
 
 
-def pipeline_send_s(comms: CollectiveCostModel, device: DeviceSpec, sends: Iterable[tuple[Collective, int]]) -> float:
-    """Seconds of a stage's pipeline sends per micro-batch."""
+def pipeline_send_s(
+    comms: CollectiveCostModel,
+    device: DeviceSpec,
+    sends: Sequence[tuple[Collective, int]],
+    windows_s: tuple[float, float] | None = None,
+) -> float:
+    """Exposed seconds of a stage's pipeline sends per micro-batch (:func:`pipeline_sends`): all of
+    them, or with ``windows_s`` (:func:`p2p_overlap_windows`, ``--overlap-p2p-comm``) what of each
+    forward / backward send its chunk's forward / backward compute does not hide."""
     total = 0.0
-    for call, n in sends:
-        total += n * comms.time_s(call, device)[0]
+    for i, (call, n) in enumerate(sends):
+        if n:
+            total += n * send_exposed_s(comms.time_s(call, device)[0], None if windows_s is None else windows_s[i])
     return total
+
+
+def send_exposed_s(send_s: float, window_s: float | None) -> float:
+    """What of one pipeline send of ``send_s`` the chunk compute ``window_s`` beside it does not hide
+    (None: no overlap, all of it)."""
+    return send_s if window_s is None else exposed_s(send_s, "chunk", {"chunk": window_s})
+
+
+def p2p_overlap_windows(compute: StageCompute | StageTime, virtual_stages: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one model chunk of a stage per micro-batch: what one pipeline
+    send hides behind with Megatron-LM's ``overlap_p2p_comm`` (interleaved schedule: the send of one
+    chunk's output or input gradient runs while the next chunk computes)."""
+    v = max(1, virtual_stages)
+    return compute.forward_s / v, (compute.backward_s + compute.recompute_s) / v
 
 
 def optimizer_numel(
@@ -640,7 +708,17 @@ class _Pricer:
         for phase in (FWD, BWD, RECOMPUTE):
             klines: list[KernelLine] | None = [] if self.keep else None
             clines: list[CommDetail] | None = [] if self.keep else None
-            out[phase] = phase_cost(graph, phase, groups, self.table, self.comms, self.device, klines, clines)
+            out[phase] = phase_cost(
+                graph,
+                phase,
+                groups,
+                self.table,
+                self.comms,
+                self.device,
+                klines,
+                clines,
+                tp_comm_overlap=self.plan.layout.cfg.tp_comm_overlap,
+            )
             for n, t, src in klines or ():
                 self.ops.append(
                     OpLine(
@@ -684,8 +762,9 @@ class _Pricer:
                 )
             )
 
-    def p2p_s(self, stage: int, record: bool = True) -> float:
-        """Seconds of pipeline sends of one micro-batch on ``stage`` (:func:`pipeline_sends`)."""
+    def p2p_s(self, stage: int, compute: StageCompute | StageTime, record: bool = True) -> float:
+        """Exposed seconds of pipeline sends of one micro-batch on ``stage`` (:func:`pipeline_sends`),
+        ``compute`` the stage's (the chunks a send hides behind with ``overlap_p2p_comm``)."""
         plan = self.plan
         lay, cfg = plan.layout, plan.layout.cfg
         act = p2p_message_bytes(
@@ -699,11 +778,14 @@ class _Pricer:
             stride=cfg.tp * cfg.cp * lay.dp,
             gpus_per_node=lay.cluster.gpus_per_node,
         )
+        windows = p2p_overlap_windows(compute, cfg.virtual_stages) if cfg.overlap_p2p_comm else None
         if record:
-            for call, n in sends:
-                t = self.comms.time_s(call, self.device)[0]
-                self.collective(stage, "pipeline", "pp", call, n * lay.micro_batches, n * t * lay.micro_batches)
-        return pipeline_send_s(self.comms, self.device, sends)
+            for i, (call, n) in enumerate(sends):
+                if n:
+                    t = self.comms.time_s(call, self.device)[0]
+                    exposed = n * send_exposed_s(t, None if windows is None else windows[i])
+                    self.collective(stage, "pipeline", "pp", call, n * lay.micro_batches, exposed * lay.micro_batches)
+        return pipeline_send_s(self.comms, self.device, sends, windows)
 
     def stage(self, stage: int) -> StageTime:
         plan = self.plan
@@ -716,7 +798,7 @@ class _Pricer:
         compute = stage_compute(
             ((self.graph_costs(block, groups, stage, layers), layers), (self.graph_costs(extras, groups, stage, 1), 1))
         )
-        pp_s = self.p2p_s(stage)
+        pp_s = self.p2p_s(stage, compute)
         grad_b = dtype_bytes(lay.act_dtype)
         sync = data_parallel_sync(
             arch,
@@ -741,6 +823,7 @@ class _Pricer:
             micro_batches=m,
             recompute=cfg.recompute,
             overlap_grad_reduce=cfg.overlap_grad_reduce,
+            overlap_param_gather=cfg.overlap_param_gather,
         )
         if sync.zero3 is not None:
             ag, _, rs, _ = sync.zero3
@@ -853,7 +936,11 @@ def run_train(
     priced = {s: pr.stage(s) for s in plan.stage_kinds}
     pp = cfg.pp
     stages = tuple(
-        priced[s] if s in priced else _replace(priced[stage_kind(s, pp)], stage=s, pp_comm_s=pr.p2p_s(s, record=False))
+        priced[s]
+        if s in priced
+        else _replace(
+            priced[stage_kind(s, pp)], stage=s, pp_comm_s=pr.p2p_s(s, priced[stage_kind(s, pp)], record=False)
+        )
         for s in range(pp)
     )
     m = lay.micro_batches

@@ -40,6 +40,7 @@ from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.hardware import PEAKS_GROUP, DeviceSpec, Setting, derive_device, parse_setting
 from opcast.predict.comm import CollectiveCostModel
+from opcast.predict.comm_learned import NETWORK_FIELDS, collective_cost_for
 from opcast.predict.cost import Kernel, KernelCostModel, LearnedKernelCost, bottleneck, roofline_only
 from opcast.predict.graph import precision_of
 from opcast.predict.inference import InferResult, predict_infer
@@ -150,7 +151,7 @@ def predict(
 ) -> Outcome:
     """Predict ``workload`` on ``device`` with the per-op details :func:`time_split` needs."""
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
-    comms = comms or CollectiveCostModel()
+    comms = comms or collective_cost_for(kernels)
     if workload.kind == "train":
         plan = compile_train(
             workload.arch,
@@ -446,7 +447,7 @@ def explore(
     """Predict ``workload`` on every point of the grid ``vary`` (field -> factors of ``base``'s
     value; the cartesian product, the last field varying fastest) and on ``base`` itself."""
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
-    comms = comms or CollectiveCostModel()
+    comms = comms or collective_cost_for(kernels)
     grid = {f: tuple(float(x) for x in xs) for f, xs in vary.items()}
     size = math.prod(len(xs) for xs in grid.values())
     if not grid or size == 0:
@@ -472,7 +473,7 @@ def explore(
         base=base_out,
         vary=grid,
         points=tuple(points),
-        notes=tuple(_notes(workload, grid, base_out, [o for _, o in points], kernels)),
+        notes=tuple(_notes(workload, grid, base_out, [o for _, o in points], kernels, comms)),
     )
 
 
@@ -482,8 +483,15 @@ def _notes(
     base: Outcome,
     outs: Sequence[Outcome],
     kernels: KernelCostModel,
+    comms: CollectiveCostModel | None = None,
 ) -> list[str]:
     notes = []
+    network = sorted(f for f in grid if f in NETWORK_FIELDS)
+    if network and comms is not None and "learned_collectives" in comms.describe():
+        notes.append(
+            f"varying {', '.join(network)} leaves the cluster's measured network: points whose links differ "
+            "from it price their collectives with alpha-beta, not the learned laws"
+        )
     if "gpus_per_node" in grid and workload.gpus_per_node is not None:
         notes.append(
             f"--gpus-per-node {workload.gpus_per_node} fixes the node size, so varying the GPU's typical "
@@ -594,7 +602,7 @@ def compare(
     if dupes:
         raise OpcastError(f"--gpus names {', '.join(dupes)} more than once; give each GPU once")
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
-    comms = comms or CollectiveCostModel()
+    comms = comms or collective_cost_for(kernels)
     return CompareResult(workload=workload, outcomes=tuple(predict(workload, d, kernels, comms) for d in devices))
 
 

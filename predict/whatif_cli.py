@@ -9,8 +9,13 @@
 
 Both take the training or inference options of ``opcast predict train|infer`` (the same
 declarations, :mod:`opcast.predict.options`); a GPU may be any ``--gpu`` spelling, including a
-derived ``NAME[field=xK,...]``. Commands are thin: parse, build the workload, call
-:mod:`opcast.predict.whatif`, print with :mod:`opcast.predict.report`.
+derived ``NAME[field=xK,...]``. ``--cluster`` takes the forms of ``predict train``: explore's
+``--cluster NAME[:NODES]`` is the base GPU on that cluster (``--gpu`` then left out); compare's
+places each of ``--gpus`` in the catalog cluster's network (its links and NVLink domain, and the
+learned collectives a model set holds for it), so ``--cluster perlmutter --gpus A100-SXM4-80GB,H100-SXM``
+asks what Perlmutter would do with H100s; a nodes file naming a gpu is refused there. Commands
+are thin: parse, build the workload, call :mod:`opcast.predict.whatif`, print with
+:mod:`opcast.predict.report`.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from pathlib import Path
 import typer
 
 from opcast.cli_common import console, err_console, print_json
+from opcast.errors import OpcastError
 from opcast.predict.options import (
     ARCH,
-    BASE_GPU,
     CHART,
+    CLUSTER,
+    COMPARE_CLUSTER,
+    EXPLORE_GPU,
     GPU_LIST,
     GPUS_PER_NODE,
     INFER,
@@ -36,10 +44,12 @@ from opcast.predict.options import (
     TRAIN,
     VARY,
     Args,
+    Placement,
     command,
     device,
     infer_config,
     kernel_cost,
+    placement,
     train_config,
 )
 
@@ -52,7 +62,7 @@ compare_app = typer.Typer(no_args_is_help=True, help="One workload on several GP
 _OUTPUTS = (*KERNEL_SOURCE, JSON, TABLE_CSV, CHART)
 
 
-def _workload(kind: str, o: Args):
+def _workload(kind: str, o: Args, where: Placement):
     from opcast.archs import load_arch
     from opcast.predict.whatif import Workload
 
@@ -60,8 +70,8 @@ def _workload(kind: str, o: Args):
         kind=kind,
         arch=load_arch(o.arch),
         config=train_config(o) if kind == "train" else infer_config(o),
-        nodes=o.nodes,
-        gpus_per_node=o.gpus_per_node,
+        nodes=where.nodes,
+        gpus_per_node=where.gpus_per_node,
     )
 
 
@@ -85,11 +95,14 @@ def _run_explore(kind: str, o: Args) -> None:
     from opcast.predict.report import explore_to_dict, plot_explore, print_explore
     from opcast.predict.whatif import explore, parse_vary
 
-    workload = _workload(kind, o)
+    where = placement(o)
+    if where.gpu is None:
+        raise OpcastError("--gpu is required (or a --cluster naming its gpu); see opcast hardware list")
+    workload = _workload(kind, o, where)
     grid = parse_vary(o.vary)
-    base = device(o.gpu, o.set_)
+    base = device(where.gpu, o.set_)
     kernels = kernel_cost(o)
-    result = explore(workload, base, grid, kernels=kernels)
+    result = explore(workload, base, grid, kernels=kernels, comms=where.comms(kernels))
     frame = result.frame()
     if o.as_json:
         print_json(explore_to_dict(result, frame, kernels))
@@ -101,14 +114,14 @@ def _run_explore(kind: str, o: Args) -> None:
 
 
 @explore_app.command("train")
-@command(ARCH, BASE_GPU, VARY, SET, NODES, GPUS_PER_NODE, *TRAIN, *_OUTPUTS)
+@command(ARCH, EXPLORE_GPU, VARY, SET, NODES, GPUS_PER_NODE, CLUSTER, *TRAIN, *_OUTPUTS)
 def explore_train(o: Args) -> None:
     """A training iteration on a grid of hypothetical GPUs around --gpu."""
     _run_explore("train", o)
 
 
 @explore_app.command("infer")
-@command(ARCH, BASE_GPU, VARY, SET, INFER_NODES, GPUS_PER_NODE, *INFER, *_OUTPUTS)
+@command(ARCH, EXPLORE_GPU, VARY, SET, INFER_NODES, GPUS_PER_NODE, CLUSTER, *INFER, *_OUTPUTS)
 def explore_infer(o: Args) -> None:
     """One inference batch (prefill + decode) on a grid of hypothetical GPUs around --gpu."""
     _run_explore("infer", o)
@@ -121,10 +134,12 @@ def _run_compare(kind: str, o: Args) -> None:
     from opcast.predict.report import compare_to_dict, plot_compare, print_compare
     from opcast.predict.whatif import compare, split_gpu_list
 
-    workload = _workload(kind, o)
-    devices = [device(name, o.set_) for name in split_gpu_list(o.gpus)]
+    where = placement(o, gpu_given=False)
+    workload = _workload(kind, o, where)
+    # A catalog cluster is the network every GPU is placed in: its links and NVLink domain, then --set.
+    devices = [device(name, [*where.network, *(o.set_ or [])]) for name in split_gpu_list(o.gpus)]
     kernels = kernel_cost(o)
-    result = compare(workload, devices, kernels=kernels)
+    result = compare(workload, devices, kernels=kernels, comms=where.comms(kernels))
     frame = result.frame()
     if o.as_json:
         print_json(compare_to_dict(result, frame, kernels))
@@ -136,7 +151,7 @@ def _run_compare(kind: str, o: Args) -> None:
 
 
 @compare_app.command("train")
-@command(ARCH, GPU_LIST, SET, NODES, GPUS_PER_NODE, *TRAIN, *_OUTPUTS)
+@command(ARCH, GPU_LIST, SET, NODES, GPUS_PER_NODE, COMPARE_CLUSTER, *TRAIN, *_OUTPUTS)
 def compare_train(o: Args) -> None:
     """One training iteration on each of --gpus: seconds and speed-up per phase (compute by op kind,
     communication, bubble). --set applies to every GPU."""
@@ -144,7 +159,7 @@ def compare_train(o: Args) -> None:
 
 
 @compare_app.command("infer")
-@command(ARCH, GPU_LIST, SET, INFER_NODES, GPUS_PER_NODE, *INFER, *_OUTPUTS)
+@command(ARCH, GPU_LIST, SET, INFER_NODES, GPUS_PER_NODE, COMPARE_CLUSTER, *INFER, *_OUTPUTS)
 def compare_infer(o: Args) -> None:
     """One inference batch on each of --gpus: TTFT, TPOT and each phase's seconds and speed-up.
     --set applies to every GPU."""
