@@ -3,12 +3,17 @@ are loaded; loading the default models under 1 s.
 
 Usage:  python benchmarks/predict_speed.py [--models DIR] [--repeats N]
         python benchmarks/predict_speed.py --cli [--runs 9] [--baseline DIR] [--no-bytecode-cache]
+                                           [--calculon DIR [--calculon-python PY]]
 
 ``--cli`` (issue 16's target: at most Calculon's 0.46 s for the same 175B configuration, aim
 0.4 s) times whole ``opcast predict train --json`` processes, interleaved with a process that only
 imports numpy (the floor every numpy program pays, which says how loaded the machine is) and,
 with ``--baseline DIR``, the same command on another opcast package tree, so all of them see
-the same machine load. The children compile opcast's modules once into a private bytecode cache
+the same machine load. ``--calculon DIR`` (a checkout of github.com/calculon-ai/calculon, whose
+only dependencies are numpy and psutil: ``--calculon-python`` names an interpreter that has them)
+also times ``calculon llm`` on the same job in the same interleaved runs: the 175B job on its own
+``gpt3-175B.json`` and ``a100_80g.json``, the README job as a Llama-2-7B-shaped application. The
+children compile opcast's modules once into a private bytecode cache
 (``PYTHONPYCACHEPREFIX``, a temporary folder: nothing is written into the tree), as an installed
 opcast has them; ``--no-bytecode-cache`` times them recompiled every run instead.
 
@@ -124,6 +129,49 @@ CLI_JOBS = [
         "--tp 8 --pp 8 --micro-batch 1 --global-batch 1536 --seq 2048 --recompute full --json",
     ),
 ]
+CALCULON_JOBS = {
+    # label -> (application, execution) for `calculon llm APP EXE systems/a100_80g.json -`;
+    # the application is a file of the checkout's models/ or a dict written to a temporary file
+    "README main job": (
+        {"hidden": 4096, "feedforward": 11008, "seq_size": 4096, "attn_heads": 32, "attn_size": 128, "num_blocks": 32},
+        {"num_procs": 8, "tensor_par": 2, "pipeline_par": 1, "data_par": 4, "tensor_par_net": 0,
+         "pipeline_par_net": 0, "data_par_net": 0, "batch_size": 64, "microbatch_size": 1,
+         "activation_recompute": "attn_only"},  # Calculon needs 87.7 GiB without it (opcast: selective fits too)
+    ),
+    "megatron-175b 1024xA100": (
+        "gpt3-175B.json",
+        {"num_procs": 1024, "tensor_par": 8, "pipeline_par": 8, "data_par": 16, "tensor_par_net": 0,
+         "pipeline_par_net": 1, "data_par_net": 1, "batch_size": 1536, "microbatch_size": 1,
+         "activation_recompute": "full"},
+    ),
+}  # fmt: skip
+CALCULON_COMMON = {
+    "datatype": "float16", "fused_activation": True, "attention_type": "multihead", "pipeline_interleaving": 1,
+    "optimizer_sharding": False, "tensor_par_comm_type": "ar", "tensor_par_overlap": "none",
+    "seq_par_ag_redo": False, "data_par_overlap": False, "weight_offload": False,
+    "activations_offload": False, "optimizer_offload": False, "training": True,
+}  # fmt: skip
+"""Calculon's execution fields that both jobs share (Megatron defaults: no sharding, no overlap)."""
+
+
+def _calculon_cmd(root: str, python: str, label: str, tmp: str) -> list[str] | None:
+    """The ``calculon llm`` command for job ``label`` (None: no Calculon equivalent)."""
+    import json
+
+    if label not in CALCULON_JOBS:
+        return None
+    app, exe = CALCULON_JOBS[label]
+    stem = label.split()[0]
+    if isinstance(app, dict):
+        app_path = f"{tmp}/{stem}-app.json"
+        Path(app_path).write_text(json.dumps(app))
+    else:
+        app_path = f"{root}/models/{app}"
+    exe_path = f"{tmp}/{stem}-exe.json"
+    Path(exe_path).write_text(json.dumps({**exe, **CALCULON_COMMON}))
+    return [python, f"{root}/bin/calculon", "llm", app_path, exe_path, f"{root}/systems/a100_80g.json", "-"]
+
+
 HEAVY = ("torch", "xgboost", "pandas", "sklearn", "scipy", "matplotlib", "pyarrow")
 """Libraries the predict path should not import (xgboost and torch load only with a model that needs them)."""
 
@@ -180,7 +228,13 @@ NUMPY_ONLY = [sys.executable, "-c", "import numpy"]
 """The reference process: an interpreter that imports numpy and exits."""
 
 
-def cli_main(runs: int, baseline: str | None, bytecode_cache: bool = True) -> int:
+def cli_main(
+    runs: int,
+    baseline: str | None,
+    bytecode_cache: bool = True,
+    calculon: str | None = None,
+    calculon_python: str = sys.executable,
+) -> int:
     """Whole-process timings, the medians of ``runs`` runs of each job, interleaved with a
     numpy-only process and (``baseline``: a folder holding another ``opcast`` package tree, put
     first on PYTHONPATH) the same job on the baseline, so all of them see the same machine load."""
@@ -197,6 +251,10 @@ def cli_main(runs: int, baseline: str | None, bytecode_cache: bool = True) -> in
             variants = {"this tree": envs["this tree"]} | ({"baseline": envs["baseline"]} if baseline else {})
             for env in variants.values():  # warm-up: fills the bytecode cache, and the OS's file cache
                 _one_run(cmd, env)
+            calc_cmd = _calculon_cmd(calculon, calculon_python, label, tmp) if calculon else None
+            calc_env = {**_env(calculon, f"{tmp}/calculon" if bytecode_cache else None)}
+            if calc_cmd:
+                _one_run(calc_cmd, calc_env)
             heavy, top = _heavy_imports(args, envs["this tree"])
             print(f"{label}: opcast {line}")
             print(
@@ -204,10 +262,14 @@ def cli_main(runs: int, baseline: str | None, bytecode_cache: bool = True) -> in
                 + ", ".join(f"{name} {ms:.0f} ms" for ms, name in top)
             )
             samples: dict[str, list[tuple[float, float]]] = {"import numpy": [], **{k: [] for k in variants}}
+            if calc_cmd:
+                samples["calculon"] = []
             for _ in range(runs):
                 samples["import numpy"].append(_one_run(NUMPY_ONLY, envs["this tree"]))
                 for name, env in variants.items():
                     samples[name].append(_one_run(cmd, env))
+                if calc_cmd:
+                    samples["calculon"].append(_one_run(calc_cmd, calc_env))
             for name, got in samples.items():
                 walls, cpus = [w for w, _ in got], [c for _, c in got]
                 print(
@@ -221,6 +283,13 @@ def cli_main(runs: int, baseline: str | None, bytecode_cache: bool = True) -> in
                     for i in (0, 1)
                 ]
                 print(f"  this tree / baseline: wall {ratio[0]:.2f}, CPU {ratio[1]:.2f}")
+            if calc_cmd:
+                ratio = [
+                    statistics.median([s[i] for s in samples["this tree"]])
+                    / statistics.median([s[i] for s in samples["calculon"]])
+                    for i in (0, 1)
+                ]
+                print(f"  this tree / calculon: wall {ratio[0]:.2f}, CPU {ratio[1]:.2f}")
     return 0
 
 
@@ -244,9 +313,19 @@ def main() -> int:
         action="store_true",
         help="--cli: recompile opcast's modules in every run instead of caching their bytecode",
     )
+    ap.add_argument("--calculon", default=None, help="--cli: a Calculon checkout to time on the same jobs, paired")
+    ap.add_argument(
+        "--calculon-python", default=sys.executable, help="--cli: the interpreter for Calculon (needs numpy, psutil)"
+    )
     args = ap.parse_args()
     if args.cli:
-        return cli_main(args.runs, args.baseline, bytecode_cache=not args.no_bytecode_cache)
+        return cli_main(
+            args.runs,
+            args.baseline,
+            bytecode_cache=not args.no_bytecode_cache,
+            calculon=args.calculon,
+            calculon_python=args.calculon_python,
+        )
 
     t0 = time.perf_counter()
     out = subprocess.run(
