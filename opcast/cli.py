@@ -21,7 +21,7 @@ from opcast.cli_common import console, err_console, print_frame
 from opcast.collect.cli import app as collect_app
 from opcast.errors import OpcastError
 from opcast.predict.cli import app as predict_app
-from opcast.predict.search_cli import search_cmd
+from opcast.predict.search_cli import app as search_app
 from opcast.predict.whatif_cli import compare_app, explore_app
 from opcast.train.cli import app as train_app
 
@@ -33,7 +33,7 @@ app = typer.Typer(
 )
 app.add_typer(collect_app, name="collect")
 app.add_typer(predict_app, name="predict")
-app.command("search")(search_cmd)
+app.add_typer(search_app, name="search")
 app.add_typer(explore_app, name="explore")
 app.add_typer(compare_app, name="compare")
 app.add_typer(train_app, name="train")

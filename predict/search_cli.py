@@ -1,23 +1,39 @@
-"""``opcast search``: the fastest (or cheapest, or leanest) parallel configuration that fits.
+"""``opcast search``: the best configuration of a training job (``search train``) or of a serving
+deployment (``search serve``).
 
-Thin, as every command: parse -> :class:`~opcast.predict.search.SearchSpace` -> :func:`search` ->
-a rich table (:func:`opcast.predict.report.print_search`), ``--json`` or ``--csv``. The options are
-those of ``opcast predict train`` where they mean the same (:mod:`opcast.predict.options`),
-``--set`` and ``--analytic`` included. When nothing fits, the reasons summary goes to stderr in
-one line (after the JSON document, with ``--json``) and the exit code is 2.
+``opcast search train`` is also ``opcast search`` followed directly by its options (``opcast
+search --arch ...``, as before there were two): :class:`TrainByDefault` routes arguments that do
+not start with a command name to ``train``.
+
+- ``search train``: the fastest (or cheapest, or leanest) parallel configuration that fits. Thin,
+  as every command: parse -> :class:`~opcast.predict.search.SearchSpace` -> :func:`search` -> a rich
+  table (:func:`opcast.predict.report.print_search`), ``--json`` or ``--csv``. The options are
+  those of ``opcast predict train`` where they mean the same (:mod:`opcast.predict.options`),
+  ``--set``, ``--analytic`` and ``--cluster`` included. When nothing fits, the reasons summary goes
+  to stderr in one line (after the JSON document, with ``--json``) and the exit code is 2.
+- ``search serve``: the deployment (tp, pp, replicas, engine limits) of a model on up to ``--gpus``
+  GPUs that best serves a request stream within TTFT/TPOT SLOs
+  (:func:`opcast.predict.serve.search.search_serve`); the stream and engine options are those of
+  ``opcast predict serve``. When no deployment meets the SLOs, one line on stderr says why (after
+  the JSON document, with ``--json``) and the exit code is 2.
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
+
+import typer
+from typer.core import TyperGroup
 
 from opcast.cli_common import console, err_console, print_json
+from opcast.errors import OpcastError
 from opcast.predict.options import (
     ALLOW_STRADDLING,
     ARCH,
     ATTENTION,
+    CLUSTER,
     FIX,
     GPU,
     GPU_HOUR_PRICE,
@@ -33,15 +49,71 @@ from opcast.predict.options import (
     SEARCH_GPUS,
     SEARCH_OVERLAP,
     SEARCH_SEQ,
+    SERVE,
+    SERVE_PARALLEL,
     SET,
     TOP,
     TP_WITHIN_NODE,
     WORKERS,
     Args,
+    Opt,
     command,
     device,
     kernel_cost,
+    placement,
+    serve_stream,
 )
+
+
+class TrainByDefault(TyperGroup):
+    """``opcast search``: arguments that start with an option, not a command name, belong to
+    ``search train`` (``opcast search --arch ...`` as it always worked); the help shows the commands
+    and then ``search train``'s options."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if args and args[0].startswith("-") and args[0] not in ctx.help_option_names:
+            args = ["train", *args]
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        train = self.commands["train"]
+        with train.make_context("train", [], parent=ctx, resilient_parsing=True) as sub:
+            train.format_help(sub, formatter)
+
+
+app = typer.Typer(
+    cls=TrainByDefault,
+    no_args_is_help=True,
+    help="Search the best configuration: train (the default: `opcast search --arch ...` is `opcast search "
+    "train --arch ...`) or serve. The options of search train follow.",
+)
+
+
+# --------------------------------------------------------------------------- where: --gpu, --cluster, --gpus
+
+OPTIONAL_INT: Any = Optional[int]  # noqa: UP045 -- a runtime value typer builds the option from, as in options.py
+OPTIONAL_STR: Any = Optional[str]  # noqa: UP045 -- likewise
+SEARCH_GPU = GPU.but(default=None, default_help="the gpu of --cluster")
+GPUS_OR_CLUSTER = SEARCH_GPUS.but(type=OPTIONAL_INT, default=None, default_help="the --cluster's nodes x GPUs")
+
+
+def _where(o: Args) -> tuple[Any, Any, int]:
+    """(the :class:`~opcast.predict.options.Placement` of --gpu/--gpus-per-node/--cluster, the device with
+    every --set, the GPUs: --gpus, or the cluster's nodes x GPUs per node)."""
+    if o.cluster is not None and o.gpus_per_node is not None:
+        raise OpcastError("give either --cluster or --gpus-per-node, not both")
+    where = placement(o)
+    if where.gpu is None:
+        raise OpcastError("--gpu is required (or a --cluster naming its gpu); see opcast hardware list")
+    dev = device(where.gpu, o.set_)
+    world = where.nodes * (where.gpus_per_node or dev.gpus_per_node) if where.nodes else None
+    gpus = o.gpus if o.gpus is not None else world
+    if gpus is None:
+        raise OpcastError("--gpus is required (or a --cluster NODESxGPUS or NAME:NODES giving the GPUs)")
+    if world is not None and gpus > world:
+        raise OpcastError(f"--gpus {gpus} exceeds the {world} GPUs of --cluster {o.cluster}; give at most {world}")
+    return where, dev, gpus
 
 
 class _LazyBar:
@@ -102,13 +174,15 @@ def _write_csv(result, path: Path) -> None:
         ) from None
 
 
+@app.command("train")
 @command(
     ARCH,
-    GPU,
-    SEARCH_GPUS,
+    SEARCH_GPU,
+    GPUS_OR_CLUSTER,
     SEARCH_GLOBAL_BATCH,
     SEARCH_SEQ,
     GPUS_PER_NODE,
+    CLUSTER,
     PRECISION,
     ATTENTION,
     TOP,
@@ -130,12 +204,11 @@ def _write_csv(result, path: Path) -> None:
 def search_cmd(o: Args) -> None:
     """Search every TP/PP/DP/CP/SP, micro-batch, recomputation, ZeRO and schedule combination; rank the feasible ones."""  # noqa: E501 -- the command's one-line help
     from opcast.archs import load_arch
-    from opcast.errors import OpcastError
     from opcast.predict.report import print_search
     from opcast.predict.search import SearchSpace, parse_fix, search, search_to_dict, space_problems
 
     spec = load_arch(o.arch)
-    dev = device(o.gpu, o.set_)
+    where, dev, gpus = _where(o)
     problems: list[str] = []
     try:
         fixed = parse_fix(o.fix or [])
@@ -144,8 +217,8 @@ def search_cmd(o: Args) -> None:
         problems.append(str(err))
     problems += o.problems  # the options' own checks (--gpu-hour-price, --models with --roofline)
     space = SearchSpace(
-        gpus=o.gpus,
-        gpus_per_node=o.gpus_per_node,
+        gpus=gpus,
+        gpus_per_node=where.gpus_per_node,
         global_batch=o.global_batch,
         seq=o.seq,
         precision=o.precision,
@@ -164,7 +237,9 @@ def search_cmd(o: Args) -> None:
     kernels = kernel_cost(o)
     bar = _LazyBar()
     try:
-        result = search(spec, dev, space, kernels=kernels, top=o.top, workers=o.workers, progress=bar)
+        result = search(
+            spec, dev, space, kernels=kernels, top=o.top, workers=o.workers, progress=bar, cluster=where.cluster
+        )
     finally:
         bar.close()
     if o.csv is not None:
@@ -175,7 +250,7 @@ def search_cmd(o: Args) -> None:
         print_search(result, console, o.gpu_hour_price)
     if not result.considered:
         raise OpcastError(
-            f"nothing to search: the --fix values leave no configuration on {o.gpus} GPUs "
+            f"nothing to search: the --fix values leave no configuration on {gpus} GPUs "
             "(tp x pp x cp must divide --gpus, micro_batch the --global-batch, virtual_stages n_layers)"
         )
     if not result.candidates:
@@ -186,3 +261,236 @@ def search_cmd(o: Args) -> None:
             f"{result.memory_limit_bytes / 2**30:.1f} GiB per GPU; pruned: {result.reasons_summary()}; "
             "try more GPUs, a smaller --global-batch or --seq, or fewer constraints"
         )
+
+
+# --------------------------------------------------------------------------- search serve
+
+
+def _int_list(flag: str):
+    def check(text: str) -> str | None:
+        items = [t.strip() for t in text.split(",")]
+        if all(t.isdigit() and int(t) >= 1 for t in items):
+            return None
+        return f"{flag} {text!r}: give whole numbers >= 1, comma-separated, e.g. 1,2,4"
+
+    return check
+
+
+def _ints(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else tuple(int(t) for t in text.split(","))
+
+
+def _serve_option(name: str) -> Opt:
+    return next(s for s in (*SERVE, *SERVE_PARALLEL) if s.name == name)
+
+
+SERVE_SEARCH = (
+    Opt(
+        "tp",
+        "--tp",
+        OPTIONAL_STR,
+        "Tensor-parallel degrees to try, comma-separated.",
+        None,
+        "every divisor of --gpus up to the GPUs per node",
+        check=_int_list("--tp"),
+    ),
+    Opt(
+        "pp",
+        "--pp",
+        OPTIONAL_STR,
+        "Pipeline depths to try, comma-separated (in the simulator a pipeline runs one batch at a time: it only "
+        "helps a model that does not fit otherwise).",
+        None,
+        "1",
+        check=_int_list("--pp"),
+    ),
+    Opt(
+        "max_num_seqs",
+        "--max-num-seqs",
+        OPTIONAL_STR,
+        "Values of the engine's most sequences per step to try, comma-separated.",
+        None,
+        "128 and the --engine's default",
+        check=_int_list("--max-num-seqs"),
+    ),
+    Opt(
+        "max_num_batched_tokens",
+        "--max-num-batched-tokens",
+        OPTIONAL_STR,
+        "Values of the engine's most tokens per step to try, comma-separated.",
+        None,
+        "2048 and the --engine's default",
+        check=_int_list("--max-num-batched-tokens"),
+    ),
+    Opt(
+        "use_all_gpus",
+        "--use-all-gpus",
+        bool,
+        "Only deployments on all --gpus (replicas = GPUs / (tp x pp)); by default every replica count up to it is "
+        "tried, so the answer also says how few GPUs the traffic needs.",
+        False,
+    ),
+    Opt(
+        "slo_percentile",
+        "--slo-percentile",
+        int,
+        "Percentile of TTFT and TPOT the SLOs bound: 50, 90 or 99.",
+        90,
+        check=lambda v: None if v in (50, 90, 99) else f"--slo-percentile {v} is not one of 50, 90, 99",
+    ),
+    OBJECTIVE.but(
+        help="Among deployments meeting the SLOs: goodput: most requests/s meeting every SLO per GPU used; "
+        "throughput: most output tokens/s per GPU used.",
+        default="goodput",
+        check=lambda v: (
+            None if v in ("goodput", "throughput") else f"--objective {v!r} is not one of goodput, throughput"
+        ),
+    ),
+    TOP.but(help="Deployments meeting the SLOs to list (the best is also shown in full).", default=5),
+)
+"""``opcast search serve``'s own options: the space and the objective."""
+SERVE_STREAM = tuple(
+    _serve_option(n)
+    for n in (
+        "rate",
+        "num_requests",
+        "input_len",
+        "output_len",
+        "lengths",
+        "trace_file",
+        "seed",
+        "slo_ttft_s",
+        "slo_tpot_s",
+        "engine",
+        "router",
+        "chunked_prefill",
+        "block_size",
+        "gpu_memory_utilization",
+        "precision",
+        "attention",
+        "tensor_cores",
+    )
+)
+"""The request stream, SLOs, engine and numerics, as ``opcast predict serve`` takes them."""
+
+
+@app.command("serve")
+@command(
+    ARCH, SEARCH_GPU, GPUS_OR_CLUSTER, GPUS_PER_NODE, CLUSTER, *SERVE_SEARCH, *SERVE_STREAM, *KERNEL_SOURCE, SET, JSON
+)
+def search_serve_cmd(o: Args) -> None:
+    """The serving deployment (tp, pp, replicas, engine batch limits) with the most goodput (or output tokens/s) per GPU within TTFT/TPOT SLOs, every candidate simulated on the same requests."""  # noqa: E501 -- the command's one-line help
+    from opcast.archs import load_arch
+    from opcast.predict.serve.search import ServeSpace, search_serve, search_serve_to_dict, space_problems
+
+    spec = load_arch(o.arch)
+    where, dev, gpus = _where(o)
+    space = ServeSpace(
+        gpus=gpus,
+        gpus_per_node=where.gpus_per_node,
+        engine=o.engine,
+        precision=o.precision,
+        attention=o.attention,
+        tensor_cores=o.tensor_cores,
+        tp=_ints(o.tp),
+        pp=_ints(o.pp),
+        max_num_seqs=_ints(o.max_num_seqs),
+        max_num_batched_tokens=_ints(o.max_num_batched_tokens),
+        use_all_gpus=o.use_all_gpus,
+        engine_overrides={
+            n: getattr(o, n)
+            for n in ("chunked_prefill", "block_size", "gpu_memory_utilization")
+            if getattr(o, n) is not None
+        },
+        router=o.router,
+        slo_ttft_s=o.slo_ttft_s,
+        slo_tpot_s=o.slo_tpot_s,
+        slo_percentile=o.slo_percentile,
+        objective=o.objective,
+    )
+    problems = space_problems(space)
+    if problems:
+        raise OpcastError("; ".join(problems))
+    stream = serve_stream(o)
+    kernels = kernel_cost(o)
+    result = search_serve(spec, dev, space, stream, kernels=kernels, comms=where.comms(kernels))
+    if o.as_json:
+        print_json(search_serve_to_dict(result))
+    elif result.ranked:
+        _print_serve_search(result, o.top)
+    if not result.ranked:
+        raise OpcastError(_none_meets(result))
+
+
+def _slo_text(space) -> str:
+    p = space.slo_percentile
+    parts = [
+        f"{name} p{p} <= {v * 1e3:g} ms"
+        for name, v in (("TTFT", space.slo_ttft_s), ("TPOT", space.slo_tpot_s))
+        if v is not None
+    ]
+    return " and ".join(parts) or "no SLO"
+
+
+def _none_meets(result) -> str:
+    s = result.space
+    n = len(result.ranked) + len(result.others)
+    infeasible = [e for e in result.others if e.status == "infeasible"]
+    misses = n - len(infeasible)
+    first = f" (e.g. {infeasible[0].deployment.describe()}: {infeasible[0].reason})" if infeasible else ""
+    return (
+        f"no deployment of {result.arch.name} on up to {s.gpus} x {result.device.name} meets {_slo_text(s)} for "
+        f"{result.stream.source}: of {n} deployments, {misses} miss the SLOs and {len(infeasible)} do not fit"
+        f"{first}; try more --gpus, a lower --rate, shorter requests or looser SLOs"
+    )
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def _print_serve_search(result, top: int) -> None:
+    from rich.table import Table
+
+    from opcast.predict.serve.report import print_serve
+
+    s, p = result.space, result.space.slo_percentile
+    unit = "goodput/GPU, req/s" if s.objective == "goodput" else "tokens/s/GPU"
+    console.print(
+        f"{result.arch.name} on up to {s.gpus} x {result.device.name}, {s.engine}, {result.stream.source} "
+        f"({len(result.stream):,} requests, the same for every deployment); {_slo_text(s)}; objective: {s.objective} "
+        "per GPU used",
+        markup=False,
+        highlight=False,
+    )
+    table = Table(title=f"top {min(top, len(result.ranked))} of {len(result.ranked)} deployments meeting the SLOs")
+    columns = ("#", "GPUs", "replicas x tp x pp", "max seqs", "max tokens", f"TTFT p{p} ms", f"TPOT p{p} ms")
+    for col in (*columns, unit, "SLO met"):
+        table.add_column(col, justify="right")
+    for rank, e in enumerate(result.ranked[:top], start=1):
+        d, m = e.deployment, e.metrics
+        table.add_row(
+            str(rank),
+            str(d.gpus),
+            f"{d.replicas} x {d.tp} x {d.pp}",
+            str(d.max_num_seqs),
+            str(d.max_num_batched_tokens),
+            _ms(getattr(m.ttft, f"p{p}_s")),
+            _ms(getattr(m.tpot, f"p{p}_s")),
+            f"{e.value:,.2f}" if s.objective == "goodput" else f"{e.value:,.0f}",
+            "-" if m.slo_attainment is None else f"{m.slo_attainment:.1%}",
+        )
+    console.print(table)
+    counts = {k: result.count(k) for k in ("misses_slo", "slo_certain_miss", "outranked", "infeasible")}
+    sec = result.seconds
+    console.print(
+        f"{len(result.ranked) + len(result.others)} deployments: {len(result.ranked)} meet the SLOs, "
+        f"{counts['misses_slo'] + counts['slo_certain_miss']} miss them ({counts['slo_certain_miss']} stopped early), "
+        f"{counts['outranked']} cannot beat the best (stopped or skipped), {counts['infeasible']} do not fit; "
+        f"{result.tables} step tables, {result.steps:,} steps simulated in {sec['total']:.1f} s",
+        markup=False,
+        highlight=False,
+        style="dim",
+    )
+    console.print("best deployment:", markup=False, highlight=False)
+    print_serve(result.best, console)

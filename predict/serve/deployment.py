@@ -14,7 +14,7 @@ from opcast.predict.serve.engine import EngineConfig
 from opcast.predict.serve.kv_cache import KvCapacity, kv_capacity
 from opcast.predict.serve.metrics import ServeMetrics, serve_metrics
 from opcast.predict.serve.requests import RequestStream
-from opcast.predict.serve.simulate import SimResult, simulate
+from opcast.predict.serve.simulate import SimResult, StopRule, simulate
 from opcast.predict.serve.step_cost import PricedStepCost
 
 
@@ -41,6 +41,32 @@ def replica_reasons(arch: ArchSpec, device, cfg: InferConfig, stream: RequestStr
     return cluster, [*device_reasons(device, cfg.precision), *reasons]
 
 
+def replica_step_cost(
+    arch: ArchSpec,
+    device,
+    cfg: InferConfig,
+    engine: EngineConfig,
+    stream: RequestStream,
+    *,
+    gpus_per_node: int,
+    kernels,
+    comms: CollectiveCostModel | None = None,
+) -> PricedStepCost:
+    """The step prices of one replica, tabulated to ``engine``'s limits and ``stream``'s longest request
+    (``gpus_per_node``: of the replica's resolved cluster)."""
+    return PricedStepCost(
+        arch,
+        device,
+        cfg,
+        gpus_per_node=gpus_per_node,
+        kernels=kernels,
+        comms=comms,
+        max_tokens=engine.max_num_batched_tokens,
+        max_seqs=min(engine.max_num_seqs, engine.max_num_batched_tokens),
+        max_len=stream.max_tokens,
+    )
+
+
 def predict_serve(
     arch: ArchSpec,
     device,
@@ -55,24 +81,24 @@ def predict_serve(
     gpus_per_node: int | None = None,
     slo_ttft_s: float | None = None,
     slo_tpot_s: float | None = None,
+    step_cost: PricedStepCost | None = None,
+    stop: StopRule | None = None,
 ) -> ServeResult:
-    """Simulate ``stream`` on the deployment; an infeasible one raises :class:`OpcastError` with every reason."""
+    """Simulate ``stream`` on the deployment; an infeasible one raises :class:`OpcastError` with every reason.
+
+    ``step_cost``: the :func:`replica_step_cost` of these same arguments, built before (a search reuses
+    one table for every deployment that needs it); ``stop``: see :func:`simulate` (raises
+    :class:`~opcast.predict.serve.simulate.StoppedEarly`)."""
     cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
     if cluster is None or reasons:
         raise OpcastError(f"infeasible configuration: {'; '.join(reasons)}")
     capacity = kv_capacity(arch, device, cfg, engine, longest_tokens=stream.max_tokens)
-    step_s = PricedStepCost(
-        arch,
-        device,
-        cfg,
-        gpus_per_node=cluster.gpus_per_node,
-        kernels=kernels,
-        comms=comms,
-        max_tokens=engine.max_num_batched_tokens,
-        max_seqs=min(engine.max_num_seqs, engine.max_num_batched_tokens),
-        max_len=stream.max_tokens,
-    )
-    sim = simulate(stream, engine, step_s, kv_blocks=capacity.blocks, replicas=replicas, router=router)
+    step_s = step_cost
+    if step_s is None:
+        step_s = replica_step_cost(
+            arch, device, cfg, engine, stream, gpus_per_node=cluster.gpus_per_node, kernels=kernels, comms=comms
+        )
+    sim = simulate(stream, engine, step_s, kv_blocks=capacity.blocks, replicas=replicas, router=router, stop=stop)
     return ServeResult(
         arch=arch,
         device=device,

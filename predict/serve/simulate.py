@@ -21,6 +21,12 @@ One step (vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py``):
 
 A request whose KV covers its prompt and every token it has generated emits one token at the end
 of the step (the first from its prefill); it finishes with its last and frees its blocks.
+
+**Stopping early** (:class:`StopRule`, for a search that only needs to know whether a deployment can
+still matter): counts of requests that missed an SLO only grow as the run goes on, and so does the
+time since the first arrival, which bounds the run's duration from below; the rule names the
+counts and the rate floors past which the run's answer no longer matters, and :func:`simulate`
+raises :class:`StoppedEarly` as soon as one is crossed.
 """
 
 from __future__ import annotations
@@ -39,6 +45,46 @@ from opcast.predict.serve.step_cost import StepCost
 
 Router = Literal["round_robin", "least_loaded"]
 ROUTERS = ("round_robin", "least_loaded")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StopRule:
+    """When :func:`simulate` may stop before serving every request (each limit None: never). A request
+    misses the TTFT SLO when its first token comes more than ``slo_ttft_s`` after its arrival, the TPOT
+    SLO when it finishes with more than ``slo_tpot_s`` per output token after the first (the tests of
+    :func:`opcast.predict.serve.metrics.serve_metrics`, complemented)."""
+
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    ttft_misses: int | None = None
+    """Stop once this many requests missed the TTFT SLO."""
+    tpot_misses: int | None = None
+    """Stop once this many requests missed the TPOT SLO."""
+    goodput_floor_per_s: float | None = None
+    """Stop once requests not (yet) known to miss an SLO, divided by the time since the first arrival,
+    fall below this: the run's goodput (over a duration at least that long) is then surely lower."""
+    throughput_floor_per_s: float | None = None
+    """Stop once the stream's output tokens divided by the time since the first arrival fall below
+    this: the run's output tokens/s are then surely lower."""
+
+
+RATE_MARGIN = 1e-9
+"""Relative margin on the rate floors, so rounding in the final metrics cannot make a stopped run
+the better one."""
+
+
+class StoppedEarly(Exception):
+    """:func:`simulate` stopped by its :class:`StopRule` at ``at_s``: ``kind`` names the limit crossed
+    (``ttft_misses``, ``tpot_misses`` or ``rate_floor``), ``reason`` says it in words."""
+
+    def __init__(self, kind: str, reason: str, at_s: float, ttft_misses: int, tpot_misses: int, misses: int) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+        self.at_s = at_s
+        self.ttft_misses = ttft_misses
+        self.tpot_misses = tpot_misses
+        self.misses = misses
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +132,10 @@ def simulate(
     kv_blocks: int,
     replicas: int = 1,
     router: str = "round_robin",
+    stop: StopRule | None = None,
 ) -> SimResult:
-    """Serve ``stream`` on ``replicas`` replicas of ``kv_blocks`` KV blocks each (see the module docstring)."""
+    """Serve ``stream`` on ``replicas`` replicas of ``kv_blocks`` KV blocks each (see the module docstring);
+    with ``stop``, raise :class:`StoppedEarly` once one of its limits is crossed."""
     if replicas < 1:
         raise OpcastError(f"--replicas {replicas} must be >= 1")
     if router not in ROUTERS:
@@ -125,6 +173,7 @@ def simulate(
     max_tokens, max_seqs = engine.max_num_batched_tokens, engine.max_num_seqs
     chunked, reserve = engine.chunked_prefill, engine.reserve_full_output
     overhead = engine.overhead
+    watch = _Watch(stop, arrival, sum(out)) if stop is not None else None
 
     def start_step(r: int, now: float) -> None:
         # The hot loop of the simulation: block arithmetic inlined (BlockPool.extra_for / take).
@@ -217,12 +266,18 @@ def simulate(
             gen[rid] = g
             if g == 1:
                 first[rid] = now
+                if watch is not None:
+                    watch.first_token(rid, now)
             if g == out[rid]:
                 finish[rid] = now
                 pools[r].give(held[rid])
                 held[rid] = 0
                 load[r] -= 1
                 done = True
+                if watch is not None:
+                    watch.finished(rid, now, first[rid], g)
+        if watch is not None:
+            watch.check(now)
         if done:
             running[r] = [rid for rid in running[r] if gen[rid] < out[rid]]
         in_flight[r] = []
@@ -263,3 +318,62 @@ def simulate(
         replica=np.array(where),
         steps=steps,
     )
+
+
+class _Watch:
+    """The running counts of a :class:`StopRule` (see there); raises :class:`StoppedEarly`."""
+
+    __slots__ = ("arrival", "bad", "deadline_s", "misses", "n", "rule", "start_s", "tokens", "tpot", "ttft")
+
+    def __init__(self, rule: StopRule, arrival: list[float], tokens: int) -> None:
+        self.rule = rule
+        self.arrival = arrival
+        self.n = len(arrival)
+        self.tokens = tokens
+        self.start_s = arrival[0]
+        self.bad: set[int] = set()
+        self.ttft = self.tpot = self.misses = 0
+        self.deadline_s = np.inf
+        if rule.throughput_floor_per_s:
+            self.deadline_s = self._after(tokens / rule.throughput_floor_per_s)
+        self._goodput_deadline()
+
+    def _after(self, span_s: float) -> float:
+        """The time past which the run's duration surely exceeds ``span_s`` (with the margin)."""
+        return self.start_s + span_s * (1 + RATE_MARGIN)
+
+    def _goodput_deadline(self) -> None:
+        floor = self.rule.goodput_floor_per_s
+        if floor:
+            self.deadline_s = min(self.deadline_s, self._after((self.n - self.misses) / floor))
+
+    def _miss(self, rid: int) -> None:
+        if rid not in self.bad:
+            self.bad.add(rid)
+            self.misses += 1
+            self._goodput_deadline()
+
+    def first_token(self, rid: int, now: float) -> None:
+        slo = self.rule.slo_ttft_s
+        if slo is not None and now - self.arrival[rid] > slo:
+            self.ttft += 1
+            self._miss(rid)
+
+    def finished(self, rid: int, now: float, first_s: float, tokens: int) -> None:
+        slo = self.rule.slo_tpot_s
+        if slo is not None and tokens > 1 and (now - first_s) / (tokens - 1) > slo:
+            self.tpot += 1
+            self._miss(rid)
+
+    def check(self, now: float) -> None:
+        """Raise once a limit is crossed; ``now`` is a step's end with requests possibly left to serve."""
+        r = self.rule
+        if r.ttft_misses is not None and self.ttft >= r.ttft_misses:
+            kind, reason = "ttft_misses", f"{self.ttft} requests missed the TTFT SLO"
+        elif r.tpot_misses is not None and self.tpot >= r.tpot_misses:
+            kind, reason = "tpot_misses", f"{self.tpot} requests missed the TPOT SLO"
+        elif now > self.deadline_s:  # a step ends at now, so the last request finishes at or after it
+            kind, reason = "rate_floor", f"{now - self.start_s:.3g} s after the first arrival, below the rate floor"
+        else:
+            return
+        raise StoppedEarly(kind, reason, now, self.ttft, self.tpot, self.misses)

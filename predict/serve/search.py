@@ -1,0 +1,531 @@
+"""``opcast search serve``: the best serving deployment of a model on up to a number of GPUs for a
+request stream and latency SLOs.
+
+**Space** (:class:`ServeSpace`, :func:`deployments`): tensor-parallel degrees ``tp`` (default: every
+divisor of the GPUs that fits in one node), pipeline depths ``pp`` (default 1 only: in this
+simulator a pipeline runs one batch at a time, so it only ever helps a model that does not fit
+otherwise; give ``pp`` to search it), ``replicas`` from 1 to ``GPUs / (tp x pp)`` (``use_all_gpus``:
+only the largest), and every pair of engine limits from two small grids, ``max_num_seqs`` (default
+128 and the engine's default) x ``max_num_batched_tokens`` (2,048 and the engine's default). A
+replica of ``tp x pp`` GPUs lies on ``min(tp x pp, GPUs per node)``-GPU nodes
+(:func:`replica_gpus_per_node`).
+
+**Feasible**: the layout is valid for the arch (tp divides the heads, ...), the GPU runs the
+precision, and the weights, a full token budget's working set and the longest request's KV fit
+(:func:`~opcast.predict.serve.deployment.predict_serve`'s own checks; their reasons are kept).
+
+**Meets the SLOs**: the ``slo_percentile``-th percentile (p50, p90 or p99) of TTFT is at most
+``slo_ttft_s`` and that of TPOT at most ``slo_tpot_s`` (each when given).
+
+**Objective** (``objective``), among the deployments that meet the SLOs, per GPU *used* (so the
+search also says how few GPUs the traffic needs):
+
+- ``goodput`` (default): requests/s meeting every SLO per request (DistServe's goodput, see
+  :mod:`~opcast.predict.serve.metrics`) per GPU;
+- ``throughput``: output tokens/s per GPU.
+
+Ties go to the lower TTFT then TPOT percentile, then fewer GPUs per replica, the shallower
+pipeline, then the smaller limits.
+
+**Evaluation**: every deployment is simulated by :func:`predict_serve` on the *same* request stream
+(common random numbers: one seed, one stream, so differences are the deployments', not the
+draws'), of ``len(stream)`` requests (``opcast search serve --num-requests``, 1,000 by default).
+Speed, without changing the answer:
+
+- one step-price table per distinct (tp, pp, token budget, sequence limit), shared by every replica
+  count, and one kernel cost model for all, whose cache prices each kernel shape once: the first
+  table of a layout (built at the space's largest limits) asks the learned models for nearly all of
+  the layout's kernels in one batch;
+- a deployment whose objective could not reach the best found so far even if every request met
+  every SLO (its requests, or output tokens, over the span of the arrivals, which its run can only
+  exceed, per GPU) is not simulated;
+- a simulation stops as soon as its deployment can no longer be the answer
+  (:class:`~opcast.predict.serve.simulate.StopRule`): once more requests missed the TTFT (TPOT) SLO
+  than the percentile allows, or once its objective is surely below the best so far (the requests
+  not yet known to miss, or the output tokens, over the time since the first arrival).
+
+All three are exact: a deployment skipped or stopped misses the SLOs or ranks below the best, so
+the best deployment is the one exhaustive evaluation finds (``tests/unit/test_serve_search.py``
+checks it by brute force). The order deployments are tried in (fewest GPUs first, the engine's
+default limits first) only decides how soon the bounds bite. Below the best, the ranking lists the
+deployments that were simulated to the end.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from opcast.archs import ArchSpec
+from opcast.errors import OpcastError
+from opcast.predict.comm import CollectiveCostModel
+from opcast.predict.parallel import InferConfig
+from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
+from opcast.predict.serve.engine import ENGINES, engine_config, engine_defaults
+from opcast.predict.serve.kv_cache import kv_capacity
+from opcast.predict.serve.metrics import PERCENTILES, ServeMetrics
+from opcast.predict.serve.requests import RequestStream
+from opcast.predict.serve.simulate import RATE_MARGIN, ROUTERS, StoppedEarly, StopRule
+from opcast.predict.serve.step_cost import PricedStepCost
+
+OBJECTIVES = ("goodput", "throughput")
+STATUSES = ("meets_slo", "misses_slo", "slo_certain_miss", "outranked", "infeasible")
+SEQS_GRID = (128,)
+"""``max_num_seqs`` tried beside the engine's default."""
+TOKENS_GRID = (2048,)
+"""``max_num_batched_tokens`` tried beside the engine's default."""
+MISS_MARGIN = 1e-9
+"""Index margin of the percentile bound (see :func:`misses_that_break`)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServeSpace:
+    """What to choose a deployment for, and among what."""
+
+    gpus: int
+    """GPUs available (a deployment may use fewer; see ``use_all_gpus``)."""
+    gpus_per_node: int | None = None
+    """GPUs per node; None: the device's typical node."""
+    engine: str = "vllm"
+    """Serving engine (its defaults, behaviour and per-step overhead)."""
+    precision: str = "bf16"
+    attention: str = "flash"
+    tensor_cores: bool | None = None
+    tp: tuple[int, ...] | None = None
+    """Tensor-parallel degrees to try; None: every divisor of ``gpus`` up to the GPUs per node."""
+    pp: tuple[int, ...] | None = None
+    """Pipeline depths to try; None: 1 only."""
+    use_all_gpus: bool = False
+    """Only ``replicas = gpus / (tp x pp)``; otherwise every count from 1 up to it."""
+    max_num_seqs: tuple[int, ...] | None = None
+    """Values to try; None: :data:`SEQS_GRID` and the engine's default."""
+    max_num_batched_tokens: tuple[int, ...] | None = None
+    """Values to try; None: :data:`TOKENS_GRID` and the engine's default."""
+    engine_overrides: dict[str, Any] = field(default_factory=dict)
+    """Other engine settings, fixed (chunked_prefill, block_size, gpu_memory_utilization)."""
+    router: str = "round_robin"
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    slo_percentile: int = 90
+    """The percentile the SLOs bound (50, 90 or 99)."""
+    objective: str = "goodput"
+    early_stop: bool = True
+    """Skip or stop simulations that can no longer be the answer (exact; off only to check that it is)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Deployment:
+    """One point of the space."""
+
+    tp: int
+    pp: int
+    replicas: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def gpus(self) -> int:
+        return self.replicas * self.tp * self.pp
+
+    def describe(self) -> str:
+        return (
+            f"{self.replicas} x tp={self.tp} pp={self.pp}, max_num_seqs {self.max_num_seqs}, "
+            f"max_num_batched_tokens {self.max_num_batched_tokens}"
+        )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Evaluated:
+    """A deployment and what became of it."""
+
+    deployment: Deployment
+    status: str
+    """``meets_slo``, ``misses_slo`` (simulated to the end), ``slo_certain_miss`` (stopped: more requests
+    missed an SLO than its percentile allows), ``outranked`` (stopped: surely below the best found) or
+    ``infeasible`` (not simulated)."""
+    reason: str | None = None
+    metrics: ServeMetrics | None = None
+    value: float | None = None
+    """The objective per GPU (simulated to the end only)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServeSearchResult:
+    arch: ArchSpec
+    device: Any
+    space: ServeSpace
+    stream: RequestStream
+    ranked: tuple[Evaluated, ...]
+    """Deployments meeting the SLOs, best first."""
+    others: tuple[Evaluated, ...]
+    """The rest, in the order tried."""
+    best: ServeResult | None
+    """The best deployment re-simulated in full by :func:`predict_serve` (None when none meets the SLOs)."""
+    tables: int
+    """Step-price tables built."""
+    steps: int
+    """Steps simulated in all."""
+    seconds: dict[str, float]
+
+    def count(self, status: str) -> int:
+        return sum(1 for e in (*self.ranked, *self.others) if e.status == status)
+
+
+def replica_gpus_per_node(tp: int, pp: int, gpus_per_node: int) -> int:
+    """A replica of ``tp x pp`` GPUs sits in one node when it fits one, else on whole ``gpus_per_node`` nodes."""
+    return min(tp * pp, gpus_per_node)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def space_problems(space: ServeSpace) -> list[str]:
+    """Every problem of the request itself (one line each)."""
+    out = []
+    if not isinstance(space.gpus, int) or space.gpus < 1:
+        out.append(f"--gpus {space.gpus} must be >= 1")
+    for name in ("tp", "pp", "max_num_seqs", "max_num_batched_tokens"):
+        values = getattr(space, name)
+        if values is not None and (not values or any(v < 1 for v in values)):
+            out.append(f"--{name.replace('_', '-')} {','.join(map(str, values))}: give whole numbers >= 1")
+    for name in ("tp", "pp"):
+        values = getattr(space, name)
+        if values and isinstance(space.gpus, int) and (big := [v for v in values if v > space.gpus]):
+            out.append(f"--{name} {','.join(map(str, big))} exceeds --gpus {space.gpus}")
+    if space.objective not in OBJECTIVES:
+        out.append(f"--objective {space.objective!r} is not one of {', '.join(OBJECTIVES)}")
+    if space.slo_percentile not in PERCENTILES:
+        out.append(f"--slo-percentile {space.slo_percentile} is not one of {', '.join(map(str, PERCENTILES))}")
+    if space.engine not in ENGINES:
+        out.append(f"--engine {space.engine!r} is not one of {', '.join(ENGINES)}")
+    if space.router not in ROUTERS:
+        out.append(f"--router {space.router!r} is not one of {', '.join(ROUTERS)}")
+    if space.objective == "goodput" and space.slo_ttft_s is None and space.slo_tpot_s is None:
+        out.append(
+            "--objective goodput needs an SLO: give --slo-ttft-s and/or --slo-tpot-s (or --objective throughput)"
+        )
+    return out
+
+
+def deployments(arch: ArchSpec, device, space: ServeSpace) -> list[Deployment]:
+    """Every deployment of the space, in the order they are tried: fewest GPUs first, then the
+    smaller tp, the shallower pipeline, then the engine's default limits before the others (largest
+    first)."""
+    base = engine_defaults(space.engine, device)
+    per_node = space.gpus_per_node or device.gpus_per_node
+    seqs = space.max_num_seqs or tuple(sorted({*SEQS_GRID, base.max_num_seqs}))
+    tokens = space.max_num_batched_tokens or tuple(sorted({*TOKENS_GRID, base.max_num_batched_tokens}))
+    limits = sorted(
+        ((s, t) for s in dict.fromkeys(seqs) for t in dict.fromkeys(tokens)),
+        key=lambda st: (st != (base.max_num_seqs, base.max_num_batched_tokens), -st[0], -st[1]),
+    )
+    tps = space.tp or [d for d in _divisors(space.gpus) if d <= per_node]
+    out = []
+    for tp in dict.fromkeys(tps):
+        for pp in dict.fromkeys(space.pp or (1,)):
+            most = space.gpus // (tp * pp)
+            for replicas in [most] if space.use_all_gpus else range(1, most + 1):
+                out += [
+                    Deployment(tp=tp, pp=pp, replicas=replicas, max_num_seqs=s, max_num_batched_tokens=t)
+                    for s, t in limits
+                ]
+    out.sort(key=lambda d: (d.replicas * d.gpus_per_replica, d.tp, d.pp))  # stable: the limits keep their order
+    return out
+
+
+def misses_that_break(n: int, percentile: int) -> int:
+    """The fewest of ``n`` values above a limit that put their ``percentile``-th percentile (numpy's
+    linear interpolation) above it: the sorted values from index ``floor(p (n - 1))`` up then all
+    exceed it. The index is taken a hair low (:data:`MISS_MARGIN`), so rounding can only ask for one
+    more miss than needed, never one fewer."""
+    return n - max(0, math.floor(percentile / 100 * (n - 1) - MISS_MARGIN))
+
+
+def _value(space: ServeSpace, m: ServeMetrics, gpus: int) -> float:
+    if space.objective == "goodput":
+        return (m.goodput_requests_per_s or 0.0) / gpus
+    return m.output_tokens_per_s / gpus
+
+
+def _meets(space: ServeSpace, m: ServeMetrics) -> bool:
+    p = space.slo_percentile
+    ttft, tpot = getattr(m.ttft, f"p{p}_s"), getattr(m.tpot, f"p{p}_s")
+    return (space.slo_ttft_s is None or ttft <= space.slo_ttft_s) and (
+        space.slo_tpot_s is None or tpot is None or tpot <= space.slo_tpot_s
+    )
+
+
+def _rank_key(space: ServeSpace, e: Evaluated) -> tuple:
+    m, d, p = e.metrics, e.deployment, space.slo_percentile
+    assert m is not None and e.value is not None
+    tpot = getattr(m.tpot, f"p{p}_s")
+    return (
+        -e.value,
+        getattr(m.ttft, f"p{p}_s"),
+        0.0 if tpot is None else tpot,
+        d.gpus,
+        d.gpus_per_replica,
+        d.pp,
+        d.max_num_seqs,
+        d.max_num_batched_tokens,
+    )
+
+
+def _stop_rule(space: ServeSpace, stream: RequestStream, best: float | None, gpus: int) -> StopRule | None:
+    if not space.early_stop:
+        return None
+    p = space.slo_percentile
+    multi = int((stream.output_tokens > 1).sum())
+    floor = None if best is None or best <= 0 else best * gpus
+    return StopRule(
+        slo_ttft_s=space.slo_ttft_s,
+        slo_tpot_s=space.slo_tpot_s,
+        ttft_misses=None if space.slo_ttft_s is None else misses_that_break(len(stream), p),
+        tpot_misses=None if space.slo_tpot_s is None or multi == 0 else misses_that_break(multi, p),
+        goodput_floor_per_s=floor if space.objective == "goodput" else None,
+        throughput_floor_per_s=floor if space.objective == "throughput" else None,
+    )
+
+
+def search_serve(
+    arch: ArchSpec,
+    device,
+    space: ServeSpace,
+    stream: RequestStream,
+    *,
+    kernels,
+    comms: CollectiveCostModel | None = None,
+) -> ServeSearchResult:
+    """Evaluate every deployment of ``space`` on ``stream`` and rank those meeting the SLOs (see the
+    module docstring). ``kernels`` prices every step table (its cache is shared by all of them);
+    ``comms`` defaults to the collectives :func:`predict_serve` uses. Raises :class:`OpcastError`
+    for a malformed request, never for an empty answer (``ranked`` is then empty)."""
+    problems = space_problems(space)
+    if problems:
+        raise OpcastError("; ".join(problems))
+    if comms is None:
+        from opcast.predict.comm_learned import collective_cost_for
+
+        comms = collective_cost_for(kernels)
+    g = space.gpus_per_node or device.gpus_per_node
+    t0 = time.perf_counter()
+    tables: dict[tuple, PricedStepCost] = {}
+    table_s = sim_s = 0.0
+    steps = 0
+    done: list[Evaluated] = []
+    best: Evaluated | None = None
+    cfgs: dict[tuple[int, int], InferConfig] = {}
+    span_s = float(stream.arrival_s.max() - stream.arrival_s.min())
+    most = len(stream) if space.objective == "goodput" else int(stream.output_tokens.sum())
+    for d in deployments(arch, device, space):
+        if space.early_stop and best is not None and span_s > 0:
+            ceiling = most / span_s / d.gpus  # every request meeting every SLO, over the arrivals' span
+            if ceiling * (1 + RATE_MARGIN) < best.value:
+                why = f"at most {ceiling:.4g} per GPU if every request met every SLO, below the best's {best.value:.4g}"
+                done.append(Evaluated(deployment=d, status="outranked", reason=why))
+                continue
+        cfg = cfgs.setdefault(
+            (d.tp, d.pp),
+            InferConfig(
+                tp=d.tp,
+                pp=d.pp,
+                precision=space.precision,  # type: ignore[arg-type]
+                attention=space.attention,  # type: ignore[arg-type]
+                tensor_cores=space.tensor_cores,
+            ),
+        )
+        engine = engine_config(
+            space.engine,
+            device,
+            max_num_seqs=d.max_num_seqs,
+            max_num_batched_tokens=d.max_num_batched_tokens,
+            **space.engine_overrides,
+        )
+        per_node = replica_gpus_per_node(d.tp, d.pp, g)
+        cluster, reasons = replica_reasons(arch, device, cfg, stream, per_node)
+        if cluster is None or reasons:
+            done.append(Evaluated(deployment=d, status="infeasible", reason="; ".join(reasons)))
+            continue
+        try:
+            kv_capacity(arch, device, cfg, engine, longest_tokens=stream.max_tokens)
+        except OpcastError as err:
+            done.append(Evaluated(deployment=d, status="infeasible", reason=str(err)))
+            continue
+        limits = (engine.max_num_batched_tokens, min(engine.max_num_seqs, engine.max_num_batched_tokens))
+        key = (d.tp, d.pp, cluster.gpus_per_node, *limits)
+        t = time.perf_counter()
+        if (d.tp, d.pp) not in {k[:2] for k in tables}:  # first of its layout: the largest table, one kernel batch
+            _warm(arch, device, cfg, space, stream, cluster.gpus_per_node, kernels, comms, tables)
+        table = tables.get(key)
+        if table is None:
+            table = tables[key] = replica_step_cost(
+                arch, device, cfg, engine, stream, gpus_per_node=cluster.gpus_per_node, kernels=kernels, comms=comms
+            )
+        t1 = time.perf_counter()
+        table_s += t1 - t
+        rule = _stop_rule(space, stream, None if best is None else best.value, d.gpus)
+        try:
+            r = predict_serve(
+                arch,
+                device,
+                cfg,
+                engine,
+                stream,
+                replicas=d.replicas,
+                router=space.router,
+                kernels=kernels,
+                comms=comms,
+                gpus_per_node=per_node,
+                slo_ttft_s=space.slo_ttft_s,
+                slo_tpot_s=space.slo_tpot_s,
+                step_cost=table,
+                stop=rule,
+            )
+        except StoppedEarly as stop:
+            sim_s += time.perf_counter() - t1
+            status = "outranked" if stop.kind == "rate_floor" else "slo_certain_miss"
+            done.append(Evaluated(deployment=d, status=status, reason=stop.reason))
+            continue
+        except OpcastError as err:  # e.g. a prompt beyond the token budget with chunked prefill off
+            sim_s += time.perf_counter() - t1
+            done.append(Evaluated(deployment=d, status="infeasible", reason=str(err)))
+            continue
+        sim_s += time.perf_counter() - t1
+        steps += r.metrics.steps
+        meets = _meets(space, r.metrics)
+        e = Evaluated(
+            deployment=d,
+            status="meets_slo" if meets else "misses_slo",
+            metrics=r.metrics,
+            value=_value(space, r.metrics, d.gpus),
+        )
+        done.append(e)
+        if meets and (best is None or _rank_key(space, e) < _rank_key(space, best)):
+            best = e
+    ranked = sorted((e for e in done if e.status == "meets_slo"), key=lambda e: _rank_key(space, e))
+    others = [e for e in done if e.status != "meets_slo"]
+    t2 = time.perf_counter()
+    best_result = None
+    if ranked:
+        best_result = _recheck(arch, device, space, stream, ranked[0], cfgs, kernels, comms, g)
+    seconds = {"tables": table_s, "simulate": sim_s, "recheck": time.perf_counter() - t2}
+    seconds["total"] = time.perf_counter() - t0
+    return ServeSearchResult(
+        arch=arch,
+        device=device,
+        space=space,
+        stream=stream,
+        ranked=tuple(ranked),
+        others=tuple(others),
+        best=best_result,
+        tables=len(tables),
+        steps=steps,
+        seconds=seconds,
+    )
+
+
+def _warm(arch, device, cfg, space, stream, gpus_per_node, kernels, comms, tables) -> None:
+    """Build the layout's table at the largest limits of the space (cached under its key like any
+    other), so the kernel models price nearly all of the layout's kernels in one batch."""
+    base = engine_defaults(space.engine, device)
+    seqs = max(space.max_num_seqs or (*SEQS_GRID, base.max_num_seqs))
+    tokens = max(space.max_num_batched_tokens or (*TOKENS_GRID, base.max_num_batched_tokens))
+    engine = replace(base, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+    key = (cfg.tp, cfg.pp, gpus_per_node, tokens, min(seqs, tokens))
+    tables[key] = replica_step_cost(
+        arch, device, cfg, engine, stream, gpus_per_node=gpus_per_node, kernels=kernels, comms=comms
+    )
+
+
+def _recheck(arch, device, space, stream, e: Evaluated, cfgs, kernels, comms, g) -> ServeResult:
+    """The best deployment simulated again from scratch by :func:`predict_serve` (its own table, no
+    stop rule): it must give the very metrics the search ranked, or the search has a bug."""
+    d = e.deployment
+    engine = engine_config(
+        space.engine,
+        device,
+        max_num_seqs=d.max_num_seqs,
+        max_num_batched_tokens=d.max_num_batched_tokens,
+        **space.engine_overrides,
+    )
+    r = predict_serve(
+        arch,
+        device,
+        cfgs[(d.tp, d.pp)],
+        engine,
+        stream,
+        replicas=d.replicas,
+        router=space.router,
+        kernels=kernels,
+        comms=comms,
+        gpus_per_node=replica_gpus_per_node(d.tp, d.pp, g),
+        slo_ttft_s=space.slo_ttft_s,
+        slo_tpot_s=space.slo_tpot_s,
+    )
+    if r.metrics != e.metrics:
+        raise RuntimeError(f"internal: the search's metrics of {d.describe()} differ from predict_serve's")
+    return r
+
+
+def deployment_row(e: Evaluated, space: ServeSpace, rank: int | None = None) -> dict[str, Any]:
+    """One deployment as a flat row (JSON and tables)."""
+    d, m, p = e.deployment, e.metrics, space.slo_percentile
+    row: dict[str, Any] = {
+        "rank": rank,
+        "tp": d.tp,
+        "pp": d.pp,
+        "replicas": d.replicas,
+        "gpus": d.gpus,
+        "max_num_seqs": d.max_num_seqs,
+        "max_num_batched_tokens": d.max_num_batched_tokens,
+        "status": e.status,
+        "reason": e.reason,
+    }
+    if m is not None:
+        row.update(
+            {
+                f"ttft_p{p}_s": getattr(m.ttft, f"p{p}_s"),
+                f"tpot_p{p}_s": getattr(m.tpot, f"p{p}_s"),
+                "goodput_requests_per_s_per_gpu": None
+                if m.goodput_requests_per_s is None
+                else m.goodput_requests_per_s / d.gpus,
+                "output_tokens_per_s_per_gpu": m.output_tokens_per_s / d.gpus,
+                "slo_attainment": m.slo_attainment,
+                "preemptions": m.preemptions,
+            }
+        )
+    return row
+
+
+def search_serve_to_dict(result: ServeSearchResult) -> dict[str, Any]:
+    from opcast.predict.serve.report import serve_to_dict
+
+    s = result.space
+    return {
+        "arch": result.arch.name,
+        "gpu": result.device.name,
+        "gpus": s.gpus,
+        "engine": s.engine,
+        "objective": s.objective,
+        "objective_unit": "requests/s meeting every SLO per GPU"
+        if s.objective == "goodput"
+        else "output tokens/s per GPU",
+        "slo": {"ttft_s": s.slo_ttft_s, "tpot_s": s.slo_tpot_s, "percentile": s.slo_percentile},
+        "requests": len(result.stream),
+        "requests_source": result.stream.source,
+        "considered": len(result.ranked) + len(result.others),
+        "counts": {k: result.count(k) for k in STATUSES},
+        "tables": result.tables,
+        "steps": result.steps,
+        "seconds": result.seconds,
+        "best": None if result.best is None else serve_to_dict(result.best),
+        "ranked": [deployment_row(e, s, i) for i, e in enumerate(result.ranked, start=1)],
+        "others": [deployment_row(e, s) for e in result.others],
+    }

@@ -1,0 +1,172 @@
+"""`search serve` returns exactly the best feasible deployment of a small space, checked by brute force:
+every deployment simulated to the end by predict_serve on the same request stream and ranked here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from opcast.archs import load_arch
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.predict.cost import roofline_only
+from opcast.predict.parallel import InferConfig
+from opcast.predict.serve.deployment import predict_serve
+from opcast.predict.serve.engine import engine_config
+from opcast.predict.serve.requests import Lengths, poisson_stream
+from opcast.predict.serve.search import ServeSpace, misses_that_break, search_serve, space_problems
+from opcast.predict.serve.simulate import StoppedEarly, StopRule
+
+ARCH, GPU, GPUS = "llama3-8b", "H100-SXM", 4
+TPS, SEQS, TOKENS = (1, 2, 3, 4), (8, 64), (512, 2048)
+SLO_TTFT_S, SLO_TPOT_S = 0.25, 0.02
+
+
+@pytest.fixture(scope="module")
+def setup():
+    arch, dev = load_arch(ARCH), get_device(GPU)
+    stream = poisson_stream(
+        rate_per_s=100.0,
+        num_requests=200,
+        input_len=Lengths("uniform", 64, 1024),
+        output_len=Lengths("uniform", 2, 96),
+        seed=3,
+    )
+    return arch, dev, stream, roofline_only("test")
+
+
+@pytest.fixture(scope="module")
+def brute(setup):
+    """Every deployment of the space, by hand: (tp, replicas, seqs, tokens) -> metrics, or None if it does not fit."""
+    arch, dev, stream, kernels = setup
+    out = {}
+    for tp in TPS:
+        for replicas in range(1, GPUS // tp + 1):
+            for seqs in SEQS:
+                for tokens in TOKENS:
+                    engine = engine_config("vllm", dev, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+                    try:
+                        r = predict_serve(
+                            arch,
+                            dev,
+                            InferConfig(tp=tp),
+                            engine,
+                            stream,
+                            replicas=replicas,
+                            kernels=kernels,
+                            gpus_per_node=tp,  # a replica within one node
+                            slo_ttft_s=SLO_TTFT_S,
+                            slo_tpot_s=SLO_TPOT_S,
+                        )
+                    except OpcastError:
+                        out[(tp, replicas, seqs, tokens)] = None
+                    else:
+                        out[(tp, replicas, seqs, tokens)] = r.metrics
+    return out
+
+
+def _brute_ranking(brute, objective: str) -> list[tuple]:
+    rows = []
+    for (tp, replicas, seqs, tokens), m in brute.items():
+        if m is None or m.ttft.p90_s > SLO_TTFT_S or m.tpot.p90_s > SLO_TPOT_S:
+            continue
+        gpus = tp * replicas
+        value = (m.goodput_requests_per_s if objective == "goodput" else m.output_tokens_per_s) / gpus
+        rows.append(((-value, m.ttft.p90_s, m.tpot.p90_s, gpus, tp, 1, seqs, tokens), (tp, replicas, seqs, tokens)))
+    return [d for _, d in sorted(rows)]
+
+
+def _space(objective: str, early_stop: bool = True) -> ServeSpace:
+    return ServeSpace(
+        gpus=GPUS,
+        tp=TPS,
+        max_num_seqs=SEQS,
+        max_num_batched_tokens=TOKENS,
+        slo_ttft_s=SLO_TTFT_S,
+        slo_tpot_s=SLO_TPOT_S,
+        objective=objective,
+        early_stop=early_stop,
+    )
+
+
+def _key(e) -> tuple:
+    d = e.deployment
+    return (d.tp, d.replicas, d.max_num_seqs, d.max_num_batched_tokens)
+
+
+@pytest.mark.parametrize("objective", ["goodput", "throughput"])
+def test_search_returns_exactly_the_brute_force_best(setup, brute, objective):
+    arch, dev, stream, kernels = setup
+    expected = _brute_ranking(brute, objective)
+    # the space is not trivial: one GPU is too few, and several deployments meet the SLOs
+    assert 1 < len(expected) < sum(m is not None for m in brute.values())
+    assert all(tp * replicas > 1 for tp, replicas, _, _ in expected) and None in brute.values()
+    result = search_serve(arch, dev, _space(objective), stream, kernels=kernels)
+    best = result.ranked[0]
+    assert _key(best) == expected[0]
+    assert best.metrics == brute[expected[0]]  # the very numbers predict_serve gives alone
+    assert result.best is not None and result.best.metrics == brute[expected[0]]
+    # the bounds did work (so this test also checks that they are exact) ...
+    assert result.count("outranked") + result.count("slo_certain_miss") > 0
+    # ... and without them, the whole ranking is the brute force's
+    full = search_serve(arch, dev, _space(objective, early_stop=False), stream, kernels=kernels)
+    assert [_key(e) for e in full.ranked] == expected
+    assert full.count("outranked") == full.count("slo_certain_miss") == 0
+    assert {_key(e) for e in full.others if e.status == "infeasible"} == {k for k, m in brute.items() if m is None}
+
+
+def test_every_ranked_metric_is_that_of_predict_serve(setup, brute):
+    arch, dev, stream, kernels = setup
+    result = search_serve(arch, dev, _space("goodput"), stream, kernels=kernels)
+    for e in result.ranked:
+        assert e.metrics == brute[_key(e)]
+        assert e.value == e.metrics.goodput_requests_per_s / e.deployment.gpus
+
+
+@pytest.mark.parametrize("p", [50, 90, 99])
+def test_misses_that_break_put_the_percentile_above_the_limit(p):
+    """k = misses_that_break(n, p) values above a limit always put numpy's p-th percentile above it,
+    and k is at most one more than the exact count (so the stop is not lax)."""
+    rng = np.random.default_rng(0)
+    for n in range(1, 80):
+        k = misses_that_break(n, p)
+        assert 1 <= k <= n and k <= n - math.floor(p / 100 * (n - 1)) + 1
+        for _ in range(5):
+            values = np.concatenate([rng.uniform(0, 1, n - k), rng.uniform(1.0 + 1e-12, 3, k)])
+            rng.shuffle(values)
+            assert np.percentile(values, p) > 1.0
+
+
+def test_a_stop_rule_stops_only_runs_that_cannot_meet_it(setup):
+    """A run stopped for TTFT misses has a p90 TTFT above the SLO when run to the end; a run stopped
+    under a throughput floor has less throughput than the floor."""
+    arch, dev, stream, kernels = setup
+    engine = engine_config("vllm", dev, max_num_seqs=8, max_num_batched_tokens=512)
+    args = dict(kernels=kernels, gpus_per_node=1, slo_ttft_s=SLO_TTFT_S, slo_tpot_s=SLO_TPOT_S)
+    full = predict_serve(arch, dev, InferConfig(tp=1), engine, stream, **args).metrics
+    assert full.ttft.p90_s > SLO_TTFT_S
+    rule = StopRule(slo_ttft_s=SLO_TTFT_S, ttft_misses=misses_that_break(len(stream), 90))
+    with pytest.raises(StoppedEarly) as stopped:
+        predict_serve(arch, dev, InferConfig(tp=1), engine, stream, **args, stop=rule)
+    assert stopped.value.kind == "ttft_misses" and stopped.value.at_s < stream.arrival_s[0] + full.duration_s
+    floor = full.output_tokens_per_s * 1.01
+    with pytest.raises(StoppedEarly, match="rate floor"):
+        predict_serve(arch, dev, InferConfig(tp=1), engine, stream, **args, stop=StopRule(throughput_floor_per_s=floor))
+    # a floor the run does reach never stops it
+    same = predict_serve(
+        arch, dev, InferConfig(tp=1), engine, stream, **args, stop=StopRule(throughput_floor_per_s=floor / 1.02)
+    )
+    assert same.metrics == full
+
+
+def test_bad_spaces_are_refused_with_every_problem():
+    problems = space_problems(
+        ServeSpace(gpus=4, tp=(8,), max_num_seqs=(0,), objective="fastest", slo_percentile=95, engine="tgi")
+    )
+    text = "; ".join(problems)
+    for part in ("--tp 8 exceeds --gpus 4", "--max-num-seqs 0", "objective 'fastest'", "percentile 95", "'tgi'"):
+        assert part in text
+    assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
+    assert space_problems(ServeSpace(gpus=4, objective="throughput")) == []
