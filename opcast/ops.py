@@ -442,6 +442,28 @@ register(
 
 # --------------------------------------------------------------------------- row-wise ops
 
+KERNEL_IMPLS: Final = ("fused", "unfused")
+"""How a non-matrix op runs, named by what the kernel does: ``fused`` is one kernel (two for a
+backward with a separate weight-gradient reduction) that reads its inputs and writes its outputs
+once (Apex / Transformer Engine / Megatron fused kernels, torch's native ``F.layer_norm``,
+``torch.softmax``, ``F.cross_entropy``'s log-softmax, vLLM's kernels); ``unfused`` is a Python
+composition of elementwise and reduction kernels, each a pass over the tensor (GPT-NeoX's and
+Hugging Face Llama's RMSNorm, Megatron's ``vocab_parallel_cross_entropy``)."""
+
+_IMPL = Param(
+    name="impl",
+    type=str,
+    doc="fused (one kernel: Apex, Transformer Engine, Megatron, torch native) or unfused (a Python composition of "
+    "torch ops, one pass each)",
+    choices=KERNEL_IMPLS,
+    default="fused",
+)
+
+
+def _unfused(p: Params) -> bool:
+    return p.get("impl", "fused") == "unfused"
+
+
 _ROWS = Param(name="rows", type=int, doc="independent rows (tokens)")
 _COLS = Param(name="cols", type=int, doc="elements per row, reduced over (hidden size or softmax width)")
 
@@ -450,21 +472,43 @@ def _rc(p: Params) -> float:
     return _f(_i(p, "rows") * _i(p, "cols"))
 
 
+UNFUSED_PASSES: Final[dict[str, dict[str, tuple[int, int]]]] = {
+    # kind: {direction: (fused, unfused) passes over the [rows, cols] (or [tokens, vocab]) tensor}
+    "layernorm": {"fwd": (2, 11), "bwd": (3, 20)},
+    "rmsnorm": {"fwd": (2, 5), "bwd": (3, 21)},
+    "softmax": {"fwd": (2, 8), "bwd": (3, 9)},
+    "cross_entropy": {"fwd": (1, 8), "bwd": (2, 3)},
+}
+"""Element passes (one read or one write of the whole tensor) of each implementation. Fused: the
+compulsory traffic (inputs read once, outputs written once). Unfused, counted over the torch ops
+and their autograd: GPT-NeoX's RMSNorm (``megatron/model/norms.py``: ``x.norm`` reads x, ``x / rms``
+reads x and writes x_n, ``scale * x_n`` reads and writes: 5; its backward, through mul, div and
+norm with the broadcast reductions of d(scale) and d(rms): 21); a LayerNorm written as mean,
+subtract, variance, rsqrt-multiply, gamma, beta (11; backward 20); a softmax as max, subtract, exp,
+sum, divide (8; backward: y * dy, sum, subtract, multiply: 9); Megatron's
+``vocab_parallel_cross_entropy`` (max, subtract, exp, sum, divide into the saved softmax, gather of
+the target logit: 8; backward: the saved softmax minus the one-hot, times the loss gradient: 3)."""
+
+
+def _passes(p: Params, kind: str, direction: str) -> int:
+    return UNFUSED_PASSES[kind][direction][1 if _unfused(p) else 0]
+
+
 register(
     OpSpec(
         kind=OpKind.LAYERNORM,
         doc="y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dim of x [rows, cols]",
-        params=(_ROWS, _COLS),
+        params=(_ROWS, _COLS, _IMPL),
         # mean 1, variance 3, normalise 2, affine 2 per element; backward about twice that.
         flops_fwd=lambda p, dt: 8.0 * _rc(p),
         bytes_fwd=lambda p, dt: (
-            dt * (2 * _rc(p) + 2 * _i(p, "cols")) + 8.0 * _i(p, "rows")
+            dt * (_passes(p, "layernorm", "fwd") * _rc(p) + 2 * _i(p, "cols")) + 8.0 * _i(p, "rows")
         ),  # x, y, gamma, beta; fp32 mean/rstd
         flops_bwd=lambda p, dt: 16.0 * _rc(p),
         bytes_bwd=lambda p, dt: (
-            dt * (3 * _rc(p) + 4 * _i(p, "cols")) + 8.0 * _i(p, "rows")
+            dt * (_passes(p, "layernorm", "bwd") * _rc(p) + 4 * _i(p, "cols")) + 8.0 * _i(p, "rows")
         ),  # x, dy, dx; gamma, beta, dgamma, dbeta
-        source="Ba et al. 2016 (arXiv 1607.06450); per-element operation count",
+        source="Ba et al. 2016 (arXiv 1607.06450); per-element operation count; unfused passes in UNFUSED_PASSES",
     )
 )
 
@@ -472,12 +516,13 @@ register(
     OpSpec(
         kind=OpKind.RMSNORM,
         doc="y = x / sqrt(mean(x^2) + eps) * gamma over the last dim of x [rows, cols]",
-        params=(_ROWS, _COLS),
+        params=(_ROWS, _COLS, _IMPL),
         flops_fwd=lambda p, dt: 4.0 * _rc(p),  # square, accumulate, scale, gamma
-        bytes_fwd=lambda p, dt: dt * (2 * _rc(p) + _i(p, "cols")) + 4.0 * _i(p, "rows"),
+        bytes_fwd=lambda p, dt: dt * (_passes(p, "rmsnorm", "fwd") * _rc(p) + _i(p, "cols")) + 4.0 * _i(p, "rows"),
         flops_bwd=lambda p, dt: 8.0 * _rc(p),
-        bytes_bwd=lambda p, dt: dt * (3 * _rc(p) + 2 * _i(p, "cols")) + 4.0 * _i(p, "rows"),
-        source="Zhang & Sennrich 2019 (arXiv 1910.07467); per-element operation count",
+        bytes_bwd=lambda p, dt: dt * (_passes(p, "rmsnorm", "bwd") * _rc(p) + 2 * _i(p, "cols")) + 4.0 * _i(p, "rows"),
+        source="Zhang & Sennrich 2019 (arXiv 1910.07467); per-element operation count; unfused passes in "
+        "UNFUSED_PASSES",
     )
 )
 
@@ -485,12 +530,12 @@ register(
     OpSpec(
         kind=OpKind.SOFTMAX,
         doc="y = exp(x - max) / sum(exp(x - max)) over the last dim of x [rows, cols]",
-        params=(_ROWS, _COLS),
+        params=(_ROWS, _COLS, _IMPL),
         flops_fwd=lambda p, dt: 5.0 * _rc(p),  # max, subtract, exp, sum, divide
-        bytes_fwd=lambda p, dt: dt * 2 * _rc(p),
+        bytes_fwd=lambda p, dt: dt * _passes(p, "softmax", "fwd") * _rc(p),
         flops_bwd=lambda p, dt: 4.0 * _rc(p),  # dx = y * (dy - sum(dy * y)): multiply, sum, subtract, multiply
-        bytes_bwd=lambda p, dt: dt * 3 * _rc(p),
-        source="per-element operation count of the numerically stable softmax",
+        bytes_bwd=lambda p, dt: dt * _passes(p, "softmax", "bwd") * _rc(p),
+        source="per-element operation count of the numerically stable softmax; unfused passes in UNFUSED_PASSES",
     )
 )
 
@@ -607,16 +652,19 @@ register(
         params=(
             Param(name="tokens", type=int, doc="predicted tokens"),
             Param(name="vocab", type=int, doc="logit width (per rank when vocab-parallel)"),
+            _IMPL,
         ),
         flops_fwd=lambda p, dt: 4.0 * _tv(p),  # max, subtract, exp, sum
-        bytes_fwd=lambda p, dt: dt * _tv(p) + 16.0 * _i(p, "tokens"),  # logits, int64 targets, loss
+        bytes_fwd=lambda p, dt: (
+            dt * _passes(p, "cross_entropy", "fwd") * _tv(p) + 16.0 * _i(p, "tokens")
+        ),  # logits, int64 targets, loss
         flops_bwd=lambda p, dt: 3.0 * _tv(p),  # softmax from saved logsumexp, minus one-hot, scale
-        bytes_bwd=lambda p, dt: dt * 2.0 * _tv(p) + 16.0 * _i(p, "tokens"),
-        source="log-softmax + NLL per-element count (PyTorch cross_entropy)",
+        bytes_bwd=lambda p, dt: dt * _passes(p, "cross_entropy", "bwd") * _tv(p) + 16.0 * _i(p, "tokens"),
+        source="log-softmax + NLL per-element count (PyTorch cross_entropy); unfused passes in UNFUSED_PASSES",
     )
 )
 
-ROPE_IMPLS: Final = ("fused", "unfused")
+ROPE_IMPLS: Final = KERNEL_IMPLS
 
 
 def _rope_bytes(p: Params, dt: int) -> float:

@@ -1,4 +1,7 @@
-"""Cross-entropy loss of logits [tokens, vocab] against random targets (mean reduction)."""
+"""Cross-entropy loss of logits [tokens, vocab] against random targets (mean reduction):
+``fused`` is ``F.cross_entropy`` (torch's log-softmax kernel and the NLL gather), ``unfused`` the
+max, subtract, exp, sum, log and gather as torch ops, as Megatron's ``vocab_parallel_cross_entropy``
+writes them (registry ``impl``)."""
 
 from __future__ import annotations
 
@@ -15,4 +18,13 @@ def build(req: BuildRequest) -> Callable[[], object]:
     gen = torch.Generator().manual_seed(req.seed)
     targets = torch.randint(0, vocab, (tokens,), generator=gen).to(req.device)
     logits = randn(req, tokens, vocab)
+    if req.params.get("impl", "fused") == "unfused":
+
+        def unfused():
+            shifted = logits - logits.amax(-1, keepdim=True)
+            exp = shifted.exp()
+            log_sum = exp.sum(-1).log()
+            return (log_sum - shifted.gather(1, targets[:, None]).squeeze(1)).mean()
+
+        return run(req, unfused, [logits])
     return run(req, lambda: F.cross_entropy(logits, targets), [logits])

@@ -171,20 +171,23 @@ OPERATORS: Final[dict[str, _Operator]] = {
     "softmax": _Operator(
         columns=("mp", "b", "h", "l"),
         kernel_name="torch:softmax",
-        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * (h // mp) * l, "cols": l}),
+        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * (h // mp) * l, "cols": l, "impl": "fused"}),
     ),
     "ScaledUpperTriangMaskedSoftmax": _Operator(
         columns=("mp", "b", "h", "l"),
         kernel_name="megatron:ScaledUpperTriangMaskedSoftmax",
-        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * h // mp * l, "cols": l}),
+        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * h // mp * l, "cols": l, "impl": "fused"}),
     ),
+    # nn.LayerNorm([dim]): torch's native fused kernel. GPT-NeoX's RMSNorm (megatron/model/norms.py):
+    # x.norm, a divide and a multiply as torch ops, i.e. unfused (opcast.ops.UNFUSED_PASSES).
     "layernorm": _Operator(
-        columns=("b", "l", "dim"), to_shape=lambda b, l, dim: ("layernorm", {"rows": l * b, "cols": dim})
+        columns=("b", "l", "dim"),
+        to_shape=lambda b, l, dim: ("layernorm", {"rows": l * b, "cols": dim, "impl": "fused"}),
     ),
     "RMSlayernorm": _Operator(
         columns=("b", "l", "dim"),
         kernel_name="neox:RMSNorm",
-        to_shape=lambda b, l, dim: ("rmsnorm", {"rows": l * b, "cols": dim}),
+        to_shape=lambda b, l, dim: ("rmsnorm", {"rows": l * b, "cols": dim, "impl": "unfused"}),
     ),
     "res_add": _Operator(
         columns=("b", "l", "dim"), to_shape=lambda b, l, dim: ("elementwise", {"numel": l * b * dim, "fn": "add"})
@@ -211,11 +214,15 @@ OPERATORS: Final[dict[str, _Operator]] = {
             {"tokens": b * l, "vocab": padded_vocab_per_rank(mp), "hidden": dim},
         ),
     ),
-    # vocab_parallel_cross_entropy over [b, l, V_p].
+    # vocab_parallel_cross_entropy over [b, l, V_p]: Megatron's Python composition (max, subtract,
+    # exp, sum, divide as torch ops), unfused.
     "parallel_cross_entropy_128": _Operator(
         columns=("mp", "b", "l"),
         kernel_name="megatron:vocab_parallel_cross_entropy",
-        to_shape=lambda mp, b, l: ("cross_entropy", {"tokens": b * l, "vocab": padded_vocab_per_rank(mp)}),
+        to_shape=lambda mp, b, l: (
+            "cross_entropy",
+            {"tokens": b * l, "vocab": padded_vocab_per_rank(mp), "impl": "unfused"},
+        ),
     ),
     # One DeepSpeed FusedAdam step over a pipeline stage's parameters (dur(us) only).
     **{

@@ -598,6 +598,7 @@ def _map_rowwise(op: _Op, kind: str, direction: str, index: int, arg: int) -> Ma
     dtype = _dtype(op, index)
     if dtype is None:
         return _type_reason(op, index)
+    # aten::native_layer_norm and aten::_softmax are torch's native kernels: the registry's default impl, fused
     return kind, {"rows": math.prod(shape[:-width]), "cols": math.prod(shape[-width:])}, dtype, direction
 
 

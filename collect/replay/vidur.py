@@ -16,8 +16,9 @@
     ======================== ============ =====================================================
     emb                      embedding    tokens=T, vocab=V/TP, hidden=h (the masking kernels of
                                           VocabParallelEmbedding lie outside the timer)
-    input_layernorm          rmsnorm or   rows=T, cols=h (model's norm, table ``_MODELS``);
-                             layernorm    replicated: TP>1 rows skipped (same shape as TP=1)
+    input_layernorm          rmsnorm or   rows=T, cols=h, impl fused (vLLM's RMSNorm kernel or
+                             layernorm    nn.LayerNorm; model's norm, table ``_MODELS``);
+                                          replicated: TP>1 rows skipped (same shape as TP=1)
     attn_pre_proj            gemm         b=1, m=T, n=(nq+2 nkv) d/TP, k=h (fused QKV; Qwen-72B
                                           and phi-2 include the bias in the same F.linear)
     attn_rope                rope         tokens=T, heads=(nq+nkv)/TP, head_dim=d (q and k in one
@@ -288,7 +289,7 @@ def _compute_op(column: str, s: _Shape, model: _Model | None, model_key: str) ->
             return REPLICATED
         if column == "add":
             return "elementwise", {"numel": t * h, "fn": "add"}
-        return model.norm, {"rows": t, "cols": h}
+        return model.norm, {"rows": t, "cols": h, "impl": "fused"}  # vLLM's fused RMSNorm / nn.LayerNorm
     return f"vidur mlp.csv: unmapped column time_stats.{column}"
 
 

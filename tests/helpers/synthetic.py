@@ -80,7 +80,7 @@ def synthetic_dataset(
         for shape in shapes:
             op = str(shape["op"])
             spec = get_op(op)
-            params = {k: shape[k] for k in spec.param_names}
+            params = {**spec.defaults, **{k: shape[k] for k in spec.param_names if k in shape}}
             tc = op in ("gemm", "attention")
             peak = dev.peak_flops(dtype, tensor_cores=tc)
             t = float(
