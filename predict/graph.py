@@ -36,6 +36,7 @@ from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
 from opcast.ops import get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
+from opcast.predict.frameworks import FRAMEWORKS, framework_of
 from opcast.predict.memory import activation_dtype
 
 FWD, BWD, RECOMPUTE = "forward", "backward", "recompute"
@@ -84,8 +85,15 @@ class Dtypes:
     """Attention, norms, pointwise ops and activations saved for backward."""
     tensor_cores: bool | None = None
     """Matrix math on tensor cores; None: by dtype (fp32 on CUDA cores, the rest on tensor cores)."""
+    impls: tuple[tuple[str, str], ...] = FRAMEWORKS[None].impls
+    """(op kind, registry ``impl``) the framework runs (:mod:`opcast.predict.frameworks`); a kernel
+    whose params name an ``impl`` keeps it."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
+        for k, impl in self.impls:
+            if k == kind and "impl" not in params:
+                params = {**params, "impl": impl}
+                break
         if kind == "gemm":
             return kernel(kind, params, self.matrix, direction, self.tensor_cores)
         if kind == "attention":
@@ -97,8 +105,14 @@ class Dtypes:
         return uses_tensor_cores("gemm", self.matrix, self.tensor_cores)
 
 
-def precision_of(precision: str, tensor_cores: bool | None = None) -> Dtypes:
-    return Dtypes(matrix=precision, act=activation_dtype(precision), tensor_cores=tensor_cores)
+def precision_of(precision: str, tensor_cores: bool | None = None, framework: str | None = None) -> Dtypes:
+    """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default)."""
+    return Dtypes(
+        matrix=precision,
+        act=activation_dtype(precision),
+        tensor_cores=tensor_cores,
+        impls=framework_of(framework).impls,
+    )
 
 
 # --------------------------------------------------------------------------- forward lists

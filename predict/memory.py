@@ -49,6 +49,7 @@ from dataclasses import dataclass
 
 from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
+from opcast.predict.frameworks import framework_of
 
 STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
     "bf16": (2, 2, 12),
@@ -58,6 +59,9 @@ STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
 }
 """ZeRO paper Sec. 3.1 (mixed-precision Adam: 2 + 2 + K with K = 12); fp8 keeps 16-bit weights
 and gradients (Transformer Engine casts to fp8 per GEMM); fp32 has no master copy."""
+
+FP32_GRAD_BYTES = 4
+"""Bytes a parameter of an fp32 gradient buffer (Megatron's ``main_grad``)."""
 
 ZERO3_PREFETCH_LAYERS = 2
 """Layers of gathered weights ZeRO-3 holds at once: the current one and the prefetched next."""
@@ -268,12 +272,16 @@ def model_state_bytes(
     zero: int,
     precision: str,
     layers: int | None = None,
+    framework: str | None = None,
 ) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, ZeRO-3 gather buffer) bytes per GPU of pipeline
-    ``stage``: :data:`STATE_BYTES` per parameter, sharded over the N_d = dp x cp ranks (expert
-    weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5)."""
+    ``stage``: :data:`STATE_BYTES` per parameter (gradients in fp32 where ``framework`` keeps an fp32
+    ``main_grad``, :mod:`opcast.predict.frameworks`: Megatron's 18 bytes with Adam), sharded over the
+    N_d = dp x cp ranks (expert weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5)."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     w, g, o = STATE_BYTES[precision]
+    if framework_of(framework).fp32_grads:
+        g = max(g, FP32_GRAD_BYTES)
     n_d, n_e = dp * cp, max(1, dp * cp // ep)
 
     def shard(per_param: float, sharded: bool) -> float:
@@ -378,12 +386,23 @@ def train_memory(
     attention: str,
     recompute: str,
     layers: int | None = None,
+    framework: str | None = None,
 ) -> Memory:
     """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
     :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
     same three); ``layers``: the stage's transformer layers when the pipeline split is uneven."""
     w, g, o, gather = model_state_bytes(
-        arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, precision=precision, layers=layers
+        arch,
+        stage=stage,
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        zero=zero,
+        precision=precision,
+        layers=layers,
+        framework=framework,
     )
     act_dtype = activation_dtype(precision)
     per_layer, working = layer_activation_terms(

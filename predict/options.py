@@ -264,6 +264,11 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         None,
     ),
     "tensor_cores": (TENSOR_CORES.help, None),
+    "framework": (
+        "megatron, neox or hf: the kernels the framework runs (fused or unfused norms, softmax, cross-entropy) and "
+        "what it keeps in memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
+        "Megatron's kernels, 16 bytes a parameter",
+    ),
     "batch": ("Sequences decoded together.", None),
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),

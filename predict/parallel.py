@@ -22,6 +22,7 @@ from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
+from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype
 
 Recompute = Literal["none", "selective", "full"]
@@ -123,6 +124,10 @@ class TrainConfig:
     tensor_cores: bool | None = None
     """Matrix math on tensor cores (fp32: as TF32); None: by dtype, fp32 on CUDA cores as PyTorch's
     default (TF32 matmul off), every other precision on tensor cores."""
+    framework: FrameworkName | None = None
+    """The training framework (:mod:`opcast.predict.frameworks`): the kernel implementations it runs
+    (fused or unfused norms, softmax, cross-entropy) and what it keeps in memory (Megatron's fp32
+    ``main_grad``); None: Megatron's kernels with the ZeRO paper's 16 bytes a parameter."""
     bucket_params: int | None = None
     """Gradient bucket size in parameters; None: Megatron's max(40M, 1M x dp)."""
 
@@ -562,6 +567,8 @@ def validate_train(
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
+    if cfg.framework is not None and cfg.framework not in get_args(FrameworkName):
+        reasons.append(f"framework={cfg.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, ep=cfg.ep)  # pp: pipeline_split below

@@ -16,6 +16,11 @@
   device is never slower on a kernel than that training device, and one with at most both never faster.
 
 Devices a predictor was fitted on get only the roofline floor.
+
+Implementations (the registry's ``impl`` of norms, softmax, cross-entropy and rope,
+:data:`opcast.ops.KERNEL_IMPLS`): a predictor speaks only for the implementations it has data of
+(:meth:`LearnedKernelCost.speaks_for_impl`); another falls to the next source, the roofline of its
+own registry traffic at the roofline's efficiency, and the set's notes say so.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.ops import MATRIX_KINDS
+from opcast.ops import KERNEL_IMPLS, MATRIX_KINDS, get_op
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
 from opcast.predict.intervals import Residuals
@@ -55,6 +60,25 @@ BOUND_RULES: dict[str, str] = {
     "(the first wins where the training devices disagree)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
+
+
+# --------------------------------------------------------------------------- implementations
+
+_LEGACY_IMPLS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("rmsnorm", "fwd"): ("fused", "unfused"),
+    ("rmsnorm", "bwd"): ("unfused",),
+    ("cross_entropy", "fwd"): ("unfused",),
+    ("cross_entropy", "bwd"): ("unfused",),
+}
+"""The implementations the published sources measured, for a predictor fitted before the op had an
+``impl`` parameter (no ``impl_code`` among its features: its rows were all read as the registry
+default, fused): half-precision RMSNorm forward from Vidur (vLLM's fused kernel, A100 and A40) and
+arXiv 2509.22832 (GPT-NeoX's Python RMSNorm, A100 and GH200), its backward from 2509.22832 only;
+cross-entropy from 2509.22832 (Megatron's Python ``vocab_parallel_cross_entropy``). Every other
+kind (LayerNorm: torch's ``nn.LayerNorm`` in 2509.22832, NeuSight and Vidur; softmax: ``nn.Softmax``
+and Megatron's fused kernel) measured the registry default. Such a predictor speaks for an
+implementation only where it is the one its data measured, and is asked with the default (the
+features it was fitted on)."""
 
 
 # --------------------------------------------------------------------------- hardware range
@@ -246,6 +270,10 @@ class LearnedKernelCost:
         meta = getattr(model_set, "meta", None)
         self.range = HardwareRange(meta if isinstance(meta, Mapping) else None)
         """The hardware each predictor was fitted on (:class:`HardwareRange`)."""
+        self._adaptations: dict[str, Any] = {}
+        """Device name -> its adaptation in the set (``opcast train adapt``), or None."""
+        self._impls: dict[tuple[str, str], tuple[bool, bool]] = {}
+        """(group, impl) -> (speaks for it, a predictor fitted before impl was recorded)."""
 
     def group_of(self, k: Kernel) -> str:
         """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
@@ -279,7 +307,7 @@ class LearnedKernelCost:
             from opcast.train.features import feature_table
 
             todo = [k for ks in by_key.values() for k in ks]
-            feats = feature_table(_query_columns(todo), device)
+            feats = feature_table(_query_columns(self.as_fitted(todo)), device)
             start = 0
             for key, ks in by_key.items():
                 rows = feats.take(np.arange(start, start + len(ks)))
@@ -302,7 +330,68 @@ class LearnedKernelCost:
         hit = self._covers.get(key)
         if hit is None:
             hit = self._covers[key] = bool(self.model_set.covers(*key))
-        return hit
+        return hit and self.speaks_for_impl(k)
+
+    def _impl_status(self, k: Kernel) -> tuple[bool, bool]:
+        """(speaks for ``k``'s implementation, its predictor predates the impl parameter), memoised."""
+        impl = k.param_dict.get("impl")
+        if impl is None or get_op(k.kind).param_names.count("impl") == 0:
+            return True, False
+        spec_choices = next(p.choices for p in get_op(k.kind).params if p.name == "impl")
+        if spec_choices != KERNEL_IMPLS:  # attention's kernel families are priced as before
+            return True, False
+        key = self.group_of(k)
+        memo = self._impls.get((key, str(impl)))
+        if memo is not None:
+            return memo
+        entry = self.range.meta.get("predictors", {}).get(key)
+        status = (True, False)
+        if isinstance(entry, Mapping) and "features" in entry:
+            if "impl_code" in entry["features"]:
+                from opcast.train.features import _CODES
+
+                span = (entry.get("feature_ranges") or {}).get("impl_code")
+                code = _CODES["impl"].get(str(impl))
+                ok = not span or (code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9)
+                status = (bool(ok), False)
+                measured = "the implementations inside its fitted impl_code range"
+            else:
+                default = next(p.default for p in get_op(k.kind).params if p.name == "impl")
+                measured_impls = _LEGACY_IMPLS.get((k.kind, k.direction), (str(default),))
+                status = (measured_impls == (str(impl),), True)
+                measured = " and ".join(measured_impls) + " data, read as one (fitted before impl was recorded)"
+            if not status[0]:
+                self.range.notes.append(
+                    f"{key}: the learned model has no data of impl {impl} ({measured}); those kernels are "
+                    "priced by the roofline of their own traffic"
+                )
+        self._impls[(key, str(impl))] = status
+        return status
+
+    def speaks_for_impl(self, k: Kernel) -> bool:
+        """Whether the predictor of ``k``'s group has data of ``k``'s implementation (``impl``): within
+        the ``impl_code`` range it was fitted on, or, for a predictor fitted before the op had an
+        ``impl`` (no ``impl_code`` feature), the one implementation its sources measured
+        (:data:`_LEGACY_IMPLS`). Kinds without an ``impl`` of :data:`opcast.ops.KERNEL_IMPLS` always."""
+        return self._impl_status(k)[0]
+
+    def as_fitted(self, kernels: Sequence[Kernel]) -> list[Kernel]:
+        """``kernels`` as their predictors read them: a predictor fitted before the op had an ``impl``
+        saw every row with the registry default, so it is asked with that (its features then are the
+        ones it learned); the physical bounds still use the kernel's own traffic."""
+        out = list(kernels)
+        for i, k in enumerate(out):
+            if "impl" in k.param_dict and self._impl_status(k)[1]:
+                default = next(p.default for p in get_op(k.kind).params if p.name == "impl")
+                if k.param_dict["impl"] != default:
+                    out[i] = Kernel(
+                        k.kind,
+                        tuple((n, default if n == "impl" else v) for n, v in k.params),
+                        k.dtype,
+                        k.direction,
+                        k.tensor_cores,
+                    )
+        return out
 
     def residuals(self, k: Kernel, device: DeviceSpec) -> Residuals | None:
         """The held-out residuals of the predictor that prices ``k`` on ``device`` (None when the
@@ -317,8 +406,32 @@ class LearnedKernelCost:
             memo = self._residuals[(key, device.name)] = Residuals(key, *got) if got is not None else None
         return memo
 
+    def adaptation(self, device: DeviceSpec) -> Any:
+        """The set's per-device correction for ``device`` (``adapt/<device>.json``, written by
+        ``opcast train adapt``), loaded and checked once, or None. Using it adds a
+        ``learned+adapted(n=...)`` note to ``cost_sources``."""
+        if device.name in self._adaptations:
+            return self._adaptations[device.name]
+        got = None
+        if isinstance(getattr(self.model_set, "meta", None), Mapping) and getattr(self.model_set, "path", None):
+            from opcast.train.artifacts import load_adaptation
+
+            got = load_adaptation(self.model_set, device.name)
+        self._adaptations[device.name] = got
+        if got is not None:
+            measured = ", ".join(f"{g} ({e['rows']})" for g, e in sorted(got.data["groups"].items()))
+            self.range.notes.append(
+                f"{got.label} on {device.name}: learned times corrected by {got.path} (opcast train adapt) from "
+                f"{got.rows} measured kernels of {measured}; other groups take its device-level correction; "
+                "only the roofline floor bounds them there"
+            )
+        return got
+
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
-        out = np.asarray(self.model_set.predict_s(_query_columns(kernels), device), dtype=float)
+        out = np.asarray(self.model_set.predict_s(_query_columns(self.as_fitted(kernels)), device), dtype=float)
+        adapted = self.adaptation(device)
+        if adapted is not None and out.shape == (len(kernels),):
+            out = adapted.apply([self.group_of(k) for k in kernels], out)
         if out.shape != (len(kernels),):
             raise OpcastError(
                 f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
@@ -363,6 +476,8 @@ class LearnedKernelCost:
                 continue
             if device.name in self.range.fitted_on(key):
                 self._on_training.setdefault(device.name, {})[k] = float(out[i])
+                continue
+            if self.adaptation(device) is not None:  # measured there: its correction, not the span, rules
                 continue
             specs = self.range.training_specs(key)
             if specs and np.isfinite(roofs[i][0]):

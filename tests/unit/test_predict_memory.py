@@ -289,3 +289,23 @@ def test_fp8_trains_with_bf16_activations_everywhere():
     assert precision_of("fp8").act == "bf16" and precision_of("fp8").matrix == "fp8"
     layout, reasons = validate_train(load_arch("llama2-7b"), get_device("H100-SXM"), TrainConfig(precision="fp8"))
     assert layout is not None and layout.act_dtype == "bf16", reasons
+
+
+def test_megatron_keeps_an_fp32_main_grad_18_bytes_a_parameter():
+    """Hand-worked: P parameters in bf16 with Adam keep 2 P of weights, 2 P of gradients and 12 P of
+    fp32 master weights and moments (16 P); Megatron's fp32 main_grad makes the gradients 4 P (18 P), and
+    with the distributed optimizer over d = 4 ranks (ZeRO-1) 2 P + 4 P + 12 P / 4 = 9 P (Megatron Core's
+    '6 + 12/d')."""
+    from opcast.predict.memory import model_state_bytes, stage_params
+
+    arch = load_arch("gpt3-125m")
+    p = stage_params(arch, tp=1, pp=1, ep=1, stage=0).total
+    kw = dict(stage=0, tp=1, pp=1, dp=4, cp=1, ep=1, precision="bf16")
+    assert model_state_bytes(arch, zero=0, **kw)[:3] == (2 * p, 2 * p, 12 * p)
+    assert model_state_bytes(arch, zero=0, framework="neox", **kw)[:3] == (2 * p, 2 * p, 12 * p)
+    w, g, o, _ = model_state_bytes(arch, zero=0, framework="megatron", **kw)
+    assert (w, g, o) == (2 * p, 4 * p, 12 * p) and w + g + o == 18 * p
+    w, g, o, _ = model_state_bytes(arch, zero=1, framework="megatron", **kw)
+    assert w + g + o == pytest.approx(9 * p)
+    fp32 = model_state_bytes(arch, zero=0, framework="megatron", **{**kw, "precision": "fp32"})
+    assert fp32[:3] == (4 * p, 4 * p, 8 * p)  # fp32 training already keeps fp32 gradients
