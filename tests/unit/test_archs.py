@@ -44,6 +44,15 @@ PRESETS = [
     "megatron-175b",
     "megatron-530b",
     "megatron-1t",
+    "mpt-125m",
+    "mpt-350m",
+    "mpt-760m",
+    "mpt-1b",
+    "mpt-3b",
+    "mpt-7b",
+    "mpt-13b",
+    "mpt-30b",
+    "mpt-70b",
 ]
 
 # Op kinds and parameter names of the shared op registry (the brief's contract).
@@ -559,8 +568,9 @@ def _all_ops() -> list[tuple[str, dict]]:
         arch = load_arch(name)
         for tp in [t for t in arch.tp_choices() if t <= 8]:
             for sp in (False, True):
-                ops += layer_ops(arch, tp=tp, batch=2, seq=720, sp=sp, attention_impl="sdpa")
-                ops += model_ops(arch, tp=tp, batch=2, seq=720, sp=sp)
+                # 840 = 2^3 * 3 * 5 * 7: every tp up to 8 divides it (mpt-30b's 56 heads admit tp=7)
+                ops += layer_ops(arch, tp=tp, batch=2, seq=840, sp=sp, attention_impl="sdpa")
+                ops += model_ops(arch, tp=tp, batch=2, seq=840, sp=sp)
     return ops
 
 
