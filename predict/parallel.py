@@ -491,6 +491,8 @@ def resolve_cluster(
     if nodes is None:
         if world_needed is None:
             nodes = 1
+        elif world_needed < gpus_per_node:  # part of one node: a 2-GPU replica on an 8-GPU server
+            return Cluster(nodes=1, gpus_per_node=world_needed), []
         elif world_needed % gpus_per_node:
             return None, [f"world size {world_needed} is not a multiple of --gpus-per-node {gpus_per_node}"]
         else:

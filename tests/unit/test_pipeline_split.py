@@ -183,3 +183,15 @@ def test_console_bad_pp_layers_one_line_exit_2(value, expect):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("opcast: error:") and expect in lines[0]
     assert "Traceback" not in out.stderr
+
+
+def test_a_job_smaller_than_a_node_runs_on_part_of_it():
+    # a 2-GPU replica on an 8-GPU server: --gpus-per-node says how big the server is, not a refusal
+    from opcast.hardware import get_device
+    from opcast.predict.parallel import Cluster, resolve_cluster
+
+    h100 = get_device("H100-SXM")
+    assert resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=2) == (Cluster(nodes=1, gpus_per_node=2), [])
+    assert resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=16) == (Cluster(nodes=2, gpus_per_node=8), [])
+    cluster, problems = resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=12)
+    assert cluster is None and problems == ["world size 12 is not a multiple of --gpus-per-node 8"]
