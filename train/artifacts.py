@@ -755,3 +755,186 @@ def load_collectives(model_set: ModelSet) -> Any:
             "re-fit with opcast train fit"
         )
     return models_from_dict(data)
+
+
+# --------------------------------------------------------------------------- per-device adaptations
+
+ADAPT_DIR: Final = "adapt"
+"""Folder of a set holding its per-device adaptations (:mod:`opcast.train.adapt`), one
+``<device>.json`` each, beside meta.json."""
+ADAPT_FORMAT_VERSION: Final = 1
+ADAPT_MAX_BYTES: Final = 1 << 20
+
+
+def _is_pair_of_positive(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_is_bandwidth(x) for x in v) and v[0] <= v[1]
+
+
+ADAPT_FIELDS: Final[dict[str, _Field]] = {
+    "format": (True, lambda v: v == "opcast-adaptation", "'opcast-adaptation'"),
+    "format_version": (True, lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "device": (True, lambda v: _is_line(v) and bool(v), "a device name"),
+    "set_meta_sha256": (True, lambda v: _is_str(v) and bool(_SHA256.fullmatch(v)), "a sha256 hex digest"),
+    "sha256": (True, lambda v: _is_str(v) and bool(_SHA256.fullmatch(v)), "a sha256 hex digest"),
+    "rows": (True, _is_count, "an integer >= 1"),
+    "prior_rows": (True, _dict_of(_is_finite_nonneg), "an object of level -> prior strength >= 0"),
+    "t_ref_s": (True, _is_bandwidth, "a finite number > 0 (seconds)"),
+    "pred_s_range": (True, _is_pair_of_positive, "[min, max] seconds, 0 < min <= max"),
+    "log_factor": (True, lambda v: _is_finite(v) and abs(v) <= 5, "a finite number in [-5, 5]"),
+    "slope": (True, lambda v: _is_finite(v) and abs(v) <= 2, "a finite number in [-2, 2]"),
+    "groups": (True, _dict_of(lambda v: isinstance(v, dict)), "an object of group -> correction object"),
+    "datasets": (False, _list_of(lambda d: isinstance(d, dict)), "a list of objects"),
+    "command": (False, lambda v: _is_str(v) and len(v) <= 4000, "a string"),
+    "created_utc": (False, _is_line, "a short printable string"),
+    "cross_validated": (False, lambda v: v is None or isinstance(v, dict), "an object or null"),
+}
+"""What :func:`check_adaptation` requires of ``adapt/<device>.json`` (no other key is allowed)."""
+
+ADAPT_GROUP_FIELDS: Final[dict[str, _Field]] = {
+    "rows": (True, _is_count, "an integer >= 1"),
+    "log_factor": (True, lambda v: _is_finite(v) and abs(v) <= 5, "a finite number in [-5, 5]"),
+    "slope": (True, lambda v: _is_finite(v) and abs(v) <= 2, "a finite number in [-2, 2]"),
+}
+"""What :func:`check_adaptation` requires of each group's correction (no other key is allowed)."""
+
+
+def adaptation_file(device_name: str) -> str:
+    """The file name of ``device_name``'s adaptation in a set's :data:`ADAPT_DIR`: the name with
+    every character outside ``[A-Za-z0-9_.+-]`` replaced by ``_`` (the file records the exact name)."""
+    safe = re.sub(r"[^A-Za-z0-9_.+-]", "_", device_name)[:120]
+    return f"{'_' if not safe or safe.startswith('.') else ''}{safe}.json"
+
+
+class Adaptation:
+    """A fitted per-device correction of a set's learned times (:mod:`opcast.train.adapt`), numpy only:
+    ``log(t) = log(t_learned) + a + a_g + (c + c_g) * z`` with ``z = log(t_learned / t_ref_s)`` held
+    inside the range of the rows it was fitted on; groups it never measured take the device terms."""
+
+    __slots__ = ("data", "path")
+
+    def __init__(self, data: Mapping[str, Any], path: Path | None = None) -> None:
+        self.data = dict(data)
+        self.path = path
+
+    @property
+    def device(self) -> str:
+        return str(self.data["device"])
+
+    @property
+    def rows(self) -> int:
+        return int(self.data["rows"])
+
+    @property
+    def label(self) -> str:
+        """How a time it corrected is labelled: ``learned+adapted(n=ROWS)``."""
+        return f"learned+adapted(n={self.rows})"
+
+    def log_factor(self, keys: np.ndarray | list[str], pred_s: np.ndarray) -> np.ndarray:
+        """``log(adapted / learned)`` of each row (group key, learned seconds); 0 where ``pred_s``
+        is not a positive finite time."""
+        pred = np.asarray(pred_s, dtype=float)
+        ok = np.isfinite(pred) & (pred > 0)
+        lo, hi = self.data["pred_s_range"]
+        z = np.log(np.clip(np.where(ok, pred, lo), lo, hi) / float(self.data["t_ref_s"]))
+        groups = self.data["groups"]
+        a = np.array([groups[k]["log_factor"] if k in groups else 0.0 for k in keys], dtype=float)
+        c = np.array([groups[k]["slope"] if k in groups else 0.0 for k in keys], dtype=float)
+        out = float(self.data["log_factor"]) + a + (float(self.data["slope"]) + c) * z
+        return np.where(ok, out, 0.0)
+
+    def apply(self, keys: np.ndarray | list[str], pred_s: np.ndarray) -> np.ndarray:
+        """``pred_s`` (learned seconds of rows of groups ``keys``) corrected for this device."""
+        return np.asarray(pred_s, dtype=float) * np.exp(self.log_factor(keys, pred_s))
+
+    def __repr__(self) -> str:
+        return f"Adaptation({self.device!r}, {self.rows} rows, {len(self.data['groups'])} groups)"
+
+
+def _adaptation_digest(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(
+        json.dumps({k: v for k, v in body.items() if k != "sha256"}, sort_keys=True).encode()
+    ).hexdigest()
+
+
+def check_adaptation(data: Any, where: str | Path = ADAPT_DIR) -> None:
+    """Check every field of a parsed ``adapt/<device>.json`` (unknown keys refused); the first
+    problem is one :class:`OpcastError` line naming it."""
+    fix = "re-run opcast train adapt (or delete the file to predict without it)"
+    if not isinstance(data, dict):
+        raise OpcastError(f"{where} holds a JSON {type(data).__name__}, not an object; {fix}")
+    unknown = sorted(set(data) - set(ADAPT_FIELDS))
+    if unknown:
+        raise OpcastError(f"{where}: unknown field {_brief(unknown[0])}; {fix}")
+    try:
+        _check_fields(data, ADAPT_FIELDS, str(where), "")
+    except OpcastError as err:  # the same message, with this file's fix
+        raise OpcastError(str(err).split("; ")[0] + f"; {fix}") from None
+    if data["format_version"] > ADAPT_FORMAT_VERSION:
+        raise OpcastError(
+            f"{where}: format {data['format_version']} is newer than this opcast reads ({ADAPT_FORMAT_VERSION}); "
+            "upgrade opcast"
+        )
+    for key, group in data["groups"].items():
+        if not _GROUP_KEY.fullmatch(key) or key.rsplit("-", 2)[0] not in FEATURES:
+            raise OpcastError(f"{where}: group {_brief(key)} is not <op>-<direction>-<dtype class>; {fix}")
+        prefix = f"groups[{key!r}]."
+        extra = sorted(set(group) - set(ADAPT_GROUP_FIELDS))
+        if extra:
+            raise OpcastError(f"{where}: {prefix}{extra[0][:40]} is not a field of a group correction; {fix}")
+        try:
+            _check_fields(group, ADAPT_GROUP_FIELDS, str(where), prefix)
+        except OpcastError as err:
+            raise OpcastError(str(err).split("; ")[0] + f"; {fix}") from None
+
+
+def write_adaptation(set_path: str | Path, body: Mapping[str, Any]) -> Path:
+    """Write ``body`` (the fields of :data:`ADAPT_FIELDS` but the two digests) as the set's
+    ``adapt/<device>.json`` atomically, bound to the set's meta.json by ``set_meta_sha256`` and
+    to its own content by ``sha256``; checked as a reader would check it before it is written."""
+    from opcast.atomic import replace_with, temp_beside
+
+    root = Path(set_path)
+    meta = _read_meta(root / META)
+    if not isinstance(meta, dict) or not _is_str(meta.get("meta_sha256")):
+        raise OpcastError(f"{root} is not an opcast model set (no meta.json digest); give a set written by train fit")
+    data = {**body, "set_meta_sha256": meta["meta_sha256"]}
+    data = json.loads(json.dumps(data))
+    data["sha256"] = _adaptation_digest(data)
+    target = root / ADAPT_DIR / adaptation_file(str(data.get("device", "")))
+    check_adaptation(data, target)  # what is written must load
+    try:
+        tmp = temp_beside(target)
+    except OSError as err:
+        raise OpcastError(f"cannot write {target}: {err.strerror}; choose a writable set (or --out)") from None
+    return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(data, indent=1) + "\n"))
+
+
+def load_adaptation(model_set: ModelSet, device_name: str) -> Adaptation | None:
+    """The set's adaptation to ``device_name`` (``adapt/<device>.json``), or None when it has
+    none. Validated field by field, bound to the set's meta.json and to its own digest; any
+    problem is one :class:`OpcastError` line. Only parsed: nothing in it runs."""
+    path = Path(model_set.path) / ADAPT_DIR / adaptation_file(device_name)
+    try:
+        if not path.is_file():
+            return None
+        if path.stat().st_size > ADAPT_MAX_BYTES:
+            raise OpcastError(
+                f"{path} is larger than {ADAPT_MAX_BYTES >> 20} MiB, not an adaptation opcast writes; "
+                "re-run opcast train adapt"
+            )
+    except OSError as err:
+        raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions") from None
+    data = _read_meta(path)
+    check_adaptation(data, path)
+    if data["sha256"] != _adaptation_digest(data):
+        raise OpcastError(
+            f"{path} was modified after it was fitted (its sha256 does not match); re-run opcast train adapt"
+        )
+    if data["set_meta_sha256"] != model_set.meta.get("meta_sha256"):
+        raise OpcastError(
+            f"{path} was fitted on another model set (its set_meta_sha256 is not this set's meta.json); "
+            "re-run opcast train adapt with this set"
+        )
+    if data["device"] != device_name:
+        raise OpcastError(f"{path} adapts {_brief(data['device'])}, not {device_name!r}; re-run opcast train adapt")
+    return Adaptation(data, path)

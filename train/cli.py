@@ -179,3 +179,76 @@ def evaluate(
         )
     if plot is not None:
         console.print(f"scatter -> {plot}")
+
+
+@app.command()
+def adapt(
+    dataset: Annotated[
+        list[Path],
+        typer.Argument(
+            help="Rows measured on the GPU: a collect bench run folder, or replayed rows (files or folders)."
+        ),
+    ],
+    gpu: Annotated[str, typer.Option("--gpu", help="The GPU the rows were measured on (catalog name or alias).")],
+    models: Annotated[
+        Path | None,
+        typer.Option("--models", help="Model set to adapt (default: the embedded default, which needs --out)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", help="Write an adapted copy of the set here (default: add the adaptation to --models itself)."
+        ),
+    ] = None,
+    levels_only: Annotated[
+        bool, typer.Option("--levels-only", help="Fit levels only, no dependence on the kernel's size.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
+) -> None:
+    """Fit a per-GPU correction of the learned times from a few measured kernels (10 to a few
+    hundred) and store it in the set as adapt/<gpu>.json; predictions on that GPU with that set use it."""
+    from opcast.train.adapt import AdaptConfig, adapt_model_set
+
+    command = " ".join(
+        [
+            "opcast train adapt",
+            *map(str, dataset),
+            "--gpu",
+            gpu,
+            *(["--models", str(models)] if models is not None else []),
+            *(["--out", str(out)] if out is not None else []),
+            *(["--levels-only"] if levels_only else []),
+        ]
+    )
+    result = adapt_model_set(
+        dataset, gpu, models=models, out=out, cfg=AdaptConfig(slope=not levels_only), command=command
+    )
+    f = result.fields
+    if as_json:
+        console.print_json(
+            json.dumps(
+                {
+                    "path": str(result.path),
+                    "models": str(result.set_path),
+                    "device": f["device"],
+                    "rows": f["rows"],
+                    "ignored": result.ignored,
+                    "cross_validated": f["cross_validated"],
+                    "groups": json.loads(result.table.to_json(orient="records")),
+                }
+            )
+        )
+        return
+    print_frame(
+        result.table,
+        title=f"{f['device']}: correction from {f['rows']} measured rows -> {result.path} (in-sample % error)",
+    )
+    cv = f["cross_validated"]
+    if cv:
+        console.print(
+            f"  {cv['folds']}-fold cross-validated on the measured rows: learned {cv['learned_mape']:.1f} % -> "
+            f"adapted {cv['adapted_mape']:.1f} % MAPE"
+        )
+    for why, n in result.ignored.items():
+        console.print(f"  ignored {n} rows: {why}")
+    console.print(f"  predict with: --models {result.set_path} --gpu {f['device']}")

@@ -1,0 +1,329 @@
+"""``opcast train adapt``: few-shot correction of a model set's learned kernel times on one GPU.
+
+A model set predicts a GPU it never measured from that GPU's spec sheet; most of what it gets
+wrong there is one level of efficiency the specs do not carry (clocks under power caps, a
+library's kernels for that architecture), shared by the GPU's kernels. A few measured kernels of
+the GPU (a minute of ``opcast collect bench``, or a few hundred replayed rows) pin that level down.
+
+The correction is a ridge regression of the log ratio ``r = log(measured / learned)`` of those
+rows (clipped to +-log 4, so a throttled or mistimed row cannot dominate)::
+
+    r = a + a_g + (c + c_g) * z,        z = log(t_learned / t_ref_s)
+
+``a`` is the device's level, ``a_g`` its deviation for one predictor group (op, direction,
+dtype class), ``c`` and ``c_g`` a dependence on the size of the kernel (``z``: the learned time
+over the geometric mean of the measured rows' learned times, held inside their range when
+applied), since a short kernel's time is launch and ramp-up, which varies less between GPUs than
+a long kernel's sustained rate. Each term has a Gaussian prior at 0 whose strength is stated in
+rows (:data:`PRIOR_ROWS`): with ``n`` rows a term moves ``n / (n + prior)`` of the way to what the
+rows alone say, so one row moves the correction little and a hundred almost fully. A group with
+no measured row takes the device's terms (most of the error is the device's level). Five
+parameters a group at most, so it is stable from ten rows; nothing else of the set changes.
+
+The result is ``adapt/<device>.json`` in the set (:func:`opcast.train.artifacts.write_adaptation`),
+which ``opcast predict`` applies whenever it prices kernels on that device with that set
+(:class:`opcast.predict.cost.learned.LearnedKernelCost`, labelled ``learned+adapted(n=...)`` in
+``cost_sources``).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+
+from opcast.errors import OpcastError
+
+PRIOR_ROWS: Final[Mapping[str, float]] = MappingProxyType(
+    {"device": 1.0, "group": 4.0, "device_slope": 10.0, "group_slope": 40.0}
+)
+"""Prior strength of each term, in rows (slopes: in rows at one e-fold of spread in ``z``). The
+device level is nearly free (one row halves it); a group's deviation from the device needs a few
+rows of its own; the size dependence needs a spread of sizes, a group's own one more of them.
+Chosen before the evaluation and checked there (``benchmarks/few_shot.py`` prints the variants)."""
+LOG_CLIP: Final = math.log(4.0)
+"""Each row's ``log(measured / learned)`` is clipped to +-this (a factor of 4)."""
+CV_FOLDS: Final = 5
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AdaptConfig:
+    """How :func:`fit_correction` fits."""
+
+    prior_rows: Mapping[str, float] = field(default_factory=lambda: dict(PRIOR_ROWS))
+    """Prior strength of each term in rows (:data:`PRIOR_ROWS`); keys device, group, device_slope, group_slope."""
+    slope: bool = True
+    """Fit the size dependence (``c``, ``c_g``); off: levels only."""
+
+    def __post_init__(self) -> None:
+        missing = sorted(set(PRIOR_ROWS) - set(self.prior_rows))
+        bad = [k for k, v in self.prior_rows.items() if not (isinstance(v, (int, float)) and 0 <= v < 1e9)]
+        if missing or bad:
+            raise OpcastError(f"prior_rows needs {', '.join(PRIOR_ROWS)} as numbers >= 0; missing {missing}, bad {bad}")
+
+
+def fit_correction(
+    keys: Sequence[str] | np.ndarray,
+    pred_s: np.ndarray,
+    true_s: np.ndarray,
+    cfg: AdaptConfig = AdaptConfig(),
+) -> dict[str, Any]:
+    """The correction fields of an adaptation (``rows``, ``prior_rows``, ``t_ref_s``,
+    ``pred_s_range``, ``log_factor``, ``slope``, ``groups``) fitted on rows of group ``keys``
+    with learned times ``pred_s`` and measured times ``true_s``; rows without a positive
+    finite pair are ignored. Raises :class:`OpcastError` when none is left."""
+    pred = np.asarray(pred_s, dtype=float)
+    true = np.asarray(true_s, dtype=float)
+    ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)
+    if not ok.any():
+        raise OpcastError("no measured row has a learned prediction to correct; measure ops the model set covers")
+    key_of = np.asarray(keys, dtype=object)[ok]
+    pred, true = pred[ok], true[ok]
+    r = np.clip(np.log(true / pred), -LOG_CLIP, LOG_CLIP)
+    t_ref = float(np.exp(np.mean(np.log(pred))))
+    z = np.log(pred / t_ref)
+    groups = sorted(set(key_of.tolist()))
+    g_index = np.searchsorted(np.array(groups, dtype=object), key_of)
+    n, n_g = len(r), len(groups)
+    slope = cfg.slope and n >= 3 and float(np.ptp(z)) > 0
+    # columns: a, a_g..., then (with the slope) c, c_g...
+    cols = 1 + n_g
+    x = np.zeros((n, 2 * cols if slope else cols))
+    x[:, 0] = 1.0
+    x[np.arange(n), 1 + g_index] = 1.0
+    prior = cfg.prior_rows
+    penalty = [prior["device"]] + [prior["group"]] * n_g
+    if slope:
+        x[:, cols:] = x[:, :cols] * z[:, None]
+        penalty += [prior["device_slope"]] + [prior["group_slope"]] * n_g
+    lhs = x.T @ x + np.diag(np.maximum(penalty, 1e-9))  # a zero prior: least squares (kept solvable)
+    beta = np.linalg.solve(lhs, x.T @ r)
+    level = beta[:cols]
+    slopes = beta[cols:] if slope else np.zeros(cols)
+    counts = np.bincount(g_index, minlength=n_g)
+    return {
+        "rows": int(n),
+        "prior_rows": {k: float(prior[k]) for k in PRIOR_ROWS},
+        "t_ref_s": t_ref,
+        "pred_s_range": [float(pred.min()), float(pred.max())],
+        "log_factor": round(float(np.clip(level[0], -5, 5)), 6),
+        "slope": round(float(np.clip(slopes[0], -2, 2)), 6),
+        "groups": {
+            g: {
+                "rows": int(counts[i]),
+                "log_factor": round(float(np.clip(level[1 + i], -5, 5)), 6),
+                "slope": round(float(np.clip(slopes[1 + i], -2, 2)), 6),
+            }
+            for i, g in enumerate(groups)
+        },
+    }
+
+
+def correction(fields: Mapping[str, Any]) -> Any:
+    """An :class:`opcast.train.artifacts.Adaptation` of fitted ``fields`` (not written anywhere),
+    to apply the same arithmetic the predict path applies."""
+    from opcast.train.artifacts import Adaptation
+
+    return Adaptation({"device": "", **fields})
+
+
+def cross_validate(
+    keys: np.ndarray, pred_s: np.ndarray, true_s: np.ndarray, cfg: AdaptConfig = AdaptConfig(), seed: int = 0
+) -> dict[str, Any] | None:
+    """MAPE (percent) of the learned and of the adapted times on the measured rows themselves,
+    each row predicted by a correction fitted without its fold (:data:`CV_FOLDS` seeded folds);
+    None with fewer than 10 rows."""
+    from opcast.train.evaluate import ape_metrics
+
+    keys = np.asarray(keys, dtype=object)
+    pred = np.asarray(pred_s, dtype=float)
+    true = np.asarray(true_s, dtype=float)
+    ok = np.flatnonzero(np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0))
+    if len(ok) < 10:
+        return None
+    fold = np.random.default_rng(seed).permutation(len(ok)) % CV_FOLDS
+    adapted = np.full(len(pred), np.nan)
+    for f in range(CV_FOLDS):
+        test, train = ok[fold == f], ok[fold != f]
+        fields = fit_correction(keys[train], pred[train], true[train], cfg)
+        adapted[test] = correction(fields).apply(keys[test], pred[test])
+    base, adapt = ape_metrics(pred[ok], true[ok]), ape_metrics(adapted[ok], true[ok])
+    return {
+        "folds": CV_FOLDS,
+        "rows": int(len(ok)),
+        "learned_mape": round(base["mape"], 2),
+        "adapted_mape": round(adapt["mape"], 2),
+    }
+
+
+# --------------------------------------------------------------------------- the command
+
+
+@dataclass(kw_only=True, slots=True)
+class AdaptResult:
+    """What :func:`adapt_model_set` wrote."""
+
+    path: Path
+    """The adaptation file."""
+    set_path: Path
+    """The model set it belongs to (``--models``, or the copy at ``--out``)."""
+    fields: dict[str, Any]
+    """The written fields."""
+    table: pd.DataFrame
+    """Per group: measured rows, learned and adapted MAPE on those rows (in-sample), factor at t_ref."""
+    ignored: dict[str, int]
+    """Rows not used, by reason."""
+
+
+def _destination(models: str | Path | None, out: str | Path | None, model_set: Any) -> Path | None:
+    """Where the adaptation goes: ``--models SET`` itself, or ``--out NEWSET`` (None: copy there
+    once the fit succeeded). Checked before any work; nothing existing is overwritten but an
+    adaptation of the same set."""
+    if out is None:
+        if models is None:
+            raise OpcastError(
+                "the embedded default set is part of the install and is not changed; give --out DIR to "
+                "write an adapted copy of it (then predict with --models DIR)"
+            )
+        return Path(model_set.path)
+    out = Path(out)
+    try:
+        if out.exists():
+            from opcast.train.artifacts import META, _read_meta
+
+            if not (out / META).is_file():
+                raise OpcastError(
+                    f"--out {out} exists and is not a model set; give a new folder (the set is copied there "
+                    "with the adaptation added) or an adapted copy of the same set"
+                )
+            other = _read_meta(out / META)
+            if not isinstance(other, dict) or other.get("meta_sha256") != model_set.meta.get("meta_sha256"):
+                raise OpcastError(
+                    f"--out {out} is another model set, not a copy of {model_set.path}; give a new folder"
+                )
+            return out
+        base = out.parent
+        while not base.exists():
+            base = base.parent
+    except OSError as err:
+        raise OpcastError(f"--out {out} cannot be inspected ({err.strerror}); choose a writable folder") from None
+    if not base.is_dir():
+        raise OpcastError(f"--out {out} lies under {base}, which is a file; choose a folder")
+    return None
+
+
+def _copy_set(src: Path, out: Path) -> Path:
+    """Copy the set ``src`` to the new folder ``out`` atomically (a temporary sibling renamed)."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    except OSError as err:
+        raise OpcastError(f"cannot write {out}: {err.strerror}; choose a writable --out folder") from None
+    try:
+        shutil.copytree(src, tmp, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".*", "__pycache__"))
+        tmp.rename(out)
+        out.chmod(0o755)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise OpcastError(f"cannot copy {src} to {out}: {err.strerror}; choose a writable --out folder") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def adapt_model_set(
+    datasets: Sequence[str | Path],
+    gpu: str,
+    *,
+    models: str | Path | None = None,
+    out: str | Path | None = None,
+    cfg: AdaptConfig = AdaptConfig(),
+    command: str = "opcast train adapt",
+) -> AdaptResult:
+    """Fit the correction of ``models`` (None: the embedded default) on ``gpu`` from the rows of
+    ``datasets`` measured there, and write it into the set, or into a copy of it at ``out``."""
+    from opcast.hardware import get_device
+    from opcast.train.artifacts import load_model_set, write_adaptation
+    from opcast.train.evaluate import ape_metrics
+    from opcast.train.features import group_key_array
+    from opcast.train.fit import dataset_records, load_training_frame, portable_command, resolve_devices
+
+    model_set = load_model_set(models)
+    dest = _destination(models, out, model_set)  # before reading any data
+    frame = load_training_frame(datasets)
+    names = sorted(pd.unique(frame["device"].astype(object)).tolist())
+    try:
+        name = get_device(gpu).name
+    except OpcastError:
+        name = gpu
+    if name not in names and gpu in names:
+        name = gpu
+    if name not in names:
+        raise OpcastError(
+            f"--gpu {gpu}: no rows of that device in the datasets (devices: {', '.join(map(str, names))[:200]}); "
+            "give the device the rows were measured on"
+        )
+    rows = frame[frame["device"] == name].reset_index(drop=True)
+    spec = resolve_devices([name], datasets, known=model_set.meta.get("device_specs", {}))[name]
+    keys = group_key_array(rows)
+    covered = np.fromiter((k in model_set.predictors for k in keys.tolist()), dtype=bool, count=len(keys))
+    pred = np.full(len(rows), np.nan)
+    if covered.any():
+        pos = np.flatnonzero(covered)
+        pred[pos] = model_set.predict_s(rows.iloc[pos].reset_index(drop=True), spec)
+    true = rows["time_s_median"].to_numpy(dtype=float)
+    usable = np.isfinite(pred) & (pred > 0)
+    ignored = {
+        k: int(v)
+        for k, v in {
+            "no predictor in the set for its op group": int((~covered).sum()),
+            "no learned prediction (the device lacks the dtype's peak)": int((covered & ~usable).sum()),
+        }.items()
+        if v
+    }
+    if not usable.any():
+        groups = ", ".join(sorted(set(keys.tolist())))[:160]
+        raise OpcastError(
+            f"none of the {len(rows)} rows of {name} ({groups}) has a learned prediction in {model_set.path}; "
+            "measure ops the set covers (opcast train eval shows them)"
+        )
+    fields = fit_correction(keys[usable], pred[usable], true[usable], cfg)
+    cv = cross_validate(keys[usable], pred[usable], true[usable], cfg)
+    body = {
+        "format": "opcast-adaptation",
+        "format_version": 1,
+        "device": name,
+        **fields,
+        "datasets": dataset_records(datasets),
+        "command": portable_command(command),
+        "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cross_validated": cv,
+    }
+    if dest is None:
+        dest = _copy_set(Path(model_set.path), Path(out))  # type: ignore[arg-type]  # out is set when dest is None
+    path = write_adaptation(dest, body)
+    adapted = correction(fields).apply(keys, pred)
+    table = []
+    for g in sorted(set(keys[usable].tolist())):
+        m = usable & (keys == g)
+        entry = fields["groups"][g]
+        table.append(
+            {
+                "group": g,
+                "rows": int(m.sum()),
+                "learned_mape": ape_metrics(pred[m], true[m])["mape"],
+                "adapted_mape": ape_metrics(adapted[m], true[m])["mape"],
+                "factor_at_t_ref": math.exp(fields["log_factor"] + entry["log_factor"]),
+            }
+        )
+    return AdaptResult(path=path, set_path=dest, fields=body, table=pd.DataFrame(table), ignored=ignored)
