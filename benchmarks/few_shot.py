@@ -1,0 +1,383 @@
+"""Few-shot adaptation to a GPU the models never saw (issue 19): error against measured kernels.
+
+    python benchmarks/few_shot.py [--published ../shared/published] [--work DIR]
+        [--sections neusight,aiconfigurator] [--aic-data FILE] [--ks 0,10,50,200] [--draws 5] [--json FILE]
+
+For every GPU of a data set in turn (leave-one-GPU-out): opcast's models are fitted without that
+GPU (``fit_frame``, xgb, no inner folds: the estimator ``auto`` picks for these groups), then
+corrected with :func:`opcast.train.adapt.fit_correction` (what ``opcast train adapt`` writes)
+from k kernels measured on it, k in ``--ks``, drawn at random (seeded, ``--draws`` draws per k),
+and scored on rows of that GPU never drawn. A draw is stratified by predictor group (op,
+direction, dtype class): k / groups rows of each, as a ``collect bench`` minute that times every
+op would give, the remainder to random groups. k = 0 is the unadapted model.
+
+1. NeuSight's five GPUs (FP32 CUDA cores, arXiv 2407.13853), NeuSight's test files scored, two
+   pools to draw from: (A) the GPU's *training sweeps* (other shapes, another measuring campaign
+   than the test files: what a user who benchmarks a minute and predicts a workload has), and
+   (B) the GPU's test files themselves (the k drawn rows removed from the scored ones: same
+   campaign). Training as in ``benchmarks/train_benchmark.py`` (b): the other four GPUs' sweeps
+   minus every test shape.
+2. AIConfigurator (``aiconfigurator-core``; ``benchmarks/modern_gpus.py``): the nine tensor-core
+   systems, labels gemm bf16/fp8, prefill, decode; training at most ``--aic-train-rows`` rows per
+   (system, label) of the other systems, the held-out system's rows split in half by a seeded
+   shape hash: draws from one half, scores on the other.
+
+Beside the adapted model: ``oracle x1`` rescales the unadapted predictions of each GPU by the one
+constant that is best on the *scored* rows themselves (the issue's "one oracle constant per GPU",
+a diagnosis, not a method), and variants of the correction (levels only; priors x4 and /4).
+Fitting dominates the wall time; the base predictions are kept in ``--work`` and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+PUBLISHED = Path(__file__).resolve().parents[1].parent / "shared" / "published"
+GEMM_LABELS = ("gemm (bmm)", "gemm (linear)", "gemm bf16", "gemm fp8")
+
+
+# --------------------------------------------------------------------------- base predictions
+
+
+def _fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: Mapping, seed: int) -> np.ndarray:
+    from opcast.train.fit import FitConfig, _predict_fitted, fit_frame
+
+    cfg = FitConfig(estimator="xgb", folds=0, seed=seed, n_jobs=2, xgb_params=dict(xgb_params))
+    fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, cfg)
+    pred = np.full(len(test), np.nan)
+    names = test["device"].to_numpy(dtype=object)
+    for dev in pd.unique(names):
+        pos = np.flatnonzero(names == dev)
+        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev])
+    return pred
+
+
+def _neusight_label(frame: pd.DataFrame) -> pd.Series:
+    label = frame["op"].astype(object).copy()
+    gemm = (label == "gemm").to_numpy()
+    linear = frame["source_file"].astype(str).str.contains("linear").to_numpy()
+    label[gemm & linear] = "gemm (linear)"
+    label[gemm & ~linear] = "gemm (bmm)"
+    return label
+
+
+def neusight_base(path: Path, cache: Path, log) -> pd.DataFrame:
+    """Every row of each GPU (its sweeps and its test files) with the prediction of the models
+    fitted without that GPU (``pred``), ``pool`` = ``sweep`` | ``test``; cached in ``cache``."""
+    if cache.is_file():
+        log(f"neusight: reusing base predictions {cache}")
+        return pd.read_parquet(cache)
+    from opcast.train.fit import load_training_frame, resolve_devices
+
+    df = load_training_frame([path])
+    df = df.assign(label=_neusight_label(df))
+    is_test = df["source_file"].astype(str).str.contains("/dataset/test/").to_numpy()
+    test_shapes = set(df.loc[is_test, "point_id"])
+    sweep = df[~is_test & ~df["point_id"].isin(test_shapes).to_numpy()]
+    devices = resolve_devices(pd.unique(df["device"].astype(object)))
+    parts = []
+    for dev in sorted(devices):
+        t0 = time.perf_counter()
+        train = sweep[sweep["device"] != dev]
+        mine = pd.concat(
+            [
+                sweep[sweep["device"] == dev].assign(pool="sweep"),
+                df[is_test & (df["device"] == dev).to_numpy()].assign(pool="test"),
+            ],
+            ignore_index=True,
+        )
+        mine["pred"] = _fit_predict(train, mine, devices, {}, 0)
+        parts.append(mine)
+        dt = time.perf_counter() - t0
+        log(f"neusight: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
+    keep = ["device", "op", "dtype", "direction", "tensor_cores", "point_id", "label", "pool", "time_s_median", "pred"]
+    out = pd.concat(parts, ignore_index=True)
+    out = out.assign(key=_keys(out))[[*keep, "key"]]
+    out.to_parquet(cache)
+    return out
+
+
+def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log) -> pd.DataFrame:
+    """AIConfigurator rows of every system with the prediction of models fitted without it;
+    ``pool`` = ``draw`` | ``test`` (a seeded half of its shapes each); cached in ``cache``."""
+    if cache.is_file():
+        log(f"aiconfigurator: reusing base predictions {cache}")
+        return pd.read_parquet(cache)
+    mg = _modern_gpus()
+    from opcast.train.fit import resolve_devices
+    from opcast.train.splits import grouped_mask, shape_groups
+
+    frame = mg.load(data)
+    frame = frame[frame["op"].isin(("gemm", "attention"))].reset_index(drop=True)
+    devices = resolve_devices(pd.unique(frame["device"].astype(object)))
+    pool = mg.cap(frame, train_rows, seed)
+    parts = []
+    for dev in sorted(devices):
+        t0 = time.perf_counter()
+        train = pool[pool["device"] != dev]
+        mine = mg.cap(frame[frame["device"] == dev], 4 * train_rows, seed + 1).reset_index(drop=True)
+        half = grouped_mask(shape_groups(mine), 0.5, seed + 11)
+        mine = mine.assign(pool=np.where(half, "test", "draw"))
+        mine["pred"] = _fit_predict(train, mine, devices, {}, seed)
+        parts.append(mine)
+        dt = time.perf_counter() - t0
+        log(f"aiconfigurator: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
+    keep = ["device", "op", "dtype", "direction", "tensor_cores", "point_id", "label", "pool", "time_s_median", "pred"]
+    out = pd.concat(parts, ignore_index=True)
+    out = out.assign(key=_keys(out))[[*keep, "key"]]
+    out.to_parquet(cache)
+    return out
+
+
+def _keys(frame: pd.DataFrame) -> np.ndarray:
+    from opcast.train.features import group_key_array
+
+    return group_key_array(frame)
+
+
+def _modern_gpus():
+    spec = importlib.util.spec_from_file_location("modern_gpus", Path(__file__).with_name("modern_gpus.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --------------------------------------------------------------------------- draws and scores
+
+
+def draw(keys: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions of ``k`` rows, stratified by group: ``k // groups`` of each (all of a smaller
+    group), the rest from the remaining rows at random."""
+    if k <= 0:
+        return np.array([], dtype=int)
+    groups = sorted(set(keys.tolist()))
+    share = k // len(groups)
+    picked: list[int] = []
+    for g in groups:
+        pos = np.flatnonzero(keys == g)
+        picked += rng.choice(pos, min(share, len(pos)), replace=False).tolist()
+    rest = np.setdiff1d(np.arange(len(keys)), picked)
+    more = min(k - len(picked), len(rest))
+    if more > 0:
+        picked += rng.choice(rest, more, replace=False).tolist()
+    return np.array(sorted(picked), dtype=int)
+
+
+def _ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    return np.abs(pred / true - 1.0) * 100.0
+
+
+VARIANTS: dict[str, dict] = {
+    "adapted": {},
+    "levels only": {"slope": False},
+    "priors x4": {"scale": 4.0},
+    "priors /4": {"scale": 0.25},
+}
+
+
+def _cfg(variant: Mapping):
+    from opcast.train.adapt import PRIOR_ROWS, AdaptConfig
+
+    scale = variant.get("scale", 1.0)
+    return AdaptConfig(prior_rows={k: v * scale for k, v in PRIOR_ROWS.items()}, slope=variant.get("slope", True))
+
+
+def curve(
+    base: pd.DataFrame, draw_pool: str, score_pool: str, ks: Sequence[int], draws: int, seed: int
+) -> pd.DataFrame:
+    """One row per (device, k, draw, variant, label): MAPE on the scored rows not drawn."""
+    from opcast.train.adapt import correction, fit_correction
+
+    rows = []
+    for dev in sorted(pd.unique(base["device"])):
+        mine = base[(base["device"] == dev) & np.isfinite(base["pred"].to_numpy(dtype=float))]
+        pool = mine[mine["pool"] == draw_pool].reset_index(drop=True)
+        test = mine[mine["pool"] == score_pool].reset_index(drop=True)
+        true, pred = test["time_s_median"].to_numpy(float), test["pred"].to_numpy(float)
+        labels = test["label"].astype(str).to_numpy()
+        oracle = pred * np.exp(np.median(np.log(true / pred)))  # one constant, fitted on the scored rows
+        for k in ks:
+            for d in range(draws if k else 1):
+                rng = np.random.default_rng([seed, d, k, int(hashlib.sha1(dev.encode()).hexdigest()[:6], 16)])
+                picked = draw(pool["key"].to_numpy(dtype=object), k, rng)
+                scored = np.ones(len(test), dtype=bool)
+                if draw_pool == score_pool and len(picked):
+                    scored[picked] = False
+                preds = {"oracle x1": oracle}
+                if k == 0:
+                    preds["adapted"] = pred
+                else:
+                    sub = pool.iloc[picked]
+                    for name, variant in VARIANTS.items():
+                        fields = fit_correction(
+                            sub["key"].to_numpy(dtype=object),
+                            sub["pred"].to_numpy(float),
+                            sub["time_s_median"].to_numpy(float),
+                            _cfg(variant),
+                        )
+                        preds[name] = correction(fields).apply(test["key"].to_numpy(dtype=object), pred)
+                for name, p in preds.items():
+                    ape = _ape(p, true)
+                    for label in [*sorted(set(labels.tolist())), "GEMM", "all"]:
+                        if label == "all":
+                            m = scored.copy()
+                        elif label == "GEMM":
+                            m = scored & np.isin(labels, GEMM_LABELS)
+                        else:
+                            m = scored & (labels == label)
+                        if m.any():
+                            rows.append(
+                                {
+                                    "device": dev,
+                                    "k": k,
+                                    "draw": d,
+                                    "variant": name,
+                                    "label": label,
+                                    "mape": ape[m].mean(),
+                                }
+                            )
+    return pd.DataFrame(rows)
+
+
+def pooled(res: pd.DataFrame, variant: str = "adapted") -> pd.DataFrame:
+    """MAPE per label and k pooled over devices (mean of the per-device MAPEs), mean and spread over draws."""
+    sub = res[res["variant"] == variant]
+    per_draw = sub.groupby(["label", "k", "draw"]).mape.mean().reset_index()
+    agg = per_draw.groupby(["label", "k"]).mape.agg(["mean", "std"]).reset_index()
+    wide = agg.pivot(index="label", columns="k", values="mean")
+    spread = agg.pivot(index="label", columns="k", values="std")
+    out = wide.copy()
+    for k in wide.columns:
+        out[k] = [f"{m:.1f}" + (f" ± {s:.1f}" if np.isfinite(s) and s > 0 else "") for m, s in zip(wide[k], spread[k])]
+    out.columns = [f"k={k}" for k in wide.columns]
+    return out.reset_index()
+
+
+def per_device(res: pd.DataFrame, label: str, ks: Sequence[int]) -> pd.DataFrame:
+    sub = res[(res["label"] == label)]
+    agg = sub.groupby(["device", "variant", "k"]).mape.mean().reset_index()
+    rows = []
+    for dev in sorted(pd.unique(agg["device"])):
+        a = agg[agg["device"] == dev]
+        row = {"device": dev}
+        for k in ks:
+            v = a[(a["variant"] == "adapted") & (a["k"] == k)].mape
+            row[f"k={k}"] = round(float(v.iloc[0]), 1) if len(v) else None
+        o = a[(a["variant"] == "oracle x1") & (a["k"] == 0)].mape
+        row["oracle x1"] = round(float(o.iloc[0]), 1) if len(o) else None
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def variants(res: pd.DataFrame, labels: Sequence[str], k_max: int) -> pd.DataFrame:
+    sub = res[res["label"].isin(labels) & (res["k"] > 0)]
+    per_draw = sub.groupby(["variant", "label", "k", "draw"]).mape.mean().reset_index()
+    agg = per_draw.groupby(["variant", "label", "k"]).mape.mean().reset_index()
+    wide = agg.pivot(index=["label", "variant"], columns="k", values="mape").round(1)
+    wide.columns = [f"k={k}" for k in wide.columns]
+    return wide.reset_index()
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _print(title: str, table: pd.DataFrame) -> None:
+    print(f"\n## {title}\n")
+    try:
+        print(table.to_markdown(index=False, floatfmt=".1f"))
+    except ImportError:
+        print(table.to_string(index=False))
+
+
+def _report(name: str, res: pd.DataFrame, ks: Sequence[int], tables: dict[str, pd.DataFrame]) -> None:
+    tables[
+        f"{name}: MAPE % of the held-out GPU vs measured kernels k (mean ± sd over draws; pooled = mean over GPUs)"
+    ] = pooled(res)
+    tables[f"{name}: GEMM per held-out GPU (adapted; oracle x1 = one constant fitted on the scored rows)"] = per_device(
+        res, "GEMM", ks
+    )
+    labels = ["GEMM", "all"]
+    tables[f"{name}: variants of the correction (GEMM and all ops, pooled)"] = variants(res, labels, max(ks))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--published", type=Path, default=PUBLISHED, help="The shared published measurements.")
+    ap.add_argument("--work", type=Path, default=None, help="Keep replays and base predictions here (reused).")
+    ap.add_argument("--sections", default="neusight,aiconfigurator")
+    ap.add_argument(
+        "--aic-data", type=Path, default=None, help="A replayed aiconfigurator.parquet (modern_gpus.py --replay-to)."
+    )
+    ap.add_argument(
+        "--aic-train-rows", type=int, default=2000, help="Training rows per (system, label) (default: %(default)s)."
+    )
+    ap.add_argument("--ks", default="0,10,50,200")
+    ap.add_argument("--draws", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    ks = [int(k) for k in args.ks.split(",")]
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    tmp = tempfile.TemporaryDirectory() if args.work is None else None
+    work = Path(tmp.name) if tmp else args.work
+    work.mkdir(parents=True, exist_ok=True)
+    sections = set(args.sections.split(","))
+    tables: dict[str, pd.DataFrame] = {}
+    t_start = time.perf_counter()
+    if "neusight" in sections:
+        from opcast.collect.replay import run_replay
+
+        data = work / "neusight.parquet"
+        if not data.is_file():
+            run_replay("neusight", args.published / "neusight", work)
+        base = neusight_base(data, work / "few_shot_neusight_base.parquet", log)
+        t0 = time.perf_counter()
+        res_a = curve(base, "sweep", "test", ks, args.draws, args.seed)
+        res_b = curve(base, "test", "test", ks, args.draws, args.seed)
+        log(f"neusight: adaptation curves in {time.perf_counter() - t0:.1f} s")
+        _report("NeuSight (A) drawn from the GPU's training sweeps, scored on its test files", res_a, ks, tables)
+        _report("NeuSight (B) drawn from the GPU's test files, scored on the rest of them", res_b, ks, tables)
+    if "aiconfigurator" in sections:
+        data = args.aic_data or work / "aiconfigurator.parquet"
+        if not data.is_file():
+            if importlib.util.find_spec("aiconfigurator_core") is None:
+                print("few_shot: aiconfigurator-core is not installed and --aic-data not given", file=sys.stderr)
+                return 2
+            _modern_gpus().replay_aiconfigurator(work, cap_rows=3000, seed=args.seed)
+            data = work / "aiconfigurator.parquet"
+        base = aic_base(
+            data, work / f"few_shot_aic_base_{args.aic_train_rows}.parquet", args.aic_train_rows, args.seed, log
+        )
+        res = curve(base, "draw", "test", ks, args.draws, args.seed)
+        _report("AIConfigurator: drawn from half of the system's shapes, scored on the other half", res, ks, tables)
+    print(
+        f"# few-shot adaptation (opcast train adapt), leave-one-GPU-out; ks {ks}, {args.draws} draws; "
+        f"{time.perf_counter() - t_start:.0f} s"
+    )
+    for title, table in tables.items():
+        _print(title, table)
+    if args.json:
+        args.json.write_text(
+            json.dumps({k: json.loads(v.to_json(orient="records")) for k, v in tables.items()}, indent=1)
+        )
+    if tmp:
+        tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
