@@ -42,9 +42,9 @@ from opcast.hardware import PEAKS_GROUP, DeviceSpec, Setting, derive_device, par
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.comm_learned import NETWORK_FIELDS, collective_cost_for
 from opcast.predict.cost import Kernel, KernelCostModel, LearnedKernelCost, bottleneck, roofline_only
-from opcast.predict.graph import precision_of
 from opcast.predict.inference import InferResult, predict_infer
 from opcast.predict.parallel import InferConfig, TrainConfig
+from opcast.predict.report import infer_kernel
 from opcast.predict.training import TrainResult, compile_train, run_train
 
 WorkloadKind = Literal["train", "infer"]
@@ -174,7 +174,7 @@ def predict(
             comms=comms,
         )
         timed = result.memory is not None
-        used = [(_infer_kernel(result, ln), ln["source"]) for ln in result.ops] if timed else []
+        used = [(infer_kernel(result, ln), ln["source"]) for ln in result.ops] if timed else []
     split = time_split(result, kernels) if timed else None
     unique = dict(used)
     flagged = sum(1 for k in unique if kernels.range_flag(k, device))
@@ -185,12 +185,6 @@ def predict(
         out_of_range=flagged,
         learned=sum(1 for s in unique.values() if s == "learned"),
     )
-
-
-def _infer_kernel(r: InferResult, line: Mapping[str, Any]) -> Kernel:
-    """The kernel of one inference op line (the lines keep its kind, params and direction)."""
-    prec = precision_of(r.config.precision, r.config.tensor_cores)
-    return prec.of(line["kind"], line["params"], line["direction"])
 
 
 def _bound(k: Kernel, device: DeviceSpec, time_s: float, kernels: KernelCostModel) -> str:
@@ -276,7 +270,7 @@ def _infer_split(r: InferResult, kernels: KernelCostModel) -> TimeSplit:
     phase_parts: dict[str, dict[str, float]] = {}
     for phase, label, weight in (("prefill", "prefill", 1.0), ("decode", "decode_step", float(steps))):
         bd = r.breakdown_s["prefill" if phase == "prefill" else "decode_step"]
-        lines = [(_infer_kernel(r, ln), ln["count"] * ln["time_s"]) for ln in r.ops if ln["phase"] == phase]
+        lines = [(infer_kernel(r, ln), ln["count"] * ln["time_s"]) for ln in r.ops if ln["phase"] == phase]
         step_parts = dict.fromkeys(SPLIT_PARTS, 0.0)
         step_phase: dict[str, float] = {}
         _attribute(lines, bd["compute"], r.device, kernels, f"{label}/", step_parts, step_phase)
