@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# Learned collective laws: held-out error",
         "",
-        f"Reproduce: `{command}` (published data: {args.published}).",
+        f"Reproduce: `{command}` (published data: ../shared/published or the PUBLISHED argument).",
         "",
         "One alpha-beta law per (cluster, kind) with per-tier latency and bandwidth "
         "(opcast/train/collectives.py). Split `sizes`: every third message size of each topology "

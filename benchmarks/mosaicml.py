@@ -354,8 +354,8 @@ def opcast_version() -> str:
             ["git", "-C", str(where), "status", "--porcelain"], capture_output=True, text=True
         ).stdout
     except (OSError, subprocess.CalledProcessError):
-        return str(where)
-    return f"{where} at {rev}{' + uncommitted changes' if dirty.strip() else ''}"
+        return "an installed opcast (no git checkout)"
+    return f"commit {rev}{' + uncommitted changes' if dirty.strip() else ''}"  # no machine paths in reports
 
 
 def run(rows: list[Row], *, framework: str | None, models: str | None) -> list[dict[str, Any]]:
