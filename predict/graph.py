@@ -273,7 +273,11 @@ def block_comms(
                 Comm("tp", "all_gather", act, 1, overlap_with="mlp_up.dgrad"),
             ]
         else:
-            fwd.append(Comm("tp", "all_reduce", act, 2))
+            # A parallel residual (x + attn(ln1(x)) + mlp(ln2(x))) trained by GPT-NeoX sums the two
+            # row-parallel outputs before one all-reduce (megatron/model/transformer.py,
+            # ParallelTransformerLayer.forward, gpt_j_residual); backward still all-reduces the
+            # gradients of both column-parallel inputs. Serving engines (vLLM) reduce each output.
+            fwd.append(Comm("tp", "all_reduce", act, 1 if arch.parallel_residual and training else 2))
             bwd.append(Comm("tp", "all_reduce", act, 2))
     if arch.n_experts > 1 and ep > 1:
         routed = (tokens // tp if sp else tokens) * arch.experts_top_k * arch.hidden * b

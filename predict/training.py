@@ -428,6 +428,20 @@ class DataParallelSync:
     tied_s: float = 0.0
 
 
+ALL_REDUCE_ZERO_FRAMEWORKS = frozenset({"neox"})
+"""Frameworks whose ZeRO-1/2 is DeepSpeed's (GPT-NeoX): ``stage_1_and_2.py`` ``average_tensor`` sends
+each gradient bucket through ``allreduce_and_scatter`` (``use_multi_rank_bucket_allreduce``, on by
+default since DeepSpeed 0.10; the 2509.22832 runs print it) and keeps its own partition, so the
+reduction costs an all-reduce, not Megatron's distributed-optimizer reduce-scatter; the weight
+all-gather after the step is the same."""
+
+
+def gradient_reduce_kind(zero: int, framework: str | None = None) -> str:
+    """The collective that reduces the gradients of ZeRO ``zero`` < 3 under ``framework``: all-reduce
+    for ZeRO 0 and for DeepSpeed's ZeRO 1/2 (:data:`ALL_REDUCE_ZERO_FRAMEWORKS`), else reduce-scatter."""
+    return "all_reduce" if zero == 0 or framework in ALL_REDUCE_ZERO_FRAMEWORKS else "reduce_scatter"
+
+
 def data_parallel_sync(
     arch: ArchSpec,
     device: DeviceSpec,
@@ -444,11 +458,13 @@ def data_parallel_sync(
     grad_bytes: int,
     bucket_params: int | None = None,
     layers: int | None = None,
+    framework: str | None = None,
 ) -> DataParallelSync:
     """Data-parallel gradients (module docstring): ZeRO-3 gathers and reduce-scatters each layer;
-    ZeRO 0 all-reduces, 1/2 reduce-scatter (and all-gather the weights) in buckets, the expert
-    gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient.
-    ``layers``: the stage's transformer layers when the pipeline split is uneven."""
+    ZeRO 0 all-reduces, 1/2 reduce-scatter (DeepSpeed's all-reduce) and all-gather the weights, in
+    buckets, the expert gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient.
+    ``layers``: the stage's transformer layers when the pipeline split is uneven; ``framework``: whose
+    ZeRO 1/2 (:func:`gradient_reduce_kind`)."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
     tied = tied_s = None
@@ -466,7 +482,7 @@ def data_parallel_sync(
             zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]), tied=tied, tied_s=tied_s or 0.0
         )
     bucket = gradient_bucket_params(dp, bucket_params)
-    reduce_kind = "all_reduce" if zero == 0 else "reduce_scatter"
+    reduce_kind = gradient_reduce_kind(zero, framework)
     tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
     tot_e, last_e = bucketed_s(comms, device, reduce_kind, params.expert, grad_bytes, expert_dp_group, bucket)
     gather_total = gather_bucket = 0.0
@@ -815,6 +831,7 @@ class _Pricer:
             grad_bytes=grad_b,
             bucket_params=cfg.bucket_params,
             layers=own,
+            framework=cfg.framework,
         )
         dp = data_parallel_time(
             sync,
@@ -866,7 +883,7 @@ class _Pricer:
 def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
     """The block graph and the model-level graph of ``stage`` (both cached)."""
     arch, cfg = plan.arch, plan.layout.cfg
-    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    prec = precision_of(cfg.precision, cfg.tensor_cores, cfg.framework)
     block = train_block(
         arch,
         tp=cfg.tp,
@@ -1026,6 +1043,7 @@ def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
             attention=cfg.attention,
             recompute=cfg.recompute,
             layers=lay.layers(s),
+            framework=cfg.framework,
         )
         for s in range(cfg.pp)
     )

@@ -143,3 +143,20 @@ def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):
     assert all(c["utilisation"] <= 1 + 1e-9 for row in cells.values() for c in row.values())
     for label in ("rmsnorm large fwd", "rmsnorm large bwd"):
         assert min(c["utilisation"] for c in cells[label].values()) >= module.FUSED_TARGET, label
+
+
+def test_run_train_prices_and_stores_what_the_framework_runs():
+    # --framework reaches the compiled graph (hf: python RMSNorm, unfused) and the memory model
+    # (megatron: fp32 main_grad), not only a kernel asked for by hand
+    from opcast.predict.parallel import TrainConfig
+    from opcast.predict.training import compile_train, run_train
+
+    arch, a100 = load_arch("llama2-7b"), get_device("A100-SXM4-80GB")
+    base = dict(tp=2, pp=1, dp=4, micro_batch=1, global_batch=64, seq=4096)
+    runs = {
+        fw: run_train(compile_train(arch, a100, TrainConfig(**base, framework=fw)), roofline_only("test"))
+        for fw in (None, "megatron", "hf")
+    }
+    assert runs["hf"].iteration_time_s > runs[None].iteration_time_s == runs["megatron"].iteration_time_s
+    state = {fw: max(m.total_bytes for m in r.memory) for fw, r in runs.items()}
+    assert state["megatron"] > state[None] == state["hf"]

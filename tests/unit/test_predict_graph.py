@@ -136,3 +136,18 @@ def test_a_tied_embedding_sums_its_two_weight_gradients_only_on_a_single_stage()
     assert tied_adds(gpt, 2, True, True) == [{"numel": padded_vocab(gpt.vocab, 2) // 2 * gpt.hidden, "fn": "add"}]
     assert tied_adds(gpt, 1, True, False) == [] and tied_adds(gpt, 1, False, True) == []  # pp > 1: two copies
     assert tied_adds(load_arch("llama2-7b"), 1, True, True) == []  # untied
+
+
+def test_a_parallel_residual_trained_by_neox_all_reduces_once_forward():
+    # x + attn(ln1(x)) + mlp(ln2(x)): GPT-NeoX sums both row-parallel outputs before one all-reduce;
+    # the backward still reduces both column-parallel inputs; inference engines reduce each output
+    neox, llama = load_arch("gpt-neox-20b"), load_arch("llama2-7b")
+    assert neox.parallel_residual and not llama.parallel_residual
+
+    def counts(arch, training):
+        got = block_comms(arch, tp=4, batch=1, seq_q=2048, sp=False, cp=1, ep=1, dtype="fp16", training=training)
+        return [(c.kind, c.count) for c in got[FWD]], [(c.kind, c.count) for c in got[BWD]]
+
+    assert counts(neox, True) == ([("all_reduce", 1)], [("all_reduce", 2)])
+    assert counts(neox, False)[0] == [("all_reduce", 2)]
+    assert counts(llama, True) == ([("all_reduce", 2)], [("all_reduce", 2)])
