@@ -20,7 +20,13 @@ def fit(
     ],
     out: Annotated[Path, typer.Option("--out", help="Models folder; the set is written to OUT/NAME/.")],
     name: Annotated[str, typer.Option(help="Name of the model set (its folder under --out).")] = "default",
-    estimator: Annotated[str, typer.Option(help="xgb, tile-mlp, or auto (per op group, by held-out error).")] = "auto",
+    estimator: Annotated[
+        str,
+        typer.Option(
+            help="xgb, tile-mlp, neusight (NeuSight's tile-level baseline), "
+            "or auto (xgb or tile-mlp per op group, by held-out error)."
+        ),
+    ] = "auto",
     holdout_device: Annotated[
         list[str] | None,
         typer.Option("--holdout-device", help="Leave this device out of fitting and score it (repeat)."),

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Final, Literal
 
 import numpy as np
 import pandas as pd
@@ -30,7 +30,10 @@ from opcast.train.evaluate import ape_metrics
 from opcast.train.features import FEATURES, features, group_keys, model_inputs
 from opcast.train.splits import grouped_mask, leave_one_group_out, shape_groups
 
-EstimatorChoice = Literal["xgb", "tile-mlp", "auto"]
+EstimatorChoice = Literal["xgb", "tile-mlp", "neusight", "auto"]
+AUTO_ESTIMATORS: Final = ("xgb", "tile-mlp")
+"""What ``auto`` chooses between. The NeuSight baseline needs the target GPU's profiled kernel tiles
+to transfer (benchmarks/results/unseen_gpus.md) and an 8 x 512 MLP per fold: asked for by name only."""
 TIE_POINTS = 0.5
 """auto keeps xgb unless tile-mlp's held-out median APE is lower by more than this many points."""
 
@@ -40,7 +43,7 @@ class FitConfig:
     """How ``opcast train fit`` fits a model set."""
 
     estimator: EstimatorChoice = "auto"
-    """xgb, tile-mlp, or auto (per group, by held-out median APE)."""
+    """xgb, tile-mlp, neusight, or auto (per group between :data:`AUTO_ESTIMATORS`, by held-out median APE)."""
     holdout_devices: tuple[str, ...] = ()
     """Devices left out of fitting entirely and scored at the end (leave-one-GPU-out by hand)."""
     ops: tuple[str, ...] = ()
@@ -80,7 +83,7 @@ class FitConfig:
     def __post_init__(self) -> None:
         """Every option is checked here, before any data is read."""
         if self.estimator not in (*ESTIMATORS, "auto"):
-            raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp or auto")
+            raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp, neusight or auto")
         if self.folds < 0 or not 0 < self.shape_fraction < 1:
             raise OpcastError(
                 f"folds must be >= 0 and shape_fraction in (0, 1); got {self.folds}, {self.shape_fraction}"
@@ -246,7 +249,7 @@ and on a machine busy with other work every parallel region waits for a deschedu
 
 
 def _make(name: str, kind: str, cfg: FitConfig, rows: int | None = None) -> Estimator:
-    params = dict(cfg.xgb_params if name == "xgb" else cfg.tile_mlp_params)
+    params = dict(cfg.xgb_params if name == "xgb" else cfg.tile_mlp_params if name == "tile-mlp" else {})
     params.setdefault("seed", cfg.seed)
     params.setdefault("n_jobs", 1 if rows is not None and rows < SINGLE_THREAD_ROWS else cfg.n_jobs)
     return estimator_class(name)(feature_names=model_inputs(kind, name), **params)
@@ -360,7 +363,7 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
     shapes = shape_groups(frame)
     devices = frame["device"].astype(object).to_numpy()
     folds = _folds(devices, shapes, cfg)
-    candidates = list(ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
+    candidates = list(AUTO_ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
     scored = {name: _score(name, kind, feats, y, shapes, folds, cfg) for name in candidates}
     scores = {n: (s[0] if s is not None else None) for n, s in scored.items()}
     usable = {n: s for n, s in scores.items() if s is not None}

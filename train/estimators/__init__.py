@@ -107,6 +107,12 @@ def _tile_mlp() -> type[Estimator]:
     return TileMLPEstimator
 
 
+def _neusight() -> type[Estimator]:
+    from opcast.train.estimators.neusight import NeuSightEstimator
+
+    return NeuSightEstimator
+
+
 def _xgb_predictor() -> type[Predictor]:
     from opcast.train.estimators.xgb_predictor import XGBPredictor
 
@@ -117,6 +123,12 @@ def _tile_mlp_predictor() -> type[Predictor]:
     from opcast.train.estimators.tile_mlp_predictor import TileMLPPredictor
 
     return TileMLPPredictor
+
+
+def _neusight_predictor() -> type[Predictor]:
+    from opcast.train.estimators.neusight_predictor import NeuSightPredictor
+
+    return NeuSightPredictor
 
 
 class Registry(Mapping[str, Callable[[], type[T]]]):
@@ -139,9 +151,11 @@ class Registry(Mapping[str, Callable[[], type[T]]]):
         return len(self._loaders)
 
 
-ESTIMATORS: Final[Registry[Estimator]] = Registry({"xgb": _xgb, "tile-mlp": _tile_mlp})
+ESTIMATORS: Final[Registry[Estimator]] = Registry({"xgb": _xgb, "tile-mlp": _tile_mlp, "neusight": _neusight})
 """Estimator name (as the CLI and ``meta.json`` spell it) -> its class, imported on demand."""
-PREDICTORS: Final[Registry[Predictor]] = Registry({"xgb": _xgb_predictor, "tile-mlp": _tile_mlp_predictor})
+PREDICTORS: Final[Registry[Predictor]] = Registry(
+    {"xgb": _xgb_predictor, "tile-mlp": _tile_mlp_predictor, "neusight": _neusight_predictor}
+)
 """Estimator name -> the light class that loads and runs its saved predictors."""
 
 
