@@ -35,7 +35,11 @@ def fit(
         list[str] | None, typer.Option("--op", help="Fit only this op kind (repeat); default: all in the data.")
     ] = None,
     collectives: Annotated[
-        bool, typer.Option(help="Also fit collectives (off: they do not transfer between clusters).")
+        bool,
+        typer.Option(
+            help="Also fit collectives as cluster-blind kernel predictors (off: cluster-tagged collectives are "
+            "fitted per cluster into collectives.json either way)."
+        ),
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed of every split and estimator.")] = 0,
     jobs: Annotated[int, typer.Option("--jobs", help="Threads for xgboost and torch.")] = 2,

@@ -517,7 +517,8 @@ def fit_frame(
         coll = frame["op"].isin(op_kinds(collective=True)).to_numpy()
         if coll.any():
             skipped["collectives"] = (
-                f"{int(coll.sum())} rows not fitted (--collectives fits them; they do not transfer between clusters)"
+                f"{int(coll.sum())} rows not fitted as kernels (cluster-tagged ones become "
+                "collectives.json's per-cluster laws; --collectives also fits cluster-blind kernel predictors)"
             )
             frame = frame[~coll]
     if not len(frame):

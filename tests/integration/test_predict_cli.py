@@ -553,6 +553,8 @@ def _options_by_command() -> dict[str, dict[str, object]]:
         cmd = root
         for word in path.split():
             cmd = cmd.commands[word]
+        if path == "search":  # a group since `search serve`: `opcast search --arch ...` routes to `search train`
+            cmd = cmd.commands["train"]
         out[path] = {flag: p for p in cmd.params for flag in (*p.opts, *p.secondary_opts) if flag.startswith("--")}
     return out
 

@@ -192,6 +192,9 @@ def test_a_job_smaller_than_a_node_runs_on_part_of_it():
 
     h100 = get_device("H100-SXM")
     assert resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=2) == (Cluster(nodes=1, gpus_per_node=2), [])
-    assert resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=16) == (Cluster(nodes=2, gpus_per_node=8), [])
+    assert resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=16) == (
+        Cluster(nodes=2, gpus_per_node=8),
+        [],
+    )
     cluster, problems = resolve_cluster(h100, nodes=None, gpus_per_node=8, world_needed=12)
     assert cluster is None and problems == ["world size 12 is not a multiple of --gpus-per-node 8"]

@@ -5,13 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from helpers.synthetic import fake_devices, synthetic_dataset
 
 from opcast.train.estimators import estimator_class
 from opcast.train.evaluate import ape_metrics
 from opcast.train.features import group_keys, model_inputs
 from opcast.train.fit import FitConfig, feature_frame, fit_frame
 from opcast.train.splits import shape_groups
+
+from helpers.synthetic import fake_devices, synthetic_dataset
 
 TOLERANCE_PCT = 5.0  # the acceptance: held-out-device MAPE within 5 %
 HELD = "fake-2"  # the middle of five fake GPUs: an interpolation in specs, never seen in training
