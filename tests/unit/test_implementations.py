@@ -138,11 +138,13 @@ def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):
     primary = doc["tables"]["data-centre GPUs (A100 to GB200)"]
     assert primary["gpus"] == list(module.PRIMARY)
     cells = primary["on"]["cells"]
-    # nothing beats the roofline at the peak, and a large fused RMSNorm (no fused data: its roofline) reaches
-    # >= 40 % of the bandwidth, where the unfused data said 4-5 % (softmax and LayerNorm stay learned)
+    # nothing beats the roofline at the peak, and a large fused RMSNorm runs at a fused kernel's share of
+    # the bandwidth, where the unfused NeoX data said 4-5 %: the default set learns the forward from
+    # Vidur's measured vLLM kernel (32-39 % of A100's bandwidth at 32k x 4-8k rows, 2 passes), and prices
+    # the backward, which no source measured fused, by its roofline at the fused efficiency
     assert all(c["utilisation"] <= 1 + 1e-9 for row in cells.values() for c in row.values())
-    for label in ("rmsnorm large fwd", "rmsnorm large bwd"):
-        assert min(c["utilisation"] for c in cells[label].values()) >= module.FUSED_TARGET, label
+    assert min(c["utilisation"] for c in cells["rmsnorm large fwd"].values()) >= 0.3
+    assert min(c["utilisation"] for c in cells["rmsnorm large bwd"].values()) >= module.FUSED_TARGET
 
 
 def test_run_train_prices_and_stores_what_the_framework_runs():
