@@ -49,6 +49,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import shlex
 import statistics
 import subprocess
@@ -578,7 +579,10 @@ def main(argv: list[str] | None = None) -> int:
     records = run(rows, framework=framework, models=args.models)
     wall_s = time.perf_counter() - start
     add_errors(records)
-    command = "python benchmarks/mosaicml.py " + shlex.join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    # reports carry no machine's paths: a file argument is shown by its name
+    shown = [Path(a).name if os.path.isabs(a) else a for a in given]
+    command = "python benchmarks/mosaicml.py " + shlex.join(shown)
     example_row = next((r for r in rows if r.seq == 2048 and r.n_gpus > GPUS_PER_NODE and r.checkpointing), rows[0])
     example = cli_command(row_options(example_row, framework=framework))
     print(f"\nequivalent command of line {example_row.line} ({example_row.label}):\n  {example}\n")
