@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Final, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.paths import data_path
@@ -454,6 +454,30 @@ def parse_setting(text: str) -> Setting:
     if _RULES[key][0] in ("pos_int", "bytes0") and amount != int(amount):
         raise OpcastError(f"--set {text!r}: {key} is a whole number ({_unit(key)}); give an integer or a factor (x...)")
     return Setting(key, value=amount)
+
+
+NETWORK_FIELDS: Final = ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "gpus_per_node")
+"""The fields of a device that describe the network its collectives run on, not its kernels."""
+_DESCRIPTIVE_FIELDS: Final = frozenset({"name", "aliases", "source", "notes"})
+
+
+def kernel_twin(device: DeviceSpec) -> str:
+    """The name ``device``'s kernels are known by: a catalog GPU that ``--cluster`` or ``--set``
+    changed only in :data:`NETWORK_FIELDS` (``H100-SXM[inter_node_bw_bytes_per_s=...]``) runs its
+    kernels exactly as the catalog GPU does, so a learned model's training devices include it."""
+    base_name = device.name.split("[", 1)[0]
+    if base_name == device.name:
+        return device.name
+    try:
+        base = get_device(base_name)
+    except OpcastError:
+        return device.name
+    same = all(
+        getattr(device, f.name) == getattr(base, f.name)
+        for f in fields(device)
+        if f.name not in _DESCRIPTIVE_FIELDS and f.name not in NETWORK_FIELDS
+    )
+    return base.name if same else device.name
 
 
 def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> DeviceSpec:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from opcast.hardware import NETWORK_FIELDS
 from opcast.predict.comm import AlphaBetaCollectives, Collective, CollectiveCostModel
 
 if TYPE_CHECKING:
@@ -33,10 +34,6 @@ def cluster_device(cluster: str) -> str | None:
 
     spec = find_cluster(cluster)
     return None if spec is None else get_device(cluster_device_name(spec)).name
-
-
-NETWORK_FIELDS = ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "gpus_per_node")
-"""The fields of a device that describe the network its collectives run on."""
 
 
 def same_network(device: DeviceSpec, cluster: str) -> bool:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from opcast.errors import OpcastError
+from opcast.hardware import kernel_twin
 from opcast.ops import KERNEL_IMPLS, MATRIX_KINDS, get_op
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
@@ -400,10 +401,11 @@ class LearnedKernelCost:
         if get is None:
             return None
         key = self.group_of(k)
-        memo = self._residuals.get((key, device.name), False)
+        name = kernel_twin(device)
+        memo = self._residuals.get((key, name), False)
         if memo is False:
-            got = get(key, device.name)
-            memo = self._residuals[(key, device.name)] = Residuals(key, *got) if got is not None else None
+            got = get(key, name)
+            memo = self._residuals[(key, name)] = Residuals(key, *got) if got is not None else None
         return memo
 
     def adaptation(self, device: DeviceSpec) -> Any:
@@ -471,11 +473,12 @@ class LearnedKernelCost:
         roofs = [roof(i, device) for i in range(len(kernels))]
         extrapolated: list[int] = []
         wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
+        twin = kernel_twin(device)  # a training GPU placed on another network is still that GPU
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]):
                 continue
-            if device.name in self.range.fitted_on(key):
-                self._on_training.setdefault(device.name, {})[k] = float(out[i])
+            if twin in self.range.fitted_on(key):
+                self._on_training.setdefault(twin, {})[k] = float(out[i])
                 continue
             if self.adaptation(device) is not None:  # measured there: its correction, not the span, rules
                 continue

@@ -331,3 +331,14 @@ def test_peak_flops_and_supports() -> None:
 def test_direct_construction_is_validated(valid: dict) -> None:
     fields = {**valid, "aliases": tuple(valid["aliases"]), "gpus_per_node": 0}
     assert "'gpus_per_node' must be positive" in _one_line_error(DeviceSpec, **fields)
+
+
+def test_a_gpu_placed_on_another_network_keeps_its_kernels():
+    # --cluster / --set changing only links or GPUs per node leave the kernels the catalog GPU's own
+    from opcast.hardware import derive_device, kernel_twin
+
+    h100 = get_device("H100-SXM")
+    assert kernel_twin(h100) == "H100-SXM"
+    assert kernel_twin(derive_device(h100, ["inter_node_bw_bytes_per_s=25e9", "gpus_per_node=4"])) == "H100-SXM"
+    faster = derive_device(h100, ["mem_bw_bytes_per_s=x2"])
+    assert kernel_twin(faster) == faster.name != "H100-SXM"
