@@ -25,6 +25,7 @@ query gives the same interval.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -120,5 +121,21 @@ def propagate(
     s = np.array([contributions[g] for g in keys])
     r = np.column_stack([residuals[g].quantile(u[:, i]) for i, g in enumerate(keys)])
     draws = total_s + (np.expm1(r) * s).sum(axis=1)
-    lo, hi = np.quantile(draws, [(1 - coverage) / 2, (1 + coverage) / 2])
+    lo, hi = sample_quantiles(draws, ((1 - coverage) / 2, (1 + coverage) / 2))
     return Interval(float(lo), float(hi), coverage, mode, float(min(share, 1.0)), classes)
+
+
+def sample_quantiles(values: np.ndarray, levels: tuple[float, ...]) -> tuple[float, ...]:
+    """``np.quantile(values, levels)`` (its default ``linear`` method, the same arithmetic as numpy's
+    ``_lerp``) without what ``np.quantile`` imports on first use (``numpy.ma``, ~13 ms of every
+    ``predict`` process)."""
+    v = np.sort(np.asarray(values, dtype=float))
+    out = []
+    for q in levels:
+        pos = q * (len(v) - 1)
+        i = int(math.floor(pos))
+        j = min(i + 1, len(v) - 1)
+        t = pos - i
+        a, b = float(v[i]), float(v[j])
+        out.append(b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t)
+    return tuple(out)

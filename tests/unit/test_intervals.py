@@ -111,3 +111,13 @@ def test_predict_train_carries_the_interval(model_set):
     assert wider.iteration_time_interval_s[0] < lo and wider.iteration_time_interval_s[1] > hi
     plain = predict_train(arch, devices["fake-4"], cfg, kernels=load_kernel_cost(use_learned=False))
     assert plain.interval is None and train_to_dict(plain)["iteration_time_interval_s"] is None
+
+
+def test_sample_quantiles_is_numpys_linear_quantile_exactly():
+    from opcast.predict.intervals import sample_quantiles
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 3, 17, 4096):
+        x = rng.lognormal(size=n) * 50
+        for levels in ((0.05, 0.95), (0.025, 0.975), (0.5, 0.5), (0.0, 1.0)):
+            assert sample_quantiles(x, levels) == tuple(np.quantile(x, levels))
