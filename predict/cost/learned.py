@@ -15,7 +15,13 @@
 - monotone in the resources: such a device with at least the peak and the bandwidth of a training
   device is never slower on a kernel than that training device, and one with at most both never faster.
 
-Devices a predictor was fitted on get only the roofline floor.
+On the devices a predictor was fitted on, its answers are held to each other, from the device with
+the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
+slower than on one with less of both, and, where the kernel's shape is outside the fitted
+``feature_ranges`` (an extrapolation there too), at no higher a utilisation than on one with less of
+the bounding resource. All rules are one projection onto the interval they allow; where it is empty
+(training devices that disagree beyond the ratio of their resources) the floor and the resource
+ratio are kept and the reason and the notes say so.
 
 Implementations (the registry's ``impl`` of norms, softmax, cross-entropy and rope,
 :data:`opcast.ops.KERNEL_IMPLS`): a predictor speaks only for the implementations it has data of
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -58,9 +64,19 @@ BOUND_RULES: dict[str, str] = {
     RATIO: "utilisation no higher than on a training device with less of the bounding resource and no lower than "
     "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
     MONOTONE: "no slower than a training device with less of both peak and bandwidth, no faster than one with more "
-    "(the first wins where the training devices disagree)",
+    "(on training devices too; where it conflicts with the resource ratio, the ratio is kept)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
+
+
+class _Seen(NamedTuple):
+    """One kernel on one training device, for :meth:`LearnedKernelCost.bound`."""
+
+    name: str
+    time_s: float
+    roof_s: float
+    peak: float
+    bw: float
 
 
 # --------------------------------------------------------------------------- implementations
@@ -275,6 +291,8 @@ class LearnedKernelCost:
         """Device name -> its adaptation in the set (``opcast train adapt``), or None."""
         self._impls: dict[tuple[str, str], tuple[bool, bool]] = {}
         """(group, impl) -> (speaks for it, a predictor fitted before impl was recorded)."""
+        self._shape_why: dict[tuple[str, Kernel], str | None] = {}
+        """(group, kernel) -> why its shape is outside the predictor's fitted feature ranges, or None."""
 
     def group_of(self, k: Kernel) -> str:
         """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
@@ -442,14 +460,93 @@ class LearnedKernelCost:
         out[~np.isfinite(out) | (out <= 0)] = np.nan
         return out
 
+    def _outside_shapes(self, items: Sequence[tuple[str, Kernel]]) -> dict[Kernel, str]:
+        """Of ``(group key, kernel)`` pairs, the kernels whose features leave their predictor's recorded
+        ``feature_ranges`` on one of its training devices (where the device features are inside): the
+        model then extrapolates in shape on the devices it was fitted on too. Memoised; a predictor
+        that records no ranges has none."""
+        todo: dict[str, list[Kernel]] = {}
+        for key, k in items:
+            if (key, k) not in self._shape_why:
+                todo.setdefault(key, []).append(k)
+        for key, ks in todo.items():
+            found: dict[Kernel, str] = {}
+            fitted = self.as_fitted(ks)
+            for spec in self.range.training_specs(key):
+                try:
+                    got = self.range.feature_reasons(key, fitted, spec)
+                except ImportError:
+                    break
+                for k, f in zip(ks, fitted):
+                    if f in got and k not in found:
+                        found[k] = f"{got[f]} on {spec.name}"
+            for k in ks:
+                self._shape_why[(key, k)] = found.get(k)
+        return {k: why for key, k in items if (why := self._shape_why[(key, k)])}
+
+    @staticmethod
+    def _held_training(
+        key: str, seen: Sequence[_Seen], shape_why: str | None
+    ) -> dict[str, tuple[float, tuple[str, str] | None]]:
+        """The times of one kernel on its predictor's training devices (``seen``, floored) held to each
+        other: taken from the one with the least of the kernel's bounding resource up, each no slower
+        than one with less of both peak and bandwidth (:data:`MONOTONE`) and, when the kernel lies
+        outside the shapes the predictor was fitted on (``shape_why``; its answers there are
+        extrapolations on every device), at no higher a utilisation than one with less of the bounding
+        resource (:data:`RATIO`). Where the two conflict the ratio is kept. Returns name -> (time, the
+        (rule, why) that moved it or None)."""
+        done: list[_Seen] = []
+        out: dict[str, tuple[float, tuple[str, str] | None]] = {}
+        for s in sorted(seen, key=lambda s: (-s.roof_s, s.peak, s.bw, s.name)):
+            lo, hi = s.roof_s, math.inf
+            lo_by: _Seen | None = None
+            hi_by: _Seen | None = None
+            for w in done:  # every w has at least s's roofline time: at most as much of the bounding resource
+                if shape_why and w.time_s * s.roof_s / w.roof_s > lo:
+                    lo, lo_by = w.time_s * s.roof_s / w.roof_s, w
+                if s.peak >= w.peak and s.bw >= w.bw and w.time_s < hi:
+                    hi, hi_by = w.time_s, w
+            t, why = s.time_s, None
+            if lo > hi:  # the training devices disagree beyond the ratio of their resources: the ratio is kept
+                t = max(lo, min(t, hi))
+            else:
+                t = min(max(t, lo), hi)
+            if t > s.time_s and lo_by is not None:
+                why = (
+                    RATIO,
+                    f"{key} on training device {s.name} at {s.roof_s / s.time_s:.0%} of its bounding resource, above "
+                    f"the {lo_by.roof_s / lo_by.time_s:.0%} it predicts on {lo_by.name}, which has less of it, for "
+                    f"a shape outside those it was fitted on ({shape_why}); held there",
+                )
+                if lo > hi and hi_by is not None:
+                    why = (
+                        RATIO,
+                        why[1] + f"; slower than on {hi_by.name}, which has less of both peak and bandwidth: the "
+                        "bounds conflict (the training devices disagree beyond the ratio of their resources) and the "
+                        "ratio is kept",
+                    )
+            elif t < s.time_s and hi_by is not None:
+                why = (
+                    MONOTONE,
+                    f"{key} on training device {s.name} slower than on {hi_by.name}, which has less of both peak "
+                    "and bandwidth; held at its time",
+                )
+            out[s.name] = (t, why)
+            done.append(_Seen(s.name, t, s.roof_s, s.peak, s.bw))
+        return out
+
     def bound(
         self, kernels: Sequence[Kernel], times: np.ndarray, device: DeviceSpec, margin: float = UTILISATION_MARGIN
     ) -> tuple[np.ndarray, dict[Kernel, tuple[str, str]]]:
         """``times`` (this source's answers for ``kernels`` on ``device``) held to physics
         (:data:`BOUND_RULES`): the roofline floor everywhere; on a device a kernel's predictor was
-        not fitted on, also the utilisation span of its training devices and monotonicity
-        against them. Returns the bounded times and, for each kernel a rule moved, (rule, why).
-        The training devices' times come from this source in one batched call per device, cached."""
+        fitted on, monotonicity against its other training devices (and the resource ratio where the
+        kernel's shape is outside the fitted ones, :meth:`_held_training`); on one it was not fitted
+        on, the utilisation span, the resource ratio and monotonicity against the training devices'
+        (so held) times, applied as one projection onto the interval all of them allow (where that is
+        empty, onto the one the floor and the ratio allow, and the reason says so). Returns the bounded
+        times and, for each kernel a rule moved, (rule, why). The training devices' times come from
+        this source in one batched call per device, cached."""
         out = np.array(times, dtype=float)
         why: dict[Kernel, tuple[str, str]] = {}
         keys = [self.group_of(k) for k in kernels]
@@ -471,92 +568,117 @@ class LearnedKernelCost:
             return seconds, peak, resource
 
         roofs = [roof(i, device) for i in range(len(kernels))]
-        extrapolated: list[int] = []
+        held: list[int] = []
         wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
         twin = kernel_twin(device)  # a training GPU placed on another network is still that GPU
+        adapted = self.adaptation(device) is not None  # measured there: its correction, not the bounds, rules
         for i, (k, key) in enumerate(zip(kernels, keys)):
-            if not np.isfinite(out[i]):
-                continue
-            if twin in self.range.fitted_on(key):
-                self._on_training.setdefault(twin, {})[k] = float(out[i])
-                continue
-            if self.adaptation(device) is not None:  # measured there: its correction, not the span, rules
+            if not np.isfinite(out[i]) or adapted:
                 continue
             specs = self.range.training_specs(key)
+            if twin in self.range.fitted_on(key):
+                self._on_training.setdefault(twin, {})[k] = float(out[i])
+                if len(specs) < 2 or twin not in {s.name for s in specs}:
+                    continue
             if specs and np.isfinite(roofs[i][0]):
-                extrapolated.append(i)
+                held.append(i)
                 for spec in specs:
-                    if k not in self._on_training.get(spec.name, {}):
+                    if spec.name != twin and k not in self._on_training.get(spec.name, {}):
                         wanted.setdefault(spec.name, (spec, []))[1].append(k)
         for name, (spec, ks) in wanted.items():  # one batched call per training device
             got = self.predict_s(list(dict.fromkeys(ks)), spec)
             self._on_training.setdefault(name, {}).update(zip(dict.fromkeys(ks), (float(t) for t in got)))
-        for i in extrapolated:
+        shapes = self._outside_shapes([(keys[i], kernels[i]) for i in held])
+        for i in held:
             k, key = kernels[i], keys[i]
             r_s, peak, resource = roofs[i]
-            seen: list[tuple[str, float, float, float, float, float]] = []  # (name, time, utilisation, peak, bw, roof)
+            seen: list[_Seen] = []
             for spec in self.range.training_specs(key):
                 t_i = self._on_training[spec.name].get(k, math.nan)
                 r_i, peak_i, _ = roof(i, spec)
-                if np.isfinite(t_i) and np.isfinite(r_i):
-                    t_i = max(t_i, r_i)
-                    seen.append((spec.name, t_i, r_i / t_i, peak_i, spec.mem_bw_bytes_per_s, r_i))
+                if np.isfinite(t_i) and np.isfinite(r_i) and r_i > 0:
+                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, spec.mem_bw_bytes_per_s))
             if not seen:
                 continue
-            utils = [u for _, _, u, *_ in seen]
-            lo, hi = min(utils) / margin, min(1.0, max(utils) * margin)
+            on_training = self._held_training(key, seen, shapes.get(k))
+            if twin in on_training:  # a training device: held against the others only
+                t, moved = on_training[twin]
+                if moved is not None and t != out[i]:
+                    out[i], why[k] = t, moved
+                continue
+            seen = [_Seen(s.name, on_training[s.name][0], s.roof_s, s.peak, s.bw) for s in seen]
             t, u = out[i], r_s / out[i]
             what = "peak" if resource == "compute" else "memory bandwidth"
-            if u > hi or u < lo:
-                t = r_s / (hi if u > hi else lo)
-                why[k] = (
-                    SPAN,
-                    f"{key} on {device.name} at {u:.0%} of its {what}, outside the {lo:.0%}..{hi:.0%} "
-                    f"it predicts on its training devices ({', '.join(n for n, *_ in seen)}); "
-                    f"held at {100 * r_s / t:.0f} %",
-                )
-            # Speed-ups at most the ratio of what bounds the kernel, against a training device with
-            # less of it (utilisation no higher than there) and one with more (no lower than there).
-            weaker = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i >= r_s]
-            stronger = [(n, ui) for n, _, ui, _, _, r_i in seen if r_i <= r_s]
-            cap = min(weaker, key=lambda nu: nu[1]) if weaker else None
-            rise = max(stronger, key=lambda nu: nu[1]) if stronger else None
-            u = r_s / t
-            if rise is not None and u < rise[1] / margin and (cap is None or rise[1] <= cap[1]):
-                t = r_s / (rise[1] / margin)
-                why[k] = (
-                    RATIO,
-                    f"{key} on {device.name} at {u:.0%} of its {what}, below the {rise[1]:.0%} it "
-                    f"predicts on {rise[0]}, which has more of it; held there",
-                )
-            if cap is not None and u > cap[1] * margin:
-                t = r_s / (cap[1] * margin)
-                why[k] = (
-                    RATIO,
-                    f"{key} on {device.name} at {u:.0%} of its {what}, above the {cap[1]:.0%} it "
-                    f"predicts on {cap[0]}, which has less of it; held there",
-                )
-            for name, t_i, _, peak_i, bw_i, _ in seen:  # monotone in the resources; "never slower" wins
-                if peak <= peak_i and device.mem_bw_bytes_per_s <= bw_i and t < t_i:
-                    t, why[k] = (
-                        t_i,
-                        (
-                            MONOTONE,
-                            f"{key} on {device.name} faster than on {name}, which has more of "
-                            "both peak and bandwidth; held at its time",
-                        ),
+            names = ", ".join(s.name for s in seen)
+            utils = [s.roof_s / s.time_s for s in seen]
+            lo, hi = min(utils) / margin, min(1.0, max(utils) * margin)
+            # (seconds, rule, what the rule says): each rule's lower and upper bound on the time
+            lowers = [(r_s, FLOOR, "no faster than the roofline at the datasheet peak")]
+            uppers: list[tuple[float, str, str]] = []
+            lowers.append((r_s / hi, SPAN, f"at most the {hi:.0%} it predicts on its training devices ({names})"))
+            uppers.append((r_s / lo, SPAN, f"at least the {lo:.0%} it predicts on its training devices ({names})"))
+            # speed-ups at most the ratio of what bounds the kernel, against a training device with less
+            # of it (utilisation no higher than there) and one with more (no lower than there)
+            weaker = [s for s in seen if s.roof_s >= r_s]
+            stronger = [s for s in seen if s.roof_s <= r_s]
+            cap = min(weaker, key=lambda s: s.roof_s / s.time_s) if weaker else None
+            rise = max(stronger, key=lambda s: s.roof_s / s.time_s) if stronger else None
+            if cap is not None:
+                u_cap = cap.roof_s / cap.time_s
+                lowers.append(
+                    (
+                        r_s / (u_cap * margin),
+                        RATIO,
+                        f"at most the {u_cap:.0%} it predicts on {cap.name}, which has less of it",
                     )
-            for name, t_i, _, peak_i, bw_i, _ in seen:
-                if peak >= peak_i and device.mem_bw_bytes_per_s >= bw_i and t > t_i:
-                    t, why[k] = (
-                        t_i,
-                        (
-                            MONOTONE,
-                            f"{key} on {device.name} slower than on {name}, which has less of "
-                            "both peak and bandwidth; held at its time",
-                        ),
+                )
+            if rise is not None and (cap is None or rise.roof_s / rise.time_s <= cap.roof_s / cap.time_s):
+                u_rise = rise.roof_s / rise.time_s
+                uppers.append(
+                    (
+                        r_s / (u_rise / margin),
+                        RATIO,
+                        f"at least the {u_rise:.0%} it predicts on {rise.name}, which has more of it",
                     )
+                )
+            for s in seen:  # monotone in the resources
+                if peak <= s.peak and device.mem_bw_bytes_per_s <= s.bw:
+                    lowers.append(
+                        (s.time_s, MONOTONE, f"no faster than on {s.name}, which has more of both peak and bandwidth")
+                    )
+                if peak >= s.peak and device.mem_bw_bytes_per_s >= s.bw:
+                    uppers.append(
+                        (s.time_s, MONOTONE, f"no slower than on {s.name}, which has less of both peak and bandwidth")
+                    )
+            low = max(lowers, key=lambda b: b[0])
+            high = min(uppers, key=lambda b: b[0]) if uppers else (math.inf, "", "")
+            conflict = ""
+            if low[0] > high[0] * (1 + 1e-12):  # empty: keep the floor and the ratio
+                conflict = (
+                    f"; its bounds conflict ({low[2]}: >= {low[0] * 1e6:.3g} us; {high[2]}: <= {high[0] * 1e6:.3g} us; "
+                    "the training devices disagree beyond the ratio of their resources), the roofline-ratio-consistent "
+                    "bound is kept"
+                )
+                low = max((b for b in lowers if b[1] in (FLOOR, RATIO)), key=lambda b: b[0])
+                if high[0] < low[0]:  # the others as far as the floor and the ratio allow
+                    high = low
+                note = (
+                    f"{key} on {device.name}: its training devices disagree beyond the ratio of their resources on "
+                    "some kernels; there the roofline-ratio-consistent bound is kept, not the monotone one"
+                )
+                if note not in self.range.notes:
+                    self.range.notes.append(note)
+            if t < low[0]:
+                t, rule = low[0], low
+            elif t > high[0]:
+                t, rule = high[0], high
+            else:
+                continue
             out[i] = t
+            why[k] = (
+                rule[1],
+                f"{key} on {device.name} at {u:.0%} of its {what}: {rule[2]}; held at {100 * r_s / t:.0f} %{conflict}",
+            )
         for i, k in enumerate(kernels):  # the floor, last: nothing beats the roofline at the peak
             r_s, _, resource = roofs[i]
             if np.isfinite(out[i]) and np.isfinite(r_s) and out[i] < r_s:

@@ -136,3 +136,38 @@ def test_the_console_script_reports_a_bound_and_the_switch_turns_it_off(world, t
     bounded = [n for n in got_on["notes"] if n.startswith("physical bounds moved")]
     assert not [n for n in got_off["notes"] if n.startswith("physical bounds moved")]
     assert bool(bounded) == (got_on["time_s"] != got_off["time_s"])
+
+
+def test_the_rules_are_one_projection_and_the_ratio_wins_where_they_conflict():
+    """Three training devices: C has more of both than B, and more bandwidth than A. Applied in turn,
+    the monotone rule (C no slower than B) would undo the ratio cap (C at no higher a utilisation
+    than A); as one projection the ratio is kept and the reason says the bounds conflict."""
+    from opcast.predict.cost.learned import MONOTONE, RATIO, LearnedKernelCost, _Seen
+
+    a = _Seen("A", 10.0, 1.0, 1.0, 1.0)  # 10 % of its bandwidth
+    b = _Seen("B", 2.2, 2.0, 2.0, 0.5)  # 91 %
+    c = _Seen("C", 3.0, 0.5, 2.0, 2.0)
+    held = LearnedKernelCost._held_training("toy", [c, a, b], "outside its shapes")
+    assert held["A"] == (10.0, None) and held["B"] == (2.2, None)  # the weaker devices are the reference
+    t, why = held["C"]
+    assert t == pytest.approx(10.0 * 0.5 / 1.0) and t > b.time_s  # ratio to A kept, monotone to B given up
+    assert why[0] == RATIO and "conflict" in why[1]
+    # inside the fitted shapes only monotonicity holds training devices to each other
+    t, why = LearnedKernelCost._held_training("toy", [c, a, b], None)["C"]
+    assert t == pytest.approx(2.2) and why[0] == MONOTONE
+
+
+def test_a_training_device_extrapolating_in_shape_is_held_to_the_others_ratio(world):
+    from opcast.predict.cost import RATIO
+
+    cost = load_kernel_cost(world["path"])
+    source = cost.sources[0]
+    one, two = world["one"], world["two"]
+    far = kernel("elementwise", {"numel": 1 << 31, "fn": "add"}, "fp16")  # far above the fitted shapes
+    near = MEMORY_BOUND[1]
+    assert source.out_of_range([far], two) and not source.out_of_range([near], two)
+    t_one = source.predict_s([far, near], one)
+    fast = t_one / 1.5 / 2  # twice as fast as 1.5x the bandwidth allows
+    times, why = source.bound([far, near], fast, two)
+    assert times[0] == pytest.approx(t_one[0] / 1.5, rel=1e-9) and why[far][0] == RATIO and "shape" in why[far][1]
+    assert near not in why or why[near][0] != RATIO  # inside the fitted shapes the data speak
