@@ -269,19 +269,16 @@ def serve_cmd(o: Args) -> None:
     cfg = InferConfig(**{s.name: getattr(o, s.name) for s in SERVE_PARALLEL})
     engine = serve_engine(o, dev)
     stream = serve_stream(o)
-    result = predict_serve(
-        spec,
-        dev,
-        cfg,
-        engine,
-        stream,
-        replicas=o.replicas,
-        router=o.router,
-        kernels=kernel_cost(o),
-        gpus_per_node=o.gpus_per_node,
-        slo_ttft_s=o.slo_ttft_s,
-        slo_tpot_s=o.slo_tpot_s,
-    )
+    common = dict(router=o.router, gpus_per_node=o.gpus_per_node, slo_ttft_s=o.slo_ttft_s, slo_tpot_s=o.slo_tpot_s)
+    if o.disaggregate is not None:
+        from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
+
+        prefill, decode = parse_disaggregate(o.disaggregate)
+        result = predict_serve_disagg(
+            spec, dev, cfg, engine, stream, prefill=prefill, decode=decode, kernels=kernel_cost(o), **common
+        )
+    else:
+        result = predict_serve(spec, dev, cfg, engine, stream, replicas=o.replicas, kernels=kernel_cost(o), **common)
     if o.trace is not None:
         write_trace(result.sim, o.trace, other={"arch": spec.name, "gpu": dev.name, "engine": engine.engine})
     if o.as_json:

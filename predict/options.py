@@ -232,6 +232,7 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "recompute": ("none, selective or full.", None),
     "zero": ("ZeRO stage 0, 1, 2 or 3.", None),
     "precision": ("bf16, fp16, fp32 or fp8.", None),
+    "optimizer": ("Optimizer states kept: adam, sgd (with momentum) or none (forward + backward only).", None),
     "attention": ("flash or eager.", None),
     "schedule": ("1f1b or interleaved.", None),
     "virtual_stages": ("Model chunks per stage (interleaved).", None),
@@ -511,6 +512,25 @@ def _serve_stream_rule(o: Args) -> str | None:
 
 RULES += (Rule(("trace_file", "rate", "lengths", "input_len", "output_len"), _serve_stream_rule),)
 
+
+def _disaggregate_problem(text: str) -> str | None:
+    from opcast.predict.serve.disagg import parse_disaggregate
+
+    try:
+        parse_disaggregate(text)
+    except OpcastError as err:
+        return str(err)
+    return None
+
+
+def _disaggregate_rule(o: Args) -> str | None:
+    if o.disaggregate is not None and o.replicas != 1:
+        return f"give either --replicas or --disaggregate {o.disaggregate} (P+D replicas in all), not both"
+    return None
+
+
+RULES += (Rule(("disaggregate", "replicas"), _disaggregate_rule),)
+
 _ENGINE_DEFAULT = "the --engine's default (vLLM: by GPU memory, as vLLM's EngineArgs)"
 SERVE_PARALLEL = tuple(_option(INFER, n) for n in ("tp", "pp", "precision", "attention", "tensor_cores"))
 """A replica's layout and numerics: the options of ``predict infer`` that apply to serving."""
@@ -649,6 +669,16 @@ SERVE = (
         None,
         _ENGINE_DEFAULT,
         check=_fraction,
+    ),
+    Opt(
+        "disaggregate",
+        "--disaggregate",
+        Optional[str],
+        "P:D: P replicas only prefill and D only decode (each tp x pp GPUs), the prompt's KV sent between them "
+        "over the cluster's links (DistServe); --router places arrivals on the prefill replicas.",
+        None,
+        "colocated: every replica prefills and decodes",
+        check=_disaggregate_problem,
     ),
 )
 """``opcast predict serve``: the deployment, the engine's limits, the request stream and the SLOs."""

@@ -11,5 +11,8 @@ Modules, in the order the data flows:
 - :mod:`~opcast.predict.serve.simulate`   continuous batching on data-parallel replicas;
 - :mod:`~opcast.predict.serve.metrics`    TTFT, TPOT, end-to-end percentiles, throughput, goodput, trace;
 - :mod:`~opcast.predict.serve.deployment` all of it for one deployment (:func:`predict_serve`);
+- :mod:`~opcast.predict.serve.disagg`     prefill and decode pools with the KV sent between them
+  (``--disaggregate P:D``, :func:`predict_serve_disagg`);
+- :mod:`~opcast.predict.serve.search`     the best deployment under SLOs (``opcast search serve``);
 - :mod:`~opcast.predict.serve.report`     the CLI's table and JSON.
 """

@@ -4,6 +4,7 @@ fed a request stream: KV capacity, step prices, the simulation and its metrics."
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
@@ -16,6 +17,9 @@ from opcast.predict.serve.metrics import ServeMetrics, serve_metrics
 from opcast.predict.serve.requests import RequestStream
 from opcast.predict.serve.simulate import SimResult, StopRule, simulate
 from opcast.predict.serve.step_cost import PricedStepCost
+
+if TYPE_CHECKING:
+    from opcast.predict.serve.disagg import DisaggStats
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -32,6 +36,8 @@ class ServeResult:
     sim: SimResult
     cost_sources: tuple[str, ...]
     """Where kernel times came from (learned, roofline)."""
+    disaggregated: DisaggStats | None = None
+    """The prefill and decode pools and their KV transfers (:mod:`~opcast.predict.serve.disagg`); None colocated."""
 
 
 def replica_reasons(arch: ArchSpec, device, cfg: InferConfig, stream: RequestStream, gpus_per_node: int | None):

@@ -60,6 +60,7 @@ class ServeMetrics:
     slo_attainment: float | None = None
     """Fraction of requests meeting every SLO given."""
     per_replica_requests: list[int] = field(default_factory=list)
+    """Requests each replica served (disaggregated: prefilled on a prefill replica, decoded on a decode one)."""
 
 
 def request_latencies(sim: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -101,15 +102,41 @@ def serve_metrics(sim: SimResult, *, slo_ttft_s: float | None = None, slo_tpot_s
         slo_tpot_s=slo_tpot_s,
         goodput_requests_per_s=goodput,
         slo_attainment=attained,
-        per_replica_requests=np.bincount(sim.replica, minlength=sim.replicas).tolist(),
+        per_replica_requests=_per_replica(sim),
     )
+
+
+def _per_replica(sim: SimResult) -> list[int]:
+    counts = np.bincount(sim.replica, minlength=sim.replicas)
+    if sim.decode_replica is not None:
+        counts += np.bincount(sim.decode_replica[sim.decode_replica >= 0], minlength=sim.replicas)
+    return counts.tolist()
 
 
 def trace_events(sim: SimResult) -> list[dict]:
     """One complete event (``ph: X``, microseconds) per step on a track per replica."""
+    P = sim.prefill_replicas
+
+    def name(r: int) -> str:
+        return f"replica {r}" if not P else f"prefill replica {r}" if r < P else f"decode replica {r}"
+
     events: list[dict] = [
-        {"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"replica {r}"}} for r in range(sim.replicas)
+        {"name": "process_name", "ph": "M", "pid": r, "args": {"name": name(r)}} for r in range(sim.replicas)
     ]
+    if sim.transfer_start_s is not None and sim.transfer_end_s is not None and sim.decode_replica is not None:
+        for rid in np.flatnonzero(~np.isnan(sim.transfer_start_s)).tolist():  # on the sender's track
+            start, end = sim.transfer_start_s[rid], sim.transfer_end_s[rid]
+            events.append(
+                {
+                    "name": "kv transfer",
+                    "ph": "X",
+                    "pid": int(sim.replica[rid]),
+                    "tid": 1,
+                    "ts": start * 1e6,
+                    "dur": (end - start) * 1e6,
+                    "args": {"request": rid, "to_replica": int(sim.decode_replica[rid])},
+                }
+            )
     for st in sim.steps:
         kind = "mixed" if st.prefill_tokens and st.decode_seqs else "prefill" if st.prefill_tokens else "decode"
         events.append(

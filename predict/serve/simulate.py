@@ -27,11 +27,25 @@ still matter): counts of requests that missed an SLO only grow as the run goes o
 time since the first arrival, which bounds the run's duration from below; the rule names the
 counts and the rate floors past which the run's answer no longer matters, and :func:`simulate`
 raises :class:`StoppedEarly` as soon as one is crossed.
+
+**Disaggregated prefill and decode** (:class:`Split`, DistServe / Splitwise): the first
+``split.prefill`` replicas only prefill, the rest only decode. Arrivals go to the prefill pool
+(by the router). A request whose prefill step emits its first token leaves that replica (done
+there when it wants one token) and its KV is sent to the decode replica with the fewest requests
+waiting, running or in transit to it (lowest index on a tie): a prefill replica sends one KV at a
+time (its links are busy until a transfer ends), each taking ``split.transfer_s`` seconds, and
+holds the request's KV blocks until the transfer ends. The decode replica then queues the
+request with its prompt's KV in place: admitted (with blocks for its prompt and the next token,
+or its whole output under ``reserve_full_output``) it decodes one token a step; preempted there,
+it recomputes on that replica as in a colocated one. A received KV that waits for free blocks is
+held outside the decode replica's pool (not modelled as memory). Without a split nothing changes.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,6 +85,18 @@ class StopRule:
 RATE_MARGIN = 1e-9
 """Relative margin on the rate floors, so rounding in the final metrics cannot make a stopped run
 the better one."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Split:
+    """Disaggregated serving (see the module docstring): replicas ``[0, prefill)`` only prefill, the rest
+    only decode."""
+
+    prefill: int
+    """Prefill replicas (the first ones); at least one, and at least one replica left to decode."""
+    transfer_s: Callable[[int, int, int], float]
+    """Seconds to send request ``rid``'s KV from prefill replica ``p`` to decode replica ``d``:
+    ``transfer_s(rid, p, d)``."""
 
 
 class StoppedEarly(Exception):
@@ -122,6 +148,14 @@ class SimResult:
     preemptions: np.ndarray
     replica: np.ndarray
     steps: list[Step]
+    prefill_replicas: int = 0
+    """With a :class:`Split`: replicas ``[0, prefill_replicas)`` prefill, the rest decode; 0 colocated."""
+    decode_replica: np.ndarray | None = None
+    """With a :class:`Split`: the replica that decoded each request (-1: one output token, no decode)."""
+    transfer_start_s: np.ndarray | None = None
+    """With a :class:`Split`: when each request's KV transfer started (NaN: none)."""
+    transfer_end_s: np.ndarray | None = None
+    """With a :class:`Split`: when it ended, the request then queued on its decode replica (NaN: none)."""
 
 
 def simulate(
@@ -133,11 +167,18 @@ def simulate(
     replicas: int = 1,
     router: str = "round_robin",
     stop: StopRule | None = None,
+    split: Split | None = None,
 ) -> SimResult:
     """Serve ``stream`` on ``replicas`` replicas of ``kv_blocks`` KV blocks each (see the module docstring);
-    with ``stop``, raise :class:`StoppedEarly` once one of its limits is crossed."""
+    with ``stop``, raise :class:`StoppedEarly` once one of its limits is crossed; with ``split``, the
+    first ``split.prefill`` replicas prefill and the others decode."""
     if replicas < 1:
         raise OpcastError(f"--replicas {replicas} must be >= 1")
+    n_prefill = replicas if split is None else split.prefill
+    if not 1 <= n_prefill <= replicas - (split is not None):
+        raise OpcastError(
+            f"--disaggregate needs >= 1 prefill and >= 1 decode replica; got {n_prefill} of {replicas} prefilling"
+        )
     if router not in ROUTERS:
         raise OpcastError(f"--router {router!r} is not one of {', '.join(ROUTERS)}")
     n = len(stream)
@@ -174,10 +215,19 @@ def simulate(
     chunked, reserve = engine.chunked_prefill, engine.reserve_full_output
     overhead = engine.overhead
     watch = _Watch(stop, arrival, sum(out)) if stop is not None else None
+    # Disaggregation: the tokens a request emits on each replica (prefill replicas: its first only)
+    one = [1] * n
+    limit = [out if split is None or r >= n_prefill else one for r in range(replicas)]
+    decode_at = [-1] * n
+    sent_s = [np.nan] * n
+    landed_s = [np.nan] * n
+    parked = [0] * n  # KV blocks a prefill replica holds until the request's transfer ends
+    link_free = [0.0] * replicas  # when each prefill replica's links are free to send the next KV
+    transfers: list[tuple[float, int, int, int]] = []  # (end, request, prefill replica, decode replica)
 
     def start_step(r: int, now: float) -> None:
         # The hot loop of the simulation: block arithmetic inlined (BlockPool.extra_for / take).
-        pool, run, wait = pools[r], running[r], waiting[r]
+        pool, run, wait, lim = pools[r], running[r], waiting[r], limit[r]
         budget = max_tokens
         prefill: list[tuple[int, int]] = []
         decode = decode_kv = seqs = preempted = 0
@@ -225,7 +275,7 @@ def simulate(
                     q = budget
                 else:
                     break
-                extra = pool.extra_for(held[rid], inp[rid] + out[rid] if reserve else c + q)
+                extra = pool.extra_for(held[rid], inp[rid] + lim[rid] if reserve else c + q)
                 if extra > pool.free:
                     break
                 wait.popleft()
@@ -236,7 +286,11 @@ def simulate(
                 comp[rid] = c
                 if c == total:
                     emit.append(rid)
-                prefill.append((q, c))
+                if q == 1 and c == total and gen[rid] > 0:  # a decode replica's request, its prompt's KV received
+                    decode += 1
+                    decode_kv += c
+                else:
+                    prefill.append((q, c))
                 budget -= q
                 seqs += 1
         if not seqs:
@@ -261,6 +315,7 @@ def simulate(
 
     def end_step(r: int, now: float) -> None:
         done = False
+        lim = limit[r]
         for rid in in_flight[r]:
             g = gen[rid] + 1
             gen[rid] = g
@@ -276,12 +331,33 @@ def simulate(
                 done = True
                 if watch is not None:
                     watch.finished(rid, now, first[rid], g)
+            elif g == lim[rid]:  # prefilled on a prefill replica: send its KV to a decode replica
+                d = min(range(n_prefill, replicas), key=load.__getitem__)
+                load[r] -= 1
+                load[d] += 1
+                decode_at[rid] = d
+                parked[rid], held[rid] = held[rid], 0
+                start = max(now, link_free[r])
+                end = start + split.transfer_s(rid, r, d)  # type: ignore[union-attr]  # limit < out only with a split
+                link_free[r] = end
+                sent_s[rid], landed_s[rid] = start, end
+                heapq.heappush(transfers, (end, rid, r, d))
+                done = True
         if watch is not None:
             watch.check(now)
         if done:
-            running[r] = [rid for rid in running[r] if gen[rid] < out[rid]]
+            running[r] = [rid for rid in running[r] if gen[rid] < lim[rid]]
         in_flight[r] = []
         start_step(r, now)
+
+    def land(now: float) -> None:
+        _, rid, p, d = heapq.heappop(transfers)
+        pools[p].give(parked[rid])
+        parked[rid] = 0
+        waiting[d].append(rid)
+        for r in (d, p):  # the decode replica has work; the prefill one may have waited for those blocks
+            if busy_until[r] == np.inf:
+                start_step(r, now)
 
     rr = 0
     a = 0
@@ -289,15 +365,19 @@ def simulate(
         t_arr = arrival[a] if a < n else np.inf
         r = min(range(replicas), key=busy_until.__getitem__)
         t_end = busy_until[r]
-        if t_end == np.inf and t_arr == np.inf:
+        t_land = transfers[0][0] if transfers else np.inf
+        if t_end == np.inf and t_arr == np.inf and t_land == np.inf:
             break
-        if t_end <= t_arr:
+        if t_end <= t_arr and t_end <= t_land:
             end_step(r, t_end)
             continue
+        if t_land <= t_arr:
+            land(t_land)
+            continue
         if router == "round_robin":
-            dest, rr = rr, (rr + 1) % replicas
+            dest, rr = rr, (rr + 1) % n_prefill
         else:
-            dest = min(range(replicas), key=load.__getitem__)
+            dest = min(range(n_prefill), key=load.__getitem__)
         where[a] = dest
         load[dest] += 1
         waiting[dest].append(a)
@@ -317,6 +397,10 @@ def simulate(
         preemptions=np.array(preempt),
         replica=np.array(where),
         steps=steps,
+        prefill_replicas=0 if split is None else n_prefill,
+        decode_replica=None if split is None else np.array(decode_at),
+        transfer_start_s=None if split is None else np.array(sent_s),
+        transfer_end_s=None if split is None else np.array(landed_s),
     )
 
 

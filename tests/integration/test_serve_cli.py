@@ -67,6 +67,8 @@ def _bad_traces(tmp_path: Path) -> dict[str, Path]:
         (["--rate", "1", "--arch", "llama3-405b"], r"does not fit in memory .* by [\d.]+ GiB"),
         (["--rate", "1", "--input-len", "0"], "--input-len '0'"),
         (["--rate", "1", "--engine", "tgi"], "--engine 'tgi' is not one of vllm, sglang, trtllm"),
+        (["--rate", "1", "--disaggregate", "2:0"], r"--disaggregate '2:0' must be P:D, .*each >= 1\)"),
+        (["--rate", "1", "--disaggregate", "1:1", "--replicas", "2"], "either --replicas or --disaggregate"),
     ],
 )
 def test_bad_inputs_are_one_line_exit_2_and_write_nothing(tmp_path, extra, message):
@@ -80,3 +82,26 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(tmp_path, extra, messa
     assert re.search(message, lines[0]), lines[0]
     assert not out.exists()
     assert sorted(x.name for x in tmp_path.iterdir()) == ["bad.csv", "empty.csv"]
+
+
+def test_disaggregated_serving_reports_its_pools_and_kv_transfers(tmp_path):
+    trace = tmp_path / "steps.json"
+    args = [*BASE, "--disaggregate", "1:2", "--rate", "40", "--num-requests", "50", "--input-len", "128"]
+    p = _run(*args, "--output-len", "16", "--json", "--trace", str(trace), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    d, m = doc["disaggregated"], doc["metrics"]
+    assert doc["replicas"] == 3 and doc["gpus"] == 3 and d["prefill_replicas"] == 1 and d["decode_replicas"] == 2
+    assert m["requests"] == 50 and sum(m["per_replica_requests"]) == 100  # prefilled once, decoded once
+    kv = d["kv_transfer"]
+    assert kv["transfers"] == 50 and kv["within_node"] == 50  # 3 GPUs of one 8-GPU H100 node
+    assert kv["kv_bytes_per_token_per_gpu"] == doc["kv_cache"]["kv_bytes_per_token_per_gpu"]
+    assert kv["bytes_per_gpu"] == pytest.approx(kv["kv_bytes_per_token_per_gpu"] * 128 * 50)
+    assert 0 < kv["time"]["p50_s"] <= kv["handoff"]["p99_s"]
+    assert d["pools"]["prefill"]["requests"] == d["pools"]["decode"]["requests"] == 50
+    assert 0 < d["pools"]["prefill"]["busy_fraction"] < 1 and 0 < d["pools"]["decode"]["busy_fraction"] < 1
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert sum(e["name"] == "kv transfer" for e in events) == 50
+    steps = [e for e in events if e["ph"] == "X" and e["name"] != "kv transfer"]
+    assert {e["name"] for e in steps if e["pid"] == 0} == {"prefill"}
+    assert {e["name"] for e in steps if e["pid"] > 0} == {"decode"}
