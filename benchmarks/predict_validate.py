@@ -9,7 +9,10 @@ Usage:  python benchmarks/predict_validate.py [--published DIR] [--models DIR]
    GPT-3 shapes, OPT; BERT and Switch are not decoder-only archs) with the learned models when a set
    is available (``--models``, else the embedded default) and with the roofline fallback, and
    print the error of every run. NeuSight reports 6-10 % on such runs.
-   How the runs map to the op graph: FP32 on CUDA cores (TF32 off), ``attention=eager``; "inf" is
+   How the runs map to the op graph: FP32 on CUDA cores (TF32 off), ``attention=eager``, the
+   arch's own dropout (OPT: ``attention_dropout: 0.0``, ``dropout: 0.1``; GPT-2/3: ``attn_pdrop`` and
+   ``resid_pdrop`` 0.1), ``optimizer=none`` (NeuSight's ``measure_e2e`` in neusight/Tracing/trace.py
+   builds no optimizer: it times ``model(x)`` and ``loss.backward()`` only); "inf" is
    the evaluation forward (no dropout) with logits for every position and no loss; "train" is
    ``predict train`` at tp = pp = dp = 1 with the micro-batch = the batch, forward + backward.
    Hugging Face runs GELU ("gelu_new") as about eight separate pointwise kernels and the attention
@@ -76,11 +79,74 @@ def forward_only_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, 
     return total, sources
 
 
+NEUSIGHT_OPTIMIZER = "none"
+"""NeuSight's training step: forward + backward, no optimizer (neusight/Tracing/trace.py ``measure_e2e``)."""
+
+NEUSIGHT_80GB_TRAIN_RUNS = (
+    ("A100-PCIe-80GB", "opt_13", 1, 2048),
+    ("A100-PCIe-80GB", "opt_13", 2, 2048),
+    ("A100-PCIe-80GB", "gpt3_27", 1, 2048),
+    ("A100-PCIe-80GB", "gpt3_xl", 1, 2048),
+    ("A100-PCIe-80GB", "gpt2_large", 4, 1024),
+    ("H100-SXM5-80GB", "opt_13", 2, 2048),
+    ("H100-SXM5-80GB", "gpt3_27", 1, 2048),
+    ("L4", "gpt2_large", 1, 1024),
+)
+"""Training runs NeuSight measured on GPUs absent from the published folder (its
+scripts/asplos/label/NVIDIA_A100_80GB_PCIe, NVIDIA_H100_80GB_HBM3 and NVIDIA_L4 label files): they
+ran, so none may be refused. Only their shapes are used here (the memory check)."""
+
+
+def neusight_train_memory(arch, device, batch: int, seq: int):
+    """(before, after) bytes per GPU of a NeuSight training run: before, the accounting this
+    benchmark used until issue 19 (the family's dropout, 0.1 on attention and hidden, and Adam
+    states); after, the arch's own dropout and NeuSight's optimizer (none)."""
+    from dataclasses import replace
+
+    from opcast.predict.memory import train_memory
+
+    def total(a, optimizer: str) -> float:
+        kw = dict(tp=1, pp=1, dp=1, cp=1, ep=1, sp=False, micro_batches=1, virtual_stages=1, zero=0)
+        return train_memory(
+            a,
+            stage=0,
+            micro_batch=batch,
+            seq=seq,
+            precision="fp32",
+            attention="eager",
+            recompute="none",
+            optimizer=optimizer,
+            **kw,
+        ).total_bytes
+
+    before = total(replace(arch, attention_dropout=None, hidden_dropout=None), "adam")
+    return before, total(arch, NEUSIGHT_OPTIMIZER)
+
+
+def print_memory(label: str, device, arch, batch: int, seq: int) -> bool:
+    """One line of memory before/after; True when the run fits after."""
+    before, after = neusight_train_memory(arch, device, batch, seq)
+    cap = device.mem_bytes
+
+    def show(v: float) -> str:
+        return f"{v / 2**30:7.1f} GiB {'fits' if v <= cap else 'REFUSED':7s}"
+
+    print(f"  {label:38s} {cap / 2**30:5.0f} GiB  before {show(before)}  after {show(after)}")
+    return after <= cap
+
+
 def train_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, float, set[str]]:
     from opcast.predict.parallel import TrainConfig
     from opcast.predict.training import predict_train
 
-    cfg = TrainConfig(micro_batch=batch, global_batch=batch, seq=seq, precision="fp32", attention="eager")
+    cfg = TrainConfig(
+        micro_batch=batch,
+        global_batch=batch,
+        seq=seq,
+        precision="fp32",
+        attention="eager",
+        optimizer=NEUSIGHT_OPTIMIZER,
+    )
     r = predict_train(arch, device, cfg, kernels=kernels)
     if r.iteration_time_s is None:
         raise ValueError("; ".join(r.reasons))
@@ -126,6 +192,20 @@ def validate_neusight(published: Path, cost_models: dict[str, object]) -> None:
         print(line)
     for reason, n in skipped.items():
         print(f"  skipped {n:2d} run(s): {reason} (not a decoder-only arch opcast models)")
+    print()
+    print(
+        "Memory per GPU of NeuSight's training runs (fp32, eager attention): before = family dropout + Adam, "
+        "after = the arch's dropout + no optimizer, as NeuSight ran them"
+    )
+    refused = 0
+    shapes = [(r.device, r.model, int(r.batch), int(r.seq)) for r in runs.itertuples() if r.mode == "train"]
+    for dev, model, batch, seq in shapes + list(NEUSIGHT_80GB_TRAIN_RUNS):
+        try:
+            arch = load_arch(configs / f"{model}.json")
+        except OpcastError:
+            continue  # BERT, Switch: not decoder-only
+        refused += not print_memory(f"{dev} {model} b{batch} s{seq}", get_device(dev), arch, batch, seq)
+    print(f"  {refused} measured run(s) refused after the change (every one of them ran)")
     print()
     for name, errs in errors.items():
         if not errs:

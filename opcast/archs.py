@@ -41,7 +41,19 @@ MAKE_VOCAB_SIZE_DIVISIBLE_BY = 128
 
 DROPOUT_FAMILIES = frozenset({"gpt2", "gpt3", "megatron", "opt"})
 """Families trained with hidden dropout after attention and MLP (GPT-2/3, Megatron GPT, OPT).
-GPT-NeoX-20B trained with hidden-dropout 0 (its 20B.yml) and the llama family has none."""
+GPT-NeoX-20B trained with hidden-dropout 0 (its 20B.yml) and the llama family has none.
+An arch without explicit ``attention_dropout`` / ``hidden_dropout`` takes 0.1 for both in these
+families (Megatron-LM's defaults ``--attention-dropout 0.1 --hidden-dropout 0.1``, arguments.py;
+GPT-2's ``attn_pdrop = resid_pdrop = 0.1``) and 0 otherwise."""
+
+FAMILY_DROPOUT = 0.1
+"""The dropout probability of a :data:`DROPOUT_FAMILIES` arch that gives none of its own."""
+
+_DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout")
+
+
+def _family_dropout(family: str) -> float:
+    return FAMILY_DROPOUT if family in DROPOUT_FAMILIES else 0.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +98,13 @@ class ArchSpec:
     """MoE experts per MLP (1 = dense)."""
     experts_top_k: int = 1
     """Experts each token is routed to."""
+    attention_dropout: float | None = None
+    """Dropout probability on the attention probabilities (HF ``attention_dropout`` / ``attn_pdrop``,
+    Megatron ``--attention-dropout``); None: the family's default (:data:`DROPOUT_FAMILIES`: 0.1,
+    Megatron-LM's default, else 0)."""
+    hidden_dropout: float | None = None
+    """Dropout probability after attention and MLP and on the embeddings (HF ``dropout`` /
+    ``resid_pdrop`` / ``hidden_dropout``, Megatron ``--hidden-dropout``); None: the family's default."""
     source: str
     """Citation: paper table, or model card and config.json."""
 
@@ -94,7 +113,13 @@ class ArchSpec:
         problems = [
             p
             for f in fields(self)
-            if (p := value_problem(f.name, getattr(self, f.name), _FIELD_TYPES[f.name], _CHOICES.get(f.name)))
+            if not (f.name in _DROPOUT_FIELDS and getattr(self, f.name) is None)
+            and (p := value_problem(f.name, getattr(self, f.name), _FIELD_TYPES[f.name], _CHOICES.get(f.name)))
+        ]
+        problems += [
+            f"{key}={value} must be a probability in [0, 1)"
+            for key in _DROPOUT_FIELDS
+            if not any(key in p for p in problems) and (value := getattr(self, key)) is not None and not 0 <= value < 1
         ]
         if not problems:
             if not self.name.strip():
@@ -105,6 +130,18 @@ class ArchSpec:
                 problems.append(f"experts_top_k={self.experts_top_k} exceeds n_experts={self.n_experts}")
         if problems:
             raise OpcastError(f"arch {label}: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ dropout
+
+    @property
+    def attention_dropout_p(self) -> float:
+        """The attention-probability dropout in training (``attention_dropout`` or the family default)."""
+        return _family_dropout(self.family) if self.attention_dropout is None else float(self.attention_dropout)
+
+    @property
+    def hidden_dropout_p(self) -> float:
+        """The hidden (residual-branch and embedding) dropout in training (``hidden_dropout`` or the family default)."""
+        return _family_dropout(self.family) if self.hidden_dropout is None else float(self.hidden_dropout)
 
     # ------------------------------------------------------------------ parameter counts
 
@@ -220,6 +257,8 @@ _FIELD_TYPES: dict[str, type] = {
     "parallel_residual": bool,
     "n_experts": int,
     "experts_top_k": int,
+    "attention_dropout": float,
+    "hidden_dropout": float,
     "source": str,
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -228,7 +267,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "activation": get_args(Activation),
     "position": get_args(Position),
 }
-_REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k"))
+_REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k", *_DROPOUT_FIELDS))
 
 MAX_SIZE = 2**31 - 1
 """Largest size (layers, widths, heads, vocab, sequence, experts) an arch may give."""
@@ -297,7 +336,7 @@ def _tokens(arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool) -> tuple[in
 
 
 def _dropout(arch: ArchSpec, numel: int) -> list[Op]:
-    return [("elementwise", {"numel": numel, "fn": "dropout"})] if arch.family in DROPOUT_FAMILIES else []
+    return [("elementwise", {"numel": numel, "fn": "dropout"})] if arch.hidden_dropout_p > 0 else []
 
 
 def _mlp_ops(arch: ArchSpec, tp: int, tokens: int) -> list[Op]:
@@ -655,6 +694,16 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             source += f"; sliding_window={c.get('sliding_window', None)} ignored"
         if model_type == "mixtral":
             fields_.update(n_experts=c.req("num_local_experts"), experts_top_k=c.req("num_experts_per_tok"))
+    # dropout as transformers applies it in training (each model's defaults when the key is absent)
+    if model_type == "gpt2":
+        attn_p, hidden_p = c.get("attn_pdrop", 0.1, float), c.get("resid_pdrop", 0.1, float)
+    elif model_type == "gpt_neox":
+        attn_p, hidden_p = c.get("attention_dropout", 0.0, float), c.get("hidden_dropout", 0.0, float)
+    elif model_type == "opt":
+        attn_p, hidden_p = c.get("attention_dropout", 0.0, float), c.get("dropout", 0.1, float)
+    else:  # llama family: attention dropout only (default 0), no hidden dropout
+        attn_p, hidden_p = c.get("attention_dropout", 0.0, float), 0.0
+    fields_.update(attention_dropout=float(attn_p), hidden_dropout=float(hidden_p))
     fields_.setdefault("n_kv_heads", heads)
     fields_.update(hidden=hidden, n_heads=heads, head_dim=c.head_dim(hidden, heads))
     fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=source)

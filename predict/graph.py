@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
+from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
 from opcast.ops import get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
@@ -167,7 +167,7 @@ def block_ops(
     rows = tokens // tp if sp else tokens
     heads, kv_heads = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
     residual = rows * arch.hidden
-    dropout = training and arch.family in DROPOUT_FAMILIES
+    dropout = training and arch.hidden_dropout_p > 0  # the residual dropouts (attention probs: inside attention)
     norm = (arch.norm, {"rows": rows, "cols": arch.hidden})
     attn = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": arch.head_dim, "impl": attention}
     if cp == 1:
@@ -216,7 +216,7 @@ def embedding_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, training: 
             ("pos_embed", "embedding", {"tokens": tokens, "vocab": arch.max_seq, "hidden": arch.hidden}, 1),
             ("pos_add", "elementwise", {"numel": tokens * arch.hidden, "fn": "add"}, 1),
         ]
-    if training and arch.family in DROPOUT_FAMILIES:
+    if training and arch.hidden_dropout_p > 0:
         ops.append(("embed_dropout", "elementwise", {"numel": rows * arch.hidden, "fn": "dropout"}, 1))
     return ops
 

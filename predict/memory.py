@@ -8,8 +8,23 @@ master weights, momentum and variance per parameter (16 per parameter in all); f
 gradients, ZeRO-3 also the weights (plus a gathered-layer buffer for prefetch). N_d is dp x cp
 (context-parallel ranks hold the same weights) and, for expert weights, dp x cp / ep.
 
-**Activations** (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4, 16-bit): per layer and
-micro-batch ``sbh(34 + 5as/h)`` bytes without parallelism, ``sbh(10 + 24/t + 5as/(ht))`` with
+The optimizer is a choice (``TrainConfig.optimizer``, :func:`optimizer_state_bytes`): Adam's
+``exp_avg`` and ``exp_avg_sq`` (torch.optim.Adam; the ZeRO paper's K = 12 with the fp32 master
+copy, Megatron-LM's distributed optimizer keeps the same), SGD's ``momentum_buffer``
+(torch.optim.SGD, 4 B + the master copy), or ``none`` (forward + backward only, as NeuSight's
+measured training runs: sitar-lab/NeuSight ``neusight/Tracing/trace.py`` ``measure_e2e`` builds no
+optimizer and times ``model(x)`` and ``loss.backward()`` of an fp32 Hugging Face model).
+
+**Activations** (Korthikanti et al. 2022, arXiv 2205.05198, Sec. 4.1 Eq. 1, and Sec. 4.2 Eq. 2
+with tensor parallelism, 16-bit): per layer and micro-batch ``sbh(34 + 5as/h)`` bytes without
+parallelism. Of the 34: attention 11 (QKV input 2, Q and K 4, V 2, out-proj input 2, its
+dropout mask 1), MLP 19 (input 2, activation input 8, down-proj input 8, dropout mask 1), the two
+LayerNorm inputs 4. The ``5as/h`` term is the eager attention core, ``5 a s^2 b``: the softmax
+output 2, the attention-dropout mask 1 and the dropped-out probabilities 2 that the
+attention-over-V GEMM reads. An arch without attention dropout (``ArchSpec.attention_dropout``
+0, e.g. OPT's ``attention_dropout: 0.0``; torch's dropout at p = 0 returns its input) keeps only
+the softmax output, ``2as/h``; one without hidden dropout drops the two 1-byte masks (32 instead
+of 34); FlashAttention keeps no ``s x s`` tensor at all. Korthikanti's other forms: ``sbh(10 + 24/t + 5as/(ht))`` with
 tensor parallelism t, ``sbh/t (34 + 5as/h)`` with sequence parallelism too, ``34 sbh/t`` with
 selective recomputation, and the layer input only with full recomputation. We derive these from
 the tensors each op saves, so the same accounting covers GQA, gated MLPs, RMSNorm, families
@@ -22,11 +37,11 @@ saved tensor                      bytes (B = act dtype)   Korthikanti (B = 2, a 
 norm-1 input, QKV input           2 B sbh / sp            4 sbh
 Q and K (after rope), V           B sb (a+2k) d / t       6 sbh / t
 softmax out, its dropout mask,    (2B + 1) a s^2 b / t    5 a s^2 b / t   (eager only)
-  dropout out                     (B a s^2 b / t w/o
-                                  dropout)
+  dropout out                     (B a s^2 b / t without
+                                  attention dropout)
 FlashAttention logsumexp          4 a s b / t             --
 out-proj input                    B sb a d / t            2 sbh / t
-two dropout masks                 2 sbh / sp              2 sbh
+two dropout masks                 2 sbh / sp              2 sbh   (hidden dropout only)
 norm-2 input, MLP input           2 B sbh / sp            4 sbh
 MLP act input, down-proj input    2 B sb f / t            16 sbh / t      (f = 4h)
   (gated, fused SwiGLU: 3 B sb f / t)
@@ -47,8 +62,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
+from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes
+from opcast.errors import OpcastError
 from opcast.predict.frameworks import framework_of
 
 STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
@@ -59,6 +75,32 @@ STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
 }
 """ZeRO paper Sec. 3.1 (mixed-precision Adam: 2 + 2 + K with K = 12); fp8 keeps 16-bit weights
 and gradients (Transformer Engine casts to fp8 per GEMM); fp32 has no master copy."""
+
+OPTIMIZERS = ("adam", "sgd", "none")
+"""What the training step keeps besides weights and gradients (``TrainConfig.optimizer``)."""
+
+FP32_MASTER_BYTES = 4
+"""The fp32 master copy of a 16-bit weight that any optimizer step updates (ZeRO Sec. 3.1; Megatron's
+``Float16OptimizerWithFloat16Params``)."""
+
+OPTIMIZER_STATE_FP32_BYTES = {"adam": 8, "sgd": 4, "none": 0}
+"""fp32 states per parameter: Adam/AdamW ``exp_avg`` and ``exp_avg_sq`` (torch.optim.Adam, 2 x 4 B);
+SGD with momentum its ``momentum_buffer`` (torch.optim.SGD, 4 B; plain SGD without momentum keeps
+none, which is what ``none`` prices below the master copy); ``none``: no optimizer step at all (a
+forward + backward benchmark such as NeuSight's, which never builds an optimizer)."""
+
+
+def optimizer_state_bytes(precision: str, optimizer: str = "adam") -> float:
+    """Optimizer bytes per parameter: its fp32 states plus, in 16-bit or fp8 training, the fp32
+    master weights any step updates (Adam: 4 + 8 = 12, the ZeRO paper's K; SGD with momentum 4 + 4;
+    fp32 training has no master copy; ``none`` has no step and keeps nothing)."""
+    if optimizer not in OPTIMIZER_STATE_FP32_BYTES:
+        raise OpcastError(f"optimizer={optimizer!r} is not one of {', '.join(OPTIMIZERS)}; pass one of them")
+    if optimizer == "none":
+        return 0.0
+    master = 0 if precision == "fp32" else FP32_MASTER_BYTES
+    return float(master + OPTIMIZER_STATE_FP32_BYTES[optimizer])
+
 
 FP32_GRAD_BYTES = 4
 """Bytes a parameter of an fp32 gradient buffer (Megatron's ``main_grad``)."""
@@ -147,18 +189,20 @@ def layer_activation_bytes(
     if recompute == "full":
         return B * sbh / div
     heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
-    dropout = arch.family in DROPOUT_FAMILIES
+    attn_dropout, hidden_dropout = arch.attention_dropout_p > 0, arch.hidden_dropout_p > 0
     tokens = s * batch
     out = 2 * B * sbh / div  # norm-1 input, QKV input
     out += B * tokens * (heads + 2 * kv) * arch.head_dim  # Q, K, V
     if recompute != "selective":
         if attention == "eager":
             pairs = batch * heads * (s * s + (cp - 1) * s * (s // 2))  # score entries of this rank's blocks
-            out += (2 * B + 1 if dropout else B) * pairs
+            # softmax out (+ with dropout: its 1-byte mask and the dropped-out probabilities the PV GEMM reads;
+            # without, torch's dropout at p = 0 returns its input and the GEMM reads the softmax output)
+            out += (2 * B + 1 if attn_dropout else B) * pairs
         else:
             out += 4 * batch * heads * s * (1 + (cp - 1))  # fp32 logsumexp per query and block
     out += B * tokens * heads * arch.head_dim  # out-proj input
-    out += 2 * sbh / div if dropout else 0  # two 1-byte dropout masks
+    out += 2 * sbh / div if hidden_dropout else 0  # two 1-byte dropout masks
     out += 2 * B * sbh / div  # norm-2 input, MLP input
     ffn = arch.ffn_hidden // tp
     per_row = (3 if arch.gated_mlp else 2) * ffn  # act input (+ gate) and down-proj input
@@ -273,13 +317,16 @@ def model_state_bytes(
     precision: str,
     layers: int | None = None,
     framework: str | None = None,
+    optimizer: str = "adam",
 ) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, ZeRO-3 gather buffer) bytes per GPU of pipeline
     ``stage``: :data:`STATE_BYTES` per parameter (gradients in fp32 where ``framework`` keeps an fp32
     ``main_grad``, :mod:`opcast.predict.frameworks`: Megatron's 18 bytes with Adam), sharded over the
-    N_d = dp x cp ranks (expert weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5)."""
+    N_d = dp x cp ranks (expert weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5);
+    the optimizer states by ``optimizer`` (:func:`optimizer_state_bytes`; Adam is the table's K)."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
-    w, g, o = STATE_BYTES[precision]
+    w, g, _ = STATE_BYTES[precision]
+    o = optimizer_state_bytes(precision, optimizer)
     if framework_of(framework).fp32_grads:
         g = max(g, FP32_GRAD_BYTES)
     n_d, n_e = dp * cp, max(1, dp * cp // ep)
@@ -350,7 +397,7 @@ def stage_activation_bytes(
     B = dtype_bytes(dtype)
     sbh = (seq // cp) * micro_batch * arch.hidden
     div = tp if sp else 1
-    if stage == 0 and arch.family in DROPOUT_FAMILIES:
+    if stage == 0 and arch.hidden_dropout_p > 0:
         acts += (
             sbh
             / div
@@ -387,6 +434,7 @@ def train_memory(
     recompute: str,
     layers: int | None = None,
     framework: str | None = None,
+    optimizer: str = "adam",
 ) -> Memory:
     """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
     :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
@@ -403,6 +451,7 @@ def train_memory(
         precision=precision,
         layers=layers,
         framework=framework,
+        optimizer=optimizer,
     )
     act_dtype = activation_dtype(precision)
     per_layer, working = layer_activation_terms(

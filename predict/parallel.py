@@ -29,6 +29,8 @@ Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 AttentionImpl = Literal["flash", "eager"]
 Schedule = Literal["1f1b", "interleaved"]
+Optimizer = Literal["adam", "sgd", "none"]
+"""What the training step keeps besides weights and gradients (:func:`opcast.predict.memory.optimizer_state_bytes`)."""
 
 MEGATRON_MIN_BUCKET_PARAMS = 40_000_000
 """Megatron-LM DDP gradient bucket: ``max(40M, 1M x dp)`` parameters (distributed_data_parallel_config.py)."""
@@ -128,6 +130,10 @@ class TrainConfig:
     """The training framework (:mod:`opcast.predict.frameworks`): the kernel implementations it runs
     (fused or unfused norms, softmax, cross-entropy) and what it keeps in memory (Megatron's fp32
     ``main_grad``); None: Megatron's kernels with the ZeRO paper's 16 bytes a parameter."""
+    optimizer: Optimizer = "adam"
+    """The optimizer whose states are kept: adam (Adam/AdamW, 8 B of fp32 states a parameter plus the fp32
+    master copy in mixed precision), sgd (SGD with momentum, 4 B plus the master copy) or none (forward and
+    backward only, no optimizer step: NeuSight's measured training runs)."""
     bucket_params: int | None = None
     """Gradient bucket size in parameters; None: Megatron's max(40M, 1M x dp)."""
 
@@ -566,6 +572,7 @@ def validate_train(
         ("recompute", cfg.recompute, Recompute),
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
+        ("optimizer", cfg.optimizer, Optimizer),
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")

@@ -865,7 +865,9 @@ class _Pricer:
             self.collective(stage, "dp", "tied_embedding", sync.tied, 1, 0.0)
         opt_kernel = _optimizer_kernel(plan, stage)
         opt_s, opt_src = self.table[opt_kernel]
-        if self.keep:
+        if plan.layout.cfg.optimizer == "none":  # a forward + backward without a step (NeuSight's measured runs)
+            opt_s = 0.0
+        elif self.keep:
             self.ops.append(
                 OpLine(
                     stage=stage,
@@ -1044,6 +1046,7 @@ def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
             recompute=cfg.recompute,
             layers=lay.layers(s),
             framework=cfg.framework,
+            optimizer=cfg.optimizer,
         )
         for s in range(cfg.pp)
     )
