@@ -7,6 +7,10 @@
   ``prompt_len + i`` positions. Steps differ only in that length, and attention time is close to
   linear in it, so the time per output token is the mean over up to :data:`DECODE_SAMPLES` evenly
   spaced steps (all steps when there are fewer) -- exact for a linear law.
+- **Engine overhead** (``engine``, default none): a serving framework's CPU time per step that the
+  GPU does not hide (scheduling, input preparation, sampling), from
+  :data:`opcast.predict.serve.engine.OVERHEADS` (estimates): the prefill pays one step's at
+  ``batch`` sequences, and so does every decode step.
 - ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
@@ -26,6 +30,7 @@ from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
+from opcast.predict.serve.engine import OVERHEADS
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -50,7 +55,7 @@ class InferResult:
     """Per GPU, at the final length."""
     memory: Memory | None = None
     breakdown_s: dict[str, dict[str, float]] = field(default_factory=dict)
-    """prefill / decode_step: compute, tp_comm, pp_comm."""
+    """prefill / decode_step: compute, tp_comm, pp_comm (and overhead, with an engine)."""
     ops: tuple[dict[str, Any], ...] = ()
     cost_sources: dict[str, Any] = field(default_factory=dict)
 
@@ -165,7 +170,9 @@ def predict_infer(
         phase="prefill",
     )
     pre_pp = pp_s(b * P)
-    ttft = pre_c + pre_tp + pre_pp
+    overhead = OVERHEADS[cfg.engine] if cfg.engine != "none" else None
+    step_overhead_s = overhead.time_s(b) if overhead is not None else 0.0  # prefill and decode steps alike
+    ttft = pre_c + pre_tp + pre_pp + step_overhead_s
     steps = list(range(1, G))
     if len(steps) > DECODE_SAMPLES:
         steps = sorted({1 + round(i * (G - 2) / (DECODE_SAMPLES - 1)) for i in range(DECODE_SAMPLES)})
@@ -190,7 +197,7 @@ def predict_infer(
     k = max(1, len(steps))
     dec_c, dec_tp = dec_c / k, dec_tp / k
     dec_pp = pp_s(b)
-    tpot = (dec_c + dec_tp + dec_pp) if G > 1 else 0.0
+    tpot = (dec_c + dec_tp + dec_pp + step_overhead_s) if G > 1 else 0.0
     total = ttft + (G - 1) * tpot
 
     memory = _infer_memory(arch, cfg)
@@ -203,6 +210,26 @@ def predict_infer(
         }:
             counts[src] = counts.get(src, 0) + 1
         sources["unique_kernels_by_source"] = dict(sorted(counts.items()))
+    breakdown = {
+        "prefill": {"compute": pre_c, "tp_comm": pre_tp, "pp_comm": pre_pp},
+        "decode_step": {"compute": dec_c, "tp_comm": dec_tp, "pp_comm": dec_pp},
+    }
+    if overhead is not None:
+        for parts in breakdown.values():
+            parts["overhead"] = step_overhead_s
+        sources["step_overhead"] = {
+            "engine": cfg.engine,
+            "fixed_s": overhead.fixed_s,
+            "per_seq_s": overhead.per_seq_s,
+            "seqs": b,
+            "source": overhead.source,
+        }
+        note = (
+            f"{cfg.engine} step overhead {step_overhead_s * 1e6:.0f} us a step at batch {b} "
+            f"({overhead.fixed_s * 1e6:g} us + {overhead.per_seq_s * 1e6:g} us/seq): {overhead.source}, "
+            "not measured; calibrate before trusting small-batch TPOT"
+        )
+        sources["notes"] = [*sources.get("notes", []), note]
     result = InferResult(
         arch=arch,
         device=device,
@@ -215,10 +242,7 @@ def predict_infer(
         tokens_per_s=b * G / total,
         kv_cache_bytes=kv,
         memory=memory,
-        breakdown_s={
-            "prefill": {"compute": pre_c, "tp_comm": pre_tp, "pp_comm": pre_pp},
-            "decode_step": {"compute": dec_c, "tp_comm": dec_tp, "pp_comm": dec_pp},
-        },
+        breakdown_s=breakdown,
         ops=tuple(lines or ()),
         cost_sources=sources,
     )

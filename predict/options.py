@@ -278,6 +278,8 @@ _SWITCHES = {"tensor_cores", "overlap_grad_reduce", "overlap_param_gather", "tp_
 """Boolean fields that take ``--no-...`` as well (a default that may be on)."""
 _NOT_OPTIONS = {"bucket_params"}
 """Fields with no command-line option (library use only)."""
+_OPTION_DECLARED_ELSEWHERE = {"engine"}
+"""Fields whose option another group declares and this group reuses (``--engine``: :data:`INFER_ENGINE`)."""
 
 
 def parse_pp_layers(text: str) -> tuple[int, ...]:
@@ -317,7 +319,7 @@ def config_options(cls: type) -> tuple[Opt, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        if f.name in _NOT_OPTIONS:
+        if f.name in _NOT_OPTIONS or f.name in _OPTION_DECLARED_ELSEWHERE:
             continue
         help_, default_help = _CONFIG_HELP[f.name]  # a new field needs its help above
         flag = "--" + f.name.replace("_", "-")
@@ -339,7 +341,8 @@ def config_options(cls: type) -> tuple[Opt, ...]:
 TRAIN = config_options(TrainConfig)
 """``TrainConfig`` as options: tp, pp, dp, cp, ep, sp, micro-batch, global-batch, seq, ..."""
 INFER = config_options(InferConfig)
-"""``InferConfig`` as options: tp, pp, batch, prompt-len, gen-len, precision, attention, tensor-cores."""
+"""``InferConfig`` as options: tp, pp, batch, prompt-len, gen-len, precision, attention, tensor-cores, and
+``--engine`` (:data:`INFER_ENGINE`, added once the serving options declare it)."""
 INFER_NODES = NODES.but(default_help="as few as tp x pp needs")
 
 
@@ -682,6 +685,15 @@ SERVE = (
     ),
 )
 """``opcast predict serve``: the deployment, the engine's limits, the request stream and the SLOs."""
+
+INFER_ENGINE = _option(SERVE, "engine").but(
+    help="Serving framework whose per-step overhead (scheduling, input preparation, sampling; estimates) each "
+    "prefill and decode step pays: vllm, sglang or trtllm; none: the forward passes alone.",
+    default="none",
+    check=_one_of("--engine", ("none", *ENGINES)),
+)
+INFER = (*INFER, INFER_ENGINE)
+"""``predict infer`` / ``explore infer`` / ``compare infer``: :class:`InferConfig`'s options with ``--engine``."""
 SERVE_TRACE = TRACE.but(help="Write a Chrome/Perfetto trace of every step of every replica.")
 
 

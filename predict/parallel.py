@@ -24,11 +24,15 @@ from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype
+from opcast.predict.serve.engine import EngineName
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
 AttentionImpl = Literal["flash", "eager"]
 Schedule = Literal["1f1b", "interleaved"]
+InferEngine = Literal["none", EngineName]  # type: ignore[valid-type]  # mypy sees opcast.predict.serve untyped (Any)
+"""Serving framework whose per-step overhead an inference batch pays (:data:`opcast.predict.serve.engine.OVERHEADS`);
+none: the forward passes alone."""
 Optimizer = Literal["adam", "sgd", "none"]
 """What the training step keeps besides weights and gradients (:func:`opcast.predict.memory.optimizer_state_bytes`)."""
 
@@ -158,6 +162,9 @@ class InferConfig:
     """Attention kernel."""
     tensor_cores: bool | None = None
     """Matrix math on tensor cores; None: by dtype (see TrainConfig.tensor_cores)."""
+    engine: InferEngine = "none"
+    """Serving framework whose per-step overhead (scheduling, input preparation, sampling) each prefill
+    and decode step pays on top of its forward; none: the forward alone."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -707,6 +714,8 @@ def validate_infer(
     reasons = [p for k, v in ints.items() if (p := _positive(k, v))]
     if cfg.attention not in get_args(AttentionImpl):
         reasons.append(f"attention={cfg.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
+    if cfg.engine not in get_args(InferEngine):
+        reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp)

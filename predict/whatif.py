@@ -278,6 +278,9 @@ def _infer_split(r: InferResult, kernels: KernelCostModel) -> TimeSplit:
             step_parts["communication"] += bd[key]
             if bd[key]:
                 step_phase[f"{label}/{key}"] = bd[key]
+        if bd.get("overhead"):  # --engine's per-step CPU work: the GPU waits, as in a pipeline bubble
+            step_parts["bubble"] += bd["overhead"]
+            step_phase[f"{label}/overhead"] = bd["overhead"]
         if phase == "decode" and steps == 0:
             continue
         phase_parts[label] = step_parts
@@ -290,7 +293,7 @@ def _infer_split(r: InferResult, kernels: KernelCostModel) -> TimeSplit:
         compute_bound_s=parts["compute_bound"],
         memory_bound_s=parts["memory_bound"],
         communication_s=parts["communication"],
-        bubble_s=0.0,
+        bubble_s=parts["bubble"],
         by_phase=ordered,
         phase_parts=phase_parts,
     )
@@ -302,7 +305,7 @@ def _ordered(by_phase: dict[str, float], prefix: str = "") -> dict[str, float]:
     compute = sorted(((k, v) for k, v in by_phase.items() if k.startswith(f"{prefix}compute:")), key=lambda kv: -kv[1])
     rest = [
         (f"{prefix}{k}", by_phase[f"{prefix}{k}"])
-        for k in (*COMM_PARTS, "pipeline_bubble")
+        for k in (*COMM_PARTS, "pipeline_bubble", "overhead")
         if f"{prefix}{k}" in by_phase
     ]
     return dict(compute + rest)

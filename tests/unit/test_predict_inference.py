@@ -57,3 +57,75 @@ def test_infeasible_inference_lists_every_reason():
     assert "tp=3 does not divide" in text and "pp=5 does not divide" in text and "exceeds max_seq=2048" in text
     big = infer(load_arch("llama2-70b"), batch=64, prompt_len=4000, gen_len=96)
     assert not big.feasible and "does not fit" in big.reasons[0]
+
+
+# --------------------------------------------------------------------------- --engine: per-step overhead
+
+
+class _FlatKernels:
+    """Every kernel costs ``t_s``: the forward's time is ``t_s`` x the kernels launched, by hand."""
+
+    def __init__(self, t_s: float) -> None:
+        self.t_s = t_s
+
+    def lookup(self, kernels, device):
+        return {k: (self.t_s, "flat") for k in kernels}
+
+    def describe(self):
+        return {"kernels": "flat stub"}
+
+
+def _flat(engine: str, batch: int, gen_len: int = 9):
+    from opcast.predict.comm import CollectiveCostModel
+
+    cfg = InferConfig(batch=batch, prompt_len=64, gen_len=gen_len, engine=engine)
+    return predict_infer(LLAMA, H100, cfg, kernels=_FlatKernels(1e-3), comms=CollectiveCostModel())
+
+
+def test_engine_adds_one_step_overhead_to_prefill_and_to_each_decode_step(monkeypatch):
+    from opcast.predict.serve import engine
+
+    monkeypatch.setitem(engine.OVERHEADS, "vllm", engine.StepOverhead(fixed_s=5e-3, per_seq_s=1e-4, source="hand"))
+    none, vllm = _flat("none", batch=8), _flat("vllm", batch=8)
+    launches = {ph: sum(ln["count"] for ln in none.ops if ln["phase"] == ph) for ph in ("prefill", "decode")}
+    assert none.ttft_s == pytest.approx(1e-3 * launches["prefill"])  # tp = pp = 1: no communication
+    assert none.tpot_s == pytest.approx(1e-3 * launches["decode"])
+    step = 5e-3 + 8 * 1e-4  # fixed + per sequence x batch 8
+    assert vllm.ttft_s == pytest.approx(none.ttft_s + step)
+    assert vllm.tpot_s == pytest.approx(none.tpot_s + step)
+    assert vllm.total_latency_s == pytest.approx(vllm.ttft_s + 8 * vllm.tpot_s)
+    assert vllm.breakdown_s["prefill"]["overhead"] == pytest.approx(step)
+    assert vllm.breakdown_s["decode_step"]["overhead"] == pytest.approx(step)
+    assert vllm.ttft_s == pytest.approx(sum(vllm.breakdown_s["prefill"].values()))
+    assert vllm.tpot_s == pytest.approx(sum(vllm.breakdown_s["decode_step"].values()))
+    src = vllm.cost_sources["step_overhead"]
+    assert src == {"engine": "vllm", "fixed_s": 5e-3, "per_seq_s": 1e-4, "seqs": 8, "source": "hand"}
+    assert any("vllm step overhead" in n and "hand" in n for n in vllm.cost_sources["notes"])
+
+
+def test_engine_overhead_grows_with_batch_as_its_profile_says():
+    from opcast.predict.serve.engine import OVERHEADS
+
+    for name in ("vllm", "sglang", "trtllm"):
+        for batch in (1, 32):
+            with_, without = _flat(name, batch), _flat("none", batch)
+            assert with_.tpot_s - without.tpot_s == pytest.approx(OVERHEADS[name].time_s(batch))
+            assert with_.ttft_s - without.ttft_s == pytest.approx(OVERHEADS[name].time_s(batch))
+            assert OVERHEADS[name].source in with_.cost_sources["step_overhead"]["source"]
+
+
+def test_no_engine_is_the_forward_alone():
+    r = _flat("none", batch=4)
+    assert InferConfig().engine == "none"
+    assert all("overhead" not in parts for parts in r.breakdown_s.values())
+    assert "step_overhead" not in r.cost_sources and "notes" not in r.cost_sources
+
+
+def test_single_token_generation_has_no_decode_overhead():
+    r = _flat("trtllm", batch=2, gen_len=1)
+    assert r.tpot_s == 0.0 and r.total_latency_s == pytest.approx(r.ttft_s)
+
+
+def test_unknown_engine_is_a_reason_not_a_crash():
+    r = infer(batch=1, prompt_len=64, gen_len=4, engine="tgi")
+    assert not r.feasible and any("engine='tgi' is not one of none, vllm, sglang, trtllm" in x for x in r.reasons)
