@@ -11,8 +11,8 @@ not start with a command name to ``train``.
   those of ``opcast predict train`` where they mean the same (:mod:`opcast.predict.options`),
   ``--set``, ``--analytic`` and ``--cluster`` included. When nothing fits, the reasons summary goes
   to stderr in one line (after the JSON document, with ``--json``) and the exit code is 2.
-- ``search serve``: the deployment (tp, pp, replicas, engine limits) of a model on up to ``--gpus``
-  GPUs that best serves a request stream within TTFT/TPOT SLOs
+- ``search serve``: the deployment (tp, pp, replicas or a prefill/decode split, engine limits) of a
+  model on up to ``--gpus`` GPUs that best serves a request stream within TTFT/TPOT SLOs
   (:func:`opcast.predict.serve.search.search_serve`); the stream and engine options are those of
   ``opcast predict serve``. When no deployment meets the SLOs, one line on stderr says why (after
   the JSON document, with ``--json``) and the exit code is 2.
@@ -280,6 +280,16 @@ def _ints(text: str | None) -> tuple[int, ...] | None:
     return None if text is None else tuple(int(t) for t in text.split(","))
 
 
+def _split_problem(text: str) -> str | None:
+    from opcast.predict.serve.search import parse_splits
+
+    try:
+        parse_splits(text)
+    except OpcastError as err:
+        return str(err)
+    return None
+
+
 def _serve_option(name: str) -> Opt:
     return next(s for s in (*SERVE, *SERVE_PARALLEL) if s.name == name)
 
@@ -331,6 +341,17 @@ SERVE_SEARCH = (
         False,
     ),
     Opt(
+        "disaggregate",
+        "--disaggregate",
+        str,
+        "Also try disaggregated deployments: P replicas that only prefill and D that only decode, of the same tp x pp "
+        "and limits, the prompt's KV sent over the links (as predict serve --disaggregate P:D). auto: every P, D >= 1 "
+        "with (P + D) x tp x pp <= --gpus; or the given P:D pairs, comma-separated (e.g. 1:1,1:3); off: colocated "
+        "replicas only. Ranked with the colocated ones per GPU used; split runs are not stopped early.",
+        "off",
+        check=_split_problem,
+    ),
+    Opt(
         "slo_percentile",
         "--slo-percentile",
         int,
@@ -379,7 +400,7 @@ SERVE_STREAM = tuple(
     ARCH, SEARCH_GPU, GPUS_OR_CLUSTER, GPUS_PER_NODE, CLUSTER, *SERVE_SEARCH, *SERVE_STREAM, *KERNEL_SOURCE, SET, JSON
 )
 def search_serve_cmd(o: Args) -> None:
-    """The serving deployment (tp, pp, replicas, engine batch limits) with the most goodput (or output tokens/s) per GPU within TTFT/TPOT SLOs, every candidate simulated on the same requests."""  # noqa: E501 -- the command's one-line help
+    """The serving deployment (tp, pp, replicas or a prefill/decode split, engine batch limits) with the most goodput (or output tokens/s) per GPU within TTFT/TPOT SLOs, every candidate simulated on the same requests."""  # noqa: E501 -- the command's one-line help
     from opcast.archs import load_arch
     from opcast.predict.serve.search import ServeSpace, search_serve, search_serve_to_dict, space_problems
 
@@ -397,6 +418,7 @@ def search_serve_cmd(o: Args) -> None:
         max_num_seqs=_ints(o.max_num_seqs),
         max_num_batched_tokens=_ints(o.max_num_batched_tokens),
         use_all_gpus=o.use_all_gpus,
+        disaggregate=o.disaggregate,
         engine_overrides={
             n: getattr(o, n)
             for n in ("chunked_prefill", "block_size", "gpu_memory_utilization")
@@ -472,7 +494,7 @@ def _print_serve_search(result, top: int) -> None:
         table.add_row(
             str(rank),
             str(d.gpus),
-            f"{d.replicas} x {d.tp} x {d.pp}",
+            f"{f'{d.prefill}P+{d.decode}D' if d.prefill else d.replicas} x {d.tp} x {d.pp}",
             str(d.max_num_seqs),
             str(d.max_num_batched_tokens),
             _ms(getattr(m.ttft, f"p{p}_s")),

@@ -10,6 +10,14 @@ only the largest), and every pair of engine limits from two small grids, ``max_n
 replica of ``tp x pp`` GPUs lies on ``min(tp x pp, GPUs per node)``-GPU nodes
 (:func:`replica_gpus_per_node`).
 
+**Disaggregated** deployments (``disaggregate``, ``opcast search serve --disaggregate``; off by
+default): besides the colocated replicas, ``P`` prefill and ``D`` decode replicas of the same
+``tp x pp`` and engine limits (:func:`~opcast.predict.serve.disagg.predict_serve_disagg`, the prompt's
+KV sent over the links of nodes of the space's GPUs per node, replicas in rank order, prefill first),
+for every ``P, D >= 1`` with ``(P + D) x tp x pp <= GPUs`` (``auto``; ``use_all_gpus``: ``=``) or for
+the given ``P:D`` pairs that fit. They are ranked with the colocated ones by the same objective per
+GPU used (all ``P + D`` replicas' GPUs).
+
 **Feasible**: the layout is valid for the arch (tp divides the heads, ...), the GPU runs the
 precision, and the weights, a full token budget's working set and the longest request's KV fit
 (:func:`~opcast.predict.serve.deployment.predict_serve`'s own checks; their reasons are kept).
@@ -25,7 +33,7 @@ search also says how few GPUs the traffic needs):
 - ``throughput``: output tokens/s per GPU.
 
 Ties go to the lower TTFT then TPOT percentile, then fewer GPUs per replica, the shallower
-pipeline, then the smaller limits.
+pipeline, colocated before split (then fewer prefill replicas), then the smaller limits.
 
 **Evaluation**: every deployment is simulated by :func:`predict_serve` on the *same* request stream
 (common random numbers: one seed, one stream, so differences are the deployments', not the
@@ -42,8 +50,12 @@ Speed, without changing the answer:
 - a simulation stops as soon as its deployment can no longer be the answer
   (:class:`~opcast.predict.serve.simulate.StopRule`): once more requests missed the TTFT (TPOT) SLO
   than the percentile allows, or once its objective is surely below the best so far (the requests
-  not yet known to miss, or the output tokens, over the time since the first arrival).
+  not yet known to miss, or the output tokens, over the time since the first arrival). Colocated
+  deployments only: :func:`~opcast.predict.serve.disagg.predict_serve_disagg` takes no stop rule,
+  so a split deployment that is simulated is simulated to the end.
 
+The skip holds for a split as it stands (its run also lasts from the first arrival to the last
+finish, at least the arrivals' span, and its goodput and throughput are the same functions of it).
 All three are exact: a deployment skipped or stopped misses the SLOs or ranks below the best, so
 the best deployment is the one exhaustive evaluation finds (``tests/unit/test_serve_search.py``
 checks it by brute force). The order deployments are tried in (fewest GPUs first, the engine's
@@ -63,6 +75,7 @@ from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
+from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
 from opcast.predict.serve.engine import ENGINES, engine_config, engine_defaults
 from opcast.predict.serve.kv_cache import kv_capacity
 from opcast.predict.serve.metrics import PERCENTILES, ServeMetrics
@@ -113,6 +126,9 @@ class ServeSpace:
     objective: str = "goodput"
     early_stop: bool = True
     """Skip or stop simulations that can no longer be the answer (exact; off only to check that it is)."""
+    disaggregate: str = "off"
+    """Prefill/decode splits to add: ``off``, ``auto`` (every split that fits) or ``P:D[,P:D...]``
+    (:func:`parse_splits`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,8 +138,16 @@ class Deployment:
     tp: int
     pp: int
     replicas: int
+    """All replicas (a split's prefill and decode replicas together)."""
     max_num_seqs: int
     max_num_batched_tokens: int
+    prefill: int = 0
+    """Replicas that only prefill (the rest only decode); 0: colocated, every replica does both."""
+
+    @property
+    def decode(self) -> int:
+        """Replicas that only decode (0 colocated)."""
+        return self.replicas - self.prefill if self.prefill else 0
 
     @property
     def gpus_per_replica(self) -> int:
@@ -134,8 +158,9 @@ class Deployment:
         return self.replicas * self.tp * self.pp
 
     def describe(self) -> str:
+        pools = f"{self.prefill}P+{self.decode}D" if self.prefill else str(self.replicas)
         return (
-            f"{self.replicas} x tp={self.tp} pp={self.pp}, max_num_seqs {self.max_num_seqs}, "
+            f"{pools} x tp={self.tp} pp={self.pp}, max_num_seqs {self.max_num_seqs}, "
             f"max_num_batched_tokens {self.max_num_batched_tokens}"
         )
 
@@ -186,9 +211,50 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def parse_splits(text: str) -> str | tuple[tuple[int, int], ...]:
+    """``--disaggregate``: ``off``, ``auto``, or the ``P:D`` pairs of ``P:D[,P:D...]`` (each as
+    :func:`~opcast.predict.serve.disagg.parse_disaggregate` reads it, duplicates dropped); raises
+    :class:`OpcastError`."""
+    if text in ("off", "auto"):
+        return text
+    try:
+        return tuple(dict.fromkeys(parse_disaggregate(t.strip()) for t in text.split(",")))
+    except OpcastError:
+        raise OpcastError(
+            f"--disaggregate {text!r} must be off, auto or P:D pairs (prefill and decode replicas, each >= 1), "
+            "comma-separated, e.g. 1:1,1:3"
+        ) from None
+
+
+def splits(space: ServeSpace, most: int) -> list[tuple[int, int]]:
+    """The (prefill, decode) replica pairs of the space for a layout of which ``most`` replicas fit
+    the GPUs: fewest replicas first, then fewest prefill."""
+    wanted = parse_splits(space.disaggregate)
+    if wanted == "off":
+        return []
+    if isinstance(wanted, str):  # auto
+        pairs = [(p, n - p) for n in range(2, most + 1) for p in range(1, n)]
+    else:
+        pairs = [(p, d) for p, d in wanted if p + d <= most]
+    pairs.sort(key=lambda pd: (pd[0] + pd[1], pd[0]))
+    return [pd for pd in pairs if not space.use_all_gpus or sum(pd) == most]
+
+
 def space_problems(space: ServeSpace) -> list[str]:
     """Every problem of the request itself (one line each)."""
     out = []
+    try:
+        wanted = parse_splits(space.disaggregate)
+    except OpcastError as err:
+        out.append(str(err))
+    else:
+        if isinstance(wanted, tuple) and isinstance(space.gpus, int):
+            big = [f"{p}:{d}" for p, d in wanted if p + d > space.gpus]
+            if big:
+                out.append(
+                    f"--disaggregate {','.join(big)} needs more replicas than --gpus {space.gpus} holds "
+                    "(P + D replicas of tp x pp GPUs each); give smaller splits or more --gpus"
+                )
     if not isinstance(space.gpus, int) or space.gpus < 1:
         out.append(f"--gpus {space.gpus} must be >= 1")
     for name in ("tp", "pp", "max_num_seqs", "max_num_batched_tokens"):
@@ -216,8 +282,8 @@ def space_problems(space: ServeSpace) -> list[str]:
 
 def deployments(arch: ArchSpec, device, space: ServeSpace) -> list[Deployment]:
     """Every deployment of the space, in the order they are tried: fewest GPUs first, then the
-    smaller tp, the shallower pipeline, then the engine's default limits before the others (largest
-    first)."""
+    smaller tp, the shallower pipeline, colocated before split (fewest prefill replicas first), then
+    the engine's default limits before the others (largest first)."""
     base = engine_defaults(space.engine, device)
     per_node = space.gpus_per_node or device.gpus_per_node
     seqs = space.max_num_seqs or tuple(sorted({*SEQS_GRID, base.max_num_seqs}))
@@ -236,7 +302,11 @@ def deployments(arch: ArchSpec, device, space: ServeSpace) -> list[Deployment]:
                     Deployment(tp=tp, pp=pp, replicas=replicas, max_num_seqs=s, max_num_batched_tokens=t)
                     for s, t in limits
                 ]
-    out.sort(key=lambda d: (d.replicas * d.gpus_per_replica, d.tp, d.pp))  # stable: the limits keep their order
+            for prefill, decode in splits(space, most):
+                split = dict(tp=tp, pp=pp, replicas=prefill + decode, prefill=prefill)
+                out += [Deployment(**split, max_num_seqs=s, max_num_batched_tokens=t) for s, t in limits]
+    # stable: colocated before split at equal GPUs, and the limits keep their order
+    out.sort(key=lambda d: (d.replicas * d.gpus_per_replica, d.tp, d.pp))
     return out
 
 
@@ -273,6 +343,7 @@ def _rank_key(space: ServeSpace, e: Evaluated) -> tuple:
         d.gpus,
         d.gpus_per_replica,
         d.pp,
+        d.prefill,
         d.max_num_seqs,
         d.max_num_batched_tokens,
     )
@@ -372,22 +443,7 @@ def search_serve(
         table_s += t1 - t
         rule = _stop_rule(space, stream, None if best is None else best.value, d.gpus)
         try:
-            r = predict_serve(
-                arch,
-                device,
-                cfg,
-                engine,
-                stream,
-                replicas=d.replicas,
-                router=space.router,
-                kernels=kernels,
-                comms=comms,
-                gpus_per_node=per_node,
-                slo_ttft_s=space.slo_ttft_s,
-                slo_tpot_s=space.slo_tpot_s,
-                step_cost=table,
-                stop=rule,
-            )
+            r = _simulate(arch, device, space, cfg, engine, stream, d, g, kernels, comms, table=table, stop=rule)
         except StoppedEarly as stop:
             sim_s += time.perf_counter() - t1
             status = "outranked" if stop.kind == "rate_floor" else "slo_certain_miss"
@@ -444,9 +500,33 @@ def _warm(arch, device, cfg, space, stream, gpus_per_node, kernels, comms, table
     )
 
 
+def _simulate(
+    arch, device, space: ServeSpace, cfg, engine, stream, d: Deployment, g: int, kernels, comms, *, table, stop
+) -> ServeResult:
+    """Deployment ``d`` simulated by :func:`predict_serve`, or by :func:`predict_serve_disagg` for a
+    split (on nodes of ``g`` GPUs; it takes no stop rule, so ``stop`` is not used there)."""
+    common = dict(
+        router=space.router,
+        kernels=kernels,
+        comms=comms,
+        slo_ttft_s=space.slo_ttft_s,
+        slo_tpot_s=space.slo_tpot_s,
+        step_cost=table,
+    )
+    if d.prefill:
+        return predict_serve_disagg(
+            arch, device, cfg, engine, stream, prefill=d.prefill, decode=d.decode, gpus_per_node=g, **common
+        )
+    per_node = replica_gpus_per_node(d.tp, d.pp, g)
+    return predict_serve(
+        arch, device, cfg, engine, stream, replicas=d.replicas, gpus_per_node=per_node, stop=stop, **common
+    )
+
+
 def _recheck(arch, device, space, stream, e: Evaluated, cfgs, kernels, comms, g) -> ServeResult:
-    """The best deployment simulated again from scratch by :func:`predict_serve` (its own table, no
-    stop rule): it must give the very metrics the search ranked, or the search has a bug."""
+    """The best deployment simulated again from scratch by :func:`predict_serve` (or
+    :func:`predict_serve_disagg`; its own table, no stop rule): it must give the very metrics the
+    search ranked, or the search has a bug."""
     d = e.deployment
     engine = engine_config(
         space.engine,
@@ -455,20 +535,7 @@ def _recheck(arch, device, space, stream, e: Evaluated, cfgs, kernels, comms, g)
         max_num_batched_tokens=d.max_num_batched_tokens,
         **space.engine_overrides,
     )
-    r = predict_serve(
-        arch,
-        device,
-        cfgs[(d.tp, d.pp)],
-        engine,
-        stream,
-        replicas=d.replicas,
-        router=space.router,
-        kernels=kernels,
-        comms=comms,
-        gpus_per_node=replica_gpus_per_node(d.tp, d.pp, g),
-        slo_ttft_s=space.slo_ttft_s,
-        slo_tpot_s=space.slo_tpot_s,
-    )
+    r = _simulate(arch, device, space, cfgs[(d.tp, d.pp)], engine, stream, d, g, kernels, comms, table=None, stop=None)
     if r.metrics != e.metrics:
         raise RuntimeError(f"internal: the search's metrics of {d.describe()} differ from predict_serve's")
     return r
@@ -482,6 +549,8 @@ def deployment_row(e: Evaluated, space: ServeSpace, rank: int | None = None) -> 
         "tp": d.tp,
         "pp": d.pp,
         "replicas": d.replicas,
+        "prefill_replicas": d.prefill or None,
+        "decode_replicas": d.decode or None,
         "gpus": d.gpus,
         "max_num_seqs": d.max_num_seqs,
         "max_num_batched_tokens": d.max_num_batched_tokens,
@@ -513,6 +582,7 @@ def search_serve_to_dict(result: ServeSearchResult) -> dict[str, Any]:
         "gpu": result.device.name,
         "gpus": s.gpus,
         "engine": s.engine,
+        "disaggregate": s.disaggregate,
         "objective": s.objective,
         "objective_unit": "requests/s meeting every SLO per GPU"
         if s.objective == "goodput"

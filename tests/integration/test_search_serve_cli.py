@@ -71,12 +71,45 @@ def test_search_serve_finds_a_deployment_predict_serve_reproduces(tmp_path):
     assert p.returncode == 0 and "meeting the SLOs" in p.stdout and "best deployment" in p.stdout
 
 
+def test_search_serve_disaggregate_finds_a_split_predict_serve_reproduces(tmp_path):
+    """Under a tight TPOT SLO, --disaggregate auto finds a prefill/decode split with more goodput per GPU
+    than any colocated tp=1 deployment, and `predict serve --disaggregate P:D` gives its very metrics;
+    off (the default) ranks colocated deployments only."""
+    tight = ["--slo-ttft-s", "0.2", "--slo-tpot-s", "0.006", "--tp", "1", "--max-num-seqs", "128"]
+    p = _run(*SERVE, *tight, "--disaggregate", "auto", "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["disaggregate"] == "auto"
+    best = doc["ranked"][0]
+    assert best["prefill_replicas"] and best["decode_replicas"]
+    assert best["replicas"] == best["prefill_replicas"] + best["decode_replicas"] and best["gpus"] == best["replicas"]
+    split = f"{best['prefill_replicas']}:{best['decode_replicas']}"
+    args = ["predict", "serve", "--arch", "llama3-8b", "--gpu", "H100-SXM", "--roofline", *STREAM, *tight[:4]]
+    args += ["--tp", "1", "--disaggregate", split, "--max-num-seqs", "128"]
+    args += ["--max-num-batched-tokens", str(best["max_num_batched_tokens"])]
+    p = _run(*args, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    alone = json.loads(p.stdout)["metrics"]
+    assert alone == doc["best"]["metrics"]
+    assert alone["goodput_requests_per_s"] / best["gpus"] == best["goodput_requests_per_s_per_gpu"]
+    p = _run(*SERVE, *tight, "--disaggregate", "auto", cwd=tmp_path)  # the table names the pools
+    assert p.returncode == 0 and f"{split.replace(':', 'P+')}D x 1 x 1" in p.stdout, p.stdout
+    p = _run(*SERVE, *tight, "--json", cwd=tmp_path)  # off by default: colocated only, less goodput per GPU
+    assert p.returncode == 0, p.stderr
+    off = json.loads(p.stdout)
+    assert off["disaggregate"] == "off" and off["ranked"]
+    assert all(r["prefill_replicas"] is None for r in off["ranked"] + off["others"])
+    assert off["ranked"][0]["goodput_requests_per_s_per_gpu"] < best["goodput_requests_per_s_per_gpu"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
         ([*SERVE], "--objective goodput needs an SLO"),
         ([*SERVE, *SLOS, "--tp", "2,x"], "--tp '2,x': give whole numbers"),
         ([*SERVE, *SLOS, "--slo-percentile", "95"], "--slo-percentile 95 is not one of 50, 90, 99"),
+        ([*SERVE, *SLOS, "--disaggregate", "0:2"], "--disaggregate '0:2' must be off, auto or P:D pairs"),
+        ([*SERVE, *SLOS, "--disaggregate", "1:1,3:3"], "--disaggregate 3:3 needs more replicas than --gpus 4"),
         ([*SERVE, "--slo-ttft-s", "0.0001"], "no deployment of llama3-8b on up to 4 x H100-SXM meets TTFT p90"),
         ([*SERVE, *SLOS, "--arch", "llama3-405b"], "do not fit .*does not fit in memory"),
         ([*SERVE, *SLOS, "--cluster", "2x8", "--gpus", "32"], "--gpus 32 exceeds the 16 GPUs of --cluster 2x8"),

@@ -1,9 +1,11 @@
 """`search serve` returns exactly the best feasible deployment of a small space, checked by brute force:
-every deployment simulated to the end by predict_serve on the same request stream and ranked here."""
+every deployment simulated to the end by predict_serve (predict_serve_disagg for a prefill/decode
+split) on the same request stream and ranked here."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,14 +16,26 @@ from opcast.hardware import get_device
 from opcast.predict.cost import roofline_only
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import predict_serve
+from opcast.predict.serve.disagg import predict_serve_disagg
 from opcast.predict.serve.engine import engine_config
 from opcast.predict.serve.requests import Lengths, poisson_stream
-from opcast.predict.serve.search import ServeSpace, misses_that_break, search_serve, space_problems
+from opcast.predict.serve.search import (
+    ServeSpace,
+    deployments,
+    misses_that_break,
+    parse_splits,
+    search_serve,
+    space_problems,
+    splits,
+)
 from opcast.predict.serve.simulate import StoppedEarly, StopRule
 
 ARCH, GPU, GPUS = "llama3-8b", "H100-SXM", 4
 TPS, SEQS, TOKENS = (1, 2, 3, 4), (8, 64), (512, 2048)
 SLO_TTFT_S, SLO_TPOT_S = 0.25, 0.02
+TIGHT_TPOT_S = 0.007
+"""A TPOT SLO that prefills interleaved with decodes break on every colocated deployment that pays
+off: there a prefill/decode split is the best (checked below)."""
 
 
 @pytest.fixture(scope="module")
@@ -38,62 +52,102 @@ def setup():
 
 
 @pytest.fixture(scope="module")
-def brute(setup):
-    """Every deployment of the space, by hand: (tp, replicas, seqs, tokens) -> metrics, or None if it does not fit."""
+def brute_of(setup):
+    """Every deployment of the space, by hand, under a TPOT SLO: (tp, replicas, prefill, seqs, tokens) ->
+    metrics, or None if it does not fit (prefill 0: colocated; else prefill + decode = replicas)."""
     arch, dev, stream, kernels = setup
-    out = {}
-    for tp in TPS:
-        for replicas in range(1, GPUS // tp + 1):
-            for seqs in SEQS:
-                for tokens in TOKENS:
-                    engine = engine_config("vllm", dev, max_num_seqs=seqs, max_num_batched_tokens=tokens)
-                    try:
-                        r = predict_serve(
-                            arch,
-                            dev,
-                            InferConfig(tp=tp),
-                            engine,
-                            stream,
-                            replicas=replicas,
-                            kernels=kernels,
-                            gpus_per_node=tp,  # a replica within one node
-                            slo_ttft_s=SLO_TTFT_S,
-                            slo_tpot_s=SLO_TPOT_S,
-                        )
-                    except OpcastError:
-                        out[(tp, replicas, seqs, tokens)] = None
-                    else:
-                        out[(tp, replicas, seqs, tokens)] = r.metrics
-    return out
+    memo: dict[float, dict] = {}
+
+    def brute(slo_tpot_s: float) -> dict:
+        if slo_tpot_s in memo:
+            return memo[slo_tpot_s]
+        out = memo[slo_tpot_s] = {}
+        slos = dict(slo_ttft_s=SLO_TTFT_S, slo_tpot_s=slo_tpot_s)
+        for tp in TPS:
+            for replicas in range(1, GPUS // tp + 1):
+                for prefill in range(replicas):  # 0: colocated
+                    for seqs in SEQS:
+                        for tokens in TOKENS:
+                            engine = engine_config("vllm", dev, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+                            try:
+                                if prefill:  # the GPU's 8-GPU node holds all four
+                                    r = predict_serve_disagg(
+                                        arch,
+                                        dev,
+                                        InferConfig(tp=tp),
+                                        engine,
+                                        stream,
+                                        prefill=prefill,
+                                        decode=replicas - prefill,
+                                        kernels=kernels,
+                                        **slos,
+                                    )
+                                else:
+                                    r = predict_serve(
+                                        arch,
+                                        dev,
+                                        InferConfig(tp=tp),
+                                        engine,
+                                        stream,
+                                        replicas=replicas,
+                                        kernels=kernels,
+                                        gpus_per_node=tp,  # a replica within one node
+                                        **slos,
+                                    )
+                            except OpcastError:
+                                out[(tp, replicas, prefill, seqs, tokens)] = None
+                            else:
+                                out[(tp, replicas, prefill, seqs, tokens)] = r.metrics
+        return out
+
+    return brute
 
 
-def _brute_ranking(brute, objective: str) -> list[tuple]:
+@pytest.fixture(scope="module")
+def brute(brute_of):
+    """The colocated deployments under the default SLOs: (tp, replicas, seqs, tokens) -> metrics or None."""
+    return {(tp, r, s, t): m for (tp, r, p, s, t), m in brute_of(SLO_TPOT_S).items() if p == 0}
+
+
+def _brute_ranking(brute, objective: str, slo_tpot_s: float = SLO_TPOT_S) -> list[tuple]:
+    """The brute force's deployments meeting the SLOs, best first (keys as in ``brute``: the colocated
+    4-tuples or the 5-tuples with the prefill replicas)."""
     rows = []
-    for (tp, replicas, seqs, tokens), m in brute.items():
-        if m is None or m.ttft.p90_s > SLO_TTFT_S or m.tpot.p90_s > SLO_TPOT_S:
+    for key, m in brute.items():
+        tp, replicas, seqs, tokens = key[0], key[1], key[-2], key[-1]
+        prefill = key[2] if len(key) == 5 else 0
+        if m is None or m.ttft.p90_s > SLO_TTFT_S or m.tpot.p90_s > slo_tpot_s:
             continue
         gpus = tp * replicas
         value = (m.goodput_requests_per_s if objective == "goodput" else m.output_tokens_per_s) / gpus
-        rows.append(((-value, m.ttft.p90_s, m.tpot.p90_s, gpus, tp, 1, seqs, tokens), (tp, replicas, seqs, tokens)))
+        rows.append(((-value, m.ttft.p90_s, m.tpot.p90_s, gpus, tp, 1, prefill, seqs, tokens), key))
     return [d for _, d in sorted(rows)]
 
 
-def _space(objective: str, early_stop: bool = True) -> ServeSpace:
+def _space(
+    objective: str, early_stop: bool = True, *, slo_tpot_s: float = SLO_TPOT_S, disaggregate: str = "off"
+) -> ServeSpace:
     return ServeSpace(
         gpus=GPUS,
         tp=TPS,
         max_num_seqs=SEQS,
         max_num_batched_tokens=TOKENS,
         slo_ttft_s=SLO_TTFT_S,
-        slo_tpot_s=SLO_TPOT_S,
+        slo_tpot_s=slo_tpot_s,
         objective=objective,
         early_stop=early_stop,
+        disaggregate=disaggregate,
     )
 
 
 def _key(e) -> tuple:
     d = e.deployment
     return (d.tp, d.replicas, d.max_num_seqs, d.max_num_batched_tokens)
+
+
+def _key5(e) -> tuple:
+    d = e.deployment
+    return (d.tp, d.replicas, d.prefill, d.max_num_seqs, d.max_num_batched_tokens)
 
 
 @pytest.mark.parametrize("objective", ["goodput", "throughput"])
@@ -115,6 +169,72 @@ def test_search_returns_exactly_the_brute_force_best(setup, brute, objective):
     assert [_key(e) for e in full.ranked] == expected
     assert full.count("outranked") == full.count("slo_certain_miss") == 0
     assert {_key(e) for e in full.others if e.status == "infeasible"} == {k for k, m in brute.items() if m is None}
+
+
+@pytest.mark.parametrize("objective", ["goodput", "throughput"])
+@pytest.mark.parametrize("slo_tpot_s", [SLO_TPOT_S, TIGHT_TPOT_S])
+def test_search_with_splits_returns_exactly_the_brute_force_best(setup, brute_of, objective, slo_tpot_s):
+    """--disaggregate auto: every split (P + D) x tp <= 4 beside the colocated deployments; the search's
+    best is the brute force's, with the tight TPOT SLO a split, with the loose one colocated."""
+    arch, dev, stream, kernels = setup
+    brute = brute_of(slo_tpot_s)
+    expected = _brute_ranking(brute, objective, slo_tpot_s)
+    assert 1 < len(expected) < sum(m is not None for m in brute.values())
+    assert any(k[2] for k in expected) and any(not k[2] for k in expected)  # both kinds meet the SLOs
+    assert (expected[0][2] > 0) == (slo_tpot_s == TIGHT_TPOT_S)
+    space = _space(objective, slo_tpot_s=slo_tpot_s, disaggregate="auto")
+    result = search_serve(arch, dev, space, stream, kernels=kernels)
+    best = result.ranked[0]
+    assert _key5(best) == expected[0]
+    assert best.metrics == brute[expected[0]]
+    assert result.best is not None and result.best.metrics == brute[expected[0]]
+    assert (result.best.disaggregated is not None) == (expected[0][2] > 0)
+    assert result.count("outranked") + result.count("slo_certain_miss") > 0
+    # no split run is stopped midway (predict_serve_disagg takes no stop rule); only skipped before it starts
+    stopped = [e for e in result.others if e.status == "slo_certain_miss" and e.deployment.prefill]
+    assert not stopped
+    full = search_serve(arch, dev, replace(space, early_stop=False), stream, kernels=kernels)
+    assert [_key5(e) for e in full.ranked] == expected
+    assert {_key5(e) for e in (*full.ranked, *full.others)} == set(brute)  # exactly the space, splits included
+    assert {_key5(e) for e in full.others if e.status == "infeasible"} == {k for k, m in brute.items() if m is None}
+
+
+def test_split_pairs_and_their_checks():
+    assert parse_splits("off") == "off" and parse_splits("auto") == "auto"
+    assert parse_splits("1:3, 1:1,1:3") == ((1, 3), (1, 1))
+    for bad in ("1", "0:2", "1:x", "1:1,", "on"):
+        with pytest.raises(OpcastError, match=r"--disaggregate .* must be off, auto or P:D pairs"):
+            parse_splits(bad)
+    assert splits(ServeSpace(gpus=4, disaggregate="auto"), 3) == [(1, 1), (1, 2), (2, 1)]
+    assert splits(ServeSpace(gpus=4, disaggregate="auto", use_all_gpus=True), 3) == [(1, 2), (2, 1)]
+    assert splits(ServeSpace(gpus=4, disaggregate="3:1,1:1,1:2"), 3) == [(1, 1), (1, 2)]  # 3:1 needs 4 replicas
+    assert splits(ServeSpace(gpus=4), 4) == []
+    text = "; ".join(space_problems(ServeSpace(gpus=4, objective="throughput", disaggregate="1:1,4:1,2:x")))
+    assert "--disaggregate '1:1,4:1,2:x' must be" in text
+    text = "; ".join(space_problems(ServeSpace(gpus=4, objective="throughput", disaggregate="1:1,4:1")))
+    assert "--disaggregate 4:1 needs more replicas than --gpus 4" in text
+
+
+def test_splits_come_after_the_colocated_at_equal_gpus(setup):
+    arch, dev, _, _ = setup
+    space = ServeSpace(gpus=4, tp=(1, 2), max_num_seqs=(8,), max_num_batched_tokens=(512,), disaggregate="auto")
+    order = [(d.gpus, d.tp, d.prefill, d.decode) for d in deployments(arch, dev, space)]
+    assert order == [
+        (1, 1, 0, 0),
+        (2, 1, 0, 0),
+        (2, 1, 1, 1),
+        (2, 2, 0, 0),
+        (3, 1, 0, 0),
+        (3, 1, 1, 2),
+        (3, 1, 2, 1),
+        (4, 1, 0, 0),
+        (4, 1, 1, 3),
+        (4, 1, 2, 2),
+        (4, 1, 3, 1),
+        (4, 2, 0, 0),
+        (4, 2, 1, 1),
+    ]
+    assert len(deployments(arch, dev, replace(space, disaggregate="off"))) == 6
 
 
 def test_every_ranked_metric_is_that_of_predict_serve(setup, brute):
