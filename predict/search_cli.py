@@ -347,7 +347,7 @@ SERVE_SEARCH = (
         "Also try disaggregated deployments: P replicas that only prefill and D that only decode, of the same tp x pp "
         "and limits, the prompt's KV sent over the links (as predict serve --disaggregate P:D). auto: every P, D >= 1 "
         "with (P + D) x tp x pp <= --gpus; or the given P:D pairs, comma-separated (e.g. 1:1,1:3); off: colocated "
-        "replicas only. Ranked with the colocated ones per GPU used; split runs are not stopped early.",
+        "replicas only. Ranked with the colocated ones per GPU used.",
         "off",
         check=_split_problem,
     ),

@@ -35,7 +35,7 @@ from opcast.predict.serve.engine import EngineConfig
 from opcast.predict.serve.kv_cache import kv_capacity
 from opcast.predict.serve.metrics import Distribution, serve_metrics
 from opcast.predict.serve.requests import RequestStream
-from opcast.predict.serve.simulate import SimResult, Split, simulate
+from opcast.predict.serve.simulate import SimResult, Split, StopRule, simulate
 from opcast.predict.serve.step_cost import PricedStepCost
 
 INTRA = Group(2, 1, 2)
@@ -184,10 +184,13 @@ def predict_serve_disagg(
     slo_tpot_s: float | None = None,
     step_cost: PricedStepCost | None = None,
     transfer_s: Callable[[int, int, int], float] | None = None,
+    stop: StopRule | None = None,
 ) -> ServeResult:
     """Simulate ``stream`` on ``prefill`` prefill and ``decode`` decode replicas (see the module docstring);
     ``router`` places arrivals in the prefill pool, a prefilled request goes to the least-loaded decode
-    replica. ``transfer_s``: the KV transfer's price instead of :class:`KvTransfer` (a test's)."""
+    replica. ``transfer_s``: the KV transfer's price instead of :class:`KvTransfer` (a test's); ``stop``: see
+    :func:`simulate` (its counts hold for a split: a first token is counted at the prefill step, a finish
+    at the last token, after the transfer)."""
     if prefill < 1 or decode < 1:
         raise OpcastError(f"--disaggregate {prefill}:{decode} needs >= 1 prefill and >= 1 decode replica, e.g. 1:3")
     cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
@@ -222,6 +225,7 @@ def predict_serve_disagg(
         replicas=prefill + decode,
         router=router,
         split=Split(prefill=prefill, transfer_s=transfer_s or link),
+        stop=stop,
     )
     metrics = serve_metrics(sim, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s)
     stats = disagg_stats(sim, metrics.duration_s, transfer=link, gpus_per_node=node)

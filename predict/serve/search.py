@@ -50,9 +50,9 @@ Speed, without changing the answer:
 - a simulation stops as soon as its deployment can no longer be the answer
   (:class:`~opcast.predict.serve.simulate.StopRule`): once more requests missed the TTFT (TPOT) SLO
   than the percentile allows, or once its objective is surely below the best so far (the requests
-  not yet known to miss, or the output tokens, over the time since the first arrival). Colocated
-  deployments only: :func:`~opcast.predict.serve.disagg.predict_serve_disagg` takes no stop rule,
-  so a split deployment that is simulated is simulated to the end.
+  not yet known to miss, or the output tokens, over the time since the first arrival). Split
+  deployments too: a split's first token is counted at its prefill step and its finish at the last
+  token, after the KV transfer, as the metrics count them.
 
 The skip holds for a split as it stands (its run also lasts from the first arrival to the last
 finish, at least the arrivals' span, and its goodput and throughput are the same functions of it).
@@ -504,7 +504,7 @@ def _simulate(
     arch, device, space: ServeSpace, cfg, engine, stream, d: Deployment, g: int, kernels, comms, *, table, stop
 ) -> ServeResult:
     """Deployment ``d`` simulated by :func:`predict_serve`, or by :func:`predict_serve_disagg` for a
-    split (on nodes of ``g`` GPUs; it takes no stop rule, so ``stop`` is not used there)."""
+    split (on nodes of ``g`` GPUs); ``stop`` applies to both."""
     common = dict(
         router=space.router,
         kernels=kernels,
@@ -515,7 +515,7 @@ def _simulate(
     )
     if d.prefill:
         return predict_serve_disagg(
-            arch, device, cfg, engine, stream, prefill=d.prefill, decode=d.decode, gpus_per_node=g, **common
+            arch, device, cfg, engine, stream, prefill=d.prefill, decode=d.decode, gpus_per_node=g, stop=stop, **common
         )
     per_node = replica_gpus_per_node(d.tp, d.pp, g)
     return predict_serve(

@@ -190,9 +190,6 @@ def test_search_with_splits_returns_exactly_the_brute_force_best(setup, brute_of
     assert result.best is not None and result.best.metrics == brute[expected[0]]
     assert (result.best.disaggregated is not None) == (expected[0][2] > 0)
     assert result.count("outranked") + result.count("slo_certain_miss") > 0
-    # no split run is stopped midway (predict_serve_disagg takes no stop rule); only skipped before it starts
-    stopped = [e for e in result.others if e.status == "slo_certain_miss" and e.deployment.prefill]
-    assert not stopped
     full = search_serve(arch, dev, replace(space, early_stop=False), stream, kernels=kernels)
     assert [_key5(e) for e in full.ranked] == expected
     assert {_key5(e) for e in (*full.ranked, *full.others)} == set(brute)  # exactly the space, splits included
