@@ -32,6 +32,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib import metadata, resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -663,10 +664,79 @@ LAW_FIELDS: Final[dict[str, _Field]] = {
 _CLUSTER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,80}")
 
 
-def _collectives_digest(body: Mapping[str, Any]) -> str:
+def _body_digest(body: Mapping[str, Any]) -> str:
+    """The sha256 of a side file's fields but its own ``sha256`` (``collectives.json``, ``adapt/*.json``)."""
     return hashlib.sha256(
         json.dumps({k: v for k, v in body.items() if k != "sha256"}, sort_keys=True).encode()
     ).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _SideFile:
+    """A JSON file a model set carries beside meta.json, bound to it (``set_meta_sha256``) and to its
+    own content (``sha256``): what :func:`_write_side_file` and :func:`_read_side_file` need to say."""
+
+    what: str
+    """The file in a sentence ("a collectives file")."""
+    max_bytes: int
+    check: Callable[[Any, Path], None]
+    """Every field, one :class:`OpcastError` line on the first problem."""
+    modified: str
+    """How a file whose digest does not match is described."""
+    foreign: str
+    """How a file of another set is described."""
+    redo: str
+    """How to make a new one."""
+    redo_here: str
+    """How to make a new one for this set."""
+    no_set_fix: str
+    """What to do when the target folder is not a model set."""
+    write_fix: str
+    """What to do when the file cannot be written."""
+
+
+def _write_side_file(
+    set_path: str | Path, body: Mapping[str, Any], kind: _SideFile, name: Callable[[dict], Path]
+) -> Path:
+    """Write ``body`` into the set at ``set_path`` (at ``name(data)`` below it) atomically, bound to
+    that set's meta.json by ``set_meta_sha256`` and to its own content by ``sha256``, checked as a
+    reader would check it before it is written."""
+    from opcast.atomic import replace_with, temp_beside
+
+    root = Path(set_path)
+    meta = _read_meta(root / META)
+    if not isinstance(meta, dict) or not _is_str(meta.get("meta_sha256")):
+        raise OpcastError(f"{root} is not an opcast model set (no meta.json digest); {kind.no_set_fix}")
+    data = json.loads(json.dumps({**body, "set_meta_sha256": meta["meta_sha256"]}))
+    data["sha256"] = _body_digest(data)
+    target = root / name(data)
+    kind.check(data, target)  # what is written must load
+    try:
+        tmp = temp_beside(target)
+    except OSError as err:
+        raise OpcastError(f"cannot write {target}: {err.strerror}; {kind.write_fix}") from None
+    return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(data, indent=1) + "\n"))
+
+
+def _read_side_file(model_set: ModelSet, path: Path, kind: _SideFile) -> dict | None:
+    """The checked fields of ``path``, a side file of ``model_set``, or None when it is absent; any
+    problem (too large, unreadable, a bad field, edited, another set's) is one :class:`OpcastError`."""
+    try:
+        if not path.is_file():
+            return None
+        if path.stat().st_size > kind.max_bytes:
+            raise OpcastError(
+                f"{path} is larger than {kind.max_bytes >> 20} MiB, not {kind.what} opcast writes; {kind.redo}"
+            )
+    except OSError as err:
+        raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions") from None
+    data = _read_meta(path)
+    kind.check(data, path)
+    if data["sha256"] != _body_digest(data):
+        raise OpcastError(f"{path} {kind.modified} (its sha256 does not match); {kind.redo}")
+    if data["set_meta_sha256"] != model_set.meta.get("meta_sha256"):
+        raise OpcastError(f"{path} {kind.foreign} (its set_meta_sha256 is not this set's meta.json); {kind.redo_here}")
+    return data
 
 
 def check_collectives(data: Any, where: str | Path = COLLECTIVES_FILE) -> None:
@@ -708,22 +778,9 @@ def write_collectives(set_path: str | Path, models: Any) -> Path:
     """Write ``collectives.json`` (:class:`opcast.train.collectives.CollectiveModels`) into the
     model set at ``set_path`` atomically, bound to that set's meta.json by its ``meta_sha256``
     (a file copied from another fit is refused on load) and to its own content by ``sha256``."""
-    from opcast.atomic import replace_with, temp_beside
     from opcast.train.collectives import models_to_dict
 
-    root = Path(set_path)
-    meta = _read_meta(root / META)
-    if not isinstance(meta, dict) or not _is_str(meta.get("meta_sha256")):
-        raise OpcastError(f"{root} is not an opcast model set (no meta.json digest); write the set first")
-    body = {**models_to_dict(models), "set_meta_sha256": meta["meta_sha256"]}
-    body["sha256"] = _collectives_digest(json.loads(json.dumps(body)))
-    check_collectives(body, root / COLLECTIVES_FILE)  # what is written must load
-    target = root / COLLECTIVES_FILE
-    try:
-        tmp = temp_beside(target)
-    except OSError as err:
-        raise OpcastError(f"cannot write {target}: {err.strerror}; choose a writable --out folder") from None
-    return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(body, indent=1) + "\n"))
+    return _write_side_file(set_path, models_to_dict(models), _COLLECTIVES, lambda _: Path(COLLECTIVES_FILE))
 
 
 def load_collectives(model_set: ModelSet) -> Any:
@@ -732,29 +789,8 @@ def load_collectives(model_set: ModelSet) -> Any:
     :class:`OpcastError` line. Only parsed: nothing in it runs."""
     from opcast.train.collectives import models_from_dict
 
-    path = Path(model_set.path) / COLLECTIVES_FILE
-    try:
-        if not path.is_file():
-            return None
-        if path.stat().st_size > COLLECTIVES_MAX_BYTES:
-            raise OpcastError(
-                f"{path} is larger than {COLLECTIVES_MAX_BYTES >> 20} MiB, not a collectives file opcast "
-                "writes; re-fit with opcast train fit"
-            )
-    except OSError as err:
-        raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions") from None
-    data = _read_meta(path)
-    check_collectives(data, path)
-    if data["sha256"] != _collectives_digest(data):
-        raise OpcastError(
-            f"{path} was modified after fitting (its sha256 does not match); re-fit with opcast train fit"
-        )
-    if data["set_meta_sha256"] != model_set.meta.get("meta_sha256"):
-        raise OpcastError(
-            f"{path} belongs to another fit (its set_meta_sha256 is not this set's meta.json); "
-            "re-fit with opcast train fit"
-        )
-    return models_from_dict(data)
+    data = _read_side_file(model_set, Path(model_set.path) / COLLECTIVES_FILE, _COLLECTIVES)
+    return None if data is None else models_from_dict(data)
 
 
 # --------------------------------------------------------------------------- per-device adaptations
@@ -850,12 +886,6 @@ class Adaptation:
         return f"Adaptation({self.device!r}, {self.rows} rows, {len(self.data['groups'])} groups)"
 
 
-def _adaptation_digest(body: Mapping[str, Any]) -> str:
-    return hashlib.sha256(
-        json.dumps({k: v for k, v in body.items() if k != "sha256"}, sort_keys=True).encode()
-    ).hexdigest()
-
-
 def check_adaptation(data: Any, where: str | Path = ADAPT_DIR) -> None:
     """Check every field of a parsed ``adapt/<device>.json`` (unknown keys refused); the first
     problem is one :class:`OpcastError` line naming it."""
@@ -891,22 +921,9 @@ def write_adaptation(set_path: str | Path, body: Mapping[str, Any]) -> Path:
     """Write ``body`` (the fields of :data:`ADAPT_FIELDS` but the two digests) as the set's
     ``adapt/<device>.json`` atomically, bound to the set's meta.json by ``set_meta_sha256`` and
     to its own content by ``sha256``; checked as a reader would check it before it is written."""
-    from opcast.atomic import replace_with, temp_beside
-
-    root = Path(set_path)
-    meta = _read_meta(root / META)
-    if not isinstance(meta, dict) or not _is_str(meta.get("meta_sha256")):
-        raise OpcastError(f"{root} is not an opcast model set (no meta.json digest); give a set written by train fit")
-    data = {**body, "set_meta_sha256": meta["meta_sha256"]}
-    data = json.loads(json.dumps(data))
-    data["sha256"] = _adaptation_digest(data)
-    target = root / ADAPT_DIR / adaptation_file(str(data.get("device", "")))
-    check_adaptation(data, target)  # what is written must load
-    try:
-        tmp = temp_beside(target)
-    except OSError as err:
-        raise OpcastError(f"cannot write {target}: {err.strerror}; choose a writable set (or --out)") from None
-    return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(data, indent=1) + "\n"))
+    return _write_side_file(
+        set_path, body, _ADAPTATION, lambda data: Path(ADAPT_DIR) / adaptation_file(str(data.get("device", "")))
+    )
 
 
 def load_adaptation(model_set: ModelSet, device_name: str) -> Adaptation | None:
@@ -914,27 +931,33 @@ def load_adaptation(model_set: ModelSet, device_name: str) -> Adaptation | None:
     none. Validated field by field, bound to the set's meta.json and to its own digest; any
     problem is one :class:`OpcastError` line. Only parsed: nothing in it runs."""
     path = Path(model_set.path) / ADAPT_DIR / adaptation_file(device_name)
-    try:
-        if not path.is_file():
-            return None
-        if path.stat().st_size > ADAPT_MAX_BYTES:
-            raise OpcastError(
-                f"{path} is larger than {ADAPT_MAX_BYTES >> 20} MiB, not an adaptation opcast writes; "
-                "re-run opcast train adapt"
-            )
-    except OSError as err:
-        raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions") from None
-    data = _read_meta(path)
-    check_adaptation(data, path)
-    if data["sha256"] != _adaptation_digest(data):
-        raise OpcastError(
-            f"{path} was modified after it was fitted (its sha256 does not match); re-run opcast train adapt"
-        )
-    if data["set_meta_sha256"] != model_set.meta.get("meta_sha256"):
-        raise OpcastError(
-            f"{path} was fitted on another model set (its set_meta_sha256 is not this set's meta.json); "
-            "re-run opcast train adapt with this set"
-        )
+    data = _read_side_file(model_set, path, _ADAPTATION)
+    if data is None:
+        return None
     if data["device"] != device_name:
         raise OpcastError(f"{path} adapts {_brief(data['device'])}, not {device_name!r}; re-run opcast train adapt")
     return Adaptation(data, path)
+
+
+_COLLECTIVES: Final = _SideFile(
+    what="a collectives file",
+    max_bytes=COLLECTIVES_MAX_BYTES,
+    check=lambda data, where: check_collectives(data, where),
+    modified="was modified after fitting",
+    foreign="belongs to another fit",
+    redo="re-fit with opcast train fit",
+    redo_here="re-fit with opcast train fit",
+    no_set_fix="write the set first",
+    write_fix="choose a writable --out folder",
+)
+_ADAPTATION: Final = _SideFile(
+    what="an adaptation",
+    max_bytes=ADAPT_MAX_BYTES,
+    check=lambda data, where: check_adaptation(data, where),
+    modified="was modified after it was fitted",
+    foreign="was fitted on another model set",
+    redo="re-run opcast train adapt",
+    redo_here="re-run opcast train adapt with this set",
+    no_set_fix="give a set written by train fit",
+    write_fix="choose a writable set (or --out)",
+)

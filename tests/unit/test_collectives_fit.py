@@ -127,12 +127,12 @@ def test_artifact_round_trip(tmp_path):
     ],
 )
 def test_malformed_artifact_is_refused_in_one_line(tmp_path, edit, message):
-    from opcast.train.artifacts import _collectives_digest, load_collectives, load_model_set
+    from opcast.train.artifacts import _body_digest, load_collectives, load_model_set
 
     path = _model_set(tmp_path, _rows([(1, 4), (2, 4)]))
     data = json.loads((path / "collectives.json").read_text())
     edit(data)
-    data["sha256"] = _collectives_digest(data)  # even with a recomputed digest
+    data["sha256"] = _body_digest(data)  # even with a recomputed digest
     (path / "collectives.json").write_text(json.dumps(data))
     with pytest.raises(OpcastError, match=message) as err:
         load_collectives(load_model_set(path))

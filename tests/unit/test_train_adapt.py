@@ -180,14 +180,14 @@ def test_the_console_script_adapts_in_place_and_refuses_a_tampered_file_in_one_l
     ],
 )
 def test_a_malformed_artifact_is_refused_in_one_line(tmp_path, toy_set, edit, needle):
-    from opcast.train.artifacts import _adaptation_digest
+    from opcast.train.artifacts import _body_digest
 
     root, rows, _ = toy_set
     copy = tmp_path / "copy"
     result = adapt_model_set([_dataset(tmp_path, rows, 10)], TARGET, models=root, out=copy)
     body = json.loads(result.path.read_text())
     edit(body)
-    body["sha256"] = _adaptation_digest(body)  # re-hashed: the field checks must catch it
+    body["sha256"] = _body_digest(body)  # re-hashed: the field checks must catch it
     result.path.write_text(json.dumps(body))
     with pytest.raises(OpcastError, match=needle) as err:
         load_adaptation(load_model_set(copy), TARGET)
