@@ -271,3 +271,44 @@ def require_arrays(arrays: Mapping[str, np.ndarray], spec: Mapping[str, str], pa
             raise OpcastError(
                 f"{path}: array {name!r} has dtype {arr.dtype}, expected kind {kinds!r}; re-fit with opcast train fit"
             )
+
+
+def layer_arrays(weights: Iterable[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
+    """An MLP's ``[(weight, bias), ...]`` as the ``layer<i>.weight`` / ``layer<i>.bias`` float32 arrays
+    its ``.npz`` holds (read back by :func:`checked_layers`)."""
+    arrays: dict[str, np.ndarray] = {}
+    for i, (w, b) in enumerate(weights):
+        arrays[f"layer{i}.weight"] = np.asarray(w, dtype=np.float32)
+        arrays[f"layer{i}.bias"] = np.asarray(b, dtype=np.float32)
+    return arrays
+
+
+def checked_layers(
+    state: Mapping[str, np.ndarray], width: int, outputs: int, path: Path
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The ``layer<i>`` weights and biases of ``state`` (its only arrays) as float64, each checked to
+    chain from ``width`` inputs to ``outputs`` outputs, so a corrupt or foreign file is a one-line
+    :class:`OpcastError`, never a shape error in the middle of a prediction."""
+    count = len(state) // 2
+    expected = {f"layer{i}.{part}" for i in range(count) for part in ("weight", "bias")}
+    if not count or set(state) != expected:
+        raise OpcastError(
+            f"{path}: its arrays ({', '.join(sorted(state)[:6])}) are not layer0..layerN weights and biases; "
+            "re-fit with opcast train fit"
+        )
+    layers = []
+    for i in range(count):
+        require_arrays(state, {f"layer{i}.weight": "f", f"layer{i}.bias": "f"}, path)
+        w, b = state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64)
+        if w.ndim != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
+            raise OpcastError(
+                f"{path}: layer {i} has weights {w.shape} and bias {b.shape} after a layer of {width}; "
+                "re-fit with opcast train fit"
+            )
+        layers.append((w, b))
+        width = w.shape[0]
+    if width != outputs:
+        raise OpcastError(
+            f"{path}: the network ends in {width} outputs, not its {outputs} heads; re-fit with opcast train fit"
+        )
+    return layers

@@ -56,7 +56,16 @@ from typing import TYPE_CHECKING, Any, Final, Self
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.train.estimators import RECORD_KEY, PredictorBase, parse_record, read_arrays, record_array, require_arrays
+from opcast.train.estimators import (
+    RECORD_KEY,
+    PredictorBase,
+    checked_layers,
+    layer_arrays,
+    parse_record,
+    read_arrays,
+    record_array,
+    require_arrays,
+)
 from opcast.train.features import GEMM_TILES, VECTOR_TILE_BYTES, matrix
 
 if TYPE_CHECKING:  # pandas stays off the predict path: a model set passes a features Table
@@ -324,9 +333,7 @@ class NeuSightPredictor(PredictorBase):
         }
         if record is not None:
             arrays[RECORD_KEY] = record_array(record)
-        for i, (w, b) in enumerate(self.weights_):
-            arrays[f"layer{i}.weight"] = np.asarray(w, dtype=np.float32)
-            arrays[f"layer{i}.bias"] = np.asarray(b, dtype=np.float32)
+        arrays.update(layer_arrays(self.weights_))
         with open(path, "wb") as fh:  # a file object: savez would append .npz to a bare path
             np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
         return path
@@ -349,31 +356,5 @@ class NeuSightPredictor(PredictorBase):
             )
         est.mode_, est.tile_keys_, est.tile_table_ = mode, keys, table
         width = len(feature_names) if mode == "plain" else 3
-        est.weights_ = _checked_layers(state, width, path)
+        est.weights_ = checked_layers(state, width, 3, path)  # alpha, beta, gamma
         return est
-
-
-def _checked_layers(state: dict[str, np.ndarray], width: int, path: Path) -> list[tuple[np.ndarray, np.ndarray]]:
-    """[(weight, bias), ...] chaining ``width`` inputs to the 3 outputs (alpha, beta, gamma), or a
-    one-line :class:`OpcastError`."""
-    count = len(state) // 2
-    expected = {f"layer{i}.{part}" for i in range(count) for part in ("weight", "bias")}
-    if not count or set(state) != expected:
-        raise OpcastError(
-            f"{path}: its arrays ({', '.join(sorted(state)[:6])}) are not layer0..layerN weights and biases; "
-            "re-fit with opcast train fit"
-        )
-    layers = []
-    for i in range(count):
-        require_arrays(state, {f"layer{i}.weight": "f", f"layer{i}.bias": "f"}, path)
-        w, b = state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64)
-        if w.ndim != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
-            raise OpcastError(
-                f"{path}: layer {i} has weights {w.shape} and bias {b.shape} after a layer of {width}; "
-                "re-fit with opcast train fit"
-            )
-        layers.append((w, b))
-        width = w.shape[0]
-    if width != 3:
-        raise OpcastError(f"{path}: the network ends in {width} outputs, not 3 (alpha, beta, gamma); re-fit")
-    return layers

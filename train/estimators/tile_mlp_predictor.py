@@ -19,7 +19,16 @@ from typing import TYPE_CHECKING, Any, Self
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.train.estimators import RECORD_KEY, PredictorBase, parse_record, read_arrays, record_array, require_arrays
+from opcast.train.estimators import (
+    RECORD_KEY,
+    PredictorBase,
+    checked_layers,
+    layer_arrays,
+    parse_record,
+    read_arrays,
+    record_array,
+    require_arrays,
+)
 from opcast.train.features import matrix
 
 if TYPE_CHECKING:  # pandas stays off the predict path: a model set passes a features Table
@@ -93,9 +102,7 @@ class TileMLPPredictor(PredictorBase):
         }
         if record is not None:
             arrays[RECORD_KEY] = record_array(record)
-        for i, (w, b) in enumerate(self.weights_):
-            arrays[f"layer{i}.weight"] = np.asarray(w, dtype=np.float32)
-            arrays[f"layer{i}.bias"] = np.asarray(b, dtype=np.float32)
+        arrays.update(layer_arrays(self.weights_))
         with open(path, "wb") as fh:  # a file object: savez would append .npz to a bare path
             # numpy's stub checks **kwds against allow_pickle (a bool) too; every key here is an array name
             np.savez_compressed(fh, **arrays)  # type: ignore[arg-type]
@@ -161,25 +168,5 @@ def _checked_layers(
             f"{path}: its standardisation has {mean.shape}/{std.shape} values for {n_features} features; "
             "it belongs to another predictor, re-fit with opcast train fit"
         )
-    names = [k for k in state if k not in ("mean", "std")]
-    count = len(names) // 2
-    expected = {f"layer{i}.{part}" for i in range(count) for part in ("weight", "bias")}
-    if not count or set(names) != expected:
-        raise OpcastError(
-            f"{path}: its arrays ({', '.join(sorted(names)[:6])}) are not layer0..layerN weights and biases; "
-            "re-fit with opcast train fit"
-        )
-    layers, width = [], n_features
-    for i in range(count):
-        require_arrays(state, {f"layer{i}.weight": "f", f"layer{i}.bias": "f"}, path)
-        w, b = state[f"layer{i}.weight"].astype(np.float64), state[f"layer{i}.bias"].astype(np.float64)
-        if w.ndim != 2 or w.shape[1] != width or b.shape != (w.shape[0],):
-            raise OpcastError(
-                f"{path}: layer {i} has weights {w.shape} and bias {b.shape} after a layer of {width}; "
-                "re-fit with opcast train fit"
-            )
-        layers.append((w, b))
-        width = w.shape[0]
-    if width != 3:
-        raise OpcastError(f"{path}: the network ends in {width} outputs, not the 3 heads; re-fit with opcast train fit")
+    layers = checked_layers({k: v for k, v in state.items() if k not in ("mean", "std")}, n_features, 3, path)
     return mean, std, layers
