@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from opcast.archs import ArchSpec, load_arch
 from opcast.errors import OpcastError
@@ -164,6 +164,24 @@ class GroupCheck:
     """How the predicted kernels of the group were costed, e.g. ``learned`` or ``learned 12, roofline 2``."""
 
 
+_PLAIN_FIELDS: Final = (
+    "arch",
+    "params",
+    "device",
+    "device_type",
+    "precision",
+    "attention",
+    "batch",
+    "seq",
+    "world_size",
+    "threads",
+    "steps",
+    "warmup",
+    "models",
+)
+"""The fields of a :class:`ValidateReport` its JSON holds as they are (to_dict and from_dict)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ValidateReport:
     """Measured vs predicted training step of one arch on this machine."""
@@ -218,24 +236,7 @@ class ValidateReport:
         return lo <= self.phase("total").measured_s <= hi
 
     def to_dict(self) -> dict[str, Any]:
-        out = {
-            k: getattr(self, k)
-            for k in (
-                "arch",
-                "params",
-                "device",
-                "device_type",
-                "precision",
-                "attention",
-                "batch",
-                "seq",
-                "world_size",
-                "threads",
-                "steps",
-                "warmup",
-                "models",
-            )
-        }
+        out = {k: getattr(self, k) for k in _PLAIN_FIELDS}
         out["phases"] = [{**asdict(p), "error_pct": _finite(p.error_pct)} for p in self.phases]
         out["total_error_pct"] = _finite(self.total_error_pct)
         out["iteration_time_interval_s"] = (
@@ -256,24 +257,7 @@ class ValidateReport:
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> ValidateReport:
         """The report back from :meth:`to_dict` (derived keys are recomputed, not read)."""
-        plain = {
-            k: doc[k]
-            for k in (
-                "arch",
-                "params",
-                "device",
-                "device_type",
-                "precision",
-                "attention",
-                "batch",
-                "seq",
-                "world_size",
-                "threads",
-                "steps",
-                "warmup",
-                "models",
-            )
-        }
+        plain = {k: doc[k] for k in _PLAIN_FIELDS}
         phases = tuple(PhaseCheck(**{k: v for k, v in p.items() if k != "error_pct"}) for p in doc["phases"])
         interval = doc.get("iteration_time_interval_s")
         return cls(
