@@ -86,10 +86,22 @@ of their long right tails; the means above are the paper's."""
 SHAREGPT_MAX_TOKENS = 2048
 """Clip: vLLM's benchmark drops ShareGPT pairs beyond 1,024 prompt / 2,048 total tokens."""
 
-SHAREGPT = (
-    _lognormal_with_mean(SHAREGPT_MEAN_INPUT_TOKENS, SHAREGPT_SIGMA[0], 1024),
-    _lognormal_with_mean(SHAREGPT_MEAN_OUTPUT_TOKENS, SHAREGPT_SIGMA[1], SHAREGPT_MAX_TOKENS - 1024),
-)
+
+def sharegpt_lengths(mean_input_tokens: float, mean_output_tokens: float) -> tuple[Lengths, Lengths]:
+    """(input, output) length distributions of ShareGPT's shape (:data:`SHAREGPT_SIGMA`, the clips of
+    :data:`SHAREGPT_MAX_TOKENS`) with the given unclipped means: for a run whose benchmark printed its
+    own totals (vLLM's ``Total input tokens`` and ``Total generated tokens`` over its requests, which
+    depend on the tokenizer, the prompts sampled and where the model stopped)."""
+    for name, mean in (("input", mean_input_tokens), ("output", mean_output_tokens)):
+        if not (math.isfinite(mean) and mean >= 1):
+            raise OpcastError(f"mean {name} tokens {mean} must be a finite number >= 1, e.g. 200")
+    return (
+        _lognormal_with_mean(mean_input_tokens, SHAREGPT_SIGMA[0], 1024),
+        _lognormal_with_mean(mean_output_tokens, SHAREGPT_SIGMA[1], SHAREGPT_MAX_TOKENS - 1024),
+    )
+
+
+SHAREGPT = sharegpt_lengths(SHAREGPT_MEAN_INPUT_TOKENS, SHAREGPT_MEAN_OUTPUT_TOKENS)
 """(input, output) length distributions like ShareGPT's (see the constants above)."""
 
 
