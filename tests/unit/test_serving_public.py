@@ -1,0 +1,110 @@
+"""The public serving benchmark (benchmarks/serving_public.py): ShareGPT-shaped lengths with a run's own
+means, TTFT / TPOT defined as vLLM's benchmark_serving.py defines them, and one published row built
+and simulated end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from opcast.errors import OpcastError
+from opcast.predict.serve.metrics import Distribution, request_latencies
+from opcast.predict.serve.requests import (
+    SHAREGPT,
+    SHAREGPT_MEAN_INPUT_TOKENS,
+    SHAREGPT_MEAN_OUTPUT_TOKENS,
+    SHAREGPT_SIGMA,
+    RequestStream,
+    sharegpt_lengths,
+)
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_public.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("serving_public", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["serving_public"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sharegpt_is_sharegpt_lengths_at_the_papers_means():
+    assert sharegpt_lengths(SHAREGPT_MEAN_INPUT_TOKENS, SHAREGPT_MEAN_OUTPUT_TOKENS) == SHAREGPT
+
+
+def test_sharegpt_lengths_take_the_given_unclipped_means():
+    inp, out = sharegpt_lengths(213.0, 150.0)
+    for lengths, mean, sigma in ((inp, 213.0, SHAREGPT_SIGMA[0]), (out, 150.0, SHAREGPT_SIGMA[1])):
+        assert math.exp(lengths.mu + lengths.sigma**2 / 2) == pytest.approx(mean)
+        assert lengths.sigma == sigma
+    assert (inp.hi, out.hi) == (SHAREGPT[0].hi, SHAREGPT[1].hi)
+
+
+@pytest.mark.parametrize("mean", [0.5, float("nan"), float("inf")])
+def test_sharegpt_lengths_refuse_a_mean_below_one_token(mean):
+    with pytest.raises(OpcastError, match="mean input tokens"):
+        sharegpt_lengths(mean, 100)
+
+
+def test_ttft_and_tpot_are_vllm_benchmark_servings():
+    """benchmark_serving.py: TTFT = first token - send; TPOT = (latency - TTFT) / (output tokens - 1),
+    requests of one output token left out; percentiles by numpy's linear interpolation."""
+    stream = RequestStream(
+        arrival_s=np.array([0.0, 1.0, 2.0]),
+        input_tokens=np.array([10, 10, 10]),
+        output_tokens=np.array([11, 1, 3]),
+        source="hand",
+    )
+    sim = SimpleNamespace(stream=stream, first_token_s=np.array([0.1, 1.3, 2.2]), finish_s=np.array([1.1, 1.3, 2.6]))
+    ttft, tpot, e2e = request_latencies(sim)
+    np.testing.assert_allclose(ttft, [0.1, 0.3, 0.2])
+    np.testing.assert_allclose(e2e, [1.1, 0.3, 0.6])
+    assert tpot[0] == pytest.approx((1.1 - 0.1) / 10) and math.isnan(tpot[1]) and tpot[2] == pytest.approx(0.2)
+    d = Distribution.of(np.array([1.0, 2.0, 3.0, 4.0]))
+    assert (d.p50_s, d.p90_s) == (pytest.approx(2.5), pytest.approx(3.7))
+
+
+def test_a_row_takes_its_mean_lengths_from_its_own_throughputs(bench):
+    runs = bench.read_published()
+    assert runs and all(r.source_url.startswith("https://") for r in runs)
+    first = runs[0]
+    assert first.mean_input_tokens == pytest.approx((416.047 - 208.177) / 0.974567)
+    assert first.mean_output_tokens == pytest.approx(208.177 / 0.974567)
+    assert first.measured_ms[("ttft", 50)] == pytest.approx(56.3722)
+    assert not first.warm_prefix_cache and all(r.warm_prefix_cache for r in runs[1:])
+
+
+def test_streams_keep_their_lengths_across_rates_and_model_a_warm_cache_and_a_burst(bench):
+    runs = {r.rate_per_s: r for r in bench.read_published()}
+    cold, warm, burst = runs[1.0], runs[4.0], runs[math.inf]
+    a, b = bench.stream_for(cold, 3), bench.stream_for(warm, 3, cold=True)
+    np.testing.assert_array_equal(a.input_tokens, b.input_tokens)  # same prompts at every rate
+    assert a.arrival_s[-1] > 100 and b.arrival_s[-1] < a.arrival_s[-1]
+    hit = bench.stream_for(warm, 3)
+    assert ((hit.input_tokens >= 1) & (hit.input_tokens <= 16)).all()
+    assert ((b.input_tokens - hit.input_tokens) % 16 == 0).all()
+    np.testing.assert_array_equal(hit.output_tokens, b.output_tokens)
+    assert (bench.stream_for(burst, 3).arrival_s == 0).all()
+
+
+def test_one_row_simulates_and_compares(bench):
+    from opcast.predict.cost import load_kernel_cost
+
+    run = bench.read_published()[0]
+    pred = bench.predict_run(run, seeds=1, kernels=load_kernel_cost(None))
+    rows = bench.compare(run, pred)
+    assert [c.metric for c in rows] == ["TTFT p50", "TPOT p50", "TTFT p99", "TPOT p99"]
+    for c in rows:
+        assert c.lo_ms <= c.predicted_ms <= c.hi_ms and c.predicted_ms > 0
+        assert c.error == pytest.approx(c.predicted_ms / c.measured_ms - 1)
+    assert [c.targeted for c in rows] == [True, True, False, False]
+    table = bench.markdown_table(rows)
+    assert table.count("\n") == len(rows) + 1 and "TPOT p50" in table
