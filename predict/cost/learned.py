@@ -26,7 +26,11 @@ ratio are kept and the reason and the notes say so.
 Implementations (the registry's ``impl`` of norms, softmax, cross-entropy and rope,
 :data:`opcast.ops.KERNEL_IMPLS`): a predictor speaks only for the implementations it has data of
 (:meth:`LearnedKernelCost.speaks_for_impl`); another falls to the next source, the roofline of its
-own registry traffic at the roofline's efficiency, and the set's notes say so.
+own registry traffic at the roofline's efficiency, and the set's notes say so. Where a predictor
+entry records which devices measured which implementation (``impl_devices``: implementation ->
+device names), the bounds of a kernel take as training devices only those with data of its
+implementation: a device that measured another implementation only answers by extrapolation for
+this one (flagged out of range), is held to the ones that measured it, and is no reference for others.
 """
 
 from __future__ import annotations
@@ -96,6 +100,32 @@ kind (LayerNorm: torch's ``nn.LayerNorm`` in 2509.22832, NeuSight and Vidur; sof
 and Megatron's fused kernel) measured the registry default. Such a predictor speaks for an
 implementation only where it is the one its data measured, and is asked with the default (the
 features it was fitted on)."""
+
+
+def _kernel_impl(k: Kernel) -> str | None:
+    """``k``'s implementation (``impl``) where its op takes one of :data:`opcast.ops.KERNEL_IMPLS`
+    (norms, softmax, cross-entropy, rope), else None (attention's kernel families are kinds of
+    kernel, priced as before)."""
+    impl = k.param_dict.get("impl")
+    if impl is None:
+        return None
+    choices = next((p.choices for p in get_op(k.kind).params if p.name == "impl"), None)
+    return str(impl) if choices == KERNEL_IMPLS else None
+
+
+def _impl_devices(entry: Mapping[str, Any]) -> dict[str, frozenset[str]]:
+    """A predictor entry's ``impl_devices`` (implementation -> names of the devices whose rows
+    measured it), type-checked; empty when not recorded or malformed (then every training device
+    counts for every implementation the predictor speaks for, as before it was recorded)."""
+    raw = entry.get("impl_devices")
+    if not isinstance(raw, Mapping):
+        return {}
+    out: dict[str, frozenset[str]] = {}
+    for impl, names in raw.items():
+        if not isinstance(impl, str) or not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return {}
+        out[impl] = frozenset(names)
+    return out
 
 
 # --------------------------------------------------------------------------- hardware range
@@ -170,24 +200,34 @@ class HardwareRange:
                 "recorded in the model set and are not checked"
             )
 
-    def fitted_on(self, key: str) -> tuple[str, ...]:
-        """Names of the devices predictor ``key`` was fitted on (empty when not recorded)."""
+    def fitted_on(self, key: str, impl: str | None = None) -> tuple[str, ...]:
+        """Names of the devices predictor ``key`` was fitted on (empty when not recorded); with
+        ``impl``, only those with data of that implementation where the entry records them
+        (:func:`_impl_devices`): a training device that measured another implementation only is an
+        extrapolation for this one, not a reference."""
         entry = self.meta.get("predictors", {}).get(key)
-        return tuple(str(n) for n in entry.get("devices", ())) if isinstance(entry, Mapping) else ()
+        if not isinstance(entry, Mapping):
+            return ()
+        names = tuple(str(n) for n in entry.get("devices", ()))
+        measured = _impl_devices(entry).get(impl) if impl is not None else None
+        return names if measured is None else tuple(n for n in names if n in measured)
 
-    def training_specs(self, key: str) -> tuple[DeviceSpec, ...]:
-        """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on."""
-        return tuple(self._specs[n] for n in self.fitted_on(key) if n in self._specs)
+    def training_specs(self, key: str, impl: str | None = None) -> tuple[DeviceSpec, ...]:
+        """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on (with
+        ``impl``: on data of that implementation, as :meth:`fitted_on`)."""
+        return tuple(self._specs[n] for n in self.fitted_on(key, impl) if n in self._specs)
 
     def reason(self, key: str, k: Kernel, device: DeviceSpec) -> str | None:
-        """Why ``device`` is outside the hardware predictor ``key`` was fitted on, or None."""
-        cache_key = (key, k.dtype, k.tensor_cores, device)
+        """Why ``device`` is outside the hardware predictor ``key`` was fitted on (for ``k``'s
+        implementation where the entry records them per implementation), or None."""
+        impl = _kernel_impl(k)
+        cache_key = (key, k.dtype, k.tensor_cores, device, impl)
         if cache_key in self._reasons:
             return self._reasons[cache_key]
         entry = self.meta.get("predictors", {}).get(key)
         why = None
         if isinstance(entry, Mapping):
-            names = [str(n) for n in entry.get("devices", ()) if str(n) in self._specs]
+            names = [n for n in self.fitted_on(key, impl) if n in self._specs]
             listed = [_DEVICE_FEATURES[f] for f in entry.get("features", ()) if f in _DEVICE_FEATURES]
             wanted = listed or list(_DEVICE_FEATURES.values())
             mine = _device_quantities(device, k)
@@ -353,11 +393,8 @@ class LearnedKernelCost:
 
     def _impl_status(self, k: Kernel) -> tuple[bool, bool]:
         """(speaks for ``k``'s implementation, its predictor predates the impl parameter), memoised."""
-        impl = k.param_dict.get("impl")
-        if impl is None or get_op(k.kind).param_names.count("impl") == 0:
-            return True, False
-        spec_choices = next(p.choices for p in get_op(k.kind).params if p.name == "impl")
-        if spec_choices != KERNEL_IMPLS:  # attention's kernel families are priced as before
+        impl = _kernel_impl(k)
+        if impl is None:  # no impl, or attention's kernel families: priced as before
             return True, False
         key = self.group_of(k)
         memo = self._impls.get((key, str(impl)))
@@ -372,8 +409,15 @@ class LearnedKernelCost:
                 span = (entry.get("feature_ranges") or {}).get("impl_code")
                 code = _CODES["impl"].get(str(impl))
                 ok = not span or (code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9)
+                recorded = _impl_devices(entry)
+                if recorded and not recorded.get(str(impl)):  # inside the code range, but no row measured it
+                    ok = False
                 status = (bool(ok), False)
-                measured = "the implementations inside its fitted impl_code range"
+                measured = (
+                    "data of " + ", ".join(sorted(i for i, names in recorded.items() if names))
+                    if recorded
+                    else "the implementations inside its fitted impl_code range"
+                )
             else:
                 default = next(p.default for p in get_op(k.kind).params if p.name == "impl")
                 measured_impls = _LEGACY_IMPLS.get((k.kind, k.direction), (str(default),))
@@ -575,8 +619,8 @@ class LearnedKernelCost:
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]) or adapted:
                 continue
-            specs = self.range.training_specs(key)
-            if twin in self.range.fitted_on(key):
+            specs = self.range.training_specs(key, _kernel_impl(k))
+            if twin in self.range.fitted_on(key, _kernel_impl(k)):
                 self._on_training.setdefault(twin, {})[k] = float(out[i])
                 if len(specs) < 2 or twin not in {s.name for s in specs}:
                     continue
@@ -593,7 +637,7 @@ class LearnedKernelCost:
             k, key = kernels[i], keys[i]
             r_s, peak, resource = roofs[i]
             seen: list[_Seen] = []
-            for spec in self.range.training_specs(key):
+            for spec in self.range.training_specs(key, _kernel_impl(k)):
                 t_i = self._on_training[spec.name].get(k, math.nan)
                 r_i, peak_i, _ = roof(i, spec)
                 if np.isfinite(t_i) and np.isfinite(r_i) and r_i > 0:
