@@ -176,6 +176,11 @@ ENTRY_FIELDS: Final[dict[str, _Field]] = {
         "an object whose hyper_parameters is an object",
     ),
     "devices": (False, _list_of(_is_str), "a list of device names"),
+    "impl_devices": (
+        False,
+        _dict_of(_list_of(_is_str)),
+        "an object of implementation -> list of device names",
+    ),
     "feature_ranges": (
         False,
         _dict_of(lambda r: isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)),

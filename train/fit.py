@@ -378,6 +378,7 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
         "op": kind,
         "rows": int(len(frame)),
         "devices": sorted(pd.unique(devices).tolist()),
+        **_impl_devices(frame),
         "features": list(est.feature_names),
         "feature_ranges": _ranges(feats, est.feature_names),
         "held_out": usable.get(chosen) or None,
@@ -387,6 +388,20 @@ def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig
         "residuals": chosen_scored[1] if chosen_scored else {},
     }
     return est, entry
+
+
+def _impl_devices(frame: pd.DataFrame) -> dict[str, dict[str, list[str]]]:
+    """``{"impl_devices": {implementation: [devices that measured it]}}`` for a group whose rows
+    name a registry ``impl`` (norms, softmax, cross-entropy, rope, attention), else nothing: predict
+    holds a learned kernel only to the devices that measured its implementation
+    (:func:`opcast.predict.cost.learned._impl_devices`)."""
+    if "impl" not in frame.columns:
+        return {}
+    named = frame[frame["impl"].notna()]
+    if named.empty:
+        return {}
+    by_impl = named.groupby(named["impl"].astype(str))["device"]
+    return {"impl_devices": {str(impl): sorted(map(str, pd.unique(dev))) for impl, dev in by_impl}}
 
 
 def _ranges(feats: pd.DataFrame, names: Sequence[str]) -> dict[str, list[float]]:

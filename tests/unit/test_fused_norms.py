@@ -97,3 +97,21 @@ def test_an_impl_without_devices_is_not_spoken_for_and_a_malformed_record_is_ign
     assert _impl_devices({"impl_devices": {"fused": "A100"}}) == {}
     assert _impl_devices({"impl_devices": ["fused"]}) == {}
     assert _impl_devices({}) == {}
+
+
+def test_the_fit_records_which_devices_measured_each_implementation():
+    import pandas as pd
+
+    from opcast.train.fit import _impl_devices as fitted_impl_devices
+
+    frame = pd.DataFrame(
+        {
+            "device": ["A100-SXM4-80GB", "A40", "GH200", "A100-SXM4-80GB"],
+            "impl": ["fused", "fused", "unfused", "unfused"],
+        }
+    )
+    assert fitted_impl_devices(frame) == {
+        "impl_devices": {"fused": ["A100-SXM4-80GB", "A40"], "unfused": ["A100-SXM4-80GB", "GH200"]}
+    }
+    assert fitted_impl_devices(frame.drop(columns="impl")) == {}
+    assert fitted_impl_devices(frame.assign(impl=None)) == {}
