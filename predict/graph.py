@@ -25,11 +25,14 @@ Extensions over ``layer_ops``:
   adds, copies) have none.
 - **Recomputation**: ``selective`` recomputes the attention core (Korthikanti et al. Sec. 5),
   ``full`` the whole block forward, its collectives included, once per micro-batch.
+- **fp8** (Transformer Engine): the block's four linears run in fp8 (:data:`FP8_LINEARS`; the LM
+  head and the router stay bf16), each with the cast / transpose kernels TE runs around it
+  (:func:`fp8_quantisation`), in forward, backward and a full recomputation.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from opcast.archs import ArchSpec, padded_vocab
@@ -88,6 +91,12 @@ class Dtypes:
     impls: tuple[tuple[str, str], ...] = FRAMEWORKS[None].impls
     """(op kind, registry ``impl``) the framework runs (:mod:`opcast.predict.frameworks`); a kernel
     whose params name an ``impl`` keeps it."""
+    fp8_modules: str = "megatron"
+    """fp8 only: how the framework calls Transformer Engine (:func:`fp8_quantisation`). ``megatron``
+    (Megatron-Core): QKV and MLP-up are ``LayerNormLinear`` (the norm writes fp8) and the weights are
+    cast once per iteration (``is_first_microbatch``); ``linear``: every layer a plain ``te.Linear``
+    called without ``is_first_microbatch`` (TE's default; llm-foundry's ``fc_type: te``), so the
+    weights are cast every micro-batch."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
@@ -112,6 +121,7 @@ def precision_of(precision: str, tensor_cores: bool | None = None, framework: st
         act=activation_dtype(precision),
         tensor_cores=tensor_cores,
         impls=framework_of(framework).impls,
+        fp8_modules="megatron" if framework in (None, "megatron") else "linear",
     )
 
 
@@ -249,6 +259,103 @@ def backward_ops(ops: list[Op]) -> list[tuple[str, str, dict, str, int]]:
     return out
 
 
+# --------------------------------------------------------------------------- fp8 quantisation
+
+FP8_LINEARS: dict[str, str] = {"qkv": "column", "proj": "row", "mlp_up": "column", "mlp_down": "row"}
+"""The GEMMs a training run in fp8 runs in fp8 (Transformer Engine's linear modules), with their
+Megatron parallel mode. Every other GEMM is a plain bf16 matmul: Megatron-Core's output layer is
+``tensor_parallel.ColumnParallelLinear`` and its MoE router ``F.linear``, llm-foundry's MPT head is
+``F.linear`` on the tied embedding."""
+
+CastOps = tuple[list[Op], list[Op], list[Op]]
+"""(before the forward GEMM, before the data-gradient GEMM, before the weight-gradient GEMM)."""
+
+
+def gemm_precision(role: str, prec: Dtypes) -> Dtypes:
+    """The dtypes the GEMM of ``role`` (``.dgrad`` / ``.wgrad`` included) runs in: in fp8 only the
+    :data:`FP8_LINEARS`; the others in the activation dtype."""
+    if prec.matrix == "fp8" and role.split(".")[0] not in FP8_LINEARS:
+        return replace(prec, matrix=prec.act)
+    return prec
+
+
+def _quant(role: str, bytes_moved: int) -> Op:
+    """A quantisation kernel moving ``bytes_moved`` bytes, priced as the bf16 ``mul_scalar`` (``x *
+    scale``, what a cast computes) that moves as many: it reads and writes 2 bytes an element, so
+    ``numel = bytes / 4``. TE's casts read bf16 and write fp8, which no single registry dtype describes."""
+    return (role, "elementwise", {"numel": -(-bytes_moved // 4), "fn": "mul_scalar"}, 1)
+
+
+def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, grouped: bool) -> CastOps:
+    """The quantisation kernels Transformer Engine 1.x (v1.13, delayed scaling, Hopper) runs around the
+    fp8 linear ``role`` ``C[m, n] = A[m, k] @ W[k, n]`` (``b`` of them when ``grouped``), per
+    micro-batch. Hopper's fp8 GEMM takes only the TN layout, so the weight-gradient GEMM needs fp8
+    transposes of A and of dC, the data-gradient GEMM one of W. Bytes per element: a fused
+    cast+transpose reads bf16 and writes two fp8 copies (4), a cast 3, an fp8 transpose 2.
+
+    - Input A, forward (``module/linear.py`` ``_Linear.forward``): ``fp8_cast_transpose_fused``
+      (4 mk) without sequence parallelism; with it ``cast_to_fp8`` of the local rows (3 mk, m/tp rows
+      for a column-parallel layer, whose fp8 rows are then all-gathered) and ``tex.fp8_transpose`` of
+      the gathered A before the wgrad (2 mk, ``_Linear.backward``). A ``LayerNormLinear`` (QKV and
+      MLP-up under ``megatron``) gets A in fp8 from its norm (``_apply_normalization`` writes fp8; the
+      norm stays priced as the bf16 norm) and transposes it before the wgrad
+      (``module/layernorm_linear.py`` ``_LayerNormLinear.backward``: ``tex.fp8_transpose(ln_out_total)``, 2 mk).
+    - Weight W: ``Float8Tensor.quantize_`` with its transpose cache, a ``fp8_cast_transpose_fused``
+      (4 kn; ``module/base.py`` ``get_fp8_workspace``, ``tensor/float8_tensor.py`` ``quantize_``), in
+      each forward when ``is_first_microbatch`` is None (``linear``), else only in the first
+      micro-batch of an iteration (Megatron-Core's ``set_is_first_microbatch``): not in this
+      per-micro-batch graph, it is ``1 / micro-batches`` of one cast per iteration. Backward reads
+      the cached transpose (``transpose_2d``), no kernel.
+    - Output gradient dC, backward (``module/base.py`` ``grad_output_preprocess``):
+      ``fp8_cast_transpose_fused`` (4 mn; ``fp8_cast_transpose_bgrad_fused`` with a bias, same
+      bytes); a row-parallel layer with sequence parallelism casts its local rows (3 mn/tp),
+      all-gathers them in fp8 and transposes the gathered dC (2 mn).
+    - Outputs (C, dA, dW) are written by the GEMMs in bf16: no kernel.
+
+    Amaxes are computed inside these kernels. Not priced: the per-micro-batch amax reduction at the
+    end of the forward (``fp8.py`` ``FP8GlobalStateManager.fp8_autocast_exit``) and of the backward
+    (``_Linear.backward``): one ``torch.cat``, one all-reduce (MAX) of 4 bytes x 3 (forward) or 2
+    (backward) tensors per linear over the amax group (data x tensor x context parallel) and one
+    ``fused_amax_and_scale_update_after_reduction`` kernel per stage, microseconds each. Recipe:
+    Micikevicius et al. 2022 (arXiv 2209.05433, Sec. 3-4: per-tensor scaling, E4M3 forward, E5M2
+    gradients)."""
+    b, m, n, k = p["b"], p["m"], p["n"], p["k"]
+    sp = sp and tp > 1 and not grouped  # TE's grouped expert linears are not sequence-parallel
+    row = FP8_LINEARS[role] == "row"
+    fused_norm = modules == "megatron" and not row and not grouped
+    fwd: list[Op] = []
+    dgrad: list[Op] = []
+    wgrad: list[Op] = []
+    if fused_norm:
+        wgrad.append(_quant(f"{role}.fp8_transpose_input", 2 * b * m * k))
+    elif sp:
+        local = m if row else m // tp
+        fwd.append(_quant(f"{role}.fp8_cast_input", 3 * b * local * k))
+        wgrad.append(_quant(f"{role}.fp8_transpose_input", 2 * b * m * k))
+    else:
+        fwd.append(_quant(f"{role}.fp8_cast_transpose_input", 4 * b * m * k))
+    if modules == "linear":
+        fwd.append(_quant(f"{role}.fp8_cast_transpose_weight", 4 * b * k * n))
+    if sp and row:
+        dgrad.append(_quant(f"{role}.fp8_cast_grad", 3 * b * (m // tp) * n))
+        dgrad.append(_quant(f"{role}.fp8_transpose_grad", 2 * b * m * n))
+    else:
+        dgrad.append(_quant(f"{role}.fp8_cast_transpose_grad", 4 * b * m * n))
+    return fwd, dgrad, wgrad
+
+
+def fp8_casts(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, CastOps]:
+    """:func:`fp8_quantisation` of every fp8 linear of ``ops`` by role (empty unless GEMMs run in fp8)."""
+    if prec.matrix != "fp8":
+        return {}
+    grouped = any(role == "router" for role, *_ in ops)
+    return {
+        role: fp8_quantisation(role, p, modules=prec.fp8_modules, tp=tp, sp=sp, grouped=grouped)
+        for role, kind, p, _ in ops
+        if kind == "gemm" and role in FP8_LINEARS
+    }
+
+
 # --------------------------------------------------------------------------- comms
 
 
@@ -316,14 +423,25 @@ def head_comms(
 # --------------------------------------------------------------------------- assembled, cached
 
 
-def _nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
-    return tuple(Node(role, prec.of(kind, p), count) for role, kind, p, count in ops)
+def _nodes(ops: list[Op], prec: Dtypes, casts: dict[str, CastOps] | None = None) -> tuple[Node, ...]:
+    """Forward nodes of ``ops``, each fp8 linear preceded by its quantisation kernels (``casts``)."""
+    out: list[Node] = []
+    for role, kind, p, count in ops:
+        out += [Node(r, prec.of(kk, pp), count * c) for r, kk, pp, c in (casts or {}).get(role, ([], [], []))[0]]
+        out.append(Node(role, gemm_precision(role, prec).of(kind, p), count))
+    return tuple(out)
 
 
-def _bwd_nodes(ops: list[Op], prec: Dtypes) -> tuple[Node, ...]:
-    return tuple(
-        Node(role, prec.of(kind, p, direction), count) for role, kind, p, direction, count in backward_ops(ops)
-    )
+def _bwd_nodes(ops: list[Op], prec: Dtypes, casts: dict[str, CastOps] | None = None) -> tuple[Node, ...]:
+    """Backward nodes of ``ops``, each fp8 data- / weight-gradient GEMM preceded by its quantisation kernels."""
+    out: list[Node] = []
+    for role, kind, p, direction, count in backward_ops(ops):
+        base, _, grad = role.partition(".")
+        phase = {"dgrad": 1, "wgrad": 2}.get(grad) if kind == "gemm" else None
+        before = (casts or {})[base][phase] if phase and base in (casts or {}) else []
+        out += [Node(r, prec.of(kk, pp), count * c) for r, kk, pp, c in before]
+        out.append(Node(role, gemm_precision(role, prec).of(kind, p, direction), count))
+    return tuple(out)
 
 
 @lru_cache(maxsize=4096)
@@ -335,7 +453,8 @@ def _block_passes(
     seq_q = seq // cp
     ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_q, sp=sp, cp=cp, ep=ep, attention=attention)
     comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act)
-    return _nodes(ops, prec), _bwd_nodes(ops, prec), comms
+    casts = fp8_casts(ops, prec, tp=tp, sp=sp)
+    return _nodes(ops, prec, casts), _bwd_nodes(ops, prec, casts), comms
 
 
 @lru_cache(maxsize=4096)
