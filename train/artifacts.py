@@ -68,7 +68,7 @@ ARTIFACT_SUFFIXES: Final = (".npz", ".pt")
 """Predictor files opcast reads: numpy archives, and torch state dicts of sets saved before them."""
 PICKLE_SUFFIXES: Final = (".joblib", ".pkl", ".pickle")
 LIBRARIES: Final = ("opcast", "numpy", "pandas", "xgboost", "torch", "scikit-learn")
-_LIB_OF_ESTIMATOR: Final = {"xgb": "xgboost", "tile-mlp": "torch", "neusight": "numpy"}
+_LIB_OF_ESTIMATOR: Final = {"xgb": "xgboost", "tile-mlp": "torch", "neusight": "numpy", "hier": "xgboost"}
 
 
 def sha256_file(path: Path) -> str:

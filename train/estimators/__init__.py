@@ -113,6 +113,12 @@ def _neusight() -> type[Estimator]:
     return NeuSightEstimator
 
 
+def _hier() -> type[Estimator]:
+    from opcast.train.estimators.hier import HierEstimator
+
+    return HierEstimator
+
+
 def _xgb_predictor() -> type[Predictor]:
     from opcast.train.estimators.xgb_predictor import XGBPredictor
 
@@ -129,6 +135,12 @@ def _neusight_predictor() -> type[Predictor]:
     from opcast.train.estimators.neusight_predictor import NeuSightPredictor
 
     return NeuSightPredictor
+
+
+def _hier_predictor() -> type[Predictor]:
+    from opcast.train.estimators.hier_predictor import HierPredictor
+
+    return HierPredictor
 
 
 class Registry(Mapping[str, Callable[[], type[T]]]):
@@ -151,10 +163,17 @@ class Registry(Mapping[str, Callable[[], type[T]]]):
         return len(self._loaders)
 
 
-ESTIMATORS: Final[Registry[Estimator]] = Registry({"xgb": _xgb, "tile-mlp": _tile_mlp, "neusight": _neusight})
+ESTIMATORS: Final[Registry[Estimator]] = Registry(
+    {"xgb": _xgb, "tile-mlp": _tile_mlp, "neusight": _neusight, "hier": _hier}
+)
 """Estimator name (as the CLI and ``meta.json`` spell it) -> its class, imported on demand."""
 PREDICTORS: Final[Registry[Predictor]] = Registry(
-    {"xgb": _xgb_predictor, "tile-mlp": _tile_mlp_predictor, "neusight": _neusight_predictor}
+    {
+        "xgb": _xgb_predictor,
+        "tile-mlp": _tile_mlp_predictor,
+        "neusight": _neusight_predictor,
+        "hier": _hier_predictor,
+    }
 )
 """Estimator name -> the light class that loads and runs its saved predictors."""
 
