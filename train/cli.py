@@ -23,8 +23,9 @@ def fit(
     estimator: Annotated[
         str,
         typer.Option(
-            help="xgb, tile-mlp, neusight (NeuSight's tile-level baseline), "
-            "or auto (xgb or tile-mlp per op group, by held-out error)."
+            help="xgb, tile-mlp, neusight (NeuSight's tile-level baseline), hier (device level from "
+            "the spec sheet + xgb shape model), or auto (xgb, tile-mlp or hier per op group, by error on "
+            "left-out devices)."
         ),
     ] = "auto",
     holdout_device: Annotated[
