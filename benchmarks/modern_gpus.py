@@ -1,6 +1,6 @@
 """Held-out accuracy of ``opcast train`` on NVIDIA AIConfigurator's measured kernels (issue 17).
 
-    python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|auto]
+    python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|auto]
         [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within]
         [--systems H100-SXM,B200,...] [--seed 0] [--json FILE]
     python benchmarks/modern_gpus.py --replay-to DIR   # only write DIR/aiconfigurator.parquet
@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="With --replay-to: keep at most this many rows per (system, label), seeded by --seed.",
     )
-    ap.add_argument("--estimator", default="xgb", choices=["auto", "xgb", "tile-mlp"])
+    ap.add_argument("--estimator", default="xgb", choices=["auto", "xgb", "tile-mlp", "hier"])
     ap.add_argument(
         "--train-rows", type=int, default=2000, help="LOGO training rows per (system, label) (default %(default)s)."
     )

@@ -1,7 +1,7 @@
 """Leave-one-GPU-out on NeuSight's five GPUs, per estimator (issue 19).
 
     python benchmarks/unseen_gpus.py [--published ../shared/published] [--work DIR]
-        [--estimators xgb,tile-mlp,neusight] [--gpus P4,T4] [--out benchmarks/results/unseen_gpus.md]
+        [--estimators xgb,tile-mlp,neusight,hier] [--gpus P4,T4] [--out benchmarks/results/unseen_gpus.md]
 
 NeuSight's protocol (arXiv 2407.13853; the split of ``benchmarks/train_benchmark.py`` (b)): for each
 of P4, P100, T4, V100 and A100-40GB, fit on the other four GPUs' *train* sweeps (less any shape of
@@ -9,13 +9,16 @@ NeuSight's test files) and score the left-out GPU's *test* files: a GPU and shap
 FP32 on CUDA cores, forward kernels; GEMM rows of bmm and linear files reported apart, as NeuSight
 does.
 
-Estimators: ``xgb`` and ``tile-mlp`` as ``opcast train fit --estimator NAME`` fits them (their
+Estimators: ``xgb``, ``tile-mlp`` and ``hier`` as ``opcast train fit --estimator NAME`` fits them (their
 defaults), and ``neusight`` (:mod:`opcast.train.estimators.neusight`), scored twice from one fit:
 with the tile of the profiled kernel of every test row (``neusight (profiled tiles)``: what
 NeuSight's kernel-level test does, ``Trainer.test`` passes the test rows' tiles) and with the tile
 of the nearest training row (``neusight (nearest tiles)``: what its end-to-end predictor does for a
-GPU it has no profile of). On the 2-core machine the neusight fit is bounded (``NEUSIGHT_BENCH``:
-a smaller MLP, a larger learning rate, at most ``max_samples`` rows visited); the numbers say so.
+GPU it has no profile of). ``hier`` (:mod:`opcast.train.estimators.hier`) is scored twice from one fit
+too: with its level predicted from the spec sheet (``hier``) and with the mean of the training GPUs'
+levels (``hier (mean level)``); with the oracle table, that says what each part contributes. On the
+2-core machine the neusight fit is bounded (``NEUSIGHT_BENCH``: a smaller MLP, a larger learning
+rate, at most ``max_samples`` rows visited); the numbers say so.
 
 Every (estimator, left-out GPU) result is written to ``--work`` as it completes and reused, so an
 interrupted run (Ctrl-C, SIGTERM) resumes where it stopped.
@@ -32,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_benchmark import NEUSIGHT_OOD_MAPE, PUBLISHED, _fit_predict, _neusight_label
+from train_benchmark import NEUSIGHT_OOD_MAPE, PUBLISHED, _cfg, _fit_predict, _neusight_label
 
 NEUSIGHT_BENCH = {"hidden": 128, "num_layers": 8, "learning_rate": 1e-3, "max_samples": 300_000, "n_jobs": 1}
 """The bounded neusight fit of this benchmark (NeuSight: 512 units, 100 epochs, lr 1e-5..5e-3;
@@ -93,6 +96,32 @@ def neusight_fold(train: pd.DataFrame, test: pd.DataFrame, devices: dict) -> dic
     return out
 
 
+def hier_fold(train: pd.DataFrame, test: pd.DataFrame, devices: dict) -> dict[str, np.ndarray]:
+    """Fit hier per group on ``train`` (as ``opcast train fit --estimator hier``); predict ``test``
+    with its spec level model (``hier``) and with the mean of the training devices' levels in its
+    place (``hier (mean level)``): the level model's contribution, from one fit."""
+    from opcast.train.features import features, group_keys
+    from opcast.train.fit import fit_frame
+
+    fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, _cfg("hier"))
+    out = {"hier": np.full(len(test), np.nan), "hier (mean level)": np.full(len(test), np.nan)}
+    keys = group_keys(test).to_numpy()
+    names = test["device"].to_numpy(dtype=object)
+    for dev in pd.unique(names):
+        feats = features(test[names == dev].reset_index(drop=True), devices[dev])
+        dkeys = keys[names == dev]
+        for key in pd.unique(dkeys):
+            if key not in fitted:
+                continue
+            est, pos = fitted[key][0], np.flatnonzero(dkeys == key)
+            shape, level = est.parts_log(feats.iloc[pos])
+            roof = feats["t_roof_s"].to_numpy(dtype=float)[pos]
+            rows = np.flatnonzero(names == dev)[pos]
+            out["hier"][rows] = roof * np.exp(shape + level)
+            out["hier (mean level)"][rows] = roof * np.exp(shape + float(np.mean(est.device_levels_)))
+    return out
+
+
 def run(published: Path, work: Path, estimators: list[str], gpus: list[str] | None, log) -> pd.DataFrame:
     """Predictions of every estimator on every left-out GPU's test rows (cached in ``work``)."""
     train, test, devices = load(published, work)
@@ -114,6 +143,8 @@ def run(published: Path, work: Path, estimators: list[str], gpus: list[str] | No
                     got = pd.DataFrame(
                         {"neusight (profiled tiles)": preds["profiled"], "neusight (nearest tiles)": preds["nearest"]}
                     )
+                elif name == "hier":
+                    got = pd.DataFrame(hier_fold(tr, te, devices))
                 else:
                     got = pd.DataFrame({name: _fit_predict(tr, te, devices, name)[0]})
                 got.attrs = {}
@@ -150,6 +181,20 @@ def tables(scored: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return pooled, per_gpu
 
 
+def hier_parts(pooled: pd.DataFrame, oracle: pd.DataFrame) -> pd.DataFrame | None:
+    """What each part of hier contributes (pooled MAPE per op): the shape model with the mean of
+    the training devices' levels, with the level predicted from the specs (hier), and with the
+    held-out GPU's own level (an oracle: diagnosis only)."""
+    cols = {
+        "shape + mean training level": (pooled, "hier (mean level)"),
+        "shape + spec level (hier)": (pooled, "hier"),
+        "shape x oracle level": (oracle, "hier x oracle level"),
+    }
+    if any(col not in frame.columns for frame, col in cols.values()):
+        return None
+    return pd.DataFrame({name: frame[col] for name, (frame, col) in cols.items()})
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--published", type=Path, default=PUBLISHED)
@@ -181,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
         + f"\n\nwall time {time.perf_counter() - t0:.0f} s (cached folds reused); neusight fit {NEUSIGHT_BENCH}, "
         f"at most {NEUSIGHT_MAX_ROWS} rows a group\n"
     )
+    parts = hier_parts(pooled, oracle)
+    if parts is not None:
+        text += (
+            "\n## hier: what each part contributes, pooled — MAPE %\n\n"
+            + "The same fits scored three ways; the oracle column reads the held-out GPU's measurements.\n\n"
+            + parts.to_string()
+            + "\n"
+        )
     print(text)
     if args.out:
         args.out.write_text(text)
