@@ -7,9 +7,28 @@ Vidur's does:
 - the **token-wise part** (GEMMs, norms, embeddings, the LM head, TP collectives and
   stage-to-stage sends) of all ``T`` tokens together: one forward of ``T`` tokens
   (:func:`opcast.predict.inference.forward_time_s`) less its attention core;
-- the **attention core** of each prefill chunk (``q`` queries against the ``kv`` keys it sees,
-  its earlier chunks included) and of the decodes (``b`` sequences of one query against their
-  mean KV length), the kernels of :func:`opcast.predict.graph.block_ops`, times the layers.
+- the **attention core**, the kernels of :func:`opcast.predict.graph.block_ops` times the layers:
+  the decodes as one kernel (``b`` sequences of one query against their mean KV length), and all
+  the step's prefill chunks as **one batched kernel** (below).
+
+**Batched prefill attention.** A chunk of ``q`` new queries that sees ``kv`` keys (its cached
+prefix and earlier chunks, then itself) does ``w = q (kv - q) + q (q + 1) / 2`` causal query-key
+pairs (the registry's bottom-right aligned causal count, :mod:`opcast.ops`). vLLM V1 runs every
+chunk of a step in one ``flash_attn_varlen_func`` call per layer (``cu_seqlens_q`` / ``seqused_k``
+over the whole batch, ``vllm/v1/attention/backends/flash_attn.py``, ``FlashAttentionImpl.forward``;
+its decodes ride in the same call), SGLang in FlashInfer calls over the whole batch (ragged over
+the new tokens, paged over cached prefixes), so the chunks pay one launch and their work adds up,
+not N launches. The registry's attention op is one
+uniform ``[batch, seq_q, seq_kv]`` shape, so the step's chunks are priced as the one sequence that
+does the same work (Vidur's "equivalent batch", Agrawal et al. 2024, arXiv 2405.05465, Sec. 3, and
+``vidur/execution_time_predictor/sklearn_execution_time_predictor.py``
+``_get_attention_prefill_execution_time``, which keeps ``sqrt(sum q_i^2)``): ``q_e`` with
+``q_e (q_e + 1) = sum q_i (q_i + 1)`` (the causal self-attention of the chunks) and
+``kv_e = q_e + sum q_i (kv_i - q_i) / q_e`` (their queries against earlier keys), so the one
+kernel's pairs, hence FLOPs, are exactly ``sum w_i``; one chunk is priced as itself (``kv_e`` past
+the table's longest request extrapolates linearly in keys, as attention grows). Not modelled:
+the per-sequence tile padding of many tiny chunks, and the K/V bytes of each chunk's own context
+(the one sequence reads ``kv_e`` keys, not ``sum kv_i``): both small beside a step's GEMMs.
 
 Stages run one after another for a step (a pipeline with one batch in flight, as
 :func:`~opcast.predict.inference.predict_infer` prices it); the LM head is priced on one row.
@@ -24,6 +43,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from math import sqrt
 from typing import Any
 
 from opcast.archs import ArchSpec
@@ -72,6 +92,18 @@ def interp2(xs: list[int], ys: list[int], table: list[list[float]], x: float, y:
         return interp1(ys, table[0], y)
     i, w = _weights(xs, x)
     return (1 - w) * interp1(ys, table[i], y) + w * interp1(ys, table[i + 1], y)
+
+
+def equivalent_prefill(chunks: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """``(q_e, kv_e)``: the one causal sequence whose attention does the work of all ``chunks``
+    ``[(queries, keys seen), ...]`` together (see the module docstring): ``q_e (q_e + 1) = sum q (q + 1)``
+    and ``q_e (kv_e - q_e) = sum q (kv - q)``; one chunk is itself."""
+    self_pairs = cross = 0
+    for q, kv in chunks:
+        self_pairs += q * (q + 1)
+        cross += q * (kv - q)
+    q_e = (sqrt(1 + 4 * self_pairs) - 1) / 2
+    return q_e, q_e + cross / q_e
 
 
 class _Recorder:
@@ -151,9 +183,14 @@ class PricedStepCost:
     def __call__(self, prefill: Sequence[tuple[int, int]], decode_seqs: int, decode_kv_tokens: int) -> float:
         tokens = decode_seqs
         t = 0.0
-        for q, kv in prefill:
+        if len(prefill) == 1:
+            ((q, kv),) = prefill
             tokens += q
-            t += interp2(self.q, self.kv, self.prefill_s, q, kv)
+            t = interp2(self.q, self.kv, self.prefill_s, q, kv)
+        elif prefill:
+            q_e, kv_e = equivalent_prefill(prefill)
+            tokens += sum(q for q, _ in prefill)
+            t = interp2(self.q, self.kv, self.prefill_s, q_e, kv_e)
         if decode_seqs:
             t += interp2(self.b, self.kv, self.decode_s, decode_seqs, decode_kv_tokens / decode_seqs)
         return t + interp1(self.tokens, self.dense_s, tokens)
