@@ -268,7 +268,7 @@ def serve_cmd(o: Args) -> None:
     dev = device(o.gpu, o.set_)
     cfg = InferConfig(**{s.name: getattr(o, s.name) for s in SERVE_PARALLEL})
     engine = serve_engine(o, dev)
-    stream = serve_stream(o)
+    stream = serve_stream(o, engine)
     common = dict(router=o.router, gpus_per_node=o.gpus_per_node, slo_ttft_s=o.slo_ttft_s, slo_tpot_s=o.slo_tpot_s)
     if o.disaggregate is not None:
         from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg

@@ -493,6 +493,11 @@ def _fraction(v: float) -> str | None:
     return None if 0 < v <= 1 else f"--gpu-memory-utilization {v} must lie in (0, 1], e.g. 0.9"
 
 
+def _hit_fraction(v: float) -> str | None:
+    ok = math.isfinite(v) and 0 <= v <= 1
+    return None if ok else f"--prefix-cache-hit {v} must be a fraction of each prompt in [0, 1], e.g. 1 or 0.5"
+
+
 def _serve_stream_rule(o: Args) -> str | None:
     given = [
         f
@@ -613,6 +618,17 @@ SERVE = (
         None,
     ),
     Opt("seed", "--seed", int, "Seed of the arrivals and lengths.", 0),
+    Opt(
+        "prefix_cache_hit",
+        "--prefix-cache-hit",
+        Optional[float],
+        "FRACTION of each prompt found in the prefix cache on arrival, in whole KV blocks and never the last "
+        "token (vLLM's rule): 1 models a warm cache (prompts served before), 0.5 a shared first half. The hit's "
+        "tokens are not recomputed but hold KV blocks; a trace file may give a cached_tokens column instead.",
+        None,
+        "no hits (or the trace's cached_tokens)",
+        check=_hit_fraction,
+    ),
     Opt(
         "slo_ttft_s",
         "--slo-ttft-s",
@@ -784,17 +800,23 @@ def serve_engine(o: Args, dev):
     return engine_config(o.engine, dev, **{n: getattr(o, n) for n in names})
 
 
-def serve_stream(o: Args):
-    """The requests of ``--trace-file``, or of ``--rate`` with ``--lengths`` or ``--input-len`` / ``--output-len``."""
-    from opcast.predict.serve.requests import SHAREGPT, parse_lengths, poisson_stream, read_trace
+def serve_stream(o: Args, engine=None):
+    """The requests of ``--trace-file``, or of ``--rate`` with ``--lengths`` or ``--input-len`` / ``--output-len``;
+    with ``engine`` (its KV block size), the prefix-cache hits of ``--prefix-cache-hit`` where the command takes it."""
+    from opcast.predict.serve.requests import SHAREGPT, parse_lengths, poisson_stream, read_trace, with_prefix_cache
 
     if o.trace_file is not None:
-        return read_trace(o.trace_file)
-    if o.lengths == "sharegpt":
-        input_len, output_len = SHAREGPT
+        stream = read_trace(o.trace_file)
     else:
-        input_len = parse_lengths(o.input_len or "512", "--input-len")
-        output_len = parse_lengths(o.output_len or "128", "--output-len")
-    return poisson_stream(
-        rate_per_s=o.rate, num_requests=o.num_requests, input_len=input_len, output_len=output_len, seed=o.seed
-    )
+        if o.lengths == "sharegpt":
+            input_len, output_len = SHAREGPT
+        else:
+            input_len = parse_lengths(o.input_len or "512", "--input-len")
+            output_len = parse_lengths(o.output_len or "128", "--output-len")
+        stream = poisson_stream(
+            rate_per_s=o.rate, num_requests=o.num_requests, input_len=input_len, output_len=output_len, seed=o.seed
+        )
+    hit = getattr(o, "prefix_cache_hit", None)
+    if hit is not None and engine is not None:
+        stream = with_prefix_cache(stream, hit, engine.block_size)
+    return stream

@@ -10,11 +10,21 @@ the CUDA context, CUDA graphs, NCCL and allocator slack.
 
 Blocks (:class:`BlockPool`): a sequence holding ``t`` tokens of KV holds ``ceil(t / block_size)``
 blocks; growing takes new blocks from the free pool, finishing or preemption returns them all.
+
+Prefix cache (:func:`prefix_hit_tokens`): a request whose prompt begins with tokens already cached
+holds their blocks from its admission, like blocks it computed (vLLM V1 takes a hit's blocks out
+of the free queue, ``KVCacheManager.allocate_slots``), so a hit saves compute, not memory: the
+KV a request holds is always its whole context. Cached blocks no running request holds are free
+(evictable) memory here, and a hit is assumed to survive until its request is admitted (no
+eviction modelled); a preempted request finds the same hit again when it resumes.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
@@ -28,6 +38,24 @@ GIB = 2**30
 def blocks_for(tokens: int, block_size: int) -> int:
     """Blocks that hold ``tokens`` tokens of KV: ``ceil(tokens / block_size)``."""
     return -(-tokens // block_size)
+
+
+def prefix_hit_tokens(prompt_tokens: np.ndarray, fraction: float, block_size: int) -> np.ndarray:
+    """Tokens of each prompt a prefix-cache hit covers when its first ``fraction`` is cached: whole
+    blocks only, and never the last prompt token, ``block_size * floor(min(fraction * n, n - 1) / block_size)``.
+
+    vLLM V1 (``vllm/v1/core/kv_cache_manager.py``, ``KVCacheManager.get_computed_blocks``): a hit is
+    made of full blocks, and it is capped at ``num_tokens - 1`` because the last token must be
+    recomputed for its logits, which with block alignment recomputes the whole last block (a prompt
+    of ``n`` tokens fully cached in blocks of 16 recomputes ``n - 16 floor((n - 1) / 16)``, 1 to 16
+    tokens). SGLang's radix cache (blocks of 1) likewise leaves at least the last token."""
+    if not (math.isfinite(fraction) and 0 <= fraction <= 1):
+        raise OpcastError(f"--prefix-cache-hit {fraction} must be a fraction of each prompt in [0, 1], e.g. 1 or 0.5")
+    if block_size < 1:
+        raise OpcastError(f"block size {block_size} must be >= 1")
+    n = np.asarray(prompt_tokens, dtype=np.int64)
+    covered = np.minimum(np.floor(fraction * n).astype(np.int64), n - 1)
+    return block_size * (covered // block_size)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

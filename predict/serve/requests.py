@@ -6,8 +6,13 @@ brings and asks for.
 - **Lengths**: fixed, uniform integers in ``[lo, hi]``, or :data:`SHAREGPT`, a lognormal fit
   of the ShareGPT conversations that vLLM's serving benchmark replays.
 - **Trace file**: CSV (a header row) or JSONL (one object per line) with ``arrival_s``,
-  ``input_tokens`` and ``output_tokens``; every row is checked and a bad one is refused in one
-  line that names it. Rows are sorted by arrival; nothing in the file is executed.
+  ``input_tokens`` and ``output_tokens``, and optionally ``cached_tokens``; every row is checked and
+  a bad one is refused in one line that names it. Rows are sorted by arrival; nothing in the file
+  is executed.
+- **Prefix cache**: ``cached_tokens`` of a request are the first tokens of its prompt whose KV the
+  engine already holds when it arrives (an automatic prefix cache hit: vLLM V1's default, SGLang's
+  radix cache); the engine computes only the rest, at least the prompt's last token. From a trace
+  column, or for every request at once by :func:`with_prefix_cache` (``--prefix-cache-hit``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import numpy as np
 from opcast.errors import OpcastError
 
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
-"""The columns (CSV) or keys (JSONL) of a trace file."""
+"""The columns (CSV) or keys (JSONL) every row of a trace file has."""
+CACHED_COLUMN = "cached_tokens"
+"""An optional column (key) of a trace file: the prompt tokens already in the prefix cache, 0 <= cached < input."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +45,9 @@ class RequestStream:
     """Tokens each request generates (>= 1; the first comes out of its prefill)."""
     source: str
     """Where the stream comes from, in words (for the report)."""
+    cached_tokens: np.ndarray | None = None
+    """Prompt tokens of each request whose KV is in the prefix cache when it arrives (0 <= cached <
+    input: the engine computes at least the last prompt token); None: no hits."""
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -134,6 +144,27 @@ def poisson_stream(
     )
 
 
+def with_prefix_cache(stream: RequestStream, fraction: float, block_size: int) -> RequestStream:
+    """``stream`` with each prompt's first ``fraction`` found in the prefix cache, in whole KV blocks of
+    ``block_size`` and never the whole prompt (:func:`opcast.predict.serve.kv_cache.prefix_hit_tokens`,
+    vLLM's rule); ``fraction`` 1: every prompt was served before (a benchmark replaying its prompts)."""
+    from opcast.predict.serve.kv_cache import prefix_hit_tokens
+
+    if stream.cached_tokens is not None:
+        raise OpcastError(
+            f"the requests already carry {CACHED_COLUMN} (a trace column); give either that column or "
+            "--prefix-cache-hit, not both"
+        )
+    hits = prefix_hit_tokens(stream.input_tokens, fraction, block_size)
+    return RequestStream(
+        arrival_s=stream.arrival_s,
+        input_tokens=stream.input_tokens,
+        output_tokens=stream.output_tokens,
+        source=f"{stream.source}, prefix cache hits {100 * fraction:g} % of each prompt ({block_size}-token blocks)",
+        cached_tokens=hits,
+    )
+
+
 def read_trace(path: Path) -> RequestStream:
     """A trace file (see the module docstring), sorted by arrival."""
     try:
@@ -146,15 +177,18 @@ def read_trace(path: Path) -> RequestStream:
     arr = np.array(rows, dtype=np.float64)
     order = np.argsort(arr[:, 0], kind="stable")
     arr = arr[order]
+    inputs, cached = arr[:, 1].astype(np.int64), arr[:, 3].astype(np.int64)
+    hits = f", {100 * cached.sum() / inputs.sum():.0f} % of prompt tokens in the prefix cache" if cached.any() else ""
     return RequestStream(
         arrival_s=arr[:, 0],
-        input_tokens=arr[:, 1].astype(np.int64),
+        input_tokens=inputs,
         output_tokens=arr[:, 2].astype(np.int64),
-        source=f"trace {Path(path).name} ({len(arr)} requests)",
+        source=f"trace {Path(path).name} ({len(arr)} requests{hits})",
+        cached_tokens=cached if cached.any() else None,
     )
 
 
-def _row(values: dict, where: str, path: Path) -> tuple[float, int, int]:
+def _row(values: dict, where: str, path: Path) -> tuple[float, int, int, int]:
     missing = [c for c in TRACE_COLUMNS if c not in values or values[c] in (None, "")]
     if missing:
         need = ", ".join(TRACE_COLUMNS)
@@ -170,10 +204,23 @@ def _row(values: dict, where: str, path: Path) -> tuple[float, int, int]:
     for c, v in zip(TRACE_COLUMNS[1:], tokens):
         if not (math.isfinite(v) and v >= 1 and v == int(v)):
             raise OpcastError(f"trace file {path}, {where}: {c} {values[c]!r} must be a whole number of tokens >= 1")
-    return arrival, int(tokens[0]), int(tokens[1])
+    raw = values.get(CACHED_COLUMN)
+    cached = 0
+    if raw not in (None, ""):
+        try:
+            hit = float(raw)
+        except (TypeError, ValueError):
+            hit = math.nan
+        if not (math.isfinite(hit) and hit == int(hit) and 0 <= hit < tokens[0]):
+            raise OpcastError(
+                f"trace file {path}, {where}: {CACHED_COLUMN} {raw!r} must be a whole number of tokens from 0 to "
+                f"input_tokens - 1 = {int(tokens[0]) - 1} (the engine computes at least the prompt's last token)"
+            )
+        cached = int(hit)
+    return arrival, int(tokens[0]), int(tokens[1]), cached
 
 
-def _csv_rows(text: str, path: Path) -> list[tuple[float, int, int]]:
+def _csv_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:
     reader = csv.DictReader(text.splitlines())
     header = reader.fieldnames or []
     if set(TRACE_COLUMNS) - set(header):
@@ -184,7 +231,7 @@ def _csv_rows(text: str, path: Path) -> list[tuple[float, int, int]]:
     return [_row(r, f"line {i}", path) for i, r in enumerate(reader, start=2)]
 
 
-def _jsonl_rows(text: str, path: Path) -> list[tuple[float, int, int]]:
+def _jsonl_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:
     rows = []
     for i, line in enumerate(text.splitlines(), start=1):
         if not line.strip():

@@ -22,6 +22,13 @@ One step (vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py``):
 A request whose KV covers its prompt and every token it has generated emits one token at the end
 of the step (the first from its prefill); it finishes with its last and frees its blocks.
 
+**Prefix cache** (the stream's ``cached_tokens``): a request admitted without KV (new, or resumed
+after a preemption) starts with its prompt's cached tokens in place (vLLM V1's scheduler asks
+``KVCacheManager.get_computed_blocks`` before ``allocate_slots``): it takes blocks for them and for
+its first chunk, and prefills only the uncached tokens, whose queries attend to the whole context
+so far (a chunk ``(q, keys seen)`` with the cached keys counted). See
+:mod:`~opcast.predict.serve.kv_cache` for what the cache holds.
+
 **Stopping early** (:class:`StopRule`, for a search that only needs to know whether a deployment can
 still matter): counts of requests that missed an SLO only grow as the run goes on, and so does the
 time since the first arrival, which bounds the run's duration from below; the rule names the
@@ -185,6 +192,13 @@ def simulate(
     inp = stream.input_tokens.tolist()
     out = stream.output_tokens.tolist()
     arrival = stream.arrival_s.tolist()
+    hit = [0] * n if stream.cached_tokens is None else stream.cached_tokens.tolist()  # prefix-cache hits
+    bad = next((i for i in range(n) if not 0 <= hit[i] < inp[i]), None)
+    if bad is not None:
+        raise OpcastError(
+            f"request {bad} has {hit[bad]} cached tokens of a {inp[bad]}-token prompt; give 0 to {inp[bad] - 1} "
+            "(the engine computes at least the prompt's last token)"
+        )
     B = engine.block_size
     longest = max(blocks_for(i + o, B) for i, o in zip(inp, out))
     if longest > kv_blocks:
@@ -192,10 +206,12 @@ def simulate(
             f"a request of {max(i + o for i, o in zip(inp, out))} tokens needs {longest} KV blocks, a replica has "
             f"{kv_blocks}; give shorter requests, more memory per replica (--tp/--pp) or a smaller --block-size"
         )
-    if not engine.chunked_prefill and max(inp) > engine.max_num_batched_tokens:
+    longest_prefill = max(i - h for i, h in zip(inp, hit))
+    if not engine.chunked_prefill and longest_prefill > engine.max_num_batched_tokens:
         raise OpcastError(
-            f"a prompt of {max(inp)} tokens exceeds --max-num-batched-tokens {engine.max_num_batched_tokens} with "
-            "chunked prefill off; turn on --chunked-prefill or raise --max-num-batched-tokens"
+            f"a prompt of {longest_prefill} uncached tokens exceeds --max-num-batched-tokens "
+            f"{engine.max_num_batched_tokens} with chunked prefill off; turn on --chunked-prefill or raise "
+            "--max-num-batched-tokens"
         )
     comp = [0] * n  # tokens whose KV is held
     gen = [0] * n  # tokens emitted
@@ -268,7 +284,7 @@ def simulate(
         if not preempted:
             while wait and budget > 0 and len(run) < max_seqs:
                 rid = wait[0]
-                c, total = comp[rid], inp[rid] + gen[rid]
+                c, total = comp[rid] or hit[rid], inp[rid] + gen[rid]  # no KV yet: its prefix-cache hit
                 if total - c <= budget:
                     q = total - c
                 elif chunked or gen[rid] > 0:  # a resumed request recomputes in chunks
