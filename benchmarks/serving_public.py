@@ -26,10 +26,12 @@ Each row is simulated with the library behind ``opcast predict serve``
   (rates 1, 4, 16, inf) replaying the same 200 prompts, and vLLM V1 caches prefixes by default, so
   every run after the first found its prompts' KV cached (the rate-inf run's median TTFT, 350 ms
   for 200 prompts of about 213 tokens sent at once, is some 7x less than prefilling them on these
-  GPUs could take). ``predict serve`` has no prefix cache; a ``warm`` row is approximated by
-  prompts of only the tokens vLLM V1 recomputes on a full hit (the last partial block of 16, at
-  least one token): the prefill is right, the KV the decodes read is short by the prompt.
-  ``--cold`` simulates every row without it;
+  GPUs could take). A ``warm`` row is simulated with every prompt in the prefix cache
+  (``opcast predict serve --prefix-cache-hit 1``,
+  :func:`opcast.predict.serve.requests.with_prefix_cache`: vLLM V1's full hit, whole 16-token
+  blocks and never the last token, so each prompt recomputes its last 1-16 tokens, whose attention
+  spans the whole prompt, and holds the KV of its whole prompt). ``--cold`` simulates every row
+  without hits;
 - **engine**: ``--engine vllm`` with its defaults on the GPU (the run states no batch limits);
 - **seeds**: the measured run replayed one fixed sample of 200 prompts; the simulation draws
   ``--seeds`` samples (seeds 0..N-1, the same lengths at every rate for a seed, as the benchmark
@@ -59,7 +61,7 @@ from opcast.predict.cost import load_kernel_cost
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import predict_serve
 from opcast.predict.serve.engine import engine_defaults
-from opcast.predict.serve.requests import RequestStream, poisson_stream, sharegpt_lengths
+from opcast.predict.serve.requests import RequestStream, poisson_stream, sharegpt_lengths, with_prefix_cache
 
 CSV_PATH = Path(__file__).with_name("serving_public.csv")
 TARGET = 0.15
@@ -137,14 +139,11 @@ def read_published(path: Path = CSV_PATH) -> list[Published]:
         return [published(r) for r in csv.DictReader(f)]
 
 
-PREFIX_BLOCK_TOKENS = 16
-"""vLLM's KV block: a prefix-cache hit covers whole blocks and leaves at least the last token to compute."""
-
-
-def stream_for(run: Published, seed: int, *, cold: bool = False) -> RequestStream:
+def stream_for(run: Published, seed: int, *, block_size: int = 16, cold: bool = False) -> RequestStream:
     """The run's requests: Poisson at its rate (or all at time 0 at rate ``inf``), ShareGPT-shaped
     lengths with its measured means; the lengths depend on ``seed`` only, not on the rate. A run with
-    a warm prefix cache (unless ``cold``) keeps of each prompt only what vLLM recomputes on a full hit."""
+    a warm prefix cache (unless ``cold``) finds every prompt cached, in whole KV blocks of ``block_size``
+    (the engine's) and never the last token (vLLM's full hit)."""
     input_len, output_len = sharegpt_lengths(run.mean_input_tokens, run.mean_output_tokens)
     burst = math.isinf(run.rate_per_s)
     stream = poisson_stream(
@@ -159,8 +158,7 @@ def stream_for(run: Published, seed: int, *, cold: bool = False) -> RequestStrea
             stream, arrival_s=np.zeros(len(stream)), source=f"all {len(stream)} at once, seed {seed}"
         )
     if run.warm_prefix_cache and not cold:
-        b = PREFIX_BLOCK_TOKENS
-        stream = dataclasses.replace(stream, input_tokens=stream.input_tokens - b * ((stream.input_tokens - 1) // b))
+        stream = with_prefix_cache(stream, 1.0, block_size)
     return stream
 
 
@@ -180,12 +178,12 @@ def predict_run(run: Published, *, seeds: int, kernels, cold: bool = False) -> P
     ms: dict[tuple[str, int], list[float]] = {key: [] for key in run.measured_ms}
     rps, ins, outs = [], [], []
     for seed in range(seeds):
-        stream = stream_for(run, seed, cold=cold)
+        stream = stream_for(run, seed, block_size=engine.block_size, cold=cold)
         m = predict_serve(arch, dev, cfg, engine, stream, kernels=kernels).metrics
         for lat, p in ms:
             ms[(lat, p)].append(1e3 * getattr(getattr(m, lat), f"p{p}_s"))
         rps.append(m.requests_per_s)
-        ins.append(float(stream_for(run, seed, cold=True).input_tokens.mean()))
+        ins.append(float(stream.input_tokens.mean()))
         outs.append(float(stream.output_tokens.mean()))
     return Predicted(
         ms=ms, requests_per_s=rps, mean_input_tokens=statistics.mean(ins), mean_output_tokens=statistics.mean(outs)
@@ -249,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--models", type=Path, default=None)
     ap.add_argument("--roofline", action="store_true")
-    ap.add_argument("--cold", action="store_true", help="simulate every run without its prefix cache")
+    ap.add_argument("--cold", action="store_true", help="simulate every run without prefix-cache hits")
     ap.add_argument("--markdown", type=Path, default=None)
     a = ap.parse_args(argv)
     kernels = load_kernel_cost(a.models, use_learned=not a.roofline)

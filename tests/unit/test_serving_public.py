@@ -88,9 +88,10 @@ def test_streams_keep_their_lengths_across_rates_and_model_a_warm_cache_and_a_bu
     a, b = bench.stream_for(cold, 3), bench.stream_for(warm, 3, cold=True)
     np.testing.assert_array_equal(a.input_tokens, b.input_tokens)  # same prompts at every rate
     assert a.arrival_s[-1] > 100 and b.arrival_s[-1] < a.arrival_s[-1]
-    hit = bench.stream_for(warm, 3)
-    assert ((hit.input_tokens >= 1) & (hit.input_tokens <= 16)).all()
-    assert ((b.input_tokens - hit.input_tokens) % 16 == 0).all()
+    hit = bench.stream_for(warm, 3)  # whole prompts, all but the last 1-16 tokens in the prefix cache
+    np.testing.assert_array_equal(hit.input_tokens, b.input_tokens)
+    new = hit.input_tokens - hit.cached_tokens
+    assert ((new >= 1) & (new <= 16)).all() and (hit.cached_tokens % 16 == 0).all() and b.cached_tokens is None
     np.testing.assert_array_equal(hit.output_tokens, b.output_tokens)
     assert (bench.stream_for(burst, 3).arrival_s == 0).all()
 
