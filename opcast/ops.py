@@ -442,19 +442,33 @@ register(
 
 # --------------------------------------------------------------------------- row-wise ops
 
-KERNEL_IMPLS: Final = ("fused", "unfused")
-"""How a non-matrix op runs, named by what the kernel does: ``fused`` is one kernel (two for a
-backward with a separate weight-gradient reduction) that reads its inputs and writes its outputs
-once (Apex / Transformer Engine / Megatron fused kernels, torch's native ``F.layer_norm``,
-``torch.softmax``, ``F.cross_entropy``'s log-softmax, vLLM's kernels); ``unfused`` is a Python
-composition of elementwise and reduction kernels, each a pass over the tensor (GPT-NeoX's and
-Hugging Face Llama's RMSNorm, Megatron's ``vocab_parallel_cross_entropy``)."""
+KERNEL_IMPLS: Final = ("fused", "unfused", "native")
+"""How a non-matrix op runs, named by what the kernel does (``native`` is appended last so that the
+ordinal codes of the others do not shift):
+
+- ``fused``: one one-pass kernel (two for a backward with a separate weight-gradient reduction)
+  that reads its inputs and writes its outputs once, the row held in registers or shared memory:
+  Apex / Transformer Engine fused LayerNorm and RMSNorm, Megatron's fused softmax kernels, Triton
+  kernels such as Liger-Kernel's; 60-90 % of memory bandwidth on large rows.
+- ``native``: torch's own single-launch kernel for the op (``F.layer_norm``, ``F.rms_norm`` since
+  torch 2.8's ``aten::_fused_rms_norm`` (pytorch PR #153666; from 2.4 to 2.7 it was a composition of
+  torch ops, i.e. unfused), ``torch.softmax``, ``F.cross_entropy`` = ``log_softmax`` + ``nll_loss``:
+  two kernels),
+  and vLLM's 2023 ``rms_norm_kernel``: one launch, but several passes over the row in global
+  memory (and a block-per-row reduction), measured at 24-57 % of memory bandwidth
+  (benchmarks/results/kernel_sanity.md). The compulsory bytes are those of ``fused``: the
+  difference is the kernel's efficiency, which the learned models carry by this code.
+- ``unfused``: a Python composition of elementwise and reduction kernels, each a pass over the
+  tensor (GPT-NeoX's and Hugging Face Llama's RMSNorm, Megatron's ``vocab_parallel_cross_entropy``).
+
+Rope has no torch native kernel: its ``impl`` takes ``fused`` or ``unfused`` only (:func:`_rope_check`)."""
 
 _IMPL = Param(
     name="impl",
     type=str,
-    doc="fused (one kernel: Apex, Transformer Engine, Megatron, torch native) or unfused (a Python composition of "
-    "torch ops, one pass each)",
+    doc="fused (one one-pass kernel: Apex, Transformer Engine, Megatron, Triton/Liger), unfused (a Python "
+    "composition of torch ops, one pass each) or native (torch's single-launch multi-pass kernel: F.layer_norm, "
+    "F.rms_norm, torch.softmax, F.cross_entropy)",
     choices=KERNEL_IMPLS,
     default="fused",
 )
@@ -677,6 +691,12 @@ def _rope_bytes(p: Params, dt: int) -> float:
     return dt * ((2.0 if p.get("impl", "unfused") == "fused" else 10.0) * x + table)
 
 
+def _rope_check(p: Params) -> list[str]:
+    if p.get("impl") == "native":
+        return ["impl=native: torch has no native rotary-embedding kernel; use impl fused or unfused"]
+    return []
+
+
 register(
     OpSpec(
         kind=OpKind.ROPE,
@@ -699,6 +719,7 @@ register(
         bytes_fwd=lambda p, dt: _rope_bytes(p, dt),
         flops_bwd=lambda p, dt: 3.0 * _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim"),
         bytes_bwd=lambda p, dt: _rope_bytes(p, dt),
+        check=_rope_check,
         source="Su et al. 2021 (arXiv 2104.09864), Eq. 34; unfused traffic counted over the torch ops of Hugging Face "
         "Llama's apply_rotary_pos_emb",
     )

@@ -663,7 +663,9 @@ _CODES: Final[dict[str, dict[str, float]]] = {
     "fn": {name: float(i) for i, name in enumerate(ELEMENTWISE_FNS)},
     "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
 }
-"""Ordinal codes of the string parameters (their position in the registry's choices)."""
+"""Ordinal codes of the string parameters (their position in the registry's choices). ``impl``:
+attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choices); ``native`` was
+appended to those (code 5), so the codes of model sets fitted before it do not shift."""
 
 
 def matrix(feats: pd.DataFrame | Table, names: tuple[str, ...]) -> np.ndarray:
