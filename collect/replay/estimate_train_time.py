@@ -167,22 +167,24 @@ OPERATORS: Final[dict[str, _Operator]] = {
     "flash_atten": _Operator(
         columns=("mp", "b", "h", "l", "dim"), heads=True, to_shape=_attention, kernel_name="flash_attn:flash_attn_func"
     ),
-    # nn.Softmax(dim=-1) over [b, h/mp, l, l]; Megatron's fused causal kernel over [b h/mp, l, l].
+    # nn.Softmax(dim=-1) over [b, h/mp, l, l]: torch's native kernel (impl native); Megatron's fused
+    # causal kernel (ScaledUpperTriangMaskedSoftmax, one pass over the row in registers) over
+    # [b h/mp, l, l]: impl fused.
     "softmax": _Operator(
         columns=("mp", "b", "h", "l"),
         kernel_name="torch:softmax",
-        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * (h // mp) * l, "cols": l, "impl": "fused"}),
+        to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * (h // mp) * l, "cols": l, "impl": "native"}),
     ),
     "ScaledUpperTriangMaskedSoftmax": _Operator(
         columns=("mp", "b", "h", "l"),
         kernel_name="megatron:ScaledUpperTriangMaskedSoftmax",
         to_shape=lambda mp, b, h, l: ("softmax", {"rows": b * h // mp * l, "cols": l, "impl": "fused"}),
     ),
-    # nn.LayerNorm([dim]): torch's native fused kernel. GPT-NeoX's RMSNorm (megatron/model/norms.py):
+    # nn.LayerNorm([dim]): torch's native kernel (impl native). GPT-NeoX's RMSNorm (megatron/model/norms.py):
     # x.norm, a divide and a multiply as torch ops, i.e. unfused (opcast.ops.UNFUSED_PASSES).
     "layernorm": _Operator(
         columns=("b", "l", "dim"),
-        to_shape=lambda b, l, dim: ("layernorm", {"rows": l * b, "cols": dim, "impl": "fused"}),
+        to_shape=lambda b, l, dim: ("layernorm", {"rows": l * b, "cols": dim, "impl": "native"}),
     ),
     "RMSlayernorm": _Operator(
         columns=("b", "l", "dim"),
@@ -244,8 +246,8 @@ SKIPPED_OPERATORS: Final[dict[str, str]] = {
 }
 ORDER: Final = ("middleStage_optimizer", *(n for n in (*OPERATORS, *SKIPPED_OPERATORS) if n != "middleStage_optimizer"))
 """Files are read in this order: the middle stage first (the first and last stages are checked
-against it), and torch softmax before Megatron's fused causal kernel, so that a shape met in
-both keeps the plain kernel when ``normalise`` drops the repeat."""
+against it), then the operators (torch's softmax and Megatron's fused causal kernel are distinct
+points, impl native and fused, so a shape met in both keeps both)."""
 ORDER_INDEX: Final = {name: i for i, name in enumerate(ORDER)}
 
 COLLECTIVES: Final = {

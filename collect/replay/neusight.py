@@ -22,7 +22,7 @@ reduction) -> gemm b=B, m=M, n=K, k=N; linear is ``nn.Linear(N, K, bias=True)`` 
 list no separate bias kernel); pointwise ops act on ``[B,H]`` -> elementwise numel=B*H, the
 ``u`` variants take a Python-float second operand (``*_scalar``); ``ln`` is LayerNorm(H) and
 ``softmax`` is ``nn.Softmax()`` (dim 1 of a 2-D input) -> rows=B, cols=H, both torch's native
-kernels (impl ``fused``). All forward, FP32 on
+kernels (impl ``native``). All forward, FP32 on
 CUDA cores (TF32 off). Timing: one call between two CUDA events, 25 calls, the mean of the
 fastest 5, no L2 flush.
 """
@@ -201,7 +201,7 @@ def _shape(path: Path, line: int, row: Mapping[str, str], op: str) -> tuple[tupl
         b, h = _int(path, line, row, "B"), _int(path, line, row, "H")
         if op in ELEMENTWISE:
             return (b, h), dict(op="elementwise", numel=b * h, fn=ELEMENTWISE[op])
-        return (b, h), dict(op=ROWWISE[op], rows=b, cols=h, impl="fused")  # nn.LayerNorm / nn.Softmax: native kernels
+        return (b, h), dict(op=ROWWISE[op], rows=b, cols=h, impl="native")  # nn.LayerNorm / nn.Softmax: torch's kernels
     return None
 
 

@@ -16,8 +16,9 @@
     ======================== ============ =====================================================
     emb                      embedding    tokens=T, vocab=V/TP, hidden=h (the masking kernels of
                                           VocabParallelEmbedding lie outside the timer)
-    input_layernorm          rmsnorm or   rows=T, cols=h, impl fused (vLLM's RMSNorm kernel or
-                             layernorm    nn.LayerNorm; model's norm, table ``_MODELS``);
+    input_layernorm          rmsnorm or   rows=T, cols=h, impl native (vLLM's 2023 rms_norm_kernel,
+                             layernorm    a single multi-pass kernel, or nn.LayerNorm; model's norm,
+                                          table ``_MODELS``);
                                           replicated: TP>1 rows skipped (same shape as TP=1)
     attn_pre_proj            gemm         b=1, m=T, n=(nq+2 nkv) d/TP, k=h (fused QKV; Qwen-72B
                                           and phi-2 include the bias in the same F.linear)
@@ -289,7 +290,12 @@ def _compute_op(column: str, s: _Shape, model: _Model | None, model_key: str) ->
             return REPLICATED
         if column == "add":
             return "elementwise", {"numel": t * h, "fn": "add"}
-        return model.norm, {"rows": t, "cols": h, "impl": "fused"}  # vLLM's fused RMSNorm / nn.LayerNorm
+        # impl native, not fused: vLLM's rms_norm_kernel of 2023 (csrc/layernorm_kernels.cu, the one
+        # sarathi-serve and so vidur call) is one launch of one block per token that reads the row
+        # from global memory twice with scalar loads (a loop summing x^2 into a blockReduceSum, then
+        # a loop re-reading x to write x * rsqrt(var + eps) * w): torch-native-like efficiency, not
+        # that of a one-pass fused kernel (opcast.ops.KERNEL_IMPLS). phi-2's norm is nn.LayerNorm.
+        return model.norm, {"rows": t, "cols": h, "impl": "native"}
     return f"vidur mlp.csv: unmapped column time_stats.{column}"
 
 

@@ -86,20 +86,25 @@ class _Seen(NamedTuple):
 # --------------------------------------------------------------------------- implementations
 
 _LEGACY_IMPLS: dict[tuple[str, str], tuple[str, ...]] = {
-    ("rmsnorm", "fwd"): ("fused", "unfused"),
+    ("layernorm", "fwd"): ("native",),
+    ("layernorm", "bwd"): ("native",),
+    ("rmsnorm", "fwd"): ("native", "unfused"),
     ("rmsnorm", "bwd"): ("unfused",),
+    ("softmax", "fwd"): ("fused", "native"),
+    ("softmax", "bwd"): ("fused", "native"),
     ("cross_entropy", "fwd"): ("unfused",),
     ("cross_entropy", "bwd"): ("unfused",),
 }
 """The implementations the published sources measured, for a predictor fitted before the op had an
 ``impl`` parameter (no ``impl_code`` among its features: its rows were all read as the registry
-default, fused): half-precision RMSNorm forward from Vidur (vLLM's fused kernel, A100 and A40) and
-arXiv 2509.22832 (GPT-NeoX's Python RMSNorm, A100 and GH200), its backward from 2509.22832 only;
-cross-entropy from 2509.22832 (Megatron's Python ``vocab_parallel_cross_entropy``). Every other
-kind (LayerNorm: torch's ``nn.LayerNorm`` in 2509.22832, NeuSight and Vidur; softmax: ``nn.Softmax``
-and Megatron's fused kernel) measured the registry default. Such a predictor speaks for an
-implementation only where it is the one its data measured, and is asked with the default (the
-features it was fitted on)."""
+default, fused): half-precision RMSNorm forward from Vidur (vLLM's 2023 ``rms_norm_kernel``, a
+single multi-pass kernel: native; A100 and A40) and arXiv 2509.22832 (GPT-NeoX's Python RMSNorm,
+A100 and GH200), its backward from 2509.22832 only; cross-entropy from 2509.22832 (Megatron's
+Python ``vocab_parallel_cross_entropy``); LayerNorm: torch's ``nn.LayerNorm`` in 2509.22832,
+NeuSight and Vidur (native); softmax: ``nn.Softmax`` (native) and Megatron's fused causal kernel
+(fused), both in 2509.22832. Every other kind measured the registry default. Such a predictor
+speaks for an implementation only where it is the one its data measured, and is asked with the
+default (the features it was fitted on)."""
 
 
 def _kernel_impl(k: Kernel) -> str | None:
@@ -408,11 +413,18 @@ class LearnedKernelCost:
 
                 span = (entry.get("feature_ranges") or {}).get("impl_code")
                 code = _CODES["impl"].get(str(impl))
-                ok = not span or (code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9)
                 recorded = _impl_devices(entry)
+                # fitted before impl native existed (no impl_devices, native above its code range): its
+                # "fused" rows were torch's native kernels (NeuSight, 2509.22832, Vidur), so native is
+                # read as, and asked as, the old fused
+                legacy_native = str(impl) == "native" and not recorded and bool(span) and code is not None
+                legacy_native = legacy_native and code > float(span[1])
+                if legacy_native:
+                    code = _CODES["impl"]["fused"]
+                ok = not span or (code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9)
                 if recorded and not recorded.get(str(impl)):  # inside the code range, but no row measured it
                     ok = False
-                status = (bool(ok), False)
+                status = (bool(ok), legacy_native)
                 measured = (
                     "data of " + ", ".join(sorted(i for i, names in recorded.items() if names))
                     if recorded

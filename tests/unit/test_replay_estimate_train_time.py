@@ -218,14 +218,16 @@ def test_run_replay_writes_a_dataset_with_every_gpu_and_op(root, result, tmp_pat
     }
     for device in ("A100-SXM4-80GB", "GH200"):
         assert set(table.loc[table["device"] == device, "op"]) == ops
-    # point_id has no kernel_name: a shape in both softmax files keeps torch's (read first) and
-    # drops the fused causal kernel's; so do repeats of a shape within a file.
+    # torch's softmax (impl native) and Megatron's fused causal kernel (impl fused) are distinct
+    # points: a shape in both files keeps both; repeats of a shape within a file are dropped.
     for device, prefix in (("A100-SXM4-80GB", PERL_OP), ("GH200", VISTA_OP)):
         plain, fused = _csv(root, f"{prefix}_softmax_fp16"), _csv(root, f"{prefix}_ScaledUpperTriangMaskedSoftmax_fp16")
         plain_shapes = set(zip(plain["b"] * (plain["h"] // plain["mp"]) * plain["l"], plain["l"]))
         fused_shapes = set(zip(fused["b"] * fused["h"] // fused["mp"] * fused["l"], fused["l"]))
         kept = df[(df["device"] == device) & (df["kernel_name"] == "megatron:ScaledUpperTriangMaskedSoftmax")]
-        assert len(kept) == 2 * len(fused_shapes - plain_shapes)
+        assert len(kept) == 2 * len(fused_shapes) and (kept["impl"] == "fused").all()
+        torch_kept = df[(df["device"] == device) & (df["kernel_name"] == "torch:softmax")]
+        assert len(torch_kept) == 2 * len(plain_shapes) and (torch_kept["impl"] == "native").all()
 
 
 # --------------------------------------------------------------------------- malformed input
