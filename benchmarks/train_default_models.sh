@@ -2,8 +2,11 @@
 # Re-fit the embedded default model set (models/default) from scratch, reproducibly (seed 0):
 # every dataset `opcast collect replay` makes from ../shared/published (NeuSight, Vidur, 2509.22832),
 # NVIDIA AIConfigurator's measured tables when aiconfigurator-core is installed
-# (pip install 'opcast[aiconfigurator]'), plus our own collected datasets in data/datasets.
-# Run from anywhere:  bash benchmarks/train_default_models.sh [PUBLISHED]
+# (pip install 'opcast[aiconfigurator]'), Liger-Kernel's benchmark data (one-pass Triton norms
+# against Hugging Face and torch native kernels, A100/H100) when OPCAST_LIGER or the second argument
+# names a Liger-Kernel checkout or its benchmark/data/all_benchmark_data.csv, plus our own collected
+# datasets in data/datasets.
+# Run from anywhere:  bash benchmarks/train_default_models.sh [PUBLISHED [LIGER]]
 #
 # AIConfigurator holds ~1.1M converted rows (gemm bf16/fp8, prefill/decode attention, NCCL on nine
 # GPUs); fitting all of them would take far more than the 10-minute budget on 2 cores, so the
@@ -14,6 +17,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 published="${1:-$repo/../shared/published}"
 aic_rows="${AIC_ROWS:-2000}"
+liger="${2:-${OPCAST_LIGER:-}}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for source in neusight vidur estimate-train-time; do
@@ -23,6 +27,11 @@ if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("aic
   python "$repo/benchmarks/modern_gpus.py" --replay-to "$work/published" --cap-rows "$aic_rows"
 else
   echo "aiconfigurator-core not installed: fitting without NVIDIA's AIConfigurator tables (pip install 'opcast[aiconfigurator]')" >&2
+fi
+if [ -n "$liger" ]; then
+  opcast collect replay liger "$liger" --out "$work/published" --json > /dev/null
+else
+  echo "OPCAST_LIGER not set: fitting without Liger-Kernel's benchmark data (fused norms on A100/H100)" >&2
 fi
 cd "$repo"  # so that meta.json records repo-relative paths
 ours=()

@@ -199,7 +199,8 @@ def comm(
 @app.command()
 def replay(
     source: Annotated[
-        str, typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator")
+        str,
+        typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator | liger"),
     ],
     out: Annotated[Path, typer.Option("--out", help="Dataset folder to write <source>.parquet into.")],
     path: Annotated[
@@ -215,7 +216,7 @@ def replay(
     gpus_per_node: Annotated[int | None, typer.Option(help="Ranks per node (nccl-tests).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator), a profiler trace or an nccl-tests log."""  # noqa: E501 -- the command's one-line help
+    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator, Liger-Kernel), a profiler trace or an nccl-tests log."""  # noqa: E501 -- the command's one-line help
     from opcast.collect.info import summarise
     from opcast.collect.replay import ReplayOptions, run_replay
 

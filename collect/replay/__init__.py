@@ -27,6 +27,8 @@ SOURCES: dict[str, str] = {
     "nccl-tests": "the text output of nccl-tests (all_reduce_perf and friends)",
     "aiconfigurator": "NVIDIA AIConfigurator (aiconfigurator-core): bf16/fp8 GEMM, prefill/decode attention, NCCL on "
     "ten GPUs",
+    "liger": "Liger-Kernel (linkedin/Liger-Kernel) benchmark data: one-pass Triton RMSNorm/LayerNorm/softmax against "
+    "Hugging Face and torch native kernels, forward and backward, on A100 and H100",
 }
 """Source name -> what it is; the module is opcast.collect.replay.<name with _ for ->."""
 
