@@ -13,14 +13,22 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   distributed-optimizer guide (docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html)
   counts "float16 param, fp32 grads: 18" bytes (6 + 12/d with the distributed optimizer, i.e.
   ZeRO-1 here);
-- ``neox`` (GPT-NeoX on DeepSpeed): its Python RMSNorm (``megatron/model/norms.py``, unfused),
-  ``nn.LayerNorm``, Megatron's fused softmax, the Python vocab-parallel cross-entropy; 16-bit
-  gradients (DeepSpeed's fp16/bf16 optimizer keeps fp32 master weights and moments only: 16 bytes);
+- ``neox`` (GPT-NeoX on DeepSpeed, its defaults in ``megatron/neox_arguments/neox_args.py``:
+  ``rmsnorm_fusion``, ``layernorm_fusion``, ``scaled_upper_triang_masked_softmax_fusion`` and
+  ``scaled_masked_softmax_fusion`` all False): its Python RMSNorm (``megatron/model/norms.py``,
+  unfused), ``torch.nn.LayerNorm`` (``get_norm`` picks ``MixedFusedLayerNorm`` only with
+  ``layernorm_fusion``: native), ``FusedScaleMaskSoftmax`` falling back to ``torch.nn.Softmax``
+  (native), the Python vocab-parallel cross-entropy (unfused); 16-bit gradients (DeepSpeed's
+  fp16/bf16 optimizer keeps fp32 master weights and moments only: 16 bytes);
 - ``hf`` (Hugging Face Transformers with torch eager): ``LlamaRMSNorm`` as torch ops (unfused),
-  ``nn.LayerNorm``, ``torch.softmax`` and ``F.cross_entropy`` (fused kernels); 16 bytes.
+  ``nn.LayerNorm``, ``nn.functional.softmax`` (eager attention) and ``nn.CrossEntropyLoss``
+  (``log_softmax`` + ``nll_loss``): torch's native kernels; 16 bytes.
 
 Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
-before frameworks were named. Rope keeps the registry's default (unfused) everywhere.
+before frameworks were named (kept: the README's main job and the Megatron papers' runs it is held
+against use those kernels). Rope keeps the registry's default (unfused) everywhere. Implementations
+are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass kernels (Apex, Transformer Engine,
+Megatron), ``native`` torch's single-launch kernels, ``unfused`` Python compositions of torch ops.
 """
 
 from __future__ import annotations
@@ -52,12 +60,12 @@ FRAMEWORKS: dict[str | None, Framework] = {
     "megatron": Framework(name="megatron", impls=_MEGATRON_KERNELS, fp32_grads=True),
     "neox": Framework(
         name="neox",
-        impls=(("layernorm", "fused"), ("rmsnorm", "unfused"), ("softmax", "fused"), ("cross_entropy", "unfused")),
+        impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "unfused")),
         fp32_grads=False,
     ),
     "hf": Framework(
         name="hf",
-        impls=(("layernorm", "fused"), ("rmsnorm", "unfused"), ("softmax", "fused"), ("cross_entropy", "fused")),
+        impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "native")),
         fp32_grads=False,
     ),
 }
