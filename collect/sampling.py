@@ -17,7 +17,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -121,7 +121,9 @@ def _attention(u: np.ndarray, device_type: str) -> dict[str, Any]:
 
 
 def _rowwise(u: np.ndarray, _: str) -> dict[str, Any]:
-    return {"rows": log_int(u[0], 1, 65536), "cols": log_int(u[1], 64, 65536, aligned=bool(u[2] >= UNALIGNED_SHARE))}
+    # torch's own single-kernel ops (collect.ops.norm / softmax): registry impl "native"
+    cols = log_int(u[1], 64, 65536, aligned=bool(u[2] >= UNALIGNED_SHARE))
+    return {"rows": log_int(u[0], 1, 65536), "cols": cols, "impl": "native"}
 
 
 def _elementwise(u: np.ndarray, _: str) -> dict[str, Any]:
@@ -137,7 +139,7 @@ def _embedding(u: np.ndarray, _: str) -> dict[str, Any]:
 
 
 def _cross_entropy(u: np.ndarray, _: str) -> dict[str, Any]:
-    return {"tokens": log_int(u[0], 64, 16384), "vocab": log_int(u[1], 1024, 262144)}
+    return {"tokens": log_int(u[0], 64, 16384), "vocab": log_int(u[1], 1024, 262144), "impl": "native"}
 
 
 def _rope(u: np.ndarray, _: str) -> dict[str, Any]:
@@ -234,12 +236,19 @@ def footprint_bytes(op: str, params: dict[str, Any], dtype: str) -> float:
     return total
 
 
+NATIVE_OPS: Final = frozenset({"layernorm", "rmsnorm", "softmax", "cross_entropy"})
+"""Ops whose torch kernel (``F.layer_norm``, ``F.rms_norm``, ``torch.softmax``, ``F.cross_entropy``)
+is the registry's ``native`` implementation; their points are sampled as native."""
+
+
 def unsupported_reason(op: str, params: dict[str, Any], dtype: str, device_type: str) -> str | None:
     """Why this device/torch cannot run the point, or None."""
     if dtype == "fp8" and op != "gemm":
         return "fp8 is benchmarked for gemm only"
     if dtype == "fp8" and (params["b"] != 1 or any(params[d] % 16 for d in ("m", "n", "k"))):
         return "fp8 GEMM is benchmarked with b=1 and m, n, k multiples of 16 (torch._scaled_mm)"
+    if op in NATIVE_OPS and params.get("impl") == "fused":
+        return "impl=fused is a one-pass Apex/Transformer Engine kernel torch lacks; collect runs native or unfused"
     if op == "attention" and params["impl"] == "flash" and device_type == "cuda":
         if dtype not in ("fp16", "bf16"):
             return "flash attention on CUDA needs fp16 or bf16"

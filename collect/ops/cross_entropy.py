@@ -1,5 +1,5 @@
 """Cross-entropy loss of logits [tokens, vocab] against random targets (mean reduction):
-``fused`` is ``F.cross_entropy`` (torch's log-softmax kernel and the NLL gather), ``unfused`` the
+``native`` is ``F.cross_entropy`` (torch's log-softmax kernel and the NLL gather), ``unfused`` the
 max, subtract, exp, sum, log and gather as torch ops, as Megatron's ``vocab_parallel_cross_entropy``
 writes them (registry ``impl``)."""
 
@@ -18,7 +18,7 @@ def build(req: BuildRequest) -> Callable[[], object]:
     gen = torch.Generator().manual_seed(req.seed)
     targets = torch.randint(0, vocab, (tokens,), generator=gen).to(req.device)
     logits = randn(req, tokens, vocab)
-    if req.params.get("impl", "fused") == "unfused":
+    if req.params.get("impl", "native") == "unfused":
 
         def unfused():
             shifted = logits - logits.amax(-1, keepdim=True)

@@ -1,8 +1,10 @@
 """LayerNorm and RMSNorm over the last dim of x [rows, cols], with affine weights, in the
-implementation the point names (registry ``impl``): ``fused`` runs torch's native kernel
-(``F.layer_norm``, ``F.rms_norm``), ``unfused`` the Python composition of torch ops a framework
-writes (GPT-NeoX's RMSNorm: ``x / (x.norm() * cols**-0.5 + eps) * w``; LayerNorm as mean,
-variance, normalise, affine)."""
+implementation the point names (registry ``impl``): ``native`` runs torch's own kernel
+(``F.layer_norm``; ``F.rms_norm``, one kernel since torch 2.8), ``unfused`` the Python
+composition of torch ops a framework writes (GPT-NeoX's RMSNorm:
+``x / (x.norm() * cols**-0.5 + eps) * w``; LayerNorm as mean, variance, normalise, affine).
+One-pass ``fused`` kernels (Apex, Transformer Engine) are not in torch;
+:func:`opcast.collect.sampling.unsupported_reason` skips them."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ def build_layernorm(req: BuildRequest) -> Callable[[], object]:
 
     rows, cols = req.params["rows"], req.params["cols"]
     x, w, b = randn(req, rows, cols), randn(req, cols), randn(req, cols)
-    if req.params.get("impl", "fused") == "unfused":
+    if req.params.get("impl", "native") == "unfused":
 
         def unfused():
             mean = x.mean(-1, keepdim=True)
@@ -35,6 +37,6 @@ def build_rmsnorm(req: BuildRequest) -> Callable[[], object]:
 
     rows, cols = req.params["rows"], req.params["cols"]
     x, w = randn(req, rows, cols), randn(req, cols)
-    if req.params.get("impl", "fused") == "unfused":  # GPT-NeoX megatron/model/norms.py RMSNorm
+    if req.params.get("impl", "native") == "unfused":  # GPT-NeoX megatron/model/norms.py RMSNorm
         return run(req, lambda: w * (x / (x.norm(2, dim=-1, keepdim=True) * cols**-0.5 + EPS)), [x, w])
     return run(req, lambda: F.rms_norm(x, (cols,), w), [x, w])

@@ -1,4 +1,4 @@
-"""Softmax over the last dim of x [rows, cols]: ``fused`` is ``torch.softmax`` (one kernel),
+"""Softmax over the last dim of x [rows, cols]: ``native`` is ``torch.softmax`` (one kernel),
 ``unfused`` the max, subtract, exp, sum and divide as torch ops (registry ``impl``)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def build(req: BuildRequest) -> Callable[[], object]:
     import torch
 
     x = randn(req, req.params["rows"], req.params["cols"])
-    if req.params.get("impl", "fused") == "unfused":
+    if req.params.get("impl", "native") == "unfused":
 
         def unfused():
             e = (x - x.amax(-1, keepdim=True)).exp()

@@ -123,3 +123,16 @@ def test_shards_partition_the_plan():
     shards = [plan.shard(r, 3) for r in range(3)]
     ids = Counter(p.point_id for s in shards for p in s)
     assert set(ids) == {p.point_id for p in plan.points} and max(ids.values()) == 1
+
+
+def test_torch_norm_softmax_and_cross_entropy_points_are_sampled_as_native_and_fused_is_skipped():
+    import numpy as np
+
+    from opcast.collect.sampling import NATIVE_OPS, SPACES, unsupported_reason
+
+    u = np.full(8, 0.5)
+    for op in sorted(NATIVE_OPS):
+        params = SPACES[op][1](u[: SPACES[op][0]], "cuda")
+        assert params["impl"] == "native", op
+        assert unsupported_reason(op, params, "bf16", "cuda") is None
+        assert "torch lacks" in unsupported_reason(op, {**params, "impl": "fused"}, "bf16", "cuda")
