@@ -380,6 +380,7 @@ SERVE_STREAM = tuple(
         "lengths",
         "trace_file",
         "seed",
+        "prefix_cache_hit",
         "slo_ttft_s",
         "slo_tpot_s",
         "engine",
@@ -433,7 +434,10 @@ def search_serve_cmd(o: Args) -> None:
     problems = space_problems(space)
     if problems:
         raise OpcastError("; ".join(problems))
-    stream = serve_stream(o)
+    # the KV block size is not searched: every candidate's prefix-cache hits are in the same blocks
+    from opcast.predict.serve.engine import engine_config
+
+    stream = serve_stream(o, engine_config(o.engine, dev, block_size=o.block_size))
     kernels = kernel_cost(o)
     result = search_serve(spec, dev, space, stream, kernels=kernels, comms=where.comms(kernels))
     if o.as_json:

@@ -102,6 +102,23 @@ def test_search_serve_disaggregate_finds_a_split_predict_serve_reproduces(tmp_pa
     assert off["ranked"][0]["goodput_requests_per_s_per_gpu"] < best["goodput_requests_per_s_per_gpu"]
 
 
+def test_search_serve_prices_prefix_cache_hits_as_predict_serve_does(tmp_path):
+    hit = ("--prefix-cache-hit", "1")
+    p = _run(*SERVE, *SLOS, "--tp", "1", "--max-num-seqs", "128", *hit, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    warm = json.loads(p.stdout)
+    p = _run(*SERVE, *SLOS, "--tp", "1", "--max-num-seqs", "128", "--json", cwd=tmp_path)
+    cold = json.loads(p.stdout)
+    assert warm["best"]["metrics"]["ttft"]["p50_s"] < cold["best"]["metrics"]["ttft"]["p50_s"]
+    best = warm["ranked"][0]
+    args = ["predict", "serve", "--arch", "llama3-8b", "--gpu", "H100-SXM", "--roofline", *STREAM, *SLOS, *hit]
+    args += ["--tp", "1", "--replicas", str(best["replicas"]), "--max-num-seqs", "128"]
+    args += ["--max-num-batched-tokens", str(best["max_num_batched_tokens"])]
+    p = _run(*args, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["metrics"] == warm["best"]["metrics"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -116,6 +133,7 @@ def test_search_serve_disaggregate_finds_a_split_predict_serve_reproduces(tmp_pa
         ([*SERVE, *SLOS, "--cluster", "2x8", "--gpus-per-node", "8"], "give either --cluster or --gpus-per-node"),
         (["search", "serve", "--arch", "llama3-8b", "--gpu", "H100-SXM", *STREAM, *SLOS], "--gpus is required"),
         (["search", "trian", *TRAIN], "No such command 'trian'"),
+        ([*SERVE, *SLOS, "--prefix-cache-hit", "2"], "--prefix-cache-hit 2.0 must be a fraction"),
         (["search", *TRAIN, "--cluster", "dgx-h100"], "--cluster dgx-h100 sets the GPU"),
     ],
 )
