@@ -17,8 +17,18 @@ applied), since a short kernel's time is launch and ramp-up, which varies less b
 a long kernel's sustained rate. Each term has a Gaussian prior at 0 whose strength is stated in
 rows (:data:`PRIOR_ROWS`): with ``n`` rows a term moves ``n / (n + prior)`` of the way to what the
 rows alone say, so one row moves the correction little and a hundred almost fully. A group with
-no measured row takes the device's terms (most of the error is the device's level). Five
-parameters a group at most, so it is stable from ten rows; nothing else of the set changes.
+no measured row takes the device's terms (most of the error is the device's level).
+
+What that leaves is shape-dependent (which tiles the GPU's library picks, where its launch floor
+ends), so a group with :data:`SHAPE_MIN_ROWS` measured rows or more also gets a ``shape`` term
+``s_g(x)``: kernel ridge regression (a Gaussian process's posterior mean) of the rows' remaining
+log ratio over ``x``, the logs of the op's integer parameters (a GEMM's b, m, n, k), with a
+Gaussian kernel of length ``l`` e-folds and a ridge ``nu`` (noise over signal variance). It is
+nonparametric, so it keeps improving with rows, and it fades to the terms above away from the
+measured shapes. ``(l, nu)`` is chosen per group from :data:`SHAPE_GRID` by a
+:data:`SHAPE_FOLDS`-fold split of the measured rows themselves, and the term is dropped when no
+choice beats leaving it out on those folds; at most :data:`SHAPE_MAX_ANCHORS` rows (a seeded
+draw) are kept. With fewer rows nothing but the five terms above is fitted, as before.
 
 The result is ``adapt/<device>.json`` in the set (:func:`opcast.train.artifacts.write_adaptation`),
 which ``opcast predict`` applies whenever it prices kernels on that device with that set
@@ -50,6 +60,14 @@ PRIOR_ROWS: Final[Mapping[str, float]] = MappingProxyType(
 device level is nearly free (one row halves it); a group's deviation from the device needs a few
 rows of its own; the size dependence needs a spread of sizes, a group's own one more of them.
 Chosen before the evaluation and checked there (``benchmarks/few_shot.py`` prints the variants)."""
+SHAPE_MIN_ROWS: Final = 20
+"""Rows a group needs before a ``shape`` term is considered (fewer: levels and slopes only)."""
+SHAPE_GRID: Final = ((1.0, 0.25), (1.0, 1.0), (2.0, 0.25), (2.0, 1.0))
+"""Candidate ``(length in e-folds of each parameter, ridge = noise over signal variance)`` of a
+``shape`` term; fixed before the evaluation, one picked per group by the inner split."""
+SHAPE_FOLDS: Final = 5
+SHAPE_MAX_ANCHORS: Final = 800
+"""Most rows a group's ``shape`` term keeps (a seeded draw beyond): bounds the file and the predict cost."""
 LOG_CLIP: Final = math.log(4.0)
 """Each row's ``log(measured / learned)`` is clipped to +-this (a factor of 4)."""
 CV_FOLDS: Final = 5
@@ -62,7 +80,9 @@ class AdaptConfig:
     prior_rows: Mapping[str, float] = field(default_factory=lambda: dict(PRIOR_ROWS))
     """Prior strength of each term in rows (:data:`PRIOR_ROWS`); keys device, group, device_slope, group_slope."""
     slope: bool = True
-    """Fit the size dependence (``c``, ``c_g``); off: levels only."""
+    """Fit the size dependence (``c``, ``c_g``); off: levels only (no ``shape`` term either)."""
+    shape: bool = True
+    """Fit the groups' ``shape`` terms where they have :data:`SHAPE_MIN_ROWS` rows (and ``params`` are given)."""
 
     def __post_init__(self) -> None:
         missing = sorted(set(PRIOR_ROWS) - set(self.prior_rows))
@@ -76,18 +96,28 @@ def fit_correction(
     pred_s: np.ndarray,
     true_s: np.ndarray,
     cfg: AdaptConfig = AdaptConfig(),
+    params: Any = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """The correction fields of an adaptation (``rows``, ``prior_rows``, ``t_ref_s``,
     ``pred_s_range``, ``log_factor``, ``slope``, ``groups``) fitted on rows of group ``keys``
     with learned times ``pred_s`` and measured times ``true_s``; rows without a positive
-    finite pair are ignored. Raises :class:`OpcastError` when none is left."""
+    finite pair are ignored. ``params``: the rows' op parameters (a DataFrame or a mapping of
+    column -> array, aligned with the rows), which the groups' ``shape`` terms need; None fits
+    none. Raises :class:`OpcastError` when no row is left."""
     pred = np.asarray(pred_s, dtype=float)
     true = np.asarray(true_s, dtype=float)
     ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)
     if not ok.any():
         raise OpcastError("no measured row has a learned prediction to correct; measure ops the model set covers")
-    key_of = np.asarray(keys, dtype=object)[ok]
-    pred, true = pred[ok], true[ok]
+    fields = _fit_levels(np.asarray(keys, dtype=object)[ok], pred[ok], true[ok], cfg)
+    if params is not None and cfg.shape and cfg.slope:
+        _fit_shapes(fields, np.asarray(keys, dtype=object)[ok], pred[ok], true[ok], params, np.flatnonzero(ok), seed)
+    return fields
+
+
+def _fit_levels(key_of: np.ndarray, pred: np.ndarray, true: np.ndarray, cfg: AdaptConfig) -> dict[str, Any]:
+    """The level and slope terms of :func:`fit_correction` (rows already screened)."""
     r = np.clip(np.log(true / pred), -LOG_CLIP, LOG_CLIP)
     t_ref = float(np.exp(np.mean(np.log(pred))))
     z = np.log(pred / t_ref)
@@ -128,6 +158,88 @@ def fit_correction(
     }
 
 
+def _log_params(params: Any, names: Sequence[str], rows: np.ndarray) -> np.ndarray:
+    """The logs of the parameters ``names`` at positions ``rows`` of ``params`` (NaN: missing)."""
+    from opcast.train.artifacts import _as_float_array
+
+    out = np.full((len(rows), len(names)), np.nan)
+    for j, name in enumerate(names):
+        if name in params:
+            vals = _as_float_array(params[name])[rows]
+            out[:, j] = np.log(np.maximum(vals, 1.0))
+    return out
+
+
+def _gram(a: np.ndarray, b: np.ndarray, length: float) -> np.ndarray:
+    a, b = a / length, b / length
+    d2 = (a**2).sum(axis=1)[:, None] + (b**2).sum(axis=1)[None, :] - 2.0 * a @ b.T
+    return np.exp(-0.5 * np.maximum(d2, 0.0))
+
+
+def _ridge_weights(x: np.ndarray, e: np.ndarray, length: float, ridge: float) -> np.ndarray:
+    return np.linalg.solve(_gram(x, x, length) + ridge * np.eye(len(x)), e)
+
+
+def choose_shape(x: np.ndarray, e: np.ndarray, seed: int = 0) -> tuple[float, float] | None:
+    """The ``(length, ridge)`` of :data:`SHAPE_GRID` with the least squared error on
+    :data:`SHAPE_FOLDS` seeded folds of the rows ``x`` (log parameters) with remaining log
+    ratios ``e``, or None when none beats predicting 0 (no shape term) there."""
+    fold = np.random.default_rng(seed).permutation(len(e)) % SHAPE_FOLDS
+    best, best_err = None, float(np.mean(e**2))
+    for length, ridge in SHAPE_GRID:
+        err = 0.0
+        for f in range(SHAPE_FOLDS):
+            test, train = fold == f, fold != f
+            w = _ridge_weights(x[train], e[train], length, ridge)
+            err += float(np.sum((_gram(x[test], x[train], length) @ w - e[test]) ** 2))
+        err /= len(e)
+        if err < best_err * (1.0 - 1e-6):
+            best, best_err = (length, ridge), err
+    return best
+
+
+def _fit_shapes(
+    fields: dict[str, Any],
+    keys: np.ndarray,
+    pred: np.ndarray,
+    true: np.ndarray,
+    params: Any,
+    rows: np.ndarray,
+    seed: int,
+) -> None:
+    """Add a ``shape`` term to each group of ``fields`` with :data:`SHAPE_MIN_ROWS` rows whose
+    inner split says it helps (``rows``: the positions of the screened rows in ``params``)."""
+    from opcast.train.artifacts import shape_params
+
+    e_all = np.clip(np.log(true / pred), -LOG_CLIP, LOG_CLIP) - correction(fields).log_factor(keys, pred)
+    for key, entry in fields["groups"].items():
+        names = [n for n in shape_params(key) if n in params]
+        pos = np.flatnonzero(keys == key)
+        if not names or len(pos) < SHAPE_MIN_ROWS:
+            continue
+        x = _log_params(params, names, rows[pos])
+        keep = np.isfinite(x).all(axis=1)
+        spread = np.ptp(x[keep], axis=0) > 0 if keep.any() else np.zeros(len(names), dtype=bool)
+        if keep.sum() < SHAPE_MIN_ROWS or not spread.any():
+            continue
+        x, e = x[keep][:, spread], e_all[pos][keep]
+        names = [n for n, s in zip(names, spread) if s]
+        if len(e) > SHAPE_MAX_ANCHORS:
+            pick = np.sort(np.random.default_rng(seed).choice(len(e), SHAPE_MAX_ANCHORS, replace=False))
+            x, e = x[pick], e[pick]
+        chosen = choose_shape(x, e, seed)
+        if chosen is None:
+            continue
+        length, ridge = chosen
+        w = _ridge_weights(x, e, length, ridge)
+        entry["shape"] = {
+            "features": names,
+            "length": length,
+            "anchors": [[round(float(v), 5) for v in row] for row in x],
+            "weights": [round(float(v), 6) for v in np.clip(w, -100, 100)],
+        }
+
+
 def correction(fields: Mapping[str, Any]) -> Any:
     """An :class:`opcast.train.artifacts.Adaptation` of fitted ``fields`` (not written anywhere),
     to apply the same arithmetic the predict path applies."""
@@ -137,7 +249,12 @@ def correction(fields: Mapping[str, Any]) -> Any:
 
 
 def cross_validate(
-    keys: np.ndarray, pred_s: np.ndarray, true_s: np.ndarray, cfg: AdaptConfig = AdaptConfig(), seed: int = 0
+    keys: np.ndarray,
+    pred_s: np.ndarray,
+    true_s: np.ndarray,
+    cfg: AdaptConfig = AdaptConfig(),
+    seed: int = 0,
+    params: Any = None,
 ) -> dict[str, Any] | None:
     """MAPE (percent) of the learned and of the adapted times on the measured rows themselves,
     each row predicted by a correction fitted without its fold (:data:`CV_FOLDS` seeded folds);
@@ -154,8 +271,8 @@ def cross_validate(
     adapted = np.full(len(pred), np.nan)
     for f in range(CV_FOLDS):
         test, train = ok[fold == f], ok[fold != f]
-        fields = fit_correction(keys[train], pred[train], true[train], cfg)
-        adapted[test] = correction(fields).apply(keys[test], pred[test])
+        fields = fit_correction(keys[train], pred[train], true[train], cfg, _take(params, train), seed)
+        adapted[test] = correction(fields).apply(keys[test], pred[test], _take(params, test))
     base, adapt = ape_metrics(pred[ok], true[ok]), ape_metrics(adapted[ok], true[ok])
     return {
         "folds": CV_FOLDS,
@@ -163,6 +280,14 @@ def cross_validate(
         "learned_mape": round(base["mape"], 2),
         "adapted_mape": round(adapt["mape"], 2),
     }
+
+
+def _take(params: Any, rows: np.ndarray) -> dict[str, np.ndarray] | None:
+    """The parameter columns of ``params`` (None: none) at positions ``rows``."""
+    if params is None:
+        return None
+    cols = params.columns if hasattr(params, "columns") else params.keys()
+    return {c: np.asarray(params[c])[rows] for c in cols}
 
 
 # --------------------------------------------------------------------------- the command
@@ -297,11 +422,13 @@ def adapt_model_set(
             f"none of the {len(rows)} rows of {name} ({groups}) has a learned prediction in {model_set.path}; "
             "measure ops the set covers (opcast train eval shows them)"
         )
-    fields = fit_correction(keys[usable], pred[usable], true[usable], cfg)
-    cv = cross_validate(keys[usable], pred[usable], true[usable], cfg)
+    params = _take(rows, np.flatnonzero(usable))
+    fields = fit_correction(keys[usable], pred[usable], true[usable], cfg, params)
+    cv = cross_validate(keys[usable], pred[usable], true[usable], cfg, params=params)
+    shaped = any("shape" in g for g in fields["groups"].values())
     body = {
         "format": "opcast-adaptation",
-        "format_version": 1,
+        "format_version": 2 if shaped else 1,  # a file without a shape term stays readable by older opcast
         "device": name,
         **fields,
         "datasets": dataset_records(datasets),
@@ -312,7 +439,7 @@ def adapt_model_set(
     if dest is None:
         dest = _copy_set(Path(model_set.path), Path(out))  # type: ignore[arg-type]  # out is set when dest is None
     path = write_adaptation(dest, body)
-    adapted = correction(fields).apply(keys, pred)
+    adapted = correction(fields).apply(keys, pred, rows)
     table = []
     for g in sorted(set(keys[usable].tolist())):
         m = usable & (keys == g)

@@ -803,8 +803,45 @@ def load_collectives(model_set: ModelSet) -> Any:
 ADAPT_DIR: Final = "adapt"
 """Folder of a set holding its per-device adaptations (:mod:`opcast.train.adapt`), one
 ``<device>.json`` each, beside meta.json."""
-ADAPT_FORMAT_VERSION: Final = 1
+ADAPT_FORMAT_VERSION: Final = 2
+"""1: levels and size slopes; 2: a group may carry a ``shape`` term (read by this opcast, written only
+when one was fitted, so a file without it stays readable by older ones)."""
 ADAPT_MAX_BYTES: Final = 1 << 20
+ADAPT_SHAPE_MAX_ANCHORS: Final = 4000
+"""Most measured rows one group's ``shape`` term may carry (the writer keeps far fewer)."""
+
+
+def shape_params(group: str) -> tuple[str, ...]:
+    """The parameters of ``group``'s op whose logs a ``shape`` term reads: its integer ones (a GEMM's
+    b, m, n, k; a softmax's rows, cols), collectives' message bytes excluded."""
+    from opcast.ops import get_op
+
+    return tuple(p.name for p in get_op(group.rsplit("-", 2)[0]).params if p.type is int and p.name != "bytes")
+
+
+def _shape_term_problem(v: Any, group: str) -> str | None:
+    """What is wrong with a group's ``shape`` term (None: nothing): an object of ``features`` (a
+    non-empty subset of :func:`shape_params`), ``length`` (> 0, in e-folds of each parameter),
+    ``anchors`` (rows of as many finite log values) and ``weights`` (one finite number each)."""
+    if not isinstance(v, dict) or set(v) != {"features", "length", "anchors", "weights"}:
+        return "must be an object of exactly features, length, anchors, weights"
+    names, length, anchors, weights = v["features"], v["length"], v["anchors"], v["weights"]
+    allowed = shape_params(group)
+    if not (isinstance(names, list) and 0 < len(names) <= len(allowed) and len(set(names)) == len(names)):
+        return f"features must be a list of distinct parameters of the op ({', '.join(allowed)})"
+    if not all(_is_str(n) and n in allowed for n in names):
+        return f"features must be parameters of the op ({', '.join(allowed)})"
+    if not (_is_finite(length) and 0.01 <= length <= 100):
+        return "length must be a finite number in [0.01, 100]"
+    if not (isinstance(anchors, list) and isinstance(weights, list) and 0 < len(anchors) == len(weights)):
+        return "anchors and weights must be lists of the same non-zero length"
+    if len(anchors) > ADAPT_SHAPE_MAX_ANCHORS:
+        return f"carries more than {ADAPT_SHAPE_MAX_ANCHORS} anchors"
+    if not all(isinstance(a, list) and len(a) == len(names) and all(_is_finite(x) for x in a) for a in anchors):
+        return f"anchors must be lists of {len(names)} finite numbers"
+    if not all(_is_finite(w) and abs(w) <= 100 for w in weights):
+        return "weights must be finite numbers in [-100, 100]"
+    return None
 
 
 def _is_pair_of_positive(v: Any) -> bool:
@@ -835,6 +872,7 @@ ADAPT_GROUP_FIELDS: Final[dict[str, _Field]] = {
     "rows": (True, _is_count, "an integer >= 1"),
     "log_factor": (True, lambda v: _is_finite(v) and abs(v) <= 5, "a finite number in [-5, 5]"),
     "slope": (True, lambda v: _is_finite(v) and abs(v) <= 2, "a finite number in [-2, 2]"),
+    "shape": (False, lambda v: isinstance(v, dict), "an object (checked by _shape_term_problem)"),
 }
 """What :func:`check_adaptation` requires of each group's correction (no other key is allowed)."""
 
@@ -848,8 +886,12 @@ def adaptation_file(device_name: str) -> str:
 
 class Adaptation:
     """A fitted per-device correction of a set's learned times (:mod:`opcast.train.adapt`), numpy only:
-    ``log(t) = log(t_learned) + a + a_g + (c + c_g) * z`` with ``z = log(t_learned / t_ref_s)`` held
-    inside the range of the rows it was fitted on; groups it never measured take the device terms."""
+    ``log(t) = log(t_learned) + a + a_g + (c + c_g) * z + s_g(x)`` with ``z = log(t_learned / t_ref_s)``
+    held inside the range of the rows it was fitted on; groups it never measured take the device
+    terms. ``s_g`` (a group's optional ``shape`` term) is a kernel smoother of what the other terms
+    left on the group's measured rows: ``sum_i w_i exp(-|x - x_i|^2 / (2 length^2))`` over its
+    anchors ``x_i`` (the logs of the rows' op parameters), clipped to +-log 4; it fades to 0 away
+    from the measured shapes."""
 
     __slots__ = ("data", "path")
 
@@ -870,9 +912,16 @@ class Adaptation:
         """How a time it corrected is labelled: ``learned+adapted(n=ROWS)``."""
         return f"learned+adapted(n={self.rows})"
 
-    def log_factor(self, keys: np.ndarray | list[str], pred_s: np.ndarray) -> np.ndarray:
+    @property
+    def needs_params(self) -> bool:
+        """Whether a group carries a ``shape`` term (then :meth:`apply` wants the rows' parameters)."""
+        return any("shape" in g for g in self.data["groups"].values())
+
+    def log_factor(self, keys: np.ndarray | list[str], pred_s: np.ndarray, params: Any = None) -> np.ndarray:
         """``log(adapted / learned)`` of each row (group key, learned seconds); 0 where ``pred_s``
-        is not a positive finite time."""
+        is not a positive finite time. ``params``: the rows' op parameters (a DataFrame, a
+        :class:`opcast.train.features.Table` or a mapping of column -> array), which the groups'
+        ``shape`` terms read; None leaves those terms out."""
         pred = np.asarray(pred_s, dtype=float)
         ok = np.isfinite(pred) & (pred > 0)
         lo, hi = self.data["pred_s_range"]
@@ -881,14 +930,64 @@ class Adaptation:
         a = np.array([groups[k]["log_factor"] if k in groups else 0.0 for k in keys], dtype=float)
         c = np.array([groups[k]["slope"] if k in groups else 0.0 for k in keys], dtype=float)
         out = float(self.data["log_factor"]) + a + (float(self.data["slope"]) + c) * z
+        if params is not None and self.needs_params:
+            out = out + self.shape_log_factor(keys, params)
         return np.where(ok, out, 0.0)
 
-    def apply(self, keys: np.ndarray | list[str], pred_s: np.ndarray) -> np.ndarray:
-        """``pred_s`` (learned seconds of rows of groups ``keys``) corrected for this device."""
-        return np.asarray(pred_s, dtype=float) * np.exp(self.log_factor(keys, pred_s))
+    def shape_log_factor(self, keys: np.ndarray | list[str], params: Any) -> np.ndarray:
+        """The groups' ``shape`` terms of each row (0 for a row of a group without one, or missing
+        one of its parameters)."""
+        keys = np.asarray(keys, dtype=object)
+        out = np.zeros(len(keys))
+        for key, group in self.data["groups"].items():
+            term = group.get("shape")
+            rows = np.flatnonzero(keys == key) if term else ()
+            if not len(rows):
+                continue
+            q = np.empty((len(rows), len(term["features"])))
+            for j, name in enumerate(term["features"]):
+                col = params.get(name)
+                vals = np.full(len(keys), np.nan) if col is None else _as_float_array(col)
+                q[:, j] = np.log(np.maximum(vals[rows], 1.0))
+            out[rows] = _smooth(q, term)
+        return out
+
+    def apply(self, keys: np.ndarray | list[str], pred_s: np.ndarray, params: Any = None) -> np.ndarray:
+        """``pred_s`` (learned seconds of rows of groups ``keys``, with their op ``params`` for the
+        ``shape`` terms) corrected for this device."""
+        return np.asarray(pred_s, dtype=float) * np.exp(self.log_factor(keys, pred_s, params))
 
     def __repr__(self) -> str:
         return f"Adaptation({self.device!r}, {self.rows} rows, {len(self.data['groups'])} groups)"
+
+
+_SHAPE_CLIP: Final = float(np.log(4.0))
+
+
+def _smooth(q: np.ndarray, term: Mapping[str, Any], chunk: int = 2048) -> np.ndarray:
+    """A ``shape`` term at the rows ``q`` (logs of its features), clipped; 0 where a row has a NaN."""
+    anchors = np.asarray(term["anchors"], dtype=float) / float(term["length"])
+    weights = np.asarray(term["weights"], dtype=float)
+    q = q / float(term["length"])
+    a2 = (anchors**2).sum(axis=1)
+    out = np.empty(len(q))
+    for start in range(0, len(q), chunk):  # bounded memory for long kernel lists
+        part = q[start : start + chunk]
+        d2 = np.maximum((part**2).sum(axis=1)[:, None] + a2[None, :] - 2.0 * part @ anchors.T, 0.0)
+        out[start : start + chunk] = np.exp(-0.5 * d2) @ weights
+    return np.clip(np.nan_to_num(out, nan=0.0), -_SHAPE_CLIP, _SHAPE_CLIP)
+
+
+def _as_float_array(col: Any) -> np.ndarray:
+    """A parameter column as floats (NaN where missing or not a number)."""
+    arr = np.asarray(col.to_numpy() if hasattr(col, "to_numpy") else col)
+    if arr.dtype.kind in "iuf":
+        return arr.astype(float)
+    out = np.full(len(arr), np.nan)
+    for i, v in enumerate(arr.tolist()):
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[i] = float(v)
+    return out
 
 
 def check_adaptation(data: Any, where: str | Path = ADAPT_DIR) -> None:
@@ -920,6 +1019,10 @@ def check_adaptation(data: Any, where: str | Path = ADAPT_DIR) -> None:
             _check_fields(group, ADAPT_GROUP_FIELDS, str(where), prefix)
         except OpcastError as err:
             raise OpcastError(str(err).split("; ")[0] + f"; {fix}") from None
+        if "shape" in group:
+            problem = _shape_term_problem(group["shape"], key)
+            if problem:
+                raise OpcastError(f"{where}: {prefix}shape {problem}; {fix}")
 
 
 def write_adaptation(set_path: str | Path, body: Mapping[str, Any]) -> Path:

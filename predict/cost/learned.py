@@ -504,10 +504,12 @@ class LearnedKernelCost:
         return got
 
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
-        out = np.asarray(self.model_set.predict_s(_query_columns(self.as_fitted(kernels)), device), dtype=float)
+        query = _query_columns(self.as_fitted(kernels))
+        out = np.asarray(self.model_set.predict_s(query, device), dtype=float)
         adapted = self.adaptation(device)
         if adapted is not None and out.shape == (len(kernels),):
-            out = adapted.apply([self.group_of(k) for k in kernels], out)
+            params = query.data if adapted.needs_params else None  # its shape terms read the op parameters
+            out = adapted.apply([self.group_of(k) for k in kernels], out, params)
         if out.shape != (len(kernels),):
             raise OpcastError(
                 f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
