@@ -24,8 +24,12 @@ op would give, the remainder to random groups. k = 0 is the unadapted model.
 
 Beside the adapted model: ``oracle x1`` rescales the unadapted predictions of each GPU by the one
 constant that is best on the *scored* rows themselves (the issue's "one oracle constant per GPU",
-a diagnosis, not a method), and variants of the correction (levels only; priors x4 and /4).
-Fitting dominates the wall time; the base predictions are kept in ``--work`` and reused.
+a diagnosis, not a method), and variants of the correction (no shape term: the levels and size
+slopes alone, as before the shape term; levels only; priors x4 and /4). The shape terms'
+hyper-parameters are picked by the correction itself on an inner split of the drawn kernels
+(:func:`opcast.train.adapt.choose_shape`), never on the scored rows.
+Fitting dominates the wall time; the base predictions are kept in ``--work`` and reused (a cache
+written before the op parameters were kept gets them joined back from the replayed data).
 """
 
 from __future__ import annotations
@@ -101,8 +105,8 @@ def neusight_base(path: Path, cache: Path, log) -> pd.DataFrame:
         parts.append(mine)
         dt = time.perf_counter() - t0
         log(f"neusight: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
-    keep = ["device", "op", "dtype", "direction", "tensor_cores", "point_id", "label", "pool", "time_s_median", "pred"]
     out = pd.concat(parts, ignore_index=True)
+    keep = [*BASE_COLUMNS, *_param_columns(out)]
     out = out.assign(key=_keys(out))[[*keep, "key"]]
     out.to_parquet(cache)
     return out
@@ -133,11 +137,49 @@ def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log) -> pd.Dat
         parts.append(mine)
         dt = time.perf_counter() - t0
         log(f"aiconfigurator: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
-    keep = ["device", "op", "dtype", "direction", "tensor_cores", "point_id", "label", "pool", "time_s_median", "pred"]
     out = pd.concat(parts, ignore_index=True)
+    keep = [*BASE_COLUMNS, *_param_columns(out)]
     out = out.assign(key=_keys(out))[[*keep, "key"]]
     out.to_parquet(cache)
     return out
+
+
+BASE_COLUMNS = (
+    "device",
+    "op",
+    "dtype",
+    "direction",
+    "tensor_cores",
+    "point_id",
+    "label",
+    "pool",
+    "time_s_median",
+    "pred",
+)
+JOIN = ["device", "point_id", "op", "dtype", "direction"]
+
+
+def _param_columns(frame: pd.DataFrame) -> list[str]:
+    """The integer op parameters among ``frame``'s columns (what the shape terms read)."""
+    from opcast.ops import param_types
+
+    return [c for c, t in param_types().items() if t is int and c in frame.columns and c not in BASE_COLUMNS]
+
+
+def with_params(base: pd.DataFrame, data: Path, log) -> pd.DataFrame:
+    """``base`` with its rows' integer op parameters, joined from the replayed ``data`` when a cache
+    written before they were kept lacks them."""
+    if _param_columns(base):
+        return base
+    src = pd.read_parquet(data)
+    cols = _param_columns(src)
+    out = base.merge(src[[*JOIN, *cols]], on=JOIN, how="left", validate="m:1")
+    log(f"joined the op parameters of {int(out[cols].notna().any(axis=1).sum())} of {len(out)} cached rows from {data}")
+    return out
+
+
+def _params(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {c: frame[c].to_numpy(dtype=float) for c in _param_columns(frame)}
 
 
 def _keys(frame: pd.DataFrame) -> np.ndarray:
@@ -181,6 +223,7 @@ def _ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
 
 VARIANTS: dict[str, dict] = {
     "adapted": {},
+    "no shape": {"shape": False},
     "levels only": {"slope": False},
     "priors x4": {"scale": 4.0},
     "priors /4": {"scale": 0.25},
@@ -191,7 +234,11 @@ def _cfg(variant: Mapping):
     from opcast.train.adapt import PRIOR_ROWS, AdaptConfig
 
     scale = variant.get("scale", 1.0)
-    return AdaptConfig(prior_rows={k: v * scale for k, v in PRIOR_ROWS.items()}, slope=variant.get("slope", True))
+    return AdaptConfig(
+        prior_rows={k: v * scale for k, v in PRIOR_ROWS.items()},
+        slope=variant.get("slope", True),
+        shape=variant.get("shape", True),
+    )
 
 
 def curve(
@@ -207,6 +254,7 @@ def curve(
         test = mine[mine["pool"] == score_pool].reset_index(drop=True)
         true, pred = test["time_s_median"].to_numpy(float), test["pred"].to_numpy(float)
         labels = test["label"].astype(str).to_numpy()
+        test_params = _params(test)
         oracle = pred * np.exp(np.median(np.log(true / pred)))  # one constant, fitted on the scored rows
         for k in ks:
             for d in range(draws if k else 1):
@@ -226,8 +274,10 @@ def curve(
                             sub["pred"].to_numpy(float),
                             sub["time_s_median"].to_numpy(float),
                             _cfg(variant),
+                            params=_params(sub),
+                            seed=d,
                         )
-                        preds[name] = correction(fields).apply(test["key"].to_numpy(dtype=object), pred)
+                        preds[name] = correction(fields).apply(test["key"].to_numpy(dtype=object), pred, test_params)
                 for name, p in preds.items():
                     ape = _ape(p, true)
                     for label in [*sorted(set(labels.tolist())), "GEMM", "all"]:
@@ -325,12 +375,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--aic-train-rows", type=int, default=2000, help="Training rows per (system, label) (default: %(default)s)."
     )
-    ap.add_argument("--ks", default="0,10,50,200")
+    ap.add_argument("--ks", default="0,10,50,200", help="Measured kernels per held-out GPU (default: %(default)s).")
+    ap.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="Corrections to score, of: %(default)s (fewer: faster; 'adapted' is what train adapt writes).",
+    )
     ap.add_argument("--draws", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     ks = [int(k) for k in args.ks.split(",")]
+    unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
+    if unknown or "adapted" not in args.variants.split(","):
+        print(f"few_shot: --variants takes 'adapted' and any of {', '.join(VARIANTS)}; got {unknown}", file=sys.stderr)
+        return 2
+    for name in set(VARIANTS) - set(args.variants.split(",")):
+        del VARIANTS[name]
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     tmp = tempfile.TemporaryDirectory() if args.work is None else None
     work = Path(tmp.name) if tmp else args.work
@@ -344,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "neusight.parquet"
         if not data.is_file():
             run_replay("neusight", args.published / "neusight", work)
-        base = neusight_base(data, work / "few_shot_neusight_base.parquet", log)
+        base = with_params(neusight_base(data, work / "few_shot_neusight_base.parquet", log), data, log)
         t0 = time.perf_counter()
         res_a = curve(base, "sweep", "test", ks, args.draws, args.seed)
         res_b = curve(base, "test", "test", ks, args.draws, args.seed)
@@ -362,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         base = aic_base(
             data, work / f"few_shot_aic_base_{args.aic_train_rows}.parquet", args.aic_train_rows, args.seed, log
         )
+        base = with_params(base, data, log)
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
         _report("AIConfigurator: drawn from half of the system's shapes, scored on the other half", res, ks, tables)
     print(
