@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Final, Literal
 
@@ -305,90 +306,303 @@ def residual_quantiles(pred: np.ndarray, true: np.ndarray) -> dict[str, Any] | N
     return {"n": int(len(r)), "levels": list(INTERVAL_LEVELS), "log_ratio": [round(v, 5) for v in q]}
 
 
-def _score(
-    name: str,
-    kind: str,
-    feats: pd.DataFrame,
-    y: np.ndarray,
-    shapes: np.ndarray,
-    folds: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
-    cfg: FitConfig,
-) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """(pooled held-out metrics on the left-out devices, residual quantiles per device class
-    ``unseen_device``/``seen_device``) of estimator ``name`` over ``folds``; None when the
-    estimator does not apply to the group."""
-    preds, trues, seen_p, seen_t = [], [], [], []
+def _fold_plan(
+    folds: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]], cfg: FitConfig
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(train, test, seen) masks each fold fits and scores on: at most :attr:`FitConfig.fold_max_rows`
+    training rows and a quarter as many seen-device rows (residual quantiles need a sample, not
+    every row), each a seeded draw (one generator consumed fold by fold, the same for every
+    candidate, so the candidates are scored on the same rows)."""
     rng = np.random.default_rng(cfg.seed)
+    out = []
     for _, train, test, seen in folds:
         if train.sum() > cfg.fold_max_rows:
             keep = np.zeros(len(train), dtype=bool)
             keep[rng.choice(np.flatnonzero(train), cfg.fold_max_rows, replace=False)] = True
             train = keep
-        try:
-            est = _make(name, kind, cfg, int(train.sum())).fit(feats[train], y[train], groups=shapes[train])
-        except NotApplicable:
-            return None
-        if seen.sum() > cfg.fold_max_rows // 4:  # residual quantiles need a sample, not every row
+        if seen.sum() > cfg.fold_max_rows // 4:
             pick = np.zeros(len(seen), dtype=bool)
             pick[rng.choice(np.flatnonzero(seen), cfg.fold_max_rows // 4, replace=False)] = True
             seen = pick
-        both = test | seen
-        pred = np.full(len(y), np.nan)
-        pred[both] = est.predict_s(feats[both])
-        preds.append(pred[test])
-        trues.append(y[test])
-        seen_p.append(pred[seen])
-        seen_t.append(y[seen])
-    if not folds:
-        return {}, {}
-    cat = np.concatenate
-    metrics = (
-        ape_metrics(cat(preds), cat(trues)) if sum(len(p) for p in preds) else ape_metrics(cat(seen_p), cat(seen_t))
-    )
-    residuals = {
-        k: v
-        for k, v in (
-            ("unseen_device", residual_quantiles(cat(preds), cat(trues))),
-            ("seen_device", residual_quantiles(cat(seen_p), cat(seen_t))),
+        out.append((train, test, seen))
+    return out
+
+
+def _threads(cfg: FitConfig, rows: int) -> int:
+    """Threads of one fit on ``rows`` rows (see :data:`SINGLE_THREAD_ROWS`)."""
+    return 1 if rows < SINGLE_THREAD_ROWS else cfg.n_jobs
+
+
+def _fold_fit(
+    name: str, kind: str, cfg: FitConfig, x: pd.DataFrame, y: np.ndarray, shapes: np.ndarray, x_pred: pd.DataFrame
+) -> np.ndarray | None:
+    """Predictions on ``x_pred`` of estimator ``name`` fitted on (``x``, ``y``); None when it does not
+    apply. A module-level function of picklable arguments: it runs in a worker process too."""
+    try:
+        est = _make(name, kind, cfg, len(y)).fit(x, y, groups=shapes)
+    except NotApplicable:
+        return None
+    return np.asarray(est.predict_s(x_pred), dtype=float)
+
+
+def _final_fit(
+    name: str, kind: str, cfg: FitConfig, x: pd.DataFrame, y: np.ndarray, shapes: np.ndarray
+) -> Estimator | NotApplicable:
+    """Estimator ``name`` fitted on all of a group's rows (a NotApplicable is returned, not raised)."""
+    try:
+        return _make(name, kind, cfg, len(y)).fit(x, y, groups=shapes)
+    except NotApplicable as err:
+        return err
+
+
+def _subset_args(
+    name: str,
+    kind: str,
+    cfg: FitConfig,
+    feats: pd.DataFrame,
+    y: np.ndarray,
+    shapes: np.ndarray,
+    train: np.ndarray,
+    pred: np.ndarray,
+) -> tuple[Any, ...]:
+    """:func:`_fold_fit`'s arguments for one fold: its training rows and the rows it predicts."""
+    return name, kind, cfg, feats[train], y[train], shapes[train], feats[pred]
+
+
+def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
+    """(``fn(*args)``, seconds it took): what a worker process returns."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0
+
+
+# Rough CPU seconds of a fit, only to start the longest tasks first (the order never changes a result).
+_COST_S_PER_ROW: Final = {"xgb": 2e-4, "hier": 2e-4, "tile-mlp": 1e-4, "neusight": 3e-4}
+_COST_S_FIXED: Final = {"tile-mlp": 10.0, "neusight": 20.0}
+
+
+def _cost_s(name: str, rows: int) -> float:
+    return _COST_S_FIXED.get(name, 0.5) + _COST_S_PER_ROW.get(name, 2e-4) * rows
+
+
+@dataclass(kw_only=True, slots=True)
+class _Task:
+    """One fit to run: a candidate on one held-out fold, or a group's final fit."""
+
+    group: str
+    what: tuple[str, ...]
+    """("fold", estimator, fold index) or ("final", estimator)."""
+    fn: Any
+    args: Any
+    """A callable returning ``fn``'s arguments: the rows are copied only when the task starts."""
+    threads: int
+    cost_s: float
+
+
+class _GroupFit:
+    """The held-out scoring and the final fit of one group, as tasks (see :func:`_run_tasks`)."""
+
+    def __init__(self, key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> None:
+        self.key, self.frame, self.feats, self.cfg = key, frame, feats, cfg
+        self.kind = key.rsplit("-", 2)[0]
+        self.y = frame["time_s_median"].to_numpy(dtype=float)
+        self.shapes = shape_groups(frame)
+        self.devices = frame["device"].astype(object).to_numpy()
+        self.folds = _folds(self.devices, self.shapes, cfg)
+        self.plan = _fold_plan(self.folds, cfg)
+        self.candidates = list(AUTO_ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
+        self.preds: dict[tuple[str, int], np.ndarray | None] = {}
+        self.seconds = 0.0
+        self.chosen = ""
+        self.why = ""
+        self.scored: dict[str, tuple[dict[str, Any], dict[str, Any]] | None] = {}
+
+    def score_tasks(self) -> list[_Task]:
+        out = []
+        for name in self.candidates:
+            for i, (train, test, seen) in enumerate(self.plan):
+                rows = int(train.sum())
+                args = partial(
+                    _subset_args, name, self.kind, self.cfg, self.feats, self.y, self.shapes, train, test | seen
+                )
+                out.append(
+                    _Task(
+                        group=self.key,
+                        what=("fold", name, str(i)),
+                        fn=_fold_fit,
+                        args=args,
+                        threads=_threads(self.cfg, rows),
+                        cost_s=_cost_s(name, rows),
+                    )
+                )
+        return out
+
+    def add_fold(self, name: str, i: int, pred: np.ndarray | None, seconds: float) -> None:
+        self.preds[(name, i)] = pred
+        self.seconds += seconds
+
+    def final_task(self) -> _Task:
+        """Score the candidates on the folds, choose, and return the chosen estimator's final fit
+        (raises NotApplicable when no candidate applies)."""
+        for name in self.candidates:
+            self.scored[name] = self._score(name)
+        scores = {n: (s[0] if s is not None else None) for n, s in self.scored.items()}
+        usable = {n: s for n, s in scores.items() if s is not None}
+        if not usable:
+            raise NotApplicable(f"{self.key}: no estimator applies ({', '.join(self.candidates)})")
+        self.chosen, self.why = _choose(usable, self.cfg.estimator, [f[0] for f in self.folds])
+        if self.cfg.estimator != "auto" and scores[self.chosen] is None:
+            raise NotApplicable(f"{self.key}: {self.chosen} does not apply")
+        args = partial(tuple, (self.chosen, self.kind, self.cfg, self.feats, self.y, self.shapes))
+        return _Task(
+            group=self.key,
+            what=("final", self.chosen),
+            fn=_final_fit,
+            args=args,
+            threads=_threads(self.cfg, len(self.y)),
+            cost_s=_cost_s(self.chosen, len(self.y)),
         )
-        if v is not None
-    }
-    return metrics, residuals
+
+    def _score(self, name: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """(pooled held-out metrics on the left-out devices, residual quantiles per device class
+        ``unseen_device``/``seen_device``) of estimator ``name`` over the folds; None when the
+        estimator does not apply to the group."""
+        if not self.folds:
+            return {}, {}
+        preds, trues, seen_p, seen_t = [], [], [], []
+        for i, (_, test, seen) in enumerate(self.plan):
+            got = self.preds[(name, i)]
+            if got is None:
+                return None
+            both = test | seen
+            pred = np.full(len(self.y), np.nan)
+            pred[both] = got
+            preds.append(pred[test])
+            trues.append(self.y[test])
+            seen_p.append(pred[seen])
+            seen_t.append(self.y[seen])
+        cat = np.concatenate
+        metrics = (
+            ape_metrics(cat(preds), cat(trues)) if sum(len(p) for p in preds) else ape_metrics(cat(seen_p), cat(seen_t))
+        )
+        residuals = {
+            k: v
+            for k, v in (
+                ("unseen_device", residual_quantiles(cat(preds), cat(trues))),
+                ("seen_device", residual_quantiles(cat(seen_p), cat(seen_t))),
+            )
+            if v is not None
+        }
+        return metrics, residuals
+
+    def entry(self, est: Estimator, seconds: float) -> dict[str, Any]:
+        self.seconds += seconds
+        scores = {n: (s[0] if s is not None else None) for n, s in self.scored.items()}
+        chosen_scored = self.scored.get(self.chosen)
+        return {
+            "op": self.kind,
+            "rows": int(len(self.frame)),
+            "devices": sorted(pd.unique(self.devices).tolist()),
+            **_impl_devices(self.frame),
+            "features": list(est.feature_names),
+            "feature_ranges": _ranges(self.feats, est.feature_names),
+            "held_out": scores.get(self.chosen) or None,
+            "held_out_split": [f[0] for f in self.folds],
+            "candidates": {n: (s or None) for n, s in scores.items()},
+            "why": self.why,
+            "residuals": chosen_scored[1] if chosen_scored else {},
+        }
+
+
+PARALLEL_MIN_ROWS = 20_000
+"""Fits of fewer rows in all run in this process: a worker process costs seconds to start."""
+
+
+def _run_tasks(jobs: dict[str, _GroupFit], workers: int, done: Any) -> dict[str, tuple[Estimator, float] | str]:
+    """Run every group's fold fits, then its final fit, on ``workers`` processes (in this process
+    when 1); returns group -> (fitted estimator, seconds) or the reason it was not fitted.
+
+    The longest pending task starts first, and a task of ``threads`` threads waits until that many
+    workers are free, so the machine never runs more threads than ``workers`` (on a shared box an
+    oversubscribed parallel region waits for descheduled threads). Every fit is the same
+    computation whichever process runs it and in whichever order (seeds, rows and threads are
+    fixed per task), so the model set is the same for any ``workers``. ``done(group)`` is called
+    as each group completes."""
+    pending: list[_Task] = []
+    waiting: dict[str, int] = {}
+    out: dict[str, tuple[Estimator, float] | str] = {}
+
+    def queue_final(key: str) -> None:
+        try:
+            pending.append(jobs[key].final_task())
+        except NotApplicable as err:
+            out[key] = str(err)
+            done(key)
+
+    for key, job in jobs.items():
+        tasks = job.score_tasks()
+        waiting[key] = len(tasks)
+        pending.extend(tasks)
+        if not tasks:
+            queue_final(key)
+
+    def finish(task: _Task, result: Any, seconds: float) -> None:
+        job = jobs[task.group]
+        if task.what[0] == "fold":
+            job.add_fold(task.what[1], int(task.what[2]), result, seconds)
+            waiting[task.group] -= 1
+            if waiting[task.group] == 0:
+                queue_final(task.group)
+        elif isinstance(result, NotApplicable):
+            out[task.group] = str(result)
+            done(task.group)
+        else:
+            out[task.group] = (result, seconds)
+            done(task.group)
+
+    if workers <= 1:
+        while pending:
+            pending.sort(key=lambda t: -t.cost_s)
+            task = pending.pop(0)
+            finish(task, *_timed(task.fn, *task.args()))
+        return out
+
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+
+    running: dict[Future[Any], _Task] = {}
+    free = workers
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("forkserver"))
+    try:
+        # Start every worker now: the executor spawns one on submit only when none is idle, and counts a
+        # worker idle once per finished task, so after a run of one-at-a-time (multi-thread) tasks it
+        # would never start the second (CPython's lazy spawning, 3.9+).
+        for warm in [pool.submit(int) for _ in range(workers)]:
+            warm.result()
+        while pending or running:
+            pending.sort(key=lambda t: -t.cost_s)
+            while pending and min(pending[0].threads, workers) <= free:
+                task = pending.pop(0)
+                free -= min(task.threads, workers)
+                running[pool.submit(_timed, task.fn, *task.args())] = task
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                task = running.pop(fut)
+                free += min(task.threads, workers)
+                finish(task, *fut.result())
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    return out
 
 
 def fit_group(key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> tuple[Estimator, dict[str, Any]]:
-    """Fit the predictor of one group (rows of ``frame``/``feats``), choosing the estimator
-    with held-out folds when ``cfg.estimator`` is auto; returns (estimator, meta entry)."""
-    kind = key.rsplit("-", 2)[0]
-    y = frame["time_s_median"].to_numpy(dtype=float)
-    shapes = shape_groups(frame)
-    devices = frame["device"].astype(object).to_numpy()
-    folds = _folds(devices, shapes, cfg)
-    candidates = list(AUTO_ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
-    scored = {name: _score(name, kind, feats, y, shapes, folds, cfg) for name in candidates}
-    scores = {n: (s[0] if s is not None else None) for n, s in scored.items()}
-    usable = {n: s for n, s in scores.items() if s is not None}
-    if not usable:
-        raise NotApplicable(f"{key}: no estimator applies ({', '.join(candidates)})")
-    chosen, why = _choose(usable, cfg.estimator, [f[0] for f in folds])
-    if cfg.estimator != "auto" and scores[chosen] is None:
-        raise NotApplicable(f"{key}: {chosen} does not apply")
-    est = _make(chosen, kind, cfg, len(y)).fit(feats, y, groups=shapes)
-    chosen_scored = scored.get(chosen)
-    entry = {
-        "op": kind,
-        "rows": int(len(frame)),
-        "devices": sorted(pd.unique(devices).tolist()),
-        **_impl_devices(frame),
-        "features": list(est.feature_names),
-        "feature_ranges": _ranges(feats, est.feature_names),
-        "held_out": usable.get(chosen) or None,
-        "held_out_split": [f[0] for f in folds],
-        "candidates": {n: (s or None) for n, s in scores.items()},
-        "why": why,
-        "residuals": chosen_scored[1] if chosen_scored else {},
-    }
-    return est, entry
+    """Fit the predictor of one group (rows of ``frame``/``feats``) in this process, choosing the
+    estimator with held-out folds when ``cfg.estimator`` is auto; returns (estimator, meta entry)."""
+    job = _GroupFit(key, frame, feats, cfg)
+    got = _run_tasks({key: job}, 1, lambda _: None)[key]
+    if isinstance(got, str):
+        raise NotApplicable(got)
+    return got[0], job.entry(*got)
 
 
 def _impl_devices(frame: pd.DataFrame) -> dict[str, dict[str, list[str]]]:
@@ -567,36 +781,45 @@ def fit_frame(
     fitted: dict[str, tuple[Estimator, dict[str, Any]]] = {}
     summary = []
     task = progress.add_task("fit", total=len(groups)) if progress is not None else None
+    jobs: dict[str, _GroupFit] = {}
     for key in groups:
+        pos = np.flatnonzero(keys == key)
+        if len(pos) >= cfg.min_rows:
+            jobs[key] = _GroupFit(key, frame.iloc[pos], feats.iloc[pos], cfg)
+
+    def done(key: str) -> None:
         if task is not None:
             progress.update(task, description=f"fit {key}")
-        pos = np.flatnonzero(keys == key)
-        if len(pos) < cfg.min_rows:
-            skipped[key] = f"{len(pos)} rows < min_rows={cfg.min_rows}"
-        else:
-            t0 = time.perf_counter()
-            try:
-                est, entry = fit_group(key, frame.iloc[pos], feats.iloc[pos], cfg)
-            except NotApplicable as err:
-                skipped[key] = str(err)
-            else:
-                entry["fit_seconds"] = round(time.perf_counter() - t0, 2)
-                fitted[key] = (est, entry)
-                h = entry["held_out"] or {}
-                summary.append(
-                    {
-                        "group": key,
-                        "rows": entry["rows"],
-                        "devices": len(entry["devices"]),
-                        "estimator": est.name,
-                        "held_out_mape": h.get("mape"),
-                        "held_out_p90": h.get("p90_ape"),
-                        "within_10": h.get("within_10"),
-                        "why": entry["why"],
-                    }
-                )
-        if task is not None:
             progress.advance(task)
+
+    workers = cfg.n_jobs if len(frame) >= PARALLEL_MIN_ROWS and len(jobs) else 1
+    results = _run_tasks(jobs, workers, done)
+    for key in groups:
+        if key not in jobs:
+            skipped[key] = f"{int((keys == key).sum())} rows < min_rows={cfg.min_rows}"
+            done(key)
+            continue
+        got = results[key]
+        if isinstance(got, str):
+            skipped[key] = got
+            continue
+        est, seconds = got
+        entry = jobs[key].entry(est, seconds)
+        entry["fit_seconds"] = round(jobs[key].seconds, 2)
+        fitted[key] = (est, entry)
+        h = entry["held_out"] or {}
+        summary.append(
+            {
+                "group": key,
+                "rows": entry["rows"],
+                "devices": len(entry["devices"]),
+                "estimator": est.name,
+                "held_out_mape": h.get("mape"),
+                "held_out_p90": h.get("p90_ape"),
+                "within_10": h.get("within_10"),
+                "why": entry["why"],
+            }
+        )
     return fitted, pd.DataFrame(summary), skipped
 
 

@@ -1,0 +1,67 @@
+"""The fit's speed-ups change no result: fits in worker processes give the model set of one process."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from opcast.train import fit as fit_module
+from opcast.train.features import group_keys
+from opcast.train.fit import FitConfig, feature_frame, fit_frame, fit_group
+
+from helpers.synthetic import fake_devices, synthetic_dataset
+
+FAST = {"xgb_params": {"n_estimators": 60}, "tile_mlp_params": {"epochs": 15, "patience": 5, "hidden": (16, 16)}}
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    devices = {d.name: d for d in fake_devices(3)}
+    frame = synthetic_dataset(list(devices.values()), ops=("gemm", "layernorm"), rows_per_op=60, seed=3)
+    return frame, devices
+
+
+def _entries(fitted):
+    return {k: {n: v for n, v in e.items() if n != "fit_seconds"} for k, (_, e) in fitted.items()}
+
+
+def test_worker_processes_and_one_process_fit_the_same_model_set(synthetic, monkeypatch):
+    frame, devices = synthetic
+    monkeypatch.setattr(fit_module, "PARALLEL_MIN_ROWS", 0)  # the synthetic frame is small: use the pool anyway
+    pooled, pooled_summary, pooled_skipped = fit_frame(frame, devices, FitConfig(n_jobs=2, **FAST))
+    serial, serial_summary, serial_skipped = fit_frame(frame, devices, FitConfig(n_jobs=1, **FAST))
+    assert list(pooled) == list(serial) == ["gemm-fwd-half", "layernorm-fwd-half"]
+    assert _entries(pooled) == _entries(serial) and pooled_skipped == serial_skipped
+    assert pooled_summary.equals(serial_summary)
+    feats = feature_frame(frame, devices)
+    keys = group_keys(frame).to_numpy()
+    for key in pooled:
+        rows = keys == key
+        # all three candidates were scored on every left-out device, and the same estimator predicts the same
+        assert set(pooled[key][1]["candidates"]) == {"xgb", "tile-mlp", "hier"}
+        assert len(pooled[key][1]["held_out_split"]) == 3
+        np.testing.assert_array_equal(pooled[key][0].predict_s(feats[rows]), serial[key][0].predict_s(feats[rows]))
+
+
+def test_fit_group_is_the_entry_fit_frame_writes(synthetic):
+    frame, devices = synthetic
+    cfg = FitConfig(n_jobs=1, **FAST)
+    layernorm = frame[frame["op"] == "layernorm"]
+    est, entry = fit_group("layernorm-fwd-half", layernorm, feature_frame(layernorm, devices), cfg)
+    fitted, _, _ = fit_frame(layernorm, devices, cfg)
+    assert _entries({"g": (est, entry)})["g"] == _entries(fitted)["layernorm-fwd-half"]
+
+
+def test_every_candidate_is_scored_on_the_same_seeded_rows():
+    devices = np.repeat(np.array(["a", "b", "c"], dtype=object), 400)
+    shapes = np.tile(np.arange(400), 3)
+    cfg = FitConfig(fold_max_rows=300, folds=2, all_devices_rows=0)
+    folds = fit_module._folds(devices, shapes, cfg)
+    plan = fit_module._fold_plan(folds, cfg)
+    again = fit_module._fold_plan(folds, cfg)
+    assert len(plan) == 2
+    for (_, train, test, seen), (t, te, s), (t2, _, s2) in zip(folds, plan, again):
+        assert t.sum() == 300 and not (t & ~train).any()  # a subsample of the fold's training rows
+        assert s.sum() == 75 and not (s & ~seen).any()  # a quarter as many seen-device rows
+        assert (te == test).all() and (t == t2).all() and (s == s2).all()
+        assert not (t & te).any()
