@@ -417,8 +417,9 @@ class LearnedKernelCost:
                 # fitted before impl native existed (no impl_devices, native above its code range): its
                 # "fused" rows were torch's native kernels (NeuSight, 2509.22832, Vidur), so native is
                 # read as, and asked as, the old fused
-                legacy_native = str(impl) == "native" and not recorded and bool(span) and code is not None
-                legacy_native = legacy_native and code > float(span[1])
+                legacy_native = bool(
+                    str(impl) == "native" and not recorded and span and code is not None and code > float(span[1])
+                )
                 if legacy_native:
                     code = _CODES["impl"]["fused"]
                 ok = not span or (code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9)
