@@ -34,7 +34,7 @@ def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
         (["--budget-s", "-1"], "--budget-s takes a finite number"),
         (["--budget-s", "0"], "--budget-s takes a finite number"),
         (["--budget-s", "inf"], "got inf"),
-        (["--estimator", "foo"], "unknown estimator 'foo'; use xgb, tile-mlp, neusight or auto"),
+        (["--estimator", "foo"], "unknown estimator 'foo'; use xgb, tile-mlp, neusight, hier or auto"),
         (["--device", "tpu"], "unknown --device 'tpu'"),
         (["--steps", "0"], "--steps must be an integer >= 1"),
         (["--attention", "sparse"], "--attention 'sparse'"),
