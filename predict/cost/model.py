@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     """The kernels an op runs as, where it is not one kernel: eager attention is two batched GEMMs
-    around a scale, a mask and a softmax over the ``[b*h, s_q, s_kv]`` scores (Megatron's unfused
-    core attention, Hugging Face's eager path; K/V heads repeated for GQA), and in backward the four
+    around a scale, a mask and torch's native softmax over the ``[b*h, s_q, s_kv]`` scores (Hugging
+    Face's eager path, Megatron's unfused core attention without its fused softmax; K/V heads repeated
+    for GQA), and in backward the four
     gradient GEMMs, the softmax backward and the scale's. Used to price an uncovered ``attention``
     kernel from learned GEMM/softmax/elementwise models; None for kernels that are one kernel."""
     if k.kind != "attention":
@@ -47,7 +48,9 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     def ew(fn: str, direction: str = "fwd") -> Kernel:
         return kernel("elementwise", {"numel": scores, "fn": fn}, k.dtype, direction)
 
-    softmax = {"rows": bh * sq, "cols": skv}
+    # torch's own softmax kernel (registry impl native), as Hugging Face's eager path runs it;
+    # Megatron's FusedScaleMaskSoftmax would fold the scale and mask in (not modelled here)
+    softmax = {"rows": bh * sq, "cols": skv, "impl": "native"}
     if k.direction == "fwd":
         parts = [
             g(sq, skv, d),

@@ -236,6 +236,31 @@ def test_uncovered_eager_attention_is_priced_from_its_learned_kernels():
     assert decompose(flash) is None and model.time_s(flash, A100)[1] == ROOFLINE
 
 
+def test_eager_attention_runs_torchs_native_softmax_which_the_default_set_learned():
+    """Hugging Face's eager attention calls torch's softmax kernel (impl native): the embedded set
+    learned it on NeuSight's GPUs, so an fp32 eager attention there is priced from learned parts,
+    not from the roofline of a fused softmax no fp32 source measured."""
+    from opcast.predict.cost import decompose, load_kernel_cost
+
+    att = kernel(
+        "attention",
+        {
+            "batch": 4,
+            "heads": 20,
+            "kv_heads": 20,
+            "seq_q": 1024,
+            "seq_kv": 1024,
+            "head_dim": 64,
+            "causal": True,
+            "impl": "eager",
+        },
+        "fp32",
+    )
+    (softmax,) = [p for p, _ in decompose(att) if p.kind == "softmax"]
+    assert softmax.param_dict["impl"] == "native"
+    assert load_kernel_cost(None).time_s(att, get_device("V100-PCIe-32GB"))[1] == LEARNED
+
+
 def test_the_cost_package_is_layered_by_concern_and_re_exports_every_public_name():
     """query <- roofline <- learned <- model: each module imports only the ones before it (no cycle,
     one home per concern), and ``opcast.predict.cost`` re-exports each public name of them once."""
