@@ -9,7 +9,8 @@ Usage:  python benchmarks/predict_validate.py [--published DIR] [--models DIR]
    GPT-3 shapes, OPT; BERT and Switch are not decoder-only archs) with the learned models when a set
    is available (``--models``, else the embedded default) and with the roofline fallback, and
    print the error of every run. NeuSight reports 6-10 % on such runs.
-   How the runs map to the op graph: FP32 on CUDA cores (TF32 off), ``attention=eager``, the
+   How the runs map to the op graph: FP32 on CUDA cores (TF32 off), ``attention=eager``,
+   ``--framework hf`` (torch's native LayerNorm and softmax kernels), the
    arch's own dropout (OPT: ``attention_dropout: 0.0``, ``dropout: 0.1``; GPT-2/3: ``attn_pdrop`` and
    ``resid_pdrop`` 0.1), ``optimizer=none`` (NeuSight's ``measure_e2e`` in neusight/Tracing/trace.py
    builds no optimizer: it times ``model(x)`` and ``loss.backward()`` only); "inf" is
@@ -55,7 +56,7 @@ def forward_only_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, 
     """One evaluation forward (no dropout, logits for every position, no loss) on one GPU."""
     from opcast.predict.graph import block_ops, embedding_ops, head_ops, precision_of
 
-    prec = precision_of("fp32")
+    prec = precision_of("fp32", framework=NEUSIGHT_FRAMEWORK)
     tokens = batch * seq
     groups = [
         (
@@ -78,6 +79,10 @@ def forward_only_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, 
             sources.add(src)
     return total, sources
 
+
+NEUSIGHT_FRAMEWORK = "hf"
+"""NeuSight runs Hugging Face models in eager PyTorch: torch's native LayerNorm and softmax kernels
+(registry ``impl`` native), not Megatron's fused ones (:mod:`opcast.predict.frameworks`)."""
 
 NEUSIGHT_OPTIMIZER = "none"
 """NeuSight's training step: forward + backward, no optimizer (neusight/Tracing/trace.py ``measure_e2e``)."""
@@ -146,6 +151,7 @@ def train_s(arch, device, batch: int, seq: int, kernels) -> tuple[float, float, 
         precision="fp32",
         attention="eager",
         optimizer=NEUSIGHT_OPTIMIZER,
+        framework=NEUSIGHT_FRAMEWORK,
     )
     r = predict_train(arch, device, cfg, kernels=kernels)
     if r.iteration_time_s is None:
