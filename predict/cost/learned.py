@@ -35,6 +35,7 @@ this one (flagged out of range), is held to the ones that measured it, and is no
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -112,10 +113,13 @@ def _kernel_impl(k: Kernel) -> str | None:
     (norms, softmax, cross-entropy, rope), else None (attention's kernel families are kinds of
     kernel, priced as before)."""
     impl = k.param_dict.get("impl")
-    if impl is None:
-        return None
-    choices = next((p.choices for p in get_op(k.kind).params if p.name == "impl"), None)
-    return str(impl) if choices == KERNEL_IMPLS else None
+    return str(impl) if impl is not None and _takes_kernel_impls(k.kind) else None
+
+
+@functools.cache
+def _takes_kernel_impls(kind: str) -> bool:
+    """Whether op ``kind``'s ``impl`` parameter chooses among :data:`opcast.ops.KERNEL_IMPLS`."""
+    return next((p.choices for p in get_op(kind).params if p.name == "impl"), None) == KERNEL_IMPLS
 
 
 def _impl_devices(entry: Mapping[str, Any]) -> dict[str, frozenset[str]]:
@@ -187,6 +191,7 @@ class HardwareRange:
         self.notes: list[str] = []
         self._specs: dict[str, DeviceSpec] = {}
         self._reasons: dict[tuple[Any, ...], str | None] = {}
+        self._fitted: dict[tuple[str, str | None], tuple[str, ...]] = {}
         specs = self.meta.get("device_specs")
         if not isinstance(specs, Mapping):
             self.notes.append("the model set records no device_specs: learned predictions are not range-checked")
@@ -210,12 +215,16 @@ class HardwareRange:
         ``impl``, only those with data of that implementation where the entry records them
         (:func:`_impl_devices`): a training device that measured another implementation only is an
         extrapolation for this one, not a reference."""
+        got = self._fitted.get((key, impl))
+        if got is not None:
+            return got
         entry = self.meta.get("predictors", {}).get(key)
         if not isinstance(entry, Mapping):
             return ()
         names = tuple(str(n) for n in entry.get("devices", ()))
         measured = _impl_devices(entry).get(impl) if impl is not None else None
-        return names if measured is None else tuple(n for n in names if n in measured)
+        got = self._fitted[(key, impl)] = names if measured is None else tuple(n for n in names if n in measured)
+        return got
 
     def training_specs(self, key: str, impl: str | None = None) -> tuple[DeviceSpec, ...]:
         """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on (with
@@ -634,8 +643,9 @@ class LearnedKernelCost:
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]) or adapted:
                 continue
-            specs = self.range.training_specs(key, _kernel_impl(k))
-            if twin in self.range.fitted_on(key, _kernel_impl(k)):
+            impl = _kernel_impl(k)
+            specs = self.range.training_specs(key, impl)
+            if twin in self.range.fitted_on(key, impl):
                 self._on_training.setdefault(twin, {})[k] = float(out[i])
                 if len(specs) < 2 or twin not in {s.name for s in specs}:
                     continue
