@@ -138,22 +138,10 @@ class HierEstimator(RooflineEstimator, HierPredictor):
         return (np.array(device, dtype=np.int64), np.array(shape, dtype=np.int64), np.array(level, dtype=np.int64))
 
     def _shape_estimator(self) -> XGBEstimator:
+        """The xgb shape model with this estimator's tree hyper-parameters (the ones both declare)."""
         names = None if self.feature_names is None else tuple(self.feature_names[i] for i in self.shape_idx_)
-        return XGBEstimator(
-            feature_names=names,
-            n_estimators=self.n_estimators,
-            max_depth=self.max_depth,
-            learning_rate=self.learning_rate,
-            subsample=self.subsample,
-            colsample_bytree=self.colsample_bytree,
-            min_child_weight=self.min_child_weight,
-            reg_lambda=self.reg_lambda,
-            early_stopping_rounds=self.early_stopping_rounds,
-            val_fraction=self.val_fraction,
-            monotone=self.monotone,
-            seed=self.seed,
-            n_jobs=self.n_jobs,
-        )
+        trees = {n: getattr(self, n) for n in XGBEstimator._get_param_names() if n != "feature_names"}
+        return XGBEstimator(feature_names=names, **trees)
 
     # ------------------------------------------------------------------ fit
 
