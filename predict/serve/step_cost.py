@@ -183,11 +183,7 @@ class PricedStepCost:
     def __call__(self, prefill: Sequence[tuple[int, int]], decode_seqs: int, decode_kv_tokens: int) -> float:
         tokens = decode_seqs
         t = 0.0
-        if len(prefill) == 1:
-            ((q, kv),) = prefill
-            tokens += q
-            t = interp2(self.q, self.kv, self.prefill_s, q, kv)
-        elif prefill:
+        if prefill:  # one chunk is exactly itself: sqrt((2q + 1)^2) is exact in floating point
             q_e, kv_e = equivalent_prefill(prefill)
             tokens += sum(q for q, _ in prefill)
             t = interp2(self.q, self.kv, self.prefill_s, q_e, kv_e)
