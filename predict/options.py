@@ -494,8 +494,9 @@ def _fraction(v: float) -> str | None:
 
 
 def _hit_fraction(v: float) -> str | None:
-    ok = math.isfinite(v) and 0 <= v <= 1
-    return None if ok else f"--prefix-cache-hit {v} must be a fraction of each prompt in [0, 1], e.g. 1 or 0.5"
+    from opcast.predict.serve.kv_cache import hit_fraction_problem  # only when the option is given
+
+    return hit_fraction_problem(v)
 
 
 def _serve_stream_rule(o: Args) -> str | None:

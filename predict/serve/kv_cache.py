@@ -40,6 +40,13 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
+def hit_fraction_problem(fraction: float) -> str | None:
+    """Why ``fraction`` is not a prefix-cache hit fraction (``--prefix-cache-hit``), or None."""
+    if math.isfinite(fraction) and 0 <= fraction <= 1:
+        return None
+    return f"--prefix-cache-hit {fraction} must be a fraction of each prompt in [0, 1], e.g. 1 or 0.5"
+
+
 def prefix_hit_tokens(prompt_tokens: np.ndarray, fraction: float, block_size: int) -> np.ndarray:
     """Tokens of each prompt a prefix-cache hit covers when its first ``fraction`` is cached: whole
     blocks only, and never the last prompt token, ``block_size * floor(min(fraction * n, n - 1) / block_size)``.
@@ -49,8 +56,9 @@ def prefix_hit_tokens(prompt_tokens: np.ndarray, fraction: float, block_size: in
     recomputed for its logits, which with block alignment recomputes the whole last block (a prompt
     of ``n`` tokens fully cached in blocks of 16 recomputes ``n - 16 floor((n - 1) / 16)``, 1 to 16
     tokens). SGLang's radix cache (blocks of 1) likewise leaves at least the last token."""
-    if not (math.isfinite(fraction) and 0 <= fraction <= 1):
-        raise OpcastError(f"--prefix-cache-hit {fraction} must be a fraction of each prompt in [0, 1], e.g. 1 or 0.5")
+    problem = hit_fraction_problem(fraction)
+    if problem:
+        raise OpcastError(problem)
     if block_size < 1:
         raise OpcastError(f"block size {block_size} must be >= 1")
     n = np.asarray(prompt_tokens, dtype=np.int64)
