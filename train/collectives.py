@@ -31,6 +31,11 @@ of ranks per node never measured inside one node, no inter-node law without mult
 So the law extrapolates in message size and in node count (8 nodes from 1-4), not in kinds of
 links it never saw.
 
+A serving engine's custom all-reduce (vLLM's one-shot/two-shot IPC kernel, measured by
+AIConfigurator) is fitted as its own kind, :data:`CUSTOM_ALL_REDUCE`, with the same law and the
+all-reduce's step and volume counts (its free launch, step and bandwidth terms absorb the
+kernel's one-shot/two-shot shape): single-node rows only, so it never covers a call across nodes.
+
 Held-out report (:func:`held_out_report`): ``sizes`` leaves out every third message size of each
 topology and fits on the rest; ``topology`` fits on the runs of at most 4 nodes and scores those of
 more where there are any, else leaves each topology out in turn (scored where the rest still
@@ -50,7 +55,15 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
-KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+OP_KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
+"""The registry's collective ops (the ``op`` of a dataset row)."""
+CUSTOM_ALL_REDUCE: Final = "all_reduce_custom"
+"""The law of a serving engine's own (non-NCCL) all-reduce: ``all_reduce`` rows whose ``backend``
+is one of :data:`CUSTOM_BACKENDS` (the AIConfigurator replay's ``custom_allreduce_perf``).
+:data:`opcast.predict.comm.CUSTOM_ALL_REDUCE` names the same kind."""
+CUSTOM_BACKENDS: Final = ("custom",)
+KINDS: Final = (*OP_KINDS, CUSTOM_ALL_REDUCE)
+"""Every law kind a ``collectives.json`` may hold."""
 FORMAT: Final = "opcast-collectives"
 FORMAT_VERSION: Final = 1
 MIN_ROWS: Final = 8
@@ -65,8 +78,14 @@ HOLDOUT_MAX_NODES: Final = 4
 # --------------------------------------------------------------------------- the law
 
 
+def op_kind(kind: str) -> str:
+    """The collective op a law kind prices (:data:`CUSTOM_ALL_REDUCE` is an all-reduce)."""
+    return "all_reduce" if kind == CUSTOM_ALL_REDUCE else kind
+
+
 def ring_steps(kind: str, n: int) -> int:
     """Latency steps of the ring over ``n`` ranks (NCCL's ring: all-reduce 2(n-1), send/recv 1)."""
+    kind = op_kind(kind)
     if kind == "send_recv":
         return 1
     return 2 * (n - 1) if kind == "all_reduce" else n - 1
@@ -74,6 +93,7 @@ def ring_steps(kind: str, n: int) -> int:
 
 def volume(kind: str, n: int, per_node: int, tier: str) -> float:
     """Bytes per byte of ``S`` that each rank moves over ``tier`` (intra or net) in the ring."""
+    kind = op_kind(kind)
     if kind == "all_to_all" and tier == "net":
         return (n - per_node) / n  # the inter-node share, over each GPU's own NIC
     return bus_factor(kind, n)
@@ -159,13 +179,22 @@ class CollectiveModels:
 
 def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     """The rows a law can be fitted on (a collective, its cluster named, a positive time, a
-    consistent topology) and the count of the others by reason."""
+    consistent topology) and the count of the others by reason. A custom all-reduce row (its
+    ``backend`` in :data:`CUSTOM_BACKENDS`) comes back with ``op`` :data:`CUSTOM_ALL_REDUCE`."""
     import numpy as np
 
     skipped: dict[str, int] = {}
-    coll = frame[frame["op"].isin(KINDS)] if len(frame) else frame
+    coll = frame[frame["op"].isin(OP_KINDS)] if len(frame) else frame
     if not len(coll):
         return coll, skipped
+    if "backend" in coll.columns:
+        custom = coll["backend"].isin(list(CUSTOM_BACKENDS)).fillna(False).to_numpy(dtype=bool)
+        if custom.any():
+            other = custom & (coll["op"].astype(str) != "all_reduce").to_numpy()
+            if other.any():
+                skipped["custom-backend collectives other than all-reduce (no law for them)"] = int(other.sum())
+            op = np.where(custom, CUSTOM_ALL_REDUCE, coll["op"].astype(str).to_numpy())
+            coll = coll[~other].assign(op=op[~other])
     cluster = coll["cluster"] if "cluster" in coll.columns else None
     named = cluster.notna().to_numpy() if cluster is not None else np.zeros(len(coll), dtype=bool)
     if (~named).any():
@@ -205,6 +234,8 @@ def _design(kind: str, a: Mapping[str, np.ndarray], gamma: float, gs: tuple[int,
 
     n, nodes, per, nb = a["n"], a["nodes"], a["per"], a["bytes"]
     single = nodes == 1
+
+    kind = op_kind(kind)
 
     def steps(k: np.ndarray) -> np.ndarray:
         if kind == "send_recv":
@@ -535,7 +566,7 @@ def fit_datasets(datasets: Iterable[str | Any]) -> tuple[CollectiveModels | None
     from opcast.schema import read_dataset
 
     frame = read_dataset(list(datasets))
-    return fit_collectives(frame), bool((~frame["op"].isin(KINDS)).any())
+    return fit_collectives(frame), bool((~frame["op"].isin(OP_KINDS)).any())
 
 
 def write_collectives_only_set(out: Any, name: str, datasets: Iterable[Any], command: str) -> Any:

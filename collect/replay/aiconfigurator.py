@@ -50,8 +50,28 @@ Tables converted (all forward, one measurement per row):
     describes (:data:`SYSTEM_CLUSTERS`: one NVLink/NVSwitch node, so only its intra-node tier is
     measured), null for a system the cluster catalog lacks.
 
-Every other table (fused MoE, MLA, custom all-reduce, MoE all-to-all, DeepSeek modules, Mamba,
-quantize kernels, ...) is skipped with a counted reason: :data:`TABLE_REASONS`, else "no opcast op".
+``comm/custom_allreduce_perf``
+    The serving engines' own tensor-parallel all-reduce (collector/collect_all_reduce.py: vLLM's
+    and SGLang's ``tensor_model_parallel_all_reduce``, TRT-LLM's ``AllReduce`` with strategy AUTO;
+    AIConfigurator 0.12.0 ships vLLM 0.14-0.27, SGLang 0.5.6-0.5.14 and TRT-LLM 1.0-1.3 tables).
+    ``message_size`` is in elements of ``allreduce_dtype`` (the collector allocates a tensor of
+    that many), one node of ``num_gpus``. Rows become ``all_reduce`` bf16 with ``backend``
+    :data:`CUSTOM_BACKEND` (the NCCL rows are fp16, so the two never share a dataset key); the
+    training of :mod:`opcast.train.collectives` fits them as their own law (``all_reduce_custom``).
+    Kept: the CUDA-graph lane (``*_graph`` / TRT-LLM's graph-only rows: serving engines replay
+    decode steps as CUDA graphs, and the graph replay times the kernels alone). Skipped with
+    reasons: the eager lane (a Python loop that clones the input and copies it into the IPC
+    buffer per call: about 40 us flat on A100 for any size under 1 MiB, the host's dispatch rate,
+    not the kernel), messages of :data:`CUSTOM_MAX_BYTES` and more (vLLM dispatches those to NCCL
+    or symmetric memory: ``CustomAllreduce.should_custom_ar`` in
+    vllm/distributed/device_communicators/custom_all_reduce.py answers ``inp_size < max_size``,
+    ``max_size`` 8 MiB by default; the A100 vLLM 0.14 rows meet NCCL's time from 8 MiB on), and
+    dtypes other than bfloat16. Where several frameworks measured one configuration, the
+    precedence below keeps vLLM's (SGLang's kernel is a port of vLLM's; TRT-LLM's AUTO strategy
+    switches to NCCL from about 1 MiB, so its rows fill only what vLLM lacks).
+
+Every other table (fused MoE, MLA, MoE all-to-all, DeepSeek modules, Mamba, quantize kernels,
+...) is skipped with a counted reason: :data:`TABLE_REASONS`, else "no opcast op".
 
 Provenance: ``source_file`` is the parquet path relative to ROOT (system/family/framework/
 version), ``kernel_name`` is ``"<framework> <version>: <kernel_source>"`` (e.g. ``"trtllm
@@ -154,13 +174,19 @@ COLLECTIVES: Final = {
     "alltoall": "all_to_all",
 }
 COLLECTIVE_DTYPES: Final = {"half": ("fp16", 2)}
+CUSTOM_TABLE: Final = "custom_allreduce_perf"
+CUSTOM_BACKEND: Final = "custom"
+"""``backend`` of the serving engines' custom all-reduce rows (:data:`CUSTOM_TABLE`)."""
+CUSTOM_DTYPES: Final = {"bfloat16": ("bf16", 2)}
+CUSTOM_MAX_BYTES: Final = 8 * 1024 * 1024
+"""vLLM's ``CustomAllreduce`` default ``max_size`` (8192 * 1024 bytes): at and above it vLLM's
+all-reduce is not the custom kernel (``should_custom_ar``: ``inp_size < self.max_size``)."""
+TIMING_CUSTOM: Final = "replay:aiconfigurator:cuda-graph-mean"
 
 ATTENTION_TABLES: Final = {"context_attention_perf": "context", "generation_attention_perf": "generation"}
 COLLECTIVE_TABLES: Final = ("nccl_perf", "oneccl_perf")
 TABLE_REASONS: Final[dict[str, str]] = {
     "moe_perf": "moe/moe_perf: fused MoE layer (routing + grouped GEMMs); the registry has no MoE op",
-    "custom_allreduce_perf": "comm/custom_allreduce_perf: framework custom all-reduce kernels, not NCCL "
-    "(opcast's all_reduce is NCCL's)",
     "moe_a2a_perf": "comm/moe_a2a_perf: MoE token dispatch/combine; the registry has no MoE op",
     "mla_bmm_perf": "mla_bmm/mla_bmm_perf: DeepSeek MLA absorbed BMMs (shape constants not in the table)",
 }
@@ -183,6 +209,7 @@ _SOURCE_COLUMNS: Final = {
 }
 _SOURCE_COLUMNS["generation_attention_perf"] = _SOURCE_COLUMNS["context_attention_perf"]
 _SOURCE_COLUMNS["oneccl_perf"] = _SOURCE_COLUMNS["nccl_perf"]
+_SOURCE_COLUMNS[CUSTOM_TABLE] = ("kernel_source", "op_name", "allreduce_dtype", "num_gpus", "message_size", "latency")
 _OPTIONAL_COLUMNS: Final = ("window_size", "beam_width")
 
 _PARAMS: Final = {
@@ -275,6 +302,8 @@ def replay(
             kind, frame = "attention", _attention(path, ATTENTION_TABLES[table], result)
         elif table in COLLECTIVE_TABLES:
             kind, frame = "collective", _collective(path, result)
+        elif table == CUSTOM_TABLE:
+            kind, frame = "collective", _custom_all_reduce(path, result)
         else:
             result.skipped[TABLE_REASONS.get(table, f"{family}/{table}: no opcast op for it")] += _num_rows(path)
             continue
@@ -315,7 +344,7 @@ def _read(path: Path, table: str) -> pd.DataFrame:
     missing = [c for c in required if c not in names]
     if missing:
         raise MalformedFile(path, None, f"{table} lacks column(s) {', '.join(missing)}")
-    columns = [*required, *(c for c in (*_OPTIONAL_COLUMNS, "device") if c in names)]
+    columns = [*required, *(c for c in (*_OPTIONAL_COLUMNS, "device", "backend") if c in names)]
     frame = pd.read_parquet(path, columns=columns)
     latency = pd.to_numeric(frame["latency"], errors="coerce")
     frame["time_s"] = latency / 1e3
@@ -424,6 +453,53 @@ def _collective(path: Path, result: ReplayResult) -> pd.DataFrame:
     )
 
 
+def _custom_all_reduce(path: Path, result: ReplayResult) -> pd.DataFrame:
+    """The engines' own all-reduce (see the module docstring): the CUDA-graph lane under
+    :data:`CUSTOM_MAX_BYTES`, as ``all_reduce`` rows of one node."""
+    frame = _read(path, CUSTOM_TABLE)
+    what = "custom all-reduce"
+    frame = _skip_by(
+        frame,
+        frame["op_name"].astype(str) != "all_reduce",
+        frame["op_name"].astype(str).map(lambda o: f"{what} {o}: not an all-reduce"),
+        result,
+    )
+    lane = frame["kernel_source"].astype(str)
+    if "backend" in frame:
+        lane = lane + " " + frame["backend"].fillna("").astype(str)
+    frame = _skip_by(
+        frame,
+        lane.str.contains("eager", case=False),
+        f"{what}: eager lane (a host loop that clones and copies each input: the dispatch rate, not the kernel; "
+        "the CUDA-graph lane is kept)",
+        result,
+    )
+    source_dtype = frame["allreduce_dtype"].astype(str)
+    frame = _skip_by(
+        frame,
+        ~source_dtype.isin(list(CUSTOM_DTYPES)),
+        source_dtype.map(lambda d: f"{what} dtype {d}: bfloat16 only (NCCL's rows hold the fp16 key)"),
+        result,
+    )
+    frame = _positive_time(frame, result, what)
+    frame = _skip_by(frame, frame["num_gpus"] < 2, f"{what}: fewer than 2 GPUs", result)
+    frame = _skip_by(frame, frame["message_size"] < 1, f"{what}: empty message", result)
+    nbytes = frame["message_size"].astype("int64") * frame["allreduce_dtype"].astype(str).map(
+        lambda d: CUSTOM_DTYPES[d][1]
+    ).astype("int64")
+    frame = _skip_by(
+        frame.assign(bytes=nbytes),
+        nbytes >= CUSTOM_MAX_BYTES,
+        f"{what}: {CUSTOM_MAX_BYTES >> 20} MiB or more (vLLM's max_size: the engine runs NCCL or symmetric "
+        "memory there, not its custom kernel)",
+        result,
+    )
+    dtype = frame["allreduce_dtype"].astype(str).map(lambda d: CUSTOM_DTYPES[d][0])
+    return frame.assign(
+        op="all_reduce", dtype=dtype, world_size=frame["num_gpus"], nodes=1, gpus_per_node=frame["num_gpus"]
+    )
+
+
 # --------------------------------------------------------------------------- selection
 
 
@@ -508,8 +584,11 @@ def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str
         out[column] = frame[column]
     out["timing_method"] = TIMING_NCCL if collective else TIMING_KERNEL
     if collective:
+        table = frame["_table"].astype(str)
+        custom = (table == CUSTOM_TABLE).to_numpy()
+        out["timing_method"] = np.where(custom, TIMING_CUSTOM, TIMING_NCCL)
         out["cluster"] = frame["_system"].astype(str).map(SYSTEM_CLUSTERS).astype(object)
-        out["backend"] = np.where(frame["_table"].astype(str) == "oneccl_perf", "oneccl", "nccl")
+        out["backend"] = np.where(custom, CUSTOM_BACKEND, np.where(table == "oneccl_perf", "oneccl", "nccl"))
     records = out.to_dict("records")
     for row in records:
         for name in ("time_s_p20", "time_s_p80"):
@@ -642,6 +721,8 @@ def read_meta(path: Path) -> dict[tuple[str, ...], str]:
 
 
 __all__ = [
+    "CUSTOM_BACKEND",
+    "CUSTOM_MAX_BYTES",
     "FRAMEWORKS",
     "SYSTEM_DEVICES",
     "data_root",

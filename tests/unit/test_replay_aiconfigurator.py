@@ -121,7 +121,7 @@ def test_collective_rows_match_pandas(source, replayed):
         "alltoall": "all_to_all",
     }
     expected = {(ops[o], 2 * e, g) for o, e, g in zip(c.op_name, c.message_size, c.num_gpus)}
-    got = rows[rows.op.isin(list(ops.values()))]
+    got = rows[rows.op.isin(list(ops.values())) & (rows.backend == "nccl")]
     assert len(got) == len(expected)
     assert set(zip(got.op, got.bytes, got.world_size)) == expected
     assert (got.nodes == 1).all() and (got.gpus_per_node == got.world_size).all() and (got.dtype == "fp16").all()
@@ -139,7 +139,10 @@ def test_skip_reasons_are_counted(source, replayed):
         (source.system == "zz_future").sum()
     )
     assert s[aic.TABLE_REASONS["moe_perf"]] == int((source.table == "moe_perf").sum())
-    assert s[aic.TABLE_REASONS["custom_allreduce_perf"]] == int((source.table == "custom_allreduce_perf").sum())
+    custom = source[source.table == "custom_allreduce_perf"]
+    assert s[next(k for k in s if k.startswith("custom all-reduce: eager lane"))] == int(
+        custom.kernel_source.str.endswith("_eager").sum()
+    )
     assert s["collective dtype int8: no opcast dtype (float/half/bfloat16 only)"] == int(
         (source.nccl_dtype == "int8").sum()
     )
@@ -198,7 +201,7 @@ def test_times_are_seconds_and_repeats_merge(source, replayed):
         ].latency
         / 1e3
     )
-    merged = _one(rows, op="all_reduce", bytes=2 * 1048576, world_size=8)
+    merged = _one(rows, op="all_reduce", bytes=2 * 1048576, world_size=8, backend="nccl")
     assert merged.time_s_median == pytest.approx(reps.median())
     assert merged.time_s_p20 == pytest.approx(reps.quantile(0.2))
     assert merged.time_s_p80 == pytest.approx(reps.quantile(0.8))
@@ -231,7 +234,10 @@ def test_provenance_columns(replayed):
     assert row.source_file == "h100_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet"
     assert row.torch_version == "2.9.1" and row.cuda_version == "13.0.1"  # runtime.abi of collection_meta.yaml
     assert row.timing_method == "replay:aiconfigurator:mean"
-    assert set(rows[rows.op == "all_reduce"].timing_method) == {"replay:aiconfigurator:nccl-tests-avg"}
+    nccl = rows[(rows.op == "all_reduce") & (rows.backend == "nccl")]
+    assert set(nccl.timing_method) == {"replay:aiconfigurator:nccl-tests-avg"}
+    custom = rows[rows.backend == aic.CUSTOM_BACKEND]
+    assert len(custom) and set(custom.timing_method) == {"replay:aiconfigurator:cuda-graph-mean"}
 
 
 def test_rows_validate_and_round_trip_the_schema(replayed, tmp_path):
