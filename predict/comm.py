@@ -25,6 +25,11 @@ does (NCCL ``src/graph/tuning.cc``, whose per-step latencies we use):
 - **all-to-all**: the intra-node and inter-node shares of ``(n-1)/n * S`` in parallel on their links.
 - **send/recv**: one hop on the link between the two ranks.
 
+A serving engine's own all-reduce (vLLM's custom IPC kernel; :func:`opcast.predict.serve.engine.tp_all_reduce_kind`
+says when an engine uses it) is the kind :data:`CUSTOM_ALL_REDUCE`. Only a learned law prices it
+(:mod:`opcast.predict.comm_learned`); where no source covers it, :class:`CollectiveCostModel`
+prices the same call as NCCL's all-reduce and says so in the label.
+
 Each algorithm is priced under NCCL's LL (low latency, a quarter of the bandwidth) and Simple
 protocols; the minimum wins. Bandwidths are the catalog's per-GPU, one-direction link speeds
 times :data:`LINK_EFFICIENCY`.
@@ -41,6 +46,9 @@ if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
 
 ALPHA_BETA = "alpha-beta"
+CUSTOM_ALL_REDUCE = "all_reduce_custom"
+"""A serving engine's custom (non-NCCL) all-reduce: law kind :data:`opcast.train.collectives.CUSTOM_ALL_REDUCE`."""
+NCCL_FALLBACK = "custom all-reduce without a measured law here: priced as NCCL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +71,8 @@ class Collective:
     """One collective call."""
 
     kind: str
-    """all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | broadcast."""
+    """all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | broadcast, or
+    :data:`CUSTOM_ALL_REDUCE` (an engine's own all-reduce)."""
     bytes: int
     """nccl-tests ``size``: the buffer per rank (all-gather: the gathered output)."""
     group: Group
@@ -91,6 +100,11 @@ PCIe: 0.8, the usual ratio of achieved to nominal PCIe throughput (TLP overheads
 
 PCIE_MAX_BYTES_PER_S = 64e9
 """Intra-node links at or below this (PCIe 4.0 x16 and slower) take PCIe latencies."""
+
+
+def intra_tier(device: DeviceSpec) -> str:
+    """``nvlink`` or ``pci``: the kind of link between the GPUs of one node of ``device``."""
+    return "pci" if device.intra_node_bw_bytes_per_s <= PCIE_MAX_BYTES_PER_S else "nvlink"
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,16 +148,16 @@ class AlphaBetaCollectives:
     name = ALPHA_BETA
 
     def covers(self, call: Collective, device: DeviceSpec) -> bool:
-        return True
+        return call.kind != CUSTOM_ALL_REDUCE  # NCCL's algorithms only
 
     def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
         g = call.group
         if g.size <= 1 or call.bytes <= 0:
             return 0.0, f"{ALPHA_BETA}/none"
-        intra_tier = "pci" if device.intra_node_bw_bytes_per_s <= PCIE_MAX_BYTES_PER_S else "nvlink"
-        b_intra = device.intra_node_bw_bytes_per_s * LINK_EFFICIENCY[intra_tier]
+        tier = intra_tier(device)
+        b_intra = device.intra_node_bw_bytes_per_s * LINK_EFFICIENCY[tier]
         b_nic = device.inter_node_bw_bytes_per_s * LINK_EFFICIENCY["net"]
-        options = self._options(call, g, intra_tier, b_intra, b_nic)
+        options = self._options(call, g, tier, b_intra, b_nic)
         best = min(options, key=lambda o: o[0])
         return best[0], f"{ALPHA_BETA}/{best[1]}"
 
@@ -216,7 +230,10 @@ class CollectiveCostModel:
                     hit = cache[call] = source.time_s(call, device)
                     break
             else:
-                raise ValueError(f"no collective-cost source covers {call}")
+                if call.kind != CUSTOM_ALL_REDUCE:
+                    raise ValueError(f"no collective-cost source covers {call}")
+                seconds, label = self.time_s(Collective("all_reduce", call.bytes, call.group), device)
+                hit = cache[call] = (seconds, f"{label} ({NCCL_FALLBACK})")
         return hit
 
     def total_s(self, calls: Sequence[tuple[Collective, float]], device: DeviceSpec) -> float:

@@ -11,6 +11,14 @@ the law identified the call's tier (:meth:`CollectiveLaw.covers`); it labels the
 :class:`~opcast.predict.comm.AlphaBetaCollectives` (label ``alpha-beta/...``), so a job without
 ``--cluster``, or on a cluster the set never measured, is priced exactly as before.
 :func:`collective_cost_for` builds the composite from a kernel cost model's model set.
+
+A serving engine's custom all-reduce (kind :data:`~opcast.predict.comm.CUSTOM_ALL_REDUCE`, one node
+only) runs over the node's GPU-to-GPU links alone, so its law also covers a device whose node has
+the same links as a fitted cluster's GPU (:func:`same_node_links`: architecture, intra-node
+bandwidth and GPUs per node; e.g. an A100-SXM4-40GB node on the dgx-a100 law, an H200 node on
+dgx-h100's); the label then names both (``learned/dgx-a100/custom/intra-node (A100-SXM4-40GB: same
+node links)``). Without such a law the call is priced as NCCL's all-reduce
+(:class:`~opcast.predict.comm.CollectiveCostModel`).
 """
 
 from __future__ import annotations
@@ -18,13 +26,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opcast.hardware import NETWORK_FIELDS
-from opcast.predict.comm import AlphaBetaCollectives, Collective, CollectiveCostModel
+from opcast.predict.comm import CUSTOM_ALL_REDUCE, AlphaBetaCollectives, Collective, CollectiveCostModel
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
 
 LEARNED = "learned"
-_FORMS = {"send_recv": "p2p", "all_to_all": "pairwise"}
+_FORMS = {"send_recv": "p2p", "all_to_all": "pairwise", CUSTOM_ALL_REDUCE: "custom"}
+_NODE_FIELDS = ("architecture", "intra_node_bw_bytes_per_s", "gpus_per_node")
 
 
 def cluster_device(cluster: str) -> str | None:
@@ -50,6 +59,19 @@ def same_network(device: DeviceSpec, cluster: str) -> bool:
         return True
     ref = get_device(reference)
     return all(math.isclose(getattr(device, f), getattr(ref, f), rel_tol=1e-5) for f in NETWORK_FIELDS)
+
+
+def same_node_links(device: DeviceSpec, cluster: str) -> bool:
+    """Whether a node of ``device`` links its GPUs as a node of catalog ``cluster`` does (same GPU
+    architecture, intra-node bandwidth and GPUs per node): what a custom all-reduce's law needs."""
+    from opcast.clusters import cluster_device_name, find_cluster
+    from opcast.hardware import get_device
+
+    spec = find_cluster(cluster)
+    if spec is None:
+        return False
+    ref = get_device(cluster_device_name(spec))
+    return all(getattr(device, f) == getattr(ref, f) for f in _NODE_FIELDS)
 
 
 class LearnedCollectives:
@@ -83,15 +105,28 @@ class LearnedCollectives:
             found = self._by_device[device.name] = matches[0] if len(matches) == 1 else None
         return found
 
-    def _law(self, call: Collective, device: DeviceSpec) -> tuple[str, Any] | None:
+    def _law(self, call: Collective, device: DeviceSpec) -> tuple[str, Any, str] | None:
+        """(cluster, law, label suffix) of the call, or None where no law covers it."""
         g = call.group
         if g.size <= 1 or call.bytes <= 0:
             return None
         cluster = self.cluster_of(device)
         law = None if cluster is None else self.models.law(cluster, call.kind)
+        if law is None and call.kind == CUSTOM_ALL_REDUCE and g.nodes == 1:
+            key = f"links|{device.name}|{device.architecture}|{device.intra_node_bw_bytes_per_s}|{device.gpus_per_node}"
+            if key not in self._by_device:
+                fitted = sorted(self.models.laws, key=lambda c: (c != self.cluster, c))  # the named cluster first
+                twins = [c for c in fitted if self.models.law(c, call.kind) and same_node_links(device, c)]
+                self._by_device[key] = twins[0] if twins else None
+            twin = self._by_device[key]
+            if twin is not None:
+                law = self.models.law(twin, call.kind)
+                if law is not None and law.covers(g.nodes, g.per_node):
+                    return twin, law, f" ({device.name}: same node links)"
+            return None
         if law is None or not law.covers(g.nodes, g.per_node):
             return None
-        return str(cluster), law
+        return str(cluster), law, ""
 
     def covers(self, call: Collective, device: DeviceSpec) -> bool:
         return self._law(call, device) is not None
@@ -99,10 +134,10 @@ class LearnedCollectives:
     def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
         found = self._law(call, device)
         assert found is not None, "covers() is asked first"
-        cluster, law = found
+        cluster, law, note = found
         g = call.group
         seconds = law.time_s(float(call.bytes), g.size, g.nodes, g.per_node)
-        return seconds, f"{LEARNED}/{cluster}/{_FORMS.get(call.kind, 'ring')}/{law.tier(g.nodes)}"
+        return seconds, f"{LEARNED}/{cluster}/{_FORMS.get(call.kind, 'ring')}/{law.tier(g.nodes)}{note}"
 
     def describe(self) -> dict[str, object]:
         return {

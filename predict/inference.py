@@ -10,7 +10,10 @@
 - **Engine overhead** (``engine``, default none): a serving framework's CPU time per step that the
   GPU does not hide (scheduling, input preparation, sampling), from
   :data:`opcast.predict.serve.engine.OVERHEADS` (estimates): the prefill pays one step's at
-  ``batch`` sequences, and so does every decode step.
+  ``batch`` sequences, and so does every decode step. The engine also decides each TP all-reduce:
+  its own custom kernel where it would run one (:func:`opcast.predict.serve.engine.tp_all_reduce_kind`:
+  vLLM and SGLang on one NVLink node under 8 MiB), NCCL's otherwise; without an engine, NCCL's.
+  ``cost_sources["tp_all_reduce"]`` counts the calls of each kind and how each was priced.
 - ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
@@ -30,7 +33,7 @@ from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
-from opcast.predict.serve.engine import OVERHEADS
+from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, tp_all_reduce_kind
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -78,8 +81,10 @@ def _forward_s(
     device: DeviceSpec,
     lines: list[dict[str, Any]] | None,
     phase: str,
+    comm_sources: dict[str, int] | None = None,
 ) -> tuple[float, float]:
-    """(compute, tp comm) seconds of one forward of all layers, the stages one after another."""
+    """(compute, tp comm) seconds of one forward of all layers, the stages one after another
+    (``comm_sources``: where given, counts the TP collective calls by ``kind: label``)."""
     tp = cfg.tp
     tokens = batch * seq_q
     ops = block_ops(
@@ -116,8 +121,12 @@ def _forward_s(
                     }
                 )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm]:
-        t, _ = comms.time_s(Collective(c.kind, c.bytes, tp_group), device)
+        kind = c.kind if c.kind != "all_reduce" else tp_all_reduce_kind(cfg.engine, c.bytes, tp_group, device)
+        t, label = comms.time_s(Collective(kind, c.bytes, tp_group), device)
         comm_s += repeat * c.count * t
+        if comm_sources is not None:
+            key = f"{kind}: {label}"
+            comm_sources[key] = comm_sources.get(key, 0) + repeat * c.count
     return compute, comm_s
 
 
@@ -154,6 +163,8 @@ def predict_infer(
     def pp_s(tokens: int) -> float:
         return _pp_send_s(arch, cfg, act_b, tokens=tokens, pp_hop=pp_hop, comms=comms, device=device)
 
+    prefill_comms: dict[str, int] = {}
+    decode_comms: dict[str, int] = {}
     # A single batch runs the stages one after another: its latency is the forward of all layers.
     pre_c, pre_tp = _forward_s(
         arch,
@@ -168,6 +179,7 @@ def predict_infer(
         device=device,
         lines=lines,
         phase="prefill",
+        comm_sources=prefill_comms,
     )
     pre_pp = pp_s(b * P)
     overhead = OVERHEADS[cfg.engine] if cfg.engine != "none" else None
@@ -191,6 +203,7 @@ def predict_infer(
             device=device,
             lines=lines if n == len(steps) // 2 else None,
             phase="decode",
+            comm_sources=decode_comms if n == len(steps) // 2 else None,
         )
         dec_c += c
         dec_tp += t
@@ -203,6 +216,18 @@ def predict_infer(
     memory = _infer_memory(arch, cfg)
     kv = memory.kv_cache_bytes
     sources: dict[str, Any] = {**kernels.describe(), **comms.describe()}
+    if cfg.tp > 1:
+        rule = CUSTOM_ALL_REDUCE_RULES.get(cfg.engine)
+        sources["tp_all_reduce"] = {
+            "engine": cfg.engine,
+            "rule": rule.source
+            if rule is not None
+            else "NCCL: no serving engine"
+            if cfg.engine == "none"
+            else f"NCCL: {cfg.engine}'s own all-reduce is not modelled (opcast.predict.serve.engine)",
+            "prefill_calls": dict(sorted(prefill_comms.items())),
+            "decode_step_calls": dict(sorted(decode_comms.items())),
+        }
     if lines is not None:
         counts: dict[str, int] = {}
         for _key, src in {

@@ -59,11 +59,13 @@ def replica_step_cost(
     comms: CollectiveCostModel | None = None,
 ) -> PricedStepCost:
     """The step prices of one replica, tabulated to ``engine``'s limits and ``stream``'s longest request
-    (``gpus_per_node``: of the replica's resolved cluster)."""
+    (``gpus_per_node``: of the replica's resolved cluster). The steps run under ``engine``'s engine,
+    which decides each TP all-reduce (its own kernel or NCCL's,
+    :func:`opcast.predict.serve.engine.tp_all_reduce_kind`)."""
     return PricedStepCost(
         arch,
         device,
-        cfg,
+        replace(cfg, engine=engine.engine),
         gpus_per_node=gpus_per_node,
         kernels=kernels,
         comms=comms,

@@ -25,6 +25,20 @@ GPU does not hide (scheduling, input preparation, sampling, detokenisation hand-
 scheduling beside the model on a separate process but still spends a few hundred microseconds a
 step; SGLang overlaps its scheduler with the GPU ("zero-overhead" scheduler); TensorRT-LLM's C++
 executor is the leanest. Calibrate them against a measured run before trusting small-batch TPOT.
+
+**Tensor-parallel all-reduce** (:func:`tp_all_reduce_kind`, :data:`CUSTOM_ALL_REDUCE_RULES`): vLLM
+runs its own one-shot/two-shot all-reduce over CUDA IPC buffers instead of NCCL when
+``CustomAllreduce.__init__`` enables it (``vllm/distributed/device_communicators/custom_all_reduce.py``:
+world size 2, 4, 6 or 8, every rank on one node, and with more than 2 ranks the GPUs fully
+connected by NVLink) and ``CustomAllreduce.should_custom_ar`` accepts the tensor (fp32/fp16/bf16,
+a multiple of 16 bytes, ``inp_size < max_size``, ``max_size`` 8 MiB by default); otherwise its
+``CudaCommunicator.all_reduce`` falls through to NCCL (pynccl). SGLang's
+``python/sglang/srt/distributed/device_communicators/custom_all_reduce.py`` is a port of vLLM's with
+the same gates and default. TensorRT-LLM's ``AllReduce`` (strategy AUTO) picks one-shot, two-shot or
+NCCL from a tuned table per SM, TP, hidden size and token count
+(``cpp/tensorrt_llm/common/customAllReduceUtils.h``); opcast has no law of its own kernels (the
+dataset keeps one custom all-reduce per configuration: vLLM's), so TensorRT-LLM's all-reduce is
+priced as NCCL's. A run without a serving engine (``engine`` none) and training always use NCCL.
 """
 
 from __future__ import annotations
@@ -34,9 +48,60 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from opcast.errors import OpcastError
+from opcast.hardware import DeviceSpec
+from opcast.predict.comm import CUSTOM_ALL_REDUCE, Group, intra_tier
 
 EngineName = Literal["vllm", "sglang", "trtllm"]
 ENGINES: tuple[str, ...] = get_args(EngineName)
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CustomAllReduceRule:
+    """When an engine's tensor-parallel all-reduce is its own kernel, not NCCL's (module docstring)."""
+
+    world_sizes: tuple[int, ...]
+    """Group sizes the kernel supports."""
+    max_bytes: int
+    """Messages of this many bytes and more go to NCCL."""
+    align_bytes: int
+    """The message must be a multiple of this many bytes."""
+    source: str
+
+    def applies(self, nbytes: int, group: Group, device: DeviceSpec) -> bool:
+        """Whether an all-reduce of ``nbytes`` over ``group`` on nodes of ``device`` runs the custom kernel."""
+        if group.size not in self.world_sizes or group.nodes != 1:
+            return False
+        if group.size > 2 and intra_tier(device) != "nvlink":  # more than 2 PCIe-only GPUs: NCCL
+            return False
+        return 0 < nbytes < self.max_bytes and nbytes % self.align_bytes == 0
+
+
+_VLLM_RULE_SOURCE = (
+    "vllm/distributed/device_communicators/custom_all_reduce.py: CustomAllreduce.__init__ (world sizes 2/4/6/8, "
+    "one node, full NVLink above 2 GPUs, max_size 8 MiB) and should_custom_ar (bytes % 16 == 0, bytes < max_size)"
+)
+CUSTOM_ALL_REDUCE_RULES: dict[str, CustomAllReduceRule] = {
+    "vllm": CustomAllReduceRule(world_sizes=(2, 4, 6, 8), max_bytes=8 * MIB, align_bytes=16, source=_VLLM_RULE_SOURCE),
+    "sglang": CustomAllReduceRule(
+        world_sizes=(2, 4, 6, 8),
+        max_bytes=8 * MIB,
+        align_bytes=16,
+        source="python/sglang/srt/distributed/device_communicators/custom_all_reduce.py (a port of "
+        + _VLLM_RULE_SOURCE
+        + ")",
+    ),
+}
+"""Engines whose TP all-reduce may be their custom kernel; any other engine (trtllm, none) uses NCCL."""
+
+
+def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpec) -> str:
+    """The collective kind of one tensor-parallel all-reduce of ``nbytes`` under ``engine``:
+    :data:`~opcast.predict.comm.CUSTOM_ALL_REDUCE` where the engine runs its own kernel, else
+    ``all_reduce`` (NCCL)."""
+    rule = CUSTOM_ALL_REDUCE_RULES.get(engine)
+    return CUSTOM_ALL_REDUCE if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
