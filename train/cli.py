@@ -43,7 +43,7 @@ def fit(
         ),
     ] = False,
     seed: Annotated[int, typer.Option(help="Seed of every split and estimator.")] = 0,
-    jobs: Annotated[int, typer.Option("--jobs", help="Threads for xgboost and torch.")] = 2,
+    jobs: Annotated[int, typer.Option("--jobs", help="Fits at once, each a one-thread worker process.")] = 2,
     folds: Annotated[
         int,
         typer.Option(

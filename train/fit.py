@@ -26,6 +26,7 @@ import pandas as pd
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, device_to_dict, get_device, spec_from_dict
 from opcast.ops import get_op, op_kinds
+from opcast.train.collectives import CUSTOM_BACKENDS
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
 from opcast.train.evaluate import ape_metrics
 from opcast.train.features import FEATURES, features, group_keys, model_inputs
@@ -57,7 +58,7 @@ class FitConfig:
     seed: int = 0
     """Seed of every split and estimator."""
     n_jobs: int = 2
-    """Threads for xgboost and torch."""
+    """Worker processes that run the fits (each fit runs one thread, see :data:`FIT_THREADS`)."""
     folds: int = 2
     """Held-out folds per group (each leaves one device out); 0 skips held-out scoring. One fold
     picks by one device's luck (on NeuSight's GPUs it flipped gemm to tile-mlp for A100); two
@@ -94,7 +95,7 @@ class FitConfig:
         if unknown:
             raise OpcastError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")
         if not 1 <= self.n_jobs <= 1024:
-            raise OpcastError(f"--jobs {self.n_jobs}: give a number of threads from 1 to 1024")
+            raise OpcastError(f"--jobs {self.n_jobs}: give a number of worker processes from 1 to 1024")
         if not 0 <= self.seed < 2**32:
             raise OpcastError(f"--seed {self.seed}: give an integer from 0 to 2**32 - 1")
         if self.min_rows < 1 or self.fold_max_rows < 1 or self.all_devices_rows < 0:
@@ -244,16 +245,19 @@ def feature_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec]) -> pd.
 
 # --------------------------------------------------------------------------- fitting
 
-SINGLE_THREAD_ROWS = 20_000
-"""Fits on fewer rows use one thread: each boosting round or small batch is too short to share,
-and on a machine busy with other work every parallel region waits for a descheduled thread
-(a 31-row xgboost fit took 166 s with two threads and 1.9 s with one on the shared 2-core box)."""
+FIT_THREADS: Final = 1
+"""Threads of every fit: ``--jobs`` runs that many fits at once in worker processes instead.
+A fit's parallel regions (an xgboost round, a small MLP batch) are too short to share, and on a
+machine busy with other work every region waits for a descheduled thread. Measured on the shared
+2-core box (load ~6, medians of interleaved runs): xgboost, 40k rows, 150 rounds, 5.7 s on one
+thread and 14.9 s on two; a tile-MLP step (batch 512) 17 ms on one and 200 ms on two; earlier, a
+31-row xgboost fit 1.9 s on one and 166 s on two. Processes never share a parallel region."""
 
 
-def _make(name: str, kind: str, cfg: FitConfig, rows: int | None = None) -> Estimator:
+def _make(name: str, kind: str, cfg: FitConfig) -> Estimator:
     params = dict(cfg.xgb_params if name == "xgb" else cfg.tile_mlp_params if name == "tile-mlp" else {})
     params.setdefault("seed", cfg.seed)
-    params.setdefault("n_jobs", 1 if rows is not None and rows < SINGLE_THREAD_ROWS else cfg.n_jobs)
+    params.setdefault("n_jobs", FIT_THREADS)
     return estimator_class(name)(feature_names=model_inputs(kind, name), **params)
 
 
@@ -328,18 +332,13 @@ def _fold_plan(
     return out
 
 
-def _threads(cfg: FitConfig, rows: int) -> int:
-    """Threads of one fit on ``rows`` rows (see :data:`SINGLE_THREAD_ROWS`)."""
-    return 1 if rows < SINGLE_THREAD_ROWS else cfg.n_jobs
-
-
 def _fold_fit(
     name: str, kind: str, cfg: FitConfig, x: pd.DataFrame, y: np.ndarray, shapes: np.ndarray, x_pred: pd.DataFrame
 ) -> np.ndarray | None:
     """Predictions on ``x_pred`` of estimator ``name`` fitted on (``x``, ``y``); None when it does not
     apply. A module-level function of picklable arguments: it runs in a worker process too."""
     try:
-        est = _make(name, kind, cfg, len(y)).fit(x, y, groups=shapes)
+        est = _make(name, kind, cfg).fit(x, y, groups=shapes)
     except NotApplicable:
         return None
     return np.asarray(est.predict_s(x_pred), dtype=float)
@@ -350,7 +349,7 @@ def _final_fit(
 ) -> Estimator | NotApplicable:
     """Estimator ``name`` fitted on all of a group's rows (a NotApplicable is returned, not raised)."""
     try:
-        return _make(name, kind, cfg, len(y)).fit(x, y, groups=shapes)
+        return _make(name, kind, cfg).fit(x, y, groups=shapes)
     except NotApplicable as err:
         return err
 
@@ -395,7 +394,6 @@ class _Task:
     fn: Any
     args: Any
     """A callable returning ``fn``'s arguments: the rows are copied only when the task starts."""
-    threads: int
     cost_s: float
 
 
@@ -431,7 +429,6 @@ class _GroupFit:
                         what=("fold", name, str(i)),
                         fn=_fold_fit,
                         args=args,
-                        threads=_threads(self.cfg, rows),
                         cost_s=_cost_s(name, rows),
                     )
                 )
@@ -459,7 +456,6 @@ class _GroupFit:
             what=("final", self.chosen),
             fn=_final_fit,
             args=args,
-            threads=_threads(self.cfg, len(self.y)),
             cost_s=_cost_s(self.chosen, len(self.y)),
         )
 
@@ -522,9 +518,8 @@ def _run_tasks(jobs: dict[str, _GroupFit], workers: int, done: Any) -> dict[str,
     """Run every group's fold fits, then its final fit, on ``workers`` processes (in this process
     when 1); returns group -> (fitted estimator, seconds) or the reason it was not fitted.
 
-    The longest pending task starts first, and a task of ``threads`` threads waits until that many
-    workers are free, so the machine never runs more threads than ``workers`` (on a shared box an
-    oversubscribed parallel region waits for descheduled threads). Every fit is the same
+    The longest pending task starts first; each runs one thread (:data:`FIT_THREADS`), so the
+    machine never runs more threads than ``workers``. Every fit is the same
     computation whichever process runs it and in whichever order (seeds, rows and threads are
     fixed per task), so the model set is the same for any ``workers``. ``done(group)`` is called
     as each group completes."""
@@ -581,14 +576,14 @@ def _run_tasks(jobs: dict[str, _GroupFit], workers: int, done: Any) -> dict[str,
             warm.result()
         while pending or running:
             pending.sort(key=lambda t: -t.cost_s)
-            while pending and min(pending[0].threads, workers) <= free:
+            while pending and free:
                 task = pending.pop(0)
-                free -= min(task.threads, workers)
+                free -= 1
                 running[pool.submit(_timed, task.fn, *task.args())] = task
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
                 task = running.pop(fut)
-                free += min(task.threads, workers)
+                free += 1
                 finish(task, *fut.result())
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
@@ -756,6 +751,14 @@ def fit_frame(
                 "collectives.json's per-cluster laws; --collectives also fits cluster-blind kernel predictors)"
             )
             frame = frame[~coll]
+    if "backend" in frame.columns:
+        custom = frame["backend"].isin(list(CUSTOM_BACKENDS)).fillna(False).to_numpy(dtype=bool)
+        if custom.any():  # an engine's own all-reduce is another kernel than NCCL's: collectives.json's law
+            skipped["custom all-reduce"] = (
+                f"{int(custom.sum())} rows of serving engines' own all-reduce kernels (fitted only as "
+                "collectives.json's all_reduce_custom law, never as NCCL's all_reduce)"
+            )
+            frame = frame[~custom]
     if not len(frame):
         raise OpcastError(
             "no training rows left (check --op and --holdout-device against the dataset's ops and devices)"
