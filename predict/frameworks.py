@@ -22,7 +22,16 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   fp16/bf16 optimizer keeps fp32 master weights and moments only: 16 bytes);
 - ``hf`` (Hugging Face Transformers with torch eager): ``LlamaRMSNorm`` as torch ops (unfused),
   ``nn.LayerNorm``, ``nn.functional.softmax`` (eager attention) and ``nn.CrossEntropyLoss``
-  (``log_softmax`` + ``nll_loss``): torch's native kernels; 16 bytes.
+  (``log_softmax`` + ``nll_loss``): torch's native kernels; 16 bytes;
+- ``foundry`` (MosaicML llm-foundry's MPT on Composer + PyTorch FSDP, as its benchmark tables ran:
+  ``scripts/train/benchmarking/submit_benchmarks.py`` at commit b2a43a147 runs llm-foundry v0.3.0):
+  ``LPLayerNorm`` (``llmfoundry/models/layers/norm.py``: ``F.layer_norm`` on the autocast dtype, native)
+  and the ``fused_crossentropy`` loss that ``MPTForCausalLM`` picks by default
+  (``llmfoundry/models/mpt/modeling_mpt.py`` v0.3.0 lines 721-727: flash-attn's ``CrossEntropyLoss``, the
+  ``xentropy_cuda_lib`` kernel the ``gpu`` extra installs, softmax, loss and gradient in one pass: fused);
+  FSDP keeps fp32 sharded parameters and gradients (16 bytes). Its attention is Triton FlashAttention
+  (``attn_impl: triton``), an implementation the op registry does not name yet: attention keeps the
+  registry's ``flash`` here (``benchmarks/mosaicml.py`` says what that costs).
 
 Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
 before frameworks were named (kept: the README's main job and the Megatron papers' runs it is held
@@ -38,7 +47,7 @@ from typing import Literal, get_args
 
 from opcast.errors import OpcastError
 
-FrameworkName = Literal["megatron", "neox", "hf"]
+FrameworkName = Literal["megatron", "neox", "hf", "foundry"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -66,6 +75,11 @@ FRAMEWORKS: dict[str | None, Framework] = {
     "hf": Framework(
         name="hf",
         impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "native")),
+        fp32_grads=False,
+    ),
+    "foundry": Framework(
+        name="foundry",
+        impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "fused")),
         fp32_grads=False,
     ),
 }
