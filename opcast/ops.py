@@ -360,6 +360,19 @@ register(
 # --------------------------------------------------------------------------- attention
 
 ATTENTION_IMPLS: Final = ("flash", "sdpa", "eager")
+"""Attention kernel families the microbenchmarks run and the learned models code (``impl_code`` 0, 1, 2:
+``opcast.train.features`` codes ``impl`` as the position in ``(*ATTENTION_IMPLS, *ROPE_IMPLS)``, so this
+tuple keeps its three members, and the norms' codes after them do not shift): ``flash`` FlashAttention-2/3
+(flash-attn 2, torch SDPA's flash backend, FlashAttention-3 and TensorRT-LLM kernels on Hopper), ``sdpa``
+torch SDPA's other backends, ``eager`` the score matrix in memory."""
+
+PUBLISHED_ATTENTION_IMPLS: Final = ("flash1",)
+"""Attention implementations priced from published measurements only, appended after
+:data:`ATTENTION_IMPLS` among attention's ``impl`` choices (no microbenchmark runs them, no learned
+model codes them): ``flash1``, FlashAttention-1-generation kernels (FlashAttention-1's CUDA kernels,
+HazyResearch's / OpenAI's Triton FlashAttention as llm-foundry's ``attn_impl: triton`` ran it),
+priced by ``opcast.predict.cost.published`` at FlashAttention-1's measured speed. Same FLOPs and
+bytes as ``flash`` (tiled, S recomputed in backward); about half its speed on A100."""
 
 
 def _attention_pairs(p: Params) -> float:
@@ -428,7 +441,12 @@ register(
             Param(name="seq_kv", type=int, doc="key/value length"),
             Param(name="head_dim", type=int, doc="channels per head"),
             Param(name="causal", type=bool, doc="causal mask"),
-            Param(name="impl", type=str, doc="kernel family", choices=ATTENTION_IMPLS),
+            Param(
+                name="impl",
+                type=str,
+                doc="kernel family: flash (FlashAttention-2/3), sdpa, eager, flash1 (FlashAttention-1 generation)",
+                choices=(*ATTENTION_IMPLS, *PUBLISHED_ATTENTION_IMPLS),
+            ),
         ),
         flops_fwd=_attention_flops_fwd,
         bytes_fwd=_attention_bytes_fwd,

@@ -14,6 +14,11 @@ Sources:
   outside the hardware a predictor was fitted on (:class:`HardwareRange`, from the training
   devices' specs recorded in ``meta.json``) is an extrapolation: the answer is flagged, and with
   ``in_range_only`` (the CLI's ``--analytic``) the roofline answers instead, flagged too.
+- :class:`PublishedAttentionCost` prices attention of the FlashAttention-1 generation (registry
+  ``impl`` ``flash1``, which no learned model has data of) at FlashAttention-1's published measured
+  rate, and on GPUs the figures did not measure at the nearest architecture's share of peak, its
+  label saying so (``published/flash1``, ``published/flash1/extrapolated-from-A100``); it sits
+  between the learned source and the roofline and covers nothing else.
 - :class:`RooflineKernelCost`, the fallback, is ``max(FLOPs / (peak x eff_c), bytes / (bw x eff_m))``
   with the efficiencies of :data:`ROOFLINE_EFFICIENCY`. It has no constant terms, so a GPU with
   every spec doubled is exactly twice as fast on this path.
@@ -34,6 +39,7 @@ One module per concern; this package re-exports their public names, so import fr
   :func:`kernel_peak`, :func:`bottleneck`, :func:`peak_roofline_s`;
 - :mod:`~opcast.predict.cost.learned`   :class:`LearnedKernelCost`, its range checks
   (:class:`HardwareRange`) and the physical bounds;
+- :mod:`~opcast.predict.cost.published` :class:`PublishedAttentionCost` and the figures it prices with;
 - :mod:`~opcast.predict.cost.model`     the composition, :class:`KernelCostModel` (with
   :func:`decompose` for eager attention), and the entry points :func:`load_kernel_cost` and
   :func:`roofline_only`.
@@ -65,6 +71,15 @@ from opcast.predict.cost.model import (
     physical_bounds_enabled,
     roofline_only,
 )
+from opcast.predict.cost.published import (
+    FA1_FWD_BWD_TFLOPS,
+    FA1_GPUS,
+    FA1_SEQS,
+    PUBLISHED,
+    PublishedAttentionCost,
+    fa1_rate_flop_per_s,
+    nearest_figure,
+)
 from opcast.predict.cost.query import (
     LEARNED,
     ROOFLINE,
@@ -88,9 +103,13 @@ from opcast.predict.cost.roofline import (
 __all__ = [
     "BOUNDS_ENV",
     "BOUND_RULES",
+    "FA1_FWD_BWD_TFLOPS",
+    "FA1_GPUS",
+    "FA1_SEQS",
     "FLOOR",
     "LEARNED",
     "MONOTONE",
+    "PUBLISHED",
     "RANGE_SLACK",
     "RATIO",
     "ROOFLINE",
@@ -104,15 +123,18 @@ __all__ = [
     "KernelCostModel",
     "KernelTimeSource",
     "LearnedKernelCost",
+    "PublishedAttentionCost",
     "RooflineEfficiency",
     "RooflineKernelCost",
     "RooflineTerms",
     "bottleneck",
     "decompose",
+    "fa1_rate_flop_per_s",
     "kernel",
     "kernel_peak",
     "load_kernel_cost",
     "models_flag_problem",
+    "nearest_figure",
     "peak_roofline_s",
     "physical_bounds_enabled",
     "roofline_only",

@@ -31,6 +31,9 @@ entry records which devices measured which implementation (``impl_devices``: imp
 device names), the bounds of a kernel take as training devices only those with data of its
 implementation: a device that measured another implementation only answers by extrapolation for
 this one (flagged out of range), is held to the ones that measured it, and is no reference for others.
+Attention's published-only implementations (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`: ``flash1``)
+are spoken for only where ``impl_devices`` records devices that measured them (no model set does
+today), so FlashAttention-1-generation kernels fall to :mod:`~opcast.predict.cost.published`.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import numpy as np
 
 from opcast.errors import OpcastError
 from opcast.hardware import kernel_twin
-from opcast.ops import KERNEL_IMPLS, MATRIX_KINDS, get_op
+from opcast.ops import KERNEL_IMPLS, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
 from opcast.predict.intervals import Residuals
@@ -110,10 +113,13 @@ default (the features it was fitted on)."""
 
 def _kernel_impl(k: Kernel) -> str | None:
     """``k``'s implementation (``impl``) where its op takes one of :data:`opcast.ops.KERNEL_IMPLS`
-    (norms, softmax, cross-entropy, rope), else None (attention's kernel families are kinds of
-    kernel, priced as before)."""
+    (norms, softmax, cross-entropy, rope) or is attention of a published-only implementation
+    (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`, which no learned model has data of), else None
+    (attention's measured kernel families are kinds of kernel, priced as before)."""
     impl = k.param_dict.get("impl")
-    return str(impl) if impl is not None and _takes_kernel_impls(k.kind) else None
+    if impl is None:
+        return None
+    return str(impl) if _takes_kernel_impls(k.kind) or impl in PUBLISHED_ATTENTION_IMPLS else None
 
 
 @functools.cache
@@ -416,7 +422,14 @@ class LearnedKernelCost:
             return memo
         entry = self.range.meta.get("predictors", {}).get(key)
         status = (True, False)
-        if isinstance(entry, Mapping) and "features" in entry:
+        if impl in PUBLISHED_ATTENTION_IMPLS:  # only where the predictor records devices that measured it
+            status = (bool(isinstance(entry, Mapping) and _impl_devices(entry).get(impl)), False)
+            if not status[0]:
+                self.range.notes.append(
+                    f"{key}: the learned model has no data of impl {impl} (no device of its impl_devices measured it); "
+                    "those kernels are priced by the next source"
+                )
+        elif isinstance(entry, Mapping) and "features" in entry:
             if "impl_code" in entry["features"]:
                 from opcast.train.features import _CODES
 

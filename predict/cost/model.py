@@ -1,5 +1,6 @@
 """The kernel cost model: :class:`KernelCostModel` asks its sources in order (learned where they
-cover, the roofline elsewhere), labels every answer with the source that gave it, holds learned
+cover, published measurements for FlashAttention-1-generation attention, the roofline elsewhere),
+labels every answer with the source that gave it (a source with ``source_label`` labels each kernel), holds learned
 answers to the physical bounds and caches per device; eager attention is priced from its kernels
 (:func:`decompose`). The entry points that build one: :func:`load_kernel_cost` (``--models``,
 ``--roofline``, ``--analytic``) and :func:`roofline_only`."""
@@ -16,6 +17,7 @@ import numpy as np
 
 from opcast.errors import OpcastError
 from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost
+from opcast.predict.cost.published import PublishedAttentionCost
 from opcast.predict.cost.query import LEARNED, Kernel, KernelTimeSource, kernel
 from opcast.predict.cost.roofline import RooflineKernelCost
 from opcast.predict.intervals import Residuals
@@ -164,9 +166,10 @@ class KernelCostModel:
                 times, bounded = source.bound(mine, times, device)
                 if bounded:
                     self._bounds.setdefault(device, {}).update(bounded)
+            label = getattr(source, "source_label", None)  # a source that labels each kernel (published)
             for k, t in zip(mine, times):
                 if np.isfinite(t):
-                    cache[k] = (float(t), source.name)
+                    cache[k] = (float(t), source.name if label is None else label(k, device))
                     if k in outside:
                         flags[k] = f"{outside[k]}; the learned model extrapolates (--analytic uses the roofline)"
         return [k for k in todo if k not in cache]
@@ -243,6 +246,8 @@ class KernelCostModel:
         for s in self.sources:
             if isinstance(s, LearnedKernelCost):
                 notes += [n for n in s.range.notes if n not in notes]
+            if isinstance(s, PublishedAttentionCost):
+                notes += [n for n in s.notes if n not in notes]
         summary = self.bounds_summary()
         for name, b in summary.items():
             rules = ", ".join(f"{n} {rule.replace('_', ' ')}" for rule, n in b["by_rule"].items())
@@ -328,7 +333,9 @@ def load_kernel_cost(
         " inside the hardware they were fitted on (--analytic)" if in_range_only else ""
     )
     return KernelCostModel(
-        sources=(LearnedKernelCost(model_set, label), RooflineKernelCost()),
+        # flash1 attention (FlashAttention-1 generation): no learned model has data of it, so its
+        # published measured rate answers before the roofline; nothing else is covered by it
+        sources=(LearnedKernelCost(model_set, label), PublishedAttentionCost(), RooflineKernelCost()),
         models_label=label,
         in_range_only=in_range_only,
         physical_bounds=physical_bounds_enabled(),

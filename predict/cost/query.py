@@ -92,7 +92,8 @@ class KernelTimeSource(Protocol):
     """Anything that can time a batch of kernels on a device."""
 
     name: str
-    """Label written next to every time it gives (``learned``, ``roofline``)."""
+    """Label written next to every time it gives (``learned``, ``roofline``); a source may label each
+    kernel instead with a ``source_label(kernel, device)`` method (``published/flash1/...``)."""
 
     def covers(self, k: Kernel) -> bool:
         """Whether this source speaks for ``k``'s (op, dtype, direction) group."""
