@@ -26,10 +26,11 @@ and once with ``--roofline``. :func:`cli_command` prints the equivalent command.
   1600 Gbps per 8-GPU node is 25 GB/s per GPU, the A100 catalog's ``inter_node_bw_bytes_per_s``,
   so no ``--set`` is needed; the H100 cluster's network is not stated (catalog: 50 GB/s per GPU);
 - ``--framework foundry`` (default here): what llm-foundry v0.3.0 ran (the version
-  ``submit_benchmarks.py`` pins, below): ``LPLayerNorm`` (torch's ``F.layer_norm``, native) and
-  flash-attn's fused cross-entropy kernel (:mod:`opcast.predict.frameworks`); ``--framework hf``
-  prices the loss as ``F.cross_entropy`` instead, ``none`` leaves the option out (needed for trees
-  older than ``--framework``);
+  ``submit_benchmarks.py`` pins, below): ``LPLayerNorm`` (torch's ``F.layer_norm``, native),
+  flash-attn's fused cross-entropy kernel and Triton FlashAttention, the registry's ``flash1``
+  attention (:mod:`opcast.predict.frameworks`); ``--framework hf`` prices the loss as
+  ``F.cross_entropy`` and attention as FlashAttention-2/3 instead, ``none`` leaves the option out
+  (needed for trees older than ``--framework``);
 - the arch is the preset ``data/archs/mpt-<size>.json`` (shapes from llm-foundry's
   ``scripts/train/yamls/pretrain/mpt-<size>.yaml`` at that commit). The benchmark runs used
   MPTConfig's defaults, learned positions (not ALiBi) and biases, as the CSV's NumParams prove:
@@ -55,11 +56,11 @@ FlashAttention-1-generation kernel (Ampere ``mma`` instructions, no Hopper ``wgm
 says "Overall Triton forward + backward is slightly slower than CUDA [FlashAttention-1] forward +
 backward". opcast's learned attention is FlashAttention-2 (A100: 2509.22832's ``flash_attn_func``
 and vLLM's flash-attn) and, on H100, FlashAttention-3/TRT-LLM kernels (AIConfigurator): 2-2.4x
-faster than what ran on A100 (FlashAttention-2 paper figure below), more on H100. The op registry has
-no implementation for this kernel (``opcast.ops.ATTENTION_IMPLS``: flash, sdpa, eager), so the
-CLI-equivalent prediction ("learned") keeps ``flash``; a third prediction ("learned, Triton
-attention") prices every attention kernel at FlashAttention-1's measured forward+backward rate
-(:data:`FA1_FWD_BWD_TFLOPS`, :class:`MeasuredAttention`) and everything else as "learned".
+faster than what ran on A100 (FlashAttention-2 paper figure below), more on H100. ``--framework
+foundry`` therefore runs attention as the registry's ``flash1`` (FlashAttention-1 generation), which
+``opcast predict train`` prices at FlashAttention-1's measured forward + backward rate
+(:mod:`opcast.predict.cost.published`, ``FA1_FWD_BWD_TFLOPS``: the FlashAttention-2 paper's Fig. 4
+and its H100 figure); the "learned" column is that command's prediction.
 
 Nothing here is tuned to these rows. MFU is reported three ways: MosaicML's (the CSV: 6N + full
 attention FLOPs, over 312 / 989 / 1979 TFLOP/s), the measured time under opcast's FLOP count
@@ -302,84 +303,12 @@ def _kernels(models: str | None, roofline: bool, analytic: bool):
     )
 
 
-FA1_SEQS = (512, 1024, 2048, 4096, 8192, 16384)
-FA1_FWD_BWD_TFLOPS: dict[tuple[str, bool, int], tuple[float, ...]] = {
-    ("A100", False, 64): (91, 92, 104, 108, 110, 110),
-    ("A100", False, 128): (76, 72, 76, 80, 82, 83),
-    ("A100", True, 64): (58, 70, 77, 87, 92, 97),
-    ("A100", True, 128): (55, 62, 69, 76, 80, 83),
-    ("H100", False, 64): (157, 159, 161, 161, 166, 168),
-    ("H100", False, 128): (127, 127, 128, 131, 137, 139),
-    ("H100", True, 64): (104, 123, 136, 138, 149, 156),
-    ("H100", True, 128): (98, 109, 108, 126, 135, 137),
-}
-"""FlashAttention-1's measured attention forward + backward speed (TFLOP/s) by (GPU, causal, head
-dim), at the sequences :data:`FA1_SEQS`: the "FlashAttention" bars of the FlashAttention-2 paper
-(Dao 2023, arXiv 2307.08691, Fig. 4, A100 80GB SXM4) and of the H100 80GB SXM5 figure released with it
-(github.com/Dao-AILab/flash-attention, ``assets/flash2_a100_fwd_bwd_benchmark.png`` and
-``assets/flash2_h100_fwd_bwd_benchmark.png`` at tag v2.0.0), fp16, batch x sequence = 16k tokens,
-hidden 2048. FLOPs counted as opcast counts them (``benchmarks/benchmark_flash_attention.py``:
-``4 * batch * seqlen**2 * nheads * headdim``, halved when causal, x 3.5 forward + backward). The same
-A100 figure measures the Triton FlashAttention at 50, 61, 68, 74, 78, 80 TFLOP/s (causal, head dim 128),
-within 10 % of these: the kernel MosaicML ran is priced at FlashAttention-1's rate, which its own
-header puts slightly above its speed."""
-
-FA1_GPUS = {"A100-SXM4-80GB": "A100", "A100-SXM4-40GB": "A100", "H100-SXM": "H100"}
-"""opcast device -> the figure's GPU (the 40GB A100 has the 80GB's SMs, clocks and tensor peak)."""
-
-
-class MeasuredAttention:
-    """A kernel-time source (``opcast.predict.cost.query.KernelTimeSource``) for attention as
-    llm-foundry's Triton FlashAttention ran it: the kernel's FLOPs (the registry's, forward or
-    backward) at :data:`FA1_FWD_BWD_TFLOPS`, interpolated linearly in log2(sequence) and held
-    constant beyond 512 and 16384 (opcast's efficiency-curve convention); the forward and the
-    backward at the same rate, so one forward + backward takes the figure's time. NaN (the next
-    source answers) on another GPU or head dimension."""
-
-    name = "published"
-
-    def covers(self, k) -> bool:
-        return k.kind == "attention"
-
-    def rate_flop_per_s(self, gpu: str, causal: bool, head_dim: int, seq: int) -> float:
-        import numpy as np
-
-        speeds = FA1_FWD_BWD_TFLOPS.get((gpu, causal, head_dim))
-        if speeds is None:
-            return math.nan
-        x = min(max(math.log2(seq), math.log2(FA1_SEQS[0])), math.log2(FA1_SEQS[-1]))
-        return float(np.interp(x, [math.log2(s) for s in FA1_SEQS], speeds)) * 1e12
-
-    def predict_s(self, kernels, device):
-        import numpy as np
-
-        gpu = FA1_GPUS.get(device.name)
-        out = []
-        for k in kernels:
-            p = k.param_dict
-            rate = (
-                math.nan
-                if gpu is None
-                else self.rate_flop_per_s(gpu, bool(p["causal"]), int(p["head_dim"]), int(p["seq_kv"]))
-            )
-            out.append(k.flops() / rate)
-        return np.array(out, dtype=float)
-
-
-@functools.cache
-def _kernels_triton_attention(models: str | None):
-    """The learned cost model with :class:`MeasuredAttention` asked first."""
-    base = _kernels(models, False, False)
-    return dataclasses.replace(base, sources=(MeasuredAttention(), *base.sources), _cache={}, _flags={}, _bounds={})
-
-
 def predict_row(
     row: Row,
     *,
     framework: str | None = "foundry",
     roofline: bool = False,
     models: str | None = None,
-    triton_attention: bool = False,
 ) -> Prediction:
     """What ``opcast predict train`` (:func:`cli_command` of the same options) predicts for ``row``."""
     from opcast.predict import options
@@ -400,7 +329,7 @@ def predict_row(
     )
     if isinstance(plan, TrainResult):
         return Prediction(False, tuple(plan.reasons))
-    kernels = _kernels_triton_attention(models) if triton_attention else _kernels(models, o.roofline, o.analytic)
+    kernels = _kernels(models, o.roofline, o.analytic)
     result = run_train(plan, kernels, where.comms(kernels), coverage=o.coverage, interval_mode=o.interval_mode)
     memory = result.worst_memory.total_bytes / 2**30 if result.memory else None
     if not result.feasible:
@@ -466,20 +395,17 @@ def run(rows: list[Row], *, framework: str | None, models: str | None) -> list[d
     for row in rows:
         learned = predict_row(row, framework=framework, models=models)
         roofline = predict_row(row, framework=framework, roofline=True)
-        triton = predict_row(row, framework=framework, models=models, triton_attention=True)
         out.append(
             {
                 "row": dataclasses.asdict(row),
                 "learned": dataclasses.asdict(learned),
                 "roofline": dataclasses.asdict(roofline),
-                "triton": dataclasses.asdict(triton),
             }
         )
         print(
             f"{row.section:34} {row.label:28} measured {row.measured_iteration_s:8.3f} s  "
             f"learned {_num(learned.iteration_s, '8.3f')} s ({_pct(error(learned, row))})  "
-            f"roofline {_num(roofline.iteration_s, '8.3f')} s ({_pct(error(roofline, row))})  "
-            f"Triton attention {_num(triton.iteration_s, '8.3f')} s ({_pct(error(triton, row))})",
+            f"roofline {_num(roofline.iteration_s, '8.3f')} s ({_pct(error(roofline, row))})",
             flush=True,
         )
     return out
@@ -525,26 +451,6 @@ def by_sequence_table(records: list[dict[str, Any]], key: str = "learned_err") -
     return lines
 
 
-def triton_table(records: list[dict[str, Any]]) -> list[str]:
-    """Per section: the CLI-equivalent learned prediction beside the same with MosaicML's attention
-    kernel priced at its measured rate (:class:`MeasuredAttention`)."""
-    lines = [
-        "| section | rows | learned: mean abs err | median signed | learned, Triton attention: mean abs err "
-        "| median signed | within 20 % |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name in [*SECTIONS.values(), "all"]:
-        recs = [r for r in records if (name == "all" or r["row"]["section"] == name) and "triton_err" in r]
-        if not recs:
-            continue
-        a, b = summary([r["learned_err"] for r in recs]), summary([r["triton_err"] for r in recs])
-        lines.append(
-            f"| {name} | {len(recs)} | {_num(a.get('mape'), '.1f')} % | {_num(a.get('median'), '+.1f')} % | "
-            f"{_num(b.get('mape'), '.1f')} % | {_num(b.get('median'), '+.1f')} % | {b.get('within_20', 0)} |"
-        )
-    return lines
-
-
 def compare_table(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
     """Mean abs error before -> after per section, on the rows both trees predict (matched by CSV line)."""
     by_line = {r["row"]["line"]: r for r in before}
@@ -575,9 +481,7 @@ def add_errors(records: list[dict[str, Any]]) -> None:
     for r in records:
         meas = r["row"]["global_batch_tokens"] / r["row"]["tokens_per_s"]
         r["measured_s"] = meas
-        for kind in ("learned", "roofline", "triton"):
-            if kind not in r:  # a --json-out of a tree without the Triton-attention prediction
-                continue
+        for kind in ("learned", "roofline"):
             t = r[kind]["iteration_s"]
             r[f"{kind}_err"] = None if t is None else t / meas - 1
 
@@ -595,7 +499,7 @@ def write_markdown(
     lines = [
         f"# `{command}`",
         "",
-        f"opcast: {version}. Wall time {wall_s:.1f} s (the whole script) for {len(records)} rows x 3 cost models. "
+        f"opcast: {version}. Wall time {wall_s:.1f} s (the whole script) for {len(records)} rows x 2 cost models. "
         "Held-out: nothing was tuned to these rows.",
         "",
         "Measured: MosaicML llm-foundry benchmark README (commit 495218376), "
@@ -616,20 +520,6 @@ def write_markdown(
         "Median signed error (learned models) by sequence length, rows in brackets:",
         "",
         *by_sequence_table(records),
-        "",
-        "## With the attention kernel MosaicML ran",
-        "",
-        "llm-foundry's benchmarks ran `attn_impl: triton` (a FlashAttention-1-generation Triton kernel, see the "
-        'docstring); opcast\'s learned attention is FlashAttention-2/3. "Learned, Triton attention" prices every '
-        "attention kernel at FlashAttention-1's measured forward + backward rate (FlashAttention-2 paper, Fig. 4, "
-        "and its H100 figure; held constant beyond sequence 16384, the figures' last point) and the rest as "
-        '"learned". Not a `opcast predict train` option yet: the op registry has no implementation for it.',
-        "",
-        *triton_table(records),
-        "",
-        "Median signed error (learned, Triton attention) by sequence length, rows in brackets:",
-        "",
-        *by_sequence_table(records, "triton_err"),
         "",
     ]
     if before is not None:
@@ -660,12 +550,11 @@ def write_markdown(
         "(learned / roofline). mem: predicted peak GiB per GPU (learned).",
         "",
         "| line | section | model | seq | GPUs | prec | mb x ga | ckpt | shard | measured s | learned s | err | "
-        "roofline s | err | Triton attn s | err | MFU csv | MFU meas | MFU learned | MFU roofline | mem |",
-        "|" + "---|" * 21,
+        "roofline s | err | MFU csv | MFU meas | MFU learned | MFU roofline | mem |",
+        "|" + "---|" * 19,
     ]
     for r in records:
         row, le, ro = r["row"], r["learned"], r["roofline"]
-        tr = r.get("triton", {"iteration_s": None})
         # the measured time under opcast's FLOP count: MFU x predicted / measured time (either prediction)
         priced = le if le["mfu"] is not None else ro
         mfu_meas = None if priced["mfu"] is None else priced["mfu"] * priced["iteration_s"] / r["measured_s"]
@@ -674,8 +563,7 @@ def write_markdown(
             f"| {row['line']} | {row['section']} | {row['model']} | {row['seq']} | {row['n_gpus']} {row['gpu']} | "
             f"{row['precision']} | {row['micro_batch']}x{row['grad_accum']} | {ckpt} | {row['sharding']} | "
             f"{r['measured_s']:.3f} | {_num(le['iteration_s'], '.3f')} | {_pct(r['learned_err'])} | "
-            f"{_num(ro['iteration_s'], '.3f')} | {_pct(r['roofline_err'])} | "
-            f"{_num(tr['iteration_s'], '.3f')} | {_pct(r.get('triton_err'))} | {row['mfu_pct']:.1f}% | "
+            f"{_num(ro['iteration_s'], '.3f')} | {_pct(r['roofline_err'])} | {row['mfu_pct']:.1f}% | "
             f"{_pct(mfu_meas, sign='')} | {_pct(le['mfu'], sign='')} | {_pct(ro['mfu'], sign='')} | "
             f"{_num(le['memory_gib'], '.1f')} |"
         )

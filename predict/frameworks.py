@@ -30,14 +30,17 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   (``llmfoundry/models/mpt/modeling_mpt.py`` v0.3.0 lines 721-727: flash-attn's ``CrossEntropyLoss``, the
   ``xentropy_cuda_lib`` kernel the ``gpu`` extra installs, softmax, loss and gradient in one pass: fused);
   FSDP keeps fp32 sharded parameters and gradients (16 bytes). Its attention is Triton FlashAttention
-  (``attn_impl: triton``), an implementation the op registry does not name yet: attention keeps the
-  registry's ``flash`` here (``benchmarks/mosaicml.py`` says what that costs).
+  (``attn_impl: triton``, ``llmfoundry/models/layers/flash_attn_triton.py``), a FlashAttention-1-generation
+  kernel: the registry's ``flash1``, priced at FlashAttention-1's measured rate
+  (:mod:`opcast.predict.cost.published`).
 
 Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
 before frameworks were named (kept: the README's main job and the Megatron papers' runs it is held
 against use those kernels). Rope keeps the registry's default (unfused) everywhere. Implementations
 are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass kernels (Apex, Transformer Engine,
-Megatron), ``native`` torch's single-launch kernels, ``unfused`` Python compositions of torch ops.
+Megatron), ``native`` torch's single-launch kernels, ``unfused`` Python compositions of torch ops;
+and for attention, where a framework names one (foundry), a registry ``impl`` of attention that
+replaces the default ``flash`` but not another ``--attention`` choice (:class:`opcast.predict.graph.Dtypes`).
 """
 
 from __future__ import annotations
@@ -79,7 +82,13 @@ FRAMEWORKS: dict[str | None, Framework] = {
     ),
     "foundry": Framework(
         name="foundry",
-        impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "fused")),
+        impls=(
+            ("layernorm", "native"),
+            ("rmsnorm", "unfused"),
+            ("softmax", "native"),
+            ("cross_entropy", "fused"),
+            ("attention", "flash1"),
+        ),
         fp32_grads=False,
     ),
 }

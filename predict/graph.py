@@ -90,7 +90,8 @@ class Dtypes:
     """Matrix math on tensor cores; None: by dtype (fp32 on CUDA cores, the rest on tensor cores)."""
     impls: tuple[tuple[str, str], ...] = FRAMEWORKS[None].impls
     """(op kind, registry ``impl``) the framework runs (:mod:`opcast.predict.frameworks`); a kernel
-    whose params name an ``impl`` keeps it."""
+    whose params name an ``impl`` keeps it, but for attention's ``flash`` (the ``--attention`` default,
+    FlashAttention-2/3), which the framework's attention implementation replaces (foundry: ``flash1``)."""
     fp8_modules: str = "megatron"
     """fp8 only: how the framework calls Transformer Engine (:func:`fp8_quantisation`). ``megatron``
     (Megatron-Core): QKV and MLP-up are ``LayerNormLinear`` (the norm writes fp8) and the weights are
@@ -100,7 +101,7 @@ class Dtypes:
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
-            if k == kind and "impl" not in params:
+            if k == kind and ("impl" not in params or (kind == "attention" and params["impl"] == "flash")):
                 params = {**params, "impl": impl}
                 break
         if kind == "gemm":

@@ -39,7 +39,7 @@ import typer
 from rich.markup import escape
 
 from opcast.errors import OpcastError
-from opcast.predict.parallel import InferConfig, TrainConfig
+from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
 from opcast.predict.serve.engine import ENGINES
 
 REQUIRED: Any = inspect.Parameter.empty
@@ -218,6 +218,24 @@ TENSOR_CORES = Opt(
     None,
 )
 
+_ATTENTION_KERNELS = {
+    "flash": "FlashAttention-2/3",
+    "eager": "the score matrix in memory",
+    "flash1": "FlashAttention-1 generation: its CUDA kernels, Triton FlashAttention; priced at its published "
+    "measured rate",
+}
+"""What each attention implementation (:data:`opcast.predict.parallel.AttentionImpl`) is, for ``--attention``."""
+
+
+def _attention_help() -> str:
+    names = typing.get_args(AttentionImpl)
+    kernels = ", ".join(f"{n} ({_ATTENTION_KERNELS[n]})" if n in _ATTENTION_KERNELS else n for n in names)
+    return (
+        f"Attention kernel: {kernels}. In predict train a --framework with its own attention kernel runs it in "
+        "place of flash (foundry: flash1, FlashAttention-1 generation, priced at its published measured rate)."
+    )
+
+
 # The help of each configuration option; its name, type and default come from the dataclass.
 _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "tp": ("Tensor-parallel degree.", None),
@@ -233,7 +251,7 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "zero": ("ZeRO stage 0, 1, 2 or 3.", None),
     "precision": ("bf16, fp16, fp32 or fp8.", None),
     "optimizer": ("Optimizer states kept: adam, sgd (with momentum) or none (forward + backward only).", None),
-    "attention": ("flash or eager.", None),
+    "attention": (_attention_help(), None),
     "schedule": ("1f1b or interleaved.", None),
     "virtual_stages": ("Model chunks per stage (interleaved).", None),
     "pp_layers": (
@@ -266,8 +284,9 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     ),
     "tensor_cores": (TENSOR_CORES.help, None),
     "framework": (
-        "megatron, neox or hf: the kernels the framework runs (fused or unfused norms, softmax, cross-entropy) and "
-        "what it keeps in memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
+        "megatron, neox, hf or foundry: the kernels the framework runs (fused or unfused norms, softmax, "
+        "cross-entropy; foundry: llm-foundry's FlashAttention-1-class Triton attention) and what it keeps in "
+        "memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
         "Megatron's kernels, 16 bytes a parameter",
     ),
     "batch": ("Sequences decoded together.", None),

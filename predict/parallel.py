@@ -28,7 +28,7 @@ from opcast.predict.serve.engine import EngineName
 
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8"]
-AttentionImpl = Literal["flash", "eager"]
+AttentionImpl = Literal["flash", "eager", "flash1"]
 Schedule = Literal["1f1b", "interleaved"]
 InferEngine = Literal["none", EngineName]  # type: ignore[valid-type]  # mypy sees opcast.predict.serve untyped (Any)
 """Serving framework whose per-step overhead an inference batch pays (:data:`opcast.predict.serve.engine.OVERHEADS`);
@@ -100,7 +100,9 @@ class TrainConfig:
     precision: Precision = "bf16"
     """Compute precision; bf16/fp16/fp8 train with fp32 master weights and Adam states."""
     attention: AttentionImpl = "flash"
-    """Attention kernel: flash (FlashAttention-2) or eager (score matrix in memory)."""
+    """Attention kernel: flash (FlashAttention-2), eager (score matrix in memory) or flash1
+    (FlashAttention-1 generation, priced at its published measured rate; ``--framework foundry``
+    picks it in place of flash)."""
     schedule: Schedule = "1f1b"
     """Pipeline schedule."""
     virtual_stages: int = 1

@@ -1,20 +1,18 @@
 """What llm-foundry's MPT benchmarks ran, as opcast prices it: the ``foundry`` framework (native
-LayerNorm, flash-attn's fused cross-entropy, 16 bytes a parameter) reaches the graph and the command
-line, and ``benchmarks/mosaicml.py``'s Triton-attention source prices attention at FlashAttention-1's
-measured forward + backward rate (FlashAttention-2 paper, Fig. 4 and its H100 figure)."""
+LayerNorm, flash-attn's fused cross-entropy, Triton FlashAttention as the registry's ``flash1``, 16
+bytes a parameter) reaches the graph and the command line, and ``benchmarks/mosaicml.py`` predicts
+with that command's path alone (the published source itself: ``tests/unit/test_published_cost.py``)."""
 
 from __future__ import annotations
 
 import importlib.util
-import math
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from opcast.hardware import get_device
-from opcast.predict.cost.model import roofline_only
 from opcast.predict.cost.query import kernel
 from opcast.predict.frameworks import FRAMEWORKS, framework_of
 from opcast.predict.graph import precision_of
@@ -71,52 +69,28 @@ def test_the_command_line_takes_framework_foundry():
 # --------------------------------------------------------------------------- the attention kernel MosaicML ran
 
 
-def test_the_rate_is_the_figures_at_its_points_and_held_beyond_them():
-    src = mm.MeasuredAttention()
-    for gpu, causal, hd in mm.FA1_FWD_BWD_TFLOPS:
-        speeds = mm.FA1_FWD_BWD_TFLOPS[(gpu, causal, hd)]
-        assert len(speeds) == len(mm.FA1_SEQS)
-        for seq, tflops in zip(mm.FA1_SEQS, speeds, strict=True):
-            assert src.rate_flop_per_s(gpu, causal, hd, seq) == pytest.approx(tflops * 1e12)
-        assert src.rate_flop_per_s(gpu, causal, hd, 65536) == pytest.approx(speeds[-1] * 1e12)
-        assert src.rate_flop_per_s(gpu, causal, hd, 128) == pytest.approx(speeds[0] * 1e12)
-    # log2 interpolation: 2896 ~ 2^11.5 lies halfway between 2048 (69) and 4096 (76)
-    assert src.rate_flop_per_s("A100", True, 128, 2896) / 1e12 == pytest.approx(72.5, abs=0.05)
-    assert math.isnan(src.rate_flop_per_s("A100", True, 96, 2048))
+def test_foundry_runs_flash1_in_place_of_flash_but_not_of_another_choice():
+    assert dict(framework_of("foundry").impls)["attention"] == "flash1"
+    foundry, default = precision_of("bf16", framework="foundry"), precision_of("bf16")
+    assert foundry.of("attention", _attn(2048).param_dict).param_dict["impl"] == "flash1"
+    eager = {**_attn(2048).param_dict, "impl": "eager"}
+    assert foundry.of("attention", eager).param_dict["impl"] == "eager"
+    assert default.of("attention", _attn(2048).param_dict).param_dict["impl"] == "flash"
+    for name in ("megatron", "neox", "hf"):  # the other frameworks keep flash (the goldens use them)
+        assert "attention" not in dict(framework_of(name).impls)
 
 
-def test_forward_plus_backward_takes_the_figures_time():
-    src = mm.MeasuredAttention()
-    a100 = get_device("A100-SXM4-80GB")
-    fwd, bwd = _attn(8192, batch=2), _attn(8192, batch=2, direction="bwd")
-    t = src.predict_s([fwd, bwd], a100)
-    # FlashAttention-2's benchmark: 4 b s^2 h d / 2 (causal) x 3.5 FLOPs at 80 TFLOP/s (A100, causal, d 128, 8k)
-    flops = 4 * 2 * 8192**2 * 16 * 128 / 2 * 3.5
-    assert t.sum() == pytest.approx(flops / 80e12, rel=2e-4)  # opcast counts the diagonal: s(s+1)/2 pairs
-    assert t[1] / t[0] == pytest.approx(2.5)
-    # the 40GB A100 is the same chip; H100 is faster; another GPU is left to the next source
-    assert src.predict_s([fwd], get_device("A100-SXM4-40GB"))[0] == pytest.approx(t[0])
-    assert src.predict_s([fwd], get_device("H100-SXM"))[0] < t[0]
-    assert math.isnan(src.predict_s([fwd], get_device("B200"))[0])
-
-
-def test_the_source_goes_first_and_leaves_everything_else_to_the_others():
-    base = roofline_only("test")
-    model = type(base)(sources=(mm.MeasuredAttention(), *base.sources))
-    a100, b200 = get_device("A100-SXM4-80GB"), get_device("B200")
-    attn = _attn(4096)
-    gemm = kernel("gemm", {"b": 1, "m": 4096, "n": 4096, "k": 4096}, "bf16")
-    assert model.time_s(attn, a100) == (pytest.approx(mm.MeasuredAttention().predict_s([attn], a100)[0]), "published")
-    assert model.time_s(gemm, a100) == base.time_s(gemm, a100)
-    assert model.time_s(attn, b200) == base.time_s(attn, b200)
+def test_the_benchmark_has_no_attention_source_of_its_own():
+    assert not hasattr(mm, "MeasuredAttention") and not hasattr(mm, "FA1_FWD_BWD_TFLOPS")
+    assert "triton_attention" not in inspect.signature(mm.predict_row).parameters
 
 
 @pytest.mark.skipif(not mm.CSV_PATH.is_file(), reason=f"{mm.CSV_PATH} absent (the shared/validation checkout)")
-def test_a_long_sequence_row_is_slower_with_the_attention_mosaicml_ran():
+def test_a_long_sequence_row_is_priced_with_the_attention_mosaicml_ran():
     row = min((r for r in mm.read_rows() if r.gpu == "a100_80gb" and r.seq >= 16384), key=lambda r: (r.n_params, r.seq))
-    learned = mm.predict_row(row)
-    triton = mm.predict_row(row, triton_attention=True)
-    assert learned.feasible and triton.feasible
-    # FlashAttention-2 (the learned models) is about twice FlashAttention-1's speed on A100 at long sequences
-    assert triton.iteration_s > 1.2 * learned.iteration_s
-    assert triton.model_flops == pytest.approx(learned.model_flops)
+    foundry = mm.predict_row(row)  # the CLI path: --framework foundry runs flash1
+    hf = mm.predict_row(row, framework="hf")  # FlashAttention-2 (the learned models), the loss unfused
+    assert foundry.feasible and hf.feasible
+    # FlashAttention-2 is about twice FlashAttention-1's speed on A100 at long sequences
+    assert foundry.iteration_s > 1.2 * hf.iteration_s
+    assert foundry.model_flops == pytest.approx(hf.model_flops)
