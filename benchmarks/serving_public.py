@@ -19,7 +19,9 @@ Each row is simulated with the library behind ``opcast predict serve``
 - **lengths**: ShareGPT-shaped (:func:`opcast.predict.serve.requests.sharegpt_lengths`: the
   lognormal shape and clips of ``--lengths sharegpt``) with the **means of the measured run**,
   derived from its own published throughputs: input = (total - output tokens/s) / requests/s,
-  output = output tokens/s / requests/s. ``--lengths sharegpt`` alone uses the vLLM paper's means
+  output = output tokens/s / requests/s, held by the lengths drawn after the clips
+  (``means_after_clip``: the printed totals are of the requests the benchmark kept after its own
+  1,024 / 2,048-token filter). ``--lengths sharegpt`` alone uses the vLLM paper's means
   (161 in, 338 out), which differ from what this benchmark replayed (about 213 in, 213 out with
   Llama-3's tokenizer and EOS-stopped outputs);
 - **prefix cache** (column ``prefix_cache``): the runs were made one after another on one server
@@ -32,7 +34,10 @@ Each row is simulated with the library behind ``opcast predict serve``
   blocks and never the last token, so each prompt recomputes its last 1-16 tokens, whose attention
   spans the whole prompt, and holds the KV of its whole prompt). ``--cold`` simulates every row
   without hits;
-- **engine**: ``--engine vllm`` with its defaults on the GPU (the run states no batch limits);
+- **engine**: ``--engine vllm`` with its defaults on the GPU, overridden by the row's
+  ``max_num_seqs`` and ``max_num_batched_tokens`` where given: the values the run's vLLM version
+  took by default (the csv cites them; vLLM's defaults changed between versions, and
+  ``engine_defaults`` follows the current one);
 - **seeds**: the measured run replayed one fixed sample of 200 prompts; the simulation draws
   ``--seeds`` samples (seeds 0..N-1, the same lengths at every rate for a seed, as the benchmark
   reuses its prompts) and reports the median of each percentile over them, with their range.
@@ -60,7 +65,7 @@ from opcast.hardware import get_device
 from opcast.predict.cost import load_kernel_cost
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import predict_serve
-from opcast.predict.serve.engine import engine_defaults
+from opcast.predict.serve.engine import EngineConfig, engine_config
 from opcast.predict.serve.requests import RequestStream, poisson_stream, sharegpt_lengths, with_prefix_cache
 
 CSV_PATH = Path(__file__).with_name("serving_public.csv")
@@ -107,6 +112,12 @@ class Published:
     mean_output_tokens: float
     measured_ms: dict[tuple[str, int], float]
     """(latency, percentile) -> milliseconds, for the percentiles the source publishes."""
+    engine_overrides: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Engine settings the run had (``max_num_seqs``, ``max_num_batched_tokens``) where the row gives them."""
+
+
+ENGINE_COLUMNS = ("max_num_seqs", "max_num_batched_tokens")
+"""Optional columns: the run's scheduler limits, passed to the engine over its defaults."""
 
 
 def published(row: dict[str, str]) -> Published:
@@ -131,7 +142,15 @@ def published(row: dict[str, str]) -> Published:
         mean_input_tokens=(total_s - out_s) / req_s,
         mean_output_tokens=out_s / req_s,
         measured_ms=measured,
+        engine_overrides={c: _count(row, c) for c in ENGINE_COLUMNS if (row.get(c) or "").strip()},
     )
+
+
+def _count(row: dict[str, str], column: str) -> int:
+    text = row[column].strip()
+    if not text.isdigit() or int(text) < 1:
+        raise SystemExit(f"{CSV_PATH.name}: run {row.get('run')!r} has {column} {text!r}; give a whole number >= 1")
+    return int(text)
 
 
 def read_published(path: Path = CSV_PATH) -> list[Published]:
@@ -144,7 +163,7 @@ def stream_for(run: Published, seed: int, *, block_size: int = 16, cold: bool = 
     lengths with its measured means; the lengths depend on ``seed`` only, not on the rate. A run with
     a warm prefix cache (unless ``cold``) finds every prompt cached, in whole KV blocks of ``block_size``
     (the engine's) and never the last token (vLLM's full hit)."""
-    input_len, output_len = sharegpt_lengths(run.mean_input_tokens, run.mean_output_tokens)
+    input_len, output_len = sharegpt_lengths(run.mean_input_tokens, run.mean_output_tokens, means_after_clip=True)
     burst = math.isinf(run.rate_per_s)
     stream = poisson_stream(
         rate_per_s=1.0 if burst else run.rate_per_s,
@@ -172,9 +191,14 @@ class Predicted:
     """Of the simulated streams (after the clips), over every seed."""
 
 
+def engine_for(run: Published, device) -> EngineConfig:
+    """The engine the run had: ``run.engine``'s defaults on ``device`` with the row's settings over them."""
+    return engine_config(run.engine, device, **run.engine_overrides)
+
+
 def predict_run(run: Published, *, seeds: int, kernels, cold: bool = False) -> Predicted:
     arch, dev = load_arch(run.arch), get_device(run.gpu)
-    cfg, engine = InferConfig(tp=run.tp, pp=run.pp), engine_defaults(run.engine, dev)
+    cfg, engine = InferConfig(tp=run.tp, pp=run.pp), engine_for(run, dev)
     ms: dict[tuple[str, int], list[float]] = {key: [] for key in run.measured_ms}
     rps, ins, outs = [], [], []
     for seed in range(seeds):
@@ -257,8 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     for run in read_published(a.csv):
         pred = predict_run(run, seeds=a.seeds, kernels=kernels, cold=a.cold)
         rows += compare(run, pred)
+        eng = engine_for(run, get_device(run.gpu))
         notes.append(
-            f"{run.run}: {run.arch}, {run.tp}x{run.gpu} (pp {run.pp}), {run.engine}, rate {run.rate_per_s:g}/s, "
+            f"{run.run}: {run.arch}, {run.tp}x{run.gpu} (pp {run.pp}), {run.engine} (max {eng.max_num_seqs} seqs, "
+            f"{eng.max_num_batched_tokens} batched tokens), rate {run.rate_per_s:g}/s, "
             f"{run.num_prompts} prompts, prefix cache {'warm' if run.warm_prefix_cache and not a.cold else 'cold'}; "
             f"mean tokens in/out measured {run.mean_input_tokens:.0f}/"
             f"{run.mean_output_tokens:.0f}, simulated {pred.mean_input_tokens:.0f}/{pred.mean_output_tokens:.0f}; "

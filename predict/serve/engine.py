@@ -6,7 +6,10 @@
 otherwise 2048 and 256; KV blocks of 16 tokens; ``gpu_memory_utilization`` 0.9 of the GPU's
 memory for weights, activations and the KV cache; a request that finds no free block preempts
 the most recently admitted running one, whose KV is dropped and recomputed later
-(``PreemptionMode.RECOMPUTE``, the only mode of V1).
+(``PreemptionMode.RECOMPUTE``, the only mode of V1). These are the current V1 defaults; older
+releases differ (vLLM 0.8.x, ``EngineArgs._set_default_args_v1``: ``max_num_seqs`` 1024 on every
+GPU, ``max_num_batched_tokens`` 8192 only on GPUs named H100/H200, else 2048), so a run of a
+given version passes its own values (``engine_config`` overrides).
 
 **SGLang** (``python/sglang/srt/server_args.py``): chunked prefill of 8192 tokens on GPUs of
 >= 60 GiB (4096 below, 2048 under 35 GiB), pages of 1 token; ``mem_fraction_static`` 0.88 and a

@@ -18,6 +18,7 @@ brings and asks for.
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -97,17 +98,54 @@ SHAREGPT_MAX_TOKENS = 2048
 """Clip: vLLM's benchmark drops ShareGPT pairs beyond 1,024 prompt / 2,048 total tokens."""
 
 
-def sharegpt_lengths(mean_input_tokens: float, mean_output_tokens: float) -> tuple[Lengths, Lengths]:
+def _clipped_mean(mu: float, sigma: float, hi: int) -> float:
+    """The mean of ``clip(rint(X), 1, hi)`` for ``X`` lognormal(``mu``, ``sigma``) (what :meth:`Lengths.draw`
+    returns), summed exactly over the integers 1..hi."""
+    cdf = [0.5 * (1 + math.erf((math.log(k + 0.5) - mu) / (sigma * math.sqrt(2)))) for k in range(1, hi)]
+    # P(value <= k) = cdf[k - 1] for k < hi; the value is hi with the rest: mean = sum_{k=0}^{hi-1} P(value > k)
+    return 1 + sum(1 - c for c in cdf)
+
+
+@functools.lru_cache(maxsize=64)
+def _lognormal_with_clipped_mean(mean: float, sigma: float, hi: int, name: str) -> Lengths:
+    """The lognormal of log-spread ``sigma`` whose draws, rounded and clipped to ``[1, hi]``, have mean
+    ``mean`` (bisection on mu: the clipped mean grows with mu)."""
+    if not mean < hi:
+        raise OpcastError(
+            f"mean {name} tokens {mean} must be below the clip {hi} to hold after it; give a smaller mean"
+        )
+    lo_mu, hi_mu = math.log(mean) - sigma**2 / 2 - 1, math.log(hi) + 4 * sigma
+    while _clipped_mean(hi_mu, sigma, hi) < mean:  # pragma: no cover - mean < hi is reached as mu grows
+        hi_mu += 4 * sigma
+    for _ in range(60):
+        mid = (lo_mu + hi_mu) / 2
+        lo_mu, hi_mu = (mid, hi_mu) if _clipped_mean(mid, sigma, hi) < mean else (lo_mu, mid)
+    return Lengths("lognormal", 1, hi, mu=(lo_mu + hi_mu) / 2, sigma=sigma)
+
+
+def sharegpt_lengths(
+    mean_input_tokens: float, mean_output_tokens: float, *, means_after_clip: bool = False
+) -> tuple[Lengths, Lengths]:
     """(input, output) length distributions of ShareGPT's shape (:data:`SHAREGPT_SIGMA`, the clips of
-    :data:`SHAREGPT_MAX_TOKENS`) with the given unclipped means: for a run whose benchmark printed its
-    own totals (vLLM's ``Total input tokens`` and ``Total generated tokens`` over its requests, which
-    depend on the tokenizer, the prompts sampled and where the model stopped)."""
+    :data:`SHAREGPT_MAX_TOKENS`) with the given means: for a run whose benchmark printed its own totals
+    (vLLM's ``Total input tokens`` and ``Total generated tokens`` over its requests, which depend on the
+    tokenizer, the prompts sampled and where the model stopped). The means are of the lognormals before
+    the clips, or with ``means_after_clip`` of the lengths drawn (after rounding and the clips): a
+    benchmark's printed totals are of the requests it kept, so they are means after its filter."""
     for name, mean in (("input", mean_input_tokens), ("output", mean_output_tokens)):
         if not (math.isfinite(mean) and mean >= 1):
             raise OpcastError(f"mean {name} tokens {mean} must be a finite number >= 1, e.g. 200")
+    clips = (1024, SHAREGPT_MAX_TOKENS - 1024)
+    if means_after_clip:
+        return tuple(  # type: ignore[return-value]
+            _lognormal_with_clipped_mean(mean, sigma, hi, name)
+            for mean, sigma, hi, name in zip(
+                (mean_input_tokens, mean_output_tokens), SHAREGPT_SIGMA, clips, ("input", "output")
+            )
+        )
     return (
-        _lognormal_with_mean(mean_input_tokens, SHAREGPT_SIGMA[0], 1024),
-        _lognormal_with_mean(mean_output_tokens, SHAREGPT_SIGMA[1], SHAREGPT_MAX_TOKENS - 1024),
+        _lognormal_with_mean(mean_input_tokens, SHAREGPT_SIGMA[0], clips[0]),
+        _lognormal_with_mean(mean_output_tokens, SHAREGPT_SIGMA[1], clips[1]),
     )
 
 

@@ -4,6 +4,7 @@ and simulated end to end."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import math
 import sys
@@ -52,6 +53,25 @@ def test_sharegpt_lengths_take_the_given_unclipped_means():
 def test_sharegpt_lengths_refuse_a_mean_below_one_token(mean):
     with pytest.raises(OpcastError, match="mean input tokens"):
         sharegpt_lengths(mean, 100)
+
+
+@pytest.mark.parametrize("mean", [213.0, 600.0])
+def test_sharegpt_lengths_can_hold_their_means_after_the_clips(mean):
+    """A benchmark's printed totals are of the requests it kept: with ``means_after_clip`` the lengths
+    drawn (rounded, clipped to [1, 1024]) have the given mean, where the unclipped lognormal falls short."""
+    inp, out = sharegpt_lengths(mean, mean, means_after_clip=True)
+    rng = np.random.default_rng(7)
+    for lengths in (inp, out):
+        drawn = lengths.draw(rng, 400_000)
+        assert drawn.mean() == pytest.approx(mean, rel=0.01) and drawn.max() <= 1024
+    plain = sharegpt_lengths(mean, mean)[0].draw(np.random.default_rng(7), 400_000).mean()
+    assert plain < mean * 0.995  # the clip cuts the unclipped lognormal's mean
+    assert inp.sigma == SHAREGPT_SIGMA[0] and out.sigma == SHAREGPT_SIGMA[1]
+
+
+def test_sharegpt_lengths_refuse_a_mean_the_clip_cannot_hold():
+    with pytest.raises(OpcastError, match="below the clip 1024"):
+        sharegpt_lengths(1024, 100, means_after_clip=True)
 
 
 def test_ttft_and_tpot_are_vllm_benchmark_servings():
@@ -109,3 +129,32 @@ def test_one_row_simulates_and_compares(bench):
     assert [c.targeted for c in rows] == [True, True, False, False]
     table = bench.markdown_table(rows)
     assert table.count("\n") == len(rows) + 1 and "TPOT p50" in table
+
+
+def test_rows_run_vllm_0_8_3s_scheduler_limits(bench):
+    """The run served with vLLM 0.8.3's V1 defaults on A100 (its ``_set_default_args_v1``: 2,048 batched
+    tokens for the OpenAI server on GPUs not named H100/H200, 1,024 sequences), which the csv cites and
+    the script passes over ``engine_defaults`` (the current vLLM's: 256 sequences on an A100)."""
+    from opcast.hardware import get_device
+
+    for run in bench.read_published():
+        assert run.engine_overrides == {"max_num_seqs": 1024, "max_num_batched_tokens": 2048}
+        eng = bench.engine_for(run, get_device(run.gpu))
+        assert (eng.max_num_seqs, eng.max_num_batched_tokens, eng.chunked_prefill) == (1024, 2048, True)
+    with open(bench.CSV_PATH, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert all("0.8.3" in r["engine_version"] and "--enable-prefix-caching" in r["server_flags"] for r in rows)
+    assert all(r["config_source_url"].startswith("https://github.com/surajssd/llm-k8s/blob/58b61c5") for r in rows)
+
+
+def test_a_bad_engine_column_is_refused_in_one_line(bench, tmp_path):
+    with open(bench.CSV_PATH, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    rows[0]["max_num_seqs"] = "lots"
+    path = tmp_path / "runs.csv"
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with pytest.raises(SystemExit, match="max_num_seqs 'lots'; give a whole number >= 1"):
+        bench.read_published(path)
