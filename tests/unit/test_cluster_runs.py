@@ -3,7 +3,6 @@ exactly, one small configuration is predicted on its catalog cluster, bad input 
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import subprocess
@@ -12,21 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from helpers.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 RUNS = Path(os.environ.get("OPCAST_GPUMODELING25", REPO.parent / "GPUModeling25"))
 """A checkout of github.com/Littlesnakess/GPUModeling25 (no licence: never copied into the repo)."""
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("cluster_runs", REPO / "benchmarks" / "cluster_runs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["cluster_runs"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-cr = _load()
+cr = load_script("benchmarks/cluster_runs.py")
 
 # The shape of DeepSpeed's partition print in the GPT-NeoX logs (host prefix, then the layer list).
 PARTITION = """\

@@ -3,7 +3,6 @@ per-cluster law (``all_reduce_custom``), the engine rule and its use by inferenc
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -22,6 +21,8 @@ from opcast.predict.comm_learned import LearnedCollectives
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, tp_all_reduce_kind
 from opcast.train import collectives as tc
 
+from helpers.scripts import load_script
+
 GENERATOR = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "make_aiconfigurator_fixture.py"
 MIB = 1024 * 1024
 A100_40 = get_device("A100-SXM4-40GB")
@@ -30,10 +31,7 @@ NODE8 = Group(8, 1, 8)
 
 @pytest.fixture(scope="module")
 def fixture_root(tmp_path_factory) -> Path:
-    spec = importlib.util.spec_from_file_location("make_aiconfigurator_fixture", GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(GENERATOR, register=False)
     module.HERE = tmp_path_factory.mktemp("aic")
     module.main()
     return module.HERE

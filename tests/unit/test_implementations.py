@@ -4,7 +4,6 @@ implementations it has data of, and the cross-GPU sanity benchmark running from 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,6 +16,9 @@ from opcast.hardware import get_device
 from opcast.ops import UNFUSED_PASSES, get_op
 from opcast.predict.cost import LearnedKernelCost, kernel, load_kernel_cost, roofline_only
 from opcast.predict.graph import precision_of, train_block
+
+from helpers.fakes import FixedModelSet
+from helpers.scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,28 +63,12 @@ def test_the_framework_changes_the_norms_price_and_not_the_gemms(cost):
         assert m.kernel == h.kernel and times[m.kernel] == times[h.kernel]
 
 
-class _Set:
-    """A model set that covers every group and answers one microsecond."""
-
-    def __init__(self, predictors):
-        self.meta = {"predictors": predictors}
-
-    def covers(self, *key):
-        return True
-
-    def predict_s(self, cols, device):
-        import numpy as np
-
-        self.asked = list(cols["impl"]) if "impl" in cols.columns else []
-        return np.full(len(cols), 1e-6)
-
-
 def _norm(impl, direction="bwd"):
     return kernel("rmsnorm", {"rows": 1024, "cols": 4096, "impl": impl}, "bf16", direction)
 
 
 def test_a_set_fitted_before_impl_speaks_only_for_what_its_sources_measured():
-    legacy = LearnedKernelCost(_Set({"rmsnorm-bwd-half": {"features": ["log_rows"]}}), "fake")
+    legacy = LearnedKernelCost(FixedModelSet({"rmsnorm-bwd-half": {"features": ["log_rows"]}}), "fake")
     assert legacy.covers(_norm("unfused")) and not legacy.covers(_norm("fused"))
     # and it is asked with the default implementation, the features it was fitted on
     legacy.predict_s([_norm("unfused")], get_device("A100-SXM4-80GB"))
@@ -93,14 +79,14 @@ def test_a_set_fitted_before_impl_speaks_only_for_what_its_sources_measured():
 @pytest.mark.parametrize(("span", "fused", "unfused"), [([4.0, 4.0], False, True), ([3.0, 4.0], True, True)])
 def test_a_set_with_impl_code_speaks_for_the_implementations_in_its_range(span, fused, unfused):
     entry = {"features": ["log_rows", "impl_code"], "feature_ranges": {"impl_code": span}}
-    src = LearnedKernelCost(_Set({"rmsnorm-bwd-half": entry}), "fake")
+    src = LearnedKernelCost(FixedModelSet({"rmsnorm-bwd-half": entry}), "fake")
     assert (src.covers(_norm("fused")), src.covers(_norm("unfused"))) == (fused, unfused)
     src.predict_s([_norm("unfused")], get_device("A100-SXM4-80GB"))
     assert src.model_set.asked == ["unfused"]
 
 
 def test_a_gemm_is_covered_whatever_the_set_records():
-    src = LearnedKernelCost(_Set({"gemm-fwd-half": {"features": ["log_m"]}}), "fake")
+    src = LearnedKernelCost(FixedModelSet({"gemm-fwd-half": {"features": ["log_m"]}}), "fake")
     assert src.covers(kernel("gemm", {"b": 1, "m": 64, "n": 64, "k": 64}, "bf16"))
 
 
@@ -128,10 +114,8 @@ def test_a_bad_framework_is_one_line_and_exit_2():
 
 
 def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):
-    spec = importlib.util.spec_from_file_location("kernel_sanity", ROOT / "benchmarks" / "kernel_sanity.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "kernel_sanity", module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "kernel_sanity", None)  # restored after the test
+    module = load_script(ROOT / "benchmarks" / "kernel_sanity.py")
     out = tmp_path / "sanity.json"
     assert module.main(["--json", str(out), "--max-listed", "0"]) == 0
     doc = json.loads(out.read_text())

@@ -5,7 +5,6 @@ with that command's path alone (the published source itself: ``tests/unit/test_p
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import subprocess
 import sys
@@ -17,20 +16,13 @@ from opcast.predict.cost.query import kernel
 from opcast.predict.frameworks import FRAMEWORKS, framework_of
 from opcast.predict.graph import precision_of
 
+from helpers.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "mosaicml.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("mosaicml_benchmark_attention", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mosaicml_benchmark_attention"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mm = _load()
+mm = load_script(SCRIPT, "mosaicml_benchmark_attention")
 
 
 def _attn(seq: int, head_dim: int = 128, causal: bool = True, direction: str = "fwd", batch: int = 1):

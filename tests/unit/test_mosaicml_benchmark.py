@@ -4,7 +4,6 @@ command predicts it, and bad input is one line with exit 2."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shlex
@@ -16,20 +15,13 @@ import pytest
 
 from opcast.archs import load_arch
 
+from helpers.scripts import load_script
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "mosaicml.py"
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("mosaicml_benchmark", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["mosaicml_benchmark"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-mm = _load()
+mm = load_script(SCRIPT, "mosaicml_benchmark")
 needs_csv = pytest.mark.skipif(
     not mm.CSV_PATH.is_file(), reason=f"{mm.CSV_PATH} absent (the shared/validation checkout)"
 )

@@ -10,7 +10,6 @@ import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from opcast.hardware import derive_device, get_device
@@ -24,6 +23,8 @@ from opcast.predict.cost.published import (
     nearest_figure,
 )
 from opcast.predict.cost.query import kernel
+
+from helpers.fakes import FixedModelSet
 
 A100, H100 = get_device("A100-SXM4-80GB"), get_device("H100-SXM")
 
@@ -104,35 +105,26 @@ def test_a_spec_changed_gpu_is_an_extrapolation_and_half_precision_only_is_cover
     assert math.isnan(src.predict_s([_attn()], get_device("V100-SXM2-32GB"))[0])
 
 
-class _Set:
-    """A model set that covers every group and answers one microsecond."""
-
-    def __init__(self, predictors):
-        self.meta = {"predictors": predictors}
-
-    def covers(self, *key):
-        return True
-
-    def predict_s(self, cols, device):
-        return np.full(len(cols), 1e-6)
-
-
 def _entry(impl_devices):
     return {"features": ["log_flops", "impl_code"], "feature_ranges": {"impl_code": [0.0, 0.0]}, **impl_devices}
 
 
 def test_the_learned_attention_model_does_not_answer_for_flash1_without_its_data():
-    src = LearnedKernelCost(_Set({"attention-fwd-half": _entry({"impl_devices": {"flash": ["A100-SXM4-80GB"]}})}), "x")
+    src = LearnedKernelCost(
+        FixedModelSet({"attention-fwd-half": _entry({"impl_devices": {"flash": ["A100-SXM4-80GB"]}})}), "x"
+    )
     assert src.covers(_attn(impl="flash")) and not src.covers(_attn())
     assert any("no data of impl flash1" in n for n in src.range.notes)
     # sdpa and eager are priced as before (attention's measured families are not held to impl_devices)
     assert src.covers(_attn(impl="eager"))
     # a set without impl_devices, or fitted before impl was recorded, has no data of it either
-    assert not LearnedKernelCost(_Set({"attention-fwd-half": _entry({})}), "x").covers(_attn())
-    assert not LearnedKernelCost(_Set({"attention-fwd-half": {"features": ["log_flops"]}}), "x").covers(_attn())
+    assert not LearnedKernelCost(FixedModelSet({"attention-fwd-half": _entry({})}), "x").covers(_attn())
+    assert not LearnedKernelCost(FixedModelSet({"attention-fwd-half": {"features": ["log_flops"]}}), "x").covers(
+        _attn()
+    )
     # a set that records devices that measured it speaks for it
     measured = _entry({"impl_devices": {"flash": ["A100-SXM4-80GB"], "flash1": ["A100-SXM4-80GB"]}})
-    assert LearnedKernelCost(_Set({"attention-fwd-half": measured}), "x").covers(_attn())
+    assert LearnedKernelCost(FixedModelSet({"attention-fwd-half": measured}), "x").covers(_attn())
 
 
 def test_the_default_chain_prices_flash1_from_the_figures_and_nothing_else():

@@ -24,16 +24,15 @@ from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.schema import read_dataset, write_parquet
 
+from helpers.scripts import load_script
+
 GENERATOR = Path(__file__).resolve().parents[1] / "fixtures" / "replay" / "make_aiconfigurator_fixture.py"
 
 
 def _build_fixture(root: Path) -> Path:
     """The synthetic fixture (toy-roofline latencies in the package's layout), written into ``root``
     by the generator, so that nothing in the package's layout is committed beside its data."""
-    spec = importlib.util.spec_from_file_location("make_aiconfigurator_fixture", GENERATOR)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(GENERATOR, register=False)
     module.HERE = root
     module.main()
     return root

@@ -5,9 +5,7 @@ and simulated end to end."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,16 +23,14 @@ from opcast.predict.serve.requests import (
     sharegpt_lengths,
 )
 
+from helpers.scripts import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "serving_public.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("serving_public", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["serving_public"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_sharegpt_is_sharegpt_lengths_at_the_papers_means():
