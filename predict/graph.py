@@ -27,7 +27,10 @@ Extensions over ``layer_ops``:
   ``full`` the whole block forward, its collectives included, once per micro-batch.
 - **fp8** (Transformer Engine): the block's four linears run in fp8 (:data:`FP8_LINEARS`; the LM
   head and the router stay bf16), each with the cast / transpose kernels TE runs around it
-  (:func:`fp8_quantisation`), in forward, backward and a full recomputation.
+  (:func:`fp8_quantisation`), in forward, backward and a full recomputation; with sequence
+  parallelism their all-gathers move fp8 (:func:`block_comms`). Megatron's once-per-iteration weight
+  casts (:func:`weight_casts`) and the amax all-reduces (:func:`fp8_amax_bytes`) are stage terms,
+  priced in :mod:`opcast.predict.training`.
 """
 
 from __future__ import annotations
@@ -287,6 +290,12 @@ def _quant(role: str, bytes_moved: int) -> Op:
     return (role, "elementwise", {"numel": -(-bytes_moved // 4), "fn": "mul_scalar"}, 1)
 
 
+def _weight_cast(role: str, p: dict) -> Op:
+    """``fp8_cast_transpose_fused`` of the weight ``W[k, n]`` of the fp8 linear ``role`` (``b`` of them):
+    bf16 read, fp8 copy and fp8 transpose written, 4 bytes an element."""
+    return _quant(f"{role}.fp8_cast_transpose_weight", 4 * p["b"] * p["k"] * p["n"])
+
+
 def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, grouped: bool) -> CastOps:
     """The quantisation kernels Transformer Engine 1.x (v1.13, delayed scaling, Hopper) runs around the
     fp8 linear ``role`` ``C[m, n] = A[m, k] @ W[k, n]`` (``b`` of them when ``grouped``), per
@@ -304,20 +313,21 @@ def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, gro
     - Weight W: ``Float8Tensor.quantize_`` with its transpose cache, a ``fp8_cast_transpose_fused``
       (4 kn; ``module/base.py`` ``get_fp8_workspace``, ``tensor/float8_tensor.py`` ``quantize_``), in
       each forward when ``is_first_microbatch`` is None (``linear``), else only in the first
-      micro-batch of an iteration (Megatron-Core's ``set_is_first_microbatch``): not in this
-      per-micro-batch graph, it is ``1 / micro-batches`` of one cast per iteration. Backward reads
-      the cached transpose (``transpose_2d``), no kernel.
+      micro-batch of an iteration (``megatron``: ``module/linear.py`` ``Linear.forward``,
+      ``update_workspace = is_first_microbatch is None or is_first_microbatch``; Megatron-Core's
+      ``set_is_first_microbatch``): not in this per-micro-batch graph but once per iteration and
+      layer (:func:`weight_casts`, priced with the optimizer step). Backward reads the cached
+      transpose (``transpose_2d``), no kernel.
     - Output gradient dC, backward (``module/base.py`` ``grad_output_preprocess``):
       ``fp8_cast_transpose_fused`` (4 mn; ``fp8_cast_transpose_bgrad_fused`` with a bias, same
       bytes); a row-parallel layer with sequence parallelism casts its local rows (3 mn/tp),
       all-gathers them in fp8 and transposes the gathered dC (2 mn).
     - Outputs (C, dA, dW) are written by the GEMMs in bf16: no kernel.
 
-    Amaxes are computed inside these kernels. Not priced: the per-micro-batch amax reduction at the
-    end of the forward (``fp8.py`` ``FP8GlobalStateManager.fp8_autocast_exit``) and of the backward
-    (``_Linear.backward``): one ``torch.cat``, one all-reduce (MAX) of 4 bytes x 3 (forward) or 2
-    (backward) tensors per linear over the amax group (data x tensor x context parallel) and one
-    ``fused_amax_and_scale_update_after_reduction`` kernel per stage, microseconds each. Recipe:
+    Amaxes are computed inside these kernels; their reduction, one all-reduce (MAX) per
+    micro-batch and direction, is priced with the data-parallel traffic (:func:`fp8_amax_bytes`).
+    Not priced: the ``torch.cat`` of the amaxes and the one
+    ``fused_amax_and_scale_update_after_reduction`` kernel around it, microseconds each. Recipe:
     Micikevicius et al. 2022 (arXiv 2209.05433, Sec. 3-4: per-tensor scaling, E4M3 forward, E5M2
     gradients)."""
     b, m, n, k = p["b"], p["m"], p["n"], p["k"]
@@ -336,7 +346,7 @@ def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, gro
     else:
         fwd.append(_quant(f"{role}.fp8_cast_transpose_input", 4 * b * m * k))
     if modules == "linear":
-        fwd.append(_quant(f"{role}.fp8_cast_transpose_weight", 4 * b * k * n))
+        fwd.append(_weight_cast(role, p))
     if sp and row:
         dgrad.append(_quant(f"{role}.fp8_cast_grad", 3 * b * (m // tp) * n))
         dgrad.append(_quant(f"{role}.fp8_transpose_grad", 2 * b * m * n))
@@ -357,13 +367,80 @@ def fp8_casts(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, Ca
     }
 
 
+@lru_cache(maxsize=1024)
+def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Node, ...]:
+    """The quantisation kernels of one block's fp8 weights that run once per iteration, not per
+    micro-batch: under ``megatron`` modules each fp8 linear's weight is cast and transposed
+    (:func:`_weight_cast`, 4 bytes an element) in the first micro-batch only (Megatron-Core v0.10
+    ``megatron/core/pipeline_parallel/schedules.py`` ``forward_step``: ``model.set_is_first_microbatch()``;
+    ``megatron/core/extensions/transformer_engine.py`` ``TELinear.forward`` passes it to TE as
+    ``is_first_microbatch`` and sets it False; TE v1.13 ``module/linear.py`` ``Linear.forward``: ``update_workspace
+    = is_first_microbatch is None or is_first_microbatch``, ``module/base.py`` ``get_fp8_workspace``).
+    Empty unless the GEMMs run in fp8 under ``megatron`` (``linear`` casts every micro-batch, in the graph)."""
+    if prec.matrix != "fp8" or prec.fp8_modules != "megatron":
+        return ()
+    # the weights' shapes do not depend on the tokens: one token per tensor-parallel rank will do
+    ops = block_ops(arch, tp=tp, batch=1, seq_q=tp, seq_kv=tp, sp=False, ep=ep)
+    return tuple(
+        Node(r, prec.of(kk, pp), c)
+        for role, kind, p, _ in ops
+        if kind == "gemm" and role in FP8_LINEARS
+        for r, kk, pp, c in (_weight_cast(role, p),)
+    )
+
+
+FP8_AMAXES: dict[str, int] = {FWD: 3, BWD: 2}
+"""fp32 amaxes per fp8 GEMM and direction in Transformer Engine's delayed scaling: input, weight and
+output forward, output and input gradients backward (TE v1.13 ``module/base.py``
+``TransformerEngineBaseModule.init_fp8_meta_tensors``: ``num_gemms * 3`` if forward else ``num_gemms * 2``)."""
+
+
+def fp8_gemms(arch: ArchSpec, ep: int) -> int:
+    """fp8 GEMMs of one block on one rank: QKV and out-proj, and MLP-up and -down once each, or per
+    local expert (TE ``GroupedLinear``, ``num_gemms`` = experts on the rank)."""
+    per_mlp = 1 if arch.n_experts == 1 else arch.n_experts // ep
+    return 2 + 2 * per_mlp
+
+
+def fp8_amax_bytes(arch: ArchSpec, *, ep: int, layers: int) -> dict[str, int]:
+    """Bytes of the amax all-reduce of a stage of ``layers`` blocks by direction. TE v1.13 keeps
+    every fp8 module's amaxes in one buffer per direction, recipe and group (``fp8.py``
+    ``FP8GlobalStateManager.add_fp8_tensors_to_global_buffer``) and reduces all of it at once
+    (``reduce_and_update_fp8_tensors``: ``torch.cat``, then one ``all_reduce`` MAX, ``async_op=False``)
+    at the exit of the outermost ``fp8_autocast`` (forward) and after the first fp8 module's backward."""
+    gemms = layers * fp8_gemms(arch, ep)
+    return {phase: 4 * n * gemms for phase, n in FP8_AMAXES.items()}
+
+
 # --------------------------------------------------------------------------- comms
 
 
 def block_comms(
-    arch: ArchSpec, *, tp: int, batch: int, seq_q: int, sp: bool, cp: int, ep: int, dtype: str, training: bool = True
+    arch: ArchSpec,
+    *,
+    tp: int,
+    batch: int,
+    seq_q: int,
+    sp: bool,
+    cp: int,
+    ep: int,
+    dtype: str,
+    training: bool = True,
+    fp8: bool = False,
 ) -> dict[str, tuple[Comm, ...]]:
-    """Collectives of one block per micro-batch by phase (forward, backward; recompute = forward)."""
+    """Collectives of one block per micro-batch by phase (forward, backward; recompute = forward).
+
+    ``fp8`` (the :data:`FP8_LINEARS` run in Transformer Engine's fp8): with sequence parallelism
+    the all-gathers feeding an fp8 GEMM move fp8, 1 byte an element (TE v1.13): the forward gather
+    of a column-parallel input (``module/layernorm_linear.py`` ``_LayerNormLinear.forward``: the
+    norm writes ``ln_out`` in fp8, ``return_layernorm_output=False`` in Megatron-Core's
+    ``TELayerNormColumnParallelLinear``, then ``gather_along_first_dim(ln_out)``; ``module/linear.py``
+    ``_Linear.forward``: ``cast_to_fp8`` of the local rows, then ``gather_along_first_dim``), its
+    re-gather before the weight gradient (``_LayerNormLinear.backward`` / ``_Linear.backward``
+    gather the saved fp8 tensor) and the gather of a row-parallel layer's output gradient
+    (``module/base.py`` ``grad_output_preprocess``: ``cast_to_fp8``, then ``gather_along_first_dim``).
+    The reduce-scatters stay in the activation dtype (the GEMMs write bf16). An MoE block's MLP
+    side gathers and scatters tokens through its dispatcher, in bf16."""
     b = dtype_bytes(dtype)
     tokens = batch * seq_q
     act = tokens * arch.hidden * b
@@ -371,14 +448,22 @@ def block_comms(
     bwd: list[Comm] = []
     if tp > 1:
         if sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
-            fwd += [Comm("tp", "all_gather", act, 2), Comm("tp", "reduce_scatter", act, 2)]
+            attn_ag = tokens * arch.hidden * dtype_bytes("fp8") if fp8 else act
+            mlp_ag = attn_ag if arch.n_experts == 1 else act
+
+            def gathers() -> list[Comm]:  # attention side then MLP side, one Comm when equal
+                if attn_ag == mlp_ag:
+                    return [Comm("tp", "all_gather", attn_ag, 2)]
+                return [Comm("tp", "all_gather", attn_ag, 1), Comm("tp", "all_gather", mlp_ag, 1)]
+
+            fwd += [*gathers(), Comm("tp", "reduce_scatter", act, 2)]
             bwd += [
                 Comm("tp", "reduce_scatter", act, 2),
-                Comm("tp", "all_gather", act, 2),
+                *gathers(),
                 # Megatron re-gathers the sharded QKV / MLP-up input for the weight gradient,
                 # asynchronously, behind the data-gradient GEMM.
-                Comm("tp", "all_gather", act, 1, overlap_with="qkv.dgrad"),
-                Comm("tp", "all_gather", act, 1, overlap_with="mlp_up.dgrad"),
+                Comm("tp", "all_gather", attn_ag, 1, overlap_with="qkv.dgrad"),
+                Comm("tp", "all_gather", mlp_ag, 1, overlap_with="mlp_up.dgrad"),
             ]
         else:
             # A parallel residual (x + attn(ln1(x)) + mlp(ln2(x))) trained by GPT-NeoX sums the two
@@ -453,7 +538,9 @@ def _block_passes(
     graphs of the three modes share these objects (built once, costed once by the search)."""
     seq_q = seq // cp
     ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_q, sp=sp, cp=cp, ep=ep, attention=attention)
-    comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act)
+    comms = block_comms(
+        arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act, fp8=prec.matrix == "fp8"
+    )
     casts = fp8_casts(ops, prec, tp=tp, sp=sp)
     return _nodes(ops, prec, casts), _bwd_nodes(ops, prec, casts), comms
 

@@ -55,7 +55,11 @@ dropout mask per in-flight micro-batch, the last the final-norm and LM-head inpu
 logits of the cross entropy, ``4 sbv/t`` (Korthikanti Sec. 4.3). With full recomputation one
 layer's activations are materialised again during its backward (the working set).
 
-Not counted: the CUDA context, allocator fragmentation, NCCL and cuBLAS workspaces.
+Training in fp8 (Transformer Engine) the four block linears save fp8 copies of their inputs, 1 byte
+an element (:func:`layer_activation_bytes`).
+
+Not counted: the CUDA context, allocator fragmentation, NCCL and cuBLAS workspaces, and in fp8 TE's
+cached fp8 copy and transpose of each linear's weight (2 bytes a weight under Megatron).
 """
 
 from __future__ import annotations
@@ -177,12 +181,25 @@ def layer_activation_bytes(
     attention: str = "flash",
     recompute: str = "none",
     dtype: str = "bf16",
+    fp8: bool = False,
 ) -> float:
     """Bytes one block keeps for its backward, per micro-batch, on one rank (see the module table).
 
     ``seq`` is the full sequence; a context-parallel rank holds ``seq / cp`` of it.
+
+    ``fp8`` (the block's four linears in Transformer Engine's fp8, activations in ``dtype``): each of
+    them saves the fp8 copy of its input for the weight gradient, 1 byte an element, not the
+    ``dtype`` one (TE v1.13 ``module/linear.py`` ``_Linear.forward``: ``ctx.save_for_backward`` of
+    ``saved_inputmat_t`` = the fp8 ``inputmat_t`` of ``fp8_cast_transpose_fused``, or the fp8
+    ``inputmat`` of ``cast_to_fp8`` with sequence parallelism; ``module/layernorm_linear.py``
+    ``_LayerNormLinear.forward`` saves the norm's input in ``dtype`` and its fp8 ``ln_out``;
+    ``module/grouped_linear.py`` ``_GroupedLinear.forward`` the fp8 ``inputmats(_t)``). Where another
+    op keeps the ``dtype`` tensor for itself, it stays: the attention output that FlashAttention /
+    TE's ``FusedAttnFunc.forward`` saves (``qkvo_tensors = (q, k, v, out_save)``) unless selective
+    recomputation rebuilds it, the activation's input, an MoE block's MLP input (the bf16 router's).
     """
     B = dtype_bytes(dtype)
+    lin = dtype_bytes("fp8") if fp8 else B  # a block linear's saved input
     s = seq // cp
     sbh = s * batch * arch.hidden
     div = tp if sp else 1
@@ -191,7 +208,7 @@ def layer_activation_bytes(
     heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
     attn_dropout, hidden_dropout = arch.attention_dropout_p > 0, arch.hidden_dropout_p > 0
     tokens = s * batch
-    out = 2 * B * sbh / div  # norm-1 input, QKV input
+    out = (B + lin) * sbh / div  # norm-1 input, QKV input
     out += B * tokens * (heads + 2 * kv) * arch.head_dim  # Q, K, V
     if recompute != "selective":
         if attention == "eager":
@@ -201,16 +218,20 @@ def layer_activation_bytes(
             out += (2 * B + 1 if attn_dropout else B) * pairs
         else:
             out += 4 * batch * heads * s * (1 + (cp - 1))  # fp32 logsumexp per query and block
-    out += B * tokens * heads * arch.head_dim  # out-proj input
+    # out-proj input (in fp8 its fp8 copy, beside the bf16 attention output FlashAttention keeps)
+    attn_out = lin + (B if fp8 and attention != "eager" and recompute != "selective" else 0)
+    out += attn_out * tokens * heads * arch.head_dim
     out += 2 * sbh / div if hidden_dropout else 0  # two 1-byte dropout masks
-    out += 2 * B * sbh / div  # norm-2 input, MLP input
     ffn = arch.ffn_hidden // tp
-    per_row = (3 if arch.gated_mlp else 2) * ffn  # act input (+ gate) and down-proj input
+    act_in = (2 if arch.gated_mlp else 1) * ffn  # the activation's input (with the gate)
     if arch.n_experts == 1:
-        out += B * tokens * per_row
+        out += (B + lin) * sbh / div  # norm-2 input, MLP input
+        out += (B * act_in + lin * ffn) * tokens  # act input (+ gate) and down-proj input
     else:
+        out += 2 * B * sbh / div  # norm-2 input, MLP input (the router's, bf16)
         routed_rows = (arch.n_experts // ep) * -(-tokens * arch.experts_top_k * ep // arch.n_experts)
-        out += B * routed_rows * (arch.hidden + per_row)  # permuted expert inputs and activations
+        # permuted expert inputs and activations
+        out += routed_rows * (lin * arch.hidden + B * act_in + lin * ffn)
         out += 4 * tokens * arch.n_experts  # fp32 router probabilities
     return float(out)
 
@@ -352,16 +373,38 @@ def layer_activation_terms(
     attention: str,
     recompute: str,
     dtype: str,
+    fp8: bool = False,
 ) -> tuple[float, float]:
     """(bytes one block keeps per micro-batch, the working set its backward rebuilds): with full
-    recomputation one layer's activations are materialised again during its backward."""
+    recomputation one layer's activations are materialised again during its backward; ``fp8``: see
+    :func:`layer_activation_bytes`."""
     kept = layer_activation_bytes(
-        arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention, recompute=recompute, dtype=dtype
+        arch,
+        tp=tp,
+        sp=sp,
+        batch=batch,
+        seq=seq,
+        cp=cp,
+        ep=ep,
+        attention=attention,
+        recompute=recompute,
+        dtype=dtype,
+        fp8=fp8,
     )
     working = 0.0
     if recompute == "full":
         working = layer_activation_bytes(
-            arch, tp=tp, sp=sp, batch=batch, seq=seq, cp=cp, ep=ep, attention=attention, recompute="none", dtype=dtype
+            arch,
+            tp=tp,
+            sp=sp,
+            batch=batch,
+            seq=seq,
+            cp=cp,
+            ep=ep,
+            attention=attention,
+            recompute="none",
+            dtype=dtype,
+            fp8=fp8,
         )
     return kept, working
 
@@ -465,6 +508,7 @@ def train_memory(
         attention=attention,
         recompute=recompute,
         dtype=act_dtype,
+        fp8=precision == "fp8",
     )
     acts = stage_activation_bytes(
         arch,

@@ -59,8 +59,18 @@ from opcast.archs import ArchSpec
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
-from opcast.predict.cost import KernelCostModel
-from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph, precision_of, train_block, train_extras
+from opcast.predict.cost import Kernel, KernelCostModel
+from opcast.predict.graph import (
+    BWD,
+    FWD,
+    RECOMPUTE,
+    Graph,
+    Node,
+    precision_of,
+    train_block,
+    train_extras,
+    weight_casts,
+)
 from opcast.predict.memory import (
     activation_dtype,
     fullest_stages,
@@ -88,6 +98,7 @@ from opcast.predict.training import (
     data_parallel_time,
     dense_peak_flops,
     flops_utilisation,
+    fp8_amax_s,
     graph_groups,
     micro_batch_s,
     model_flops,
@@ -102,6 +113,7 @@ from opcast.predict.training import (
     stage_kinds,
     stage_tail_s,
     tokens_per_s,
+    weight_cast_s,
 )
 
 if TYPE_CHECKING:
@@ -442,6 +454,10 @@ class _Terms:
         """(graph key, GPUs per node) -> phase -> cost of one copy (filled by :func:`_compile`)."""
         self.opt_s: dict[int, float] = {}
         """Optimizer-step seconds by parameters updated (filled by :func:`_compile`)."""
+        self.casts: dict[tuple[int, int], tuple[Node, ...]] = {}
+        """One block's once-per-iteration fp8 weight casts by (tp, ep) (filled by :func:`_compile`)."""
+        self.cast_times: dict[Kernel, tuple[float, str]] = {}
+        """Their kernels' (seconds, source) (filled by :func:`_compile`)."""
         self.model_flops: dict[str, float] = {}
         """Model FLOPs of an iteration by recomputation mode (filled by :func:`_compile`)."""
         self._clear()
@@ -454,7 +470,7 @@ class _Terms:
         self._compute: dict[tuple, StageCompute] = {}
         self._sync: dict[tuple, tuple[DataParallelSync, float]] = {}
         self._p2p: dict[tuple, tuple[float, ...]] = {}
-        self._stages: dict[tuple, tuple[dict[int, tuple[StageCompute, float]], list[float]]] = {}
+        self._stages: dict[tuple, tuple[dict[int, tuple[StageCompute, float, DataParallelSync]], list[float]]] = {}
 
     def __getstate__(self) -> dict[str, Any]:  # memo tables stay behind: a spawned worker builds its own
         # the same collective sources (learned laws included) with an empty cache
@@ -494,6 +510,7 @@ class _Terms:
                 attention=self.space.attention,
                 recompute=rc,
                 dtype=self.act_dtype,
+                fp8=self.space.precision == "fp8",
             )
         return hit
 
@@ -562,7 +579,8 @@ class _Terms:
     def sync(
         self, tp: int, pp: int, cp: int, ep: int, zero: int, stage: int, wi: int
     ) -> tuple[DataParallelSync, float]:
-        """A stage's data-parallel collectives and its optimizer-step seconds."""
+        """A stage's data-parallel collectives and its once-per-iteration step seconds (the optimizer
+        step and the fp8 weight casts, as ``run_train`` adds them)."""
         key = (tp, pp, cp, ep, zero, stage, wi)
         hit = self._sync.get(key)
         if hit is None:
@@ -581,8 +599,11 @@ class _Terms:
                 zero=zero,
                 gpus_per_node=g,
                 grad_bytes=self.grad_b,
+                fp8=self.space.precision == "fp8",
             )
-            hit = self._sync[key] = (sync, self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)])
+            step_s = self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)]
+            step_s += weight_cast_s(self.casts[(tp, ep)], self.cast_times, self.arch.n_layers // pp)
+            hit = self._sync[key] = (sync, step_s)
         return hit
 
     def p2p(self, tp: int, pp: int, cp: int, mb: int, v: int, stride: int, g: int) -> tuple[float, ...]:
@@ -617,7 +638,7 @@ class _Terms:
         hit = self._stages.get(key)
         if hit is None:
             layers = arch.n_layers // pp
-            work: dict[int, tuple[StageCompute, float]] = {}
+            work: dict[int, tuple[StageCompute, float, DataParallelSync]] = {}
             tails = []
             for stage in stage_kinds(pp):
                 comp = self.compute(tp, pp, cp, ep, s.sp, mb, rc, stage, g)
@@ -630,15 +651,15 @@ class _Terms:
                     recompute=rc,
                     overlap_grad_reduce=space.overlap_grad_reduce,
                 )
-                work[stage] = (comp, dpt.zero3_s)
+                work[stage] = (comp, dpt.zero3_s, sync)
                 tails.append(stage_tail_s(opt_s, dpt.exposed_s))
             hit = self._stages[key] = (work, tails)
         work, tails = hit
         p2p = self.p2p(tp, pp, cp, mb, s.v, tp * cp * dp, g)
         stage_s = []
         for stage in range(pp):
-            comp, zero3_s = work[stage_kind(stage, pp)]
-            stage_s.append(micro_batch_s(comp, p2p[stage], zero3_s))
+            comp, zero3_s, sync = work[stage_kind(stage, pp)]
+            stage_s.append(micro_batch_s(comp, p2p[stage], zero3_s + fp8_amax_s(sync, s.v)[0]))
         return compose_iteration(stage_s, tails, m, s.v)[2]
 
     def candidate(self, s: _Survivor, it: float) -> Candidate:
@@ -884,6 +905,10 @@ def _compile(
     wanted = [n.kernel for gr in graphs.values() for nodes in gr.nodes.values() for n in nodes]
     opt_kernels = {numel: optimizer_kernel(numel) for numel in numels}
     wanted += opt_kernels.values()
+    for _, tp, _, _, ep, _ in layouts:
+        if (tp, ep) not in terms.casts:
+            terms.casts[(tp, ep)] = weight_casts(arch, tp=tp, ep=ep, prec=prec)
+    wanted += [n.kernel for casts in terms.casts.values() for n in casts]
     unique = list(dict.fromkeys(wanted))
     t0 = time.perf_counter()
     table = kernels.lookup(unique, device)  # the one batched prediction of the whole space
@@ -907,6 +932,7 @@ def _compile(
             phases[phase] = cost
         terms.graph_costs[(key, g)] = phases
     terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})
+    terms.cast_times.update({n.kernel: table[n.kernel] for casts in terms.casts.values() for n in casts})
     for rc in {s.rc for s in survivors}:
         terms.model_flops[rc] = model_flops(
             arch, seq=seq, global_batch=space.global_batch, precision=space.precision, attention=attn, recompute=rc

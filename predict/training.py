@@ -46,10 +46,12 @@ from opcast.predict.graph import (
     Comm,
     Graph,
     Node,
+    fp8_amax_bytes,
     graph_flops,
     precision_of,
     train_block,
     train_extras,
+    weight_casts,
 )
 from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
 from opcast.predict.memory import Memory, activation_dtype, overflow_reason, stage_params, train_memory
@@ -92,9 +94,11 @@ class StageTime:
     ep_comm_s: float
     pp_comm_s: float
     zero3_comm_s: float
-    """Exposed ZeRO-3 gathers / reduce-scatters per micro-batch."""
+    """Exposed per-micro-batch traffic over the data-parallel group: ZeRO-3 gathers / reduce-scatters
+    and, training in fp8, the amax all-reduces (:func:`fp8_amax_s`)."""
     optimizer_s: float
-    """Once per iteration."""
+    """Once per iteration: the optimizer step and, training in fp8 under Megatron, the weights'
+    quantisation (:func:`weight_cast_s`)."""
     dp_comm_s: float
     """Exposed gradient / weight synchronisation after the last micro-batch, once per iteration."""
     dp_comm_total_s: float
@@ -327,13 +331,16 @@ def phase_cost(
             kernel_lines.append((n, t, src))
     out = [0.0, 0.0, 0.0]
     gemms = TP_COMM_OVERLAP_GEMMS[phase] if tp_comm_overlap else {}
+    calls: dict[str, int] = {}  # calls of each kind so far (a kind may come as several Comms: fp8 gathers)
     for c in graph.comms[phase]:
         call = Collective(c.kind, c.bytes, groups[c.role])
         t, src = comms.time_s(call, device)
         behind = gemms.get(c.kind, ()) if c.role == "tp" and c.overlap_with is None else ()
         if behind:  # call i behind GEMM i (TE's userbuffers pipelines)
             hidden = TP_COMM_OVERLAP_HIDDEN_FRACTION
-            exposed = sum(exposed_s(t, behind[i % len(behind)], by_role, hidden) for i in range(c.count))
+            first = calls.get(c.kind, 0)
+            calls[c.kind] = first + c.count
+            exposed = sum(exposed_s(t, behind[(first + i) % len(behind)], by_role, hidden) for i in range(c.count))
         else:
             exposed = exposed_s(c.count * t, c.overlap_with, by_role)
         out[_FAMILY.get(c.role, 0)] += exposed
@@ -426,6 +433,9 @@ class DataParallelSync:
     tied: Collective | None = None
     """The tied-embedding gradient all-reduce between the first and last stage, when split by pp."""
     tied_s: float = 0.0
+    amax: tuple[Collective, float, Collective, float] | None = None
+    """Training in fp8: (forward amax all-reduce, its seconds, backward one, its seconds) of one model
+    chunk's micro-batch (:func:`fp8_amax_sync`); else None."""
 
 
 ALL_REDUCE_ZERO_FRAMEWORKS = frozenset({"neox"})
@@ -459,13 +469,29 @@ def data_parallel_sync(
     bucket_params: int | None = None,
     layers: int | None = None,
     framework: str | None = None,
+    fp8: bool = False,
 ) -> DataParallelSync:
     """Data-parallel gradients (module docstring): ZeRO-3 gathers and reduce-scatters each layer;
     ZeRO 0 all-reduces, 1/2 reduce-scatter (DeepSpeed's all-reduce) and all-gather the weights, in
     buckets, the expert gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient.
     ``layers``: the stage's transformer layers when the pipeline split is uneven; ``framework``: whose
-    ZeRO 1/2 (:func:`gradient_reduce_kind`)."""
+    ZeRO 1/2 (:func:`gradient_reduce_kind`); ``fp8``: the amax all-reduces too (:func:`fp8_amax_sync`)."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
+    amax = (
+        fp8_amax_sync(
+            arch,
+            device,
+            comms,
+            tp=tp,
+            cp=cp,
+            dp=dp,
+            ep=ep,
+            layers=arch.n_layers // pp if layers is None else layers,
+            gpus_per_node=gpus_per_node,
+        )
+        if fp8
+        else None
+    )
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
     tied = tied_s = None
     if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
@@ -479,7 +505,10 @@ def data_parallel_sync(
         ag = Collective("all_gather", params.per_layer * grad_bytes, dp_group)
         rs = Collective("reduce_scatter", params.per_layer * grad_bytes, dp_group)
         return DataParallelSync(
-            zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]), tied=tied, tied_s=tied_s or 0.0
+            zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]),
+            tied=tied,
+            tied_s=tied_s or 0.0,
+            amax=amax,
         )
     bucket = gradient_bucket_params(dp, bucket_params)
     reduce_kind = gradient_reduce_kind(zero, framework)
@@ -499,7 +528,53 @@ def data_parallel_sync(
         gather_bucket_s=gather_bucket,
         tied=tied,
         tied_s=tied_s or 0.0,
+        amax=amax,
     )
+
+
+def fp8_amax_sync(
+    arch: ArchSpec,
+    device: DeviceSpec,
+    comms: CollectiveCostModel,
+    *,
+    tp: int,
+    cp: int,
+    dp: int,
+    ep: int,
+    layers: int,
+    gpus_per_node: int,
+) -> tuple[Collective, float, Collective, float] | None:
+    """The amax all-reduces (MAX) of delayed-scaling fp8 on a stage of ``layers`` blocks: (forward
+    call, its seconds, backward call, its seconds), or None when the group is one rank. The amaxes
+    of every fp8 GEMM of the stage go in one call per direction (:func:`~opcast.predict.graph.fp8_amax_bytes`)
+    over Megatron-Core's amax reduction group, the tensor x data x context-parallel ranks of a
+    pipeline stage (v0.10 ``megatron/core/transformer/transformer_block.py`` ``TransformerBlock.forward``:
+    ``fp8_autocast(fp8_group=get_amax_reduction_group(with_context_parallel=True))``;
+    ``parallel_state.py`` ``_TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP``), consecutive in its rank order."""
+    group = place(tp * cp * dp, 1, gpus_per_node)
+    if group.size <= 1:
+        return None
+    size = fp8_amax_bytes(arch, ep=ep, layers=layers)
+    fwd, bwd = Collective("all_reduce", size[FWD], group), Collective("all_reduce", size[BWD], group)
+    return fwd, comms.time_s(fwd, device)[0], bwd, comms.time_s(bwd, device)[0]
+
+
+def fp8_amax_s(sync: DataParallelSync, virtual_stages: int) -> tuple[float, float]:
+    """(exposed seconds per micro-batch, their forward share) of a stage's amax all-reduces: one per
+    direction and model chunk (each chunk's ``TransformerBlock.forward`` is its own ``fp8_autocast``;
+    TE v1.13 ``fp8.py`` ``FP8GlobalStateManager.fp8_autocast_exit`` reduces the forward amaxes,
+    ``module/linear.py`` ``_Linear.backward`` (``reduce_and_update_bwd_fp8_tensors``, the first fp8
+    module of the autocast) the backward ones), blocking (``async_op=False``): all exposed."""
+    if sync.amax is None:
+        return 0.0, 0.0
+    _, fwd_s, _, bwd_s = sync.amax
+    return virtual_stages * (fwd_s + bwd_s), virtual_stages * fwd_s
+
+
+def weight_cast_s(casts: Sequence[Node], kernel_times: Mapping[Kernel, tuple[float, str]], layers: int) -> float:
+    """Seconds a stage of ``layers`` blocks spends once per iteration quantising its fp8 weights
+    (:func:`~opcast.predict.graph.weight_casts`), each kernel's time from ``kernel_times``."""
+    return layers * math.fsum(n.count * kernel_times[n.kernel][0] for n in casts)
 
 
 def zero3_gathers(recompute: str) -> int:
@@ -637,9 +712,15 @@ def optimizer_kernel(numel: int) -> Kernel:
 
 
 def stage_time(
-    stage: int, compute: StageCompute, dp: DataParallelTime, *, pp_comm_s: float, optimizer_s: float
+    stage: int,
+    compute: StageCompute,
+    dp: DataParallelTime,
+    *,
+    pp_comm_s: float,
+    optimizer_s: float,
+    amax_s: tuple[float, float] = (0.0, 0.0),
 ) -> StageTime:
-    """A priced stage from its terms."""
+    """A priced stage from its terms (``amax_s``: :func:`fp8_amax_s`; ``optimizer_s`` with the weight casts)."""
     return StageTime(
         stage=stage,
         forward_s=compute.forward_s,
@@ -649,11 +730,11 @@ def stage_time(
         cp_comm_s=compute.cp_comm_s,
         ep_comm_s=compute.ep_comm_s,
         pp_comm_s=pp_comm_s,
-        zero3_comm_s=dp.zero3_s,
+        zero3_comm_s=dp.zero3_s + amax_s[0],
         optimizer_s=optimizer_s,
         dp_comm_s=dp.exposed_s,
         dp_comm_total_s=dp.total_s,
-        forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s,
+        forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s + amax_s[1],
     )
 
 
@@ -832,6 +913,7 @@ class _Pricer:
             bucket_params=cfg.bucket_params,
             layers=own,
             framework=cfg.framework,
+            fp8=cfg.precision == "fp8",
         )
         dp = data_parallel_time(
             sync,
@@ -863,6 +945,12 @@ class _Pricer:
                 )
         if sync.tied is not None:
             self.collective(stage, "dp", "tied_embedding", sync.tied, 1, 0.0)
+        amax = fp8_amax_s(sync, cfg.virtual_stages)
+        if sync.amax is not None:
+            n = cfg.virtual_stages * m
+            fwd_call, fwd_s, bwd_call, bwd_s = sync.amax
+            self.collective(stage, FWD, "fp8_amax", fwd_call, n, n * fwd_s)
+            self.collective(stage, BWD, "fp8_amax", bwd_call, n, n * bwd_s)
         opt_kernel = _optimizer_kernel(plan, stage)
         opt_s, opt_src = self.table[opt_kernel]
         if plan.layout.cfg.optimizer == "none":  # a forward + backward without a step (NeuSight's measured runs)
@@ -879,7 +967,22 @@ class _Pricer:
                     source=opt_src,
                 )
             )
-        return stage_time(stage, compute, dp, pp_comm_s=pp_s, optimizer_s=opt_s)
+        casts = _weight_casts(plan)
+        for n in casts if self.keep else ():
+            t, src = self.table[n.kernel]
+            self.ops.append(
+                OpLine(
+                    stage=stage,
+                    phase="optimizer",
+                    role=n.role,
+                    kernel=n.kernel,
+                    count=n.count * layers,
+                    time_s=t,
+                    source=src,
+                )
+            )
+        opt_s += weight_cast_s(casts, self.table, layers)
+        return stage_time(stage, compute, dp, pp_comm_s=pp_s, optimizer_s=opt_s, amax_s=amax)
 
 
 def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
@@ -910,6 +1013,14 @@ def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
         prec=prec,
     )
     return block, extras
+
+
+def _weight_casts(plan: TrainPlan) -> tuple[Node, ...]:
+    """One block's once-per-iteration fp8 weight quantisation kernels (cached)."""
+    cfg = plan.layout.cfg
+    return weight_casts(
+        plan.arch, tp=cfg.tp, ep=cfg.ep, prec=precision_of(cfg.precision, cfg.tensor_cores, cfg.framework)
+    )
 
 
 def _optimizer_kernel(plan: TrainPlan, stage: int) -> Kernel:
@@ -947,7 +1058,7 @@ def run_train(
     lay, cfg, arch, device = plan.layout, plan.layout.cfg, plan.arch, plan.device
     pr = _Pricer(plan, kernels, comms, keep_lines=details)
     # Every unique kernel of the iteration in one lookup: one batched call per learned model.
-    wanted = [_optimizer_kernel(plan, s) for s in plan.stage_kinds]
+    wanted = [_optimizer_kernel(plan, s) for s in plan.stage_kinds] + [n.kernel for n in _weight_casts(plan)]
     for s in plan.stage_kinds:
         for graph in _graphs(plan, s):
             wanted += [n.kernel for nodes in graph.nodes.values() for n in nodes]
