@@ -32,15 +32,25 @@ prices the same call as NCCL's all-reduce and says so in the label.
 
 Each algorithm is priced under NCCL's LL (low latency, a quarter of the bandwidth) and Simple
 protocols; the minimum wins. Bandwidths are the catalog's per-GPU, one-direction link speeds
-times :data:`LINK_EFFICIENCY`.
+times :data:`LINK_EFFICIENCY`. The law itself is :mod:`opcast.collectives_law` (one implementation,
+shared with the learned collective predictors' reference time in :mod:`opcast.train.features`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
+
+from opcast.collectives_law import (
+    LINK_EFFICIENCY,
+    PROTOCOLS,
+    TREE_BW,
+    NcclProtocol,
+    alpha_beta_options,
+    alpha_beta_time_s,
+    link_tier,
+)
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
@@ -92,58 +102,26 @@ class CollectiveCostSource(Protocol):
 
 # --------------------------------------------------------------------------- constants
 
-LINK_EFFICIENCY = {"nvlink": 235.0 / 300.0, "pci": 0.8, "net": 0.9}
-"""Achievable fraction of the catalog's link bandwidth. NVLink: NCCL caps the A100 NVLink bus
-bandwidth at 235 GB/s of the 300 GB/s per direction (tuning.cc, ``compCap80``), the busbw
-nccl-tests reach on DGX A100. Network: 0.9, Calculon's ``a100_80g.json`` InfiniBand efficiency.
-PCIe: 0.8, the usual ratio of achieved to nominal PCIe throughput (TLP overheads)."""
-
-PCIE_MAX_BYTES_PER_S = 64e9
-"""Intra-node links at or below this (PCIe 4.0 x16 and slower) take PCIe latencies."""
+# The law itself (constants, latencies, algorithms) is opcast.collectives_law, shared with the
+# learned collective predictors' reference time; these names stay importable from here.
+_Protocol = NcclProtocol
+_PROTOCOLS: dict[str, NcclProtocol] = PROTOCOLS
+"""NCCL's protocols as this module prices them (the same object as the core's table; read at
+call time, so a test may replace it here)."""
+_TREE_BW = TREE_BW
 
 
 def intra_tier(device: DeviceSpec) -> str:
     """``nvlink`` or ``pci``: the kind of link between the GPUs of one node of ``device``."""
-    return "pci" if device.intra_node_bw_bytes_per_s <= PCIE_MAX_BYTES_PER_S else "nvlink"
-
-
-@dataclass(frozen=True, slots=True)
-class _Protocol:
-    base_ring_s: float
-    base_tree_s: float
-    hop_ring_s: dict[str, float]
-    hop_tree_s: dict[str, float]
-    bw_ring: float
-    bw_tree: float
-
-
-# NCCL 2.7 src/graph/tuning.cc: baseLat {Tree, Ring} x {LL, Simple} and hwLat {NVLink, PCI, NET}.
-_PROTOCOLS: dict[str, _Protocol] = {
-    "LL": _Protocol(
-        base_ring_s=3.6e-6,
-        base_tree_s=4.4e-6,
-        hop_ring_s={"nvlink": 0.47e-6, "pci": 1.0e-6, "net": 2.7e-6},
-        hop_tree_s={"nvlink": 0.52e-6, "pci": 1.0e-6, "net": 5.0e-6},
-        bw_ring=1.0 / 4.0,
-        bw_tree=1.0 / 3.8,
-    ),
-    "Simple": _Protocol(
-        base_ring_s=8.4e-6,
-        base_tree_s=0.0,
-        hop_ring_s={"nvlink": 3.4e-6, "pci": 5.7e-6, "net": 9.6e-6},
-        hop_tree_s={"nvlink": 28e-6, "pci": 28e-6, "net": 50e-6},
-        bw_ring=1.0,
-        bw_tree=1.0,
-    ),
-}
-_TREE_BW = 0.9  # NCCL: tree busBw = 0.9 x ring's
+    return link_tier(device.intra_node_bw_bytes_per_s)
 
 
 # --------------------------------------------------------------------------- alpha-beta
 
 
 class AlphaBetaCollectives:
-    """Ring / tree / hierarchical alpha-beta costs; see the module docstring."""
+    """Ring / tree / hierarchical alpha-beta costs (:func:`opcast.collectives_law.alpha_beta_time_s`);
+    see the module docstring."""
 
     name = ALPHA_BETA
 
@@ -152,64 +130,21 @@ class AlphaBetaCollectives:
 
     def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
         g = call.group
-        if g.size <= 1 or call.bytes <= 0:
-            return 0.0, f"{ALPHA_BETA}/none"
-        tier = intra_tier(device)
-        b_intra = device.intra_node_bw_bytes_per_s * LINK_EFFICIENCY[tier]
-        b_nic = device.inter_node_bw_bytes_per_s * LINK_EFFICIENCY["net"]
-        options = self._options(call, g, tier, b_intra, b_nic)
-        best = min(options, key=lambda o: o[0])
-        return best[0], f"{ALPHA_BETA}/{best[1]}"
+        seconds, how = alpha_beta_time_s(
+            call.kind,
+            call.bytes,
+            g.size,
+            g.nodes,
+            g.per_node,
+            device.intra_node_bw_bytes_per_s,
+            device.inter_node_bw_bytes_per_s,
+            _PROTOCOLS,
+        )
+        return seconds, f"{ALPHA_BETA}/{how}"
 
     def _options(self, call: Collective, g: Group, tier: str, b_intra: float, b_nic: float) -> list[tuple[float, str]]:
-        n, nodes, per = g.size, g.nodes, g.per_node
-        s = float(call.bytes)
-        kind = call.kind
-        # The bottleneck bandwidth of a ring or pairwise pattern over the whole group.
-        if nodes == 1:
-            b_flat = b_intra
-        elif per == 1:
-            b_flat = b_nic
-        else:
-            b_flat = min(b_intra, per * b_nic)
-        out: list[tuple[float, str]] = []
-        for pname, p in _PROTOCOLS.items():
-            hop_i, hop_n = p.hop_ring_s[tier], p.hop_ring_s["net"]
-
-            def ring(steps: int, inter_steps: int, volume: float, bw: float) -> float:
-                # called only in the iteration that defines it, so the loop variables are the current ones
-                return p.base_ring_s + (steps - inter_steps) * hop_i + inter_steps * hop_n + volume / (bw * p.bw_ring)  # noqa: B023
-
-            if kind == "all_reduce":
-                out.append((ring(2 * (n - 1), 2 * (nodes - 1), 2 * (n - 1) / n * s, b_flat), f"ring/{pname}"))
-                tree_lat = p.base_tree_s + 2 * (
-                    (per - 1) * p.hop_tree_s[tier] + math.ceil(math.log2(nodes)) * p.hop_tree_s["net"]
-                )
-                out.append((tree_lat + 2 * s / (_TREE_BW * b_flat * p.bw_tree), f"tree/{pname}"))
-                if nodes > 1 and per > 1:
-                    rs = ring(per - 1, 0, (per - 1) / per * s, b_intra)
-                    ar = ring(2 * (nodes - 1), 2 * (nodes - 1), 2 * (nodes - 1) / nodes * s / per, b_nic)
-                    out.append((2 * rs + ar, f"hierarchical/{pname}"))
-            elif kind in ("all_gather", "reduce_scatter"):
-                out.append((ring(n - 1, nodes - 1, (n - 1) / n * s, b_flat), f"ring/{pname}"))
-                if nodes > 1 and per > 1:
-                    inner = ring(per - 1, 0, (per - 1) / per * s, b_intra)
-                    outer = ring(nodes - 1, nodes - 1, (nodes - 1) / nodes * s / per, b_nic)
-                    out.append((inner + outer, f"hierarchical/{pname}"))
-            elif kind == "all_to_all":
-                intra_share = (per - 1) / n * s
-                inter_share = (n - per) / n * s
-                lat = p.base_ring_s + (per - 1) * hop_i + (n - per) * hop_n
-                t = max(intra_share / (b_intra * p.bw_ring), inter_share / (b_nic * p.bw_ring))  # each GPU's own NIC
-                out.append((lat + t, f"pairwise/{pname}"))
-            elif kind == "send_recv":
-                bw, hop = (b_intra, hop_i) if nodes == 1 else (b_nic, hop_n)
-                out.append((p.base_ring_s + hop + s / (bw * p.bw_ring), f"p2p/{pname}"))
-            elif kind == "broadcast":  # pipelined ring: S over the bottleneck link, n-1 hops
-                out.append((ring(n - 1, nodes - 1, s, b_flat), f"ring/{pname}"))
-            else:
-                raise ValueError(f"unknown collective {kind!r}")
-        return out
+        """Every (seconds, ``algorithm/protocol``) candidate (:func:`opcast.collectives_law.alpha_beta_options`)."""
+        return alpha_beta_options(call.kind, call.bytes, g.size, g.nodes, g.per_node, tier, b_intra, b_nic, _PROTOCOLS)
 
 
 @dataclass(kw_only=True, slots=True)
