@@ -62,6 +62,8 @@ CUSTOM_ALL_REDUCE: Final = "all_reduce_custom"
 is one of :data:`CUSTOM_BACKENDS` (the AIConfigurator replay's ``custom_allreduce_perf``).
 :data:`opcast.predict.comm.CUSTOM_ALL_REDUCE` names the same kind."""
 CUSTOM_BACKENDS: Final = ("custom",)
+
+
 KINDS: Final = (*OP_KINDS, CUSTOM_ALL_REDUCE)
 """Every law kind a ``collectives.json`` may hold."""
 FORMAT: Final = "opcast-collectives"
@@ -177,6 +179,16 @@ class CollectiveModels:
 # --------------------------------------------------------------------------- fitting
 
 
+def custom_backend(frame: pd.DataFrame) -> np.ndarray:
+    """Which rows of ``frame`` timed a serving engine's own collective (``backend`` in
+    :data:`CUSTOM_BACKENDS`), not NCCL's: they fit the :data:`CUSTOM_ALL_REDUCE` law only."""
+    import numpy as np
+
+    if "backend" not in frame.columns:
+        return np.zeros(len(frame), dtype=bool)
+    return frame["backend"].isin(list(CUSTOM_BACKENDS)).fillna(False).to_numpy(dtype=bool)
+
+
 def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     """The rows a law can be fitted on (a collective, its cluster named, a positive time, a
     consistent topology) and the count of the others by reason. A custom all-reduce row (its
@@ -187,14 +199,13 @@ def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     coll = frame[frame["op"].isin(OP_KINDS)] if len(frame) else frame
     if not len(coll):
         return coll, skipped
-    if "backend" in coll.columns:
-        custom = coll["backend"].isin(list(CUSTOM_BACKENDS)).fillna(False).to_numpy(dtype=bool)
-        if custom.any():
-            other = custom & (coll["op"].astype(str) != "all_reduce").to_numpy()
-            if other.any():
-                skipped["custom-backend collectives other than all-reduce (no law for them)"] = int(other.sum())
-            op = np.where(custom, CUSTOM_ALL_REDUCE, coll["op"].astype(str).to_numpy())
-            coll = coll[~other].assign(op=op[~other])
+    custom = custom_backend(coll)
+    if custom.any():
+        other = custom & (coll["op"].astype(str) != "all_reduce").to_numpy()
+        if other.any():
+            skipped["custom-backend collectives other than all-reduce (no law for them)"] = int(other.sum())
+        op = np.where(custom, CUSTOM_ALL_REDUCE, coll["op"].astype(str).to_numpy())
+        coll = coll[~other].assign(op=op[~other])
     cluster = coll["cluster"] if "cluster" in coll.columns else None
     named = cluster.notna().to_numpy() if cluster is not None else np.zeros(len(coll), dtype=bool)
     if (~named).any():

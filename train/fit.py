@@ -26,7 +26,7 @@ import pandas as pd
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, device_to_dict, get_device, spec_from_dict
 from opcast.ops import get_op, op_kinds
-from opcast.train.collectives import CUSTOM_BACKENDS
+from opcast.train.collectives import custom_backend
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
 from opcast.train.evaluate import ape_metrics
 from opcast.train.features import FEATURES, features, group_keys, model_inputs
@@ -751,14 +751,13 @@ def fit_frame(
                 "collectives.json's per-cluster laws; --collectives also fits cluster-blind kernel predictors)"
             )
             frame = frame[~coll]
-    if "backend" in frame.columns:
-        custom = frame["backend"].isin(list(CUSTOM_BACKENDS)).fillna(False).to_numpy(dtype=bool)
-        if custom.any():  # an engine's own all-reduce is another kernel than NCCL's: collectives.json's law
-            skipped["custom all-reduce"] = (
-                f"{int(custom.sum())} rows of serving engines' own all-reduce kernels (fitted only as "
-                "collectives.json's all_reduce_custom law, never as NCCL's all_reduce)"
-            )
-            frame = frame[~custom]
+    custom = custom_backend(frame)
+    if custom.any():  # an engine's own all-reduce is another kernel than NCCL's: collectives.json's law
+        skipped["custom all-reduce"] = (
+            f"{int(custom.sum())} rows of serving engines' own all-reduce kernels (fitted only as "
+            "collectives.json's all_reduce_custom law, never as NCCL's all_reduce)"
+        )
+        frame = frame[~custom]
     if not len(frame):
         raise OpcastError(
             "no training rows left (check --op and --holdout-device against the dataset's ops and devices)"
@@ -891,7 +890,7 @@ def fit_model_set(
             def predict_s(self, f: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
                 return _predict_fitted(fitted, f, device)
 
-        test = frame[is_held].reset_index(drop=True)
+        test = frame[is_held & ~custom_backend(frame)].reset_index(drop=True)  # as fitted: NCCL's collectives
         holdout = score_table(test, predict_frame(_Fitted(), test, devices))
         meta["holdout_metrics"] = json.loads(holdout.to_json(orient="records"))
     path = write_model_set(Path(out), name, fitted, meta)
