@@ -13,17 +13,22 @@ before). Without the package and without ``--data`` the script exits 2 saying so
 Labels scored apart (the issue's targets, pooled MAPE): gemm bf16 (8 %), gemm fp8 (10 %),
 prefill attention bf16 / fp8 (``context_attention_perf``, 10 %), decode attention bf16
 (``generation_attention_perf``, 12 %), NCCL all_reduce and all_gather (fp16, 2-8 GPUs of one
-node, 10 %). The models are opcast's own: :func:`opcast.train.fit.fit_frame` with the chosen
-estimator, one predictor per (op, direction, dtype class) exactly as ``opcast train fit`` groups
-them (prefill and decode share ``attention-fwd-*``), collectives included.
+node, 10 %; the serving engines' own all-reduce rows, ``backend`` custom, are not NCCL and are
+left out, as ``train fit`` leaves them out of the kernel predictors). The models are opcast's
+own: :func:`opcast.train.fit.fit_frame` with the chosen estimator, one predictor per (op,
+direction, dtype class) exactly as ``opcast train fit`` groups them (prefill and decode share
+``attention-fwd-*``), collectives included.
 
 1. Leave-one-GPU-out (LOGO), over every tensor-core GPU in the data: fit on all systems but one,
    score that one (a GPU the models never saw; the shapes are largely the same on every system,
    so this isolates transfer across GPUs). Beside it, on the same test rows, two baselines fitted
-   in the same run: (a) the spec roofline ``t_roof_s`` of the features (max of FLOPs over the
-   dtype's dense peak and bytes over memory bandwidth; collectives: bus bytes over the NVLink
-   bandwidth), (b) one efficiency factor per label (op, phase and dtype): the median of
-   ``t / t_roof`` over the training rows, times the test row's roofline.
+   in the same run: (a) the spec roofline (:func:`spec_roofline`: max of FLOPs over the dtype's
+   dense peak and bytes over memory bandwidth; collectives: bus bytes over the catalog's
+   intra-node link, NVLink or PCIe), (b) one efficiency factor per label (op, phase and dtype):
+   the median of ``t / roofline`` over the training rows, times the test row's roofline, and for
+   collectives (c) NCCL's alpha-beta model alone
+   (:func:`opcast.collectives_law.alpha_beta_time_s`, the reference time ``t_roof_s`` the learned
+   collective model corrects; nothing fitted).
 2. Within-GPU held-out shapes: on each system, a grouped split of its shapes (20 % held out by a
    seeded hash of the configuration, :func:`opcast.train.splits.grouped_mask`), fitted on that
    system's other shapes only. These rows come from one kernel family per configuration (the
@@ -115,12 +120,16 @@ def labels(frame: pd.DataFrame) -> pd.Series:
 
 
 def load(path: Path) -> pd.DataFrame:
-    """The scored rows: tensor-core GPUs, the labels above, positive times."""
+    """The scored rows: tensor-core GPUs, the labels above, positive times; collectives are NCCL's
+    (rows of a serving engine's own all-reduce, ``opcast.train.collectives.custom_backend``, are dropped)."""
     from opcast.hardware import get_device
+    from opcast.train.collectives import custom_backend
     from opcast.train.fit import load_training_frame
 
     frame = load_training_frame([path])
-    frame = frame[frame["op"].isin(KINDS) & (frame["direction"] == "fwd")].reset_index(drop=True)
+    frame = frame[frame["op"].isin(KINDS) & (frame["direction"] == "fwd")]
+    frame = frame[~custom_backend(frame)]
+    frame = frame.reset_index(drop=True)
     frame = frame.assign(label=labels(frame))
     frame = frame[frame["label"].isin(TARGETS)]
     gpus = [d for d in pd.unique(frame["device"].astype(object)) if get_device(d).vendor == "nvidia"]
@@ -158,6 +167,21 @@ def fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, estimator: str
     return pred, {k: est.name for k, (est, _) in fitted.items()}
 
 
+def spec_roofline(frame: pd.DataFrame, devices) -> tuple[np.ndarray, np.ndarray]:
+    """(baseline (a), the spec roofline, and baseline (c), NCCL's alpha-beta time) of every row
+    of ``frame``. (a) is the features' ``t_roof_s`` except for collectives, whose ``t_roof_s`` is
+    the alpha-beta time (features v4): their roofline is the bus bytes over the link
+    (``t_memory``). (c) is NaN for the non-collective rows."""
+    from opcast.ops import op_kinds
+    from opcast.train.fit import feature_frame
+
+    feats = feature_frame(frame, devices)
+    coll = frame["op"].isin(op_kinds(collective=True)).to_numpy()
+    t_roof = feats["t_roof_s"].to_numpy(dtype=float)
+    t_bus = np.exp(feats["log_t_memory_s"].to_numpy(dtype=float))
+    return np.where(coll, t_bus, t_roof), np.where(coll, t_roof, np.nan)
+
+
 def efficiency_factors(train: pd.DataFrame, t_roof: np.ndarray) -> dict[str, float]:
     """Baseline (b): per label, the median of measured time over the roofline on ``train``."""
     ratio = pd.Series(train["time_s_median"].to_numpy(dtype=float) / t_roof, index=train.index)
@@ -173,10 +197,9 @@ def _metrics(pred: np.ndarray, true: np.ndarray, prefix: str = "") -> dict[str, 
 
 
 def logo(pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, seed: int, log) -> pd.DataFrame:
-    """Every test row with its three predictions (model, roofline, efficiency) when its system was left out."""
-    from opcast.train.fit import feature_frame
-
-    roof_train = feature_frame(pool, devices)["t_roof_s"].to_numpy(dtype=float)
+    """Every test row with its predictions (model, roofline, efficiency, and alpha-beta for
+    collectives) when its system was left out."""
+    roof_train, _ = spec_roofline(pool, devices)
     parts = []
     for dev in sorted(pd.unique(test_pool["device"].astype(object))):
         t0 = time.perf_counter()
@@ -184,11 +207,12 @@ def logo(pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, s
         train = pool[keep]
         test = test_pool[test_pool["device"] == dev].reset_index(drop=True)
         pred, chosen = fit_predict(train, test, devices, estimator, seed)
-        roof = feature_frame(test, devices)["t_roof_s"].to_numpy(dtype=float)
+        roof, alpha_beta = spec_roofline(test, devices)
         factors = efficiency_factors(train, roof_train[keep])
         parts.append(
             test.assign(
                 pred_model=pred,
+                pred_alpha_beta=alpha_beta,
                 pred_roofline=roof,
                 pred_efficiency=roof * test["label"].map(factors).to_numpy(dtype=float),
             )
@@ -266,9 +290,7 @@ def per_system_table(scored: pd.DataFrame, preds: tuple[str, ...], diagnose: boo
 
 def bucket_table(scored: pd.DataFrame, devices) -> pd.DataFrame:
     """Model MAPE by roofline-time bucket (columns) per label: where the transfer error lives."""
-    from opcast.train.fit import feature_frame
-
-    roof = feature_frame(scored, devices)["t_roof_s"].to_numpy(dtype=float)
+    roof, _ = spec_roofline(scored, devices)
     names = [
         f"{'<' if hi < np.inf else '>='}{(hi if hi < np.inf else lo) * 1e6:g} us"
         for lo, hi in itertools.pairwise(BUCKETS_S)
@@ -411,10 +433,10 @@ def main(argv: list[str] | None = None) -> int:
         pool = cap(frame, args.train_rows, args.seed)
         test_pool = cap(frame[frame["device"].isin(left_out)], args.test_rows, args.seed + 1)
         scored = logo(pool, test_pool, devices, args.estimator, args.seed, log)
-        preds = ("model", "efficiency", "roofline")
+        preds = ("model", "alpha_beta", "efficiency", "roofline")
         tables[
-            "Leave-one-GPU-out, pooled over the left-out systems: opcast model vs (b) one efficiency factor per "
-            "label vs (a) the spec roofline — APE %"
+            "Leave-one-GPU-out, pooled over the left-out systems: opcast model vs (c) NCCL's alpha-beta model "
+            "(collectives) vs (b) one efficiency factor per label vs (a) the spec roofline — APE %"
         ] = pooled_table(scored, preds, TARGETS)
         tables[
             "Leave-one-GPU-out per left-out system — APE % (system_scale, mape_after_scale: diagnosis only, "

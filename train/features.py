@@ -8,8 +8,12 @@ For each row (an op configuration: kind, shape parameters, dtype, direction, ten
 
 - the work: FLOPs and compulsory bytes from the registry (:mod:`opcast.ops`), arithmetic intensity;
 - the roofline bound on the device: ``t_roof = max(flops / peak, bytes / bw)`` with the
-  dtype-aware peak (tensor-core or CUDA-core rate, :meth:`DeviceSpec.peak_flops`); collectives
-  use the link bandwidth (NVLink within a node, the NIC across nodes);
+  dtype-aware peak (tensor-core or CUDA-core rate, :meth:`DeviceSpec.peak_flops`); for a
+  collective the reference time ``t_roof`` is NCCL's alpha-beta time on the catalog's links
+  (:func:`opcast.collectives_law.alpha_beta_time_s`: ring/tree, LL/Simple, NVLink or PCIe
+  latencies and efficiencies), so a learned collective model predicts a correction to the link
+  physics of the GPU's own node, and ``t_memory`` stays the bus bytes over the link (NVLink or
+  PCIe within a node, the NIC across nodes);
 - the tile/wave structure (NeuSight, arXiv 2407.13853, Sec. 4): the kernel is split into output
   tiles (thread blocks) that run in waves of ``sm_count`` tiles; ``waves = tiles / sm_count`` and
   the tail efficiency ``waves / ceil(waves)`` say how well the last wave fills the GPU, and the
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
+from opcast.collectives_law import alpha_beta_time_s
 from opcast.dtypes import DTYPE_BYTES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
@@ -47,8 +52,12 @@ from opcast.ops import uses_tensor_cores as uses_tensor_cores
 if TYPE_CHECKING:
     import pandas as pd
 
-FEATURES_VERSION: Final = 3
-"""Bumped whenever a feature's definition changes; artifacts fitted on another version are refused."""
+FEATURES_VERSION: Final = 4
+"""Bumped whenever a feature's definition changes; artifacts fitted on another version are refused.
+4: a collective's ``t_roof_s`` is its alpha-beta time (was the bus bytes over the link), and its
+features add ``log_t_memory_s`` (the bus bytes over the link, the old reference); a decode step's
+attention tiles follow flash-decoding (:func:`_decode_tiles`), and attention adds
+:data:`ATTENTION_LATENCY_FEATURES`."""
 
 GEMM_TILES: Final = ((128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32), (16, 16))
 """Candidate output tiles (rows, cols), largest first: CUTLASS/cuBLAS threadblock shapes."""
@@ -61,7 +70,17 @@ VECTOR_TILE_BYTES: Final = 128 * 16
 vectorized_elementwise_kernel; NeuSight's fp32 add launches numel / 512 blocks)."""
 
 ATTENTION_TILE_ROWS: Final = 128
-"""FlashAttention-2 tiles queries (forward) and keys (backward) in blocks of 128 rows."""
+"""FlashAttention-2 tiles queries (forward) and keys (backward) in blocks of 128 rows; a decode
+step (one query) is tiled as flash-decoding does, :func:`_decode_tiles`."""
+
+ATTENTION_LATENCY_FEATURES: Final = ("log_t_roof_cycles", "log_tile_t_roof_cycles", "log_dram_bytes_per_sm_cycle")
+"""Attention's extra inputs, for the launch- and latency-bound rows (small prefills, most decode
+steps) to transfer between GPUs. AIConfigurator's smallest decode kernels take 21-23 thousand
+clock cycles on seven of its nine systems (9-14 us: the floor is in cycles, not seconds), so the
+roofline and one block's share of it enter in cycles too (``log(t_roof * clock)``). The DRAM bytes
+an SM gets per clock (``log(bw / (sm_count * clock))``: 13-27 on the HBM parts, 2.4-3.5 on the
+GDDR L40S and RTX PRO 6000) says how much an L2-resident KV cache gains over the DRAM roofline
+(a KV cache of 0.3-1x the L2 runs at 1.4x the DRAM roofline on L40S, at most 0.9x on HBM parts)."""
 
 EPS: Final = 1e-30
 
@@ -99,6 +118,7 @@ COLLECTIVE_FEATURES: Final = (
     "log_bytes",
     "log_message_bytes",
     "log_t_roof_s",
+    "log_t_memory_s",
     "log_link_bw_bytes_per_s",
     "world_size",
     "nodes",
@@ -272,6 +292,8 @@ def _shape_features(kind: str) -> tuple[str, ...]:
         names += ["fn_flops_per_elem", "fn_inputs"]
     elif kind in ("layernorm", "rmsnorm", "softmax"):
         names += ["align_cols"]
+    elif kind == "attention":
+        names += list(ATTENTION_LATENCY_FEATURES)
     return tuple(names)
 
 
@@ -343,6 +365,51 @@ def _softmax_fill(width: np.ndarray, dt: np.ndarray) -> np.ndarray:
     return np.where((w <= 1024) & (w * dt <= 4096), warp, block)
 
 
+DECODE_TILE_ROWS: Final = 64
+"""FlashAttention-2's split-KV kernel tiles the (packed) queries in blocks of 64 rows."""
+
+
+def _decode_kv_block(head_dim: np.ndarray) -> np.ndarray:
+    """Keys per block of FlashAttention-2's split-KV kernel: 256 up to head_dim 64, 128 up to 128, else 64."""
+    return np.where(head_dim <= 64, 256.0, np.where(head_dim <= 128, 128.0, 64.0))
+
+
+def _kv_splits(blocks: np.ndarray, kv_blocks: np.ndarray, slots: int, max_splits: int = 128) -> np.ndarray:
+    """FlashAttention-2's ``num_splits_heuristic`` (csrc/flash_attn/flash_api.cpp): no split when
+    ``blocks`` fills 80 % of the ``slots``; else the fewest splits of the KV blocks whose wave
+    efficiency (waves / ceil(waves)) is at least 85 % of the best, over the eligible counts (those
+    that change the KV blocks per split)."""
+    pairs, inverse = np.unique(np.column_stack([blocks, kv_blocks]), axis=0, return_inverse=True)
+    chosen = np.ones(len(pairs))
+    for j, (b, nb) in enumerate(pairs.tolist()):
+        if b >= 0.8 * slots:
+            continue
+        s = np.arange(1.0, max(1, int(min(max_splits, slots, nb))) + 1.0)
+        eligible = (s == 1) | (np.ceil(nb / s) != np.ceil(nb / np.maximum(s - 1, 1)))
+        waves = b * s / slots
+        eff = np.where(eligible, waves / np.ceil(waves), 0.0)
+        chosen[j] = s[np.flatnonzero(eligible & (eff >= 0.85 * eff.max()))[0]]
+    return chosen[inverse.ravel()]
+
+
+def _decode_tiles(cols: Mapping[str, np.ndarray], sms: int) -> tuple[np.ndarray, np.ndarray]:
+    """(tiles, fill) of a decode step (one query per sequence): FlashAttention-2 packs the
+    ``heads / kv_heads`` queries that share a KV head into the rows of one query tile
+    (``seqlenq_ngroups_swapped`` in ``mha_fwd``), so blocks run per (sequence, KV head), and splits
+    the KV length over more blocks when those few blocks would leave the GPU idle (split-KV /
+    flash-decoding, ``set_params_splitkv``: two 128-thread blocks per SM). vLLM's, FlashInfer's and
+    TensorRT-LLM's XQA decode kernels partition the same way (a block per KV head and chunk of the
+    cache). Fill: the useful share of the packed query rows and of the last KV block."""
+    rows = cols["seq_q"] * cols["heads"] / cols["kv_heads"]
+    m_blocks = _cdiv(rows, DECODE_TILE_ROWS)
+    kv_block = _decode_kv_block(cols["head_dim"])
+    kv_blocks = _cdiv(cols["seq_kv"], kv_block)
+    base = cols["batch"] * cols["kv_heads"] * m_blocks
+    splits = _kv_splits(base, kv_blocks, 2 * sms)
+    fill = rows / (m_blocks * DECODE_TILE_ROWS) * cols["seq_kv"] / (kv_blocks * kv_block)
+    return base * splits, fill
+
+
 def _tiles(
     kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray, sms: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -362,7 +429,11 @@ def _tiles(
     if kind == "attention":
         seq = np.where(fwd, cols["seq_q"], cols["seq_kv"])
         blocks = _cdiv(seq, ATTENTION_TILE_ROWS)
-        return cols["batch"] * cols["heads"] * blocks, nan, seq / (blocks * ATTENTION_TILE_ROWS)
+        tiles, fill = cols["batch"] * cols["heads"] * blocks, seq / (blocks * ATTENTION_TILE_ROWS)
+        step = fwd & (cols["seq_q"] == 1)  # a decode step: flash-decoding's grid
+        if step.any():
+            tiles[step], fill[step] = _decode_tiles({k: v[step] for k, v in cols.items()}, sms)
+        return tiles, nan, fill
     if kind in ("layernorm", "rmsnorm", "softmax", "cross_entropy"):
         rows = cols["rows"] if "rows" in cols else cols["tokens"]
         width = cols["cols"] if "cols" in cols else cols["vocab"]
@@ -552,12 +623,15 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
     traffic = work["traffic"]
     ops = cols["op"].astype(object)
     collective = _mapped(ops, {k: float(get_op(str(k)).collective) for k in _unique(ops.tolist())}).astype(bool)
-    # Collectives: bus bytes over the link (NVLink within a node, the NIC across nodes).
+    # Collectives: bus bytes over the link (NVLink or PCIe within a node, the NIC across nodes) is
+    # t_memory; the reference t_roof is NCCL's alpha-beta time on those links.
     nodes = _as_float(cols["nodes"]) if "nodes" in cols else np.full(n, np.nan)
     link = np.where(nodes > 1, device.inter_node_bw_bytes_per_s, device.intra_node_bw_bytes_per_s)
     t_compute = flops / peak
     t_memory = np.where(collective, moved / link, moved / bw)
     t_roof = np.maximum(t_compute, t_memory)
+    if collective.any():
+        t_roof = np.where(collective, _alpha_beta_s(cols, collective, device), t_roof)
     t_roof = np.where(np.isfinite(t_roof) & (t_roof > 0), t_roof, np.where(np.isfinite(t_roof), 1e-9, np.nan))
     waves = tiles / sms
     ceil_waves = np.ceil(waves)
@@ -594,6 +668,12 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
         is_cpu=np.full(n, float(device.vendor == "cpu")),
         log_link_bw_bytes_per_s=_log(link),
     )
+    # Attention's latency features (ATTENTION_LATENCY_FEATURES): the roofline in clock cycles, and
+    # the DRAM bytes an SM gets per cycle.
+    log_clock = np.log(device.boost_clock_hz)
+    out["log_t_roof_cycles"] = out["log_t_roof_s"] + log_clock
+    out["log_tile_t_roof_cycles"] = out["log_tile_t_roof_s"] + log_clock
+    out["log_dram_bytes_per_sm_cycle"] = np.full(n, np.log(bw / (sms * device.boost_clock_hz)))
     for name, typ in _param_columns().items():
         if name not in cols:
             continue
@@ -622,6 +702,36 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
         out["fn_flops_per_elem"] = _mapped(fns, {k: float(f.flops) for k, f in ELEMENTWISE_FNS.items()})
         out["fn_inputs"] = _mapped(fns, {k: float(f.inputs) for k, f in ELEMENTWISE_FNS.items()})
     return Table(out, n)
+
+
+def _alpha_beta_s(cols: Columns, collective: np.ndarray, device: DeviceSpec) -> np.ndarray:
+    """NCCL's alpha-beta time (:func:`opcast.collectives_law.alpha_beta_time_s`) of every
+    collective row on ``device``'s links, computed once per distinct call; NaN for the other rows
+    and for rows with a missing parameter (bytes, world_size, nodes, gpus_per_node) or a count below one."""
+    out = np.full(len(collective), np.nan)
+    names = ("bytes", "world_size", "nodes", "gpus_per_node")
+    if any(name not in cols for name in names):
+        return out
+    idx = np.flatnonzero(collective)
+    vals = [_as_float(cols[name][idx]) for name in names]
+    ok = np.all([np.isfinite(v) & (v >= (0 if name == "bytes" else 1)) for name, v in zip(names, vals)], axis=0)
+    idx = idx[ok]
+    keys = list(zip(cols["op"][idx].tolist(), *(v[ok].tolist() for v in vals)))
+    codes, first = _factorize(keys)
+    times = np.empty(len(first))
+    for i, j in enumerate(first.tolist()):
+        op, size, ranks, nodes, per_node = keys[j]
+        times[i] = alpha_beta_time_s(
+            str(op),
+            size,
+            int(ranks),
+            int(nodes),
+            int(per_node),
+            device.intra_node_bw_bytes_per_s,
+            device.inter_node_bw_bytes_per_s,
+        )[0]
+    out[idx] = times[codes]
+    return out
 
 
 def _fill_defaults(rows: Any) -> dict[str, np.ndarray]:
