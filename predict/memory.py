@@ -378,22 +378,9 @@ def layer_activation_terms(
     """(bytes one block keeps per micro-batch, the working set its backward rebuilds): with full
     recomputation one layer's activations are materialised again during its backward; ``fp8``: see
     :func:`layer_activation_bytes`."""
-    kept = layer_activation_bytes(
-        arch,
-        tp=tp,
-        sp=sp,
-        batch=batch,
-        seq=seq,
-        cp=cp,
-        ep=ep,
-        attention=attention,
-        recompute=recompute,
-        dtype=dtype,
-        fp8=fp8,
-    )
-    working = 0.0
-    if recompute == "full":
-        working = layer_activation_bytes(
+
+    def saved(mode: str) -> float:
+        return layer_activation_bytes(
             arch,
             tp=tp,
             sp=sp,
@@ -402,11 +389,12 @@ def layer_activation_terms(
             cp=cp,
             ep=ep,
             attention=attention,
-            recompute="none",
+            recompute=mode,
             dtype=dtype,
             fp8=fp8,
         )
-    return kept, working
+
+    return saved(recompute), saved("none") if recompute == "full" else 0.0
 
 
 def stage_activation_bytes(
