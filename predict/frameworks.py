@@ -29,9 +29,13 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   and the ``fused_crossentropy`` loss that ``MPTForCausalLM`` picks by default
   (``llmfoundry/models/mpt/modeling_mpt.py`` v0.3.0 lines 721-727: flash-attn's ``CrossEntropyLoss``, the
   ``xentropy_cuda_lib`` kernel the ``gpu`` extra installs, softmax, loss and gradient in one pass: fused);
-  FSDP keeps fp32 sharded parameters and gradients (16 bytes). Its attention is Triton FlashAttention
-  (``attn_impl: triton``, ``llmfoundry/models/layers/flash_attn_triton.py``), a FlashAttention-1-generation
-  kernel: the registry's ``flash1``, priced at FlashAttention-1's measured rate
+  FSDP keeps fp32 sharded parameters and gradients (16 bytes). Its ZeRO-3 is torch FSDP (FULL_SHARD)
+  under Composer's ``mixed_precision: DEFAULT`` (the CSV's "MP Mode"; composer v0.16.4, which v0.3.0 pins
+  ``>=0.16.3,<0.17``: ``composer/trainer/mosaic_fsdp_utils.py`` ``get_mixed_precision``: ``param_dtype`` the
+  autocast dtype, ``reduce_dtype=torch.float32``): weights gathered in bf16, gradients reduce-scattered in
+  fp32 (4 bytes an element), after FSDP's flat-gradient kernels (``zero3_fsdp_kernels``). Its attention
+  is Triton FlashAttention (``attn_impl: triton``, ``llmfoundry/models/layers/flash_attn_triton.py``), a
+  FlashAttention-1-generation kernel: the registry's ``flash1``, priced at FlashAttention-1's measured rate
   (:mod:`opcast.predict.cost.published`).
 
 Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
@@ -63,6 +67,12 @@ class Framework:
     fp32_grads: bool
     """Gradients accumulated in an fp32 ``main_grad`` buffer (4 bytes a parameter instead of 2) when
     training in 16-bit or fp8."""
+    zero3_reduce_bytes: int | None = None
+    """Bytes per element of ZeRO-3's gradient reduce-scatter when the gradients are 16-bit (None: the
+    gradient's own, 2): foundry's 4 is FSDP ``MixedPrecision(reduce_dtype=torch.float32)``."""
+    zero3_fsdp_kernels: bool = False
+    """ZeRO-3 is PyTorch FSDP's ``FlatParameter`` runtime: each unit's backward also runs the flat-gradient
+    kernels of :func:`opcast.predict.training.fsdp_gradient_kernels` (flatten, upcast, pre-divide)."""
 
 
 _MEGATRON_KERNELS = (("layernorm", "fused"), ("rmsnorm", "fused"), ("softmax", "fused"), ("cross_entropy", "unfused"))
@@ -90,6 +100,8 @@ FRAMEWORKS: dict[str | None, Framework] = {
             ("attention", "flash1"),
         ),
         fp32_grads=False,
+        zero3_reduce_bytes=4,
+        zero3_fsdp_kernels=True,
     ),
 }
 """Every framework by its ``--framework`` name (None: not given)."""

@@ -12,7 +12,9 @@ all-gathers the updated weights after the step (distributed optimizer), in bucke
 ``max(40M, 1M x dp)`` parameters; with ``--overlap-grad-reduce`` the buckets run behind the last
 micro-batch's backward, leaving ``max(one bucket, total - that backward)`` exposed. ZeRO-3 gathers
 each layer's weights in forward (and recompute) and backward and reduce-scatters its gradients,
-per micro-batch, prefetched behind the layer's compute. MoE expert gradients are reduced over
+per micro-batch, prefetched behind the layer's compute (under a framework whose ZeRO-3 is torch FSDP,
+``foundry``: in its reduce dtype, with FSDP's flat-gradient kernels in each backward,
+:func:`fsdp_gradient_kernels`). MoE expert gradients are reduced over
 dp x cp / ep ranks. A tied embedding split across pipeline stages all-reduces its gradient between
 the first and last stage.
 
@@ -39,6 +41,7 @@ from opcast.dtypes import dtype_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
+from opcast.predict.frameworks import framework_of
 from opcast.predict.graph import (
     BWD,
     FWD,
@@ -503,7 +506,7 @@ def data_parallel_sync(
         tied_s = comms.time_s(tied, device)[0]
     if zero == 3 and dp_group.size > 1:
         ag = Collective("all_gather", params.per_layer * grad_bytes, dp_group)
-        rs = Collective("reduce_scatter", params.per_layer * grad_bytes, dp_group)
+        rs = Collective("reduce_scatter", params.per_layer * zero3_reduce_bytes(framework, grad_bytes), dp_group)
         return DataParallelSync(
             zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]),
             tied=tied,
@@ -580,6 +583,50 @@ def weight_cast_s(casts: Sequence[Node], kernel_times: Mapping[Kernel, tuple[flo
 def zero3_gathers(recompute: str) -> int:
     """ZeRO-3 weight gathers per layer and micro-batch: forward, backward and, with full recomputation, recompute."""
     return 3 if recompute == "full" else 2
+
+
+def zero3_reduce_bytes(framework: str | None, grad_bytes: int) -> int:
+    """Bytes per gradient element of ZeRO-3's reduce-scatter: the gradient's own, or the framework's
+    wider reduce dtype (:attr:`~opcast.predict.frameworks.Framework.zero3_reduce_bytes`; foundry: fp32)."""
+    return max(grad_bytes, framework_of(framework).zero3_reduce_bytes or 0)
+
+
+def fsdp_gradient_kernels(numel: int, *, grad_bytes: int, reduce_bytes: int, dp: int) -> tuple[Node, ...]:
+    """The kernels PyTorch FSDP runs over one unit's flat gradient of ``numel`` elements per
+    micro-batch, besides its reduce-scatter (torch 2.1 ``torch/distributed/fsdp``, unchanged since):
+
+    - flatten: FSDP computes with views of the ``FlatParameter`` (``flat_param.py``
+      ``_get_unflat_views``: ``torch.split(flat_param, numels)`` then ``.view``), so autograd's backward
+      of the split concatenates the parameters' gradients into the flat gradient: ``grad_bytes`` read
+      and written an element;
+    - upcast, when the reduce dtype is wider than the gradient: ``_post_backward_hook``'s
+      ``flat_param.grad.to(handle._reduce_dtype)``: ``grad_bytes`` read, ``reduce_bytes`` written;
+    - pre-divide: ``_reduce_grad``'s ``_div_if_needed(padded_unsharded_grad, predivide_factor)``, in
+      place, whose factor (``default_hooks.DefaultState._get_gradient_predivide_factor``) is >= 2 for
+      every ``dp`` >= 2: ``reduce_bytes`` read and written.
+
+    Each is priced as the bf16 ``mul_scalar`` moving as many bytes (``numel = bytes / 4``), as
+    :func:`opcast.predict.graph` prices the fp8 casts. None for ``dp`` 1 (FSDP reduces nothing)."""
+    if dp <= 1 or numel <= 0:
+        return ()
+    moved = [("fsdp.grad_flatten", 2 * grad_bytes)]
+    if reduce_bytes > grad_bytes:
+        moved.append(("fsdp.grad_upcast", grad_bytes + reduce_bytes))
+    moved.append(("fsdp.grad_predivide", 2 * reduce_bytes))
+    return tuple(
+        Node(role, kernel("elementwise", {"numel": -(-numel * b // 4), "fn": "mul_scalar"}, "bf16", "fwd", False))
+        for role, b in moved
+    )
+
+
+def fsdp_gradient_s(
+    layer_kernels: Sequence[Node], rest_kernels: Sequence[Node], times: Mapping[Kernel, tuple[float, str]], layers: int
+) -> float:
+    """Seconds per micro-batch of a stage's FSDP flat-gradient kernels (:func:`fsdp_gradient_kernels`):
+    one set per block (``layers``) and one for the rest of the stage's parameters (the root unit)."""
+    return layers * math.fsum(times[n.kernel][0] for n in layer_kernels) + math.fsum(
+        times[n.kernel][0] for n in rest_kernels
+    )
 
 
 class DataParallelTime(NamedTuple):
@@ -895,8 +942,21 @@ class _Pricer:
         compute = stage_compute(
             ((self.graph_costs(block, groups, stage, layers), layers), (self.graph_costs(extras, groups, stage, 1), 1))
         )
-        pp_s = self.p2p_s(stage, compute)
         grad_b = dtype_bytes(lay.act_dtype)
+        per_layer, rest = _fsdp_kernels(plan, stage)
+        if per_layer or rest:  # torch FSDP's flat-gradient kernels run in each micro-batch's backward
+            compute = compute._replace(
+                backward_s=compute.backward_s + fsdp_gradient_s(per_layer, rest, self.table, layers)
+            )
+            for nodes, copies in ((per_layer, layers), (rest, 1)):
+                for n in nodes if self.keep else ():
+                    t, src = self.table[n.kernel]
+                    self.ops.append(
+                        OpLine(
+                            stage=stage, phase=BWD, role=n.role, kernel=n.kernel, count=copies * m, time_s=t, source=src
+                        )
+                    )
+        pp_s = self.p2p_s(stage, compute)
         sync = data_parallel_sync(
             arch,
             self.device,
@@ -1023,6 +1083,24 @@ def _weight_casts(plan: TrainPlan) -> tuple[Node, ...]:
     )
 
 
+def _fsdp_kernels(plan: TrainPlan, stage: int) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """(per block, rest of the stage) FSDP flat-gradient kernels of ``stage`` under ZeRO-3 when the
+    framework's ZeRO-3 is torch FSDP (:attr:`~opcast.predict.frameworks.Framework.zero3_fsdp_kernels`); else empty."""
+    lay, cfg = plan.layout, plan.layout.cfg
+    if cfg.zero != 3 or not framework_of(cfg.framework).zero3_fsdp_kernels:
+        return (), ()
+    params = stage_params(plan.arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=stage, layers=lay.layers(stage))
+    own = lay.layers(stage)
+    layers = plan.arch.n_layers // cfg.pp if own is None else own
+    grad_b = dtype_bytes(lay.act_dtype)
+    red_b = zero3_reduce_bytes(cfg.framework, grad_b)
+    rest = params.dense + params.expert - layers * params.per_layer
+    return (
+        fsdp_gradient_kernels(params.per_layer, grad_bytes=grad_b, reduce_bytes=red_b, dp=lay.dp),
+        fsdp_gradient_kernels(rest, grad_bytes=grad_b, reduce_bytes=red_b, dp=lay.dp),
+    )
+
+
 def _optimizer_kernel(plan: TrainPlan, stage: int) -> Kernel:
     lay, cfg = plan.layout, plan.layout.cfg
     return optimizer_kernel(
@@ -1060,6 +1138,7 @@ def run_train(
     # Every unique kernel of the iteration in one lookup: one batched call per learned model.
     wanted = [_optimizer_kernel(plan, s) for s in plan.stage_kinds] + [n.kernel for n in _weight_casts(plan)]
     for s in plan.stage_kinds:
+        wanted += [n.kernel for nodes in _fsdp_kernels(plan, s) for n in nodes]
         for graph in _graphs(plan, s):
             wanted += [n.kernel for nodes in graph.nodes.values() for n in nodes]
     pr.table = kernels.lookup(wanted, device)
