@@ -42,7 +42,9 @@ What the benchmark runs executed (llm-foundry, mirrored with git): the README's 
 commit b2a43a147 (2023-10-19, "Update_pretrain_benchmarks"; the ">= 128 GPUs" table from 5e85bd62d,
 2024-01-06), whose ``scripts/train/benchmarking/submit_benchmarks.py`` launches every run on
 llm-foundry ``v0.3.0`` (``run_config``: ``'git_branch': 'v0.3.0'``, ``pip install -e .[gpu]``; 5e85bd62d:
-``main`` with ``.[gpu-flash2]``), sets ``model.attn_config.attn_impl = args.attn_impl`` whose default
+``main`` with ``.[gpu-flash2]``) in the image ``sweep.sh`` names, ``mosaicml/pytorch:2.1.0_cu121``
+(torch 2.1.0, CUDA 12.1 and its cuBLAS: not the 2025 stack NVIDIA's AIConfigurator GEMMs that opcast
+learned H100 from were measured on), sets ``model.attn_config.attn_impl = args.attn_impl`` whose default
 is ``'triton'`` (sweep.sh never overrides it), ``norm_type: low_precision_layernorm``, FSDP
 ``mixed_precision`` DEFAULT (``mod_parameters``' default; the CSV's "MP Mode"), ``eval_interval`` 0 and
 30 batches; the MPT yamls leave ``alibi`` off (MPTConfig default False: learned positions, as the
