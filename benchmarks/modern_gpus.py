@@ -3,6 +3,7 @@
     python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|auto]
         [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within]
         [--systems H100-SXM,B200,...] [--seed 0] [--json FILE]
+        [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
     python benchmarks/modern_gpus.py --replay-to DIR   # only write DIR/aiconfigurator.parquet
 
 The data are the tables of the PyPI package ``aiconfigurator-core`` (``pip install
@@ -39,6 +40,15 @@ Subsampling (so that the whole run fits a 2-core machine): training rows are at 
 ``--train-rows`` (LOGO) or ``--within-train-rows`` (within-GPU) per (system, label), test rows at
 most ``--test-rows`` per (system, label), each a uniform draw seeded with ``--seed``; the rule is
 printed with the tables. Nothing is tuned on a held-out system.
+
+Provenance (issue 17: several frameworks measure the same shapes with different kernels): the
+framework of a row is the third part of its ``source_file`` (system/family/framework/version/...),
+its ``kernel_name`` is "<framework> <version>: <kernel_source>". ``--provenance`` adds, per label
+and system, the rows behind each source and the LOGO error by source (signed: the median of
+prediction / measurement - 1). ``--gemm-framework`` keeps only the GEMM rows of the named
+frameworks, in training and scoring alike (other labels untouched); ``--precedence`` replays with
+another framework precedence (``aiconfigurator.replay(frameworks=...)``; the default is the
+replay's :data:`~opcast.collect.replay.aiconfigurator.FRAMEWORKS`).
 """
 
 from __future__ import annotations
@@ -77,16 +87,19 @@ BUCKETS_S = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, np.inf)
 # --------------------------------------------------------------------------- data
 
 
-def replay_aiconfigurator(out: Path, cap_rows: int | None = None, seed: int = 0) -> Path:
+def replay_aiconfigurator(
+    out: Path, cap_rows: int | None = None, seed: int = 0, precedence: tuple[str, ...] | None = None
+) -> Path:
     """Replay the installed ``aiconfigurator-core`` into ``out/aiconfigurator.parquet`` (the same
     normalisation as ``opcast collect replay``) and return its path. With ``cap_rows``, at most
-    that many rows per (system, label) are kept (:func:`cap`; rows of other ops all stay)."""
+    that many rows per (system, label) are kept (:func:`cap`; rows of other ops all stay); with
+    ``precedence``, that framework order instead of the replay's default."""
     import opcast
     from opcast.collect.replay import aiconfigurator
     from opcast.collect.replay.common import normalise
     from opcast.schema import write_parquet
 
-    result = aiconfigurator.replay(None)
+    result = aiconfigurator.replay(None) if precedence is None else aiconfigurator.replay(None, frameworks=precedence)
     rows, _ = normalise(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
     )
@@ -134,6 +147,17 @@ def load(path: Path) -> pd.DataFrame:
     frame = frame[frame["label"].isin(TARGETS)]
     gpus = [d for d in pd.unique(frame["device"].astype(object)) if get_device(d).vendor == "nvidia"]
     return frame[frame["device"].isin(gpus)].reset_index(drop=True)
+
+
+def frameworks(frame: pd.DataFrame) -> pd.Series:
+    """The framework folder of each row (``source_file`` is system/family/framework/version/table)."""
+    return frame["source_file"].astype(str).str.split("/").str[2].fillna("")
+
+
+def keep_gemm_frameworks(frame: pd.DataFrame, names: list[str]) -> pd.DataFrame:
+    """``frame`` less the GEMM rows measured by a framework not in ``names`` (other rows all stay)."""
+    drop = (frame["op"] == "gemm").to_numpy() & ~frameworks(frame).isin(names).to_numpy()
+    return frame[~drop].reset_index(drop=True)
 
 
 def cap(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
@@ -308,6 +332,27 @@ def bucket_table(scored: pd.DataFrame, devices) -> pd.DataFrame:
     return wide.reset_index()
 
 
+def provenance_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows per (label, system, source): which framework, version and kernel measured what."""
+    out = frame.groupby(["label", "device", "kernel_name"], sort=True).size().rename("rows").reset_index()
+    out["share %"] = 100 * out["rows"] / out.groupby(["label", "device"])["rows"].transform("sum")
+    return out.rename(columns={"device": "system", "kernel_name": "source"})
+
+
+def source_error_table(scored: pd.DataFrame) -> pd.DataFrame:
+    """LOGO model error per (label, left-out system, source): MAPE and the signed median of
+    prediction / measurement - 1 (negative: predicted too fast), in percent."""
+    rows = []
+    for (label, dev, src), g in scored.groupby(["label", "device", "kernel_name"], sort=True):
+        true = g["time_s_median"].to_numpy(dtype=float)
+        pred = g["pred_model"].to_numpy(dtype=float)
+        row: dict = {"label": label, "system": dev, "source": src, "n": len(g)}
+        row.update(_metrics(pred, true))
+        row["signed_median %"] = float(np.median(pred / true - 1) * 100)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -358,6 +403,19 @@ def main(argv: list[str] | None = None) -> int:
         "--systems", default=None, help="Comma-separated catalog names to leave out (default: every system)."
     )
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--gemm-framework",
+        default=None,
+        help="Comma-separated frameworks (vllm, trtllm, sglang): keep only their GEMM rows (default: all).",
+    )
+    ap.add_argument(
+        "--provenance", action="store_true", help="Also print the sources behind each system's rows and LOGO error."
+    )
+    ap.add_argument(
+        "--precedence",
+        default=None,
+        help="Comma-separated framework precedence of the replay (default: the replay's, nccl,vllm,trtllm,sglang).",
+    )
     ap.add_argument("--json", type=Path, default=None, help="Also write every table as JSON here.")
     args = ap.parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -373,6 +431,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    precedence = None if args.precedence is None else tuple(n.strip() for n in args.precedence.split(","))
+    gemm_fw = None if args.gemm_framework is None else [n.strip() for n in args.gemm_framework.split(",")]
+    for flag, names in (("--precedence", precedence), ("--gemm-framework", gemm_fw)):
+        if names is not None and not all(names):
+            print(f"modern_gpus: {flag} has an empty name; give comma-separated framework names", file=sys.stderr)
+            return 2
     from opcast.errors import OpcastError
     from opcast.hardware import get_device
 
@@ -388,10 +452,20 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if precedence is not None and (
+        args.data is not None
+        or (args.replay_to is None and args.work and (args.work / "aiconfigurator.parquet").is_file())
+    ):
+        print(
+            "modern_gpus: --precedence applies to a new replay; drop --data, or give an empty --work DIR",
+            file=sys.stderr,
+        )
+        return 2
     if args.replay_to is not None:
         t0 = time.perf_counter()
-        path = replay_aiconfigurator(args.replay_to, args.cap_rows, args.seed)
+        path = replay_aiconfigurator(args.replay_to, args.cap_rows, args.seed, precedence)
         rule = "" if args.cap_rows is None else f", at most {args.cap_rows} rows per (system, label), seed {args.seed}"
+        rule += "" if precedence is None else f", precedence {','.join(precedence)}"
         log(f"replayed aiconfigurator-core into {path} in {time.perf_counter() - t0:.0f} s{rule}")
         return 0
     tmp = tempfile.TemporaryDirectory() if args.data is None and args.work is None else None
@@ -401,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "aiconfigurator.parquet"
         if not data.is_file():
             t0 = time.perf_counter()
-            replay_aiconfigurator(work)
+            replay_aiconfigurator(work, precedence=precedence)
             log(f"replayed aiconfigurator-core into {data} in {time.perf_counter() - t0:.0f} s")
     if not data.is_file():
         print(f"modern_gpus: {data} does not exist; give a replayed aiconfigurator.parquet", file=sys.stderr)
@@ -410,6 +484,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         frame = load(data)
+        if gemm_fw is not None:
+            present = set(frameworks(frame[frame["op"] == "gemm"]))
+            if not set(gemm_fw) <= present:
+                raise OpcastError(
+                    f"--gemm-framework: no gemm rows of {', '.join(sorted(set(gemm_fw) - present))} in {data}; "
+                    f"its frameworks are {', '.join(sorted(present)) or 'none'}"
+                )
+            before = int((frame["op"] == "gemm").sum())
+            frame = keep_gemm_frameworks(frame, gemm_fw)
+            log(
+                f"--gemm-framework {','.join(gemm_fw)}: kept {int((frame['op'] == 'gemm').sum())} of {before} gemm rows"
+            )
         devices = resolve_devices(pd.unique(frame["device"].astype(object)))
     except OpcastError as err:
         print(f"modern_gpus: {err}", file=sys.stderr)
@@ -445,6 +531,13 @@ def main(argv: list[str] | None = None) -> int:
         tables["Leave-one-GPU-out, model MAPE by roofline time and the share of rows in each bucket"] = bucket_table(
             scored, devices
         )
+        if args.provenance:
+            tables["Sources: rows per label, system and framework version: kernel_source (all loaded rows)"] = (
+                provenance_table(frame)
+            )
+            tables["Leave-one-GPU-out by source — APE % and signed median error % (prediction / measurement - 1)"] = (
+                source_error_table(scored)
+            )
     if "within" in sections:
         scored = within(frame, devices, args.estimator, args.within_train_rows, args.test_rows, args.seed, log)
         tables["Within-GPU, 20 % of the shapes held out (grouped split), pooled — APE %"] = pooled_table(
@@ -454,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# opcast on AIConfigurator's measured kernels (estimator {args.estimator}; every score on held-out rows)\n")
     print(f"data: {data} ({len(frame)} rows, systems {', '.join(sorted(devices))})")
     print(f"subsampling: {rule}")
+    if gemm_fw is not None:
+        print(f"gemm rows: only those measured by {', '.join(gemm_fw)}")
     print(f"wall time: {time.perf_counter() - t_start:.0f} s")
     for title, table in tables.items():
         _print(title, table)
