@@ -88,7 +88,9 @@ dtype, direction), so exactly one measurement is kept, the first in this precede
    (median absolute log-ratio: gemm bf16 0.9 %, fp8 3.7 %, prefill bf16 3.7 %, decode bf16 5.2 %),
    while TRT-LLM's prefill rows run 18 % above it (its timed call also writes the paged KV cache
    and applies RoPE) and its small fp8 GEMMs are often slower; TRT-LLM and SGLang fill the shapes
-   and dtypes vLLM lacks (fp8 attention, most A100 GEMMs);
+   and dtypes vLLM lacks (fp8 attention, most A100 GEMMs). fp8 GEMMs take ``fp8_gemm_frameworks``
+   (default :data:`GEMM_FP8_FRAMEWORKS`: TensorRT-LLM's cuBLASLt rows first, the kernel family of
+   Transformer Engine's fp8 training);
 2. newest version of that framework first;
 3. within one file and dtype, the densest kernel lane first (most rows, then name: the ranking
    AIConfigurator itself uses for donor lanes), so one file contributes one kernel per dtype
@@ -151,6 +153,13 @@ node each system's ``systems/<name>.yaml`` describes (8 GPUs on NVSwitch; GB200:
 
 FRAMEWORKS: Final = ("nccl", "vllm", "trtllm", "sglang")
 """Default framework precedence when several measured the same configuration."""
+GEMM_FP8_FRAMEWORKS: Final = ("trtllm", "vllm", "sglang")
+"""Framework precedence of the fp8 GEMM rows: TensorRT-LLM's first. Its fp8 GEMM is one cuBLASLt
+call on per-tensor scales, the kernel family Transformer Engine's fp8 training GEMMs run
+(``cublasLtMatmul``), where vLLM's is CUTLASS's ``cutlass_scaled_mm``; the two differ by 10-45 % on
+the same shapes, by an amount that changes from GPU to GPU. With TensorRT-LLM's rows, leave-one-GPU-out
+fp8 GEMM error is 8.7 % against 15.2 % with vLLM's (``python benchmarks/modern_gpus.py --precedence``,
+benchmarks/results/modern_gpus.md, 2026-12-02)."""
 
 TIMING_KERNEL: Final = "replay:aiconfigurator:mean"
 TIMING_NCCL: Final = "replay:aiconfigurator:nccl-tests-avg"
@@ -256,6 +265,7 @@ def replay(
     options: ReplayOptions | None = None,
     *,
     frameworks: Iterable[str] = FRAMEWORKS,
+    fp8_gemm_frameworks: Iterable[str] = GEMM_FP8_FRAMEWORKS,
     systems: Iterable[str] | None = None,
     tables: Iterable[str] | None = None,
 ) -> ReplayResult:
@@ -263,7 +273,8 @@ def replay(
 
     ``systems`` / ``tables`` restrict what is read (folder names, table stems such as
     ``gemm_perf``); ``frameworks`` sets the precedence among frameworks measuring the same
-    configuration. ``options`` is unused: the folders say everything.
+    configuration, ``fp8_gemm_frameworks`` that of the fp8 GEMMs. ``options`` is unused: the folders
+    say everything.
     """
     del options
     base = data_root(root)
@@ -326,7 +337,8 @@ def replay(
     versions = _version_ranks(f for fs in frames.values() for f in fs)
     for kind, parts in frames.items():
         if parts:
-            ranked = [_rank(frame, order, versions) for frame in parts]
+            fp8_order = tuple(fp8_gemm_frameworks) if kind == "gemm" else None
+            ranked = [_rank(frame, order, versions, fp8_order) for frame in parts]
             result.rows.extend(_select(kind, pd.concat(ranked, ignore_index=True), result))
     return result
 
@@ -504,14 +516,22 @@ def _custom_all_reduce(path: Path, result: ReplayResult) -> pd.DataFrame:
 
 
 def _rank(
-    frame: pd.DataFrame, order: tuple[str, ...], versions: Mapping[tuple[str, str, str, str], int]
+    frame: pd.DataFrame,
+    order: tuple[str, ...],
+    versions: Mapping[tuple[str, str, str, str], int],
+    fp8_order: tuple[str, ...] | None = None,
 ) -> pd.DataFrame:
-    """Precedence columns of one file's rows: framework, version, kernel lane density."""
+    """Precedence columns of one file's rows: framework (``fp8_order`` for its fp8 rows where given),
+    version, kernel lane density."""
     first = frame.iloc[0]
     framework = str(first["_framework"])
     lane_rows = frame.groupby(["dtype", "kernel_source"], sort=False)["time_s"].transform("size")
+    rank: int | np.ndarray = order.index(framework) if framework in order else len(order)
+    if fp8_order is not None:
+        fp8_rank = fp8_order.index(framework) if framework in fp8_order else len(fp8_order)
+        rank = np.where(frame["dtype"].astype(str).to_numpy() == "fp8", fp8_rank, rank)
     return frame.assign(
-        _fw_rank=order.index(framework) if framework in order else len(order),
+        _fw_rank=rank,
         _ver_rank=versions[(first["_system"], first["_table"], framework, first["_version"])],
         _lane_rows=-lane_rows,
     )

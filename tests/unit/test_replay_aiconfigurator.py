@@ -451,3 +451,26 @@ def test_the_console_script_replays_the_fixture_and_needs_a_path_for_other_sourc
     )
     assert bare.returncode == 2 and "Traceback" not in bare.stderr
     assert bare.stderr.strip().splitlines() == [bare.stderr.strip()] and "PATH" in bare.stderr
+
+
+def test_fp8_gemms_take_tensorrt_llms_cublaslt_rows_first_and_bf16_keeps_vllms(tmp_path):
+    """Where vLLM and TensorRT-LLM measured the same GEMM, bf16 keeps vLLM's row (FRAMEWORKS) and fp8
+    TensorRT-LLM's (GEMM_FP8_FRAMEWORKS: cuBLASLt, Transformer Engine's fp8 kernel family); the
+    precedence of either is an argument."""
+    gen = load_script(GENERATOR, register=False)
+    gen.HERE = tmp_path
+    cases = [("k", "bfloat16", 128, 4096, 4096), ("k", "fp8", 128, 4096, 4096)]
+    for framework, version, scale in (("trtllm", "1.3.0rc20", 1.0), ("vllm", "0.24.0", 1.5)):
+        gen.write(
+            f"h100_sxm/gemm/{framework}/{version}/gemm_perf.parquet",
+            gen.gemm_rows(framework.upper(), version, "NVIDIA H100 80GB HBM3", cases, scale=scale),
+            gen.meta(framework, version),
+        )
+
+    def kept(**kw):
+        rows = aic.replay(tmp_path, **kw).rows
+        return {r["dtype"]: r["source_file"].split("/")[2] for r in rows if r["op"] == "gemm"}
+
+    assert kept() == {"bf16": "vllm", "fp8": "trtllm"}
+    assert kept(fp8_gemm_frameworks=("vllm", "trtllm")) == {"bf16": "vllm", "fp8": "vllm"}
+    assert kept(frameworks=("trtllm", "vllm")) == {"bf16": "trtllm", "fp8": "trtllm"}
