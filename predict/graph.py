@@ -283,17 +283,18 @@ def gemm_precision(role: str, prec: Dtypes) -> Dtypes:
     return prec
 
 
-def _quant(role: str, bytes_moved: int) -> Op:
-    """A quantisation kernel moving ``bytes_moved`` bytes, priced as the bf16 ``mul_scalar`` (``x *
-    scale``, what a cast computes) that moves as many: it reads and writes 2 bytes an element, so
-    ``numel = bytes / 4``. TE's casts read bf16 and write fp8, which no single registry dtype describes."""
+def traffic_op(role: str, bytes_moved: int) -> Op:
+    """A memory-bound kernel moving ``bytes_moved`` bytes in mixed dtypes (a quantisation, an upcast),
+    priced as the bf16 ``mul_scalar`` (``x * scale``, what a cast computes) that moves as many: it reads
+    and writes 2 bytes an element, so ``numel = bytes / 4``. TE's casts read bf16 and write fp8, which no
+    single registry dtype describes."""
     return (role, "elementwise", {"numel": -(-bytes_moved // 4), "fn": "mul_scalar"}, 1)
 
 
 def _weight_cast(role: str, p: dict) -> Op:
     """``fp8_cast_transpose_fused`` of the weight ``W[k, n]`` of the fp8 linear ``role`` (``b`` of them):
     bf16 read, fp8 copy and fp8 transpose written, 4 bytes an element."""
-    return _quant(f"{role}.fp8_cast_transpose_weight", 4 * p["b"] * p["k"] * p["n"])
+    return traffic_op(f"{role}.fp8_cast_transpose_weight", 4 * p["b"] * p["k"] * p["n"])
 
 
 def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, grouped: bool) -> CastOps:
@@ -338,20 +339,20 @@ def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, gro
     dgrad: list[Op] = []
     wgrad: list[Op] = []
     if fused_norm:
-        wgrad.append(_quant(f"{role}.fp8_transpose_input", 2 * b * m * k))
+        wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
     elif sp:
         local = m if row else m // tp
-        fwd.append(_quant(f"{role}.fp8_cast_input", 3 * b * local * k))
-        wgrad.append(_quant(f"{role}.fp8_transpose_input", 2 * b * m * k))
+        fwd.append(traffic_op(f"{role}.fp8_cast_input", 3 * b * local * k))
+        wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
     else:
-        fwd.append(_quant(f"{role}.fp8_cast_transpose_input", 4 * b * m * k))
+        fwd.append(traffic_op(f"{role}.fp8_cast_transpose_input", 4 * b * m * k))
     if modules == "linear":
         fwd.append(_weight_cast(role, p))
     if sp and row:
-        dgrad.append(_quant(f"{role}.fp8_cast_grad", 3 * b * (m // tp) * n))
-        dgrad.append(_quant(f"{role}.fp8_transpose_grad", 2 * b * m * n))
+        dgrad.append(traffic_op(f"{role}.fp8_cast_grad", 3 * b * (m // tp) * n))
+        dgrad.append(traffic_op(f"{role}.fp8_transpose_grad", 2 * b * m * n))
     else:
-        dgrad.append(_quant(f"{role}.fp8_cast_transpose_grad", 4 * b * m * n))
+        dgrad.append(traffic_op(f"{role}.fp8_cast_transpose_grad", 4 * b * m * n))
     return fwd, dgrad, wgrad
 
 

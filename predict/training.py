@@ -52,6 +52,7 @@ from opcast.predict.graph import (
     fp8_amax_bytes,
     graph_flops,
     precision_of,
+    traffic_op,
     train_block,
     train_extras,
     weight_casts,
@@ -605,17 +606,17 @@ def fsdp_gradient_kernels(numel: int, *, grad_bytes: int, reduce_bytes: int, dp:
       place, whose factor (``default_hooks.DefaultState._get_gradient_predivide_factor``) is >= 2 for
       every ``dp`` >= 2: ``reduce_bytes`` read and written.
 
-    Each is priced as the bf16 ``mul_scalar`` moving as many bytes (``numel = bytes / 4``), as
-    :func:`opcast.predict.graph` prices the fp8 casts. None for ``dp`` 1 (FSDP reduces nothing)."""
+    Each is priced by :func:`opcast.predict.graph.traffic_op`, as the fp8 casts are. None for ``dp`` 1
+    (FSDP reduces nothing)."""
     if dp <= 1 or numel <= 0:
         return ()
     moved = [("fsdp.grad_flatten", 2 * grad_bytes)]
     if reduce_bytes > grad_bytes:
         moved.append(("fsdp.grad_upcast", grad_bytes + reduce_bytes))
     moved.append(("fsdp.grad_predivide", 2 * reduce_bytes))
+    bf16 = precision_of("bf16")
     return tuple(
-        Node(role, kernel("elementwise", {"numel": -(-numel * b // 4), "fn": "mul_scalar"}, "bf16", "fwd", False))
-        for role, b in moved
+        Node(role, bf16.of(kind, params)) for role, kind, params, _ in (traffic_op(r, numel * b) for r, b in moved)
     )
 
 
