@@ -104,7 +104,7 @@ def replay_aiconfigurator(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
     )
     if cap_rows is not None:
-        frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in ("op", "dtype", "device", "source_file")})
+        frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in ("op", "dtype", "device", "source_file", "point_id")})
         frame["label"] = labels(frame)
         scored = frame["label"].isin(TARGETS).to_numpy()
         keep = np.zeros(len(rows), dtype=bool)
@@ -161,9 +161,14 @@ def keep_gemm_frameworks(frame: pd.DataFrame, names: list[str]) -> pd.DataFrame:
 
 
 def cap(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
-    """At most ``n`` rows per (device, label): a uniform draw seeded with ``seed``, in row order."""
-    shuffled = frame.sample(frac=1.0, random_state=seed)
-    return frame.loc[np.sort(shuffled.groupby(["device", "label"], sort=False).head(n).index)]
+    """At most ``n`` rows per (device, label), in row order: the ``n`` whose seeded hash of
+    (device, ``point_id``, ``source_file``) is smallest. A uniform draw in which each row's fate
+    depends on that row alone, so adding, dropping or re-ordering rows of one label (or of other
+    labels) never redraws the rows of another."""
+    key = frame[["device", "point_id", "source_file"]].astype(str)
+    rank = pd.util.hash_pandas_object(key, index=False, hash_key=f"opcast-cap{seed % 10**6:06d}")
+    order = frame.assign(_rank=rank.to_numpy()).sort_values("_rank", kind="stable")
+    return frame.loc[np.sort(order.groupby(["device", "label"], sort=False).head(n).index)]
 
 
 # --------------------------------------------------------------------------- fitting and scoring
