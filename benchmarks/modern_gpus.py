@@ -104,7 +104,8 @@ def replay_aiconfigurator(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
     )
     if cap_rows is not None:
-        frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in ("op", "dtype", "device", "source_file", "point_id")})
+        keys = ("op", "dtype", "device", "source_file", "point_id")
+        frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in keys})
         frame["label"] = labels(frame)
         scored = frame["label"].isin(TARGETS).to_numpy()
         keep = np.zeros(len(rows), dtype=bool)

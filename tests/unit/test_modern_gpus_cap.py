@@ -31,7 +31,8 @@ def _kept(frame: pd.DataFrame, label: str, n: int, seed: int = 0) -> set[str]:
 
 
 def test_cap_bounds_every_device_and_label() -> None:
-    frame = pd.concat([_rows("gemm bf16", "H100-SXM", 50), _rows("gemm bf16", "B200", 7), _rows("gemm fp8", "B200", 30)])
+    parts = [_rows("gemm bf16", "H100-SXM", 50), _rows("gemm bf16", "B200", 7), _rows("gemm fp8", "B200", 30)]
+    frame = pd.concat(parts)
     out = mg.cap(frame.reset_index(drop=True), 10, 0)
     assert out.groupby(["device", "label"]).size().to_dict() == {
         ("B200", "gemm bf16"): 7,
