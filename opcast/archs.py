@@ -50,6 +50,8 @@ FAMILY_DROPOUT = 0.1
 """The dropout probability of a :data:`DROPOUT_FAMILIES` arch that gives none of its own."""
 
 _DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout")
+_OPTIONAL_NONE_FIELDS = (*_DROPOUT_FIELDS, "hf_activation")
+"""Fields that may be None (a default taken elsewhere, or nothing to say)."""
 
 
 def _family_dropout(family: str) -> float:
@@ -105,6 +107,12 @@ class ArchSpec:
     hidden_dropout: float | None = None
     """Dropout probability after attention and MLP and on the embeddings (HF ``dropout`` /
     ``resid_pdrop`` / ``hidden_dropout``, Megatron ``--hidden-dropout``); None: the family's default."""
+    hf_activation: str | None = None
+    """The Hugging Face name of the MLP activation (config.json ``activation_function`` /
+    ``hidden_act``, or the model's default, e.g. ``gelu_new``) when the arch came from a config.json;
+    None otherwise. ``activation`` says which function it computes; this says which transformers module
+    computes it, which decides the kernels it runs in torch eager (``--framework hf``:
+    :func:`opcast.predict.graph.hf_activation_ops`)."""
     source: str
     """Citation: paper table, or model card and config.json."""
 
@@ -113,7 +121,7 @@ class ArchSpec:
         problems = [
             p
             for f in fields(self)
-            if not (f.name in _DROPOUT_FIELDS and getattr(self, f.name) is None)
+            if not (f.name in _OPTIONAL_NONE_FIELDS and getattr(self, f.name) is None)
             and (p := value_problem(f.name, getattr(self, f.name), _FIELD_TYPES[f.name], _CHOICES.get(f.name)))
         ]
         problems += [
@@ -128,6 +136,11 @@ class ArchSpec:
                 problems.append(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
             if self.experts_top_k > self.n_experts:
                 problems.append(f"experts_top_k={self.experts_top_k} exceeds n_experts={self.n_experts}")
+            if self.hf_activation is not None and _HF_ACTIVATIONS[self.hf_activation] != self.activation:
+                problems.append(
+                    f"hf_activation={self.hf_activation} computes {_HF_ACTIVATIONS[self.hf_activation]}, "
+                    f"not activation={self.activation}"
+                )
         if problems:
             raise OpcastError(f"arch {label}: " + "; ".join(problems))
 
@@ -259,6 +272,7 @@ _FIELD_TYPES: dict[str, type] = {
     "experts_top_k": int,
     "attention_dropout": float,
     "hidden_dropout": float,
+    "hf_activation": str,
     "source": str,
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -267,7 +281,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "activation": get_args(Activation),
     "position": get_args(Position),
 }
-_REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k", *_DROPOUT_FIELDS))
+_REQUIRED = tuple(
+    f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k", *_OPTIONAL_NONE_FIELDS)
+)
 
 MAX_SIZE = 2**31 - 1
 """Largest size (layers, widths, heads, vocab, sequence, experts) an arch may give."""
@@ -543,6 +559,7 @@ _HF_ACTIVATIONS: dict[str, Activation] = {
     "swish": "silu",
     "relu": "relu",
 }
+_CHOICES["hf_activation"] = tuple(_HF_ACTIVATIONS)
 
 
 class _HfConfig:
@@ -557,6 +574,8 @@ class _HfConfig:
         self.problems: list[str] = []
         self.bad: set[str] = set()
         """Keys whose value is missing or wrong (read as a placeholder)."""
+        self.hf_activation: str | None = None
+        """The transformers name of the activation :meth:`activation` read (``ACT2FN`` key)."""
 
     def _checked(self, key: str, value: Any, kind: type) -> Any:
         problem = value_problem(key, value, kind)
@@ -583,10 +602,12 @@ class _HfConfig:
     def activation(self, key: str, default: str) -> Activation:
         act = self.cfg.get(key)
         if act is None:
+            self.hf_activation = default
             return _HF_ACTIVATIONS[default]
         if not isinstance(act, str) or act not in _HF_ACTIVATIONS:
             self.problems.append(f"{key}={_show(act)} is not supported (use one of {', '.join(_HF_ACTIVATIONS)})")
             return _HF_ACTIVATIONS[default]
+        self.hf_activation = act
         return _HF_ACTIVATIONS[act]
 
     def head_dim(self, hidden: int, heads: int) -> int:
@@ -707,6 +728,7 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
     fields_.setdefault("n_kv_heads", heads)
     fields_.update(hidden=hidden, n_heads=heads, head_dim=c.head_dim(hidden, heads))
     fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=source)
+    fields_.update(hf_activation=c.hf_activation)
     c.raise_problems()
     try:
         return ArchSpec(**fields_)

@@ -22,7 +22,9 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   fp16/bf16 optimizer keeps fp32 master weights and moments only: 16 bytes);
 - ``hf`` (Hugging Face Transformers with torch eager): ``LlamaRMSNorm`` as torch ops (unfused),
   ``nn.LayerNorm``, ``nn.functional.softmax`` (eager attention) and ``nn.CrossEntropyLoss``
-  (``log_softmax`` + ``nll_loss``): torch's native kernels; 16 bytes;
+  (``log_softmax`` + ``nll_loss``): torch's native kernels; 16 bytes; and the modeling code's own
+  eager kernels (``hf_modules``): ``gelu_new`` as its eight torch ops, GPT-2's and OPT's head
+  split/merge copies and attention-probability dropout (:func:`opcast.predict.graph.block_ops`);
 - ``foundry`` (MosaicML llm-foundry's MPT on Composer + PyTorch FSDP, as its benchmark tables ran:
   ``scripts/train/benchmarking/submit_benchmarks.py`` at commit b2a43a147 runs llm-foundry v0.3.0):
   ``LPLayerNorm`` (``llmfoundry/models/layers/norm.py``: ``F.layer_norm`` on the autocast dtype, native)
@@ -73,6 +75,11 @@ class Framework:
     zero3_fsdp_kernels: bool = False
     """ZeRO-3 is PyTorch FSDP's ``FlatParameter`` runtime: each unit's backward also runs the flat-gradient
     kernels of :func:`opcast.predict.training.fsdp_gradient_kernels` (flatten, upcast, pre-divide)."""
+    hf_modules: bool = False
+    """The block is Hugging Face transformers' modeling code run op by op in torch eager: its
+    activation module runs as the kernels of its Python expression and eager attention adds the
+    modeling code's own kernels around the core (:func:`opcast.predict.graph.hf_activation_ops`,
+    :func:`opcast.predict.graph.hf_attention_ops`)."""
 
 
 _MEGATRON_KERNELS = (("layernorm", "fused"), ("rmsnorm", "fused"), ("softmax", "fused"), ("cross_entropy", "unfused"))
@@ -89,6 +96,7 @@ FRAMEWORKS: dict[str | None, Framework] = {
         name="hf",
         impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "native")),
         fp32_grads=False,
+        hf_modules=True,
     ),
     "foundry": Framework(
         name="foundry",

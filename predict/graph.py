@@ -25,6 +25,10 @@ Extensions over ``layer_ops``:
   adds, copies) have none.
 - **Recomputation**: ``selective`` recomputes the attention core (Korthikanti et al. Sec. 5),
   ``full`` the whole block forward, its collectives included, once per micro-batch.
+- **Hugging Face eager** (``--framework hf``): transformers' modules as torch eager runs them, op by
+  op: a multi-kernel activation module (``gelu_new``) as its kernels and autograd's, and around
+  GPT-2's / OPT's eager attention core the modeling code's head copies and probability dropout
+  (:func:`hf_activation_ops`, :func:`hf_attention_ops`).
 - **fp8** (Transformer Engine): the block's four linears run in fp8 (:data:`FP8_LINEARS`; the LM
   head and the router stay bf16), each with the cast / transpose kernels TE runs around it
   (:func:`fp8_quantisation`), in forward, backward and a full recomputation; with sequence
@@ -101,6 +105,9 @@ class Dtypes:
     cast once per iteration (``is_first_microbatch``); ``linear``: every layer a plain ``te.Linear``
     called without ``is_first_microbatch`` (TE's default; llm-foundry's ``fc_type: te``), so the
     weights are cast every micro-batch."""
+    framework: str | None = None
+    """The ``--framework`` (None: not given); decides the kernels of the block's modules where the
+    framework runs them op by op (``hf``: :func:`block_ops`)."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
@@ -126,6 +133,7 @@ def precision_of(precision: str, tensor_cores: bool | None = None, framework: st
         tensor_cores=tensor_cores,
         impls=framework_of(framework).impls,
         fp8_modules="megatron" if framework in (None, "megatron") else "linear",
+        framework=framework,
     )
 
 
@@ -135,7 +143,100 @@ Op = tuple[str, str, dict, int]
 """(role, kind, params, count)."""
 
 
-def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool) -> list[Op]:
+# --------------------------------------------------------------------------- Hugging Face eager modules
+
+ExplicitBwd = tuple[tuple[str, str], ...]
+"""(elementwise ``fn``, registry direction) of each kernel autograd runs for one forward op, over the
+forward op's ``numel``."""
+
+HF_EAGER_ACTIVATIONS: dict[str, tuple[tuple[str, str, ExplicitBwd], ...]] = {
+    # transformers 4.38.1 (NeuSight's setup.py pin) src/transformers/activations.py, NewGELUActivation:
+    #   0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 * torch.pow(input, 3.0))))
+    # torch eager runs one kernel per operator, in Python's evaluation order (an FX/aten trace of HF
+    # GPT-2 lists exactly: mul(x, 0.5), pow(x, 3.0), mul(., 0.044715), add(x, .), mul(., 0.79788), tanh,
+    # add(1.0, .), mul(., .)). Backward is autograd's nodes for them (torch 2.1, NeuSight's tested
+    # version; tools/autograd/derivatives.yaml): MulBackward1 (scalar) grad * c; PowBackward0
+    # pow_backward = grad * (3 * x.pow(2)), three kernels; AddBackward0/1 pass the gradient on, no
+    # kernel; TanhBackward0 tanh_backward(grad, y); MulBackward0 grad * other and grad * self, two
+    # kernels; and x's three gradients (from 0.5 * x, pow and x + .) summed by the engine's
+    # InputBuffer, two adds (listed with the add that uses x).
+    "gelu_new": (
+        ("act.half_x", "mul_scalar", (("mul_scalar", "fwd"),)),
+        ("act.cube", "pow_scalar", (("pow_scalar", "fwd"), ("mul_scalar", "fwd"), ("mul", "fwd"))),
+        ("act.mul_a", "mul_scalar", (("mul_scalar", "fwd"),)),
+        ("act.add_x", "add", (("add", "fwd"), ("add", "fwd"))),
+        ("act.mul_c", "mul_scalar", (("mul_scalar", "fwd"),)),
+        ("act.tanh", "tanh", (("tanh", "bwd"),)),
+        ("act.add_one", "add_scalar", ()),
+        ("act.mul", "mul", (("mul", "fwd"), ("mul", "fwd"))),
+    ),
+}
+"""The Hugging Face activations that torch eager runs as several kernels: (role, forward ``fn``,
+autograd backward kernels) of each, by ``hf_activation``. ``gelu_accurate`` has the same expression
+with a precomputed constant (``AccurateGELUActivation``); the others of
+:data:`opcast.archs._HF_ACTIVATIONS` are one torch kernel each (``nn.functional.gelu``, ``gelu(approximate
+="tanh")``, ``nn.SiLU``, ``nn.ReLU``) and keep the arch's one fused ``act``. Not modelled: ``gelu_fast`` and
+``gelu_python`` (also multi-kernel; no measured run uses them)."""
+HF_EAGER_ACTIVATIONS["gelu_accurate"] = HF_EAGER_ACTIVATIONS["gelu_new"]
+
+HF_HEAD_COPY_FAMILIES = frozenset({"gpt2", "opt"})
+"""Families whose transformers attention (4.38.1, eager) copies Q, K and V into ``[b, h, s, d]`` and the
+output back to ``[b, s, h * d]``: ``modeling_gpt2.py`` ``GPT2Attention`` splits heads with
+``view(...).permute(0, 2, 1, 3)`` (a strided view), so ``torch.matmul`` of the 4-d operands reshapes
+each of Q, K^T and V to ``[b * h, ., .]``, a copy (ATen ``_matmul_impl``: ``expand(...).reshape``, not
+viewable after the permute), and ``_merge_heads`` calls ``.contiguous()``; ``modeling_opt.py``
+``OPTAttention._shape`` is ``view(...).transpose(1, 2).contiguous()`` for each of Q, K, V and the
+output is ``transpose(1, 2).reshape(...)``, a copy. Their key/value cache holds these tensors (no
+separate cache write). Backward copies each gradient back (GPT-2: the split's ``cat`` and the merge's
+reshape; OPT: the transposes' reshapes): one copy of each tensor again. Other families (rope,
+``repeat_kv``) copy differently and keep the generic graph."""
+
+HF_EXPLICIT_BWD: dict[str, ExplicitBwd] = {
+    **{role: bwd for fns in HF_EAGER_ACTIVATIONS.values() for role, _, bwd in fns},
+    "attn.split_q": (("copy", "fwd"),),
+    "attn.split_kv": (("copy", "fwd"),),
+    "attn.merge_heads": (("copy", "fwd"),),
+    "attn.q_scale": (("mul_scalar", "fwd"),),
+}
+"""Backward kernels of the Hugging Face eager ops by role, where autograd's kernels are not the
+registry's one backward kernel of the forward op (:func:`backward_ops`)."""
+
+
+def hf_activation_ops(arch: ArchSpec, numel: int) -> list[Op] | None:
+    """The forward kernels of the arch's Hugging Face activation module in torch eager over ``numel``
+    elements (:data:`HF_EAGER_ACTIVATIONS`), or None where it is one kernel (the arch's ``act``)."""
+    fns = HF_EAGER_ACTIVATIONS.get(arch.hf_activation or "")
+    if fns is None:
+        return None
+    return [(role, "elementwise", {"numel": numel, "fn": fn}, 1) for role, fn, _ in fns]
+
+
+def hf_attention_ops(
+    arch: ArchSpec, *, batch: int, seq_q: int, seq_kv: int, heads: int, kv_heads: int, training: bool, attention: str
+) -> tuple[list[Op], list[Op]]:
+    """(before, after) the attention core: the kernels transformers' eager attention module adds
+    around it (:data:`HF_HEAD_COPY_FAMILIES`): the Q, K, V head-split copies, OPT's ``q_proj(x) *
+    self.scaling`` (``modeling_opt.py``; GPT-2 scales the scores, inside the core), and in training the
+    dropout on the attention probabilities (``nn.Dropout(attn_pdrop)`` / ``F.dropout(p=attention_dropout)``
+    on the ``[b, h, s_q, s_kv]`` probabilities: torch's ``native_dropout``, none at p = 0) before
+    ``P @ V``; after it, the head-merge copy. Empty for other families and non-eager attention."""
+    if arch.family not in HF_HEAD_COPY_FAMILIES or attention != "eager":
+        return [], []
+    q, kv = batch * seq_q * heads * arch.head_dim, batch * seq_kv * kv_heads * arch.head_dim
+    before: list[Op] = []
+    if arch.family == "opt":
+        before.append(("attn.q_scale", "elementwise", {"numel": q, "fn": "mul_scalar"}, 1))
+    before += [
+        ("attn.split_q", "elementwise", {"numel": q, "fn": "copy"}, 1),
+        ("attn.split_kv", "elementwise", {"numel": kv, "fn": "copy"}, 2),
+    ]
+    if training and arch.attention_dropout_p > 0:
+        probs = batch * heads * seq_q * seq_kv
+        before.append(("attn.probs_dropout", "elementwise", {"numel": probs, "fn": "dropout"}, 1))
+    return before, [("attn.merge_heads", "elementwise", {"numel": q, "fn": "copy"}, 1)]
+
+
+def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool, hf: bool = False) -> list[Op]:
     ffn = arch.ffn_hidden // tp
     up_n = (2 if arch.gated_mlp else 1) * ffn
     pre: list[Op]
@@ -152,10 +253,13 @@ def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool) -> list[
         ]
         post = [("unpermute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
     act_numel = b * rows * ffn
+    act = hf_activation_ops(arch, act_numel) if hf else None
+    if act is None:
+        act = [("act", "elementwise", {"numel": act_numel, "fn": arch.activation}, 1)]
     return [
         *pre,
         ("mlp_up", "gemm", {"b": b, "m": rows, "n": up_n, "k": arch.hidden}, 1),
-        ("act", "elementwise", {"numel": act_numel, "fn": arch.activation}, 1),
+        *act,
         *([("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1)] if arch.gated_mlp else []),
         ("mlp_down", "gemm", {"b": b, "m": rows, "n": arch.hidden, "k": ffn}, 1),
         *post,
@@ -174,9 +278,14 @@ def block_ops(
     ep: int = 1,
     attention: str = "flash",
     training: bool = True,
+    framework: str | None = None,
 ) -> list[Op]:
     """Forward ops of one block on one rank for ``batch`` sequences of ``seq_q`` local queries
-    against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``)."""
+    against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``). Under a
+    framework that runs transformers' modules op by op (``hf``, :attr:`Framework.hf_modules`) the
+    activation is its module's eager kernels (:func:`hf_activation_ops`) and eager attention carries
+    the modeling code's own kernels (:func:`hf_attention_ops`, which replace the cache write)."""
+    hf = framework_of(framework).hf_modules
     tokens = batch * seq_q
     rows = tokens // tp if sp else tokens
     heads, kv_heads = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
@@ -191,9 +300,23 @@ def block_ops(
             ("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q, "causal": True}, 1),
             ("attn_cp", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q // 2, "causal": False}, cp - 1),
         ]
+    hf_before, hf_after = (
+        hf_attention_ops(
+            arch,
+            batch=batch,
+            seq_q=seq_q,
+            seq_kv=seq_kv,
+            heads=heads,
+            kv_heads=kv_heads,
+            training=training,
+            attention=attention,
+        )
+        if hf and cp == 1
+        else ([], [])
+    )
     kv_write = (
         []
-        if training
+        if training or hf_before
         else [("kv_write", "elementwise", {"numel": 2 * tokens * kv_heads * arch.head_dim, "fn": "copy"}, 1)]
     )
     attention_ops: list[Op] = [
@@ -205,13 +328,15 @@ def block_ops(
             else []
         ),
         *kv_write,
+        *hf_before,
         *core,
+        *hf_after,
         ("proj", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}, 1),
         *([("attn_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
     ]
     mlp_ops: list[Op] = [
         ("norm2", *norm, 1),
-        *_mlp(arch, tp, tokens, ep, training),
+        *_mlp(arch, tp, tokens, ep, training, hf),
         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
     ]
     add: Op = ("residual_add", "elementwise", {"numel": residual, "fn": "add"}, 1)
@@ -254,7 +379,11 @@ def backward_ops(ops: list[Op]) -> list[tuple[str, str, dict, str, int]]:
     """(role, kind, params, direction, count) of the backward pass of ``ops``, in reverse order."""
     out: list[tuple[str, str, dict, str, int]] = []
     for role, kind, p, count in reversed(ops):
-        if kind == "gemm":
+        explicit = HF_EXPLICIT_BWD.get(role)
+        if explicit is not None:  # autograd's own kernels for a Hugging Face eager op
+            for i, (fn, direction) in enumerate(explicit):
+                out.append((f"{role}.bwd{i}", kind, {"numel": p["numel"], "fn": fn}, direction, count))
+        elif kind == "gemm":
             b, m, n, k = p["b"], p["m"], p["n"], p["k"]
             out.append((f"{role}.dgrad", "gemm", {"b": b, "m": m, "n": k, "k": n}, "fwd", count))
             out.append((f"{role}.wgrad", "gemm", {"b": b, "m": k, "n": n, "k": m}, "fwd", count))
@@ -538,7 +667,18 @@ def _block_passes(
     """(forward nodes, backward nodes, collectives) of one block, whatever the recomputation: the
     graphs of the three modes share these objects (built once, costed once by the search)."""
     seq_q = seq // cp
-    ops = block_ops(arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_q, sp=sp, cp=cp, ep=ep, attention=attention)
+    ops = block_ops(
+        arch,
+        tp=tp,
+        batch=batch,
+        seq_q=seq_q,
+        seq_kv=seq_q,
+        sp=sp,
+        cp=cp,
+        ep=ep,
+        attention=attention,
+        framework=prec.framework,
+    )
     comms = block_comms(
         arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act, fp8=prec.matrix == "fp8"
     )
