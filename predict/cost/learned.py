@@ -21,7 +21,18 @@ slower than on one with less of both, and, where the kernel's shape is outside t
 ``feature_ranges`` (an extrapolation there too), at no higher a utilisation than on one with less of
 the bounding resource. All rules are one projection onto the interval they allow; where it is empty
 (training devices that disagree beyond the ratio of their resources) the floor and the resource
-ratio are kept and the reason and the notes say so.
+ratio are kept and the reason and the notes say so. On training devices inside the fitted shapes
+that means the monotone rule lowers a time only as far as the resource ratio allows against the
+training devices with less of the bounding resource (bar those the device whose time it copies
+already outruns beyond the ratio: that relation is its data's, not the rule's). Example: a small
+causal attention (1 x 8 heads x 512 tokens, latency-bound) runs faster on L40S (more peak, less
+bandwidth than A100) than on H100 in AIConfigurator's rows (vLLM's FA2 and FA3 kernels); copying
+L40S's time to H100, which has more of both, would make H100 faster than A100 by more than their
+bandwidth ratio, so H100 stops at that ratio. The resource ratio is not imposed on the training
+devices' own answers inside the fitted shapes: their data break it where a GPU cannot sustain its
+datasheet peak or measured another software stack (AIConfigurator's 8192^3 bf16 GEMM runs at 52 %
+of L40S's peak and 72 % of H100's, 1.39x their peak ratio), and imposed it would put the least
+efficient training device's utilisation on every stronger one.
 
 Implementations (the registry's ``impl`` of norms, softmax, cross-entropy and rope,
 :data:`opcast.ops.KERNEL_IMPLS`): a predictor speaks only for the implementations it has data of
@@ -85,6 +96,11 @@ class _Seen(NamedTuple):
     roof_s: float
     peak: float
     bw: float
+
+
+def _util(s: _Seen) -> float:
+    """``s``'s utilisation of its roofline at the peak (of the kernel's bounding resource)."""
+    return s.roof_s / s.time_s
 
 
 # --------------------------------------------------------------------------- implementations
@@ -574,8 +590,11 @@ class LearnedKernelCost:
         than one with less of both peak and bandwidth (:data:`MONOTONE`) and, when the kernel lies
         outside the shapes the predictor was fitted on (``shape_why``; its answers there are
         extrapolations on every device), at no higher a utilisation than one with less of the bounding
-        resource (:data:`RATIO`). Where the two conflict the ratio is kept. Returns name -> (time, the
-        (rule, why) that moved it or None)."""
+        resource (:data:`RATIO`). Where the two conflict the ratio is kept: inside the fitted shapes the
+        monotone rule lowers a time only as far as the resource ratio allows against the devices with
+        less of the bounding resource (other than those the device it copies already outruns beyond
+        that ratio), so it never makes a training device faster than the ratio allows where its own
+        answer was not. Returns name -> (time, the (rule, why) that moved it or None)."""
         done: list[_Seen] = []
         out: dict[str, tuple[float, tuple[str, str] | None]] = {}
         for s in sorted(seen, key=lambda s: (-s.roof_s, s.peak, s.bw, s.name)):
@@ -587,6 +606,16 @@ class LearnedKernelCost:
                     lo, lo_by = w.time_s * s.roof_s / w.roof_s, w
                 if s.peak >= w.peak and s.bw >= w.bw and w.time_s < hi:
                     hi, hi_by = w.time_s, w
+            ratio_by: _Seen | None = None
+            if not shape_why and hi_by is not None and hi < s.time_s:
+                # the monotone rule carries hi_by's time over only as far as the resource ratio allows against
+                # the devices with less of the bounding resource, bar those hi_by itself already outruns
+                # beyond that ratio (that relation is its own data's, not one the rule creates)
+                for w in done:
+                    if hi_by.roof_s <= w.roof_s and _util(hi_by) > _util(w) * (1 + 1e-12):
+                        continue
+                    if w.time_s * s.roof_s / w.roof_s > hi:
+                        hi, ratio_by = w.time_s * s.roof_s / w.roof_s, w
             t, why = s.time_s, None
             if lo > hi:  # the training devices disagree beyond the ratio of their resources: the ratio is kept
                 t = max(lo, min(t, hi))
@@ -612,6 +641,14 @@ class LearnedKernelCost:
                     f"{key} on training device {s.name} slower than on {hi_by.name}, which has less of both peak "
                     "and bandwidth; held at its time",
                 )
+                if ratio_by is not None:
+                    why = (
+                        MONOTONE,
+                        f"{key} on training device {s.name} slower than on {hi_by.name}, which has less of both peak "
+                        f"and bandwidth; lowered toward its time only as far as the resource ratio to {ratio_by.name} "
+                        f"allows (at most the {_util(ratio_by):.0%} of the bounding resource it predicts there, which "
+                        "has less of it)",
+                    )
             out[s.name] = (t, why)
             done.append(_Seen(s.name, t, s.roof_s, s.peak, s.bw))
         return out

@@ -152,9 +152,44 @@ def test_the_rules_are_one_projection_and_the_ratio_wins_where_they_conflict():
     t, why = held["C"]
     assert t == pytest.approx(10.0 * 0.5 / 1.0) and t > b.time_s  # ratio to A kept, monotone to B given up
     assert why[0] == RATIO and "conflict" in why[1]
-    # inside the fitted shapes only monotonicity holds training devices to each other
+    # inside the fitted shapes the ratio is not imposed on C's own answer (3.0, already faster than the ratio
+    # to A allows), but the monotone rule may not carry B's time over to C beyond it either: C keeps its answer
     t, why = LearnedKernelCost._held_training("toy", [c, a, b], None)["C"]
-    assert t == pytest.approx(2.2) and why[0] == MONOTONE
+    assert t == pytest.approx(3.0) and why is None
+    slow_c = c._replace(time_s=9.0)  # slower than B: monotone lowers it, but only to the ratio to A (5.0), not B's 2.2
+    t, why = LearnedKernelCost._held_training("toy", [slow_c, a, b], None)["C"]
+    assert t == pytest.approx(10.0 * 0.5 / 1.0) and why[0] == MONOTONE and "resource ratio to A " in why[1]
+
+
+def test_monotone_on_training_devices_stops_at_the_resource_ratio():
+    """Issue 21's small attention on A100, L40S and H100 (all fitted): L40S (more peak, less bandwidth
+    than A100) is fastest; carrying its time over to H100 (more of both) would make H100 faster than
+    A100 beyond their bandwidth ratio, so H100 stops at that ratio; H100's own answer inside it is kept."""
+    from opcast.predict.cost.learned import MONOTONE, LearnedKernelCost, _Seen
+
+    a100 = _Seen("A100", 24.0, 1.04, 312.0, 2.04)  # 4 % of its bandwidth
+    l40s = _Seen("L40S", 12.7, 2.45, 362.0, 0.86)  # 19 %
+    h100 = _Seen("H100", 18.6, 0.63, 989.0, 3.35)
+    held = LearnedKernelCost._held_training("attn", [h100, a100, l40s], None)
+    assert held["A100"] == (24.0, None) and held["L40S"] == (12.7, None)
+    t, why = held["H100"]
+    assert t == pytest.approx(24.0 * 0.63 / 1.04) and t > l40s.time_s  # A100's time x the bandwidth ratio
+    assert 24.0 / t <= 1.04 / 0.63 * (1 + 1e-12) and why[0] == MONOTONE and "resource ratio to A100" in why[1]
+    within = h100._replace(time_s=13.5)  # between L40S's time and the ratio bound (14.5): its own answer stands
+    assert LearnedKernelCost._held_training("attn", [within, a100, l40s], None)["H100"] == (13.5, None)
+
+
+def test_monotone_still_copies_a_reference_that_already_outruns_the_weaker_devices():
+    """A large GEMM: G (same peak as S, less bandwidth) reaches 84 % where the weaker W reaches 60 %
+    (its data, beyond the ratio); S, with more of both than G, is still held no slower than G: the
+    monotone rule creates no violation against W that G does not already have."""
+    from opcast.predict.cost.learned import MONOTONE, LearnedKernelCost, _Seen
+
+    w = _Seen("W", 5.0, 3.0, 1.0, 0.3)  # 60 %
+    g = _Seen("G", 1.32, 1.11, 3.0, 4.0)  # 84 %
+    s = _Seen("S", 1.40, 1.11, 3.0, 4.8)  # slower than G with more bandwidth and the same peak
+    t, why = LearnedKernelCost._held_training("gemm", [s, w, g], None)["S"]
+    assert t == pytest.approx(1.32) and why[0] == MONOTONE and "ratio" not in why[1]
 
 
 def test_a_training_device_extrapolating_in_shape_is_held_to_the_others_ratio(world):
