@@ -33,6 +33,16 @@ models have no data of is priced by the roofline of its own traffic (``r`` in th
 
 ``--check`` exits 1 when the first table has a violation with the bounds on. ``--json FILE``
 writes every number.
+
+``--measured DIR`` (a dataset folder of measured rows, e.g. ``opcast collect replay aiconfigurator
+--out DIR``, or the published folder a model set was fitted from) puts beside each speed-up and
+monotone violation what the measurements say about the same pair of GPUs: the shape of the same
+op, direction and dtype class (half: bf16 and fp16) nearest to the kernel that was measured on
+both GPUs (its implementation and other choices equal; numeric parameters by log distance), the
+measured times (median over rows), their speed-up and the ratio of the roofline times at that
+shape, and whether the data themselves break the rule (then a model that follows its data cannot
+meet it: small kernels are latency-bound, which the resource ratio does not describe) or keep it
+(then the violation is the model's).
 """
 
 from __future__ import annotations
@@ -189,8 +199,12 @@ def price(
     return out
 
 
-def violations(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> list[dict[str, Any]]:
-    """Every violation of one table (see the module docstring)."""
+def violations(
+    cells: dict[str, dict[str, Cell]], devices: Sequence[Any], measured: Measured | None = None
+) -> list[dict[str, Any]]:
+    """Every violation of one table (see the module docstring); with ``measured``
+    (:func:`load_measured`), each speed-up and monotone violation carries ``measured``: what the
+    nearest shape measured on the same pair says (:func:`nearest_measured`; None where there is none)."""
     from opcast.predict.cost import kernel_peak
 
     out: list[dict[str, Any]] = []
@@ -226,6 +240,8 @@ def violations(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> lis
                             f"({speedup / ratio:.2f}x the ratio)",
                         }
                     )
+                    if measured is not None:
+                        out[-1]["measured"] = nearest_measured(measured, k, a, b)
                 more = (
                     kernel_peak(k, b) >= kernel_peak(k, a)
                     and b.mem_bw_bytes_per_s >= a.mem_bw_bytes_per_s
@@ -242,7 +258,143 @@ def violations(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> lis
                             f"({cb.time_s * 1e6:.1f} vs {ca.time_s * 1e6:.1f} us)",
                         }
                     )
+                    if measured is not None:
+                        out[-1]["measured"] = nearest_measured(measured, k, a, b)
     return out
+
+
+Measured = dict[tuple[str, str, str], dict[str, dict[tuple[Any, ...], float]]]
+"""(op, direction, dtype class) -> GPU name -> shape (the op's parameters in registry order) ->
+median measured seconds."""
+
+
+def load_measured(path: Path, kernels: Sequence[tuple[str, Any]], devices: Sequence[Any]) -> Measured:
+    """The measured rows of dataset ``path`` (:func:`opcast.schema.read_dataset`) of the ops,
+    directions and dtype classes of ``kernels`` on ``devices``, as :data:`Measured`."""
+    import pandas as pd
+
+    from opcast.ops import get_op
+    from opcast.schema import read_dataset
+    from opcast.train.features import dtype_class
+
+    frame = read_dataset(path)
+    wanted = {(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores)) for _, k in kernels}
+    names = {d.name for d in devices}
+    frame = frame[frame["device"].isin(names) & frame["op"].isin({op for op, _, _ in wanted})]
+    frame = frame[frame["time_s_median"] > 0]
+    combos = frame[["op", "dtype", "tensor_cores"]].astype(object).drop_duplicates()
+    classes = {
+        (op, dtype, cores): dtype_class(str(op), str(dtype), True if pd.isna(cores) else bool(cores))
+        for op, dtype, cores in combos.itertuples(index=False, name=None)
+    }
+    frame = frame.assign(
+        dtype_class=[
+            classes[key]
+            for key in frame[["op", "dtype", "tensor_cores"]].astype(object).itertuples(index=False, name=None)
+        ]
+    )
+    out: Measured = {}
+    for (op, direction, cls), rows in frame.groupby(["op", "direction", "dtype_class"], sort=False):
+        if (op, direction, cls) not in wanted:
+            continue
+        params = list(get_op(str(op)).param_names)
+        table = out.setdefault((str(op), str(direction), str(cls)), {})
+        medians = rows.groupby(["device", *params], dropna=False, sort=False)["time_s_median"].median()
+        index = medians.index.to_frame(index=False).astype(object)
+        index = index.where(index.notna(), None)
+        for key, seconds in zip(index.itertuples(index=False, name=None), medians.to_numpy(dtype=float)):
+            table.setdefault(str(key[0]), {})[tuple(_plain(v) for v in key[1:])] = float(seconds)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A parameter value of a dataset row as the registry's plain Python value."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _distance(mine: dict[str, Any], names: Sequence[str], shape: tuple[Any, ...]) -> float:
+    """Log distance of a measured ``shape`` from a kernel's parameters ``mine``; inf where a
+    non-numeric parameter (implementation, causal mask, function) differs."""
+    total = 0.0
+    for name, theirs in zip(names, shape):
+        ours = mine.get(name)
+        if ours is None or theirs is None:
+            total += 0.0 if ours is theirs else 1.0
+        elif isinstance(ours, bool) or isinstance(theirs, bool) or isinstance(ours, str) or isinstance(theirs, str):
+            if ours != theirs:
+                return math.inf
+        elif ours > 0 and theirs > 0:
+            total += math.log(float(theirs) / float(ours)) ** 2
+        elif ours != theirs:
+            total += 1.0
+    return total
+
+
+_DISTANCES: dict[Any, dict[tuple[Any, ...], float]] = {}
+"""Kernel -> measured shape -> :func:`_distance` (a violation of every pair asks again)."""
+
+
+def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, Any] | None:
+    """What the measurements say about GPU ``b`` against GPU ``a`` on kernel ``k``: the shape nearest
+    to ``k`` (:func:`_distance`) measured on both, the two measured times, their speed-up (``a``'s time
+    over ``b``'s), the ratio of the roofline times there and whether the data break the speed-up rule
+    (a speed-up above :data:`SPEEDUP_SLACK` times the ratio) or the monotone one (``b``, with at least
+    ``a``'s peak and bandwidth, slower); None where no shape was measured on both."""
+    from opcast.errors import OpcastError
+    from opcast.ops import get_op
+    from opcast.predict.cost import kernel_peak, peak_roofline_s, validated_kernel
+    from opcast.train.features import dtype_class
+
+    table = measured.get((k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores)), {})
+    on_a, on_b = table.get(a.name, {}), table.get(b.name, {})
+    names = list(get_op(k.kind).param_names)
+    mine = k.param_dict
+    memo = _DISTANCES.setdefault(k, {})
+    for s in on_a.keys() - memo.keys():
+        memo[s] = _distance(mine, names, s)
+    common = [s for s in on_a if s in on_b and math.isfinite(memo[s])]
+    if not common:
+        return None
+    best = min(memo[s] for s in common)
+    shape = min((s for s in common if memo[s] == best), key=repr)
+    params = {n: v for n, v in zip(names, shape) if v is not None}
+    t_a, t_b = on_a[shape], on_b[shape]
+    speedup = t_a / t_b
+    try:
+        at = validated_kernel(k.kind, params, k.dtype, k.direction, k.tensor_cores)
+        ratio = peak_roofline_s(at, a)[0] / peak_roofline_s(at, b)[0]
+        more = (
+            kernel_peak(at, b) >= kernel_peak(at, a)
+            and b.mem_bw_bytes_per_s >= a.mem_bw_bytes_per_s
+            and (kernel_peak(at, b), b.mem_bw_bytes_per_s) != (kernel_peak(at, a), a.mem_bw_bytes_per_s)
+        )
+    except OpcastError:  # a measured shape the registry rejects: report the times only
+        ratio, more = math.nan, False
+    return {
+        "shape": " ".join(f"{n}={v}" for n, v in params.items()),
+        "exact": _distance(mine, names, shape) == 0.0,
+        "time_s": {a.name: t_a, b.name: t_b},
+        "speedup": speedup,
+        "ratio": ratio,
+        "breaks_speedup_rule": bool(ratio >= 1.0 and speedup > SPEEDUP_SLACK * ratio),
+        "breaks_monotone_rule": bool(more and t_b > t_a * (1 + 1e-9)),
+    }
+
+
+def _measured_text(m: dict[str, Any] | None, rule: str) -> str:
+    """One line for the ``measured`` entry of a violation of ``rule`` (speed-up or monotone)."""
+    if m is None:
+        return "measured: no shape of this kernel measured on both GPUs"
+    (a, t_a), (b, t_b) = m["time_s"].items()
+    ratio = f", {m['speedup'] / m['ratio']:.2f}x the ratio ({m['ratio']:.2f}x)" if math.isfinite(m["ratio"]) else ""
+    broken = m["breaks_speedup_rule" if rule == "speed-up" else "breaks_monotone_rule"]
+    verdict = f"the data break the {rule} rule too" if broken else f"the data keep the {rule} rule: the model breaks it"
+    where = "the same shape" if m["exact"] else f"nearest shape {m['shape']}"
+    return f"measured ({where}): {b} {t_b * 1e6:.1f} us, {a} {t_a * 1e6:.1f} us: {m['speedup']:.2f}x{ratio}; {verdict}"
 
 
 def _src(c: Cell) -> str:
@@ -322,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--max-listed", type=int, default=200, help="violations listed per table and mode (the count is always whole)"
     )
+    ap.add_argument(
+        "--measured",
+        type=Path,
+        help="dataset folder of measured rows: show beside each violation the measured speed-up of the nearest "
+        "shape measured on the same pair of GPUs",
+    )
     args = ap.parse_args(argv)
 
     from opcast.errors import OpcastError
@@ -330,15 +488,18 @@ def main(argv: list[str] | None = None) -> int:
     kernels = kernel_set()
     first, second, skipped = gpus()
     doc: dict[str, Any] = {"dtype": DTYPE, "speedup_slack": SPEEDUP_SLACK, "tables": {}, "skipped_gpus": skipped}
-    try:
-        priced = {mode: price(args.models, mode == "on", kernels, [*first, *second]) for mode in ("off", "on")}
-    except OpcastError as err:
-        print(f"kernel_sanity: error: {err}", file=sys.stderr)
-        return 2
-    primary_on = 0
     from opcast.hardware import get_device
 
     fitted = [get_device(n) for n in FITTED]
+    try:
+        priced = {mode: price(args.models, mode == "on", kernels, [*first, *second]) for mode in ("off", "on")}
+        measured = load_measured(args.measured, kernels, [*first, *second, *fitted]) if args.measured else None
+    except OpcastError as err:
+        print(f"kernel_sanity: error: {err}", file=sys.stderr)
+        return 2
+    if args.measured:
+        doc["measured"] = str(args.measured)
+    primary_on = 0
     for title, devices in (
         ("data-centre GPUs (A100 to GB200)", first),
         ("other NVIDIA GPUs of the catalog", second),
@@ -349,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"=== {title} ===")
         for mode in ("off", "on"):
             cells = {label: {n: row[n] for n in names} for label, row in priced[mode].items()}
-            found = violations(cells, devices)
+            found = violations(cells, devices, measured)
             by_rule: dict[str, int] = {}
             for v in found:
                 by_rule[v["rule"]] = by_rule.get(v["rule"], 0) + 1
@@ -384,6 +545,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             for v in found[: args.max_listed]:
                 print(f"   {v['rule']:11s} {v['kernel']:32s} {v['gpu']:30s} {v['what']} [{v['source']}]")
+                if measured is not None and "measured" in v:
+                    print(f"{'':48s}{_measured_text(v['measured'], v['rule'])}")
             if len(found) > args.max_listed:
                 print(f"   ... and {len(found) - args.max_listed} more (--max-listed, --json)")
         doc["tables"][title] = table
