@@ -4,6 +4,7 @@
         [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within]
         [--systems H100-SXM,B200,...] [--seed 0] [--json FILE]
         [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
+        [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no]
     python benchmarks/modern_gpus.py --replay-to DIR   # only write DIR/aiconfigurator.parquet
 
 The data are the tables of the PyPI package ``aiconfigurator-core`` (``pip install
@@ -33,8 +34,9 @@ direction, dtype class) exactly as ``opcast train fit`` groups them (prefill and
 2. Within-GPU held-out shapes: on each system, a grouped split of its shapes (20 % held out by a
    seeded hash of the configuration, :func:`opcast.train.splits.grouped_mask`), fitted on that
    system's other shapes only. These rows come from one kernel family per configuration (the
-   replay keeps vLLM's measurement first, then TRT-LLM's, then SGLang's), so this is the
-   repeatability of one library's tiling on one GPU, not a cross-library score.
+   replay keeps vLLM's measurement first, then TRT-LLM's, then SGLang's; attention rows come from
+   one framework release per system, phase and dtype, with no fill-in from another), so this is
+   the repeatability of one library's tiling on one GPU, not a cross-library score.
 
 Subsampling (so that the whole run fits a 2-core machine): training rows are at most
 ``--train-rows`` (LOGO) or ``--within-train-rows`` (within-GPU) per (system, label), test rows at
@@ -48,7 +50,10 @@ and system, the rows behind each source and the LOGO error by source (signed: th
 prediction / measurement - 1). ``--gemm-framework`` keeps only the GEMM rows of the named
 frameworks, in training and scoring alike (other labels untouched); ``--precedence`` replays with
 another framework precedence (``aiconfigurator.replay(frameworks=...)``; the default is the
-replay's :data:`~opcast.collect.replay.aiconfigurator.FRAMEWORKS`).
+replay's :data:`~opcast.collect.replay.aiconfigurator.FRAMEWORKS`); ``--attention-precedence``
+gives the attention rows their own order and ``--attention-fill yes`` lets other frameworks fill
+the attention shapes the first one of a (system, phase, dtype) lacks (the replay's
+:data:`~opcast.collect.replay.aiconfigurator.ATTENTION_FILL` is no: one kernel family per label).
 """
 
 from __future__ import annotations
@@ -88,18 +93,32 @@ BUCKETS_S = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, np.inf)
 
 
 def replay_aiconfigurator(
-    out: Path, cap_rows: int | None = None, seed: int = 0, precedence: tuple[str, ...] | None = None
+    out: Path,
+    cap_rows: int | None = None,
+    seed: int = 0,
+    precedence: tuple[str, ...] | None = None,
+    attention_precedence: tuple[str, ...] | None = None,
+    attention_fill: bool | None = None,
 ) -> Path:
     """Replay the installed ``aiconfigurator-core`` into ``out/aiconfigurator.parquet`` (the same
     normalisation as ``opcast collect replay``) and return its path. With ``cap_rows``, at most
     that many rows per (system, label) are kept (:func:`cap`; rows of other ops all stay); with
-    ``precedence``, that framework order instead of the replay's default."""
+    ``precedence``, that framework order instead of the replay's default; with
+    ``attention_precedence`` / ``attention_fill``, the attention rows' own order and fill-in rule
+    (``aiconfigurator.replay(attention_frameworks=..., attention_fill=...)``)."""
     import opcast
     from opcast.collect.replay import aiconfigurator
     from opcast.collect.replay.common import normalise
     from opcast.schema import write_parquet
 
-    result = aiconfigurator.replay(None) if precedence is None else aiconfigurator.replay(None, frameworks=precedence)
+    kwargs: dict = {}
+    if precedence is not None:
+        kwargs["frameworks"] = precedence
+    if attention_precedence is not None:
+        kwargs["attention_frameworks"] = attention_precedence
+    if attention_fill is not None:
+        kwargs["attention_fill"] = attention_fill
+    result = aiconfigurator.replay(None, **kwargs)
     rows, _ = normalise(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
     )
@@ -422,6 +441,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="Comma-separated framework precedence of the replay (default: the replay's, nccl,vllm,trtllm,sglang).",
     )
+    ap.add_argument(
+        "--attention-precedence",
+        default=None,
+        help="Comma-separated framework precedence of the attention rows (default: --precedence's).",
+    )
+    ap.add_argument(
+        "--attention-fill",
+        choices=["yes", "no"],
+        default=None,
+        help="Whether other frameworks fill the attention shapes the first framework of a (system, phase, dtype) "
+        "lacks (default: the replay's, no).",
+    )
     ap.add_argument("--json", type=Path, default=None, help="Also write every table as JSON here.")
     args = ap.parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -438,8 +469,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     precedence = None if args.precedence is None else tuple(n.strip() for n in args.precedence.split(","))
+    attention_precedence = (
+        None if args.attention_precedence is None else tuple(n.strip() for n in args.attention_precedence.split(","))
+    )
+    attention_fill = None if args.attention_fill is None else args.attention_fill == "yes"
     gemm_fw = None if args.gemm_framework is None else [n.strip() for n in args.gemm_framework.split(",")]
-    for flag, names in (("--precedence", precedence), ("--gemm-framework", gemm_fw)):
+    for flag, names in (
+        ("--precedence", precedence),
+        ("--attention-precedence", attention_precedence),
+        ("--gemm-framework", gemm_fw),
+    ):
         if names is not None and not all(names):
             print(f"modern_gpus: {flag} has an empty name; give comma-separated framework names", file=sys.stderr)
             return 2
@@ -458,20 +497,37 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    if precedence is not None and (
+    replay_flags = [
+        flag
+        for flag, value in (
+            ("--precedence", precedence),
+            ("--attention-precedence", attention_precedence),
+            ("--attention-fill", attention_fill),
+        )
+        if value is not None
+    ]
+    if replay_flags and (
         args.data is not None
         or (args.replay_to is None and args.work and (args.work / "aiconfigurator.parquet").is_file())
     ):
         print(
-            "modern_gpus: --precedence applies to a new replay; drop --data, or give an empty --work DIR",
+            f"modern_gpus: {' and '.join(replay_flags)} {'applies' if len(replay_flags) == 1 else 'apply'} to a new "
+            "replay; drop --data, or give an empty --work DIR",
             file=sys.stderr,
         )
         return 2
+    replay_rule = {
+        "precedence": precedence,
+        "attention_precedence": attention_precedence,
+        "attention_fill": attention_fill,
+    }
     if args.replay_to is not None:
         t0 = time.perf_counter()
-        path = replay_aiconfigurator(args.replay_to, args.cap_rows, args.seed, precedence)
+        path = replay_aiconfigurator(args.replay_to, args.cap_rows, args.seed, **replay_rule)
         rule = "" if args.cap_rows is None else f", at most {args.cap_rows} rows per (system, label), seed {args.seed}"
         rule += "" if precedence is None else f", precedence {','.join(precedence)}"
+        rule += "" if attention_precedence is None else f", attention precedence {','.join(attention_precedence)}"
+        rule += "" if attention_fill is None else f", attention fill-in {args.attention_fill}"
         log(f"replayed aiconfigurator-core into {path} in {time.perf_counter() - t0:.0f} s{rule}")
         return 0
     tmp = tempfile.TemporaryDirectory() if args.data is None and args.work is None else None
@@ -481,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "aiconfigurator.parquet"
         if not data.is_file():
             t0 = time.perf_counter()
-            replay_aiconfigurator(work, precedence=precedence)
+            replay_aiconfigurator(work, **replay_rule)
             log(f"replayed aiconfigurator-core into {data} in {time.perf_counter() - t0:.0f} s")
     if not data.is_file():
         print(f"modern_gpus: {data} does not exist; give a replayed aiconfigurator.parquet", file=sys.stderr)

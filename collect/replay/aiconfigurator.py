@@ -97,8 +97,14 @@ dtype, direction), so exactly one measurement is kept, the first in this precede
    where it can.
 
 The others are counted as skipped ("another kernel", "older version" or "lower-precedence
-framework"). A configuration repeated within one file and lane (some nccl files hold several
-runs) becomes one row: the median, with p20/p80 from 3 repeats on.
+framework"). Attention rows take ``attention_frameworks`` (default: ``frameworks``) and, by
+default (:data:`ATTENTION_FILL`), come from one framework release per (system, phase, dtype): the
+first in that precedence that measured any row of it. The shapes it did not measure are left out
+(counted, "one kernel family per system and label, no fill-in") rather than filled with another
+engine's kernels (see :data:`ATTENTION_FILL` for why and the evidence).
+
+A configuration repeated within one file and lane (some nccl files hold several runs) becomes one
+row: the median, with p20/p80 from 3 repeats on.
 """
 
 from __future__ import annotations
@@ -160,6 +166,27 @@ call on per-tensor scales, the kernel family Transformer Engine's fp8 training G
 the same shapes, by an amount that changes from GPU to GPU. With TensorRT-LLM's rows, leave-one-GPU-out
 fp8 GEMM error is 8.7 % against 15.2 % with vLLM's (``python benchmarks/modern_gpus.py --precedence``,
 benchmarks/results/modern_gpus.md, 2026-12-02)."""
+
+ATTENTION_FILL: Final = False
+"""Whether other frameworks (or older releases of the first) fill the attention shapes that the first
+framework release of a (system, phase, dtype) did not measure. Not by default: each engine's attention
+is a different kernel family whose speed relative to the others changes from GPU to GPU, so filling
+one engine's gaps with another's puts a per-GPU step inside a label. On the shapes both measured,
+TensorRT-LLM's decode (XQA/MMHA) runs 11-14 % slower than vLLM's on the Blackwell systems (where vLLM
+calls FlashInfer's TRT-LLM-gen decode), as fast on Hopper (FlashAttention 3) and 13-22 % faster on
+L40S and RTX PRO 6000 (FlashAttention 2); its prefill (which also writes the paged KV cache and
+applies RoPE) runs 22-39 % slower, by an amount that also moves per GPU; SGLang's FlashInfer fill-in
+on L40S / RTX PRO 6000 and its ``trtllm_mha`` lane on Blackwell were predicted 100-500 % off. With
+fill-in TensorRT-LLM supplied a third of every system's decode rows (MHA and wide-KV shapes vLLM did
+not measure), and vLLM 0.22's FlashInfer decode filled B200's gaps under 0.24's TRT-LLM-gen kernels.
+Leave-one-GPU-out MAPE over nine systems (``python benchmarks/modern_gpus.py --sections logo``,
+against ``--attention-fill yes``; 2026-12-02, seed 0 / seed 1): prefill bf16 15.6 / 14.8 -> 11.5 /
+11.9 %, prefill fp8 12.4 / 12.3 -> 11.8 / 11.8 %, decode bf16 18.3 / 18.0 -> 13.0 / 13.4 % with one
+framework release per label, vLLM first (fp8 prefill is TensorRT-LLM's alone: vLLM measured none);
+the other labels do not move. TensorRT-LLM first, also without fill-in (``--attention-precedence
+trtllm,vllm,sglang``), gives 13.1 / 11.8 / 15.1 % (seed 0). The engine's own dispatch
+within one release (vLLM's FlashAttention 4 for head_dim 512 on Hopper, its decode kernel for
+one-token prefills on Blackwell: lanes of one file) stays in: that is the kernel its users run."""
 
 TIMING_KERNEL: Final = "replay:aiconfigurator:mean"
 TIMING_NCCL: Final = "replay:aiconfigurator:nccl-tests-avg"
@@ -266,6 +293,8 @@ def replay(
     *,
     frameworks: Iterable[str] = FRAMEWORKS,
     fp8_gemm_frameworks: Iterable[str] = GEMM_FP8_FRAMEWORKS,
+    attention_frameworks: Iterable[str] | None = None,
+    attention_fill: bool = ATTENTION_FILL,
     systems: Iterable[str] | None = None,
     tables: Iterable[str] | None = None,
 ) -> ReplayResult:
@@ -273,8 +302,10 @@ def replay(
 
     ``systems`` / ``tables`` restrict what is read (folder names, table stems such as
     ``gemm_perf``); ``frameworks`` sets the precedence among frameworks measuring the same
-    configuration, ``fp8_gemm_frameworks`` that of the fp8 GEMMs. ``options`` is unused: the folders
-    say everything.
+    configuration, ``fp8_gemm_frameworks`` that of the fp8 GEMMs, ``attention_frameworks`` that of
+    the attention rows (default: ``frameworks``). ``attention_fill`` lets lower-precedence frameworks
+    fill the attention shapes the first lacks (default: one framework per system, phase and dtype,
+    :data:`ATTENTION_FILL`). ``options`` is unused: the folders say everything.
     """
     del options
     base = data_root(root)
@@ -284,6 +315,7 @@ def replay(
             "to read the installed package)"
         )
     order = tuple(frameworks)
+    attention_order = order if attention_frameworks is None else tuple(attention_frameworks)
     only_systems = set(systems) if systems is not None else None
     only_tables = set(tables) if tables is not None else None
     result = ReplayResult()
@@ -338,8 +370,10 @@ def replay(
     for kind, parts in frames.items():
         if parts:
             fp8_order = tuple(fp8_gemm_frameworks) if kind == "gemm" else None
-            ranked = [_rank(frame, order, versions, fp8_order) for frame in parts]
-            result.rows.extend(_select(kind, pd.concat(ranked, ignore_index=True), result))
+            kind_order = attention_order if kind == "attention" else order
+            ranked = [_rank(frame, kind_order, versions, fp8_order) for frame in parts]
+            fill = attention_fill or kind != "attention"
+            result.rows.extend(_select(kind, pd.concat(ranked, ignore_index=True), result, fill=fill))
     return result
 
 
@@ -537,8 +571,9 @@ def _rank(
     )
 
 
-def _select(kind: str, frame: pd.DataFrame, result: ReplayResult) -> list[dict[str, Any]]:
-    """One row per (device, op, params, dtype) by the precedence of the module docstring."""
+def _select(kind: str, frame: pd.DataFrame, result: ReplayResult, *, fill: bool = True) -> list[dict[str, Any]]:
+    """One row per (device, op, params, dtype) by the precedence of the module docstring; without
+    ``fill``, only the rows of the first framework of each (device, table, dtype) (:func:`_one_family`)."""
     params = list(_PARAMS[kind])
     key = ["device", "op", *params, "dtype"]
     frame = frame.sort_values(
@@ -585,7 +620,32 @@ def _select(kind: str, frame: pd.DataFrame, result: ReplayResult) -> list[dict[s
         for reason, count in pd.Series(reasons).value_counts().items():
             result.skipped[f"{kind}: {reason}"] += int(count)
         frame = frame[~repeat]
+    if not fill:
+        frame = _one_family(frame, result)
     return _records(kind, frame, params)
+
+
+def _one_family(frame: pd.DataFrame, result: ReplayResult) -> pd.DataFrame:
+    """``frame`` (in precedence order, one row per configuration) less the rows of any framework
+    release but the first of their (device, table, dtype): the shapes that release did not measure
+    stay unmeasured instead of being filled with another engine's kernels, or an older release's
+    (:data:`ATTENTION_FILL`). Each dropped row is counted under its phase, dtype and frameworks."""
+    group = ["device", "_table", "dtype"]
+    firsts = frame.groupby(group, sort=False, dropna=False)[["_framework", "_version"]].transform("first")
+    same_fw = frame["_framework"] == firsts["_framework"]
+    other = ~same_fw | (frame["_version"] != firsts["_version"])
+    if other.any():
+        dropped, first = frame.loc[other], firsts.loc[other]
+        phase = dropped["_table"].map(lambda t: ATTENTION_TABLES.get(str(t), str(t)))
+        head = phase + " attention " + dropped["dtype"].astype(str) + ": a shape only "
+        framework = dropped["_framework"].astype(str)
+        older = "an older " + framework + " measured, left out: its newest, " + first["_version"].astype(str) + ","
+        another = framework + " measured, left out: " + first["_framework"].astype(str)
+        tail = " measured this system's rows of that phase and dtype (one kernel family per system and label, "
+        reasons: pd.Series = head + np.where(same_fw[other], older, another) + tail + "no fill-in)"
+        for reason, count in pd.Series(reasons).value_counts().items():
+            result.skipped[f"attention: {reason}"] += int(count)
+    return frame[~other]
 
 
 def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str, Any]]:

@@ -78,6 +78,12 @@ def test_bad_provenance_flags_exit_2_with_one_line(tmp_path):
     for args, words in (
         (["--data", str(data), "--gemm-framework", "vllm,"], "--gemm-framework has an empty name"),
         (["--data", str(data), "--precedence", "sglang,vllm"], "--precedence applies to a new replay"),
+        (["--data", str(data), "--attention-fill", "yes"], "--attention-fill applies to a new replay"),
+        (
+            ["--data", str(data), "--attention-precedence", "trtllm", "--attention-fill", "no"],
+            "--attention-precedence and --attention-fill apply to a new replay",
+        ),
+        (["--data", str(data), "--attention-precedence", ",vllm"], "--attention-precedence has an empty name"),
     ):
         proc = _run(*args)
         assert proc.returncode == 2, proc.stderr
@@ -114,3 +120,28 @@ def test_gemm_framework_absent_from_the_data_exits_2_naming_those_present(tmp_pa
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "no gemm rows of vlm" in lines[0] and ", ".join(present) in lines[0], proc.stderr
+
+
+def test_replay_takes_the_attention_rule(tmp_path, monkeypatch):
+    """--attention-precedence / --attention-fill reach the replay: on the synthetic fixture (read in
+    place of the installed package), TensorRT-LLM's prefill bf16 row is left out by default (vLLM
+    measured that system's prefill bf16 rows) and kept when it comes first."""
+    from opcast.collect.replay import aiconfigurator
+
+    root = tmp_path / "fixture"
+    generator = load_script(GENERATOR, register=False)
+    generator.HERE = root
+    generator.main()
+    monkeypatch.setattr(aiconfigurator, "default_root", lambda: root)
+
+    def prefill_bf16(out: Path, **rule) -> dict:
+        frame = pd.read_parquet(mg.replay_aiconfigurator(out, **rule))
+        frame = frame[(frame["op"] == "attention") & (frame["seq_q"] > 1) & (frame["dtype"] == "bf16")]
+        return dict(zip(zip(frame["batch"], frame["seq_q"]), mg.frameworks(frame)))
+
+    assert prefill_bf16(tmp_path / "a") == {(2, 1024): "vllm", (4, 2048): "vllm"}
+    assert prefill_bf16(tmp_path / "b", attention_precedence=("trtllm", "vllm")) == {(2, 1024): "trtllm"}
+    assert prefill_bf16(tmp_path / "c", attention_precedence=("trtllm", "vllm"), attention_fill=True) == {
+        (2, 1024): "trtllm",
+        (4, 2048): "vllm",
+    }

@@ -474,3 +474,81 @@ def test_fp8_gemms_take_tensorrt_llms_cublaslt_rows_first_and_bf16_keeps_vllms(t
     assert kept() == {"bf16": "vllm", "fp8": "trtllm"}
     assert kept(fp8_gemm_frameworks=("vllm", "trtllm")) == {"bf16": "vllm", "fp8": "vllm"}
     assert kept(frameworks=("trtllm", "vllm")) == {"bf16": "trtllm", "fp8": "trtllm"}
+
+
+def test_attention_keeps_one_framework_per_system_phase_and_dtype(tmp_path):
+    """Attention rows come from one framework (kernel family) per (system, phase, dtype): the first in
+    the precedence that measured any row of it. Shapes only another framework measured are left out
+    and counted, not filled in (aic.ATTENTION_FILL); ``attention_fill=True`` restores the fill-in and
+    ``attention_frameworks`` reorders the attention rows alone."""
+    gen = load_script(GENERATOR, register=False)
+    gen.HERE = tmp_path
+    bf, f8 = ("bfloat16", "bfloat16"), ("fp8", "fp8")
+    shared, trt_only, vllm_only, sgl_only = (64, 1023, 32, 8), (8, 4095, 32, 32), (16, 511, 16, 4), (4, 255, 8, 8)
+    old_only = (32, 127, 8, 2)
+    decode = {  # framework -> (batch, step, heads, kv_heads), dtype pair
+        ("trtllm", "1.3.0rc20"): [(shared, bf), (trt_only, bf), (shared, f8)],
+        ("vllm", "0.24.0"): [(shared, bf), (vllm_only, bf)],
+        ("vllm", "0.22.0"): [(old_only, bf), (vllm_only, bf)],  # an older release: another kernel family too
+        ("sglang", "0.5.14"): [(sgl_only, bf), (sgl_only, f8)],
+    }
+    for (framework, version), cases in decode.items():
+        rows = [
+            ("k", b, 1, step, h, kv, 128, a, c, 0, 1.0 + 0.1 * i) for i, ((b, step, h, kv), (a, c)) in enumerate(cases)
+        ]
+        gen.write(
+            f"h100_sxm/attention/{framework}/{version}/generation_attention_perf.parquet",
+            gen.attention_rows("generation_attention", framework.upper(), version, rows),
+            gen.meta(framework, version),
+        )
+    # prefill bf16: only TensorRT-LLM measured it on this system, so its rows are the family kept there
+    gen.write(
+        "h100_sxm/attention/trtllm/1.3.0rc20/context_attention_perf.parquet",
+        gen.attention_rows("context_attention", "TRTLLM", "1.3.0rc20", [("k", 2, 1024, 0, 32, 8, 128, *bf, 0, 1.0)]),
+    )
+    n_source = sum(len(pq.read_table(p)) for p in tmp_path.glob("*/*/*/*/*.parquet"))
+
+    def kept(**kw):
+        result = aic.replay(tmp_path, **kw)
+        assert len(result.rows) + sum(result.skipped.values()) == n_source  # every row kept or counted
+        got = {
+            ("prefill" if r["seq_q"] > 1 else "decode", r["dtype"], r["batch"]): r["source_file"].split("/")[2]
+            for r in result.rows
+        }
+        return got, result.skipped
+
+    got, skipped = kept()
+    assert got == {
+        ("decode", "bf16", 64): "vllm",
+        ("decode", "bf16", 16): "vllm",
+        ("decode", "fp8", 64): "trtllm",  # vLLM measured no fp8 decode: TensorRT-LLM is the first there
+        ("prefill", "bf16", 2): "trtllm",
+    }
+    tail = "measured this system's rows of that phase and dtype (one kernel family per system and label, no fill-in)"
+    assert skipped[f"attention: generation attention bf16: a shape only trtllm measured, left out: vllm {tail}"] == 1
+    assert skipped[f"attention: generation attention bf16: a shape only sglang measured, left out: vllm {tail}"] == 1
+    assert skipped[f"attention: generation attention fp8: a shape only sglang measured, left out: trtllm {tail}"] == 1
+    older = "a shape only an older vllm measured, left out: its newest, 0.24.0,"
+    assert skipped[f"attention: generation attention bf16: {older} {tail}"] == 1
+    assert skipped["attention: measured again by a lower-precedence framework"] == 1  # the shared bf16 shape
+    assert skipped["attention: measured again by an older version of the same framework (kept the newest)"] == 1
+
+    filled, skipped = kept(attention_fill=True)
+    assert filled == {
+        **got,
+        ("decode", "bf16", 8): "trtllm",
+        ("decode", "bf16", 32): "vllm",  # vLLM 0.22.0's
+        ("decode", "bf16", 4): "sglang",
+        ("decode", "fp8", 4): "sglang",
+    }
+    assert not any("no fill-in" in reason for reason in skipped)
+
+    trt_first, _ = kept(attention_frameworks=("trtllm", "vllm", "sglang"))
+    assert trt_first == {
+        ("decode", "bf16", 64): "trtllm",
+        ("decode", "bf16", 8): "trtllm",
+        ("decode", "fp8", 64): "trtllm",
+        ("prefill", "bf16", 2): "trtllm",
+    }
+    # the attention order leaves the other tables' precedence alone, and the default order is FRAMEWORKS'
+    assert kept(frameworks=("trtllm", "vllm", "sglang"))[0] == trt_first
