@@ -37,6 +37,21 @@ Vendor = Literal["nvidia", "amd", "intel", "cpu"]
 PeakDtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
 PEAK_DTYPES: tuple[str, ...] = get_args(PeakDtype)
 """Precisions with a peak field (``peak_<dtype>_flops``) in a :class:`DeviceSpec`."""
+MmaFamily = Literal["mma.sync", "wgmma", "tcgen05"]
+MMA_FAMILIES: tuple[str, ...] = get_args(MmaFamily)
+"""NVIDIA tensor-core instruction families, oldest first (:attr:`DeviceSpec.mma_family`)."""
+_ARCH_MMA_FAMILY: Final[dict[str, MmaFamily]] = {
+    "volta": "mma.sync",
+    "turing": "mma.sync",
+    "ampere": "mma.sync",
+    "ada": "mma.sync",
+    "hopper": "wgmma",
+    "blackwell": "tcgen05",  # sm_100/103; sm_120 told apart by its rate (DeviceSpec.mma_family)
+}
+TCGEN05_MIN_HALF_FLOP_PER_SM_CYCLE: Final = 4096.0
+"""Dense bf16/fp16 tensor FLOP per SM per boost-clock cycle from which a Blackwell part is a
+tcgen05 (sm_100/103) one: those run ~7.7e3-8.0e3 (B200, B300, GB200, GB300), sm_120 ~1.0e3 (RTX
+PRO 6000), Hopper ~3.8e3."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,6 +147,44 @@ class DeviceSpec:
     def ridge_point(self) -> float:
         """Ridge point (FLOP/byte) for bf16 tensor-core math, or plain fp32 without bf16."""
         return self.ridge("bf16") if self.supports("bf16") else self.ridge("fp32", tensor_cores=False)
+
+    @property
+    def mma_family(self) -> MmaFamily | None:
+        """The tensor-core instruction family an NVIDIA GPU's GEMM and attention kernels are built
+        on, :data:`MMA_FAMILIES`; None for a GPU without tensor cores (Pascal), AMD, Intel or a CPU.
+
+        - ``mma.sync``: warp-level, synchronous, operands and accumulator in registers. Volta
+          (sm_70), Turing (sm_75), Ampere (sm_80/86), Ada (sm_89: FP8 added) and the workstation
+          and consumer Blackwell sm_120 (RTX PRO 6000, GeForce RTX 50: block-scaled FP4 added,
+          no tcgen05 and no tensor memory). FlashAttention-2 and CUTLASS 2.x kernels.
+        - ``wgmma``: warpgroup-level (4 warps), asynchronous, operands from shared memory. Hopper
+          (sm_90a: H100, H200, GH200, H20, H800). FlashAttention-3 and CUTLASS 3.x sm90 kernels.
+        - ``tcgen05``: 5th-generation, one thread issues an MMA whose accumulator lives in tensor
+          memory, optionally across a CTA pair. Datacenter Blackwell (sm_100a/sm_103a: B200,
+          GB200, B300, GB300).
+
+        Sources: CUTLASS (CuTe DSL) programming guides, "Warp-Level MMA Instructions"
+        (https://docs.nvidia.com/cutlass/latest/media/docs/pythonDSL/mma_docs/wmma_programming.html:
+        mma.sync from SM80, FP8 on SM89, MX FP4 on SM120a), "Warpgroup MMA"
+        (.../mma_docs/wgmma_programming.html: wgmma.mma_async on SM90a) and "tcgen05 MMA"
+        (.../mma_docs/tcgen05_programming.html: SM100); the PTX targets of ``tcgen05.mma`` in
+        libcu++ (https://nvidia.github.io/cccl/libcudacxx/ptx/instructions/tcgen05_mma.html:
+        SM_100a/f, SM_103a/f only). Volta and Turing also issue ``mma.sync`` (PTX ISA, m8n8k4 on
+        sm_70, m16n8k8 on sm_75).
+
+        The catalog's ``architecture`` names Blackwell for both sm_100/103 and sm_120; they are
+        told apart by the dense half-precision tensor rate per SM per clock: 4x that of Hopper on
+        sm_100/103 (B200 2.25e15 / (148 SMs x 1.98 GHz) ~ 7.7e3 FLOP), the Ada rate on sm_120
+        (RTX PRO 6000 467.8e12 / (188 x 2.43 GHz) ~ 1.0e3), :data:`TCGEN05_MIN_HALF_FLOP_PER_SM_CYCLE`.
+        """
+        if self.vendor != "nvidia":
+            return None
+        family = _ARCH_MMA_FAMILY.get(self.architecture.lower())
+        if family != "tcgen05":
+            return family
+        half = self.peak_bf16_flops or self.peak_fp16_flops or 0.0
+        rate = half / (self.sm_count * self.boost_clock_hz)
+        return "tcgen05" if rate >= TCGEN05_MIN_HALF_FLOP_PER_SM_CYCLE else "mma.sync"
 
 
 # ---------------------------------------------------------------------- validation

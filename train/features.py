@@ -44,7 +44,7 @@ import numpy as np
 from opcast.collectives_law import alpha_beta_time_s
 from opcast.dtypes import DTYPE_BYTES
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec
+from opcast.hardware import MMA_FAMILIES, DeviceSpec
 from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
 from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the registry's tensor-core rule, re-exported
 from opcast.ops import uses_tensor_cores as uses_tensor_cores
@@ -52,12 +52,14 @@ from opcast.ops import uses_tensor_cores as uses_tensor_cores
 if TYPE_CHECKING:
     import pandas as pd
 
-FEATURES_VERSION: Final = 4
+FEATURES_VERSION: Final = 5
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused.
 4: a collective's ``t_roof_s`` is its alpha-beta time (was the bus bytes over the link), and its
 features add ``log_t_memory_s`` (the bus bytes over the link, the old reference); a decode step's
 attention tiles follow flash-decoding (:func:`_decode_tiles`), and attention adds
-:data:`ATTENTION_LATENCY_FEATURES`."""
+:data:`ATTENTION_LATENCY_FEATURES`.
+5: GEMM and attention declare :data:`MMA_FEATURES` (the device's tensor-core instruction family),
+read by ``hier`` only."""
 
 GEMM_TILES: Final = ((128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32), (16, 16))
 """Candidate output tiles (rows, cols), largest first: CUTLASS/cuBLAS threadblock shapes."""
@@ -81,6 +83,16 @@ roofline and one block's share of it enter in cycles too (``log(t_roof * clock)`
 an SM gets per clock (``log(bw / (sm_count * clock))``: 13-27 on the HBM parts, 2.4-3.5 on the
 GDDR L40S and RTX PRO 6000) says how much an L2-resident KV cache gains over the DRAM roofline
 (a KV cache of 0.3-1x the L2 runs at 1.4x the DRAM roofline on L40S, at most 0.9x on HBM parts)."""
+
+MMA_FEATURES: Final = ("mma_sync", "mma_wgmma", "mma_tcgen05")
+"""One-hot tensor-core instruction family of the device (:attr:`DeviceSpec.mma_family`:
+warp-level ``mma.sync``, Hopper's warpgroup ``wgmma``, datacenter Blackwell's ``tcgen05``), read
+by the half and fp8 rows of :data:`MATRIX_KINDS`: the family decides the kernel generation
+(CUTLASS 2.x / FlashAttention-2 on mma.sync, CUTLASS 3.x / FlashAttention-3 on wgmma, the sm100
+kernels on tcgen05), and with it the share of the peak a GPU sustains. It tells apart the GPUs
+the other specs place near a sibling of another family (the sm_120 RTX PRO 6000 is a Blackwell
+of mma.sync kernels). All three 0: a device with none (AMD, Intel, CPU); NaN on fp32 and tf32
+rows, which these columns do not describe. Only ``hier`` reads them (:data:`HIER_ONLY_FEATURES`)."""
 
 EPS: Final = 1e-30
 
@@ -286,6 +298,8 @@ def _shape_features(kind: str) -> tuple[str, ...]:
             names.append(p.name)
         else:
             names.append(f"{p.name}_code")
+    if kind in MATRIX_KINDS:
+        names += list(MMA_FEATURES)
     if kind == "gemm":
         names += ["align_m", "align_n", "align_k"]
     elif kind == "elementwise":
@@ -674,6 +688,11 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
     out["log_t_roof_cycles"] = out["log_t_roof_s"] + log_clock
     out["log_tile_t_roof_cycles"] = out["log_tile_t_roof_s"] + log_clock
     out["log_dram_bytes_per_sm_cycle"] = np.full(n, np.log(bw / (sms * device.boost_clock_hz)))
+    # The tensor-core instruction family (MMA_FEATURES), on the half and fp8 tensor-core rows only.
+    low_precision = (tcs > 0) & np.isin(cols["dtype"].astype(object), ("fp16", "bf16", "fp8"))
+    family = device.mma_family
+    for name, fam in zip(MMA_FEATURES, MMA_FAMILIES):
+        out[name] = np.where(low_precision, float(family == fam), np.nan)
     for name, typ in _param_columns().items():
         if name not in cols:
             continue
@@ -792,10 +811,25 @@ GPU's identity and does not transfer; the relative features (the roofline times,
 working set over L2) carry the device into the tile-MLP instead."""
 
 
+HIER_ONLY_FEATURES: Final = frozenset(MMA_FEATURES)
+"""Features only the hierarchical estimator reads (``hier``, in its level and its shape model):
+the tensor-core family. Leave-one-GPU-out on AIConfigurator's nine systems
+(``benchmarks/modern_gpus.py --sections logo --estimator hier``, 2026-12-02) it lowers hier's
+pooled MAPE on every GEMM and attention label (gemm bf16 13.4 -> 11.9 %, fp8 12.3 -> 9.6, prefill
+17.5 / 17.5 -> 14.9 / 14.7, decode 21.8 -> 18.6). xgb given the same columns scored as with all-NaN
+columns in their place (gemm bf16 13.3 vs 13.4, decode 18.0 vs 17.6: its trees already tell the
+training GPUs apart by their specs, so the family adds no split they lack), so xgb and the
+tile-MLP do not read them and fit as before."""
+
+
 def model_inputs(kind: str, estimator: str) -> tuple[str, ...]:
-    """The declared features an estimator reads for ``kind``: all of :data:`FEATURES` for xgb,
-    all but the absolute device specs for the tile-MLP."""
+    """The declared features an estimator reads for ``kind``: all of :data:`FEATURES` for hier,
+    all but :data:`HIER_ONLY_FEATURES` for xgb, and also less the absolute device specs for the
+    tile-MLP."""
     names = FEATURES[kind] if kind in FEATURES else feature_names(kind)
+    if estimator == "hier":
+        return names
+    names = tuple(n for n in names if n not in HIER_ONLY_FEATURES)
     if estimator == "tile-mlp":
         return tuple(n for n in names if n not in ABSOLUTE_DEVICE_FEATURES)
     return names

@@ -113,7 +113,7 @@ def test_bus_bytes_over_the_link_stays_a_feature():
     feats = feature_table(_rows("all_reduce", s, 4), L40S)
     assert np.exp(feats["log_t_memory_s"][0]) == pytest.approx(1.5 * s / 32e9, rel=1e-9)
     assert feats["t_roof_s"][0] > np.exp(feats["log_t_memory_s"][0])  # efficiency 0.8 plus latencies
-    assert FEATURES_VERSION == 4
+    assert FEATURES_VERSION >= 4  # v4 made the alpha-beta time the reference
     assert "log_t_memory_s" in COLLECTIVE_FEATURES
     assert FEATURES["all_reduce"][: len(COLLECTIVE_FEATURES)] == COLLECTIVE_FEATURES
 

@@ -17,7 +17,12 @@ apart from the shape (:mod:`~opcast.train.estimators.hier_predictor` has the mod
    learn (on NeuSight's GPUs the levels came out within 0.02 of 0).
 3. **Level model** ``g``: ridge regression of the devices' levels on their standardised
    ``level_features`` (closed form; the penalty ``level_alpha`` shrinks to the mean level), each
-   device weighted equally. One training device: ``g`` is its level.
+   device weighted equally. One training device: ``g`` is its level. The level features include
+   the tensor-core instruction family (:data:`~opcast.train.features.MMA_FEATURES`, one-hot,
+   half and fp8 groups), which the shape model reads too: it places a GPU with no sibling among
+   the training GPUs next to the ones whose kernels it shares (the sm_120 RTX PRO 6000 with the
+   mma.sync Ampere and Ada parts, not the tcgen05 B200). A group whose rows lack a column of
+   :data:`~opcast.train.features.HIER_ONLY_FEATURES` (fp32, tf32) fits without it.
 
 Predict ``t_roof * exp(g(spec) + f(row))``.
 """
@@ -31,7 +36,7 @@ import numpy as np
 from opcast.train.estimators.base import RooflineEstimator
 from opcast.train.estimators.hier_predictor import HierPredictor
 from opcast.train.estimators.xgb import XGBEstimator
-from opcast.train.features import ABSOLUTE_DEVICE_FEATURES, DEVICE_FEATURES
+from opcast.train.features import ABSOLUTE_DEVICE_FEATURES, DEVICE_FEATURES, HIER_ONLY_FEATURES, MMA_FEATURES
 
 SHAPE_FEATURES: Final = ("relative", "all", "no-device")
 """What the shape model reads: every input but the absolute device specs (``relative``), every
@@ -43,6 +48,7 @@ LEVEL_FEATURES: Final = (
     "log_sm_count",
     "log_l2_bytes",
     "log_clock_hz",
+    *MMA_FEATURES,
 )
 MIN_LEVEL_ROWS: Final = 20
 """A device with fewer saturated rows than this takes its level from all its rows."""
@@ -137,6 +143,15 @@ class HierEstimator(RooflineEstimator, HierPredictor):
         level = [names.index(n) for n in self.level_features if n in names]
         return (np.array(device, dtype=np.int64), np.array(shape, dtype=np.int64), np.array(level, dtype=np.int64))
 
+    def _present(self, x: np.ndarray, idx: np.ndarray) -> np.ndarray:
+        """``idx`` less the :data:`HIER_ONLY_FEATURES` columns that no row of ``x`` has (the
+        tensor-core family of an fp32 or tf32 group): no input of either model, so such a group
+        fits exactly as it did before they existed."""
+        if self.feature_names is None or not len(x):
+            return idx
+        absent = [i for i in idx.tolist() if self.feature_names[i] in HIER_ONLY_FEATURES and np.isnan(x[:, i]).all()]
+        return np.array([i for i in idx.tolist() if i not in absent], dtype=np.int64)
+
     def _shape_estimator(self) -> XGBEstimator:
         """The xgb shape model with this estimator's tree hyper-parameters (the ones both declare)."""
         names = None if self.feature_names is None else tuple(self.feature_names[i] for i in self.shape_idx_)
@@ -152,6 +167,7 @@ class HierEstimator(RooflineEstimator, HierPredictor):
             raise ValueError(f"rounds must be an int >= 1 and level_alpha >= 0; got {self.rounds}, {self.level_alpha}")
         x, feats, time_s = self._inputs(X, y, fit=True)
         device_idx, self.shape_idx_, self.level_idx_ = self._columns(x.shape[1])
+        self.shape_idx_, self.level_idx_ = self._present(x, self.shape_idx_), self._present(x, self.level_idx_)
         ref = self._reference(feats, len(x))
         target = np.log(time_s) - np.log(ref)
         dev, first = device_codes(x, device_idx)
