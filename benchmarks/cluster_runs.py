@@ -362,10 +362,17 @@ to pick by held-out error) ran over 20 min here and was stopped."""
 
 
 def ensure_models(published: Path, log) -> Path:
-    """The cached model set fitted on the artifact's operator and NCCL sweeps (fit it if absent)."""
+    """The cached model set fitted on the artifact's operator and NCCL sweeps (fit it if absent, or
+    if it was fitted on other feature definitions than this opcast computes)."""
+    from opcast.train.features import FEATURES_VERSION
+
     models = CACHE / "models" / "ett"
     if (models / "meta.json").is_file() and (models / "collectives.json").is_file():
-        return models
+        meta = json.loads((models / "meta.json").read_text())
+        if meta.get("features_version") == FEATURES_VERSION:
+            return models
+        have = meta.get("features_version")
+        log(f"{models}: fitted on features v{have}, this opcast computes v{FEATURES_VERSION}; re-fitting")
     ett = published / "estimate-train-time"
     if not ett.is_dir():
         raise RunsError(f"{ett} is absent: give --published (with estimate-train-time/) or --models")
