@@ -200,7 +200,9 @@ def comm(
 def replay(
     source: Annotated[
         str,
-        typer.Argument(help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator | liger"),
+        typer.Argument(
+            help="neusight | vidur | estimate-train-time | kineto | nccl-tests | aiconfigurator | liger | aiter"
+        ),
     ],
     out: Annotated[Path, typer.Option("--out", help="Dataset folder to write <source>.parquet into.")],
     path: Annotated[
@@ -210,13 +212,16 @@ def replay(
             "aiconfigurator: default the installed package's data."
         ),
     ] = None,
-    device: Annotated[str | None, typer.Option(help="Catalog name of the device (kineto, nccl-tests).")] = None,
+    device: Annotated[
+        str | None,
+        typer.Option(help="Catalog name of the device (kineto, nccl-tests; aiter: the product of its chip)."),
+    ] = None,
     world_size: Annotated[int | None, typer.Option(help="Ranks of the run (nccl-tests).")] = None,
     nodes: Annotated[int | None, typer.Option(help="Nodes of the run (nccl-tests).")] = None,
     gpus_per_node: Annotated[int | None, typer.Option(help="Ranks per node (nccl-tests).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
-    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator, Liger-Kernel), a profiler trace or an nccl-tests log."""  # noqa: E501 -- the command's one-line help
+    """Convert published measurements (NeuSight, Vidur, 2509.22832, NVIDIA AIConfigurator, Liger-Kernel, AMD aiter), a profiler trace or an nccl-tests log."""  # noqa: E501 -- the command's one-line help
     from opcast.collect.info import summarise
     from opcast.collect.replay import ReplayOptions, run_replay
 

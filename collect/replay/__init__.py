@@ -29,6 +29,7 @@ SOURCES: dict[str, str] = {
     "ten GPUs",
     "liger": "Liger-Kernel (linkedin/Liger-Kernel) benchmark data: one-pass Triton RMSNorm/LayerNorm/softmax against "
     "Hugging Face and torch native kernels, forward and backward, on A100 and H100",
+    "aiter": "AMD aiter (ROCm/aiter) tuned GEMM tables: measured bf16/fp16/per-token fp8 GEMMs on MI300X and MI355X",
 }
 """Source name -> what it is; the module is opcast.collect.replay.<name with _ for ->."""
 
