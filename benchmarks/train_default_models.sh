@@ -5,8 +5,9 @@
 # (pip install 'opcast[aiconfigurator]'), Liger-Kernel's benchmark data (one-pass Triton norms
 # against Hugging Face and torch native kernels, A100/H100) when OPCAST_LIGER or the second argument
 # names a Liger-Kernel checkout or its benchmark/data/all_benchmark_data.csv, plus our own collected
-# datasets in data/datasets.
-# Run from anywhere:  bash benchmarks/train_default_models.sh [PUBLISHED [LIGER]]
+# datasets in data/datasets, and AMD aiter's tuned GEMM tables (measured bf16/fp8 GEMMs on MI355X) when
+# OPCAST_AITER or the third argument names a ROCm/aiter checkout.
+# Run from anywhere:  bash benchmarks/train_default_models.sh [PUBLISHED [LIGER [AITER]]]
 #
 # AIConfigurator holds ~1.1M converted rows (gemm bf16/fp8, prefill/decode attention, NCCL on nine
 # GPUs); fitting all of them would take far more than the 10-minute budget on 2 cores, so the
@@ -19,6 +20,7 @@ repo="$(cd "$(dirname "$0")/.." && pwd)"
 published="${1:-$repo/../shared/published}"
 aic_rows="${AIC_ROWS:-2000}"
 liger="${2:-${OPCAST_LIGER:-}}"
+aiter="${3:-${OPCAST_AITER:-}}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 for source in neusight vidur estimate-train-time; do
@@ -33,6 +35,11 @@ if [ -n "$liger" ]; then
   opcast collect replay liger "$liger" --out "$work/published" --json > /dev/null
 else
   echo "OPCAST_LIGER not set: fitting without Liger-Kernel's benchmark data (fused norms on A100/H100)" >&2
+fi
+if [ -n "$aiter" ]; then
+  opcast collect replay aiter "$aiter" --out "$work/published" --json > /dev/null
+else
+  echo "OPCAST_AITER not set: fitting without AMD aiter's tuned GEMM tables (bf16/fp8 GEMMs on MI355X)" >&2
 fi
 cd "$repo"  # so that meta.json records repo-relative paths
 ours=()
