@@ -8,7 +8,8 @@ For each row (an op configuration: kind, shape parameters, dtype, direction, ten
 
 - the work: FLOPs and compulsory bytes from the registry (:mod:`opcast.ops`), arithmetic intensity;
 - the roofline bound on the device: ``t_roof = max(flops / peak, bytes / bw)`` with the
-  dtype-aware peak (tensor-core or CUDA-core rate, :meth:`DeviceSpec.peak_flops`); for a
+  dtype-aware peak (tensor-core or CUDA-core rate, :meth:`DeviceSpec.peak_flops`), a decode
+  step's KV cache read from the L2 where it fits and the L2 is the faster (:func:`_decode_l2_speedup`); for a
   collective the reference time ``t_roof`` is NCCL's alpha-beta time on the catalog's links
   (:func:`opcast.collectives_law.alpha_beta_time_s`: ring/tree, LL/Simple, NVLink or PCIe
   latencies and efficiencies), so a learned collective model predicts a correction to the link
@@ -52,14 +53,20 @@ from opcast.ops import uses_tensor_cores as uses_tensor_cores
 if TYPE_CHECKING:
     import pandas as pd
 
-FEATURES_VERSION: Final = 5
+FEATURES_VERSION: Final = 6
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused.
 4: a collective's ``t_roof_s`` is its alpha-beta time (was the bus bytes over the link), and its
 features add ``log_t_memory_s`` (the bus bytes over the link, the old reference); a decode step's
 attention tiles follow flash-decoding (:func:`_decode_tiles`), and attention adds
 :data:`ATTENTION_LATENCY_FEATURES`.
 5: GEMM and attention declare :data:`MMA_FEATURES` (the device's tensor-core instruction family),
-read by ``hier`` only."""
+read by ``hier`` only.
+6: a decode step's ``t_roof_s`` reads an L2-resident KV cache at the SMs' rate
+(:data:`DECODE_L2_BYTES_PER_SM_CYCLE`, :func:`_decode_l2_speedup`) where that beats DRAM (the GDDR
+parts); ``log_t_memory_s`` stays the DRAM time. Leave-one-GPU-out on AIConfigurator
+(``benchmarks/modern_gpus.py``, xgb, seeds 0 / 1): decode bf16 13.0 / 13.4 -> 11.6 / 11.3 %
+(L40S 31.8 / 30.7 -> 12.4 / 11.5 %), prefill bf16 11.5 / 11.9 -> 11.6 / 11.2, fp8 11.8 / 11.8 -> 11.3 / 11.3;
+the same factor put on the caches that do NOT fit the L2 (a placebo) gives decode 15.4."""
 
 GEMM_TILES: Final = ((128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32), (16, 16))
 """Candidate output tiles (rows, cols), largest first: CUTLASS/cuBLAS threadblock shapes."""
@@ -424,6 +431,36 @@ def _decode_tiles(cols: Mapping[str, np.ndarray], sms: int) -> tuple[np.ndarray,
     return base * splits, fill
 
 
+DECODE_L2_BYTES_PER_SM_CYCLE: Final = 7.0
+"""Bytes per SM per clock at which a decode step streams a KV cache that sits in the L2. A kernel
+benchmark re-runs one step on one cache, so a cache no larger than the L2 stays there between
+runs (a warm-L2 time: in a real forward pass the other layers' caches evict it). On
+AIConfigurator's measurements the FlashAttention-2 decode kernel peaks at 6.9 (L40S), 7.1 (RTX
+PRO 6000) and 6.9 (A100, at 0.7-0.85x its L2) bytes per SM-clock on caches just under the L2,
+FA3 at 7.8 (H100, H200): in cycles the SMs' side is the limit, alike on those parts, and on the
+GDDR parts the same kernel falls to 2.0-3.4 once the cache outgrows the L2 (DRAM gives an SM 2.4
+bytes per clock on L40S, 3.5 on RTX PRO 6000). On the HBM parts (13-27 bytes per SM-clock from
+DRAM, more than any decode kernel there takes from the L2: Blackwell's TRT-LLM kernels peak at
+15-21) the L2 gains nothing over the DRAM roofline."""
+
+
+def _decode_l2_speedup(cols: Mapping[str, np.ndarray], moved: np.ndarray, device: DeviceSpec) -> np.ndarray:
+    """Per row, the factor (<= 1) by which an L2-resident KV cache shortens a decode step's memory
+    time: ``bw / max(bw, sm_count * clock * DECODE_L2_BYTES_PER_SM_CYCLE)`` where the step's bytes
+    fit the L2, else 1 (and 1 for every other row)."""
+    n = len(moved)
+    out = np.ones(n)
+    if "seq_q" not in cols:
+        return out
+    ops = cols["op"].astype(object)
+    step = (ops == "attention") & (cols["direction"].astype(object) == "fwd") & (_as_float(cols["seq_q"]) == 1)
+    bw = device.mem_bw_bytes_per_s
+    sm_rate = device.sm_count * device.boost_clock_hz * DECODE_L2_BYTES_PER_SM_CYCLE
+    resident = step & np.isfinite(moved) & (moved <= device.l2_bytes)
+    out[resident] = bw / max(bw, sm_rate)
+    return out
+
+
 def _tiles(
     kind: str, cols: Mapping[str, np.ndarray], fwd: np.ndarray, dt: np.ndarray, sms: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -643,7 +680,9 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
     link = np.where(nodes > 1, device.inter_node_bw_bytes_per_s, device.intra_node_bw_bytes_per_s)
     t_compute = flops / peak
     t_memory = np.where(collective, moved / link, moved / bw)
-    t_roof = np.maximum(t_compute, t_memory)
+    # A decode step whose KV cache fits the L2 streams it from there (DECODE_L2_BYTES_PER_SM_CYCLE).
+    t_memory_l2 = t_memory * _decode_l2_speedup(cols, moved, device)
+    t_roof = np.maximum(t_compute, t_memory_l2)
     if collective.any():
         t_roof = np.where(collective, _alpha_beta_s(cols, collective, device), t_roof)
     t_roof = np.where(np.isfinite(t_roof) & (t_roof > 0), t_roof, np.where(np.isfinite(t_roof), 1e-9, np.nan))
