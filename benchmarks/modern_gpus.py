@@ -218,17 +218,20 @@ def fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, estimator: str
 
 def spec_roofline(frame: pd.DataFrame, devices) -> tuple[np.ndarray, np.ndarray]:
     """(baseline (a), the spec roofline, and baseline (c), NCCL's alpha-beta time) of every row
-    of ``frame``. (a) is the features' ``t_roof_s`` except for collectives, whose ``t_roof_s`` is
-    the alpha-beta time (features v4): their roofline is the bus bytes over the link
-    (``t_memory``). (c) is NaN for the non-collective rows."""
+    of ``frame``. (a) is the datasheet roofline, ``max(t_compute, t_memory)`` with the memory time
+    over DRAM (the features' ``t_roof_s`` reads a decode step's L2-resident KV cache faster since
+    features v6, which a spec-sheet baseline does not know), and for collectives the bus bytes over
+    the link (their ``t_roof_s`` is the alpha-beta time since features v4). (c) is NaN for the
+    non-collective rows."""
     from opcast.ops import op_kinds
     from opcast.train.fit import feature_frame
 
     feats = feature_frame(frame, devices)
     coll = frame["op"].isin(op_kinds(collective=True)).to_numpy()
     t_roof = feats["t_roof_s"].to_numpy(dtype=float)
-    t_bus = np.exp(feats["log_t_memory_s"].to_numpy(dtype=float))
-    return np.where(coll, t_bus, t_roof), np.where(coll, t_roof, np.nan)
+    t_memory = np.exp(feats["log_t_memory_s"].to_numpy(dtype=float))
+    t_spec = np.maximum(np.exp(feats["log_t_compute_s"].to_numpy(dtype=float)), t_memory)
+    return np.where(coll, t_memory, t_spec), np.where(coll, t_roof, np.nan)
 
 
 def efficiency_factors(train: pd.DataFrame, t_roof: np.ndarray) -> dict[str, float]:
