@@ -488,6 +488,24 @@ def add_errors(records: list[dict[str, Any]]) -> None:
             r[f"{kind}_err"] = None if t is None else t / meas - 1
 
 
+READING = "## Reading"
+"""The heading of the report's hand-written section (readings of each run, newest first)."""
+
+
+def hand_written(path: Path) -> list[str]:
+    """The hand-written section of the report already at ``path`` (from :data:`READING` to the next
+    ``## `` heading), so that rewriting the generated tables keeps it; none if absent."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    start = next((i for i, line in enumerate(lines) if line.startswith(READING)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return [*lines[start:end]] if lines[end - 1 : end] == [""] else [*lines[start:end], ""]
+
+
 def write_markdown(
     path: Path,
     records: list[dict[str, Any]],
@@ -515,6 +533,7 @@ def write_markdown(
         example,
         "```",
         "",
+        *hand_written(path),
         "## Error of the predicted iteration time per section",
         "",
         *section_table(records),

@@ -106,3 +106,12 @@ def test_bad_csv_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1 and "missing columns" in done.stderr
     assert not (tmp_path / "out.md").exists()
+
+
+def test_rewriting_the_report_keeps_its_hand_written_reading(tmp_path: Path) -> None:
+    report = tmp_path / "mosaicml.md"
+    assert mm.hand_written(report) == []  # no report yet
+    report.write_text("# `cmd`\n\nintro\n\n## Reading (by hand)\n\n- 2026: a note\n\n## Error per section\n\n| a |\n")
+    assert mm.hand_written(report) == ["## Reading (by hand)", "", "- 2026: a note", ""]
+    report.write_text("# `cmd`\n\n## Error per section\n\n| a |\n")
+    assert mm.hand_written(report) == []  # a report without one
