@@ -122,3 +122,20 @@ def _random_params(op: str, rng: np.random.Generator) -> dict[str, int | bool | 
     if op in ("layernorm", "rmsnorm", "softmax"):
         return {"rows": logint(1, 32768), "cols": logint(64, 16384)}
     raise ValueError(f"no synthetic shapes for {op}")
+
+
+def attention_columns(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int = 128) -> dict:
+    """One bf16 causal flash-attention forward row as the column arrays ``feature_table`` takes."""
+    return {
+        "op": np.array(["attention"], dtype=object),
+        "dtype": np.array(["bf16"], dtype=object),
+        "direction": np.array(["fwd"], dtype=object),
+        "batch": np.array([batch]),
+        "heads": np.array([heads]),
+        "kv_heads": np.array([kv_heads]),
+        "seq_q": np.array([seq_q]),
+        "seq_kv": np.array([seq_kv]),
+        "head_dim": np.array([head_dim]),
+        "causal": np.array([True]),
+        "impl": np.array(["flash"], dtype=object),
+    }

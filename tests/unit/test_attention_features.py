@@ -15,6 +15,8 @@ import pytest
 from opcast.hardware import get_device
 from opcast.train.features import FEATURES, _kv_splits, feature_table
 
+from helpers.synthetic import attention_columns
+
 DEVICE = dataclasses.replace(
     get_device("A100-SXM4-80GB"),
     sm_count=108,
@@ -24,20 +26,7 @@ DEVICE = dataclasses.replace(
 )
 
 
-def _row(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv: int, head_dim: int = 128) -> dict:
-    return {
-        "op": np.array(["attention"], dtype=object),
-        "dtype": np.array(["bf16"], dtype=object),
-        "direction": np.array(["fwd"], dtype=object),
-        "batch": np.array([batch]),
-        "heads": np.array([heads]),
-        "kv_heads": np.array([kv_heads]),
-        "seq_q": np.array([seq_q]),
-        "seq_kv": np.array([seq_kv]),
-        "head_dim": np.array([head_dim]),
-        "causal": np.array([True]),
-        "impl": np.array(["flash"], dtype=object),
-    }
+_row = attention_columns
 
 
 def _one(table, name: str) -> float:

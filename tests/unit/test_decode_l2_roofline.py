@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 
 from opcast.hardware import get_device
 from opcast.train.features import DECODE_L2_BYTES_PER_SM_CYCLE, feature_table
+
+from helpers.synthetic import attention_columns
 
 GDDR = dataclasses.replace(
     get_device("L40S"),
@@ -36,19 +37,7 @@ HBM = dataclasses.replace(
 
 
 def _rows(seq_q: int, seq_kv: int, batch: int = 8, heads: int = 32, kv_heads: int = 8) -> dict:
-    return {
-        "op": np.array(["attention"], dtype=object),
-        "dtype": np.array(["bf16"], dtype=object),
-        "direction": np.array(["fwd"], dtype=object),
-        "batch": np.array([batch]),
-        "heads": np.array([heads]),
-        "kv_heads": np.array([kv_heads]),
-        "seq_q": np.array([seq_q]),
-        "seq_kv": np.array([seq_kv]),
-        "head_dim": np.array([128]),
-        "causal": np.array([True]),
-        "impl": np.array(["flash"], dtype=object),
-    }
+    return attention_columns(batch, heads, kv_heads, seq_q, seq_kv)
 
 
 def _decode_bytes(seq_kv: int, batch: int = 8, heads: int = 32, kv_heads: int = 8) -> float:
