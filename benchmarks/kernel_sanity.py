@@ -274,7 +274,7 @@ def load_measured(path: Path, kernels: Sequence[tuple[str, Any]], devices: Seque
     import pandas as pd
 
     from opcast.ops import get_op
-    from opcast.schema import read_dataset
+    from opcast.schema import canonical_value, read_dataset
     from opcast.train.features import dtype_class
 
     frame = read_dataset(path)
@@ -303,17 +303,8 @@ def load_measured(path: Path, kernels: Sequence[tuple[str, Any]], devices: Seque
         index = medians.index.to_frame(index=False).astype(object)
         index = index.where(index.notna(), None)
         for key, seconds in zip(index.itertuples(index=False, name=None), medians.to_numpy(dtype=float)):
-            table.setdefault(str(key[0]), {})[tuple(_plain(v) for v in key[1:])] = float(seconds)
+            table.setdefault(str(key[0]), {})[tuple(canonical_value(v) for v in key[1:])] = float(seconds)
     return out
-
-
-def _plain(value: Any) -> Any:
-    """A parameter value of a dataset row as the registry's plain Python value."""
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return value
 
 
 def _distance(mine: dict[str, Any], names: Sequence[str], shape: tuple[Any, ...]) -> float:

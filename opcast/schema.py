@@ -96,7 +96,7 @@ def point_id(
     """Stable id of one op configuration: the key that resumable collection skips on."""
     canon = {
         "op": op,
-        "params": {k: _canon(params[k]) for k in sorted(params)},
+        "params": {k: canonical_value(params[k]) for k in sorted(params)},
         "dtype": dtype,
         "direction": direction,
         "tensor_cores": tensor_cores,
@@ -104,7 +104,7 @@ def point_id(
     return hashlib.sha1(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _canon(value: object) -> object:
+def canonical_value(value: object) -> object:
     """numpy/pandas scalars and integral floats as plain Python values, so ids are stable."""
     if hasattr(value, "item"):
         value = value.item()

@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from opcast.collect.replay.common import MalformedFile, ReplayResult, read_csv
+from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv, whole
 from opcast.errors import OpcastError
 from opcast.hardware import get_device
 
@@ -204,10 +204,7 @@ def _convert(
         dtype = "fp8"
     if row.get("bias", "False") == "True":
         return BIAS
-    try:
-        us = float(row["us"])
-    except ValueError:
-        raise MalformedFile(path, line, f"column 'us' is {row['us']!r}, not a number") from None
+    us = number(path, line, row, "us")
     if not (math.isfinite(us) and us > 0):
         return NOT_A_TIME
     b = _whole(path, line, row, "b") if "b" in row else 1
@@ -241,10 +238,7 @@ def _convert(
 
 
 def _whole(path: Path, line: int, row: Mapping[str, str], column: str) -> int:
-    try:
-        value = float(row[column])
-    except ValueError:
-        raise MalformedFile(path, line, f"column {column!r} is {row[column]!r}, not a whole number") from None
-    if not (math.isfinite(value) and value == int(value) and value > 0):
+    value = whole(path, line, row, column)
+    if value <= 0:
         raise MalformedFile(path, line, f"column {column!r} is {row[column]!r}, not a positive whole number")
-    return int(value)
+    return value

@@ -4,6 +4,7 @@ normalisation (validation, provenance, de-duplication) applied to every source's
 from __future__ import annotations
 
 import csv
+import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -72,6 +73,18 @@ def number(path: Path, line: int, row: Mapping[str, str], column: str) -> float:
         return float(row[column])
     except (KeyError, ValueError):
         raise MalformedFile(path, line, f"column {column!r} is {row.get(column)!r}, not a number") from None
+
+
+def whole(path: Path, line: int, row: Mapping[str, str], column: str) -> int:
+    """``row[column]`` as a whole number (written as an int or an integral float), or a
+    :class:`MalformedFile` naming file, line and column."""
+    try:
+        value = float(row[column])
+    except (KeyError, ValueError):
+        value = math.nan
+    if not math.isfinite(value) or not value.is_integer():
+        raise MalformedFile(path, line, f"column {column!r} is {row.get(column)!r}, not a whole number")
+    return int(value)
 
 
 def normalise(

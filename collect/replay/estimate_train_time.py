@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -53,7 +53,7 @@ from typing import Any, Final
 
 from opcast.clusters import find_cluster
 from opcast.collect.replay import ReplayOptions
-from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv
+from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv, whole
 from opcast.hardware import get_device
 from opcast.ops import bus_factor
 
@@ -288,13 +288,6 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
     return result
 
 
-def _int(path: Path, line: int, row: Mapping[str, str], column: str) -> int:
-    value = number(path, line, row, column)
-    if not math.isfinite(value) or not value.is_integer():
-        raise MalformedFile(path, line, f"column {column!r} is {row[column]!r}, not a whole number")
-    return int(value)
-
-
 def _device(path: Path, gpu: str) -> str:
     try:
         return get_device(gpu).name
@@ -326,7 +319,7 @@ def _read_operator_file(
     result.files += 1
     records = []
     for line, row in lines:
-        shape = tuple(_int(path, line, row, c) for c in operator.columns)
+        shape = tuple(whole(path, line, row, c) for c in operator.columns)
         times = {c: number(path, line, row, c) for c in time_cols}
         records.append((line, shape, times))
     source_file = path.relative_to(root).as_posix()
@@ -399,8 +392,8 @@ def _read_nccl_file(
     system = find_cluster(path.parent.parent.name)  # regressors/<Perlmutter|Vista>/nccl/<file>
     cluster = system.name if system is not None else None
     for line, row in lines:
-        shape = _int(path, line, row, "shape")
-        nodes, gpn = _int(path, line, row, "nodes"), _int(path, line, row, "GPUsPerNode")
+        shape = whole(path, line, row, "shape")
+        nodes, gpn = whole(path, line, row, "nodes"), whole(path, line, row, "GPUsPerNode")
         dur_us = number(path, line, row, DUR_COL)
         if suffix is not None and (nodes, gpn) != suffix:
             raise MalformedFile(
