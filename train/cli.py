@@ -50,7 +50,7 @@ def fit(
             help="Held-out folds per group (each leaves one device and a fifth of the shapes out; "
             "groups of at most 20k rows leave out every device in turn); 0: none."
         ),
-    ] = 2,
+    ] = 4,
     keep_suspect_sweeps: Annotated[
         bool,
         typer.Option(

@@ -20,15 +20,19 @@ def shape_groups(frame: pd.DataFrame) -> np.ndarray:
     return np.array([_row_point_id(r) for r in frame.to_dict("records")], dtype=object)
 
 
+def seeded_draw(names: list[str] | np.ndarray, seed: int) -> np.ndarray:
+    """A uniform number in [0, 1) per name from a seeded hash of the name alone: a draw in which
+    each name's fate never depends on which other names are present."""
+    salt = str(seed).encode()
+    digests = (hashlib.blake2b(salt + str(g).encode(), digest_size=8).digest() for g in names)
+    return np.array([int.from_bytes(d, "little") / 2**64 for d in digests])
+
+
 def grouped_mask(groups: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     """True for the rows of about ``fraction`` of the distinct ``groups``, chosen by a seeded
     hash of the group id (stable when rows are added or reordered)."""
-    salt = str(seed).encode()
     uniq, inverse = np.unique(np.asarray(groups, dtype=str), return_inverse=True)
-    draws = np.array(
-        [int.from_bytes(hashlib.blake2b(salt + g.encode(), digest_size=8).digest(), "little") / 2**64 for g in uniq]
-    )
-    return (draws < fraction)[inverse]
+    return (seeded_draw(uniq, seed) < fraction)[inverse]
 
 
 def leave_one_group_out(groups: np.ndarray) -> list[tuple[object, np.ndarray]]:

@@ -65,3 +65,27 @@ def test_every_candidate_is_scored_on_the_same_seeded_rows():
         assert s.sum() == 75 and not (s & ~seen).any()  # a quarter as many seen-device rows
         assert (te == test).all() and (t == t2).all() and (s == s2).all()
         assert not (t & te).any()
+
+
+def test_adding_a_device_keeps_the_left_out_devices_it_does_not_displace():
+    """Large groups leave out cfg.folds devices chosen by a seeded hash of each name: a new device in the
+    data takes a fold only where its own hash ranks among the first, and the others keep theirs."""
+    names = [f"gpu{i}" for i in range(12)]
+    cfg = FitConfig(folds=4, all_devices_rows=0)
+
+    def left_out(devs):
+        devices = np.repeat(np.array(devs, dtype=object), 50)
+        shapes = np.tile(np.arange(50), len(devs))
+        return [label.split(" + ")[0].removeprefix("device ") for label, *_ in fit_module._folds(devices, shapes, cfg)]
+
+    before = left_out(names)
+    assert len(before) == 4 and len(set(before)) == 4
+    displaced = 0
+    for newcomer in [f"new{i}" for i in range(12)]:
+        after = left_out([*names, newcomer])
+        if newcomer in after:  # it ranks among the first four and pushes out the fourth only
+            displaced += 1
+            assert [d for d in after if d != newcomer] == before[:3]
+        else:
+            assert after == before
+    assert 0 < displaced < 12  # both cases were exercised
