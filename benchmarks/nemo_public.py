@@ -1,0 +1,552 @@
+"""NVIDIA's published NeMo / Megatron-Bridge pre-training throughput predicted with ``opcast predict train``
+(issue 17's end-to-end target: a held-out validation table; nothing is fitted to these rows).
+
+    python benchmarks/nemo_public.py [--csv FILE] [--models DIR] [--out FILE]
+
+The measurements are in ``benchmarks/nemo_public.csv`` beside this script: one row per published
+configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B; DGX-H100, DGX-B200,
+DGX-GB200; FP8), each with its source URL, the NeMo container that measured it, and the published
+GBS, MBS, sequence, FSDP, TP, PP, CP, VP, EP, GA, tokens/s/GPU and model TFLOP/s/GPU (numbers only).
+A row with a ``skip_reason`` (NVFP4, a system opcast cannot name) is listed, not predicted. Where a
+table gives a second configuration in parentheses, a row is kept only where the table labels what the
+parenthesised value is (Megatron-Bridge 25.11's ``FP8-CS (FP8-MX)``); otherwise only the value
+outside the parentheses is used. A ``VP`` or ``EP`` of ``n/a`` in the source is written 1. GA, where
+the source leaves it out, is ``GBS / (MBS x DP)`` (the script checks it against the source's GA where
+given).
+
+Each row is predicted through the library exactly as the command line would be (the options are
+built into the library objects by ``opcast predict train``'s own builders, as
+``benchmarks/mosaicml.py`` does): :func:`row_options` is the mapping, :func:`cli_command` prints it.
+What NeMo's performance recipes run, and what is passed:
+
+- the system's catalog cluster: DGX-H100 -> ``--cluster dgx-h100``, DGX-B200 -> ``dgx-b200``,
+  DGX-GB200 -> ``gb200-nvl72`` (a 72-GPU NVLink domain), which sets the GPU (H100-SXM, B200, GB200),
+  its links and the cluster's learned collectives; with ``--dp`` the world size is ``tp x pp x cp x dp``
+  = the published #GPUs, in as few NVLink domains as it needs (8 GPUs of one NVL72 rack); 128 or 256
+  GB200 GPUs (two or four racks, not filled) are the same GPU and links given as ``--gpu
+  'GB200[...,gpus_per_node=64]' --nodes 2 --gpus-per-node 64`` (:func:`placement_options`);
+- ``--framework megatron`` (Megatron-Core / Transformer Engine kernels, fp32 ``main_grad``);
+- the published TP, PP, CP and the data-parallel degree the world size leaves; ``--sp`` where TP > 1
+  (Megatron requires sequence parallelism with TP comm overlap, and NeMo's recipes turn both on);
+  ``--tp-comm-overlap`` where TP > 1 (NeMo's ``TransformerLayerTPOverlap`` / ``tp_comm_overlap``);
+- the distributed optimizer: FSDP = 0 -> ``--zero 1`` with ``--overlap-grad-reduce
+  --overlap-param-gather`` (NeMo's ``DistributedDataParallelConfig`` defaults in the recipes);
+  FSDP > 0 (Megatron FSDP; 25.11 writes the sharding group size, NeMo 25.x writes 1) -> ``--zero 3``
+  (opcast's ZeRO-3 gathers weights and reduce-scatters gradients per layer behind compute, as
+  Megatron FSDP does; the two overlap flags belong to the distributed optimizer and are refused with it);
+- Llama 3.1 405B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
+- VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
+- FP8 (delayed or current scaling, per tensor) -> ``--precision fp8``; MXFP8 -> ``fp8`` too (opcast
+  has no block-scaled format; these rows are marked in the table); NVFP4 is skipped;
+- FlashAttention (``--attention flash``, the default), no activation recompute (``--recompute none``;
+  the published tables do not give it), Adam.
+
+Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
+(positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
+(forward, backward, exposed TP / CP / DP communication, pipeline bubble), the share of the critical
+path priced by learned predictors, and how the FP8 GEMMs were priced (learned or roofline); then the
+mean |error| overall and per (system, precision as published), and the refused rows with their
+reasons. Rewriting the report keeps its hand-written ``## Reading`` section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import functools
+import inspect
+import shlex
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV_PATH = Path(__file__).with_name("nemo_public.csv")
+OUT = ROOT / "benchmarks" / "results" / "nemo_public.md"
+
+REQUIRED = (
+    "row",
+    "source_url",
+    "container",
+    "system",
+    "model",
+    "arch",
+    "n_gpus",
+    "precision_published",
+    "precision",
+    "gbs",
+    "mbs",
+    "seq",
+    "fsdp",
+    "tp",
+    "pp",
+    "cp",
+    "vp",
+    "ep",
+    "ga",
+    "tokens_per_s_per_gpu",
+    "model_tflops_per_gpu",
+    "skip_reason",
+)
+"""Every column of the CSV (``ga``, ``model_tflops_per_gpu`` and ``skip_reason`` may be empty; ``precision``
+too on a skipped row)."""
+
+CLUSTERS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72"}
+"""Published system -> catalog cluster (its GPU, links and NVLink domain; the job takes as few of its
+NVLink domains as the world size ``tp x pp x cp x dp`` needs)."""
+LAYER_SPLIT = {"llama3-405b": "megatron:embedding,loss"}
+"""Arch -> ``--pp-partition`` where NeMo's recipe sets one: Llama 3.1 405B's 126 layers with the embedding
+and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeline_split`` /
+``account_for_loss_in_pipeline_split``, set by NeMo's and Megatron-Bridge's 405B recipes) make 128, which
+pp x vp divides."""
+PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8"}
+"""Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
+PRECISIONS = {"fp8", "bf16"}
+"""opcast precisions a predicted row may carry."""
+BLOCK_SCALED = ("FP8-MX", "MXFP8")
+"""Published precisions priced as per-tensor fp8 (flagged in the table)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One published configuration and its measured throughput."""
+
+    row: str
+    source_url: str
+    container: str
+    system: str
+    model: str
+    arch: str
+    n_gpus: int
+    precision_published: str
+    precision: str
+    gbs: int
+    mbs: int
+    seq: int
+    fsdp: int
+    tp: int
+    pp: int
+    cp: int
+    vp: int
+    ep: int
+    ga: int | None
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float | None
+    skip_reason: str
+
+    @property
+    def dp(self) -> int:
+        return self.n_gpus // (self.tp * self.pp * self.cp)
+
+    @property
+    def block_scaled(self) -> bool:
+        return self.precision_published in BLOCK_SCALED
+
+
+def _int(rec: dict[str, str], column: str, where: str) -> int:
+    text = rec[column].strip()
+    if not text.isdigit() or int(text) < 0:
+        raise ValueError(f"{where}: {column} {text!r} is not a whole number")
+    return int(text)
+
+
+def parse_row(rec: dict[str, str], where: str) -> Row:
+    """One CSV record as a :class:`Row`, its values checked (sizes, world size, GA, a known mapping)."""
+    missing = [c for c in REQUIRED if c not in rec]
+    if missing:
+        raise ValueError(f"{where}: missing columns {', '.join(missing)}")
+    empty = [
+        c
+        for c in REQUIRED
+        if c not in ("ga", "model_tflops_per_gpu", "skip_reason", "precision") and not rec[c].strip()
+    ]
+    if empty:
+        raise ValueError(f"{where}: empty {', '.join(empty)}")
+    ints = {c: _int(rec, c, where) for c in ("n_gpus", "gbs", "mbs", "seq", "fsdp", "tp", "pp", "cp", "vp", "ep")}
+    row = Row(
+        row=rec["row"].strip(),
+        source_url=rec["source_url"].strip(),
+        container=rec["container"].strip(),
+        system=rec["system"].strip(),
+        model=rec["model"].strip(),
+        arch=rec["arch"].strip(),
+        precision_published=rec["precision_published"].strip(),
+        precision=rec["precision"].strip(),
+        ga=_int(rec, "ga", where) if rec["ga"].strip() else None,
+        tokens_per_s_per_gpu=float(rec["tokens_per_s_per_gpu"]),
+        model_tflops_per_gpu=float(rec["model_tflops_per_gpu"]) if rec["model_tflops_per_gpu"].strip() else None,
+        skip_reason=rec["skip_reason"].strip(),
+        **ints,
+    )
+    if not row.source_url.startswith("https://"):
+        raise ValueError(f"{where}: source_url must be an https URL")
+    if min(row.n_gpus, row.gbs, row.mbs, row.seq, row.tp, row.pp, row.cp, row.vp, row.ep) < 1:
+        raise ValueError(f"{where}: sizes and parallel degrees must be >= 1")
+    if row.tokens_per_s_per_gpu <= 0:
+        raise ValueError(f"{where}: tokens_per_s_per_gpu must be positive")
+    if row.n_gpus % (row.tp * row.pp * row.cp):
+        raise ValueError(f"{where}: tp x pp x cp = {row.tp * row.pp * row.cp} does not divide {row.n_gpus} GPUs")
+    if row.gbs % (row.mbs * row.dp):
+        raise ValueError(f"{where}: GBS {row.gbs} is not a whole number of MBS {row.mbs} x DP {row.dp}")
+    if row.ga is not None and row.ga != row.gbs // (row.mbs * row.dp):
+        raise ValueError(f"{where}: GA {row.ga} != GBS / (MBS x DP) = {row.gbs // (row.mbs * row.dp)}")
+    if not row.skip_reason:
+        from opcast.archs import load_arch
+
+        if row.system not in CLUSTERS:
+            raise ValueError(
+                f"{where}: system {row.system!r} is not one of {', '.join(CLUSTERS)}; or give a skip_reason"
+            )
+        if row.precision not in PRECISIONS:
+            raise ValueError(f"{where}: precision {row.precision!r} is not one of {sorted(PRECISIONS)}; or skip it")
+        load_arch(row.arch)  # an unknown arch raises OpcastError naming the presets
+    return row
+
+
+def read_rows(path: Path = CSV_PATH) -> list[Row]:
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path.name}: missing columns {', '.join(missing)}")
+        rows = [parse_row(rec, f"{path.name}:{i}") for i, rec in enumerate(reader, 2)]
+    names = [r.row for r in rows]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path.name}: duplicate row names")
+    return rows
+
+
+# --------------------------------------------------------------------------- row -> command line
+
+
+def row_options(row: Row) -> dict[str, Any]:
+    """The ``opcast predict train`` option values (by option name) of a predicted row; the rest keep
+    the command's defaults. See the module docstring for why each is set."""
+    if row.skip_reason:
+        raise ValueError(f"{row.row} is skipped: {row.skip_reason}")
+    values: dict[str, Any] = {"arch": row.arch, **placement_options(row)}
+    values |= {
+        "tp": row.tp,
+        "pp": row.pp,
+        "cp": row.cp,
+        "dp": row.dp,
+        "micro_batch": row.mbs,
+        "global_batch": row.gbs,
+        "seq": row.seq,
+        "precision": row.precision,
+        "framework": "megatron",
+        "zero": 3 if row.fsdp else 1,
+    }
+    if not row.fsdp:  # ZeRO-3 gathers and reduce-scatters per layer behind compute already
+        values.update(overlap_grad_reduce=True, overlap_param_gather=True)
+    if row.pp > 1 and row.arch in LAYER_SPLIT:
+        values["pp_partition"] = LAYER_SPLIT[row.arch]
+    if row.ep > 1:
+        values["ep"] = row.ep
+    if row.tp > 1:
+        values.update(sp=True, tp_comm_overlap=True)
+    if row.vp > 1:
+        values.update(schedule="interleaved", virtual_stages=row.vp, overlap_p2p_comm=True)
+    return values
+
+
+def placement_options(row: Row) -> dict[str, Any]:
+    """``--cluster NAME`` of the row's system; where the job spans several NVLink domains that its GPUs
+    do not fill (128 or 256 GPUs of GB200 NVL72 racks of 72), the same GPU and links with
+    ``--nodes RACKS --gpus-per-node GPUS/RACKS`` instead (``--cluster NAME`` takes whole domains; the
+    model set holds no collectives learned on that cluster, so the two forms price alike)."""
+    from opcast.clusters import find_cluster
+
+    name = CLUSTERS[row.system]
+    spec = find_cluster(name)
+    if spec is None:
+        raise ValueError(f"{row.row}: catalog cluster {name!r} is missing from data/clusters")
+    domain = spec.nvlink_domain_gpus
+    if row.n_gpus <= domain or row.n_gpus % domain == 0:
+        return {"cluster": name}
+    racks = -(-row.n_gpus // domain)
+    if row.n_gpus % racks:
+        raise ValueError(f"{row.row}: {row.n_gpus} GPUs do not split evenly over {racks} {name} domains")
+    per = row.n_gpus // racks
+    gpu = (
+        f"{spec.gpu}[intra_node_bw_bytes_per_s={spec.intra_node_bw_bytes_per_s:.6g},"
+        f"inter_node_bw_bytes_per_s={spec.inter_node_bw_bytes_per_s:.6g},gpus_per_node={per}]"
+    )
+    return {"gpu": gpu, "nodes": racks, "gpus_per_node": per}
+
+
+@functools.cache
+def train_command_options() -> dict[str, Any]:
+    """``opcast predict train``'s options: name -> (its Opt, its default), from the command's signature."""
+    from opcast.predict import cli, options
+
+    declared = {v.name: v for v in vars(options).values() if isinstance(v, options.Opt)}
+    declared.update({o.name: o for o in options.TRAIN})
+    params = inspect.signature(cli.train_cmd).parameters
+    return {name: (declared.get(name), p.default) for name, p in params.items()}
+
+
+def cli_command(values: dict[str, Any]) -> str:
+    """The ``opcast predict train`` command line of ``values`` (:func:`row_options`)."""
+    opts = train_command_options()
+    words = ["opcast", "predict", "train"]
+    for name, value in values.items():
+        opt, default = opts[name]
+        if opt is None:
+            raise ValueError(f"--{name} is not an option of this opcast's predict train")
+        flag, _, negative = opt.flags.partition("/")
+        if isinstance(value, bool):
+            if value != default:
+                words.append(flag if value else negative)
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+# --------------------------------------------------------------------------- prediction
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prediction:
+    feasible: bool
+    reasons: tuple[str, ...] = ()
+    tokens_per_s_per_gpu: float | None = None
+    iteration_s: float | None = None
+    mfu: float | None = None
+    shares: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Breakdown of the iteration (critical stage) as fractions."""
+    learned_share: float | None = None
+    fp8_gemm: str = ""
+    """How the fp8 GEMMs of the critical stage were priced: share of the stage's kernel time, and source."""
+
+
+@functools.cache
+def _kernels(models: str | None):
+    from opcast.predict import options
+
+    return options.kernel_cost(
+        options.Args(models=None if models is None else Path(models), roofline=False, analytic=False)
+    )
+
+
+def _fp8_gemm_summary(result) -> str:
+    """Share of the critical stage's kernel time in fp8 GEMMs, and the pricing source of that time."""
+    by_stage: dict[int, float] = defaultdict(float)
+    for op in result.ops:
+        by_stage[op.stage] += op.count * op.time_s
+    if not by_stage:
+        return ""
+    stage = max(by_stage, key=by_stage.__getitem__)
+    ops = [op for op in result.ops if op.stage == stage]
+    total = sum(op.count * op.time_s for op in ops)
+    fp8 = [op for op in ops if op.kernel.kind == "gemm" and op.kernel.dtype == "fp8"]
+    if not fp8:
+        return "none"
+    sources: dict[str, float] = defaultdict(float)
+    for op in fp8:
+        sources[op.source.split("/")[0].split(" ")[0]] += op.count * op.time_s
+    t = sum(sources.values())
+    mix = ", ".join(f"{k} {v / t:.0%}" for k, v in sorted(sources.items(), key=lambda kv: -kv[1]))
+    return f"{t / total:.0%} of kernel time ({mix})"
+
+
+def predict_row(row: Row, *, models: str | None = None) -> Prediction:
+    """What ``opcast predict train`` (:func:`cli_command` of :func:`row_options`) predicts for ``row``."""
+    from opcast.archs import load_arch
+    from opcast.predict import options
+    from opcast.predict.training import TrainResult, compile_train, run_train
+
+    values = row_options(row)
+    o = options.Args(**({n: d for n, (_, d) in train_command_options().items()} | values))
+    where = options.placement(o)
+    dev = options.device(where.gpu, o.set_)
+    plan = compile_train(
+        load_arch(row.arch), dev, options.train_config(o), nodes=where.nodes, gpus_per_node=where.gpus_per_node
+    )
+    if isinstance(plan, TrainResult):
+        return Prediction(False, tuple(plan.reasons))
+    kernels = _kernels(models)
+    result = run_train(plan, kernels, where.comms(kernels), coverage=o.coverage, interval_mode=o.interval_mode)
+    if not result.feasible:
+        return Prediction(False, tuple(result.reasons))
+    total = sum(result.breakdown_s.values()) or 1.0
+    return Prediction(
+        True,
+        tokens_per_s_per_gpu=result.tokens_per_s / row.n_gpus,
+        iteration_s=result.iteration_time_s,
+        mfu=result.mfu,
+        shares={k: v / total for k, v in result.breakdown_s.items()},
+        learned_share=result.interval.learned_share if result.interval is not None else None,
+        fp8_gemm=_fp8_gemm_summary(result) if row.precision == "fp8" else "",
+    )
+
+
+def error(row: Row, pred: Prediction) -> float | None:
+    """Signed relative error of the predicted tokens/s/GPU (positive: opcast predicts faster)."""
+    return None if pred.tokens_per_s_per_gpu is None else pred.tokens_per_s_per_gpu / row.tokens_per_s_per_gpu - 1
+
+
+# --------------------------------------------------------------------------- report
+
+SHARE_KEYS = (("forward", "fwd"), ("backward", "bwd"), ("tp_comm", "tp"), ("cp_comm", "cp"), ("dp_comm_exposed", "dp"))
+
+
+def _shares(pred: Prediction) -> str:
+    s = pred.shares
+    parts = [f"{short} {100 * s[k]:.0f}" for k, short in SHARE_KEYS if s.get(k, 0) >= 0.005]
+    bubble = s.get("pipeline_bubble", 0)
+    if bubble >= 0.005:
+        parts.append(f"bubble {100 * bubble:.0f}")
+    rest = 1 - sum(s.get(k, 0) for k, _ in SHARE_KEYS) - bubble
+    if rest >= 0.005:
+        parts.append(f"other {100 * rest:.0f}")
+    return ", ".join(parts)
+
+
+def _config(row: Row) -> str:
+    parts = [f"tp{row.tp} pp{row.pp} cp{row.cp} dp{row.dp}"]
+    if row.vp > 1:
+        parts.append(f"vp{row.vp}")
+    if row.fsdp:
+        parts.append("fsdp")
+    return " ".join(parts) + f", gbs {row.gbs} mbs {row.mbs} seq {row.seq}"
+
+
+def row_table(rows: list[Row], preds: dict[str, Prediction]) -> list[str]:
+    lines = [
+        "| row | system | model | #GPUs | precision | config | measured tok/s/GPU | predicted | error "
+        "| breakdown % (critical stage) | learned share | fp8 GEMMs |",
+        "|---|---|---|---:|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for row in rows:
+        prec = row.precision_published + (" (priced as fp8)" if row.block_scaled else "")
+        head = f"| {row.row} | {row.system} | {row.model} | {row.n_gpus} | {prec} | {_config(row)} "
+        head += f"| {row.tokens_per_s_per_gpu:,.0f} "
+        if row.skip_reason:
+            lines.append(head + f"| skipped | | {row.skip_reason} | | |")
+            continue
+        pred = preds[row.row]
+        if not pred.feasible:
+            lines.append(head + f"| refused | | {'; '.join(pred.reasons)} | | |")
+            continue
+        e = error(row, pred)
+        learned = "" if pred.learned_share is None else f"{pred.learned_share:.0%}"
+        lines.append(
+            head
+            + f"| {pred.tokens_per_s_per_gpu:,.0f} | {100 * e:+.1f} % | {_shares(pred)} | {learned} | {pred.fp8_gemm} |"
+        )
+    return lines
+
+
+def summary_table(rows: list[Row], preds: dict[str, Prediction]) -> list[str]:
+    groups: dict[str, list[float]] = defaultdict(list)
+    refused: dict[str, int] = defaultdict(int)
+    for row in rows:
+        if row.skip_reason:
+            continue
+        key = f"{row.system}, {PRECISION_GROUPS.get(row.precision_published, 'FP8 per-tensor')}"
+        e = error(row, preds[row.row])
+        for k in (key, "all"):
+            if e is None:
+                refused[k] += 1
+            else:
+                groups[k].append(e)
+    lines = [
+        "| group | predicted rows | mean abs error | median signed error | within 10 % | refused |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for key in [*sorted(k for k in groups.keys() | refused.keys() if k != "all"), "all"]:
+        errs = groups.get(key, [])
+        if errs:
+            cells = (
+                f"{100 * statistics.fmean(abs(e) for e in errs):.1f} % | {100 * statistics.median(errs):+.1f} % | "
+                f"{sum(abs(e) <= 0.10 for e in errs)}"
+            )
+        else:
+            cells = "- | - | -"
+        lines.append(f"| {key} | {len(errs)} | {cells} | {refused.get(key, 0)} |")
+    return lines
+
+
+READING = "## Reading"
+
+
+def hand_written(path: Path) -> list[str]:
+    """The report's hand-written section (from :data:`READING` to the next ``## `` heading), kept on rewrite."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    start = next((i for i, line in enumerate(lines) if line.startswith(READING)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return [*lines[start:end], ""]
+
+
+def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, models: str | None, keep: list[str]) -> str:
+    predicted = [r for r in rows if not r.skip_reason]
+    example = next((r for r in predicted if r.vp > 1 and r.tp > 1), predicted[0]) if predicted else None
+    lines = [
+        "# NeMo / Megatron-Bridge published pre-training throughput vs `opcast predict train`",
+        "",
+        "`python benchmarks/nemo_public.py --out benchmarks/results/nemo_public.md` "
+        f"(model set: {models or 'models/default (embedded)'}; {wall_s:.1f} s). "
+        "Measured: NVIDIA's performance summaries (URL per row in `benchmarks/nemo_public.csv`); "
+        "nothing is fitted to them. Error = predicted / measured tokens/s/GPU - 1 "
+        "(positive: opcast predicts faster than NVIDIA measured).",
+        "",
+    ]
+    if example is not None:
+        lines += [
+            f"Mapping (see the script's docstring): e.g. `{example.row}` is `{cli_command(row_options(example))}`.",
+            "",
+        ]
+    lines += ["## Summary", "", *summary_table(rows, preds), "", "## Per row", "", *row_table(rows, preds), ""]
+    lines += keep
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=CSV_PATH)
+    ap.add_argument("--models", type=str, default=None, help="model set directory (default: models/default)")
+    ap.add_argument("--out", type=Path, default=None, help="write the markdown report here (atomically)")
+    a = ap.parse_args(argv)
+    try:
+        rows = read_rows(a.csv)
+    except (OSError, ValueError) as err:
+        print(f"nemo_public: error: {err}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    preds: dict[str, Prediction] = {}
+    for row in rows:
+        if row.skip_reason:
+            print(f"{row.row:36} skipped: {row.skip_reason}", flush=True)
+            continue
+        pred = preds[row.row] = predict_row(row, models=a.models)
+        e = error(row, pred)
+        what = (
+            f"{pred.tokens_per_s_per_gpu:8.0f} ({100 * e:+.1f} %)"
+            if e is not None
+            else "refused: " + "; ".join(pred.reasons)
+        )
+        print(f"{row.row:36} measured {row.tokens_per_s_per_gpu:8.0f}  predicted {what}", flush=True)
+    wall = time.perf_counter() - t0
+    print()
+    print("\n".join(summary_table(rows, preds)))
+    if a.out is not None:
+        from opcast.atomic import write_atomically
+
+        text = report(rows, preds, wall_s=wall, models=a.models, keep=hand_written(a.out))
+        write_atomically(a.out, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
