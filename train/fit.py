@@ -511,6 +511,7 @@ class _GroupFit:
             "candidates": {n: (s or None) for n, s in scores.items()},
             "why": self.why,
             "residuals": chosen_scored[1] if chosen_scored else {},
+            **_sustained_entry(self.frame, self.feats),
         }
 
 
@@ -665,6 +666,43 @@ SWEEP_MIN_ROWS = 20
 SWEEP_MIN_RATIO = 0.45
 """A sweep whose median sustained utilisation is under this share of another sweep's of the same
 op (kind, direction, dtype class and categorical parameters) on the same device is suspect."""
+
+
+SUSTAINED_QUANTILE = 0.9
+"""The share of its roofline a device sustains on an op: this quantile of the utilisation of its rows of
+at least :data:`SWEEP_SATURATED_S` at the roofline (at least :data:`SWEEP_MIN_ROWS` of them), per side of
+the ridge."""
+
+
+def sustained_utilisation(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Device -> {"compute" | "memory": the share of its datasheet roofline it sustains on long-running
+    rows of ``frame`` (:data:`SUSTAINED_QUANTILE` of ``t_roof_s / time``)}, where it has enough of them.
+    Power-limited parts run far below the datasheet clock: NeuSight's T4 (70 W) sustains 0.49 of its
+    FP32 peak on GEMMs of 3 ms or more where V100 sustains 0.97 and A100 0.85, and
+    AIConfigurator's L40S 0.52 of its bf16 peak on 8192^3 where H100 reaches 0.72. Predict's physical
+    bounds compare utilisations relative to these (:meth:`opcast.predict.cost.learned.LearnedKernelCost.bound`),
+    so a throttled training device's datasheet does not cap every stronger GPU at its share."""
+    if not {"t_roof_s", "log_compute_over_memory"} <= set(feats.columns) or not len(frame):
+        return {}
+    t_roof = feats["t_roof_s"].to_numpy(dtype=float)
+    t = frame["time_s_median"].to_numpy(dtype=float)
+    sat = np.isfinite(t_roof) & (t_roof >= SWEEP_SATURATED_S) & (t > 0)
+    if not sat.any():
+        return {}
+    side = np.where(feats["log_compute_over_memory"].to_numpy(dtype=float)[sat] >= 0, "compute", "memory")
+    table = pd.DataFrame(
+        {"device": frame["device"].astype(str).to_numpy()[sat], "side": side, "u": t_roof[sat] / t[sat]}
+    )
+    out: dict[str, dict[str, float]] = {}
+    for (device, bound), g in table.groupby(["device", "side"]):
+        if len(g) >= SWEEP_MIN_ROWS:
+            out.setdefault(str(device), {})[str(bound)] = round(float(g["u"].quantile(SUSTAINED_QUANTILE)), 4)
+    return out
+
+
+def _sustained_entry(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, Any]:
+    got = sustained_utilisation(frame, feats)
+    return {"sustained_utilisation": got} if got else {}
 
 
 def suspect_sweeps(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, str]:

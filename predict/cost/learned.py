@@ -96,11 +96,36 @@ class _Seen(NamedTuple):
     roof_s: float
     peak: float
     bw: float
+    sustained: float = 1.0
+    """The share of its datasheet roofline the device sustains on the predictor's long-running rows bound
+    by the kernel's resource (:func:`opcast.train.fit.sustained_utilisation`; 1 where not recorded)."""
 
 
 def _util(s: _Seen) -> float:
     """``s``'s utilisation of its roofline at the peak (of the kernel's bounding resource)."""
     return s.roof_s / s.time_s
+
+
+def _rel(s: _Seen) -> float:
+    """``s``'s utilisation relative to what the device sustains (:attr:`_Seen.sustained`): the resource
+    ratio rule compares these, so a power-limited training device (T4 sustains 0.49 of its FP32 peak)
+    does not cap every stronger GPU at its share of a datasheet peak it never reaches."""
+    return _util(s) / s.sustained
+
+
+def _at_rel(w: _Seen, s: _Seen) -> float:
+    """The time of ``s``'s kernel at ``w``'s utilisation relative to what each device sustains."""
+    return s.roof_s / (_rel(w) * s.sustained)
+
+
+def _sustained_note(s: _Seen, credited: float) -> str:
+    """Why a resource-ratio bound against ``s`` is not its raw utilisation, where it is not."""
+    if abs(s.sustained - credited) < 1e-9:
+        return ""
+    return (
+        f" ({_util(s):.0%} there, where it sustains {s.sustained:.0%} of its datasheet roofline; "
+        f"the training devices sustain {credited:.0%} at {'best' if credited > s.sustained else 'least'})"
+    )
 
 
 # --------------------------------------------------------------------------- implementations
@@ -247,6 +272,16 @@ class HardwareRange:
         measured = _impl_devices(entry).get(impl) if impl is not None else None
         got = self._fitted[(key, impl)] = names if measured is None else tuple(n for n in names if n in measured)
         return got
+
+    def sustained(self, key: str, device: str, resource: str) -> float:
+        """The share of its datasheet roofline training device ``device`` sustains on predictor ``key``'s
+        long-running rows bound by ``resource`` (``compute`` or ``memory``), as the fit recorded it
+        (``sustained_utilisation``, :func:`opcast.train.fit.sustained_utilisation`); 1 when not recorded."""
+        entry = self.meta.get("predictors", {}).get(key)
+        table = entry.get("sustained_utilisation") if isinstance(entry, Mapping) else None
+        sides = table.get(device) if isinstance(table, Mapping) else None
+        got = sides.get(resource) if isinstance(sides, Mapping) else None
+        return min(float(got), 1.0) if isinstance(got, (int, float)) and got >= 0.05 else 1.0
 
     def training_specs(self, key: str, impl: str | None = None) -> tuple[DeviceSpec, ...]:
         """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on (with
@@ -602,8 +637,8 @@ class LearnedKernelCost:
             lo_by: _Seen | None = None
             hi_by: _Seen | None = None
             for w in done:  # every w has at least s's roofline time: at most as much of the bounding resource
-                if shape_why and w.time_s * s.roof_s / w.roof_s > lo:
-                    lo, lo_by = w.time_s * s.roof_s / w.roof_s, w
+                if shape_why and _at_rel(w, s) > lo:
+                    lo, lo_by = _at_rel(w, s), w
                 if s.peak >= w.peak and s.bw >= w.bw and w.time_s < hi:
                     hi, hi_by = w.time_s, w
             ratio_by: _Seen | None = None
@@ -612,10 +647,10 @@ class LearnedKernelCost:
                 # the devices with less of the bounding resource, bar those hi_by itself already outruns
                 # beyond that ratio (that relation is its own data's, not one the rule creates)
                 for w in done:
-                    if hi_by.roof_s <= w.roof_s and _util(hi_by) > _util(w) * (1 + 1e-12):
+                    if hi_by.roof_s <= w.roof_s and _rel(hi_by) > _rel(w) * (1 + 1e-12):
                         continue
-                    if w.time_s * s.roof_s / w.roof_s > hi:
-                        hi, ratio_by = w.time_s * s.roof_s / w.roof_s, w
+                    if _at_rel(w, s) > hi:
+                        hi, ratio_by = _at_rel(w, s), w
             t, why = s.time_s, None
             if lo > hi:  # the training devices disagree beyond the ratio of their resources: the ratio is kept
                 t = max(lo, min(t, hi))
@@ -625,8 +660,9 @@ class LearnedKernelCost:
                 why = (
                     RATIO,
                     f"{key} on training device {s.name} at {s.roof_s / s.time_s:.0%} of its bounding resource, above "
-                    f"the {lo_by.roof_s / lo_by.time_s:.0%} it predicts on {lo_by.name}, which has less of it, for "
-                    f"a shape outside those it was fitted on ({shape_why}); held there",
+                    f"the {lo_by.roof_s / lo_by.time_s:.0%} it predicts on {lo_by.name}, which has less of it"
+                    f"{_sustained_note(lo_by, s.sustained)}, for a shape outside those it was fitted on ({shape_why}); "
+                    "held there",
                 )
                 if lo > hi and hi_by is not None:
                     why = (
@@ -647,10 +683,10 @@ class LearnedKernelCost:
                         f"{key} on training device {s.name} slower than on {hi_by.name}, which has less of both peak "
                         f"and bandwidth; lowered toward its time only as far as the resource ratio to {ratio_by.name} "
                         f"allows (at most the {_util(ratio_by):.0%} of the bounding resource it predicts there, which "
-                        "has less of it)",
+                        f"has less of it{_sustained_note(ratio_by, s.sustained)})",
                     )
             out[s.name] = (t, why)
-            done.append(_Seen(s.name, t, s.roof_s, s.peak, s.bw))
+            done.append(s._replace(time_s=t))
         return out
 
     def bound(
@@ -714,9 +750,10 @@ class LearnedKernelCost:
             seen: list[_Seen] = []
             for spec in self.range.training_specs(key, _kernel_impl(k)):
                 t_i = self._on_training[spec.name].get(k, math.nan)
-                r_i, peak_i, _ = roof(i, spec)
+                r_i, peak_i, res_i = roof(i, spec)
                 if np.isfinite(t_i) and np.isfinite(r_i) and r_i > 0:
-                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, spec.mem_bw_bytes_per_s))
+                    sus = self.range.sustained(key, spec.name, res_i)
+                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, spec.mem_bw_bytes_per_s, sus))
             if not seen:
                 continue
             on_training = self._held_training(key, seen, shapes.get(k))
@@ -725,7 +762,7 @@ class LearnedKernelCost:
                 if moved is not None and t != out[i]:
                     out[i], why[k] = t, moved
                 continue
-            seen = [_Seen(s.name, on_training[s.name][0], s.roof_s, s.peak, s.bw) for s in seen]
+            seen = [s._replace(time_s=on_training[s.name][0]) for s in seen]
             t, u = out[i], r_s / out[i]
             what = "peak" if resource == "compute" else "memory bandwidth"
             names = ", ".join(s.name for s in seen)
@@ -738,26 +775,31 @@ class LearnedKernelCost:
             uppers.append((r_s / lo, SPAN, f"at least the {lo:.0%} it predicts on its training devices ({names})"))
             # speed-ups at most the ratio of what bounds the kernel, against a training device with less
             # of it (utilisation no higher than there) and one with more (no lower than there)
+            # of the share of its datasheet each sustains (_rel): this device is credited with the best share a
+            # training device sustains against a weaker one, and the least against a stronger one
             weaker = [s for s in seen if s.roof_s >= r_s]
             stronger = [s for s in seen if s.roof_s <= r_s]
-            cap = min(weaker, key=lambda s: s.roof_s / s.time_s) if weaker else None
-            rise = max(stronger, key=lambda s: s.roof_s / s.time_s) if stronger else None
+            best, least = max(s.sustained for s in seen), min(s.sustained for s in seen)
+            cap = min(weaker, key=_rel) if weaker else None
+            rise = max(stronger, key=_rel) if stronger else None
+            u_cap = min(1.0, _rel(cap) * best) if cap is not None else math.inf
             if cap is not None:
-                u_cap = cap.roof_s / cap.time_s
                 lowers.append(
                     (
                         r_s / (u_cap * margin),
                         RATIO,
-                        f"at most the {u_cap:.0%} it predicts on {cap.name}, which has less of it",
+                        f"at most the {u_cap:.0%} it predicts on {cap.name}, which has less of it"
+                        + _sustained_note(cap, best),
                     )
                 )
-            if rise is not None and (cap is None or rise.roof_s / rise.time_s <= cap.roof_s / cap.time_s):
-                u_rise = rise.roof_s / rise.time_s
+            if rise is not None and _rel(rise) * least <= u_cap:
+                u_rise = _rel(rise) * least
                 uppers.append(
                     (
                         r_s / (u_rise / margin),
                         RATIO,
-                        f"at least the {u_rise:.0%} it predicts on {rise.name}, which has more of it",
+                        f"at least the {u_rise:.0%} it predicts on {rise.name}, which has more of it"
+                        + _sustained_note(rise, least),
                     )
                 )
             for s in seen:  # monotone in the resources
