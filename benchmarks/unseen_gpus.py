@@ -1,7 +1,8 @@
 """Leave-one-GPU-out on NeuSight's five GPUs, per estimator (issue 19).
 
     python benchmarks/unseen_gpus.py [--published ../shared/published] [--work DIR]
-        [--estimators xgb,tile-mlp,neusight,hier] [--gpus P4,T4] [--out benchmarks/results/unseen_gpus.md]
+        [--estimators xgb,tile-mlp,neusight,hier,hier+bounds,xgb+bounds] [--gpus P4,T4]
+        [--out benchmarks/results/unseen_gpus.md]
 
 NeuSight's protocol (arXiv 2407.13853; the split of ``benchmarks/train_benchmark.py`` (b)): for each
 of P4, P100, T4, V100 and A100-40GB, fit on the other four GPUs' *train* sweeps (less any shape of
@@ -16,7 +17,17 @@ NeuSight's kernel-level test does, ``Trainer.test`` passes the test rows' tiles)
 of the nearest training row (``neusight (nearest tiles)``: what its end-to-end predictor does for a
 GPU it has no profile of). ``hier`` (:mod:`opcast.train.estimators.hier`) is scored twice from one fit
 too: with its level predicted from the spec sheet (``hier``) and with the mean of the training GPUs'
-levels (``hier (mean level)``); with the oracle table, that says what each part contributes. On the
+levels (``hier (mean level)``); with the oracle table, that says what each part contributes.
+``<est>+bounds`` (``hier+bounds``, ``xgb+bounds``, ...) scores what ``opcast predict`` itself answers for the
+left-out GPU: the fold's fit written as a model set (its four training devices' specs recorded), loaded with
+:func:`opcast.predict.cost.load_kernel_cost` and asked for every test row through ``opcast predict kernels``'
+converter (:func:`opcast.predict.batch.predict_frame`), so the physical bounds of
+:meth:`opcast.predict.cost.learned.LearnedKernelCost.bound` apply. Three columns from one fit: ``<est>+bounds
+(bounds off)`` (the same model set, bounds off: the raw estimator through predict's path), ``<est>+bounds``
+(as landed: the resource-ratio rule reads each training device's recorded sustained share) and
+``<est>+bounds (datasheet ratio)`` (every predictor's ``sustained_utilisation`` removed: the rule before
+that, utilisations of datasheet rooflines compared directly); the rule that moved each row is kept beside
+them (``BOUND_RULE``) and tabulated. On the
 2-core machine the neusight fit is bounded (``NEUSIGHT_BENCH``: a smaller MLP, a larger learning
 rate, at most ``max_samples`` rows visited); the numbers say so.
 
@@ -122,6 +133,89 @@ def hier_fold(train: pd.DataFrame, test: pd.DataFrame, devices: dict) -> dict[st
     return out
 
 
+BOUNDS = "+bounds"
+"""Suffix of an estimator scored through ``opcast predict``'s physical bounds (:func:`bounds_fold`)."""
+BOUND_RULE = " [bound rule]"
+"""Suffix of the cached column naming the bound rule that moved each row of a ``+bounds`` column."""
+
+
+def _bound_variants(fitted: dict, devices: dict, train_devices: list[str], root: Path) -> dict[str, Path]:
+    """The fold's fit as two model sets under ``root``: ``landed`` (as ``opcast train fit`` writes it:
+    each predictor's ``sustained_utilisation`` recorded) and ``datasheet`` (the same files with every
+    ``sustained_utilisation`` removed and the meta digest recomputed: the resource-ratio rule before
+    the shares were recorded)."""
+    import json
+
+    from opcast.hardware import device_to_dict
+    from opcast.train import artifacts
+
+    meta = {"datasets": [], "device_specs": {d: device_to_dict(devices[d]) for d in train_devices}}
+    landed = artifacts.write_model_set(root, "landed", fitted, meta)
+    doc = json.loads((landed / "meta.json").read_text())
+    for entry in doc["predictors"].values():
+        entry.pop("sustained_utilisation", None)
+    doc["meta_sha256"] = artifacts._meta_digest(doc)
+    datasheet = root / "datasheet"
+    datasheet.mkdir()
+    for f in landed.iterdir():
+        (datasheet / f.name).write_bytes(f.read_bytes())
+    (datasheet / "meta.json").write_text(json.dumps(doc))
+    return {"landed": landed, "datasheet": datasheet}
+
+
+def bounds_fold(train: pd.DataFrame, test: pd.DataFrame, devices: dict, estimator: str) -> pd.DataFrame:
+    """Fit ``estimator`` on ``train`` exactly as its raw column does (``_cfg``), write the fit as a model
+    set and predict every ``test`` row through ``opcast predict``'s path (:func:`load_kernel_cost`,
+    :func:`opcast.predict.batch.predict_frame`): bounds off, bounds as landed, bounds with datasheet
+    ratios (:func:`_bound_variants`); beside each bounded column, the rule that moved each row."""
+    import dataclasses
+    import tempfile
+
+    from opcast.predict.batch import predict_frame
+    from opcast.predict.cost import load_kernel_cost
+    from opcast.predict.cost.query import LEARNED
+    from opcast.train.fit import fit_frame
+
+    fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, _cfg(estimator))
+    name = estimator + BOUNDS
+    cols = {f"{name} (bounds off)": None, name: "landed", f"{name} (datasheet ratio)": "datasheet"}
+    out = {col: np.full(len(test), np.nan) for col in cols}
+    rules = {col: np.full(len(test), "", dtype=object) for col, kind in cols.items() if kind}
+    names = test["device"].to_numpy(dtype=object)
+    with tempfile.TemporaryDirectory(prefix="opcast-logo-bounds-") as tmp:
+        sets = _bound_variants(fitted, devices, sorted(pd.unique(train["device"].astype(object))), Path(tmp))
+        for col, kind in cols.items():
+            for dev in pd.unique(names):
+                pos = np.flatnonzero(names == dev)
+                cost = load_kernel_cost(sets[kind or "landed"])  # one fresh model per answer: no shared caches
+                cost = dataclasses.replace(cost, physical_bounds=kind is not None)
+                rows = test.iloc[pos].reset_index(drop=True)
+                asked = _Asked(cost)
+                filled = predict_frame(rows, devices[dev], asked)
+                learned = (filled["source_pred"] == LEARNED).to_numpy()  # the raw columns have no roofline rows
+                out[col][pos[learned]] = filled["time_s_pred"].to_numpy(dtype=float)[learned]
+                if kind:
+                    moved = cost.bound_flags(devices[dev])
+                    assert len(asked.kernels) == len(rows)
+                    rules[col][pos] = [moved[k][0] if k in moved else "" for k in asked.kernels]
+    frame = pd.DataFrame(out)
+    for col, got in rules.items():
+        frame[col + BOUND_RULE] = got
+    return frame
+
+
+class _Asked:
+    """A kernel cost model that records the kernels :func:`opcast.predict.batch.predict_frame` asks it for
+    (one per row, in row order: the rows' kernels as ``opcast predict kernels`` builds them)."""
+
+    def __init__(self, cost) -> None:
+        self.cost, self.kernels = cost, []
+
+    def lookup(self, kernels, device):
+        self.kernels = list(kernels)
+        return self.cost.lookup(kernels, device)
+
+
 def run(published: Path, work: Path, estimators: list[str], gpus: list[str] | None, log) -> pd.DataFrame:
     """Predictions of every estimator on every left-out GPU's test rows (cached in ``work``)."""
     train, test, devices = load(published, work)
@@ -145,6 +239,8 @@ def run(published: Path, work: Path, estimators: list[str], gpus: list[str] | No
                     )
                 elif name == "hier":
                     got = pd.DataFrame(hier_fold(tr, te, devices))
+                elif name.endswith(BOUNDS):
+                    got = bounds_fold(tr, te, devices, name.removesuffix(BOUNDS))
                 else:
                     got = pd.DataFrame({name: _fit_predict(tr, te, devices, name)[0]})
                 got.attrs = {}
@@ -152,8 +248,50 @@ def run(published: Path, work: Path, estimators: list[str], gpus: list[str] | No
                 cache.with_suffix(".tmp").replace(cache)  # whole or absent: a stopped run resumes here
                 log(f"  {name} left out {dev}: {time.perf_counter() - t0:.0f} s")
             for col in got.columns:
-                parts.append(te[["label", "device", "time_s_median"]].assign(estimator=col, pred=got[col].to_numpy()))
+                if col.endswith(BOUND_RULE):
+                    continue
+                rule = got[col + BOUND_RULE].to_numpy(dtype=object) if col + BOUND_RULE in got else ""
+                parts.append(
+                    te[["label", "device", "time_s_median"]].assign(
+                        estimator=col, pred=got[col].to_numpy(), rule=rule, row=np.arange(len(te))
+                    )
+                )
     return pd.concat(parts, ignore_index=True)
+
+
+def bound_moves(scored: pd.DataFrame) -> pd.DataFrame | None:
+    """Per ``+bounds`` column, left-out GPU (and ``all`` of them) and op: how many test rows each bound rule
+    moved, and their MAPE before (the same fit with the bounds off) and after. None when no ``+bounds``
+    column was run."""
+    from opcast.train.evaluate import ape_metrics
+
+    def mape(g: pd.DataFrame) -> float:
+        return round(ape_metrics(g["pred"].to_numpy(), g["time_s_median"].to_numpy())["mape"], 1)
+
+    rows = []
+    for col in pd.unique(scored["estimator"]):
+        base = col.split(" (")[0]
+        if not base.endswith(BOUNDS) or col == f"{base} (bounds off)":
+            continue
+        off = scored[scored["estimator"] == f"{base} (bounds off)"].set_index(["device", "row"])
+        on = scored[scored["estimator"] == col]
+        moved = on[on["rule"] != ""]
+        pooled = moved.assign(device="all")  # every left-out GPU together
+        for (dev, label, rule), g in pd.concat([moved, pooled]).groupby(["device", "label", "rule"]):
+            before = off.loc[list(zip(on.loc[g.index, "device"], g["row"]))]
+            rows.append(
+                {
+                    "column": col,
+                    "left out": dev,
+                    "op": label,
+                    "rule": rule,
+                    "rows": len(g),
+                    "of": int((((on["device"] == dev) | (dev == "all")) & (on["label"] == label)).sum()),
+                    "MAPE off": mape(before),
+                    "MAPE on": mape(g),
+                }
+            )
+    return pd.DataFrame(rows).set_index(["column", "left out", "op", "rule"]) if rows else None
 
 
 def oracle_level(scored: pd.DataFrame) -> pd.DataFrame:
@@ -226,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         + f"\n\nwall time {time.perf_counter() - t0:.0f} s (cached folds reused); neusight fit {NEUSIGHT_BENCH}, "
         f"at most {NEUSIGHT_MAX_ROWS} rows a group\n"
     )
+    moves = bound_moves(scored)
+    if moves is not None:
+        text += (
+            "\n## Physical bounds: test rows each rule moved, and their MAPE % with the bounds off / on\n\n"
+            + moves.to_string()
+            + "\n"
+        )
     parts = hier_parts(pooled, oracle)
     if parts is not None:
         text += (
