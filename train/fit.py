@@ -669,9 +669,13 @@ op (kind, direction, dtype class and categorical parameters) on the same device 
 
 
 SUSTAINED_QUANTILE = 0.9
-"""The share of its roofline a device sustains on an op: this quantile of the utilisation of its rows of
-at least :data:`SWEEP_SATURATED_S` at the roofline (at least :data:`SWEEP_MIN_ROWS` of them), per side of
-the ridge."""
+"""The share of its roofline a device sustains on an op: this quantile of the utilisation of its
+long-running rows (at least :data:`SWEEP_MIN_ROWS` of them), per side of the ridge."""
+SUSTAINED_L2_MULTIPLE = 4.0
+"""A memory-bound row is long-running for :func:`sustained_utilisation` when it moves at least this many
+times the device's L2 (streamed from DRAM, not served by the cache; at least 40-100 us at the roofline on
+every catalog GPU, so launch latency is a small part), or when it lasts :data:`SWEEP_SATURATED_S` at the
+roofline like a compute-bound one. Norms, softmax and elementwise kernels seldom last 3 ms."""
 
 
 def sustained_utilisation(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -686,10 +690,17 @@ def sustained_utilisation(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str,
         return {}
     t_roof = feats["t_roof_s"].to_numpy(dtype=float)
     t = frame["time_s_median"].to_numpy(dtype=float)
-    sat = np.isfinite(t_roof) & (t_roof >= SWEEP_SATURATED_S) & (t > 0)
+    compute_bound = feats["log_compute_over_memory"].to_numpy(dtype=float) >= 0
+    over_l2 = (
+        feats["log_bytes_over_l2"].to_numpy(dtype=float)
+        if "log_bytes_over_l2" in feats.columns
+        else np.full(len(feats), -np.inf)
+    )
+    streamed = ~compute_bound & (over_l2 >= np.log(SUSTAINED_L2_MULTIPLE))
+    sat = np.isfinite(t_roof) & (t > 0) & ((t_roof >= SWEEP_SATURATED_S) | streamed)
     if not sat.any():
         return {}
-    side = np.where(feats["log_compute_over_memory"].to_numpy(dtype=float)[sat] >= 0, "compute", "memory")
+    side = np.where(compute_bound[sat], "compute", "memory")
     table = pd.DataFrame(
         {"device": frame["device"].astype(str).to_numpy()[sat], "side": side, "u": t_roof[sat] / t[sat]}
     )

@@ -39,7 +39,15 @@ def test_sustained_utilisation_is_a_high_quantile_of_the_long_rows_per_side():
     assert got["a"]["compute"] == pytest.approx(np.quantile(u_a, fit.SUSTAINED_QUANTILE), abs=1e-4)
     assert got["a"]["memory"] == pytest.approx(0.8) and got["b"] == {"compute": pytest.approx(0.9)}
     short = feats.assign(t_roof_s=1e-4)  # rows under SWEEP_SATURATED_S say nothing about the sustained rate
-    assert fit.sustained_utilisation(frame, short) == {}
+    assert fit.sustained_utilisation(frame.assign(time_s_median=frame["time_s_median"] * 1e-4 / 4e-3), short) == {}
+    # ... unless a memory-bound row streams several times the L2 from DRAM: a short row counts then
+    streamed = short.assign(
+        log_bytes_over_l2=np.log(fit.SUSTAINED_L2_MULTIPLE) + np.r_[np.zeros(2 * n + 5), 0.5 * np.ones(n)]
+    )
+    cached = streamed.assign(log_bytes_over_l2=np.log(fit.SUSTAINED_L2_MULTIPLE) - 0.1)
+    fast = frame.assign(time_s_median=frame["time_s_median"] * 1e-4 / 4e-3)
+    assert fit.sustained_utilisation(fast, streamed) == {"a": {"memory": pytest.approx(0.8)}}
+    assert fit.sustained_utilisation(fast, cached) == {}
 
 
 @pytest.fixture(scope="module")
