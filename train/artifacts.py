@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec
+from opcast.hardware import DeviceSpec, kernel_twin
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import (
     FEATURES,
@@ -191,6 +191,20 @@ ENTRY_FIELDS: Final[dict[str, _Field]] = {
     "rows": (False, _is_int, "an integer"),
 }
 """What :func:`check_meta` requires of each ``predictors`` entry."""
+SEEN_SUFFIX: Final = "+seen"
+"""Suffix of the group key (file stem and record) of a predictor's ``seen`` part: the estimator that
+answers for the devices the group was fitted on where ``auto`` chose another for the rest
+(:class:`opcast.train.fit.SeenSplit`)."""
+SEEN_FIELDS: Final[dict[str, _Field]] = {k: ENTRY_FIELDS[k] for k in ("file", "estimator", "features", "config")}
+"""What :func:`check_meta` requires of an entry's ``seen`` part."""
+
+
+def _parts(key: str, entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """(record group, entry) of each predictor file of group ``key``: its own, and its ``seen`` part."""
+    seen = entry.get("seen")
+    if isinstance(seen, Mapping) and "file" in seen:
+        return [(key, entry), (key + SEEN_SUFFIX, seen)]
+    return [(key, entry)]
 
 
 def _brief(value: Any) -> str:
@@ -237,6 +251,13 @@ def check_meta(meta: Any, where: str | Path = META) -> None:
                 f"knows ({', '.join(FEATURES)}); re-fit with opcast train fit"
             )
         _check_fields(entry, ENTRY_FIELDS, str(where), prefix)
+        if "seen" in entry:
+            if not isinstance(entry["seen"], dict):
+                raise OpcastError(
+                    f"{where}: {prefix}seen must be an object, got {_show(entry['seen'])}; the set is corrupt, "
+                    "restore it or re-fit with opcast train fit"
+                )
+            _check_fields(entry["seen"], SEEN_FIELDS, str(where), prefix + "seen.")
 
 
 def default_models_path() -> Path:
@@ -271,14 +292,19 @@ class ModelSet:
         except OpcastError:
             return False
 
-    def estimator(self, key: str) -> Any:
+    def estimator(self, key: str, seen: bool = False) -> Any:
         """The fitted predictor of group ``key`` (loaded on first use, by the estimator's light
-        predictor class: numpy only, no scikit-learn, xgboost or torch)."""
-        est = self._loaded.get(key)
+        predictor class: numpy only, no scikit-learn, xgboost or torch); with ``seen``, the one that
+        answers for the devices the group was fitted on, where the set holds a second one for them."""
+        part = self.predictors[key].get("seen") if seen else None
+        if seen and not isinstance(part, Mapping):
+            return self.estimator(key)
+        memo = key + SEEN_SUFFIX if seen else key
+        est = self._loaded.get(memo)
         if est is None:
             from opcast.train.estimators import predictor_class
 
-            entry = self.predictors[key]
+            entry = part if isinstance(part, Mapping) else self.predictors[key]
             cls = predictor_class(entry["estimator"])
             file = self.path / entry["file"]
             try:
@@ -291,9 +317,17 @@ class ModelSet:
                     f"{file}: cannot be loaded by {_LIB_OF_ESTIMATOR[entry['estimator']]} "
                     f"({why}); re-fit with opcast train fit"
                 ) from None
-            _check_record(getattr(est, "record_", None), key, entry, file, _record_required(self.meta))
-            self._loaded[key] = est
+            _check_record(getattr(est, "record_", None), memo, entry, file, _record_required(self.meta))
+            self._loaded[memo] = est
         return est
+
+    def answers_as_seen(self, key: str, device: DeviceSpec) -> bool:
+        """Whether group ``key``'s ``seen`` predictor answers for ``device``: the set holds one and the
+        group was fitted on that GPU (a copy of a training GPU on another network is that GPU)."""
+        entry = self.predictors.get(key) or {}
+        if not isinstance(entry.get("seen"), Mapping):
+            return False
+        return kernel_twin(device) in entry.get("devices", ())
 
     def residuals(self, key: str, device_name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
         """(device class, quantile levels, quantiles of log(measured / predicted)) of predictor
@@ -334,7 +368,7 @@ class ModelSet:
         sub_keys = keys[pos]
         for key in dict.fromkeys(sub_keys.tolist()):
             rows = np.flatnonzero(sub_keys == key)
-            out[pos[rows]] = self.estimator(key).predict_s(feats.take(rows))
+            out[pos[rows]] = self.estimator(key, self.answers_as_seen(key, device)).predict_s(feats.take(rows))
         bad = ~np.isfinite(out) | (out <= 0)
         out[bad] = np.nan
         return out
@@ -468,17 +502,18 @@ def load_model_set(path: str | Path | None = None) -> ModelSet:
                 f"{root / name}: opcast reads predictor files of type {', '.join(ARTIFACT_SUFFIXES)} only, "
                 f"not {suffix or 'without a suffix'}; re-fit with opcast train fit"
             )
-    for key, entry in meta["predictors"].items():
-        name = entry["file"]
-        if name not in files:
-            raise OpcastError(f"{meta_path}: predictor {key} names {name!r}, which has no recorded sha256; re-fit")
-        kind = key.rsplit("-", 2)[0]
-        unknown = [f for f in entry["features"] if f not in FEATURES[kind]]
-        if unknown:
-            raise OpcastError(
-                f"{root}: predictor {key} uses feature(s) {', '.join(unknown)[:200]} that this opcast does not "
-                "compute; re-fit with opcast train fit"
-            )
+    for group, whole in meta["predictors"].items():
+        for key, entry in _parts(group, whole):
+            name = entry["file"]
+            if name not in files:
+                raise OpcastError(f"{meta_path}: predictor {key} names {name!r}, which has no recorded sha256; re-fit")
+            kind = group.rsplit("-", 2)[0]
+            unknown = [f for f in entry["features"] if f not in FEATURES[kind]]
+            if unknown:
+                raise OpcastError(
+                    f"{root}: predictor {key} uses feature(s) {', '.join(unknown)[:200]} that this opcast does not "
+                    "compute; re-fit with opcast train fit"
+                )
     for name, digest in files.items():
         file = root / name
         try:
@@ -496,12 +531,13 @@ def load_model_set(path: str | Path | None = None) -> ModelSet:
                 "or re-fit with opcast train fit"
             )
     required = _record_required(meta)
-    for key, entry in meta["predictors"].items():
+    parts = [part for group, whole in meta["predictors"].items() for part in _parts(group, whole)]
+    for key, entry in parts:
         file = root / entry["file"]
         if file.suffix == ".npz":  # a .pt's record is checked when it is loaded (that needs torch)
             _check_record(_file_record(file), key, entry, file, required)
     installed = library_versions()
-    used = {_LIB_OF_ESTIMATOR[e["estimator"]] for e in meta["predictors"].values()}
+    used = {_LIB_OF_ESTIMATOR[e["estimator"]] for _, e in parts}
     for lib in sorted(used):
         fitted = meta.get("versions", {}).get(lib)
         have = installed.get(lib)
@@ -585,6 +621,19 @@ def write_model_set(
                 "features": list(est.feature_names),
                 "config": est.config(),
             }
+            seen = getattr(est, "seen", None)  # a SeenSplit: the training devices' own estimator too
+            if seen is not None:
+                stem = key + SEEN_SUFFIX
+                record = {"group": stem, "estimator": seen.name, "features": list(seen.feature_names)}
+                path = seen.save(tmp / stem, record=record)
+                files[path.name] = sha256_file(path)
+                predictors[key]["seen"] = {
+                    **entry.get("seen", {}),
+                    "file": path.name,
+                    "estimator": seen.name,
+                    "features": list(seen.feature_names),
+                    "config": seen.config(),
+                }
         body = {
             "format_version": FORMAT_VERSION,
             "name": name,
