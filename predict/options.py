@@ -147,16 +147,7 @@ def _models_rule(o: Args) -> str | None:
     return models_flag_problem(o.models, not o.roofline)
 
 
-def _cluster_rule(o: Args) -> str | None:
-    if o.cluster is not None and (o.nodes is not None or o.gpus_per_node is not None):
-        return "give either --cluster or --nodes/--gpus-per-node, not both"
-    return None
-
-
-RULES: tuple[Rule, ...] = (
-    Rule(("models", "roofline"), _models_rule),
-    Rule(("cluster", "nodes", "gpus_per_node"), _cluster_rule),
-)
+RULES: tuple[Rule, ...] = (Rule(("models", "roofline"), _models_rule),)
 """Checks across options: each applies to every command that takes all of its options."""
 
 
@@ -178,15 +169,30 @@ SET = Opt(
     "mem_bw_bytes_per_s=8e12); peak_flops=xK scales every peak. Repeat.",
     None,
 )
-NODES = Opt("nodes", "--nodes", Optional[int], "Nodes.", None, "as few as the world size needs")
-GPUS_PER_NODE = Opt("gpus_per_node", "--gpus-per-node", Optional[int], "GPUs per node.", None, "the GPU's typical node")
+NODES = Opt(
+    "nodes",
+    "--nodes",
+    Optional[int],
+    "Nodes (of a catalog --cluster: its NVLink domains).",
+    None,
+    "as few as the world size needs",
+)
+GPUS_PER_NODE = Opt(
+    "gpus_per_node",
+    "--gpus-per-node",
+    Optional[int],
+    "GPUs per node (of a catalog --cluster: used of each NVLink domain, at most the domain).",
+    None,
+    "the GPU's typical node, or a catalog --cluster's whole domain",
+)
 CLUSTER = Opt(
     "cluster",
     "--cluster",
     Optional[str],
     "NODESxGPUS (e.g. 16x8), a catalog cluster NAME or NAME:NODES (data/clusters: perlmutter, vista, dgx-a100, "
-    "dgx-h100, dgx-b200, gb200-nvl72, azure-nd-a100-v4, azure-nc-a100-v4; its GPU, links and NVLink domain), a "
-    "catalog-style cluster JSON file, or a JSON file of nodes, gpus_per_node[, gpu].",
+    "dgx-h100, dgx-b200, gb200-nvl72, azure-nd-a100-v4, azure-nc-a100-v4; its GPU, links and NVLink domain; "
+    "--nodes and --gpus-per-node take part of each domain, e.g. gb200-nvl72:2 --gpus-per-node 64 is 128 GPUs), "
+    "a catalog-style cluster JSON file, or a JSON file of nodes, gpus_per_node[, gpu].",
     None,
 )
 
@@ -461,7 +467,8 @@ EXPLORE_GPU = GPU.but(
 )
 COMPARE_CLUSTER = CLUSTER.but(
     help="NODESxGPUS (e.g. 16x8), a JSON file of nodes, gpus_per_node, or a catalog cluster NAME[:NODES] (or "
-    "catalog-style file) as the network: each of --gpus gets the cluster's links and NVLink domain (then --set)."
+    "catalog-style file) as the network: each of --gpus gets the cluster's links and NVLink domain (then --set); "
+    "--nodes and --gpus-per-node take part of each domain."
 )
 GPU_LIST = Opt(
     "gpus",
@@ -769,15 +776,24 @@ class Placement:
 def placement(o: Args, *, gpu_given: bool = True) -> Placement:
     """The :class:`Placement` of ``--gpu``, ``--nodes``, ``--gpus-per-node`` and ``--cluster`` (options a
     command lacks count as not given). A catalog cluster sets the GPU with its links and NVLink domain, so
-    ``--gpu`` beside it is refused rather than silently dropping the cluster's network; ``gpu_given=False``
-    (``opcast compare``, whose GPUs come from ``--gpus``) keeps only the cluster's network, nodes and name."""
-    from opcast.predict.parallel import ClusterChoice, parse_cluster
+    ``--gpu`` beside it is refused rather than silently dropping the cluster's network; ``--nodes`` and
+    ``--gpus-per-node`` beside it are the job's counts of its domains and of each domain's GPUs
+    (:func:`~opcast.predict.parallel.job_on_cluster`), while the other forms set both counts themselves and
+    refuse them. ``gpu_given=False`` (``opcast compare``, whose GPUs come from ``--gpus``) keeps only the
+    cluster's network, nodes and name."""
+    from opcast.hardware import get_device
+    from opcast.predict.parallel import ClusterChoice, job_on_cluster, parse_cluster
 
     gpu, nodes, per_node = getattr(o, "gpu", None), getattr(o, "nodes", None), getattr(o, "gpus_per_node", None)
     if o.cluster is None:
         return Placement(gpu, nodes, per_node)
     cluster, cluster_gpu = parse_cluster(o.cluster)
     if not isinstance(cluster, ClusterChoice):
+        if nodes is not None or per_node is not None:
+            raise OpcastError(
+                f"--cluster {o.cluster} sets the nodes and GPUs per node: give either --cluster or --nodes/"
+                "--gpus-per-node, not both (beside a catalog cluster NAME[:NODES] they count its NVLink domains)"
+            )
         if not gpu_given and cluster_gpu is not None:
             raise OpcastError(
                 f"--cluster {o.cluster} names a gpu ({cluster_gpu}); compare takes its GPUs from --gpus, "
@@ -791,6 +807,8 @@ def placement(o: Args, *, gpu_given: bool = True) -> Placement:
         )
     assert cluster_gpu is not None and cluster_gpu.endswith("]"), "a catalog cluster names GPU[links]"
     network = tuple(cluster_gpu[cluster_gpu.index("[") + 1 : -1].split(","))  # cluster_device_name's settings
+    domain_gpus = get_device(cluster_gpu).gpus_per_node
+    cluster = job_on_cluster(cluster, o.cluster, domain_gpus=domain_gpus, nodes=nodes, gpus_per_node=per_node)
     return Placement(cluster_gpu, cluster.nodes, cluster.gpus_per_node, cluster.name, network)
 
 

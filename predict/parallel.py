@@ -515,6 +515,15 @@ def resolve_cluster(
     return Cluster(nodes=nodes, gpus_per_node=gpus_per_node), []
 
 
+def _part_of_each_node(cluster: Cluster, world_needed: int) -> str:
+    """The hint for a world size over one node that whole nodes overshoot but part of each node matches
+    (128 GPUs on two 72-GPU GB200 NVL72 racks: 64 of each), else nothing."""
+    per, rest = divmod(world_needed, cluster.nodes)
+    if rest or per >= cluster.gpus_per_node or world_needed <= cluster.gpus_per_node:
+        return ""
+    return f"; to use {per} of each node's {cluster.gpus_per_node} GPUs, give --gpus-per-node {per}"
+
+
 def _degree_reasons(arch: ArchSpec, bad: set[str], **factor: int) -> list[str]:
     """The arch's reasons against each degree in ``factor`` that is itself a positive integer."""
     reasons: list[str] = []
@@ -627,6 +636,7 @@ def validate_train(
             reasons.append(
                 f"world size {world} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
                 f"tp x pp x dp x cp = {tp} x {pp} x {dp} x {cp} = {tp * pp * dp * cp}"
+                + _part_of_each_node(cluster, tp * pp * dp * cp)
             )
     if cfg.sp and tp == 1:
         reasons.append("sequence parallelism (--sp) needs tp > 1")
@@ -734,6 +744,7 @@ def validate_infer(
         reasons.append(
             f"world size {cluster.world_size} ({cluster.nodes} nodes x {cluster.gpus_per_node} GPUs) != "
             f"tp x pp = {cfg.tp} x {cfg.pp} = {cfg.tp * cfg.pp} (one model replica)"
+            + _part_of_each_node(cluster, cfg.tp * cfg.pp)
         )
     return (cluster if not reasons else None), reasons
 
@@ -747,14 +758,41 @@ _CLUSTER_KEYS = {"name": str, "nodes": int, "gpus_per_node": int, "gpu": str, "s
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ClusterChoice:
     """A ``--cluster`` naming a catalog cluster (or a catalog-style cluster file): its nodes when
-    given (``NAME:NODES``), else as few as the world size needs, of its NVLink domains."""
+    given (``NAME:NODES`` or ``--nodes``), else as few as the world size needs, of its NVLink domains
+    (:func:`job_on_cluster`)."""
 
     nodes: int | None
     """Nodes given, or None."""
     gpus_per_node: int | None = None
-    """None: the cluster's NVLink domain (the device :func:`opcast.clusters.cluster_device_name` prices)."""
+    """GPUs used of each node (``--gpus-per-node``, at most the domain); None: the cluster's whole NVLink
+    domain (the device :func:`opcast.clusters.cluster_device_name` prices)."""
     name: str
     """The catalog cluster's name."""
+
+
+def job_on_cluster(
+    choice: ClusterChoice, text: str, *, domain_gpus: int, nodes: int | None, gpus_per_node: int | None
+) -> ClusterChoice:
+    """``--cluster NAME[:NODES]`` (``text``) with ``--nodes`` and ``--gpus-per-node`` as the job's counts on
+    it: ``nodes`` of the cluster's NVLink domains (the nodes a catalog cluster is priced in, ``domain_gpus``
+    GPUs each: 72 for a GB200 NVL72 rack) and ``gpus_per_node`` GPUs of each (at most the domain: NVIDIA's
+    128-GPU GB200 runs take 64 of each of two racks). The cluster's GPU, links and domain stay, so a group
+    inside one domain runs over NVLink and one across domains over the network. Raises one line naming
+    every disagreement: a ``--nodes`` other than ``NAME:NODES``, a ``--gpus-per-node`` above the domain."""
+    problems = []
+    if nodes is not None and choice.nodes is not None and nodes != choice.nodes:
+        problems.append(
+            f"--nodes {nodes} disagrees with --cluster {text} ({choice.nodes} nodes); give the node count once, "
+            f"as --cluster {choice.name}:{nodes} or as --cluster {choice.name} --nodes {nodes}"
+        )
+    if gpus_per_node is not None and gpus_per_node > domain_gpus:
+        problems.append(
+            f"--gpus-per-node {gpus_per_node} exceeds the {domain_gpus}-GPU NVLink domain of cluster {choice.name} "
+            f"(its node); give at most {domain_gpus}, and more --nodes for more GPUs"
+        )
+    if problems:
+        raise OpcastError("; ".join(problems))
+    return replace(choice, nodes=choice.nodes if nodes is None else nodes, gpus_per_node=gpus_per_node)
 
 
 _CLUSTER_NAME = re.compile(r"\s*([A-Za-z][\w.\-]*?)(?::(\d+))?\s*")

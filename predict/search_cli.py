@@ -101,9 +101,7 @@ GPUS_OR_CLUSTER = SEARCH_GPUS.but(type=OPTIONAL_INT, default=None, default_help=
 def _where(o: Args) -> tuple[Any, Any, int]:
     """(the :class:`~opcast.predict.options.Placement` of --gpu/--gpus-per-node/--cluster, the device with
     every --set, the GPUs: --gpus, or the cluster's nodes x GPUs per node)."""
-    if o.cluster is not None and o.gpus_per_node is not None:
-        raise OpcastError("give either --cluster or --gpus-per-node, not both")
-    where = placement(o)
+    where = placement(o)  # --cluster NAME with --gpus-per-node: the GPUs of each NVLink domain it uses
     if where.gpu is None:
         raise OpcastError("--gpu is required (or a --cluster naming its gpu); see opcast hardware list")
     dev = device(where.gpu, o.set_)
