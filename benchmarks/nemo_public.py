@@ -256,9 +256,8 @@ def row_options(row: Row) -> dict[str, Any]:
 
 def placement_options(row: Row) -> dict[str, Any]:
     """``--cluster NAME`` of the row's system; where the job spans several NVLink domains that its GPUs
-    do not fill (128 or 256 GPUs of GB200 NVL72 racks of 72), the same GPU and links with
-    ``--nodes RACKS --gpus-per-node GPUS/RACKS`` instead (``--cluster NAME`` takes whole domains; the
-    model set holds no collectives learned on that cluster, so the two forms price alike)."""
+    do not fill (128 or 256 GPUs of GB200 NVL72 racks of 72), ``--cluster NAME:RACKS --gpus-per-node
+    GPUS/RACKS``: the cluster's GPU, links and collectives learned on it, on part of each rack."""
     from opcast.clusters import find_cluster
 
     name = CLUSTERS[row.system]
@@ -271,12 +270,7 @@ def placement_options(row: Row) -> dict[str, Any]:
     racks = -(-row.n_gpus // domain)
     if row.n_gpus % racks:
         raise ValueError(f"{row.row}: {row.n_gpus} GPUs do not split evenly over {racks} {name} domains")
-    per = row.n_gpus // racks
-    gpu = (
-        f"{spec.gpu}[intra_node_bw_bytes_per_s={spec.intra_node_bw_bytes_per_s:.6g},"
-        f"inter_node_bw_bytes_per_s={spec.inter_node_bw_bytes_per_s:.6g},gpus_per_node={per}]"
-    )
-    return {"gpu": gpu, "nodes": racks, "gpus_per_node": per}
+    return {"cluster": f"{name}:{racks}", "gpus_per_node": row.n_gpus // racks}
 
 
 @functools.cache
