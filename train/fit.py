@@ -752,8 +752,9 @@ def sustained_utilisation(frame: pd.DataFrame, feats: pd.DataFrame) -> dict[str,
     Power-limited parts run far below the datasheet clock: NeuSight's T4 (70 W) sustains 0.49 of its
     FP32 peak on GEMMs of 3 ms or more where V100 sustains 0.97 and A100 0.85, and
     AIConfigurator's L40S 0.52 of its bf16 peak on 8192^3 where H100 reaches 0.72. Predict's physical
-    bounds compare utilisations relative to these (:meth:`opcast.predict.cost.learned.LearnedKernelCost.bound`),
-    so a throttled training device's datasheet does not cap every stronger GPU at its share."""
+    bounds compare compute-bound utilisations relative to these
+    (:meth:`opcast.predict.cost.learned.LearnedKernelCost.bound`), so a throttled training device's datasheet
+    does not cap every stronger GPU at its share; the memory side is recorded for the reader."""
     if not {"t_roof_s", "log_compute_over_memory"} <= set(feats.columns) or not len(frame):
         return {}
     t_roof = feats["t_roof_s"].to_numpy(dtype=float)
