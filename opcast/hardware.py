@@ -514,6 +514,18 @@ NETWORK_FIELDS: Final = ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s
 _DESCRIPTIVE_FIELDS: Final = frozenset({"name", "aliases", "source", "notes"})
 
 
+MEMORY_FIELDS: Final = ("mem_bytes", "mem_bw_bytes_per_s", "tdp_w")
+"""The fields in which two boards of one compute die differ (A100-SXM4 40 GB and 80 GB: capacity,
+bandwidth and board power; SMs, clocks, peaks and L2 alike)."""
+
+
+def same_die(a: DeviceSpec, b: DeviceSpec) -> bool:
+    """Whether ``a`` and ``b`` are the same compute die (every kernel-relevant field but the memory
+    configuration and board power, :data:`MEMORY_FIELDS`, alike)."""
+    skip = _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS)
+    return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name not in skip)
+
+
 def kernel_twin(device: DeviceSpec) -> str:
     """The name ``device``'s kernels are known by: a catalog GPU that ``--cluster`` or ``--set``
     changed only in :data:`NETWORK_FIELDS` (``H100-SXM[inter_node_bw_bytes_per_s=...]``) runs its

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, kernel_twin
+from opcast.hardware import DeviceSpec, kernel_twin, same_die, spec_from_dict
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import (
     FEATURES,
@@ -279,6 +279,7 @@ class ModelSet:
         self.path = path
         self.meta = meta
         self._loaded: dict[str, Any] = {}
+        self._specs: dict[str, DeviceSpec | None] = {}
 
     @property
     def predictors(self) -> dict[str, dict[str, Any]]:
@@ -323,11 +324,27 @@ class ModelSet:
 
     def answers_as_seen(self, key: str, device: DeviceSpec) -> bool:
         """Whether group ``key``'s ``seen`` predictor answers for ``device``: the set holds one and the
-        group was fitted on that GPU (a copy of a training GPU on another network is that GPU)."""
+        group was fitted on that GPU (a copy of a training GPU on another network is that GPU) or on a
+        board of the same compute die (A100-SXM4-40GB for A100-SXM4-80GB: SMs, clocks, peaks and L2
+        alike, :func:`opcast.hardware.same_die`; its bandwidth is a feature of that predictor, and the
+        left-out-GPU score that chose the other was measured on other dies)."""
         entry = self.predictors.get(key) or {}
         if not isinstance(entry.get("seen"), Mapping):
             return False
-        return kernel_twin(device) in entry.get("devices", ())
+        devices = entry.get("devices", ())
+        return kernel_twin(device) in devices or any(
+            (spec := self._device_spec(name)) is not None and same_die(device, spec) for name in devices
+        )
+
+    def _device_spec(self, name: str) -> DeviceSpec | None:
+        """Training device ``name``'s spec as the set recorded it (None when absent or invalid)."""
+        if name not in self._specs:
+            raw = (self.meta.get("device_specs") or {}).get(name)
+            try:
+                self._specs[name] = spec_from_dict(raw, f"device_specs[{name}]") if isinstance(raw, dict) else None
+            except OpcastError:
+                self._specs[name] = None
+        return self._specs[name]
 
     def residuals(self, key: str, device_name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
         """(device class, quantile levels, quantiles of log(measured / predicted)) of predictor

@@ -108,3 +108,23 @@ def test_auto_fits_a_second_estimator_only_where_the_training_gpus_prefer_anothe
     assert [t.what for t in no_seen.final_tasks()] == [("final", "tile-mlp")]
     named = _job({"tile-mlp": (_m(16.0), {}, _m(9.0))}, estimator="tile-mlp")
     assert [t.what for t in named.final_tasks()] == [("final", "tile-mlp")]
+
+
+def test_a_board_of_a_training_gpus_die_is_answered_as_that_gpu(split):
+    import dataclasses
+
+    ms = load_model_set(split["path"])
+    base = split["devices"][0]
+    bigger = dataclasses.replace(
+        base,
+        name="fake-0-96GB",
+        aliases=(),
+        mem_bytes=2 * base.mem_bytes,
+        mem_bw_bytes_per_s=1.2 * base.mem_bw_bytes_per_s,
+    )
+    other_die = dataclasses.replace(bigger, name="fake-0-cut", sm_count=base.sm_count - 8)
+    assert ms.answers_as_seen("gemm-fwd-half", bigger)  # the same SMs, clocks, peaks and L2: that GPU's estimator
+    assert not ms.answers_as_seen("gemm-fwd-half", other_die)
+    rows = split["frame"].head(20).reset_index(drop=True)
+    feats = feature_frame(rows.assign(device=bigger.name), {bigger.name: bigger})
+    np.testing.assert_allclose(ms.predict_s(rows, bigger), split["seen"].predict_s(feats), rtol=1e-6)
