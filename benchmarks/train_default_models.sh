@@ -14,7 +14,9 @@
 # replay keeps at most AIC_ROWS rows per (system, label) -- label = gemm bf16, gemm fp8, prefill
 # bf16/fp8, decode bf16, or the collective -- by a uniform draw seeded 0 (benchmarks/modern_gpus.py
 # --replay-to ... --cap-rows, the rule its leave-one-GPU-out table is scored with).
-# The whole script took 6 min 48 s to 7 min 13 s on the shared 2-core machine (2026-12-02, idle; the fit 5-6 min).
+# The whole script took 11 min 16 s on the shared 2-core machine (2026-12-02: four left-out devices per large
+# group, and a second final fit where auto keeps a training-GPU estimator). models/default was fitted with
+# the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 published="${1:-$repo/../shared/published}"
