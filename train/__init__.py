@@ -9,7 +9,9 @@
 - :mod:`.estimators`: ``xgb`` (boosted trees on log(time / roofline)) and ``tile-mlp``
   (NeuSight's tiles-in-waves model with an MLP utilisation bounded by the roofline).
 - :mod:`.fit`: one predictor per group; held-out folds leave out a whole device and a fifth of
-  the shapes; ``auto`` keeps the estimator with the lower held-out median APE.
+  the shapes; ``auto`` keeps the estimator with the lower held-out median APE on the left-out devices, and
+  where another is better on held-out shapes of the training devices, that one too, for those devices
+  and boards of their compute die (:class:`~.fit.SeenSplit`).
 - :mod:`.artifacts`: ``MODELS_DIR/<name>/`` (one file per predictor + meta.json with hashes and
   versions), :func:`~.artifacts.load_model_set` and :class:`~.artifacts.ModelSet` for predict.
 - :mod:`.evaluate`: MAPE, median / p90 absolute percentage error and share within 10 %.

@@ -25,7 +25,8 @@ def fit(
         typer.Option(
             help="xgb, tile-mlp, neusight (NeuSight's tile-level baseline), hier (device level from "
             "the spec sheet + xgb shape model), or auto (xgb, tile-mlp or hier per op group, by error on "
-            "left-out devices)."
+            "left-out devices; where another is better on held-out shapes of the training devices, that one "
+            "answers for them)."
         ),
     ] = "auto",
     holdout_device: Annotated[
