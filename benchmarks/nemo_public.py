@@ -55,14 +55,15 @@ import argparse
 import csv
 import dataclasses
 import functools
-import inspect
-import shlex
 import statistics
 import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mosaicml import cli_command, train_command_options  # one rendering of predict train's options
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_PATH = Path(__file__).with_name("nemo_public.csv")
@@ -271,34 +272,6 @@ def placement_options(row: Row) -> dict[str, Any]:
     if row.n_gpus % racks:
         raise ValueError(f"{row.row}: {row.n_gpus} GPUs do not split evenly over {racks} {name} domains")
     return {"cluster": f"{name}:{racks}", "gpus_per_node": row.n_gpus // racks}
-
-
-@functools.cache
-def train_command_options() -> dict[str, Any]:
-    """``opcast predict train``'s options: name -> (its Opt, its default), from the command's signature."""
-    from opcast.predict import cli, options
-
-    declared = {v.name: v for v in vars(options).values() if isinstance(v, options.Opt)}
-    declared.update({o.name: o for o in options.TRAIN})
-    params = inspect.signature(cli.train_cmd).parameters
-    return {name: (declared.get(name), p.default) for name, p in params.items()}
-
-
-def cli_command(values: dict[str, Any]) -> str:
-    """The ``opcast predict train`` command line of ``values`` (:func:`row_options`)."""
-    opts = train_command_options()
-    words = ["opcast", "predict", "train"]
-    for name, value in values.items():
-        opt, default = opts[name]
-        if opt is None:
-            raise ValueError(f"--{name} is not an option of this opcast's predict train")
-        flag, _, negative = opt.flags.partition("/")
-        if isinstance(value, bool):
-            if value != default:
-                words.append(flag if value else negative)
-        else:
-            words += [flag, str(value)]
-    return shlex.join(words)
 
 
 # --------------------------------------------------------------------------- prediction
