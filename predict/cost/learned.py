@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import kernel_twin
+from opcast.hardware import kernel_twin, same_die
 from opcast.ops import KERNEL_IMPLS, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
@@ -725,6 +725,12 @@ class LearnedKernelCost:
         held: list[int] = []
         wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
         twin = kernel_twin(device)  # a training GPU placed on another network is still that GPU
+        same_die_names = {
+            spec.name
+            for key in dict.fromkeys(keys)
+            for spec in self.range.training_specs(key)
+            if spec.name != twin and same_die(device, spec)
+        }
         adapted = self.adaptation(device) is not None  # measured there: its correction, not the bounds, rules
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]) or adapted:
@@ -783,6 +789,19 @@ class LearnedKernelCost:
             # training device sustains against a weaker one, and the least against a stronger one
             weaker = [s for s in seen if s.roof_s >= r_s]
             stronger = [s for s in seen if s.roof_s <= r_s]
+            # on a compute-bound kernel, a bigger board of a training GPU's compute die (A100-PCIe-80GB of
+            # A100-PCIe-40GB: the same SMs and peak, more bandwidth) takes its utilisation cap from that GPU alone,
+            # not from another architecture (P4's held A100-PCIe-80GB's 8192^3 FP32 GEMM at 65 % of the peak,
+            # below the 85 % A100-PCIe-40GB reaches); memory-bound kernels differ between the boards by design
+            board_of = [
+                s
+                for s in weaker
+                if resource == "compute"
+                and s.name in same_die_names
+                and peak >= s.peak
+                and device.mem_bw_bytes_per_s >= s.bw
+            ]
+            weaker = board_of or weaker
             best, least = max(s.sustained for s in seen), min(s.sustained for s in seen)
             cap = min(weaker, key=_rel) if weaker else None
             rise = max(stronger, key=_rel) if stronger else None

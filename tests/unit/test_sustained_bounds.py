@@ -104,3 +104,38 @@ def test_a_throttled_training_gpu_does_not_cap_a_stronger_one_at_its_share(world
     t_strong = np.array([new.time_s(k, world["strong"])[0] for k in BIG_GEMMS])
     assert np.all(t_new <= t_strong * (1 + 1e-12))
     assert np.all(t_new <= t_raw * 1.02)  # the model's own answer, bar the training span's edge
+
+
+def test_a_bigger_board_of_a_training_die_takes_its_compute_cap_from_that_gpu_alone(world, tmp_path):
+    """Where the throttled GPU's share is not recorded, its raw utilisation caps a stronger GPU of another die;
+    a board of the strong GPU's die with more memory and bandwidth is held to the strong GPU's utilisation."""
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for f in world["recorded"].iterdir():
+        (partial / f.name).write_bytes(f.read_bytes())
+    meta = json.loads((partial / "meta.json").read_text())
+    del meta["predictors"]["gemm-fwd-half"]["sustained_utilisation"][world["throttled"].name]
+    meta["meta_sha256"] = artifacts._meta_digest(meta)
+    (partial / "meta.json").write_text(json.dumps(meta))
+    strong = world["strong"]
+    board = dataclasses.replace(
+        strong,
+        name="fake-1-big",
+        aliases=(),
+        mem_bytes=2 * strong.mem_bytes,
+        mem_bw_bytes_per_s=1.5 * strong.mem_bw_bytes_per_s,
+    )
+    other_die = dataclasses.replace(board, name="fake-1-cut", sm_count=strong.sm_count - 8)
+    cost = load_kernel_cost(partial)
+    gemms = [kernel("gemm", {"b": 1, "m": m, "n": n, "k": k}, "fp16") for m, n, k in MEDIUM]
+    assert all(peak_roofline_s(k, d)[1] == "compute" for k in gemms for d in (board, world["throttled"]))
+    u = {
+        d.name: np.array([peak_roofline_s(k, d)[0] / cost.time_s(k, d)[0] for k in gemms])
+        for d in (world["throttled"], strong, board, other_die)
+    }
+    assert np.all(u[other_die.name] <= u[world["throttled"].name] * (1 + 1e-9))  # capped by the throttled GPU
+    assert np.all(u[board.name] > u[world["throttled"].name] * 1.3)  # the board of the strong GPU's die is not
+    assert np.all(u[board.name] <= u[strong.name] * (1 + 1e-9))
+
+
+MEDIUM = [(2001, 2099, 1003), (1005, 3901, 2097), (2103, 1001, 1903)]  # unaligned, like the fitted shapes
