@@ -99,6 +99,8 @@ class _Seen(NamedTuple):
     sustained: float = 1.0
     """The share of its datasheet roofline the device sustains on the predictor's long-running rows bound
     by the kernel's resource (:func:`opcast.train.fit.sustained_utilisation`; 1 where not recorded)."""
+    resource: str = ""
+    """The resource that bounds the kernel on the device (``compute`` or ``memory``; empty: not known)."""
 
 
 def _util(s: _Seen) -> float:
@@ -763,7 +765,7 @@ class LearnedKernelCost:
                     # 0.34-0.40 of GH200's and A100's bandwidth), which the datasheet ratio is meant to hold:
                     # normalised there, H100-B200 ran 1.2-2.6x their ratio past A100 (kernel_sanity, issue 21)
                     sus = self.range.sustained(key, spec.name, res_i) if res_i == "compute" else 1.0
-                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, spec.mem_bw_bytes_per_s, sus))
+                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, spec.mem_bw_bytes_per_s, sus, res_i))
             if not seen:
                 continue
             on_training = self._held_training(key, seen, shapes.get(k))
@@ -787,8 +789,12 @@ class LearnedKernelCost:
             # of it (utilisation no higher than there) and one with more (no lower than there)
             # of the share of its datasheet each sustains (_rel): this device is credited with the best share a
             # training device sustains against a weaker one, and the least against a stronger one
-            weaker = [s for s in seen if s.roof_s >= r_s]
-            stronger = [s for s in seen if s.roof_s <= r_s]
+            # against training devices where the same resource bounds the kernel: a utilisation of the memory
+            # there says nothing of one of the peak here (NeuSight's bmm rows compute-bound on A100 and
+            # memory-bound on P4, ridge 12.5 vs 28.6 FLOP/byte, were held at P4's share of its bandwidth)
+            alike = [s for s in seen if s.resource in ("", resource)]
+            weaker = [s for s in alike if s.roof_s >= r_s]
+            stronger = [s for s in alike if s.roof_s <= r_s]
             # on a compute-bound kernel, a bigger board of a training GPU's compute die (A100-PCIe-80GB of
             # A100-PCIe-40GB: the same SMs and peak, more bandwidth) takes its utilisation cap from that GPU alone,
             # not from another architecture (P4's held A100-PCIe-80GB's 8192^3 FP32 GEMM at 65 % of the peak,
