@@ -130,7 +130,7 @@ def test_search_serve_prices_prefix_cache_hits_as_predict_serve_does(tmp_path):
         ([*SERVE, "--slo-ttft-s", "0.0001"], "no deployment of llama3-8b on up to 4 x H100-SXM meets TTFT p90"),
         ([*SERVE, *SLOS, "--arch", "llama3-405b"], "do not fit .*does not fit in memory"),
         ([*SERVE, *SLOS, "--cluster", "2x8", "--gpus", "32"], "--gpus 32 exceeds the 16 GPUs of --cluster 2x8"),
-        ([*SERVE, *SLOS, "--cluster", "2x8", "--gpus-per-node", "8"], "give either --cluster or --nodes/--gpus-per-node"),
+        ([*SERVE, *SLOS, "--cluster", "2x8", "--gpus-per-node", "8"], "or --nodes/--gpus-per-node, not both"),
         (["search", "serve", "--arch", "llama3-8b", "--gpu", "H100-SXM", *STREAM, *SLOS], "--gpus is required"),
         (["search", "trian", *TRAIN], "No such command 'trian'"),
         ([*SERVE, *SLOS, "--prefix-cache-hit", "2"], "--prefix-cache-hit 2.0 must be a fraction"),
