@@ -139,3 +139,16 @@ def attention_columns(batch: int, heads: int, kv_heads: int, seq_q: int, seq_kv:
         "causal": np.array([True]),
         "impl": np.array(["flash"], dtype=object),
     }
+
+
+def die_variants(base: DeviceSpec, bw_factor: float) -> tuple[DeviceSpec, DeviceSpec]:
+    """(a bigger board of ``base``'s compute die: twice the memory, ``bw_factor`` x the bandwidth; the same
+    board with 8 fewer SMs, another die)."""
+    board = replace(
+        base,
+        name=f"{base.name}-big",
+        aliases=(),
+        mem_bytes=2 * base.mem_bytes,
+        mem_bw_bytes_per_s=bw_factor * base.mem_bw_bytes_per_s,
+    )
+    return board, replace(board, name=f"{base.name}-cut", sm_count=base.sm_count - 8)

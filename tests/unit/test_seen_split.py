@@ -15,7 +15,7 @@ from opcast.train import artifacts, fit
 from opcast.train.artifacts import SEEN_SUFFIX, load_model_set, write_model_set
 from opcast.train.fit import feature_frame
 
-from helpers.synthetic import fake_devices, synthetic_dataset
+from helpers.synthetic import die_variants, fake_devices, synthetic_dataset
 
 
 @pytest.fixture(scope="module")
@@ -111,18 +111,8 @@ def test_auto_fits_a_second_estimator_only_where_the_training_gpus_prefer_anothe
 
 
 def test_a_board_of_a_training_gpus_die_is_answered_as_that_gpu(split):
-    import dataclasses
-
     ms = load_model_set(split["path"])
-    base = split["devices"][0]
-    bigger = dataclasses.replace(
-        base,
-        name="fake-0-96GB",
-        aliases=(),
-        mem_bytes=2 * base.mem_bytes,
-        mem_bw_bytes_per_s=1.2 * base.mem_bw_bytes_per_s,
-    )
-    other_die = dataclasses.replace(bigger, name="fake-0-cut", sm_count=base.sm_count - 8)
+    bigger, other_die = die_variants(split["devices"][0], 1.2)
     assert ms.answers_as_seen("gemm-fwd-half", bigger)  # the same SMs, clocks, peaks and L2: that GPU's estimator
     assert not ms.answers_as_seen("gemm-fwd-half", other_die)
     rows = split["frame"].head(20).reset_index(drop=True)

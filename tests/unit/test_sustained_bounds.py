@@ -118,14 +118,7 @@ def test_a_bigger_board_of_a_training_die_takes_its_compute_cap_from_that_gpu_al
     meta["meta_sha256"] = artifacts._meta_digest(meta)
     (partial / "meta.json").write_text(json.dumps(meta))
     strong = world["strong"]
-    board = dataclasses.replace(
-        strong,
-        name="fake-1-big",
-        aliases=(),
-        mem_bytes=2 * strong.mem_bytes,
-        mem_bw_bytes_per_s=1.5 * strong.mem_bw_bytes_per_s,
-    )
-    other_die = dataclasses.replace(board, name="fake-1-cut", sm_count=strong.sm_count - 8)
+    board, other_die = synthetic.die_variants(strong, 1.5)
     cost = load_kernel_cost(partial)
     gemms = [kernel("gemm", {"b": 1, "m": m, "n": n, "k": k}, "fp16") for m, n, k in MEDIUM]
     assert all(peak_roofline_s(k, d)[1] == "compute" for k in gemms for d in (board, world["throttled"]))
