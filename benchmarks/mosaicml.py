@@ -496,7 +496,7 @@ def hand_written(path: Path) -> list[str]:
     """The hand-written section of the report already at ``path`` (from :data:`READING` to the next
     ``## `` heading), so that rewriting the generated tables keeps it; none if absent."""
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return []
     start = next((i for i, line in enumerate(lines) if line.startswith(READING)), None)

@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mosaicml import cli_command, train_command_options  # one rendering of predict train's options
+from mosaicml import cli_command, hand_written, train_command_options  # shared with the MosaicML report
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_PATH = Path(__file__).with_name("nemo_public.csv")
@@ -437,22 +437,6 @@ def summary_table(rows: list[Row], preds: dict[str, Prediction]) -> list[str]:
             cells = "- | - | -"
         lines.append(f"| {key} | {len(errs)} | {cells} | {refused.get(key, 0)} |")
     return lines
-
-
-READING = "## Reading"
-
-
-def hand_written(path: Path) -> list[str]:
-    """The report's hand-written section (from :data:`READING` to the next ``## `` heading), kept on rewrite."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
-    start = next((i for i, line in enumerate(lines) if line.startswith(READING)), None)
-    if start is None:
-        return []
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    return [*lines[start:end], ""]
 
 
 def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, models: str | None, keep: list[str]) -> str:

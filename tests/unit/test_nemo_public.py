@@ -4,7 +4,6 @@ train`` options, and one prediction through the library and the console script."
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import shlex
 import subprocess
@@ -13,17 +12,15 @@ from pathlib import Path
 
 import pytest
 
+from helpers.scripts import load_script
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "nemo_public.py"
 
 
 @pytest.fixture(scope="module")
 def nemo():
-    spec = importlib.util.spec_from_file_location("nemo_public", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["nemo_public"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="module")
