@@ -25,6 +25,7 @@ where present and required from format 2 on.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -88,6 +89,19 @@ def library_versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[lib] = None
     return out
+
+
+def parse_device_specs(meta: Mapping[str, Any]) -> tuple[dict[str, DeviceSpec], list[str]]:
+    """(name -> spec of every valid entry of a set's ``device_specs``, the names of the invalid ones)."""
+    raw = meta.get("device_specs")
+    specs: dict[str, DeviceSpec] = {}
+    invalid: list[str] = []
+    for name, spec in raw.items() if isinstance(raw, Mapping) else ():
+        try:
+            specs[str(name)] = spec_from_dict(spec, f"device_specs[{name}] of the model set")
+        except OpcastError:
+            invalid.append(str(name))
+    return specs, invalid
 
 
 def _meta_digest(meta: Mapping[str, Any]) -> str:
@@ -279,7 +293,7 @@ class ModelSet:
         self.path = path
         self.meta = meta
         self._loaded: dict[str, Any] = {}
-        self._specs: dict[str, DeviceSpec | None] = {}
+        self._as_seen: dict[tuple[str, DeviceSpec], bool] = {}
 
     @property
     def predictors(self) -> dict[str, dict[str, Any]]:
@@ -327,24 +341,22 @@ class ModelSet:
         group was fitted on that GPU (a copy of a training GPU on another network is that GPU) or on a
         board of the same compute die (A100-SXM4-40GB for A100-SXM4-80GB: SMs, clocks, peaks and L2
         alike, :func:`opcast.hardware.same_die`; its bandwidth is a feature of that predictor, and the
-        left-out-GPU score that chose the other was measured on other dies)."""
-        entry = self.predictors.get(key) or {}
-        if not isinstance(entry.get("seen"), Mapping):
-            return False
-        devices = entry.get("devices", ())
-        return kernel_twin(device) in devices or any(
-            (spec := self._device_spec(name)) is not None and same_die(device, spec) for name in devices
-        )
+        left-out-GPU score that chose the other was measured on other dies). Memoised per device."""
+        memo = (key, device)
+        got = self._as_seen.get(memo)
+        if got is None:
+            entry = self.predictors.get(key) or {}
+            devices = entry.get("devices", ()) if isinstance(entry.get("seen"), Mapping) else ()
+            specs = self.device_specs
+            got = self._as_seen[memo] = kernel_twin(device) in devices or any(
+                name in specs and same_die(device, specs[name]) for name in devices
+            )
+        return got
 
-    def _device_spec(self, name: str) -> DeviceSpec | None:
-        """Training device ``name``'s spec as the set recorded it (None when absent or invalid)."""
-        if name not in self._specs:
-            raw = (self.meta.get("device_specs") or {}).get(name)
-            try:
-                self._specs[name] = spec_from_dict(raw, f"device_specs[{name}]") if isinstance(raw, dict) else None
-            except OpcastError:
-                self._specs[name] = None
-        return self._specs[name]
+    @functools.cached_property
+    def device_specs(self) -> dict[str, DeviceSpec]:
+        """The training devices' specs the set recorded (``device_specs``), the invalid ones left out."""
+        return parse_device_specs(self.meta)[0]
 
     def residuals(self, key: str, device_name: str) -> tuple[str, np.ndarray, np.ndarray] | None:
         """(device class, quantile levels, quantiles of log(measured / predicted)) of predictor

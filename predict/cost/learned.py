@@ -239,19 +239,17 @@ class HardwareRange:
         self.meta = meta or {}
         self.notes: list[str] = []
         self._specs: dict[str, DeviceSpec] = {}
+        self._same_die: dict[DeviceSpec, frozenset[str]] = {}
         self._reasons: dict[tuple[Any, ...], str | None] = {}
         self._fitted: dict[tuple[str, str | None], tuple[str, ...]] = {}
-        specs = self.meta.get("device_specs")
-        if not isinstance(specs, Mapping):
+        if not isinstance(self.meta.get("device_specs"), Mapping):
             self.notes.append("the model set records no device_specs: learned predictions are not range-checked")
             return
-        from opcast.hardware import spec_from_dict
+        from opcast.train.artifacts import parse_device_specs
 
-        for name, raw in specs.items():
-            try:
-                self._specs[str(name)] = spec_from_dict(raw, f"device_specs[{name}] of the model set")
-            except OpcastError:
-                self.notes.append(f"device spec {name} of the model set is invalid: its range is not checked")
+        self._specs, invalid = parse_device_specs(self.meta)
+        for name in invalid:
+            self.notes.append(f"device spec {name} of the model set is invalid: its range is not checked")
         predictors = self.meta.get("predictors", {})
         if predictors and not any("feature_ranges" in e for e in predictors.values() if isinstance(e, Mapping)):
             self.notes.append(
@@ -284,6 +282,14 @@ class HardwareRange:
         sides = table.get(device) if isinstance(table, Mapping) else None
         got = sides.get(resource) if isinstance(sides, Mapping) else None
         return min(float(got), 1.0) if isinstance(got, (int, float)) and got >= 0.05 else 1.0
+
+    def same_die_as(self, device: DeviceSpec) -> frozenset[str]:
+        """Names of the set's training devices of ``device``'s compute die (:func:`opcast.hardware.same_die`),
+        memoised per device."""
+        got = self._same_die.get(device)
+        if got is None:
+            got = self._same_die[device] = frozenset(n for n, s in self._specs.items() if same_die(device, s))
+        return got
 
     def training_specs(self, key: str, impl: str | None = None) -> tuple[DeviceSpec, ...]:
         """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on (with
@@ -727,12 +733,7 @@ class LearnedKernelCost:
         held: list[int] = []
         wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
         twin = kernel_twin(device)  # a training GPU placed on another network is still that GPU
-        same_die_names = {
-            spec.name
-            for key in dict.fromkeys(keys)
-            for spec in self.range.training_specs(key)
-            if spec.name != twin and same_die(device, spec)
-        }
+        same_die_names = self.range.same_die_as(device) - {twin}
         adapted = self.adaptation(device) is not None  # measured there: its correction, not the bounds, rules
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]) or adapted:
