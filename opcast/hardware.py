@@ -522,7 +522,11 @@ bandwidth and board power; SMs, clocks, peaks and L2 alike)."""
 def same_die(a: DeviceSpec, b: DeviceSpec) -> bool:
     """Whether ``a`` and ``b`` are the same compute die (every kernel-relevant field but the memory
     configuration and board power, :data:`MEMORY_FIELDS`, alike)."""
-    skip = _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS)
+    return _alike(a, b, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS))
+
+
+def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> bool:
+    """Whether ``a`` and ``b`` agree in every field not in ``skip``."""
     return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name not in skip)
 
 
@@ -537,12 +541,7 @@ def kernel_twin(device: DeviceSpec) -> str:
         base = get_device(base_name)
     except OpcastError:
         return device.name
-    same = all(
-        getattr(device, f.name) == getattr(base, f.name)
-        for f in fields(device)
-        if f.name not in _DESCRIPTIVE_FIELDS and f.name not in NETWORK_FIELDS
-    )
-    return base.name if same else device.name
+    return base.name if _alike(device, base, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS)) else device.name
 
 
 def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> DeviceSpec:
