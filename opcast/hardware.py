@@ -24,7 +24,7 @@ import difflib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
 from pathlib import Path
@@ -523,6 +523,15 @@ def same_die(a: DeviceSpec, b: DeviceSpec) -> bool:
     """Whether ``a`` and ``b`` are the same compute die (every kernel-relevant field but the memory
     configuration and board power, :data:`MEMORY_FIELDS`, alike)."""
     return _alike(a, b, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS))
+
+
+def answers_as_trained(device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec]) -> bool:
+    """Whether a predictor fitted on the devices named ``trained`` (their specs in ``specs``) answers for
+    ``device`` as for one of them: ``device`` is one (a copy on another network included,
+    :func:`kernel_twin`) or a board of one's compute die (:func:`same_die`: A100-SXM4-40GB for
+    A100-SXM4-80GB). The one rule of a model set's training-GPU routing and of the in-memory fit's."""
+    names = tuple(trained)
+    return kernel_twin(device) in names or any(n in specs and same_die(device, specs[n]) for n in names)
 
 
 def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> bool:

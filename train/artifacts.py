@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, kernel_twin, same_die, spec_from_dict
+from opcast.hardware import DeviceSpec, answers_as_trained, spec_from_dict
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import (
     FEATURES,
@@ -347,10 +347,7 @@ class ModelSet:
         if got is None:
             entry = self.predictors.get(key) or {}
             devices = entry.get("devices", ()) if isinstance(entry.get("seen"), Mapping) else ()
-            specs = self.device_specs
-            got = self._as_seen[memo] = kernel_twin(device) in devices or any(
-                name in specs and same_die(device, specs[name]) for name in devices
-            )
+            got = self._as_seen[memo] = answers_as_trained(device, devices, self.device_specs)
         return got
 
     @functools.cached_property

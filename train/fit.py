@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, device_to_dict, get_device, spec_from_dict
+from opcast.hardware import DeviceSpec, answers_as_trained, device_to_dict, get_device, spec_from_dict
 from opcast.ops import get_op, op_kinds
 from opcast.train.collectives import custom_backend
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
@@ -398,17 +398,22 @@ class SeenSplit:
     GPU on gemm-fwd-half (median 16.2 % vs xgb 18.9) while xgb is the better on the GPUs it has data of:
     one estimator had to give up one of the two."""
 
-    def __init__(self, unseen: Estimator, seen: Estimator, devices: Sequence[str]) -> None:
+    def __init__(
+        self, unseen: Estimator, seen: Estimator, devices: Sequence[str], specs: Mapping[str, DeviceSpec] | None = None
+    ) -> None:
         self.unseen, self.seen, self.devices = unseen, seen, tuple(devices)
+        self.specs: dict[str, DeviceSpec] = dict(specs or {})
+        """The training devices' specs (:func:`fit_frame` fills them): a board of one's die answers as it."""
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("unseen", "seen", "devices"):  # not set yet (unpickling): no recursion
+        if name in ("unseen", "seen", "devices", "specs"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.unseen, name)
 
-    def for_device(self, name: str) -> Estimator:
-        """The estimator that answers for device ``name``."""
-        return self.seen if name in self.devices else self.unseen
+    def for_device(self, device: DeviceSpec) -> Estimator:
+        """The estimator that answers for ``device``: ``seen`` for a training device or a board of one's
+        die (:func:`opcast.hardware.answers_as_trained`, the written model set's rule), else ``unseen``."""
+        return self.seen if answers_as_trained(device, self.devices, self.specs) else self.unseen
 
 
 @dataclass(kw_only=True, slots=True)
@@ -928,6 +933,8 @@ def fit_frame(
             skipped[key] = got
             continue
         est, seconds = got
+        if isinstance(est, SeenSplit):
+            est.specs = {d: devices[d] for d in est.devices if d in devices}
         entry = jobs[key].entry(est, seconds)
         entry["fit_seconds"] = round(jobs[key].seconds, 2)
         fitted[key] = (est, entry)
@@ -1030,6 +1037,6 @@ def _predict_fitted(
             pos = np.flatnonzero(keys == key)
             est = fitted[key][0]
             if isinstance(est, SeenSplit):
-                est = est.for_device(device.name)
+                est = est.for_device(device)
             out[pos] = est.predict_s(feats.iloc[pos])
     return out

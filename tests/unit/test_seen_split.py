@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from opcast.errors import OpcastError
@@ -118,3 +119,30 @@ def test_a_board_of_a_training_gpus_die_is_answered_as_that_gpu(split):
     rows = split["frame"].head(20).reset_index(drop=True)
     feats = feature_frame(rows.assign(device=bigger.name), {bigger.name: bigger})
     np.testing.assert_allclose(ms.predict_s(rows, bigger), split["seen"].predict_s(feats), rtol=1e-6)
+    # the benchmarks' in-memory path routes by the same rule once the split knows its devices' specs
+    specs = {d.name: d for d in split["devices"][:2]}
+    both = fit.SeenSplit(split["unseen"], split["seen"], split["both"].devices, specs)
+    for dev, want in ((bigger, split["seen"]), (other_die, split["unseen"])):
+        feats = feature_frame(rows.assign(device=dev.name), {dev.name: dev})
+        got = fit._predict_fitted({"gemm-fwd-half": (both, {})}, rows, dev)
+        np.testing.assert_allclose(got, want.predict_s(feats), rtol=1e-6)
+
+
+def test_fit_frame_gives_a_split_its_training_devices_specs(monkeypatch):
+    devs = fake_devices(2)
+    frame = synthetic_dataset(devs, ops=("gemm",), rows_per_op=60, seed=5)
+    real = fit._GroupFit.estimator
+
+    def split_always(job):  # force the two-estimator outcome whatever the scores say
+        est = real(job)
+        return est if isinstance(est, fit.SeenSplit) else fit.SeenSplit(est, est, pd.unique(job.devices).tolist())
+
+    monkeypatch.setattr(fit._GroupFit, "estimator", split_always)
+    monkeypatch.setattr(  # no scores behind the forced split: a bare entry
+        fit._GroupFit, "entry", lambda job, est, s: {"rows": len(job.y), "devices": [], "held_out": None, "why": ""}
+    )
+    fitted, _, _ = fit.fit_frame(
+        frame, {d.name: d for d in devs}, fit.FitConfig(estimator="xgb", folds=0, xgb_params={"n_estimators": 5})
+    )
+    est = fitted["gemm-fwd-half"][0]
+    assert isinstance(est, fit.SeenSplit) and est.specs == {d.name: d for d in devs}
