@@ -3,7 +3,7 @@
 A :class:`DeviceSpec` is one accelerator as the cost model sees it: dense peak FLOP/s per
 precision, memory size and bandwidth, SM/CU layout, L2, clock and the links a GPU of a typical
 node has (intra-node NVLink/xGMI/PCIe, inter-node NIC), all in SI units (FLOP/s, bytes, bytes/s,
-Hz, W). Catalog files are strict JSON (every key required but ``notes``, no unknown keys) checked
+Hz, W). Catalog files are strict JSON (every key required but ``notes`` and ``peak_fp4_flops``, no unknown keys) checked
 by :func:`spec_from_dict`; their numbers come from the vendors' datasheets, cited in ``source``
 with the reasoning in ``notes``. Conventions (also in every file's notes): peaks are *dense*
 (datasheet 2:4-sparsity figures halved), link bandwidths are per GPU and *one direction*
@@ -34,9 +34,12 @@ from opcast.errors import OpcastError
 from opcast.paths import data_path
 
 Vendor = Literal["nvidia", "amd", "intel", "cpu"]
-PeakDtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8"]
+PeakDtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp4"]
 PEAK_DTYPES: tuple[str, ...] = get_args(PeakDtype)
 """Precisions with a peak field (``peak_<dtype>_flops``) in a :class:`DeviceSpec`."""
+BLOCK_SCALED_PEAK: Final[dict[str, str]] = {"fp8_block": "fp8", "nvfp4": "fp4"}
+"""The peak each block-scaled kernel dtype (:data:`opcast.dtypes.BLOCK_SCALED_DTYPES`) runs at: block-scaled
+fp8 on the fp8 tensor cores at the fp8 rate, nvfp4 at the fp4 one."""
 MmaFamily = Literal["mma.sync", "wgmma", "tcgen05"]
 MMA_FAMILIES: tuple[str, ...] = get_args(MmaFamily)
 """NVIDIA tensor-core instruction families, oldest first (:attr:`DeviceSpec.mma_family`)."""
@@ -76,6 +79,9 @@ class DeviceSpec:
     """Dense tensor/matrix-core BF16, FLOP/s; None where absent."""
     peak_fp8_flops: float | None
     """Dense tensor/matrix-core FP8, FLOP/s; None where absent."""
+    peak_fp4_flops: float | None = None
+    """Dense tensor/matrix-core FP4 (e2m1 with block scales: NVFP4 and MXFP4 on Blackwell, MXFP4 on
+    CDNA 4), FLOP/s; None where absent. Optional in a catalog file (null when not given)."""
     mem_bytes: int
     """Device memory, bytes."""
     mem_bw_bytes_per_s: float
@@ -109,7 +115,8 @@ class DeviceSpec:
             raise OpcastError(f"device {label}: " + "; ".join(problems))
 
     def supports(self, dtype: str) -> bool:
-        """Whether the device has a peak for ``dtype`` (fp32 always; others when not null)."""
+        """Whether the device has a peak for ``dtype`` (fp32 always; others when not null), a
+        block-scaled kernel dtype by its :data:`BLOCK_SCALED_PEAK`."""
         return getattr(self, f"peak_{_check_dtype(dtype)}_flops") is not None
 
     def supported_dtypes(self) -> tuple[str, ...]:
@@ -125,12 +132,15 @@ class DeviceSpec:
         return their own peak. With ``tensor_cores=False`` (CUDA-core / vector work) every
         precision returns ``peak_fp32_flops``, the only vector rate the catalog stores. A CPU
         spec ignores the flag: its measured peaks already are vector rates. An unsupported
-        precision (null peak) raises :class:`OpcastError` in both modes.
+        precision (null peak) raises :class:`OpcastError` in both modes. A block-scaled kernel
+        dtype runs at its :data:`BLOCK_SCALED_PEAK`: ``fp8_block`` the fp8 peak, ``nvfp4`` the fp4 one.
         """
-        dtype = _check_dtype(dtype)
+        name, dtype = dtype, _check_dtype(dtype)
         peak = getattr(self, f"peak_{dtype}_flops")
+        if peak is None and name == "nvfp4":
+            raise OpcastError(f"{self.name} has no fp4 tensor cores for nvfp4; use fp8 (or bf16) on it")
         if peak is None:
-            raise OpcastError(f"{self.name} has no {dtype} peak; use one of {', '.join(self.supported_dtypes())}")
+            raise OpcastError(f"{self.name} has no {name} peak; use one of {', '.join(self.supported_dtypes())}")
         if self.vendor == "cpu":
             return peak
         if not tensor_cores:
@@ -200,6 +210,7 @@ _RULES: dict[str, tuple[_Kind, bool]] = {  # key -> (kind, null allowed)
     "peak_fp16_flops": ("flops", True),
     "peak_bf16_flops": ("flops", True),
     "peak_fp8_flops": ("flops", True),
+    "peak_fp4_flops": ("flops", True),
     "mem_bytes": ("pos_int", False),
     "mem_bw_bytes_per_s": ("pos_float", False),
     "sm_count": ("pos_int", False),
@@ -213,7 +224,7 @@ _RULES: dict[str, tuple[_Kind, bool]] = {  # key -> (kind, null allowed)
     "source": ("name", False),
     "notes": ("text", False),
 }
-_OPTIONAL = frozenset({"notes"})
+_OPTIONAL = frozenset({"notes", "peak_fp4_flops"})
 _NULLABLE = [k for k, (_, nullable) in _RULES.items() if nullable]
 
 
@@ -263,8 +274,10 @@ def _check_value(key: str, value: Any) -> str | None:
 
 
 def _check_dtype(dtype: str) -> str:
+    """The peak (a :data:`PEAK_DTYPES` name) ``dtype`` runs at."""
+    dtype = BLOCK_SCALED_PEAK.get(dtype, dtype)
     if dtype not in PEAK_DTYPES:
-        raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(PEAK_DTYPES)}")
+        raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join((*PEAK_DTYPES, *BLOCK_SCALED_PEAK))}")
     return dtype
 
 
@@ -299,9 +312,12 @@ def spec_from_dict(data: Any, origin: str) -> DeviceSpec:
 
 
 def device_to_dict(spec: DeviceSpec) -> dict[str, Any]:
-    """The JSON-serialisable mapping of ``spec``, with the same keys as the catalog files."""
+    """The JSON-serialisable mapping of ``spec``, with the same keys as the catalog files (the optional
+    ``peak_fp4_flops`` only where the device has one, as in the catalog)."""
     out = {f.name: getattr(spec, f.name) for f in fields(spec)}
     out["aliases"] = list(spec.aliases)
+    if out["peak_fp4_flops"] is None:
+        del out["peak_fp4_flops"]
     return out
 
 
@@ -563,7 +579,7 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
     if not parsed:
         return base
     touched: dict[str, str] = {}
-    values = device_to_dict(base)
+    values = {**device_to_dict(base), "peak_fp4_flops": base.peak_fp4_flops}
     changes: list[str] = []
     for s in parsed:
         keys = s.fields()

@@ -72,8 +72,9 @@ class Param:
     parameter without invalidating older datasets and callers."""
 
 
-Formula = Callable[[Params, int], float]
-"""A cost formula of (validated params, bytes per element of the dtype)."""
+Formula = Callable[[Params, float], float]
+"""A cost formula of (validated params, bytes per element of the dtype: fractional for the
+block-scaled dtypes, :func:`opcast.dtypes.element_bytes`)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -115,11 +116,11 @@ class OpSpec:
             return (Direction.FWD,)
         return (Direction.FWD, Direction.BWD)
 
-    def flops(self, params: Params, direction: str = "fwd", dtype_bytes: int = 2) -> float:
+    def flops(self, params: Params, direction: str = "fwd", dtype_bytes: float = 2) -> float:
         """FLOPs of one call in ``direction``."""
         return float(self._formula(direction, self.flops_fwd, self.flops_bwd)(params, dtype_bytes))
 
-    def bytes_moved(self, params: Params, dtype_bytes: int, direction: str = "fwd") -> float:
+    def bytes_moved(self, params: Params, dtype_bytes: float, direction: str = "fwd") -> float:
         """Compulsory bytes moved by one call in ``direction`` with ``dtype_bytes`` per element."""
         return float(self._formula(direction, self.bytes_fwd, self.bytes_bwd)(params, dtype_bytes))
 
@@ -305,7 +306,7 @@ def param_types() -> dict[str, type]:
     return out
 
 
-def arithmetic_intensity(kind: str, params: Params, dtype_bytes: int, direction: str = "fwd") -> float:
+def arithmetic_intensity(kind: str, params: Params, dtype_bytes: float, direction: str = "fwd") -> float:
     """FLOPs per byte moved (0 for ops that do no arithmetic)."""
     spec = get_op(kind)
     moved = spec.bytes_moved(params, dtype_bytes, direction)
@@ -327,11 +328,11 @@ def _f(x: float) -> float:
     return x if getattr(x, "ndim", 0) else float(x)
 
 
-def _gemm_flops(p: Params, _: int) -> float:
+def _gemm_flops(p: Params, _: float) -> float:
     return 2.0 * _i(p, "b") * _i(p, "m") * _i(p, "n") * _i(p, "k")
 
 
-def _gemm_bytes(p: Params, dt: int) -> float:
+def _gemm_bytes(p: Params, dt: float) -> float:
     b, m, n, k = _i(p, "b"), _i(p, "m"), _i(p, "n"), _i(p, "k")
     return _f(dt * b * (m * k + k * n + m * n))
 
@@ -384,35 +385,35 @@ def _attention_pairs(p: Params) -> float:
     return _f(sq * (skv - sq) + sq * (sq + 1) / 2)
 
 
-def _attention_flops_fwd(p: Params, _: int) -> float:
+def _attention_flops_fwd(p: Params, _: float) -> float:
     # Two GEMMs (S = Q K^T and O = P V), 2*d FLOPs per pair each: 4*d per pair.
     return 4.0 * _i(p, "batch") * _i(p, "heads") * _i(p, "head_dim") * _attention_pairs(p)
 
 
-def _attention_flops_bwd(p: Params, dt: int) -> float:
+def _attention_flops_bwd(p: Params, dt: float) -> float:
     # FlashAttention-2 (Dao 2023, arXiv 2307.08691, Sec. 3.2): five GEMMs in backward (S recomputed,
     # dV, dP, dQ, dK) against two forward, 2.5x; eager keeps P and runs four, 2x.
     return (2.0 if p["impl"] == "eager" else 2.5) * _attention_flops_fwd(p, dt)
 
 
-def _attention_io(p: Params, dt: int, q_like: int, kv_like: int) -> float:
+def _attention_io(p: Params, dt: float, q_like: int, kv_like: int) -> float:
     b, h, kvh, d = _i(p, "batch"), _i(p, "heads"), _i(p, "kv_heads"), _i(p, "head_dim")
     sq, skv = _i(p, "seq_q"), _i(p, "seq_kv")
     return _f(dt * (q_like * b * h * sq * d + kv_like * b * kvh * skv * d) + 4 * b * h * sq)  # + fp32 logsumexp
 
 
-def _attention_scores_bytes(p: Params, dt: int) -> float:
+def _attention_scores_bytes(p: Params, dt: float) -> float:
     return _f(dt * _i(p, "batch") * _i(p, "heads") * _i(p, "seq_q") * _i(p, "seq_kv"))
 
 
-def _attention_bytes_fwd(p: Params, dt: int) -> float:
+def _attention_bytes_fwd(p: Params, dt: float) -> float:
     io = _attention_io(p, dt, q_like=2, kv_like=2)  # read Q, K, V; write O
     if p["impl"] == "eager":  # write S, read S, write P, read P
         io += 4 * _attention_scores_bytes(p, dt)
     return io
 
 
-def _attention_bytes_bwd(p: Params, dt: int) -> float:
+def _attention_bytes_bwd(p: Params, dt: float) -> float:
     io = _attention_io(p, dt, q_like=4, kv_like=4)  # read Q, O, dO, K, V; write dQ, dK, dV
     if p["impl"] == "eager":  # read P, write dP, read dP, write dS, read dS (twice: dQ and dK)
         io += 6 * _attention_scores_bytes(p, dt)
@@ -618,12 +619,12 @@ def _ew(p: Params) -> ElementwiseFn:
     return ELEMENTWISE_FNS[str(p["fn"])]
 
 
-def _ew_bwd_flops(p: Params, dt: int) -> float:
+def _ew_bwd_flops(p: Params, dt: float) -> float:
     bwd = _ew(p).bwd
     return _f(bwd[2] * _i(p, "numel")) if bwd else 0.0
 
 
-def _ew_bwd_bytes(p: Params, dt: int) -> float:
+def _ew_bwd_bytes(p: Params, dt: float) -> float:
     fn = _ew(p)
     if fn.bwd is None:
         return 0.0
@@ -699,7 +700,7 @@ register(
 ROPE_IMPLS: Final = KERNEL_IMPLS
 
 
-def _rope_bytes(p: Params, dt: int) -> float:
+def _rope_bytes(p: Params, dt: float) -> float:
     """Fused: read x, cos, sin, write y. Unfused (x*cos + cat(-x2, x1)*sin as torch ops): x*cos
     reads x and cos, writes t1; the neg and cat read half and all of x and write half and all of
     it; the multiply by sin reads and writes one more x-sized tensor, the add two in one out:
@@ -794,7 +795,7 @@ _COLLECTIVE_DOCS: Final = {
 }
 
 
-def _reduction_flops(p: Params, dt: int) -> float:
+def _reduction_flops(p: Params, dt: float) -> float:
     n = _i(p, "world_size")
     return (n - 1) / n * _i(p, "bytes") / dt
 

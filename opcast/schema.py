@@ -43,7 +43,7 @@ PROVENANCE_COLUMNS: Final = (
 )
 OP_COLUMNS: Final = (
     ("op", pa.string(), True, "op kind (opcast.ops registry)"),
-    ("dtype", pa.string(), True, "fp32 | tf32 | fp16 | bf16 | fp8"),
+    ("dtype", pa.string(), True, "fp32 | tf32 | fp16 | bf16 | fp8 | fp8_block | nvfp4"),
     ("direction", pa.string(), True, "fwd | bwd"),
     ("tensor_cores", pa.bool_(), False, "tensor cores allowed (false: FP32 on CUDA cores)"),
     ("point_id", pa.string(), True, "hash of (op, params, dtype, direction, tensor_cores): the resume key"),

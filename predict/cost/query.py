@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from opcast.dtypes import dtype_bytes
+from opcast.dtypes import element_bytes
 from opcast.errors import OpcastError
 from opcast.ops import get_op, uses_tensor_cores
 
@@ -34,7 +34,7 @@ class Kernel:
     params: tuple[tuple[str, int | bool | str], ...]
     """Shape parameters as (name, value) pairs in the registry's canonical order."""
     dtype: str
-    """fp32 | tf32 | fp16 | bf16 | fp8."""
+    """fp32 | tf32 | fp16 | bf16 | fp8 | fp8_block | nvfp4."""
     direction: str = "fwd"
     """fwd | bwd."""
     tensor_cores: bool = False
@@ -45,10 +45,10 @@ class Kernel:
         return dict(self.params)
 
     def flops(self) -> float:
-        return get_op(self.kind).flops(self.param_dict, self.direction, dtype_bytes(self.dtype))
+        return get_op(self.kind).flops(self.param_dict, self.direction, element_bytes(self.dtype))
 
     def bytes_moved(self) -> float:
-        return get_op(self.kind).bytes_moved(self.param_dict, dtype_bytes(self.dtype), self.direction)
+        return get_op(self.kind).bytes_moved(self.param_dict, element_bytes(self.dtype), self.direction)
 
 
 def kernel(
@@ -80,7 +80,7 @@ def validated_kernel(
     spec = get_op(kind)
     if spec.collective:
         raise OpcastError(f"{kind} is a collective; cost it with opcast.predict.comm")
-    dtype_bytes(dtype)
+    element_bytes(dtype)
     clean = spec.validate(params, direction)
     return kernel(spec.kind.value, clean, dtype, direction, tensor_cores)
 
