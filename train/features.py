@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.collectives_law import alpha_beta_time_s
-from opcast.dtypes import DTYPE_BYTES
+from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BITS, DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import MMA_FAMILIES, DeviceSpec
 from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
@@ -94,7 +94,7 @@ GDDR L40S and RTX PRO 6000) says how much an L2-resident KV cache gains over the
 MMA_FEATURES: Final = ("mma_sync", "mma_wgmma", "mma_tcgen05")
 """One-hot tensor-core instruction family of the device (:attr:`DeviceSpec.mma_family`:
 warp-level ``mma.sync``, Hopper's warpgroup ``wgmma``, datacenter Blackwell's ``tcgen05``), read
-by the half and fp8 rows of :data:`MATRIX_KINDS`: the family decides the kernel generation
+by the half, fp8 and block-scaled (fp8b, fp4) rows of :data:`MATRIX_KINDS`: the family decides the kernel generation
 (CUTLASS 2.x / FlashAttention-2 on mma.sync, CUTLASS 3.x / FlashAttention-3 on wgmma, the sm100
 kernels on tcgen05), and with it the share of the peak a GPU sustains. It tells apart the GPUs
 the other specs place near a sibling of another family (the sm_120 RTX PRO 6000 is a Blackwell
@@ -248,18 +248,31 @@ def _flags(cols: Columns, n: int) -> np.ndarray:
 # --------------------------------------------------------------------------- groups
 
 
+DTYPE_CLASSES: Final[dict[str, str]] = {
+    "fp16": "half",
+    "bf16": "half",
+    "fp8": "fp8",
+    "fp8_block": "fp8b",
+    "nvfp4": "fp4",
+}
+"""The class (predictor group suffix) of every dtype but fp32/tf32, whose class depends on the tensor cores."""
+
+ELEMENT_BYTES: Final[dict[str, float]] = {name: bits / 8.0 for name, bits in DTYPE_BITS.items()}
+"""The ``dtype_bytes`` feature: bytes per element of every dtype, block scales included (nvfp4 0.5625)."""
+
+
 def dtype_class(op: str, dtype: str, tensor_cores: object = None) -> str:
     """``fp32`` (CUDA cores), ``tf32`` (fp32 on tensor cores), ``half`` (fp16 and bf16: same
-    element size, same tensor-core rate on every GPU that has both) or ``fp8``; a missing
-    ``tensor_cores`` (None, NaN) takes the default of :func:`uses_tensor_cores`."""
-    if dtype in ("fp16", "bf16"):
-        return "half"
-    if dtype == "fp8":
-        return "fp8"
+    element size, same tensor-core rate on every GPU that has both), ``fp8`` (per-tensor scaled),
+    ``fp8b`` (block-scaled fp8: its own kernels, DeepGEMM / Cutlass / MXFP8, at the fp8 peak) or
+    ``fp4`` (nvfp4, at the fp4 peak); a missing ``tensor_cores`` (None, NaN) takes the default of
+    :func:`uses_tensor_cores`."""
+    if dtype in DTYPE_CLASSES:
+        return DTYPE_CLASSES[dtype]
     if dtype in ("fp32", "tf32"):
         use = uses_tensor_cores(op, dtype, None if _is_na(tensor_cores) else bool(tensor_cores))
         return "tf32" if use else "fp32"
-    raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPE_BYTES)}")
+    raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
 
 
 def group_key(op: str, direction: str, dclass: str) -> str:
@@ -525,8 +538,8 @@ def _formulas(
         params.update(zip(cats, cat_vals))
         try:
             with np.errstate(all="ignore"):
-                f = np.asarray(pair[0](params, int(dt)), dtype=float)
-                b = np.asarray(pair[1](params, int(dt)), dtype=float)
+                f = np.asarray(pair[0](params, float(dt)), dtype=float)
+                b = np.asarray(pair[1](params, float(dt)), dtype=float)
             f_u[pos], b_u[pos] = np.broadcast_to(f, pos.shape), np.broadcast_to(b, pos.shape)
             continue
         except (KeyError, TypeError, ValueError, ZeroDivisionError):
@@ -534,7 +547,7 @@ def _formulas(
         for j in pos:
             row = {name: first[name][j] for name in (*ints, *cats)}
             with contextlib.suppress(KeyError, TypeError, ValueError, ZeroDivisionError):
-                f_u[j], b_u[j] = pair[0](row, int(dt)), pair[1](row, int(dt))
+                f_u[j], b_u[j] = pair[0](row, float(dt)), pair[1](row, float(dt))
     return f_u, b_u
 
 
@@ -550,7 +563,7 @@ def _work(rows: Any, sms: int) -> dict[str, np.ndarray]:
     traffic = np.full(n, np.nan)
     fill = np.full(n, np.nan)
     ops = cols["op"].astype(object)
-    dt_all = _mapped(cols["dtype"], DTYPE_BYTES)
+    dt_all = _mapped(cols["dtype"], ELEMENT_BYTES)
     for kind in _unique(ops.tolist()):
         spec = get_op(str(kind))
         names = spec.param_names
@@ -702,7 +715,7 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
         log_t_roof_s=_log(t_roof),
         log_compute_over_memory=_log(t_compute) - _log(t_memory),
         log_bytes_over_l2=_log(moved) - _log(max(device.l2_bytes, 1)),
-        dtype_bytes=_mapped(cols["dtype"], DTYPE_BYTES),
+        dtype_bytes=_mapped(cols["dtype"], ELEMENT_BYTES),
         tensor_cores=tcs,
         log_tiles=_log(tiles),
         log_waves=_log(waves),
@@ -727,8 +740,8 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
     out["log_t_roof_cycles"] = out["log_t_roof_s"] + log_clock
     out["log_tile_t_roof_cycles"] = out["log_tile_t_roof_s"] + log_clock
     out["log_dram_bytes_per_sm_cycle"] = np.full(n, np.log(bw / (sms * device.boost_clock_hz)))
-    # The tensor-core instruction family (MMA_FEATURES), on the half and fp8 tensor-core rows only.
-    low_precision = (tcs > 0) & np.isin(cols["dtype"].astype(object), ("fp16", "bf16", "fp8"))
+    # The tensor-core instruction family (MMA_FEATURES), on the half, fp8 and block-scaled tensor-core rows only.
+    low_precision = (tcs > 0) & np.isin(cols["dtype"].astype(object), ("fp16", "bf16", "fp8", *BLOCK_SCALED_DTYPES))
     family = device.mma_family
     for name, fam in zip(MMA_FEATURES, MMA_FAMILIES):
         out[name] = np.where(low_precision, float(family == fam), np.nan)
