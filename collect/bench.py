@@ -29,7 +29,7 @@ from opcast.collect.local_device import describe_local
 from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, make_plan
 from opcast.collect.signals import StopSignals
 from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
-from opcast.dtypes import DTYPES
+from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BYTES, DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 
@@ -167,6 +167,12 @@ def resolve_device(device: str, local_rank: int):
 
 def check_dtypes(dtypes: tuple[str, ...], device) -> None:
     """Refuse precisions the device lacks, naming the fix."""
+    for dtype in dtypes:
+        if dtype in BLOCK_SCALED_DTYPES:
+            raise OpcastError(
+                f"dtype {dtype} is replay-only for now (opcast collect replay aiconfigurator); "
+                f"collect bench measures {', '.join(DTYPE_BYTES)}: drop --dtype {dtype}"
+            )
     import torch
 
     for dtype in dtypes:

@@ -1,5 +1,5 @@
 """NVIDIA AIConfigurator's measured kernel database (PyPI ``aiconfigurator-core``, Apache-2.0;
-source ai-dynamo/aiconfigurator): bf16/fp8 GEMMs, prefill and decode attention and NCCL
+source ai-dynamo/aiconfigurator): bf16/fp8/block-scaled fp8/nvfp4 GEMMs, prefill and decode attention and NCCL
 collectives measured on ten systems.
 
 Layout read (``ROOT`` = the package's ``systems/data`` folder; the package folder or its
@@ -19,10 +19,13 @@ Tables converted (all forward, one measurement per row):
 ``gemm/gemm_perf``
     ``gemm`` b=1, m, n, k (``x = [m, k]`` times the ``[n, k]`` weight of a ``Linear(k, n)``,
     collector/trtllm/collect_gemm.py). dtype: ``bfloat16`` -> bf16, ``fp8`` (per-tensor scaled
-    e4m3, bf16 output) -> fp8. Skipped with reasons: ``fp8_block`` (1x128 / 128x128 block
-    scales, DeepGEMM-style kernels: a different kernel from per-tensor fp8, and opcast has no
-    dtype for it), ``nvfp4`` (no fp4 dtype), ``int8_wo`` / ``int4_wo`` / ``sq`` (integer
-    weight-only and SmoothQuant GEMMs). The latency is the mean per call of a CUDA-graph loop that
+    e4m3, bf16 output) -> fp8, ``fp8_block`` (e4m3 with block scales: DeepSeek-style 1x128 /
+    128x128 fp32 scales on Hopper, DeepGEMM / Cutlass / FlashInfer block-scaled kernels on
+    Blackwell; another kernel than per-tensor fp8, so its own dtype and predictor group) ->
+    fp8_block, ``nvfp4`` (e2m1 with an E4M3 scale per 16 elements; B200, GB200, B300, GB300,
+    RTX PRO 6000) -> nvfp4. Skipped with reasons: ``int8_wo`` / ``int4_wo`` / ``sq`` (integer
+    weight-only and SmoothQuant GEMMs), a block-scaled row of a device without the peak it runs
+    at (nvfp4 where ``peak_fp4_flops`` is null). The latency is the mean per call of a CUDA-graph loop that
     cycles distinct weight copies past the L2 cache.
 ``attention/context_attention_perf``
     Prefill: ``attention`` batch=batch_size, heads=num_heads, kv_heads=num_key_value_heads,
@@ -124,6 +127,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from opcast.collect.replay.common import MalformedFile, ReplayResult
+from opcast.dtypes import BLOCK_SCALED_DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.ops import bus_factor
@@ -191,11 +195,8 @@ one-token prefills on Blackwell: lanes of one file) stays in: that is the kernel
 TIMING_KERNEL: Final = "replay:aiconfigurator:mean"
 TIMING_NCCL: Final = "replay:aiconfigurator:nccl-tests-avg"
 
-GEMM_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8"}
+GEMM_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 GEMM_SKIPPED: Final = {
-    "fp8_block": "gemm fp8_block: block-scaled fp8 (DeepGEMM-style 1x128/128x128 scales) is another kernel than "
-    "per-tensor fp8; opcast has no dtype for it",
-    "nvfp4": "gemm nvfp4: opcast has no fp4 dtype",
     "int8_wo": "gemm int8_wo: integer weight-only GEMM, no opcast dtype",
     "int4_wo": "gemm int4_wo: integer weight-only GEMM, no opcast dtype",
     "sq": "gemm sq: SmoothQuant int8 GEMM, no opcast dtype",
@@ -353,6 +354,8 @@ def replay(
         if frame.empty:
             continue
         _check_device(path, frame, device)
+        if kind == "gemm":
+            frame = _skip_unsupported(frame, device, result)
         meta = read_meta(path.parent / "collection_meta.yaml")
         frame = frame.assign(
             device=device,
@@ -428,6 +431,16 @@ def _gemm(path: Path, result: ReplayResult) -> pd.DataFrame:
     return frame.assign(
         op="gemm", b=1, m=frame["m"].astype("int64"), n=frame["n"].astype("int64"), k=frame["k"].astype("int64")
     )
+
+
+def _skip_unsupported(frame: pd.DataFrame, device: str, result: ReplayResult) -> pd.DataFrame:
+    """Drop (counted) the block-scaled GEMM rows of a device without the peak they run at (an nvfp4
+    row on a part with no fp4 tensor cores): their features would have no peak to normalise by."""
+    spec = get_device(device)
+    dtypes = frame["dtype"].astype(str)
+    lacking = dtypes.isin(list(BLOCK_SCALED_DTYPES)) & ~dtypes.map(spec.supports).astype(bool)
+    reasons = dtypes.map(lambda d: f"gemm {d}: {device} has no peak for it")
+    return _skip_by(frame, lacking, reasons, result)
 
 
 def _attention(path: Path, phase: str, result: ReplayResult) -> pd.DataFrame:

@@ -31,14 +31,16 @@ Tables and the dtype their rows take (the file name says which aiter GEMM it tun
     per-channel weight scales, bf16 output)
     fp8 where ``q_dtype_w`` is ``torch.float8_e4m3fn`` / ``torch.float8_e4m3fnuz``; int8 rows and
     rows of tables without ``q_dtype_w`` (int8 or fp8 not stated) are skipped with reasons.
-``*blockscale*``
-    Skipped (:data:`BLOCKSCALE`): block-scaled fp8 (1x128 activation, 128x128 weight scales, as in
-    DeepSeek-V3) is another kernel family than per-token fp8 — over the 233 shapes both were
-    tuned on gfx950 in aiter of 2026-08, the block-scaled time is 1.47x the per-token one
-    (median, range 0.76-2.6x), slower even than bf16 (1.09x) — and opcast has no dtype for it
-    (the AIConfigurator replay skips ``fp8_block`` the same way).
-Every other family (``a4w4``, ``a6w6``, ``a8w4``, mxfp8, ...: fp4/fp6/int4 operands) is skipped
-with ``"aiter <family>: no opcast dtype"``.
+``*blockscale*`` (``gemm_a8w8_blockscale``)
+    fp8_block: block-scaled fp8 (1x128 activation, 128x128 weight scales, as in DeepSeek-V3, the
+    kind of the AIConfigurator replay's ``fp8_block`` rows on Hopper) is another kernel family than
+    per-token fp8 — over the 233 shapes both were tuned on gfx950 in aiter of 2026-08, the
+    block-scaled time is 1.47x the per-token one (median, range 0.76-2.6x), slower even than bf16
+    (1.09x) — so it takes its own dtype and predictor group, not fp8's.
+The fp4 families (``a4w4``, ``mxfp4``, ``fp4``: e2m1 operands with one E8M0 scale per 32, OCP
+MXFP4) are skipped with :data:`MXFP4`: they are not NVFP4 (an E4M3 scale per 16 and a tensor
+scale), opcast's only 4-bit dtype. Every other family (``a6w6``, ``a8w4``, mxfp8, ...: fp6/int4
+operands) is skipped with ``"aiter <family>: no opcast dtype"``.
 
 The same (device, b, m, n, k, dtype) tuned in several tables or model configs keeps its fastest
 row (what a deployment that loads the tuned table gets); the others are counted with
@@ -74,10 +76,8 @@ BF16_DTYPES: Final = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
 FP8_WEIGHTS: Final = frozenset({"torch.float8_e4m3fn", "torch.float8_e4m3fnuz"})
 
 NOT_GEMM: Final = "aiter table without gfx, cu_num, M, N, K, us (untuned shape list, fused MoE or another op)"
-BLOCKSCALE: Final = (
-    "aiter block-scaled fp8 (1x128/128x128 scales): another kernel family than per-token fp8 (1.47x its time on "
-    "gfx950), opcast has no dtype for it"
-)
+FP4_FAMILIES: Final = ("a4w4", "mxfp4", "fp4")
+MXFP4: Final = "aiter {family}: MXFP4 operands (1x32 E8M0 scales), not NVFP4 (1x16 E4M3 scales); no opcast dtype"
 INT8: Final = "aiter a8w8 int8: opcast has no int8 dtype"
 A8W8_UNSTATED: Final = "aiter a8w8 table without q_dtype_w: int8 or fp8 not stated"
 NOT_A_TIME: Final = "aiter us not a positive finite time (no kernel ran for the shape)"
@@ -177,9 +177,9 @@ def _convert(
     """Keep ``row`` in ``best`` (the fastest per shape), or return the reason it is skipped."""
     if fam is None:
         return f"aiter table {path.name}: not a GEMM family opcast maps"
-    if fam == "blockscale":
-        return BLOCKSCALE
-    if fam != "bf16" and fam != "a8w8":
+    if fam in FP4_FAMILIES:
+        return MXFP4.format(family=fam)
+    if fam not in ("bf16", "a8w8", "blockscale"):
         return f"aiter {fam}: no opcast dtype"
     gfx, cu = row["gfx"], _whole(path, line, row, "cu_num")
     device = devices.get((gfx, cu))
@@ -193,6 +193,8 @@ def _convert(
             return OUT_DTYPE
         if row.get("scaleab", "False") == "True":
             return SCALED
+    elif fam == "blockscale":
+        dtype = "fp8_block"
     else:
         q_dtype = row.get("q_dtype_w")
         if q_dtype is None or q_dtype == "":

@@ -38,17 +38,22 @@ def _expected(tables: pd.DataFrame) -> pd.DataFrame:
     gemm = tables.dropna(subset=["gfx", "m", "n", "k", "us"])
     bf16 = gemm.file.str.contains("bf16") & (gemm.outdtype.fillna("x") == gemm.dtype.fillna("x"))
     fp8 = gemm.file.str.contains("a8w8") & gemm.q_dtype_w.fillna("").str.startswith("torch.float8")
+    block = gemm.file.str.contains("a8w8_blockscale")
     chip = list(zip(gemm.gfx, gemm.cu_num))
     keep = (
-        (bf16 | fp8)
-        & ~gemm.file.str.contains("blockscale")
+        (bf16 | fp8 | block)
+        & ~gemm.file.str.contains("a4w4")
         & pd.Series([c in {("gfx942", "304"), ("gfx950", "256")} for c in chip], index=gemm.index)
         & (gemm.bias.fillna("False") == "False")
         & (gemm.us.astype(float).between(1e-9, 1e12))
     )
     kept = gemm[keep].assign(
         b=lambda f: f.b.fillna("1").astype(int),
-        dtype=lambda f: f.dtype.fillna("torch.bfloat16").where(~f.file.str.contains("a8w8"), "fp8"),
+        dtype=lambda f: (
+            f.dtype.fillna("torch.bfloat16")
+            .where(~f.file.str.contains("a8w8"), "fp8")
+            .where(~f.file.str.contains("blockscale"), "fp8_block")
+        ),
         us=lambda f: f.us.astype(float),
     )
     return kept.sort_values("us").drop_duplicates(["gfx", "cu_num", "b", "m", "n", "k", "dtype"])
@@ -58,11 +63,15 @@ def test_rows_and_skips_match_independent_counts() -> None:
     result = aiter.replay(ROOT)
     tables = _tables()
     expected = _expected(tables)
-    assert len(result.rows) == len(expected) == 9
+    assert len(result.rows) == len(expected) == 11
     assert sum(result.skipped.values()) + len(result.rows) == len(tables) == 25
     assert result.files == 9
     assert result.skipped[aiter.NOT_GEMM] == int(tables.gfx.isna().sum()) == 4
-    assert result.skipped[aiter.BLOCKSCALE] == 2 and result.skipped["aiter a4w4: no opcast dtype"] == 1
+    assert result.skipped[aiter.MXFP4.format(family="a4w4")] == 1
+    assert sorted((r["m"], r["device"]) for r in result.rows if r["dtype"] == "fp8_block") == [
+        (16, "MI300X"),
+        (1024, "MI355X"),
+    ]
     assert result.skipped[aiter.SLOWER] == 2  # the two shapes both tables tuned on gfx950
     assert result.skipped[aiter.INT8] == 1 and result.skipped[aiter.A8W8_UNSTATED] == 1
     assert result.skipped[aiter.OUT_DTYPE] == result.skipped[aiter.BIAS] == result.skipped[aiter.NOT_A_TIME] == 1
@@ -78,9 +87,11 @@ def test_devices_dtypes_units_and_provenance() -> None:
     assert set(zip(rows.device, rows.dtype)) == {
         ("MI300X", "bf16"),
         ("MI300X", "fp8"),
+        ("MI300X", "fp8_block"),
         ("MI355X", "bf16"),
         ("MI355X", "fp16"),
         ("MI355X", "fp8"),
+        ("MI355X", "fp8_block"),
     }
     fast = rows[(rows.m == 2048) & (rows.n == 6144) & (rows.k == 2048)].iloc[0]
     assert fast["time_s_median"] == pytest.approx(50.0e-6)  # the model config's 50 us beats 58.75 us
@@ -93,7 +104,7 @@ def test_devices_dtypes_units_and_provenance() -> None:
     assert rows.tensor_cores.all() and set(rows.direction) == {"fwd"} and rows.n_reps.isna().all()
     assert set(rows.timing_method) == {aiter.TIMING_METHOD}
     for row in rows.itertuples():  # every time is physical: under the dtype's dense peak
-        peak = getattr(get_device(row.device), f"peak_{row.dtype}_flops")
+        peak = get_device(row.device).peak_flops(row.dtype)
         assert 2 * row.b * row.m * row.n * row.k / row.time_s_median <= peak, row
 
 
@@ -107,7 +118,7 @@ def test_device_names_the_product_of_its_chip() -> None:
 def test_run_replay_writes_the_dataset(tmp_path: Path) -> None:
     summary = run_replay("aiter", CONFIGS, tmp_path)  # the configs folder works too
     df = read_dataset(tmp_path / "aiter.parquet")
-    assert len(df) == summary.rows_written == summary.rows_read == 9
+    assert len(df) == summary.rows_written == summary.rows_read == 11
     assert (df.source == "replay:aiter").all()
     one = run_replay("aiter", CONFIGS / "a8w8_bpreshuffle_tuned_gemm.csv", tmp_path / "one")  # and one CSV
     assert one.rows_written == 2 and one.skipped == {aiter.INT8: 1}
