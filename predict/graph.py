@@ -35,6 +35,18 @@ Extensions over ``layer_ops``:
   parallelism their all-gathers move fp8 (:func:`block_comms`). Megatron's once-per-iteration weight
   casts (:func:`weight_casts`) and the amax all-reduces (:func:`fp8_amax_bytes`) are stage terms,
   priced in :mod:`opcast.predict.training`.
+- **mxfp8 / nvfp4** (Transformer Engine's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling``): the same
+  linears run their forward, data- and weight-gradient GEMMs at the kernel dtype ``fp8_block`` /
+  ``nvfp4`` (:func:`opcast.dtypes.gemm_dtype`); everything else (the quantisation kernels, the fp8
+  all-gathers, the weight casts and amax reductions) is priced as for fp8 (:func:`quantised`). NVFP4's
+  default is every block linear in FP4, all three GEMMs: TE's ``NVFP4BlockScaling`` quantises the
+  inputs of fprop, dgrad and wgrad (``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``,
+  ``fp4_quant_bwd_grad``; ``backward_override`` None), attention stays unquantised (``fp8_dpa``
+  False), and Megatron-Bridge's ``bf16_with_nvfp4_mixed`` recipe keeps no block in BF16
+  (``first_last_layers_bf16`` off). The NVFP4 paper (arXiv 2509.25149, its "selective
+  high-precision layers") keeps about 16 % of the linear layers, its last blocks', in BF16 for
+  accuracy: an opt-in of those recipes (``first_last_layers_bf16``, ``num_layers_at_end_in_bf16``)
+  not modelled here, so such a run is a little slower than priced.
 """
 
 from __future__ import annotations
@@ -43,7 +55,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import dtype_bytes
+from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, gemm_dtype
 from opcast.ops import get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
 from opcast.predict.frameworks import FRAMEWORKS, framework_of
@@ -90,7 +102,7 @@ class Dtypes:
     """Which dtype each kind of kernel runs in."""
 
     matrix: str
-    """GEMMs (fp8 when training in fp8)."""
+    """GEMMs (the quantised linears' kernel dtype when training in fp8, mxfp8 or nvfp4: fp8, fp8_block, nvfp4)."""
     act: str
     """Attention, norms, pointwise ops and activations saved for backward."""
     tensor_cores: bool | None = None
@@ -128,7 +140,7 @@ class Dtypes:
 def precision_of(precision: str, tensor_cores: bool | None = None, framework: str | None = None) -> Dtypes:
     """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default)."""
     return Dtypes(
-        matrix=precision,
+        matrix=gemm_dtype(precision),
         act=activation_dtype(precision),
         tensor_cores=tensor_cores,
         impls=framework_of(framework).impls,
@@ -394,6 +406,16 @@ def backward_ops(ops: list[Op]) -> list[tuple[str, str, dict, str, int]]:
 
 # --------------------------------------------------------------------------- fp8 quantisation
 
+QUANTISED_GEMM_DTYPES: frozenset[str] = frozenset(QUANTISED_PRECISIONS.values())
+"""The kernel dtypes of the quantised linears' GEMMs (fp8, fp8_block, nvfp4)."""
+
+
+def quantised(prec: Dtypes) -> bool:
+    """Whether ``prec`` runs the :data:`FP8_LINEARS` through Transformer Engine's quantised GEMMs
+    (fp8, mxfp8 or nvfp4 training), with the quantisation kernels, fp8 gathers and amaxes of fp8."""
+    return prec.matrix in QUANTISED_GEMM_DTYPES
+
+
 FP8_LINEARS: dict[str, str] = {"qkv": "column", "proj": "row", "mlp_up": "column", "mlp_down": "row"}
 """The GEMMs a training run in fp8 runs in fp8 (Transformer Engine's linear modules), with their
 Megatron parallel mode. Every other GEMM is a plain bf16 matmul: Megatron-Core's output layer is
@@ -407,7 +429,7 @@ CastOps = tuple[list[Op], list[Op], list[Op]]
 def gemm_precision(role: str, prec: Dtypes) -> Dtypes:
     """The dtypes the GEMM of ``role`` (``.dgrad`` / ``.wgrad`` included) runs in: in fp8 only the
     :data:`FP8_LINEARS`; the others in the activation dtype."""
-    if prec.matrix == "fp8" and role.split(".")[0] not in FP8_LINEARS:
+    if quantised(prec) and role.split(".")[0] not in FP8_LINEARS:
         return replace(prec, matrix=prec.act)
     return prec
 
@@ -487,7 +509,7 @@ def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, gro
 
 def fp8_casts(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, CastOps]:
     """:func:`fp8_quantisation` of every fp8 linear of ``ops`` by role (empty unless GEMMs run in fp8)."""
-    if prec.matrix != "fp8":
+    if not quantised(prec):
         return {}
     grouped = any(role == "router" for role, *_ in ops)
     return {
@@ -507,7 +529,7 @@ def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Nod
     ``is_first_microbatch`` and sets it False; TE v1.13 ``module/linear.py`` ``Linear.forward``: ``update_workspace
     = is_first_microbatch is None or is_first_microbatch``, ``module/base.py`` ``get_fp8_workspace``).
     Empty unless the GEMMs run in fp8 under ``megatron`` (``linear`` casts every micro-batch, in the graph)."""
-    if prec.matrix != "fp8" or prec.fp8_modules != "megatron":
+    if not quantised(prec) or prec.fp8_modules != "megatron":
         return ()
     # the weights' shapes do not depend on the tokens: one token per tensor-parallel rank will do
     ops = block_ops(arch, tp=tp, batch=1, seq_q=tp, seq_kv=tp, sp=False, ep=ep)
@@ -679,9 +701,7 @@ def _block_passes(
         attention=attention,
         framework=prec.framework,
     )
-    comms = block_comms(
-        arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act, fp8=prec.matrix == "fp8"
-    )
+    comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act, fp8=quantised(prec))
     casts = fp8_casts(ops, prec, tp=tp, sp=sp)
     return _nodes(ops, prec, casts), _bwd_nodes(ops, prec, casts), comms
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import dtype_bytes
+from opcast.dtypes import dtype_bytes, element_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
@@ -336,7 +336,7 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     b, P = cfg.batch, cfg.prompt_len
     act_b = dtype_bytes(prec.act)
-    weight_b = dtype_bytes(prec.matrix)
+    weight_b = element_bytes(prec.matrix)  # nvfp4 weights: 0.5625 bytes with their scales
     kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
     heads = arch.n_heads // cfg.tp
     work = (

@@ -56,7 +56,10 @@ logits of the cross entropy, ``4 sbv/t`` (Korthikanti Sec. 4.3). With full recom
 layer's activations are materialised again during its backward (the working set).
 
 Training in fp8 (Transformer Engine) the four block linears save fp8 copies of their inputs, 1 byte
-an element (:func:`layer_activation_bytes`).
+an element (:func:`layer_activation_bytes`). mxfp8 and nvfp4 are priced the same, an assumption:
+their saved copies carry block scales (MXFP8 8.25 bits an element) or are smaller (NVFP4 4.5 bits,
+so its activations are overstated by under half a byte per saved linear input), and their weights,
+gradients and optimizer states are fp8's.
 
 Not counted: the CUDA context, allocator fragmentation, NCCL and cuBLAS workspaces, and in fp8 TE's
 cached fp8 copy and transpose of each linear's weight (2 bytes a weight under Megatron).
@@ -67,7 +70,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import dtype_bytes
+from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
 from opcast.errors import OpcastError
 from opcast.predict.frameworks import framework_of
 
@@ -75,6 +78,8 @@ STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
     "bf16": (2, 2, 12),
     "fp16": (2, 2, 12),
     "fp8": (2, 2, 12),
+    "mxfp8": (2, 2, 12),
+    "nvfp4": (2, 2, 12),
     "fp32": (4, 4, 8),
 }
 """ZeRO paper Sec. 3.1 (mixed-precision Adam: 2 + 2 + K with K = 12); fp8 keeps 16-bit weights
@@ -322,7 +327,7 @@ def activation_dtype(precision: str) -> str:
     """The dtype of activations, attention, norms and pointwise ops (and the gradients and pipeline
     messages sized by them) when computing in ``precision``: fp8 trains with bf16 activations
     (Transformer Engine casts to fp8 per GEMM), every other precision in itself. The one rule."""
-    return "bf16" if precision == "fp8" else precision
+    return "bf16" if precision in QUANTISED_PRECISIONS else precision
 
 
 def model_state_bytes(
@@ -496,7 +501,7 @@ def train_memory(
         attention=attention,
         recompute=recompute,
         dtype=act_dtype,
-        fp8=precision == "fp8",
+        fp8=precision in QUANTISED_PRECISIONS,
     )
     acts = stage_activation_bytes(
         arch,

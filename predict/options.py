@@ -255,7 +255,10 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "seq": ("Sequence length, tokens.", None),
     "recompute": ("none, selective or full.", None),
     "zero": ("ZeRO stage 0, 1, 2 or 3.", None),
-    "precision": ("bf16, fp16, fp32 or fp8.", None),
+    "precision": (
+        "bf16, fp16, fp32, fp8, mxfp8 (block-scaled fp8 linears) or nvfp4 (NVFP4 linears; GPUs with fp4 tensor cores).",
+        None,
+    ),
     "optimizer": ("Optimizer states kept: adam, sgd (with momentum) or none (forward + backward only).", None),
     "attention": (_attention_help(), None),
     "schedule": ("1f1b or interleaved.", None),
@@ -397,7 +400,7 @@ INTERVAL_MODE = Opt(
 # predict kernel, kernels
 OP = Opt("op", "--op", str, "Op kind (opcast.ops registry), e.g. gemm, attention, all_reduce.")
 PARAM = Opt("param", "--param", Optional[list[str]], "Shape parameter k=v (repeat).", None)
-DTYPE = Opt("dtype", "--dtype", str, "fp32, tf32, fp16, bf16 or fp8.", "bf16")
+DTYPE = Opt("dtype", "--dtype", str, "fp32, tf32, fp16, bf16, fp8, fp8_block (block-scaled fp8) or nvfp4.", "bf16")
 DIRECTION = Opt("direction", "--direction", str, "fwd or bwd.", "fwd")
 KERNELS_INPUT = Opt(
     "input",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from opcast.archs import ArchSpec
+from opcast.dtypes import gemm_dtype
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
@@ -27,7 +28,7 @@ from opcast.predict.memory import activation_dtype
 from opcast.predict.serve.engine import EngineName
 
 Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1"]
 Schedule = Literal["1f1b", "interleaved"]
 InferEngine = Literal["none", EngineName]  # type: ignore[valid-type]  # mypy sees opcast.predict.serve untyped (Any)
@@ -98,7 +99,10 @@ class TrainConfig:
     zero: int = 0
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights (Rajbhandari et al. 2020)."""
     precision: Precision = "bf16"
-    """Compute precision; bf16/fp16/fp8 train with fp32 master weights and Adam states."""
+    """Compute precision; bf16/fp16/fp8/mxfp8/nvfp4 train with fp32 master weights and Adam states.
+    fp8, mxfp8 and nvfp4 run the blocks' linears in Transformer Engine's per-tensor fp8, block-scaled
+    fp8 (MXFP8 on Blackwell, 1x128/128x128 blocks on Hopper) and NVFP4 GEMMs
+    (:data:`opcast.dtypes.QUANTISED_PRECISIONS`), the rest in bf16."""
     attention: AttentionImpl = "flash"
     """Attention kernel: flash (FlashAttention-2), eager (score matrix in memory) or flash1
     (FlashAttention-1 generation, priced at its published measured rate; ``--framework foundry``
@@ -159,7 +163,8 @@ class InferConfig:
     gen_len: int = 128
     """Generated tokens per sequence (the first comes out of prefill)."""
     precision: Precision = "bf16"
-    """Weights, activations and KV cache precision (fp8: GEMMs in fp8, the rest bf16)."""
+    """Weights, activations and KV cache precision (fp8 / mxfp8 / nvfp4: the blocks' GEMMs and
+    weights in fp8 / block-scaled fp8 / nvfp4, the rest bf16)."""
     attention: AttentionImpl = "flash"
     """Attention kernel."""
     tensor_cores: bool | None = None
@@ -466,11 +471,12 @@ def device_reasons(device, precision: str) -> list[str]:
     """Why ``device`` cannot compute in ``precision`` (empty when it can)."""
     if precision not in get_args(Precision):
         return [f"precision={precision!r} is not one of {', '.join(get_args(Precision))}"]
-    if not device.supports(precision):
-        return [
-            f"{device.name} has no {precision} peak; use one of "
-            f"{', '.join(d for d in device.supported_dtypes() if d in get_args(Precision))}"
-        ]
+    if not device.supports(gemm_dtype(precision)):
+        plain = [d for d in device.supported_dtypes() if d in get_args(Precision)]
+        usable = plain + [p for p in get_args(Precision) if p not in plain and device.supports(gemm_dtype(p))]
+        gemm = gemm_dtype(precision)
+        what = f"{precision} peak" if gemm == precision else f"{gemm} peak for {precision}"
+        return [f"{device.name} has no {what}; use one of {', '.join(usable)}"]
     return []
 
 

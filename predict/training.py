@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import dtype_bytes
+from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
@@ -808,8 +808,10 @@ def flops_utilisation(flops: float, iteration_s: float, world: int, peak_flops: 
 
 
 def dense_peak_flops(device: DeviceSpec, precision: str, tensor_cores: bool | None = None) -> float:
-    """The peak MFU is measured against: the GEMMs' (tensor-core unless fp32 without TF32)."""
-    return device.peak_flops(precision, tensor_cores=precision_of(precision, tensor_cores).peak_tensor_cores())
+    """The peak MFU is measured against: the GEMMs' (tensor-core unless fp32 without TF32; the fp8 one
+    for mxfp8, the fp4 one for nvfp4)."""
+    prec = precision_of(precision, tensor_cores)
+    return device.peak_flops(prec.matrix, tensor_cores=prec.peak_tensor_cores())
 
 
 def model_flops(
@@ -974,7 +976,7 @@ class _Pricer:
             bucket_params=cfg.bucket_params,
             layers=own,
             framework=cfg.framework,
-            fp8=cfg.precision == "fp8",
+            fp8=cfg.precision in QUANTISED_PRECISIONS,
         )
         dp = data_parallel_time(
             sync,
