@@ -5,9 +5,9 @@
 
 The measurements are in ``benchmarks/nemo_public.csv`` beside this script: one row per published
 configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B; DGX-H100, DGX-B200,
-DGX-GB200; FP8), each with its source URL, the NeMo container that measured it, and the published
+DGX-GB200; FP8, MXFP8 and NVFP4), each with its source URL, the NeMo container that measured it, and the published
 GBS, MBS, sequence, FSDP, TP, PP, CP, VP, EP, GA, tokens/s/GPU and model TFLOP/s/GPU (numbers only).
-A row with a ``skip_reason`` (NVFP4, a system opcast cannot name) is listed, not predicted. Where a
+A row with a ``skip_reason`` (a system opcast cannot name) is listed, not predicted. Where a
 table gives a second configuration in parentheses, a row is kept only where the table labels what the
 parenthesised value is (Megatron-Bridge 25.11's ``FP8-CS (FP8-MX)``); otherwise only the value
 outside the parentheses is used. A ``VP`` or ``EP`` of ``n/a`` in the source is written 1. GA, where
@@ -36,15 +36,16 @@ What NeMo's performance recipes run, and what is passed:
   Megatron FSDP does; the two overlap flags belong to the distributed optimizer and are refused with it);
 - Llama 3.1 405B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
-- FP8 (delayed or current scaling, per tensor) -> ``--precision fp8``; MXFP8 -> ``fp8`` too (opcast
-  has no block-scaled format; these rows are marked in the table); NVFP4 is skipped;
+- FP8 (delayed or current scaling, per tensor) -> ``--precision fp8``; MXFP8 / FP8-MX -> ``--precision
+  mxfp8`` (the block linears' GEMMs at the block-scaled fp8 dtype); NVFP4 -> ``--precision nvfp4`` (those
+  GEMMs in NVFP4, every block: Megatron-Bridge's ``bf16_with_nvfp4_mixed`` keeps no layer in BF16);
 - FlashAttention (``--attention flash``, the default), no activation recompute (``--recompute none``;
   the published tables do not give it), Adam.
 
 Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
 (positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
 (forward, backward, exposed TP / CP / DP communication, pipeline bubble), the share of the critical
-path priced by learned predictors, and how the FP8 GEMMs were priced (learned or roofline); then the
+path priced by learned predictors, and how the FP8 / MXFP8 / NVFP4 GEMMs were priced (learned or roofline); then the
 mean |error| overall and per (system, precision as published), and the refused rows with their
 reasons. Rewriting the report keeps its hand-written ``## Reading`` section.
 """
@@ -104,12 +105,12 @@ LAYER_SPLIT = {"llama3-405b": "megatron:embedding,loss"}
 and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeline_split`` /
 ``account_for_loss_in_pipeline_split``, set by NeMo's and Megatron-Bridge's 405B recipes) make 128, which
 pp x vp divides."""
-PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8"}
+PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4"}
 """Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
-PRECISIONS = {"fp8", "bf16"}
+PRECISIONS = {"fp8", "bf16", "mxfp8", "nvfp4"}
 """opcast precisions a predicted row may carry."""
-BLOCK_SCALED = ("FP8-MX", "MXFP8")
-"""Published precisions priced as per-tensor fp8 (flagged in the table)."""
+QUANTISED_GEMMS = ("fp8", "fp8_block", "nvfp4")
+"""Kernel dtypes of the block linears' GEMMs under fp8, mxfp8 and nvfp4 (the table's ``fp8 GEMMs`` column)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -142,10 +143,6 @@ class Row:
     @property
     def dp(self) -> int:
         return self.n_gpus // (self.tp * self.pp * self.cp)
-
-    @property
-    def block_scaled(self) -> bool:
-        return self.precision_published in BLOCK_SCALED
 
 
 def _int(rec: dict[str, str], column: str, where: str) -> int:
@@ -301,7 +298,7 @@ def _kernels(models: str | None):
 
 
 def _fp8_gemm_summary(result) -> str:
-    """Share of the critical stage's kernel time in fp8 GEMMs, and the pricing source of that time."""
+    """Share of the critical stage's kernel time in fp8 / block-scaled GEMMs, and the pricing source of that time."""
     by_stage: dict[int, float] = defaultdict(float)
     for op in result.ops:
         by_stage[op.stage] += op.count * op.time_s
@@ -310,7 +307,7 @@ def _fp8_gemm_summary(result) -> str:
     stage = max(by_stage, key=by_stage.__getitem__)
     ops = [op for op in result.ops if op.stage == stage]
     total = sum(op.count * op.time_s for op in ops)
-    fp8 = [op for op in ops if op.kernel.kind == "gemm" and op.kernel.dtype == "fp8"]
+    fp8 = [op for op in ops if op.kernel.kind == "gemm" and op.kernel.dtype in QUANTISED_GEMMS]
     if not fp8:
         return "none"
     sources: dict[str, float] = defaultdict(float)
@@ -348,7 +345,7 @@ def predict_row(row: Row, *, models: str | None = None) -> Prediction:
         mfu=result.mfu,
         shares={k: v / total for k, v in result.breakdown_s.items()},
         learned_share=result.interval.learned_share if result.interval is not None else None,
-        fp8_gemm=_fp8_gemm_summary(result) if row.precision == "fp8" else "",
+        fp8_gemm=_fp8_gemm_summary(result) if row.precision in ("fp8", "mxfp8", "nvfp4") else "",
     )
 
 
@@ -390,7 +387,7 @@ def row_table(rows: list[Row], preds: dict[str, Prediction]) -> list[str]:
         "|---|---|---|---:|---|---|---:|---:|---:|---|---:|---|",
     ]
     for row in rows:
-        prec = row.precision_published + (" (priced as fp8)" if row.block_scaled else "")
+        prec = row.precision_published
         head = f"| {row.row} | {row.system} | {row.model} | {row.n_gpus} | {prec} | {_config(row)} "
         head += f"| {row.tokens_per_s_per_gpu:,.0f} "
         if row.skip_reason:

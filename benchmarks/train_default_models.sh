@@ -10,9 +10,9 @@
 # Run from anywhere:  bash benchmarks/train_default_models.sh [PUBLISHED [LIGER [AITER]]]
 #
 # AIConfigurator holds ~1.1M converted rows (gemm bf16/fp8, prefill/decode attention, NCCL on nine
-# GPUs); fitting all of them would take far more than the 10-minute budget on 2 cores, so the
-# replay keeps at most AIC_ROWS rows per (system, label) -- label = gemm bf16, gemm fp8, prefill
-# bf16/fp8, decode bf16, or the collective -- by a uniform draw seeded 0 (benchmarks/modern_gpus.py
+# GPUs) and ~1.2M block-scaled fp8 / nvfp4 GEMM rows (before de-duplication across frameworks); fitting all of them would take far more than the 10-minute budget on 2 cores, so the
+# replay keeps at most AIC_ROWS rows per (system, label) -- label = gemm bf16, gemm fp8, gemm fp8_block,
+# gemm nvfp4, prefill bf16/fp8, decode bf16, or the collective -- by a uniform draw seeded 0 (benchmarks/modern_gpus.py
 # --replay-to ... --cap-rows, the rule its leave-one-GPU-out table is scored with).
 # The whole script took 11 min 16 s on the shared 2-core machine (2026-12-02: four left-out devices per large
 # group, and a second final fit where auto keeps a training-GPU estimator). models/default was fitted with
