@@ -3,8 +3,9 @@
 A :class:`DeviceSpec` is one accelerator as the cost model sees it: dense peak FLOP/s per
 precision, memory size and bandwidth, SM/CU layout, L2, clock and the links a GPU of a typical
 node has (intra-node NVLink/xGMI/PCIe, inter-node NIC), all in SI units (FLOP/s, bytes, bytes/s,
-Hz, W). Catalog files are strict JSON (every key required but ``notes`` and ``peak_fp4_flops``, no unknown keys) checked
-by :func:`spec_from_dict`; their numbers come from the vendors' datasheets, cited in ``source``
+Hz, W). Catalog files are strict JSON (every key required but ``notes``, ``peak_fp4_flops`` and
+``host_link_bw_bytes_per_s``, no unknown keys) checked by :func:`spec_from_dict`; their numbers come from the
+vendors' datasheets, cited in ``source``
 with the reasoning in ``notes``. Conventions (also in every file's notes): peaks are *dense*
 (datasheet 2:4-sparsity figures halved), link bandwidths are per GPU and *one direction*
 (bidirectional figures halved), ``mem_bytes`` reads the marketed GB as GiB.
@@ -106,6 +107,9 @@ class DeviceSpec:
     """Citation: datasheet/whitepaper title and URL, or how the spec was measured."""
     notes: str = ""
     """Free text: where each number comes from, assumptions."""
+    host_link_bw_bytes_per_s: float | None = None
+    """GPU <-> host (CPU) memory link per GPU, one direction, bytes/s: NVLink-C2C on Grace superchips, the
+    PCIe slot elsewhere; what activation offloading copies over. None (or left out of a file): unknown."""
 
     def __post_init__(self) -> None:
         values = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -223,8 +227,9 @@ _RULES: dict[str, tuple[_Kind, bool]] = {  # key -> (kind, null allowed)
     "tdp_w": ("pos_float", True),
     "source": ("name", False),
     "notes": ("text", False),
+    "host_link_bw_bytes_per_s": ("pos_float", True),
 }
-_OPTIONAL = frozenset({"notes", "peak_fp4_flops"})
+_OPTIONAL = frozenset({"notes", "peak_fp4_flops", "host_link_bw_bytes_per_s"})
 _NULLABLE = [k for k, (_, nullable) in _RULES.items() if nullable]
 
 
@@ -313,11 +318,12 @@ def spec_from_dict(data: Any, origin: str) -> DeviceSpec:
 
 def device_to_dict(spec: DeviceSpec) -> dict[str, Any]:
     """The JSON-serialisable mapping of ``spec``, with the same keys as the catalog files (the optional
-    ``peak_fp4_flops`` only where the device has one, as in the catalog)."""
+    ``peak_fp4_flops`` and ``host_link_bw_bytes_per_s`` only where known, as the catalog files write them)."""
     out = {f.name: getattr(spec, f.name) for f in fields(spec)}
     out["aliases"] = list(spec.aliases)
-    if out["peak_fp4_flops"] is None:
-        del out["peak_fp4_flops"]
+    for key in ("peak_fp4_flops", *HOST_FIELDS):
+        if out[key] is None:
+            del out[key]
     return out
 
 
@@ -533,12 +539,14 @@ _DESCRIPTIVE_FIELDS: Final = frozenset({"name", "aliases", "source", "notes"})
 MEMORY_FIELDS: Final = ("mem_bytes", "mem_bw_bytes_per_s", "tdp_w")
 """The fields in which two boards of one compute die differ (A100-SXM4 40 GB and 80 GB: capacity,
 bandwidth and board power; SMs, clocks, peaks and L2 alike)."""
+HOST_FIELDS: Final = ("host_link_bw_bytes_per_s",)
+"""The fields of the link to the host, which no kernel runs over (a model set's stored device specs may lack them)."""
 
 
 def same_die(a: DeviceSpec, b: DeviceSpec) -> bool:
     """Whether ``a`` and ``b`` are the same compute die (every kernel-relevant field but the memory
     configuration and board power, :data:`MEMORY_FIELDS`, alike)."""
-    return _alike(a, b, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS))
+    return _alike(a, b, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS) | set(HOST_FIELDS))
 
 
 def answers_as_trained(device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec]) -> bool:
@@ -557,7 +565,7 @@ def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> boo
 
 def kernel_twin(device: DeviceSpec) -> str:
     """The name ``device``'s kernels are known by: a catalog GPU that ``--cluster`` or ``--set``
-    changed only in :data:`NETWORK_FIELDS` (``H100-SXM[inter_node_bw_bytes_per_s=...]``) runs its
+    changed only in :data:`NETWORK_FIELDS` or :data:`HOST_FIELDS` (``H100-SXM[inter_node_bw_bytes_per_s=...]``) runs its
     kernels exactly as the catalog GPU does, so a learned model's training devices include it."""
     base_name = device.name.split("[", 1)[0]
     if base_name == device.name:
@@ -566,7 +574,9 @@ def kernel_twin(device: DeviceSpec) -> str:
         base = get_device(base_name)
     except OpcastError:
         return device.name
-    return base.name if _alike(device, base, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS)) else device.name
+    return (
+        base.name if _alike(device, base, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(HOST_FIELDS)) else device.name
+    )
 
 
 def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> DeviceSpec:
@@ -589,11 +599,11 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
             touched[key] = s.label
         if s.factor is None:
             assert s.value is not None, "a Setting gives exactly one of factor and value"
-            old = values[s.field]
+            old = values.get(s.field)
             values[s.field] = int(s.value) if _RULES[s.field][0] in ("pos_int", "bytes0") else float(s.value)
             changes.append(f"{s.field} {_fmt(old)} -> {_fmt(values[s.field])}")
             continue
-        if s.field != PEAKS_GROUP and values[s.field] is None:
+        if s.field != PEAKS_GROUP and values.get(s.field) is None:
             fix = (
                 f"give an absolute value in {_unit(s.field)}, e.g. {s.field}=1e15"
                 if s.field.startswith("peak_")
