@@ -61,6 +61,10 @@ their saved copies carry block scales (MXFP8 8.25 bits an element) or are smalle
 so its activations are overstated by under half a byte per saved linear input), and their weights,
 gradients and optimizer states are fp8's.
 
+With ``--offload-activations N`` (pp = 1; :mod:`opcast.predict.offload`) the first N layers' activations
+go to host memory behind the compute: ``L - N + 1`` layers' stay on the GPU at the peak (one group in
+flight), and the N offloaded ones are counted in host memory instead.
+
 Not counted: the CUDA context, allocator fragmentation, NCCL and cuBLAS workspaces, and in fp8 TE's
 cached fp8 copy and transpose of each linear's weight (2 bytes a weight under Megatron).
 """
@@ -73,6 +77,7 @@ from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
 from opcast.errors import OpcastError
 from opcast.predict.frameworks import framework_of
+from opcast.predict.offload import resident_layers
 
 STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
     "bf16": (2, 2, 12),
@@ -293,6 +298,8 @@ class Memory:
     zero3_gather_bytes: float = 0.0
     """ZeRO-3: gathered full weights of the current and prefetched layer."""
     kv_cache_bytes: float = 0.0
+    host_activations_bytes: float = 0.0
+    """``--offload-activations``: the offloaded layers' activations, in pinned host memory (not GPU memory)."""
 
     @property
     def total_bytes(self) -> float:
@@ -417,12 +424,14 @@ def stage_activation_bytes(
     per_layer_bytes: float,
     dtype: str,
     layers: int | None = None,
+    offload_layers: int = 0,
 ) -> float:
     """Activations stage ``stage`` holds at its peak: ``per_layer_bytes`` (see
-    :func:`layer_activation_terms`) times its in-flight layers, the embedding dropout mask of each
+    :func:`layer_activation_terms`) times its in-flight layers (with ``offload_layers`` of a single stage
+    offloaded, :func:`opcast.predict.offload.resident_layers` of them), the embedding dropout mask of each
     in-flight micro-batch on the first stage, the final-norm and LM-head inputs and the fp32
     logits on the last (module docstring)."""
-    acts = per_layer_bytes * in_flight_layers(
+    in_flight = in_flight_layers(
         n_layers=arch.n_layers,
         pp=pp,
         stage=stage,
@@ -430,6 +439,9 @@ def stage_activation_bytes(
         virtual_stages=virtual_stages,
         layers=layers,
     )
+    if offload_layers:  # pp = 1 (validated): one micro-batch's layers in flight
+        in_flight = float(resident_layers(round(in_flight), offload_layers))
+    acts = per_layer_bytes * in_flight
     B = dtype_bytes(dtype)
     sbh = (seq // cp) * micro_batch * arch.hidden
     div = tp if sp else 1
@@ -471,10 +483,12 @@ def train_memory(
     layers: int | None = None,
     framework: str | None = None,
     optimizer: str = "adam",
+    offload_layers: int = 0,
 ) -> Memory:
     """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
     :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
-    same three); ``layers``: the stage's transformer layers when the pipeline split is uneven."""
+    same three); ``layers``: the stage's transformer layers when the pipeline split is uneven;
+    ``offload_layers``: ``--offload-activations`` (:mod:`opcast.predict.offload`)."""
     w, g, o, gather = model_state_bytes(
         arch,
         stage=stage,
@@ -517,6 +531,7 @@ def train_memory(
         per_layer_bytes=per_layer,
         dtype=act_dtype,
         layers=layers,
+        offload_layers=offload_layers,
     )
     return Memory(
         stage=stage,
@@ -526,6 +541,7 @@ def train_memory(
         activations_bytes=acts,
         activation_working_set_bytes=working,
         zero3_gather_bytes=gather,
+        host_activations_bytes=per_layer * offload_layers,
     )
 
 

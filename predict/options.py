@@ -298,6 +298,13 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
         "Megatron's kernels, 16 bytes a parameter",
     ),
+    "offload_activations": (
+        "Layers whose activations go to host memory between forward and backward (Megatron-Core cpu_offloading, "
+        "cpu_offloading_num_layers; pp=1, no --recompute): they leave GPU memory, and the copies over the GPU's "
+        "host link (host_link_bw_bytes_per_s: NVLink-C2C on GB200/GH200, PCIe elsewhere) run behind the layers' "
+        "compute, only what the compute cannot hide exposed.",
+        None,
+    ),
     "batch": ("Sequences decoded together.", None),
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),

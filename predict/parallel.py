@@ -146,6 +146,10 @@ class TrainConfig:
     backward only, no optimizer step: NeuSight's measured training runs)."""
     bucket_params: int | None = None
     """Gradient bucket size in parameters; None: Megatron's max(40M, 1M x dp)."""
+    offload_activations: int = 0
+    """Transformer layers whose activations go to host memory between their forward and backward (Megatron-Core
+    ``cpu_offloading`` with ``cpu_offloading_num_layers``, activations only; Transformer Engine's
+    ``get_cpu_offload_context``): :mod:`opcast.predict.offload`. 0: none."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -562,6 +566,39 @@ def overlap_reasons(cfg: TrainConfig) -> list[str]:
     return reasons
 
 
+def offload_reasons(cfg: TrainConfig, device, *, layers: int) -> list[str]:
+    """Why ``cfg.offload_activations`` cannot apply: Megatron-Core's ``TransformerConfig.__post_init__`` refuses
+    offloading ``cpu_offloading_num_layers`` outside ``[0, num_layers)``, with pipeline parallelism and with
+    activation recomputation (core_v0.13.0 ``megatron/core/transformer/transformer_config.py``, the same in
+    core_v0.15.0); the copies need the ``device``'s host link (None: not checked)."""
+    n = cfg.offload_activations
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        return [f"offload_activations={n!r} must be a whole number of layers >= 0 (--offload-activations N)"]
+    if n == 0:
+        return []
+    reasons = []
+    if n >= layers:
+        reasons.append(
+            f"--offload-activations {n} must be below the model's {layers} layers (Megatron-Core offloads fewer "
+            "layers than the model has)"
+        )
+    if cfg.pp > 1:
+        reasons.append(
+            "--offload-activations needs pp=1 (Megatron-Core has no CPU offloading with pipeline parallelism)"
+        )
+    if cfg.recompute != "none":
+        reasons.append(
+            f"--offload-activations does not combine with --recompute {cfg.recompute} (Megatron-Core refuses CPU "
+            "offloading with activation recomputation)"
+        )
+    if device is not None and getattr(device, "host_link_bw_bytes_per_s", None) is None:
+        reasons.append(
+            f"{device.name} has no host link bandwidth in the catalog; give one with "
+            "--set host_link_bw_bytes_per_s=VALUE (bytes/s, one direction, e.g. 64e9 for PCIe Gen5 x16)"
+        )
+    return reasons
+
+
 def validate_train(
     arch: ArchSpec,
     device,
@@ -688,6 +725,7 @@ def validate_train(
             "Megatron's distributed optimizer is zero 1/2)"
         )
     reasons += overlap_reasons(cfg)
+    reasons += offload_reasons(cfg, device, layers=arch.n_layers)
     if cfg.bucket_params is not None and (p := _positive("bucket_params", cfg.bucket_params)):
         reasons.append(p)
     if reasons or cluster is None or dp is None or stage_layers is None:

@@ -118,6 +118,7 @@ def train_to_dict(r: TrainResult, kernels: KernelCostModel | None = None) -> dic
             "fits": r.fits,
             "memory_overflow_bytes": max(0.0, worst.total_bytes - r.device.mem_bytes),
             "memory_per_stage_bytes": [m.total_bytes for m in r.memory],
+            "host_activations_bytes": worst.host_activations_bytes,
             "breakdown_s": {k: r.breakdown_s[k] for k in BREAKDOWN_KEYS},
             "stages": [asdict(st) | {"per_micro_batch_s": st.per_micro_batch_s} for st in r.stages],
             "ops": [
@@ -324,6 +325,11 @@ def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None)
     for k, v in worst.breakdown().items():
         mem.add_row(k, f"{v / GIB:.3f}")
     console.print(mem)
+    if worst.host_activations_bytes:
+        console.print(
+            f"  offloaded activations in host memory: {worst.host_activations_bytes / GIB:.2f} GiB per GPU "
+            f"({r.config.offload_activations} layers, over {r.device.host_link_bw_bytes_per_s / 1e9:.0f} GB/s each way)"
+        )
     if r.ops:
         console.print(_split_line(r, kernels))
     top = sorted(r.ops, key=lambda o: -o.count * o.time_s)[:8]

@@ -38,6 +38,7 @@ from typing import Any, NamedTuple, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
+from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
@@ -58,7 +59,15 @@ from opcast.predict.graph import (
     weight_casts,
 )
 from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
-from opcast.predict.memory import Memory, activation_dtype, overflow_reason, stage_params, train_memory
+from opcast.predict.memory import (
+    Memory,
+    activation_dtype,
+    layer_activation_terms,
+    overflow_reason,
+    stage_params,
+    train_memory,
+)
+from opcast.predict.offload import exposed_s as offload_exposed_s
 from opcast.predict.parallel import (
     Layout,
     Precision,
@@ -80,6 +89,7 @@ BREAKDOWN_KEYS = (
     "ep_comm",
     "pp_comm",
     "dp_comm_exposed",
+    "offload_exposed",
     "pipeline_bubble",
 )
 
@@ -108,11 +118,16 @@ class StageTime:
     dp_comm_total_s: float
     """All of it, hidden or not."""
     forward_comm_s: float = 0.0
-    """The exposed TP/CP/EP/ZeRO-3 communication of the forward phase (part of the fields above; for traces)."""
+    """The exposed TP/CP/EP/ZeRO-3 communication and activation offload of the forward phase (part of the fields
+    above; for traces)."""
+    offload_s: float = 0.0
+    """``--offload-activations``: the host-link copies per micro-batch (device-to-host in the forward,
+    host-to-device in the backward) that the layers' compute does not hide
+    (:func:`opcast.predict.offload.exposed_s`)."""
 
     @property
     def per_micro_batch_s(self) -> float:
-        return micro_batch_s(self, self.pp_comm_s, self.zero3_comm_s)
+        return micro_batch_s(self, self.pp_comm_s, self.zero3_comm_s, self.offload_s)
 
     @property
     def tail_s(self) -> float:
@@ -382,9 +397,11 @@ def stage_compute(parts: Iterable[tuple[Mapping[str, PhaseCost], int]]) -> Stage
     return StageCompute(phase_s[FWD], phase_s[BWD], phase_s[RECOMPUTE], comm_s[0], comm_s[1], comm_s[2], fwd_comm)
 
 
-def micro_batch_s(work: StageCompute | StageTime, pp_comm_s: float, zero3_comm_s: float) -> float:
+def micro_batch_s(
+    work: StageCompute | StageTime, pp_comm_s: float, zero3_comm_s: float, offload_s: float = 0.0
+) -> float:
     """Seconds a stage spends per micro-batch: compute, exposed TP/CP/EP collectives, pipeline
-    sends and exposed ZeRO-3 traffic (:attr:`StageTime.per_micro_batch_s`)."""
+    sends, exposed ZeRO-3 traffic and exposed activation offload (:attr:`StageTime.per_micro_batch_s`)."""
     return (
         work.forward_s
         + work.backward_s
@@ -394,6 +411,7 @@ def micro_batch_s(work: StageCompute | StageTime, pp_comm_s: float, zero3_comm_s
         + work.ep_comm_s
         + pp_comm_s
         + zero3_comm_s
+        + offload_s
     )
 
 
@@ -689,6 +707,44 @@ def data_parallel_time(
     return DataParallelTime(zero3_s, zero3_fwd, dp_exposed, dp_total, gradients_exposed)
 
 
+def offload_time(
+    arch: ArchSpec, device: DeviceSpec, cfg: TrainConfig, block_costs: Mapping[str, PhaseCost], *, layers: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch the compute waits for ``--offload-activations``' copies
+    (:func:`opcast.predict.offload.exposed_s`): one layer's saved activations
+    (:func:`~opcast.predict.memory.layer_activation_terms`, as the memory counts them) over the device's host
+    link, behind the block's compute and exposed collectives of the layers of each copy's window."""
+    host_bw = device.host_link_bw_bytes_per_s
+    if host_bw is None:  # validate_train refuses it first
+        raise OpcastError(f"{device.name} has no host link bandwidth; give --set host_link_bw_bytes_per_s=VALUE")
+    layer_bytes, _ = layer_activation_terms(
+        arch,
+        tp=cfg.tp,
+        sp=cfg.sp,
+        batch=cfg.micro_batch,
+        seq=cfg.seq,
+        cp=cfg.cp,
+        ep=cfg.ep,
+        attention=cfg.attention,
+        recompute=cfg.recompute,
+        dtype=activation_dtype(cfg.precision),
+        fp8=cfg.precision == "fp8",
+    )
+
+    def per_layer(phase: str) -> float:
+        kernel_s, fams = block_costs[phase]
+        return kernel_s + sum(fams)
+
+    return offload_exposed_s(
+        layer_bytes=layer_bytes,
+        host_bw_bytes_per_s=host_bw,
+        forward_layer_s=per_layer(FWD),
+        backward_layer_s=per_layer(BWD),
+        layers=layers,
+        offloaded=cfg.offload_activations,
+    )
+
+
 def p2p_message_bytes(arch: ArchSpec, *, micro_batch: int, seq: int, cp: int, tp: int, precision: str) -> int:
     """Bytes of one pipeline message: a micro-batch's activation, 1/tp of it with Megatron's
     scatter/gather optimisation (or SP)."""
@@ -767,8 +823,10 @@ def stage_time(
     pp_comm_s: float,
     optimizer_s: float,
     amax_s: tuple[float, float] = (0.0, 0.0),
+    offload_s: tuple[float, float] = (0.0, 0.0),
 ) -> StageTime:
-    """A priced stage from its terms (``amax_s``: :func:`fp8_amax_s`; ``optimizer_s`` with the weight casts)."""
+    """A priced stage from its terms (``amax_s``: :func:`fp8_amax_s`; ``optimizer_s`` with the weight casts;
+    ``offload_s``: the (forward, backward) exposed activation offload, :func:`offload_time`)."""
     return StageTime(
         stage=stage,
         forward_s=compute.forward_s,
@@ -782,7 +840,8 @@ def stage_time(
         optimizer_s=optimizer_s,
         dp_comm_s=dp.exposed_s,
         dp_comm_total_s=dp.total_s,
-        forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s + amax_s[1],
+        forward_comm_s=compute.forward_comm_s + dp.zero3_forward_s + amax_s[1] + offload_s[0],
+        offload_s=offload_s[0] + offload_s[1],
     )
 
 
@@ -942,9 +1001,8 @@ class _Pricer:
         own = lay.layers(stage)
         layers = arch.n_layers // cfg.pp if own is None else own
         groups = graph_groups(lay.tp_group, lay.cp_group, lay.ep_group)
-        compute = stage_compute(
-            ((self.graph_costs(block, groups, stage, layers), layers), (self.graph_costs(extras, groups, stage, 1), 1))
-        )
+        block_costs = self.graph_costs(block, groups, stage, layers)
+        compute = stage_compute(((block_costs, layers), (self.graph_costs(extras, groups, stage, 1), 1)))
         grad_b = dtype_bytes(lay.act_dtype)
         per_layer, rest = _fsdp_kernels(plan, stage)
         if per_layer or rest:  # torch FSDP's flat-gradient kernels run in each micro-batch's backward
@@ -1045,7 +1103,10 @@ class _Pricer:
                 )
             )
         opt_s += weight_cast_s(casts, self.table, layers)
-        return stage_time(stage, compute, dp, pp_comm_s=pp_s, optimizer_s=opt_s, amax_s=amax)
+        offload = offload_time(arch, self.device, cfg, block_costs, layers=layers) if cfg.offload_activations else None
+        return stage_time(
+            stage, compute, dp, pp_comm_s=pp_s, optimizer_s=opt_s, amax_s=amax, offload_s=offload or (0.0, 0.0)
+        )
 
 
 def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
@@ -1171,6 +1232,7 @@ def run_train(
         "ep_comm": m * crit.ep_comm_s,
         "pp_comm": m * crit.pp_comm_s,
         "dp_comm_exposed": tail.dp_comm_s + m * crit.zero3_comm_s,
+        "offload_exposed": m * crit.offload_s,
         "pipeline_bubble": pipe.bubble_s,
     }
     flops, rec_flops = model_flops(
@@ -1240,6 +1302,7 @@ def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
             layers=lay.layers(s),
             framework=cfg.framework,
             optimizer=cfg.optimizer,
+            offload_layers=cfg.offload_activations,
         )
         for s in range(cfg.pp)
     )

@@ -55,8 +55,8 @@ MAX_POINTS = 4096
 LEARNED_ONLY_FIELDS = frozenset({"sm_count", "fp32_lanes_per_sm", "l2_bytes", "boost_clock_hz"})
 """Spec fields only the learned models read (tiles, waves, cache, clock); the roofline ignores them."""
 
-COMM_PARTS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed")
-"""Training breakdown keys that are (exposed) communication."""
+COMM_PARTS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed", "offload_exposed")
+"""Training breakdown keys that are (exposed) communication (the activation offload's host-link copies too)."""
 
 SPLIT_PARTS = ("compute_bound", "memory_bound", "communication", "bubble")
 """The four parts of :class:`TimeSplit`, in report order."""
