@@ -1,7 +1,7 @@
 """NVIDIA's published NeMo / Megatron-Bridge pre-training throughput predicted with ``opcast predict train``
 (issue 17's end-to-end target: a held-out validation table; nothing is fitted to these rows).
 
-    python benchmarks/nemo_public.py [--csv FILE] [--models DIR] [--out FILE]
+    python benchmarks/nemo_public.py [--csv FILE] [--recipes FILE] [--models DIR] [--out FILE]
 
 The measurements are in ``benchmarks/nemo_public.csv`` beside this script: one row per published
 configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B; DGX-H100, DGX-B200,
@@ -39,8 +39,17 @@ What NeMo's performance recipes run, and what is passed:
 - FP8 (delayed or current scaling, per tensor) -> ``--precision fp8``; MXFP8 / FP8-MX -> ``--precision
   mxfp8`` (the block linears' GEMMs at the block-scaled fp8 dtype); NVFP4 -> ``--precision nvfp4`` (those
   GEMMs in NVFP4, every block: Megatron-Bridge's ``bf16_with_nvfp4_mixed`` keeps no layer in BF16);
+- the recipe's activation offloading to host memory, ``--offload-activations N`` (Megatron-Core
+  ``cpu_offloading`` with ``cpu_offloading_num_layers = N``; Grace's LPDDR over NVLink-C2C on GB200), which
+  the published tables do not give: ``benchmarks/nemo_public_recipes.csv`` beside this script holds, per
+  row whose recipe was read, the layers offloaded and the recipe file (URL at its commit) with the
+  setting (:func:`read_recipes`). NeMo 2.0 (25.04, 25.07): ``scripts/performance/recommended_model_configs/
+  model_configs_gb200.csv``, column ``activation_offload_layers``, applied by ``scripts/performance/
+  helpers.py`` ``set_recompute_configs``; Megatron-Bridge (25.11, 26.04.01): ``scripts/performance/configs/
+  llama*/...workload_base_configs.py``, ``cpu_offloading_num_layers``, applied by ``set_recompute_overrides``.
+  A row without an entry offloads nothing;
 - FlashAttention (``--attention flash``, the default), no activation recompute (``--recompute none``;
-  the published tables do not give it), Adam.
+  the published tables do not give it, and the recipes read set none), Adam.
 
 Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
 (positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
@@ -68,6 +77,10 @@ from mosaicml import cli_command, hand_written, train_command_options  # shared 
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_PATH = Path(__file__).with_name("nemo_public.csv")
+RECIPES_PATH = Path(__file__).with_name("nemo_public_recipes.csv")
+RECIPE_COLUMNS = ("row", "offload_layers", "recipe_source", "recipe_setting")
+"""Every column of the recipes CSV: a row name of ``nemo_public.csv``, the layers whose activations the
+recipe offloads, the recipe file (an https URL at a commit) and what it sets there."""
 OUT = ROOT / "benchmarks" / "results" / "nemo_public.md"
 
 REQUIRED = (
@@ -139,6 +152,9 @@ class Row:
     tokens_per_s_per_gpu: float
     model_tflops_per_gpu: float | None
     skip_reason: str
+    offload_layers: int = 0
+    """``--offload-activations``: what the row's recipe offloads (:func:`read_recipes`); 0 without an entry."""
+    recipe_source: str = ""
 
     @property
     def dp(self) -> int:
@@ -205,7 +221,27 @@ def parse_row(rec: dict[str, str], where: str) -> Row:
     return row
 
 
-def read_rows(path: Path = CSV_PATH) -> list[Row]:
+def read_recipes(path: Path = RECIPES_PATH) -> dict[str, tuple[int, str]]:
+    """Row name -> (layers offloaded, recipe URL) from the recipes CSV, each value checked."""
+    with path.open(newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in RECIPE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path.name}: missing columns {', '.join(missing)}")
+        out: dict[str, tuple[int, str]] = {}
+        for i, rec in enumerate(reader, 2):
+            where = f"{path.name}:{i}"
+            name, source = rec["row"].strip(), rec["recipe_source"].strip()
+            if not name or name in out:
+                raise ValueError(f"{where}: empty or duplicate row name {name!r}")
+            if not source.startswith("https://") or not rec["recipe_setting"].strip():
+                raise ValueError(f"{where}: recipe_source must be an https URL and recipe_setting say what it sets")
+            out[name] = (_int(rec, "offload_layers", where), source)
+    return out
+
+
+def read_rows(path: Path = CSV_PATH, recipes: Path | None = RECIPES_PATH) -> list[Row]:
+    """The rows of ``path`` with what ``recipes`` (:func:`read_recipes`; None: none) adds to them."""
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
@@ -215,7 +251,11 @@ def read_rows(path: Path = CSV_PATH) -> list[Row]:
     names = [r.row for r in rows]
     if len(set(names)) != len(names):
         raise ValueError(f"{path.name}: duplicate row names")
-    return rows
+    extra = read_recipes(recipes) if recipes is not None else {}
+    return [
+        dataclasses.replace(r, offload_layers=extra[r.row][0], recipe_source=extra[r.row][1]) if r.row in extra else r
+        for r in rows
+    ]
 
 
 # --------------------------------------------------------------------------- row -> command line
@@ -249,6 +289,8 @@ def row_options(row: Row) -> dict[str, Any]:
         values.update(sp=True, tp_comm_overlap=True)
     if row.vp > 1:
         values.update(schedule="interleaved", virtual_stages=row.vp, overlap_p2p_comm=True)
+    if row.offload_layers:
+        values["offload_activations"] = row.offload_layers
     return values
 
 
@@ -356,7 +398,14 @@ def error(row: Row, pred: Prediction) -> float | None:
 
 # --------------------------------------------------------------------------- report
 
-SHARE_KEYS = (("forward", "fwd"), ("backward", "bwd"), ("tp_comm", "tp"), ("cp_comm", "cp"), ("dp_comm_exposed", "dp"))
+SHARE_KEYS = (
+    ("forward", "fwd"),
+    ("backward", "bwd"),
+    ("tp_comm", "tp"),
+    ("cp_comm", "cp"),
+    ("dp_comm_exposed", "dp"),
+    ("offload_exposed", "offload"),
+)
 
 
 def _shares(pred: Prediction) -> str:
@@ -377,6 +426,8 @@ def _config(row: Row) -> str:
         parts.append(f"vp{row.vp}")
     if row.fsdp:
         parts.append("fsdp")
+    if row.offload_layers:
+        parts.append(f"offload {row.offload_layers}")
     return " ".join(parts) + f", gbs {row.gbs} mbs {row.mbs} seq {row.seq}"
 
 
@@ -462,11 +513,12 @@ def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, mode
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=CSV_PATH)
+    ap.add_argument("--recipes", type=Path, default=RECIPES_PATH, help="what the recipes set beyond the tables")
     ap.add_argument("--models", type=str, default=None, help="model set directory (default: models/default)")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here (atomically)")
     a = ap.parse_args(argv)
     try:
-        rows = read_rows(a.csv)
+        rows = read_rows(a.csv, a.recipes)
     except (OSError, ValueError) as err:
         print(f"nemo_public: error: {err}", file=sys.stderr)
         return 2

@@ -156,3 +156,31 @@ def test_script_rejects_a_bad_csv_in_one_line(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), "--csv", str(bad)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "missing columns" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_recipe_offloading_is_passed_and_the_runs_nvidia_made_are_not_refused(nemo, rows):
+    recipes = nemo.read_recipes()
+    assert set(recipes) <= set(rows)  # every recipe entry names a published row
+    for name, (layers, source) in recipes.items():
+        assert rows[name].offload_layers == layers and rows[name].recipe_source == source
+        assert source.startswith("https://github.com/") and "/blob/" in source
+    # the GB200 FSDP rows whose recipes offload (NeMo 25.07 405B: 95 layers; Megatron-Bridge 70B FP8-CS: 40)
+    for name, layers in (
+        ("25.07-gb200-llama3.1-405b", 95),
+        ("25.11-gb200-llama3-70b-fp8cs", 40),
+        ("26.04.01-gb200-llama3-70b-fp8", 40),
+    ):
+        assert nemo.row_options(rows[name])["offload_activations"] == layers
+        pred = nemo.predict_row(rows[name])
+        assert pred.feasible, pred.reasons
+    assert "offload_activations" not in nemo.row_options(rows["25.04-gb200-llama3-70b"])
+
+
+def test_a_bad_recipe_entry_is_refused(nemo, tmp_path):
+    bad = tmp_path / "recipes.csv"
+    bad.write_text("row,offload_layers,recipe_source,recipe_setting\nx,-3,https://example.org/a,y\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="offload_layers"):
+        nemo.read_recipes(bad)
+    bad.write_text("row,offload_layers,recipe_source,recipe_setting\nx,3,file:///a,y\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="https URL"):
+        nemo.read_recipes(bad)
