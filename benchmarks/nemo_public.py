@@ -28,7 +28,10 @@ What NeMo's performance recipes run, and what is passed:
 - ``--framework megatron`` (Megatron-Core / Transformer Engine kernels, fp32 ``main_grad``);
 - the published TP, PP, CP and the data-parallel degree the world size leaves; ``--sp`` where TP > 1
   (Megatron requires sequence parallelism with TP comm overlap, and NeMo's recipes turn both on);
-  ``--tp-comm-overlap`` where TP > 1 (NeMo's ``TransformerLayerTPOverlap`` / ``tp_comm_overlap``);
+  ``--tp-comm-overlap`` where TP > 1 (NeMo's ``TransformerLayerTPOverlap`` / ``tp_comm_overlap``), priced with
+  Transformer Engine's default userbuffers settings per GEMM (:mod:`opcast.predict.tp_overlap`): the recipes pass
+  their own (NeMo ``tp_overlap_configs/userbuffers.py``, mostly fewer comm SMs and no SM margin), which are not
+  read per row yet (``--tp-comm-overlap-cfg`` takes them);
 - the distributed optimizer: FSDP = 0 -> ``--zero 1`` with ``--overlap-grad-reduce
   --overlap-param-gather`` (NeMo's ``DistributedDataParallelConfig`` defaults in the recipes);
   FSDP > 0 (Megatron FSDP; 25.11 writes the sharding group size, NeMo 25.x writes 1) -> ``--zero 3``

@@ -286,6 +286,12 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "Transformer Engine --tp-comm-overlap; needs --sp): only what exceeds the GEMM's time stays exposed.",
         None,
     ),
+    "tp_comm_overlap_cfg": (
+        "With --tp-comm-overlap: Transformer Engine userbuffers settings per GEMM in place of TE's defaults (a "
+        "recipe's ub_cfgs): GEMM=METHOD[:smN][:splitN][:margin|:nomargin][:aggregate],..., e.g. "
+        "qkv_wgrad=bulk:sm24:nomargin,proj_fprop=pipeline:sm24:split4:margin.",
+        "TE's defaults",
+    ),
     "overlap_p2p_comm": (
         "Overlap each pipeline send with the compute of one model chunk (Megatron-LM overlap_p2p_comm; "
         "interleaved schedule only; Megatron's default is on, ours off).",
@@ -333,7 +339,16 @@ def _pp_layers_problem(text: str) -> str | None:
     return None
 
 
-_TEXT_FIELDS: dict[str, Callable[[Any], str | None] | None] = {"pp_layers": _pp_layers_problem}
+def _tp_overlap_cfg_problem(text: str) -> str | None:
+    from opcast.predict.tp_overlap import config_problem
+
+    return config_problem(text)
+
+
+_TEXT_FIELDS: dict[str, Callable[[Any], str | None] | None] = {
+    "pp_layers": _pp_layers_problem,
+    "tp_comm_overlap_cfg": _tp_overlap_cfg_problem,
+}
 """Configuration fields given as text on the command line (parsed by :func:`train_config`), with their check."""
 
 

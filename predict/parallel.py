@@ -129,6 +129,10 @@ class TrainConfig:
     """Overlap each block's tensor-parallel all-gathers and reduce-scatters with the GEMMs of the same
     layer (Megatron-LM ``--tp-comm-overlap``, Transformer Engine userbuffers; default off; needs sequence
     parallelism)."""
+    tp_comm_overlap_cfg: str | None = None
+    """With ``tp_comm_overlap``: per-GEMM userbuffers settings that replace Transformer Engine's defaults
+    (a recipe's ``ub_cfgs``), ``GEMM=METHOD[:smN][:splitN][:margin|:nomargin][:aggregate],...``
+    (:func:`opcast.predict.tp_overlap.parse_configs`); None: TE's defaults."""
     overlap_p2p_comm: bool = False
     """Overlap pipeline sends with the compute of the neighbouring model chunk (Megatron-LM's
     ``overlap_p2p_comm``, on by default there but only for the interleaved schedule; off here so that a
@@ -547,9 +551,10 @@ def _degree_reasons(arch: ArchSpec, bad: set[str], **factor: int) -> list[str]:
     return reasons
 
 
-def overlap_reasons(cfg: TrainConfig) -> list[str]:
+def overlap_reasons(cfg: TrainConfig, sm_count: int | None = None) -> list[str]:
     """Why ``cfg``'s communication-overlap switches cannot apply, as Megatron-LM's ``validate_args`` refuses
-    (or, for p2p overlap outside the interleaved schedule, silently turns off) them."""
+    (or, for p2p overlap outside the interleaved schedule, silently turns off) them; ``sm_count``: the GPU's
+    SMs, which the userbuffers kernels of ``tp_comm_overlap_cfg`` must leave some of (None: not checked)."""
     reasons = []
     if cfg.overlap_param_gather and (cfg.zero not in (1, 2) or not cfg.overlap_grad_reduce):
         reasons.append(
@@ -558,6 +563,13 @@ def overlap_reasons(cfg: TrainConfig) -> list[str]:
         )
     if cfg.tp_comm_overlap and not cfg.sp:
         reasons.append("--tp-comm-overlap needs sequence parallelism (--sp), as Megatron-LM asserts")
+    if cfg.tp_comm_overlap_cfg is not None:
+        from opcast.predict.tp_overlap import config_problem
+
+        if not cfg.tp_comm_overlap:
+            reasons.append("--tp-comm-overlap-cfg sets how --tp-comm-overlap runs; give --tp-comm-overlap too")
+        if (problem := config_problem(cfg.tp_comm_overlap_cfg, sm_count)) is not None:
+            reasons.append(problem)
     if cfg.overlap_p2p_comm and cfg.schedule != "interleaved":
         reasons.append(
             "--overlap-p2p-comm needs --schedule interleaved "
@@ -724,7 +736,7 @@ def validate_train(
             "zero=3 with pp > 1 is not supported (DeepSpeed's pipeline engine allows ZeRO stage <= 1; "
             "Megatron's distributed optimizer is zero 1/2)"
         )
-    reasons += overlap_reasons(cfg)
+    reasons += overlap_reasons(cfg, getattr(device, "sm_count", None))
     reasons += offload_reasons(cfg, device, layers=arch.n_layers)
     if cfg.bucket_params is not None and (p := _positive("bucket_params", cfg.bucket_params)):
         reasons.append(p)

@@ -78,6 +78,19 @@ from opcast.predict.parallel import (
     validate_train,
 )
 from opcast.predict.schedule import PipelineTime, pipeline_time
+from opcast.predict.tp_overlap import (
+    OVERLAP_GEMMS,
+    REDUCE_SCATTER,
+    ROLE_GEMM,
+    Overlapped,
+    UbGemm,
+    chunk_kernel,
+    overlap_kernels,
+    overlapped,
+    parse_configs,
+    reduce_kernel,
+)
+from opcast.predict.tp_overlap import configs as ub_configs
 
 BREAKDOWN_KEYS = (
     "forward",
@@ -286,28 +299,18 @@ def exposed_s(
     return comm_s - min(hidden_fraction * comm_s, role_times.get(overlap_with, 0.0))
 
 
-TP_COMM_OVERLAP_GEMMS: dict[str, dict[str, tuple[str, ...]]] = {
-    FWD: {"all_gather": ("qkv", "mlp_up"), "reduce_scatter": ("proj", "mlp_down")},
-    RECOMPUTE: {"all_gather": ("qkv", "mlp_up"), "reduce_scatter": ("proj", "mlp_down")},
-    BWD: {"all_gather": ("proj.dgrad", "mlp_down.dgrad"), "reduce_scatter": ("qkv.wgrad", "mlp_up.wgrad")},
-}
+TP_COMM_OVERLAP_GEMMS = OVERLAP_GEMMS
 """``--tp-comm-overlap`` (Megatron-LM / Transformer Engine userbuffers, with sequence parallelism): the GEMM
-each of a block's tensor-parallel collectives runs behind, by phase and kind, one per call in order.
-Forward: the all-gather of the sequence-parallel input behind the QKV and MLP-up GEMMs (TE's ring-exchange
-``qkv_fprop`` / ``fc1_fprop``), the reduce-scatter of the output behind the projection and MLP-down GEMMs
-(pipelined ``proj_fprop`` / ``fc2_fprop``); backward: the all-gather of the incoming gradient behind the
-projection and MLP-down data-gradient GEMMs (``proj_dgrad`` / ``fc2_dgrad``), the reduce-scatter of the
-QKV and MLP-up data gradients behind their weight-gradient GEMMs (bulk ``qkv_wgrad`` / ``fc1_wgrad``; the
-bulk all-gather behind ``qkv_dgrad`` / ``fc1_dgrad`` is modelled already, ``Comm.overlap_with``). A GEMM
-the block lacks (an MoE block's experts) hides nothing."""
-
-TP_COMM_OVERLAP_HIDDEN_FRACTION = 1.0
-"""The share of a tensor-parallel collective that its GEMM can hide under ``--tp-comm-overlap``. The
-chunked pipelines split the GEMM and the collective into matching pieces and run piece i's transfer
-behind piece i +- 1's GEMM, so all of the collective up to the GEMM's own time hides: exposed =
-``comm - min(fraction x comm, gemm)``. Not modelled: the first/last piece's edge (a 1/k share, k pieces)
-and the GEMM's slowdown from the SMs the transfer occupies (NVIDIA reports both as small next to the
-saving); a library caller who measured them can lower the fraction."""
+each of a block's tensor-parallel collectives runs behind, by phase and kind, one per call in order
+(:data:`opcast.predict.tp_overlap.OVERLAP_GEMMS`). Forward: the all-gather of the sequence-parallel input
+behind the QKV and MLP-up GEMMs (TE's ring-exchange ``qkv_fprop`` / ``fc1_fprop``), the reduce-scatter of
+the output behind the projection and MLP-down GEMMs (pipelined ``proj_fprop`` / ``fc2_fprop``); backward:
+the all-gather of the incoming gradient behind the projection and MLP-down data-gradient GEMMs
+(``proj_dgrad`` / ``fc2_dgrad``), the reduce-scatter of the QKV and MLP-up data gradients behind their
+weight-gradient GEMMs (bulk ``qkv_wgrad`` / ``fc1_wgrad``; the bulk all-gather behind ``qkv_dgrad`` /
+``fc1_dgrad`` names its GEMM, ``Comm.overlap_with``). Each is priced as TE runs it
+(:func:`opcast.predict.tp_overlap.overlapped`): the GEMM's chunks on the SMs the transfer leaves it, and
+what of the collective they do not hide. A GEMM the block lacks (an MoE block's experts) hides nothing."""
 
 
 class PhaseCost(NamedTuple):
@@ -334,38 +337,93 @@ def phase_cost(
     kernel_lines: list[KernelLine] | None = None,
     comm_lines: list[CommDetail] | None = None,
     tp_comm_overlap: bool = False,
+    overlap_cfgs: Mapping[str, UbGemm] | None = None,
 ) -> PhaseCost:
     """Kernel seconds and exposed collectives of one copy of ``graph`` in ``phase``; each kernel's
     time from ``kernel_times`` (a :meth:`KernelCostModel.lookup` answer), a collective hidden
     behind the kernels of the role it overlaps with, and with ``tp_comm_overlap`` each block
-    tensor-parallel all-gather / reduce-scatter behind its GEMM (:data:`TP_COMM_OVERLAP_GEMMS`).
-    ``kernel_lines`` / ``comm_lines`` collect the per-item figures when given."""
-    total = 0.0
+    tensor-parallel all-gather / reduce-scatter overlapped with its GEMM as Transformer Engine runs it
+    (:data:`TP_COMM_OVERLAP_GEMMS`; per GEMM ``overlap_cfgs``, TE's defaults where None): the GEMM's
+    kernels become its chunk GEMMs on the SMs the transfer leaves it (which ``kernel_times`` must hold,
+    :func:`opcast.predict.tp_overlap.overlap_kernels`), the collective's exposed time what they do not
+    hide. ``kernel_lines`` / ``comm_lines`` collect the per-item figures when given."""
+    nodes = graph.nodes[phase]
     by_role: dict[str, float] = {}
-    for n in graph.nodes[phase]:
-        t, src = kernel_times[n.kernel]
-        total += n.count * t
-        by_role[n.role] = by_role.get(n.role, 0.0) + n.count * t
-        if kernel_lines is not None:
-            kernel_lines.append((n, t, src))
+    for n in nodes:
+        by_role[n.role] = by_role.get(n.role, 0.0) + n.count * kernel_times[n.kernel][0]
     out = [0.0, 0.0, 0.0]
     gemms = TP_COMM_OVERLAP_GEMMS[phase] if tp_comm_overlap else {}
+    cfgs = ub_configs(overlap_cfgs) if tp_comm_overlap else {}
+    single = {n.role: n for n in nodes if n.count == 1 and n.role in ROLE_GEMM}
+    replaced: dict[str, tuple[Overlapped, float, str]] = {}  # GEMM role -> (its overlap, reduction s, its source)
     calls: dict[str, int] = {}  # calls of each kind so far (a kind may come as several Comms: fp8 gathers)
     for c in graph.comms[phase]:
         call = Collective(c.kind, c.bytes, groups[c.role])
         t, src = comms.time_s(call, device)
-        behind = gemms.get(c.kind, ()) if c.role == "tp" and c.overlap_with is None else ()
-        if behind:  # call i behind GEMM i (TE's userbuffers pipelines)
-            hidden = TP_COMM_OVERLAP_HIDDEN_FRACTION
+        tp_role = c.role == "tp" and bool(gemms or cfgs)
+        behind: tuple[str, ...] = ()
+        if tp_role and c.overlap_with is None:
+            behind = gemms.get(c.kind, ())
             first = calls.get(c.kind, 0)
             calls[c.kind] = first + c.count
-            exposed = sum(exposed_s(t, behind[(first + i) % len(behind)], by_role, hidden) for i in range(c.count))
+            behind = tuple(behind[(first + i) % len(behind)] for i in range(c.count)) if behind else ()
+        elif tp_role and c.overlap_with in single:
+            behind = (c.overlap_with,) * c.count
+        if behind:  # call i behind GEMM i (TE's userbuffers)
+            exposed = 0.0
+            for role in behind:
+                node = single.get(role)
+                if node is None or role in replaced:  # a GEMM the block lacks (or already overlapped) hides nothing
+                    exposed += t if role not in by_role else exposed_s(t, role, by_role)
+                    continue
+                cfg = cfgs[ROLE_GEMM[role]]
+                tp = groups["tp"].size
+                ring, rs = cfg.method == "ring_exchange", ROLE_GEMM[role] in REDUCE_SCATTER
+                chunk_t = kernel_times[chunk_kernel(node.kernel, cfg, tp)][0] if ring and not rs else 0.0
+                red_t, red_src = kernel_times[reduce_kernel(node.kernel, tp)] if ring and rs else (0.0, "")
+                ov = overlapped(
+                    cfg,
+                    tp=tp,
+                    gemm_s=kernel_times[node.kernel][0],
+                    chunk_s=chunk_t,
+                    comm_s=t,
+                    sm_count=device.sm_count,
+                    reduce_scatter=rs,
+                    reduce_s=red_t,
+                )
+                replaced[role] = (ov, red_t, red_src)
+                exposed += ov.exposed_s
         else:
             exposed = exposed_s(c.count * t, c.overlap_with, by_role)
         out[_FAMILY.get(c.role, 0)] += exposed
         if comm_lines is not None:
             comm_lines.append((c, call, t, src, exposed))
+    total = 0.0
+    for n in nodes:
+        if n.role in replaced:
+            ov, red_t, red_src = replaced[n.role]
+            cfg = cfgs[ROLE_GEMM[n.role]]
+            total += ov.gemm_s
+            if kernel_lines is not None:
+                src = kernel_times[n.kernel][1]
+                how = f"tp-comm-overlap {cfg.method}, {ov.pieces} chunk(s) on {_sm_note(cfg, device)}"
+                kernel_lines.append((n, ov.gemm_s - red_t, f"{src} ({how})"))
+                if red_src:
+                    reduce = reduce_kernel(n.kernel, groups["tp"].size)
+                    kernel_lines.append((Node(f"{n.role}.ub_reduce", reduce), red_t, red_src))
+            continue
+        t, src = kernel_times[n.kernel]
+        total += n.count * t
+        if kernel_lines is not None:
+            kernel_lines.append((n, t, src))
     return PhaseCost(total, (out[0], out[1], out[2]))
+
+
+def _sm_note(cfg: UbGemm, device: DeviceSpec) -> str:
+    left = device.sm_count - cfg.num_sm
+    if cfg.method == "bulk" and not cfg.set_sm_margin:
+        return f"{device.sm_count} SMs, {cfg.num_sm} to the comm while it runs"
+    return f"{left if cfg.set_sm_margin else device.sm_count} of {device.sm_count} SMs"
 
 
 class StageCompute(NamedTuple):
@@ -924,6 +982,7 @@ class _Pricer:
                 klines,
                 clines,
                 tp_comm_overlap=self.plan.layout.cfg.tp_comm_overlap,
+                overlap_cfgs=_overlap_cfgs(self.plan),
             )
             for n, t, src in klines or ():
                 self.ops.append(
@@ -1139,6 +1198,12 @@ def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
     return block, extras
 
 
+def _overlap_cfgs(plan: TrainPlan) -> dict[str, UbGemm] | None:
+    """The per-GEMM userbuffers settings of ``--tp-comm-overlap-cfg`` (None: TE's defaults)."""
+    text = plan.layout.cfg.tp_comm_overlap_cfg
+    return None if text is None else parse_configs(text)
+
+
 def _weight_casts(plan: TrainPlan) -> tuple[Node, ...]:
     """One block's once-per-iteration fp8 weight quantisation kernels (cached)."""
     cfg = plan.layout.cfg
@@ -1205,6 +1270,8 @@ def run_train(
         wanted += [n.kernel for nodes in _fsdp_kernels(plan, s) for n in nodes]
         for graph in _graphs(plan, s):
             wanted += [n.kernel for nodes in graph.nodes.values() for n in nodes]
+            if cfg.tp_comm_overlap:  # the chunk GEMMs TE's userbuffers overlap runs instead
+                wanted += overlap_kernels(graph, cfg.tp, ub_configs(_overlap_cfgs(plan)))
     pr.table = kernels.lookup(wanted, device)
     priced = {s: pr.stage(s) for s in plan.stage_kinds}
     pp = cfg.pp

@@ -30,6 +30,7 @@ from opcast.predict.graph import (
 )
 from opcast.predict.memory import layer_activation_bytes
 from opcast.predict.parallel import TrainConfig
+from opcast.predict.tp_overlap import TE_DEFAULTS, UbGemm
 from opcast.predict.training import data_parallel_sync, phase_cost, predict_train
 
 H100 = get_device("H100-SXM")
@@ -152,7 +153,10 @@ def test_tp_comm_overlap_hides_split_gathers_behind_their_own_gemms():
     times = {qkv.kernel: (3.0, "t"), up.kernel: (1.0, "t")}
     comms = (Comm("tp", "all_gather", 10, 1), Comm("tp", "all_gather", 20, 1))
     graph = Graph(nodes={FWD: (qkv, up)}, comms={FWD: comms})
-    cost = phase_cost(graph, FWD, {"tp": Group(2, 1, 2)}, times, _Clock(), H100, tp_comm_overlap=True)
+    free = {name: UbGemm(method="bulk", num_sm=0, set_sm_margin=True) for name in TE_DEFAULTS}  # no SM cost
+    cost = phase_cost(
+        graph, FWD, {"tp": Group(2, 1, 2)}, times, _Clock(), H100, tp_comm_overlap=True, overlap_cfgs=free
+    )
     assert cost.comm_s[0] == pytest.approx(0.0 + (2.0 - 1.0))
 
 
