@@ -72,6 +72,12 @@ fp8, ``mxfp8``: ``MXFP8BlockScaling``, ``nvfp4``: ``NVFP4BlockScaling``); activa
 norms and every other GEMM stay bf16."""
 
 
+def quantises(precision: str) -> bool:
+    """Whether a run in ``precision`` runs the block linears through quantised GEMMs (fp8, mxfp8, nvfp4):
+    their inputs are saved for backward in fp8 and their gathers move fp8 (:data:`QUANTISED_PRECISIONS`)."""
+    return precision in QUANTISED_PRECISIONS
+
+
 def gemm_dtype(precision: str) -> str:
     """The kernel dtype of the quantised linears' GEMMs under ``precision`` (the precision itself
     when it quantises nothing)."""

@@ -74,7 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
+from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
 from opcast.predict.frameworks import framework_of
 from opcast.predict.offload import resident_layers
@@ -334,7 +334,7 @@ def activation_dtype(precision: str) -> str:
     """The dtype of activations, attention, norms and pointwise ops (and the gradients and pipeline
     messages sized by them) when computing in ``precision``: fp8 trains with bf16 activations
     (Transformer Engine casts to fp8 per GEMM), every other precision in itself. The one rule."""
-    return "bf16" if precision in QUANTISED_PRECISIONS else precision
+    return "bf16" if quantises(precision) else precision
 
 
 def model_state_bytes(
@@ -515,7 +515,7 @@ def train_memory(
         attention=attention,
         recompute=recompute,
         dtype=act_dtype,
-        fp8=precision in QUANTISED_PRECISIONS,
+        fp8=quantises(precision),
     )
     acts = stage_activation_bytes(
         arch,

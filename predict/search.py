@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from opcast.archs import ArchSpec
-from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
+from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.cost import Kernel, KernelCostModel
@@ -510,7 +510,7 @@ class _Terms:
                 attention=self.space.attention,
                 recompute=rc,
                 dtype=self.act_dtype,
-                fp8=self.space.precision in QUANTISED_PRECISIONS,
+                fp8=quantises(self.space.precision),
             )
         return hit
 
@@ -599,7 +599,7 @@ class _Terms:
                 zero=zero,
                 gpus_per_node=g,
                 grad_bytes=self.grad_b,
-                fp8=self.space.precision in QUANTISED_PRECISIONS,
+                fp8=quantises(self.space.precision),
             )
             step_s = self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)]
             step_s += weight_cast_s(self.casts[(tp, ep)], self.cast_times, self.arch.n_layers // pp)

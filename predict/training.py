@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes
+from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
@@ -786,7 +786,7 @@ def offload_time(
         attention=cfg.attention,
         recompute=cfg.recompute,
         dtype=activation_dtype(cfg.precision),
-        fp8=cfg.precision == "fp8",
+        fp8=quantises(cfg.precision),
     )
 
     def per_layer(phase: str) -> float:
@@ -1093,7 +1093,7 @@ class _Pricer:
             bucket_params=cfg.bucket_params,
             layers=own,
             framework=cfg.framework,
-            fp8=cfg.precision in QUANTISED_PRECISIONS,
+            fp8=quantises(cfg.precision),
         )
         dp = data_parallel_time(
             sync,
