@@ -23,22 +23,9 @@ from opcast.predict.training import (
     predict_train,
 )
 
+from helpers.fakes import FixedCollectives
+
 H100 = get_device("H100-SXM")
-
-
-class _Fixed:
-    """A collective source that takes ``seconds[kind]`` for every call."""
-
-    name = "fixed"
-
-    def __init__(self, seconds: dict[str, float]) -> None:
-        self.seconds = seconds
-
-    def covers(self, call, device) -> bool:
-        return True
-
-    def time_s(self, call, device):
-        return self.seconds[call.kind], "fixed"
 
 
 def _gemm(m: int):
@@ -63,7 +50,7 @@ check which GEMM each call runs behind (what TE's overlap costs: tests/unit/test
 
 
 def _tp_s(graph, phase, seconds, overlap):
-    comms = CollectiveCostModel(sources=(_Fixed(seconds),))
+    comms = CollectiveCostModel(sources=(FixedCollectives(seconds),))
     return phase_cost(graph, phase, GROUPS, TABLE, comms, H100, tp_comm_overlap=overlap, overlap_cfgs=FREE).comm_s[0]
 
 
@@ -123,7 +110,7 @@ def test_pipeline_sends_hide_behind_one_chunk_each():
     bwd_send = Collective("send_recv", 200, Group(2, 2, 1))
     sends = ((fwd_send, 2), (bwd_send, 1))
 
-    class _BySize(_Fixed):
+    class _BySize(FixedCollectives):
         def time_s(self, call, device):
             return {100: 1.0, 200: 3.0}[call.bytes], "fixed"
 

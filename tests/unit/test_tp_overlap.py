@@ -25,6 +25,8 @@ from opcast.predict.tp_overlap import (
 )
 from opcast.predict.training import phase_cost
 
+from helpers.fakes import FixedCollectives
+
 FAKE = dataclasses.replace(get_device("H100-SXM"), name="fake-96sm", sm_count=96)
 """A GPU of 96 SMs: TE's default 16 comm SMs leave 80, so a margin GEMM takes 96 / 80 = 1.2x."""
 PIPELINE = TE_DEFAULTS["proj_fprop"]
@@ -98,19 +100,6 @@ def test_overlap_is_never_slower_than_no_overlap_where_the_comm_is_long(name, ra
 # --------------------------------------------------------------------------- through phase_cost
 
 
-class _Fixed:
-    name = "fixed"
-
-    def __init__(self, seconds: dict[str, float]) -> None:
-        self.seconds = seconds
-
-    def covers(self, call, device) -> bool:
-        return True
-
-    def time_s(self, call, device):
-        return self.seconds[call.kind], "fixed"
-
-
 def _gemm(m: int, n: int = 1024, k: int = 1024):
     return kernel("gemm", {"b": 1, "m": m, "n": n, "k": k}, "bf16", "fwd", True)
 
@@ -131,7 +120,7 @@ def test_phase_cost_prices_the_forward_overlap_from_the_roofline():
     t_qkv, t_proj, t_chunk = table[qkv.kernel][0], table[proj.kernel][0], table[_gemm(2048)][0]
     assert t_qkv / 4 < t_chunk < t_qkv / 2  # roofline: a quarter of the work, and a launch
     ag, rs = 0.5 * t_qkv, 0.5 * t_proj
-    comms = CollectiveCostModel(sources=(_Fixed({"all_gather": ag, "reduce_scatter": rs}),))
+    comms = CollectiveCostModel(sources=(FixedCollectives({"all_gather": ag, "reduce_scatter": rs}),))
     lines: list = []
     cost = phase_cost(graph, FWD, {"tp": Group(tp, 1, tp)}, table, comms, FAKE, lines, tp_comm_overlap=True)
     # ring: GEMM untouched (no margin), steps of ag / 3 < a chunk: hidden. Pipeline: 1.2 x on 80 SMs,
@@ -151,7 +140,7 @@ def test_the_bulk_gather_behind_the_data_gradient_takes_its_sms_only_with_the_ov
         comms={FWD: (), BWD: (Comm("tp", "all_gather", 1, 1, overlap_with="qkv.dgrad"),), RECOMPUTE: ()},
     )
     table = {dgrad.kernel: (4.0, "t")}
-    comms = CollectiveCostModel(sources=(_Fixed({"all_gather": 6.0}),))
+    comms = CollectiveCostModel(sources=(FixedCollectives({"all_gather": 6.0}),))
     groups = {"tp": Group(4, 1, 4)}
     on = phase_cost(graph, BWD, groups, table, comms, FAKE, tp_comm_overlap=True)
     off = phase_cost(graph, BWD, groups, table, comms, FAKE)
