@@ -31,6 +31,10 @@ The issue's second target, large fused norms and softmax at >= 40 % of memory ba
 reported for the fused ones. An implementation the
 models have no data of is priced by the roofline of its own traffic (``r`` in the tables).
 
+The quantised GEMMs (per-tensor fp8, block-scaled fp8 and NVFP4: what ``--precision fp8 / mxfp8 / nvfp4``
+prices) get a table each, the large and small GEMM forward on every catalog NVIDIA GPU with a peak for
+the dtype, with their violations (not part of ``--check``: the issue's target is the bf16 table).
+
 ``--check`` exits 1 when the first table has a violation with the bounds on. ``--json FILE``
 writes every number.
 
@@ -68,6 +72,10 @@ SPEEDUP_SLACK = 1.15
 """A speed-up may exceed the ratio of the bounding resource by this factor before it is a violation."""
 FUSED_TARGET = 0.40
 """Issue 21: large fused norms and softmax at >= 40 % of memory bandwidth."""
+
+QUANTISED_DTYPES = ("fp8", "fp8_block", "nvfp4")
+"""The quantised GEMM dtypes (per-tensor fp8, block-scaled fp8, NVFP4) checked in their own tables:
+the GEMMs' large and small shapes on every catalog NVIDIA GPU with a peak for the dtype."""
 
 _ATT = {"kv_heads": None, "causal": True, "impl": "flash"}
 KERNELS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -149,17 +157,22 @@ class Cell:
         return self.roof_s / self.time_s if self.time_s > 0 else math.inf
 
 
-def kernel_set() -> list[tuple[str, Any]]:
-    """(label, Kernel) of every kernel of :data:`KERNELS` in each of its directions."""
+def kernel_set(dtype: str = DTYPE) -> list[tuple[str, Any]]:
+    """(label, Kernel) of every kernel of :data:`KERNELS` in each of its directions; for a quantised
+    ``dtype`` (:data:`QUANTISED_DTYPES`) the GEMMs' forward only, as those groups are measured."""
     from opcast.ops import get_op
     from opcast.predict.cost import validated_kernel
 
     out = []
     for label, op, params in KERNELS:
+        if dtype in QUANTISED_DTYPES and op != "gemm":
+            continue
         spec = get_op(op)
         clean = spec.validate(params)
         for direction in spec.directions(clean):
-            out.append((f"{label} {direction.value}", validated_kernel(op, clean, DTYPE, direction.value)))
+            if dtype in QUANTISED_DTYPES and direction.value != "fwd":
+                continue
+            out.append((f"{label} {direction.value}", validated_kernel(op, clean, dtype, direction.value)))
     return out
 
 
@@ -200,7 +213,10 @@ def price(
 
 
 def violations(
-    cells: dict[str, dict[str, Cell]], devices: Sequence[Any], measured: Measured | None = None
+    cells: dict[str, dict[str, Cell]],
+    devices: Sequence[Any],
+    measured: Measured | None = None,
+    kernels: Sequence[tuple[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every violation of one table (see the module docstring); with ``measured``
     (:func:`load_measured`), each speed-up and monotone violation carries ``measured``: what the
@@ -208,9 +224,9 @@ def violations(
     from opcast.predict.cost import kernel_peak
 
     out: list[dict[str, Any]] = []
-    kernels = dict(kernel_set())
+    by_label = dict(kernels if kernels is not None else kernel_set())
     for label, row in cells.items():
-        k = kernels[label]
+        k = by_label[label]
         for dev in devices:
             c = row[dev.name]
             if c.utilisation > 1.0 + 1e-9:
@@ -455,6 +471,37 @@ def _fused_lines(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> l
     return lines
 
 
+def _quantised_tables(
+    models: str | None, devices: Sequence[Any], max_listed: int, measured_path: Path | None
+) -> dict[str, Any]:
+    """The GEMMs of each :data:`QUANTISED_DTYPES` dtype on the ``devices`` with its peak, the data-centre
+    line first: utilisation with the bounds on, and the violations with the bounds off and on (with what
+    ``measured_path`` measured beside each, as in the other tables)."""
+    out: dict[str, Any] = {}
+    for dtype in QUANTISED_DTYPES:
+        kernels = kernel_set(dtype)
+        having = [d for d in devices if d.supports(dtype)]
+        if len(having) < 2:
+            continue
+        title = f"{dtype} GEMMs"
+        print(f"=== {title} ({len(having)} GPUs with a {dtype} peak) ===")
+        table: dict[str, Any] = {"gpus": [d.name for d in having]}
+        measured = load_measured(measured_path, kernels, having) if measured_path else None
+        for mode in ("off", "on"):
+            cells = price(models, mode == "on", kernels, having)
+            found = violations(cells, having, measured, kernels=kernels)
+            table[mode] = {"violations": found}
+            if mode == "on":
+                print("\n".join(_util_table(f"-- bounds {mode}: utilisation", cells, having)))
+            print(f"-- bounds {mode}: {len(found)} violation(s)")
+            for v in found[:max_listed]:
+                print(f"   {v['rule']:11s} {v['kernel']:32s} {v['gpu']:30s} {v['what']} [{v['source']}]")
+                if measured is not None and "measured" in v:
+                    print(f"{'':48s}{_measured_text(v['measured'], v['rule'])}")
+        out[title] = table
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -541,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
             if len(found) > args.max_listed:
                 print(f"   ... and {len(found) - args.max_listed} more (--max-listed, --json)")
         doc["tables"][title] = table
+    try:
+        quantised = _quantised_tables(args.models, [*first, *second], args.max_listed, args.measured)
+    except OpcastError as err:
+        print(f"kernel_sanity: error: {err}", file=sys.stderr)
+        return 2
+    doc["tables"].update(quantised)
     if skipped:
         print(f"skipped (no {DTYPE} peak): {', '.join(skipped)}")
     print(
