@@ -28,10 +28,25 @@ What NeMo's performance recipes run, and what is passed:
 - ``--framework megatron`` (Megatron-Core / Transformer Engine kernels, fp32 ``main_grad``);
 - the published TP, PP, CP and the data-parallel degree the world size leaves; ``--sp`` where TP > 1
   (Megatron requires sequence parallelism with TP comm overlap, and NeMo's recipes turn both on);
-  ``--tp-comm-overlap`` where TP > 1 (NeMo's ``TransformerLayerTPOverlap`` / ``tp_comm_overlap``), priced with
-  Transformer Engine's default userbuffers settings per GEMM (:mod:`opcast.predict.tp_overlap`): the recipes pass
-  their own (NeMo ``tp_overlap_configs/userbuffers.py``, mostly fewer comm SMs and no SM margin), which are not
-  read per row yet (``--tp-comm-overlap-cfg`` takes them);
+  ``--tp-comm-overlap`` where TP > 1 (NeMo's ``MegatronCommOverlapCallback`` / Megatron-Bridge's
+  ``CommOverlapConfig`` ``tp_comm_overlap``) unless the row's recipe turns it off, with the recipe's own
+  Transformer Engine userbuffers settings per GEMM as ``--tp-comm-overlap-cfg`` (:mod:`opcast.predict.tp_overlap`).
+  The recipes CSV's ``tp_overlap_cfg`` holds, per TP > 1 row, what the performance script of the row's
+  container picks (by GPU and compute dtype): NeMo 25.02 = v2.2.0 ``scripts/llm/performance/pretrain_*.py``,
+  25.04 = v2.3.0 and 25.07 = v2.4.0 ``scripts/performance/llm/pretrain_*.py`` (``ub_cfg[gpu][dtype]``, GB200
+  taking the B200 configs), the values in ``nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py`` at
+  the same tag; Megatron-Bridge 25.11 = v0.2.0 and 26.04.01 = v0.4.2 ``scripts/performance/configs/llama*/
+  llama*_llm_pretrain.py`` (``comm_overlap.tp_comm_overlap_cfg``), the values in ``src/megatron/bridge/training/
+  comm_overlap.py``. Each config is written in full, all ten GEMMs: TE's ``method`` -> the method, ``num_sm``
+  -> ``smN``, ``set_sm_margin`` -> ``margin`` / ``nomargin``, ``num_splits`` (pipeline) -> ``splitN``,
+  ``aggregate`` (ring_exchange) -> ``aggregate``. Not expressible in opcast's syntax, so not priced:
+  ``cga_size`` (thread-block cluster of the comm kernel), ``fp8_buf`` (an FP8 userbuffer for the pipeline
+  reduce-scatter's output), ``atomic_gemm`` (False in every config used here), and TE's ``use_ce`` /
+  ``comm_priority`` / ``gemm_priority`` / ``pipeline_rs_overlap_first_gemm`` (left at TE's defaults by every
+  recipe). The other values: ``off`` (the recipe sets ``tp_comm_overlap = False``: Megatron-Bridge's
+  ``precision == "nvfp4"`` rows) -> no ``--tp-comm-overlap``; ``te-defaults`` (the recipe names no config)
+  and ``unknown`` (not established: NeMo 24.07, whose table names no recipe and whose launcher configs are
+  not the published runs) -> ``--tp-comm-overlap`` at TE's defaults, ``unknown`` counted in the output;
 - the distributed optimizer: FSDP = 0 -> ``--zero 1`` with ``--overlap-grad-reduce
   --overlap-param-gather`` (NeMo's ``DistributedDataParallelConfig`` defaults in the recipes);
   FSDP > 0 (Megatron FSDP; 25.11 writes the sharding group size, NeMo 25.x writes 1) -> ``--zero 3``
@@ -53,6 +68,12 @@ What NeMo's performance recipes run, and what is passed:
   A row without an entry offloads nothing;
 - FlashAttention (``--attention flash``, the default), no activation recompute (``--recompute none``;
   the published tables do not give it, and the recipes read set none), Adam.
+
+Not mapped (no opcast option represents it): a partially sharded distributed optimizer. NeMo 25.07's 405B
+GB200 recipe (v2.4.0 ``pretrain_llama31_405b.py``: ``num_distributed_optimizer_instances = num_nodes * 4 / 64``
+= 2 on 32 nodes, with Megatron FSDP) shards the optimizer over half the data-parallel ranks and all-reduces
+between the two instances; opcast prices ``--zero 3`` over all of them. Megatron-Bridge's GB200 405B
+functions set the same (2) only with Megatron FSDP, which the published 25.11 / 26.04.01 405B rows do not use.
 
 Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
 (positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
@@ -81,9 +102,23 @@ from mosaicml import cli_command, hand_written, train_command_options  # shared 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_PATH = Path(__file__).with_name("nemo_public.csv")
 RECIPES_PATH = Path(__file__).with_name("nemo_public_recipes.csv")
-RECIPE_COLUMNS = ("row", "offload_layers", "recipe_source", "recipe_setting")
-"""Every column of the recipes CSV: a row name of ``nemo_public.csv``, the layers whose activations the
-recipe offloads, the recipe file (an https URL at a commit) and what it sets there."""
+RECIPE_COLUMNS = (
+    "row",
+    "offload_layers",
+    "recipe_source",
+    "recipe_setting",
+    "tp_overlap_cfg",
+    "tp_overlap_source",
+    "tp_overlap_setting",
+)
+"""Every column of the recipes CSV: a row name of ``nemo_public.csv``; the layers whose activations the
+recipe offloads, the recipe file (an https URL at a commit) and what it sets there (all three empty: not
+read); the row's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-comm-overlap-cfg`` text), the
+file that sets it (https at a commit) and the config's name and how it is chosen (all three empty: none)."""
+TP_OVERLAP_OFF, TP_OVERLAP_TE, TP_OVERLAP_UNKNOWN = "off", "te-defaults", "unknown"
+TP_OVERLAP_KEYWORDS = (TP_OVERLAP_OFF, TP_OVERLAP_TE, TP_OVERLAP_UNKNOWN)
+"""``tp_overlap_cfg`` values that are not a config: the recipe turns TP comm overlap off; the recipe names no
+config (TE's defaults apply); not established (priced at TE's defaults, counted in the output)."""
 OUT = ROOT / "benchmarks" / "results" / "nemo_public.md"
 
 REQUIRED = (
@@ -158,6 +193,10 @@ class Row:
     offload_layers: int = 0
     """``--offload-activations``: what the row's recipe offloads (:func:`read_recipes`); 0 without an entry."""
     recipe_source: str = ""
+    tp_overlap: str = ""
+    """The recipe's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-comm-overlap-cfg`` text); empty:
+    none read (priced as ``unknown``)."""
+    tp_overlap_source: str = ""
 
     @property
     def dp(self) -> int:
@@ -224,22 +263,63 @@ def parse_row(rec: dict[str, str], where: str) -> Row:
     return row
 
 
-def read_recipes(path: Path = RECIPES_PATH) -> dict[str, tuple[int, str]]:
-    """Row name -> (layers offloaded, recipe URL) from the recipes CSV, each value checked."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recipe:
+    """What one row's recipe sets beyond the published table (one line of the recipes CSV)."""
+
+    offload_layers: int = 0
+    recipe_source: str = ""
+    tp_overlap: str = ""
+    tp_overlap_source: str = ""
+
+
+def _fact(rec: dict[str, str], columns: tuple[str, str, str], where: str) -> tuple[str, str] | None:
+    """(value, source) of one fact's three columns (value, https source, what it sets), or None where all are empty."""
+    value, source, setting = (rec[c].strip() for c in columns)
+    if not (value or source or setting):
+        return None
+    if not value or not source.startswith("https://") or not setting:
+        raise ValueError(
+            f"{where}: give {columns[0]} with {columns[1]} (an https URL) and {columns[2]} (what it sets), "
+            "or leave all three empty"
+        )
+    return value, source
+
+
+def read_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
+    """Row name -> :class:`Recipe` from the recipes CSV, each value checked (a ``tp_overlap_cfg`` text is parsed
+    as ``--tp-comm-overlap-cfg`` parses it)."""
+    from opcast.predict.tp_overlap import parse_configs
+
     with path.open(newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         missing = [c for c in RECIPE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise ValueError(f"{path.name}: missing columns {', '.join(missing)}")
-        out: dict[str, tuple[int, str]] = {}
+        out: dict[str, Recipe] = {}
         for i, rec in enumerate(reader, 2):
             where = f"{path.name}:{i}"
-            name, source = rec["row"].strip(), rec["recipe_source"].strip()
+            name = rec["row"].strip()
             if not name or name in out:
                 raise ValueError(f"{where}: empty or duplicate row name {name!r}")
-            if not source.startswith("https://") or not rec["recipe_setting"].strip():
-                raise ValueError(f"{where}: recipe_source must be an https URL and recipe_setting say what it sets")
-            out[name] = (_int(rec, "offload_layers", where), source)
+            offload = _fact(rec, ("offload_layers", "recipe_source", "recipe_setting"), where)
+            overlap = _fact(rec, ("tp_overlap_cfg", "tp_overlap_source", "tp_overlap_setting"), where)
+            if offload is None and overlap is None:
+                raise ValueError(f"{where}: {name} sets nothing; give offload_layers or tp_overlap_cfg")
+            if overlap is not None and overlap[0] not in TP_OVERLAP_KEYWORDS:
+                try:
+                    parse_configs(overlap[0])
+                except ValueError as err:
+                    raise ValueError(
+                        f"{where}: tp_overlap_cfg is not {', '.join(TP_OVERLAP_KEYWORDS)} nor a "
+                        f"--tp-comm-overlap-cfg text: {err}"
+                    ) from None
+            out[name] = Recipe(
+                offload_layers=_int(rec, "offload_layers", where) if offload else 0,
+                recipe_source=offload[1] if offload else "",
+                tp_overlap=overlap[0] if overlap else "",
+                tp_overlap_source=overlap[1] if overlap else "",
+            )
     return out
 
 
@@ -255,10 +335,10 @@ def read_rows(path: Path = CSV_PATH, recipes: Path | None = RECIPES_PATH) -> lis
     if len(set(names)) != len(names):
         raise ValueError(f"{path.name}: duplicate row names")
     extra = read_recipes(recipes) if recipes is not None else {}
-    return [
-        dataclasses.replace(r, offload_layers=extra[r.row][0], recipe_source=extra[r.row][1]) if r.row in extra else r
-        for r in rows
-    ]
+    for r in rows:  # entries naming rows of another CSV (a subset of the rows) are left unused
+        if r.row in extra and extra[r.row].tp_overlap and r.tp < 2:
+            raise ValueError(f"{r.row}: the recipes CSV sets tp_overlap_cfg but the row runs TP {r.tp} (no TP overlap)")
+    return [dataclasses.replace(r, **dataclasses.asdict(extra[r.row])) if r.row in extra else r for r in rows]
 
 
 # --------------------------------------------------------------------------- row -> command line
@@ -289,7 +369,11 @@ def row_options(row: Row) -> dict[str, Any]:
     if row.ep > 1:
         values["ep"] = row.ep
     if row.tp > 1:
-        values.update(sp=True, tp_comm_overlap=True)
+        values["sp"] = True
+        if row.tp_overlap != TP_OVERLAP_OFF:
+            values["tp_comm_overlap"] = True
+        if row.tp_overlap and row.tp_overlap not in TP_OVERLAP_KEYWORDS:
+            values["tp_comm_overlap_cfg"] = row.tp_overlap
     if row.vp > 1:
         values.update(schedule="interleaved", virtual_stages=row.vp, overlap_p2p_comm=True)
     if row.offload_layers:
@@ -423,6 +507,32 @@ def _shares(pred: Prediction) -> str:
     return ", ".join(parts)
 
 
+def tp_overlap_kind(row: Row) -> str:
+    """How a TP > 1 row's TP overlap is priced: ``recipe`` (its recipe's config), or a :data:`TP_OVERLAP_KEYWORDS`
+    value (``unknown`` also where no entry was read)."""
+    if row.tp_overlap in TP_OVERLAP_KEYWORDS:
+        return row.tp_overlap
+    return "recipe" if row.tp_overlap else TP_OVERLAP_UNKNOWN
+
+
+def tp_overlap_note(rows: list[Row]) -> str:
+    """One line counting the predicted TP > 1 rows by :func:`tp_overlap_kind`, naming those not established."""
+    tp = [r for r in rows if not r.skip_reason and r.tp > 1]
+    kinds: dict[str, list[str]] = defaultdict(list)
+    for r in tp:
+        kinds[tp_overlap_kind(r)].append(r.row)
+    unknown = kinds[TP_OVERLAP_UNKNOWN]
+    return (
+        f"TP overlap of the {len(tp)} predicted TP > 1 rows: {len(kinds['recipe'])} priced with their recipe's "
+        f"userbuffers config, {len(kinds[TP_OVERLAP_OFF])} without overlap as their recipe sets, "
+        f"{len(kinds[TP_OVERLAP_TE])} at TE's defaults as their recipe leaves them, {len(unknown)} not established "
+        "(priced at TE's defaults)" + (f": {', '.join(unknown)}" if unknown else "") + "."
+    )
+
+
+_OVERLAP_TAGS = {"recipe": "ub recipe", TP_OVERLAP_OFF: "ub off", TP_OVERLAP_TE: "ub TE", TP_OVERLAP_UNKNOWN: "ub TE?"}
+
+
 def _config(row: Row) -> str:
     parts = [f"tp{row.tp} pp{row.pp} cp{row.cp} dp{row.dp}"]
     if row.vp > 1:
@@ -431,6 +541,8 @@ def _config(row: Row) -> str:
         parts.append("fsdp")
     if row.offload_layers:
         parts.append(f"offload {row.offload_layers}")
+    if row.tp > 1:
+        parts.append(_OVERLAP_TAGS[tp_overlap_kind(row)])
     return " ".join(parts) + f", gbs {row.gbs} mbs {row.mbs} seq {row.seq}"
 
 
@@ -508,7 +620,16 @@ def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, mode
             f"Mapping (see the script's docstring): e.g. `{example.row}` is `{cli_command(row_options(example))}`.",
             "",
         ]
-    lines += ["## Summary", "", *summary_table(rows, preds), "", "## Per row", "", *row_table(rows, preds), ""]
+    lines += ["## Summary", "", *summary_table(rows, preds), "", tp_overlap_note(rows), ""]
+    lines += [
+        "Config column: `ub recipe` = the recipe's userbuffers config (`--tp-comm-overlap-cfg`), `ub off` = no TP "
+        "overlap (the recipe's), `ub TE?` = not established, TE's defaults; the recipes CSV says which.",
+        "",
+        "## Per row",
+        "",
+        *row_table(rows, preds),
+        "",
+    ]
     lines += keep
     return "\n".join(lines).rstrip() + "\n"
 
@@ -542,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     print()
     print("\n".join(summary_table(rows, preds)))
+    print(tp_overlap_note(rows))
     if a.out is not None:
         from opcast.atomic import write_atomically
 

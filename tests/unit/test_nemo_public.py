@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -83,6 +84,7 @@ def test_hand_checked_h100_row_with_tp_pp_and_interleaving(nemo, rows):
         "overlap_param_gather": True,
         "sp": True,
         "tp_comm_overlap": True,
+        "tp_comm_overlap_cfg": v["tp_comm_overlap_cfg"],  # its recipe's (test_recipe_tp_overlap_config_...)
         "schedule": "interleaved",
         "virtual_stages": 5,
         "overlap_p2p_comm": True,
@@ -161,9 +163,10 @@ def test_script_rejects_a_bad_csv_in_one_line(tmp_path):
 def test_recipe_offloading_is_passed_and_the_runs_nvidia_made_are_not_refused(nemo, rows):
     recipes = nemo.read_recipes()
     assert set(recipes) <= set(rows)  # every recipe entry names a published row
-    for name, (layers, source) in recipes.items():
-        assert rows[name].offload_layers == layers and rows[name].recipe_source == source
-        assert source.startswith("https://github.com/") and "/blob/" in source
+    for name, recipe in recipes.items():
+        assert rows[name].offload_layers == recipe.offload_layers and rows[name].recipe_source == recipe.recipe_source
+        if recipe.recipe_source:
+            assert recipe.recipe_source.startswith("https://github.com/") and "/blob/" in recipe.recipe_source
     # the GB200 FSDP rows whose recipes offload (NeMo 25.07 405B: 95 layers; Megatron-Bridge 70B FP8-CS: 40)
     for name, layers in (
         ("25.07-gb200-llama3.1-405b", 95),
@@ -176,11 +179,104 @@ def test_recipe_offloading_is_passed_and_the_runs_nvidia_made_are_not_refused(ne
     assert "offload_activations" not in nemo.row_options(rows["25.04-gb200-llama3-70b"])
 
 
+HEADER = "row,offload_layers,recipe_source,recipe_setting,tp_overlap_cfg,tp_overlap_source,tp_overlap_setting\n"
+
+
 def test_a_bad_recipe_entry_is_refused(nemo, tmp_path):
     bad = tmp_path / "recipes.csv"
-    bad.write_text("row,offload_layers,recipe_source,recipe_setting\nx,-3,https://example.org/a,y\n", encoding="utf-8")
+    bad.write_text(HEADER + "x,-3,https://example.org/a,y,,,\n", encoding="utf-8")
     with pytest.raises(ValueError, match="offload_layers"):
         nemo.read_recipes(bad)
-    bad.write_text("row,offload_layers,recipe_source,recipe_setting\nx,3,file:///a,y\n", encoding="utf-8")
+    bad.write_text(HEADER + "x,3,file:///a,y,,,\n", encoding="utf-8")
     with pytest.raises(ValueError, match="https URL"):
         nemo.read_recipes(bad)
+    bad.write_text(HEADER + "x,,,,,,\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="sets nothing"):
+        nemo.read_recipes(bad)
+
+
+# A recipe's userbuffers config as the recipes CSV holds it: Megatron-Bridge v0.2.0 comm_overlap.py
+# userbuffers_fp8_h100_h8192_tp4_mbs1_seqlen8192, read by hand (qkv_dgrad Bulk num_sm 4, qkv_wgrad Bulk 24,
+# fc1_dgrad Bulk 2, fc1_wgrad Bulk 4, all without margin; four RingExchange(aggregate=False); proj_fprop and
+# fc2_fprop RingExchange(num_sm=1, set_sm_margin=True)).
+H100_70B_FP8 = (
+    "qkv_fprop=ring_exchange:sm1:nomargin,fc1_fprop=ring_exchange:sm1:nomargin,proj_dgrad=ring_exchange:sm1:nomargin,"
+    "fc2_dgrad=ring_exchange:sm1:nomargin,proj_fprop=ring_exchange:sm1:margin,fc2_fprop=ring_exchange:sm1:margin,"
+    "qkv_dgrad=bulk:sm4:nomargin,qkv_wgrad=bulk:sm24:nomargin,fc1_dgrad=bulk:sm2:nomargin,fc1_wgrad=bulk:sm4:nomargin"
+)
+
+
+def test_recipe_tp_overlap_column_parses_and_covers_every_tp_row(nemo, rows):
+    from opcast.predict.tp_overlap import TE_DEFAULTS, parse_configs
+
+    recipes = nemo.read_recipes()
+    assert set(recipes) <= set(rows)  # every entry names a published row
+    overlap = {n: r for n, r in recipes.items() if r.tp_overlap}
+    tp_rows = {n for n, r in rows.items() if r.tp > 1 and not r.skip_reason}
+    assert set(overlap) == tp_rows  # every predicted TP > 1 row says what its recipe sets, and only those
+    for name, recipe in overlap.items():
+        assert rows[name].tp_overlap == recipe.tp_overlap and rows[name].tp_overlap_source == recipe.tp_overlap_source
+        at_commit = r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/\S+"
+        assert re.fullmatch(at_commit, recipe.tp_overlap_source), name
+        if recipe.tp_overlap not in nemo.TP_OVERLAP_KEYWORDS:
+            assert set(parse_configs(recipe.tp_overlap)) == set(TE_DEFAULTS), name  # all ten GEMMs written out
+    assert rows["25.11-h100-llama3-70b-fp8cs"].tp_overlap == H100_70B_FP8
+    assert rows["26.04.01-h100-llama3-70b-fp8"].tp_overlap == H100_70B_FP8  # the same config at v0.4.2
+    # Megatron-Bridge turns TP overlap off for NVFP4; NeMo 24.07's runs name no recipe
+    assert {n for n, r in overlap.items() if r.tp_overlap == nemo.TP_OVERLAP_OFF} == {
+        "26.04.01-gb200-llama3-70b-nvfp4",
+        "26.04.01-gb200-llama3.1-405b-nvfp4",
+    }
+    assert {n for n, r in overlap.items() if r.tp_overlap == nemo.TP_OVERLAP_UNKNOWN} == {
+        n for n in tp_rows if n.startswith("24.07-")
+    }
+    note = nemo.tp_overlap_note(list(rows.values()))
+    assert f"the {len(tp_rows)} predicted TP > 1 rows" in note and "4 not established" in note
+
+
+def test_a_row_with_a_recipe_config_passes_it_to_the_command(nemo, rows):
+    row = rows["25.11-h100-llama3-70b-fp8cs"]
+    v = nemo.row_options(row)
+    assert v["tp_comm_overlap"] is True and v["tp_comm_overlap_cfg"] == H100_70B_FP8
+    words = shlex.split(nemo.cli_command(v))
+    assert words[words.index("--tp-comm-overlap-cfg") + 1] == H100_70B_FP8
+    pred = nemo.predict_row(row)
+    out = subprocess.run(
+        [sys.executable, "-m", "opcast", *words[1:], "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["tokens_per_s"] / row.n_gpus == pytest.approx(pred.tokens_per_s_per_gpu, rel=1e-9)
+    # the recipe's config prices differently from TE's defaults (fewer comm SMs, ring exchange for proj / fc2)
+    default = nemo.predict_row(nemo.dataclasses.replace(row, tp_overlap=nemo.TP_OVERLAP_UNKNOWN))
+    assert default.tokens_per_s_per_gpu != pytest.approx(pred.tokens_per_s_per_gpu, rel=1e-6)
+    # off: sequence parallel stays, no overlap; unknown: TE's defaults
+    off = nemo.row_options(rows["26.04.01-gb200-llama3-70b-nvfp4"])
+    assert off["sp"] is True and "tp_comm_overlap" not in off and "tp_comm_overlap_cfg" not in off
+    unknown = nemo.row_options(rows["24.07-h100-llama2-70b"])
+    assert unknown["tp_comm_overlap"] is True and "tp_comm_overlap_cfg" not in unknown
+
+
+def test_a_bad_tp_overlap_entry_is_refused_in_one_line(nemo, rows, tmp_path):
+    bad = tmp_path / "recipes.csv"
+    src = "https://github.com/o/r/blob/" + "0" * 40 + "/f.py"
+    for cfg, match in (
+        ("qkv_wgrad=pipeline:sm4", "qkv_wgrad: method 'pipeline'"),
+        ("proj_fprop=ring_exchange:split4", "bad field 'split4'"),
+        ("nonsense", "give GEMM=METHOD"),
+    ):
+        bad.write_text(HEADER + f'25.11-h100-llama3-70b-fp8cs,,,,"{cfg}",{src},a config\n', encoding="utf-8")
+        with pytest.raises(ValueError, match=match):
+            nemo.read_recipes(bad)
+    bad.write_text(HEADER + f"25.11-h100-llama3-70b-fp8cs,,,,off,{src},\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="tp_overlap_setting"):
+        nemo.read_recipes(bad)
+    bad.write_text(HEADER + f"24.07-h100-llama2-7b,,,,off,{src},turned off\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="runs TP 1"):
+        nemo.read_rows(recipes=bad)
+    # through the script: one line on stderr, exit 2, nothing predicted
+    bad.write_text(HEADER + f'25.11-h100-llama3-70b-fp8cs,,,,"qkv_wgrad=bulk:sm",{src},a config\n', encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--recipes", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "bad field 'sm'" in out.stderr and "Traceback" not in out.stderr
