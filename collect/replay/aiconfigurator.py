@@ -25,8 +25,12 @@ Tables converted (all forward, one measurement per row):
     fp8_block, ``nvfp4`` (e2m1 with an E4M3 scale per 16 elements; B200, GB200, B300, GB300,
     RTX PRO 6000) -> nvfp4. Skipped with reasons: ``int8_wo`` / ``int4_wo`` / ``sq`` (integer
     weight-only and SmoothQuant GEMMs), a block-scaled row of a device without the peak it runs
-    at (nvfp4 where ``peak_fp4_flops`` is null). The latency is the mean per call of a CUDA-graph loop that
-    cycles distinct weight copies past the L2 cache.
+    at (nvfp4 where ``peak_fp4_flops`` is null), vLLM's fp8_block rows (timed eagerly). The latency is the
+    mean per call of a CUDA-graph loop (collector/helper.py ``benchmark_with_power``: 3 warm-up and 6 timed
+    replays); TensorRT-LLM cycles distinct weight copies past the L2 cache, SGLang up to 6 copies by a memory
+    budget, vLLM 6 copies but one for nvfp4. The quantised dtypes' timed call starts from a bf16 activation
+    and quantises it (fp8: per-tensor in TRT-LLM, per-token in vLLM and SGLang; fp8_block per 1x128 group;
+    nvfp4), so those rows hold the activation's quantisation too; the bf16 rows are the GEMM alone.
 ``attention/context_attention_perf``
     Prefill: ``attention`` batch=batch_size, heads=num_heads, kv_heads=num_key_value_heads,
     seq_q = seq_kv = isl, head_dim, causal, impl ``flash`` (every lane is a fused kernel: TRT-LLM
@@ -93,7 +97,8 @@ dtype, direction), so exactly one measurement is kept, the first in this precede
    and applies RoPE) and its small fp8 GEMMs are often slower; TRT-LLM and SGLang fill the shapes
    and dtypes vLLM lacks (fp8 attention, most A100 GEMMs). fp8 GEMMs take ``fp8_gemm_frameworks``
    (default :data:`GEMM_FP8_FRAMEWORKS`: TensorRT-LLM's cuBLASLt rows first, the kernel family of
-   Transformer Engine's fp8 training);
+   Transformer Engine's fp8 training), block-scaled GEMMs :data:`GEMM_BLOCK_FRAMEWORKS` (vLLM's
+   fp8_block rows are skipped: :data:`VLLM_FP8_BLOCK_REASON`);
 2. newest version of that framework first;
 3. within one file and dtype, the densest kernel lane first (most rows, then name: the ranking
    AIConfigurator itself uses for donor lanes), so one file contributes one kernel per dtype
@@ -170,6 +175,20 @@ call on per-tensor scales, the kernel family Transformer Engine's fp8 training G
 the same shapes, by an amount that changes from GPU to GPU. With TensorRT-LLM's rows, leave-one-GPU-out
 fp8 GEMM error is 8.7 % against 15.2 % with vLLM's (``python benchmarks/modern_gpus.py --precedence``,
 benchmarks/results/modern_gpus.md, 2026-12-02)."""
+
+GEMM_BLOCK_FRAMEWORKS: Final = {"fp8_block": ("trtllm", "sglang"), "nvfp4": ("trtllm", "sglang", "vllm")}
+"""Framework precedence of the block-scaled GEMM rows, TensorRT-LLM's first as for fp8. Every
+framework's fp8_block and nvfp4 call quantises its bf16 activation inside the timed call (TRT-LLM
+``fp8_quantize_1x128`` / ``fp4_quantize``, SGLang ``sglang_per_token_group_quant_fp8`` /
+``flashinfer_fp4_quantize``, vLLM's linear methods), all in a CUDA graph but vLLM's fp8_block
+(:data:`VLLM_FP8_BLOCK_REASON`); TRT-LLM cycles weight copies past the L2 as for the other dtypes
+(ai-dynamo/aiconfigurator ``collector/{trtllm,sglang,vllm}/collect_gemm.py`` at 095f58a). SGLang's
+DeepGEMM rows agree with TRT-LLM's within 0.82-1.05x on fp8_block."""
+VLLM_FP8_BLOCK_REASON: Final = (
+    "gemm fp8_block (vllm): timed without a CUDA graph and with one weight copy (AIConfigurator "
+    "collector/vllm/collect_gemm.py: use_cuda_graph=gemm_type != 'fp8_block'), so host-launch bound: a floor of "
+    "55 us on H100 to 240 us on GB200 where TensorRT-LLM's rows start at 4-5 us"
+)
 
 ATTENTION_FILL: Final = False
 """Whether other frameworks (or older releases of the first) fill the attention shapes that the first
@@ -356,6 +375,10 @@ def replay(
         _check_device(path, frame, device)
         if kind == "gemm":
             frame = _skip_unsupported(frame, device, result)
+            if framework == "vllm":
+                frame = _skip_by(frame, frame["dtype"].astype(str) == "fp8_block", VLLM_FP8_BLOCK_REASON, result)
+            if frame.empty:
+                continue
         meta = read_meta(path.parent / "collection_meta.yaml")
         frame = frame.assign(
             device=device,
@@ -372,9 +395,9 @@ def replay(
     versions = _version_ranks(f for fs in frames.values() for f in fs)
     for kind, parts in frames.items():
         if parts:
-            fp8_order = tuple(fp8_gemm_frameworks) if kind == "gemm" else None
+            dtype_orders = {"fp8": tuple(fp8_gemm_frameworks), **GEMM_BLOCK_FRAMEWORKS} if kind == "gemm" else {}
             kind_order = attention_order if kind == "attention" else order
-            ranked = [_rank(frame, kind_order, versions, fp8_order) for frame in parts]
+            ranked = [_rank(frame, kind_order, versions, dtype_orders) for frame in parts]
             fill = attention_fill or kind != "attention"
             result.rows.extend(_select(kind, pd.concat(ranked, ignore_index=True), result, fill=fill))
     return result
@@ -566,17 +589,18 @@ def _rank(
     frame: pd.DataFrame,
     order: tuple[str, ...],
     versions: Mapping[tuple[str, str, str, str], int],
-    fp8_order: tuple[str, ...] | None = None,
+    dtype_orders: Mapping[str, tuple[str, ...]] | None = None,
 ) -> pd.DataFrame:
-    """Precedence columns of one file's rows: framework (``fp8_order`` for its fp8 rows where given),
-    version, kernel lane density."""
+    """Precedence columns of one file's rows: framework (``dtype_orders[dtype]`` for the rows of a dtype
+    it names, e.g. the fp8 and block-scaled GEMMs), version, kernel lane density."""
     first = frame.iloc[0]
     framework = str(first["_framework"])
     lane_rows = frame.groupby(["dtype", "kernel_source"], sort=False)["time_s"].transform("size")
     rank: int | np.ndarray = order.index(framework) if framework in order else len(order)
-    if fp8_order is not None:
-        fp8_rank = fp8_order.index(framework) if framework in fp8_order else len(fp8_order)
-        rank = np.where(frame["dtype"].astype(str).to_numpy() == "fp8", fp8_rank, rank)
+    dtypes = frame["dtype"].astype(str).to_numpy()
+    for dtype, dtype_order in (dtype_orders or {}).items():
+        dtype_rank = dtype_order.index(framework) if framework in dtype_order else len(dtype_order)
+        rank = np.where(dtypes == dtype, dtype_rank, rank)
     return frame.assign(
         _fw_rank=rank,
         _ver_rank=versions[(first["_system"], first["_table"], framework, first["_version"])],

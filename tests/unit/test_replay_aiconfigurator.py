@@ -384,12 +384,15 @@ def test_real_h100_gemms(package_root):
     rows = pd.DataFrame(result.rows)
     source = pd.concat(
         [
-            pq.read_table(p, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas()
+            pq.read_table(p, columns=["gemm_dtype", "m", "n", "k", "latency"]).to_pandas().assign(framework=p.parts[-3])
             for p in sorted(package_root.glob("h100_sxm/gemm/*/*/gemm_perf.parquet"))
         ],
         ignore_index=True,
     )
     source = source[source.gemm_dtype.isin(["bfloat16", "fp8", "fp8_block"]) & (source.latency > 0)]
+    eager = (source.framework == "vllm") & (source.gemm_dtype == "fp8_block")  # VLLM_FP8_BLOCK_REASON
+    assert result.skipped[aic.VLLM_FP8_BLOCK_REASON] == int(eager.sum()) > 0
+    source = source[~eager]
     assert len(rows) == len(source.drop_duplicates(["gemm_dtype", "m", "n", "k"]))
     assert int((rows.dtype == "fp8_block").sum()) == len(
         source[source.gemm_dtype == "fp8_block"].drop_duplicates(["m", "n", "k"])
@@ -479,6 +482,29 @@ def test_fp8_gemms_take_tensorrt_llms_cublaslt_rows_first_and_bf16_keeps_vllms(t
     assert kept() == {"bf16": "vllm", "fp8": "trtllm"}
     assert kept(fp8_gemm_frameworks=("vllm", "trtllm")) == {"bf16": "vllm", "fp8": "vllm"}
     assert kept(frameworks=("trtllm", "vllm")) == {"bf16": "trtllm", "fp8": "trtllm"}
+
+
+def test_block_scaled_gemms_take_tensorrt_llms_rows_and_skip_vllms_eager_fp8_block(tmp_path):
+    """fp8_block and nvfp4 rows follow GEMM_BLOCK_FRAMEWORKS (TensorRT-LLM first); vLLM's fp8_block rows,
+    timed without a CUDA graph, are skipped and counted even where nothing else measured the shape."""
+    gen = load_script(GENERATOR, register=False)
+    gen.HERE = tmp_path
+    both = [("k", "fp8_block", 128, 4096, 4096), ("k", "nvfp4", 128, 4096, 4096)]
+    only_vllm = [("k", "fp8_block", 64, 4096, 4096)]
+    for framework, version, scale, cases in (
+        ("trtllm", "1.3.0rc20", 1.0, both),
+        ("sglang", "0.5.14", 0.9, both),
+        ("vllm", "0.24.0", 1.5, both + only_vllm),
+    ):
+        gen.write(
+            f"b200_sxm/gemm/{framework}/{version}/gemm_perf.parquet",
+            gen.gemm_rows(framework.upper(), version, "NVIDIA B200", cases, scale=scale),
+            gen.meta(framework, version),
+        )
+    result = aic.replay(tmp_path)
+    kept = {(r["dtype"], r["m"]): r["source_file"].split("/")[2] for r in result.rows if r["op"] == "gemm"}
+    assert kept == {("fp8_block", 128): "trtllm", ("nvfp4", 128): "trtllm"}
+    assert result.skipped[aic.VLLM_FP8_BLOCK_REASON] == 2
 
 
 def test_attention_keeps_one_framework_per_system_phase_and_dtype(tmp_path):
