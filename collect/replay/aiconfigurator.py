@@ -31,6 +31,9 @@ Tables converted (all forward, one measurement per row):
     budget, vLLM 6 copies but one for nvfp4. The quantised dtypes' timed call starts from a bf16 activation
     and quantises it (fp8: per-tensor in TRT-LLM, per-token in vLLM and SGLang; fp8_block per 1x128 group;
     nvfp4), so those rows hold the activation's quantisation too; the bf16 rows are the GEMM alone.
+    TensorRT-LLM's fp8 rows (the fp8 GEMMs kept) have it subtracted (:data:`QUANT_TABLES`); the fp8_block
+    and nvfp4 rows keep it (AIConfigurator publishes no quantize table of those: a few per cent of a
+    GEMM at training sizes by its bandwidth, more on small ones).
 ``attention/context_attention_perf``
     Prefill: ``attention`` batch=batch_size, heads=num_heads, kv_heads=num_key_value_heads,
     seq_q = seq_kv = isl, head_dim, causal, impl ``flash`` (every lane is a fused kernel: TRT-LLM
@@ -184,6 +187,21 @@ framework's fp8_block and nvfp4 call quantises its bf16 activation inside the ti
 (:data:`VLLM_FP8_BLOCK_REASON`); TRT-LLM cycles weight copies past the L2 as for the other dtypes
 (ai-dynamo/aiconfigurator ``collector/{trtllm,sglang,vllm}/collect_gemm.py`` at 095f58a). SGLang's
 DeepGEMM rows agree with TRT-LLM's within 0.82-1.05x on fp8_block."""
+QUANT_TABLES: Final = ("computescale_perf", "scale_matrix_perf")
+"""AIConfigurator's ``quantize/trtllm/<version>/`` tables: TensorRT-LLM's dynamic per-tensor fp8
+quantisation of an ``[m, k]`` bf16 activation, ``quantize_e4m3_per_tensor``'s amax pass
+(``compute_scale``) and its quantising pass (``scale_matrix``), timed alone on the GEMM tables' (m, k)
+grid (collector/trtllm/collect_computescale.py). TensorRT-LLM's fp8 GEMM rows time exactly these two
+before the cuBLASLt GEMM (collector/trtllm/collect_gemm.py: "the collected fp8 GEMM includes the
+compute-scale overhead"), so the replay subtracts them (:func:`_gemm_alone`): opcast prices Transformer
+Engine's casts as their own kernels (``opcast.predict.graph.fp8_quantisation``), and a GEMM row holding a
+quantisation too counted it twice (9-20 % of an H100 fp8 GEMM from m*n*k = 1e11 up, 40-70 % below 1e9).
+AIConfigurator derives its static-fp8 GEMM the same way (aic-core ``perf_database._gemm_key_names``)."""
+FP8_QUANT_KEPT: Final = "with dynamic fp8 quantisation (no quantize table to subtract)"
+"""Appended to the ``kernel_source`` of TensorRT-LLM fp8 rows whose quantisation could not be subtracted."""
+FP8_QUANT_GONE: Final = "GEMM alone (dynamic fp8 quantisation subtracted)"
+"""Appended to the ``kernel_source`` of TensorRT-LLM fp8 rows after :func:`_gemm_alone`."""
+
 VLLM_FP8_BLOCK_REASON: Final = (
     "gemm fp8_block (vllm): timed without a CUDA graph and with one weight copy (AIConfigurator "
     "collector/vllm/collect_gemm.py: use_cuda_graph=gemm_type != 'fp8_block'), so host-launch bound: a floor of "
@@ -242,6 +260,10 @@ TIMING_CUSTOM: Final = "replay:aiconfigurator:cuda-graph-mean"
 ATTENTION_TABLES: Final = {"context_attention_perf": "context", "generation_attention_perf": "generation"}
 COLLECTIVE_TABLES: Final = ("nccl_perf", "oneccl_perf")
 TABLE_REASONS: Final[dict[str, str]] = {
+    "computescale_perf": "quantize/computescale_perf: fp8 activation quantisation (amax pass), subtracted from "
+    "TensorRT-LLM's fp8 GEMM rows (QUANT_TABLES), not a row of its own",
+    "scale_matrix_perf": "quantize/scale_matrix_perf: fp8 activation quantisation (quantising pass), subtracted from "
+    "TensorRT-LLM's fp8 GEMM rows (QUANT_TABLES), not a row of its own",
     "moe_perf": "moe/moe_perf: fused MoE layer (routing + grouped GEMMs); the registry has no MoE op",
     "moe_a2a_perf": "comm/moe_a2a_perf: MoE token dispatch/combine; the registry has no MoE op",
     "mla_bmm_perf": "mla_bmm/mla_bmm_perf: DeepSeek MLA absorbed BMMs (shape constants not in the table)",
@@ -265,6 +287,8 @@ _SOURCE_COLUMNS: Final = {
 }
 _SOURCE_COLUMNS["generation_attention_perf"] = _SOURCE_COLUMNS["context_attention_perf"]
 _SOURCE_COLUMNS["oneccl_perf"] = _SOURCE_COLUMNS["nccl_perf"]
+for _table in QUANT_TABLES:
+    _SOURCE_COLUMNS[_table] = ("m", "k", "quant_dtype", "latency")
 _SOURCE_COLUMNS[CUSTOM_TABLE] = ("kernel_source", "op_name", "allreduce_dtype", "num_gpus", "message_size", "latency")
 _OPTIONAL_COLUMNS: Final = ("window_size", "beam_width")
 
@@ -377,6 +401,8 @@ def replay(
             frame = _skip_unsupported(frame, device, result)
             if framework == "vllm":
                 frame = _skip_by(frame, frame["dtype"].astype(str) == "fp8_block", VLLM_FP8_BLOCK_REASON, result)
+            if framework == "trtllm":
+                frame = _gemm_alone(frame, base / system / "quantize" / framework / version, result)
             if frame.empty:
                 continue
         meta = read_meta(path.parent / "collection_meta.yaml")
@@ -453,6 +479,43 @@ def _gemm(path: Path, result: ReplayResult) -> pd.DataFrame:
     frame = _skip_by(frame, bad, "gemm: a dimension below 1", result)
     return frame.assign(
         op="gemm", b=1, m=frame["m"].astype("int64"), n=frame["n"].astype("int64"), k=frame["k"].astype("int64")
+    )
+
+
+def _gemm_alone(frame: pd.DataFrame, quant_dir: Path, result: ReplayResult) -> pd.DataFrame:
+    """TensorRT-LLM's fp8 GEMM rows less the activation quantisation its timed call ran
+    (:data:`QUANT_TABLES` of the same release, matched on (m, k)); rows of a release without those
+    tables keep it and say so in ``kernel_source`` (:data:`FP8_QUANT_KEPT`). A row without a matching
+    quantisation, or whose GEMM would be left with no time, is skipped and counted."""
+    fp8 = frame["dtype"].astype(str) == "fp8"
+    if not fp8.any():
+        return frame
+    paths = [quant_dir / f"{table}.parquet" for table in QUANT_TABLES]
+    source = frame["kernel_source"].astype(str)
+    if not all(p.is_file() for p in paths):
+        return frame.assign(kernel_source=source.where(~fp8, source + " " + FP8_QUANT_KEPT))
+    quant = None
+    for p, table in zip(paths, QUANT_TABLES):
+        rows = _read(p, table)
+        rows = rows[(rows["quant_dtype"].astype(str) == "fp8") & np.isfinite(rows["time_s"]) & (rows["time_s"] > 0)]
+        per = rows.groupby(["m", "k"])["time_s"].median()
+        quant = per if quant is None else quant + per  # both passes measured at (m, k), else NaN
+    assert quant is not None
+    at = quant.reindex(pd.MultiIndex.from_arrays([frame["m"], frame["k"]])).to_numpy()
+    left = frame["time_s"].to_numpy() - at
+    unmatched = fp8 & np.isnan(at)
+    frame = _skip_by(frame, unmatched, "gemm fp8 (trtllm): no quantisation row at its (m, k) to subtract", result)
+    left = left[~unmatched.to_numpy()]
+    fp8 = frame["dtype"].astype(str) == "fp8"
+    gone = fp8.to_numpy() & ~(left > 0)
+    frame = _skip_by(
+        frame, pd.Series(gone, index=frame.index), "gemm fp8 (trtllm): no time left after its quantisation", result
+    )
+    left, fp8 = left[~gone], fp8[~gone]
+    source = frame["kernel_source"].astype(str)
+    return frame.assign(
+        time_s=np.where(fp8, left, frame["time_s"]),
+        kernel_source=source.where(~fp8, source + " " + FP8_QUANT_GONE),
     )
 
 

@@ -507,6 +507,45 @@ def test_block_scaled_gemms_take_tensorrt_llms_rows_and_skip_vllms_eager_fp8_blo
     assert result.skipped[aic.VLLM_FP8_BLOCK_REASON] == 2
 
 
+def test_tensorrt_llm_fp8_gemms_lose_the_activation_quantisation_their_call_timed(tmp_path):
+    """TensorRT-LLM's fp8 GEMM row times quantize_e4m3_per_tensor (compute_scale + scale_matrix) before the
+    GEMM; the replay subtracts both from AIConfigurator's quantize tables of the same release at the row's
+    (m, k), skips (counted) a row without one or left with no time, and a release without the tables keeps
+    its rows as measured, saying so in the kernel name. bf16 rows are untouched."""
+    gen = load_script(GENERATOR, register=False)
+    gen.HERE = tmp_path
+    cases = [
+        ("torch_flow", "fp8", 128, 4096, 4096),  # quant at (128, 4096): subtracted
+        ("torch_flow", "fp8", 256, 4096, 4096),  # no quant row at (256, 4096): skipped
+        ("torch_flow", "fp8", 64, 4096, 1024),  # quant longer than the row: skipped
+        ("torch_flow", "bfloat16", 128, 4096, 4096),
+    ]
+    rows = gen.gemm_rows("TRTLLM", "1.3.0rc20", "NVIDIA H100 80GB HBM3", cases)
+    gen.write("h100_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet", rows, gen.meta("trtllm", "1.3.0rc20"))
+    b200_rows = [{**r, "device": "NVIDIA B200"} for r in rows]
+    gen.write("b200_sxm/gemm/trtllm/1.3.0rc20/gemm_perf.parquet", b200_rows, gen.meta("trtllm", "1.3.0rc20"))
+    row_ms = {(r["gemm_dtype"], r["m"], r["k"]): r["latency"] for r in rows}
+    quant_ms = {"computescale_perf": {(128, 4096): 0.002, (64, 1024): 0.5}, "scale_matrix_perf": {(128, 4096): 0.003}}
+    quant_ms["scale_matrix_perf"][(64, 1024)] = 0.5
+    for table, at in quant_ms.items():
+        gen.write(
+            f"h100_sxm/quantize/trtllm/1.3.0rc20/{table}.parquet",
+            [{"m": m, "k": k, "quant_dtype": "fp8", "latency": ms} for (m, k), ms in at.items()],
+        )
+    result = aic.replay(tmp_path)
+    got = {(r["device"], r["dtype"], r["m"]): r for r in result.rows}
+    h100 = got[("H100-SXM", "fp8", 128)]
+    assert h100["time_s_median"] == pytest.approx((row_ms[("fp8", 128, 4096)] - 0.005) / 1e3)
+    assert h100["kernel_name"].endswith(aic.FP8_QUANT_GONE)
+    assert ("H100-SXM", "fp8", 256) not in got and ("H100-SXM", "fp8", 64) not in got
+    assert result.skipped["gemm fp8 (trtllm): no quantisation row at its (m, k) to subtract"] == 1
+    assert result.skipped["gemm fp8 (trtllm): no time left after its quantisation"] == 1
+    assert got[("H100-SXM", "bf16", 128)]["time_s_median"] == pytest.approx(row_ms[("bfloat16", 128, 4096)] / 1e3)
+    b200 = [r for r in result.rows if r["device"] == "B200" and r["dtype"] == "fp8"]  # no quantize tables there
+    assert len(b200) == 3 and all(r["kernel_name"].endswith(aic.FP8_QUANT_KEPT) for r in b200)
+    assert got[("B200", "fp8", 128)]["time_s_median"] == pytest.approx(row_ms[("fp8", 128, 4096)] / 1e3)
+
+
 def test_attention_keeps_one_framework_per_system_phase_and_dtype(tmp_path):
     """Attention rows come from one framework (kernel family) per (system, phase, dtype): the first in
     the precedence that measured any row of it. Shapes only another framework measured are left out
