@@ -47,8 +47,15 @@ What NeMo's performance recipes run, and what is passed:
   ``precision == "nvfp4"`` rows) -> no ``--tp-comm-overlap``; ``te-defaults`` (the recipe names no config)
   and ``unknown`` (not established: NeMo 24.07, whose table names no recipe and whose launcher configs are
   not the published runs) -> ``--tp-comm-overlap`` at TE's defaults, ``unknown`` counted in the output;
-- the distributed optimizer: FSDP = 0 -> ``--zero 1`` with ``--overlap-grad-reduce
-  --overlap-param-gather`` (NeMo's ``DistributedDataParallelConfig`` defaults in the recipes);
+- the distributed optimizer: FSDP = 0 -> ``--zero 1`` with the recipe's data-parallel overlaps, the recipes
+  CSV's ``dp_overlap`` (:data:`DP_OVERLAP_VALUES`): ``grad+param`` -> ``--overlap-grad-reduce
+  --overlap-param-gather``, ``grad`` -> ``--overlap-grad-reduce`` only. NeMo's ``MegatronCommOverlapCallback``
+  (``nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py``) and Megatron-Bridge's ``CommOverlapConfig``
+  (``src/megatron/bridge/training/comm_overlap.py``) ``_get_optimizer_overlap_cfgs`` turn both on where DP > 1
+  unless the recipe overrides them: Megatron-Bridge v0.2.0 ``llama31_405b_*_config(precision='fp8_mx')`` (and
+  the 70B ones) set ``overlap_param_gather = False`` ("causes NaN grad norm"; its Llama 3 8B functions do not),
+  v0.4.2 ``llama31_405b_pretrain_config_gb200`` calls ``disable_param_gather_overlap`` for NVFP4 V2 (peak
+  memory). A row whose recipe was not established (NeMo 24.07) gets both, counted in the output;
   FSDP > 0 (Megatron FSDP; 25.11 writes the sharding group size, NeMo 25.x writes 1) -> ``--zero 3``
   (opcast's ZeRO-3 gathers weights and reduce-scatters gradients per layer behind compute, as
   Megatron FSDP does; the two overlap flags belong to the distributed optimizer and are refused with it);
@@ -66,10 +73,22 @@ What NeMo's performance recipes run, and what is passed:
   helpers.py`` ``set_recompute_configs``; Megatron-Bridge (25.11, 26.04.01): ``scripts/performance/configs/
   llama*/...workload_base_configs.py``, ``cpu_offloading_num_layers``, applied by ``set_recompute_overrides``.
   A row without an entry offloads nothing;
-- FlashAttention (``--attention flash``, the default), no activation recompute (``--recompute none``;
-  the published tables do not give it, and the recipes read set none), Adam.
+- activation recompute, the recipes CSV's ``recompute``: ``none`` / ``selective`` / ``full`` -> ``--recompute``
+  (every row read sets none: Megatron-Bridge's ``set_recompute_overrides`` sets it only with a preset's
+  ``recompute_num_layers`` / ``recompute_modules``, NeMo 25.04 / 25.07's CSV column ``recompute_layers`` is 0, NeMo
+  25.02's scripts set none; v0.4.2's 405B NVFP4 V2 preset clears V1's ``recompute_num_layers = 1``); ``full-block:N``
+  (``recompute_num_layers = N`` with ``recompute_method = "block"``: v0.2.0's ``LLAMA3_8B_H100_FP8_CS_BASE_CONFIG``,
+  N = 5) is not expressible and priced without, counted;
+- FlashAttention (``--attention flash``, the default), Adam.
 
-Not mapped (no opcast option represents it): a partially sharded distributed optimizer. NeMo 25.07's 405B
+Not mapped (no opcast option represents it, each counted or listed in the output): CUDA graphs (the recipes CSV's
+``cuda_graphs``: Megatron-Bridge v0.2.0's Llama 3 8B GB200 / B200 presets ``cuda_graph_impl = "local"``,
+``cuda_graph_scope = "full_iteration"``; NeMo 25.04 / 25.07's ``cuda_graphs`` column 1 for GPT-3 175B and Llama 3 8B
+on GB200, ``enable_cuda_graph``; the rest off; opcast prices each kernel's launch as if eager); partial recompute
+(``full-block:N``, above); ``overlap_param_gather_with_optimizer_step`` (NeMo 25.x's ``set_primary_perf_configs`` and
+Megatron-Bridge v0.2.0's ``set_user_overrides`` / v0.4.2's ``set_post_overrides`` turn it on where DP, PP and VP
+are all > 1, v0.4.2 not for fp8_mx / nvfp4: the first bucket's gather behind the optimizer step rather than the
+first forward) and ``align_param_gather``; a partially sharded distributed optimizer. NeMo 25.07's 405B
 GB200 recipe (v2.4.0 ``pretrain_llama31_405b.py``: ``num_distributed_optimizer_instances = num_nodes * 4 / 64``
 = 2 on 32 nodes, with Megatron FSDP) shards the optimizer over half the data-parallel ranks and all-reduces
 between the two instances; opcast prices ``--zero 3`` over all of them. Megatron-Bridge's GB200 405B
@@ -89,6 +108,7 @@ import argparse
 import csv
 import dataclasses
 import functools
+import re
 import statistics
 import sys
 import time
@@ -110,15 +130,40 @@ RECIPE_COLUMNS = (
     "tp_overlap_cfg",
     "tp_overlap_source",
     "tp_overlap_setting",
+    "dp_overlap",
+    "dp_overlap_source",
+    "dp_overlap_setting",
+    "recompute",
+    "recompute_source",
+    "recompute_setting",
+    "cuda_graphs",
+    "cuda_graphs_source",
+    "cuda_graphs_setting",
 )
 """Every column of the recipes CSV: a row name of ``nemo_public.csv``; the layers whose activations the
 recipe offloads, the recipe file (an https URL at a commit) and what it sets there (all three empty: not
 read); the row's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-comm-overlap-cfg`` text), the
-file that sets it (https at a commit) and the config's name and how it is chosen (all three empty: none)."""
+file that sets it (https at a commit) and the config's name and how it is chosen (all three empty: none);
+then three more facts, each as value, source (https at a commit) and what the recipe sets (all three empty:
+not established): the data-parallel overlaps (:data:`DP_OVERLAP_VALUES`), activation recompute
+(:data:`RECOMPUTE_MODES` or ``full-block:N``) and CUDA graphs (:data:`CUDA_GRAPHS_RE`)."""
 TP_OVERLAP_OFF, TP_OVERLAP_TE, TP_OVERLAP_UNKNOWN = "off", "te-defaults", "unknown"
 TP_OVERLAP_KEYWORDS = (TP_OVERLAP_OFF, TP_OVERLAP_TE, TP_OVERLAP_UNKNOWN)
 """``tp_overlap_cfg`` values that are not a config: the recipe turns TP comm overlap off; the recipe names no
 config (TE's defaults apply); not established (priced at TE's defaults, counted in the output)."""
+DP_OVERLAP_BOTH, DP_OVERLAP_GRAD, DP_OVERLAP_NONE = "grad+param", "grad", "none"
+DP_OVERLAP_VALUES = (DP_OVERLAP_BOTH, DP_OVERLAP_GRAD, DP_OVERLAP_NONE)
+"""``dp_overlap`` values: the distributed optimizer's ``overlap_grad_reduce`` and ``overlap_param_gather`` both on
+(``--overlap-grad-reduce --overlap-param-gather``), only the gradient reduction overlapped (``overlap_param_gather
+= False``: ``--overlap-grad-reduce``), neither. Not established: both, as NeMo's defaults (counted)."""
+RECOMPUTE_MODES = ("none", "selective", "full")
+"""``recompute`` values opcast's ``--recompute`` takes; ``full-block:N`` (Megatron ``recompute_granularity full``,
+``recompute_method block``, ``recompute_num_layers N``: the first N layers of each model chunk) is recorded but
+not expressible (priced without recompute, counted)."""
+RECOMPUTE_BLOCK_RE = re.compile(r"full-block:([1-9][0-9]*)")
+CUDA_GRAPHS_RE = re.compile(r"off|enable_cuda_graph|(local|transformer_engine):[a-z_]+(\+[a-z_]+)*")
+"""``cuda_graphs`` values: ``off``; NeMo 2.x ``enable_cuda_graph``; Megatron-Bridge ``cuda_graph_impl:cuda_graph_scope``
+(scopes joined by ``+``). Recorded, not priced (opcast has no CUDA-graph option), counted in the output."""
 OUT = ROOT / "benchmarks" / "results" / "nemo_public.md"
 
 REQUIRED = (
@@ -197,6 +242,15 @@ class Row:
     """The recipe's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-comm-overlap-cfg`` text); empty:
     none read (priced as ``unknown``)."""
     tp_overlap_source: str = ""
+    dp_overlap: str = ""
+    """The recipe's data-parallel overlaps (:data:`DP_OVERLAP_VALUES`); empty: not established (both passed)."""
+    dp_overlap_source: str = ""
+    recompute: str = ""
+    """The recipe's activation recompute (:data:`RECOMPUTE_MODES` or ``full-block:N``); empty: not established."""
+    recompute_source: str = ""
+    cuda_graphs: str = ""
+    """The recipe's CUDA graphs (:data:`CUDA_GRAPHS_RE`; not priced); empty: not established."""
+    cuda_graphs_source: str = ""
 
     @property
     def dp(self) -> int:
@@ -271,6 +325,12 @@ class Recipe:
     recipe_source: str = ""
     tp_overlap: str = ""
     tp_overlap_source: str = ""
+    dp_overlap: str = ""
+    dp_overlap_source: str = ""
+    recompute: str = ""
+    recompute_source: str = ""
+    cuda_graphs: str = ""
+    cuda_graphs_source: str = ""
 
 
 def _fact(rec: dict[str, str], columns: tuple[str, str, str], where: str) -> tuple[str, str] | None:
@@ -304,8 +364,27 @@ def read_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
                 raise ValueError(f"{where}: empty or duplicate row name {name!r}")
             offload = _fact(rec, ("offload_layers", "recipe_source", "recipe_setting"), where)
             overlap = _fact(rec, ("tp_overlap_cfg", "tp_overlap_source", "tp_overlap_setting"), where)
-            if offload is None and overlap is None:
-                raise ValueError(f"{where}: {name} sets nothing; give offload_layers or tp_overlap_cfg")
+            dp = _fact(rec, ("dp_overlap", "dp_overlap_source", "dp_overlap_setting"), where)
+            recompute = _fact(rec, ("recompute", "recompute_source", "recompute_setting"), where)
+            graphs = _fact(rec, ("cuda_graphs", "cuda_graphs_source", "cuda_graphs_setting"), where)
+            if all(f is None for f in (offload, overlap, dp, recompute, graphs)):
+                raise ValueError(
+                    f"{where}: {name} sets nothing; give offload_layers, tp_overlap_cfg, dp_overlap, recompute "
+                    "or cuda_graphs"
+                )
+            if dp is not None and dp[0] not in DP_OVERLAP_VALUES:
+                raise ValueError(f"{where}: dp_overlap {dp[0]!r} is not one of {', '.join(DP_OVERLAP_VALUES)}")
+            if recompute is not None and not (
+                recompute[0] in RECOMPUTE_MODES or RECOMPUTE_BLOCK_RE.fullmatch(recompute[0])
+            ):
+                raise ValueError(
+                    f"{where}: recompute {recompute[0]!r} is not one of {', '.join(RECOMPUTE_MODES)} nor full-block:N"
+                )
+            if graphs is not None and not CUDA_GRAPHS_RE.fullmatch(graphs[0]):
+                raise ValueError(
+                    f"{where}: cuda_graphs {graphs[0]!r} is not off, enable_cuda_graph nor IMPL:SCOPE[+SCOPE] "
+                    "(IMPL local or transformer_engine)"
+                )
             if overlap is not None and overlap[0] not in TP_OVERLAP_KEYWORDS:
                 try:
                     parse_configs(overlap[0])
@@ -319,6 +398,12 @@ def read_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
                 recipe_source=offload[1] if offload else "",
                 tp_overlap=overlap[0] if overlap else "",
                 tp_overlap_source=overlap[1] if overlap else "",
+                dp_overlap=dp[0] if dp else "",
+                dp_overlap_source=dp[1] if dp else "",
+                recompute=recompute[0] if recompute else "",
+                recompute_source=recompute[1] if recompute else "",
+                cuda_graphs=graphs[0] if graphs else "",
+                cuda_graphs_source=graphs[1] if graphs else "",
             )
     return out
 
@@ -338,6 +423,11 @@ def read_rows(path: Path = CSV_PATH, recipes: Path | None = RECIPES_PATH) -> lis
     for r in rows:  # entries naming rows of another CSV (a subset of the rows) are left unused
         if r.row in extra and extra[r.row].tp_overlap and r.tp < 2:
             raise ValueError(f"{r.row}: the recipes CSV sets tp_overlap_cfg but the row runs TP {r.tp} (no TP overlap)")
+        if r.row in extra and extra[r.row].recompute in ("selective", "full") and extra[r.row].offload_layers:
+            raise ValueError(
+                f"{r.row}: the recipes CSV sets both recompute {extra[r.row].recompute} and offload_layers "
+                "(Megatron-Core refuses CPU offloading with recompute); give one"
+            )
     return [dataclasses.replace(r, **dataclasses.asdict(extra[r.row])) if r.row in extra else r for r in rows]
 
 
@@ -363,7 +453,13 @@ def row_options(row: Row) -> dict[str, Any]:
         "zero": 3 if row.fsdp else 1,
     }
     if not row.fsdp:  # ZeRO-3 gathers and reduce-scatters per layer behind compute already
-        values.update(overlap_grad_reduce=True, overlap_param_gather=True)
+        dp_overlap = row.dp_overlap or DP_OVERLAP_BOTH  # not established: NeMo's defaults
+        if dp_overlap != DP_OVERLAP_NONE:
+            values["overlap_grad_reduce"] = True
+        if dp_overlap == DP_OVERLAP_BOTH:
+            values["overlap_param_gather"] = True
+    if row.recompute in ("selective", "full"):  # full-block:N is not expressible: priced without (counted)
+        values["recompute"] = row.recompute
     if row.pp > 1 and row.arch in LAYER_SPLIT:
         values["pp_partition"] = LAYER_SPLIT[row.arch]
     if row.ep > 1:
@@ -530,6 +626,38 @@ def tp_overlap_note(rows: list[Row]) -> str:
     )
 
 
+def recipe_facts_note(rows: list[Row]) -> str:
+    """One line counting, over the predicted rows, the data-parallel overlap, recompute and CUDA-graph facts read
+    from their recipes, naming the rows priced otherwise than their recipe runs (or not established)."""
+    pred = [r for r in rows if not r.skip_reason]
+    missing = {k: [r.row for r in pred if not getattr(r, k)] for k in ("dp_overlap", "recompute", "cuda_graphs")}
+    param_off = [r.row for r in pred if r.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE)]
+    partial = [f"{r.row} ({r.recompute})" for r in pred if RECOMPUTE_BLOCK_RE.fullmatch(r.recompute)]
+    passed = [f"{r.row} ({r.recompute})" for r in pred if r.recompute in ("selective", "full")]
+    graphs = [f"{r.row} ({r.cuda_graphs})" for r in pred if r.cuda_graphs not in ("", "off")]
+
+    def unread(key: str) -> str:
+        names = missing[key]
+        if key != "dp_overlap" and names and names == missing["dp_overlap"]:
+            return f"{len(names)} not established (the same rows)"
+        return f"{len(names)} not established" + (f" ({', '.join(names)})" if names else "")
+
+    return (
+        f"Recipe facts of the {len(pred)} predicted rows: data-parallel overlap read for "
+        f"{len(pred) - len(missing['dp_overlap'])}, param-gather overlap off in {len(param_off)}"
+        + (f" ({', '.join(param_off)})" if param_off else "")
+        + f", {unread('dp_overlap')} (priced with both overlaps); activation recompute read for "
+        f"{len(pred) - len(missing['recompute'])}, passed as --recompute in {len(passed)}"
+        + (f" ({', '.join(passed)})" if passed else "")
+        + f", partial and not expressible (priced without) in {len(partial)}"
+        + (f" ({', '.join(partial)})" if partial else "")
+        + f", {unread('recompute')} (priced without); CUDA graphs read for "
+        f"{len(pred) - len(missing['cuda_graphs'])}, on and not priced in {len(graphs)}"
+        + (f" ({', '.join(graphs)})" if graphs else "")
+        + f", {unread('cuda_graphs')}."
+    )
+
+
 _OVERLAP_TAGS = {"recipe": "ub recipe", TP_OVERLAP_OFF: "ub off", TP_OVERLAP_TE: "ub TE", TP_OVERLAP_UNKNOWN: "ub TE?"}
 
 
@@ -543,6 +671,12 @@ def _config(row: Row) -> str:
         parts.append(f"offload {row.offload_layers}")
     if row.tp > 1:
         parts.append(_OVERLAP_TAGS[tp_overlap_kind(row)])
+    if row.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE):
+        parts.append("no pg overlap")
+    if row.recompute not in ("", "none"):
+        parts.append(f"recompute {row.recompute}")
+    if row.cuda_graphs not in ("", "off"):
+        parts.append("cuda graphs")
     return " ".join(parts) + f", gbs {row.gbs} mbs {row.mbs} seq {row.seq}"
 
 
@@ -620,10 +754,13 @@ def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, mode
             f"Mapping (see the script's docstring): e.g. `{example.row}` is `{cli_command(row_options(example))}`.",
             "",
         ]
-    lines += ["## Summary", "", *summary_table(rows, preds), "", tp_overlap_note(rows), ""]
+    lines += ["## Summary", "", *summary_table(rows, preds), "", tp_overlap_note(rows), "", recipe_facts_note(rows), ""]
     lines += [
         "Config column: `ub recipe` = the recipe's userbuffers config (`--tp-comm-overlap-cfg`), `ub off` = no TP "
-        "overlap (the recipe's), `ub TE?` = not established, TE's defaults; the recipes CSV says which.",
+        "overlap (the recipe's), `ub TE?` = not established, TE's defaults; `no pg overlap` = the recipe turns "
+        "`overlap_param_gather` off (no `--overlap-param-gather`); `recompute full-block:N` = the recipe's partial "
+        "recompute (not expressible, priced without); `cuda graphs` = on in the recipe (not priced); the recipes "
+        "CSV says which.",
         "",
         "## Per row",
         "",
@@ -664,6 +801,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("\n".join(summary_table(rows, preds)))
     print(tp_overlap_note(rows))
+    print(recipe_facts_note(rows))
     if a.out is not None:
         from opcast.atomic import write_atomically
 

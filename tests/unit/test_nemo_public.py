@@ -179,18 +179,24 @@ def test_recipe_offloading_is_passed_and_the_runs_nvidia_made_are_not_refused(ne
     assert "offload_activations" not in nemo.row_options(rows["25.04-gb200-llama3-70b"])
 
 
-HEADER = "row,offload_layers,recipe_source,recipe_setting,tp_overlap_cfg,tp_overlap_source,tp_overlap_setting\n"
+HEADER = (
+    "row,offload_layers,recipe_source,recipe_setting,tp_overlap_cfg,tp_overlap_source,tp_overlap_setting,"
+    "dp_overlap,dp_overlap_source,dp_overlap_setting,recompute,recompute_source,recompute_setting,"
+    "cuda_graphs,cuda_graphs_source,cuda_graphs_setting\n"
+)
+PAD = "," * 9
+"""The nine fact columns after ``tp_overlap_setting``, empty."""
 
 
 def test_a_bad_recipe_entry_is_refused(nemo, tmp_path):
     bad = tmp_path / "recipes.csv"
-    bad.write_text(HEADER + "x,-3,https://example.org/a,y,,,\n", encoding="utf-8")
+    bad.write_text(HEADER + f"x,-3,https://example.org/a,y,,,{PAD}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="offload_layers"):
         nemo.read_recipes(bad)
-    bad.write_text(HEADER + "x,3,file:///a,y,,,\n", encoding="utf-8")
+    bad.write_text(HEADER + f"x,3,file:///a,y,,,{PAD}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="https URL"):
         nemo.read_recipes(bad)
-    bad.write_text(HEADER + "x,,,,,,\n", encoding="utf-8")
+    bad.write_text(HEADER + f"x,,,,,,{PAD}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="sets nothing"):
         nemo.read_recipes(bad)
 
@@ -264,19 +270,107 @@ def test_a_bad_tp_overlap_entry_is_refused_in_one_line(nemo, rows, tmp_path):
         ("proj_fprop=ring_exchange:split4", "bad field 'split4'"),
         ("nonsense", "give GEMM=METHOD"),
     ):
-        bad.write_text(HEADER + f'25.11-h100-llama3-70b-fp8cs,,,,"{cfg}",{src},a config\n', encoding="utf-8")
+        bad.write_text(HEADER + f'25.11-h100-llama3-70b-fp8cs,,,,"{cfg}",{src},a config{PAD}\n', encoding="utf-8")
         with pytest.raises(ValueError, match=match):
             nemo.read_recipes(bad)
-    bad.write_text(HEADER + f"25.11-h100-llama3-70b-fp8cs,,,,off,{src},\n", encoding="utf-8")
+    bad.write_text(HEADER + f"25.11-h100-llama3-70b-fp8cs,,,,off,{src},{PAD}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="tp_overlap_setting"):
         nemo.read_recipes(bad)
-    bad.write_text(HEADER + f"24.07-h100-llama2-7b,,,,off,{src},turned off\n", encoding="utf-8")
+    bad.write_text(HEADER + f"24.07-h100-llama2-7b,,,,off,{src},turned off{PAD}\n", encoding="utf-8")
     with pytest.raises(ValueError, match="runs TP 1"):
         nemo.read_rows(recipes=bad)
     # through the script: one line on stderr, exit 2, nothing predicted
-    bad.write_text(HEADER + f'25.11-h100-llama3-70b-fp8cs,,,,"qkv_wgrad=bulk:sm",{src},a config\n', encoding="utf-8")
+    line = f'25.11-h100-llama3-70b-fp8cs,,,,"qkv_wgrad=bulk:sm",{src},a config{PAD}\n'
+    bad.write_text(HEADER + line, encoding="utf-8")
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--recipes", str(bad)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "bad field 'sm'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_recipe_dp_overlap_recompute_and_cuda_graph_columns_parse(nemo, rows):
+    recipes = nemo.read_recipes()
+    at_commit = r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/\S+"
+    read = {n for n, r in recipes.items() if r.dp_overlap}
+    predicted = {n for n, r in rows.items() if not r.skip_reason}
+    # every predicted row whose container names a recipe says all three; NeMo 24.07's are not established
+    assert read == {n for n in predicted if not n.startswith("24.07-")}
+    for name in read:
+        r = rows[name]
+        assert r.recompute and r.cuda_graphs, name
+        for src in (r.dp_overlap_source, r.recompute_source, r.cuda_graphs_source):
+            assert re.fullmatch(at_commit, src), name
+    # v0.2.0 turns param-gather overlap off for the 405B MXFP8 functions, v0.4.2 for the GB200 405B NVFP4 V2
+    assert {n for n in read if rows[n].dp_overlap != nemo.DP_OVERLAP_BOTH} == {
+        "25.11-b200-llama3.1-405b-mxfp8",
+        "26.04.01-gb200-llama3.1-405b-nvfp4",
+    }
+    assert rows["25.11-b200-llama3.1-405b-mxfp8"].dp_overlap == nemo.DP_OVERLAP_GRAD
+    assert rows["25.11-b200-llama3-8b-mxfp8"].dp_overlap == nemo.DP_OVERLAP_BOTH  # its 8B function does not
+    assert {n: rows[n].recompute for n in read if rows[n].recompute != "none"} == {
+        "25.11-h100-llama3-8b-fp8cs": "full-block:5"
+    }
+    assert rows["26.04.01-gb200-llama3.1-405b-nvfp4"].recompute == "none"  # V2 clears V1's recompute_num_layers
+    assert rows["25.11-gb200-llama3-8b-fp8cs"].cuda_graphs == "local:full_iteration"
+    assert rows["25.04-gb200-llama3-70b"].cuda_graphs == "off"
+    note = nemo.recipe_facts_note(list(rows.values()))
+    assert f"of the {len(predicted)} predicted rows" in note and "param-gather overlap off in 2" in note
+    assert "7 not established (24.07-h100-gpt3-175b-128" in note and "partial and not expressible" in note
+
+
+def test_a_row_with_param_gather_overlap_off_does_not_get_the_flag(nemo, rows):
+    for name in ("25.11-b200-llama3.1-405b-mxfp8", "26.04.01-gb200-llama3.1-405b-nvfp4"):
+        v = nemo.row_options(rows[name])
+        assert v["overlap_grad_reduce"] is True and "overlap_param_gather" not in v, name
+        words = shlex.split(nemo.cli_command(v))
+        assert "--overlap-grad-reduce" in words and "--overlap-param-gather" not in words, name
+    both = nemo.row_options(rows["25.11-b200-llama3.1-405b-fp8cs"])
+    assert both["overlap_grad_reduce"] is True and both["overlap_param_gather"] is True
+    unknown = nemo.row_options(rows["24.07-h100-llama2-7b"])  # not established: both, as before
+    assert unknown["overlap_grad_reduce"] is True and unknown["overlap_param_gather"] is True
+    none = nemo.row_options(nemo.dataclasses.replace(rows["25.11-b200-llama3.1-405b-fp8cs"], dp_overlap="none"))
+    assert "overlap_grad_reduce" not in none and "overlap_param_gather" not in none
+    fsdp = nemo.row_options(rows["25.11-gb200-llama3-70b-fp8cs"])  # ZeRO-3: the flags belong to --zero 1/2
+    assert fsdp["zero"] == 3 and "overlap_grad_reduce" not in fsdp
+    # the exposed weight all-gather makes the row slower than with the overlap
+    row = rows["25.11-b200-llama3.1-405b-mxfp8"]
+    off = nemo.predict_row(row)
+    on = nemo.predict_row(nemo.dataclasses.replace(row, dp_overlap=nemo.DP_OVERLAP_BOTH))
+    assert off.tokens_per_s_per_gpu < on.tokens_per_s_per_gpu
+
+
+def test_recipe_recompute_is_passed_where_opcast_can_express_it(nemo, rows):
+    row = rows["25.11-h100-llama3-70b-fp8cs"]
+    assert "recompute" not in nemo.row_options(row)  # none: the command's default
+    for mode in ("selective", "full"):
+        v = nemo.row_options(nemo.dataclasses.replace(row, recompute=mode))
+        assert v["recompute"] == mode and f"--recompute {mode}" in nemo.cli_command(v)
+    assert "recompute" not in nemo.row_options(rows["25.11-h100-llama3-8b-fp8cs"])  # full-block:5: not expressible
+
+
+def test_a_bad_fact_entry_is_refused_in_one_line(nemo, tmp_path):
+    bad = tmp_path / "recipes.csv"
+    src = "https://github.com/o/r/blob/" + "0" * 40 + "/f.py"
+    lead = "25.11-h100-llama3-70b-fp8cs,,,,,,"
+    for facts, match in (
+        (f"maybe,{src},x,,,,,,", "dp_overlap 'maybe' is not one of grad"),
+        (f",,,partial,{src},x,,,", "recompute 'partial' is not one of none"),
+        (f",,,full-block:0,{src},x,,,", "recompute 'full-block:0'"),
+        (f",,,,,,yes,{src},x", "cuda_graphs 'yes' is not off"),
+        (f"grad,{src},,,,,,,", "dp_overlap_setting"),
+        (",,,none,http://example.org,x,,,", "https URL"),
+    ):
+        bad.write_text(HEADER + f"{lead},{facts}\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=match):
+            nemo.read_recipes(bad)
+    bad.write_text(HEADER + f"25.11-gb200-llama3-70b-fp8cs,40,{src},x,,,,,,,full,{src},x,,,\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="both recompute full and offload_layers"):
+        nemo.read_rows(recipes=bad)
+    # through the script: one line on stderr, exit 2, nothing predicted
+    bad.write_text(HEADER + f"{lead},,,,,,,sometimes,{src},x\n", encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--recipes", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1 and "cuda_graphs 'sometimes'" in out.stderr and "Traceback" not in out.stderr
