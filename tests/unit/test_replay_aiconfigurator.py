@@ -532,7 +532,10 @@ def test_tensorrt_llm_fp8_gemms_lose_the_activation_quantisation_their_call_time
             f"h100_sxm/quantize/trtllm/1.3.0rc20/{table}.parquet",
             [{"m": m, "k": k, "quant_dtype": "fp8", "latency": ms} for (m, k), ms in at.items()],
         )
-    result = aic.replay(tmp_path)
+    default = {(r["device"], r["dtype"], r["m"]): r for r in aic.replay(tmp_path).rows}  # FP8_GEMM_ALONE off
+    assert default[("H100-SXM", "fp8", 128)]["time_s_median"] == pytest.approx(row_ms[("fp8", 128, 4096)] / 1e3)
+    assert ("H100-SXM", "fp8", 256) in default and not aic.FP8_GEMM_ALONE
+    result = aic.replay(tmp_path, fp8_gemm_alone=True)
     got = {(r["device"], r["dtype"], r["m"]): r for r in result.rows}
     h100 = got[("H100-SXM", "fp8", 128)]
     assert h100["time_s_median"] == pytest.approx((row_ms[("fp8", 128, 4096)] - 0.005) / 1e3)
