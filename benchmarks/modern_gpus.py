@@ -2,7 +2,7 @@
 
     python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|auto]
         [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within]
-        [--systems H100-SXM,B200,...] [--seed 0] [--json FILE]
+        [--systems H100-SXM,B200,...] [--labels "gemm fp8_block,gemm nvfp4"] [--seed 0] [--json FILE]
         [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
         [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no]
     python benchmarks/modern_gpus.py --replay-to DIR   # only write DIR/aiconfigurator.parquet
@@ -16,7 +16,11 @@ Labels scored apart (the issue's targets, pooled MAPE): gemm bf16 (8 %), gemm fp
 prefill attention bf16 / fp8 (``context_attention_perf``, 10 %), decode attention bf16
 (``generation_attention_perf``, 12 %), NCCL all_reduce and all_gather (fp16, 2-8 GPUs of one
 node, 10 %; the serving engines' own all-reduce rows, ``backend`` custom, are not NCCL and are
-left out, as ``train fit`` leaves them out of the kernel predictors). The models are opcast's
+left out, as ``train fit`` leaves them out of the kernel predictors), and, with no target of the
+issue, the block-scaled GEMMs gemm fp8_block and gemm nvfp4 (:data:`UNTARGETED`; each scored over
+the systems that have rows of it). ``--labels`` scores a subset: the models are fitted on the rows
+of the predictor groups those labels fall in (prefill and decode share one), so a label scores the
+same numbers alone as in the full run. The models are opcast's
 own: :func:`opcast.train.fit.fit_frame` with the chosen estimator, one predictor per (op,
 direction, dtype class) exactly as ``opcast train fit`` groups them (prefill and decode share
 ``attention-fwd-*``), collectives included.
@@ -81,9 +85,12 @@ TARGETS = {
     "all_gather": 10.0,
 }
 """Issue 17's leave-one-GPU-out targets (pooled MAPE, percent) per label."""
-CAPPED_ONLY = ("gemm fp8_block", "gemm nvfp4")
-"""Labels capped like :data:`TARGETS` in ``--replay-to --cap-rows`` but not scored: the block-scaled fp8
-and nvfp4 GEMMs (about 95k rows a system and dtype in aiconfigurator-core 0.12.0, 1.2M in all)."""
+UNTARGETED = ("gemm fp8_block", "gemm nvfp4")
+"""Labels scored without a target: the block-scaled fp8 and nvfp4 GEMMs (``--precision mxfp8`` /
+``nvfp4``; about 95k rows a system and dtype in aiconfigurator-core 0.12.0, 1.2M in all). Issue 17
+names no target for them, so their ``target_mape`` is empty (printed "-") and none is borrowed."""
+LABELS = (*TARGETS, *UNTARGETED)
+"""Every scored label, in table order (``--labels`` picks a subset)."""
 WITHIN_TARGET = 3.0
 """Issue 17's within-GPU held-out-shape target (MAPE, percent)."""
 COLLECTIVES = ("all_reduce", "all_gather")
@@ -105,7 +112,7 @@ def replay_aiconfigurator(
 ) -> Path:
     """Replay the installed ``aiconfigurator-core`` into ``out/aiconfigurator.parquet`` (the same
     normalisation as ``opcast collect replay``) and return its path. With ``cap_rows``, at most
-    that many rows per (system, label) of :data:`TARGETS` and :data:`CAPPED_ONLY` are kept (:func:`cap`;
+    that many rows per (system, label) of :data:`LABELS` are kept (:func:`cap`;
     rows of other ops all stay); with
     ``precedence``, that framework order instead of the replay's default; with
     ``attention_precedence`` / ``attention_fill``, the attention rows' own order and fill-in rule
@@ -130,7 +137,7 @@ def replay_aiconfigurator(
         keys = ("op", "dtype", "device", "source_file", "point_id")
         frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in keys})
         frame["label"] = labels(frame)
-        scored = frame["label"].isin([*TARGETS, *CAPPED_ONLY]).to_numpy()
+        scored = frame["label"].isin(LABELS).to_numpy()
         keep = np.zeros(len(rows), dtype=bool)
         keep[cap(frame[scored], cap_rows, seed).index.to_numpy()] = True
         keep[~scored] = True
@@ -143,7 +150,7 @@ def _have_package() -> bool:
 
 
 def labels(frame: pd.DataFrame) -> pd.Series:
-    """gemm bf16 / gemm fp8 / prefill <dtype> / decode <dtype> / all_reduce / all_gather per row
+    """gemm <dtype> / prefill <dtype> / decode <dtype> / all_reduce / all_gather per row
     (prefill and decode told apart by the AIConfigurator table the row came from)."""
     op = frame["op"].astype(str)
     src = frame["source_file"].astype(str)
@@ -156,8 +163,9 @@ def labels(frame: pd.DataFrame) -> pd.Series:
     return out
 
 
-def load(path: Path) -> pd.DataFrame:
-    """The scored rows: tensor-core GPUs, the labels above, positive times; collectives are NCCL's
+def load(path: Path, keep: tuple[str, ...] = tuple(TARGETS)) -> pd.DataFrame:
+    """The rows of the labels ``keep`` (default: those with a target, what ``benchmarks/few_shot.py``
+    scores; this script passes :data:`LABELS`): tensor-core GPUs, positive times; collectives are NCCL's
     (rows of a serving engine's own all-reduce, ``opcast.train.collectives.custom_backend``, are dropped)."""
     from opcast.hardware import get_device
     from opcast.train.collectives import custom_backend
@@ -168,9 +176,35 @@ def load(path: Path) -> pd.DataFrame:
     frame = frame[~custom_backend(frame)]
     frame = frame.reset_index(drop=True)
     frame = frame.assign(label=labels(frame))
-    frame = frame[frame["label"].isin(TARGETS)]
+    frame = frame[frame["label"].isin(keep)]
     gpus = [d for d in pd.unique(frame["device"].astype(object)) if get_device(d).vendor == "nvidia"]
     return frame[frame["device"].isin(gpus)].reset_index(drop=True)
+
+
+def parse_labels(text: str | None) -> tuple[str, ...]:
+    """The labels ``--labels`` names (comma-separated), in :data:`LABELS` order; every label for None."""
+    from opcast.errors import OpcastError
+
+    if text is None:
+        return LABELS
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise OpcastError(f"--labels has an empty name; give comma-separated labels of: {', '.join(LABELS)}")
+    unknown = [n for n in names if n not in LABELS]
+    if unknown:
+        raise OpcastError(f"--labels: unknown label(s) {', '.join(unknown)}; use comma-separated {', '.join(LABELS)}")
+    return tuple(lab for lab in LABELS if lab in names)
+
+
+def fitted_rows(frame: pd.DataFrame, chosen: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of ``frame`` in the predictor groups (:func:`opcast.train.features.group_keys`) of the
+    labels ``chosen``: what their models are fitted on (every group is fitted on its own rows alone, so
+    leaving the other groups out changes no prediction of these)."""
+    from opcast.train.features import group_keys
+
+    keys = group_keys(frame)
+    wanted = set(keys[frame["label"].isin(chosen)])
+    return frame[keys.isin(wanted).to_numpy()].reset_index(drop=True)
 
 
 def frameworks(frame: pd.DataFrame) -> pd.Series:
@@ -281,16 +315,29 @@ def logo(pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, s
     return pd.concat(parts, ignore_index=True)
 
 
-def within(frame: pd.DataFrame, devices, estimator: str, n_train: int, n_test: int, seed: int, log) -> pd.DataFrame:
-    """Every held-out-shape test row of every system with the prediction of that system's own models."""
+def within(
+    frame: pd.DataFrame,
+    devices,
+    estimator: str,
+    n_train: int,
+    n_test: int,
+    seed: int,
+    log,
+    scored_labels: tuple[str, ...] = LABELS,
+) -> pd.DataFrame:
+    """Every held-out-shape test row of the labels ``scored_labels`` of every system with the
+    prediction of that system's own models (fitted on all of ``frame``'s other shapes)."""
     from opcast.train.splits import grouped_mask, shape_groups
 
     parts = []
-    for dev in sorted(pd.unique(frame["device"].astype(object))):
+    scored = frame["label"].isin(scored_labels)
+    for dev in sorted(pd.unique(frame.loc[scored, "device"].astype(object))):
         t0 = time.perf_counter()
-        sub = frame[frame["device"] == dev].reset_index(drop=True)
+        mine = (frame["device"] == dev).to_numpy()
+        sub = frame[mine].reset_index(drop=True)
         held = grouped_mask(shape_groups(sub), 0.2, seed + 7)
-        train, test = cap(sub[~held], n_train, seed), cap(sub[held], n_test, seed).reset_index(drop=True)
+        asked = scored.to_numpy()[mine]
+        train, test = cap(sub[~held], n_train, seed), cap(sub[held & asked], n_test, seed).reset_index(drop=True)
         pred, _ = fit_predict(train, test, devices, estimator, seed)
         parts.append(test.assign(pred_model=pred))
         log(
@@ -310,15 +357,22 @@ def _met(mape: float, target: float | None) -> str:
 
 
 def pooled_table(scored: pd.DataFrame, preds: tuple[str, ...], targets: dict[str, float] | float) -> pd.DataFrame:
+    """Metrics per label over every system; ``targets`` per label (a label without one, e.g.
+    :data:`UNTARGETED`, gets NaN and "-") or one for all."""
     rows = []
-    for label in [lab for lab in TARGETS if lab in set(scored["label"])]:
+    for label in [lab for lab in LABELS if lab in set(scored["label"])]:
         g = scored[scored["label"] == label]
         true = g["time_s_median"].to_numpy(dtype=float)
         target = targets.get(label) if isinstance(targets, dict) else targets
-        row: dict = {"label": label, "systems": g["device"].nunique(), "n": len(g), "target_mape": target}
+        row: dict = {
+            "label": label,
+            "systems": g["device"].nunique(),
+            "n": len(g),
+            "target_mape": np.nan if target is None else target,
+        }
         for p in preds:
             row.update(_metrics(g[f"pred_{p}"].to_numpy(dtype=float), true, "" if p == "model" else f"{p}_"))
-        row["met"] = _met(row["mape"], target)
+        row["met"] = "-" if target is None else _met(row["mape"], target)
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -393,7 +447,8 @@ def _print(title: str, table: pd.DataFrame) -> None:
     fmt = table.copy()
     for c in fmt.columns:
         if fmt[c].dtype.kind == "f":
-            fmt[c] = ["" if not np.isfinite(v) else f"{v:.1f}" for v in fmt[c]]
+            empty = "-" if c == "target_mape" else ""  # a label without a target (UNTARGETED)
+            fmt[c] = [empty if not np.isfinite(v) else f"{v:.1f}" for v in fmt[c]]
     try:
         print(fmt.to_markdown(index=False))
     except ImportError:
@@ -431,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         help="Within-GPU training rows per (system, label) (default %(default)s).",
     )
     ap.add_argument("--sections", default="logo,within", help="logo, within or both (default %(default)s).")
+    ap.add_argument(
+        "--labels",
+        default=None,
+        help=f"Comma-separated labels to score (default: all of {', '.join(LABELS)}); the models are fitted "
+        "on the rows of their predictor groups only.",
+    )
     ap.add_argument(
         "--systems", default=None, help="Comma-separated catalog names to leave out (default: every system)."
     )
@@ -497,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     except OpcastError as err:
         print(f"modern_gpus: --systems: {err}", file=sys.stderr)
         return 2
+    try:
+        chosen = parse_labels(args.labels)
+    except OpcastError as err:
+        print(f"modern_gpus: {err}", file=sys.stderr)
+        return 2
     if args.data is None and not _have_package():
         print(
             "modern_gpus: aiconfigurator-core is not installed; pip install 'opcast[aiconfigurator]' "
@@ -552,7 +618,14 @@ def main(argv: list[str] | None = None) -> int:
     from opcast.train.fit import resolve_devices
 
     try:
-        frame = load(data)
+        frame = load(data, LABELS)
+        absent = [lab for lab in chosen if lab not in set(frame["label"])]
+        if absent and args.labels is not None:
+            raise OpcastError(
+                f"--labels: no rows of {', '.join(absent)} in {data}; "
+                f"its labels are {', '.join(lab for lab in LABELS if lab in set(frame['label'])) or 'none'}"
+            )
+        frame = fitted_rows(frame, chosen)
         if gemm_fw is not None:
             present = set(frameworks(frame[frame["op"] == "gemm"]))
             if not set(gemm_fw) <= present:
@@ -586,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.perf_counter()
     if "logo" in sections:
         pool = cap(frame, args.train_rows, args.seed)
-        test_pool = cap(frame[frame["device"].isin(left_out)], args.test_rows, args.seed + 1)
+        asked = frame["device"].isin(left_out) & frame["label"].isin(chosen)
+        test_pool = cap(frame[asked], args.test_rows, args.seed + 1)
         scored = logo(pool, test_pool, devices, args.estimator, args.seed, log)
         preds = ("model", "alpha_beta", "efficiency", "roofline")
         tables[
@@ -608,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
                 source_error_table(scored)
             )
     if "within" in sections:
-        scored = within(frame, devices, args.estimator, args.within_train_rows, args.test_rows, args.seed, log)
+        scored = within(frame, devices, args.estimator, args.within_train_rows, args.test_rows, args.seed, log, chosen)
         tables["Within-GPU, 20 % of the shapes held out (grouped split), pooled — APE %"] = pooled_table(
             scored, ("model",), WITHIN_TARGET
         )
@@ -616,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# opcast on AIConfigurator's measured kernels (estimator {args.estimator}; every score on held-out rows)\n")
     print(f"data: {data} ({len(frame)} rows, systems {', '.join(sorted(devices))})")
     print(f"subsampling: {rule}")
+    if args.labels is not None:
+        print(f"labels: {', '.join(chosen)} (models fitted on the rows of their predictor groups)")
     if gemm_fw is not None:
         print(f"gemm rows: only those measured by {', '.join(gemm_fw)}")
     print(f"wall time: {time.perf_counter() - t_start:.0f} s")
