@@ -210,6 +210,28 @@ QUANTISED_GEMMS = ("fp8", "fp8_block", "nvfp4")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Recipe:
+    """What one row's recipe sets beyond the published table (one line of the recipes CSV)."""
+
+    offload_layers: int = 0
+    """``--offload-activations``: what the row's recipe offloads; 0 without an entry."""
+    recipe_source: str = ""
+    tp_overlap: str = ""
+    """The recipe's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-comm-overlap-cfg`` text); empty:
+    none read (priced as ``unknown``)."""
+    tp_overlap_source: str = ""
+    dp_overlap: str = ""
+    """The recipe's data-parallel overlaps (:data:`DP_OVERLAP_VALUES`); empty: not established (both passed)."""
+    dp_overlap_source: str = ""
+    recompute: str = ""
+    """The recipe's activation recompute (:data:`RECOMPUTE_MODES` or ``full-block:N``); empty: not established."""
+    recompute_source: str = ""
+    cuda_graphs: str = ""
+    """The recipe's CUDA graphs (:data:`CUDA_GRAPHS_RE`; not priced); empty: not established."""
+    cuda_graphs_source: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class Row:
     """One published configuration and its measured throughput."""
 
@@ -235,22 +257,8 @@ class Row:
     tokens_per_s_per_gpu: float
     model_tflops_per_gpu: float | None
     skip_reason: str
-    offload_layers: int = 0
-    """``--offload-activations``: what the row's recipe offloads (:func:`read_recipes`); 0 without an entry."""
-    recipe_source: str = ""
-    tp_overlap: str = ""
-    """The recipe's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-comm-overlap-cfg`` text); empty:
-    none read (priced as ``unknown``)."""
-    tp_overlap_source: str = ""
-    dp_overlap: str = ""
-    """The recipe's data-parallel overlaps (:data:`DP_OVERLAP_VALUES`); empty: not established (both passed)."""
-    dp_overlap_source: str = ""
-    recompute: str = ""
-    """The recipe's activation recompute (:data:`RECOMPUTE_MODES` or ``full-block:N``); empty: not established."""
-    recompute_source: str = ""
-    cuda_graphs: str = ""
-    """The recipe's CUDA graphs (:data:`CUDA_GRAPHS_RE`; not priced); empty: not established."""
-    cuda_graphs_source: str = ""
+    recipe: Recipe = Recipe()
+    """What the row's recipe sets beyond the published table (:func:`read_recipes`); empty without an entry."""
 
     @property
     def dp(self) -> int:
@@ -315,22 +323,6 @@ def parse_row(rec: dict[str, str], where: str) -> Row:
             raise ValueError(f"{where}: precision {row.precision!r} is not one of {sorted(PRECISIONS)}; or skip it")
         load_arch(row.arch)  # an unknown arch raises OpcastError naming the presets
     return row
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Recipe:
-    """What one row's recipe sets beyond the published table (one line of the recipes CSV)."""
-
-    offload_layers: int = 0
-    recipe_source: str = ""
-    tp_overlap: str = ""
-    tp_overlap_source: str = ""
-    dp_overlap: str = ""
-    dp_overlap_source: str = ""
-    recompute: str = ""
-    recompute_source: str = ""
-    cuda_graphs: str = ""
-    cuda_graphs_source: str = ""
 
 
 def _fact(rec: dict[str, str], columns: tuple[str, str, str], where: str) -> tuple[str, str] | None:
@@ -428,7 +420,7 @@ def read_rows(path: Path = CSV_PATH, recipes: Path | None = RECIPES_PATH) -> lis
                 f"{r.row}: the recipes CSV sets both recompute {extra[r.row].recompute} and offload_layers "
                 "(Megatron-Core refuses CPU offloading with recompute); give one"
             )
-    return [dataclasses.replace(r, **dataclasses.asdict(extra[r.row])) if r.row in extra else r for r in rows]
+    return [dataclasses.replace(r, recipe=extra[r.row]) if r.row in extra else r for r in rows]
 
 
 # --------------------------------------------------------------------------- row -> command line
@@ -453,27 +445,27 @@ def row_options(row: Row) -> dict[str, Any]:
         "zero": 3 if row.fsdp else 1,
     }
     if not row.fsdp:  # ZeRO-3 gathers and reduce-scatters per layer behind compute already
-        dp_overlap = row.dp_overlap or DP_OVERLAP_BOTH  # not established: NeMo's defaults
+        dp_overlap = row.recipe.dp_overlap or DP_OVERLAP_BOTH  # not established: NeMo's defaults
         if dp_overlap != DP_OVERLAP_NONE:
             values["overlap_grad_reduce"] = True
         if dp_overlap == DP_OVERLAP_BOTH:
             values["overlap_param_gather"] = True
-    if row.recompute in ("selective", "full"):  # full-block:N is not expressible: priced without (counted)
-        values["recompute"] = row.recompute
+    if row.recipe.recompute in ("selective", "full"):  # full-block:N is not expressible: priced without (counted)
+        values["recompute"] = row.recipe.recompute
     if row.pp > 1 and row.arch in LAYER_SPLIT:
         values["pp_partition"] = LAYER_SPLIT[row.arch]
     if row.ep > 1:
         values["ep"] = row.ep
     if row.tp > 1:
         values["sp"] = True
-        if row.tp_overlap != TP_OVERLAP_OFF:
+        if row.recipe.tp_overlap != TP_OVERLAP_OFF:
             values["tp_comm_overlap"] = True
-        if row.tp_overlap and row.tp_overlap not in TP_OVERLAP_KEYWORDS:
-            values["tp_comm_overlap_cfg"] = row.tp_overlap
+        if row.recipe.tp_overlap and row.recipe.tp_overlap not in TP_OVERLAP_KEYWORDS:
+            values["tp_comm_overlap_cfg"] = row.recipe.tp_overlap
     if row.vp > 1:
         values.update(schedule="interleaved", virtual_stages=row.vp, overlap_p2p_comm=True)
-    if row.offload_layers:
-        values["offload_activations"] = row.offload_layers
+    if row.recipe.offload_layers:
+        values["offload_activations"] = row.recipe.offload_layers
     return values
 
 
@@ -606,9 +598,9 @@ def _shares(pred: Prediction) -> str:
 def tp_overlap_kind(row: Row) -> str:
     """How a TP > 1 row's TP overlap is priced: ``recipe`` (its recipe's config), or a :data:`TP_OVERLAP_KEYWORDS`
     value (``unknown`` also where no entry was read)."""
-    if row.tp_overlap in TP_OVERLAP_KEYWORDS:
-        return row.tp_overlap
-    return "recipe" if row.tp_overlap else TP_OVERLAP_UNKNOWN
+    if row.recipe.tp_overlap in TP_OVERLAP_KEYWORDS:
+        return row.recipe.tp_overlap
+    return "recipe" if row.recipe.tp_overlap else TP_OVERLAP_UNKNOWN
 
 
 def tp_overlap_note(rows: list[Row]) -> str:
@@ -630,11 +622,11 @@ def recipe_facts_note(rows: list[Row]) -> str:
     """One line counting, over the predicted rows, the data-parallel overlap, recompute and CUDA-graph facts read
     from their recipes, naming the rows priced otherwise than their recipe runs (or not established)."""
     pred = [r for r in rows if not r.skip_reason]
-    missing = {k: [r.row for r in pred if not getattr(r, k)] for k in ("dp_overlap", "recompute", "cuda_graphs")}
-    param_off = [r.row for r in pred if r.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE)]
-    partial = [f"{r.row} ({r.recompute})" for r in pred if RECOMPUTE_BLOCK_RE.fullmatch(r.recompute)]
-    passed = [f"{r.row} ({r.recompute})" for r in pred if r.recompute in ("selective", "full")]
-    graphs = [f"{r.row} ({r.cuda_graphs})" for r in pred if r.cuda_graphs not in ("", "off")]
+    missing = {k: [r.row for r in pred if not getattr(r.recipe, k)] for k in ("dp_overlap", "recompute", "cuda_graphs")}
+    param_off = [r.row for r in pred if r.recipe.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE)]
+    partial = [f"{r.row} ({r.recipe.recompute})" for r in pred if RECOMPUTE_BLOCK_RE.fullmatch(r.recipe.recompute)]
+    passed = [f"{r.row} ({r.recipe.recompute})" for r in pred if r.recipe.recompute in ("selective", "full")]
+    graphs = [f"{r.row} ({r.recipe.cuda_graphs})" for r in pred if r.recipe.cuda_graphs not in ("", "off")]
 
     def unread(key: str) -> str:
         names = missing[key]
@@ -667,15 +659,15 @@ def _config(row: Row) -> str:
         parts.append(f"vp{row.vp}")
     if row.fsdp:
         parts.append("fsdp")
-    if row.offload_layers:
-        parts.append(f"offload {row.offload_layers}")
+    if row.recipe.offload_layers:
+        parts.append(f"offload {row.recipe.offload_layers}")
     if row.tp > 1:
         parts.append(_OVERLAP_TAGS[tp_overlap_kind(row)])
-    if row.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE):
+    if row.recipe.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE):
         parts.append("no pg overlap")
-    if row.recompute not in ("", "none"):
-        parts.append(f"recompute {row.recompute}")
-    if row.cuda_graphs not in ("", "off"):
+    if row.recipe.recompute not in ("", "none"):
+        parts.append(f"recompute {row.recipe.recompute}")
+    if row.recipe.cuda_graphs not in ("", "off"):
         parts.append("cuda graphs")
     return " ".join(parts) + f", gbs {row.gbs} mbs {row.mbs} seq {row.seq}"
 

@@ -19,6 +19,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "nemo_public.py"
 
 
+def _with(row, **facts):
+    """``row`` with these recipe facts changed."""
+    import dataclasses
+
+    return dataclasses.replace(row, recipe=dataclasses.replace(row.recipe, **facts))
+
+
 @pytest.fixture(scope="module")
 def nemo():
     return load_script(SCRIPT)
@@ -164,7 +171,7 @@ def test_recipe_offloading_is_passed_and_the_runs_nvidia_made_are_not_refused(ne
     recipes = nemo.read_recipes()
     assert set(recipes) <= set(rows)  # every recipe entry names a published row
     for name, recipe in recipes.items():
-        assert rows[name].offload_layers == recipe.offload_layers and rows[name].recipe_source == recipe.recipe_source
+        assert rows[name].recipe == recipe
         if recipe.recipe_source:
             assert recipe.recipe_source.startswith("https://github.com/") and "/blob/" in recipe.recipe_source
     # the GB200 FSDP rows whose recipes offload (NeMo 25.07 405B: 95 layers; Megatron-Bridge 70B FP8-CS: 40)
@@ -221,13 +228,13 @@ def test_recipe_tp_overlap_column_parses_and_covers_every_tp_row(nemo, rows):
     tp_rows = {n for n, r in rows.items() if r.tp > 1 and not r.skip_reason}
     assert set(overlap) == tp_rows  # every predicted TP > 1 row says what its recipe sets, and only those
     for name, recipe in overlap.items():
-        assert rows[name].tp_overlap == recipe.tp_overlap and rows[name].tp_overlap_source == recipe.tp_overlap_source
+        assert rows[name].recipe == recipe
         at_commit = r"https://github\.com/[\w.-]+/[\w.-]+/blob/[0-9a-f]{40}/\S+"
         assert re.fullmatch(at_commit, recipe.tp_overlap_source), name
         if recipe.tp_overlap not in nemo.TP_OVERLAP_KEYWORDS:
             assert set(parse_configs(recipe.tp_overlap)) == set(TE_DEFAULTS), name  # all ten GEMMs written out
-    assert rows["25.11-h100-llama3-70b-fp8cs"].tp_overlap == H100_70B_FP8
-    assert rows["26.04.01-h100-llama3-70b-fp8"].tp_overlap == H100_70B_FP8  # the same config at v0.4.2
+    assert rows["25.11-h100-llama3-70b-fp8cs"].recipe.tp_overlap == H100_70B_FP8
+    assert rows["26.04.01-h100-llama3-70b-fp8"].recipe.tp_overlap == H100_70B_FP8  # the same config at v0.4.2
     # Megatron-Bridge turns TP overlap off for NVFP4; NeMo 24.07's runs name no recipe
     assert {n for n, r in overlap.items() if r.tp_overlap == nemo.TP_OVERLAP_OFF} == {
         "26.04.01-gb200-llama3-70b-nvfp4",
@@ -253,7 +260,7 @@ def test_a_row_with_a_recipe_config_passes_it_to_the_command(nemo, rows):
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["tokens_per_s"] / row.n_gpus == pytest.approx(pred.tokens_per_s_per_gpu, rel=1e-9)
     # the recipe's config prices differently from TE's defaults (fewer comm SMs, ring exchange for proj / fc2)
-    default = nemo.predict_row(nemo.dataclasses.replace(row, tp_overlap=nemo.TP_OVERLAP_UNKNOWN))
+    default = nemo.predict_row(_with(row, tp_overlap=nemo.TP_OVERLAP_UNKNOWN))
     assert default.tokens_per_s_per_gpu != pytest.approx(pred.tokens_per_s_per_gpu, rel=1e-6)
     # off: sequence parallel stays, no overlap; unknown: TE's defaults
     off = nemo.row_options(rows["26.04.01-gb200-llama3-70b-nvfp4"])
@@ -297,23 +304,23 @@ def test_recipe_dp_overlap_recompute_and_cuda_graph_columns_parse(nemo, rows):
     # every predicted row whose container names a recipe says all three; NeMo 24.07's are not established
     assert read == {n for n in predicted if not n.startswith("24.07-")}
     for name in read:
-        r = rows[name]
+        r = rows[name].recipe
         assert r.recompute and r.cuda_graphs, name
         for src in (r.dp_overlap_source, r.recompute_source, r.cuda_graphs_source):
             assert re.fullmatch(at_commit, src), name
     # v0.2.0 turns param-gather overlap off for the 405B MXFP8 functions, v0.4.2 for the GB200 405B NVFP4 V2
-    assert {n for n in read if rows[n].dp_overlap != nemo.DP_OVERLAP_BOTH} == {
+    assert {n for n in read if rows[n].recipe.dp_overlap != nemo.DP_OVERLAP_BOTH} == {
         "25.11-b200-llama3.1-405b-mxfp8",
         "26.04.01-gb200-llama3.1-405b-nvfp4",
     }
-    assert rows["25.11-b200-llama3.1-405b-mxfp8"].dp_overlap == nemo.DP_OVERLAP_GRAD
-    assert rows["25.11-b200-llama3-8b-mxfp8"].dp_overlap == nemo.DP_OVERLAP_BOTH  # its 8B function does not
-    assert {n: rows[n].recompute for n in read if rows[n].recompute != "none"} == {
+    assert rows["25.11-b200-llama3.1-405b-mxfp8"].recipe.dp_overlap == nemo.DP_OVERLAP_GRAD
+    assert rows["25.11-b200-llama3-8b-mxfp8"].recipe.dp_overlap == nemo.DP_OVERLAP_BOTH  # its 8B function does not
+    assert {n: rows[n].recipe.recompute for n in read if rows[n].recipe.recompute != "none"} == {
         "25.11-h100-llama3-8b-fp8cs": "full-block:5"
     }
-    assert rows["26.04.01-gb200-llama3.1-405b-nvfp4"].recompute == "none"  # V2 clears V1's recompute_num_layers
-    assert rows["25.11-gb200-llama3-8b-fp8cs"].cuda_graphs == "local:full_iteration"
-    assert rows["25.04-gb200-llama3-70b"].cuda_graphs == "off"
+    assert rows["26.04.01-gb200-llama3.1-405b-nvfp4"].recipe.recompute == "none"  # V2 clears V1's recompute_num_layers
+    assert rows["25.11-gb200-llama3-8b-fp8cs"].recipe.cuda_graphs == "local:full_iteration"
+    assert rows["25.04-gb200-llama3-70b"].recipe.cuda_graphs == "off"
     note = nemo.recipe_facts_note(list(rows.values()))
     assert f"of the {len(predicted)} predicted rows" in note and "param-gather overlap off in 2" in note
     assert "7 not established (24.07-h100-gpt3-175b-128" in note and "partial and not expressible" in note
@@ -329,14 +336,14 @@ def test_a_row_with_param_gather_overlap_off_does_not_get_the_flag(nemo, rows):
     assert both["overlap_grad_reduce"] is True and both["overlap_param_gather"] is True
     unknown = nemo.row_options(rows["24.07-h100-llama2-7b"])  # not established: both, as before
     assert unknown["overlap_grad_reduce"] is True and unknown["overlap_param_gather"] is True
-    none = nemo.row_options(nemo.dataclasses.replace(rows["25.11-b200-llama3.1-405b-fp8cs"], dp_overlap="none"))
+    none = nemo.row_options(_with(rows["25.11-b200-llama3.1-405b-fp8cs"], dp_overlap="none"))
     assert "overlap_grad_reduce" not in none and "overlap_param_gather" not in none
     fsdp = nemo.row_options(rows["25.11-gb200-llama3-70b-fp8cs"])  # ZeRO-3: the flags belong to --zero 1/2
     assert fsdp["zero"] == 3 and "overlap_grad_reduce" not in fsdp
     # the exposed weight all-gather makes the row slower than with the overlap
     row = rows["25.11-b200-llama3.1-405b-mxfp8"]
     off = nemo.predict_row(row)
-    on = nemo.predict_row(nemo.dataclasses.replace(row, dp_overlap=nemo.DP_OVERLAP_BOTH))
+    on = nemo.predict_row(_with(row, dp_overlap=nemo.DP_OVERLAP_BOTH))
     assert off.tokens_per_s_per_gpu < on.tokens_per_s_per_gpu
 
 
@@ -344,7 +351,7 @@ def test_recipe_recompute_is_passed_where_opcast_can_express_it(nemo, rows):
     row = rows["25.11-h100-llama3-70b-fp8cs"]
     assert "recompute" not in nemo.row_options(row)  # none: the command's default
     for mode in ("selective", "full"):
-        v = nemo.row_options(nemo.dataclasses.replace(row, recompute=mode))
+        v = nemo.row_options(_with(row, recompute=mode))
         assert v["recompute"] == mode and f"--recompute {mode}" in nemo.cli_command(v)
     assert "recompute" not in nemo.row_options(rows["25.11-h100-llama3-8b-fp8cs"])  # full-block:5: not expressible
 
