@@ -166,9 +166,10 @@ SYSTEM_CLUSTERS: Final[dict[str, str]] = {
     "h100_sxm": "dgx-h100",
     "b200_sxm": "dgx-b200",
     "gb200": "gb200-nvl72",
+    "gb300": "gb300-nvl72",
 }
 """AIConfigurator system folder -> cluster catalog name, for its NCCL rows: the vendor reference
-node each system's ``systems/<name>.yaml`` describes (8 GPUs on NVSwitch; GB200: NVL72)."""
+node each system's ``systems/<name>.yaml`` describes (8 GPUs on NVSwitch; GB200 and GB300: NVL72)."""
 
 FRAMEWORKS: Final = ("nccl", "vllm", "trtllm", "sglang")
 """Default framework precedence when several measured the same configuration."""

@@ -28,6 +28,7 @@ PRESETS = {
     "dgx-h100",
     "dgx-b200",
     "gb200-nvl72",
+    "gb300-nvl72",
     "azure-nd-a100-v4",
     "azure-nc-a100-v4",
 }
