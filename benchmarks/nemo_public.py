@@ -20,7 +20,8 @@ built into the library objects by ``opcast predict train``'s own builders, as
 What NeMo's performance recipes run, and what is passed:
 
 - the system's catalog cluster: DGX-H100 -> ``--cluster dgx-h100``, DGX-B200 -> ``dgx-b200``,
-  DGX-GB200 -> ``gb200-nvl72`` (a 72-GPU NVLink domain), which sets the GPU (H100-SXM, B200, GB200),
+  DGX-GB200 -> ``gb200-nvl72``, DGX-GB300 -> ``gb300-nvl72`` (72-GPU NVLink domains), which sets the GPU
+  (H100-SXM, B200, GB200, GB300),
   its links and the cluster's learned collectives; with ``--dp`` the world size is ``tp x pp x cp x dp``
   = the published #GPUs, in as few NVLink domains as it needs (8 GPUs of one NVL72 rack); 128 or 256
   GB200 GPUs (two or four racks, not filled) are the same GPU and links given as ``--gpu
@@ -193,7 +194,7 @@ REQUIRED = (
 """Every column of the CSV (``ga``, ``model_tflops_per_gpu`` and ``skip_reason`` may be empty; ``precision``
 too on a skipped row)."""
 
-CLUSTERS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72"}
+CLUSTERS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
 """Published system -> catalog cluster (its GPU, links and NVLink domain; the job takes as few of its
 NVLink domains as the world size ``tp x pp x cp x dp`` needs)."""
 LAYER_SPLIT = {"llama3-405b": "megatron:embedding,loss"}

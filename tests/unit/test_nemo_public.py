@@ -51,7 +51,7 @@ def test_csv_has_every_column_and_each_row_is_predicted_or_skipped_for_a_reason(
             continue
         assert r.system in nemo.CLUSTERS and r.precision in nemo.PRECISIONS, r.row
         assert load_arch(r.arch).n_layers > 0
-    assert {r.system for r in predicted} == {"DGX-H100", "DGX-B200", "DGX-GB200"}
+    assert {r.system for r in predicted} == {"DGX-H100", "DGX-B200", "DGX-GB200", "DGX-GB300"}
     published = {"NVFP4": "nvfp4", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}
     block = [r for r in rows.values() if r.precision_published in published]
     assert len(block) >= 5 and all(r.precision == published[r.precision_published] for r in block)
@@ -118,9 +118,9 @@ def test_bad_rows_are_refused_with_the_reason(nemo, rows, tmp_path):
         nemo.parse_row({**rec, "ga": "7"}, "x")
     with pytest.raises(ValueError, match="does not divide"):
         nemo.parse_row({**rec, "tp": "3"}, "x")
-    with pytest.raises(ValueError, match="system 'DGX-GB300'"):
-        nemo.parse_row({**rec, "system": "DGX-GB300"}, "x")
-    assert nemo.parse_row({**rec, "system": "DGX-GB300", "skip_reason": "no cluster"}, "x").skip_reason
+    with pytest.raises(ValueError, match="system 'DGX-X99'"):
+        nemo.parse_row({**rec, "system": "DGX-X99"}, "x")
+    assert nemo.parse_row({**rec, "system": "DGX-X99", "skip_reason": "no cluster"}, "x").skip_reason
 
 
 def test_one_row_in_process_matches_the_console_script(nemo, rows):
@@ -140,17 +140,15 @@ def test_one_row_in_process_matches_the_console_script(nemo, rows):
 
 
 def test_script_writes_the_report_and_keeps_its_reading(nemo, tmp_path):
-    src = nemo.CSV_PATH.read_text(encoding="utf-8").splitlines()
-    keep = [
-        src[0],
-        *(
-            line
-            for line in src[1:]
-            if line.split(",")[0] in ("25.11-h100-llama3-8b-fp8cs", "25.11-gb300-llama3-8b-fp8cs")
-        ),
-    ]
+    with nemo.CSV_PATH.open(newline="", encoding="utf-8") as f:
+        wanted = ("25.11-h100-llama3-8b-fp8cs", "25.11-gb300-llama3-8b-fp8cs")
+        recs = [r for r in csv.DictReader(f) if r["row"] in wanted]
+    recs[1]["skip_reason"] = "a skipped row (test)"
     small = tmp_path / "rows.csv"
-    small.write_text("\n".join(keep) + "\n", encoding="utf-8")
+    with small.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(recs[0]))
+        writer.writeheader()
+        writer.writerows(recs)
     out = tmp_path / "report.md"
     out.write_text("old\n\n## Reading\n\nhand-written note\n", encoding="utf-8")
     assert nemo.main(["--csv", str(small), "--out", str(out)]) == 0
