@@ -150,6 +150,9 @@ class EngineConfig:
     reserve_full_output: bool = False
     """Admit a request only when blocks for its prompt and whole output are free (no preemption)."""
     overhead: StepOverhead = OVERHEADS["vllm"]
+    frontend_s: float = 0.0
+    """Seconds each request's first token and finish reach the client later than the engine produces them:
+    the API server's HTTP handling and the streamed chunk's way back (:data:`FRONTENDS`); 0: not counted."""
 
     def __post_init__(self) -> None:
         problems = [
@@ -161,8 +164,19 @@ class EngineConfig:
             problems.append(f"gpu_memory_utilization {self.gpu_memory_utilization} must lie in (0, 1], e.g. 0.9")
         if self.engine not in ENGINES:
             problems.append(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if not 0 <= self.frontend_s < 10:
+            problems.append(f"frontend_s {self.frontend_s} must lie in [0, 10) seconds, e.g. 0.01")
         if problems:
             raise OpcastError("; ".join(problems))
+
+
+FRONTENDS: dict[str, float] = {"vllm": 0.0102}
+"""Seconds between the client and the engine per request (:attr:`EngineConfig.frontend_s`), measured: vLLM's
+OpenAI server, the client's TTFT less the server's own ``vllm:time_to_first_token_seconds`` (scraped around each
+run), 8.4 and 12.0 ms on the completions endpoint that ``benchmark_serving.py``'s vllm backend uses (11.0-12.2
+on chat, 10.5 on responses), ``vllm bench serve``, 32 prompts at concurrency 8 (vllm-project/vllm pull request
+54628, 2026: Qwen2.5-0.5B on an RTX 4070 Laptop; the HTTP and streaming work is the host's, not the model's).
+SGLang and TensorRT-LLM: not measured, 0."""
 
 
 def engine_defaults(engine: str, device) -> EngineConfig:
@@ -178,6 +192,7 @@ def engine_defaults(engine: str, device) -> EngineConfig:
             block_size=16,
             gpu_memory_utilization=0.9,
             overhead=OVERHEADS["vllm"],
+            frontend_s=FRONTENDS["vllm"],
         )
     if engine == "sglang":
         chunk = 8192 if mem_gib >= 60 else 4096 if mem_gib >= 35 else 2048

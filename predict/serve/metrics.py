@@ -64,10 +64,11 @@ class ServeMetrics:
 
 
 def request_latencies(sim: SimResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(TTFT, TPOT, end-to-end) of every request, seconds; TPOT is NaN for one-token outputs."""
+    """(TTFT, TPOT, end-to-end) of every request as its client sees them, seconds (the engine's times plus
+    its :attr:`~opcast.predict.serve.engine.EngineConfig.frontend_s`); TPOT is NaN for one-token outputs."""
     s = sim.stream
-    ttft = sim.first_token_s - s.arrival_s
-    e2e = sim.finish_s - s.arrival_s
+    ttft = sim.first_token_s - s.arrival_s + sim.engine.frontend_s
+    e2e = sim.finish_s - s.arrival_s + sim.engine.frontend_s
     steps = s.output_tokens - 1
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(steps > 0, (sim.finish_s - sim.first_token_s) / np.maximum(steps, 1), np.nan)

@@ -108,7 +108,13 @@ def print_serve(r: ServeResult, console) -> None:
         )
     console.print(
         f"step overhead {e.overhead.fixed_s * 1e6:.0f} us + {e.overhead.per_seq_s * 1e6:g} us/seq: "
-        f"{e.overhead.source}; kernel times: {', '.join(r.cost_sources)}",
+        f"{e.overhead.source}; "
+        + (
+            f"TTFT and end-to-end include the API front end, {e.frontend_s * 1e3:.1f} ms a request (measured); "
+            if e.frontend_s
+            else ""
+        )
+        + f"kernel times: {', '.join(r.cost_sources)}",
         markup=False,
         highlight=False,
         style="dim",

@@ -338,7 +338,7 @@ def simulate(
             if g == 1:
                 first[rid] = now
                 if watch is not None:
-                    watch.first_token(rid, now)
+                    watch.first_token(rid, now + engine.frontend_s)  # as the client sees it
             if g == out[rid]:
                 finish[rid] = now
                 pools[r].give(held[rid])

@@ -79,11 +79,20 @@ def test_ttft_and_tpot_are_vllm_benchmark_servings():
         output_tokens=np.array([11, 1, 3]),
         source="hand",
     )
-    sim = SimpleNamespace(stream=stream, first_token_s=np.array([0.1, 1.3, 2.2]), finish_s=np.array([1.1, 1.3, 2.6]))
+    engine = SimpleNamespace(frontend_s=0.0)
+    sim = SimpleNamespace(
+        stream=stream, engine=engine, first_token_s=np.array([0.1, 1.3, 2.2]), finish_s=np.array([1.1, 1.3, 2.6])
+    )
     ttft, tpot, e2e = request_latencies(sim)
     np.testing.assert_allclose(ttft, [0.1, 0.3, 0.2])
     np.testing.assert_allclose(e2e, [1.1, 0.3, 0.6])
     assert tpot[0] == pytest.approx((1.1 - 0.1) / 10) and math.isnan(tpot[1]) and tpot[2] == pytest.approx(0.2)
+    # the engine's API front end delays what the client sees of the first token and the last, not the gaps between
+    engine.frontend_s = 0.01
+    ttft2, tpot2, e2e2 = request_latencies(sim)
+    np.testing.assert_allclose(ttft2, ttft + 0.01)
+    np.testing.assert_allclose(e2e2, e2e + 0.01)
+    np.testing.assert_allclose(tpot2, tpot)
     d = Distribution.of(np.array([1.0, 2.0, 3.0, 4.0]))
     assert (d.p50_s, d.p90_s) == (pytest.approx(2.5), pytest.approx(3.7))
 
