@@ -110,7 +110,7 @@ def print_serve(r: ServeResult, console) -> None:
         f"step overhead {e.overhead.fixed_s * 1e6:.0f} us + {e.overhead.per_seq_s * 1e6:g} us/seq: "
         f"{e.overhead.source}; "
         + (
-            f"TTFT and end-to-end include the API front end, {e.frontend_s * 1e3:.1f} ms a request (measured); "
+            f"TTFT and end-to-end include the API front end, {e.frontend_s * 1e3:.1f} ms a request; "
             if e.frontend_s
             else ""
         )

@@ -270,3 +270,15 @@ def test_a_warm_cache_through_the_console_script(tmp_path):
     front = FRONTENDS["vllm"]  # the API front end's fixed share of every TTFT
     ttft = [run["metrics"]["ttft"]["p50_s"] - front for run in (warm, cold)]
     assert ttft[0] < ttft[1] / 3  # 8 of 1,000 prompt tokens prefilled, not 1,000
+
+
+def test_the_front_end_latency_is_the_engines_default_or_given_and_moves_ttft_not_tpot(tmp_path):
+    args = [*SERVE, "--rate", "5", "--num-requests", "40", "--input-len", "200", "--output-len", "8", "--json"]
+    runs = [_opcast(*args, *extra, cwd=tmp_path) for extra in ((), ("--frontend-ms", "0"), ("--frontend-ms", "50"))]
+    assert all(p.returncode == 0 for p in runs), [p.stderr for p in runs]
+    default, none, fifty = (json.loads(p.stdout)["metrics"] for p in runs)
+    assert default["ttft"]["p50_s"] - none["ttft"]["p50_s"] == pytest.approx(FRONTENDS["vllm"], abs=1e-9)
+    assert fifty["ttft"]["p50_s"] - none["ttft"]["p50_s"] == pytest.approx(0.05, abs=1e-9)
+    assert fifty["tpot"]["p50_s"] == pytest.approx(none["tpot"]["p50_s"], abs=1e-12)
+    bad = _opcast(*args, "--frontend-ms", "-1", cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--frontend-ms" in bad.stderr and not bad.stdout
