@@ -409,6 +409,37 @@ def layer_activation_terms(
     return saved(recompute), saved("none") if recompute == "full" else 0.0
 
 
+def run_layer_activation_terms(
+    arch: ArchSpec,
+    *,
+    tp: int,
+    sp: bool,
+    micro_batch: int,
+    seq: int,
+    cp: int,
+    ep: int,
+    attention: str,
+    recompute: str,
+    precision: str,
+) -> tuple[float, float]:
+    """:func:`layer_activation_terms` of a run in ``precision``: its activation dtype, and the block linears'
+    inputs saved in fp8 where the precision quantises them (:func:`opcast.dtypes.quantises`). The one mapping
+    the memory, the search and the activation offload share."""
+    return layer_activation_terms(
+        arch,
+        tp=tp,
+        sp=sp,
+        batch=micro_batch,
+        seq=seq,
+        cp=cp,
+        ep=ep,
+        attention=attention,
+        recompute=recompute,
+        dtype=activation_dtype(precision),
+        fp8=quantises(precision),
+    )
+
+
 def stage_activation_bytes(
     arch: ArchSpec,
     *,
@@ -504,18 +535,17 @@ def train_memory(
         optimizer=optimizer,
     )
     act_dtype = activation_dtype(precision)
-    per_layer, working = layer_activation_terms(
+    per_layer, working = run_layer_activation_terms(
         arch,
         tp=tp,
         sp=sp,
-        batch=micro_batch,
+        micro_batch=micro_batch,
         seq=seq,
         cp=cp,
         ep=ep,
         attention=attention,
         recompute=recompute,
-        dtype=act_dtype,
-        fp8=quantises(precision),
+        precision=precision,
     )
     acts = stage_activation_bytes(
         arch,

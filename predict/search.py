@@ -74,8 +74,8 @@ from opcast.predict.graph import (
 from opcast.predict.memory import (
     activation_dtype,
     fullest_stages,
-    layer_activation_terms,
     model_state_bytes,
+    run_layer_activation_terms,
     stage_activation_bytes,
     stage_total_bytes,
 )
@@ -499,18 +499,17 @@ class _Terms:
         key = (tp, sp, mb, cp, ep, rc)
         hit = self._layer.get(key)
         if hit is None:
-            hit = self._layer[key] = layer_activation_terms(
+            hit = self._layer[key] = run_layer_activation_terms(
                 self.arch,
                 tp=tp,
                 sp=sp,
-                batch=mb,
+                micro_batch=mb,
                 seq=self.space.seq,
                 cp=cp,
                 ep=ep,
                 attention=self.space.attention,
                 recompute=rc,
-                dtype=self.act_dtype,
-                fp8=quantises(self.space.precision),
+                precision=self.space.precision,
             )
         return hit
 

@@ -62,8 +62,8 @@ from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, R
 from opcast.predict.memory import (
     Memory,
     activation_dtype,
-    layer_activation_terms,
     overflow_reason,
+    run_layer_activation_terms,
     stage_params,
     train_memory,
 )
@@ -770,23 +770,22 @@ def offload_time(
 ) -> tuple[float, float]:
     """(forward, backward) seconds per micro-batch the compute waits for ``--offload-activations``' copies
     (:func:`opcast.predict.offload.exposed_s`): one layer's saved activations
-    (:func:`~opcast.predict.memory.layer_activation_terms`, as the memory counts them) over the device's host
+    (:func:`~opcast.predict.memory.run_layer_activation_terms`, as the memory counts them) over the device's host
     link, behind the block's compute and exposed collectives of the layers of each copy's window."""
     host_bw = device.host_link_bw_bytes_per_s
     if host_bw is None:  # validate_train refuses it first
         raise OpcastError(f"{device.name} has no host link bandwidth; give --set host_link_bw_bytes_per_s=VALUE")
-    layer_bytes, _ = layer_activation_terms(
+    layer_bytes, _ = run_layer_activation_terms(
         arch,
         tp=cfg.tp,
         sp=cfg.sp,
-        batch=cfg.micro_batch,
+        micro_batch=cfg.micro_batch,
         seq=cfg.seq,
         cp=cfg.cp,
         ep=cfg.ep,
         attention=cfg.attention,
         recompute=cfg.recompute,
-        dtype=activation_dtype(cfg.precision),
-        fp8=quantises(cfg.precision),
+        precision=cfg.precision,
     )
 
     def per_layer(phase: str) -> float:
