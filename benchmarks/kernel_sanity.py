@@ -471,6 +471,16 @@ def _fused_lines(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> l
     return lines
 
 
+def _print_violations(found: list[dict[str, Any]], max_listed: int, measured: Measured | None) -> None:
+    """The first ``max_listed`` violations a line each (with what was measured where ``measured`` is given)."""
+    for v in found[:max_listed]:
+        print(f"   {v['rule']:11s} {v['kernel']:32s} {v['gpu']:30s} {v['what']} [{v['source']}]")
+        if measured is not None and "measured" in v:
+            print(f"{'':48s}{_measured_text(v['measured'], v['rule'])}")
+    if len(found) > max_listed:
+        print(f"   ... and {len(found) - max_listed} more (--max-listed, --json)")
+
+
 def _quantised_tables(
     models: str | None, devices: Sequence[Any], max_listed: int, measured_path: Path | None
 ) -> dict[str, Any]:
@@ -494,10 +504,7 @@ def _quantised_tables(
             if mode == "on":
                 print("\n".join(_util_table(f"-- bounds {mode}: utilisation", cells, having)))
             print(f"-- bounds {mode}: {len(found)} violation(s)")
-            for v in found[:max_listed]:
-                print(f"   {v['rule']:11s} {v['kernel']:32s} {v['gpu']:30s} {v['what']} [{v['source']}]")
-                if measured is not None and "measured" in v:
-                    print(f"{'':48s}{_measured_text(v['measured'], v['rule'])}")
+            _print_violations(found, max_listed, measured)
         out[title] = table
     return out
 
@@ -581,12 +588,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"-- bounds {mode}: {len(found)} violation(s) "
                 f"({', '.join(f'{n} {r}' for r, n in sorted(by_rule.items())) or 'none'})"
             )
-            for v in found[: args.max_listed]:
-                print(f"   {v['rule']:11s} {v['kernel']:32s} {v['gpu']:30s} {v['what']} [{v['source']}]")
-                if measured is not None and "measured" in v:
-                    print(f"{'':48s}{_measured_text(v['measured'], v['rule'])}")
-            if len(found) > args.max_listed:
-                print(f"   ... and {len(found) - args.max_listed} more (--max-listed, --json)")
+            _print_violations(found, args.max_listed, measured)
         doc["tables"][title] = table
     try:
         quantised = _quantised_tables(args.models, [*first, *second], args.max_listed, args.measured)
