@@ -78,6 +78,33 @@ TREE_BW: Final = 0.9
 KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
 """The collectives the law prices (the registry's collective kinds)."""
 
+NVLS_CTAS: Final[dict[str, int]] = {"hopper": 16, "blackwell": 24, "blackwell-multinode": 32}
+"""Thread blocks (one per channel, each on its own SM) of an NVLink SHARP all-reduce: NCCL's defaults
+``NVLS_NCHANNELS_SM90`` 16, ``NVLS_NCHANNELS_SM100_NVL`` 24 within one NVLink domain and
+``NVLS_NCHANNELS_SM100`` 32 across nodes (NVIDIA/nccl ``src/transport/nvls.cc`` ``ncclNvlsTuning``, master
+at 5067397, 2026-06)."""
+
+RING_CTAS: Final = 24
+"""Thread blocks of an NCCL ring collective over NVLink: the 24 blocks Nsight Systems shows for
+``ncclAllGather`` beside FSDP's GEMMs on an H100 (NVIDIA developer forum, "Compute-Communication Overlap
+Causes Severe GEMM Performance Degradation because of Tail Effect", topic 337991, 2025). NCCL caps a
+communicator at ``MAXCHANNELS`` = 32; the count it picks comes from its topology search, which this
+law does not repeat, so one measured count stands for every NVLink ring (all-gather and reduce-scatter,
+whose NVLS versions need buffers registered with NCCL, which PyTorch's allocator does not do)."""
+
+
+def nccl_ctas(kind: str, *, vendor: str, architecture: str, intra_node_bw_bytes_per_s: float, nodes: int) -> int:
+    """SMs an NCCL collective of ``kind`` holds while it runs (one thread block per channel) on a GPU of
+    ``vendor`` / ``architecture`` whose intra-node links run at ``intra_node_bw_bytes_per_s`` (one direction),
+    over a group spanning ``nodes`` nodes: an all-reduce over NVLink on Hopper or Blackwell is NVLS's
+    (:data:`NVLS_CTAS`), the other collectives over NVLink a ring's (:data:`RING_CTAS`). 0 where no count is
+    established: PCIe-only parts (NCCL opens fewer channels there) and RCCL on AMD."""
+    if vendor != "nvidia" or link_tier(intra_node_bw_bytes_per_s) != "nvlink":
+        return 0
+    if kind == "all_reduce" and architecture in ("hopper", "blackwell"):
+        return NVLS_CTAS["blackwell-multinode" if architecture == "blackwell" and nodes > 1 else architecture]
+    return RING_CTAS
+
 
 def alpha_beta_options(
     kind: str,

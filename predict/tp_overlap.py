@@ -252,6 +252,13 @@ class Overlapped(NamedTuple):
     pieces: int
 
 
+def comm_sm_time_s(comm_s: float, comm_sms: int, sm_count: int) -> float:
+    """Seconds a compute-bound kernel loses to a communication kernel that holds ``comm_sms`` of the
+    device's ``sm_count`` SMs for ``comm_s`` seconds beside it: its tiles run on the other SMs meanwhile, so
+    it gives up ``comm_s * comm_sms / sm_count`` of its time (the module docstring's ``c num_sm / S``)."""
+    return comm_s * comm_sms / sm_count
+
+
 def sm_share(cfg: UbGemm, sm_count: int) -> float:
     """The slowdown of a compute-bound GEMM launched on ``sm_count - num_sm`` SMs (1 without the margin)."""
     return sm_count / (sm_count - cfg.num_sm) if cfg.set_sm_margin else 1.0
@@ -285,7 +292,7 @@ def overlapped(
     k = pieces(cfg, tp)
     if cfg.method == "bulk":
         full = gemm_s * sm_count / (sm_count - cfg.num_sm)  # on S - num_sm SMs throughout
-        gemm = full if cfg.set_sm_margin else min(full, gemm_s + comm_s * cfg.num_sm / sm_count)
+        gemm = full if cfg.set_sm_margin else min(full, gemm_s + comm_sm_time_s(comm_s, cfg.num_sm, sm_count))
         return Overlapped(gemm, max(0.0, comm_s - gemm), 1)
     scale = sm_share(cfg, sm_count)
     big = gemm_s * scale

@@ -16,7 +16,11 @@ per micro-batch, prefetched behind the layer's compute (under a framework whose 
 ``foundry``: in its reduce dtype, with FSDP's flat-gradient kernels in each backward,
 :func:`fsdp_gradient_kernels`). MoE expert gradients are reduced over
 dp x cp / ep ranks. A tied embedding split across pipeline stages all-reduces its gradient between
-the first and last stage.
+the first and last stage. Hiding a collective behind compute is not free: its NCCL kernel holds one SM
+per channel (:func:`opcast.collectives_law.nccl_ctas`) while the compute beside it runs on the other
+SMs, which costs that compute ``hidden seconds x SMs held / SM count``
+(:func:`opcast.predict.tp_overlap.comm_sm_time_s`, the rule of Transformer Engine's bulk overlap), priced
+with the data-parallel (and ZeRO-3) communication it comes from.
 
 Each term is a pure function of plain values (section "the cost terms"): :func:`run_train` calls
 them once per priced stage and :mod:`opcast.predict.search` memoises the same functions across
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
+from opcast.collectives_law import nccl_ctas
 from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
@@ -85,6 +90,7 @@ from opcast.predict.tp_overlap import (
     Overlapped,
     UbGemm,
     chunk_kernel,
+    comm_sm_time_s,
     overlap_kernels,
     overlapped,
     parse_configs,
@@ -516,6 +522,12 @@ class DataParallelSync:
     amax: tuple[Collective, float, Collective, float] | None = None
     """Training in fp8: (forward amax all-reduce, its seconds, backward one, its seconds) of one model
     chunk's micro-batch (:func:`fp8_amax_sync`); else None."""
+    sm_count: int = 1
+    """The device's SMs, which the collectives' SMs below are shares of."""
+    gather_sms: int = 0
+    """SMs an all-gather of the weights (ZeRO-3's or ZeRO 1/2's) holds while it runs (:func:`comm_sms`)."""
+    reduce_sms: int = 0
+    """SMs a gradient reduction (ZeRO-3's reduce-scatter, the bucketed reduce-scatter or all-reduce) holds."""
 
 
 ALL_REDUCE_ZERO_FRAMEWORKS = frozenset({"neox"})
@@ -573,6 +585,12 @@ def data_parallel_sync(
         else None
     )
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
+    reduce_kind = "reduce_scatter" if zero == 3 else gradient_reduce_kind(zero, framework)
+    sms = {
+        "sm_count": device.sm_count,
+        "gather_sms": comm_sms("all_gather", device, dp_group),
+        "reduce_sms": comm_sms(reduce_kind, device, dp_group),
+    }
     tied = tied_s = None
     if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
         tied = Collective(
@@ -589,9 +607,9 @@ def data_parallel_sync(
             tied=tied,
             tied_s=tied_s or 0.0,
             amax=amax,
+            **sms,
         )
     bucket = gradient_bucket_params(dp, bucket_params)
-    reduce_kind = gradient_reduce_kind(zero, framework)
     tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
     tot_e, last_e = bucketed_s(comms, device, reduce_kind, params.expert, grad_bytes, expert_dp_group, bucket)
     gather_total = gather_bucket = 0.0
@@ -609,6 +627,19 @@ def data_parallel_sync(
         tied=tied,
         tied_s=tied_s or 0.0,
         amax=amax,
+        **sms,
+    )
+
+
+def comm_sms(kind: str, device: DeviceSpec, group: Group) -> int:
+    """SMs a data-parallel collective of ``kind`` over ``group`` holds on ``device`` while it runs
+    (:func:`opcast.collectives_law.nccl_ctas`)."""
+    return nccl_ctas(
+        kind,
+        vendor=device.vendor,
+        architecture=device.architecture,
+        intra_node_bw_bytes_per_s=device.intra_node_bw_bytes_per_s,
+        nodes=group.nodes,
     )
 
 
@@ -736,15 +767,30 @@ def data_parallel_time(
     ``max(one bucket, total - that backward)`` exposed, and the weight gather follows the step, or
     with ``overlap_param_gather`` (Megatron-LM: each bucket's gather is waited for in the forward
     pre-hook of its first layer) runs behind the next iteration's first micro-batch forward, leaving
-    ``max(one bucket, gather - that forward)`` exposed."""
+    ``max(one bucket, gather - that forward)`` exposed. What hides takes its SMs from the compute it hides
+    behind (module docstring): each hidden second of a gather costs ``sync.gather_sms / sync.sm_count``
+    seconds, of a reduction ``sync.reduce_sms / sync.sm_count``, counted with the exposed traffic."""
     zero3_s = zero3_fwd = dp_exposed = dp_total = 0.0
+
+    def taken(hidden_s: float, sms: int) -> float:
+        return comm_sm_time_s(hidden_s, sms, sync.sm_count)
+
     if sync.zero3 is not None:
         _, ag, _, rs = sync.zero3
         gathers = zero3_gathers(recompute)
         fwd_layer = compute.forward_s / layers
         bwd_layer = (compute.backward_s + compute.recompute_s) / layers
-        zero3_fwd = layers * max(0.0, ag - fwd_layer)
-        zero3_s = zero3_fwd + layers * max(0.0, (gathers - 1) * ag + rs - bwd_layer)
+        bwd_comm = (gathers - 1) * ag + rs
+        # the backward's hidden share is split between its gathers and its reduce-scatter by their times
+        bwd_hidden = min(bwd_comm, bwd_layer)
+        bwd_taken = (
+            taken(bwd_hidden * (gathers - 1) * ag / bwd_comm, sync.gather_sms)
+            + taken(bwd_hidden * rs / bwd_comm, sync.reduce_sms)
+            if bwd_comm > 0
+            else 0.0
+        )
+        zero3_fwd = layers * (max(0.0, ag - fwd_layer) + taken(min(ag, fwd_layer), sync.gather_sms))
+        zero3_s = zero3_fwd + layers * (max(0.0, bwd_comm - bwd_layer) + bwd_taken)
         dp_total = micro_batches * layers * (gathers * ag + rs)
     else:
         window = compute.backward_s + compute.recompute_s  # the last micro-batch's backward on this stage
@@ -758,6 +804,9 @@ def data_parallel_time(
         )
         dp_total = sync.reduce_total_s + sync.gather_total_s
         dp_exposed = min(dp_total, reduce_exposed + gather_exposed)
+        dp_exposed += taken(max(0.0, sync.reduce_total_s - reduce_exposed), sync.reduce_sms) + taken(
+            max(0.0, sync.gather_total_s - gather_exposed), sync.gather_sms
+        )
     gradients_exposed = dp_exposed
     if sync.tied is not None:
         dp_total += sync.tied_s

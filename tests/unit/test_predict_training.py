@@ -276,6 +276,50 @@ def test_zero3_prefetches_each_layers_gathers_behind_the_previous_layers_compute
     assert t.zero3_s == t.zero3_forward_s + 4 * (2 * 1.5 + 1.0 - 2.0)
 
 
+def test_hidden_data_parallel_traffic_takes_its_sms_from_the_compute():
+    """Hand-worked: each hidden second costs SMs held / SM count of compute, priced with the traffic."""
+    ag, rs = Collective("all_gather", 1, place(2, 1, 8)), Collective("reduce_scatter", 1, place(2, 1, 8))
+    compute = StageCompute(4.0, 6.0, 2.0, 0.0, 0.0, 0.0, 0.0)  # per micro-batch, over 4 layers
+    sync = DataParallelSync(zero3=(ag, 0.5, rs, 0.25), sm_count=100, gather_sms=20, reduce_sms=10)
+    t = data_parallel_time(sync, compute, layers=4, micro_batches=3, recompute="full", overlap_grad_reduce=True)
+    # forward: 0.5 s of gather hidden per layer at 20 %; backward: 1.0 s of gathers at 20 % and 0.25 s of
+    # reduce-scatter at 10 %, all hidden behind the 2 s layer
+    assert t.zero3_forward_s == pytest.approx(4 * 0.5 * 0.2)
+    assert t.zero3_s == pytest.approx(4 * (0.5 * 0.2 + 1.0 * 0.2 + 0.25 * 0.1))
+    slow = DataParallelSync(zero3=(ag, 1.5, rs, 1.0), sm_count=100, gather_sms=20, reduce_sms=10)
+    t = data_parallel_time(slow, compute, layers=4, micro_batches=3, recompute="full", overlap_grad_reduce=True)
+    # forward: 1 s of the 1.5 s gather hides (20 %), 0.5 s shows; backward: 2 s of the 4 s hide, split 3:1
+    assert t.zero3_forward_s == pytest.approx(4 * (0.5 + 1.0 * 0.2))
+    assert t.zero3_s == pytest.approx(t.zero3_forward_s + 4 * (2.0 + 2.0 * 0.75 * 0.2 + 2.0 * 0.25 * 0.1))
+    bucketed = DataParallelSync(
+        zero3=None, reduce_total_s=10.0, last_bucket_s=2.0, gather_total_s=1.0, sm_count=100, reduce_sms=10
+    )
+    t = data_parallel_time(bucketed, compute, layers=4, micro_batches=8, recompute="none", overlap_grad_reduce=True)
+    # 8 s of the reduction hide behind the 8 s backward window (10 %), 2 s and the 1 s gather show
+    assert t.exposed_s == pytest.approx(2.0 + 1.0 + 8.0 * 0.1)
+
+
+def test_nccl_collectives_hold_the_sms_of_their_channels():
+    from opcast.collectives_law import NVLS_CTAS, RING_CTAS, nccl_ctas
+
+    def ctas(kind, name, nodes=1):
+        d = get_device(name)
+        return nccl_ctas(
+            kind,
+            vendor=d.vendor,
+            architecture=d.architecture,
+            intra_node_bw_bytes_per_s=d.intra_node_bw_bytes_per_s,
+            nodes=nodes,
+        )
+
+    assert ctas("all_reduce", "H100-SXM") == NVLS_CTAS["hopper"] == 16
+    assert ctas("all_reduce", "B200") == 24 and ctas("all_reduce", "B200", nodes=2) == 32
+    assert ctas("all_gather", "H100-SXM") == ctas("reduce_scatter", "B200") == RING_CTAS == 24
+    assert ctas("all_reduce", "A100-SXM4-80GB") == RING_CTAS  # no NVLink SHARP before Hopper: a ring
+    assert ctas("all_gather", "L40S") == 0  # PCIe only: no count established
+    assert ctas("all_reduce", "MI300X") == 0  # RCCL
+
+
 def test_each_stage_is_composed_from_the_shared_terms():
     """run_train's stages are the terms the search memoises: a middle stage repeats stage 1 but for its sends."""
     # gpt3-350m (24 layers) over 6 stages of tp 2 on two 6-GPU nodes: stages 2 | 3 straddle the nodes
