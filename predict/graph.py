@@ -33,8 +33,11 @@ Extensions over ``layer_ops``:
   head and the router stay bf16), each with the cast / transpose kernels TE runs around it
   (:func:`fp8_quantisation`), in forward, backward and a full recomputation; with sequence
   parallelism their all-gathers move fp8 (:func:`block_comms`). Megatron's once-per-iteration weight
-  casts (:func:`weight_casts`) and the amax all-reduces (:func:`fp8_amax_bytes`) are stage terms,
-  priced in :mod:`opcast.predict.training`.
+  casts (:func:`weight_casts`) and delayed scaling's amax all-reduces (:func:`fp8_amax_bytes`) are stage
+  terms, priced in :mod:`opcast.predict.training`; current scaling (``--fp8-recipe current``) adds an amax
+  pass and a scale kernel to each cast and all-reduces the amax of each fp8-gathered tensor over the
+  tensor-parallel group (:func:`fp8_amax_comms`). On datacenter Blackwell the fp8 GEMMs take every layout
+  and Transformer Engine 2.x writes no fp8 transposes (:func:`fp8_gemm_transposes`).
 - **mxfp8 / nvfp4** (Transformer Engine's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling``): the same
   linears run their forward, data- and weight-gradient GEMMs at the kernel dtype ``fp8_block`` /
   ``nvfp4`` (:func:`opcast.dtypes.gemm_dtype`); everything else (the quantisation kernels, the fp8
@@ -52,10 +55,11 @@ Extensions over ``layer_ops``:
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, gemm_dtype
+from opcast.hardware import DeviceSpec
 from opcast.ops import get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
 from opcast.predict.frameworks import FRAMEWORKS, framework_of
@@ -120,6 +124,13 @@ class Dtypes:
     framework: str | None = None
     """The ``--framework`` (None: not given); decides the kernels of the block's modules where the
     framework runs them op by op (``hf``: :func:`block_ops`)."""
+    fp8_recipe: str = "delayed"
+    """Per-tensor fp8 only (``matrix`` fp8; block-scaled runs keep ``delayed``): Transformer Engine's scaling
+    recipe, ``delayed`` or ``current`` (:func:`fp8_quantisation`)."""
+    fp8_transposes: bool = True
+    """Per-tensor fp8 only: whether the device's fp8 GEMM takes only the TN layout, so that Transformer Engine
+    writes fp8 transposes for the gradient GEMMs (:func:`fp8_gemm_transposes`); True for block-scaled runs
+    (their quantisers always write a second, column-wise copy)."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
@@ -137,8 +148,18 @@ class Dtypes:
         return uses_tensor_cores("gemm", self.matrix, self.tensor_cores)
 
 
-def precision_of(precision: str, tensor_cores: bool | None = None, framework: str | None = None) -> Dtypes:
-    """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default)."""
+def precision_of(
+    precision: str,
+    tensor_cores: bool | None = None,
+    framework: str | None = None,
+    *,
+    fp8_recipe: str = "delayed",
+    device: DeviceSpec | None = None,
+) -> Dtypes:
+    """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default);
+    for per-tensor fp8 the scaling ``fp8_recipe`` and whether ``device``'s fp8 GEMMs need fp8 transposes
+    (:func:`fp8_gemm_transposes`; None: they do, as on Hopper)."""
+    per_tensor = gemm_dtype(precision) == "fp8"
     return Dtypes(
         matrix=gemm_dtype(precision),
         act=activation_dtype(precision),
@@ -146,6 +167,8 @@ def precision_of(precision: str, tensor_cores: bool | None = None, framework: st
         impls=framework_of(framework).impls,
         fp8_modules="megatron" if framework in (None, "megatron") else "linear",
         framework=framework,
+        fp8_recipe=fp8_recipe if per_tensor else "delayed",
+        fp8_transposes=fp8_gemm_transposes(device) if per_tensor and device is not None else True,
     )
 
 
@@ -442,18 +465,82 @@ def traffic_op(role: str, bytes_moved: int) -> Op:
     return (role, "elementwise", {"numel": -(-bytes_moved // 4), "fn": "mul_scalar"}, 1)
 
 
-def _weight_cast(role: str, p: dict) -> Op:
-    """``fp8_cast_transpose_fused`` of the weight ``W[k, n]`` of the fp8 linear ``role`` (``b`` of them):
-    bf16 read, fp8 copy and fp8 transpose written, 4 bytes an element."""
-    return traffic_op(f"{role}.fp8_cast_transpose_weight", 4 * p["b"] * p["k"] * p["n"])
+def fp8_gemm_transposes(device: DeviceSpec) -> bool:
+    """Whether per-tensor fp8 GEMMs on ``device`` take only the TN layout, so that Transformer Engine keeps
+    an fp8 transpose (column-wise data) of every operand a gradient GEMM reads transposed: True but on
+    datacenter Blackwell (sm_100/103, :attr:`~opcast.hardware.DeviceSpec.mma_family` ``tcgen05``), whose
+    fp8 GEMMs take every layout. TE v2.9 ``transformer_engine/common/transformer_engine.cpp``
+    ``nvte_is_non_tn_fp8_gemm_supported``: compute capability 10.0-11.x or >= 13.0 (the same rule in v2.3,
+    v2.5 and v2.14.1; v2.2's ``pytorch/utils.py`` ``non_tn_fp8_gemm_supported`` also counted sm_120);
+    ``pytorch/csrc/quantizer.cpp`` ``Float8Quantizer::create_tensor`` and
+    ``Float8CurrentScalingQuantizer::create_tensor`` then write the row-wise data only
+    (``with_transpose = columnwise_usage && !nvte_is_non_tn_fp8_gemm_supported()``), and
+    ``pytorch/distributed.py`` ``_all_gather_fp8`` transposes a gathered tensor only without it."""
+    return device.mma_family != "tcgen05"
 
 
-def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, grouped: bool) -> CastOps:
-    """The quantisation kernels Transformer Engine 1.x (v1.13, delayed scaling, Hopper) runs around the
-    fp8 linear ``role`` ``C[m, n] = A[m, k] @ W[k, n]`` (``b`` of them when ``grouped``), per
-    micro-batch. Hopper's fp8 GEMM takes only the TN layout, so the weight-gradient GEMM needs fp8
-    transposes of A and of dC, the data-gradient GEMM one of W. Bytes per element: a fused
-    cast+transpose reads bf16 and writes two fp8 copies (4), a cast 3, an fp8 transpose 2.
+def _quantise(name: str, numel: int, *, recipe: str, columnwise: bool, amax_fused: bool = False) -> list[Op]:
+    """The kernels quantising one bf16 tensor of ``numel`` elements to per-tensor fp8 (``name`` =
+    ``{role}.{tensor}``), column-wise data (the fp8 transpose) included when ``columnwise``:
+
+    - ``delayed`` (TE ``Float8Quantizer``, the scale from the amax history): one cast, the amax fused
+      into it: ``fp8_cast_transpose_fused`` (4 bytes an element: bf16 read, two fp8 copies written) or
+      ``cast_to_fp8`` (3);
+    - ``current`` (TE v2.9 ``pytorch/csrc/quantizer.cpp`` ``Float8CurrentScalingQuantizer::quantize_impl``):
+      ``nvte_compute_amax_with_config`` (reads the bf16 input, 2 bytes an element; not where the producing
+      kernel computed the amax: ``amax_fused``), the amax all-reduce where the quantiser has an amax
+      reduction group (priced as a collective, :func:`fp8_amax_comms`), ``nvte_compute_scale_from_amax``,
+      then ``nvte_quantize_v2``, the cast (4 or 3 bytes as above). Not priced: the scale kernel, one thread
+      (its launch, microseconds, below what the learned elementwise models were fitted on: they answer
+      nanoseconds); about 0.1 % of the NeMo current-scaling rows' iteration at 2 us a launch."""
+    role, tensor = name.rsplit(".", 1)
+    ops: list[Op] = []
+    if recipe == "current" and not amax_fused:
+        ops.append(traffic_op(f"{role}.fp8_amax_{tensor}", 2 * numel))
+    cast = "fp8_cast_transpose" if columnwise else "fp8_cast"
+    ops.append(traffic_op(f"{role}.{cast}_{tensor}", (4 if columnwise else 3) * numel))
+    return ops
+
+
+def _weight_quantisation(role: str, p: dict, *, recipe: str = "delayed", transposes: bool = True) -> list[Op]:
+    """The quantisation of the weight ``W[k, n]`` of the fp8 linear ``role`` (``b`` of them): bf16 read,
+    the fp8 copy and, where the GEMMs need it (``transposes``), the fp8 transpose written (:func:`_quantise`;
+    TE v1.13 ``fp8_cast_transpose_fused``; TE v2.9 ``Float8Quantizer`` / ``Float8CurrentScalingQuantizer``,
+    the weight quantiser without an amax reduction group)."""
+    return _quantise(f"{role}.weight", p["b"] * p["k"] * p["n"], recipe=recipe, columnwise=transposes)
+
+
+def fp8_gathers(role: str, *, tp: int, sp: bool, grouped: bool) -> tuple[bool, bool]:
+    """(input, output gradient) of the fp8 linear ``role`` quantised on the local rows and all-gathered in
+    fp8 over the tensor-parallel group: with sequence parallelism, a column-parallel layer's input and a
+    row-parallel layer's output gradient (TE ``_Linear.forward`` / ``_LayerNormLinear.forward``
+    ``with_input_all_gather``, ``module/base.py`` ``grad_output_preprocess`` ``gather_grad_output``);
+    TE's grouped expert linears are not sequence-parallel."""
+    sp = sp and tp > 1 and not grouped
+    row = FP8_LINEARS[role] == "row"
+    return sp and not row, sp and row
+
+
+def fp8_quantisation(
+    role: str,
+    p: dict,
+    *,
+    modules: str,
+    tp: int,
+    sp: bool,
+    grouped: bool,
+    recipe: str = "delayed",
+    transposes: bool = True,
+) -> CastOps:
+    """The quantisation kernels Transformer Engine runs around the per-tensor fp8 linear ``role``
+    ``C[m, n] = A[m, k] @ W[k, n]`` (``b`` of them when ``grouped``), per micro-batch. A GEMM that takes
+    only the TN layout (Hopper; ``transposes``, :func:`fp8_gemm_transposes`) needs fp8 transposes of A
+    and of dC for the weight-gradient GEMM and one of W for the data-gradient GEMM; on datacenter
+    Blackwell TE 2.x writes none and every fused cast+transpose is a plain cast. Bytes per element: a
+    fused cast+transpose reads bf16 and writes two fp8 copies (4), a cast 3, an fp8 transpose 2.
+
+    **Delayed scaling** (``recipe`` delayed; TE v1.13 on Hopper, the layouts of TE v2.x on Blackwell), the
+    amax computed inside the casts:
 
     - Input A, forward (``module/linear.py`` ``_Linear.forward``): ``fp8_cast_transpose_fused``
       (4 mk) without sequence parallelism; with it ``cast_to_fp8`` of the local rows (3 mk, m/tp rows
@@ -476,54 +563,138 @@ def fp8_quantisation(role: str, p: dict, *, modules: str, tp: int, sp: bool, gro
       all-gathers them in fp8 and transposes the gathered dC (2 mn).
     - Outputs (C, dA, dW) are written by the GEMMs in bf16: no kernel.
 
-    Amaxes are computed inside these kernels; their reduction, one all-reduce (MAX) per
-    micro-batch and direction, is priced with the data-parallel traffic (:func:`fp8_amax_bytes`).
-    Not priced: the ``torch.cat`` of the amaxes and the one
+    Their amaxes are reduced once per micro-batch and direction with the data-parallel traffic
+    (:func:`fp8_amax_bytes`). Not priced: the ``torch.cat`` of the amaxes and the one
     ``fused_amax_and_scale_update_after_reduction`` kernel around it, microseconds each. Recipe:
     Micikevicius et al. 2022 (arXiv 2209.05433, Sec. 3-4: per-tensor scaling, E4M3 forward, E5M2
-    gradients)."""
+    gradients).
+
+    **Current scaling** (``recipe`` current; TE v2.9, the ``release_v2.9`` that Megatron-Bridge v0.2.0 pins
+    for NeMo 25.11; ``Float8CurrentScaling``): every quantisation is the steps of :func:`_quantise`
+    (amax pass, amax all-reduce where the rows are gathered, scale, cast), on the tensors above:
+
+    - Input A: a ``LayerNormLinear``'s norm writes bf16 with the amax fused
+      (``pytorch/csrc/extensions/normalization.cpp`` ``FUSED_NORM_AMAX_FP8``, TE >= 2.7; TE 2.2-2.6, NeMo
+      25.04 / 25.07, ran a separate amax pass there, not priced) and ``quantize_with_amax`` casts it; a
+      ``Linear``'s input gets the amax pass and the cast. With sequence parallelism a column-parallel
+      layer casts its local rows, its amax all-reduced over the tensor-parallel group
+      (``module/linear.py`` / ``module/layernorm_linear.py`` ``_customize_quantizers_float8_current_scaling``:
+      ``with_amax_reduction``, ``amax_reduction_group = self.tp_group``), the gathered rows transposed where
+      the GEMMs need it (``distributed.py`` ``_all_gather_fp8``: ``_create_transpose``); a row-parallel
+      layer's input is cast (and transposed) whole, without a reduction.
+    - Weight W: the amax pass, the scale and the cast (and transpose) of the weight, when the delayed
+      recipe casts it (``module/base.py`` ``get_weight_workspace``).
+    - Output gradient dC: as the input, the row-parallel layer with sequence parallelism being the one
+      that casts its local rows, all-reduces their amax over the tensor-parallel group and gathers them.
+
+    No amax is reduced over the data-parallel ranks (``quantization.py`` ``add_fp8_tensors_to_global_buffer``
+    and ``reduce_and_update_fp8_tensors``: "Delayed scaling only"). A bias's gradient
+    (``tex.bgrad_quantize``) is not priced apart."""
     b, m, n, k = p["b"], p["m"], p["n"], p["k"]
-    sp = sp and tp > 1 and not grouped  # TE's grouped expert linears are not sequence-parallel
+    gathered_in, gathered_grad = fp8_gathers(role, tp=tp, sp=sp, grouped=grouped)
     row = FP8_LINEARS[role] == "row"
     fused_norm = modules == "megatron" and not row and not grouped
     fwd: list[Op] = []
     dgrad: list[Op] = []
     wgrad: list[Op] = []
+    if recipe == "current":
+        rows = m // tp if gathered_in else m
+        quantise = partial(_quantise, recipe=recipe)
+        fwd += quantise(f"{role}.input", b * rows * k, columnwise=transposes and not gathered_in, amax_fused=fused_norm)
+        if gathered_in and transposes:
+            wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
+        if modules == "linear":
+            fwd += _weight_quantisation(role, p, recipe=recipe, transposes=transposes)
+        rows = m // tp if gathered_grad else m
+        dgrad += quantise(f"{role}.grad", b * rows * n, columnwise=transposes and not gathered_grad)
+        if gathered_grad and transposes:
+            dgrad.append(traffic_op(f"{role}.fp8_transpose_grad", 2 * b * m * n))
+        return fwd, dgrad, wgrad
+    sp = sp and tp > 1 and not grouped
     if fused_norm:
-        wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
+        if transposes:
+            wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
     elif sp:
         local = m if row else m // tp
         fwd.append(traffic_op(f"{role}.fp8_cast_input", 3 * b * local * k))
-        wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
+        if transposes:
+            wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))
     else:
-        fwd.append(traffic_op(f"{role}.fp8_cast_transpose_input", 4 * b * m * k))
+        fwd += _quantise(f"{role}.input", b * m * k, recipe=recipe, columnwise=transposes)
     if modules == "linear":
-        fwd.append(_weight_cast(role, p))
-    if sp and row:
+        fwd += _weight_quantisation(role, p, transposes=transposes)
+    if gathered_grad:
         dgrad.append(traffic_op(f"{role}.fp8_cast_grad", 3 * b * (m // tp) * n))
-        dgrad.append(traffic_op(f"{role}.fp8_transpose_grad", 2 * b * m * n))
+        if transposes:
+            dgrad.append(traffic_op(f"{role}.fp8_transpose_grad", 2 * b * m * n))
     else:
-        dgrad.append(traffic_op(f"{role}.fp8_cast_transpose_grad", 4 * b * m * n))
+        dgrad += _quantise(f"{role}.grad", b * m * n, recipe=recipe, columnwise=transposes)
     return fwd, dgrad, wgrad
+
+
+def _grouped(ops: list[Op]) -> bool:
+    """Whether a block's fp8 linears are TE's grouped expert linears (an MoE block, with its router)."""
+    return any(role == "router" for role, *_ in ops)
 
 
 def fp8_casts(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, CastOps]:
     """:func:`fp8_quantisation` of every fp8 linear of ``ops`` by role (empty unless GEMMs run in fp8)."""
     if not quantised(prec):
         return {}
-    grouped = any(role == "router" for role, *_ in ops)
+    grouped = _grouped(ops)
     return {
-        role: fp8_quantisation(role, p, modules=prec.fp8_modules, tp=tp, sp=sp, grouped=grouped)
+        role: fp8_quantisation(
+            role,
+            p,
+            modules=prec.fp8_modules,
+            tp=tp,
+            sp=sp,
+            grouped=grouped,
+            recipe=prec.fp8_recipe,
+            transposes=prec.fp8_transposes,
+        )
         for role, kind, p, _ in ops
         if kind == "gemm" and role in FP8_LINEARS
     }
 
 
+FP8_AMAX_BYTES = 4
+"""One fp32 amax: what current scaling all-reduces (MAX) per quantisation with an amax reduction group."""
+
+
+def fp8_amax_comms(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, tuple[Comm, ...]]:
+    """Current scaling's amax all-reduces of one block per micro-batch by phase: one blocking all-reduce
+    (MAX) of :data:`FP8_AMAX_BYTES` over the tensor-parallel group (role ``tp_amax``, not hidden) before
+    each cast of rows that are then all-gathered in fp8 (:func:`fp8_gathers`): forward, the column-parallel
+    layers' inputs; backward, the row-parallel layers' output gradients (TE v2.9 ``pytorch/csrc/quantizer.cpp``
+    ``Float8CurrentScalingQuantizer::quantize_impl``: ``amax_reduction_group->allreduce(...)->wait()``).
+    Empty for delayed scaling, whose amaxes go in one call per direction (:func:`fp8_amax_bytes`)."""
+    if not quantised(prec) or prec.fp8_recipe != "current":
+        return {FWD: (), BWD: ()}
+    grouped = _grouped(ops)
+    gathers = [
+        fp8_gathers(role, tp=tp, sp=sp, grouped=grouped)
+        for role, kind, _, _ in ops
+        if kind == "gemm" and role in FP8_LINEARS
+    ]
+    out: dict[str, tuple[Comm, ...]] = {}
+    for phase, count in ((FWD, sum(g[0] for g in gathers)), (BWD, sum(g[1] for g in gathers))):
+        out[phase] = (Comm("tp_amax", "all_reduce", FP8_AMAX_BYTES, count),) if count else ()
+    return out
+
+
+def delayed_amax_reduction(prec: Dtypes) -> bool:
+    """Whether a run in ``prec`` reduces its amaxes once per direction and model chunk over the amax group
+    (:func:`fp8_amax_bytes`): every quantised run but per-tensor current scaling."""
+    return quantised(prec) and prec.fp8_recipe != "current"
+
+
 @lru_cache(maxsize=1024)
 def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Node, ...]:
     """The quantisation kernels of one block's fp8 weights that run once per iteration, not per
-    micro-batch: under ``megatron`` modules each fp8 linear's weight is cast and transposed
-    (:func:`_weight_cast`, 4 bytes an element) in the first micro-batch only (Megatron-Core v0.10
+    micro-batch: under ``megatron`` modules each fp8 linear's weight is quantised
+    (:func:`_weight_quantisation`: cast and, where the GEMMs need it, transpose, 4 bytes an element; under
+    current scaling after its amax pass and scale) in the first micro-batch only (Megatron-Core v0.10
     ``megatron/core/pipeline_parallel/schedules.py`` ``forward_step``: ``model.set_is_first_microbatch()``;
     ``megatron/core/extensions/transformer_engine.py`` ``TELinear.forward`` passes it to TE as
     ``is_first_microbatch`` and sets it False; TE v1.13 ``module/linear.py`` ``Linear.forward``: ``update_workspace
@@ -537,7 +708,7 @@ def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Nod
         Node(r, prec.of(kk, pp), c)
         for role, kind, p, _ in ops
         if kind == "gemm" and role in FP8_LINEARS
-        for r, kk, pp, c in (_weight_cast(role, p),)
+        for r, kk, pp, c in _weight_quantisation(role, p, recipe=prec.fp8_recipe, transposes=prec.fp8_transposes)
     )
 
 
@@ -702,6 +873,8 @@ def _block_passes(
         framework=prec.framework,
     )
     comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act, fp8=quantised(prec))
+    amax = fp8_amax_comms(ops, prec, tp=tp, sp=sp)
+    comms = {phase: comms[phase] + amax[phase] for phase in (FWD, BWD)}
     casts = fp8_casts(ops, prec, tp=tp, sp=sp)
     return _nodes(ops, prec, casts), _bwd_nodes(ops, prec, casts), comms
 

@@ -259,6 +259,12 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "bf16, fp16, fp32, fp8, mxfp8 (block-scaled fp8 linears) or nvfp4 (NVFP4 linears; GPUs with fp4 tensor cores).",
         None,
     ),
+    "fp8_recipe": (
+        "With --precision fp8: Transformer Engine's per-tensor scaling recipe, delayed (DelayedScaling) or current "
+        "(Float8CurrentScaling: an amax pass and a scale kernel before each cast, the amax all-reduced over the "
+        "tensor-parallel group where sequence parallelism gathers the fp8 rows).",
+        None,
+    ),
     "optimizer": ("Optimizer states kept: adam, sgd (with momentum) or none (forward + backward only).", None),
     "attention": (_attention_help(), None),
     "schedule": ("1f1b or interleaved.", None),

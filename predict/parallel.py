@@ -34,6 +34,9 @@ Schedule = Literal["1f1b", "interleaved"]
 InferEngine = Literal["none", EngineName]  # type: ignore[valid-type]  # mypy sees opcast.predict.serve untyped (Any)
 """Serving framework whose per-step overhead an inference batch pays (:data:`opcast.predict.serve.engine.OVERHEADS`);
 none: the forward passes alone."""
+Fp8Recipe = Literal["delayed", "current"]
+"""Transformer Engine's per-tensor fp8 scaling recipe (``--precision fp8``): ``DelayedScaling`` or
+``Float8CurrentScaling`` (:func:`opcast.predict.graph.fp8_quantisation`)."""
 Optimizer = Literal["adam", "sgd", "none"]
 """What the training step keeps besides weights and gradients (:func:`opcast.predict.memory.optimizer_state_bytes`)."""
 
@@ -103,6 +106,12 @@ class TrainConfig:
     fp8, mxfp8 and nvfp4 run the blocks' linears in Transformer Engine's per-tensor fp8, block-scaled
     fp8 (MXFP8 on Blackwell, 1x128/128x128 blocks on Hopper) and NVFP4 GEMMs
     (:data:`opcast.dtypes.QUANTISED_PRECISIONS`), the rest in bf16."""
+    fp8_recipe: Fp8Recipe = "delayed"
+    """``precision`` fp8 only: Transformer Engine's per-tensor scaling recipe, ``delayed`` (``DelayedScaling``:
+    the amax fused into the casts, one amax all-reduce per direction and model chunk over the amax group) or
+    ``current`` (``Float8CurrentScaling``: an amax pass, a scale kernel and, where the quantised rows are
+    all-gathered, an amax all-reduce over the tensor-parallel group before each cast):
+    :func:`opcast.predict.graph.fp8_quantisation`."""
     attention: AttentionImpl = "flash"
     """Attention kernel: flash (FlashAttention-2), eager (score matrix in memory) or flash1
     (FlashAttention-1 generation, priced at its published measured rate; ``--framework foundry``
@@ -646,9 +655,14 @@ def validate_train(
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
         ("optimizer", cfg.optimizer, Optimizer),
+        ("fp8_recipe", cfg.fp8_recipe, Fp8Recipe),
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
+    if cfg.fp8_recipe != "delayed" and cfg.precision != "fp8":
+        reasons.append(
+            f"fp8_recipe={cfg.fp8_recipe!r} applies to precision fp8 (per-tensor scaling) only, not {cfg.precision}"
+        )
     if cfg.framework is not None and cfg.framework not in get_args(FrameworkName):
         reasons.append(f"framework={cfg.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     if check_device:

@@ -42,7 +42,7 @@ from typing import Any, NamedTuple, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.collectives_law import nccl_ctas
-from opcast.dtypes import dtype_bytes, quantises
+from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
@@ -53,8 +53,10 @@ from opcast.predict.graph import (
     FWD,
     RECOMPUTE,
     Comm,
+    Dtypes,
     Graph,
     Node,
+    delayed_amax_reduction,
     fp8_amax_bytes,
     graph_flops,
     precision_of,
@@ -283,6 +285,7 @@ def graph_groups(tp_group: Group, cp_group: Group, ep_group: Group) -> dict[str,
     """The communicator of each collective role of the block and model-level graphs."""
     return {
         "tp": tp_group,
+        "tp_amax": tp_group,
         "embed_tp": tp_group,
         "head_tp": tp_group,
         "ce_tp": tp_group,
@@ -292,7 +295,7 @@ def graph_groups(tp_group: Group, cp_group: Group, ep_group: Group) -> dict[str,
 
 
 _FAMILY = {"cp": 1, "ep": 2}
-"""Collective role -> index in (tp, cp, ep); every other role (embed_tp, head_tp, ce_tp) is tensor-parallel."""
+"""Collective role -> index in (tp, cp, ep); every other role (tp_amax, embed_tp, head_tp, ce_tp) is tensor-parallel."""
 
 
 def exposed_s(
@@ -1141,7 +1144,7 @@ class _Pricer:
             bucket_params=cfg.bucket_params,
             layers=own,
             framework=cfg.framework,
-            fp8=quantises(cfg.precision),
+            fp8=delayed_amax_reduction(_precision(plan)),
         )
         dp = data_parallel_time(
             sync,
@@ -1216,10 +1219,17 @@ class _Pricer:
         )
 
 
+def _precision(plan: TrainPlan) -> Dtypes:
+    """The dtypes of ``plan``'s kernels: its precision, framework and, in per-tensor fp8, its scaling recipe and
+    whether its GPU's fp8 GEMMs need fp8 transposes (:func:`~opcast.predict.graph.precision_of`)."""
+    cfg = plan.layout.cfg
+    return precision_of(cfg.precision, cfg.tensor_cores, cfg.framework, fp8_recipe=cfg.fp8_recipe, device=plan.device)
+
+
 def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
     """The block graph and the model-level graph of ``stage`` (both cached)."""
     arch, cfg = plan.arch, plan.layout.cfg
-    prec = precision_of(cfg.precision, cfg.tensor_cores, cfg.framework)
+    prec = _precision(plan)
     block = train_block(
         arch,
         tp=cfg.tp,
@@ -1255,9 +1265,7 @@ def _overlap_cfgs(plan: TrainPlan) -> dict[str, UbGemm] | None:
 def _weight_casts(plan: TrainPlan) -> tuple[Node, ...]:
     """One block's once-per-iteration fp8 weight quantisation kernels (cached)."""
     cfg = plan.layout.cfg
-    return weight_casts(
-        plan.arch, tp=cfg.tp, ep=cfg.ep, prec=precision_of(cfg.precision, cfg.tensor_cores, cfg.framework)
-    )
+    return weight_casts(plan.arch, tp=cfg.tp, ep=cfg.ep, prec=_precision(plan))
 
 
 def _fsdp_kernels(plan: TrainPlan, stage: int) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
