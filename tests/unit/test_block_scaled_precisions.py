@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import opcast.predict.graph as graph
 from opcast.archs import load_arch
 from opcast.dtypes import DTYPE_BITS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.errors import OpcastError
@@ -143,11 +144,26 @@ def runs():
     for precision in ("fp8", "mxfp8", "nvfp4"):
         cfg = TrainConfig(micro_batch=1, global_batch=2, seq=8192, precision=precision)
         out[precision] = predict_train(arch, B200, cfg, kernels=roofline_only())
+    with pytest.MonkeyPatch.context() as mp:  # per-tensor fp8 as if B200's fp8 GEMMs took only TN (Hopper's layouts)
+        mp.setattr(graph, "fp8_gemm_transposes", lambda device: True)
+        cfg = TrainConfig(micro_batch=1, global_batch=2, seq=8192, precision="fp8")
+        out["fp8_tn"] = predict_train(arch, B200, cfg, kernels=roofline_only())
     return out
 
 
+def test_per_tensor_fp8_on_b200_writes_no_transposes(runs):
+    fp8, tn = _lines(runs["fp8"]), _lines(runs["fp8_tn"])
+    assert not any("transpose" in key[2] for key in fp8) and any("transpose" in key[2] for key in tn)
+    assert {k: v.kernel for k, v in fp8.items() if v.kernel.kind == "gemm"} == {
+        k: v.kernel for k, v in tn.items() if v.kernel.kind == "gemm"
+    }
+    assert runs["fp8"].iteration_time_s < runs["fp8_tn"].iteration_time_s
+
+
 def test_mxfp8_and_nvfp4_reprice_only_the_block_linears(runs):
-    fp8, mx, fp4 = (_lines(runs[p]) for p in ("fp8", "mxfp8", "nvfp4"))
+    # against per-tensor fp8 with the same quantisation kernels (block-scaled quantisers always write a
+    # second, column-wise copy; per-tensor fp8 on B200 writes none: test_per_tensor_fp8_on_b200_writes_no_transposes)
+    fp8, mx, fp4 = (_lines(runs[p]) for p in ("fp8_tn", "mxfp8", "nvfp4"))
     assert fp8.keys() == mx.keys() == fp4.keys()
     linears = 0
     for key, line in fp8.items():
