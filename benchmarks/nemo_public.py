@@ -62,7 +62,15 @@ What NeMo's performance recipes run, and what is passed:
   Megatron FSDP does; the two overlap flags belong to the distributed optimizer and are refused with it);
 - Llama 3.1 405B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
-- FP8 (delayed or current scaling, per tensor) -> ``--precision fp8``; MXFP8 / FP8-MX -> ``--precision
+- FP8 (per tensor) -> ``--precision fp8`` with the row's scaling recipe (:func:`fp8_recipe`): ``FP8-CS`` and
+  ``FP8 (current scaling)`` -> ``--fp8-recipe current`` (Transformer Engine's ``Float8CurrentScaling``), and so a
+  Megatron-Bridge container's ``FP8`` (26.04.01: its performance scripts' one per-tensor FP8 is ``fp8_cs``,
+  v0.4.2 ``scripts/performance/utils/precision.py`` ``get_precision_config``, and the recipes CSV cites the
+  ``*_FP8_CS_V2`` presets); the other ``FP8`` rows (NeMo 24.07, and 25.02 whose v2.2.0 ``pretrain_*.py`` set
+  ``bf16_with_fp8_mixed``: amax history 1024) -> ``--fp8-recipe delayed``. Not priced: ``fp8_param_gather``
+  (fp8 primary weights, all-gathered in fp8), which ``bf16_with_fp8_current_scaling_mixed`` turns on. On
+  B200 / GB200 / GB300 the fp8 GEMMs take every layout and Transformer Engine 2.x writes no fp8 transposes
+  (:func:`opcast.predict.graph.fp8_gemm_transposes`), under either recipe. MXFP8 / FP8-MX -> ``--precision
   mxfp8`` (the block linears' GEMMs at the block-scaled fp8 dtype); NVFP4 -> ``--precision nvfp4`` (those
   GEMMs in NVFP4, every block: Megatron-Bridge's ``bf16_with_nvfp4_mixed`` keeps no layer in BF16);
 - the recipe's activation offloading to host memory, ``--offload-activations N`` (Megatron-Core
@@ -204,6 +212,8 @@ and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeli
 pp x vp divides."""
 PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4"}
 """Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
+CURRENT_SCALING_LABELS = frozenset({"FP8-CS", "FP8 (current scaling)"})
+"""Published precisions that name per-tensor current scaling (``--fp8-recipe current``)."""
 PRECISIONS = {"fp8", "bf16", "mxfp8", "nvfp4"}
 """opcast precisions a predicted row may carry."""
 QUANTISED_GEMMS = ("fp8", "fp8_block", "nvfp4")
@@ -443,6 +453,7 @@ def row_options(row: Row) -> dict[str, Any]:
         "seq": row.seq,
         "precision": row.precision,
         "framework": "megatron",
+        **({"fp8_recipe": fp8_recipe(row)} if row.precision == "fp8" else {}),
         "zero": 3 if row.fsdp else 1,
     }
     if not row.fsdp:  # ZeRO-3 gathers and reduce-scatters per layer behind compute already
@@ -468,6 +479,15 @@ def row_options(row: Row) -> dict[str, Any]:
     if row.recipe.offload_layers:
         values["offload_activations"] = row.recipe.offload_layers
     return values
+
+
+def fp8_recipe(row: Row) -> str:
+    """The per-tensor fp8 scaling recipe of an fp8 row: ``current`` where the table says current scaling
+    (:data:`CURRENT_SCALING_LABELS`) or a Megatron-Bridge container measured it (its performance scripts'
+    only per-tensor FP8, ``fp8_cs``), else ``delayed`` (see the module docstring)."""
+    if row.precision_published in CURRENT_SCALING_LABELS or "Megatron-Bridge" in row.container:
+        return "current"
+    return "delayed"
 
 
 def placement_options(row: Row) -> dict[str, Any]:

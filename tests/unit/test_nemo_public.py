@@ -86,6 +86,7 @@ def test_hand_checked_h100_row_with_tp_pp_and_interleaving(nemo, rows):
         "seq": 8192,
         "precision": "fp8",
         "framework": "megatron",
+        "fp8_recipe": "current",  # Megatron-Bridge's one per-tensor FP8 is fp8_cs
         "zero": 1,
         "overlap_grad_reduce": True,
         "overlap_param_gather": True,
@@ -96,6 +97,20 @@ def test_hand_checked_h100_row_with_tp_pp_and_interleaving(nemo, rows):
         "virtual_stages": 5,
         "overlap_p2p_comm": True,
     }
+
+
+def test_each_fp8_row_gets_its_scaling_recipe(nemo, rows):
+    recipes = {r.row: nemo.row_options(r).get("fp8_recipe") for r in rows.values() if not r.skip_reason}
+    for r in rows.values():
+        if r.skip_reason:
+            continue
+        if r.precision != "fp8":
+            assert recipes[r.row] is None, r.row
+        elif r.precision_published in ("FP8-CS", "FP8 (current scaling)") or r.container.startswith("NeMo 26.04"):
+            assert recipes[r.row] == "current", r.row
+        else:  # NeMo 24.07 and 25.02: delayed scaling (bf16_with_fp8_mixed)
+            assert r.container in ("NeMo 24.07", "NeMo 25.02") and recipes[r.row] == "delayed", r.row
+    assert list(recipes.values()).count("current") == 21 and list(recipes.values()).count("delayed") == 12
 
 
 def test_hand_checked_fsdp_and_multi_rack_gb200_rows(nemo, rows):
