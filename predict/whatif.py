@@ -53,7 +53,9 @@ MAX_POINTS = 4096
 """Largest grid :func:`explore` accepts (each point is one full prediction)."""
 
 LEARNED_ONLY_FIELDS = frozenset({"sm_count", "fp32_lanes_per_sm", "l2_bytes", "boost_clock_hz"})
-"""Spec fields only the learned models read (tiles, waves, cache, clock); the roofline ignores them."""
+"""Spec fields only the learned models read (tiles, waves, cache, clock); the roofline ignores them. ``sm_count``
+also sets the share of the device that overlapped communication holds (Transformer Engine's userbuffers SMs,
+NCCL's channels beside hidden data-parallel traffic), which moves the communication terms, not a kernel."""
 
 COMM_PARTS = ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm_exposed", "offload_exposed")
 """Training breakdown keys that are (exposed) communication (the activation offload's host-link copies too)."""
@@ -498,7 +500,8 @@ def _notes(
     ignored = sorted(f for f in grid if f in LEARNED_ONLY_FIELDS)
     if ignored:
         notes.append(
-            f"{', '.join(ignored)} enter the learned models only; kernels timed by the roofline do not change "
+            f"{', '.join(ignored)} enter the learned models only (sm_count also the share of SMs overlapped "
+            "communication holds); kernels timed by the roofline do not change "
             + ("(no learned models are loaded, so nothing changes)" if not learned else "")
         )
     if "mem_bytes" in grid:
