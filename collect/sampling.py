@@ -249,6 +249,8 @@ def unsupported_reason(op: str, params: dict[str, Any], dtype: str, device_type:
         return "fp8 GEMM is benchmarked with b=1 and m, n, k multiples of 16 (torch._scaled_mm)"
     if op in NATIVE_OPS and params.get("impl") == "fused":
         return "impl=fused is a one-pass Apex/Transformer Engine kernel torch lacks; collect runs native or unfused"
+    if op in NATIVE_OPS and params.get("impl") == "liger":
+        return "impl=liger is Liger-Kernel's Triton kernel, not torch's; collect runs native or unfused"
     if op == "attention" and params["impl"] == "flash" and device_type == "cuda":
         if dtype not in ("fp16", "bf16"):
             return "flash attention on CUDA needs fp16 or bf16"

@@ -461,14 +461,25 @@ register(
 
 # --------------------------------------------------------------------------- row-wise ops
 
-KERNEL_IMPLS: Final = ("fused", "unfused", "native")
-"""How a non-matrix op runs, named by what the kernel does (``native`` is appended last so that the
-ordinal codes of the others do not shift):
+KERNEL_IMPLS: Final = ("fused", "unfused", "native", "liger")
+"""How a non-matrix op runs, named by the kernel that runs it (``native`` and then ``liger`` were
+appended, so that the ordinal codes of the others do not shift):
 
-- ``fused``: one one-pass kernel (two for a backward with a separate weight-gradient reduction)
-  that reads its inputs and writes its outputs once, the row held in registers or shared memory:
-  Apex / Transformer Engine fused LayerNorm and RMSNorm, Megatron's fused softmax kernels, Triton
-  kernels such as Liger-Kernel's; 60-90 % of memory bandwidth on large rows.
+- ``fused``: a hand-written one-pass CUDA kernel (two or three for a backward with a separate
+  weight-gradient reduction) that reads its inputs and writes its outputs once, the row held in
+  registers or shared memory: Apex's and Transformer Engine's fused LayerNorm and RMSNorm (Apex
+  runs RMSNorm through its LayerNorm kernels with ``rms_only``, ``csrc/layer_norm_cuda_kernel.cu``
+  ``cuApplyRMSNorm`` / ``HostRMSNormGradient``; TE's ``rmsnorm_bwd_tuned_kernel`` is its
+  ``ln_bwd_tuned_kernel`` less the mean terms), Megatron's fused softmax kernels, flash-attn's
+  cross-entropy kernel.
+- ``liger``: Liger-Kernel's Triton kernels (``LigerRMSNorm``, ``LigerLayerNorm``, ``LigerSoftmax``,
+  ``LigerCrossEntropyLoss``, ``liger_rotary_pos_emb``), what Hugging Face runs with
+  ``use_liger_kernel`` (:mod:`opcast.predict.frameworks` ``hf-liger``). One pass as well, but a
+  different implementation with its own speed: Liger 0.2.1's RMSNorm backward runs one persistent
+  program per SM and a partial-sum pass for the weight gradient, 7-31 % of A100's bandwidth where
+  Apex / TE kernels reach 60-90 % (benchmarks/results/kernel_sanity.md). The compulsory bytes are
+  those of ``fused`` (Liger's cross-entropy forward also writes the gradient into the logits and its
+  backward only scales it: the pair moves the fused pair's bytes, split differently).
 - ``native``: torch's own single-launch kernel for the op (``F.layer_norm``, ``F.rms_norm`` since
   torch 2.8's ``aten::_fused_rms_norm`` (pytorch PR #153666; from 2.4 to 2.7 it was a composition of
   torch ops, i.e. unfused), ``torch.softmax``, ``F.cross_entropy`` = ``log_softmax`` + ``nll_loss``:
@@ -480,14 +491,17 @@ ordinal codes of the others do not shift):
 - ``unfused``: a Python composition of elementwise and reduction kernels, each a pass over the
   tensor (GPT-NeoX's and Hugging Face Llama's RMSNorm, Megatron's ``vocab_parallel_cross_entropy``).
 
-Rope has no torch native kernel: its ``impl`` takes ``fused`` or ``unfused`` only (:func:`_rope_check`)."""
+Each implementation is priced from measurements of that implementation only; where a device or
+shape has none, by the learned models' no-data rule (:mod:`opcast.predict.cost.learned`: the
+roofline of the kernel's own registry traffic at the roofline source's efficiency). Rope has no
+torch native kernel: its ``impl`` takes ``fused``, ``unfused`` or ``liger`` (:func:`_rope_check`)."""
 
 _IMPL = Param(
     name="impl",
     type=str,
-    doc="fused (one one-pass kernel: Apex, Transformer Engine, Megatron, Triton/Liger), unfused (a Python "
-    "composition of torch ops, one pass each) or native (torch's single-launch multi-pass kernel: F.layer_norm, "
-    "F.rms_norm, torch.softmax, F.cross_entropy)",
+    doc="fused (one one-pass CUDA kernel: Apex, Transformer Engine, Megatron), unfused (a Python composition of "
+    "torch ops, one pass each), native (torch's single-launch multi-pass kernel: F.layer_norm, F.rms_norm, "
+    "torch.softmax, F.cross_entropy) or liger (Liger-Kernel's Triton kernels)",
     choices=KERNEL_IMPLS,
     default="fused",
 )
@@ -701,18 +715,18 @@ ROPE_IMPLS: Final = KERNEL_IMPLS
 
 
 def _rope_bytes(p: Params, dt: float) -> float:
-    """Fused: read x, cos, sin, write y. Unfused (x*cos + cat(-x2, x1)*sin as torch ops): x*cos
+    """Fused and liger: read x, cos, sin, write y. Unfused (x*cos + cat(-x2, x1)*sin as torch ops): x*cos
     reads x and cos, writes t1; the neg and cat read half and all of x and write half and all of
     it; the multiply by sin reads and writes one more x-sized tensor, the add two in one out:
     about 10 x-sized passes plus cos and sin."""
     x = _i(p, "tokens") * _i(p, "heads") * _i(p, "head_dim")
     table = 2.0 * _i(p, "tokens") * _i(p, "head_dim")
-    return dt * ((2.0 if p.get("impl", "unfused") == "fused" else 10.0) * x + table)
+    return dt * ((10.0 if p.get("impl", "unfused") == "unfused" else 2.0) * x + table)
 
 
 def _rope_check(p: Params) -> list[str]:
     if p.get("impl") == "native":
-        return ["impl=native: torch has no native rotary-embedding kernel; use impl fused or unfused"]
+        return ["impl=native: torch has no native rotary-embedding kernel; use impl fused, unfused or liger"]
     return []
 
 
@@ -727,8 +741,8 @@ register(
             Param(
                 name="impl",
                 type=str,
-                doc="fused (one kernel: vLLM, apex, Transformer Engine) or unfused (torch ops: "
-                "Hugging Face / Megatron apply_rotary_pos_emb)",
+                doc="fused (one kernel: vLLM, apex, Transformer Engine), unfused (torch ops: "
+                "Hugging Face / Megatron apply_rotary_pos_emb) or liger (Liger-Kernel's Triton liger_rotary_pos_emb)",
                 choices=ROPE_IMPLS,
                 default="unfused",
             ),

@@ -25,6 +25,18 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   (``log_softmax`` + ``nll_loss``): torch's native kernels; 16 bytes; and the modeling code's own
   eager kernels (``hf_modules``): ``gelu_new`` as its eight torch ops, GPT-2's and OPT's head
   split/merge copies and attention-probability dropout (:func:`opcast.predict.graph.block_ops`);
+- ``hf-liger`` (Hugging Face Transformers with Liger-Kernel: ``TrainingArguments(use_liger_kernel=True)``,
+  which calls Liger's ``_apply_liger_kernel_to_instance``, or
+  ``liger_kernel.transformers.apply_liger_kernel_to_llama()`` by hand): ``hf`` with the modules Liger's
+  defaults swap (``apply_liger_kernel_to_llama(rope=True, cross_entropy=False,
+  fused_linear_cross_entropy=True, rms_norm=True, swiglu=True)``, linkedin/Liger-Kernel
+  ``src/liger_kernel/transformers/monkey_patch.py``; Mistral, Qwen2, Gemma and the other decoder patches
+  likewise) run as Liger's Triton kernels (``liger``): RMSNorm, rope and the loss. The fused linear
+  cross-entropy chunks the LM-head GEMM with the loss; opcast prices that GEMM as before and the loss as
+  Liger's cross-entropy kernel. LayerNorm stays torch's (Liger patches it in vision towers only), softmax
+  too (eager attention is not patched), and SwiGLU is one kernel in either
+  (:func:`opcast.predict.graph.hf_activation_ops` expands only GPT-2's ``gelu_new``). Liger patches the
+  model types it knows: for GPT-2 or OPT, which it leaves alone, ask for ``hf``;
 - ``foundry`` (MosaicML llm-foundry's MPT on Composer + PyTorch FSDP, as its benchmark tables ran:
   ``scripts/train/benchmarking/submit_benchmarks.py`` at commit b2a43a147 runs llm-foundry v0.3.0):
   ``LPLayerNorm`` (``llmfoundry/models/layers/norm.py``: ``F.layer_norm`` on the autocast dtype, native)
@@ -42,9 +54,11 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
 
 Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
 before frameworks were named (kept: the README's main job and the Megatron papers' runs it is held
-against use those kernels). Rope keeps the registry's default (unfused) everywhere. Implementations
-are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass kernels (Apex, Transformer Engine,
-Megatron), ``native`` torch's single-launch kernels, ``unfused`` Python compositions of torch ops;
+against use those kernels). Rope keeps the registry's default (unfused) but in hf-liger. Implementations
+are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass CUDA kernels (Apex, Transformer Engine,
+Megatron, flash-attn's cross-entropy), ``liger`` Liger-Kernel's Triton kernels, ``native`` torch's
+single-launch kernels, ``unfused`` Python compositions of torch ops; each priced from measurements of
+that implementation, where none exist by the roofline of its own traffic (:mod:`opcast.predict.cost.learned`);
 and for attention, where a framework names one (foundry), a registry ``impl`` of attention that
 replaces the default ``flash`` but not another ``--attention`` choice (:class:`opcast.predict.graph.Dtypes`).
 """
@@ -56,7 +70,7 @@ from typing import Literal, get_args
 
 from opcast.errors import OpcastError
 
-FrameworkName = Literal["megatron", "neox", "hf", "foundry"]
+FrameworkName = Literal["megatron", "neox", "hf", "hf-liger", "foundry"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,6 +109,18 @@ FRAMEWORKS: dict[str | None, Framework] = {
     "hf": Framework(
         name="hf",
         impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "native")),
+        fp32_grads=False,
+        hf_modules=True,
+    ),
+    "hf-liger": Framework(
+        name="hf-liger",
+        impls=(
+            ("layernorm", "native"),
+            ("rmsnorm", "liger"),
+            ("softmax", "native"),
+            ("cross_entropy", "liger"),
+            ("rope", "liger"),
+        ),
         fp32_grads=False,
         hf_modules=True,
     ),

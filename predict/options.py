@@ -305,8 +305,9 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     ),
     "tensor_cores": (TENSOR_CORES.help, None),
     "framework": (
-        "megatron, neox, hf or foundry: the kernels the framework runs (fused or unfused norms, softmax, "
-        "cross-entropy; foundry: llm-foundry's FlashAttention-1-class Triton attention) and what it keeps in "
+        "megatron, neox, hf, hf-liger or foundry: the kernels the framework runs (fused, native, unfused or "
+        "Liger-Kernel norms, softmax, cross-entropy; hf-liger: Hugging Face with use_liger_kernel; foundry: "
+        "llm-foundry's FlashAttention-1-class Triton attention) and what it keeps in "
         "memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
         "Megatron's kernels, 16 bytes a parameter",
     ),

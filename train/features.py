@@ -845,8 +845,10 @@ _CODES: Final[dict[str, dict[str, float]]] = {
     "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
 }
 """Ordinal codes of the string parameters (their position in the registry's choices). ``impl``:
-attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choices); ``native`` was
-appended to those (code 5), so the codes of model sets fitted before it do not shift."""
+attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choices); ``native`` (code 5)
+and ``liger`` (code 6) were appended to those, so the codes of model sets fitted before them do not
+shift and their features are unchanged (no features-version bump): such a set speaks for ``liger``
+nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`)."""
 
 
 def matrix(feats: pd.DataFrame | Table, names: tuple[str, ...]) -> np.ndarray:

@@ -37,7 +37,12 @@ efficient training device's utilisation on every stronger one.
 Implementations (the registry's ``impl`` of norms, softmax, cross-entropy and rope,
 :data:`opcast.ops.KERNEL_IMPLS`): a predictor speaks only for the implementations it has data of
 (:meth:`LearnedKernelCost.speaks_for_impl`); another falls to the next source, the roofline of its
-own registry traffic at the roofline's efficiency, and the set's notes say so. Where a predictor
+own registry traffic at the roofline's efficiency, and the set's notes say so. That is the one no-data
+rule for every implementation: ``fused`` (Apex / Transformer Engine / Megatron CUDA kernels) is priced
+from rows of those kernels where a set has them (Megatron's fused softmax) and by this rule elsewhere
+(their RMSNorm and LayerNorm, of which no half-precision data exist); ``liger`` (Liger-Kernel's
+Triton kernels) from Liger's own rows and by this rule elsewhere; a set fitted before an
+implementation existed speaks for it nowhere (its code lies outside the fitted ``impl_code`` range). Where a predictor
 entry records which devices measured which implementation (``impl_devices``: implementation ->
 device names), the bounds of a kernel take as training devices only those with data of its
 implementation: a device that measured another implementation only answers by extrapolation for

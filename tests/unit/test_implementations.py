@@ -63,6 +63,39 @@ def test_the_framework_changes_the_norms_price_and_not_the_gemms(cost):
         assert m.kernel == h.kernel and times[m.kernel] == times[h.kernel]
 
 
+def test_hf_liger_runs_liger_s_kernels_where_hf_runs_torch_s():
+    from opcast.predict.frameworks import FRAMEWORKS
+
+    hf, liger = FRAMEWORKS["hf"], FRAMEWORKS["hf-liger"]
+    assert dict(liger.impls) == {
+        **dict(hf.impls),
+        "rmsnorm": "liger",
+        "cross_entropy": "liger",
+        "rope": "liger",
+    }
+    assert (liger.hf_modules, liger.fp32_grads) == (hf.hf_modules, hf.fp32_grads)
+    block = _block("hf-liger")
+    impls = {n.kernel.kind: n.kernel.param_dict.get("impl") for n in block.nodes["forward"]}
+    assert (impls["rmsnorm"], impls["rope"]) == ("liger", "liger")
+
+
+def test_liger_against_fused_changes_the_norms_price_and_not_the_gemms():
+    # default models: Liger's Triton RMSNorm is learned from its own rows, an Apex / TE fused one (no
+    # half-precision data) is the roofline of its traffic; a GEMM does not know the framework
+    model, a100 = load_kernel_cost(None), get_device("A100-SXM4-80GB")
+    megatron, liger = _block("megatron"), _block("hf-liger")
+    m_nodes = megatron.nodes["forward"] + megatron.nodes["backward"]
+    l_nodes = liger.nodes["forward"] + liger.nodes["backward"]
+    norms = [n.kernel for n in m_nodes + l_nodes if n.kernel.kind == "rmsnorm"]
+    gemms = {n.kernel for n in m_nodes if n.kernel.kind == "gemm"}
+    assert gemms == {n.kernel for n in l_nodes if n.kernel.kind == "gemm"}
+    times = model.lookup([*norms, *gemms], a100)
+    for direction in ("fwd", "bwd"):
+        by_impl = {k.param_dict["impl"]: times[k][0] for k in norms if k.direction == direction}
+        assert set(by_impl) == {"fused", "liger"}
+        assert by_impl["fused"] != pytest.approx(by_impl["liger"], rel=0.05), direction
+
+
 def _norm(impl, direction="bwd"):
     return kernel("rmsnorm", {"rows": 1024, "cols": 4096, "impl": impl}, "bf16", direction)
 
@@ -111,6 +144,20 @@ def test_a_bad_framework_is_one_line_and_exit_2():
     )
     assert got.returncode == 2
     assert got.stderr.count("\n") == 1 and "framework='deepspeed' is not one of megatron, neox, hf" in got.stderr
+
+
+def test_a_bad_impl_is_one_line_and_exit_2_naming_liger():
+    got = subprocess.run(
+        [
+            *(sys.executable, "-m", "opcast", "predict", "kernel", "--op", "rmsnorm", "--gpu", "A100-SXM4-80GB"),
+            *("--param", "rows=1024", "--param", "cols=4096", "--param", "impl=apex"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert got.returncode == 2
+    assert got.stderr.count("\n") == 1 and "impl='apex' is not one of fused, unfused, native, liger" in got.stderr
 
 
 def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):

@@ -136,3 +136,4 @@ def test_torch_norm_softmax_and_cross_entropy_points_are_sampled_as_native_and_f
         assert params["impl"] == "native", op
         assert unsupported_reason(op, params, "bf16", "cuda") is None
         assert "torch lacks" in unsupported_reason(op, {**params, "impl": "fused"}, "bf16", "cuda")
+        assert "Liger-Kernel" in unsupported_reason(op, {**params, "impl": "liger"}, "bf16", "cuda")
