@@ -169,14 +169,17 @@ def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):
     primary = doc["tables"]["data-centre GPUs (A100 to GB200)"]
     assert primary["gpus"] == list(module.PRIMARY)
     cells = primary["on"]["cells"]
-    # nothing beats the roofline at the peak, and a large fused (one-pass) RMSNorm runs at a fused kernel's
-    # share of the bandwidth, where the unfused NeoX data said 4-5 %: the default set learns it from
-    # Liger-Kernel's Triton kernel (forward 55-74 % of A100's bandwidth, backward 7-31 %); fused softmax
-    # (Megatron's kernel) and LayerNorm (no one-pass half data: roofline at the HBM efficiency) meet the
-    # issue's 40 %; torch's native multi-pass kernels are priced apart and slower
+    # nothing beats the roofline at the peak, and a large fused (Apex / TE one-pass) RMSNorm runs at a fused
+    # kernel's share of the bandwidth, where the unfused NeoX data said 4-5 %: no half-precision data of
+    # those kernels exist, so it and LayerNorm are the roofline at the HBM efficiency (the no-data rule);
+    # fused softmax is learned from Megatron's kernel; all meet the issue's 40 %. Liger's Triton RMSNorm
+    # (impl liger, learned from its rows: backward 7-31 % of A100's bandwidth) and torch's native
+    # multi-pass kernels are priced apart and slower
     assert all(c["utilisation"] <= 1 + 1e-9 for row in cells.values() for c in row.values())
     assert min(c["utilisation"] for c in cells["rmsnorm large fwd"].values()) >= module.FUSED_TARGET
-    assert min(c["utilisation"] for c in cells["rmsnorm large bwd"].values()) >= 0.3
+    assert min(c["utilisation"] for c in cells["rmsnorm large bwd"].values()) >= module.FUSED_TARGET
+    liger = cells["rmsnorm liger large bwd"]
+    assert all(liger[g]["utilisation"] < cells["rmsnorm large bwd"][g]["utilisation"] for g in liger)
     for label in ("layernorm large fwd", "layernorm large bwd", "softmax large fwd", "softmax large bwd"):
         assert min(c["utilisation"] for c in cells[label].values()) >= module.FUSED_TARGET, label
     for kind in ("layernorm", "softmax"):
