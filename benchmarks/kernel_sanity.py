@@ -30,7 +30,8 @@ RMSNorm) and ``liger`` (Liger-Kernel's Triton kernels), and RMSNorm and cross-en
 published half-precision data measured.
 The issue's second target, large fused norms and softmax at >= 40 % of memory bandwidth, is
 reported for the fused ones. An implementation the
-models have no data of is priced by the roofline of its own traffic (``r`` in the tables).
+models have no data of is priced as the learned elementwise kernel that streams its traffic (the no-data
+rule, :func:`opcast.predict.cost.model.decompose`).
 
 The quantised GEMMs (per-tensor fp8, block-scaled fp8 and NVFP4: what ``--precision fp8 / mxfp8 / nvfp4``
 prices) get a table each, the large and small GEMM forward on every catalog NVIDIA GPU with a peak for
@@ -466,8 +467,8 @@ def _fused_lines(cells: dict[str, dict[str, Cell]], devices: Sequence[Any]) -> l
     lines.append(
         f"  {short} kernel-GPU pairs below {FUSED_TARGET:.0%}. The fused (Apex / Transformer Engine / Megatron) "
         "data behind them (half precision): softmax from Megatron's fused causal softmax (2509.22832, A100 and "
-        "GH200); no half-precision fused LayerNorm, RMSNorm or cross-entropy: those are the roofline of their "
-        "traffic at its HBM efficiency (the no-data rule, not a measurement). Liger-Kernel's Triton kernels "
+        "GH200); no half-precision fused LayerNorm, RMSNorm or cross-entropy: those are the learned elementwise "
+        "kernel that streams their traffic (the no-data rule, not a measurement). Liger-Kernel's Triton kernels "
         "(impl liger: RMSNorm forward A100 and H100, backward A100, 7-31 % of bandwidth) and torch's own kernels "
         "(impl native: nn.LayerNorm, nn.Softmax, vLLM's 2023 RMSNorm) are reported apart."
     )

@@ -492,8 +492,10 @@ appended, so that the ordinal codes of the others do not shift):
   tensor (GPT-NeoX's and Hugging Face Llama's RMSNorm, Megatron's ``vocab_parallel_cross_entropy``).
 
 Each implementation is priced from measurements of that implementation only; where a device or
-shape has none, by the learned models' no-data rule (:mod:`opcast.predict.cost.learned`: the
-roofline of the kernel's own registry traffic at the roofline source's efficiency). Rope has no
+shape has none, by the no-data rule (:func:`opcast.predict.cost.model.decompose`): one streaming kernel
+over the implementation's registry traffic, priced as the learned elementwise kernel that moves as many
+bytes (its device's streaming bandwidth and launch floor), the roofline of that traffic where no
+elementwise model covers the dtype. Rope has no
 torch native kernel: its ``impl`` takes ``fused``, ``unfused`` or ``liger`` (:func:`_rope_check`)."""
 
 _IMPL = Param(

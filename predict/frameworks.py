@@ -58,7 +58,8 @@ against use those kernels). Rope keeps the registry's default (unfused) but in h
 are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass CUDA kernels (Apex, Transformer Engine,
 Megatron, flash-attn's cross-entropy), ``liger`` Liger-Kernel's Triton kernels, ``native`` torch's
 single-launch kernels, ``unfused`` Python compositions of torch ops; each priced from measurements of
-that implementation, where none exist by the roofline of its own traffic (:mod:`opcast.predict.cost.learned`);
+that implementation, where none exist as the streaming kernel of its own traffic
+(:func:`opcast.predict.cost.model.decompose`);
 and for attention, where a framework names one (foundry), a registry ``impl`` of attention that
 replaces the default ``flash`` but not another ``--attention`` choice (:class:`opcast.predict.graph.Dtypes`).
 """

@@ -36,10 +36,12 @@ efficient training device's utilisation on every stronger one.
 
 Implementations (the registry's ``impl`` of norms, softmax, cross-entropy and rope,
 :data:`opcast.ops.KERNEL_IMPLS`): a predictor speaks only for the implementations it has data of
-(:meth:`LearnedKernelCost.speaks_for_impl`); another falls to the next source, the roofline of its
-own registry traffic at the roofline's efficiency, and the set's notes say so. That is the one no-data
-rule for every implementation: ``fused`` (Apex / Transformer Engine / Megatron CUDA kernels) is priced
-from rows of those kernels where a set has them (Megatron's fused softmax) and by this rule elsewhere
+(:meth:`LearnedKernelCost.speaks_for_impl`); another is priced as one streaming kernel over its own
+registry traffic, the learned elementwise kernel that moves as many bytes
+(:func:`opcast.predict.cost.model.decompose`; the roofline of the traffic where no elementwise model
+covers it), and the set's notes say so. That is the one no-data rule for every implementation:
+``fused`` (Apex / Transformer Engine / Megatron CUDA kernels) is priced from rows of those kernels where
+a set has them (Megatron's fused softmax) and by this rule elsewhere
 (their RMSNorm and LayerNorm, of which no half-precision data exist); ``liger`` (Liger-Kernel's
 Triton kernels) from Liger's own rows and by this rule elsewhere; a set fitted before an
 implementation existed speaks for it nowhere (its code lies outside the fitted ``impl_code`` range). Where a predictor
@@ -525,7 +527,7 @@ class LearnedKernelCost:
             if not status[0]:
                 self.range.notes.append(
                     f"{key}: the learned model has no data of impl {impl} ({measured}); those kernels are "
-                    "priced by the roofline of their own traffic"
+                    "priced as the streaming kernel of their own traffic"
                 )
         self._impls[(key, str(impl))] = status
         return status

@@ -7,6 +7,7 @@ answers to the physical bounds and caches per device; eager attention is priced 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from opcast.dtypes import element_bytes
 from opcast.errors import OpcastError
-from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost
+from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost, _takes_kernel_impls
 from opcast.predict.cost.published import PublishedAttentionCost
 from opcast.predict.cost.query import LEARNED, Kernel, KernelTimeSource, kernel
 from opcast.predict.cost.roofline import RooflineKernelCost
@@ -30,6 +32,23 @@ if TYPE_CHECKING:
 
 
 def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
+    """What prices an op no source covers, from kernels a source may cover (None: nothing).
+
+    A one-pass kernel of an implementation no learned model has data of (a norm, softmax, cross-entropy
+    or rope whose ``impl`` its predictor does not speak for: Apex / Transformer Engine RMSNorm and
+    LayerNorm, Liger's rope) is one streaming kernel over the registry's traffic of that implementation:
+    priced as the learned ``elementwise`` ``mul_scalar`` of its dtype that moves as many bytes (reads and
+    writes one element each, so ``numel = bytes / (2 x element size)``; the convention of
+    :func:`opcast.predict.graph.traffic_op`), which carries the device's measured streaming bandwidth and
+    its launch floor where the roofline of the traffic has neither (a 1 MB norm at 1.1 us on an A100).
+    Else :func:`_decompose_eager`."""
+    if _takes_kernel_impls(k.kind) and "impl" in k.param_dict:
+        numel = max(1, math.ceil(k.bytes_moved() / (2 * element_bytes(k.dtype))))
+        return [(kernel("elementwise", {"numel": numel, "fn": "mul_scalar"}, k.dtype, "fwd"), 1)]
+    return _decompose_eager(k)
+
+
+def _decompose_eager(k: Kernel) -> list[tuple[Kernel, int]] | None:
     """The kernels an op runs as, where it is not one kernel: eager attention is two batched GEMMs
     around a scale, a mask and torch's native softmax over the ``[b*h, s_q, s_kv]`` scores (Hugging
     Face's eager path, Megatron's unfused core attention without its fused softmax; K/V heads repeated
@@ -71,6 +90,13 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
             g(skv, d, sq),
         ]  # dQ = dS K, dK = dS^T Q
     return [(part, 1) for part in parts]
+
+
+def _composite_label(k: Kernel) -> str:
+    """How :func:`decompose` priced ``k`` (for its flags)."""
+    if k.kind == "attention":
+        return "eager attention from its kernels"
+    return "priced as the streaming kernel of its traffic"
 
 
 # --------------------------------------------------------------------------- the composite, cached
@@ -131,11 +157,11 @@ class KernelCostModel:
                     cache[k] = (sum(n * cache[p][0] for p, n in parts), LEARNED)
                 why = next((flags[p] for p, _ in parts if p in flags), None)
                 if why:
-                    flags[k] = f"eager attention from its kernels; {why}"
+                    flags[k] = f"{_composite_label(k)}; {why}"
                 bounds = self._bounds.get(device, {})
                 rule = next((bounds[p] for p, _ in parts if p in bounds), None)
                 if rule and k in cache:
-                    bounds[k] = (rule[0], f"eager attention from its kernels; {rule[1]}")
+                    bounds[k] = (rule[0], f"{_composite_label(k)}; {rule[1]}")
             todo = [k for k in todo if k not in cache]
         todo = self._ask(fallback, todo, device, cache, flags)
         if todo:  # the last source always answers; reaching here is a bug in a source, not bad input

@@ -81,7 +81,7 @@ def test_hf_liger_runs_liger_s_kernels_where_hf_runs_torch_s():
 
 def test_liger_against_fused_changes_the_norms_price_and_not_the_gemms():
     # default models: Liger's Triton RMSNorm is learned from its own rows, an Apex / TE fused one (no
-    # half-precision data) is the roofline of its traffic; a GEMM does not know the framework
+    # half-precision data) is the streaming kernel of its traffic; a GEMM does not know the framework
     model, a100 = load_kernel_cost(None), get_device("A100-SXM4-80GB")
     megatron, liger = _block("megatron"), _block("hf-liger")
     m_nodes = megatron.nodes["forward"] + megatron.nodes["backward"]
@@ -171,7 +171,7 @@ def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):
     cells = primary["on"]["cells"]
     # nothing beats the roofline at the peak, and a large fused (Apex / TE one-pass) RMSNorm runs at a fused
     # kernel's share of the bandwidth, where the unfused NeoX data said 4-5 %: no half-precision data of
-    # those kernels exist, so it and LayerNorm are the roofline at the HBM efficiency (the no-data rule);
+    # those kernels exist, so it and LayerNorm are the learned streaming kernel of their traffic (the no-data rule);
     # fused softmax is learned from Megatron's kernel; all meet the issue's 40 %. Liger's Triton RMSNorm
     # (impl liger, learned from its rows: backward 7-31 % of A100's bandwidth) and torch's native
     # multi-pass kernels are priced apart and slower

@@ -304,3 +304,27 @@ def test_the_cost_package_is_layered_by_concern_and_re_exports_every_public_name
                     assert getattr(cost, target) is getattr(module, target)
     helpers = {"roof_at_peak"}  # shared between the modules, not part of the package's interface
     assert sorted(cost.__all__) == sorted(n for n in defined if not n.startswith("_") and n not in helpers)
+
+
+def test_a_one_pass_kernel_without_data_is_the_streaming_kernel_of_its_traffic():
+    """The no-data rule: an Apex / TE RMSNorm (impl fused, no half-precision data) is the learned elementwise
+    kernel moving as many bytes, with that kernel's launch floor, not the roofline of its traffic."""
+    from opcast.predict.cost import decompose
+
+    k = kernel("rmsnorm", {"rows": 32, "cols": 8192, "impl": "fused"}, "bf16", "bwd")
+    ((part, n),) = decompose(k)
+    assert (part.kind, part.param_dict["fn"], part.direction, part.dtype, n) == (
+        "elementwise",
+        "mul_scalar",
+        "fwd",
+        "bf16",
+        1,
+    )
+    assert part.bytes_moved() == pytest.approx(k.bytes_moved(), abs=4)
+    model = load_kernel_cost(None)
+    t, src = model.time_s(k, A100)
+    assert (t, src) == (model.time_s(part, A100)[0], LEARNED)
+    assert t > RooflineKernelCost().terms(k, A100).time_s  # a 1 MB kernel takes more than its roofline's 1 us
+    # an implementation with data keeps its own predictor: Liger's RMSNorm is learned from Liger's rows
+    liger = kernel("rmsnorm", {"rows": 32, "cols": 8192, "impl": "liger"}, "bf16", "bwd")
+    assert model.time_s(liger, A100)[0] != t
