@@ -90,8 +90,9 @@ def test_predicts_the_smallest_run_on_its_cluster(runs):
     assert result.feasible, result.reasons
     assert result.layout.stage_layers == run.stage_layers
     assert math.isclose(sum(result.breakdown_s.values()), result.iteration_time_s, rel_tol=1e-9)
-    # The embedded set holds no Perlmutter laws: every collective falls back to alpha-beta, and says so.
-    assert set(cr.collective_sources(result).values()) == {"alpha-beta"}
+    # The embedded set holds Perlmutter's laws (2509.22832's NCCL sweeps there): every collective is priced by them.
+    assert set(cr.collective_sources(result).values()) == {"learned"}
+    assert all(line.source.startswith("learned/perlmutter/") for line in result.comms)
     text = cr.report([run], {run.key: result}, REPO / "models" / "default", 1.0, "cmd")
     assert f"| {run.key} | perlmutter:4 | 2/4/2 | 8,9,9,6 | 9.58 |" in text
 
