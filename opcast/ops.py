@@ -13,6 +13,7 @@ traffic of an ideal kernel: every input read once, every output written once.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -712,6 +713,14 @@ register(
         source="log-softmax + NLL per-element count (PyTorch cross_entropy); unfused passes in UNFUSED_PASSES",
     )
 )
+
+
+@functools.cache
+def takes_kernel_impls(kind: str) -> bool:
+    """Whether op ``kind``'s ``impl`` parameter chooses among :data:`KERNEL_IMPLS` (norms, softmax,
+    cross-entropy, rope)."""
+    return next((p.choices for p in get_op(kind).params if p.name == "impl"), None) == KERNEL_IMPLS
+
 
 ROPE_IMPLS: Final = KERNEL_IMPLS
 

@@ -610,7 +610,7 @@ def fp8_quantisation(
         if gathered_grad and transposes:
             dgrad.append(traffic_op(f"{role}.fp8_transpose_grad", 2 * b * m * n))
         return fwd, dgrad, wgrad
-    sp = sp and tp > 1 and not grouped
+    sp = gathered_in or gathered_grad  # sequence parallelism as fp8_gathers applies it (a role gathers one of them)
     if fused_norm:
         if transposes:
             wgrad.append(traffic_op(f"{role}.fp8_transpose_input", 2 * b * m * k))

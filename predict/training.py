@@ -589,11 +589,7 @@ def data_parallel_sync(
     )
     dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
     reduce_kind = "reduce_scatter" if zero == 3 else gradient_reduce_kind(zero, framework)
-    sms = {
-        "sm_count": device.sm_count,
-        "gather_sms": comm_sms("all_gather", device, dp_group),
-        "reduce_sms": comm_sms(reduce_kind, device, dp_group),
-    }
+    gather_sms, reduce_sms = comm_sms("all_gather", device, dp_group), comm_sms(reduce_kind, device, dp_group)
     tied = tied_s = None
     if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
         tied = Collective(
@@ -610,7 +606,9 @@ def data_parallel_sync(
             tied=tied,
             tied_s=tied_s or 0.0,
             amax=amax,
-            **sms,
+            sm_count=device.sm_count,
+            gather_sms=gather_sms,
+            reduce_sms=reduce_sms,
         )
     bucket = gradient_bucket_params(dp, bucket_params)
     tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
@@ -630,7 +628,9 @@ def data_parallel_sync(
         tied=tied,
         tied_s=tied_s or 0.0,
         amax=amax,
-        **sms,
+        sm_count=device.sm_count,
+        gather_sms=gather_sms,
+        reduce_sms=reduce_sms,
     )
 
 

@@ -56,7 +56,6 @@ today), so FlashAttention-1-generation kernels fall to :mod:`~opcast.predict.cos
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -65,7 +64,7 @@ import numpy as np
 
 from opcast.errors import OpcastError
 from opcast.hardware import kernel_twin, same_die
-from opcast.ops import KERNEL_IMPLS, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op
+from opcast.ops import MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
 from opcast.predict.intervals import Residuals
@@ -169,13 +168,7 @@ def _kernel_impl(k: Kernel) -> str | None:
     impl = k.param_dict.get("impl")
     if impl is None:
         return None
-    return str(impl) if _takes_kernel_impls(k.kind) or impl in PUBLISHED_ATTENTION_IMPLS else None
-
-
-@functools.cache
-def _takes_kernel_impls(kind: str) -> bool:
-    """Whether op ``kind``'s ``impl`` parameter chooses among :data:`opcast.ops.KERNEL_IMPLS`."""
-    return next((p.choices for p in get_op(kind).params if p.name == "impl"), None) == KERNEL_IMPLS
+    return str(impl) if takes_kernel_impls(k.kind) or impl in PUBLISHED_ATTENTION_IMPLS else None
 
 
 def _impl_devices(entry: Mapping[str, Any]) -> dict[str, frozenset[str]]:

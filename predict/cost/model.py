@@ -18,7 +18,8 @@ import numpy as np
 
 from opcast.dtypes import element_bytes
 from opcast.errors import OpcastError
-from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost, _takes_kernel_impls
+from opcast.ops import takes_kernel_impls
+from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost
 from opcast.predict.cost.published import PublishedAttentionCost
 from opcast.predict.cost.query import LEARNED, Kernel, KernelTimeSource, kernel
 from opcast.predict.cost.roofline import RooflineKernelCost
@@ -42,7 +43,7 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     :func:`opcast.predict.graph.traffic_op`), which carries the device's measured streaming bandwidth and
     its launch floor where the roofline of the traffic has neither (a 1 MB norm at 1.1 us on an A100).
     Else :func:`_decompose_eager`."""
-    if _takes_kernel_impls(k.kind) and "impl" in k.param_dict:
+    if takes_kernel_impls(k.kind) and "impl" in k.param_dict:
         numel = max(1, math.ceil(k.bytes_moved() / (2 * element_bytes(k.dtype))))
         return [(kernel("elementwise", {"numel": numel, "fn": "mul_scalar"}, k.dtype, "fwd"), 1)]
     return _decompose_eager(k)

@@ -300,17 +300,11 @@ def test_hidden_data_parallel_traffic_takes_its_sms_from_the_compute():
 
 
 def test_nccl_collectives_hold_the_sms_of_their_channels():
-    from opcast.collectives_law import NVLS_CTAS, RING_CTAS, nccl_ctas
+    from opcast.collectives_law import NVLS_CTAS, RING_CTAS
+    from opcast.predict.training import comm_sms
 
     def ctas(kind, name, nodes=1):
-        d = get_device(name)
-        return nccl_ctas(
-            kind,
-            vendor=d.vendor,
-            architecture=d.architecture,
-            intra_node_bw_bytes_per_s=d.intra_node_bw_bytes_per_s,
-            nodes=nodes,
-        )
+        return comm_sms(kind, get_device(name), place(8 * nodes, nodes, 8))
 
     assert ctas("all_reduce", "H100-SXM") == NVLS_CTAS["hopper"] == 16
     assert ctas("all_reduce", "B200") == 24 and ctas("all_reduce", "B200", nodes=2) == 32
