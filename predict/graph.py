@@ -131,6 +131,10 @@ class Dtypes:
     """Per-tensor fp8 only: whether the device's fp8 GEMM takes only the TN layout, so that Transformer Engine
     writes fp8 transposes for the gradient GEMMs (:func:`fp8_gemm_transposes`); True for block-scaled runs
     (their quantisers always write a second, column-wise copy)."""
+    te_gemms: bool = False
+    """The quantised linears' GEMMs are Transformer Engine's (training): each is priced as the kernel of
+    :data:`TE_GEMM_KERNELS` (MXFP8's as cuBLASLt's per-tensor fp8 GEMM); inference engines' block-scaled
+    GEMMs keep their own kernel dtype."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
@@ -138,7 +142,8 @@ class Dtypes:
                 params = {**params, "impl": impl}
                 break
         if kind == "gemm":
-            return kernel(kind, params, self.matrix, direction, self.tensor_cores)
+            matrix = TE_GEMM_KERNELS.get(self.matrix, self.matrix) if self.te_gemms else self.matrix
+            return kernel(kind, params, matrix, direction, self.tensor_cores)
         if kind == "attention":
             return kernel(kind, params, self.act, direction, self.tensor_cores)
         return kernel(kind, params, self.act, direction, False)
@@ -155,10 +160,12 @@ def precision_of(
     *,
     fp8_recipe: str = "delayed",
     device: DeviceSpec | None = None,
+    training: bool = False,
 ) -> Dtypes:
     """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default);
     for per-tensor fp8 the scaling ``fp8_recipe`` and whether ``device``'s fp8 GEMMs need fp8 transposes
-    (:func:`fp8_gemm_transposes`; None: they do, as on Hopper)."""
+    (:func:`fp8_gemm_transposes`; None: they do, as on Hopper); with ``training``, the quantised linears'
+    GEMMs are Transformer Engine's (:attr:`Dtypes.te_gemms`)."""
     per_tensor = gemm_dtype(precision) == "fp8"
     return Dtypes(
         matrix=gemm_dtype(precision),
@@ -169,6 +176,7 @@ def precision_of(
         framework=framework,
         fp8_recipe=fp8_recipe if per_tensor else "delayed",
         fp8_transposes=fp8_gemm_transposes(device) if per_tensor and device is not None else True,
+        te_gemms=training,
     )
 
 
@@ -463,6 +471,19 @@ def traffic_op(role: str, bytes_moved: int) -> Op:
     and writes 2 bytes an element, so ``numel = bytes / 4``. TE's casts read bf16 and write fp8, which no
     single registry dtype describes."""
     return (role, "elementwise", {"numel": -(-bytes_moved // 4), "fn": "mul_scalar"}, 1)
+
+
+TE_GEMM_KERNELS: dict[str, str] = {"fp8_block": "fp8"}
+"""The kernel dtype whose measurements price a quantised linear's GEMM in a Transformer Engine training run,
+where that differs from the precision's own kernel dtype. MXFP8: TE runs its GEMMs through cuBLASLt with the
+``CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0`` scale mode (TE v2.9 ``common/gemm/cublaslt_gemm.cu``), the library of
+its per-tensor fp8 GEMMs, and Blackwell's tensor cores run the block-scaled fp8 MMA (``tcgen05.mma``
+``kind::mxf8f6f4``) at the fp8 rate. The measured ``fp8_block`` GEMMs opcast learns from (AIConfigurator) are
+another format and kernel family: DeepSeek-V3's 128-element blocks with fp32 scales in DeepGEMM / CUTLASS
+blockwise kernels, which on B200 run 17-24 % faster than the same framework's cuBLASLt fp8 GEMMs at Llama 3 8B
+shapes in TensorRT-LLM 1.3.0rc20's table and 18 % slower in vLLM 0.24.0's (m 8192, n 4096, k 4096: 0.113 vs
+0.135 ms; 0.201 vs 0.170 ms). So MXFP8 training's GEMMs are priced as cuBLASLt's per-tensor fp8 GEMM of the
+same shape; their scales (1/32 of the operand bytes) are left out of a compute-bound kernel."""
 
 
 def fp8_gemm_transposes(device: DeviceSpec) -> bool:

@@ -869,7 +869,7 @@ def _compile(
     in one lookup, and cost each graph per phase into ``terms``. Returns kernels by source, the
     counts of distinct graphs and kernels, and the seconds of the lookup."""
     arch, device, space, worlds = terms.arch, terms.device, terms.space, terms.worlds
-    prec = precision_of(space.precision, device=device)
+    prec = precision_of(space.precision, device=device, training=True)
     seq, attn = space.seq, space.attention
     block_keys: dict[tuple, None] = {}
     extras_keys: dict[tuple, None] = {}

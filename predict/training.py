@@ -1223,7 +1223,9 @@ def _precision(plan: TrainPlan) -> Dtypes:
     """The dtypes of ``plan``'s kernels: its precision, framework and, in per-tensor fp8, its scaling recipe and
     whether its GPU's fp8 GEMMs need fp8 transposes (:func:`~opcast.predict.graph.precision_of`)."""
     cfg = plan.layout.cfg
-    return precision_of(cfg.precision, cfg.tensor_cores, cfg.framework, fp8_recipe=cfg.fp8_recipe, device=plan.device)
+    return precision_of(
+        cfg.precision, cfg.tensor_cores, cfg.framework, fp8_recipe=cfg.fp8_recipe, device=plan.device, training=True
+    )
 
 
 def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:

@@ -171,8 +171,9 @@ def test_mxfp8_and_nvfp4_reprice_only_the_block_linears(runs):
         if line.kernel.kind == "gemm" and base in FP8_LINEARS:
             linears += 1
             assert line.kernel.dtype == "fp8"
-            assert (mx[key].kernel.dtype, fp4[key].kernel.dtype) == ("fp8_block", "nvfp4")
-            assert mx[key].kernel.params == fp4[key].kernel.params == line.kernel.params
+            # MXFP8's GEMMs are TE's cuBLASLt GEMMs, priced as the per-tensor fp8 one (graph.TE_GEMM_KERNELS)
+            assert (mx[key].kernel, mx[key].time_s) == (line.kernel, line.time_s)
+            assert fp4[key].kernel.dtype == "nvfp4" and fp4[key].kernel.params == line.kernel.params
             assert fp4[key].time_s < line.time_s
         else:  # the LM head, attention, norms, the quantisation casts: as in fp8
             assert mx[key].kernel == fp4[key].kernel == line.kernel, key
@@ -193,6 +194,21 @@ def test_mxfp8_and_nvfp4_reprice_only_the_block_linears(runs):
 
 def _opcast(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([OPCAST, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_mxfp8_gemms_are_te_cublaslt_ones_in_training_and_block_kernels_in_inference():
+    """Training's MXFP8 GEMMs (Transformer Engine, cuBLASLt) are looked up as per-tensor fp8 GEMMs; an inference
+    engine's block-scaled GEMM keeps the fp8_block kernels it was measured as; nvfp4 keeps its own in both."""
+    params = {"b": 1, "m": 4096, "n": 4096, "k": 4096}
+    train = graph.precision_of("mxfp8", device=B200, training=True)
+    infer = graph.precision_of("mxfp8", device=B200)
+    assert train.matrix == infer.matrix == "fp8_block"  # the format: scales counted in traffic and memory
+    assert train.of("gemm", params).dtype == "fp8" and infer.of("gemm", params).dtype == "fp8_block"
+    assert train.of("elementwise", {"numel": 4096, "fn": "mul_scalar"}) == infer.of(
+        "elementwise", {"numel": 4096, "fn": "mul_scalar"}
+    )
+    nv = graph.precision_of("nvfp4", device=B200, training=True)
+    assert nv.of("gemm", params).dtype == "nvfp4"
 
 
 def test_nvfp4_on_a_gpu_without_fp4_exits_2_in_one_line():
