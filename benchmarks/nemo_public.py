@@ -71,7 +71,8 @@ What NeMo's performance recipes run, and what is passed:
   (fp8 primary weights, all-gathered in fp8), which ``bf16_with_fp8_current_scaling_mixed`` turns on. On
   B200 / GB200 / GB300 the fp8 GEMMs take every layout and Transformer Engine 2.x writes no fp8 transposes
   (:func:`opcast.predict.graph.fp8_gemm_transposes`), under either recipe. MXFP8 / FP8-MX -> ``--precision
-  mxfp8`` (the block linears' GEMMs at the block-scaled fp8 dtype); NVFP4 -> ``--precision nvfp4`` (those
+  mxfp8`` (the block linears' GEMMs in MXFP8, priced as Transformer Engine's cuBLASLt GEMMs: the per-tensor
+  fp8 GEMM of the same shape, :data:`opcast.predict.graph.TE_GEMM_KERNELS`); NVFP4 -> ``--precision nvfp4`` (those
   GEMMs in NVFP4, every block: Megatron-Bridge's ``bf16_with_nvfp4_mixed`` keeps no layer in BF16);
 - the recipe's activation offloading to host memory, ``--offload-activations N`` (Megatron-Core
   ``cpu_offloading`` with ``cpu_offloading_num_layers = N``; Grace's LPDDR over NVLink-C2C on GB200), which

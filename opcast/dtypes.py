@@ -27,8 +27,9 @@ whole tensor is negligible and left out):
   Hopper DeepSeek-V3's block scaling (arXiv 2412.19437 Sec. 3.3.2: one fp32 scale per 1x128
   activation tile and per 128x128 weight block, 8 + 32/128 = 8.25 bits for the activations, about
   8 for the weights). AIConfigurator's ``fp8_block`` GEMM rows are the latter kind on Hopper
-  (DeepGEMM / Cutlass blockwise kernels) and DeepGEMM / Cutlass block-scaled kernels on Blackwell;
-  opcast prices MXFP8 training (``--precision mxfp8``) with them too.
+  (DeepGEMM / Cutlass blockwise kernels) and DeepGEMM / Cutlass block-scaled kernels on Blackwell, what
+  inference engines run; MXFP8 training (``--precision mxfp8``, Transformer Engine's cuBLASLt GEMMs) has the
+  fp8_block format but its GEMMs are priced as per-tensor fp8 ones (:data:`opcast.predict.graph.TE_GEMM_KERNELS`).
 - ``nvfp4``: e2m1 values, one E4M3 scale per 16 elements and one fp32 scale per tensor,
   4 + 8/16 = 4.5 bits (NVIDIA, "Pretraining Large Language Models with NVFP4", arXiv 2509.25149
   Sec. 2; Transformer Engine's ``NVFP4BlockScaling`` recipe).

@@ -40,7 +40,8 @@ Extensions over ``layer_ops``:
   and Transformer Engine 2.x writes no fp8 transposes (:func:`fp8_gemm_transposes`).
 - **mxfp8 / nvfp4** (Transformer Engine's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling``): the same
   linears run their forward, data- and weight-gradient GEMMs at the kernel dtype ``fp8_block`` /
-  ``nvfp4`` (:func:`opcast.dtypes.gemm_dtype`); everything else (the quantisation kernels, the fp8
+  ``nvfp4`` (:func:`opcast.dtypes.gemm_dtype`), MXFP8's priced in training as cuBLASLt's per-tensor fp8
+  GEMM (:data:`TE_GEMM_KERNELS`); everything else (the quantisation kernels, the fp8
   all-gathers, the weight casts and amax reductions) is priced as for fp8 (:func:`quantised`). NVFP4's
   default is every block linear in FP4, all three GEMMs: TE's ``NVFP4BlockScaling`` quantises the
   inputs of fprop, dgrad and wgrad (``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``,
