@@ -18,7 +18,8 @@ ratio of the resource that bounds the kernel). Violations, each listed:
 - ``speed-up``: a GPU faster than one with less of the resource that bounds the kernel by more
   than 1.15x the ratio of their roofline times (a GPU with more of it reaching a *smaller* share
   of its peak is allowed: newer GPUs do);
-- ``monotone``: a GPU with at least the peak and the bandwidth of another (more of one) is slower.
+- ``monotone``: a GPU with at least the peak and the bandwidth of another is slower, beyond their clock ratio
+  where the other has the higher clock (:func:`opcast.predict.cost.slower_at_most`).
 
 Everything is run twice: with the physical bounds of :mod:`opcast.predict.cost` off (what the
 models say) and on (what opcast reports), and the violation counts of both are printed. Norms,
@@ -225,7 +226,7 @@ def violations(
     """Every violation of one table (see the module docstring); with ``measured``
     (:func:`load_measured`), each speed-up and monotone violation carries ``measured``: what the
     nearest shape measured on the same pair says (:func:`nearest_measured`; None where there is none)."""
-    from opcast.predict.cost import kernel_peak
+    from opcast.predict.cost import kernel_resources, slower_at_most
 
     out: list[dict[str, Any]] = []
     by_label = dict(kernels if kernels is not None else kernel_set())
@@ -262,12 +263,8 @@ def violations(
                     )
                     if measured is not None:
                         out[-1]["measured"] = nearest_measured(measured, k, a, b)
-                more = (
-                    kernel_peak(k, b) >= kernel_peak(k, a)
-                    and b.mem_bw_bytes_per_s >= a.mem_bw_bytes_per_s
-                    and (kernel_peak(k, b), b.mem_bw_bytes_per_s) != (kernel_peak(k, a), a.mem_bw_bytes_per_s)
-                )
-                if more and cb.time_s > ca.time_s * (1 + 1e-9):
+                f = slower_at_most(kernel_resources(k, b), kernel_resources(k, a))
+                if f is not None and cb.time_s > ca.time_s * f * (1 + 1e-9):
                     out.append(
                         {
                             "rule": "monotone",
@@ -275,6 +272,7 @@ def violations(
                             "gpu": f"{b.name} vs {a.name}",
                             "source": f"{_src(cb)}/{_src(ca)}",
                             "what": f"{b.name} has more peak and bandwidth but is {cb.time_s / ca.time_s:.2f}x slower "
+                            f"(the clock ratio allows {f:.2f}x) "
                             f"({cb.time_s * 1e6:.1f} vs {ca.time_s * 1e6:.1f} us)",
                         }
                     )
@@ -354,10 +352,10 @@ def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, An
     to ``k`` (:func:`_distance`) measured on both, the two measured times, their speed-up (``a``'s time
     over ``b``'s), the ratio of the roofline times there and whether the data break the speed-up rule
     (a speed-up above :data:`SPEEDUP_SLACK` times the ratio) or the monotone one (``b``, with at least
-    ``a``'s peak and bandwidth, slower); None where no shape was measured on both."""
+    ``a``'s peak and bandwidth, slower beyond their clock ratio); None where no shape was measured on both."""
     from opcast.errors import OpcastError
     from opcast.ops import get_op
-    from opcast.predict.cost import kernel_peak, peak_roofline_s, validated_kernel
+    from opcast.predict.cost import kernel_resources, peak_roofline_s, slower_at_most, validated_kernel
     from opcast.train.features import dtype_class
 
     table = measured.get((k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores)), {})
@@ -378,13 +376,9 @@ def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, An
     try:
         at = validated_kernel(k.kind, params, k.dtype, k.direction, k.tensor_cores)
         ratio = peak_roofline_s(at, a)[0] / peak_roofline_s(at, b)[0]
-        more = (
-            kernel_peak(at, b) >= kernel_peak(at, a)
-            and b.mem_bw_bytes_per_s >= a.mem_bw_bytes_per_s
-            and (kernel_peak(at, b), b.mem_bw_bytes_per_s) != (kernel_peak(at, a), a.mem_bw_bytes_per_s)
-        )
+        f = slower_at_most(kernel_resources(at, b), kernel_resources(at, a))
     except OpcastError:  # a measured shape the registry rejects: report the times only
-        ratio, more = math.nan, False
+        ratio, f = math.nan, None
     return {
         "shape": " ".join(f"{n}={v}" for n, v in params.items()),
         "exact": _distance(mine, names, shape) == 0.0,
@@ -392,7 +386,7 @@ def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, An
         "speedup": speedup,
         "ratio": ratio,
         "breaks_speedup_rule": bool(ratio >= 1.0 and speedup > SPEEDUP_SLACK * ratio),
-        "breaks_monotone_rule": bool(more and t_b > t_a * (1 + 1e-9)),
+        "breaks_monotone_rule": bool(f is not None and t_b > t_a * f * (1 + 1e-9)),
     }
 
 

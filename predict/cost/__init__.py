@@ -36,7 +36,7 @@ One module per concern; this package re-exports their public names, so import fr
   the :class:`KernelTimeSource` protocol; the tensor-core rule is the op registry's
   (:func:`opcast.ops.uses_tensor_cores`, :data:`opcast.ops.MATRIX_KINDS`), importable from here too;
 - :mod:`~opcast.predict.cost.roofline`  the analytic price: :class:`RooflineKernelCost`,
-  :func:`kernel_peak`, :func:`bottleneck`, :func:`peak_roofline_s`;
+  :func:`kernel_peak`, :func:`kernel_resources`, :func:`slower_at_most`, :func:`bottleneck`, :func:`peak_roofline_s`;
 - :mod:`~opcast.predict.cost.learned`   :class:`LearnedKernelCost`, its range checks
   (:class:`HardwareRange`) and the physical bounds;
 - :mod:`~opcast.predict.cost.published` :class:`PublishedAttentionCost` and the figures it prices with;
@@ -97,7 +97,9 @@ from opcast.predict.cost.roofline import (
     RooflineTerms,
     bottleneck,
     kernel_peak,
+    kernel_resources,
     peak_roofline_s,
+    slower_at_most,
 )
 
 __all__ = [
@@ -132,11 +134,13 @@ __all__ = [
     "fa1_rate_flop_per_s",
     "kernel",
     "kernel_peak",
+    "kernel_resources",
     "load_kernel_cost",
     "models_flag_problem",
     "nearest_figure",
     "peak_roofline_s",
     "physical_bounds_enabled",
     "roofline_only",
+    "slower_at_most",
     "validated_kernel",
 ]

@@ -13,22 +13,23 @@
   devices disagree, a GPU with more of the resource reaching a larger share of it, the lower
   utilisation is kept);
 - monotone in the resources: such a device with at least the peak and the bandwidth of a training
-  device is never slower on a kernel than that training device, and one with at most both never faster.
+  device is never slower on a kernel than that training device, beyond their clock ratio where the
+  training device has the higher clock (latency runs at the clock,
+  :func:`~opcast.predict.cost.roofline.slower_at_most`), and one with at most both never faster.
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
-slower than on one with less of both, and, where the kernel's shape is outside the fitted
+slower than on one with less of both (beyond their clock ratio), and, where the kernel's shape is outside the fitted
 ``feature_ranges`` (an extrapolation there too), at no higher a utilisation than on one with less of
 the bounding resource. All rules are one projection onto the interval they allow; where it is empty
 (training devices that disagree beyond the ratio of their resources) the floor and the resource
 ratio are kept and the reason and the notes say so. On training devices inside the fitted shapes
 that means the monotone rule lowers a time only as far as the resource ratio allows against the
 training devices with less of the bounding resource (bar those the device whose time it copies
-already outruns beyond the ratio: that relation is its data's, not the rule's). Example: a small
-causal attention (1 x 8 heads x 512 tokens, latency-bound) runs faster on L40S (more peak, less
-bandwidth than A100) than on H100 in AIConfigurator's rows (vLLM's FA2 and FA3 kernels); copying
-L40S's time to H100, which has more of both, would make H100 faster than A100 by more than their
-bandwidth ratio, so H100 stops at that ratio. The resource ratio is not imposed on the training
+already outruns beyond the ratio: that relation is its data's, not the rule's). A small causal attention
+(1 x 8 heads x 512 tokens, latency-bound) runs faster on L40S than on H100 in AIConfigurator's rows (vLLM's
+FA2 and FA3 kernels): H100 has more peak and bandwidth, L40S the higher clock (2.52 vs 1.98 GHz), so the
+monotone rule holds H100 no slower than 1.27x L40S's time. The resource ratio is not imposed on the training
 devices' own answers inside the fitted shapes: their data break it where a GPU cannot sustain its
 datasheet peak or measured another software stack (AIConfigurator's 8192^3 bf16 GEMM runs at 52 %
 of L40S's peak and 72 % of H100's, 1.39x their peak ratio), and imposed it would put the least
@@ -66,7 +67,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import kernel_twin, same_die
 from opcast.ops import MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
 from opcast.predict.cost.query import LEARNED, Kernel
-from opcast.predict.cost.roofline import kernel_peak, roof_at_peak
+from opcast.predict.cost.roofline import kernel_peak, roof_at_peak, slower_at_most
 from opcast.predict.intervals import Residuals
 
 if TYPE_CHECKING:
@@ -88,7 +89,8 @@ BOUND_RULES: dict[str, str] = {
     f"(margin {UTILISATION_MARGIN:g})",
     RATIO: "utilisation no higher than on a training device with less of the bounding resource and no lower than "
     "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
-    MONOTONE: "no slower than a training device with less of both peak and bandwidth, no faster than one with more "
+    MONOTONE: "no slower than a training device with less of both peak and bandwidth (beyond their clock ratio where "
+    "it has the higher clock), no faster than one with more "
     "(on training devices too; where it conflicts with the resource ratio, the ratio is kept)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
@@ -102,11 +104,17 @@ class _Seen(NamedTuple):
     roof_s: float
     peak: float
     bw: float
+    clock: float
     sustained: float = 1.0
     """The share of its datasheet roofline the device sustains on the predictor's long-running rows bound
     by the kernel's resource (:func:`opcast.train.fit.sustained_utilisation`; 1 where not recorded)."""
     resource: str = ""
     """The resource that bounds the kernel on the device (``compute`` or ``memory``; empty: not known)."""
+
+
+def _clock_note(f: float) -> str:
+    """What a monotone bound's reason adds where the clock ratio ``f`` (:func:`slower_at_most`) loosens it."""
+    return f" (beyond their clock ratio, {f:.2f}x)" if f > 1.0 else ""
 
 
 def _util(s: _Seen) -> float:
@@ -630,7 +638,8 @@ class LearnedKernelCost:
     ) -> dict[str, tuple[float, tuple[str, str] | None]]:
         """The times of one kernel on its predictor's training devices (``seen``, floored) held to each
         other: taken from the one with the least of the kernel's bounding resource up, each no slower
-        than one with less of both peak and bandwidth (:data:`MONOTONE`) and, when the kernel lies
+        than one with less of both peak and bandwidth, beyond their clock ratio (:data:`MONOTONE`) and, when
+        the kernel lies
         outside the shapes the predictor was fitted on (``shape_why``; its answers there are
         extrapolations on every device), at no higher a utilisation than one with less of the bounding
         resource (:data:`RATIO`). Where the two conflict the ratio is kept: inside the fitted shapes the
@@ -643,12 +652,14 @@ class LearnedKernelCost:
         for s in sorted(seen, key=lambda s: (-s.roof_s, s.peak, s.bw, s.name)):
             lo, hi = s.roof_s, math.inf
             lo_by: _Seen | None = None
+            hi_f = 1.0
             hi_by: _Seen | None = None
             for w in done:  # every w has at least s's roofline time: at most as much of the bounding resource
                 if shape_why and _at_rel(w, s) > lo:
                     lo, lo_by = _at_rel(w, s), w
-                if s.peak >= w.peak and s.bw >= w.bw and w.time_s < hi:
-                    hi, hi_by = w.time_s, w
+                f = slower_at_most((s.peak, s.bw, s.clock), (w.peak, w.bw, w.clock))
+                if f is not None and w.time_s * f < hi:
+                    hi, hi_by, hi_f = w.time_s * f, w, f
             ratio_by: _Seen | None = None
             if not shape_why and hi_by is not None and hi < s.time_s:
                 # the monotone rule carries hi_by's time over only as far as the resource ratio allows against
@@ -675,7 +686,8 @@ class LearnedKernelCost:
                 if lo > hi and hi_by is not None:
                     why = (
                         RATIO,
-                        why[1] + f"; slower than on {hi_by.name}, which has less of both peak and bandwidth: the "
+                        why[1] + f"; slower than on {hi_by.name}, which has less of both peak and bandwidth"
+                        f"{_clock_note(hi_f)}: the "
                         "bounds conflict (the training devices disagree beyond the ratio of their resources) and the "
                         "ratio is kept",
                     )
@@ -683,15 +695,15 @@ class LearnedKernelCost:
                 why = (
                     MONOTONE,
                     f"{key} on training device {s.name} slower than on {hi_by.name}, which has less of both peak "
-                    "and bandwidth; held at its time",
+                    f"and bandwidth{_clock_note(hi_f)}; held there",
                 )
                 if ratio_by is not None:
                     why = (
                         MONOTONE,
                         f"{key} on training device {s.name} slower than on {hi_by.name}, which has less of both peak "
-                        f"and bandwidth; lowered toward its time only as far as the resource ratio to {ratio_by.name} "
-                        f"allows (at most the {_util(ratio_by):.0%} of the bounding resource it predicts there, which "
-                        "has less of it)",
+                        f"and bandwidth{_clock_note(hi_f)}; lowered toward its time only as far as the resource ratio "
+                        f"to {ratio_by.name} allows (at most the {_util(ratio_by):.0%} of the bounding resource it "
+                        "predicts there, which has less of it)",
                     )
             out[s.name] = (t, why)
             done.append(s._replace(time_s=t))
@@ -766,7 +778,8 @@ class LearnedKernelCost:
                     # 0.34-0.40 of GH200's and A100's bandwidth), which the datasheet ratio is meant to hold:
                     # normalised there, H100-B200 ran 1.2-2.6x their ratio past A100 (kernel_sanity, issue 21)
                     sus = self.range.sustained(key, spec.name, res_i) if res_i == "compute" else 1.0
-                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, spec.mem_bw_bytes_per_s, sus, res_i))
+                    bw_i, clock_i = spec.mem_bw_bytes_per_s, spec.boost_clock_hz
+                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, bw_i, clock_i, sus, res_i))
             if not seen:
                 continue
             on_training = self._held_training(key, seen, shapes.get(k))
@@ -832,14 +845,23 @@ class LearnedKernelCost:
                         + _sustained_note(rise, least),
                     )
                 )
-            for s in seen:  # monotone in the resources
-                if peak <= s.peak and device.mem_bw_bytes_per_s <= s.bw:
+            mine = (peak, device.mem_bw_bytes_per_s, device.boost_clock_hz)
+            for s in seen:  # monotone in the resources, latency at the clock
+                if (f := slower_at_most((s.peak, s.bw, s.clock), mine)) is not None:
                     lowers.append(
-                        (s.time_s, MONOTONE, f"no faster than on {s.name}, which has more of both peak and bandwidth")
+                        (
+                            s.time_s / f,
+                            MONOTONE,
+                            f"no faster than on {s.name}, which has more of both peak and bandwidth" + _clock_note(f),
+                        )
                     )
-                if peak >= s.peak and device.mem_bw_bytes_per_s >= s.bw:
+                if (f := slower_at_most(mine, (s.peak, s.bw, s.clock))) is not None:
                     uppers.append(
-                        (s.time_s, MONOTONE, f"no slower than on {s.name}, which has less of both peak and bandwidth")
+                        (
+                            s.time_s * f,
+                            MONOTONE,
+                            f"no slower than on {s.name}, which has less of both peak and bandwidth" + _clock_note(f),
+                        )
                     )
             low = max(lowers, key=lambda b: b[0])
             high = min(uppers, key=lambda b: b[0]) if uppers else (math.inf, "", "")

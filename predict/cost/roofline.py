@@ -119,6 +119,30 @@ def kernel_peak(k: Kernel, device: DeviceSpec) -> float:
     return device.peak_flops(_peak_dtype(k.dtype), tensor_cores=k.kind in MATRIX_KINDS and k.tensor_cores)
 
 
+def kernel_resources(k: Kernel, device: DeviceSpec) -> tuple[float, float, float]:
+    """(peak FLOP/s ``k`` runs against, memory bandwidth in bytes/s, boost clock in Hz) of ``device``: what
+    :func:`slower_at_most` compares."""
+    return kernel_peak(k, device), device.mem_bw_bytes_per_s, device.boost_clock_hz
+
+
+def slower_at_most(a: tuple[float, float, float], b: tuple[float, float, float]) -> float | None:
+    """How many times slower than a device of resources ``b`` one of resources ``a`` (each
+    :func:`kernel_resources`) may run any kernel: None (no bound) unless ``a`` has at least ``b``'s peak and
+    bandwidth; then 1 where it has at least ``b``'s clock too, else the clock ratio ``b / a``. The physical
+    bounds' monotone rule. A kernel's time is its compute and memory terms plus a latency term (launch, the
+    pipeline fill of a few waves of short tiles) that runs at the clock: with ``t = c / peak + m / bw + l /
+    clock`` and every term no larger on ``a`` but the last, at most ``b / a`` times larger, ``t_a <= t_b x
+    b / a``. The clock matters where kernels take microseconds: in AIConfigurator's rows small GEMMs and
+    attention run faster on L40S (2.52 GHz) and RTX PRO 6000 (2.43 GHz) than on H100 (1.98 GHz), which has more
+    peak and bandwidth, and a rule on peak and bandwidth alone lowered 24 % / 30 % of H100's / H200's measured
+    bf16 GEMMs with m <= 256 (median 12 %, nearly all under 10 us) below the measurements
+    (``benchmarks/skinny_gemm.py``)."""
+    (peak_a, bw_a, clock_a), (peak_b, bw_b, clock_b) = a, b
+    if peak_a < peak_b or bw_a < bw_b:
+        return None
+    return max(1.0, clock_b / clock_a)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Bottleneck:
     """Where one kernel sits on a device's roofline, and how much of it a predicted time uses."""

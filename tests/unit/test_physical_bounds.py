@@ -144,9 +144,9 @@ def test_the_rules_are_one_projection_and_the_ratio_wins_where_they_conflict():
     than A); as one projection the ratio is kept and the reason says the bounds conflict."""
     from opcast.predict.cost.learned import MONOTONE, RATIO, LearnedKernelCost, _Seen
 
-    a = _Seen("A", 10.0, 1.0, 1.0, 1.0)  # 10 % of its bandwidth
-    b = _Seen("B", 2.2, 2.0, 2.0, 0.5)  # 91 %
-    c = _Seen("C", 3.0, 0.5, 2.0, 2.0)
+    a = _Seen("A", 10.0, 1.0, 1.0, 1.0, 1.0)  # 10 % of its bandwidth
+    b = _Seen("B", 2.2, 2.0, 2.0, 0.5, 1.0)  # 91 %
+    c = _Seen("C", 3.0, 0.5, 2.0, 2.0, 1.0)
     held = LearnedKernelCost._held_training("toy", [c, a, b], "outside its shapes")
     assert held["A"] == (10.0, None) and held["B"] == (2.2, None)  # the weaker devices are the reference
     t, why = held["C"]
@@ -162,21 +162,45 @@ def test_the_rules_are_one_projection_and_the_ratio_wins_where_they_conflict():
 
 
 def test_monotone_on_training_devices_stops_at_the_resource_ratio():
-    """Issue 21's small attention on A100, L40S and H100 (all fitted): L40S (more peak, less bandwidth
-    than A100) is fastest; carrying its time over to H100 (more of both) would make H100 faster than
-    A100 beyond their bandwidth ratio, so H100 stops at that ratio; H100's own answer inside it is kept."""
+    """A small attention on A, L and H (all fitted; A100-, L40S- and H100-like peak and bandwidth, H with the
+    highest clock here): L (more peak, less bandwidth than A) is fastest; carrying its time over to H (more of
+    each resource) would make H faster than A beyond their bandwidth ratio, so H stops at that ratio; H's own
+    answer inside it is kept."""
     from opcast.predict.cost.learned import MONOTONE, LearnedKernelCost, _Seen
 
-    a100 = _Seen("A100", 24.0, 1.04, 312.0, 2.04)  # 4 % of its bandwidth
-    l40s = _Seen("L40S", 12.7, 2.45, 362.0, 0.86)  # 19 %
-    h100 = _Seen("H100", 18.6, 0.63, 989.0, 3.35)
+    a = _Seen("A", 24.0, 1.04, 312.0, 2.04, 1.4)  # 4 % of its bandwidth
+    lo = _Seen("L", 12.7, 2.45, 362.0, 0.86, 1.9)  # 19 %
+    h = _Seen("H", 18.6, 0.63, 989.0, 3.35, 2.0)
+    held = LearnedKernelCost._held_training("attn", [h, a, lo], None)
+    assert held["A"] == (24.0, None) and held["L"] == (12.7, None)
+    t, why = held["H"]
+    assert t == pytest.approx(24.0 * 0.63 / 1.04) and t > lo.time_s  # A's time x the bandwidth ratio
+    assert 24.0 / t <= 1.04 / 0.63 * (1 + 1e-12) and why[0] == MONOTONE and "resource ratio to A" in why[1]
+    within = h._replace(time_s=13.5)  # between L's time and the ratio bound (14.5): its own answer stands
+    assert LearnedKernelCost._held_training("attn", [within, a, lo], None)["H"] == (13.5, None)
+
+
+def test_a_lower_clock_loosens_the_monotone_bound_by_the_clock_ratio():
+    """AIConfigurator's small causal attention (1 x 8 heads x 512 tokens) on A100, L40S and H100, each with its
+    boost clock: L40S (2.52 GHz) is fastest; H100 (1.98 GHz) has more peak and bandwidth but the lower clock,
+    so it is held no slower than L40S's time x 2.52 / 1.98 (latency runs at the clock), and no slower than
+    A100's (less of everything)."""
+    from opcast.predict.cost import slower_at_most
+    from opcast.predict.cost.learned import MONOTONE, LearnedKernelCost, _Seen
+
+    a100 = _Seen("A100", 24.0, 1.04, 312.0, 2.04, 1.41e9)
+    l40s = _Seen("L40S", 12.7, 2.45, 362.0, 0.86, 2.52e9)
+    h100 = _Seen("H100", 15.9, 0.63, 989.0, 3.35, 1.98e9)  # 1.25x L40S's time: within the clock ratio
     held = LearnedKernelCost._held_training("attn", [h100, a100, l40s], None)
-    assert held["A100"] == (24.0, None) and held["L40S"] == (12.7, None)
-    t, why = held["H100"]
-    assert t == pytest.approx(24.0 * 0.63 / 1.04) and t > l40s.time_s  # A100's time x the bandwidth ratio
-    assert 24.0 / t <= 1.04 / 0.63 * (1 + 1e-12) and why[0] == MONOTONE and "resource ratio to A100" in why[1]
-    within = h100._replace(time_s=13.5)  # between L40S's time and the ratio bound (14.5): its own answer stands
-    assert LearnedKernelCost._held_training("attn", [within, a100, l40s], None)["H100"] == (13.5, None)
+    assert held == {"A100": (24.0, None), "L40S": (12.7, None), "H100": (15.9, None)}
+    assert slower_at_most((989.0, 3.35, 1.98e9), (312.0, 2.04, 1.41e9)) == 1.0
+    assert slower_at_most((989.0, 3.35, 1.98e9), (362.0, 0.86, 2.52e9)) == pytest.approx(2.52 / 1.98)
+    assert slower_at_most((362.0, 0.86, 2.52e9), (989.0, 3.35, 1.98e9)) is None  # less peak: no bound
+    assert slower_at_most((1.0, 1.0, 1.0), (1.0, 1.0, 1.0)) == 1.0
+    slow = h100._replace(time_s=17.0)  # beyond the clock ratio: held at 12.7 x 2.52 / 1.98 = 16.16
+    t, why = LearnedKernelCost._held_training("attn", [slow, a100, l40s], None)["H100"]
+    assert t == pytest.approx(12.7 * 2.52 / 1.98) and why[0] == MONOTONE and "L40S" in why[1]
+    assert "clock ratio, 1.27x" in why[1]
 
 
 def test_monotone_still_copies_a_reference_that_already_outruns_the_weaker_devices():
@@ -185,9 +209,9 @@ def test_monotone_still_copies_a_reference_that_already_outruns_the_weaker_devic
     monotone rule creates no violation against W that G does not already have."""
     from opcast.predict.cost.learned import MONOTONE, LearnedKernelCost, _Seen
 
-    w = _Seen("W", 5.0, 3.0, 1.0, 0.3)  # 60 %
-    g = _Seen("G", 1.32, 1.11, 3.0, 4.0)  # 84 %
-    s = _Seen("S", 1.40, 1.11, 3.0, 4.8)  # slower than G with more bandwidth and the same peak
+    w = _Seen("W", 5.0, 3.0, 1.0, 0.3, 1.0)  # 60 %
+    g = _Seen("G", 1.32, 1.11, 3.0, 4.0, 1.0)  # 84 %
+    s = _Seen("S", 1.40, 1.11, 3.0, 4.8, 1.0)  # slower than G with more bandwidth and the same peak
     t, why = LearnedKernelCost._held_training("gemm", [s, w, g], None)["S"]
     assert t == pytest.approx(1.32) and why[0] == MONOTONE and "ratio" not in why[1]
 
