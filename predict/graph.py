@@ -707,8 +707,11 @@ def fp8_amax_comms(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[st
 
 def delayed_amax_reduction(prec: Dtypes) -> bool:
     """Whether a run in ``prec`` reduces its amaxes once per direction and model chunk over the amax group
-    (:func:`fp8_amax_bytes`): every quantised run but per-tensor current scaling."""
-    return quantised(prec) and prec.fp8_recipe != "current"
+    (:func:`fp8_amax_bytes`): per-tensor fp8 with delayed scaling only. TE v2.9 ``pytorch/quantization.py``
+    ``reduce_and_update_fp8_tensors`` ("Delayed scaling only"): ``add_fp8_tensors_to_global_buffer`` returns
+    at once unless ``recipe.delayed()``, so current scaling, MXFP8 and NVFP4 (block scales computed where each
+    tensor is quantised) leave the buffer empty."""
+    return prec.matrix == "fp8" and prec.fp8_recipe == "delayed"
 
 
 @lru_cache(maxsize=1024)

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from opcast.archs import ArchSpec
-from opcast.dtypes import dtype_bytes, quantises
+from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.cost import Kernel, KernelCostModel
@@ -66,6 +66,7 @@ from opcast.predict.graph import (
     RECOMPUTE,
     Graph,
     Node,
+    delayed_amax_reduction,
     precision_of,
     train_block,
     train_extras,
@@ -598,7 +599,7 @@ class _Terms:
                 zero=zero,
                 gpus_per_node=g,
                 grad_bytes=self.grad_b,
-                fp8=quantises(self.space.precision),
+                fp8=delayed_amax_reduction(precision_of(self.space.precision, training=True)),
             )
             step_s = self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)]
             step_s += weight_cast_s(self.casts[(tp, ep)], self.cast_times, self.arch.n_layers // pp)

@@ -242,3 +242,16 @@ def test_predict_kernel_names_the_gpu_without_fp4_in_one_line():
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "opcast: error: H100-SXM has no fp4 tensor cores for nvfp4; use fp8 (or bf16) on it"
     ]
+
+
+def test_only_delayed_per_tensor_fp8_all_reduces_amaxes():
+    """TE reduces an amax history only under delayed scaling (v2.9 quantization.py: "Delayed scaling only"):
+    MXFP8 and NVFP4 compute their block scales where each tensor is quantised and reduce nothing per chunk."""
+    arch = load_arch("llama3-8b")
+    calls = {}
+    for precision in ("fp8", "mxfp8", "nvfp4"):
+        cfg = TrainConfig(tp=2, micro_batch=1, global_batch=2, seq=8192, precision=precision)
+        r = predict_train(arch, B200, cfg, kernels=roofline_only())
+        calls[precision] = [c for c in r.comms if c.role == "fp8_amax"]
+    assert len(calls["fp8"]) == 2 and calls["mxfp8"] == calls["nvfp4"] == []
+    assert not graph.delayed_amax_reduction(graph.precision_of("fp8", fp8_recipe="current"))
