@@ -16,7 +16,13 @@ from helpers.synthetic import fake_devices, synthetic_dataset
 
 TOLERANCE_PCT = 5.0  # the acceptance: held-out-device MAPE within 5 %
 HELD = "fake-2"  # the middle of five fake GPUs: an interpolation in specs, never seen in training
-FAST = {"xgb": {"n_estimators": 300}, "tile-mlp": {"epochs": 120, "patience": 30, "hidden": (64, 64)}}
+# n_jobs=1: the threads fit_frame gives every fit (opcast.train.fit.FIT_THREADS); two threads on a tiny
+# network or a 600-row xgboost fit only wait on each other (a tile-MLP fit of this test took 71 s on two
+# threads and 9 s on one on the shared 2-core box, with the same epochs and the same held-out MAPE).
+FAST = {
+    "xgb": {"n_estimators": 300, "n_jobs": 1},
+    "tile-mlp": {"epochs": 120, "patience": 30, "hidden": (64, 64), "n_jobs": 1},
+}
 
 
 @pytest.fixture(scope="module")
