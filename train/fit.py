@@ -63,12 +63,16 @@ class FitConfig:
     """Held-out folds per group (each leaves one device out); 0 skips held-out scoring. One fold
     picks by one device's luck (on NeuSight's GPUs it flipped gemm to tile-mlp for A100); with two,
     adding MI355X's GEMMs to the data redrew gemm-fwd-half's pair and flipped it to the tile-MLP
-    (within-GPU bf16 GEMM 7.3 -> 10.3 %); four are the default. Groups of at most
-    :attr:`all_devices_rows` rows leave every device out in turn instead."""
-    all_devices_rows: int = 20_000
-    """Groups this small are cheap to fit, so their folds leave out each device in turn: the
-    estimator choice then rests on every device, not on the two a seeded draw picked (with two
-    of NeuSight's five GPUs, auto took the tile-MLP for layernorm where xgb transfers better)."""
+    (within-GPU bf16 GEMM 7.3 -> 10.3 %); four are the default. Groups whose rows times devices
+    is at most :attr:`all_devices_fold_rows` leave every device out in turn instead."""
+    all_devices_fold_rows: int = 100_000
+    """Groups whose folds, one per device, would fit at most this many rows in all (rows x devices)
+    are cheap to fit, so their folds leave out each device in turn: the estimator choice then
+    rests on every device, not on the two a seeded draw picked (with two of NeuSight's five GPUs,
+    auto took the tile-MLP for layernorm where xgb transfers better). Larger groups draw
+    :attr:`folds` devices. A bound on rows alone (20,000, set when the groups were NeuSight's five
+    GPUs) let AIConfigurator's fp8 GEMM and attention groups (16,000-17,000 rows of eight or nine
+    GPUs) fit 8-9 folds x 3 candidates: a quarter of the whole refit's fit time."""
     fold_max_rows: int = 40_000
     """A fold fits on at most this many of its training rows (a seeded sample): enough to rank
     estimators and score transfer, and it keeps the fit of a large set within minutes."""
@@ -99,10 +103,10 @@ class FitConfig:
             raise OpcastError(f"--jobs {self.n_jobs}: give a number of worker processes from 1 to 1024")
         if not 0 <= self.seed < 2**32:
             raise OpcastError(f"--seed {self.seed}: give an integer from 0 to 2**32 - 1")
-        if self.min_rows < 1 or self.fold_max_rows < 1 or self.all_devices_rows < 0:
+        if self.min_rows < 1 or self.fold_max_rows < 1 or self.all_devices_fold_rows < 0:
             raise OpcastError(
-                f"min_rows and fold_max_rows must be >= 1, all_devices_rows >= 0; got {self.min_rows}, "
-                f"{self.fold_max_rows}, {self.all_devices_rows}"
+                f"min_rows and fold_max_rows must be >= 1, all_devices_fold_rows >= 0; got {self.min_rows}, "
+                f"{self.fold_max_rows}, {self.all_devices_fold_rows}"
             )
 
 
@@ -276,7 +280,7 @@ def _folds(
         # adding a device to the data (say MI355X) then changes the folds only where the newcomer
         # draws among the first, instead of redrawing every large group's left-out devices.
         order = np.argsort(seeded_draw([str(dev) for dev, _ in by_device], cfg.seed), kind="stable")
-        n_folds = len(by_device) if len(devices) <= cfg.all_devices_rows else cfg.folds
+        n_folds = len(by_device) if len(devices) * len(by_device) <= cfg.all_devices_fold_rows else cfg.folds
         out = []
         for i in order[:n_folds]:
             dev, left_out = by_device[i]
@@ -997,7 +1001,7 @@ def fit_model_set(
             "seed": cfg.seed,
             "fold_max_rows": cfg.fold_max_rows,
             "folds": cfg.folds,
-            "all_devices_rows": cfg.all_devices_rows,
+            "all_devices_fold_rows": cfg.all_devices_fold_rows,
             "shape_fraction": cfg.shape_fraction,
             "min_rows": cfg.min_rows,
             "xgb_params": dict(cfg.xgb_params),

@@ -55,7 +55,7 @@ def test_fit_group_is_the_entry_fit_frame_writes(synthetic):
 def test_every_candidate_is_scored_on_the_same_seeded_rows():
     devices = np.repeat(np.array(["a", "b", "c"], dtype=object), 400)
     shapes = np.tile(np.arange(400), 3)
-    cfg = FitConfig(fold_max_rows=300, folds=2, all_devices_rows=0)
+    cfg = FitConfig(fold_max_rows=300, folds=2, all_devices_fold_rows=0)
     folds = fit_module._folds(devices, shapes, cfg)
     plan = fit_module._fold_plan(folds, cfg)
     again = fit_module._fold_plan(folds, cfg)
@@ -71,7 +71,7 @@ def test_adding_a_device_keeps_the_left_out_devices_it_does_not_displace():
     """Large groups leave out cfg.folds devices chosen by a seeded hash of each name: a new device in the
     data takes a fold only where its own hash ranks among the first, and the others keep theirs."""
     names = [f"gpu{i}" for i in range(12)]
-    cfg = FitConfig(folds=4, all_devices_rows=0)
+    cfg = FitConfig(folds=4, all_devices_fold_rows=0)
 
     def left_out(devs):
         devices = np.repeat(np.array(devs, dtype=object), 50)
@@ -89,3 +89,14 @@ def test_adding_a_device_keeps_the_left_out_devices_it_does_not_displace():
         else:
             assert after == before
     assert 0 < displaced < 12  # both cases were exercised
+
+
+def test_small_groups_leave_every_device_out_by_their_fitted_rows():
+    """A group leaves each device out in turn while its rows x devices (what those folds fit) is within
+    the bound; one row more and it draws cfg.folds devices."""
+    devices = np.repeat(np.array([f"gpu{i}" for i in range(6)], dtype=object), 100)
+    shapes = np.tile(np.arange(100), 6)
+    every = fit_module._folds(devices, shapes, FitConfig(folds=4, all_devices_fold_rows=600 * 6))
+    drawn = fit_module._folds(devices, shapes, FitConfig(folds=4, all_devices_fold_rows=600 * 6 - 1))
+    assert len(every) == 6 and len(drawn) == 4
+    assert {label for label, *_ in drawn} < {label for label, *_ in every}
