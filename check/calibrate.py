@@ -607,17 +607,18 @@ def run_calibrate(
 ) -> CalibrateReport:
     """Validate, collect, fit, validate; see the module docstring. ``clock`` times the budget."""
     from opcast.check import isolated
-    from opcast.check.validate import check_inputs, local_env, torch_device
+    from opcast.check.validate import check_inputs, device_type, local_env, torch_device
 
     say = log or (lambda _msg: None)
     budget = Budget(cfg.budget_s, clock)
     _check_config(cfg)
     if local_env().world > 1:
         raise OpcastError("opcast calibrate runs on one device; start it without torchrun")
-    dev = torch_device(cfg.device, local_env())
     measured, checks = plan_workloads(cfg)
-    for w in (*measured, *checks):
-        check_inputs(w.arch, w.batch, w.seq, cfg.precision, cfg.attention, cfg.steps, cfg.warmup, dev.type)  # type: ignore[arg-type]
+    kind = device_type(cfg.device)
+    for w in (*measured, *checks):  # every input checked before torch is imported (torch_device)
+        check_inputs(w.arch, w.batch, w.seq, cfg.precision, cfg.attention, cfg.steps, cfg.warmup, kind)  # type: ignore[arg-type]
+    dev = torch_device(cfg.device, local_env())
     fit_cfg = fit_config(cfg)
     load = load_average() if dev.type == "cpu" else None  # before any of our own work
     from opcast.collect.bench import BenchConfig, build_plan

@@ -37,6 +37,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from opcast.archs import DROPOUT_FAMILIES, ArchSpec, padded_vocab
+from opcast.check.buildable import ATTENTION_IMPLS as ATTENTION_IMPLS  # re-exported: the model builds these
+from opcast.check.buildable import check_arch as check_arch
 from opcast.errors import OpcastError
 
 DROPOUT_P = 0.1
@@ -45,30 +47,12 @@ NORM_EPS = 1e-5
 """LayerNorm / RMSNorm epsilon (GPT-2 ``layer_norm_epsilon``; Llama-2 ``rms_norm_eps``)."""
 ROPE_THETA = 10000.0
 """RoPE base (Su et al. 2021, arXiv 2104.09864, Eq. 15; Llama-2's ``rope_theta``)."""
-ATTENTION_IMPLS = ("flash", "eager")
 
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's gelu_new, the form collect bench times
     "silu": F.silu,
     "relu": F.relu,
 }
-
-
-def check_arch(arch: ArchSpec, attention: str = "flash") -> None:
-    """Refuse what this implementation does not build, in one line."""
-    problems = []
-    if arch.n_experts > 1:
-        problems.append(
-            f"{arch.name} is a mixture of experts (n_experts={arch.n_experts}); validate builds dense archs only"
-        )
-    if arch.position == "alibi":
-        problems.append(f"{arch.name} uses ALiBi positions, which validate does not build; use a learned or rope arch")
-    if attention not in ATTENTION_IMPLS:
-        problems.append(f"attention={attention!r} is not one of {', '.join(ATTENTION_IMPLS)}")
-    if arch.position == "rope" and arch.head_dim % 2:
-        problems.append(f"rope needs an even head_dim, {arch.name} has {arch.head_dim}")
-    if problems:
-        raise OpcastError("; ".join(problems))
 
 
 def _norm(arch: ArchSpec) -> nn.Module:

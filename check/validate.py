@@ -314,31 +314,38 @@ def _positive(label: str, value: object, minimum: int = 1) -> None:
         raise OpcastError(f"--{label} must be an integer >= {minimum}, got {value!r}")
 
 
+def device_type(device: str) -> str:
+    """``cpu`` or ``cuda`` of a ``--device`` value, checked without torch; raises :class:`OpcastError` for another."""
+    text = device.strip().lower()
+    if text == "cpu":
+        return "cpu"
+    if text == "cuda" or text.startswith("cuda:"):
+        return "cuda"
+    raise OpcastError(f"unknown --device {device!r}; use cpu or cuda")
+
+
 def torch_device(device: str, env: _Env):
+    """The torch device of a ``--device`` value (:func:`device_type`), checked against what torch sees."""
     import torch
 
     text = device.strip().lower()
-    if text == "cpu":
+    if device_type(text) == "cpu":
         return torch.device("cpu")
-    if text == "cuda" or text.startswith("cuda:"):
-        if not torch.cuda.is_available():
-            raise OpcastError(
-                f"--device {device}: torch sees no CUDA device (torch {torch.__version__}); use --device cpu"
-            )
-        try:
-            index = int(text.split(":", 1)[1]) if ":" in text else env.local_rank
-        except ValueError:
-            raise OpcastError(f"--device {device}: use cuda or cuda:N") from None
-        if index >= torch.cuda.device_count():
-            raise OpcastError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
-        return torch.device("cuda", index)
-    raise OpcastError(f"unknown --device {device!r}; use cpu or cuda")
+    if not torch.cuda.is_available():
+        raise OpcastError(f"--device {device}: torch sees no CUDA device (torch {torch.__version__}); use --device cpu")
+    try:
+        index = int(text.split(":", 1)[1]) if ":" in text else env.local_rank
+    except ValueError:
+        raise OpcastError(f"--device {device}: use cuda or cuda:N") from None
+    if index >= torch.cuda.device_count():
+        raise OpcastError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    return torch.device("cuda", index)
 
 
 def check_inputs(
     arch: ArchSpec, batch: int, seq: int, precision: str, attention: str, steps: int, warmup: int, device_type: str
 ) -> None:
-    from opcast.check.torch_model import check_arch
+    from opcast.check.buildable import check_arch
 
     _positive("batch", batch)
     _positive("seq", seq)
@@ -836,8 +843,8 @@ def run_validate(
     env = local_env()
     load = load_average()
     spec_arch = resolve_arch(arch, layers)
+    check_inputs(spec_arch, batch, seq, precision, attention, steps, warmup, device_type(device))  # before torch
     dev = torch_device(device, env)
-    check_inputs(spec_arch, batch, seq, precision, attention, steps, warmup, dev.type)
     spec = describe_local("cpu" if dev.type == "cpu" else f"cuda:{dev.index}")
     if not spec.supports(precision):
         raise OpcastError(f"{spec.name} has no {precision} peak; use --precision fp32")

@@ -117,6 +117,10 @@ def _build_files(d: Path) -> None:
     (d / "latin1.json").write_bytes('{"model_type": "llama", "name": "caf\xe9"}'.encode("latin-1"))
     (d / "config_dir").mkdir()
     w("config.json", json.dumps(LLAMA))
+    # a torch that cannot be imported, first on PYTHONPATH (NO_TORCH): a command that rejects a bad input only
+    # after importing torch fails with its ImportError instead of the one-line error
+    (d / "notorch" / "torch").mkdir(parents=True)
+    w("notorch/torch/__init__.py", 'raise ImportError("torch imported before the input was checked")\n')
     # hardware files (--gpu FILE)
     h100 = json.loads((Path(__file__).resolve().parents[2] / "data" / "hardware" / "H100-SXM.json").read_text())
     w("gpu_missing.json", json.dumps({k: v for k, v in h100.items() if k != "mem_bytes"}))
@@ -258,6 +262,8 @@ BENCH = (
 )
 CALIB = ("calibrate", "--out", "{d}/calib_out", "--budget-s", "2", "--steps", "1")
 VALIDATE = ("validate", "--batch", "1", "--seq", "16", "--layers", "1", "--steps", "1", "--warmup", "0")
+NO_TORCH = {"PYTHONPATH": "{d}/notorch"}
+"""Env of a case whose bad input must be refused before torch is imported (seconds of start-up)."""
 KERNELS = ("predict", "kernels", "--gpu", "H100-SXM", ROOF, "--out", "{d}/kernels_out/out.csv")
 
 
@@ -440,9 +446,9 @@ CASES: list[Case] = [
     _c("arch-latin1", "arch", "show", "{d}/latin1.json", needles=("latin1.json", "UTF-8")),
     _c("arch-directory", "arch", "show", "{d}/config_dir", needles=("config_dir",)),
     _c("arch-valid-hf", "arch", "show", "{d}/config.json", expect="ok", check=_arch_show_check),
-    _c("validate-arch-nested", *VALIDATE, "--arch", "{d}/nested.json", needles=("nested.json",)),
+    _c("validate-arch-nested", *VALIDATE, "--arch", "{d}/nested.json", needles=("nested.json",), env=NO_TORCH),
     _c("bench-arch-act-dict", *BENCH, "--arch", "{d}/act_dict.json", needles=("act_dict.json", "hidden_act")),
-    _c("calibrate-arch-binary", *CALIB, "--arch", "{d}/binary.json", needles=("binary.json",)),
+    _c("calibrate-arch-binary", *CALIB, "--arch", "{d}/binary.json", needles=("binary.json",), env=NO_TORCH),
     # ---- malformed hardware files (--gpu FILE, hardware show FILE); more in tests/unit/test_hardware.py
     _c("gpu-missing-key", *KERNEL, ROOF, "--gpu", "{d}/gpu_missing.json", needles=("gpu_missing.json", "mem_bytes")),
     _c(
@@ -616,8 +622,17 @@ CASES: list[Case] = [
         needles=("foo",),
     ),
     _c("fit-out-is-file", "train", "fit", "{d}/good.parquet", "--out", "{d}/not_a_dir", needles=("not_a_dir",)),
-    _c("validate-batch-zero", *VALIDATE[:2], "0", *VALIDATE[3:], "--arch", "gpt3-125m", needles=("batch",)),
-    _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",)),
+    _c(
+        "validate-batch-zero",
+        *VALIDATE[:2],
+        "0",
+        *VALIDATE[3:],
+        "--arch",
+        "gpt3-125m",
+        needles=("batch",),
+        env=NO_TORCH,
+    ),
+    _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",), env=NO_TORCH),
     _c("calibrate-estimator-bad", *CALIB, "--estimator", "foo", needles=("foo",)),
     _c("calibrate-budget-nan", "calibrate", "--out", "{d}/calib_out", "--budget-s", "nan", needles=("--budget-s",)),
     # ---- output: a full stdout
@@ -664,7 +679,7 @@ def _run(case: Case, d: Path) -> Result:
         "SLURM_NTASKS",
     )
     env = {k: v for k, v in os.environ.items() if k not in unset}
-    env.update({"COLUMNS": "120", **case.env})
+    env.update({"COLUMNS": "120", **{k: v.replace("{d}", str(d)) for k, v in case.env.items()}})
     cmd = [*_opcast(), *_argv(case, d)]
     limit_kib = case.fsize_limit_kib
     if case.stdout_full:
