@@ -14,9 +14,11 @@
 # replay keeps at most AIC_ROWS rows per (system, label) -- label = gemm bf16, gemm fp8, gemm fp8_block,
 # gemm nvfp4, prefill bf16/fp8, decode bf16, or the collective -- by a uniform draw seeded 0 (benchmarks/modern_gpus.py
 # --replay-to ... --cap-rows, the rule its leave-one-GPU-out table is scored with).
-# The whole script took 11 min 16 s on the shared 2-core machine (2026-12-02: four left-out devices per large
-# group, and a second final fit where auto keeps a training-GPU estimator). models/default was fitted with
-# the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
+# The whole script took 9 min 35 s alone on the 2-core machine (2026-12-02, ninth session: replays 1 min 32 s with
+# AIConfigurator's beside the others, the fit 8 min 3 s; 11 min 41 s the session before, with every device of the
+# fp8 groups left out in turn and the replays one after another), and a rerun wrote every model file byte for
+# byte the same. models/default was fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and
+# OPCAST_AITER set).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 published="${1:-$repo/../shared/published}"
