@@ -19,8 +19,8 @@
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
-slower than on one with less of both (beyond their clock ratio), and, where the kernel's shape is outside the fitted
-``feature_ranges`` (an extrapolation there too), at no higher a utilisation than on one with less of
+slower than on one with less of both (beyond their clock ratio), and, where the kernel's shape is outside
+the fitted ``feature_ranges`` (an extrapolation there too), at no higher a utilisation than on one with less of
 the bounding resource. All rules are one projection onto the interval they allow; where it is empty
 (training devices that disagree beyond the ratio of their resources) the floor and the resource
 ratio are kept and the reason and the notes say so. On training devices inside the fitted shapes
@@ -638,9 +638,8 @@ class LearnedKernelCost:
     ) -> dict[str, tuple[float, tuple[str, str] | None]]:
         """The times of one kernel on its predictor's training devices (``seen``, floored) held to each
         other: taken from the one with the least of the kernel's bounding resource up, each no slower
-        than one with less of both peak and bandwidth, beyond their clock ratio (:data:`MONOTONE`) and, when
-        the kernel lies
-        outside the shapes the predictor was fitted on (``shape_why``; its answers there are
+        than one with less of both peak and bandwidth, beyond their clock ratio (:data:`MONOTONE`) and,
+        when the kernel lies outside the shapes the predictor was fitted on (``shape_why``; its answers there are
         extrapolations on every device), at no higher a utilisation than one with less of the bounding
         resource (:data:`RATIO`). Where the two conflict the ratio is kept: inside the fitted shapes the
         monotone rule lowers a time only as far as the resource ratio allows against the devices with
