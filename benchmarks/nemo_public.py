@@ -60,6 +60,12 @@ What NeMo's performance recipes run, and what is passed:
   FSDP > 0 (Megatron FSDP; 25.11 writes the sharding group size, NeMo 25.x writes 1) -> ``--zero 3``
   (opcast's ZeRO-3 gathers weights and reduce-scatters gradients per layer behind compute, as
   Megatron FSDP does; the two overlap flags belong to the distributed optimizer and are refused with it);
+- the gradient reduction's dtype, the recipes CSV's ``grad_reduce`` (:data:`GRAD_REDUCE_VALUES`): ``bf16`` ->
+  ``--no-grad-reduce-in-fp32``. Every recipe read sets Megatron-Core's ``grad_reduce_in_fp32 = False`` after its
+  precision preset (NeMo v2.2.0 ``pretrain_*.py`` after ``bf16_with_fp8_mixed()``, v2.3.0 ``set_primary_perf_configs``,
+  v2.4.0 ``set_precision_configs``; Megatron-Bridge v0.2.0 / v0.4.2 ``set_llama3_common_configs`` /
+  ``set_llama31_common_configs``, ``cfg.mixed_precision`` and ``cfg.ddp`` both); NeMo 24.07's rows (no recipe)
+  keep megatron's default, fp32 (Megatron-LM's rule for bf16), counted;
 - Llama 3.1 405B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
 - FP8 (per tensor) -> ``--precision fp8`` with the row's scaling recipe (:func:`fp8_recipe`): ``FP8-CS`` and
@@ -149,6 +155,9 @@ RECIPE_COLUMNS = (
     "cuda_graphs",
     "cuda_graphs_source",
     "cuda_graphs_setting",
+    "grad_reduce",
+    "grad_reduce_source",
+    "grad_reduce_setting",
 )
 """Every column of the recipes CSV: a row name of ``nemo_public.csv``; the layers whose activations the
 recipe offloads, the recipe file (an https URL at a commit) and what it sets there (all three empty: not
@@ -156,7 +165,8 @@ read); the row's TP-overlap setting (:data:`TP_OVERLAP_KEYWORDS` or a ``--tp-com
 file that sets it (https at a commit) and the config's name and how it is chosen (all three empty: none);
 then three more facts, each as value, source (https at a commit) and what the recipe sets (all three empty:
 not established): the data-parallel overlaps (:data:`DP_OVERLAP_VALUES`), activation recompute
-(:data:`RECOMPUTE_MODES` or ``full-block:N``) and CUDA graphs (:data:`CUDA_GRAPHS_RE`)."""
+(:data:`RECOMPUTE_MODES` or ``full-block:N``), CUDA graphs (:data:`CUDA_GRAPHS_RE`) and the dtype of the
+data-parallel gradient reduction (:data:`GRAD_REDUCE_VALUES`)."""
 TP_OVERLAP_OFF, TP_OVERLAP_TE, TP_OVERLAP_UNKNOWN = "off", "te-defaults", "unknown"
 TP_OVERLAP_KEYWORDS = (TP_OVERLAP_OFF, TP_OVERLAP_TE, TP_OVERLAP_UNKNOWN)
 """``tp_overlap_cfg`` values that are not a config: the recipe turns TP comm overlap off; the recipe names no
@@ -166,6 +176,10 @@ DP_OVERLAP_VALUES = (DP_OVERLAP_BOTH, DP_OVERLAP_GRAD, DP_OVERLAP_NONE)
 """``dp_overlap`` values: the distributed optimizer's ``overlap_grad_reduce`` and ``overlap_param_gather`` both on
 (``--overlap-grad-reduce --overlap-param-gather``), only the gradient reduction overlapped (``overlap_param_gather
 = False``: ``--overlap-grad-reduce``), neither. Not established: both, as NeMo's defaults (counted)."""
+GRAD_REDUCE_VALUES = ("fp32", "bf16")
+"""``grad_reduce`` values: Megatron-Core's ``grad_reduce_in_fp32`` as the recipe leaves it after every override
+(``--grad-reduce-in-fp32`` / ``--no-grad-reduce-in-fp32``: the gradient buffer and its reduce-scatter in fp32 or
+bf16). Not established: the framework's default (megatron: fp32, as Megatron-LM sets it for bf16), counted."""
 RECOMPUTE_MODES = ("none", "selective", "full")
 """``recompute`` values opcast's ``--recompute`` takes; ``full-block:N`` (Megatron ``recompute_granularity full``,
 ``recompute_method block``, ``recompute_num_layers N``: the first N layers of each model chunk) is recorded but
@@ -241,6 +255,9 @@ class Recipe:
     cuda_graphs: str = ""
     """The recipe's CUDA graphs (:data:`CUDA_GRAPHS_RE`; not priced); empty: not established."""
     cuda_graphs_source: str = ""
+    grad_reduce: str = ""
+    """The recipe's gradient-reduction dtype (:data:`GRAD_REDUCE_VALUES`); empty: not established."""
+    grad_reduce_source: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -371,11 +388,14 @@ def read_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
             dp = _fact(rec, ("dp_overlap", "dp_overlap_source", "dp_overlap_setting"), where)
             recompute = _fact(rec, ("recompute", "recompute_source", "recompute_setting"), where)
             graphs = _fact(rec, ("cuda_graphs", "cuda_graphs_source", "cuda_graphs_setting"), where)
-            if all(f is None for f in (offload, overlap, dp, recompute, graphs)):
+            grads = _fact(rec, ("grad_reduce", "grad_reduce_source", "grad_reduce_setting"), where)
+            if all(f is None for f in (offload, overlap, dp, recompute, graphs, grads)):
                 raise ValueError(
-                    f"{where}: {name} sets nothing; give offload_layers, tp_overlap_cfg, dp_overlap, recompute "
-                    "or cuda_graphs"
+                    f"{where}: {name} sets nothing; give offload_layers, tp_overlap_cfg, dp_overlap, recompute, "
+                    "cuda_graphs or grad_reduce"
                 )
+            if grads is not None and grads[0] not in GRAD_REDUCE_VALUES:
+                raise ValueError(f"{where}: grad_reduce {grads[0]!r} is not one of {', '.join(GRAD_REDUCE_VALUES)}")
             if dp is not None and dp[0] not in DP_OVERLAP_VALUES:
                 raise ValueError(f"{where}: dp_overlap {dp[0]!r} is not one of {', '.join(DP_OVERLAP_VALUES)}")
             if recompute is not None and not (
@@ -408,6 +428,8 @@ def read_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
                 recompute_source=recompute[1] if recompute else "",
                 cuda_graphs=graphs[0] if graphs else "",
                 cuda_graphs_source=graphs[1] if graphs else "",
+                grad_reduce=grads[0] if grads else "",
+                grad_reduce_source=grads[1] if grads else "",
             )
     return out
 
@@ -463,6 +485,8 @@ def row_options(row: Row) -> dict[str, Any]:
             values["overlap_grad_reduce"] = True
         if dp_overlap == DP_OVERLAP_BOTH:
             values["overlap_param_gather"] = True
+    if row.recipe.grad_reduce:  # not established: the framework's default (megatron: fp32), counted
+        values["grad_reduce_in_fp32"] = row.recipe.grad_reduce == "fp32"
     if row.recipe.recompute in ("selective", "full"):  # full-block:N is not expressible: priced without (counted)
         values["recompute"] = row.recipe.recompute
     if row.pp > 1 and row.arch in LAYER_SPLIT:
@@ -644,7 +668,9 @@ def recipe_facts_note(rows: list[Row]) -> str:
     """One line counting, over the predicted rows, the data-parallel overlap, recompute and CUDA-graph facts read
     from their recipes, naming the rows priced otherwise than their recipe runs (or not established)."""
     pred = [r for r in rows if not r.skip_reason]
-    missing = {k: [r.row for r in pred if not getattr(r.recipe, k)] for k in ("dp_overlap", "recompute", "cuda_graphs")}
+    facts = ("dp_overlap", "recompute", "cuda_graphs", "grad_reduce")
+    missing = {k: [r.row for r in pred if not getattr(r.recipe, k)] for k in facts}
+    bf16_grads = [r.row for r in pred if r.recipe.grad_reduce == "bf16"]
     param_off = [r.row for r in pred if r.recipe.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE)]
     partial = [f"{r.row} ({r.recipe.recompute})" for r in pred if RECOMPUTE_BLOCK_RE.fullmatch(r.recipe.recompute)]
     passed = [f"{r.row} ({r.recipe.recompute})" for r in pred if r.recipe.recompute in ("selective", "full")]
@@ -668,7 +694,8 @@ def recipe_facts_note(rows: list[Row]) -> str:
         + f", {unread('recompute')} (priced without); CUDA graphs read for "
         f"{len(pred) - len(missing['cuda_graphs'])}, on and not priced in {len(graphs)}"
         + (f" ({', '.join(graphs)})" if graphs else "")
-        + f", {unread('cuda_graphs')}."
+        + f", {unread('cuda_graphs')}; gradient reduction read for {len(pred) - len(missing['grad_reduce'])} "
+        f"(bf16 in {len(bf16_grads)}), {unread('grad_reduce')} (priced in fp32, megatron's default)."
     )
 
 

@@ -142,6 +142,17 @@ FRAMEWORKS: dict[str | None, Framework] = {
 """Every framework by its ``--framework`` name (None: not given)."""
 
 
+def fp32_gradients(framework: str | None, grad_reduce_in_fp32: bool | None = None) -> bool:
+    """Whether a 16-bit run keeps its gradients in fp32 and reduces them in fp32 over the data-parallel ranks:
+    ``grad_reduce_in_fp32`` where given, else the framework's :attr:`Framework.fp32_grads`. One switch for both:
+    Megatron-Core's ``DistributedDataParallelConfig.grad_reduce_in_fp32`` makes the gradient buffer
+    (``main_grad``) fp32, and the reduce-scatter / all-reduce runs on that buffer
+    (``megatron/core/distributed/param_and_grad_buffer.py``: ``grad_dtype = torch.float if grad_reduce_in_fp32
+    else param_dtype``); Megatron-LM turns it on for bf16 (``arguments.py``: ``accumulate_allreduce_grads_in_fp32``),
+    NeMo's ``bf16_mixed()`` precision plugin too, and performance recipes turn it off where they choose."""
+    return framework_of(framework).fp32_grads if grad_reduce_in_fp32 is None else grad_reduce_in_fp32
+
+
 def framework_of(name: str | None) -> Framework:
     """The :class:`Framework` called ``name`` (None: the default); an unknown name is refused."""
     try:

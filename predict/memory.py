@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
-from opcast.predict.frameworks import framework_of
+from opcast.predict.frameworks import fp32_gradients
 from opcast.predict.offload import resident_layers
 
 STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
@@ -351,16 +351,17 @@ def model_state_bytes(
     layers: int | None = None,
     framework: str | None = None,
     optimizer: str = "adam",
+    grad_reduce_in_fp32: bool | None = None,
 ) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, ZeRO-3 gather buffer) bytes per GPU of pipeline
     ``stage``: :data:`STATE_BYTES` per parameter (gradients in fp32 where ``framework`` keeps an fp32
-    ``main_grad``, :mod:`opcast.predict.frameworks`: Megatron's 18 bytes with Adam), sharded over the
+    ``main_grad``, :func:`opcast.predict.frameworks.fp32_gradients`: Megatron's 18 bytes with Adam), sharded over the
     N_d = dp x cp ranks (expert weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5);
     the optimizer states by ``optimizer`` (:func:`optimizer_state_bytes`; Adam is the table's K)."""
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     w, g, _ = STATE_BYTES[precision]
     o = optimizer_state_bytes(precision, optimizer)
-    if framework_of(framework).fp32_grads:
+    if fp32_gradients(framework, grad_reduce_in_fp32):
         g = max(g, FP32_GRAD_BYTES)
     n_d, n_e = dp * cp, max(1, dp * cp // ep)
 
@@ -515,6 +516,7 @@ def train_memory(
     framework: str | None = None,
     optimizer: str = "adam",
     offload_layers: int = 0,
+    grad_reduce_in_fp32: bool | None = None,
 ) -> Memory:
     """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
     :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
@@ -533,6 +535,7 @@ def train_memory(
         layers=layers,
         framework=framework,
         optimizer=optimizer,
+        grad_reduce_in_fp32=grad_reduce_in_fp32,
     )
     act_dtype = activation_dtype(precision)
     per_layer, working = run_layer_activation_terms(

@@ -311,6 +311,11 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
         "Megatron's kernels, 16 bytes a parameter",
     ),
+    "grad_reduce_in_fp32": (
+        "Keep the gradients in fp32 and reduce them in fp32 across data-parallel ranks (Megatron-Core "
+        "grad_reduce_in_fp32: 4 bytes a gradient in memory and in the reduce-scatter / all-reduce).",
+        "the framework's: on with megatron, off otherwise",
+    ),
     "offload_activations": (
         "Layers whose activations go to host memory between forward and backward (Megatron-Core cpu_offloading, "
         "cpu_offloading_num_layers; pp=1, no --recompute): they leave GPU memory, and the copies over the GPU's "
@@ -322,7 +327,14 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),
 }
-_SWITCHES = {"tensor_cores", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "overlap_p2p_comm"}
+_SWITCHES = {
+    "tensor_cores",
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "tp_comm_overlap",
+    "overlap_p2p_comm",
+    "grad_reduce_in_fp32",
+}
 """Boolean fields that take ``--no-...`` as well (a default that may be on)."""
 _NOT_OPTIONS = {"bucket_params"}
 """Fields with no command-line option (library use only)."""

@@ -153,6 +153,11 @@ class TrainConfig:
     """The training framework (:mod:`opcast.predict.frameworks`): the kernel implementations it runs
     (fused or unfused norms, softmax, cross-entropy) and what it keeps in memory (Megatron's fp32
     ``main_grad``); None: Megatron's kernels with the ZeRO paper's 16 bytes a parameter."""
+    grad_reduce_in_fp32: bool | None = None
+    """Keep a 16-bit run's gradients in fp32 and reduce them in fp32 over the data-parallel ranks (Megatron-Core
+    ``grad_reduce_in_fp32``: 4 bytes a gradient in memory and in the reduce-scatter / all-reduce); None: the
+    framework's (megatron: on, as Megatron-LM sets it for bf16; others off)
+    (:func:`opcast.predict.frameworks.fp32_gradients`)."""
     optimizer: Optimizer = "adam"
     """The optimizer whose states are kept: adam (Adam/AdamW, 8 B of fp32 states a parameter plus the fp32
     master copy in mixed precision), sgd (SGD with momentum, 4 B plus the master copy) or none (forward and

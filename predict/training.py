@@ -47,7 +47,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
-from opcast.predict.frameworks import framework_of
+from opcast.predict.frameworks import fp32_gradients, framework_of
 from opcast.predict.graph import (
     BWD,
     FWD,
@@ -561,6 +561,7 @@ def data_parallel_sync(
     zero: int,
     gpus_per_node: int,
     grad_bytes: int,
+    reduce_bytes: int | None = None,
     bucket_params: int | None = None,
     layers: int | None = None,
     framework: str | None = None,
@@ -570,7 +571,10 @@ def data_parallel_sync(
     ZeRO 0 all-reduces, 1/2 reduce-scatter (DeepSpeed's all-reduce) and all-gather the weights, in
     buckets, the expert gradients over dp x cp / ep ranks; a tied embedding split over stages all-reduces its gradient.
     ``layers``: the stage's transformer layers when the pipeline split is uneven; ``framework``: whose
-    ZeRO 1/2 (:func:`gradient_reduce_kind`); ``fp8``: the amax all-reduces too (:func:`fp8_amax_sync`)."""
+    ZeRO 1/2 (:func:`gradient_reduce_kind`); ``fp8``: the amax all-reduces too (:func:`fp8_amax_sync`).
+    ``grad_bytes``: bytes a weight element moves in the gathers (the 16-bit parameters); ``reduce_bytes``: a
+    gradient element in the reductions (:func:`gradient_reduce_bytes`; None: ``grad_bytes``)."""
+    red_b = grad_bytes if reduce_bytes is None else reduce_bytes
     params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
     amax = (
         fp8_amax_sync(
@@ -594,13 +598,14 @@ def data_parallel_sync(
     if arch.tied_embeddings and pp > 1 and stage in (0, pp - 1):
         tied = Collective(
             "all_reduce",
-            padded_vocab(arch.vocab, tp) // tp * arch.hidden * grad_bytes,
+            padded_vocab(arch.vocab, tp) // tp * arch.hidden * red_b,
             place(2, (pp - 1) * tp * cp * dp, gpus_per_node),
         )
         tied_s = comms.time_s(tied, device)[0]
     if zero == 3 and dp_group.size > 1:
         ag = Collective("all_gather", params.per_layer * grad_bytes, dp_group)
-        rs = Collective("reduce_scatter", params.per_layer * zero3_reduce_bytes(framework, grad_bytes), dp_group)
+        rs_b = max(red_b, zero3_reduce_bytes(framework, grad_bytes))
+        rs = Collective("reduce_scatter", params.per_layer * rs_b, dp_group)
         return DataParallelSync(
             zero3=(ag, comms.time_s(ag, device)[0], rs, comms.time_s(rs, device)[0]),
             tied=tied,
@@ -611,8 +616,8 @@ def data_parallel_sync(
             reduce_sms=reduce_sms,
         )
     bucket = gradient_bucket_params(dp, bucket_params)
-    tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, grad_bytes, dp_group, bucket)
-    tot_e, last_e = bucketed_s(comms, device, reduce_kind, params.expert, grad_bytes, expert_dp_group, bucket)
+    tot_d, last_d = bucketed_s(comms, device, reduce_kind, params.dense, red_b, dp_group, bucket)
+    tot_e, last_e = bucketed_s(comms, device, reduce_kind, params.expert, red_b, expert_dp_group, bucket)
     gather_total = gather_bucket = 0.0
     if zero in (1, 2):
         g_d, b_d = bucketed_s(comms, device, "all_gather", params.dense, grad_bytes, dp_group, bucket)
@@ -620,7 +625,7 @@ def data_parallel_sync(
         gather_total, gather_bucket = g_d + g_e, max(b_d, b_e)
     return DataParallelSync(
         zero3=None,
-        reduce=Collective(reduce_kind, params.total * grad_bytes, dp_group),
+        reduce=Collective(reduce_kind, params.total * red_b, dp_group),
         reduce_total_s=tot_d + tot_e,
         last_bucket_s=max(last_d, last_e),
         gather_total_s=gather_total,
@@ -694,6 +699,12 @@ def weight_cast_s(casts: Sequence[Node], kernel_times: Mapping[Kernel, tuple[flo
 def zero3_gathers(recompute: str) -> int:
     """ZeRO-3 weight gathers per layer and micro-batch: forward, backward and, with full recomputation, recompute."""
     return 3 if recompute == "full" else 2
+
+
+def gradient_reduce_bytes(grad_bytes: int, framework: str | None, grad_reduce_in_fp32: bool | None = None) -> int:
+    """Bytes a gradient element moves in the data-parallel reduction: 4 where a 16-bit run reduces in fp32
+    (:func:`~opcast.predict.frameworks.fp32_gradients`), else ``grad_bytes`` (the run's 16-bit or fp32 element)."""
+    return max(grad_bytes, 4) if fp32_gradients(framework, grad_reduce_in_fp32) else grad_bytes
 
 
 def zero3_reduce_bytes(framework: str | None, grad_bytes: int) -> int:
@@ -1141,6 +1152,7 @@ class _Pricer:
             zero=cfg.zero,
             gpus_per_node=lay.cluster.gpus_per_node,
             grad_bytes=grad_b,
+            reduce_bytes=gradient_reduce_bytes(grad_b, cfg.framework, cfg.grad_reduce_in_fp32),
             bucket_params=cfg.bucket_params,
             layers=own,
             framework=cfg.framework,
@@ -1428,6 +1440,7 @@ def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
             framework=cfg.framework,
             optimizer=cfg.optimizer,
             offload_layers=cfg.offload_activations,
+            grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
         )
         for s in range(cfg.pp)
     )

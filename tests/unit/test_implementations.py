@@ -188,8 +188,8 @@ def test_the_sanity_benchmark_runs_from_the_checkout(tmp_path, monkeypatch):
 
 
 def test_run_train_prices_and_stores_what_the_framework_runs():
-    # --framework reaches the compiled graph (hf: python RMSNorm, unfused) and the memory model
-    # (megatron: fp32 main_grad), not only a kernel asked for by hand
+    # --framework reaches the compiled graph (hf: python RMSNorm, unfused), the memory model and the
+    # data-parallel reduction (megatron: fp32 main_grad, reduced in fp32), not only a kernel asked for by hand
     from opcast.predict.parallel import TrainConfig
     from opcast.predict.training import compile_train, run_train
 
@@ -199,6 +199,9 @@ def test_run_train_prices_and_stores_what_the_framework_runs():
         fw: run_train(compile_train(arch, a100, TrainConfig(**base, framework=fw)), roofline_only("test"))
         for fw in (None, "megatron", "hf")
     }
-    assert runs["hf"].iteration_time_s > runs[None].iteration_time_s == runs["megatron"].iteration_time_s
+    bf16_grads = TrainConfig(**base, framework="megatron", grad_reduce_in_fp32=False)
+    same = run_train(compile_train(arch, a100, bf16_grads), roofline_only("test"))
+    assert runs["hf"].iteration_time_s > runs[None].iteration_time_s == same.iteration_time_s
+    assert runs["megatron"].iteration_time_s > runs[None].iteration_time_s  # twice the bytes in the reduction
     state = {fw: max(m.total_bytes for m in r.memory) for fw, r in runs.items()}
     assert state["megatron"] > state[None] == state["hf"]

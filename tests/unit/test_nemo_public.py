@@ -90,6 +90,7 @@ def test_hand_checked_h100_row_with_tp_pp_and_interleaving(nemo, rows):
         "zero": 1,
         "overlap_grad_reduce": True,
         "overlap_param_gather": True,
+        "grad_reduce_in_fp32": False,  # v0.4.2 set_llama3_common_configs: cfg.ddp.grad_reduce_in_fp32 = False
         "sp": True,
         "tp_comm_overlap": True,
         "tp_comm_overlap_cfg": v["tp_comm_overlap_cfg"],  # its recipe's (test_recipe_tp_overlap_config_...)
@@ -202,10 +203,10 @@ def test_recipe_offloading_is_passed_and_the_runs_nvidia_made_are_not_refused(ne
 HEADER = (
     "row,offload_layers,recipe_source,recipe_setting,tp_overlap_cfg,tp_overlap_source,tp_overlap_setting,"
     "dp_overlap,dp_overlap_source,dp_overlap_setting,recompute,recompute_source,recompute_setting,"
-    "cuda_graphs,cuda_graphs_source,cuda_graphs_setting\n"
+    "cuda_graphs,cuda_graphs_source,cuda_graphs_setting,grad_reduce,grad_reduce_source,grad_reduce_setting\n"
 )
-PAD = "," * 9
-"""The nine fact columns after ``tp_overlap_setting``, empty."""
+PAD = "," * 12
+"""The twelve fact columns after ``tp_overlap_setting``, empty."""
 
 
 def test_a_bad_recipe_entry_is_refused(nemo, tmp_path):
@@ -374,23 +375,41 @@ def test_a_bad_fact_entry_is_refused_in_one_line(nemo, tmp_path):
     src = "https://github.com/o/r/blob/" + "0" * 40 + "/f.py"
     lead = "25.11-h100-llama3-70b-fp8cs,,,,,,"
     for facts, match in (
-        (f"maybe,{src},x,,,,,,", "dp_overlap 'maybe' is not one of grad"),
-        (f",,,partial,{src},x,,,", "recompute 'partial' is not one of none"),
-        (f",,,full-block:0,{src},x,,,", "recompute 'full-block:0'"),
-        (f",,,,,,yes,{src},x", "cuda_graphs 'yes' is not off"),
-        (f"grad,{src},,,,,,,", "dp_overlap_setting"),
-        (",,,none,http://example.org,x,,,", "https URL"),
+        (f"maybe,{src},x,,,,,,,,,", "dp_overlap 'maybe' is not one of grad"),
+        (f",,,partial,{src},x,,,,,,", "recompute 'partial' is not one of none"),
+        (f",,,full-block:0,{src},x,,,,,,", "recompute 'full-block:0'"),
+        (f",,,,,,yes,{src},x,,,", "cuda_graphs 'yes' is not off"),
+        (f",,,,,,,,,fp16,{src},x", "grad_reduce 'fp16' is not one of fp32, bf16"),
+        (f"grad,{src},,,,,,,,,,", "dp_overlap_setting"),
+        (",,,none,http://example.org,x,,,,,,", "https URL"),
     ):
         bad.write_text(HEADER + f"{lead},{facts}\n", encoding="utf-8")
         with pytest.raises(ValueError, match=match):
             nemo.read_recipes(bad)
-    bad.write_text(HEADER + f"25.11-gb200-llama3-70b-fp8cs,40,{src},x,,,,,,,full,{src},x,,,\n", encoding="utf-8")
+    bad.write_text(HEADER + f"25.11-gb200-llama3-70b-fp8cs,40,{src},x,,,,,,,full,{src},x,,,,,,\n", encoding="utf-8")
     with pytest.raises(ValueError, match="both recompute full and offload_layers"):
         nemo.read_rows(recipes=bad)
     # through the script: one line on stderr, exit 2, nothing predicted
-    bad.write_text(HEADER + f"{lead},,,,,,,sometimes,{src},x\n", encoding="utf-8")
+    bad.write_text(HEADER + f"{lead},,,,,,,sometimes,{src},x,,,\n", encoding="utf-8")
     out = subprocess.run(
         [sys.executable, str(SCRIPT), "--recipes", str(bad)], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.count("\n") == 1 and "cuda_graphs 'sometimes'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_recipe_gradient_reduction_is_passed_and_unread_rows_keep_megatrons_default(nemo, rows):
+    """Every row whose recipe was read reduces gradients in bf16 (NeMo 2.x perf scripts and Megatron-Bridge's
+    set_llama*_common_configs set grad_reduce_in_fp32 = False after the precision preset): passed as
+    --no-grad-reduce-in-fp32; NeMo 24.07's rows (no recipe) keep megatron's fp32 and are counted."""
+    pred = [r for r in rows.values() if not r.skip_reason]
+    read = [r for r in pred if r.recipe.grad_reduce]
+    assert read and all(r.recipe.grad_reduce == "bf16" for r in read)
+    for r in read:
+        assert nemo.row_options(r)["grad_reduce_in_fp32"] is False, r.row
+        assert r.recipe.grad_reduce_source.startswith("https://github.com/"), r.row
+    unread = [r for r in pred if not r.recipe.grad_reduce]
+    assert unread and all(
+        r.row.startswith("24.07-") and "grad_reduce_in_fp32" not in nemo.row_options(r) for r in unread
+    )
+    assert f"gradient reduction read for {len(read)} (bf16 in {len(read)})" in nemo.recipe_facts_note(pred)

@@ -309,3 +309,52 @@ def test_megatron_keeps_an_fp32_main_grad_18_bytes_a_parameter():
     assert w + g + o == pytest.approx(9 * p)
     fp32 = model_state_bytes(arch, zero=0, framework="megatron", **{**kw, "precision": "fp32"})
     assert fp32[:3] == (4 * p, 4 * p, 8 * p)  # fp32 training already keeps fp32 gradients
+
+
+def test_grad_reduce_in_fp32_sets_the_gradient_bytes_in_memory_and_in_the_reduction():
+    """One switch (Megatron-Core grad_reduce_in_fp32): the gradient buffer and the data-parallel reduction
+    share its dtype. megatron defaults to fp32 (4 P of gradients, the reduce-scatter 4 bytes an element),
+    --no-grad-reduce-in-fp32 gives 2 P and 2 bytes; the distributed optimizer's weight all-gather moves the
+    bf16 weights either way."""
+    from opcast.hardware import get_device
+    from opcast.predict.comm import CollectiveCostModel
+    from opcast.predict.frameworks import fp32_gradients
+    from opcast.predict.memory import model_state_bytes, stage_params
+    from opcast.predict.training import data_parallel_sync, gradient_reduce_bytes
+
+    assert fp32_gradients("megatron") and not fp32_gradients(None) and not fp32_gradients("hf")
+    assert not fp32_gradients("megatron", False) and fp32_gradients("hf", True)
+    assert (gradient_reduce_bytes(2, "megatron"), gradient_reduce_bytes(2, "megatron", False)) == (4, 2)
+    assert gradient_reduce_bytes(4, None) == 4  # fp32 training: its own 4 bytes
+    arch = load_arch("gpt3-125m")
+    p = stage_params(arch, tp=1, pp=1, ep=1, stage=0).total
+    kw = dict(stage=0, tp=1, pp=1, dp=4, cp=1, ep=1, precision="bf16", zero=0, framework="megatron")
+    assert model_state_bytes(arch, **kw)[1] == 4 * p
+    assert model_state_bytes(arch, grad_reduce_in_fp32=False, **kw)[1] == 2 * p
+    h100, comms = get_device("H100-SXM"), CollectiveCostModel()
+    sync = dict(stage=0, tp=1, pp=1, cp=1, ep=1, dp=8, zero=1, gpus_per_node=8, grad_bytes=2)
+    fp32 = data_parallel_sync(arch, h100, comms, reduce_bytes=4, **sync)
+    bf16 = data_parallel_sync(arch, h100, comms, **sync)
+    assert fp32.reduce.bytes == 2 * bf16.reduce.bytes == 4 * p
+    assert fp32.reduce_total_s > bf16.reduce_total_s and fp32.gather_total_s == bf16.gather_total_s > 0
+
+
+def test_grad_reduce_in_fp32_through_the_console_script():
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    opcast = str(Path(sys.executable).with_name("opcast"))
+    base = [opcast, "predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--gpus-per-node", "8"]
+    base += ["--framework", "megatron", "--zero", "1", "--json"]
+    docs = []
+    for flag in ("--grad-reduce-in-fp32", "--no-grad-reduce-in-fp32"):
+        out = subprocess.run([*base, flag], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        docs.append(json.loads(out.stdout))
+    assert [d["config"]["grad_reduce_in_fp32"] for d in docs] == [True, False]
+    grads = [d["memory_breakdown_bytes"]["gradients"] for d in docs]
+    assert grads[0] == pytest.approx(2 * grads[1])
+    bad = subprocess.run([*base, "--grad-reduce-in-fp32=maybe"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
