@@ -149,7 +149,9 @@ def test_cuda_without_a_gpu_exit_2(capsys):
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    assert main(["validate", "--arch", "gpt2-124m", "--batch", "1", "--seq", "64", "--device", "cuda"]) == 2
+    # bf16: an otherwise valid CUDA run (the inputs are checked first, then what torch sees)
+    args = ["validate", "--arch", "gpt2-124m", "--batch", "1", "--seq", "64", "--device", "cuda", "--precision", "bf16"]
+    assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "torch sees no CUDA device" in err and len(err.splitlines()) == 1
 
