@@ -41,8 +41,9 @@ Extensions over ``layer_ops``:
 - **mxfp8 / nvfp4** (Transformer Engine's ``MXFP8BlockScaling`` / ``NVFP4BlockScaling``): the same
   linears run their forward, data- and weight-gradient GEMMs at the kernel dtype ``fp8_block`` /
   ``nvfp4`` (:func:`opcast.dtypes.gemm_dtype`), MXFP8's priced in training as cuBLASLt's per-tensor fp8
-  GEMM (:data:`TE_GEMM_KERNELS`); everything else (the quantisation kernels, the fp8
-  all-gathers, the weight casts and amax reductions) is priced as for fp8 (:func:`quantised`). NVFP4's
+  GEMM (:data:`TE_GEMM_KERNELS`); the sequence-parallel all-gathers move their own format (:func:`block_comms`);
+  the quantisation kernels and weight casts are priced as for fp8 (:func:`quantised`), and neither reduces
+  amaxes (:func:`delayed_amax_reduction`). NVFP4's
   default is every block linear in FP4, all three GEMMs: TE's ``NVFP4BlockScaling`` quantises the
   inputs of fprop, dgrad and wgrad (``fp4_quant_fwd_inp``, ``fp4_quant_fwd_weight``,
   ``fp4_quant_bwd_grad``; ``backward_override`` None), attention stays unquantised (``fp8_dpa``
@@ -55,11 +56,12 @@ Extensions over ``layer_ops``:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, gemm_dtype
+from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.hardware import DeviceSpec
 from opcast.ops import get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
@@ -775,6 +777,7 @@ def block_comms(
     dtype: str,
     training: bool = True,
     fp8: bool = False,
+    quantised_dtype: str = "fp8",
 ) -> dict[str, tuple[Comm, ...]]:
     """Collectives of one block per micro-batch by phase (forward, backward; recompute = forward).
 
@@ -787,6 +790,10 @@ def block_comms(
     re-gather before the weight gradient (``_LayerNormLinear.backward`` / ``_Linear.backward``
     gather the saved fp8 tensor) and the gather of a row-parallel layer's output gradient
     (``module/base.py`` ``grad_output_preprocess``: ``cast_to_fp8``, then ``gather_along_first_dim``).
+    Block-scaled runs gather their own format (``quantised_dtype``, :func:`opcast.dtypes.element_bytes`: its
+    scales included): TE v2.9 ``distributed.py`` ``gather_along_first_dim`` calls ``_all_gather_mxfp8`` /
+    ``_all_gather_nvfp4``, which quantise the local rows and gather the packed data and scale-inverses (NVFP4:
+    4.5 bits an element, MXFP8 8.25).
     The reduce-scatters stay in the activation dtype (the GEMMs write bf16). An MoE block's MLP
     side gathers and scatters tokens through its dispatcher, in bf16."""
     b = dtype_bytes(dtype)
@@ -796,7 +803,7 @@ def block_comms(
     bwd: list[Comm] = []
     if tp > 1:
         if sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
-            attn_ag = tokens * arch.hidden * dtype_bytes("fp8") if fp8 else act
+            attn_ag = math.ceil(tokens * arch.hidden * element_bytes(quantised_dtype)) if fp8 else act
             mlp_ag = attn_ag if arch.n_experts == 1 else act
 
             def gathers() -> list[Comm]:  # attention side then MLP side, one Comm when equal
@@ -897,7 +904,18 @@ def _block_passes(
         attention=attention,
         framework=prec.framework,
     )
-    comms = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=sp, cp=cp, ep=ep, dtype=prec.act, fp8=quantised(prec))
+    comms = block_comms(
+        arch,
+        tp=tp,
+        batch=batch,
+        seq_q=seq_q,
+        sp=sp,
+        cp=cp,
+        ep=ep,
+        dtype=prec.act,
+        fp8=quantised(prec),
+        quantised_dtype=prec.matrix if quantised(prec) else "fp8",
+    )
     amax = fp8_amax_comms(ops, prec, tp=tp, sp=sp)
     comms = {phase: comms[phase] + amax[phase] for phase in (FWD, BWD)}
     casts = fp8_casts(ops, prec, tp=tp, sp=sp)

@@ -255,3 +255,19 @@ def test_only_delayed_per_tensor_fp8_all_reduces_amaxes():
         calls[precision] = [c for c in r.comms if c.role == "fp8_amax"]
     assert len(calls["fp8"]) == 2 and calls["mxfp8"] == calls["nvfp4"] == []
     assert not graph.delayed_amax_reduction(graph.precision_of("fp8", fp8_recipe="current"))
+
+
+def test_sequence_parallel_gathers_move_the_quantised_format():
+    """TE's gather_along_first_dim gathers NVFP4 / MXFP8 packed data with their scales (_all_gather_nvfp4 /
+    _all_gather_mxfp8): 4.5 and 8.25 bits an element against per-tensor fp8's 8; the reduce-scatters stay bf16."""
+    arch = load_arch("llama3-8b")
+    kw = dict(tp=2, batch=1, seq_q=4096, sp=True, cp=1, ep=1, dtype="bf16", fp8=True)
+    tokens_x_hidden = 4096 * arch.hidden
+    by = {}
+    for dt in ("fp8", "fp8_block", "nvfp4"):
+        fwd = graph.block_comms(arch, quantised_dtype=dt, **kw)[graph.FWD]
+        by[dt] = {c.kind: c.bytes for c in fwd}
+    assert by["fp8"]["all_gather"] == tokens_x_hidden
+    assert by["fp8_block"]["all_gather"] == tokens_x_hidden * 33 // 32
+    assert by["nvfp4"]["all_gather"] == tokens_x_hidden * 9 // 16
+    assert by["fp8"]["reduce_scatter"] == by["nvfp4"]["reduce_scatter"] == 2 * tokens_x_hidden
