@@ -776,13 +776,13 @@ def block_comms(
     ep: int,
     dtype: str,
     training: bool = True,
-    fp8: bool = False,
-    quantised_dtype: str = "fp8",
+    quantised: str | None = None,
 ) -> dict[str, tuple[Comm, ...]]:
     """Collectives of one block per micro-batch by phase (forward, backward; recompute = forward).
 
-    ``fp8`` (the :data:`FP8_LINEARS` run in Transformer Engine's fp8): with sequence parallelism
-    the all-gathers feeding an fp8 GEMM move fp8, 1 byte an element (TE v1.13): the forward gather
+    ``quantised`` (the kernel dtype of the :data:`FP8_LINEARS` when they run in Transformer Engine's quantised
+    GEMMs; None: they do not): with sequence parallelism the all-gathers feeding an fp8 GEMM move fp8, 1 byte an
+    element (TE v1.13): the forward gather
     of a column-parallel input (``module/layernorm_linear.py`` ``_LayerNormLinear.forward``: the
     norm writes ``ln_out`` in fp8, ``return_layernorm_output=False`` in Megatron-Core's
     ``TELayerNormColumnParallelLinear``, then ``gather_along_first_dim(ln_out)``; ``module/linear.py``
@@ -790,7 +790,7 @@ def block_comms(
     re-gather before the weight gradient (``_LayerNormLinear.backward`` / ``_Linear.backward``
     gather the saved fp8 tensor) and the gather of a row-parallel layer's output gradient
     (``module/base.py`` ``grad_output_preprocess``: ``cast_to_fp8``, then ``gather_along_first_dim``).
-    Block-scaled runs gather their own format (``quantised_dtype``, :func:`opcast.dtypes.element_bytes`: its
+    Block-scaled runs gather their own format (:func:`opcast.dtypes.element_bytes` of ``quantised``: its
     scales included): TE v2.9 ``distributed.py`` ``gather_along_first_dim`` calls ``_all_gather_mxfp8`` /
     ``_all_gather_nvfp4``, which quantise the local rows and gather the packed data and scale-inverses (NVFP4:
     4.5 bits an element, MXFP8 8.25).
@@ -803,7 +803,7 @@ def block_comms(
     bwd: list[Comm] = []
     if tp > 1:
         if sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
-            attn_ag = math.ceil(tokens * arch.hidden * element_bytes(quantised_dtype)) if fp8 else act
+            attn_ag = math.ceil(tokens * arch.hidden * element_bytes(quantised)) if quantised else act
             mlp_ag = attn_ag if arch.n_experts == 1 else act
 
             def gathers() -> list[Comm]:  # attention side then MLP side, one Comm when equal
@@ -913,8 +913,7 @@ def _block_passes(
         cp=cp,
         ep=ep,
         dtype=prec.act,
-        fp8=quantised(prec),
-        quantised_dtype=prec.matrix if quantised(prec) else "fp8",
+        quantised=prec.matrix if quantised(prec) else None,
     )
     amax = fp8_amax_comms(ops, prec, tp=tp, sp=sp)
     comms = {phase: comms[phase] + amax[phase] for phase in (FWD, BWD)}

@@ -449,6 +449,7 @@ class _Terms:
         self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
         self.act_dtype = activation_dtype(space.precision)
         self.grad_b = dtype_bytes(self.act_dtype)
+        self.amax = delayed_amax_reduction(precision_of(space.precision, training=True))
         self.peak = dense_peak_flops(device, space.precision)
         self.comms = comms if comms is not None else CollectiveCostModel()
         self.graph_costs: dict[tuple, dict[str, PhaseCost]] = {}
@@ -599,7 +600,7 @@ class _Terms:
                 zero=zero,
                 gpus_per_node=g,
                 grad_bytes=self.grad_b,
-                fp8=delayed_amax_reduction(precision_of(self.space.precision, training=True)),
+                fp8=self.amax,
             )
             step_s = self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)]
             step_s += weight_cast_s(self.casts[(tp, ep)], self.cast_times, self.arch.n_layers // pp)

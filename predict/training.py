@@ -67,6 +67,7 @@ from opcast.predict.graph import (
 )
 from opcast.predict.intervals import DEFAULT_COVERAGE, Interval, IntervalMode, Residuals, propagate
 from opcast.predict.memory import (
+    FP32_GRAD_BYTES,
     Memory,
     activation_dtype,
     overflow_reason,
@@ -704,7 +705,7 @@ def zero3_gathers(recompute: str) -> int:
 def gradient_reduce_bytes(grad_bytes: int, framework: str | None, grad_reduce_in_fp32: bool | None = None) -> int:
     """Bytes a gradient element moves in the data-parallel reduction: 4 where a 16-bit run reduces in fp32
     (:func:`~opcast.predict.frameworks.fp32_gradients`), else ``grad_bytes`` (the run's 16-bit or fp32 element)."""
-    return max(grad_bytes, 4) if fp32_gradients(framework, grad_reduce_in_fp32) else grad_bytes
+    return max(grad_bytes, FP32_GRAD_BYTES) if fp32_gradients(framework, grad_reduce_in_fp32) else grad_bytes
 
 
 def zero3_reduce_bytes(framework: str | None, grad_bytes: int) -> int:

@@ -101,14 +101,15 @@ def normalise(
     seen: set[tuple[str, str]] = set()
     # validation and point ids by the row's raw configuration: sources measure each shape on many devices
     # (AIConfigurator's ten systems), so most rows repeat one already checked (the same answer, ~2x faster)
-    checked: dict[tuple, tuple[Any, dict[str, Any], str] | str] = {}
+    checked: dict[tuple, tuple[dict[str, Any], str] | str] = {}
     for row in result.rows:
         op, direction = str(row["op"]), str(row["direction"])
         try:
-            names = get_op(op).param_names
+            spec = get_op(op)
         except OpcastError as err:
             skipped[f"invalid {row.get('op')}: {str(err).split(': ', 1)[-1]}"] += 1
             continue
+        names = spec.param_names
         raw = tuple((k, type(row[k]), row[k]) if k in row else (k,) for k in names)
         memo: tuple | None = (op, direction, str(row["dtype"]), row.get("tensor_cores"), raw)
         try:
@@ -116,20 +117,19 @@ def normalise(
         except TypeError:  # an unhashable value (a list where a number belongs): validation refuses it below
             got = memo = None
         if got is None:
-            spec = get_op(op)
             try:
                 params = spec.validate({k: row[k] for k in names if k in row}, direction=direction)
             except OpcastError as err:
                 got = f"invalid {row.get('op')}: {str(err).split(': ', 1)[-1]}"
             else:
                 pid = point_id(spec.kind.value, params, str(row["dtype"]), direction, row.get("tensor_cores"))
-                got = (spec, params, pid)
+                got = (params, pid)
             if memo is not None:
                 checked[memo] = got
         if isinstance(got, str):
             skipped[got] += 1
             continue
-        spec, params, pid = got
+        params, pid = got
         key = (str(row["device"]), pid)
         if key in seen:
             skipped["duplicate"] += 1

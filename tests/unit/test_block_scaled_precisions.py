@@ -261,11 +261,11 @@ def test_sequence_parallel_gathers_move_the_quantised_format():
     """TE's gather_along_first_dim gathers NVFP4 / MXFP8 packed data with their scales (_all_gather_nvfp4 /
     _all_gather_mxfp8): 4.5 and 8.25 bits an element against per-tensor fp8's 8; the reduce-scatters stay bf16."""
     arch = load_arch("llama3-8b")
-    kw = dict(tp=2, batch=1, seq_q=4096, sp=True, cp=1, ep=1, dtype="bf16", fp8=True)
+    kw = dict(tp=2, batch=1, seq_q=4096, sp=True, cp=1, ep=1, dtype="bf16")
     tokens_x_hidden = 4096 * arch.hidden
     by = {}
     for dt in ("fp8", "fp8_block", "nvfp4"):
-        fwd = graph.block_comms(arch, quantised_dtype=dt, **kw)[graph.FWD]
+        fwd = graph.block_comms(arch, quantised=dt, **kw)[graph.FWD]
         by[dt] = {c.kind: c.bytes for c in fwd}
     assert by["fp8"]["all_gather"] == tokens_x_hidden
     assert by["fp8_block"]["all_gather"] == tokens_x_hidden * 33 // 32

@@ -88,7 +88,7 @@ def test_te_linear_keeps_casting_its_weights_every_micro_batch():
 
 def test_sequence_parallel_gathers_move_fp8_and_the_reduce_scatters_bf16():
     kw = dict(tp=4, batch=1, seq_q=TOKENS, sp=True, cp=1, ep=1, dtype="bf16")
-    bf16, fp8 = block_comms(GPT, **kw), block_comms(GPT, **kw, fp8=True)
+    bf16, fp8 = block_comms(GPT, **kw), block_comms(GPT, **kw, quantised="fp8")
     assert [(c.kind, c.bytes, c.count, c.overlap_with) for c in fp8[FWD]] == [
         ("all_gather", TOKENS * H, 2, None),  # LayerNormLinear's fp8 ln_out, QKV and MLP-up
         ("reduce_scatter", 2 * TOKENS * H, 2, None),
@@ -101,14 +101,14 @@ def test_sequence_parallel_gathers_move_fp8_and_the_reduce_scatters_bf16():
     ]
     assert all(c.bytes == 2 * TOKENS * H for ph in (FWD, BWD) for c in bf16[ph])
     # without sequence parallelism the all-reduces stay bf16
-    plain = block_comms(GPT, **{**kw, "sp": False}, fp8=True)
+    plain = block_comms(GPT, **{**kw, "sp": False}, quantised="fp8")
     assert [(c.kind, c.bytes) for c in plain[FWD]] == [("all_reduce", 2 * TOKENS * H)]
 
 
 def test_moe_gathers_its_tokens_in_bf16_and_only_the_attention_side_in_fp8():
     moe = load_arch("mixtral-8x7b")
     h = moe.hidden
-    c = block_comms(moe, tp=2, batch=1, seq_q=TOKENS, sp=True, cp=1, ep=2, dtype="bf16", fp8=True)
+    c = block_comms(moe, tp=2, batch=1, seq_q=TOKENS, sp=True, cp=1, ep=2, dtype="bf16", quantised="fp8")
     gathers = [(x.bytes, x.count, x.overlap_with) for x in c[FWD] if x.kind == "all_gather"]
     assert gathers == [(TOKENS * h, 1, None), (2 * TOKENS * h, 1, None)]
     gathers = [(x.bytes, x.count, x.overlap_with) for x in c[BWD] if x.kind == "all_gather"]
