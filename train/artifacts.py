@@ -35,6 +35,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import metadata, resources
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -716,6 +717,23 @@ def _is_count(v: Any) -> bool:
     return _is_int(v) and v >= 1
 
 
+CURVES_MAX: Final = 256
+"""Most topologies, and most points of one topology's curve, a law's ``curves`` may hold."""
+
+
+def _is_curve(v: Any) -> bool:
+    """[nodes, ranks per node, points]: counts, then at most :data:`CURVES_MAX` finite [x, y]
+    pairs with x strictly ascending and |y| <= 20 (a factor of e**20 is no correction)."""
+    if not (isinstance(v, list) and len(v) == 3 and _is_count(v[0]) and _is_count(v[1])):
+        return False
+    points = v[2]
+    if not (isinstance(points, list) and 0 < len(points) <= CURVES_MAX):
+        return False
+    if not _is_pair_list(_is_finite, lambda y: _is_finite(y) and abs(y) <= 20)(points):
+        return False
+    return all(a[0] < b[0] for a, b in pairwise(points))
+
+
 COLLECTIVES_FIELDS: Final[dict[str, _Field]] = {
     "format": (True, lambda v: v == "opcast-collectives", "'opcast-collectives'"),
     "format_version": (True, lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
@@ -738,6 +756,11 @@ LAW_FIELDS: Final[dict[str, _Field]] = {
     "bytes_min": (True, _is_count, "an integer >= 1"),
     "bytes_max": (True, _is_count, "an integer >= 1"),
     "topologies": (True, _is_pair_list(_is_count, _is_count), "a list of [nodes, ranks per node]"),
+    "curves": (
+        False,
+        lambda v: isinstance(v, list) and len(v) <= CURVES_MAX and all(_is_curve(c) for c in v),
+        f"a list of at most {CURVES_MAX} [nodes, ranks per node, [[log2 bytes, log ratio], ...] ascending]",
+    ),
 }
 """What :func:`check_collectives` requires of each law (no other key is allowed)."""
 

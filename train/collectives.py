@@ -31,6 +31,16 @@ of ranks per node never measured inside one node, no inter-node law without mult
 So the law extrapolates in message size and in node count (8 nodes from 1-4), not in kinds of
 links it never saw.
 
+Between the sizes it measured, a topology's times are the law's times corrected by that topology's
+own measured curve (:attr:`CollectiveLaw.curves`): per measured (nodes, ranks per node), the median
+log ratio of measured to law time at each message size, interpolated linearly in log size and held
+at its end values beyond them. One line per tier cannot follow NCCL's size-dependent choices (the
+protocol, LL / LL128 / Simple, and the number of channels switch with the size, ``src/graph/
+tuning.cc`` and ``enqueue.cc``), which leave the affine law 10-30 % off in the middle of its range
+on an NVSwitch node (held-out sizes of AIConfigurator's DGX tables: 10-16 % mean error for the line
+alone); the curve keeps the law's extrapolation in size and node count (an unmeasured topology has
+no curve and gets the law alone) and makes the measured sizes' neighbourhood the measurement's.
+
 A serving engine's custom all-reduce (vLLM's one-shot/two-shot IPC kernel, measured by
 AIConfigurator) is fitted as its own kind, :data:`CUSTOM_ALL_REDUCE`, with the same law and the
 all-reduce's step and volume counts (its free launch, step and bandwidth terms absorb the
@@ -67,7 +77,8 @@ CUSTOM_BACKENDS: Final = ("custom",)
 KINDS: Final = (*OP_KINDS, CUSTOM_ALL_REDUCE)
 """Every law kind a ``collectives.json`` may hold."""
 FORMAT: Final = "opcast-collectives"
-FORMAT_VERSION: Final = 1
+FORMAT_VERSION: Final = 2
+"""1: the law alone; 2: a law may carry its measured ``curves`` (written only where fitted)."""
 MIN_ROWS: Final = 8
 """A (cluster, kind) with fewer usable rows is not fitted."""
 GAMMA_GRID: Final = tuple(i / 10 for i in range(11))
@@ -75,6 +86,8 @@ HUBER_C: Final = 1.345
 IRLS_ITERATIONS: Final = 6
 HOLDOUT_MAX_NODES: Final = 4
 """The topology split fits on runs of at most this many nodes and scores the larger ones."""
+CURVE_MIN_SIZES: Final = 3
+"""A topology measured at fewer distinct message sizes gets no curve (the law alone)."""
 
 
 # --------------------------------------------------------------------------- the law
@@ -123,6 +136,9 @@ class CollectiveLaw:
     bytes_max: int
     topologies: tuple[tuple[int, int], ...]
     """(nodes, ranks per node) measured."""
+    curves: tuple[tuple[int, int, tuple[tuple[float, float], ...]], ...] = ()
+    """Per measured topology (nodes, ranks per node), its correction curve: (log2 bytes, natural
+    log of measured / law time) at each measured size, ascending (see the module docstring)."""
 
     def covers(self, nodes: int, per_node: int) -> bool:
         if nodes > 1:
@@ -139,9 +155,30 @@ class CollectiveLaw:
         t = self.base_s + si * x["steps_intra"] + sn * x["steps_net"]
         if nodes > 1:
             assert self.net_bw_bytes_per_s is not None, "covers() is checked first"
-            return t + x["vol_net"] / self.net_bw_bytes_per_s
-        bw = dict(self.intra_bw_bytes_per_s)[per_node]
-        return t + x["vol_intra"] / bw
+            t += x["vol_net"] / self.net_bw_bytes_per_s
+        else:
+            t += x["vol_intra"] / dict(self.intra_bw_bytes_per_s)[per_node]
+        return t * math.exp(self.correction(nbytes, nodes, per_node))
+
+    def correction(self, nbytes: float, nodes: int, per_node: int) -> float:
+        """The log factor of the topology's measured curve at ``nbytes`` (0 without a curve)."""
+        for nd, g, points in self.curves:
+            if nd == nodes and g == per_node:
+                return interpolate(math.log2(nbytes), points)
+        return 0.0
+
+
+def interpolate(x: float, points: tuple[tuple[float, float], ...]) -> float:
+    """Piecewise-linear ``y(x)`` through ascending ``points``, held at the end values outside them."""
+    import bisect
+
+    i = bisect.bisect_left(points, (x, -math.inf))
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def design_row(kind: str, nbytes: float, n: int, nodes: int, per_node: int, gamma: float) -> dict[str, float]:
@@ -323,6 +360,7 @@ def fit_law(kind: str, rows: pd.DataFrame) -> CollectiveLaw | None:
     if used[-1]:
         net = min(1.0 / coef[-1], 1e15) if coef[-1] > 0 else 1e15
     topologies = sorted({(int(nd), int(p)) for nd, p in zip(a["nodes"], a["per"])})
+    log_ratio = np.log(a["t"] / np.maximum(x @ coef, 1e-300))
     return CollectiveLaw(
         kind=kind,
         base_s=float(coef[0]),
@@ -335,7 +373,29 @@ def fit_law(kind: str, rows: pd.DataFrame) -> CollectiveLaw | None:
         bytes_min=int(a["bytes"].min()),
         bytes_max=int(a["bytes"].max()),
         topologies=tuple(topologies),
+        curves=_curves(a, log_ratio),
     )
+
+
+def _curves(
+    a: Mapping[str, np.ndarray], log_ratio: np.ndarray
+) -> tuple[tuple[int, int, tuple[tuple[float, float], ...]], ...]:
+    """Each measured topology's correction curve: the median of ``log_ratio`` (measured over law)
+    per distinct message size, where it has at least :data:`CURVE_MIN_SIZES` sizes."""
+    import numpy as np
+
+    out = []
+    topo = np.stack([a["nodes"], a["per"]], axis=1)
+    for nd, g in sorted({(int(n), int(p)) for n, p in topo}):
+        mine = (topo[:, 0] == nd) & (topo[:, 1] == g)
+        sizes = a["bytes"][mine]
+        distinct = np.unique(sizes)
+        if len(distinct) < CURVE_MIN_SIZES:
+            continue
+        r = log_ratio[mine]
+        points = tuple((float(np.log2(s)), float(np.median(r[sizes == s]))) for s in distinct)
+        out.append((nd, g, points))
+    return tuple(out)
 
 
 def fit_laws(rows: pd.DataFrame) -> dict[str, dict[str, CollectiveLaw]]:
@@ -526,6 +586,7 @@ def law_to_dict(law: CollectiveLaw) -> dict[str, Any]:
         "bytes_min": law.bytes_min,
         "bytes_max": law.bytes_max,
         "topologies": [[n, g] for n, g in law.topologies],
+        **({"curves": [[n, g, [list(p) for p in pts]] for n, g, pts in law.curves]} if law.curves else {}),
     }
 
 
@@ -543,6 +604,9 @@ def law_from_dict(kind: str, data: Mapping[str, Any]) -> CollectiveLaw:
         bytes_min=int(data["bytes_min"]),
         bytes_max=int(data["bytes_max"]),
         topologies=tuple((int(n), int(g)) for n, g in data["topologies"]),
+        curves=tuple(
+            (int(n), int(g), tuple((float(x), float(y)) for x, y in pts)) for n, g, pts in data.get("curves", ())
+        ),
     )
 
 

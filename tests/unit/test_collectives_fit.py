@@ -4,8 +4,10 @@ collectives.json), predict source (predict/comm_learned.py)."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -84,6 +86,57 @@ def test_uncovered_tiers_stay_uncovered():
     assert law.covers(1, 4)
 
 
+def _protocol_switch(nbytes: float) -> float:
+    """A size-dependent factor no line follows: 1.0 below 64 KiB, rising to 1.5 at 4 MiB, back to 1.0
+    from 256 MiB (a protocol and channel-count switch, as NCCL's tuner makes)."""
+    x = np.log2(nbytes)
+    return float(np.interp(x, [16, 22, 28], [1.0, 1.5, 1.0]))
+
+
+def test_measured_curve_corrects_the_law_between_its_sizes_and_not_elsewhere():
+    frame = _rows([(1, 4), (2, 4)], noise=0.0)
+    frame["time_s_median"] *= [_protocol_switch(b) for b in frame["bytes"]]
+    law = fit_law("all_reduce", frame)
+    assert law is not None
+    assert {(n, g) for n, g, _ in law.curves} == {(1, 4), (2, 4)}
+    for nodes, per in ((1, 4), (2, 4)):
+        for nbytes in (2**12, 2**20, 2**22, 2**25, 2**30):  # measured sizes come back exactly
+            want = _law_s("all_reduce", nbytes, nodes, per) * _protocol_switch(nbytes)
+            assert law.time_s(nbytes, 4 * nodes, nodes, per) == pytest.approx(want, rel=1e-9)
+        # between two measured sizes the log factor is interpolated linearly in log size
+        lo, hi = law.time_s(2**21, 4 * nodes, nodes, per), law.time_s(2**22, 4 * nodes, nodes, per)
+        mid = law.time_s(2**21.5, 4 * nodes, nodes, per)
+
+        def line(b: float, nodes: int = nodes, per: int = per) -> float:
+            return law.time_s(b, 4 * nodes, nodes, per) / math.exp(law.correction(b, nodes, per))
+
+        expect = math.sqrt((lo / line(2**21)) * (hi / line(2**22))) * line(2**21.5)
+        assert mid == pytest.approx(expect, rel=1e-9)
+    # beyond the sweep the end value is held; a topology never measured gets the law alone
+    big = 2**34
+    assert law.correction(big, 1, 4) == pytest.approx(law.correction(2**30, 1, 4))
+    assert law.correction(big, 8, 4) == 0.0 and law.correction(2**22, 8, 4) == 0.0
+
+
+def test_measured_curve_beats_the_line_on_held_out_sizes():
+    frame = _rows([(1, 4), (1, 8)], noise=0.01)
+    frame["time_s_median"] *= [_protocol_switch(b) for b in frame["bytes"]]
+    report = summary(held_out_report(frame))
+    line = fit_law("all_reduce", frame)
+    assert line is not None
+    flat = replace(line, curves=())  # the same law without its curve
+    held = frame[np.isin(np.log2(frame["bytes"]) % 3, [2])]
+    ape = lambda lw: np.mean(  # noqa: E731
+        [
+            abs(lw.time_s(b, n, 1, g) / t - 1)
+            for b, n, g, t in held[["bytes", "world_size", "gpus_per_node", "time_s_median"]].itertuples(index=False)
+        ]
+    )
+    assert ape(flat) > 0.05  # the factor is real: a line is 5 %+ off
+    (sizes,) = [r for r in report if r["split"] == "sizes"]
+    assert sizes["mean_ape"] < 3.0, sizes  # fitted without the held-out sizes, the curve follows it
+
+
 def test_held_out_report_scores_sizes_and_the_larger_topology():
     frame = _rows([(1, 4), (2, 4), (4, 4), (8, 4)], noise=0.0)
     records = held_out_report(frame)
@@ -124,6 +177,9 @@ def test_artifact_round_trip(tmp_path):
         (lambda d: d["clusters"]["perlmutter"]["all_reduce"].update(code="x"), "not a field of a collective law"),
         (lambda d: d.update(base="x"), "unknown field"),
         (lambda d: d["clusters"]["perlmutter"].update(gemm={}), "not a collective"),
+        (lambda d: d["clusters"]["perlmutter"]["all_reduce"]["curves"][0][2].reverse(), "curves"),
+        (lambda d: d["clusters"]["perlmutter"]["all_reduce"]["curves"][0][2][0].__setitem__(1, 99.0), "curves"),
+        (lambda d: d["clusters"]["perlmutter"]["all_reduce"].update(curves=[[1, 4]]), "curves"),
     ],
 )
 def test_malformed_artifact_is_refused_in_one_line(tmp_path, edit, message):
