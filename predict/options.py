@@ -190,7 +190,8 @@ CLUSTER = Opt(
     "--cluster",
     Optional[str],
     "NODESxGPUS (e.g. 16x8), a catalog cluster NAME or NAME:NODES (data/clusters: perlmutter, vista, dgx-a100, "
-    "dgx-h100, dgx-b200, gb200-nvl72, azure-nd-a100-v4, azure-nc-a100-v4; its GPU, links and NVLink domain; "
+    "dgx-h100, dgx-h200, dgx-b200, dgx-b300, gb200-nvl72, gb300-nvl72, l40s-pcie-8, rtx-pro-6000-pcie-8, "
+    "azure-nd-a100-v4, azure-nc-a100-v4; its GPU, links and NVLink domain; "
     "--nodes and --gpus-per-node take part of each domain, e.g. gb200-nvl72:2 --gpus-per-node 64 is 128 GPUs), "
     "a catalog-style cluster JSON file, or a JSON file of nodes, gpus_per_node[, gpu].",
     None,

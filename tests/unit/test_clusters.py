@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -26,9 +27,13 @@ PRESETS = {
     "vista",
     "dgx-a100",
     "dgx-h100",
+    "dgx-h200",
     "dgx-b200",
+    "dgx-b300",
     "gb200-nvl72",
     "gb300-nvl72",
+    "l40s-pcie-8",
+    "rtx-pro-6000-pcie-8",
     "azure-nd-a100-v4",
     "azure-nc-a100-v4",
 }
@@ -46,6 +51,34 @@ def test_catalog_validates_and_cites():
     assert find_cluster("a100_pairwise_nvlink").name == "azure-nc-a100-v4"  # Vidur's folder names
     assert find_cluster("a100_dgx").name == "azure-nd-a100-v4"
     assert cat["perlmutter"].datasets and cat["vista"].datasets
+
+
+@pytest.mark.parametrize(
+    ("name", "alias", "gpu"),
+    [
+        ("dgx-h200", "hgx-h200", "H200"),
+        ("dgx-b300", "hgx-b300", "B300"),
+        ("l40s-pcie-8", "aiconfigurator-l40s", "L40S"),
+        ("rtx-pro-6000-pcie-8", "aiconfigurator-rtx-pro-6000-server", "RTX-PRO-6000"),
+    ],
+)
+def test_eight_gpu_nodes_run_on_their_gpus_catalog_links(name, alias, gpu):
+    """The 8-GPU nodes AIConfigurator measured: one NVLink (or PCIe) domain a node, and the links
+    the GPU's catalog entry already cites (its reference node), so the cluster's device prices as the GPU."""
+    c = find_cluster(alias)
+    assert c is not None and c.name == name and c.gpu == gpu
+    assert c.gpus_per_node == c.nvlink_domain_gpus == 8
+    spec, on_cluster = get_device(gpu), get_device(cluster_device_name(c))
+    for field in ("intra_node_bw_bytes_per_s", "inter_node_bw_bytes_per_s", "gpus_per_node"):
+        assert getattr(on_cluster, field) == getattr(spec, field), field
+    assert c.inter_node_bw_bytes_per_s == c.nics_per_node * c.nic_bw_bytes_per_s / c.gpus_per_node
+
+
+def test_cluster_option_help_names_every_catalog_cluster():
+    from opcast.predict.options import CLUSTER
+
+    words = set(re.findall(r"[\w-]+", CLUSTER.help))
+    assert not [name for name in cluster_catalog() if name not in words]
 
 
 def _perlmutter() -> dict:
