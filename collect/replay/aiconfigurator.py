@@ -58,8 +58,9 @@ Tables converted (all forward, one measurement per row):
     (nccl-tests ``-t num_gpus``: one process), gpus_per_node = num_gpus. The time is nccl-tests'
     out-of-place mean over its iterations, averaged across ranks (``-a 1``). ``backend`` is
     ``nccl`` (``oneccl`` for oneccl_perf) and ``cluster`` the catalog node the system folder
-    describes (:data:`SYSTEM_CLUSTERS`: one NVLink/NVSwitch node, so only its intra-node tier is
-    measured), null for a system the cluster catalog lacks.
+    describes (:data:`SYSTEM_CLUSTERS`: one NVLink/NVSwitch node, or for L40S and RTX PRO 6000
+    one 8-GPU PCIe server, so only its intra-node tier is measured), null for a system without one
+    (the B60).
 
 ``comm/custom_allreduce_perf``
     The serving engines' own tensor-parallel all-reduce (collector/collect_all_reduce.py: vLLM's
@@ -164,12 +165,19 @@ SYSTEM_DEVICES: Final[dict[str, str]] = {
 SYSTEM_CLUSTERS: Final[dict[str, str]] = {
     "a100_sxm": "dgx-a100",
     "h100_sxm": "dgx-h100",
+    "h200_sxm": "dgx-h200",
     "b200_sxm": "dgx-b200",
+    "b300_sxm": "dgx-b300",
     "gb200": "gb200-nvl72",
     "gb300": "gb300-nvl72",
+    "l40s": "l40s-pcie-8",
+    "rtx_pro_6000_server": "rtx-pro-6000-pcie-8",
 }
-"""AIConfigurator system folder -> cluster catalog name, for its NCCL rows: the vendor reference
-node each system's ``systems/<name>.yaml`` describes (8 GPUs on NVSwitch; GB200 and GB300: NVL72)."""
+"""AIConfigurator system folder -> cluster catalog name, for its NCCL rows: the node each system's
+``systems/<name>.yaml`` describes. The SXM systems are their vendor reference node (DGX: 8 GPUs
+on NVSwitch; GB200 and GB300: NVL72); L40S and RTX PRO 6000 have none, so their clusters are the
+8-GPU PCIe servers the yaml's node section describes (PCIe 4.0 / 5.0 x16, its network figures).
+The B60 (oneCCL) has no cluster."""
 
 FRAMEWORKS: Final = ("nccl", "vllm", "trtllm", "sglang")
 """Default framework precedence when several measured the same configuration."""

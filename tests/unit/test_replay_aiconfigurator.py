@@ -18,6 +18,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from opcast.clusters import get_cluster
 from opcast.collect.replay import aiconfigurator as aic
 from opcast.collect.replay.common import MalformedFile, normalise
 from opcast.errors import OpcastError
@@ -125,6 +126,7 @@ def test_collective_rows_match_pandas(source, replayed):
     assert len(got) == len(expected)
     assert set(zip(got.op, got.bytes, got.world_size)) == expected
     assert (got.nodes == 1).all() and (got.gpus_per_node == got.world_size).all() and (got.dtype == "fp16").all()
+    assert list(got.cluster) == [aic.SYSTEM_CLUSTERS[f.split("/")[0]] for f in got.source_file]
 
 
 def test_skip_reasons_are_counted(source, replayed):
@@ -357,6 +359,13 @@ def test_every_measured_system_resolves_or_is_pending():
         assert get_device(torch_name).name == device
 
 
+def test_every_mapped_system_sits_on_a_cluster_of_its_own_gpu():
+    assert set(aic.SYSTEM_CLUSTERS) <= set(aic.SYSTEM_DEVICES)
+    for system, name in aic.SYSTEM_CLUSTERS.items():
+        cluster = get_cluster(name)
+        assert cluster.name == name and cluster.gpu == aic.SYSTEM_DEVICES[system], system
+
+
 def test_catalog_entry_through_the_console_script():
     done = subprocess.run(
         [sys.executable, "-m", "opcast", "hardware", "show", "gb200"], capture_output=True, text=True, timeout=60
@@ -414,6 +423,19 @@ def test_real_catalog_numbers_agree_with_the_package_specs(package_root):
         assert float(meta[("gpu", "bfloat16_tc_flops")]) == pytest.approx(spec.peak_bf16_flops, rel=0.01), system
         assert float(meta[("gpu", "fp8_tc_flops")]) == pytest.approx(spec.peak_fp8_flops, rel=0.01), system
         assert float(meta[("gpu", "mem_bw")]) == pytest.approx(spec.mem_bw_bytes_per_s, rel=0.01), system
+
+
+def test_real_nccl_tables_are_on_the_clusters_their_yaml_describes(package_root):
+    """Every system with an NCCL table names a cluster (so ``train fit`` learns its law) whose node
+    is the one ``systems/<system>.yaml`` describes: GPUs per node and the intra-node link (the tier the
+    tables measure; the yaml's inter-node figures are not all the datasheets', e.g. b200_sxm's 100e9)."""
+    measured = {p.parts[-5] for p in package_root.glob("*/comm/nccl/*/nccl_perf.parquet")}
+    assert measured and measured <= set(aic.SYSTEM_CLUSTERS), measured - set(aic.SYSTEM_CLUSTERS)
+    for system in sorted(measured):
+        meta, cluster = aic.read_meta(package_root.parent / f"{system}.yaml"), get_cluster(aic.SYSTEM_CLUSTERS[system])
+        assert int(meta[("node", "num_gpus_per_node")]) == cluster.gpus_per_node, system
+        if cluster.nvlink_domain_gpus == cluster.gpus_per_node:  # NVL72: the yaml's node is a compute tray
+            assert float(meta[("node", "intra_node_bw")]) == cluster.intra_node_bw_bytes_per_s, system
 
 
 def test_fixture_generator_is_deterministic(tmp_path):
