@@ -7,9 +7,13 @@
 library caller that names no cluster has it recognised by the device, the cluster's GPU with its
 links, :func:`opcast.clusters.cluster_device_name`), the set has a law for the call's kind, and
 the law identified the call's tier (:meth:`CollectiveLaw.covers`); it labels the answer
-``learned/<cluster>/<ring|p2p|pairwise>/<intra-node|inter-node>``. Every other call falls through to
-:class:`~opcast.predict.comm.AlphaBetaCollectives` (label ``alpha-beta/...``), so a job without
-``--cluster``, or on a cluster the set never measured, is priced exactly as before.
+``learned/<cluster>/<ring|p2p|pairwise>/<intra-node|inter-node>``. A call inside one node of a
+device no fitted cluster has a law for takes the law of a cluster whose node has the same links
+(:func:`same_node_links`; labelled ``(DEVICE: same node links)``), else the spec-sheet alpha-beta
+time corrected by the set's transfer curve of the node's link tier, GPU architecture and size
+(:class:`opcast.train.collectives.TransferCurve`, label ``learned/transfer/<tier>/intra-node``).
+Every other call (across nodes, on a cluster the set never measured) falls through to
+:class:`~opcast.predict.comm.AlphaBetaCollectives` (label ``alpha-beta/...``).
 :func:`collective_cost_for` builds the composite from a kernel cost model's model set.
 
 A serving engine's custom all-reduce (kind :data:`~opcast.predict.comm.CUSTOM_ALL_REDUCE`, one node
@@ -61,6 +65,15 @@ def same_network(device: DeviceSpec, cluster: str) -> bool:
     return all(math.isclose(getattr(device, f), getattr(ref, f), rel_tol=1e-5) for f in NETWORK_FIELDS)
 
 
+def _gpu_of(cluster: str) -> str | None:
+    """The catalog GPU name of ``cluster`` (None for a cluster the catalog lacks)."""
+    from opcast.clusters import find_cluster
+    from opcast.hardware import get_device
+
+    spec = find_cluster(cluster)
+    return None if spec is None else get_device(spec.gpu).name
+
+
 def same_node_links(device: DeviceSpec, cluster: str) -> bool:
     """Whether a node of ``device`` links its GPUs as a node of catalog ``cluster`` does (same GPU
     architecture, intra-node bandwidth and GPUs per node): what a custom all-reduce's law needs."""
@@ -105,20 +118,33 @@ class LearnedCollectives:
             found = self._by_device[device.name] = matches[0] if len(matches) == 1 else None
         return found
 
+    def _twin(self, call: Collective, device: DeviceSpec) -> str | None:
+        """The fitted cluster (the named one first) whose node links ``device``'s node as its own
+        (:func:`same_node_links`) and has a law of the call's kind, or None."""
+        key = (
+            "|".join(("links", call.kind, device.name, device.architecture, str(device.intra_node_bw_bytes_per_s)))
+            + f"|{device.gpus_per_node}"
+        )
+        if key not in self._by_device:
+            own = device.name.split("[")[0]
+            # the named cluster first, then a cluster of the device's own GPU (H200 on dgx-h200, not dgx-h100)
+            fitted = sorted(self.models.laws, key=lambda c: (c != self.cluster, _gpu_of(c) != own, c))
+            twins = [c for c in fitted if self.models.law(c, call.kind) and same_node_links(device, c)]
+            self._by_device[key] = twins[0] if twins else None
+        return self._by_device[key]
+
     def _law(self, call: Collective, device: DeviceSpec) -> tuple[str, Any, str] | None:
-        """(cluster, law, label suffix) of the call, or None where no law covers it."""
+        """(cluster, law, label suffix) of the call, or None where no law covers it. A call inside
+        one node of a device whose own cluster has no law of its kind takes the law of a cluster
+        whose node has the same links (:meth:`_twin`): what runs inside a node is the links' and
+        the GPU architecture's, not the cluster's network."""
         g = call.group
         if g.size <= 1 or call.bytes <= 0:
             return None
         cluster = self.cluster_of(device)
         law = None if cluster is None else self.models.law(cluster, call.kind)
-        if law is None and call.kind == CUSTOM_ALL_REDUCE and g.nodes == 1:
-            key = f"links|{device.name}|{device.architecture}|{device.intra_node_bw_bytes_per_s}|{device.gpus_per_node}"
-            if key not in self._by_device:
-                fitted = sorted(self.models.laws, key=lambda c: (c != self.cluster, c))  # the named cluster first
-                twins = [c for c in fitted if self.models.law(c, call.kind) and same_node_links(device, c)]
-                self._by_device[key] = twins[0] if twins else None
-            twin = self._by_device[key]
+        if law is None and g.nodes == 1:
+            twin = self._twin(call, device)
             if twin is not None:
                 law = self.models.law(twin, call.kind)
                 if law is not None and law.covers(g.nodes, g.per_node):
@@ -128,14 +154,34 @@ class LearnedCollectives:
             return None
         return str(cluster), law, ""
 
+    def _transfer(self, call: Collective, device: DeviceSpec) -> Any:
+        """The transfer curve (:class:`opcast.train.collectives.TransferCurve`) of a single-node
+        NCCL call no law covers, or None."""
+        g = call.group
+        if g.size <= 1 or call.bytes <= 0 or g.nodes != 1 or call.kind == CUSTOM_ALL_REDUCE:
+            return None
+        from opcast.collectives_law import link_tier
+
+        tier = link_tier(device.intra_node_bw_bytes_per_s)
+        return self.models.transfer_curve(tier, device.architecture, device.gpus_per_node, call.kind, g.per_node)
+
     def covers(self, call: Collective, device: DeviceSpec) -> bool:
-        return self._law(call, device) is not None
+        return self._law(call, device) is not None or self._transfer(call, device) is not None
 
     def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
         found = self._law(call, device)
-        assert found is not None, "covers() is asked first"
-        cluster, law, note = found
         g = call.group
+        if found is None:
+            from opcast.train.collectives import transfer_time_s
+
+            curve = self._transfer(call, device)
+            assert curve is not None, "covers() is asked first"
+            seconds = transfer_time_s(
+                curve, float(call.bytes), device.intra_node_bw_bytes_per_s, device.inter_node_bw_bytes_per_s
+            )
+            arch = "any architecture" if curve.architecture is None else f"{curve.architecture} x{curve.node_gpus}"
+            return seconds, f"{LEARNED}/transfer/{curve.tier}/intra-node ({arch}: {', '.join(curve.clusters)})"
+        cluster, law, note = found
         seconds = law.time_s(float(call.bytes), g.size, g.nodes, g.per_node)
         return seconds, f"{LEARNED}/{cluster}/{_FORMS.get(call.kind, 'ring')}/{law.tier(g.nodes)}{note}"
 

@@ -717,6 +717,8 @@ def _is_count(v: Any) -> bool:
     return _is_int(v) and v >= 1
 
 
+_CLUSTER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,80}")
+
 CURVES_MAX: Final = 256
 """Most topologies, and most points of one topology's curve, a law's ``curves`` may hold."""
 
@@ -742,8 +744,31 @@ COLLECTIVES_FIELDS: Final[dict[str, _Field]] = {
     "clusters": (True, _dict_of(lambda v: isinstance(v, dict)), "an object of cluster -> object of kind -> law"),
     "held_out": (False, _list_of(lambda v: isinstance(v, dict)), "a list of objects"),
     "skipped": (False, _dict_of(_is_int), "an object of reason -> count"),
+    "transfer": (
+        False,
+        lambda v: isinstance(v, list) and len(v) <= CURVES_MAX and all(isinstance(c, dict) for c in v),
+        f"a list of at most {CURVES_MAX} transfer-curve objects",
+    ),
 }
 """What :func:`check_collectives` requires of ``collectives.json`` (no other key is allowed)."""
+
+TRANSFER_FIELDS: Final[dict[str, _Field]] = {
+    "tier": (True, lambda v: v in ("nvlink", "pci"), "'nvlink' or 'pci'"),
+    "architecture": (True, lambda v: v is None or (_is_str(v) and 0 < len(v) <= 40), "null or an architecture name"),
+    "node_gpus": (True, lambda v: v is None or _is_count(v), "null or an integer >= 1"),
+    "kind": (True, lambda v: v in _collective_kinds(), "a collective kind"),
+    "per_node": (True, _is_count, "an integer >= 1"),
+    "clusters": (True, _list_of(lambda v: _is_str(v) and bool(_CLUSTER_KEY.fullmatch(v))), "a list of cluster names"),
+    "points": (True, lambda v: _is_curve([1, 1, v]), "a list of [log2 bytes, log ratio] pairs, ascending"),
+}
+"""What :func:`check_collectives` requires of each ``transfer`` curve (no other key is allowed)."""
+
+
+def _collective_kinds() -> tuple[str, ...]:
+    from opcast.train.collectives import KINDS
+
+    return KINDS
+
 
 LAW_FIELDS: Final[dict[str, _Field]] = {
     "base_s": (True, _is_finite_nonneg, "a finite number >= 0 (seconds)"),
@@ -763,8 +788,6 @@ LAW_FIELDS: Final[dict[str, _Field]] = {
     ),
 }
 """What :func:`check_collectives` requires of each law (no other key is allowed)."""
-
-_CLUSTER_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,80}")
 
 
 def _body_digest(body: Mapping[str, Any]) -> str:
@@ -875,6 +898,11 @@ def check_collectives(data: Any, where: str | Path = COLLECTIVES_FILE) -> None:
             _check_fields(law, LAW_FIELDS, str(where), prefix)
             if law["bytes_max"] < law["bytes_min"]:
                 raise OpcastError(f"{where}: {prefix}bytes_max is below bytes_min; {fix}")
+    for i, curve in enumerate(data.get("transfer", ())):
+        extra = sorted(set(curve) - set(TRANSFER_FIELDS))
+        if extra:
+            raise OpcastError(f"{where}: transfer[{i}].{extra[0][:40]} is not a field of a transfer curve; {fix}")
+        _check_fields(curve, TRANSFER_FIELDS, str(where), f"transfer[{i}].")
 
 
 def write_collectives(set_path: str | Path, models: Any) -> Path:

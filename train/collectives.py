@@ -46,6 +46,18 @@ AIConfigurator) is fitted as its own kind, :data:`CUSTOM_ALL_REDUCE`, with the s
 all-reduce's step and volume counts (its free launch, step and bandwidth terms absorb the
 kernel's one-shot/two-shot shape): single-node rows only, so it never covers a call across nodes.
 
+For a GPU whose cluster was never measured, :class:`TransferCurve` carries what the fitted clusters
+agree on: per link tier (NVLink/NVSwitch or PCIe, :func:`opcast.collectives_law.link_tier`), kind
+and ranks of one node, the median over clusters of each cluster's measured / spec-sheet alpha-beta
+log ratio (:func:`opcast.collectives_law.alpha_beta_time_s` on the cluster's links) at each message
+size: one curve per GPU architecture and node size measured (its clusters alone: how NCCL runs on
+that generation's NVLink and on that fabric, e.g. Hopper's NVLink SHARP reaches 0.95-1.0 of the link
+where Blackwell's NVSwitch tables read 0.75, and a 4-GPU NVLink mesh is not an 8-GPU NVSwitch), and
+one over every architecture where at least :data:`TRANSFER_MIN_CLUSTERS` clusters measured a size.
+A GPU takes the curve of its architecture and node size, else the pooled one. Predict multiplies an
+unmeasured device's alpha-beta time by it inside one node (:mod:`opcast.predict.comm_learned`).
+It is scored by leaving each cluster out (split ``transfer``).
+
 Held-out report (:func:`held_out_report`): ``sizes`` leaves out every third message size of each
 topology and fits on the rest; ``topology`` fits on the runs of at most 4 nodes and scores those of
 more where there are any, else leaves each topology out in turn (scored where the rest still
@@ -78,7 +90,8 @@ KINDS: Final = (*OP_KINDS, CUSTOM_ALL_REDUCE)
 """Every law kind a ``collectives.json`` may hold."""
 FORMAT: Final = "opcast-collectives"
 FORMAT_VERSION: Final = 2
-"""1: the law alone; 2: a law may carry its measured ``curves`` (written only where fitted)."""
+"""1: the laws alone; 2: a law may carry its measured ``curves``, and the file ``transfer`` curves
+(each written only where fitted)."""
 MIN_ROWS: Final = 8
 """A (cluster, kind) with fewer usable rows is not fitted."""
 GAMMA_GRID: Final = tuple(i / 10 for i in range(11))
@@ -88,6 +101,15 @@ HOLDOUT_MAX_NODES: Final = 4
 """The topology split fits on runs of at most this many nodes and scores the larger ones."""
 CURVE_MIN_SIZES: Final = 3
 """A topology measured at fewer distinct message sizes gets no curve (the law alone)."""
+TRANSFER_TIMINGS: Final = ("nccl-tests",)
+"""Transfer curves learn from rows timed as the collective kernel alone: a ``timing_method``
+naming nccl-tests (AIConfigurator's ``nccl-tests-avg``). Vidur's rows time a torch.distributed call
+(Python launch and a sync: 62 us at 2 KiB on Azure's A100 NVSwitch node where nccl-tests reads
+22 us on a DGX A100), 2509.22832's a framework call too; each fits its own cluster's law, but a
+curve that moves another GPU's kernel time must be measured as one."""
+TRANSFER_MIN_CLUSTERS: Final = 3
+"""A transfer curve's point needs this many clusters of the tier measuring its size (two that
+disagree give no median worth moving a spec-sheet time by)."""
 
 
 # --------------------------------------------------------------------------- the law
@@ -201,16 +223,51 @@ def design_row(kind: str, nbytes: float, n: int, nodes: int, per_node: int, gamm
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TransferCurve:
+    """How one node's NCCL departs from the spec-sheet alpha-beta model, over every fitted cluster
+    of a link tier (see the module docstring)."""
+
+    tier: str
+    """``nvlink`` or ``pci`` (:func:`opcast.collectives_law.link_tier`)."""
+    architecture: str | None
+    """The GPU architecture of its clusters; None: pooled over architectures and node sizes."""
+    node_gpus: int | None
+    """GPUs of one node (NVLink domain) of its clusters; None when pooled."""
+    kind: str
+    per_node: int
+    """Ranks, all inside one node."""
+    clusters: tuple[str, ...]
+    """The clusters it was learned from."""
+    points: tuple[tuple[float, float], ...]
+    """(log2 bytes, median over clusters of log(measured / alpha-beta)), ascending."""
+
+    def correction(self, nbytes: float) -> float:
+        return interpolate(math.log2(nbytes), self.points)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CollectiveModels:
-    """Every fitted law, by cluster and kind, with the held-out report."""
+    """Every fitted law, by cluster and kind, the transfer curves and the held-out report."""
 
     laws: Mapping[str, Mapping[str, CollectiveLaw]]
     """cluster name -> kind -> law."""
     held_out: tuple[Mapping[str, Any], ...] = ()
     skipped: Mapping[str, int] = field(default_factory=dict)
+    transfer: tuple[TransferCurve, ...] = ()
 
     def law(self, cluster: str, kind: str) -> CollectiveLaw | None:
         return self.laws.get(cluster, {}).get(kind)
+
+    def transfer_curve(
+        self, tier: str, architecture: str, node_gpus: int, kind: str, per_node: int
+    ) -> TransferCurve | None:
+        """The curve of ``architecture`` on nodes of ``node_gpus`` for the call, else the pooled
+        one of ``tier``, else None."""
+        found = [c for c in self.transfer if c.tier == tier and c.kind == kind and c.per_node == per_node]
+        for c in found:
+            if c.architecture == architecture and c.node_gpus == node_gpus:
+                return c
+        return next((c for c in found if c.architecture is None), None)
 
 
 # --------------------------------------------------------------------------- fitting
@@ -409,8 +466,8 @@ def fit_laws(rows: pd.DataFrame) -> dict[str, dict[str, CollectiveLaw]]:
 
 
 def fit_collectives(frame: pd.DataFrame, *, held_out: bool = True) -> CollectiveModels | None:
-    """Every (cluster, kind) law of ``frame``'s collective rows with the held-out report; None
-    when no collective row names its cluster."""
+    """Every (cluster, kind) law of ``frame``'s collective rows, the transfer curves and the
+    held-out report; None when no collective row names its cluster."""
     rows, skipped = collective_rows(frame)
     if not len(rows):
         return None
@@ -418,8 +475,147 @@ def fit_collectives(frame: pd.DataFrame, *, held_out: bool = True) -> Collective
     if not laws:
         skipped[f"(cluster, kind) groups with fewer than {MIN_ROWS} rows or one message size"] = len(rows)
         return None
-    report = tuple(held_out_report(rows)) if held_out else ()
-    return CollectiveModels(laws=laws, held_out=report, skipped=skipped)
+    report = tuple(held_out_report(rows)) + tuple(transfer_report(rows)) if held_out else ()
+    return CollectiveModels(laws=laws, held_out=report, skipped=skipped, transfer=fit_transfer(rows))
+
+
+# --------------------------------------------------------------------------- transfer to unmeasured clusters
+
+
+def cluster_links(cluster: str) -> tuple[float, float, str, int] | None:
+    """(intra-node, inter-node) bandwidth per GPU, one direction, the GPU architecture and the GPUs
+    of one node (NVLink domain) of catalog ``cluster``; None for a cluster the catalog lacks."""
+    from opcast.clusters import cluster_device_name, find_cluster
+    from opcast.hardware import get_device
+
+    spec = find_cluster(cluster)
+    if spec is None:
+        return None
+    device = get_device(cluster_device_name(spec))
+    return device.intra_node_bw_bytes_per_s, device.inter_node_bw_bytes_per_s, device.architecture, device.gpus_per_node
+
+
+def _single_node_ratios(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per (tier, architecture, kind, per_node, cluster, bytes) of the single-node NCCL
+    rows of catalog clusters: the median log(measured / alpha-beta)."""
+    import numpy as np
+    import pandas as pd
+
+    from opcast.collectives_law import alpha_beta_time_s, link_tier
+
+    one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
+    if "timing_method" not in one.columns:
+        return pd.DataFrame(
+            columns=["tier", "architecture", "node_gpus", "kind", "per_node", "cluster", "bytes", "log_ratio"]
+        )
+    method = one["timing_method"].astype(str)
+    one = one[np.logical_or.reduce([method.str.contains(t, regex=False).to_numpy() for t in TRANSFER_TIMINGS])]
+    parts = []
+    for cluster, group in one.groupby(one["cluster"].astype(str), sort=True):
+        links = cluster_links(str(cluster))
+        if links is None:
+            continue
+        intra, inter, arch, node_gpus = links
+        ab = np.array(
+            [
+                alpha_beta_time_s(k, b, int(n), 1, int(n), intra, inter)[0]
+                for k, b, n in zip(group["op"].astype(str), group["bytes"].astype(float), group["world_size"])
+            ]
+        )
+        parts.append(
+            pd.DataFrame(
+                {
+                    "tier": link_tier(intra),
+                    "architecture": arch,
+                    "node_gpus": node_gpus,
+                    "kind": group["op"].astype(str).to_numpy(),
+                    "per_node": group["world_size"].astype(int).to_numpy(),
+                    "cluster": str(cluster),
+                    "bytes": group["bytes"].astype(float).to_numpy(),
+                    "log_ratio": np.log(group["time_s_median"].astype(float).to_numpy() / ab),
+                }
+            )
+        )
+    if not parts:
+        return pd.DataFrame(
+            columns=["tier", "architecture", "node_gpus", "kind", "per_node", "cluster", "bytes", "log_ratio"]
+        )
+    keys = ["tier", "architecture", "node_gpus", "kind", "per_node", "cluster", "bytes"]
+    return pd.concat(parts, ignore_index=True).groupby(keys)["log_ratio"].median().reset_index()
+
+
+def fit_transfer(rows: pd.DataFrame) -> tuple[TransferCurve, ...]:
+    """The transfer curves of the single-node NCCL rows of ``rows`` (see the module docstring)."""
+    import numpy as np
+
+    per_cluster = _single_node_ratios(rows)
+    out = []
+    for (tier, kind, per), group in per_cluster.groupby(["tier", "kind", "per_node"], sort=True):
+        pools: list[tuple[str | None, int | None, pd.DataFrame, int]] = [(None, None, group, TRANSFER_MIN_CLUSTERS)]
+        pools += [(str(a), int(n), g, 1) for (a, n), g in group.groupby(["architecture", "node_gpus"], sort=True)]
+        for arch, node_gpus, pool, least in pools:
+            points = []
+            clusters: set[str] = set()
+            for nbytes, at in pool.groupby("bytes", sort=True):
+                if at["cluster"].nunique() >= least:
+                    points.append((math.log2(float(nbytes)), float(np.median(at["log_ratio"]))))  # type: ignore[arg-type]
+                    clusters |= set(at["cluster"])
+            if len(points) >= CURVE_MIN_SIZES:
+                out.append(
+                    TransferCurve(
+                        tier=str(tier),
+                        architecture=arch,
+                        node_gpus=node_gpus,
+                        kind=str(kind),
+                        per_node=int(per),  # type: ignore[call-overload]
+                        clusters=tuple(sorted(clusters)),
+                        points=tuple(points),
+                    )
+                )
+    return tuple(out)
+
+
+def transfer_time_s(curve: TransferCurve, nbytes: float, intra_bw: float, inter_bw: float) -> float:
+    """Seconds of one single-node call of ``curve``'s kind and ranks on links of the given speeds."""
+    from opcast.collectives_law import alpha_beta_time_s
+
+    ab, _ = alpha_beta_time_s(curve.kind, nbytes, curve.per_node, 1, curve.per_node, intra_bw, inter_bw)
+    return ab * math.exp(curve.correction(nbytes))
+
+
+def transfer_report(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    """Leave each catalog cluster out in turn: transfer curves from the others, scored on its
+    single-node NCCL rows (split ``transfer``; rows no curve covers are counted not covered)."""
+    import numpy as np
+
+    from opcast.collectives_law import alpha_beta_time_s, link_tier
+
+    records: list[dict[str, Any]] = []
+    one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
+    if "timing_method" in one.columns:
+        method = one["timing_method"].astype(str)
+        one = one[np.logical_or.reduce([method.str.contains(t, regex=False).to_numpy() for t in TRANSFER_TIMINGS])]
+    else:
+        one = one.iloc[:0]
+    for cluster in sorted(set(one["cluster"].astype(str))):
+        links = cluster_links(cluster)
+        if links is None:
+            continue
+        mine = (rows["cluster"].astype(str) == cluster).to_numpy()
+        models = CollectiveModels(laws={}, transfer=fit_transfer(rows[~mine]))
+        test = one[one["cluster"].astype(str) == cluster]
+        for kind, group in test.groupby(test["op"].astype(str), sort=True):
+            pred = np.full(len(group), np.nan)
+            spec = np.full(len(group), np.nan)
+            for i, (b, n) in enumerate(zip(group["bytes"].astype(float), group["world_size"].astype(int))):
+                spec[i] = alpha_beta_time_s(str(kind), b, int(n), 1, int(n), links[0], links[1])[0]
+                curve = models.transfer_curve(link_tier(links[0]), links[2], links[3], str(kind), int(n))
+                if curve is not None:
+                    pred[i] = transfer_time_s(curve, b, links[0], links[1])
+            others = sorted(set(rows["cluster"].astype(str)[~mine]))
+            _score(group, pred, "transfer", cluster, records, f"{len(others)} other clusters")
+            _score(group, spec, "alpha-beta", cluster, records, "nothing (the spec sheet)")
+    return records
 
 
 # --------------------------------------------------------------------------- held-out evaluation
@@ -620,7 +816,33 @@ def models_to_dict(models: CollectiveModels) -> dict[str, Any]:
         },
         "held_out": [dict(r) for r in models.held_out],
         "skipped": dict(models.skipped),
+        **({"transfer": [transfer_to_dict(c) for c in models.transfer]} if models.transfer else {}),
     }
+
+
+def transfer_to_dict(curve: TransferCurve) -> dict[str, Any]:
+    return {
+        "tier": curve.tier,
+        "architecture": curve.architecture,
+        "node_gpus": curve.node_gpus,
+        "kind": curve.kind,
+        "per_node": curve.per_node,
+        "clusters": list(curve.clusters),
+        "points": [list(p) for p in curve.points],
+    }
+
+
+def transfer_from_dict(data: Mapping[str, Any]) -> TransferCurve:
+    """A transfer curve from its already validated JSON object."""
+    return TransferCurve(
+        tier=str(data["tier"]),
+        architecture=None if data["architecture"] is None else str(data["architecture"]),
+        node_gpus=None if data["node_gpus"] is None else int(data["node_gpus"]),
+        kind=str(data["kind"]),
+        per_node=int(data["per_node"]),
+        clusters=tuple(str(c) for c in data["clusters"]),
+        points=tuple((float(x), float(y)) for x, y in data["points"]),
+    )
 
 
 def models_from_dict(data: Mapping[str, Any]) -> CollectiveModels:
@@ -629,6 +851,7 @@ def models_from_dict(data: Mapping[str, Any]) -> CollectiveModels:
         laws={c: {k: law_from_dict(k, law) for k, law in kinds.items()} for c, kinds in data["clusters"].items()},
         held_out=tuple(data.get("held_out", ())),
         skipped=dict(data.get("skipped", {})),
+        transfer=tuple(transfer_from_dict(c) for c in data.get("transfer", ())),
     )
 
 

@@ -305,3 +305,111 @@ def test_perlmutter_nccl_held_out_error(tmp_path):
     print(table.to_string())
     assert set(table["split"]) == {"sizes", "topology"}
     assert (table["median_ape"] <= 10).all(), table
+
+
+# --------------------------------------------------------------------------- transfer to unmeasured clusters
+
+HOPPER_FACTOR = [0.9, 1.3, 0.8]  # measured / alpha-beta at 2**12, 2**20 and 2**28 bytes (then held)
+BLACKWELL_FACTOR = [1.1, 1.6, 1.3]
+
+
+def _factor(nbytes: float, points: list[float]) -> float:
+    return float(np.exp(np.interp(np.log2(nbytes), [12, 20, 28], np.log(points))))
+
+
+def _single_node_rows(cluster: str, factor: list[float], timing: str = "replay:aiconfigurator:nccl-tests-avg"):
+    """NCCL rows of one catalog cluster: its alpha-beta time on its own links times ``factor``."""
+    from opcast.collectives_law import alpha_beta_time_s
+    from opcast.train.collectives import cluster_links
+
+    links = cluster_links(cluster)
+    assert links is not None
+    rows = []
+    for kind in ("all_reduce", "all_gather"):
+        for n in (2, 4, 8):
+            for e in range(10, 31):
+                t = alpha_beta_time_s(kind, 2**e, n, 1, n, links[0], links[1])[0] * _factor(2**e, factor)
+                rows.append(
+                    {
+                        "op": kind,
+                        "bytes": 2**e,
+                        "world_size": n,
+                        "nodes": 1,
+                        "gpus_per_node": n,
+                        "time_s_median": t,
+                        "cluster": cluster,
+                        "timing_method": timing,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def _four_clusters() -> pd.DataFrame:
+    return pd.concat(
+        [
+            _single_node_rows("dgx-h100", HOPPER_FACTOR),
+            _single_node_rows("dgx-h200", HOPPER_FACTOR),
+            _single_node_rows("dgx-b200", BLACKWELL_FACTOR),
+            _single_node_rows("dgx-b300", BLACKWELL_FACTOR),
+        ],
+        ignore_index=True,
+    )
+
+
+def test_transfer_curve_is_its_architectures_and_moves_the_spec_time_of_an_unmeasured_gpu():
+    from opcast.collectives_law import alpha_beta_time_s
+    from opcast.hardware import get_device
+    from opcast.predict.comm import Collective, Group
+    from opcast.predict.comm_learned import LearnedCollectives
+
+    models = fit_collectives(_four_clusters())
+    assert models is not None
+    hopper = models.transfer_curve("nvlink", "hopper", 8, "all_reduce", 4)
+    pooled = models.transfer_curve("nvlink", "cdna3", 8, "all_reduce", 4)  # no AMD cluster: the pooled curve
+    assert hopper is not None and hopper.clusters == ("dgx-h100", "dgx-h200")
+    assert pooled is not None and pooled.architecture is None and len(pooled.clusters) == 4
+    # H800 (Hopper, 200 GB/s NVLink, no cluster measured): its own alpha-beta time x Hopper's factor
+    h800 = get_device("H800")
+    source = LearnedCollectives(models, "test")
+    for nbytes in (2**14, 2**20, 3 * 2**22, 2**29):
+        call = Collective("all_reduce", nbytes, Group(4, 1, 4))
+        seconds, label = source.time_s(call, h800)
+        spec = alpha_beta_time_s("all_reduce", nbytes, 4, 1, 4, h800.intra_node_bw_bytes_per_s, 1e9)[0]
+        assert seconds == pytest.approx(spec * _factor(nbytes, HOPPER_FACTOR), rel=1e-6), nbytes
+        assert label == "learned/transfer/nvlink/intra-node (hopper x8: dgx-h100, dgx-h200)"
+    assert not source.covers(Collective("all_reduce", 2**20, Group(8, 2, 4)), h800)  # across nodes: alpha-beta
+    # H20 has an H100 node's links: it takes dgx-h100's own law, not a transfer
+    _, label = source.time_s(Collective("all_reduce", 2**20, Group(8, 1, 8)), get_device("H20"))
+    assert label.startswith("learned/dgx-h100/ring/intra-node (H20: same node links)")
+
+
+def test_transfer_is_scored_by_leaving_each_cluster_out_and_ignores_framework_timings():
+    frame = _four_clusters()
+    torch_level = _single_node_rows("dgx-a100", [3.0, 3.0, 3.0], timing="replay:vidur:median3")
+    models = fit_collectives(pd.concat([frame, torch_level], ignore_index=True))
+    assert models is not None
+    assert all("dgx-a100" not in c.clusters for c in models.transfer)  # a torch-level timing moves no curve
+    assert "dgx-a100" in models.laws  # but fits its own cluster's law
+    report = {(r["cluster"], r["kind"]): r for r in models.held_out if r["split"] == "transfer"}
+    spec = {(r["cluster"], r["kind"]): r for r in models.held_out if r["split"] == "alpha-beta"}
+    assert set(report) == {
+        (c, k) for c in ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300") for k in ("all_gather", "all_reduce")
+    }
+    for key, r in report.items():  # each left-out cluster is predicted by its twin's curve: exact
+        assert r["mean_ape"] < 0.5 and r["not_covered"] == 0, r
+        assert spec[key]["mean_ape"] > 10, spec[key]  # the spec sheet alone is not
+
+
+def test_transfer_curves_survive_the_artifact(tmp_path):
+    from opcast.train.artifacts import _body_digest, load_collectives, load_model_set
+
+    path = _model_set(tmp_path, _four_clusters())
+    loaded = load_collectives(load_model_set(path))
+    assert loaded.transfer == fit_collectives(_four_clusters()).transfer and loaded.transfer
+    data = json.loads((path / "collectives.json").read_text())
+    data["transfer"][0]["tier"] = "infiniband"
+    data["sha256"] = _body_digest(data)
+    (path / "collectives.json").write_text(json.dumps(data))
+    with pytest.raises(OpcastError, match=r"transfer\[0\]\.tier") as err:
+        load_collectives(load_model_set(path))
+    assert "\n" not in str(err.value)
