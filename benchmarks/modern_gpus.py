@@ -23,7 +23,12 @@ of the predictor groups those labels fall in (prefill and decode share one), so 
 same numbers alone as in the full run. The models are opcast's
 own: :func:`opcast.train.fit.fit_frame` with the chosen estimator, one predictor per (op,
 direction, dtype class) exactly as ``opcast train fit`` groups them (prefill and decode share
-``attention-fwd-*``), collectives included.
+``attention-fwd-*``). Collectives are scored as ``opcast predict`` prices them
+(:func:`collective_predictions`): the per-cluster laws of ``collectives.json``
+(:mod:`opcast.train.collectives`) fitted on the training rows, so within-GPU a system's own law and,
+left out, the law of a cluster with the same node links, else the transfer curve of its link tier,
+else alpha-beta; the cluster-blind kernel predictor ``train fit --collectives`` fits (not in the
+default models) is printed beside them as ``blind``.
 
 1. Leave-one-GPU-out (LOGO), over every tensor-core GPU in the data: fit on all systems but one,
    score that one (a GPU the models never saw; the shapes are largely the same on every system,
@@ -254,6 +259,46 @@ def fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, estimator: str
     return pred, {k: est.name for k, (est, _) in fitted.items()}
 
 
+def collective_predictions(train: pd.DataFrame, test: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds, source) that ``opcast predict`` prices each NCCL row of ``test`` at with the
+    collective laws :func:`opcast.train.collectives.fit_collectives` fits on ``train``'s rows (NaN
+    and "" for the other rows): the row's own cluster law where ``train`` measured that cluster
+    (within-GPU), else the law of a cluster with the same node links, else the transfer curve of its
+    link tier, architecture and node size, else NCCL's alpha-beta model, as
+    :mod:`opcast.predict.comm_learned` chooses. The device is the cluster's (its GPU with the node's
+    links, :func:`opcast.clusters.cluster_device_name`)."""
+    from opcast.clusters import cluster_device_name, find_cluster
+    from opcast.hardware import get_device
+    from opcast.predict.comm import AlphaBetaCollectives, Collective, CollectiveCostModel, Group
+    from opcast.predict.comm_learned import LearnedCollectives
+    from opcast.train.collectives import fit_collectives
+
+    seconds = np.full(len(test), np.nan)
+    source = np.full(len(test), "", dtype=object)
+    coll = test["op"].isin(COLLECTIVES).to_numpy()
+    if not coll.any():
+        return seconds, source
+    models = fit_collectives(train, held_out=False)
+    cost = (
+        CollectiveCostModel(sources=(LearnedCollectives(models, "benchmark"), AlphaBetaCollectives()))
+        if models is not None
+        else CollectiveCostModel()
+    )
+    for i in np.flatnonzero(coll):
+        row = test.iloc[i]
+        spec = find_cluster(str(row["cluster"])) if isinstance(row["cluster"], str) else None
+        device = get_device(cluster_device_name(spec) if spec is not None else str(row["device"]))
+        group = Group(int(row["world_size"]), int(row["nodes"]), int(row["gpus_per_node"]))
+        seconds[i], how = cost.time_s(Collective(str(row["op"]), int(row["bytes"]), group), device)
+        if how.startswith("learned/transfer/"):
+            source[i] = "learned transfer curve"
+        elif how.startswith("learned/"):
+            source[i] = "learned twin law" if "same node links" in how else "learned own law"
+        else:
+            source[i] = "alpha-beta"
+    return seconds, source
+
+
 def spec_roofline(frame: pd.DataFrame, devices) -> tuple[np.ndarray, np.ndarray]:
     """(baseline (a), the spec roofline, and baseline (c), NCCL's alpha-beta time) of every row
     of ``frame``. (a) is the datasheet roofline, ``max(t_compute, t_memory)`` with the memory time
@@ -297,11 +342,15 @@ def logo(pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, s
         train = pool[keep]
         test = test_pool[test_pool["device"] == dev].reset_index(drop=True)
         pred, chosen = fit_predict(train, test, devices, estimator, seed)
+        laws, source = collective_predictions(train, test)
+        coll = test["op"].isin(COLLECTIVES).to_numpy()
         roof, alpha_beta = spec_roofline(test, devices)
         factors = efficiency_factors(train, roof_train[keep])
         parts.append(
             test.assign(
-                pred_model=pred,
+                pred_model=np.where(coll, laws, pred),
+                pred_blind=np.where(coll, pred, np.nan),
+                collective_source=source,
                 pred_alpha_beta=alpha_beta,
                 pred_roofline=roof,
                 pred_efficiency=roof * test["label"].map(factors).to_numpy(dtype=float),
@@ -339,7 +388,9 @@ def within(
         asked = scored.to_numpy()[mine]
         train, test = cap(sub[~held], n_train, seed), cap(sub[held & asked], n_test, seed).reset_index(drop=True)
         pred, _ = fit_predict(train, test, devices, estimator, seed)
-        parts.append(test.assign(pred_model=pred))
+        laws, _ = collective_predictions(train, test)
+        coll = test["op"].isin(COLLECTIVES).to_numpy()
+        parts.append(test.assign(pred_model=np.where(coll, laws, pred), pred_blind=np.where(coll, pred, np.nan)))
         log(
             f"within: {dev}: {len(train)} train rows, {len(test)} held-out-shape rows "
             f"in {time.perf_counter() - t0:.0f} s"
@@ -662,11 +713,17 @@ def main(argv: list[str] | None = None) -> int:
         asked = frame["device"].isin(left_out) & frame["label"].isin(chosen)
         test_pool = cap(frame[asked], args.test_rows, args.seed + 1)
         scored = logo(pool, test_pool, devices, args.estimator, args.seed, log)
-        preds = ("model", "alpha_beta", "efficiency", "roofline")
+        preds = ("model", "blind", "alpha_beta", "efficiency", "roofline")
         tables[
-            "Leave-one-GPU-out, pooled over the left-out systems: opcast model vs (c) NCCL's alpha-beta model "
-            "(collectives) vs (b) one efficiency factor per label vs (a) the spec roofline — APE %"
+            "Leave-one-GPU-out, pooled over the left-out systems: opcast model (collectives: predict's laws) vs "
+            "the cluster-blind collective predictor (blind) vs (c) NCCL's alpha-beta model (collectives) vs "
+            "(b) one efficiency factor per label vs (a) the spec roofline — APE %"
         ] = pooled_table(scored, preds, TARGETS)
+        coll = scored[scored["collective_source"] != ""]
+        if len(coll):
+            tables["Leave-one-GPU-out collectives: which source predict took for the left-out system — rows"] = (
+                coll.groupby(["label", "device", "collective_source"]).size().unstack(fill_value=0).reset_index()
+            )
         tables[
             "Leave-one-GPU-out per left-out system — APE % (system_scale, mape_after_scale: diagnosis only, "
             "read from the held-out system)"
@@ -684,9 +741,9 @@ def main(argv: list[str] | None = None) -> int:
     if "within" in sections:
         scored = within(frame, devices, args.estimator, args.within_train_rows, args.test_rows, args.seed, log, chosen)
         tables["Within-GPU, 20 % of the shapes held out (grouped split), pooled — APE %"] = pooled_table(
-            scored, ("model",), WITHIN_TARGET
+            scored, ("model", "blind"), WITHIN_TARGET
         )
-        tables["Within-GPU per system — APE %"] = per_system_table(scored, ("model",))
+        tables["Within-GPU per system — APE %"] = per_system_table(scored, ("model", "blind"))
     print(f"# opcast on AIConfigurator's measured kernels (estimator {args.estimator}; every score on held-out rows)\n")
     print(f"data: {data} ({len(frame)} rows, systems {', '.join(sorted(devices))})")
     print(f"subsampling: {rule}")
