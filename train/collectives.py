@@ -101,6 +101,10 @@ HOLDOUT_MAX_NODES: Final = 4
 """The topology split fits on runs of at most this many nodes and scores the larger ones."""
 CURVE_MIN_SIZES: Final = 3
 """A topology measured at fewer distinct message sizes gets no curve (the law alone)."""
+CURVE_BINS_PER_OCTAVE: Final = 4
+"""A curve has one point per quarter octave of message size at most (the median log size and log
+ratio of the sizes in it): nccl-tests' power-of-two sweeps keep every size, Vidur's ~1,000 sizes
+per topology are smoothed to ~60 points."""
 TRANSFER_TIMINGS: Final = ("nccl-tests",)
 """Transfer curves learn from rows timed as the collective kernel alone: a ``timing_method``
 naming nccl-tests (AIConfigurator's ``nccl-tests-avg``). Vidur's rows time a torch.distributed call
@@ -438,19 +442,20 @@ def _curves(
     a: Mapping[str, np.ndarray], log_ratio: np.ndarray
 ) -> tuple[tuple[int, int, tuple[tuple[float, float], ...]], ...]:
     """Each measured topology's correction curve: the median of ``log_ratio`` (measured over law)
-    per distinct message size, where it has at least :data:`CURVE_MIN_SIZES` sizes."""
+    per quarter octave of message size (:data:`CURVE_BINS_PER_OCTAVE`), where it has at least
+    :data:`CURVE_MIN_SIZES` sizes."""
     import numpy as np
 
     out = []
     topo = np.stack([a["nodes"], a["per"]], axis=1)
     for nd, g in sorted({(int(n), int(p)) for n, p in topo}):
         mine = (topo[:, 0] == nd) & (topo[:, 1] == g)
-        sizes = a["bytes"][mine]
-        distinct = np.unique(sizes)
-        if len(distinct) < CURVE_MIN_SIZES:
+        sizes = np.log2(a["bytes"][mine])
+        if len(np.unique(sizes)) < CURVE_MIN_SIZES:
             continue
         r = log_ratio[mine]
-        points = tuple((float(np.log2(s)), float(np.median(r[sizes == s]))) for s in distinct)
+        bins = np.floor(sizes * CURVE_BINS_PER_OCTAVE + 1e-9)
+        points = tuple((float(np.median(sizes[bins == b])), float(np.median(r[bins == b]))) for b in np.unique(bins))
         out.append((nd, g, points))
     return tuple(out)
 

@@ -413,3 +413,27 @@ def test_transfer_curves_survive_the_artifact(tmp_path):
     with pytest.raises(OpcastError, match=r"transfer\[0\]\.tier") as err:
         load_collectives(load_model_set(path))
     assert "\n" not in str(err.value)
+
+
+def test_a_dense_size_sweep_gives_a_smoothed_curve_that_loads(tmp_path):
+    from opcast.train.artifacts import load_collectives, load_model_set
+
+    rng = np.random.default_rng(1)
+    sizes = np.unique(np.round(2 ** rng.uniform(11, 26, 1000)).astype(int))  # ~1,000 sizes, as Vidur's profiles
+    frame = pd.DataFrame(
+        {
+            "op": "all_reduce",
+            "bytes": sizes,
+            "world_size": 4,
+            "nodes": 1,
+            "gpus_per_node": 4,
+            "time_s_median": [_law_s("all_reduce", b, 1, 4) * (1 + 0.05 * rng.standard_normal()) for b in sizes],
+            "cluster": "perlmutter",
+        }
+    )
+    law = fit_law("all_reduce", frame)
+    assert law is not None
+    ((_, _, points),) = law.curves
+    assert len(points) <= 4 * 15 + 1  # a point per quarter octave over 15 octaves
+    loaded = load_collectives(load_model_set(_model_set(tmp_path, frame)))
+    assert loaded.laws["perlmutter"]["all_reduce"].curves == law.curves
