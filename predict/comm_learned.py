@@ -127,8 +127,14 @@ class LearnedCollectives:
         )
         if key not in self._by_device:
             own = device.name.split("[")[0]
-            # the named cluster first, then a cluster of the device's own GPU (H200 on dgx-h200, not dgx-h100)
-            fitted = sorted(self.models.laws, key=lambda c: (c != self.cluster, _gpu_of(c) != own, c))
+
+            # the named cluster first, then a cluster of the device's own GPU (H200 on dgx-h200, not dgx-h100),
+            # then a law timed as the kernel alone (dgx-a100's nccl-tests before Vidur's torch calls on Azure)
+            def order(c: str) -> tuple[bool, bool, bool, str]:
+                law = self.models.law(c, call.kind)
+                return (c != self.cluster, _gpu_of(c) != own, not (law is not None and law.kernel_timed), c)
+
+            fitted = sorted(self.models.laws, key=order)
             twins = [c for c in fitted if self.models.law(c, call.kind) and same_node_links(device, c)]
             self._by_device[key] = twins[0] if twins else None
         return self._by_device[key]

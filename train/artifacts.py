@@ -781,6 +781,7 @@ LAW_FIELDS: Final[dict[str, _Field]] = {
     "bytes_min": (True, _is_count, "an integer >= 1"),
     "bytes_max": (True, _is_count, "an integer >= 1"),
     "topologies": (True, _is_pair_list(_is_count, _is_count), "a list of [nodes, ranks per node]"),
+    "kernel_timed": (False, lambda v: isinstance(v, bool), "true or false"),
     "curves": (
         False,
         lambda v: isinstance(v, list) and len(v) <= CURVES_MAX and all(_is_curve(c) for c in v),

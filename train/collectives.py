@@ -162,6 +162,10 @@ class CollectiveLaw:
     bytes_max: int
     topologies: tuple[tuple[int, int], ...]
     """(nodes, ranks per node) measured."""
+    kernel_timed: bool = False
+    """Whether every row it was fitted on timed the collective kernel alone (a ``timing_method`` of
+    :data:`TRANSFER_TIMINGS`), not a framework call: what a device borrowing a same-links cluster's
+    law prefers (:mod:`opcast.predict.comm_learned`)."""
     curves: tuple[tuple[int, int, tuple[tuple[float, float], ...]], ...] = ()
     """Per measured topology (nodes, ranks per node), its correction curve: (log2 bytes, natural
     log of measured / law time) at each measured size, ascending (see the module docstring)."""
@@ -323,6 +327,16 @@ def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     return coll[ok], skipped
 
 
+def kernel_timed(rows: pd.DataFrame) -> np.ndarray:
+    """Which rows timed the collective kernel alone (:data:`TRANSFER_TIMINGS`)."""
+    import numpy as np
+
+    if "timing_method" not in rows.columns:
+        return np.zeros(len(rows), dtype=bool)
+    method = rows["timing_method"].astype(str)
+    return np.logical_or.reduce([method.str.contains(t, regex=False).to_numpy() for t in TRANSFER_TIMINGS])
+
+
 def _arrays(rows: pd.DataFrame) -> dict[str, np.ndarray]:
     import numpy as np
 
@@ -431,6 +445,7 @@ def fit_law(kind: str, rows: pd.DataFrame) -> CollectiveLaw | None:
         net_bw_bytes_per_s=None if net is None else float(net),
         net_ranks_exponent=float(gamma),
         rows=len(rows),
+        kernel_timed=bool(kernel_timed(rows).all()),
         bytes_min=int(a["bytes"].min()),
         bytes_max=int(a["bytes"].max()),
         topologies=tuple(topologies),
@@ -509,12 +524,7 @@ def _single_node_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     from opcast.collectives_law import alpha_beta_time_s, link_tier
 
     one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
-    if "timing_method" not in one.columns:
-        return pd.DataFrame(
-            columns=["tier", "architecture", "node_gpus", "kind", "per_node", "cluster", "bytes", "log_ratio"]
-        )
-    method = one["timing_method"].astype(str)
-    one = one[np.logical_or.reduce([method.str.contains(t, regex=False).to_numpy() for t in TRANSFER_TIMINGS])]
+    one = one[kernel_timed(one)]
     parts = []
     for cluster, group in one.groupby(one["cluster"].astype(str), sort=True):
         links = cluster_links(str(cluster))
@@ -557,7 +567,8 @@ def fit_transfer(rows: pd.DataFrame) -> tuple[TransferCurve, ...]:
     out = []
     for (tier, kind, per), group in per_cluster.groupby(["tier", "kind", "per_node"], sort=True):
         pools: list[tuple[str | None, int | None, pd.DataFrame, int]] = [(None, None, group, TRANSFER_MIN_CLUSTERS)]
-        pools += [(str(a), int(n), g, 1) for (a, n), g in group.groupby(["architecture", "node_gpus"], sort=True)]
+        for (a, n), g in group.groupby(["architecture", "node_gpus"], sort=True):
+            pools.append((str(a), int(n), g, 1))  # type: ignore[call-overload]
         for arch, node_gpus, pool, least in pools:
             points = []
             clusters: set[str] = set()
@@ -597,11 +608,7 @@ def transfer_report(rows: pd.DataFrame) -> list[dict[str, Any]]:
 
     records: list[dict[str, Any]] = []
     one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
-    if "timing_method" in one.columns:
-        method = one["timing_method"].astype(str)
-        one = one[np.logical_or.reduce([method.str.contains(t, regex=False).to_numpy() for t in TRANSFER_TIMINGS])]
-    else:
-        one = one.iloc[:0]
+    one = one[kernel_timed(one)]
     for cluster in sorted(set(one["cluster"].astype(str))):
         links = cluster_links(cluster)
         if links is None:
@@ -787,6 +794,7 @@ def law_to_dict(law: CollectiveLaw) -> dict[str, Any]:
         "bytes_min": law.bytes_min,
         "bytes_max": law.bytes_max,
         "topologies": [[n, g] for n, g in law.topologies],
+        **({"kernel_timed": True} if law.kernel_timed else {}),
         **({"curves": [[n, g, [list(p) for p in pts]] for n, g, pts in law.curves]} if law.curves else {}),
     }
 
@@ -805,6 +813,7 @@ def law_from_dict(kind: str, data: Mapping[str, Any]) -> CollectiveLaw:
         bytes_min=int(data["bytes_min"]),
         bytes_max=int(data["bytes_max"]),
         topologies=tuple((int(n), int(g)) for n, g in data["topologies"]),
+        kernel_timed=bool(data.get("kernel_timed", False)),
         curves=tuple(
             (int(n), int(g), tuple((float(x), float(y)) for x, y in pts)) for n, g, pts in data.get("curves", ())
         ),

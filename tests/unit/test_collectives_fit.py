@@ -437,3 +437,31 @@ def test_a_dense_size_sweep_gives_a_smoothed_curve_that_loads(tmp_path):
     assert len(points) <= 4 * 15 + 1  # a point per quarter octave over 15 octaves
     loaded = load_collectives(load_model_set(_model_set(tmp_path, frame)))
     assert loaded.laws["perlmutter"]["all_reduce"].curves == law.curves
+
+
+def test_a_plain_gpu_takes_the_kernel_timed_law_of_its_own_node():
+    from opcast.hardware import get_device
+    from opcast.predict.comm import Collective, Group
+    from opcast.predict.comm_learned import LearnedCollectives
+
+    frame = pd.concat(
+        [
+            _single_node_rows("azure-nd-a100-v4", [3.0, 3.0, 3.0], timing="replay:vidur:median3"),
+            _single_node_rows("dgx-a100", [1.0, 1.2, 1.0]),
+        ],
+        ignore_index=True,
+    )
+    models = fit_collectives(frame)
+    assert models is not None
+    assert models.laws["dgx-a100"]["all_reduce"].kernel_timed
+    assert not models.laws["azure-nd-a100-v4"]["all_reduce"].kernel_timed
+    # both are nodes of eight A100-SXM4-80GB on NVSwitch; the nccl-tests law prices the kernel
+    _, label = LearnedCollectives(models, "test").time_s(
+        Collective("all_reduce", 2**24, Group(8, 1, 8)), get_device("A100-SXM4-80GB")
+    )
+    assert label == "learned/dgx-a100/ring/intra-node (A100-SXM4-80GB: same node links)"
+    # a job that names the Azure cluster gets the Azure law
+    _, label = LearnedCollectives(models, "test", cluster="azure-nd-a100-v4").time_s(
+        Collective("all_reduce", 2**24, Group(8, 1, 8)), get_device("A100-SXM4-80GB")
+    )
+    assert label.startswith("learned/azure-nd-a100-v4/")
