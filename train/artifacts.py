@@ -621,12 +621,18 @@ def check_output(out: str | Path, name: str) -> Path:
 
 
 def write_model_set(
-    out: Path, name: str, fitted: Mapping[str, tuple[Any, dict[str, Any]]], meta: dict[str, Any]
+    out: Path,
+    name: str,
+    fitted: Mapping[str, tuple[Any, dict[str, Any]]],
+    meta: dict[str, Any],
+    collectives: Any = None,
 ) -> Path:
     """Write ``out/name/`` atomically: each (estimator, entry) of ``fitted`` (group key -> ...)
     saved to ``<group><suffix>`` with its record (group, estimator, features), then ``meta.json``
-    with every file's sha256. An existing model set of that name is replaced; anything else
-    there is refused (:func:`check_output`)."""
+    with every file's sha256, then the set's ``collectives`` laws (:func:`write_collectives`), if
+    any, all before the new set replaces the old one: a file that would not load stops the write
+    with the old set whole. An existing model set of that name is replaced; anything else there is
+    refused (:func:`check_output`)."""
     out = Path(out)
     final = check_output(out, name)
     try:
@@ -672,6 +678,8 @@ def write_model_set(
         }
         body["meta_sha256"] = _meta_digest(json.loads(json.dumps(body, default=str)))
         (tmp / META).write_text(json.dumps(body, indent=1, sort_keys=False, default=str) + "\n")
+        if collectives is not None:
+            write_collectives(tmp, collectives)
         old = None
         if final.exists():
             old = out / f".{name}.old-{os.getpid()}"

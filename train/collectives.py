@@ -101,6 +101,9 @@ HOLDOUT_MAX_NODES: Final = 4
 """The topology split fits on runs of at most this many nodes and scores the larger ones."""
 CURVE_MIN_SIZES: Final = 3
 """A topology measured at fewer distinct message sizes gets no curve (the law alone)."""
+CURVE_MAX_LOG: Final = 20.0
+"""A curve's log factor is held within +-20 (what collectives.json accepts): a factor of e**20 is a
+corrupt row, not a correction."""
 CURVE_BINS_PER_OCTAVE: Final = 4
 """A curve has one point per quarter octave of message size at most (the median log size and log
 ratio of the sizes in it): nccl-tests' power-of-two sweeps keep every size, Vidur's ~1,000 sizes
@@ -470,7 +473,10 @@ def _curves(
             continue
         r = log_ratio[mine]
         bins = np.floor(sizes * CURVE_BINS_PER_OCTAVE + 1e-9)
-        points = tuple((float(np.median(sizes[bins == b])), float(np.median(r[bins == b]))) for b in np.unique(bins))
+        points = tuple(
+            (float(np.median(sizes[bins == b])), float(np.clip(np.median(r[bins == b]), -CURVE_MAX_LOG, CURVE_MAX_LOG)))
+            for b in np.unique(bins)
+        )
         out.append((nd, g, points))
     return tuple(out)
 
@@ -881,9 +887,12 @@ def fit_datasets(datasets: Iterable[str | Any]) -> tuple[CollectiveModels | None
     return fit_collectives(frame), bool((~frame["op"].isin(OP_KINDS)).any())
 
 
-def write_collectives_only_set(out: Any, name: str, datasets: Iterable[Any], command: str) -> Any:
+def write_collectives_only_set(
+    out: Any, name: str, datasets: Iterable[Any], command: str, collectives: CollectiveModels | None = None
+) -> Any:
     """A model set with no kernel predictors (the data held only collectives): meta.json for
-    the collective laws to bind to. Returns its folder."""
+    the collective laws to bind to, and those laws (``collectives``) in the same atomic write.
+    Returns its folder."""
     import time
     from pathlib import Path
 
@@ -897,4 +906,4 @@ def write_collectives_only_set(out: Any, name: str, datasets: Iterable[Any], com
         "rows": 0,
         "skipped": {"kernels": "the datasets hold only collectives: this set prices collectives only"},
     }
-    return write_model_set(Path(out), name, {}, meta)
+    return write_model_set(Path(out), name, {}, meta, collectives=collectives)

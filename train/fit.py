@@ -966,8 +966,10 @@ def fit_model_set(
     cfg: FitConfig = FitConfig(),
     progress: Any = None,
     command: str = "opcast train fit",
+    collectives: Any = None,
 ) -> FitResult:
-    """Read ``datasets``, fit every group, write ``out/name/`` and score --holdout-device rows."""
+    """Read ``datasets``, fit every group, write ``out/name/`` (with the ``collectives`` laws, if
+    any, inside the same atomic write) and score --holdout-device rows."""
     from opcast.train.artifacts import check_output, write_model_set
     from opcast.train.evaluate import predict_frame, score_table
 
@@ -1026,7 +1028,7 @@ def fit_model_set(
         test = frame[is_held & ~custom_backend(frame)].reset_index(drop=True)  # as fitted: NCCL's collectives
         holdout = score_table(test, predict_frame(_Fitted(), test, devices))
         meta["holdout_metrics"] = json.loads(holdout.to_json(orient="records"))
-    path = write_model_set(Path(out), name, fitted, meta)
+    path = write_model_set(Path(out), name, fitted, meta, collectives=collectives)
     return FitResult(path=path, groups=summary, holdout=holdout, seconds=time.perf_counter() - t0, skipped=skipped)
 
 

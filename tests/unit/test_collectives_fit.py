@@ -147,14 +147,11 @@ def test_held_out_report_scores_sizes_and_the_larger_topology():
 
 
 def _model_set(tmp_path: Path, frame: pd.DataFrame) -> Path:
-    from opcast.train.artifacts import write_collectives
     from opcast.train.collectives import write_collectives_only_set
 
-    path = write_collectives_only_set(tmp_path / "models", "coll", [], "test")
     models = fit_collectives(frame)
     assert models is not None
-    write_collectives(path, models)
-    return path
+    return write_collectives_only_set(tmp_path / "models", "coll", [], "test", collectives=models)
 
 
 def test_artifact_round_trip(tmp_path):
@@ -465,3 +462,20 @@ def test_a_plain_gpu_takes_the_kernel_timed_law_of_its_own_node():
         Collective("all_reduce", 2**24, Group(8, 1, 8)), get_device("A100-SXM4-80GB")
     )
     assert label.startswith("learned/azure-nd-a100-v4/")
+
+
+def test_laws_that_would_not_load_stop_the_write_with_the_old_set_whole(tmp_path):
+    from opcast.train.collectives import write_collectives_only_set
+
+    frame = _rows([(1, 4), (2, 4)])
+    path = _model_set(tmp_path, frame)
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    good = fit_collectives(frame)
+    assert good is not None
+    law = good.laws["perlmutter"]["all_reduce"]
+    bad = replace(good, laws={"perlmutter": {"all_reduce": replace(law, curves=((1, 4, ((1.0, 99.0),)),))}})
+    with pytest.raises(OpcastError, match="curves") as err:
+        write_collectives_only_set(tmp_path / "models", "coll", [], "test", collectives=bad)
+    assert "\n" not in str(err.value)
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before  # meta.json and collectives.json as they were
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["coll"]  # no staging folder left behind
