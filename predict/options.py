@@ -421,6 +421,7 @@ def _option(group: tuple[Opt, ...], name: str) -> Opt:
 
 
 PRECISION = _option(TRAIN, "precision")
+FP8_RECIPE = _option(TRAIN, "fp8_recipe")
 ATTENTION = _option(TRAIN, "attention")
 
 

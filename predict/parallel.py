@@ -625,6 +625,16 @@ def offload_reasons(cfg: TrainConfig, device, *, layers: int) -> list[str]:
     return reasons
 
 
+def fp8_recipe_reasons(precision: str, fp8_recipe: str) -> list[str]:
+    """What is wrong with an fp8 scaling recipe for ``precision`` (``predict train`` and ``search``
+    share it): one of :data:`Fp8Recipe`, and other than delayed only with per-tensor fp8."""
+    if fp8_recipe not in get_args(Fp8Recipe):
+        return [f"fp8_recipe={fp8_recipe!r} is not one of {', '.join(get_args(Fp8Recipe))}"]
+    if fp8_recipe != "delayed" and precision != "fp8":
+        return [f"fp8_recipe={fp8_recipe!r} applies to precision fp8 (per-tensor scaling) only, not {precision}"]
+    return []
+
+
 def validate_train(
     arch: ArchSpec,
     device,
@@ -660,14 +670,10 @@ def validate_train(
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
         ("optimizer", cfg.optimizer, Optimizer),
-        ("fp8_recipe", cfg.fp8_recipe, Fp8Recipe),
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
-    if cfg.fp8_recipe != "delayed" and cfg.precision != "fp8":
-        reasons.append(
-            f"fp8_recipe={cfg.fp8_recipe!r} applies to precision fp8 (per-tensor scaling) only, not {cfg.precision}"
-        )
+    reasons += fp8_recipe_reasons(cfg.precision, cfg.fp8_recipe)
     if cfg.framework is not None and cfg.framework not in get_args(FrameworkName):
         reasons.append(f"framework={cfg.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     if check_device:

@@ -82,11 +82,13 @@ from opcast.predict.memory import (
 )
 from opcast.predict.parallel import (
     AttentionImpl,
+    Fp8Recipe,
     Precision,
     Recompute,
     Schedule,
     TrainConfig,
     device_reasons,
+    fp8_recipe_reasons,
     model_parallel_groups,
 )
 from opcast.predict.training import (
@@ -173,6 +175,8 @@ class SearchSpace:
     """Tokens per sequence."""
     precision: Precision = "bf16"
     """Compute precision."""
+    fp8_recipe: Fp8Recipe = "delayed"
+    """Transformer Engine's per-tensor fp8 scaling (precision fp8 only), as ``predict train --fp8-recipe``."""
     attention: AttentionImpl = "flash"
     """Attention kernel."""
     objective: Objective = "throughput"
@@ -244,6 +248,7 @@ class Candidate:
             recompute=self.recompute,
             zero=self.zero,
             precision=space.precision,
+            fp8_recipe=space.fp8_recipe,
             attention=space.attention,
             schedule=self.schedule,
             virtual_stages=self.virtual_stages,
@@ -348,6 +353,7 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
     if space.attention not in get_args(AttentionImpl):
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
     problems += device_reasons(device, space.precision)
+    problems += fp8_recipe_reasons(space.precision, space.fp8_recipe)
     problems += _fixed_problems(space.fixed)
     return problems
 
@@ -449,7 +455,7 @@ class _Terms:
         self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
         self.act_dtype = activation_dtype(space.precision)
         self.grad_b = dtype_bytes(self.act_dtype)
-        self.amax = delayed_amax_reduction(precision_of(space.precision, training=True))
+        self.amax = delayed_amax_reduction(precision_of(space.precision, fp8_recipe=space.fp8_recipe, training=True))
         self.peak = dense_peak_flops(device, space.precision)
         self.comms = comms if comms is not None else CollectiveCostModel()
         self.graph_costs: dict[tuple, dict[str, PhaseCost]] = {}
@@ -871,7 +877,7 @@ def _compile(
     in one lookup, and cost each graph per phase into ``terms``. Returns kernels by source, the
     counts of distinct graphs and kernels, and the seconds of the lookup."""
     arch, device, space, worlds = terms.arch, terms.device, terms.space, terms.worlds
-    prec = precision_of(space.precision, device=device, training=True)
+    prec = precision_of(space.precision, fp8_recipe=space.fp8_recipe, device=device, training=True)
     seq, attn = space.seq, space.attention
     block_keys: dict[tuple, None] = {}
     extras_keys: dict[tuple, None] = {}
@@ -1221,6 +1227,7 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
                     "global_batch": space.global_batch,
                     "seq": space.seq,
                     "precision": space.precision,
+                    "fp8_recipe": space.fp8_recipe,
                     "attention": space.attention,
                     "overlap_grad_reduce": space.overlap_grad_reduce,
                 },
@@ -1245,6 +1252,7 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
             "global_batch": space.global_batch,
             "seq": space.seq,
             "precision": space.precision,
+            "fp8_recipe": space.fp8_recipe,
             "attention": space.attention,
             "max_tp": space.max_tp,
             "tp_within_node": space.tp_within_node,

@@ -8,6 +8,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -250,11 +251,14 @@ def test_moe_expert_inputs_are_fp8_and_the_router_input_bf16():
     assert diff == TOKENS * h + rows * (h + f) - TOKENS * heads_d
 
 
-def test_the_prediction_and_the_search_size_fp8_memory_alike():
+@pytest.mark.parametrize("recipe", ["delayed", "current"])
+def test_the_prediction_and_the_search_size_fp8_memory_alike(recipe):
     r = _predict(tp=2, sp=True, micro_batch=2, global_batch=16, seq=TOKENS)
     bf16 = _predict(precision="bf16", tp=2, sp=True, micro_batch=2, global_batch=16, seq=TOKENS)
     assert r.memory[0].activations_bytes < bf16.memory[0].activations_bytes
-    space = S.SearchSpace(gpus=8, gpus_per_node=8, global_batch=16, seq=TOKENS, precision="fp8", max_tp=2)
+    space = S.SearchSpace(
+        gpus=8, gpus_per_node=8, global_batch=16, seq=TOKENS, precision="fp8", fp8_recipe=recipe, max_tp=2
+    )
     result = S.search(GPT, H100, space, top=1, workers=1)
     assert result.candidates and any(c.sp for c in result.candidates) and any(c.pp > 1 for c in result.candidates)
     for c in result.candidates[:: max(1, len(result.candidates) // 25)]:
@@ -262,8 +266,25 @@ def test_the_prediction_and_the_search_size_fp8_memory_alike():
         got = predict_train(
             GPT, H100, cfg, nodes=1, gpus_per_node=8, kernels=roofline_only(), comms=CollectiveCostModel()
         )
+        assert cfg.fp8_recipe == recipe
         assert c.iteration_time_s == pytest.approx(got.iteration_time_s, rel=1e-9), c
         assert c.memory_bytes == pytest.approx(got.worst_memory.total_bytes, rel=1e-12), c
+
+
+def test_the_search_prices_current_scaling_as_predict_train_does():
+    """--fp8-recipe reaches the search's pricing (each configuration checked against predict train above):
+    every configuration's time moves (current scaling's amax passes and scale kernels against delayed
+    scaling's amax all-reduce); bf16 refuses the recipe with the same message as predict train."""
+    base = dict(gpus=8, gpus_per_node=8, global_batch=16, seq=TOKENS, precision="fp8", max_tp=2)
+    delayed = S.search(GPT, H100, S.SearchSpace(**base), top=1, workers=1)
+    current = S.search(GPT, H100, S.SearchSpace(**base, fp8_recipe="current"), top=1, workers=1)
+    times = {c.train_config(delayed.space).__repr__(): c.iteration_time_s for c in delayed.candidates}
+    pairs = [
+        (c, times[replace(c.train_config(current.space), fp8_recipe="delayed").__repr__()]) for c in current.candidates
+    ]
+    assert pairs and all(c.iteration_time_s != t for c, t in pairs)
+    problems = S.space_problems(H100, S.SearchSpace(**{**base, "precision": "bf16"}, fp8_recipe="current"))
+    assert "fp8_recipe='current' applies to precision fp8 (per-tensor scaling) only, not bf16" in problems
 
 
 # --------------------------------------------------------------------------- the console script
