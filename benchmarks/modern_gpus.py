@@ -303,8 +303,9 @@ def spec_roofline(frame: pd.DataFrame, devices) -> tuple[np.ndarray, np.ndarray]
     """(baseline (a), the spec roofline, and baseline (c), NCCL's alpha-beta time) of every row
     of ``frame``. (a) is the datasheet roofline, ``max(t_compute, t_memory)`` with the memory time
     over DRAM (the features' ``t_roof_s`` reads a decode step's L2-resident KV cache faster since
-    features v6, which a spec-sheet baseline does not know), and for collectives the bus bytes over
-    the link (their ``t_roof_s`` is the alpha-beta time since features v4). (c) is NaN for the
+    features v6, and a GEMM's L2-resident operands since v7, which a spec-sheet baseline does not
+    know), and for collectives the bus bytes over the link (their ``t_roof_s`` is the alpha-beta time
+    since features v4). (c) is NaN for the
     non-collective rows."""
     from opcast.ops import op_kinds
     from opcast.train.fit import feature_frame

@@ -9,7 +9,8 @@ For each row (an op configuration: kind, shape parameters, dtype, direction, ten
 - the work: FLOPs and compulsory bytes from the registry (:mod:`opcast.ops`), arithmetic intensity;
 - the roofline bound on the device: ``t_roof = max(flops / peak, bytes / bw)`` with the
   dtype-aware peak (tensor-core or CUDA-core rate, :meth:`DeviceSpec.peak_flops`), a decode
-  step's KV cache read from the L2 where it fits and the L2 is the faster (:func:`_decode_l2_speedup`); for a
+  step's KV cache and a GEMM's operands read from the L2 where they fit and the L2 is the faster
+  (:func:`_l2_speedup`); for a
   collective the reference time ``t_roof`` is NCCL's alpha-beta time on the catalog's links
   (:func:`opcast.collectives_law.alpha_beta_time_s`: ring/tree, LL/Simple, NVLink or PCIe
   latencies and efficiencies), so a learned collective model predicts a correction to the link
@@ -53,7 +54,7 @@ from opcast.ops import uses_tensor_cores as uses_tensor_cores
 if TYPE_CHECKING:
     import pandas as pd
 
-FEATURES_VERSION: Final = 6
+FEATURES_VERSION: Final = 7
 """Bumped whenever a feature's definition changes; artifacts fitted on another version are refused.
 4: a collective's ``t_roof_s`` is its alpha-beta time (was the bus bytes over the link), and its
 features add ``log_t_memory_s`` (the bus bytes over the link, the old reference); a decode step's
@@ -62,11 +63,19 @@ attention tiles follow flash-decoding (:func:`_decode_tiles`), and attention add
 5: GEMM and attention declare :data:`MMA_FEATURES` (the device's tensor-core instruction family),
 read by ``hier`` only.
 6: a decode step's ``t_roof_s`` reads an L2-resident KV cache at the SMs' rate
-(:data:`DECODE_L2_BYTES_PER_SM_CYCLE`, :func:`_decode_l2_speedup`) where that beats DRAM (the GDDR
+(:data:`DECODE_L2_BYTES_PER_SM_CYCLE`, :func:`_l2_speedup`) where that beats DRAM (the GDDR
 parts); ``log_t_memory_s`` stays the DRAM time. Leave-one-GPU-out on AIConfigurator
 (``benchmarks/modern_gpus.py``, xgb, seeds 0 / 1): decode bf16 13.0 / 13.4 -> 11.6 / 11.3 %
 (L40S 31.8 / 30.7 -> 12.4 / 11.5 %), prefill bf16 11.5 / 11.9 -> 11.6 / 11.2, fp8 11.8 / 11.8 -> 11.3 / 11.3;
-the same factor put on the caches that do NOT fit the L2 (a placebo) gives decode 15.4."""
+the same factor put on the caches that do NOT fit the L2 (a placebo) gives decode 15.4.
+7: a GEMM's ``t_roof_s`` reads its operands at the same SM rate where they fit
+:data:`GEMM_L2_RESIDENT_SHARE` of the L2 (again only the GDDR parts move). Leave-one-GPU-out on
+AIConfigurator (``benchmarks/modern_gpus.py --sections logo --labels "gemm bf16,gemm fp8"``, seeds
+0 / 1): xgb gemm bf16 13.1 / 13.1 -> 11.3 / 11.7 % (L40S 30.0 / 28.8 -> 16.9 / 16.8, RTX PRO 6000
+19.5 / 19.0 -> 19.8 / 22.3, H100 9.0 / 8.7 -> 11.0 / 11.0), gemm fp8 8.7 / 8.8 -> 8.7 / 8.8; hier
+(seed 0) bf16 11.9 -> 11.0, fp8 9.8 -> 9.8; tile-mlp (seed 0) bf16 13.0 -> 10.8, fp8 9.5 -> 10.0.
+The factor put on the GEMMs that do NOT fit (a placebo) gives xgb bf16 15.5; residency at the
+whole L2 11.7, at a quarter 11.2."""
 
 GEMM_TILES: Final = ((128, 256), (128, 128), (64, 128), (64, 64), (32, 64), (32, 32), (16, 16))
 """Candidate output tiles (rows, cols), largest first: CUTLASS/cuBLAS threadblock shapes."""
@@ -445,7 +454,8 @@ def _decode_tiles(cols: Mapping[str, np.ndarray], sms: int) -> tuple[np.ndarray,
 
 
 DECODE_L2_BYTES_PER_SM_CYCLE: Final = 7.0
-"""Bytes per SM per clock at which a decode step streams a KV cache that sits in the L2. A kernel
+"""Bytes per SM per clock at which a decode step streams a KV cache that sits in the L2 (and a GEMM
+its operands, :data:`GEMM_L2_RESIDENT_SHARE`). A kernel
 benchmark re-runs one step on one cache, so a cache no larger than the L2 stays there between
 runs (a warm-L2 time: in a real forward pass the other layers' caches evict it). On
 AIConfigurator's measurements the FlashAttention-2 decode kernel peaks at 6.9 (L40S), 7.1 (RTX
@@ -457,19 +467,38 @@ DRAM, more than any decode kernel there takes from the L2: Blackwell's TRT-LLM k
 15-21) the L2 gains nothing over the DRAM roofline."""
 
 
-def _decode_l2_speedup(cols: Mapping[str, np.ndarray], moved: np.ndarray, device: DeviceSpec) -> np.ndarray:
-    """Per row, the factor (<= 1) by which an L2-resident KV cache shortens a decode step's memory
-    time: ``bw / max(bw, sm_count * clock * DECODE_L2_BYTES_PER_SM_CYCLE)`` where the step's bytes
-    fit the L2, else 1 (and 1 for every other row)."""
+GEMM_L2_RESIDENT_SHARE: Final = 0.5
+"""The share of the L2 that keeps a GEMM's operands between the runs of a kernel benchmark (which,
+as vLLM's and TensorRT-LLM's GEMM timings do, re-runs one GEMM on the same matrices: a warm-L2 time;
+in a forward pass the next layer's weights evict a layer's, as for the decode step). A100's L2 is
+two partitions, each caching the data the SMs wired to it read (NVIDIA A100 Tensor Core GPU
+Architecture whitepaper, "A100 L2 Cache"); a GEMM's operand tiles are read by SMs on both sides, so
+they may sit in both and the whole L2 holds half of them (a decode step's KV blocks are each read
+by one block, :func:`_decode_tiles`, and keep the whole L2). NVIDIA documents no such split for the
+GDDR parts this moves (AD102, GB202); there AIConfigurator's memory-bound bf16 GEMMs stop beating
+DRAM above 0.16-0.3 of the L2 (20-30 MB on both), under this half. Within it a GEMM's memory time is the
+SMs' L2 rate, :data:`DECODE_L2_BYTES_PER_SM_CYCLE`, where that beats DRAM. On AIConfigurator's memory-bound bf16
+GEMMs the small ones run at the SMs' pace on every part (1-3 MB: 1.0-1.2 bytes per SM-clock on the
+GDDR L40S and RTX PRO 6000, 1.6-1.9 on the HBM parts), so the DRAM roofline of a GDDR part (2.4
+and 3.5 bytes per SM-clock) misplaces them against the HBM parts (13-27); those of 10-20 MB beat
+the GDDR parts' DRAM by 1.1x. The HBM parts' DRAM exceeds the L2 rate: they keep the DRAM roofline."""
+
+
+def _l2_speedup(cols: Mapping[str, np.ndarray], moved: np.ndarray, device: DeviceSpec) -> np.ndarray:
+    """Per row, the factor (<= 1) by which L2-resident data shorten the memory time:
+    ``bw / max(bw, sm_count * clock * DECODE_L2_BYTES_PER_SM_CYCLE)`` on a decode step whose bytes
+    fit the L2 and on a GEMM whose bytes fit :data:`GEMM_L2_RESIDENT_SHARE` of it, else 1 (and 1
+    for every other row)."""
     n = len(moved)
     out = np.ones(n)
-    if "seq_q" not in cols:
-        return out
     ops = cols["op"].astype(object)
-    step = (ops == "attention") & (cols["direction"].astype(object) == "fwd") & (_as_float(cols["seq_q"]) == 1)
+    fits = np.isfinite(moved) & (moved <= device.l2_bytes)
+    resident = (ops == "gemm") & fits & (moved <= GEMM_L2_RESIDENT_SHARE * device.l2_bytes)
+    if "seq_q" in cols:
+        step = (ops == "attention") & (cols["direction"].astype(object) == "fwd") & (_as_float(cols["seq_q"]) == 1)
+        resident |= step & fits
     bw = device.mem_bw_bytes_per_s
     sm_rate = device.sm_count * device.boost_clock_hz * DECODE_L2_BYTES_PER_SM_CYCLE
-    resident = step & np.isfinite(moved) & (moved <= device.l2_bytes)
     out[resident] = bw / max(bw, sm_rate)
     return out
 
@@ -693,8 +722,8 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
     link = np.where(nodes > 1, device.inter_node_bw_bytes_per_s, device.intra_node_bw_bytes_per_s)
     t_compute = flops / peak
     t_memory = np.where(collective, moved / link, moved / bw)
-    # A decode step whose KV cache fits the L2 streams it from there (DECODE_L2_BYTES_PER_SM_CYCLE).
-    t_memory_l2 = t_memory * _decode_l2_speedup(cols, moved, device)
+    # A decode step's KV cache and a GEMM's operands that fit the L2 stream from there (_l2_speedup).
+    t_memory_l2 = t_memory * _l2_speedup(cols, moved, device)
     t_roof = np.maximum(t_compute, t_memory_l2)
     if collective.any():
         t_roof = np.where(collective, _alpha_beta_s(cols, collective, device), t_roof)
