@@ -152,3 +152,27 @@ def die_variants(base: DeviceSpec, bw_factor: float) -> tuple[DeviceSpec, Device
         mem_bw_bytes_per_s=bw_factor * base.mem_bw_bytes_per_s,
     )
     return board, replace(board, name=f"{base.name}-cut", sm_count=base.sm_count - 8)
+
+
+def pinned_l2_devices() -> tuple[Any, Any]:
+    """(GDDR, HBM): an L40S (864 GB/s, 142 SMs at 2.52 GHz, 96 MiB L2, 362 bf16 TFLOP/s) and an A100
+    (2.039 TB/s, 108 SMs at 1.41 GHz, 40 MiB L2, 312 TFLOP/s), catalog entries pinned to round numbers
+    so that the L2 rules' hand-worked arithmetic does not move when the catalog does."""
+    from opcast.hardware import get_device
+
+    pins = {  # name: SMs, boost clock, DRAM bandwidth, L2 MiB, bf16 peak
+        "L40S": (142, 2.52e9, 864e9, 96, 362e12),
+        "A100-SXM4-80GB": (108, 1.41e9, 2.039e12, 40, 312e12),
+    }
+    gddr, hbm = (
+        replace(
+            get_device(name),
+            sm_count=sms,
+            boost_clock_hz=clock,
+            mem_bw_bytes_per_s=bw,
+            l2_bytes=l2 << 20,
+            peak_bf16_flops=peak,
+        )
+        for name, (sms, clock, bw, l2, peak) in pins.items()
+    )
+    return gddr, hbm

@@ -8,32 +8,15 @@ catalog does: an L40S (GDDR: 864 GB/s, 142 SMs at 2.52 GHz, 96 MiB L2) and an A1
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 
-from opcast.hardware import get_device
 from opcast.train.features import DECODE_L2_BYTES_PER_SM_CYCLE, feature_table
 
-from helpers.synthetic import attention_columns
+from helpers.synthetic import attention_columns, pinned_l2_devices
 
-GDDR = dataclasses.replace(
-    get_device("L40S"),
-    sm_count=142,
-    boost_clock_hz=2.52e9,
-    mem_bw_bytes_per_s=864e9,
-    l2_bytes=96 * 2**20,
-    peak_bf16_flops=362e12,
-)
-HBM = dataclasses.replace(
-    get_device("A100-SXM4-80GB"),
-    sm_count=108,
-    boost_clock_hz=1.41e9,
-    mem_bw_bytes_per_s=2.039e12,
-    l2_bytes=40 * 2**20,
-    peak_bf16_flops=312e12,
-)
+GDDR, HBM = pinned_l2_devices()
 
 
 def _rows(seq_q: int, seq_kv: int, batch: int = 8, heads: int = 32, kv_heads: int = 8) -> dict:

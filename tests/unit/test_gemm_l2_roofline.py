@@ -8,31 +8,16 @@ A100 (HBM: 2.039 TB/s, 108 SMs at 1.41 GHz, 40 MiB L2).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
 import pytest
 
-from opcast.hardware import get_device
 from opcast.train.features import DECODE_L2_BYTES_PER_SM_CYCLE, GEMM_L2_RESIDENT_SHARE, feature_table
 
-GDDR = dataclasses.replace(
-    get_device("L40S"),
-    sm_count=142,
-    boost_clock_hz=2.52e9,
-    mem_bw_bytes_per_s=864e9,
-    l2_bytes=96 * 2**20,
-    peak_bf16_flops=362e12,
-)
-HBM = dataclasses.replace(
-    get_device("A100-SXM4-80GB"),
-    sm_count=108,
-    boost_clock_hz=1.41e9,
-    mem_bw_bytes_per_s=2.039e12,
-    l2_bytes=40 * 2**20,
-    peak_bf16_flops=312e12,
-)
+from helpers.synthetic import pinned_l2_devices
+
+GDDR, HBM = pinned_l2_devices()
 SM_RATE = 142 * 2.52e9 * DECODE_L2_BYTES_PER_SM_CYCLE  # 2.505 TB/s with 7 B per SM-clock, 2.9x the L40S's DRAM
 
 
