@@ -76,7 +76,8 @@ def _gpu_of(cluster: str) -> str | None:
 
 def same_node_links(device: DeviceSpec, cluster: str) -> bool:
     """Whether a node of ``device`` links its GPUs as a node of catalog ``cluster`` does (same GPU
-    architecture, intra-node bandwidth and GPUs per node): what a custom all-reduce's law needs."""
+    architecture, intra-node bandwidth and GPUs per node): what borrowing that cluster's law for a
+    collective inside one node needs (NCCL's and a serving engine's custom all-reduce alike)."""
     from opcast.clusters import cluster_device_name, find_cluster
     from opcast.hardware import get_device
 
@@ -121,10 +122,8 @@ class LearnedCollectives:
     def _twin(self, call: Collective, device: DeviceSpec) -> str | None:
         """The fitted cluster (the named one first) whose node links ``device``'s node as its own
         (:func:`same_node_links`) and has a law of the call's kind, or None."""
-        key = (
-            "|".join(("links", call.kind, device.name, device.architecture, str(device.intra_node_bw_bytes_per_s)))
-            + f"|{device.gpus_per_node}"
-        )
+        links = (call.kind, device.name, device.architecture, device.intra_node_bw_bytes_per_s, device.gpus_per_node)
+        key = "links|" + "|".join(map(str, links))
         if key not in self._by_device:
             own = device.name.split("[")[0]
 
