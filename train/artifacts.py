@@ -732,11 +732,13 @@ CURVES_MAX: Final = 256
 
 
 def _is_curve(v: Any) -> bool:
-    """[nodes, ranks per node, points]: counts, then at most :data:`CURVES_MAX` finite [x, y]
-    pairs with x strictly ascending and |y| <= 20 (a factor of e**20 is no correction)."""
-    if not (isinstance(v, list) and len(v) == 3 and _is_count(v[0]) and _is_count(v[1])):
-        return False
-    points = v[2]
+    """[nodes, ranks per node, points]: counts, then :func:`_is_points`."""
+    return isinstance(v, list) and len(v) == 3 and _is_count(v[0]) and _is_count(v[1]) and _is_points(v[2])
+
+
+def _is_points(points: Any) -> bool:
+    """At most :data:`CURVES_MAX` finite [x, y] pairs with x strictly ascending and |y| <= 20 (a
+    factor of e**20 is no correction): a law's curve or a transfer curve."""
     if not (isinstance(points, list) and 0 < len(points) <= CURVES_MAX):
         return False
     if not _is_pair_list(_is_finite, lambda y: _is_finite(y) and abs(y) <= 20)(points):
@@ -767,7 +769,7 @@ TRANSFER_FIELDS: Final[dict[str, _Field]] = {
     "kind": (True, lambda v: v in _collective_kinds(), "a collective kind"),
     "per_node": (True, _is_count, "an integer >= 1"),
     "clusters": (True, _list_of(lambda v: _is_str(v) and bool(_CLUSTER_KEY.fullmatch(v))), "a list of cluster names"),
-    "points": (True, lambda v: _is_curve([1, 1, v]), "a list of [log2 bytes, log ratio] pairs, ascending"),
+    "points": (True, _is_points, "a list of [log2 bytes, log ratio] pairs, ascending"),
 }
 """What :func:`check_collectives` requires of each ``transfer`` curve (no other key is allowed)."""
 

@@ -521,6 +521,13 @@ def cluster_links(cluster: str) -> tuple[float, float, str, int] | None:
     return device.intra_node_bw_bytes_per_s, device.inter_node_bw_bytes_per_s, device.architecture, device.gpus_per_node
 
 
+def _transfer_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows a transfer curve learns from and is scored on: NCCL's (not a custom all-reduce's),
+    inside one node, timed as the kernel alone (:func:`kernel_timed`)."""
+    one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
+    return one[kernel_timed(one)]
+
+
 def _single_node_ratios(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per (tier, architecture, kind, per_node, cluster, bytes) of the single-node NCCL
     rows of catalog clusters: the median log(measured / alpha-beta)."""
@@ -529,8 +536,7 @@ def _single_node_ratios(rows: pd.DataFrame) -> pd.DataFrame:
 
     from opcast.collectives_law import alpha_beta_time_s, link_tier
 
-    one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
-    one = one[kernel_timed(one)]
+    one = _transfer_rows(rows)
     parts = []
     for cluster, group in one.groupby(one["cluster"].astype(str), sort=True):
         links = cluster_links(str(cluster))
@@ -567,9 +573,13 @@ def _single_node_ratios(rows: pd.DataFrame) -> pd.DataFrame:
 
 def fit_transfer(rows: pd.DataFrame) -> tuple[TransferCurve, ...]:
     """The transfer curves of the single-node NCCL rows of ``rows`` (see the module docstring)."""
+    return _curves_of(_single_node_ratios(rows))
+
+
+def _curves_of(per_cluster: pd.DataFrame) -> tuple[TransferCurve, ...]:
+    """The transfer curves of per-cluster ratios (:func:`_single_node_ratios`)."""
     import numpy as np
 
-    per_cluster = _single_node_ratios(rows)
     out = []
     for (tier, kind, per), group in per_cluster.groupby(["tier", "kind", "per_node"], sort=True):
         pools: list[tuple[str | None, int | None, pd.DataFrame, int]] = [(None, None, group, TRANSFER_MIN_CLUSTERS)]
@@ -613,14 +623,14 @@ def transfer_report(rows: pd.DataFrame) -> list[dict[str, Any]]:
     from opcast.collectives_law import alpha_beta_time_s, link_tier
 
     records: list[dict[str, Any]] = []
-    one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
-    one = one[kernel_timed(one)]
+    one = _transfer_rows(rows)
+    ratios = _single_node_ratios(rows)  # once: each fold drops one cluster's ratios
     for cluster in sorted(set(one["cluster"].astype(str))):
         links = cluster_links(cluster)
         if links is None:
             continue
         mine = (rows["cluster"].astype(str) == cluster).to_numpy()
-        models = CollectiveModels(laws={}, transfer=fit_transfer(rows[~mine]))
+        models = CollectiveModels(laws={}, transfer=_curves_of(ratios[ratios["cluster"] != cluster]))
         test = one[one["cluster"].astype(str) == cluster]
         for kind, group in test.groupby(test["op"].astype(str), sort=True):
             pred = np.full(len(group), np.nan)
