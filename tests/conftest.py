@@ -29,6 +29,22 @@ def _opcast_cache(tmp_path_factory):
         os.environ["OPCAST_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_delivered():
+    """Ctrl-C reaches the tests and the runs they start, however pytest was launched. A shell starts a
+    background job (``pytest &`` in a script) with SIGINT ignored, and a process inherits that: the
+    signal tests' Ctrl-C then never arrives (one of them warms up for an hour). With Python's own
+    handler installed here, the runs they start get the default disposition back at exec."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if before == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture(scope="session")
 def published() -> Path:
     """../shared/published, or a skip saying why."""
