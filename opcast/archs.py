@@ -28,7 +28,20 @@ from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
 from opcast.paths import data_path
 
-Family = Literal["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "opt", "mixtral", "gpt3", "megatron"]
+Family = Literal[
+    "gpt2",
+    "gpt_neox",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "opt",
+    "mixtral",
+    "gpt3",
+    "megatron",
+]
 Norm = Literal["layernorm", "rmsnorm"]
 Activation = Literal["gelu", "silu", "relu"]
 Position = Literal["learned", "rope", "alibi"]
@@ -50,7 +63,7 @@ FAMILY_DROPOUT = 0.1
 """The dropout probability of a :data:`DROPOUT_FAMILIES` arch that gives none of its own."""
 
 _DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout")
-_OPTIONAL_NONE_FIELDS = (*_DROPOUT_FIELDS, "hf_activation")
+_OPTIONAL_NONE_FIELDS = (*_DROPOUT_FIELDS, "hf_activation", "shared_expert_ffn")
 """Fields that may be None (a default taken elsewhere, or nothing to say)."""
 
 
@@ -100,6 +113,16 @@ class ArchSpec:
     """MoE experts per MLP (1 = dense)."""
     experts_top_k: int = 1
     """Experts each token is routed to."""
+    shared_expert_ffn: int | None = None
+    """Intermediate width of the shared expert of an MoE block: a gated MLP every token passes through beside
+    its routed experts (Qwen2-MoE ``shared_expert_intermediate_size``, DeepSeekMoE's shared experts as one);
+    None: no shared expert. Split over ``tp`` like a dense MLP, never over ``ep``."""
+    shared_expert_gate: bool = False
+    """The shared expert's output is scaled by ``sigmoid(x W_g)``, ``W_g`` a ``hidden x 1`` linear (Qwen2-MoE's
+    ``shared_expert_gate``)."""
+    qk_norm: bool = False
+    """RMSNorm over each query and key head (``head_dim`` weights each) before rope (Qwen3 ``q_norm`` /
+    ``k_norm``; Megatron ``--qk-layernorm``)."""
     attention_dropout: float | None = None
     """Dropout probability on the attention probabilities (HF ``attention_dropout`` / ``attn_pdrop``,
     Megatron ``--attention-dropout``); None: the family's default (:data:`DROPOUT_FAMILIES`: 0.1,
@@ -136,6 +159,10 @@ class ArchSpec:
                 problems.append(f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
             if self.experts_top_k > self.n_experts:
                 problems.append(f"experts_top_k={self.experts_top_k} exceeds n_experts={self.n_experts}")
+            if self.shared_expert_ffn is not None and self.n_experts == 1:
+                problems.append("shared_expert_ffn needs an MoE arch (n_experts > 1); a dense MLP is ffn_hidden")
+            if self.shared_expert_gate and self.shared_expert_ffn is None:
+                problems.append("shared_expert_gate needs a shared expert (shared_expert_ffn)")
             if self.hf_activation is not None and _HF_ACTIVATIONS[self.hf_activation] != self.activation:
                 problems.append(
                     f"hf_activation={self.hf_activation} computes {_HF_ACTIVATIONS[self.hf_activation]}, "
@@ -164,21 +191,31 @@ class ArchSpec:
     def _attention_params(self) -> int:
         qkv_out = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
         weights = self.hidden * qkv_out + self.n_heads * self.head_dim * self.hidden
-        return weights + (qkv_out + self.hidden if self.linear_bias else 0)
+        qk_norms = 2 * self.head_dim if self.qk_norm else 0
+        return weights + qk_norms + (qkv_out + self.hidden if self.linear_bias else 0)
+
+    def _mlp_params(self, ffn: int) -> int:
+        up_out = (2 if self.gated_mlp else 1) * ffn
+        weights = self.hidden * up_out + ffn * self.hidden
+        return weights + (up_out + self.hidden if self.linear_bias else 0)
 
     def _expert_params(self) -> int:
-        up_out = (2 if self.gated_mlp else 1) * self.ffn_hidden
-        weights = self.hidden * up_out + self.ffn_hidden * self.hidden
-        return weights + (up_out + self.hidden if self.linear_bias else 0)
+        return self._mlp_params(self.ffn_hidden)
+
+    def _shared_expert_params(self) -> int:
+        if self.shared_expert_ffn is None:
+            return 0
+        return self._mlp_params(self.shared_expert_ffn) + (self.hidden if self.shared_expert_gate else 0)
 
     def _router_params(self) -> int:
         return self.hidden * self.n_experts if self.n_experts > 1 else 0
 
     def params_per_layer(self) -> int:
-        """Parameters of one block: attention, all experts' MLPs, router, two norms."""
+        """Parameters of one block: attention, all experts' MLPs (and the shared expert), router, two norms."""
         return (
             self._attention_params()
             + self.n_experts * self._expert_params()
+            + self._shared_expert_params()
             + self._router_params()
             + 2 * self._norm_params()
         )
@@ -219,6 +256,8 @@ class ArchSpec:
             bad.append(f"n_kv_heads={self.n_kv_heads}")
         if self.ffn_hidden % tp:
             bad.append(f"ffn_hidden={self.ffn_hidden}")
+        if self.shared_expert_ffn is not None and self.shared_expert_ffn % tp:
+            bad.append(f"shared_expert_ffn={self.shared_expert_ffn}")
         return bad
 
     def validate_parallel(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
@@ -270,6 +309,9 @@ _FIELD_TYPES: dict[str, type] = {
     "parallel_residual": bool,
     "n_experts": int,
     "experts_top_k": int,
+    "shared_expert_ffn": int,
+    "shared_expert_gate": bool,
+    "qk_norm": bool,
     "attention_dropout": float,
     "hidden_dropout": float,
     "hf_activation": str,
@@ -281,9 +323,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "activation": get_args(Activation),
     "position": get_args(Position),
 }
-_REQUIRED = tuple(
-    f.name for f in fields(ArchSpec) if f.name not in ("n_experts", "experts_top_k", *_OPTIONAL_NONE_FIELDS)
-)
+_DEFAULTED_FIELDS = ("n_experts", "experts_top_k", "shared_expert_gate", "qk_norm")
+"""Fields a preset may leave out (a dense arch without these features)."""
+_REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in (*_DEFAULTED_FIELDS, *_OPTIONAL_NONE_FIELDS))
 
 MAX_SIZE = 2**31 - 1
 """Largest size (layers, widths, heads, vocab, sequence, experts) an arch may give."""
@@ -355,14 +397,74 @@ def _dropout(arch: ArchSpec, numel: int) -> list[Op]:
     return [("elementwise", {"numel": numel, "fn": "dropout"})] if arch.hidden_dropout_p > 0 else []
 
 
+RoleOp = tuple[str, str, dict[str, int | bool | str]]
+"""An op with the role it plays in the block: (role, registry kind, shape parameters)."""
+
+
+def qk_norm_ops(arch: ArchSpec, *, tokens: int, heads: int, kv_heads: int) -> list[RoleOp]:
+    """Qwen3's per-head RMSNorms of the queries and keys after the QKV projection, before rope
+    (transformers ``Qwen3Attention.forward``: ``self.q_norm(query_states)``, ``self.k_norm(key_states)``, each
+    over ``head_dim``): one rmsnorm of ``tokens * heads`` rows and one of ``tokens * kv_heads`` rows."""
+    if not arch.qk_norm:
+        return []
+    return [
+        ("q_norm", "rmsnorm", {"rows": tokens * heads, "cols": arch.head_dim}),
+        ("k_norm", "rmsnorm", {"rows": tokens * kv_heads, "cols": arch.head_dim}),
+    ]
+
+
+def shared_expert_ops(arch: ArchSpec, *, tp: int, tokens: int) -> list[RoleOp]:
+    """The shared expert of an MoE block on one tensor-parallel rank: a gated MLP over every token with its
+    intermediate width split over ``tp`` (column-parallel up, row-parallel down, as a dense MLP; Megatron-Core
+    ``SharedExpertMLP``), its output added to the routed experts' before the block's TP reduction. With
+    ``shared_expert_gate`` (transformers ``Qwen2MoeSparseMoeBlock``): ``sigmoid(x W_g)`` scales it, a
+    ``hidden -> 1`` GEMM, the sigmoid and a product."""
+    if arch.shared_expert_ffn is None:
+        return []
+    ffn = arch.shared_expert_ffn // tp
+    act_numel = tokens * ffn
+    gate_mul: list[RoleOp] = [("shared_gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"})]
+    ops: list[RoleOp] = [
+        ("shared_up", "gemm", {"b": 1, "m": tokens, "n": (2 if arch.gated_mlp else 1) * ffn, "k": arch.hidden}),
+        ("shared_act", "elementwise", {"numel": act_numel, "fn": arch.activation}),
+        *(gate_mul if arch.gated_mlp else []),
+        ("shared_down", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": ffn}),
+    ]
+    if arch.shared_expert_gate:
+        ops += [
+            ("shared_gate", "gemm", {"b": 1, "m": tokens, "n": 1, "k": arch.hidden}),
+            ("shared_gate_sigmoid", "elementwise", {"numel": tokens, "fn": "sigmoid"}),
+            ("shared_scale", "elementwise", {"numel": tokens * arch.hidden, "fn": "mul"}),
+        ]
+    return [*ops, ("shared_add", "elementwise", {"numel": tokens * arch.hidden, "fn": "add"})]
+
+
+def routed_experts(arch: ArchSpec, *, tokens: int, ep: int = 1) -> tuple[int, int]:
+    """``(experts, rows)`` of one rank's grouped expert GEMM for ``tokens`` tokens on each of the ``ep`` ranks
+    of an expert-parallel group: the local experts that receive any token and the rows of each, with routing
+    spread evenly over the experts. The group's ``ep * tokens`` tokens each pick ``experts_top_k`` distinct
+    experts of ``n_experts``, so an expert receives none with probability ``(1 - top_k / n_experts) **
+    (ep * tokens)`` (uniform routing; the occupancy of balls in bins) and the rank's ``n_experts / ep``
+    experts, of which that share is expected idle, take its ``tokens * top_k`` assignments in equal rows.
+    A grouped MoE GEMM reads the weights of the experts that have rows only (vLLM ``fused_moe`` skips empty
+    expert blocks; Megatron-Core ``GroupedMLP`` / TE ``GroupedLinear`` run one GEMM per local expert with its
+    ``tokens_per_expert`` rows): at decode batch sizes a fine-grained MoE touches a fraction of its experts
+    (a batch of 16 tokens picking 8 of 128 experts reaches 82 of them), and in training every expert is busy,
+    the balanced ``ceil(tokens * top_k * ep / n_experts)`` rows of each (Megatron's capacity-free dispatch)."""
+    local = arch.n_experts // ep
+    idle = (1.0 - arch.experts_top_k / arch.n_experts) ** (ep * tokens)
+    busy = min(local, max(1, math.ceil(local * (1.0 - idle) - 1e-9)))
+    return busy, -(-tokens * arch.experts_top_k // busy)
+
+
 def _mlp_ops(arch: ArchSpec, tp: int, tokens: int) -> list[Op]:
     ffn = arch.ffn_hidden // tp
     up_n = (2 if arch.gated_mlp else 1) * ffn
     if arch.n_experts == 1:
         router: list[Op] = []
         batch, rows = 1, tokens
-    else:  # experts batched in one grouped GEMM; rows = expected tokens per expert (balanced routing)
-        batch, rows = arch.n_experts, -(-tokens * arch.experts_top_k // arch.n_experts)
+    else:  # experts batched in one grouped GEMM over the experts that receive tokens (:func:`routed_experts`)
+        batch, rows = routed_experts(arch, tokens=tokens)
         router = [("gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden})]
     act_numel = batch * rows * ffn
     gate: list[Op] = [("elementwise", {"numel": act_numel, "fn": "mul"})] if arch.gated_mlp else []
@@ -372,6 +474,7 @@ def _mlp_ops(arch: ArchSpec, tp: int, tokens: int) -> list[Op]:
         ("elementwise", {"numel": act_numel, "fn": arch.activation}),
         *gate,
         ("gemm", {"b": batch, "m": rows, "n": arch.hidden, "k": ffn}),
+        *((kind, params) for _, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)),
     ]
 
 
@@ -382,8 +485,11 @@ def layer_ops(
 
     Communication (all-reduce, or all-gather/reduce-scatter with ``sp``) is not listed. With
     ``tp > n_kv_heads`` each rank holds one replicated kv head. MoE layers list the router GEMM
-    and one grouped GEMM each for up and down over all experts (``b = n_experts``) with the
-    balanced-routing rows ``ceil(T * top_k / n_experts)``; token permutation is not listed.
+    and one grouped GEMM each for up and down over the experts that receive tokens
+    (:func:`routed_experts`: all of them but at small ``T``, ``ceil(T * top_k / n_experts)`` rows each), then
+    the shared expert if any
+    (:func:`shared_expert_ops`); token permutation is not listed. Qwen3's query/key norms follow the QKV
+    GEMM (:func:`qk_norm_ops`).
     """
     if not isinstance(attention_impl, str) or not attention_impl:
         raise OpcastError(f"attention_impl={attention_impl!r} must be a kernel name such as flash")
@@ -400,6 +506,7 @@ def layer_ops(
     attention: list[Op] = [
         norm,
         ("gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}),
+        *((kind, params) for _, kind, params in qk_norm_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads)),
         *rope,
         (
             "attention",
@@ -545,7 +652,7 @@ def _load_path(path: Path) -> ArchSpec:
 
 # ---------------------------------------------------------------------- Hugging Face configs
 
-HF_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "opt", "mixtral")
+HF_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "opt", "mixtral")
 """``model_type`` values :func:`arch_from_hf_config` understands."""
 
 _HF_ACTIVATIONS: dict[str, Activation] = {
@@ -627,14 +734,31 @@ class _HfConfig:
             )
 
 
+def _every_block_moe(c: _HfConfig) -> None:
+    """Record a problem unless every block of a Qwen MoE config is an MoE block (transformers
+    ``Qwen3MoeDecoderLayer``: layer ``i`` is sparse when ``i not in mlp_only_layers`` and ``(i + 1) %
+    decoder_sparse_step == 0``): opcast prices every block alike, and the released Qwen MoE models
+    (Qwen1.5-MoE, Qwen2-57B-A14B, Qwen3-30B-A3B, Qwen3-235B-A22B) have no dense blocks."""
+    step = c.get("decoder_sparse_step", 1)
+    dense = c.cfg.get("mlp_only_layers") or []
+    if step != 1 or dense:
+        c.problems.append(
+            f"decoder_sparse_step={step}, mlp_only_layers={_show(dense)}: blocks mixing dense and MoE MLPs are not "
+            "modelled (every block is priced alike); use decoder_sparse_step 1 and mlp_only_layers [] to price "
+            "every block as MoE"
+        )
+
+
 def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None = None) -> ArchSpec:
     """An ArchSpec from a Hugging Face ``config.json`` dict, using the transformers defaults
     for optional keys. Every key is type-checked (:func:`value_problem`) and every problem of the
     config is named in one :class:`OpcastError` starting with ``origin`` (the file; default
     ``config.json of NAME``). Simplifications (each noted in ``source``): GPT-NeoX partial rotary is
-    treated as full rope; Qwen2's QKV-only biases are not counted (``linear_bias`` False);
-    OPT's ``word_embed_proj_dim`` projections are not modelled; Mistral's sliding window is
-    ignored."""
+    treated as full rope; Qwen2's (and Qwen2-MoE's) QKV-only biases are not counted (``linear_bias`` False);
+    OPT's ``word_embed_proj_dim`` projections are not modelled; Mistral's sliding window and Qwen's
+    ``use_sliding_window`` are ignored. Qwen3 (dense and MoE) carries its per-head query/key norms
+    (``qk_norm``); Qwen2-MoE its gated shared expert; a Qwen MoE config whose blocks are not all MoE is
+    refused (:func:`_every_block_moe`)."""
     where = origin or f"config.json of {name}"
     if not isinstance(cfg, Mapping):
         raise OpcastError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
@@ -709,12 +833,25 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             linear_bias=c.get("attention_bias", False, bool) if model_type == "llama" else False,
             parallel_residual=False,
         )
-        if model_type == "qwen2":
+        if model_type in ("qwen2", "qwen2_moe"):
             source += "; QKV biases not counted"
         if model_type == "mistral" and c.cfg.get("sliding_window") is not None:
             source += f"; sliding_window={c.get('sliding_window', None)} ignored"
+        if model_type in ("qwen3", "qwen3_moe", "qwen2_moe") and c.get("use_sliding_window", False, bool):
+            source += "; use_sliding_window ignored (every layer priced with full attention)"
         if model_type == "mixtral":
             fields_.update(n_experts=c.req("num_local_experts"), experts_top_k=c.req("num_experts_per_tok"))
+        if model_type in ("qwen3", "qwen3_moe"):  # transformers Qwen3Config / Qwen3MoeConfig: head_dim 128 by default
+            fields_.update(head_dim=c.get("head_dim", 128), qk_norm=True)
+        if model_type in ("qwen3_moe", "qwen2_moe"):
+            fields_.update(
+                n_experts=c.req("num_experts"),
+                experts_top_k=c.req("num_experts_per_tok"),
+                ffn_hidden=c.req("moe_intermediate_size"),
+            )
+            _every_block_moe(c)
+        if model_type == "qwen2_moe":
+            fields_.update(shared_expert_ffn=c.req("shared_expert_intermediate_size"), shared_expert_gate=True)
     # dropout as transformers applies it in training (each model's defaults when the key is absent)
     if model_type == "gpt2":
         attn_p, hidden_p = c.get("attn_pdrop", 0.1, float), c.get("resid_pdrop", 0.1, float)
@@ -726,7 +863,8 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
         attn_p, hidden_p = c.get("attention_dropout", 0.0, float), 0.0
     fields_.update(attention_dropout=float(attn_p), hidden_dropout=float(hidden_p))
     fields_.setdefault("n_kv_heads", heads)
-    fields_.update(hidden=hidden, n_heads=heads, head_dim=c.head_dim(hidden, heads))
+    fields_.setdefault("head_dim", c.head_dim(hidden, heads))
+    fields_.update(hidden=hidden, n_heads=heads)
     fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=source)
     fields_.update(hf_activation=c.hf_activation)
     c.raise_problems()

@@ -19,7 +19,8 @@ Extensions over ``layer_ops``:
 - **MoE** with expert parallelism: router GEMM, token permutation and un-permutation (copies),
   all-to-all dispatch and combine over the EP group, and one grouped GEMM each for up and down over
   the ``n_experts / ep`` local experts with balanced routing (``ceil(T * top_k * ep / n_experts)``
-  rows each); expert tensor parallelism equals ``tp``.
+  rows each; at small ``T``, over the experts expected to receive tokens, :func:`opcast.archs.routed_experts`),
+  then the shared expert (:func:`opcast.archs.shared_expert_ops`); expert tensor parallelism equals ``tp``.
 - **Backward**: a GEMM ``C = A @ B`` becomes its data-gradient ``dA = dC @ B^T`` and weight-gradient
   ``dB = A^T @ dC`` GEMMs; the other kinds use their registry backward kernel; identities (residual
   adds, copies) have none.
@@ -60,7 +61,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
-from opcast.archs import ArchSpec, padded_vocab
+from opcast.archs import ArchSpec, padded_vocab, qk_norm_ops, routed_experts, shared_expert_ops
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.hardware import DeviceSpec
 from opcast.ops import get_op, uses_tensor_cores
@@ -290,14 +291,14 @@ def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool, hf: bool
     if arch.n_experts == 1:
         b, rows, pre, post = 1, tokens, [], []
     else:
-        b = arch.n_experts // ep
-        rows = -(-tokens * arch.experts_top_k * ep // arch.n_experts)
+        b, rows = routed_experts(arch, tokens=tokens, ep=ep)
         routed = tokens * arch.experts_top_k * arch.hidden
         pre = [
             ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1),
             ("permute", "elementwise", {"numel": routed, "fn": "copy"}, 1),
         ]
         post = [("unpermute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
+        post += [(role, kind, params, 1) for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)]
     act_numel = b * rows * ffn
     act = hf_activation_ops(arch, act_numel) if hf else None
     if act is None:
@@ -368,6 +369,7 @@ def block_ops(
     attention_ops: list[Op] = [
         ("norm1", *norm, 1),
         ("qkv", "gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}, 1),
+        *((role, kind, p, 1) for role, kind, p in qk_norm_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads)),
         *(
             [("rope", "rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim}, 1)]
             if arch.position == "rope"
@@ -450,11 +452,19 @@ def quantised(prec: Dtypes) -> bool:
     return prec.matrix in QUANTISED_GEMM_DTYPES
 
 
-FP8_LINEARS: dict[str, str] = {"qkv": "column", "proj": "row", "mlp_up": "column", "mlp_down": "row"}
+FP8_LINEARS: dict[str, str] = {
+    "qkv": "column",
+    "proj": "row",
+    "mlp_up": "column",
+    "mlp_down": "row",
+    "shared_up": "column",
+    "shared_down": "row",
+}
 """The GEMMs a training run in fp8 runs in fp8 (Transformer Engine's linear modules), with their
-Megatron parallel mode. Every other GEMM is a plain bf16 matmul: Megatron-Core's output layer is
-``tensor_parallel.ColumnParallelLinear`` and its MoE router ``F.linear``, llm-foundry's MPT head is
-``F.linear`` on the tied embedding."""
+Megatron parallel mode (an MoE block's shared expert is Megatron-Core's ``SharedExpertMLP``, built of TE's
+column- and row-parallel linears like the dense MLP). Every other GEMM is a plain bf16 matmul: Megatron-Core's
+output layer is ``tensor_parallel.ColumnParallelLinear`` and its MoE router ``F.linear``, llm-foundry's MPT head
+is ``F.linear`` on the tied embedding."""
 
 CastOps = tuple[list[Op], list[Op], list[Op]]
 """(before the forward GEMM, before the data-gradient GEMM, before the weight-gradient GEMM)."""
@@ -729,8 +739,10 @@ def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Nod
     Empty unless the GEMMs run in fp8 under ``megatron`` (``linear`` casts every micro-batch, in the graph)."""
     if not quantised(prec) or prec.fp8_modules != "megatron":
         return ()
-    # the weights' shapes do not depend on the tokens: one token per tensor-parallel rank will do
-    ops = block_ops(arch, tp=tp, batch=1, seq_q=tp, seq_kv=tp, sp=False, ep=ep)
+    # the weights' shapes do not depend on the tokens, only which experts receive any (routed_experts): enough
+    # tokens per tensor-parallel rank that every local expert does
+    tokens = tp * 64 * arch.n_experts
+    ops = block_ops(arch, tp=tp, batch=1, seq_q=tokens, seq_kv=tokens, sp=False, ep=ep)
     return tuple(
         Node(r, prec.of(kk, pp), c)
         for role, kind, p, _ in ops
@@ -747,9 +759,9 @@ output forward, output and input gradients backward (TE v1.13 ``module/base.py``
 
 def fp8_gemms(arch: ArchSpec, ep: int) -> int:
     """fp8 GEMMs of one block on one rank: QKV and out-proj, and MLP-up and -down once each, or per
-    local expert (TE ``GroupedLinear``, ``num_gemms`` = experts on the rank)."""
+    local expert (TE ``GroupedLinear``, ``num_gemms`` = experts on the rank), plus the shared expert's two."""
     per_mlp = 1 if arch.n_experts == 1 else arch.n_experts // ep
-    return 2 + 2 * per_mlp
+    return 2 + 2 * per_mlp + (2 if arch.shared_expert_ffn is not None else 0)
 
 
 def fp8_amax_bytes(arch: ArchSpec, *, ep: int, layers: int) -> dict[str, int]:

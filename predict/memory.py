@@ -73,7 +73,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from opcast.archs import ArchSpec, padded_vocab
+from opcast.archs import ArchSpec, padded_vocab, routed_experts
 from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
 from opcast.predict.frameworks import fp32_gradients
@@ -150,10 +150,18 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
     up = (2 if arch.gated_mlp else 1) * ffn
     mlp = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
     norms = 2 * (2 if arch.norm == "layernorm" else 1) * arch.hidden
+    norms += 2 * arch.head_dim if arch.qk_norm else 0
     if arch.n_experts == 1:
         return attn + mlp + norms, 0
     router = arch.hidden * arch.n_experts
-    return attn + norms + router, (arch.n_experts // ep) * mlp
+    shared = 0
+    if arch.shared_expert_ffn is not None:  # split over tp like a dense MLP, on every rank of the EP group
+        shared_ffn = arch.shared_expert_ffn // tp
+        shared_up = (2 if arch.gated_mlp else 1) * shared_ffn
+        shared = arch.hidden * shared_up + shared_ffn * arch.hidden
+        shared += shared_up + arch.hidden if arch.linear_bias else 0
+        shared += arch.hidden if arch.shared_expert_gate else 0
+    return attn + norms + router + shared, (arch.n_experts // ep) * mlp
 
 
 def stage_params(
@@ -220,6 +228,8 @@ def layer_activation_bytes(
     tokens = s * batch
     out = (B + lin) * sbh / div  # norm-1 input, QKV input
     out += B * tokens * (heads + 2 * kv) * arch.head_dim  # Q, K, V
+    if arch.qk_norm:  # the per-head norms' inputs (Q and K before the norm)
+        out += B * tokens * (heads + kv) * arch.head_dim
     if recompute != "selective":
         if attention == "eager":
             pairs = batch * heads * (s * s + (cp - 1) * s * (s // 2))  # score entries of this rank's blocks
@@ -239,10 +249,14 @@ def layer_activation_bytes(
         out += (B * act_in + lin * ffn) * tokens  # act input (+ gate) and down-proj input
     else:
         out += 2 * B * sbh / div  # norm-2 input, MLP input (the router's, bf16)
-        routed_rows = (arch.n_experts // ep) * -(-tokens * arch.experts_top_k * ep // arch.n_experts)
+        experts, rows = routed_experts(arch, tokens=tokens, ep=ep)
+        routed_rows = experts * rows
         # permuted expert inputs and activations
         out += routed_rows * (lin * arch.hidden + B * act_in + lin * ffn)
         out += 4 * tokens * arch.n_experts  # fp32 router probabilities
+        if arch.shared_expert_ffn is not None:  # the shared expert's act input (+ gate) and down-proj input
+            shared_ffn = arch.shared_expert_ffn // tp
+            out += (B * (2 if arch.gated_mlp else 1) * shared_ffn + lin * shared_ffn) * tokens
     return float(out)
 
 

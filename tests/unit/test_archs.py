@@ -53,6 +53,10 @@ PRESETS = [
     "mpt-13b",
     "mpt-30b",
     "mpt-70b",
+    "qwen3-8b",
+    "qwen3-32b",
+    "qwen3-30b-a3b",
+    "qwen3-235b-a22b",
 ]
 
 # Op kinds and parameter names of the shared op registry (the brief's contract).
@@ -98,6 +102,10 @@ def test_every_preset_loads_under_its_file_name() -> None:
         ("mixtral-8x7b", 46.7e9, 0.01),  # Jiang et al. 2024
         ("megatron-530b", 529.6e9, 0.005),  # Narayanan et al. 2021, Table 1
         ("megatron-1t", 1008.0e9, 0.005),  # Narayanan et al. 2021, Table 1
+        ("qwen3-8b", 8.2e9, 0.01),  # Qwen/Qwen3-8B model card
+        ("qwen3-32b", 32.8e9, 0.01),  # Qwen/Qwen3-32B model card
+        ("qwen3-30b-a3b", 30.5e9, 0.01),  # Qwen/Qwen3-30B-A3B model card
+        ("qwen3-235b-a22b", 235e9, 0.01),  # Qwen/Qwen3-235B-A22B model card
     ],
 )
 def test_params_total_matches_published(name: str, published: float, rel_tol: float) -> None:
@@ -544,7 +552,8 @@ def test_moe_layer_ops() -> None:
     assert gemms[3] == {"b": 8, "m": 4096 * 2 // 8, "n": 14336, "k": 4096}  # gate+up per expert
     assert gemms[4] == {"b": 8, "m": 1024, "n": 4096, "k": 14336 // 2}  # down per expert
     odd = layer_ops(load_arch("mixtral-8x7b"), batch=1, seq=5)
-    assert [p["m"] for k, p in odd if k == "gemm" and p["b"] == 8] == [2, 2]  # ceil(5 * 2 / 8)
+    # 5 tokens reach 8 (1 - (6/8)^5) = 6.1 -> 7 experts (routed_experts), ceil(5 * 2 / 7) = 2 rows each
+    assert [(p["b"], p["m"]) for k, p in odd if k == "gemm" and p["b"] > 1] == [(7, 2), (7, 2)]
 
 
 def test_vocab_padding_follows_megatron() -> None:
@@ -701,3 +710,164 @@ def test_a_preset_style_file_with_wrong_types_names_every_field(tmp_path):
         f"n_layers={2**40} exceeds",
     ):
         assert needle in str(err.value)
+
+
+# --------------------------------------------------------------------------- Qwen3 / Qwen MoE
+
+QWEN3_30B_A3B_HF = {
+    "model_type": "qwen3_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 768,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_hidden_layers": 48,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "max_position_embeddings": 40960,
+    "vocab_size": 151936,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+QWEN15_MOE_A27B_HF = {  # Qwen/Qwen1.5-MoE-A2.7B config.json: 60 experts, top-4, a gated shared expert
+    "model_type": "qwen2_moe",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "moe_intermediate_size": 1408,
+    "shared_expert_intermediate_size": 5632,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "num_hidden_layers": 24,
+    "num_experts": 60,
+    "num_experts_per_tok": 4,
+    "decoder_sparse_step": 1,
+    "max_position_embeddings": 8192,
+    "vocab_size": 151936,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+}
+
+
+@pytest.mark.parametrize(("name", "active"), [("qwen3-30b-a3b", 3.3e9), ("qwen3-235b-a22b", 22e9)])
+def test_qwen3_moe_active_params_match_the_model_cards(name: str, active: float) -> None:
+    assert load_arch(name).active_params_total() == pytest.approx(active, rel=0.02)
+
+
+def test_qwen3_moe_config_matches_its_preset() -> None:
+    arch, ref = arch_from_hf_config(QWEN3_30B_A3B_HF, "x"), load_arch("qwen3-30b-a3b")
+    fields_ = (*_SHAPE_FIELDS, "qk_norm", "shared_expert_ffn", "shared_expert_gate")
+    assert {f: getattr(arch, f) for f in fields_} == {f: getattr(ref, f) for f in fields_}
+    assert arch.head_dim * arch.n_heads == 2 * arch.hidden  # Qwen3's heads are wider than the residual stream
+
+
+def test_qwen3_dense_config_takes_head_dim_and_qk_norm() -> None:
+    cfg = {k: v for k, v in QWEN3_30B_A3B_HF.items() if "expert" not in k and k not in ("decoder_sparse_step",)}
+    arch = arch_from_hf_config({**cfg, "model_type": "qwen3"}, "dense")
+    assert (arch.n_experts, arch.ffn_hidden, arch.head_dim, arch.qk_norm) == (1, 6144, 128, True)
+    no_head_dim = arch_from_hf_config({k: v for k, v in cfg.items() if k != "head_dim"} | {"model_type": "qwen3"}, "d")
+    assert no_head_dim.head_dim == 128  # transformers Qwen3Config's default, not hidden / heads = 64
+
+
+def test_qwen2_moe_shared_expert_counts_as_published() -> None:
+    arch = arch_from_hf_config(QWEN15_MOE_A27B_HF, "qwen1.5-moe-a2.7b")
+    assert (arch.shared_expert_ffn, arch.shared_expert_gate, arch.qk_norm) == (5632, True, False)
+    # model card: 14.3B parameters, 2.7B activated
+    assert arch.params_total() == pytest.approx(14.3e9, rel=0.01)
+    assert arch.active_params_total() == pytest.approx(2.7e9, rel=0.02)
+    per_layer = arch.params_per_layer() - load_arch_without_shared(arch).params_per_layer()
+    assert per_layer == 3 * 2048 * 5632 + 2048  # gate, up and down projections, and the 2048 -> 1 gate
+
+
+def load_arch_without_shared(arch: ArchSpec) -> ArchSpec:
+    return dataclasses.replace(arch, shared_expert_ffn=None, shared_expert_gate=False)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [({"mlp_only_layers": [0, 1]}, "mlp_only_layers=[0, 1]"), ({"decoder_sparse_step": 2}, "decoder_sparse_step=2")],
+)
+def test_qwen_moe_with_dense_blocks_is_refused_in_one_line(extra: dict, needle: str) -> None:
+    with pytest.raises(OpcastError, match=r"blocks mixing dense and MoE MLPs are not modelled") as err:
+        arch_from_hf_config({**QWEN3_30B_A3B_HF, **extra}, "x")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_shared_expert_and_gate_need_what_they_extend() -> None:
+    with pytest.raises(OpcastError, match="shared_expert_ffn needs an MoE arch"):
+        _arch(shared_expert_ffn=1024)
+    with pytest.raises(OpcastError, match="shared_expert_gate needs a shared expert"):
+        dataclasses.replace(load_arch("mixtral-8x7b"), shared_expert_gate=True)
+    odd = dataclasses.replace(load_arch("mixtral-8x7b"), shared_expert_ffn=1000)
+    with pytest.raises(OpcastError, match=r"tp=16 does not divide .*shared_expert_ffn=1000"):
+        odd.validate_parallel(tp=16)
+
+
+def test_qk_norm_ops_follow_the_qkv_gemm() -> None:
+    arch = load_arch("qwen3-8b")
+    ops = layer_ops(arch, tp=2, batch=2, seq=128)
+    assert ops[1][0] == "gemm"
+    assert ops[2:4] == [
+        ("rmsnorm", {"rows": 2 * 128 * 16, "cols": 128}),  # 32 query heads over tp 2
+        ("rmsnorm", {"rows": 2 * 128 * 4, "cols": 128}),  # 8 kv heads over tp 2
+    ]
+
+
+def test_shared_expert_ops_sit_after_the_routed_experts() -> None:
+    arch = arch_from_hf_config(QWEN15_MOE_A27B_HF, "q")
+    ops = layer_ops(arch, tp=2, batch=1, seq=64)
+    gemms = [p for k, p in ops if k == "gemm"]
+    # router, routed up and down, then the shared expert's up (gate+up, split over tp) and down, and its gate
+    assert gemms[-3:] == [
+        {"b": 1, "m": 64, "n": 5632, "k": 2048},
+        {"b": 1, "m": 64, "n": 2048, "k": 2816},
+        {"b": 1, "m": 64, "n": 1, "k": 2048},
+    ]
+    assert ops[-2] == ("elementwise", {"numel": 64 * 2048, "fn": "add"})  # shared + routed, then the residual
+
+
+@pytest.mark.parametrize(
+    ("name", "tokens", "ep", "expected"),
+    [
+        ("mixtral-8x7b", 1, 1, (2, 1)),  # one token, its 2 experts, a row each
+        ("mixtral-8x7b", 4, 1, (6, 2)),  # 8 (1 - (6/8)^4) = 5.47 -> 6 experts; 8 rows over 6 -> 2
+        ("mixtral-8x7b", 1024, 1, (8, 256)),  # training: every expert, the balanced rows
+        ("mixtral-8x7b", 1024, 4, (2, 1024)),  # 2 local experts take the rank's 2048 assignments
+        ("qwen3-235b-a22b", 16, 1, (83, 2)),  # 128 (1 - (120/128)^16) = 82.4 -> 83 of 128 experts
+        ("qwen3-235b-a22b", 8192, 8, (16, 4096)),
+    ],
+)
+def test_routed_experts_by_hand(name: str, tokens: int, ep: int, expected: tuple[int, int]) -> None:
+    from opcast.archs import routed_experts
+
+    arch = load_arch(name)
+    busy, rows = routed_experts(arch, tokens=tokens, ep=ep)
+    assert (busy, rows) == expected
+    assert busy * rows >= tokens * arch.experts_top_k  # every assignment has a row
+
+
+def test_qwen3_moe_runs_through_the_console_script(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    opcast = str(Path(sys.executable).with_name("opcast"))
+    ok = subprocess.run(
+        [opcast, "predict", "infer", "--arch", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--batch", "4", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["arch"] == "qwen3-30b-a3b"
+    bad = tmp_path / "config.json"
+    bad.write_text(json.dumps({**QWEN3_30B_A3B_HF, "mlp_only_layers": [0]}))
+    out = subprocess.run(
+        [opcast, "predict", "infer", "--arch", str(bad), "--gpu", "H100-SXM", "--batch", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "mlp_only_layers=[0]" in out.stderr

@@ -151,3 +151,31 @@ def test_a_parallel_residual_trained_by_neox_all_reduces_once_forward():
     assert counts(neox, True) == ([("all_reduce", 1)], [("all_reduce", 2)])
     assert counts(neox, False)[0] == [("all_reduce", 2)]
     assert counts(llama, True) == ([("all_reduce", 2)], [("all_reduce", 2)])
+
+
+def test_qwen3_forward_equals_the_ops_collect_benchmarks_and_moe_decode_reads_busy_experts():
+    arch = load_arch("qwen3-30b-a3b")
+    mine = [
+        (k, p)
+        for r, k, p, c in block_ops(arch, tp=2, batch=1, seq_q=256, seq_kv=256, sp=False)
+        if r not in ("permute", "unpermute")
+    ]
+    assert mine == [(k, p) for k, p in layer_ops(arch, tp=2, batch=1, seq=256)]
+    # a decode step of 4 sequences: 32 assignments reach 128 (1 - (120/128)^4) = 29.1 -> 30 of 128 experts
+    decode = block_ops(arch, tp=1, batch=4, seq_q=1, seq_kv=512, sp=False, training=False)
+    up = next(p for r, k, p, c in decode if r == "mlp_up")
+    assert (up["b"], up["m"]) == (30, 2)
+
+
+def test_a_shared_expert_runs_in_fp8_beside_the_routed_ones():
+    import dataclasses
+
+    from opcast.predict.graph import fp8_gemms
+
+    arch = dataclasses.replace(load_arch("mixtral-8x7b"), shared_expert_ffn=4096)
+    prec = precision_of("fp8")
+    g = train_block(arch, tp=2, batch=1, seq=256, sp=True, cp=1, ep=2, attention="flash", recompute="none", prec=prec)
+    fwd = {n.role: n for n in g.nodes[FWD]}
+    assert fwd["shared_up"].kernel.dtype == "fp8" and fwd["shared_down"].kernel.dtype == "fp8"
+    assert dict(fwd["shared_up"].kernel.params)["n"] == 2 * 4096 // 2  # gate + up, split over tp
+    assert fp8_gemms(arch, ep=2) == fp8_gemms(load_arch("mixtral-8x7b"), ep=2) + 2
