@@ -37,6 +37,8 @@ Family = Literal[
     "qwen2_moe",
     "qwen3",
     "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
     "opt",
     "mixtral",
     "gpt3",
@@ -63,7 +65,17 @@ FAMILY_DROPOUT = 0.1
 """The dropout probability of a :data:`DROPOUT_FAMILIES` arch that gives none of its own."""
 
 _DROPOUT_FIELDS = ("attention_dropout", "hidden_dropout")
-_OPTIONAL_NONE_FIELDS = (*_DROPOUT_FIELDS, "hf_activation", "shared_expert_ffn")
+_MLA_FIELDS = ("kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
+"""The fields a multi-head latent attention arch gives together (``q_lora_rank`` optional)."""
+_OPTIONAL_NONE_FIELDS = (
+    *_DROPOUT_FIELDS,
+    "hf_activation",
+    "shared_expert_ffn",
+    "q_lora_rank",
+    *_MLA_FIELDS,
+    "dense_layers",
+    "dense_ffn_hidden",
+)
 """Fields that may be None (a default taken elsewhere, or nothing to say)."""
 
 
@@ -123,6 +135,25 @@ class ArchSpec:
     qk_norm: bool = False
     """RMSNorm over each query and key head (``head_dim`` weights each) before rope (Qwen3 ``q_norm`` /
     ``k_norm``; Megatron ``--qk-layernorm``)."""
+    kv_lora_rank: int | None = None
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): keys and values are projected
+    up from one ``kv_lora_rank``-wide latent per token (``kv_a_proj_with_mqa``, RMSNorm, ``kv_b_proj``), and
+    the KV cache holds that latent and the shared rope key, ``kv_lora_rank + qk_rope_head_dim`` values a token
+    and layer, on every tensor-parallel rank. None: standard (GQA) attention. With MLA ``head_dim`` is the
+    query/key head width ``qk_nope_head_dim + qk_rope_head_dim`` and ``n_kv_heads == n_heads``."""
+    q_lora_rank: int | None = None
+    """MLA's query compression (``q_a_proj`` to this width, RMSNorm, ``q_b_proj``); None: one ``q_proj``."""
+    qk_rope_head_dim: int | None = None
+    """MLA: the rotary part of each query/key head (decoupled rope; the key's is one head shared by all)."""
+    v_head_dim: int | None = None
+    """MLA: the value (and attention output) head width."""
+    dense_layers: int | None = None
+    """An MoE arch's first blocks with a dense MLP of ``dense_ffn_hidden`` instead of experts (DeepSeek
+    ``first_k_dense_replace``). Their parameters are counted exactly, on the pipeline stages that hold them;
+    their time is priced as an MoE block's (every block alike), whose active width DeepSeek matches
+    (V3: a dense 18,432 = 9 active experts of 2,048, the same FLOPs a token)."""
+    dense_ffn_hidden: int | None = None
+    """The MLP width of the ``dense_layers`` blocks."""
     attention_dropout: float | None = None
     """Dropout probability on the attention probabilities (HF ``attention_dropout`` / ``attn_pdrop``,
     Megatron ``--attention-dropout``); None: the family's default (:data:`DROPOUT_FAMILIES`: 0.1,
@@ -163,6 +194,20 @@ class ArchSpec:
                 problems.append("shared_expert_ffn needs an MoE arch (n_experts > 1); a dense MLP is ffn_hidden")
             if self.shared_expert_gate and self.shared_expert_ffn is None:
                 problems.append("shared_expert_gate needs a shared expert (shared_expert_ffn)")
+            mla = [getattr(self, f) is not None for f in _MLA_FIELDS]
+            if any(mla) and not all(mla):
+                problems.append(f"multi-head latent attention needs all of {', '.join(_MLA_FIELDS)}")
+            elif all(mla):
+                if self.n_kv_heads != self.n_heads:
+                    problems.append(f"multi-head latent attention has n_kv_heads = n_heads, not {self.n_kv_heads}")
+                if self.qk_rope_head_dim is not None and self.qk_rope_head_dim >= self.head_dim:
+                    problems.append(f"qk_rope_head_dim={self.qk_rope_head_dim} must be below head_dim={self.head_dim}")
+            elif self.q_lora_rank is not None:
+                problems.append("q_lora_rank needs multi-head latent attention (kv_lora_rank)")
+            if (self.dense_layers is None) != (self.dense_ffn_hidden is None):
+                problems.append("dense_layers and dense_ffn_hidden go together")
+            elif self.dense_layers is not None and (self.n_experts == 1 or self.dense_layers >= self.n_layers):
+                problems.append(f"dense_layers={self.dense_layers} needs an MoE arch with more than that many layers")
             if self.hf_activation is not None and _HF_ACTIVATIONS[self.hf_activation] != self.activation:
                 problems.append(
                     f"hf_activation={self.hf_activation} computes {_HF_ACTIVATIONS[self.hf_activation]}, "
@@ -189,10 +234,28 @@ class ArchSpec:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     def _attention_params(self) -> int:
+        if self.kv_lora_rank is not None:
+            return self._mla_params()
         qkv_out = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
         weights = self.hidden * qkv_out + self.n_heads * self.head_dim * self.hidden
         qk_norms = 2 * self.head_dim if self.qk_norm else 0
         return weights + qk_norms + (qkv_out + self.hidden if self.linear_bias else 0)
+
+    def _mla_params(self) -> int:
+        return self.mla_params(tp=1)
+
+    def mla_params(self, tp: int) -> int:
+        """MLA's projections and latent norms on one of ``tp`` ranks (transformers ``DeepseekV3Attention``):
+        ``q_a_proj``, its norm and ``q_b_proj`` (or ``q_proj``), ``kv_a_proj_with_mqa``, its norm, ``kv_b_proj`` and
+        ``o_proj``, no biases. The down-projections and their norms are whole on every rank (vLLM
+        ``ReplicatedLinear``, Megatron-Core MLA's duplicated ``linear_q_down_proj`` / ``linear_kv_down_proj``), the
+        up-projections and ``o_proj`` split by heads."""
+        assert self.kv_lora_rank is not None and self.qk_rope_head_dim is not None and self.v_head_dim is not None
+        h, heads, c, r, v = self.hidden, self.n_heads // tp, self.kv_lora_rank, self.qk_rope_head_dim, self.v_head_dim
+        q_out, ql = heads * self.head_dim, self.q_lora_rank
+        q = h * q_out if ql is None else h * ql + ql + ql * q_out
+        kv = h * (c + r) + c + c * heads * (self.head_dim - r + v)
+        return q + kv + heads * v * h
 
     def _mlp_params(self, ffn: int) -> int:
         up_out = (2 if self.gated_mlp else 1) * ffn
@@ -228,18 +291,26 @@ class ArchSpec:
         lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
         return self.embedding_params() + self._norm_params() + lm_head
 
+    def dense_block_saving(self) -> int:
+        """Parameters a :attr:`dense_layers` block has fewer than an MoE block (0 for an arch without)."""
+        if self.dense_layers is None or self.dense_ffn_hidden is None:
+            return 0
+        moe = self.n_experts * self._expert_params() + self._shared_expert_params() + self._router_params()
+        return moe - self._mlp_params(self.dense_ffn_hidden)
+
     def params_total(self) -> int:
         """Exact parameter count: blocks, embeddings, final norm and (when untied) the LM head.
 
         For GPT-style archs this is Narayanan et al. 2021 (arXiv 2104.04473) Sec. 5.1,
         ``12 l h^2 (1 + 13 / (12 h) + (V + s) / (12 l h))``, plus the final LayerNorm.
         """
-        return self.n_layers * self.params_per_layer() + self._outside_layers()
+        dense = (self.dense_layers or 0) * self.dense_block_saving()
+        return self.n_layers * self.params_per_layer() - dense + self._outside_layers()
 
     def active_params_total(self) -> int:
         """Parameters a token passes through: only ``experts_top_k`` experts per MoE layer."""
         inactive = (self.n_experts - self.experts_top_k) * self._expert_params()
-        return self.params_total() - self.n_layers * inactive
+        return self.params_total() - (self.n_layers - (self.dense_layers or 0)) * inactive
 
     # ------------------------------------------------------------------ parallelism
 
@@ -258,6 +329,8 @@ class ArchSpec:
             bad.append(f"ffn_hidden={self.ffn_hidden}")
         if self.shared_expert_ffn is not None and self.shared_expert_ffn % tp:
             bad.append(f"shared_expert_ffn={self.shared_expert_ffn}")
+        if self.dense_ffn_hidden is not None and self.dense_ffn_hidden % tp:
+            bad.append(f"dense_ffn_hidden={self.dense_ffn_hidden}")
         return bad
 
     def validate_parallel(self, tp: int = 1, pp: int = 1, ep: int = 1) -> None:
@@ -312,6 +385,12 @@ _FIELD_TYPES: dict[str, type] = {
     "shared_expert_ffn": int,
     "shared_expert_gate": bool,
     "qk_norm": bool,
+    "kv_lora_rank": int,
+    "q_lora_rank": int,
+    "qk_rope_head_dim": int,
+    "v_head_dim": int,
+    "dense_layers": int,
+    "dense_ffn_hidden": int,
     "attention_dropout": float,
     "hidden_dropout": float,
     "hf_activation": str,
@@ -457,6 +536,78 @@ def routed_experts(arch: ArchSpec, *, tokens: int, ep: int = 1) -> tuple[int, in
     return busy, -(-tokens * arch.experts_top_k // busy)
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionOps:
+    """The ops of a block's attention around its core on one tensor-parallel rank: the projections before it
+    (``before``: QKV, norms, rope), the core's head layout (``kv_heads``, ``head_dim``) and the ops between the
+    core and the output projection (``after``), which reads ``proj_k`` channels; ``kv_write`` values a token
+    go to the KV cache."""
+
+    before: list[RoleOp]
+    kv_heads: int
+    head_dim: int
+    after: list[RoleOp]
+    proj_k: int
+    kv_write: int
+
+
+def attention_ops(arch: ArchSpec, *, tokens: int, heads: int, kv_heads: int, absorbed: bool = False) -> AttentionOps:
+    """:class:`AttentionOps` of ``tokens`` tokens with ``heads`` / ``kv_heads`` heads on this rank.
+
+    Standard attention: the fused QKV GEMM, Qwen3's q/k norms (:func:`qk_norm_ops`), rope; K and V are
+    written, ``2 kv_heads head_dim`` values a token.
+
+    Multi-head latent attention (:attr:`ArchSpec.kv_lora_rank`; DeepSeek-V2, arXiv 2405.04434, Sec. 2.1;
+    transformers ``DeepseekV3Attention``): ``q_a_proj`` / its RMSNorm / ``q_b_proj`` (or ``q_proj``),
+    ``kv_a_proj_with_mqa`` to the latent and the shared rope key, the latent's RMSNorm, rope on the rotary parts
+    (the key's one head), and the latent cached (``kv_lora_rank + qk_rope_head_dim`` values a token). Then either
+    ``kv_b_proj`` expands the latent to every head's key and value (training and prefill: vLLM's
+    ``_forward_prefill``), the core runs ``heads`` heads of queries/keys ``head_dim`` and values ``v_head_dim``
+    wide, priced as one width of their mean (exact in FLOPs and bytes); or (``absorbed``: decode, vLLM's
+    ``_forward_decode`` / FlashMLA) ``kv_b_proj``'s key half is folded into the queries (a batched GEMM per head
+    to the latent width), the core attends every head to the one cached latent, priced as one KV head of half
+    the cached width (the bytes it reads, once; its FLOPs are about twice that layout's, still below the
+    ridge of every catalog GPU at decode), and the value half expands the per-head outputs."""
+    if arch.kv_lora_rank is None:
+        qkv: RoleOp = (
+            "qkv",
+            "gemm",
+            {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden},
+        )
+        rope: list[RoleOp] = (
+            [("rope", "rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim})]
+            if arch.position == "rope"
+            else []
+        )
+        before = [qkv, *qk_norm_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads), *rope]
+        return AttentionOps(before, kv_heads, arch.head_dim, [], heads * arch.head_dim, 2 * kv_heads * arch.head_dim)
+    assert arch.qk_rope_head_dim is not None and arch.v_head_dim is not None
+    h, c, r, v, ql = arch.hidden, arch.kv_lora_rank, arch.qk_rope_head_dim, arch.v_head_dim, arch.q_lora_rank
+    nope = arch.head_dim - r
+    q_out = heads * arch.head_dim
+    q: list[RoleOp] = (
+        [("q_proj", "gemm", {"b": 1, "m": tokens, "n": q_out, "k": h})]
+        if ql is None
+        else [
+            ("q_down", "gemm", {"b": 1, "m": tokens, "n": ql, "k": h}),
+            ("q_down_norm", "rmsnorm", {"rows": tokens, "cols": ql}),
+            ("q_up", "gemm", {"b": 1, "m": tokens, "n": q_out, "k": ql}),
+        ]
+    )
+    before = [
+        *q,
+        ("kv_down", "gemm", {"b": 1, "m": tokens, "n": c + r, "k": h}),
+        ("kv_down_norm", "rmsnorm", {"rows": tokens, "cols": c}),
+        ("rope", "rope", {"tokens": tokens, "heads": heads + 1, "head_dim": r}),
+    ]
+    if not absorbed:
+        before.append(("kv_up", "gemm", {"b": 1, "m": tokens, "n": heads * (nope + v), "k": c}))
+        return AttentionOps(before, heads, (arch.head_dim + v) // 2, [], heads * v, c + r)
+    before.append(("q_absorb", "gemm", {"b": heads, "m": tokens, "n": c, "k": nope}))
+    after: list[RoleOp] = [("v_absorb", "gemm", {"b": heads, "m": tokens, "n": v, "k": c})]
+    return AttentionOps(before, 1, (c + r) // 2, after, heads * v, c + r)
+
+
 def _mlp_ops(arch: ArchSpec, tp: int, tokens: int) -> list[Op]:
     ffn = arch.ffn_hidden // tp
     up_n = (2 if arch.gated_mlp else 1) * ffn
@@ -498,30 +649,25 @@ def layer_ops(
     residual = rows * arch.hidden
     norm: Op = (arch.norm, {"rows": rows, "cols": arch.hidden})
     add: Op = ("elementwise", {"numel": residual, "fn": "add"})
-    rope: list[Op] = (
-        [("rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim})]
-        if arch.position == "rope"
-        else []
-    )
+    at = attention_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads)
     attention: list[Op] = [
         norm,
-        ("gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}),
-        *((kind, params) for _, kind, params in qk_norm_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads)),
-        *rope,
+        *((kind, params) for _, kind, params in at.before),
         (
             "attention",
             {
                 "batch": batch,
                 "heads": heads,
-                "kv_heads": kv_heads,
+                "kv_heads": at.kv_heads,
                 "seq_q": seq,
                 "seq_kv": seq,
-                "head_dim": arch.head_dim,
+                "head_dim": at.head_dim,
                 "causal": True,
                 "impl": attention_impl,
             },
         ),
-        ("gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}),
+        *((kind, params) for _, kind, params in at.after),
+        ("gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": at.proj_k}),
         *_dropout(arch, residual),
     ]
     mlp: list[Op] = [norm, *_mlp_ops(arch, tp, tokens), *_dropout(arch, residual)]
@@ -652,7 +798,21 @@ def _load_path(path: Path) -> ArchSpec:
 
 # ---------------------------------------------------------------------- Hugging Face configs
 
-HF_MODEL_TYPES = ("gpt2", "gpt_neox", "llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "opt", "mixtral")
+HF_MODEL_TYPES = (
+    "gpt2",
+    "gpt_neox",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "deepseek_v2",
+    "deepseek_v3",
+    "kimi_k2",
+    "opt",
+    "mixtral",
+)
 """``model_type`` values :func:`arch_from_hf_config` understands."""
 
 _HF_ACTIVATIONS: dict[str, Activation] = {
@@ -732,6 +892,38 @@ class _HfConfig:
                 + "; ".join(self.problems)
                 + " (sizes are integers >= 1, flags true or false); fix these keys of the config"
             )
+
+
+def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
+    """The MLA and DeepSeekMoE fields of a DeepSeek-V2/V3 config (transformers ``DeepseekV3Config``; Kimi K2
+    ships the same architecture as ``kimi_k2``): ``head_dim = qk_nope_head_dim + qk_rope_head_dim``, the
+    ``n_shared_experts`` shared experts as one of their summed width, ungated, and the first
+    ``first_k_dense_replace`` blocks dense (``intermediate_size``). A config with MoE blocks only every
+    ``moe_layer_freq > 1`` blocks is refused, as opcast prices the blocks alike."""
+    heads = c.req("num_attention_heads")
+    rope, expert = c.req("qk_rope_head_dim"), c.req("moe_intermediate_size")
+    dense = c.get("first_k_dense_replace", 0) if c.cfg.get("first_k_dense_replace") != 0 else 0
+    freq = c.get("moe_layer_freq", 1)
+    if freq != 1:
+        c.problems.append(
+            f"moe_layer_freq={freq}: MoE blocks between dense ones are not modelled (every block is priced "
+            "alike); use moe_layer_freq 1"
+        )
+    shared = c.cfg.get("n_shared_experts")
+    return {
+        "n_kv_heads": heads,
+        "head_dim": c.req("qk_nope_head_dim") + rope,
+        "kv_lora_rank": c.req("kv_lora_rank"),
+        "q_lora_rank": c.get("q_lora_rank", None),
+        "qk_rope_head_dim": rope,
+        "v_head_dim": c.req("v_head_dim"),
+        "n_experts": c.req("n_routed_experts"),
+        "experts_top_k": c.req("num_experts_per_tok"),
+        "ffn_hidden": expert,
+        "shared_expert_ffn": None if not shared else c.get("n_shared_experts", 1) * expert,
+        "dense_layers": dense or None,
+        "dense_ffn_hidden": c.req("intermediate_size") if dense else None,
+    }
 
 
 def _every_block_moe(c: _HfConfig) -> None:
@@ -852,6 +1044,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             _every_block_moe(c)
         if model_type == "qwen2_moe":
             fields_.update(shared_expert_ffn=c.req("shared_expert_intermediate_size"), shared_expert_gate=True)
+        if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
+            fields_.update(_deepseek_fields(c))
+            source += "; multi-token-prediction layers (num_nextn_predict_layers) not modelled"
     # dropout as transformers applies it in training (each model's defaults when the key is absent)
     if model_type == "gpt2":
         attn_p, hidden_p = c.get("attn_pdrop", 0.1, float), c.get("resid_pdrop", 0.1, float)
@@ -865,7 +1060,8 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
     fields_.setdefault("n_kv_heads", heads)
     fields_.setdefault("head_dim", c.head_dim(hidden, heads))
     fields_.update(hidden=hidden, n_heads=heads)
-    fields_.update(name=name, family=model_type, vocab=c.req("vocab_size"), source=source)
+    family = "deepseek_v3" if model_type == "kimi_k2" else model_type  # Kimi K2 is DeepSeek-V3's architecture
+    fields_.update(name=name, family=family, vocab=c.req("vocab_size"), source=source)
     fields_.update(hf_activation=c.hf_activation)
     c.raise_problems()
     try:

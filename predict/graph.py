@@ -61,7 +61,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
-from opcast.archs import ArchSpec, padded_vocab, qk_norm_ops, routed_experts, shared_expert_ops
+from opcast.archs import ArchSpec, attention_ops, padded_vocab, routed_experts, shared_expert_ops
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.hardware import DeviceSpec
 from opcast.ops import get_op, uses_tensor_cores
@@ -339,7 +339,8 @@ def block_ops(
     residual = rows * arch.hidden
     dropout = training and arch.hidden_dropout_p > 0  # the residual dropouts (attention probs: inside attention)
     norm = (arch.norm, {"rows": rows, "cols": arch.hidden})
-    attn = {"batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": arch.head_dim, "impl": attention}
+    at = attention_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads, absorbed=not training and seq_q == 1)
+    attn = {"batch": batch, "heads": heads, "kv_heads": at.kv_heads, "head_dim": at.head_dim, "impl": attention}
     if cp == 1:
         core = [("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_kv, "causal": True}, 1)]
     else:
@@ -362,24 +363,17 @@ def block_ops(
         else ([], [])
     )
     kv_write = (
-        []
-        if training or hf_before
-        else [("kv_write", "elementwise", {"numel": 2 * tokens * kv_heads * arch.head_dim, "fn": "copy"}, 1)]
+        [] if training or hf_before else [("kv_write", "elementwise", {"numel": tokens * at.kv_write, "fn": "copy"}, 1)]
     )
-    attention_ops: list[Op] = [
+    attention_part: list[Op] = [
         ("norm1", *norm, 1),
-        ("qkv", "gemm", {"b": 1, "m": tokens, "n": (heads + 2 * kv_heads) * arch.head_dim, "k": arch.hidden}, 1),
-        *((role, kind, p, 1) for role, kind, p in qk_norm_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads)),
-        *(
-            [("rope", "rope", {"tokens": tokens, "heads": heads + kv_heads, "head_dim": arch.head_dim}, 1)]
-            if arch.position == "rope"
-            else []
-        ),
+        *((role, kind, p, 1) for role, kind, p in at.before),
         *kv_write,
         *hf_before,
         *core,
         *hf_after,
-        ("proj", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": heads * arch.head_dim}, 1),
+        *((role, kind, p, 1) for role, kind, p in at.after),
+        ("proj", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": at.proj_k}, 1),
         *([("attn_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
     ]
     mlp_ops: list[Op] = [
@@ -389,8 +383,8 @@ def block_ops(
     ]
     add: Op = ("residual_add", "elementwise", {"numel": residual, "fn": "add"}, 1)
     if arch.parallel_residual:
-        return [*attention_ops, *mlp_ops, add, add]
-    return [*attention_ops, add, *mlp_ops, add]
+        return [*attention_part, *mlp_ops, add, add]
+    return [*attention_part, add, *mlp_ops, add]
 
 
 def embedding_ops(arch: ArchSpec, *, tp: int, tokens: int, rows: int, training: bool = True) -> list[Op]:

@@ -146,6 +146,8 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
     attn = arch.hidden * qkv_out + heads * arch.head_dim * arch.hidden
     if arch.linear_bias:
         attn += qkv_out + arch.hidden
+    if arch.kv_lora_rank is not None:
+        attn = arch.mla_params(tp)
     ffn = arch.ffn_hidden // tp
     up = (2 if arch.gated_mlp else 1) * ffn
     mlp = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
@@ -154,14 +156,17 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
     if arch.n_experts == 1:
         return attn + mlp + norms, 0
     router = arch.hidden * arch.n_experts
-    shared = 0
-    if arch.shared_expert_ffn is not None:  # split over tp like a dense MLP, on every rank of the EP group
-        shared_ffn = arch.shared_expert_ffn // tp
-        shared_up = (2 if arch.gated_mlp else 1) * shared_ffn
-        shared = arch.hidden * shared_up + shared_ffn * arch.hidden
-        shared += shared_up + arch.hidden if arch.linear_bias else 0
-        shared += arch.hidden if arch.shared_expert_gate else 0
-    return attn + norms + router + shared, (arch.n_experts // ep) * mlp
+    return attn + norms + router + _shared_expert_params(arch, tp), (arch.n_experts // ep) * mlp
+
+
+def _shared_expert_params(arch: ArchSpec, tp: int) -> int:
+    """The shared expert (and its gate) on one rank: split over tp like a dense MLP, whole on every EP rank."""
+    if arch.shared_expert_ffn is None:
+        return 0
+    ffn = arch.shared_expert_ffn // tp
+    up = (2 if arch.gated_mlp else 1) * ffn
+    out = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
+    return out + (arch.hidden if arch.shared_expert_gate else 0)
 
 
 def stage_params(
@@ -174,6 +179,16 @@ def stage_params(
     dense_l, expert_l = layer_params(arch, tp, ep)
     layers = arch.n_layers // pp if layers is None else layers
     dense, expert = layers * dense_l, layers * expert_l
+    # DeepSeek's first blocks: a dense MLP instead of the experts (the stage's layers start at stage x layers:
+    # exact for an even split; an uneven one is taken as if even)
+    first = min(layers, max(0, (arch.dense_layers or 0) - stage * layers))
+    if first:
+        assert arch.dense_ffn_hidden is not None
+        ffn = arch.dense_ffn_hidden // tp
+        mlp = arch.hidden * (2 if arch.gated_mlp else 1) * ffn + ffn * arch.hidden
+        moe_dense = arch.hidden * arch.n_experts + _shared_expert_params(arch, tp)  # router and shared expert
+        dense += first * (mlp - moe_dense)
+        expert -= first * expert_l
     vocab_slice = padded_vocab(arch.vocab, tp) // tp * arch.hidden
     if stage == 0:
         dense += vocab_slice + (arch.max_seq * arch.hidden if arch.position == "learned" else 0)
@@ -606,6 +621,11 @@ def overflow_reason(memory: Memory, device, fix: str) -> str | None:
 
 
 def kv_cache_bytes(arch: ArchSpec, *, tp: int, pp: int, batch: int, tokens: int, dtype: str) -> float:
-    """K and V of ``tokens`` positions for ``batch`` sequences on one rank: ``2 b T k d B L / pp``."""
-    kv = max(1, arch.n_kv_heads // tp)
-    return 2.0 * batch * tokens * kv * arch.head_dim * dtype_bytes(dtype) * (arch.n_layers // pp)
+    """K and V of ``tokens`` positions for ``batch`` sequences on one rank: ``2 b T k d B L / pp``; under
+    multi-head latent attention the latent and the rope key, ``b T (kv_lora_rank + qk_rope_head_dim) B L / pp``,
+    whole on every tensor-parallel rank (vLLM's MLA cache: one latent "head", not split by heads)."""
+    if arch.kv_lora_rank is not None and arch.qk_rope_head_dim is not None:
+        per_token = float(arch.kv_lora_rank + arch.qk_rope_head_dim)
+    else:
+        per_token = 2.0 * max(1, arch.n_kv_heads // tp) * arch.head_dim
+    return batch * tokens * per_token * dtype_bytes(dtype) * (arch.n_layers // pp)

@@ -871,3 +871,140 @@ def test_qwen3_moe_runs_through_the_console_script(tmp_path: Path) -> None:
     )
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "mlp_only_layers=[0]" in out.stderr
+
+
+# --------------------------------------------------------------------------- DeepSeek (MLA, DeepSeekMoE)
+
+DEEPSEEK_V3_HF = {  # deepseek-ai/DeepSeek-V3 config.json (the keys opcast reads)
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "num_nextn_predict_layers": 1,
+}
+DEEPSEEK_V2_LITE_HF = {  # deepseek-ai/DeepSeek-V2-Lite config.json: no query compression, 2 shared experts
+    **DEEPSEEK_V3_HF,
+    "model_type": "deepseek_v2",
+    "hidden_size": 2048,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 27,
+    "first_k_dense_replace": 1,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "n_routed_experts": 64,
+    "n_shared_experts": 2,
+    "num_experts_per_tok": 6,
+    "q_lora_rank": None,
+    "vocab_size": 102400,
+}
+
+
+def test_deepseek_v3_counts_as_published() -> None:
+    arch = arch_from_hf_config(DEEPSEEK_V3_HF, "deepseek-v3")
+    assert (arch.head_dim, arch.kv_lora_rank, arch.shared_expert_ffn, arch.dense_layers) == (192, 512, 2048, 3)
+    assert arch.params_total() == pytest.approx(671e9, rel=0.001)  # DeepSeek-V3 report: 671B (MTP layer apart)
+    assert arch.active_params_total() == pytest.approx(37e9, rel=0.02)  # 37B activated
+    # by hand: q_a 7168 x 1536 + norm, q_b 1536 x 128 x 192, kv_a 7168 x 576 + norm, kv_b 512 x 128 x 256, o
+    mla = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert arch.mla_params(tp=1) == mla
+    # the three dense blocks: an 18,432-wide MLP each in place of 256 experts, the shared one and the router
+    moe_mlp = 256 * 3 * 7168 * 2048 + 3 * 7168 * 2048 + 7168 * 256
+    assert arch.dense_block_saving() == moe_mlp - 3 * 7168 * 18432
+
+
+def test_deepseek_v2_lite_and_kimi_k2_spellings() -> None:
+    lite = arch_from_hf_config(DEEPSEEK_V2_LITE_HF, "lite")
+    assert lite.q_lora_rank is None and lite.shared_expert_ffn == 2 * 1408
+    assert lite.params_total() == pytest.approx(15.7e9, rel=0.005)  # DeepSeek-V2-Lite model card: 15.7B
+    kimi = arch_from_hf_config({**DEEPSEEK_V3_HF, "model_type": "kimi_k2"}, "k")
+    assert kimi.kv_lora_rank == 512 and kimi.family == "deepseek_v3"
+
+
+def test_mla_ops_by_hand() -> None:
+    from opcast.archs import attention_ops
+
+    arch = arch_from_hf_config(DEEPSEEK_V3_HF, "d")
+    prefill = attention_ops(arch, tokens=64, heads=16, kv_heads=16)  # tp 8
+    assert [(r, p.get("n")) for r, k, p in prefill.before if k == "gemm"] == [
+        ("q_down", 1536),  # whole on every rank
+        ("q_up", 16 * 192),
+        ("kv_down", 512 + 64),  # the latent and the shared rope key
+        ("kv_up", 16 * (128 + 128)),  # each head's key (no rope part) and value
+    ]
+    assert (prefill.kv_heads, prefill.head_dim, prefill.proj_k, prefill.kv_write) == (16, 160, 16 * 128, 576)
+    decode = attention_ops(arch, tokens=32, heads=16, kv_heads=16, absorbed=True)
+    assert decode.before[-1] == ("q_absorb", "gemm", {"b": 16, "m": 32, "n": 512, "k": 128})
+    assert decode.after == [("v_absorb", "gemm", {"b": 16, "m": 32, "n": 128, "k": 512})]
+    assert (decode.kv_heads, 2 * decode.head_dim, decode.kv_write) == (1, 576, 576)  # reads the cached latent once
+
+
+def test_layer_ops_of_an_mla_arch_follow_the_graph() -> None:
+    from opcast.predict.graph import block_ops
+
+    arch = arch_from_hf_config(DEEPSEEK_V2_LITE_HF, "lite")
+    mine = [
+        (k, p)
+        for r, k, p, c in block_ops(arch, tp=2, batch=1, seq_q=128, seq_kv=128, sp=False)
+        if r not in ("permute", "unpermute")
+    ]
+    assert mine == [(k, p) for k, p in layer_ops(arch, tp=2, batch=1, seq=128)]
+    assert mine[1] == ("gemm", {"b": 1, "m": 128, "n": 8 * 192, "k": 2048})  # q_proj: no query compression
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"moe_layer_freq": 2}, "moe_layer_freq=2"),
+        ({"kv_lora_rank": "512"}, "kv_lora_rank"),
+    ],
+)
+def test_deepseek_configs_opcast_cannot_price_are_refused_in_one_line(extra: dict, needle: str) -> None:
+    with pytest.raises(OpcastError) as err:
+        arch_from_hf_config({**DEEPSEEK_V3_HF, **extra}, "x")
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_mla_fields_go_together() -> None:
+    v3 = arch_from_hf_config(DEEPSEEK_V3_HF, "d")
+    with pytest.raises(OpcastError, match="multi-head latent attention needs all of"):
+        dataclasses.replace(v3, v_head_dim=None)
+    with pytest.raises(OpcastError, match="q_lora_rank needs multi-head latent attention"):
+        _arch(q_lora_rank=64)
+    with pytest.raises(OpcastError, match="dense_layers and dense_ffn_hidden go together"):
+        dataclasses.replace(v3, dense_ffn_hidden=None)
+
+
+def test_deepseek_v3_serves_through_the_console_script(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(DEEPSEEK_V3_HF))
+    opcast = str(Path(sys.executable).with_name("opcast"))
+    out = subprocess.run(
+        [opcast, "predict", "infer", "--arch", str(cfg), "--gpu", "H200", "--tp", "8", "--precision", "fp8", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert result["feasible"] and result["tpot_s"] > 0

@@ -358,3 +358,32 @@ def test_grad_reduce_in_fp32_through_the_console_script():
     assert grads[0] == pytest.approx(2 * grads[1])
     bad = subprocess.run([*base, "--grad-reduce-in-fp32=maybe"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_mla_caches_the_latent_whole_on_every_tensor_parallel_rank_and_dense_blocks_count_where_they_sit():
+    import dataclasses
+
+    from opcast.predict.memory import kv_cache_bytes, stage_params
+
+    v3 = dataclasses.replace(
+        load_arch("mixtral-8x7b"),
+        n_kv_heads=32,
+        head_dim=192,
+        kv_lora_rank=512,
+        q_lora_rank=1536,
+        qk_rope_head_dim=64,
+        v_head_dim=128,
+        dense_layers=3,
+        dense_ffn_hidden=28672,
+    )
+    # 576 values a token and layer (latent 512 + rope key 64), not 2 x heads x head_dim, and not split by tp
+    for tp in (1, 8):
+        assert kv_cache_bytes(v3, tp=tp, pp=2, batch=2, tokens=100, dtype="bf16") == 2 * 100 * 576 * 2 * 16
+    # every parameter is held once over the stages, the dense blocks on the stages holding the first layers
+    for pp in (1, 2, 32):
+        held = [stage_params(v3, tp=1, pp=pp, stage=s) for s in range(pp)]
+        assert sum(h.dense + h.expert for h in held) == v3.params_total()
+    first, second = stage_params(v3, tp=1, pp=16, stage=0), stage_params(v3, tp=1, pp=16, stage=1)
+    one_moe_layer = stage_params(v3, tp=1, pp=32, stage=5).expert  # a stage of one MoE block
+    assert first.expert == 0 and second.expert == one_moe_layer  # layers 0-1 dense; layer 2 dense, 3 MoE
+    assert first.dense + first.expert < second.dense + second.expert
