@@ -28,6 +28,12 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
     """Write ``fig`` to ``path`` (folders created) and close it; a one-line error if it cannot be written."""
     plt = pyplot()
     path = Path(path)
+    kinds = fig.canvas.get_supported_filetypes()
+    if path.suffix and path.suffix[1:].lower() not in kinds:  # no suffix: matplotlib's default, png
+        plt.close(fig)
+        raise OpcastError(
+            f"cannot write the plot {path}: matplotlib writes {', '.join(sorted(kinds))}, not {path.suffix}"
+        )
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=dpi)
