@@ -32,6 +32,7 @@ from opcast.predict.options import (
     PARAM,
     SERVE,
     SERVE_PARALLEL,
+    SERVE_PLOT,
     SERVE_TRACE,
     SET,
     TENSOR_CORES,
@@ -254,15 +255,16 @@ def infer_cmd(o: Args) -> None:
 
 
 @app.command("serve")
-@command(ARCH, GPU, GPUS_PER_NODE, *SERVE_PARALLEL, *SERVE, *KERNEL_SOURCE, SET, JSON, SERVE_TRACE)
+@command(ARCH, GPU, GPUS_PER_NODE, *SERVE_PARALLEL, *SERVE, *KERNEL_SOURCE, SET, JSON, SERVE_TRACE, SERVE_PLOT)
 def serve_cmd(o: Args) -> None:
     """Simulate serving a request stream with continuous batching: TTFT, TPOT and end-to-end latency
-    percentiles, throughput and goodput of replicas of one model under vLLM, SGLang or TensorRT-LLM."""
+    percentiles, throughput and goodput of replicas of one model under vLLM, SGLang or TensorRT-LLM;
+    --trace writes a Perfetto timeline of every step, --plot a figure of the latency CDFs and the load over time."""
     from opcast.archs import load_arch
     from opcast.predict.parallel import InferConfig
     from opcast.predict.serve.deployment import predict_serve
     from opcast.predict.serve.metrics import write_trace
-    from opcast.predict.serve.report import print_serve, serve_to_dict
+    from opcast.predict.serve.report import print_serve, serve_to_dict, write_plot
 
     spec = load_arch(o.arch)
     dev = device(o.gpu, o.set_)
@@ -279,9 +281,11 @@ def serve_cmd(o: Args) -> None:
         )
     else:
         result = predict_serve(spec, dev, cfg, engine, stream, replicas=o.replicas, kernels=kernel_cost(o), **common)
-    if o.trace is not None:
-        write_trace(result.sim, o.trace, other={"arch": spec.name, "gpu": dev.name, "engine": engine.engine})
     if o.as_json:
         print_json(serve_to_dict(result))
     else:
         print_serve(result, console)
+    if o.trace is not None:  # after the result, as predict train: a file that cannot be written loses nothing printed
+        write_trace(result.sim, o.trace, other={"arch": spec.name, "gpu": dev.name, "engine": engine.engine})
+    if o.plot is not None:
+        write_plot(result, o.plot)

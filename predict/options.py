@@ -798,6 +798,11 @@ INFER_ENGINE = _option(SERVE, "engine").but(
 INFER = (*INFER, INFER_ENGINE)
 """``predict infer`` / ``explore infer`` / ``compare infer``: :class:`InferConfig`'s options with ``--engine``."""
 SERVE_TRACE = TRACE.but(help="Write a Chrome/Perfetto trace of every step of every replica.")
+SERVE_PLOT = TRAIN_PLOT.but(
+    help="Write a figure (.png, .svg or .pdf by the suffix; needs matplotlib, pip install 'opcast[plot]'): CDFs "
+    "of TTFT, TPOT and end-to-end latency with their p50/p90/p99 and SLOs, and over simulated time the "
+    "arrivals, first tokens and completions, sequences and tokens per step and KV-cache blocks in use."
+)
 
 
 # --------------------------------------------------------------------------- options -> library objects
