@@ -1,5 +1,5 @@
-"""`opcast predict serve` through the real console script: a result with its trace, and every bad
-input refused in one line with exit code 2 and nothing written."""
+"""`opcast predict serve` through the real console script: a result with its trace and its plot, and every
+bad input refused in one line with exit code 2 and nothing written."""
 
 from __future__ import annotations
 
@@ -24,7 +24,16 @@ def test_serve_help_lists_the_serve_options(capsys):
 
     assert main(["predict", "serve", "--help"]) == 0
     out = capsys.readouterr().out
-    for flag in ("--rate", "--trace-file", "--engine", "--max-num-seqs", "--slo-tpot-s", "--replicas", "--tp"):
+    for flag in (
+        "--rate",
+        "--trace-file",
+        "--engine",
+        "--max-num-seqs",
+        "--slo-tpot-s",
+        "--replicas",
+        "--tp",
+        "--plot",
+    ):
         assert flag in out
 
 
@@ -105,3 +114,51 @@ def test_disaggregated_serving_reports_its_pools_and_kv_transfers(tmp_path):
     steps = [e for e in events if e["ph"] == "X" and e["name"] != "kv transfer"]
     assert {e["name"] for e in steps if e["pid"] == 0} == {"prefill"}
     assert {e["name"] for e in steps if e["pid"] > 0} == {"decode"}
+
+
+# --------------------------------------------------------------------------- --plot (issue 20)
+
+SMALL = [*BASE, "--rate", "40", "--num-requests", "30", "--input-len", "64:256", "--output-len", "8"]
+
+
+@pytest.mark.parametrize(
+    ("deploy", "name", "magic"),
+    [
+        (["--replicas", "2", "--slo-ttft-s", "0.5", "--slo-tpot-s", "0.05"], "serve.png", b"\x89PNG"),
+        (["--disaggregate", "3:3", "--slo-ttft-s", "0.5"], "serve.svg", b"<?xml"),  # > 4 replicas: pools summed
+    ],
+)
+def test_serve_plot_writes_the_figure_the_suffix_names(tmp_path, deploy, name, magic):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra opcast[plot]")
+    out = tmp_path / "figs" / name  # a folder not there yet is made
+    p = _run(*SMALL, *deploy, "--plot", str(out), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "TTFT" in p.stdout and out.stat().st_size > 1000 and out.read_bytes().startswith(magic)
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "bad_suffix"])
+def test_unwritable_plot_is_one_line_exit_2_after_the_result_and_trace(tmp_path, where):
+    pytest.importorskip("matplotlib", reason="--plot needs the optional extra opcast[plot]")
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    plot = blocker / "serve.png" if where == "under_a_file" else tmp_path / "serve.xyz"
+    trace = tmp_path / "steps.json"
+    p = _run(*SMALL, "--json", "--trace", str(trace), "--plot", str(plot), cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("opcast: error: cannot write the plot"), p.stderr
+    assert "Traceback" not in p.stderr and not plot.exists()
+    assert json.loads(p.stdout)["metrics"]["requests"] == 30  # the result printed before the plot failed
+    assert json.loads(trace.read_text())["traceEvents"]  # and the trace written
+
+
+def test_serve_plot_without_matplotlib_is_the_one_line_extra_hint(tmp_path, monkeypatch, capsys):
+    from opcast.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    out = tmp_path / "serve.png"
+    assert main([*SMALL, "--json", "--plot", str(out)]) == 2
+    got = capsys.readouterr()
+    err = got.err.strip()
+    assert "pip install 'opcast[plot]'" in err and "\n" not in err and "Traceback" not in err
+    assert json.loads(got.out)["metrics"]["requests"] == 30 and not out.exists()
