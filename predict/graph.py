@@ -283,16 +283,25 @@ def hf_attention_ops(
     return before, [("attn.merge_heads", "elementwise", {"numel": q, "fn": "copy"}, 1)]
 
 
-def _mlp(arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool, hf: bool = False) -> list[Op]:
-    ffn = arch.ffn_hidden // tp
+def _mlp(
+    arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool, hf: bool = False, whole_experts: bool = False
+) -> list[Op]:
+    """The block's MLP on one rank. An MoE block's experts are split over ``tp`` (Megatron's expert tensor
+    parallelism equal to tp) and ``ep`` ranks each hold ``n_experts / ep`` of them, each rank routing its own
+    ``tokens``; with ``whole_experts`` (an inference engine's expert parallelism: vLLM ``--enable-expert-parallel``,
+    SGLang's EP MoE) every expert is whole on one of the ``ep`` GPUs, and each GPU dispatches ``1 / tp`` of the
+    tokens its tensor-parallel group replicates."""
+    moe = arch.n_experts > 1
+    ffn = arch.ffn_hidden // (1 if moe and whole_experts else tp)
     up_n = (2 if arch.gated_mlp else 1) * ffn
     pre: list[Op]
     post: list[Op]
-    if arch.n_experts == 1:
+    if not moe:
         b, rows, pre, post = 1, tokens, [], []
     else:
-        b, rows = routed_experts(arch, tokens=tokens, ep=ep)
-        routed = tokens * arch.experts_top_k * arch.hidden
+        routed_tokens = -(-tokens // tp) if whole_experts else tokens
+        b, rows = routed_experts(arch, tokens=routed_tokens, ep=ep)
+        routed = routed_tokens * arch.experts_top_k * arch.hidden
         pre = [
             ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1),
             ("permute", "elementwise", {"numel": routed, "fn": "copy"}, 1),
@@ -326,9 +335,11 @@ def block_ops(
     attention: str = "flash",
     training: bool = True,
     framework: str | None = None,
+    whole_experts: bool = False,
 ) -> list[Op]:
     """Forward ops of one block on one rank for ``batch`` sequences of ``seq_q`` local queries
-    against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``). Under a
+    against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``);
+    ``whole_experts``: an inference engine's expert parallelism (:func:`_mlp`). Under a
     framework that runs transformers' modules op by op (``hf``, :attr:`Framework.hf_modules`) the
     activation is its module's eager kernels (:func:`hf_activation_ops`) and eager attention carries
     the modeling code's own kernels (:func:`hf_attention_ops`, which replace the cache write)."""
@@ -378,7 +389,7 @@ def block_ops(
     ]
     mlp_ops: list[Op] = [
         ("norm2", *norm, 1),
-        *_mlp(arch, tp, tokens, ep, training, hf),
+        *_mlp(arch, tp, tokens, ep, training, hf, whole_experts),
         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
     ]
     add: Op = ("residual_add", "elementwise", {"numel": residual, "fn": "add"}, 1)

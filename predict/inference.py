@@ -58,7 +58,8 @@ class InferResult:
     """Per GPU, at the final length."""
     memory: Memory | None = None
     breakdown_s: dict[str, dict[str, float]] = field(default_factory=dict)
-    """prefill / decode_step: compute, tp_comm, pp_comm (and overhead, with an engine)."""
+    """prefill / decode_step: compute, tp_comm (with ``ep > tp``, the experts' all-to-alls too), pp_comm (and
+    overhead, with an engine)."""
     ops: tuple[dict[str, Any], ...] = ()
     cost_sources: dict[str, Any] = field(default_factory=dict)
 
@@ -82,17 +83,28 @@ def _forward_s(
     lines: list[dict[str, Any]] | None,
     phase: str,
     comm_sources: dict[str, int] | None = None,
+    ep_group: Group | None = None,
 ) -> tuple[float, float]:
     """(compute, tp comm) seconds of one forward of all layers, the stages one after another
     (``comm_sources``: where given, counts the TP collective calls by ``kind: label``)."""
     tp = cfg.tp
     tokens = batch * seq_q
     ops = block_ops(
-        arch, tp=tp, batch=batch, seq_q=seq_q, seq_kv=seq_kv, sp=False, attention=cfg.attention, training=False
+        arch,
+        tp=tp,
+        batch=batch,
+        seq_q=seq_q,
+        seq_kv=seq_kv,
+        sp=False,
+        ep=cfg.ep,
+        attention=cfg.attention,
+        training=False,
+        whole_experts=cfg.ep > 1,
     )
     model = embedding_ops(arch, tp=tp, tokens=tokens, rows=tokens, training=False)
     model += head_ops(arch, tp=tp, tokens=batch, rows=batch, loss=False)  # logits of the last position only
     comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
+    ep_comm = _ep_all_to_all(arch, cfg, tokens, dtype_bytes(prec.act))
     extra_comm: tuple[Comm, ...] = ()
     if tp > 1:
         extra_comm = (
@@ -120,14 +132,28 @@ def _forward_s(
                         "source": src,
                     }
                 )
-    for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm]:
+    ep_group = ep_group or tp_group
+    for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm] + ep_comm:
         kind = c.kind if c.kind != "all_reduce" else tp_all_reduce_kind(cfg.engine, c.bytes, tp_group, device)
-        t, label = comms.time_s(Collective(kind, c.bytes, tp_group), device)
+        group = ep_group if c.role == "ep" else tp_group
+        t, label = comms.time_s(Collective(kind, c.bytes, group), device)
         comm_s += repeat * c.count * t
         if comm_sources is not None:
             key = f"{kind}: {label}"
             comm_sources[key] = comm_sources.get(key, 0) + repeat * c.count
     return compute, comm_s
+
+
+def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) -> list[tuple[Comm, int]]:
+    """The MoE dispatch and combine of expert parallelism across replicas (``ep > tp``; DeepEP / pplx
+    all-to-alls): each GPU sends its ``1 / tp`` of the replica's tokens, ``top_k`` copies of each, to the experts'
+    GPUs and takes the results back, one all-to-all each way per MoE block over the ``ep`` GPUs (SGLang
+    ``DeepEPMoE``, vLLM's ``all2all_backend``). Within a replica (``ep = tp``) the tokens are already on every
+    GPU and the block's tensor-parallel all-reduce sums the experts' outputs: nothing more moves."""
+    if cfg.ep <= cfg.tp or arch.n_experts == 1:
+        return []
+    routed = -(-tokens // cfg.tp) * arch.experts_top_k * arch.hidden * act_b
+    return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers - (arch.dense_layers or 0))]
 
 
 def predict_infer(
@@ -155,6 +181,7 @@ def predict_infer(
         comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
+    ep_group = place(cfg.ep, 1, cluster.gpus_per_node)
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
     lines: list[dict[str, Any]] | None = [] if details else None
     b, P, G = cfg.batch, cfg.prompt_len, cfg.gen_len
@@ -180,6 +207,7 @@ def predict_infer(
         lines=lines,
         phase="prefill",
         comm_sources=prefill_comms,
+        ep_group=ep_group,
     )
     pre_pp = pp_s(b * P)
     overhead = OVERHEADS[cfg.engine] if cfg.engine != "none" else None
@@ -204,6 +232,7 @@ def predict_infer(
             lines=lines if n == len(steps) // 2 else None,
             phase="decode",
             comm_sources=decode_comms if n == len(steps) // 2 else None,
+            ep_group=ep_group,
         )
         dec_c += c
         dec_tp += t
@@ -316,6 +345,7 @@ def forward_time_s(
         device=device,
         lines=None,
         phase="forward",
+        ep_group=place(cfg.ep, 1, gpus_per_node),
     )
     pp_hop = place(2, cfg.tp, gpus_per_node)
     pp = _pp_send_s(arch, cfg, dtype_bytes(prec.act), tokens=batch * seq_q, pp_hop=pp_hop, comms=comms, device=device)
@@ -353,7 +383,7 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
         work += act_b * b * heads * P * P
     mems = []
     for s in {0, cfg.pp - 1}:
-        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, stage=s)
+        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=s, whole_experts=cfg.ep > 1)
         mems.append(
             Memory(
                 stage=s,

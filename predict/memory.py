@@ -139,8 +139,9 @@ class StageParams:
         return self.dense + self.expert
 
 
-def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
-    """(dense, expert) parameters of one block on one rank."""
+def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = False) -> tuple[int, int]:
+    """(dense, expert) parameters of one block on one rank; the experts split over ``tp`` too unless
+    ``whole_experts`` (an inference engine's expert parallelism)."""
     heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
     qkv_out = (heads + 2 * kv) * arch.head_dim
     attn = arch.hidden * qkv_out + heads * arch.head_dim * arch.hidden
@@ -148,7 +149,7 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1) -> tuple[int, int]:
         attn += qkv_out + arch.hidden
     if arch.kv_lora_rank is not None:
         attn = arch.mla_params(tp)
-    ffn = arch.ffn_hidden // tp
+    ffn = arch.ffn_hidden // (1 if whole_experts and arch.n_experts > 1 else tp)
     up = (2 if arch.gated_mlp else 1) * ffn
     mlp = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
     norms = 2 * (2 if arch.norm == "layernorm" else 1) * arch.hidden
@@ -170,13 +171,20 @@ def _shared_expert_params(arch: ArchSpec, tp: int) -> int:
 
 
 def stage_params(
-    arch: ArchSpec, *, tp: int, pp: int, ep: int = 1, stage: int = 0, layers: int | None = None
+    arch: ArchSpec,
+    *,
+    tp: int,
+    pp: int,
+    ep: int = 1,
+    stage: int = 0,
+    layers: int | None = None,
+    whole_experts: bool = False,
 ) -> StageParams:
     """Parameters on one rank of pipeline ``stage``: its ``layers`` blocks (default ``n_layers / pp``;
     an uneven split gives each stage's own, :func:`opcast.predict.parallel.pipeline_split`), the
     vocab-parallel embedding (and learned positions) on stage 0, the final norm and LM head on the
     last (a tied head is a second copy of the embedding when pp > 1, as in Megatron-LM)."""
-    dense_l, expert_l = layer_params(arch, tp, ep)
+    dense_l, expert_l = layer_params(arch, tp, ep, whole_experts)
     layers = arch.n_layers // pp if layers is None else layers
     dense, expert = layers * dense_l, layers * expert_l
     # DeepSeek's first blocks: a dense MLP instead of the experts (the stage's layers start at stage x layers:

@@ -410,8 +410,18 @@ def config_options(cls: type) -> tuple[Opt, ...]:
 
 TRAIN = config_options(TrainConfig)
 """``TrainConfig`` as options: tp, pp, dp, cp, ep, sp, micro-batch, global-batch, seq, ..."""
-INFER = config_options(InferConfig)
-"""``InferConfig`` as options: tp, pp, batch, prompt-len, gen-len, precision, attention, tensor-cores, and
+INFER = tuple(
+    o.but(
+        help="Expert parallelism of an MoE arch: every expert whole on one of EP GPUs, EP a multiple of --tp: --tp "
+        "(vLLM --enable-expert-parallel) or that many GPUs of EP / tp replicas serving as attention data-parallel "
+        "ranks (SGLang --enable-dp-attention), priced as if each replica of the group ran the same batch; 1: the "
+        "experts split over tp."
+    )
+    if o.name == "ep"
+    else o
+    for o in config_options(InferConfig)
+)
+"""``InferConfig`` as options: tp, pp, ep, batch, prompt-len, gen-len, precision, attention, tensor-cores, and
 ``--engine`` (:data:`INFER_ENGINE`, added once the serving options declare it)."""
 INFER_NODES = NODES.but(default_help="as few as tp x pp needs")
 
@@ -613,7 +623,7 @@ def _disaggregate_rule(o: Args) -> str | None:
 RULES += (Rule(("disaggregate", "replicas"), _disaggregate_rule),)
 
 _ENGINE_DEFAULT = "the --engine's default (vLLM: by GPU memory, as vLLM's EngineArgs)"
-SERVE_PARALLEL = tuple(_option(INFER, n) for n in ("tp", "pp", "precision", "attention", "tensor_cores"))
+SERVE_PARALLEL = tuple(_option(INFER, n) for n in ("tp", "pp", "ep", "precision", "attention", "tensor_cores"))
 """A replica's layout and numerics: the options of ``predict infer`` that apply to serving."""
 SERVE = (
     Opt(

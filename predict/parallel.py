@@ -178,6 +178,13 @@ class InferConfig:
     """Tensor-parallel degree."""
     pp: int = 1
     """Pipeline stages (one batch: the stages run one after another)."""
+    ep: int = 1
+    """Expert parallelism of an MoE arch as inference engines run it: every expert whole on one of ``ep`` GPUs
+    (``n_experts / ep`` each; 1: the experts split over ``tp`` like a dense MLP). ``ep = tp``: the replica's own
+    GPUs (vLLM ``--enable-expert-parallel``); ``ep = k x tp``: ``k`` replicas' GPUs, each replica an attention
+    data-parallel rank (SGLang ``--enable-dp-attention``, vLLM ``--data-parallel-size`` with
+    ``--enable-expert-parallel``), the tokens dispatched to their experts and combined back by all-to-alls over
+    the ``ep`` GPUs; priced as if every replica of the group ran a batch like this one (they step together)."""
     batch: int = 1
     """Sequences decoded together."""
     prompt_len: int = 512
@@ -791,6 +798,18 @@ def validate_train(
     return layout, []
 
 
+def ep_replica_reasons(cfg: InferConfig, replicas: int, pool: str = "") -> list[str]:
+    """Why ``replicas`` replicas (of a ``pool``: "prefill " / "decode ") cannot form whole expert-parallel
+    groups: ``ep > tp`` spreads the experts over ``ep / tp`` replicas, which serve together."""
+    span = cfg.ep // cfg.tp if cfg.ep > cfg.tp and cfg.ep % cfg.tp == 0 else 1
+    if replicas % span:
+        return [
+            f"ep={cfg.ep} spreads the experts over {span} replicas of tp={cfg.tp} (attention data parallelism): "
+            f"{pool}replicas={replicas} must be a multiple of {span}"
+        ]
+    return []
+
+
 def validate_infer(
     arch: ArchSpec,
     device,
@@ -802,7 +821,7 @@ def validate_infer(
 ) -> tuple[Cluster | None, list[str]]:
     """The cluster of an inference configuration, or None and every reason it cannot run, of
     every class at once (see :func:`validate_train`, also for ``check_device``)."""
-    ints = {k: getattr(cfg, k) for k in ("tp", "pp", "batch", "prompt_len", "gen_len")}
+    ints = {k: getattr(cfg, k) for k in ("tp", "pp", "ep", "batch", "prompt_len", "gen_len")}
     bad = {k for k, v in ints.items() if _positive(k, v)}
     reasons = [p for k, v in ints.items() if (p := _positive(k, v))]
     if cfg.attention not in get_args(AttentionImpl):
@@ -811,7 +830,12 @@ def validate_infer(
         reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
     if check_device:
         reasons += device_reasons(device, cfg.precision)
-    reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp)
+    reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)
+    if not bad & {"tp", "ep"} and cfg.ep > 1 and cfg.ep % cfg.tp:
+        reasons.append(
+            f"ep={cfg.ep} must be a multiple of tp={cfg.tp}: the experts spread over the replica's tp GPUs, or over "
+            "those of ep / tp replicas (attention data parallelism)"
+        )
     if bad:
         return None, reasons
     if arch.position == "learned" and cfg.prompt_len + cfg.gen_len > arch.max_seq:

@@ -361,11 +361,17 @@ def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None)
         console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
 
 
+def _ep_text(cfg) -> str:
+    """``, ep N`` of an expert-parallel inference configuration, else nothing."""
+    return f", ep {cfg.ep}" if cfg.ep > 1 else ""
+
+
 def print_infer(r: InferResult, console, kernels: KernelCostModel | None = None) -> None:
     cfg = r.config
     assert r.memory is not None
     console.print(
-        f"[bold]{escape(r.arch.name)}[/] on {cfg.tp * cfg.pp} x {escape(r.device.name)}: tp {cfg.tp}, pp {cfg.pp}; "
+        f"[bold]{escape(r.arch.name)}[/] on {cfg.tp * cfg.pp} x {escape(r.device.name)}: "
+        f"tp {cfg.tp}, pp {cfg.pp}{_ep_text(cfg)}; "
         f"batch {cfg.batch}, prompt {cfg.prompt_len}, generate {cfg.gen_len}; {cfg.precision}, {cfg.attention}"
     )
     console.print(

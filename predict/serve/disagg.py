@@ -29,7 +29,7 @@ import numpy as np
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.predict.comm import Collective, CollectiveCostModel, Group
-from opcast.predict.parallel import InferConfig
+from opcast.predict.parallel import InferConfig, ep_replica_reasons
 from opcast.predict.serve.deployment import ServeResult, replica_reasons, replica_step_cost
 from opcast.predict.serve.engine import EngineConfig
 from opcast.predict.serve.kv_cache import kv_capacity
@@ -194,6 +194,7 @@ def predict_serve_disagg(
     if prefill < 1 or decode < 1:
         raise OpcastError(f"--disaggregate {prefill}:{decode} needs >= 1 prefill and >= 1 decode replica, e.g. 1:3")
     cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
+    reasons += ep_replica_reasons(cfg, prefill, "prefill ") + ep_replica_reasons(cfg, decode, "decode ")
     if cluster is None or reasons:
         raise OpcastError(f"infeasible configuration: {'; '.join(reasons)}")
     capacity = kv_capacity(arch, device, cfg, engine, longest_tokens=stream.max_tokens)

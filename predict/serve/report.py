@@ -22,6 +22,7 @@ def serve_to_dict(r: ServeResult) -> dict[str, Any]:
         "gpu": r.device.name,
         "tp": r.config.tp,
         "pp": r.config.pp,
+        "ep": r.config.ep,
         "precision": r.config.precision,
         "replicas": r.replicas,
         "gpus": r.replicas * r.config.tp * r.config.pp,
@@ -69,6 +70,11 @@ def _ms3(v: float | None) -> str:
     return "-" if v is None else f"{v * 1e3:.3g}"
 
 
+def _ep(cfg) -> str:
+    """`` ep=N`` of an expert-parallel configuration, else nothing."""
+    return f" ep={cfg.ep}" if cfg.ep > 1 else ""
+
+
 def print_serve(r: ServeResult, console) -> None:
     m = r.metrics
     e = r.engine
@@ -76,7 +82,8 @@ def print_serve(r: ServeResult, console) -> None:
     pools = "" if dis is None else f" ({dis.prefill.replicas} prefill + {dis.decode.replicas} decode)"
     console.print(
         f"{r.arch.name} on {r.replicas}{pools} x {r.config.tp * r.config.pp} {r.device.name} "
-        f"(tp={r.config.tp} pp={r.config.pp}, {r.config.precision}), {e.engine}: max_num_seqs {e.max_num_seqs}, "
+        f"(tp={r.config.tp} pp={r.config.pp}{_ep(r.config)}, {r.config.precision}), {e.engine}: "
+        f"max_num_seqs {e.max_num_seqs}, "
         f"max_num_batched_tokens {e.max_num_batched_tokens}, chunked prefill {'on' if e.chunked_prefill else 'off'}, "
         f"KV {r.capacity.tokens:,} tokens per replica ({r.capacity.kv_bytes / GIB:.1f} GiB per GPU)",
         markup=False,
