@@ -316,6 +316,17 @@ SERVE_SEARCH = (
         check=_int_list("--pp"),
     ),
     Opt(
+        "ep",
+        "--ep",
+        OPTIONAL_STR,
+        "Expert-parallel degrees to try for an MoE arch, comma-separated, each a multiple of the tp it goes with "
+        "(ep = tp: whole experts on the replica's GPUs; ep = k x tp: over k replicas as attention data-parallel "
+        "ranks, with --gpus for a multiple of k replicas).",
+        None,
+        "1 and each tp (an MoE arch); 1 (dense)",
+        check=_int_list("--ep"),
+    ),
+    Opt(
         "max_num_seqs",
         "--max-num-seqs",
         OPTIONAL_STR,
@@ -417,6 +428,7 @@ def search_serve_cmd(o: Args) -> None:
         tensor_cores=o.tensor_cores,
         tp=_ints(o.tp),
         pp=_ints(o.pp),
+        ep=_ints(o.ep),
         max_num_seqs=_ints(o.max_num_seqs),
         max_num_batched_tokens=_ints(o.max_num_batched_tokens),
         use_all_gpus=o.use_all_gpus,
@@ -491,7 +503,7 @@ def _print_serve_search(result, top: int) -> None:
         highlight=False,
     )
     table = Table(title=f"top {min(top, len(result.ranked))} of {len(result.ranked)} deployments meeting the SLOs")
-    columns = ("#", "GPUs", "replicas x tp x pp", "max seqs", "max tokens", f"TTFT p{p} ms", f"TPOT p{p} ms")
+    columns = ("#", "GPUs", "replicas x tp x pp", "ep", "max seqs", "max tokens", f"TTFT p{p} ms", f"TPOT p{p} ms")
     for col in (*columns, unit, "SLO met"):
         table.add_column(col, justify="right")
     for rank, e in enumerate(result.ranked[:top], start=1):
@@ -500,6 +512,7 @@ def _print_serve_search(result, top: int) -> None:
             str(rank),
             str(d.gpus),
             f"{f'{d.prefill}P+{d.decode}D' if d.prefill else d.replicas} x {d.tp} x {d.pp}",
+            str(d.ep),
             str(d.max_num_seqs),
             str(d.max_num_batched_tokens),
             _ms(getattr(m.ttft, f"p{p}_s")),

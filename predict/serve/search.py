@@ -2,7 +2,9 @@
 request stream and latency SLOs.
 
 **Space** (:class:`ServeSpace`, :func:`deployments`): tensor-parallel degrees ``tp`` (default: every
-divisor of the GPUs that fits in one node), pipeline depths ``pp`` (default 1 only: in this
+divisor of the GPUs that fits in one node), for an MoE arch expert parallelism ``ep`` (default 1 and each
+``tp``: the experts split over the replica's GPUs or whole on them; a larger multiple of ``tp`` spans
+``ep / tp`` replicas, tried with replica counts that fill whole groups), pipeline depths ``pp`` (default 1 only: in this
 simulator a pipeline runs one batch at a time, so it only ever helps a model that does not fit
 otherwise; give ``pp`` to search it), ``replicas`` from 1 to ``GPUs / (tp x pp)`` (``use_all_gpus``:
 only the largest), and every pair of engine limits from two small grids, ``max_num_seqs`` (default
@@ -110,6 +112,9 @@ class ServeSpace:
     """Tensor-parallel degrees to try; None: every divisor of ``gpus`` up to the GPUs per node."""
     pp: tuple[int, ...] | None = None
     """Pipeline depths to try; None: 1 only."""
+    ep: tuple[int, ...] | None = None
+    """Expert-parallel degrees to try (:attr:`InferConfig.ep`), each with the tps it is a multiple of (``ep > tp``:
+    with replica counts that fill whole groups); None: 1 and the tp itself for an MoE arch, 1 for a dense one."""
     use_all_gpus: bool = False
     """Only ``replicas = gpus / (tp x pp)``; otherwise every count from 1 up to it."""
     max_num_seqs: tuple[int, ...] | None = None
@@ -139,6 +144,8 @@ class Deployment:
     pp: int
     replicas: int
     """All replicas (a split's prefill and decode replicas together)."""
+    ep: int = 1
+    """Expert parallelism (:attr:`InferConfig.ep`)."""
     max_num_seqs: int
     max_num_batched_tokens: int
     prefill: int = 0
@@ -159,8 +166,9 @@ class Deployment:
 
     def describe(self) -> str:
         pools = f"{self.prefill}P+{self.decode}D" if self.prefill else str(self.replicas)
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
         return (
-            f"{pools} x tp={self.tp} pp={self.pp}, max_num_seqs {self.max_num_seqs}, "
+            f"{pools} x tp={self.tp} pp={self.pp}{ep}, max_num_seqs {self.max_num_seqs}, "
             f"max_num_batched_tokens {self.max_num_batched_tokens}"
         )
 
@@ -257,7 +265,7 @@ def space_problems(space: ServeSpace) -> list[str]:
                 )
     if not isinstance(space.gpus, int) or space.gpus < 1:
         out.append(f"--gpus {space.gpus} must be >= 1")
-    for name in ("tp", "pp", "max_num_seqs", "max_num_batched_tokens"):
+    for name in ("tp", "pp", "ep", "max_num_seqs", "max_num_batched_tokens"):
         values = getattr(space, name)
         if values is not None and (not values or any(v < 1 for v in values)):
             out.append(f"--{name.replace('_', '-')} {','.join(map(str, values))}: give whole numbers >= 1")
@@ -295,18 +303,24 @@ def deployments(arch: ArchSpec, device, space: ServeSpace) -> list[Deployment]:
     tps = space.tp or [d for d in _divisors(space.gpus) if d <= per_node]
     out = []
     for tp in dict.fromkeys(tps):
-        for pp in dict.fromkeys(space.pp or (1,)):
-            most = space.gpus // (tp * pp)
-            for replicas in [most] if space.use_all_gpus else range(1, most + 1):
-                out += [
-                    Deployment(tp=tp, pp=pp, replicas=replicas, max_num_seqs=s, max_num_batched_tokens=t)
-                    for s, t in limits
-                ]
-            for prefill, decode in splits(space, most):
-                split = dict(tp=tp, pp=pp, replicas=prefill + decode, prefill=prefill)
-                out += [Deployment(**split, max_num_seqs=s, max_num_batched_tokens=t) for s, t in limits]
+        eps = space.ep or ((1, tp) if arch.n_experts > 1 else (1,))
+        for ep in dict.fromkeys(e for e in eps if e == 1 or e % tp == 0):
+            span = ep // tp if ep > tp else 1  # replicas one expert-parallel group spans
+            for pp in dict.fromkeys(space.pp or (1,)):
+                most = space.gpus // (tp * pp)
+                counts = [most] if space.use_all_gpus else range(1, most + 1)
+                for replicas in (r for r in counts if r % span == 0):
+                    out += [
+                        Deployment(tp=tp, pp=pp, ep=ep, replicas=replicas, max_num_seqs=s, max_num_batched_tokens=t)
+                        for s, t in limits
+                    ]
+                for prefill, decode in splits(space, most):
+                    if prefill % span or decode % span:
+                        continue
+                    split = dict(tp=tp, pp=pp, ep=ep, replicas=prefill + decode, prefill=prefill)
+                    out += [Deployment(**split, max_num_seqs=s, max_num_batched_tokens=t) for s, t in limits]
     # stable: colocated before split at equal GPUs, and the limits keep their order
-    out.sort(key=lambda d: (d.replicas * d.gpus_per_replica, d.tp, d.pp))
+    out.sort(key=lambda d: (d.replicas * d.gpus_per_replica, d.tp, d.pp, d.ep))
     return out
 
 
@@ -343,6 +357,7 @@ def _rank_key(space: ServeSpace, e: Evaluated) -> tuple:
         d.gpus,
         d.gpus_per_replica,
         d.pp,
+        d.ep,
         d.prefill,
         d.max_num_seqs,
         d.max_num_batched_tokens,
@@ -392,7 +407,7 @@ def search_serve(
     steps = 0
     done: list[Evaluated] = []
     best: Evaluated | None = None
-    cfgs: dict[tuple[int, int], InferConfig] = {}
+    cfgs: dict[tuple[int, int, int], InferConfig] = {}
     span_s = float(stream.arrival_s.max() - stream.arrival_s.min())
     most = len(stream) if space.objective == "goodput" else int(stream.output_tokens.sum())
     for d in deployments(arch, device, space):
@@ -403,10 +418,11 @@ def search_serve(
                 done.append(Evaluated(deployment=d, status="outranked", reason=why))
                 continue
         cfg = cfgs.setdefault(
-            (d.tp, d.pp),
+            (d.tp, d.pp, d.ep),
             InferConfig(
                 tp=d.tp,
                 pp=d.pp,
+                ep=d.ep,
                 precision=space.precision,  # type: ignore[arg-type]
                 attention=space.attention,  # type: ignore[arg-type]
                 tensor_cores=space.tensor_cores,
@@ -430,9 +446,9 @@ def search_serve(
             done.append(Evaluated(deployment=d, status="infeasible", reason=str(err)))
             continue
         limits = (engine.max_num_batched_tokens, min(engine.max_num_seqs, engine.max_num_batched_tokens))
-        key = (d.tp, d.pp, cluster.gpus_per_node, *limits)
+        key = (d.tp, d.pp, d.ep, cluster.gpus_per_node, *limits)
         t = time.perf_counter()
-        if (d.tp, d.pp) not in {k[:2] for k in tables}:  # first of its layout: the largest table, one kernel batch
+        if (d.tp, d.pp, d.ep) not in {k[:3] for k in tables}:  # first of its layout: the largest table, one batch
             _warm(arch, device, cfg, space, stream, cluster.gpus_per_node, kernels, comms, tables)
         table = tables.get(key)
         if table is None:
@@ -494,7 +510,7 @@ def _warm(arch, device, cfg, space, stream, gpus_per_node, kernels, comms, table
     seqs = max(space.max_num_seqs or (*SEQS_GRID, base.max_num_seqs))
     tokens = max(space.max_num_batched_tokens or (*TOKENS_GRID, base.max_num_batched_tokens))
     engine = replace(base, max_num_seqs=seqs, max_num_batched_tokens=tokens)
-    key = (cfg.tp, cfg.pp, gpus_per_node, tokens, min(seqs, tokens))
+    key = (cfg.tp, cfg.pp, cfg.ep, gpus_per_node, tokens, min(seqs, tokens))
     tables[key] = replica_step_cost(
         arch, device, cfg, engine, stream, gpus_per_node=gpus_per_node, kernels=kernels, comms=comms
     )
@@ -535,7 +551,8 @@ def _recheck(arch, device, space, stream, e: Evaluated, cfgs, kernels, comms, g)
         max_num_batched_tokens=d.max_num_batched_tokens,
         **space.engine_overrides,
     )
-    r = _simulate(arch, device, space, cfgs[(d.tp, d.pp)], engine, stream, d, g, kernels, comms, table=None, stop=None)
+    cfg = cfgs[(d.tp, d.pp, d.ep)]
+    r = _simulate(arch, device, space, cfg, engine, stream, d, g, kernels, comms, table=None, stop=None)
     if r.metrics != e.metrics:
         raise RuntimeError(f"internal: the search's metrics of {d.describe()} differ from predict_serve's")
     return r
@@ -548,6 +565,7 @@ def deployment_row(e: Evaluated, space: ServeSpace, rank: int | None = None) -> 
         "rank": rank,
         "tp": d.tp,
         "pp": d.pp,
+        "ep": d.ep,
         "replicas": d.replicas,
         "prefill_replicas": d.prefill or None,
         "decode_replicas": d.decode or None,
