@@ -650,7 +650,7 @@ def describe_workload(w) -> str:
             f"{c.recompute}, zero {c.zero}, {c.precision}"
         )
     return (
-        f"{w.arch.name} inference: tp {c.tp}, pp {c.pp}; batch {c.batch}, prompt {c.prompt_len}, generate "
+        f"{w.arch.name} inference: tp {c.tp}, pp {c.pp}{_ep_text(c)}; batch {c.batch}, prompt {c.prompt_len}, generate "
         f"{c.gen_len}; {c.precision}"
     )
 
