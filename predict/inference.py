@@ -153,7 +153,7 @@ def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) ->
     if cfg.ep <= cfg.tp or arch.n_experts == 1:
         return []
     routed = -(-tokens // cfg.tp) * arch.experts_top_k * arch.hidden * act_b
-    return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers - (arch.dense_layers or 0))]
+    return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers)]  # every block priced as an MoE one
 
 
 def predict_infer(

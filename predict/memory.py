@@ -250,7 +250,10 @@ def layer_activation_bytes(
     attn_dropout, hidden_dropout = arch.attention_dropout_p > 0, arch.hidden_dropout_p > 0
     tokens = s * batch
     out = (B + lin) * sbh / div  # norm-1 input, QKV input
-    out += B * tokens * (heads + 2 * kv) * arch.head_dim  # Q, K, V
+    # Q, K, V (multi-head latent attention: as head_dim-wide heads; for DeepSeek-V3 at tp 1 its 128-wide V and
+    # attention output counted 192 wide, 16k values a token and layer too many, its latents and their norms'
+    # inputs, about 4k, not counted)
+    out += B * tokens * (heads + 2 * kv) * arch.head_dim
     if arch.qk_norm:  # the per-head norms' inputs (Q and K before the norm)
         out += B * tokens * (heads + kv) * arch.head_dim
     if recompute != "selective":
