@@ -798,22 +798,9 @@ def _load_path(path: Path) -> ArchSpec:
 
 # ---------------------------------------------------------------------- Hugging Face configs
 
-HF_MODEL_TYPES = (
-    "gpt2",
-    "gpt_neox",
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "deepseek_v2",
-    "deepseek_v3",
-    "kimi_k2",
-    "opt",
-    "mixtral",
-)
-"""``model_type`` values :func:`arch_from_hf_config` understands."""
+HF_MODEL_TYPES = (*(f for f in get_args(Family) if f not in ("gpt3", "megatron")), "kimi_k2")
+"""``model_type`` values :func:`arch_from_hf_config` understands: the families but the two of papers' tables
+(GPT-3, Megatron), and ``kimi_k2`` (DeepSeek-V3's architecture)."""
 
 _HF_ACTIVATIONS: dict[str, Activation] = {
     "gelu": "gelu",
