@@ -217,14 +217,21 @@ REQUIRED = (
 """Every column of the CSV (``ga``, ``model_tflops_per_gpu`` and ``skip_reason`` may be empty; ``precision``
 too on a skipped row)."""
 
-CLUSTERS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
+CLUSTERS = {
+    "DGX-H100": "dgx-h100",
+    "DGX-B200": "dgx-b200",
+    "DGX-B300": "dgx-b300",
+    "DGX-GB200": "gb200-nvl72",
+    "DGX-GB300": "gb300-nvl72",
+}
 """Published system -> catalog cluster (its GPU, links and NVLink domain; the job takes as few of its
 NVLink domains as the world size ``tp x pp x cp x dp`` needs)."""
-LAYER_SPLIT = {"llama3-405b": "megatron:embedding,loss"}
+LAYER_SPLIT = {"llama3-405b": "megatron:embedding,loss", "qwen3-235b-a22b": "megatron:embedding,loss"}
 """Arch -> ``--pp-partition`` where NeMo's recipe sets one: Llama 3.1 405B's 126 layers with the embedding
 and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeline_split`` /
 ``account_for_loss_in_pipeline_split``, set by NeMo's and Megatron-Bridge's 405B recipes) make 128, which
-pp x vp divides."""
+pp x vp divides; Qwen3-235B-A22B's 94 make 96 (Megatron-Bridge ``recipes/qwen/h100/qwen3_moe.py`` sets both
+for its pipelined 235B configurations, 067f987)."""
 PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4"}
 """Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
 CURRENT_SCALING_LABELS = frozenset({"FP8-CS", "FP8 (current scaling)"})
@@ -754,8 +761,11 @@ def summary_table(rows: list[Row], preds: dict[str, Prediction]) -> list[str]:
         if row.skip_reason:
             continue
         key = f"{row.system}, {PRECISION_GROUPS.get(row.precision_published, 'FP8 per-tensor')}"
+        moe = row.ep > 1
+        if moe:  # MoE rows apart: their own check, and the dense groups stay comparable with earlier runs
+            key = f"MoE: {key}"
         e = error(row, preds[row.row])
-        for k in (key, "all"):
+        for k in (key, "all MoE" if moe else "all dense", "all"):
             if e is None:
                 refused[k] += 1
             else:
@@ -764,7 +774,9 @@ def summary_table(rows: list[Row], preds: dict[str, Prediction]) -> list[str]:
         "| group | predicted rows | mean abs error | median signed error | within 10 % | refused |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for key in [*sorted(k for k in groups.keys() | refused.keys() if k != "all"), "all"]:
+    totals = ("all dense", "all MoE", "all")
+    keys = [*sorted(k for k in groups.keys() | refused.keys() if k not in totals), *(t for t in totals if t != "all")]
+    for key in [k for k in keys if k in groups or k in refused] + ["all"]:
         errs = groups.get(key, [])
         if errs:
             cells = (
