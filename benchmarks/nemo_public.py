@@ -4,8 +4,9 @@
     python benchmarks/nemo_public.py [--csv FILE] [--recipes FILE] [--models DIR] [--out FILE]
 
 The measurements are in ``benchmarks/nemo_public.csv`` beside this script: one row per published
-configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B; DGX-H100, DGX-B200,
-DGX-GB200; FP8, MXFP8 and NVFP4), each with its source URL, the NeMo container that measured it, and the published
+configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B, and the MoE Qwen3-30B-A3B and
+Qwen3-235B-A22B; DGX-H100, DGX-B200, DGX-B300, DGX-GB200, DGX-GB300; FP8, MXFP8 and NVFP4), each with its source
+URL, the NeMo container that measured it, and the published
 GBS, MBS, sequence, FSDP, TP, PP, CP, VP, EP, GA, tokens/s/GPU and model TFLOP/s/GPU (numbers only).
 A row with a ``skip_reason`` (a system opcast cannot name) is listed, not predicted. Where a
 table gives a second configuration in parentheses, a row is kept only where the table labels what the
@@ -19,7 +20,7 @@ built into the library objects by ``opcast predict train``'s own builders, as
 ``benchmarks/mosaicml.py`` does): :func:`row_options` is the mapping, :func:`cli_command` prints it.
 What NeMo's performance recipes run, and what is passed:
 
-- the system's catalog cluster: DGX-H100 -> ``--cluster dgx-h100``, DGX-B200 -> ``dgx-b200``,
+- the system's catalog cluster: DGX-H100 -> ``--cluster dgx-h100``, DGX-B200 -> ``dgx-b200``, DGX-B300 -> ``dgx-b300``,
   DGX-GB200 -> ``gb200-nvl72``, DGX-GB300 -> ``gb300-nvl72`` (72-GPU NVLink domains), which sets the GPU
   (H100-SXM, B200, GB200, GB300),
   its links and the cluster's learned collectives; with ``--dp`` the world size is ``tp x pp x cp x dp``
@@ -66,7 +67,10 @@ What NeMo's performance recipes run, and what is passed:
   v2.4.0 ``set_precision_configs``; Megatron-Bridge v0.2.0 / v0.4.2 ``set_llama3_common_configs`` /
   ``set_llama31_common_configs``, ``cfg.mixed_precision`` and ``cfg.ddp`` both); NeMo 24.07's rows (no recipe)
   keep megatron's default, fp32 (Megatron-LM's rule for bf16), counted;
-- Llama 3.1 405B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
+- Llama 3.1 405B and Qwen3-235B-A22B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
+- EP > 1 (the Qwen3 MoE rows) -> ``--ep EP``; a row whose EP does not divide DP x CP (Megatron's expert tensor
+  parallelism 1 under TP > 1 folds the TP ranks into the expert-parallel group: 26.04.01's H100 235B row, TP 2,
+  DP 16, EP 32) is refused by opcast, not predicted;
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
 - FP8 (per tensor) -> ``--precision fp8`` with the row's scaling recipe (:func:`fp8_recipe`): ``FP8-CS`` and
   ``FP8 (current scaling)`` -> ``--fp8-recipe current`` (Transformer Engine's ``Float8CurrentScaling``), and so a
@@ -109,13 +113,19 @@ GB200 recipe (v2.4.0 ``pretrain_llama31_405b.py``: ``num_distributed_optimizer_i
 = 2 on 32 nodes, with Megatron FSDP) shards the optimizer over half the data-parallel ranks and all-reduces
 between the two instances; opcast prices ``--zero 3`` over all of them. Megatron-Bridge's GB200 405B
 functions set the same (2) only with Megatron FSDP, which the published 25.11 / 26.04.01 405B rows do not use.
+The MoE rows' settings beyond these (Megatron-Bridge v0.4.2 ``scripts/performance/configs/qwen/``, not columns of
+the recipes CSV, not priced): the flex token dispatcher with HybridEP (``moe_hybridep_num_sms = 32``) on most
+presets, ``moe_router_force_load_balancing = True`` (``set_qwen3_common_configs``), the expert all-to-all overlapped
+with compute (``moe_a2a_overlap``: ``overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``) for the H100
+235B preset, and CUDA graphs of the attention / router / dispatch preprocessing (``transformer_engine`` scopes).
 
 Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
 (positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
-(forward, backward, exposed TP / CP / DP communication, pipeline bubble), the share of the critical
-path priced by learned predictors, and how the FP8 / MXFP8 / NVFP4 GEMMs were priced (learned or roofline); then the
-mean |error| overall and per (system, precision as published), and the refused rows with their
-reasons. Rewriting the report keeps its hand-written ``## Reading`` section.
+(forward, backward, exposed TP / CP / EP (expert all-to-all) / DP communication, pipeline bubble), the share of
+the critical path priced by learned predictors, and how the FP8 / MXFP8 / NVFP4 GEMMs were priced (learned or
+roofline); then the mean |error| overall and per (system, precision as published; MoE rows in groups of their own,
+and all dense / all MoE / all), and the refused rows with their reasons. Rewriting the report keeps its
+hand-written ``## Reading`` section.
 """
 
 from __future__ import annotations
@@ -231,7 +241,8 @@ LAYER_SPLIT = {"llama3-405b": "megatron:embedding,loss", "qwen3-235b-a22b": "meg
 and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeline_split`` /
 ``account_for_loss_in_pipeline_split``, set by NeMo's and Megatron-Bridge's 405B recipes) make 128, which
 pp x vp divides; Qwen3-235B-A22B's 94 make 96 (Megatron-Bridge ``recipes/qwen/h100/qwen3_moe.py`` sets both
-for its pipelined 235B configurations, 067f987)."""
+for its pipelined 235B configurations, 067f987; v0.4.2 ``recipes/qwen/qwen3_moe.py``
+``qwen3_235b_a22b_pretrain_config``, which the 26.04.01 performance scripts build on, sets both too)."""
 PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4"}
 """Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
 CURRENT_SCALING_LABELS = frozenset({"FP8-CS", "FP8 (current scaling)"})
@@ -631,6 +642,7 @@ SHARE_KEYS = (
     ("backward", "bwd"),
     ("tp_comm", "tp"),
     ("cp_comm", "cp"),
+    ("ep_comm", "ep"),
     ("dp_comm_exposed", "dp"),
     ("offload_exposed", "offload"),
 )
@@ -711,6 +723,8 @@ _OVERLAP_TAGS = {"recipe": "ub recipe", TP_OVERLAP_OFF: "ub off", TP_OVERLAP_TE:
 
 def _config(row: Row) -> str:
     parts = [f"tp{row.tp} pp{row.pp} cp{row.cp} dp{row.dp}"]
+    if row.ep > 1:
+        parts.append(f"ep{row.ep}")
     if row.vp > 1:
         parts.append(f"vp{row.vp}")
     if row.fsdp:

@@ -51,7 +51,7 @@ def test_csv_has_every_column_and_each_row_is_predicted_or_skipped_for_a_reason(
             continue
         assert r.system in nemo.CLUSTERS and r.precision in nemo.PRECISIONS, r.row
         assert load_arch(r.arch).n_layers > 0
-    assert {r.system for r in predicted} == {"DGX-H100", "DGX-B200", "DGX-GB200", "DGX-GB300"}
+    assert {r.system for r in predicted} == {"DGX-H100", "DGX-B200", "DGX-B300", "DGX-GB200", "DGX-GB300"}
     published = {"NVFP4": "nvfp4", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}
     block = [r for r in rows.values() if r.precision_published in published]
     assert len(block) >= 5 and all(r.precision == published[r.precision_published] for r in block)
@@ -111,7 +111,7 @@ def test_each_fp8_row_gets_its_scaling_recipe(nemo, rows):
             assert recipes[r.row] == "current", r.row
         else:  # NeMo 24.07 and 25.02: delayed scaling (bf16_with_fp8_mixed)
             assert r.container in ("NeMo 24.07", "NeMo 25.02") and recipes[r.row] == "delayed", r.row
-    assert list(recipes.values()).count("current") == 21 and list(recipes.values()).count("delayed") == 12
+    assert list(recipes.values()).count("current") == 23 and list(recipes.values()).count("delayed") == 12
 
 
 def test_hand_checked_fsdp_and_multi_rack_gb200_rows(nemo, rows):
@@ -253,6 +253,7 @@ def test_recipe_tp_overlap_column_parses_and_covers_every_tp_row(nemo, rows):
     assert {n for n, r in overlap.items() if r.tp_overlap == nemo.TP_OVERLAP_OFF} == {
         "26.04.01-gb200-llama3-70b-nvfp4",
         "26.04.01-gb200-llama3.1-405b-nvfp4",
+        "26.04.01-h100-qwen3-235b-a22b-fp8",  # qwen3_235b_a22b_pretrain_config_h100: tp_comm_overlap=False
     }
     assert {n for n, r in overlap.items() if r.tp_overlap == nemo.TP_OVERLAP_UNKNOWN} == {
         n for n in tp_rows if n.startswith("24.07-")
@@ -413,3 +414,39 @@ def test_recipe_gradient_reduction_is_passed_and_unread_rows_keep_megatrons_defa
         r.row.startswith("24.07-") and "grad_reduce_in_fp32" not in nemo.row_options(r) for r in unread
     )
     assert f"gradient reduction read for {len(read)} (bf16 in {len(read)})" in nemo.recipe_facts_note(pred)
+
+
+def test_hand_checked_moe_rows_and_their_recipe_facts(nemo, rows):
+    """Megatron-Bridge v0.4.2's Qwen3 MoE presets read by hand: 30B-A3B on 8 GPUs (EP 8, DP 8), 235B-A22B V2 with
+    the 405B's embedding + loss pipeline split; set_qwen3_common_configs clears the 30B recipe's full recompute and
+    sets bf16 gradient reduction; CUDA graphs per preset (GB200 MXFP8 30B drops the FP8-CS preset's attn scope)."""
+    v = nemo.row_options(rows["26.04.01-gb300-qwen3-30b-a3b-mxfp8"])
+    assert (v["tp"], v["pp"], v["dp"], v["ep"], v["micro_batch"]) == (1, 1, 8, 8, 8)
+    assert v["cluster"] == "gb300-nvl72" and v["grad_reduce_in_fp32"] is False and "recompute" not in v
+    assert "sp" not in v and "pp_partition" not in v and v["overlap_param_gather"] is True
+    v = nemo.row_options(rows["26.04.01-b300-qwen3-235b-a22b-mxfp8"])
+    assert v["cluster"] == "dgx-b300" and v["pp_partition"] == "megatron:embedding,loss" and v["ep"] == 8
+    moe = {n: r.recipe for n, r in rows.items() if r.ep > 1}
+    assert len(moe) == 10 and all(r.recompute == "none" and r.grad_reduce == "bf16" for r in moe.values())
+    attn = "transformer_engine:attn+moe_router+moe_preprocess"
+    assert {n: r.cuda_graphs for n, r in moe.items() if r.cuda_graphs != "off"} == {
+        "26.04.01-gb300-qwen3-30b-a3b-mxfp8": "transformer_engine:moe_router+moe_preprocess",
+        "26.04.01-gb200-qwen3-30b-a3b-mxfp8": "transformer_engine:moe_router+moe_preprocess",
+        "26.04.01-b300-qwen3-30b-a3b-mxfp8": "transformer_engine:moe_router+moe_preprocess",
+        "26.04.01-b200-qwen3-30b-a3b-mxfp8": attn,
+        "26.04.01-gb300-qwen3-235b-a22b-mxfp8": attn,
+        "26.04.01-gb200-qwen3-235b-a22b-mxfp8": attn,
+    }
+    # H100 235B: TP 2 without TP overlap (the recipe's CommOverlapConfig(tp_comm_overlap=False)), EP 32 over DP 16:
+    # Megatron folds TP into the expert group (expert_tensor_parallel_size 1); opcast refuses it with the reason
+    row = rows["26.04.01-h100-qwen3-235b-a22b-fp8"]
+    v = nemo.row_options(row)
+    assert v["sp"] is True and "tp_comm_overlap" not in v and v["virtual_stages"] == 4 and v["fp8_recipe"] == "current"
+    pred = nemo.predict_row(row)
+    assert not pred.feasible and any("ep=32" in r for r in pred.reasons)
+    moe_rows = [r for r in rows.values() if r.ep > 1]
+    lines = nemo.summary_table(moe_rows, {r.row: nemo.predict_row(r) for r in moe_rows})
+    assert "all dense" not in "".join(lines)  # only the groups that have rows
+    h100 = next(line for line in lines if line.startswith("| MoE: DGX-H100, FP8 per-tensor |"))
+    assert h100.startswith("| MoE: DGX-H100, FP8 per-tensor | 1 |") and h100.endswith("| 1 |")  # 30B in, 235B refused
+    assert any(line.startswith("| all MoE | 9 |") for line in lines)
