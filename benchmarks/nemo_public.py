@@ -243,6 +243,11 @@ and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeli
 pp x vp divides; Qwen3-235B-A22B's 94 make 96 (Megatron-Bridge ``recipes/qwen/h100/qwen3_moe.py`` sets both
 for its pipelined 235B configurations, 067f987; v0.4.2 ``recipes/qwen/qwen3_moe.py``
 ``qwen3_235b_a22b_pretrain_config``, which the 26.04.01 performance scripts build on, sets both too)."""
+MOE_ETP = 1
+"""Expert tensor parallelism of the MoE rows: Megatron-Bridge v0.4.2 (c810129)
+``scripts/performance/configs/qwen/qwen3_workload_base_configs.py`` ``BASE_QWEN3_235B_A22B_CONFIG`` and
+``BASE_QWEN3_30B_A3B_CONFIG`` set ``expert_tensor_parallel_size=1``: with TP > 1 (the H100 235B row, TP 2, EP 32
+over DP 16) the experts fold over the tensor-parallel ranks (``--etp 1``)."""
 PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4"}
 """Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
 CURRENT_SCALING_LABELS = frozenset({"FP8-CS", "FP8 (current scaling)"})
@@ -509,8 +514,10 @@ def row_options(row: Row) -> dict[str, Any]:
         values["recompute"] = row.recipe.recompute
     if row.pp > 1 and row.arch in LAYER_SPLIT:
         values["pp_partition"] = LAYER_SPLIT[row.arch]
-    if row.ep > 1:
+    if row.ep > 1:  # every MoE row's recipe folds the experts (expert_tensor_parallel_size 1, MOE_ETP)
         values["ep"] = row.ep
+        if row.tp > 1:
+            values["etp"] = MOE_ETP
     if row.tp > 1:
         values["sp"] = True
         if row.recipe.tp_overlap != TP_OVERLAP_OFF:

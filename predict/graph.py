@@ -732,7 +732,7 @@ def delayed_amax_reduction(prec: Dtypes) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Node, ...]:
+def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes, whole_experts: bool = False) -> tuple[Node, ...]:
     """The quantisation kernels of one block's fp8 weights that run once per iteration, not per
     micro-batch: under ``megatron`` modules each fp8 linear's weight is quantised
     (:func:`_weight_quantisation`: cast and, where the GEMMs need it, transpose, 4 bytes an element; under
@@ -747,7 +747,7 @@ def weight_casts(arch: ArchSpec, *, tp: int, ep: int, prec: Dtypes) -> tuple[Nod
     # the weights' shapes do not depend on the tokens, only which experts receive any (routed_experts): enough
     # tokens per tensor-parallel rank that every local expert does
     tokens = tp * 64 * arch.n_experts
-    ops = block_ops(arch, tp=tp, batch=1, seq_q=tokens, seq_kv=tokens, sp=False, ep=ep)
+    ops = block_ops(arch, tp=tp, batch=1, seq_q=tokens, seq_kv=tokens, sp=False, ep=ep, whole_experts=whole_experts)
     return tuple(
         Node(r, prec.of(kk, pp), c)
         for role, kind, p, _ in ops
@@ -904,7 +904,16 @@ def _bwd_nodes(ops: list[Op], prec: Dtypes, casts: dict[str, CastOps] | None = N
 
 @lru_cache(maxsize=4096)
 def _block_passes(
-    arch: ArchSpec, tp: int, batch: int, seq: int, sp: bool, cp: int, ep: int, attention: str, prec: Dtypes
+    arch: ArchSpec,
+    tp: int,
+    batch: int,
+    seq: int,
+    sp: bool,
+    cp: int,
+    ep: int,
+    attention: str,
+    prec: Dtypes,
+    whole_experts: bool = False,
 ) -> tuple[tuple[Node, ...], tuple[Node, ...], dict[str, tuple[Comm, ...]]]:
     """(forward nodes, backward nodes, collectives) of one block, whatever the recomputation: the
     graphs of the three modes share these objects (built once, costed once by the search)."""
@@ -920,6 +929,7 @@ def _block_passes(
         ep=ep,
         attention=attention,
         framework=prec.framework,
+        whole_experts=whole_experts,
     )
     comms = block_comms(
         arch,
@@ -951,9 +961,11 @@ def train_block(
     attention: str,
     recompute: str,
     prec: Dtypes,
+    whole_experts: bool = False,
 ) -> Graph:
-    """One block's training graph per micro-batch (``seq`` = full sequence; ranks hold ``seq / cp``)."""
-    fwd, bwd, comms = _block_passes(arch, tp, batch, seq, sp, cp, ep, attention, prec)
+    """One block's training graph per micro-batch (``seq`` = full sequence; ranks hold ``seq / cp``);
+    ``whole_experts``: MoE parallel folding (:func:`opcast.predict.parallel.folded`)."""
+    fwd, bwd, comms = _block_passes(arch, tp, batch, seq, sp, cp, ep, attention, prec, whole_experts)
     rec_nodes: tuple[Node, ...] = ()
     rec_comms: tuple[Comm, ...] = ()
     if recompute == "full":

@@ -139,6 +139,12 @@ class StageParams:
         return self.dense + self.expert
 
 
+def expert_data_parallel(*, tp: int, dp: int, cp: int, ep: int, fold: bool = False) -> int:
+    """Ranks holding the same experts (their gradients' reduction group, their ZeRO shards): ``dp x cp / ep``, or
+    with MoE parallel folding (:func:`opcast.predict.parallel.folded`) ``tp x dp x cp / ep``."""
+    return max(1, (tp if fold else 1) * dp * cp // ep)
+
+
 def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = False) -> tuple[int, int]:
     """(dense, expert) parameters of one block on one rank; the experts split over ``tp`` too unless
     ``whole_experts`` (an inference engine's expert parallelism)."""
@@ -223,8 +229,10 @@ def layer_activation_bytes(
     recompute: str = "none",
     dtype: str = "bf16",
     fp8: bool = False,
+    whole_experts: bool = False,
 ) -> float:
-    """Bytes one block keeps for its backward, per micro-batch, on one rank (see the module table).
+    """Bytes one block keeps for its backward, per micro-batch, on one rank (see the module table);
+    ``whole_experts``: MoE parallel folding (each rank's experts whole, over its sequence-parallel tokens).
 
     ``seq`` is the full sequence; a context-parallel rank holds ``seq / cp`` of it.
 
@@ -275,7 +283,9 @@ def layer_activation_bytes(
         out += (B * act_in + lin * ffn) * tokens  # act input (+ gate) and down-proj input
     else:
         out += 2 * B * sbh / div  # norm-2 input, MLP input (the router's, bf16)
-        experts, rows = routed_experts(arch, tokens=tokens, ep=ep)
+        if whole_experts:  # folded: whole experts over the rank's sequence-parallel share of the tokens
+            ffn, act_in = arch.ffn_hidden, (2 if arch.gated_mlp else 1) * arch.ffn_hidden
+        experts, rows = routed_experts(arch, tokens=-(-tokens // tp) if whole_experts else tokens, ep=ep)
         routed_rows = experts * rows
         # permuted expert inputs and activations
         out += routed_rows * (lin * arch.hidden + B * act_in + lin * ffn)
@@ -392,18 +402,19 @@ def model_state_bytes(
     framework: str | None = None,
     optimizer: str = "adam",
     grad_reduce_in_fp32: bool | None = None,
+    fold: bool = False,
 ) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer states, ZeRO-3 gather buffer) bytes per GPU of pipeline
     ``stage``: :data:`STATE_BYTES` per parameter (gradients in fp32 where ``framework`` keeps an fp32
     ``main_grad``, :func:`opcast.predict.frameworks.fp32_gradients`: Megatron's 18 bytes with Adam), sharded over the
     N_d = dp x cp ranks (expert weights over dp x cp / ep) from ZeRO stage 3, 2 and 1 on (ZeRO paper Sec. 5);
     the optimizer states by ``optimizer`` (:func:`optimizer_state_bytes`; Adam is the table's K)."""
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers, whole_experts=fold)
     w, g, _ = STATE_BYTES[precision]
     o = optimizer_state_bytes(precision, optimizer)
     if fp32_gradients(framework, grad_reduce_in_fp32):
         g = max(g, FP32_GRAD_BYTES)
-    n_d, n_e = dp * cp, max(1, dp * cp // ep)
+    n_d, n_e = dp * cp, expert_data_parallel(tp=tp, dp=dp, cp=cp, ep=ep, fold=fold)
 
     def shard(per_param: float, sharded: bool) -> float:
         if not sharded:
@@ -427,6 +438,7 @@ def layer_activation_terms(
     recompute: str,
     dtype: str,
     fp8: bool = False,
+    whole_experts: bool = False,
 ) -> tuple[float, float]:
     """(bytes one block keeps per micro-batch, the working set its backward rebuilds): with full
     recomputation one layer's activations are materialised again during its backward; ``fp8``: see
@@ -445,6 +457,7 @@ def layer_activation_terms(
             recompute=mode,
             dtype=dtype,
             fp8=fp8,
+            whole_experts=whole_experts,
         )
 
     return saved(recompute), saved("none") if recompute == "full" else 0.0
@@ -462,10 +475,11 @@ def run_layer_activation_terms(
     attention: str,
     recompute: str,
     precision: str,
+    fold: bool = False,
 ) -> tuple[float, float]:
     """:func:`layer_activation_terms` of a run in ``precision``: its activation dtype, and the block linears'
-    inputs saved in fp8 where the precision quantises them (:func:`opcast.dtypes.quantises`). The one mapping
-    the memory, the search and the activation offload share."""
+    inputs saved in fp8 where the precision quantises them (:func:`opcast.dtypes.quantises`); ``fold``: MoE
+    parallel folding. The one mapping the memory, the search and the activation offload share."""
     return layer_activation_terms(
         arch,
         tp=tp,
@@ -478,6 +492,7 @@ def run_layer_activation_terms(
         recompute=recompute,
         dtype=activation_dtype(precision),
         fp8=quantises(precision),
+        whole_experts=fold,
     )
 
 
@@ -557,6 +572,7 @@ def train_memory(
     optimizer: str = "adam",
     offload_layers: int = 0,
     grad_reduce_in_fp32: bool | None = None,
+    fold: bool = False,
 ) -> Memory:
     """Memory of one GPU of pipeline ``stage`` during training: :func:`model_state_bytes`,
     :func:`layer_activation_terms` and :func:`stage_activation_bytes` (the search memoises the
@@ -576,6 +592,7 @@ def train_memory(
         framework=framework,
         optimizer=optimizer,
         grad_reduce_in_fp32=grad_reduce_in_fp32,
+        fold=fold,
     )
     act_dtype = activation_dtype(precision)
     per_layer, working = run_layer_activation_terms(
@@ -589,6 +606,7 @@ def train_memory(
         attention=attention,
         recompute=recompute,
         precision=precision,
+        fold=fold,
     )
     acts = stage_activation_bytes(
         arch,

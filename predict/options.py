@@ -250,6 +250,11 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "dp": ("Data-parallel degree.", "world / (tp x pp x cp)"),
     "cp": ("Context-parallel degree.", None),
     "ep": ("Expert-parallel degree (MoE).", None),
+    "etp": (
+        "Expert tensor parallelism (Megatron --expert-tensor-parallel-size): 1 folds the experts whole over tp x dp "
+        "x cp ranks (MoE parallel folding; needs --sp with tp > 1), or tp.",
+        "tp",
+    ),
     "sp": ("Sequence parallelism.", None),
     "micro_batch": ("Sequences per micro-batch.", None),
     "global_batch": ("Sequences per iteration.", "one micro-batch per data-parallel rank"),

@@ -24,7 +24,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
-from opcast.predict.memory import activation_dtype
+from opcast.predict.memory import activation_dtype, expert_data_parallel
 from opcast.predict.serve.engine import EngineName
 
 Recompute = Literal["none", "selective", "full"]
@@ -49,16 +49,29 @@ def gradient_bucket_params(dp: int, bucket_params: int | None = None) -> int:
     return bucket_params or max(MEGATRON_MIN_BUCKET_PARAMS, 1_000_000 * dp)
 
 
-def model_parallel_groups(*, tp: int, cp: int, ep: int, gpus_per_node: int) -> tuple[Group, Group, Group]:
+def model_parallel_groups(
+    *, tp: int, cp: int, ep: int, gpus_per_node: int, fold: bool = False
+) -> tuple[Group, Group, Group]:
     """The (tp, cp, ep) communicators in Megatron's ``tp-cp-ep-dp-pp`` rank order: tp ranks
-    consecutive, cp and ep ranks tp apart."""
-    return place(tp, 1, gpus_per_node), place(cp, tp, gpus_per_node), place(ep, tp, gpus_per_node)
+    consecutive, cp and ep ranks tp apart; folded (``fold``, :func:`folded`), the expert-parallel ranks
+    consecutive over the tensor-parallel ones (Megatron-Core's expert rank order ``tp-ep-dp-pp`` with expert tp 1)."""
+    return place(tp, 1, gpus_per_node), place(cp, tp, gpus_per_node), place(ep, 1 if fold else tp, gpus_per_node)
 
 
-def data_parallel_groups(*, tp: int, cp: int, dp: int, ep: int, gpus_per_node: int) -> tuple[Group, Group]:
+def data_parallel_groups(
+    *, tp: int, cp: int, dp: int, ep: int, gpus_per_node: int, fold: bool = False
+) -> tuple[Group, Group]:
     """The gradient-reduction communicators: the dp x cp ranks holding the same weights, and the
-    dp x cp / ep ranks holding the same experts (tp x ep apart)."""
-    return place(dp * cp, tp, gpus_per_node), place(dp * cp // ep, tp * ep, gpus_per_node)
+    dp x cp / ep ranks holding the same experts (tp x ep apart); folded, the tp x dp x cp / ep ranks holding
+    the same whole experts (ep apart)."""
+    experts = expert_data_parallel(tp=tp, dp=dp, cp=cp, ep=ep, fold=fold)
+    return place(dp * cp, tp, gpus_per_node), place(experts, ep if fold else tp * ep, gpus_per_node)
+
+
+def folded(cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` folds its experts (:attr:`TrainConfig.etp` 1 under ``tp > 1``): whole experts, the expert
+    group over the tensor-parallel ranks too."""
+    return cfg.etp == 1 and cfg.tp > 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -88,7 +101,13 @@ class TrainConfig:
     cp: int = 1
     """Context-parallel degree (ring attention over the sequence, load-balanced causal split)."""
     ep: int = 1
-    """Expert-parallel degree (MoE archs); expert tensor parallelism equals tp."""
+    """Expert-parallel degree (MoE archs)."""
+    etp: int | None = None
+    """Expert tensor parallelism (Megatron ``--expert-tensor-parallel-size``): None or ``tp``, the experts split
+    over the tensor-parallel ranks like a dense MLP and sharded over ``ep`` of the data-parallel ranks; 1 with
+    ``tp > 1``, MoE parallel folding (Liu et al. 2025, arXiv 2504.14960; Megatron-Bridge's Qwen3 and DeepSeek
+    recipes): every expert whole, the expert-parallel group folded over the ``tp x dp x cp`` ranks, each rank
+    routing its sequence-parallel share of the tokens (:func:`folded`)."""
     sp: bool = False
     """Sequence parallelism (Korthikanti et al. 2022): norms and dropout sharded over tp."""
     micro_batch: int = 1
@@ -686,6 +705,10 @@ def validate_train(
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, ep=cfg.ep)  # pp: pipeline_split below
+    if cfg.etp is not None and "tp" not in bad and cfg.etp not in (1, cfg.tp):
+        reasons.append(f"etp={cfg.etp!r} must be 1 (MoE parallel folding) or tp={cfg.tp} (the default)")
+    elif folded(cfg) and not cfg.sp:
+        reasons.append("--etp 1 under tp > 1 routes each rank's sequence-parallel share of the tokens: give --sp")
     if not bad & {"pp", "virtual_stages"}:  # a bad tp or ep does not hide the split's reasons
         stage_layers, split_reasons = pipeline_split(
             arch,
@@ -748,8 +771,13 @@ def validate_train(
             )
         else:
             micro_batches = global_batch // (cfg.micro_batch * dp)
-        if ep > 1 and (dp * cp) % ep:
-            reasons.append(f"ep={ep} must divide dp x cp = {dp * cp} (experts are sharded across data-parallel ranks)")
+        if ep > 1 and folded(cfg) and (tp * dp * cp) % ep:
+            reasons.append(f"ep={ep} must divide tp x dp x cp = {tp * dp * cp} (the experts fold over them, --etp 1)")
+        elif ep > 1 and not folded(cfg) and (dp * cp) % ep:
+            reasons.append(
+                f"ep={ep} must divide dp x cp = {dp * cp} (experts are sharded across data-parallel ranks; "
+                "--etp 1 folds them over the tensor-parallel ranks too)"
+            )
     v = cfg.virtual_stages
     if cfg.schedule == "interleaved":
         if pp == 1:
@@ -775,8 +803,9 @@ def validate_train(
     if reasons or cluster is None or dp is None or stage_layers is None:
         return None, reasons
     g = cluster.gpus_per_node
-    tp_group, cp_group, ep_group = model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g)
-    dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=g)
+    fold = folded(cfg)
+    tp_group, cp_group, ep_group = model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g, fold=fold)
+    dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=g, fold=fold)
     layout = Layout(
         cfg=replace(
             cfg,

@@ -70,6 +70,7 @@ from opcast.predict.memory import (
     FP32_GRAD_BYTES,
     Memory,
     activation_dtype,
+    expert_data_parallel,
     overflow_reason,
     run_layer_activation_terms,
     stage_params,
@@ -82,6 +83,7 @@ from opcast.predict.parallel import (
     TrainConfig,
     data_parallel_groups,
     device_reasons,
+    folded,
     gradient_bucket_params,
     validate_train,
 )
@@ -567,6 +569,7 @@ def data_parallel_sync(
     layers: int | None = None,
     framework: str | None = None,
     fp8: bool = False,
+    fold: bool = False,
 ) -> DataParallelSync:
     """Data-parallel gradients (module docstring): ZeRO-3 gathers and reduce-scatters each layer;
     ZeRO 0 all-reduces, 1/2 reduce-scatter (DeepSpeed's all-reduce) and all-gather the weights, in
@@ -576,7 +579,7 @@ def data_parallel_sync(
     ``grad_bytes``: bytes a weight element moves in the gathers (the 16-bit parameters); ``reduce_bytes``: a
     gradient element in the reductions (:func:`gradient_reduce_bytes`; None: ``grad_bytes``)."""
     red_b = grad_bytes if reduce_bytes is None else reduce_bytes
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers, whole_experts=fold)
     amax = (
         fp8_amax_sync(
             arch,
@@ -592,7 +595,7 @@ def data_parallel_sync(
         if fp8
         else None
     )
-    dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node)
+    dp_group, expert_dp_group = data_parallel_groups(tp=tp, cp=cp, dp=dp, ep=ep, gpus_per_node=gpus_per_node, fold=fold)
     reduce_kind = "reduce_scatter" if zero == 3 else gradient_reduce_kind(zero, framework)
     gather_sms, reduce_sms = comm_sms("all_gather", device, dp_group), comm_sms(reduce_kind, device, dp_group)
     tied = tied_s = None
@@ -850,6 +853,7 @@ def offload_time(
         attention=cfg.attention,
         recompute=cfg.recompute,
         precision=cfg.precision,
+        fold=folded(cfg),
     )
 
     def per_layer(phase: str) -> float:
@@ -921,13 +925,23 @@ def p2p_overlap_windows(compute: StageCompute | StageTime, virtual_stages: int) 
 
 
 def optimizer_numel(
-    arch: ArchSpec, *, stage: int, tp: int, pp: int, dp: int, cp: int, ep: int, zero: int, layers: int | None = None
+    arch: ArchSpec,
+    *,
+    stage: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int,
+    ep: int,
+    zero: int,
+    layers: int | None = None,
+    fold: bool = False,
 ) -> int:
     """Parameters one rank's Adam step updates: its stage's (``layers`` blocks when the split is
-    uneven), divided over the dp x cp ranks (the experts' over dp x cp / ep) from ZeRO 1 on."""
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers)
-    n_d = dp * cp
-    numel = params.dense / (n_d if zero >= 1 else 1) + params.expert / (max(1, n_d // ep) if zero >= 1 else 1)
+    uneven), divided over the dp x cp ranks (the experts' over :func:`expert_data_parallel`) from ZeRO 1 on."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers, whole_experts=fold)
+    n_d, n_e = dp * cp, expert_data_parallel(tp=tp, dp=dp, cp=cp, ep=ep, fold=fold)
+    numel = params.dense / (n_d if zero >= 1 else 1) + params.expert / (n_e if zero >= 1 else 1)
     return max(1, int(round(numel)))
 
 
@@ -1158,6 +1172,7 @@ class _Pricer:
             layers=own,
             framework=cfg.framework,
             fp8=delayed_amax_reduction(_precision(plan)),
+            fold=folded(cfg),
         )
         dp = data_parallel_time(
             sync,
@@ -1256,6 +1271,7 @@ def _graphs(plan: TrainPlan, stage: int) -> tuple[Graph, Graph]:
         attention=cfg.attention,
         recompute=cfg.recompute,
         prec=prec,
+        whole_experts=folded(cfg),
     )
     extras = train_extras(
         arch,
@@ -1280,7 +1296,7 @@ def _overlap_cfgs(plan: TrainPlan) -> dict[str, UbGemm] | None:
 def _weight_casts(plan: TrainPlan) -> tuple[Node, ...]:
     """One block's once-per-iteration fp8 weight quantisation kernels (cached)."""
     cfg = plan.layout.cfg
-    return weight_casts(plan.arch, tp=cfg.tp, ep=cfg.ep, prec=_precision(plan))
+    return weight_casts(plan.arch, tp=cfg.tp, ep=cfg.ep, prec=_precision(plan), whole_experts=folded(cfg))
 
 
 def _fsdp_kernels(plan: TrainPlan, stage: int) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
@@ -1289,7 +1305,9 @@ def _fsdp_kernels(plan: TrainPlan, stage: int) -> tuple[tuple[Node, ...], tuple[
     lay, cfg = plan.layout, plan.layout.cfg
     if cfg.zero != 3 or not framework_of(cfg.framework).zero3_fsdp_kernels:
         return (), ()
-    params = stage_params(plan.arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=stage, layers=lay.layers(stage))
+    params = stage_params(
+        plan.arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=stage, layers=lay.layers(stage), whole_experts=folded(cfg)
+    )
     own = lay.layers(stage)
     layers = plan.arch.n_layers // cfg.pp if own is None else own
     grad_b = dtype_bytes(lay.act_dtype)
@@ -1314,6 +1332,7 @@ def _optimizer_kernel(plan: TrainPlan, stage: int) -> Kernel:
             ep=cfg.ep,
             zero=cfg.zero,
             layers=lay.layers(stage),
+            fold=folded(cfg),
         )
     )
 
@@ -1442,6 +1461,7 @@ def _train_memory(arch: ArchSpec, lay: Layout) -> tuple[Memory, ...]:
             optimizer=cfg.optimizer,
             offload_layers=cfg.offload_activations,
             grad_reduce_in_fp32=cfg.grad_reduce_in_fp32,
+            fold=folded(cfg),
         )
         for s in range(cfg.pp)
     )

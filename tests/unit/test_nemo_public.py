@@ -438,15 +438,15 @@ def test_hand_checked_moe_rows_and_their_recipe_facts(nemo, rows):
         "26.04.01-gb200-qwen3-235b-a22b-mxfp8": attn,
     }
     # H100 235B: TP 2 without TP overlap (the recipe's CommOverlapConfig(tp_comm_overlap=False)), EP 32 over DP 16:
-    # Megatron folds TP into the expert group (expert_tensor_parallel_size 1); opcast refuses it with the reason
+    # Megatron folds TP into the expert group (expert_tensor_parallel_size 1), as --etp 1 does
     row = rows["26.04.01-h100-qwen3-235b-a22b-fp8"]
     v = nemo.row_options(row)
     assert v["sp"] is True and "tp_comm_overlap" not in v and v["virtual_stages"] == 4 and v["fp8_recipe"] == "current"
-    pred = nemo.predict_row(row)
-    assert not pred.feasible and any("ep=32" in r for r in pred.reasons)
+    assert v["etp"] == 1 and "etp" not in nemo.row_options(rows["26.04.01-b300-qwen3-235b-a22b-mxfp8"])  # tp 1
+    assert nemo.predict_row(row).feasible
     moe_rows = [r for r in rows.values() if r.ep > 1]
     lines = nemo.summary_table(moe_rows, {r.row: nemo.predict_row(r) for r in moe_rows})
     assert "all dense" not in "".join(lines)  # only the groups that have rows
     h100 = next(line for line in lines if line.startswith("| MoE: DGX-H100, FP8 per-tensor |"))
-    assert h100.startswith("| MoE: DGX-H100, FP8 per-tensor | 1 |") and h100.endswith("| 1 |")  # 30B in, 235B refused
-    assert any(line.startswith("| all MoE | 9 |") for line in lines)
+    assert h100.startswith("| MoE: DGX-H100, FP8 per-tensor | 2 |") and h100.endswith("| 0 |")
+    assert any(line.startswith("| all MoE | 10 |") for line in lines)
