@@ -68,9 +68,9 @@ What NeMo's performance recipes run, and what is passed:
   ``set_llama31_common_configs``, ``cfg.mixed_precision`` and ``cfg.ddp`` both); NeMo 24.07's rows (no recipe)
   keep megatron's default, fp32 (Megatron-LM's rule for bf16), counted;
 - Llama 3.1 405B and Qwen3-235B-A22B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
-- EP > 1 (the Qwen3 MoE rows) -> ``--ep EP``; a row whose EP does not divide DP x CP (Megatron's expert tensor
-  parallelism 1 under TP > 1 folds the TP ranks into the expert-parallel group: 26.04.01's H100 235B row, TP 2,
-  DP 16, EP 32) is refused by opcast, not predicted;
+- EP > 1 (the Qwen3 MoE rows) -> ``--ep EP``, and with TP > 1 ``--etp 1`` (:data:`MOE_ETP`: the recipes' expert
+  tensor parallelism 1 folds the TP ranks into the expert-parallel group; 26.04.01's H100 235B row, TP 2, DP 16,
+  EP 32);
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
 - FP8 (per tensor) -> ``--precision fp8`` with the row's scaling recipe (:func:`fp8_recipe`): ``FP8-CS`` and
   ``FP8 (current scaling)`` -> ``--fp8-recipe current`` (Transformer Engine's ``Float8CurrentScaling``), and so a
