@@ -149,9 +149,10 @@ class ArchSpec:
     """MLA: the value (and attention output) head width."""
     dense_layers: int | None = None
     """An MoE arch's first blocks with a dense MLP of ``dense_ffn_hidden`` instead of experts (DeepSeek
-    ``first_k_dense_replace``). Their parameters are counted exactly, on the pipeline stages that hold them;
-    their time is priced as an MoE block's (every block alike), whose active width DeepSeek matches
-    (V3: a dense 18,432 = 9 active experts of 2,048, the same FLOPs a token)."""
+    ``first_k_dense_replace``). Their parameters are counted exactly, on the pipeline stages that hold them, and
+    inference prices them as dense blocks (:func:`opcast.predict.inference.block_kinds`); training times them as
+    MoE blocks (every block alike), whose active width DeepSeek matches (V3: a dense 18,432 = 9 active experts of
+    2,048, the same FLOPs a token)."""
     dense_ffn_hidden: int | None = None
     """The MLP width of the ``dense_layers`` blocks."""
     attention_dropout: float | None = None

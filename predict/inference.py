@@ -22,7 +22,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
@@ -89,18 +89,24 @@ def _forward_s(
     (``comm_sources``: where given, counts the TP collective calls by ``kind: label``)."""
     tp = cfg.tp
     tokens = batch * seq_q
-    ops = block_ops(
-        arch,
-        tp=tp,
-        batch=batch,
-        seq_q=seq_q,
-        seq_kv=seq_kv,
-        sp=False,
-        ep=cfg.ep,
-        attention=cfg.attention,
-        training=False,
-        whole_experts=cfg.ep > 1,
-    )
+    blocks = [
+        (
+            block_ops(
+                a,
+                tp=tp,
+                batch=batch,
+                seq_q=seq_q,
+                seq_kv=seq_kv,
+                sp=False,
+                ep=cfg.ep if a.n_experts > 1 else 1,
+                attention=cfg.attention,
+                training=False,
+                whole_experts=cfg.ep > 1,
+            ),
+            n,
+        )
+        for a, n in block_kinds(arch)
+    ]
     model = embedding_ops(arch, tp=tp, tokens=tokens, rows=tokens, training=False)
     model += head_ops(arch, tp=tp, tokens=batch, rows=batch, loss=False)  # logits of the last position only
     comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
@@ -112,7 +118,7 @@ def _forward_s(
             Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)),
         )
     compute = comm_s = 0.0
-    for group_ops, repeat in ((ops, arch.n_layers), (model, 1)):
+    for group_ops, repeat in (*blocks, (model, 1)):
         kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
         table = kernels.lookup(kern, device)
         for (role, _, _, count), k in zip(group_ops, kern):
@@ -144,6 +150,26 @@ def _forward_s(
     return compute, comm_s
 
 
+def block_kinds(arch: ArchSpec) -> list[tuple[ArchSpec, int]]:
+    """The blocks of ``arch`` as (the arch of a block, how many): one kind, or DeepSeek's first
+    :attr:`~opcast.archs.ArchSpec.dense_layers` blocks with their dense MLP (``dense_ffn_hidden``) and the MoE rest.
+    Inference prices the two kinds apart (a dense block reads its whole MLP, an MoE block the experts its tokens
+    reach); training prices every block as an MoE one (:attr:`~opcast.archs.ArchSpec.dense_layers`)."""
+    if not arch.dense_layers or arch.dense_ffn_hidden is None:
+        return [(arch, arch.n_layers)]
+    dense = replace(
+        arch,
+        n_experts=1,
+        experts_top_k=1,
+        ffn_hidden=arch.dense_ffn_hidden,
+        shared_expert_ffn=None,
+        shared_expert_gate=False,
+        dense_layers=None,
+        dense_ffn_hidden=None,
+    )
+    return [(dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers)]
+
+
 def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) -> list[tuple[Comm, int]]:
     """The MoE dispatch and combine of expert parallelism across replicas (``ep > tp``; DeepEP / pplx
     all-to-alls): each GPU sends its ``1 / tp`` of the replica's tokens, ``top_k`` copies of each, to the experts'
@@ -153,7 +179,7 @@ def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) ->
     if cfg.ep <= cfg.tp or arch.n_experts == 1:
         return []
     routed = -(-tokens // cfg.tp) * arch.experts_top_k * arch.hidden * act_b
-    return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers)]  # every block priced as an MoE one
+    return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers - (arch.dense_layers or 0))]  # the MoE blocks
 
 
 def predict_infer(

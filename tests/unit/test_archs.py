@@ -1008,3 +1008,26 @@ def test_deepseek_v3_serves_through_the_console_script(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["feasible"] and result["tpot_s"] > 0
+
+
+def test_inference_prices_deepseeks_dense_first_blocks_as_dense_blocks() -> None:
+    from opcast.hardware import get_device
+    from opcast.predict.inference import block_kinds, predict_infer
+    from opcast.predict.parallel import InferConfig
+
+    v3 = arch_from_hf_config(DEEPSEEK_V3_HF, "d")
+    (dense, n_dense), (moe, n_moe) = block_kinds(v3)
+    assert (n_dense, n_moe, dense.n_experts, dense.ffn_hidden, moe) == (3, 58, 1, 18432, v3)
+    result = predict_infer(
+        v3, get_device("H200"), InferConfig(tp=8, batch=4, prompt_len=64, gen_len=2, precision="fp8")
+    )
+    ups = {(ln["count"], ln["params"]["b"]) for ln in result.ops if ln["phase"] == "decode" and ln["role"] == "mlp_up"}
+    # 3 dense blocks' whole MLP (one GEMM of 2 x 18432 / 8 columns) and 58 MoE blocks' busy experts
+    assert ups == {(3, 1), (58, routed_busy(v3, 4))}
+    assert [n for a, n in block_kinds(load_arch("mixtral-8x7b"))] == [32]
+
+
+def routed_busy(arch: ArchSpec, tokens: int) -> int:
+    from opcast.archs import routed_experts
+
+    return routed_experts(arch, tokens=tokens)[0]
