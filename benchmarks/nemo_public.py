@@ -70,7 +70,7 @@ What NeMo's performance recipes run, and what is passed:
 - Llama 3.1 405B and Qwen3-235B-A22B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
 - EP > 1 (the Qwen3 MoE rows) -> ``--ep EP``, and with TP > 1 ``--etp 1`` (:data:`MOE_ETP`: the recipes' expert
   tensor parallelism 1 folds the TP ranks into the expert-parallel group; 26.04.01's H100 235B row, TP 2, DP 16,
-  EP 32);
+  EP 32); ``--overlap-moe-ep-comm`` where the recipe runs combined 1F1B (:data:`MOE_A2A_OVERLAP`);
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
 - FP8 (per tensor) -> ``--precision fp8`` with the row's scaling recipe (:func:`fp8_recipe`): ``FP8-CS`` and
   ``FP8 (current scaling)`` -> ``--fp8-recipe current`` (Transformer Engine's ``Float8CurrentScaling``), and so a
@@ -115,9 +115,9 @@ between the two instances; opcast prices ``--zero 3`` over all of them. Megatron
 functions set the same (2) only with Megatron FSDP, which the published 25.11 / 26.04.01 405B rows do not use.
 The MoE rows' settings beyond these (Megatron-Bridge v0.4.2 ``scripts/performance/configs/qwen/``, not columns of
 the recipes CSV, not priced): the flex token dispatcher with HybridEP (``moe_hybridep_num_sms = 32``) on most
-presets, ``moe_router_force_load_balancing = True`` (``set_qwen3_common_configs``), the expert all-to-all overlapped
-with compute (``moe_a2a_overlap``: ``overlap_moe_expert_parallel_comm`` and ``delay_wgrad_compute``) for the H100
-235B preset, and CUDA graphs of the attention / router / dispatch preprocessing (``transformer_engine`` scopes).
+presets, ``moe_router_force_load_balancing = True`` (``set_qwen3_common_configs``; opcast's routing is balanced),
+``delay_wgrad_compute`` beside the H100 235B preset's combined 1F1B (which is priced, :data:`MOE_A2A_OVERLAP`), and
+CUDA graphs of the attention / router / dispatch preprocessing (``transformer_engine`` scopes).
 
 Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
 (positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
@@ -243,6 +243,13 @@ and the loss each counted as a layer (Megatron ``account_for_embedding_in_pipeli
 pp x vp divides; Qwen3-235B-A22B's 94 make 96 (Megatron-Bridge ``recipes/qwen/h100/qwen3_moe.py`` sets both
 for its pipelined 235B configurations, 067f987; v0.4.2 ``recipes/qwen/qwen3_moe.py``
 ``qwen3_235b_a22b_pretrain_config``, which the 26.04.01 performance scripts build on, sets both too)."""
+MOE_A2A_OVERLAP = {
+    "26.04.01-h100-qwen3-235b-a22b-fp8": "Megatron-Bridge v0.4.2 (c810129) scripts/performance/configs/qwen/"
+    "qwen3_workload_base_configs.py QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1 moe_a2a_overlap=True, which "
+    "scripts/performance/utils/overrides.py turns into overlap_moe_expert_parallel_comm (and delay_wgrad_compute)",
+}
+"""MoE rows whose recipe runs Megatron-Core's combined 1F1B (``--overlap-moe-ep-comm``), with where it says so; the
+other MoE presets set ``moe_a2a_overlap`` False or leave it unset."""
 MOE_ETP = 1
 """Expert tensor parallelism of the MoE rows: Megatron-Bridge v0.4.2 (c810129)
 ``scripts/performance/configs/qwen/qwen3_workload_base_configs.py`` ``BASE_QWEN3_235B_A22B_CONFIG`` and
@@ -518,6 +525,8 @@ def row_options(row: Row) -> dict[str, Any]:
         values["ep"] = row.ep
         if row.tp > 1:
             values["etp"] = MOE_ETP
+        if row.row in MOE_A2A_OVERLAP:
+            values["overlap_moe_ep_comm"] = True
     if row.tp > 1:
         values["sp"] = True
         if row.recipe.tp_overlap != TP_OVERLAP_OFF:

@@ -304,6 +304,11 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "qkv_wgrad=bulk:sm24:nomargin,proj_fprop=pipeline:sm24:split4:margin.",
         "TE's defaults",
     ),
+    "overlap_moe_ep_comm": (
+        "Megatron-Core's combined 1F1B (--overlap-moe-expert-parallel-comm): each MoE block's dispatch and combine "
+        "all-to-alls hidden behind another micro-batch's expert and attention compute (needs --ep > 1).",
+        None,
+    ),
     "overlap_p2p_comm": (
         "Overlap each pipeline send with the compute of one model chunk (Megatron-LM overlap_p2p_comm; "
         "interleaved schedule only; Megatron's default is on, ours off).",

@@ -165,6 +165,10 @@ class TrainConfig:
     """Overlap pipeline sends with the compute of the neighbouring model chunk (Megatron-LM's
     ``overlap_p2p_comm``, on by default there but only for the interleaved schedule; off here so that a
     configuration is priced as before unless asked)."""
+    overlap_moe_ep_comm: bool = False
+    """Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``, EP A2A overlap): one micro-batch's
+    forward runs beside another's backward, each MoE block's dispatch and combine all-to-alls of one hidden behind
+    the other's expert and attention compute (:func:`opcast.predict.training.moe_a2a_exposed`)."""
     tensor_cores: bool | None = None
     """Matrix math on tensor cores (fp32: as TF32); None: by dtype, fp32 on CUDA cores as PyTorch's
     default (TF32 matmul off), every other precision on tensor cores."""
@@ -709,6 +713,16 @@ def validate_train(
         reasons.append(f"etp={cfg.etp!r} must be 1 (MoE parallel folding) or tp={cfg.tp} (the default)")
     elif folded(cfg) and not cfg.sp:
         reasons.append("--etp 1 under tp > 1 routes each rank's sequence-parallel share of the tokens: give --sp")
+    if cfg.overlap_moe_ep_comm:
+        if cfg.ep == 1:
+            reasons.append("--overlap-moe-ep-comm overlaps expert-parallel all-to-alls: it needs --ep > 1")
+        if cfg.recompute == "full":
+            reasons.append("--overlap-moe-ep-comm does not run with --recompute full (Megatron-Core's combined 1F1B)")
+        if cfg.pp > 1 and cfg.schedule != "interleaved":
+            reasons.append(
+                "--overlap-moe-ep-comm with pp > 1 needs --schedule interleaved (Megatron-Core's combined 1F1B runs "
+                "without a pipeline or interleaved)"
+            )
     if not bad & {"pp", "virtual_stages"}:  # a bad tp or ep does not hide the split's reasons
         stage_layers, split_reasons = pipeline_split(
             arch,

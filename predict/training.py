@@ -451,6 +451,57 @@ class StageCompute(NamedTuple):
     """The forward phase's share of the three collective fields."""
 
 
+EXPERT_ROLES = frozenset({"permute", "mlp_up", "act", "gate_mul", "mlp_down", "unpermute"})
+"""An MoE block's work between its dispatch and its combine all-to-all (the rest of the block: attention side)."""
+
+
+def moe_a2a_exposed(
+    graph: Graph,
+    costs: Mapping[str, PhaseCost],
+    kernel_times: Mapping[Kernel, tuple[float, str]],
+    *,
+    paired: float,
+) -> dict[str, float]:
+    """Exposed expert all-to-all seconds of one block per micro-batch by phase (FWD, BWD) under Megatron-Core's
+    combined 1F1B (``--overlap-moe-expert-parallel-comm``; ``core.pipeline_parallel.combined_1f1b``: "the forward
+    pass of Transformer layers for one micro-batch runs in parallel with the backward pass of another [...] EP A2A in
+    forward step is hidden by the attention/mlp computation in the backward step, and vice versa"; the pairing of
+    DeepSeek-V3's DualPipe, arXiv 2412.19437 Sec. 3.2.1): a forward's dispatch hides behind the paired backward's
+    expert work and its combine behind the backward's attention side, a backward's dispatch and combine behind the
+    forward's expert work and attention side. ``costs``: the block's :class:`PhaseCost` (its ep family, all
+    exposed without the overlap, is the dispatch and combine of equal size); ``paired``: the share of micro-batches
+    whose forward runs beside a backward (the rest, warm-up and cool-down, keep their all-to-alls exposed). The
+    streams' contention for SMs and memory bandwidth is not priced."""
+    part = {}
+    for phase in (FWD, BWD):
+        expert = attention = 0.0
+        for n in graph.nodes[phase]:
+            t = n.count * kernel_times[n.kernel][0]
+            if n.role.split(".")[0] in EXPERT_ROLES:
+                expert += t
+            else:
+                attention += t
+        part[phase] = (expert, attention)
+    a2a = {phase: costs[phase].comm_s[2] / 2 for phase in (FWD, BWD)}  # one dispatch = one combine
+    other = {FWD: BWD, BWD: FWD}
+    out = {}
+    for phase in (FWD, BWD):
+        expert, attention = part[other[phase]]
+        hidden = max(0.0, a2a[phase] - expert) + max(0.0, a2a[phase] - attention)
+        out[phase] = paired * hidden + (1 - paired) * 2 * a2a[phase]
+    return out
+
+
+def combined_1f1b_paired(*, micro_batches: int, pp: int, virtual_stages: int) -> float:
+    """The share of a rank's micro-batch forwards that combined 1F1B runs beside a backward: all but the first
+    without a pipeline (``combined_1f1b_schedule_for_no_pipelining``), all but the interleaved schedule's warm-up
+    forwards (``(pp - 1) x 2 + (v - 1) x pp`` model chunks of the first stage, Megatron-LM's
+    ``get_pp_rank_microbatches``) and one, of ``m x v`` chunks, with it."""
+    chunks = micro_batches * max(1, virtual_stages)
+    warmup = 1 if pp == 1 else (pp - 1) * 2 + (virtual_stages - 1) * pp + 1
+    return max(0.0, 1 - warmup / chunks)
+
+
 def stage_compute(parts: Iterable[tuple[Mapping[str, PhaseCost], int]]) -> StageCompute:
     """A stage's compute from its graphs: (phase -> :class:`PhaseCost`, copies) for the block
     (``n_layers / pp`` copies) and the model-level graph (one)."""
@@ -1138,6 +1189,13 @@ class _Pricer:
         layers = arch.n_layers // cfg.pp if own is None else own
         groups = graph_groups(lay.tp_group, lay.cp_group, lay.ep_group)
         block_costs = self.graph_costs(block, groups, stage, layers)
+        if cfg.overlap_moe_ep_comm and cfg.ep > 1:
+            paired = combined_1f1b_paired(micro_batches=m, pp=cfg.pp, virtual_stages=cfg.virtual_stages)
+            exposed = moe_a2a_exposed(block, block_costs, self.table, paired=paired)
+            block_costs = {
+                ph: c._replace(comm_s=(c.comm_s[0], c.comm_s[1], exposed[ph])) if ph in exposed else c
+                for ph, c in block_costs.items()
+            }
         compute = stage_compute(((block_costs, layers), (self.graph_costs(extras, groups, stage, 1), 1)))
         grad_b = dtype_bytes(lay.act_dtype)
         per_layer, rest = _fsdp_kernels(plan, stage)

@@ -443,6 +443,8 @@ def test_hand_checked_moe_rows_and_their_recipe_facts(nemo, rows):
     v = nemo.row_options(row)
     assert v["sp"] is True and "tp_comm_overlap" not in v and v["virtual_stages"] == 4 and v["fp8_recipe"] == "current"
     assert v["etp"] == 1 and "etp" not in nemo.row_options(rows["26.04.01-b300-qwen3-235b-a22b-mxfp8"])  # tp 1
+    assert v["overlap_moe_ep_comm"] is True  # its preset's moe_a2a_overlap (MOE_A2A_OVERLAP); the others' off
+    assert sum("overlap_moe_ep_comm" in nemo.row_options(r) for r in rows.values() if not r.skip_reason) == 1
     assert nemo.predict_row(row).feasible
     moe_rows = [r for r in rows.values() if r.ep > 1]
     lines = nemo.summary_table(moe_rows, {r.row: nemo.predict_row(r) for r in moe_rows})
