@@ -145,6 +145,28 @@ def expert_data_parallel(*, tp: int, dp: int, cp: int, ep: int, fold: bool = Fal
     return max(1, (tp if fold else 1) * dp * cp // ep)
 
 
+def rank_params(
+    arch: ArchSpec,
+    *,
+    stage: int,
+    tp: int,
+    pp: int,
+    dp: int,
+    cp: int,
+    ep: int,
+    sharded: bool,
+    layers: int | None = None,
+    fold: bool = False,
+) -> float:
+    """Parameters of pipeline ``stage`` one rank holds a state of: all of them, or ``sharded`` (ZeRO) the dense ones
+    over the dp x cp ranks and the experts over :func:`expert_data_parallel` (ZeRO paper Sec. 5). The one sharding
+    rule of the model states and the optimizer step."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers, whole_experts=fold)
+    if not sharded:
+        return float(params.total)
+    return params.dense / (dp * cp) + params.expert / expert_data_parallel(tp=tp, dp=dp, cp=cp, ep=ep, fold=fold)
+
+
 def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = False) -> tuple[int, int]:
     """(dense, expert) parameters of one block on one rank; the experts split over ``tp`` too unless
     ``whole_experts`` (an inference engine's expert parallelism)."""
@@ -414,12 +436,12 @@ def model_state_bytes(
     o = optimizer_state_bytes(precision, optimizer)
     if fp32_gradients(framework, grad_reduce_in_fp32):
         g = max(g, FP32_GRAD_BYTES)
-    n_d, n_e = dp * cp, expert_data_parallel(tp=tp, dp=dp, cp=cp, ep=ep, fold=fold)
 
     def shard(per_param: float, sharded: bool) -> float:
-        if not sharded:
-            return per_param * params.total
-        return per_param * (params.dense / n_d + params.expert / n_e)
+        held = rank_params(
+            arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sharded=sharded, layers=layers, fold=fold
+        )
+        return per_param * held
 
     gather = ZERO3_PREFETCH_LAYERS * w * params.per_layer if zero == 3 else 0.0
     return shard(w, zero >= 3), shard(g, zero >= 2), shard(o, zero >= 1), gather

@@ -70,8 +70,8 @@ from opcast.predict.memory import (
     FP32_GRAD_BYTES,
     Memory,
     activation_dtype,
-    expert_data_parallel,
     overflow_reason,
+    rank_params,
     run_layer_activation_terms,
     stage_params,
     train_memory,
@@ -990,10 +990,10 @@ def optimizer_numel(
 ) -> int:
     """Parameters one rank's Adam step updates: its stage's (``layers`` blocks when the split is
     uneven), divided over the dp x cp ranks (the experts' over :func:`expert_data_parallel`) from ZeRO 1 on."""
-    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers, whole_experts=fold)
-    n_d, n_e = dp * cp, expert_data_parallel(tp=tp, dp=dp, cp=cp, ep=ep, fold=fold)
-    numel = params.dense / (n_d if zero >= 1 else 1) + params.expert / (n_e if zero >= 1 else 1)
-    return max(1, int(round(numel)))
+    held = rank_params(
+        arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sharded=zero >= 1, layers=layers, fold=fold
+    )
+    return max(1, int(round(held)))
 
 
 def optimizer_kernel(numel: int) -> Kernel:
