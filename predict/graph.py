@@ -467,7 +467,9 @@ FP8_LINEARS: dict[str, str] = {
 }
 """The GEMMs a training run in fp8 runs in fp8 (Transformer Engine's linear modules), with their
 Megatron parallel mode (an MoE block's shared expert is Megatron-Core's ``SharedExpertMLP``, built of TE's
-column- and row-parallel linears like the dense MLP). Every other GEMM is a plain bf16 matmul: Megatron-Core's
+column- and row-parallel linears like the dense MLP). Multi-head latent attention's projections are not listed,
+so they are priced in bf16 under fp8 training (which TE modules Megatron-Core's MLA builds, and how they fuse with
+its latent norms, is not established here). Every other GEMM is a plain bf16 matmul: Megatron-Core's
 output layer is ``tensor_parallel.ColumnParallelLinear`` and its MoE router ``F.linear``, llm-foundry's MPT head
 is ``F.linear`` on the tied embedding."""
 
