@@ -258,18 +258,22 @@ class ArchSpec:
         kv = h * (c + r) + c + c * heads * (self.head_dim - r + v)
         return q + kv + heads * v * h
 
-    def _mlp_params(self, ffn: int) -> int:
+    def mlp_params(self, ffn: int) -> int:
+        """Parameters of an MLP ``ffn`` wide (one rank's slice when ``ffn`` is split over tp: the row-parallel bias
+        whole on every rank)."""
         up_out = (2 if self.gated_mlp else 1) * ffn
         weights = self.hidden * up_out + ffn * self.hidden
         return weights + (up_out + self.hidden if self.linear_bias else 0)
 
     def _expert_params(self) -> int:
-        return self._mlp_params(self.ffn_hidden)
+        return self.mlp_params(self.ffn_hidden)
 
-    def _shared_expert_params(self) -> int:
+    def shared_expert_params(self, tp: int = 1) -> int:
+        """The shared expert and its gate on one of ``tp`` ranks (split over tp like a dense MLP, whole on every
+        expert-parallel rank); 0 without one."""
         if self.shared_expert_ffn is None:
             return 0
-        return self._mlp_params(self.shared_expert_ffn) + (self.hidden if self.shared_expert_gate else 0)
+        return self.mlp_params(self.shared_expert_ffn // tp) + (self.hidden if self.shared_expert_gate else 0)
 
     def _router_params(self) -> int:
         return self.hidden * self.n_experts if self.n_experts > 1 else 0
@@ -279,7 +283,7 @@ class ArchSpec:
         return (
             self._attention_params()
             + self.n_experts * self._expert_params()
-            + self._shared_expert_params()
+            + self.shared_expert_params()
             + self._router_params()
             + 2 * self._norm_params()
         )
@@ -296,8 +300,8 @@ class ArchSpec:
         """Parameters a :attr:`dense_layers` block has fewer than an MoE block (0 for an arch without)."""
         if self.dense_layers is None or self.dense_ffn_hidden is None:
             return 0
-        moe = self.n_experts * self._expert_params() + self._shared_expert_params() + self._router_params()
-        return moe - self._mlp_params(self.dense_ffn_hidden)
+        moe = self.n_experts * self._expert_params() + self.shared_expert_params() + self._router_params()
+        return moe - self.mlp_params(self.dense_ffn_hidden)
 
     def params_total(self) -> int:
         """Exact parameter count: blocks, embeddings, final norm and (when untied) the LM head.

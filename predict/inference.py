@@ -23,6 +23,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cache
 from typing import Any, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
@@ -150,13 +151,14 @@ def _forward_s(
     return compute, comm_s
 
 
-def block_kinds(arch: ArchSpec) -> list[tuple[ArchSpec, int]]:
+@cache  # the serving tables price thousands of forwards of one arch: its block kinds are built once
+def block_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
     """The blocks of ``arch`` as (the arch of a block, how many): one kind, or DeepSeek's first
     :attr:`~opcast.archs.ArchSpec.dense_layers` blocks with their dense MLP (``dense_ffn_hidden``) and the MoE rest.
     Inference prices the two kinds apart (a dense block reads its whole MLP, an MoE block the experts its tokens
     reach); training prices every block as an MoE one (:attr:`~opcast.archs.ArchSpec.dense_layers`)."""
     if not arch.dense_layers or arch.dense_ffn_hidden is None:
-        return [(arch, arch.n_layers)]
+        return ((arch, arch.n_layers),)
     dense = replace(
         arch,
         n_experts=1,
@@ -167,7 +169,7 @@ def block_kinds(arch: ArchSpec) -> list[tuple[ArchSpec, int]]:
         dense_layers=None,
         dense_ffn_hidden=None,
     )
-    return [(dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers)]
+    return ((dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers))
 
 
 def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) -> list[tuple[Comm, int]]:

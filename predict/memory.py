@@ -177,25 +177,13 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = Fal
         attn += qkv_out + arch.hidden
     if arch.kv_lora_rank is not None:
         attn = arch.mla_params(tp)
-    ffn = arch.ffn_hidden // (1 if whole_experts and arch.n_experts > 1 else tp)
-    up = (2 if arch.gated_mlp else 1) * ffn
-    mlp = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
+    mlp = arch.mlp_params(arch.ffn_hidden // (1 if whole_experts and arch.n_experts > 1 else tp))
     norms = 2 * (2 if arch.norm == "layernorm" else 1) * arch.hidden
     norms += 2 * arch.head_dim if arch.qk_norm else 0
     if arch.n_experts == 1:
         return attn + mlp + norms, 0
     router = arch.hidden * arch.n_experts
-    return attn + norms + router + _shared_expert_params(arch, tp), (arch.n_experts // ep) * mlp
-
-
-def _shared_expert_params(arch: ArchSpec, tp: int) -> int:
-    """The shared expert (and its gate) on one rank: split over tp like a dense MLP, whole on every EP rank."""
-    if arch.shared_expert_ffn is None:
-        return 0
-    ffn = arch.shared_expert_ffn // tp
-    up = (2 if arch.gated_mlp else 1) * ffn
-    out = arch.hidden * up + ffn * arch.hidden + (up + arch.hidden if arch.linear_bias else 0)
-    return out + (arch.hidden if arch.shared_expert_gate else 0)
+    return attn + norms + router + arch.shared_expert_params(tp), (arch.n_experts // ep) * mlp
 
 
 def stage_params(
@@ -220,10 +208,8 @@ def stage_params(
     first = min(layers, max(0, (arch.dense_layers or 0) - stage * layers))
     if first:
         assert arch.dense_ffn_hidden is not None
-        ffn = arch.dense_ffn_hidden // tp
-        mlp = arch.hidden * (2 if arch.gated_mlp else 1) * ffn + ffn * arch.hidden
-        moe_dense = arch.hidden * arch.n_experts + _shared_expert_params(arch, tp)  # router and shared expert
-        dense += first * (mlp - moe_dense)
+        moe_dense = arch.hidden * arch.n_experts + arch.shared_expert_params(tp)  # router and shared expert
+        dense += first * (arch.mlp_params(arch.dense_ffn_hidden // tp) - moe_dense)
         expert -= first * expert_l
     vocab_slice = padded_vocab(arch.vocab, tp) // tp * arch.hidden
     if stage == 0:
