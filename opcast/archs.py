@@ -39,6 +39,7 @@ Family = Literal[
     "qwen3_moe",
     "deepseek_v2",
     "deepseek_v3",
+    "gpt_oss",
     "opt",
     "mixtral",
     "gpt3",
@@ -75,6 +76,9 @@ _OPTIONAL_NONE_FIELDS = (
     *_MLA_FIELDS,
     "dense_layers",
     "dense_ffn_hidden",
+    "sliding_window",
+    "sliding_window_layers",
+    "expert_weights",
 )
 """Fields that may be None (a default taken elsewhere, or nothing to say)."""
 
@@ -155,6 +159,24 @@ class ArchSpec:
     2,048, the same FLOPs a token)."""
     dense_ffn_hidden: int | None = None
     """The MLP width of the ``dense_layers`` blocks."""
+    sliding_window: int | None = None
+    """Sliding-window (local) attention: a query attends to the last ``sliding_window`` positions, itself
+    included (Hugging Face ``sliding_window``; Mistral-7B-v0.1 4,096, gpt-oss 128), and the KV cache of such a
+    block holds only those (vLLM's hybrid KV cache manager frees the blocks that slide out). None: every block
+    attends to the whole context."""
+    sliding_window_layers: int | None = None
+    """How many blocks use the window (gpt-oss: every other one, ``layer_types``); None with ``sliding_window``
+    set: all of them. Inference and serving price the windowed and the full blocks apart
+    (:func:`opcast.predict.inference.block_kinds`); training prices every block with full attention unless all
+    are windowed (an overestimate of the windowed blocks' attention, stated in ``source``)."""
+    attention_sinks: bool = False
+    """A learned logit per head in every softmax's denominator (gpt-oss ``sinks``; Xiao et al. 2023, arXiv
+    2309.17453): ``n_heads`` parameters a block, folded into the attention kernel at no priced cost."""
+    expert_weights: str | None = None
+    """Storage format of the routed experts' weights in the checkpoint when it differs from the serving
+    precision: ``mxfp4`` (gpt-oss ``quantization_config``: OCP MX FP4, 4-bit e2m1 values with one E8M0 scale per
+    32, 4.25 bits; attention, router, embeddings and head stay bf16). Inference reads those weights at that
+    size (:mod:`opcast.predict.weight_only`); training ignores it (bf16 master weights). None: the precision's."""
     attention_dropout: float | None = None
     """Dropout probability on the attention probabilities (HF ``attention_dropout`` / ``attn_pdrop``,
     Megatron ``--attention-dropout``); None: the family's default (:data:`DROPOUT_FAMILIES`: 0.1,
@@ -209,6 +231,14 @@ class ArchSpec:
                 problems.append("dense_layers and dense_ffn_hidden go together")
             elif self.dense_layers is not None and (self.n_experts == 1 or self.dense_layers >= self.n_layers):
                 problems.append(f"dense_layers={self.dense_layers} needs an MoE arch with more than that many layers")
+            if self.sliding_window_layers is not None and (
+                self.sliding_window is None or not 1 <= self.sliding_window_layers <= self.n_layers
+            ):
+                problems.append(
+                    f"sliding_window_layers={self.sliding_window_layers} needs sliding_window and 1..n_layers blocks"
+                )
+            if self.expert_weights is not None and self.n_experts == 1:
+                problems.append(f"expert_weights={self.expert_weights} needs an MoE arch (n_experts > 1)")
             if self.hf_activation is not None and _HF_ACTIVATIONS[self.hf_activation] != self.activation:
                 problems.append(
                     f"hf_activation={self.hf_activation} computes {_HF_ACTIVATIONS[self.hf_activation]}, "
@@ -229,6 +259,20 @@ class ArchSpec:
         """The hidden (residual-branch and embedding) dropout in training (``hidden_dropout`` or the family default)."""
         return _family_dropout(self.family) if self.hidden_dropout is None else float(self.hidden_dropout)
 
+    @property
+    def windowed_layers(self) -> int:
+        """Blocks with sliding-window attention (:attr:`sliding_window_layers`; all with a window, 0 without)."""
+        if self.sliding_window is None:
+            return 0
+        return self.n_layers if self.sliding_window_layers is None else self.sliding_window_layers
+
+    def attended_keys(self, keys: int) -> int:
+        """Keys a query of a block of this arch sees of a context of ``keys``: all of them, or the window when
+        every block is windowed (:attr:`windowed_layers`)."""
+        if self.sliding_window is None or self.windowed_layers < self.n_layers:
+            return keys
+        return min(keys, self.sliding_window)
+
     # ------------------------------------------------------------------ parameter counts
 
     def _norm_params(self) -> int:
@@ -240,7 +284,8 @@ class ArchSpec:
         qkv_out = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim
         weights = self.hidden * qkv_out + self.n_heads * self.head_dim * self.hidden
         qk_norms = 2 * self.head_dim if self.qk_norm else 0
-        return weights + qk_norms + (qkv_out + self.hidden if self.linear_bias else 0)
+        sinks = self.n_heads if self.attention_sinks else 0
+        return weights + qk_norms + sinks + (qkv_out + self.hidden if self.linear_bias else 0)
 
     def _mla_params(self) -> int:
         return self.mla_params(tp=1)
@@ -275,8 +320,11 @@ class ArchSpec:
             return 0
         return self.mlp_params(self.shared_expert_ffn // tp) + (self.hidden if self.shared_expert_gate else 0)
 
-    def _router_params(self) -> int:
-        return self.hidden * self.n_experts if self.n_experts > 1 else 0
+    def router_params(self) -> int:
+        """The router's ``hidden x n_experts`` weights (and its bias with :attr:`linear_bias`), whole on every rank."""
+        if self.n_experts == 1:
+            return 0
+        return (self.hidden + (1 if self.linear_bias else 0)) * self.n_experts  # gpt-oss's router has a bias
 
     def params_per_layer(self) -> int:
         """Parameters of one block: attention, all experts' MLPs (and the shared expert), router, two norms."""
@@ -284,7 +332,7 @@ class ArchSpec:
             self._attention_params()
             + self.n_experts * self._expert_params()
             + self.shared_expert_params()
-            + self._router_params()
+            + self.router_params()
             + 2 * self._norm_params()
         )
 
@@ -300,7 +348,7 @@ class ArchSpec:
         """Parameters a :attr:`dense_layers` block has fewer than an MoE block (0 for an arch without)."""
         if self.dense_layers is None or self.dense_ffn_hidden is None:
             return 0
-        moe = self.n_experts * self._expert_params() + self.shared_expert_params() + self._router_params()
+        moe = self.n_experts * self._expert_params() + self.shared_expert_params() + self.router_params()
         return moe - self.mlp_params(self.dense_ffn_hidden)
 
     def params_total(self) -> int:
@@ -396,6 +444,10 @@ _FIELD_TYPES: dict[str, type] = {
     "v_head_dim": int,
     "dense_layers": int,
     "dense_ffn_hidden": int,
+    "sliding_window": int,
+    "sliding_window_layers": int,
+    "attention_sinks": bool,
+    "expert_weights": str,
     "attention_dropout": float,
     "hidden_dropout": float,
     "hf_activation": str,
@@ -406,8 +458,9 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "norm": get_args(Norm),
     "activation": get_args(Activation),
     "position": get_args(Position),
+    "expert_weights": ("mxfp4",),
 }
-_DEFAULTED_FIELDS = ("n_experts", "experts_top_k", "shared_expert_gate", "qk_norm")
+_DEFAULTED_FIELDS = ("n_experts", "experts_top_k", "shared_expert_gate", "qk_norm", "attention_sinks")
 """Fields a preset may leave out (a dense arch without these features)."""
 _REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in (*_DEFAULTED_FIELDS, *_OPTIONAL_NONE_FIELDS))
 
@@ -918,6 +971,36 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
     }
 
 
+def _gpt_oss_fields(c: _HfConfig) -> dict[str, Any]:
+    """The fields of a gpt-oss config (transformers ``GptOssConfig``, OpenAI's gpt-oss model card, arXiv
+    2508.10925): MoE with ``num_local_experts`` experts of ``intermediate_size``, biases on every projection and on
+    the router (``attention_bias``), attention sinks, ``sliding_window`` on the blocks ``layer_types`` marks
+    ``sliding_attention`` (every other one), and the experts in MXFP4 when ``quantization_config.quant_method`` is
+    ``mxfp4`` (the released checkpoints)."""
+    types = c.cfg.get("layer_types")
+    if types is None:  # transformers' default: even blocks sliding, odd blocks full
+        windowed = (c.req("num_hidden_layers") + 1) // 2
+    elif isinstance(types, list) and all(t in ("sliding_attention", "full_attention") for t in types):
+        windowed = sum(t == "sliding_attention" for t in types)
+    else:
+        c.problems.append(f"layer_types={_show(types)} must list 'sliding_attention' or 'full_attention' per block")
+        windowed = 1
+    quant = c.cfg.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, Mapping) else None
+    if method not in (None, "mxfp4"):
+        c.problems.append(f"quantization_config.quant_method={_show(method)} is not supported (mxfp4 or none)")
+    top_k = c.get("num_experts_per_tok", None) or c.req("experts_per_token")
+    return {
+        "n_experts": c.req("num_local_experts"),
+        "experts_top_k": top_k,
+        "linear_bias": c.get("attention_bias", True, bool),
+        "attention_sinks": True,
+        "sliding_window": c.req("sliding_window") if windowed else None,
+        "sliding_window_layers": windowed or None,
+        "expert_weights": "mxfp4" if method == "mxfp4" else None,
+    }
+
+
 def _every_block_moe(c: _HfConfig) -> None:
     """Record a problem unless every block of a Qwen MoE config is an MoE block (transformers
     ``Qwen3MoeDecoderLayer``: layer ``i`` is sparse when ``i not in mlp_only_layers`` and ``(i + 1) %
@@ -939,8 +1022,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
     config is named in one :class:`OpcastError` starting with ``origin`` (the file; default
     ``config.json of NAME``). Simplifications (each noted in ``source``): GPT-NeoX partial rotary is
     treated as full rope; Qwen2's (and Qwen2-MoE's) QKV-only biases are not counted (``linear_bias`` False);
-    OPT's ``word_embed_proj_dim`` projections are not modelled; Mistral's sliding window and Qwen's
-    ``use_sliding_window`` are ignored. Qwen3 (dense and MoE) carries its per-head query/key norms
+    OPT's ``word_embed_proj_dim`` projections are not modelled; Qwen's ``use_sliding_window`` is
+    ignored. Mistral's ``sliding_window`` and gpt-oss's windowed blocks are read
+    (:attr:`ArchSpec.sliding_window`). Qwen3 (dense and MoE) carries its per-head query/key norms
     (``qk_norm``); Qwen2-MoE its gated shared expert; a Qwen MoE config whose blocks are not all MoE is
     refused (:func:`_every_block_moe`)."""
     where = origin or f"config.json of {name}"
@@ -1019,8 +1103,8 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
         )
         if model_type in ("qwen2", "qwen2_moe"):
             source += "; QKV biases not counted"
-        if model_type == "mistral" and c.cfg.get("sliding_window") is not None:
-            source += f"; sliding_window={c.get('sliding_window', None)} ignored"
+        if model_type == "mistral" and c.cfg.get("sliding_window") is not None:  # Mistral-7B-v0.1: every block
+            fields_.update(sliding_window=c.get("sliding_window", None))
         if model_type in ("qwen3", "qwen3_moe", "qwen2_moe") and c.get("use_sliding_window", False, bool):
             source += "; use_sliding_window ignored (every layer priced with full attention)"
         if model_type == "mixtral":
@@ -1036,6 +1120,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             _every_block_moe(c)
         if model_type == "qwen2_moe":
             fields_.update(shared_expert_ffn=c.req("shared_expert_intermediate_size"), shared_expert_gate=True)
+        if model_type == "gpt_oss":
+            fields_.update(_gpt_oss_fields(c))
+            source += "; SwiGLU clamp and alpha priced as silu; training prices every block with full attention"
         if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
             fields_.update(_deepseek_fields(c))
             source += "; multi-token-prediction layers (num_nextn_predict_layers) not modelled"

@@ -322,6 +322,20 @@ def _mlp(
     ]
 
 
+def window_core(arch: ArchSpec, attn: dict, *, seq_q: int, seq_kv: int) -> dict:
+    """The attention op's parameters for ``seq_q`` queries against ``seq_kv`` keys (causal, bottom-right aligned)
+    in a block of ``arch``. Under a sliding window of ``W`` keys (every block of ``arch`` windowed,
+    :meth:`~opcast.archs.ArchSpec.attended_keys`) and ``seq_kv > W``, each query sees ``min(W, its position + 1)``
+    keys: priced as ``seq_q`` queries against ``W`` keys without a mask, exact when the chunk's cached prefix is at
+    least ``W - 1`` keys (decode, later prefill chunks) and ``W (W - 1) / 2`` query-key pairs over otherwise (a
+    fresh prompt: ``(W - 1) / (2 seq_q)`` of the work). The kernel's tile padding of the band
+    (FlashAttention's ``window_size`` skips only whole tiles) is not priced."""
+    keys = arch.attended_keys(seq_kv)
+    if keys == seq_kv:
+        return {**attn, "seq_q": seq_q, "seq_kv": seq_kv, "causal": True}
+    return {**attn, "seq_q": seq_q, "seq_kv": keys, "causal": False}
+
+
 def block_ops(
     arch: ArchSpec,
     *,
@@ -353,10 +367,10 @@ def block_ops(
     at = attention_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads, absorbed=not training and seq_q == 1)
     attn = {"batch": batch, "heads": heads, "kv_heads": at.kv_heads, "head_dim": at.head_dim, "impl": attention}
     if cp == 1:
-        core = [("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_kv, "causal": True}, 1)]
+        core = [("attn", "attention", window_core(arch, attn, seq_q=seq_q, seq_kv=seq_kv), 1)]
     else:
         core = [
-            ("attn", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q, "causal": True}, 1),
+            ("attn", "attention", window_core(arch, attn, seq_q=seq_q, seq_kv=seq_q), 1),
             ("attn_cp", "attention", {**attn, "seq_q": seq_q, "seq_kv": seq_q // 2, "causal": False}, cp - 1),
         ]
     hf_before, hf_after = (

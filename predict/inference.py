@@ -35,6 +35,7 @@ from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embe
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, tp_all_reduce_kind
+from opcast.predict.weight_only import EXPERT_GEMM_ROLES, weight_bytes, weight_only_time_s
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -105,6 +106,7 @@ def _forward_s(
                 whole_experts=cfg.ep > 1,
             ),
             n,
+            a.expert_weights if a.n_experts > 1 else None,
         )
         for a, n in block_kinds(arch)
     ]
@@ -119,11 +121,13 @@ def _forward_s(
             Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)),
         )
     compute = comm_s = 0.0
-    for group_ops, repeat in (*blocks, (model, 1)):
+    for group_ops, repeat, storage in (*blocks, (model, 1, None)):
         kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
         table = kernels.lookup(kern, device)
         for (role, _, _, count), k in zip(group_ops, kern):
             t, src = table[k]
+            if storage is not None and role in EXPERT_GEMM_ROLES:  # the checkpoint's narrower expert weights
+                t = weight_only_time_s(t, dict(k.params), device=device, dtype=k.dtype, storage=storage)
             compute += repeat * count * t
             if lines is not None:
                 lines.append(
@@ -137,6 +141,7 @@ def _forward_s(
                         "count": repeat * count,
                         "time_s": t,
                         "source": src,
+                        **({"weight_storage": storage} if storage is not None and role in EXPERT_GEMM_ROLES else {}),
                     }
                 )
     ep_group = ep_group or tp_group
@@ -156,7 +161,22 @@ def block_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
     """The blocks of ``arch`` as (the arch of a block, how many): one kind, or DeepSeek's first
     :attr:`~opcast.archs.ArchSpec.dense_layers` blocks with their dense MLP (``dense_ffn_hidden``) and the MoE rest.
     Inference prices the two kinds apart (a dense block reads its whole MLP, an MoE block the experts its tokens
-    reach); training prices every block as an MoE one (:attr:`~opcast.archs.ArchSpec.dense_layers`)."""
+    reach); training prices every block as an MoE one (:attr:`~opcast.archs.ArchSpec.dense_layers`).
+
+    An arch whose blocks mix sliding-window and full attention (gpt-oss, :attr:`~opcast.archs.ArchSpec.
+    sliding_window_layers`) splits further: its windowed blocks (their attention and KV cache over the window)
+    apart from the full ones (the windowed ones taken from the MoE blocks; no released model has both)."""
+    kinds = _mlp_kinds(arch)
+    windowed = arch.windowed_layers
+    if not windowed or windowed == arch.n_layers:
+        return kinds
+    *rest, (last, n) = kinds
+    full = replace(last, sliding_window=None, sliding_window_layers=None)
+    local = replace(last, sliding_window_layers=None)
+    return (*rest, *((k, c) for k, c in ((full, n - windowed), (local, windowed)) if c > 0))
+
+
+def _mlp_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
     if not arch.dense_layers or arch.dense_ffn_hidden is None:
         return ((arch, arch.n_layers),)
     dense = replace(
@@ -395,6 +415,7 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
     b, P = cfg.batch, cfg.prompt_len
     act_b = dtype_bytes(prec.act)
     weight_b = element_bytes(prec.matrix)  # nvfp4 weights: 0.5625 bytes with their scales
+    expert_b = weight_bytes(arch.expert_weights) if arch.expert_weights else weight_b  # gpt-oss's MXFP4 experts
     kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
     heads = arch.n_heads // cfg.tp
     work = (
@@ -415,7 +436,7 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
         mems.append(
             Memory(
                 stage=s,
-                weights_bytes=weight_b * params.total,
+                weights_bytes=weight_b * params.dense + expert_b * params.expert,
                 gradients_bytes=0.0,
                 optimizer_states_bytes=0.0,
                 activations_bytes=work,

@@ -175,6 +175,7 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = Fal
     attn = arch.hidden * qkv_out + heads * arch.head_dim * arch.hidden
     if arch.linear_bias:
         attn += qkv_out + arch.hidden
+    attn += heads if arch.attention_sinks else 0
     if arch.kv_lora_rank is not None:
         attn = arch.mla_params(tp)
     mlp = arch.mlp_params(arch.ffn_hidden // (1 if whole_experts and arch.n_experts > 1 else tp))
@@ -182,8 +183,7 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = Fal
     norms += 2 * arch.head_dim if arch.qk_norm else 0
     if arch.n_experts == 1:
         return attn + mlp + norms, 0
-    router = arch.hidden * arch.n_experts
-    return attn + norms + router + arch.shared_expert_params(tp), (arch.n_experts // ep) * mlp
+    return attn + norms + arch.router_params() + arch.shared_expert_params(tp), (arch.n_experts // ep) * mlp
 
 
 def stage_params(
@@ -208,7 +208,7 @@ def stage_params(
     first = min(layers, max(0, (arch.dense_layers or 0) - stage * layers))
     if first:
         assert arch.dense_ffn_hidden is not None
-        moe_dense = arch.hidden * arch.n_experts + arch.shared_expert_params(tp)  # router and shared expert
+        moe_dense = arch.router_params() + arch.shared_expert_params(tp)  # router and shared expert
         dense += first * (arch.mlp_params(arch.dense_ffn_hidden // tp) - moe_dense)
         expert -= first * expert_l
     vocab_slice = padded_vocab(arch.vocab, tp) // tp * arch.hidden
@@ -660,9 +660,15 @@ def overflow_reason(memory: Memory, device, fix: str) -> str | None:
 def kv_cache_bytes(arch: ArchSpec, *, tp: int, pp: int, batch: int, tokens: int, dtype: str) -> float:
     """K and V of ``tokens`` positions for ``batch`` sequences on one rank: ``2 b T k d B L / pp``; under
     multi-head latent attention the latent and the rope key, ``b T (kv_lora_rank + qk_rope_head_dim) B L / pp``,
-    whole on every tensor-parallel rank (vLLM's MLA cache: one latent "head", not split by heads)."""
+    whole on every tensor-parallel rank (vLLM's MLA cache: one latent "head", not split by heads). A
+    sliding-window block holds the last ``min(T, sliding_window)`` positions only (vLLM's hybrid KV cache manager,
+    ``SlidingWindowManager``, frees the blocks that slide out); the stage's share of the windowed blocks is the
+    arch's (they alternate in gpt-oss)."""
     if arch.kv_lora_rank is not None and arch.qk_rope_head_dim is not None:
         per_token = float(arch.kv_lora_rank + arch.qk_rope_head_dim)
     else:
         per_token = 2.0 * max(1, arch.n_kv_heads // tp) * arch.head_dim
-    return batch * tokens * per_token * dtype_bytes(dtype) * (arch.n_layers // pp)
+    layers = arch.n_layers // pp
+    windowed = layers * arch.windowed_layers / arch.n_layers
+    held = (layers - windowed) * tokens + windowed * min(tokens, arch.sliding_window or tokens)
+    return batch * held * per_token * dtype_bytes(dtype)

@@ -57,6 +57,8 @@ PRESETS = [
     "qwen3-32b",
     "qwen3-30b-a3b",
     "qwen3-235b-a22b",
+    "gpt-oss-20b",
+    "gpt-oss-120b",
 ]
 
 # Op kinds and parameter names of the shared op registry (the brief's contract).
@@ -106,6 +108,8 @@ def test_every_preset_loads_under_its_file_name() -> None:
         ("qwen3-32b", 32.8e9, 0.01),  # Qwen/Qwen3-32B model card
         ("qwen3-30b-a3b", 30.5e9, 0.01),  # Qwen/Qwen3-30B-A3B model card
         ("qwen3-235b-a22b", 235e9, 0.01),  # Qwen/Qwen3-235B-A22B model card
+        ("gpt-oss-20b", 20.91e9, 0.001),  # gpt-oss model card, Table 1 (20.91B)
+        ("gpt-oss-120b", 116.83e9, 0.001),  # gpt-oss model card, Table 1 (116.83B)
     ],
 )
 def test_params_total_matches_published(name: str, published: float, rel_tol: float) -> None:
@@ -366,7 +370,7 @@ def test_hf_mistral() -> None:
     }  # Mistral-7B-v0.1
     arch = arch_from_hf_config(cfg, "mistral-7b")
     assert arch.family == "mistral" and arch.params_total() == 7_241_732_096
-    assert "sliding_window=4096 ignored" in arch.source
+    assert arch.sliding_window == 4096 and arch.windowed_layers == 32  # every block windowed (v0.1)
 
 
 def test_hf_qwen2_omits_only_qkv_bias() -> None:
