@@ -107,7 +107,16 @@ def predict_serve(
         step_s = replica_step_cost(
             arch, device, cfg, engine, stream, gpus_per_node=cluster.gpus_per_node, kernels=kernels, comms=comms
         )
-    sim = simulate(stream, engine, step_s, kv_blocks=capacity.blocks, replicas=replicas, router=router, stop=stop)
+    sim = simulate(
+        stream,
+        engine,
+        step_s,
+        kv_blocks=capacity.blocks,
+        kv_layout=capacity.layout,
+        replicas=replicas,
+        router=router,
+        stop=stop,
+    )
     return ServeResult(
         arch=arch,
         device=device,

@@ -74,6 +74,7 @@ class KvTransfer:
         device,
         *,
         kv_bytes_per_token: float,
+        window: tuple[int, float] | None = None,
         prefill: int,
         decode: int,
         gpus_per_replica: int,
@@ -82,7 +83,11 @@ class KvTransfer:
     ) -> None:
         self.prefill = prefill
         self.kv_bytes_per_token = kv_bytes_per_token
-        self.bytes_per_gpu = stream.input_tokens * kv_bytes_per_token
+        tokens = stream.input_tokens.astype(float)
+        if window is not None:  # the windowed layers' share holds (and sends) the last W tokens only
+            keys, share = window
+            tokens = (1 - share) * tokens + share * np.minimum(tokens, keys)
+        self.bytes_per_gpu = tokens * kv_bytes_per_token
         """Prompt KV bytes each GPU sends, per request."""
         self.intra = [
             [
@@ -212,6 +217,7 @@ def predict_serve_disagg(
         stream,
         device,
         kv_bytes_per_token=capacity.kv_bytes_per_token,
+        window=(arch.sliding_window, arch.windowed_layers / arch.n_layers) if arch.sliding_window else None,
         prefill=prefill,
         decode=decode,
         gpus_per_replica=cfg.tp * cfg.pp,
@@ -223,6 +229,7 @@ def predict_serve_disagg(
         engine,
         step_s,
         kv_blocks=capacity.blocks,
+        kv_layout=capacity.layout,
         replicas=prefill + decode,
         router=router,
         split=Split(prefill=prefill, transfer_s=transfer_s or link),

@@ -11,6 +11,14 @@ the CUDA context, CUDA graphs, NCCL and allocator slack.
 Blocks (:class:`BlockPool`): a sequence holding ``t`` tokens of KV holds ``ceil(t / block_size)``
 blocks; growing takes new blocks from the free pool, finishing or preemption returns them all.
 
+Sliding-window blocks (gpt-oss, :attr:`opcast.archs.ArchSpec.sliding_window`): vLLM's hybrid KV cache manager
+(``vllm/v1/core/kv_cache_coordinator.py``, ``HybridKVCacheCoordinator``; ``single_type_kv_cache_manager.py``,
+``SlidingWindowManager``) groups the layers of each attention type into groups of ``g`` layers (``g`` dividing
+both counts) whose pages share one pool; a full-attention group holds ``ceil(t / block_size)`` pages of a
+sequence, a sliding-window group only the pages of its last ``W - 1`` tokens and the current one,
+``min(ceil(t / block_size), ceil((W - 1) / block_size) + 1)``. :class:`KvLayout` counts a sequence's pages so,
+in pages of ``g`` layers; an arch without windows has one group of all its layers, a page being a block.
+
 Prefix cache (:func:`prefix_hit_tokens`): a request whose prompt begins with tokens already cached
 holds their blocks from its admission, like blocks it computed (vLLM V1 takes a hit's blocks out
 of the free queue, ``KVCacheManager.allocate_slots``), so a hit saves compute, not memory: the
@@ -22,7 +30,7 @@ eviction modelled); a preempted request finds the same hit again when it resumes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,14 +74,51 @@ def prefix_hit_tokens(prompt_tokens: np.ndarray, fraction: float, block_size: in
     return block_size * (covered // block_size)
 
 
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """How many pages a sequence holds (see the module docstring): ``full`` pages of each block of tokens and
+    ``window`` pages of each of its last ``window_blocks`` blocks."""
+
+    full: int = 1
+    window: int = 0
+    window_blocks: int = 0
+
+    def pages(self, tokens: int, block_size: int) -> int:
+        """Pages a sequence of ``tokens`` tokens holds."""
+        blocks = -(-tokens // block_size)
+        if not self.window:
+            return self.full * blocks
+        return self.full * blocks + self.window * min(blocks, self.window_blocks)
+
+
+FULL_ATTENTION = KvLayout()
+"""The layout of an arch without sliding windows: a page is a block of tokens of every layer."""
+
+
+def kv_layout(arch: ArchSpec, block_size: int) -> tuple[KvLayout, int]:
+    """(:class:`KvLayout`, layers of a page) of ``arch``: one group of all its layers, or its full and windowed
+    layers in groups of ``gcd`` of the two counts (gpt-oss-120b: 18 and 18, pages of 18 layers, one each)."""
+    windowed = arch.windowed_layers
+    if not windowed or arch.sliding_window is None:
+        return FULL_ATTENTION, arch.n_layers
+    g = math.gcd(arch.n_layers - windowed, windowed)
+    reach = -(-(arch.sliding_window - 1) // block_size) + 1
+    return KvLayout(full=(arch.n_layers - windowed) // g, window=windowed // g, window_blocks=reach), g
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class KvCapacity:
-    """The KV cache one replica gets (per GPU of its fullest stage)."""
+    """The KV cache one replica gets (per GPU of its fullest stage), in pages (:class:`KvLayout`; a block of
+    tokens of every layer when the arch has no sliding window)."""
 
     blocks: int
+    """Pages."""
     block_size: int
     kv_bytes_per_token: float
-    """KV bytes of one token on one GPU (all its layers)."""
+    """KV bytes of one token on one GPU (all its layers, as if none were windowed)."""
+    layout: KvLayout = FULL_ATTENTION
+    page_bytes: float = 0.0
+    """Bytes of one page on one GPU (``block_size x kv_bytes_per_token`` without windows)."""
     weights_bytes: float
     activations_bytes: float
     """Prefill working set of one full token budget."""
@@ -82,11 +127,20 @@ class KvCapacity:
 
     @property
     def tokens(self) -> int:
-        return self.blocks * self.block_size
+        """Tokens of context the pages hold: of one long sequence's full-attention layers when some are windowed
+        (their windowed pages aside)."""
+        lay = self.layout
+        if not lay.window:
+            return self.blocks // lay.full * self.block_size
+        return max(0, self.blocks - lay.window * lay.window_blocks) // lay.full * self.block_size
 
     @property
     def kv_bytes(self) -> float:
-        return self.tokens * self.kv_bytes_per_token
+        return self.blocks * self.page_bytes
+
+    def pages(self, tokens: int) -> int:
+        """Pages a sequence of ``tokens`` tokens holds."""
+        return self.layout.pages(tokens, self.block_size)
 
 
 def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, *, longest_tokens: int) -> KvCapacity:
@@ -95,17 +149,25 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
     the longest request (``longest_tokens`` = its prompt plus output)."""
     budget = engine.max_num_batched_tokens
     mem = infer_memory(arch, InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1}))
-    per_token = mem.kv_cache_bytes / (budget + 1)
+    unwindowed = replace(arch, sliding_window=None, sliding_window_layers=None)
+    tokens_of_every_layer = infer_memory(
+        unwindowed, InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1})
+    ).kv_cache_bytes
+    per_token = tokens_of_every_layer / (budget + 1)
+    layout, page_layers = kv_layout(arch, engine.block_size)
+    page_bytes = engine.block_size * per_token * page_layers / arch.n_layers
     fixed = mem.weights_bytes + mem.activations_bytes
     if engine.memory_fraction_of_free:
         usable = engine.gpu_memory_utilization * max(0.0, device.mem_bytes - fixed) + fixed
     else:
         usable = engine.gpu_memory_utilization * device.mem_bytes
-    blocks = int(max(0.0, usable - fixed) // (engine.block_size * per_token))
+    blocks = int(max(0.0, usable - fixed) // page_bytes)
     cap = KvCapacity(
         blocks=blocks,
         block_size=engine.block_size,
         kv_bytes_per_token=per_token,
+        layout=layout,
+        page_bytes=page_bytes,
         weights_bytes=mem.weights_bytes,
         activations_bytes=mem.activations_bytes,
         usable_bytes=usable,
@@ -118,9 +180,9 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
             f"working set {mem.activations_bytes / GIB:.1f} GiB exceed {engine.gpu_memory_utilization:g} of the GPU "
             f"({usable / GIB:.1f} GiB) by {(fixed - usable) / GIB:.1f} GiB, leaving nothing for the KV cache; {fix}"
         )
-    need = blocks_for(longest_tokens, engine.block_size)
+    need = cap.pages(longest_tokens)
     if blocks < need:
-        short = (need - blocks) * engine.block_size * per_token
+        short = (need - blocks) * page_bytes
         raise OpcastError(
             f"the KV cache of {arch.name} at {where} holds {cap.tokens} tokens, but the longest request needs "
             f"{longest_tokens} ({short / GIB:.2f} GiB more); {fix}, or shorter requests"
@@ -133,18 +195,23 @@ def _fields(cfg: InferConfig) -> dict:
 
 
 class BlockPool:
-    """Free and held KV blocks of one replica (counts only; which physical block is irrelevant to time)."""
+    """Free and held KV pages of one replica (counts only; which physical page is irrelevant to time)."""
 
-    __slots__ = ("block_size", "free", "total")
+    __slots__ = ("block_size", "free", "layout", "total")
 
-    def __init__(self, total: int, block_size: int) -> None:
+    def __init__(self, total: int, block_size: int, layout: KvLayout = FULL_ATTENTION) -> None:
         self.total = total
         self.block_size = block_size
+        self.layout = layout
         self.free = total
 
+    def pages(self, tokens: int) -> int:
+        """Pages a sequence of ``tokens`` tokens holds (:class:`KvLayout`)."""
+        return self.layout.pages(tokens, self.block_size)
+
     def extra_for(self, held: int, tokens: int) -> int:
-        """New blocks a sequence holding ``held`` blocks needs to hold ``tokens`` tokens."""
-        return max(0, -(-tokens // self.block_size) - held)
+        """New pages a sequence holding ``held`` pages needs to hold ``tokens`` tokens."""
+        return max(0, self.pages(tokens) - held)
 
     def take(self, n: int) -> None:
         if n > self.free:

@@ -60,7 +60,7 @@ import numpy as np
 
 from opcast.errors import OpcastError
 from opcast.predict.serve.engine import EngineConfig
-from opcast.predict.serve.kv_cache import BlockPool, blocks_for
+from opcast.predict.serve.kv_cache import FULL_ATTENTION, BlockPool, KvLayout
 from opcast.predict.serve.requests import RequestStream
 from opcast.predict.serve.step_cost import StepCost
 
@@ -171,12 +171,14 @@ def simulate(
     step_s: StepCost,
     *,
     kv_blocks: int,
+    kv_layout: KvLayout = FULL_ATTENTION,
     replicas: int = 1,
     router: str = "round_robin",
     stop: StopRule | None = None,
     split: Split | None = None,
 ) -> SimResult:
-    """Serve ``stream`` on ``replicas`` replicas of ``kv_blocks`` KV blocks each (see the module docstring);
+    """Serve ``stream`` on ``replicas`` replicas of ``kv_blocks`` KV pages each, a sequence holding the pages
+    ``kv_layout`` says (one a block of tokens without sliding windows; see the module docstring);
     with ``stop``, raise :class:`StoppedEarly` once one of its limits is crossed; with ``split``, the
     first ``split.prefill`` replicas prefill and the others decode."""
     if replicas < 1:
@@ -200,7 +202,7 @@ def simulate(
             "(the engine computes at least the prompt's last token)"
         )
     B = engine.block_size
-    longest = max(blocks_for(i + o, B) for i, o in zip(inp, out))
+    longest = max(kv_layout.pages(i + o, B) for i, o in zip(inp, out))
     if longest > kv_blocks:
         raise OpcastError(
             f"a request of {max(i + o for i, o in zip(inp, out))} tokens needs {longest} KV blocks, a replica has "
@@ -220,7 +222,8 @@ def simulate(
     finish = [np.nan] * n
     preempt = [0] * n
     where = [0] * n
-    pools = [BlockPool(kv_blocks, B) for _ in range(replicas)]
+    pools = [BlockPool(kv_blocks, B, kv_layout) for _ in range(replicas)]
+    pages = (lambda t: -(-t // B)) if kv_layout == FULL_ATTENTION else (lambda t: kv_layout.pages(t, B))
     waiting: list[deque[int]] = [deque() for _ in range(replicas)]
     running: list[list[int]] = [[] for _ in range(replicas)]
     load = [0] * replicas
@@ -253,7 +256,7 @@ def simulate(
             rid = run[i]
             c, total = comp[rid], inp[rid] + gen[rid]
             q = min(total - c, budget)
-            extra = 0 if reserve else -(-(c + q) // B) - held[rid]
+            extra = 0 if reserve else pages(c + q) - held[rid]
             while extra > pool.free:
                 victim = run.pop()
                 pool.give(held[victim])

@@ -9,7 +9,9 @@ Vidur's does:
   (:func:`opcast.predict.inference.forward_time_s`) less its attention core;
 - the **attention core**, the kernels of :func:`opcast.predict.graph.block_ops` times the layers:
   the decodes as one kernel (``b`` sequences of one query against their mean KV length), and all
-  the step's prefill chunks as **one batched kernel** (below).
+  the step's prefill chunks as **one batched kernel** (below); each kind of block apart
+  (:func:`opcast.predict.inference.block_kinds`: a sliding-window block's decodes read
+  ``min(mean KV length, window)`` keys, :func:`opcast.predict.graph.window_core`).
 
 **Batched prefill attention.** A chunk of ``q`` new queries that sees ``kv`` keys (its cached
 prefix and earlier chunks, then itself) does ``w = q (kv - q) + q (q + 1) / 2`` causal query-key
@@ -49,7 +51,7 @@ from typing import Any
 from opcast.archs import ArchSpec
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.graph import block_ops, precision_of
-from opcast.predict.inference import forward_time_s
+from opcast.predict.inference import block_kinds, forward_time_s
 from opcast.predict.parallel import InferConfig
 
 StepCost = Callable[[Sequence[tuple[int, int]], int, int], float]
@@ -147,19 +149,28 @@ class PricedStepCost:
         self.kv = grid(max_len)
         self.b = grid(max_seqs)
 
+        kinds = block_kinds(arch)  # sliding-window blocks attend to their window (gpt-oss)
+
         def attention(batch: int, seq_q: int, seq_kv: int):
-            ops = block_ops(
-                arch,
-                tp=cfg.tp,
-                batch=batch,
-                seq_q=seq_q,
-                seq_kv=seq_kv,
-                sp=False,
-                attention=cfg.attention,
-                training=False,
-            )
-            ((_, kind, params, _),) = [op for op in ops if op[0] == "attn"]
-            return prec.of(kind, params)
+            """The attention kernel of each kind of block, with its count of blocks."""
+            out = []
+            for a, n in kinds:
+                ops = block_ops(
+                    a,
+                    tp=cfg.tp,
+                    batch=batch,
+                    seq_q=seq_q,
+                    seq_kv=seq_kv,
+                    sp=False,
+                    attention=cfg.attention,
+                    training=False,
+                )
+                ((_, kind, params, _),) = [op for op in ops if op[0] == "attn"]
+                out.append((prec.of(kind, params), n))
+            return tuple(out)
+
+        def priced(kernels_of_kinds) -> float:
+            return sum(n * table[k][0] for k, n in kernels_of_kinds)
 
         def forward(model, t: int) -> float:
             return forward_time_s(
@@ -172,12 +183,12 @@ class PricedStepCost:
         recorder = _Recorder()
         for t in self.tokens:
             forward(recorder, t)
-        every = [*recorder.kernels, *dense_attn, *(k for row in prefill + decode for k in row)]
+        attn_kernels = [k for kk in (*dense_attn, *(x for row in prefill + decode for x in row)) for k, _ in kk]
+        every = [*recorder.kernels, *attn_kernels]
         table = kernels.lookup(every, device)  # one batch: the learned models' per-call cost once
-        L = self.layers
-        self.dense_s = [forward(kernels, t) - L * table[k][0] for t, k in zip(self.tokens, dense_attn)]
-        self.prefill_s = [[L * table[k][0] for k in row] for row in prefill]
-        self.decode_s = [[L * table[k][0] for k in row] for row in decode]
+        self.dense_s = [forward(kernels, t) - priced(kk) for t, kk in zip(self.tokens, dense_attn)]
+        self.prefill_s = [[priced(kk) for kk in row] for row in prefill]
+        self.decode_s = [[priced(kk) for kk in row] for row in decode]
         self.sources = sorted({src for _, src in (table[k] for k in every)})
 
     def __call__(self, prefill: Sequence[tuple[int, int]], decode_seqs: int, decode_kv_tokens: int) -> float:
