@@ -167,8 +167,8 @@ class ArchSpec:
     sliding_window_layers: int | None = None
     """How many blocks use the window (gpt-oss: every other one, ``layer_types``); None with ``sliding_window``
     set: all of them. Inference and serving price the windowed and the full blocks apart
-    (:func:`opcast.predict.inference.block_kinds`); training prices every block with full attention unless all
-    are windowed (an overestimate of the windowed blocks' attention, stated in ``source``)."""
+    (:func:`opcast.predict.inference.block_kinds`); training prices every block alike, its attention core the
+    blocks' mean (:func:`opcast.predict.graph.window_core`)."""
     attention_sinks: bool = False
     """A learned logit per head in every softmax's denominator (gpt-oss ``sinks``; Xiao et al. 2023, arXiv
     2309.17453): ``n_heads`` parameters a block, folded into the attention kernel at no priced cost."""
@@ -1122,7 +1122,7 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             fields_.update(shared_expert_ffn=c.req("shared_expert_intermediate_size"), shared_expert_gate=True)
         if model_type == "gpt_oss":
             fields_.update(_gpt_oss_fields(c))
-            source += "; SwiGLU clamp and alpha priced as silu; training prices every block with full attention"
+            source += "; SwiGLU clamp and alpha priced as silu"
         if model_type in ("deepseek_v2", "deepseek_v3", "kimi_k2"):
             fields_.update(_deepseek_fields(c))
             source += "; multi-token-prediction layers (num_nextn_predict_layers) not modelled"

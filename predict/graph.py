@@ -329,8 +329,19 @@ def window_core(arch: ArchSpec, attn: dict, *, seq_q: int, seq_kv: int) -> dict:
     keys: priced as ``seq_q`` queries against ``W`` keys without a mask, exact when the chunk's cached prefix is at
     least ``W - 1`` keys (decode, later prefill chunks) and ``W (W - 1) / 2`` query-key pairs over otherwise (a
     fresh prompt: ``(W - 1) / (2 seq_q)`` of the work). The kernel's tile padding of the band
-    (FlashAttention's ``window_size`` skips only whole tiles) is not priced."""
+    (FlashAttention's ``window_size`` skips only whole tiles) is not priced.
+
+    An arch whose blocks mix windowed and full attention reaches here only in training (inference splits its
+    blocks, :func:`opcast.predict.inference.block_kinds`), where every block is priced alike: its core is then
+    the blocks' mean, ``seq_q`` queries against the mean number of keys a query sees, unmasked (exact in FLOPs,
+    as the MLA core's mean head width is)."""
     keys = arch.attended_keys(seq_kv)
+    windowed = arch.windowed_layers
+    if 0 < windowed < arch.n_layers and arch.sliding_window is not None and seq_kv > arch.sliding_window:
+        full_pairs = seq_q * (seq_kv - seq_q) + seq_q * (seq_q + 1) / 2  # causal, bottom-right aligned
+        share = windowed / arch.n_layers
+        mean_keys = ((1 - share) * full_pairs + share * seq_q * arch.sliding_window) / seq_q
+        return {**attn, "seq_q": seq_q, "seq_kv": max(1, round(mean_keys)), "causal": False}
     if keys == seq_kv:
         return {**attn, "seq_q": seq_q, "seq_kv": seq_kv, "causal": True}
     return {**attn, "seq_q": seq_q, "seq_kv": keys, "causal": False}
