@@ -40,6 +40,7 @@ Family = Literal[
     "deepseek_v2",
     "deepseek_v3",
     "gpt_oss",
+    "glm4_moe",
     "opt",
     "mixtral",
     "gpt3",
@@ -971,6 +972,25 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
     }
 
 
+def _glm4_moe_fields(c: _HfConfig) -> dict[str, Any]:
+    """The MoE fields of a GLM-4.5 config (transformers ``Glm4MoeConfig``; arXiv 2508.06471): DeepSeekMoE's
+    layout with GQA attention, ``n_routed_experts`` experts of ``moe_intermediate_size``, ``n_shared_experts``
+    shared ones (ungated, as one of their summed width), the first ``first_k_dense_replace`` blocks dense
+    (``intermediate_size``), and per-head q/k norms when ``use_qk_norm``."""
+    expert = c.req("moe_intermediate_size")
+    dense = c.get("first_k_dense_replace", 0)
+    shared = c.get("n_shared_experts", 0)
+    return {
+        "n_experts": c.req("n_routed_experts"),
+        "experts_top_k": c.req("num_experts_per_tok"),
+        "ffn_hidden": expert,
+        "shared_expert_ffn": shared * expert or None,
+        "dense_layers": dense or None,
+        "dense_ffn_hidden": c.req("intermediate_size") if dense else None,
+        "qk_norm": c.get("use_qk_norm", False, bool),
+    }
+
+
 def _gpt_oss_fields(c: _HfConfig) -> dict[str, Any]:
     """The fields of a gpt-oss config (transformers ``GptOssConfig``, OpenAI's gpt-oss model card, arXiv
     2508.10925): MoE with ``num_local_experts`` experts of ``intermediate_size``, biases on every projection and on
@@ -1120,6 +1140,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             _every_block_moe(c)
         if model_type == "qwen2_moe":
             fields_.update(shared_expert_ffn=c.req("shared_expert_intermediate_size"), shared_expert_gate=True)
+        if model_type == "glm4_moe":
+            fields_.update(_glm4_moe_fields(c))
+            source += "; QKV biases not counted; partial rotary treated as full rope; MTP layers not modelled"
         if model_type == "gpt_oss":
             fields_.update(_gpt_oss_fields(c))
             source += "; SwiGLU clamp and alpha priced as silu"

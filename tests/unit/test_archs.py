@@ -59,6 +59,8 @@ PRESETS = [
     "qwen3-235b-a22b",
     "gpt-oss-20b",
     "gpt-oss-120b",
+    "glm-4.5",
+    "glm-4.5-air",
 ]
 
 # Op kinds and parameter names of the shared op registry (the brief's contract).
@@ -110,6 +112,8 @@ def test_every_preset_loads_under_its_file_name() -> None:
         ("qwen3-235b-a22b", 235e9, 0.01),  # Qwen/Qwen3-235B-A22B model card
         ("gpt-oss-20b", 20.91e9, 0.001),  # gpt-oss model card, Table 1 (20.91B)
         ("gpt-oss-120b", 116.83e9, 0.001),  # gpt-oss model card, Table 1 (116.83B)
+        ("glm-4.5", 355e9, 0.01),  # GLM-4.5 report, Table 1 (its MTP layer, ~1 %, not modelled)
+        ("glm-4.5-air", 106e9, 0.01),  # GLM-4.5 report, Table 1
     ],
 )
 def test_params_total_matches_published(name: str, published: float, rel_tol: float) -> None:
@@ -1035,3 +1039,43 @@ def routed_busy(arch: ArchSpec, tokens: int) -> int:
     from opcast.archs import routed_experts
 
     return routed_experts(arch, tokens=tokens)[0]
+
+
+# --------------------------------------------------------------------------- GLM-4.5 (glm4_moe)
+
+GLM45_HF = {  # zai-org/GLM-4.5 config.json (the keys opcast reads)
+    "model_type": "glm4_moe",
+    "hidden_size": 5120,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "num_hidden_layers": 92,
+    "first_k_dense_replace": 3,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "use_qk_norm": True,
+    "attention_bias": True,
+    "partial_rotary_factor": 0.5,
+    "vocab_size": 151552,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "num_nextn_predict_layers": 1,
+}
+
+
+def test_glm45_is_deepseekmoe_with_gqa() -> None:
+    """Per MoE block: attention 5120 x (12,288 + 2 x 1,024) + 12,288 x 5,120 = 136,314,880, q/k norms 256, 160
+    routed experts and one shared of 3 x 5,120 x 1,536 = 23,592,960 each, router 819,200, norms 10,240; a dense
+    block has 3 x 5,120 x 12,288 instead; 89 + 3 blocks and two 151,552 x 5,120 tables. Active: 8 + 1 experts."""
+    arch = arch_from_hf_config(GLM45_HF, "glm")
+    moe_block = 136_314_880 + 256 + 161 * 23_592_960 + 819_200 + 10_240
+    dense_block = 136_314_880 + 256 + 3 * 5120 * 12288 + 10_240
+    outside = 2 * 151552 * 5120 + 5120
+    assert arch.params_total() == 89 * moe_block + 3 * dense_block + outside
+    assert arch.active_params_total() == arch.params_total() - 89 * 152 * 23_592_960
+    assert (arch.dense_layers, arch.shared_expert_ffn, arch.qk_norm, arch.linear_bias) == (3, 1536, True, False)
+    assert "MTP layers not modelled" in arch.source
+    assert load_arch("glm-4.5").params_total() == arch.params_total()
