@@ -17,6 +17,13 @@ def check_arch(arch: ArchSpec, attention: str = "flash") -> None:
         problems.append(
             f"{arch.name} is a mixture of experts (n_experts={arch.n_experts}); validate builds dense archs only"
         )
+    if arch.post_norms:
+        problems.append(f"{arch.name} has Gemma's post-norms, which validate does not build; use a llama-style arch")
+    if arch.sliding_window is not None:
+        problems.append(
+            f"{arch.name} has sliding-window attention, which validate does not build; set sliding_window to null "
+            "in its config to validate the full-attention model"
+        )
     if arch.position == "alibi":
         problems.append(f"{arch.name} uses ALiBi positions, which validate does not build; use a learned or rope arch")
     if attention not in ATTENTION_IMPLS:

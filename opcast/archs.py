@@ -41,6 +41,8 @@ Family = Literal[
     "deepseek_v3",
     "gpt_oss",
     "glm4_moe",
+    "gemma2",
+    "gemma3",
     "opt",
     "mixtral",
     "gpt3",
@@ -170,6 +172,9 @@ class ArchSpec:
     set: all of them. Inference and serving price the windowed and the full blocks apart
     (:func:`opcast.predict.inference.block_kinds`); training prices every block alike, its attention core the
     blocks' mean (:func:`opcast.predict.graph.window_core`)."""
+    post_norms: bool = False
+    """A norm on each sublayer's output before its residual add, four norms a block (Gemma 2/3
+    ``post_attention_layernorm`` / ``post_feedforward_layernorm``, arXiv 2408.00118 Sec. 2.2)."""
     attention_sinks: bool = False
     """A learned logit per head in every softmax's denominator (gpt-oss ``sinks``; Xiao et al. 2023, arXiv
     2309.17453): ``n_heads`` parameters a block, folded into the attention kernel at no priced cost."""
@@ -276,6 +281,11 @@ class ArchSpec:
 
     # ------------------------------------------------------------------ parameter counts
 
+    @property
+    def norms_per_block(self) -> int:
+        """The hidden-wide norms of a block: before attention and MLP, and after each with :attr:`post_norms`."""
+        return 4 if self.post_norms else 2
+
     def _norm_params(self) -> int:
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
@@ -334,7 +344,7 @@ class ArchSpec:
             + self.n_experts * self._expert_params()
             + self.shared_expert_params()
             + self.router_params()
-            + 2 * self._norm_params()
+            + self.norms_per_block * self._norm_params()
         )
 
     def embedding_params(self) -> int:
@@ -447,6 +457,7 @@ _FIELD_TYPES: dict[str, type] = {
     "dense_ffn_hidden": int,
     "sliding_window": int,
     "sliding_window_layers": int,
+    "post_norms": bool,
     "attention_sinks": bool,
     "expert_weights": str,
     "attention_dropout": float,
@@ -461,7 +472,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "position": get_args(Position),
     "expert_weights": ("mxfp4",),
 }
-_DEFAULTED_FIELDS = ("n_experts", "experts_top_k", "shared_expert_gate", "qk_norm", "attention_sinks")
+_DEFAULTED_FIELDS = ("n_experts", "experts_top_k", "shared_expert_gate", "qk_norm", "attention_sinks", "post_norms")
 """Fields a preset may leave out (a dense arch without these features)."""
 _REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in (*_DEFAULTED_FIELDS, *_OPTIONAL_NONE_FIELDS))
 
@@ -729,7 +740,9 @@ def layer_ops(
         ("gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": at.proj_k}),
         *_dropout(arch, residual),
     ]
-    mlp: list[Op] = [norm, *_mlp_ops(arch, tp, tokens), *_dropout(arch, residual)]
+    post = [norm] if arch.post_norms else []  # Gemma's norms on each sublayer's output
+    attention += post
+    mlp: list[Op] = [norm, *_mlp_ops(arch, tp, tokens), *_dropout(arch, residual), *post]
     if arch.parallel_residual:  # x + attn(ln1(x)) + mlp(ln2(x)): two adds at the end
         ops = [*attention, *mlp, add, add]
     else:
@@ -857,7 +870,7 @@ def _load_path(path: Path) -> ArchSpec:
 
 # ---------------------------------------------------------------------- Hugging Face configs
 
-HF_MODEL_TYPES = (*(f for f in get_args(Family) if f not in ("gpt3", "megatron")), "kimi_k2")
+HF_MODEL_TYPES = (*(f for f in get_args(Family) if f not in ("gpt3", "megatron")), "kimi_k2", "gemma3_text")
 """``model_type`` values :func:`arch_from_hf_config` understands: the families but the two of papers' tables
 (GPT-3, Megatron), and ``kimi_k2`` (DeepSeek-V3's architecture)."""
 
@@ -972,6 +985,33 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
     }
 
 
+def _gemma_fields(c: _HfConfig, model_type: str) -> dict[str, Any]:
+    """The fields of a Gemma 2 / Gemma 3 language model (transformers ``Gemma2Config`` / ``Gemma3TextConfig``;
+    arXiv 2408.00118, 2503.19786): GeGLU (``hidden_activation``), four norms a block (:attr:`ArchSpec.post_norms`),
+    tied embeddings, and sliding-window blocks: ``layer_types`` where given, else Gemma 2's every other block from
+    the first and Gemma 3's all but every ``sliding_window_pattern``-th (6); Gemma 3 adds per-head q/k norms."""
+    layers = c.req("num_hidden_layers")
+    types = c.cfg.get("layer_types")
+    if isinstance(types, list) and all(t in ("sliding_attention", "full_attention") for t in types):
+        windowed = sum(t == "sliding_attention" for t in types)
+    elif types is not None:
+        c.problems.append(f"layer_types={_show(types)} must list 'sliding_attention' or 'full_attention' per block")
+        windowed = 1
+    elif model_type == "gemma2":  # transformers Gemma2: layer i slides when i is even
+        windowed = (layers + 1) // 2
+    else:  # Gemma 3: layer i slides unless (i + 1) is a multiple of the pattern
+        pattern = c.get("sliding_window_pattern", 6)
+        windowed = layers - layers // max(1, pattern)
+    return {
+        "activation": c.activation("hidden_activation", "gelu_pytorch_tanh"),
+        "tied_embeddings": c.get("tie_word_embeddings", True, bool),
+        "post_norms": True,
+        "qk_norm": model_type != "gemma2",
+        "sliding_window": c.req("sliding_window") if windowed else None,
+        "sliding_window_layers": windowed or None,
+    }
+
+
 def _glm4_moe_fields(c: _HfConfig) -> dict[str, Any]:
     """The MoE fields of a GLM-4.5 config (transformers ``Glm4MoeConfig``; arXiv 2508.06471): DeepSeekMoE's
     layout with GQA attention, ``n_routed_experts`` experts of ``moe_intermediate_size``, ``n_shared_experts``
@@ -1055,6 +1095,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
         raise OpcastError(
             f"{where}: model_type={_show(model_type)} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
         )
+    if model_type == "gemma3" and isinstance(cfg.get("text_config"), Mapping):  # Gemma 3's multimodal config
+        cfg = {**cfg["text_config"], "model_type": "gemma3_text", "_name_or_path": cfg.get("_name_or_path")}
+        model_type = "gemma3_text"
     c = _HfConfig(cfg, where)
     label = cfg.get("_name_or_path") if isinstance(cfg.get("_name_or_path"), str) and cfg.get("_name_or_path") else name
     source = f"Hugging Face config.json ({label})"
@@ -1140,6 +1183,9 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
             _every_block_moe(c)
         if model_type == "qwen2_moe":
             fields_.update(shared_expert_ffn=c.req("shared_expert_intermediate_size"), shared_expert_gate=True)
+        if model_type in ("gemma2", "gemma3", "gemma3_text"):
+            fields_.update(_gemma_fields(c, model_type))
+            source += "; vision tower and logit soft-capping not modelled"
         if model_type == "glm4_moe":
             fields_.update(_glm4_moe_fields(c))
             source += "; QKV biases not counted; partial rotary treated as full rope; MTP layers not modelled"
@@ -1162,7 +1208,8 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
     fields_.setdefault("n_kv_heads", heads)
     fields_.setdefault("head_dim", c.head_dim(hidden, heads))
     fields_.update(hidden=hidden, n_heads=heads)
-    family = "deepseek_v3" if model_type == "kimi_k2" else model_type  # Kimi K2 is DeepSeek-V3's architecture
+    # Kimi K2 is DeepSeek-V3's architecture; gemma3_text is Gemma 3's language model
+    family = {"kimi_k2": "deepseek_v3", "gemma3_text": "gemma3"}.get(model_type, model_type)
     fields_.update(name=name, family=family, vocab=c.req("vocab_size"), source=source)
     fields_.update(hf_activation=c.hf_activation)
     c.raise_problems()

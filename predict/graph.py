@@ -411,11 +411,13 @@ def block_ops(
         *((role, kind, p, 1) for role, kind, p in at.after),
         ("proj", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": at.proj_k}, 1),
         *([("attn_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
+        *([("post_norm1", *norm, 1)] if arch.post_norms else []),  # Gemma: on the sublayer's output
     ]
     mlp_ops: list[Op] = [
         ("norm2", *norm, 1),
         *_mlp(arch, tp, tokens, ep, training, hf, whole_experts),
         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
+        *([("post_norm2", *norm, 1)] if arch.post_norms else []),
     ]
     add: Op = ("residual_add", "elementwise", {"numel": residual, "fn": "add"}, 1)
     if arch.parallel_residual:

@@ -45,6 +45,7 @@ two dropout masks                 2 sbh / sp              2 sbh   (hidden dropou
 norm-2 input, MLP input           2 B sbh / sp            4 sbh
 MLP act input, down-proj input    2 B sb f / t            16 sbh / t      (f = 4h)
   (gated, fused SwiGLU: 3 B sb f / t)
+post-norm inputs (Gemma)          2 B sbh / sp            --
 ================================  =====================  ==============================
 
 (``sp`` is t with sequence parallelism and 1 without.) Pipelining keeps ``min(p - s, m)``
@@ -179,7 +180,7 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = Fal
     if arch.kv_lora_rank is not None:
         attn = arch.mla_params(tp)
     mlp = arch.mlp_params(arch.ffn_hidden // (1 if whole_experts and arch.n_experts > 1 else tp))
-    norms = 2 * (2 if arch.norm == "layernorm" else 1) * arch.hidden
+    norms = arch.norms_per_block * (2 if arch.norm == "layernorm" else 1) * arch.hidden
     norms += 2 * arch.head_dim if arch.qk_norm else 0
     if arch.n_experts == 1:
         return attn + mlp + norms, 0
@@ -284,6 +285,7 @@ def layer_activation_bytes(
     attn_out = lin + (B if fp8 and attention != "eager" and recompute != "selective" else 0)
     out += attn_out * tokens * heads * arch.head_dim
     out += 2 * sbh / div if hidden_dropout else 0  # two 1-byte dropout masks
+    out += 2 * B * sbh / div if arch.post_norms else 0  # the post-norms' inputs (Gemma)
     ffn = arch.ffn_hidden // tp
     act_in = (2 if arch.gated_mlp else 1) * ffn  # the activation's input (with the gate)
     if arch.n_experts == 1:

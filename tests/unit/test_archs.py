@@ -61,6 +61,8 @@ PRESETS = [
     "gpt-oss-120b",
     "glm-4.5",
     "glm-4.5-air",
+    "gemma-3-12b",
+    "gemma-3-27b",
 ]
 
 # Op kinds and parameter names of the shared op registry (the brief's contract).
@@ -1079,3 +1081,58 @@ def test_glm45_is_deepseekmoe_with_gqa() -> None:
     assert (arch.dense_layers, arch.shared_expert_ffn, arch.qk_norm, arch.linear_bias) == (3, 1536, True, False)
     assert "MTP layers not modelled" in arch.source
     assert load_arch("glm-4.5").params_total() == arch.params_total()
+
+
+# --------------------------------------------------------------------------- Gemma 2 / 3
+
+GEMMA3_27B_TEXT = {  # google/gemma-3-27b-it config.json, text_config (the keys opcast reads)
+    "model_type": "gemma3_text",
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "vocab_size": 262208,
+    "max_position_embeddings": 131072,
+    "sliding_window": 1024,
+    "sliding_window_pattern": 6,
+    "hidden_activation": "gelu_pytorch_tanh",
+}
+
+
+def test_gemma3_counts_four_norms_a_block_and_windows_five_of_six() -> None:
+    """Per block: attention 5376 x (32 + 2 x 16) x 128 + 4096 x 5376 = 66,060,288, q/k norms 256, GeGLU
+    3 x 5376 x 21504 = 346,816,512, four norms 21,504; 62 blocks, one tied 262,208 x 5,376 table, the final norm:
+    27,009,346,304. Blocks 6, 12, ..., 60 (1-based) attend globally: 52 of 62 slide."""
+    arch = arch_from_hf_config({"model_type": "gemma3", "text_config": GEMMA3_27B_TEXT, "vision_config": {}}, "g")
+    block = 66_060_288 + 256 + 346_816_512 + 4 * 5376
+    assert arch.params_total() == 62 * block + 262208 * 5376 + 5376 == 27_009_346_304
+    assert (arch.family, arch.post_norms, arch.qk_norm, arch.tied_embeddings, arch.hf_activation) == (
+        "gemma3",
+        True,
+        True,
+        True,
+        "gelu_pytorch_tanh",
+    )
+    assert (arch.sliding_window, arch.windowed_layers) == (1024, 52)
+    assert load_arch("gemma-3-27b").params_total() == arch.params_total()
+    gemma2 = arch_from_hf_config({**GEMMA3_27B_TEXT, "model_type": "gemma2", "num_hidden_layers": 46}, "g2")
+    assert (gemma2.windowed_layers, gemma2.qk_norm) == (23, False)  # every other block from the first
+    typed = {**GEMMA3_27B_TEXT, "layer_types": ["sliding_attention"] * 60 + ["full_attention"] * 2}
+    assert arch_from_hf_config(typed, "g").windowed_layers == 60
+
+
+def test_post_norms_are_priced_and_their_inputs_saved() -> None:
+    from opcast.predict.graph import block_ops
+    from opcast.predict.memory import layer_activation_bytes
+
+    arch = load_arch("gemma-3-27b")
+    roles = [op[0] for op in block_ops(arch, tp=2, batch=1, seq_q=4096, seq_kv=4096, sp=True)]
+    assert roles.count("post_norm1") == roles.count("post_norm2") == 1
+    assert roles.index("post_norm1") > roles.index("proj") and roles[-2] == "post_norm2"
+    without = dataclasses.replace(arch, post_norms=False)
+    saved = layer_activation_bytes(arch, tp=2, sp=True, batch=1, seq=4096) - layer_activation_bytes(
+        without, tp=2, sp=True, batch=1, seq=4096
+    )
+    assert saved == 2 * 2 * 4096 * 5376 / 2  # two bf16 norm inputs of the rank's sequence-parallel rows

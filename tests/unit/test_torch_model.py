@@ -101,3 +101,7 @@ def test_archs_the_model_cannot_build_are_refused():
         check_arch(replace(LLAMA, n_experts=8, experts_top_k=2))
     with pytest.raises(OpcastError, match="attention='paged'"):
         check_arch(LLAMA, "paged")
+    with pytest.raises(OpcastError, match="post-norms"):
+        check_arch(replace(LLAMA, post_norms=True))
+    with pytest.raises(OpcastError, match="set sliding_window to null"):
+        check_arch(replace(LLAMA, sliding_window=4096))
