@@ -985,21 +985,31 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
     }
 
 
+def _windowed_blocks(c: _HfConfig, layers: int) -> int | None:
+    """How many blocks ``layer_types`` marks ``sliding_attention`` (transformers' per-block attention types), or
+    None when the config has no ``layer_types``; a malformed list is recorded as a problem."""
+    types = c.cfg.get("layer_types")
+    if types is None:
+        return None
+    if not isinstance(types, list) or not all(t in ("sliding_attention", "full_attention") for t in types):
+        c.problems.append(f"layer_types={_show(types)} must list 'sliding_attention' or 'full_attention' per block")
+        return 1
+    if len(types) != layers and "num_hidden_layers" not in c.bad:
+        c.problems.append(f"layer_types lists {len(types)} blocks, num_hidden_layers={layers}; give one per block")
+        return 1
+    return sum(t == "sliding_attention" for t in types)
+
+
 def _gemma_fields(c: _HfConfig, model_type: str) -> dict[str, Any]:
     """The fields of a Gemma 2 / Gemma 3 language model (transformers ``Gemma2Config`` / ``Gemma3TextConfig``;
     arXiv 2408.00118, 2503.19786): GeGLU (``hidden_activation``), four norms a block (:attr:`ArchSpec.post_norms`),
     tied embeddings, and sliding-window blocks: ``layer_types`` where given, else Gemma 2's every other block from
     the first and Gemma 3's all but every ``sliding_window_pattern``-th (6); Gemma 3 adds per-head q/k norms."""
     layers = c.req("num_hidden_layers")
-    types = c.cfg.get("layer_types")
-    if isinstance(types, list) and all(t in ("sliding_attention", "full_attention") for t in types):
-        windowed = sum(t == "sliding_attention" for t in types)
-    elif types is not None:
-        c.problems.append(f"layer_types={_show(types)} must list 'sliding_attention' or 'full_attention' per block")
-        windowed = 1
-    elif model_type == "gemma2":  # transformers Gemma2: layer i slides when i is even
+    windowed = _windowed_blocks(c, layers)
+    if windowed is None and model_type == "gemma2":  # transformers Gemma2: layer i slides when i is even
         windowed = (layers + 1) // 2
-    else:  # Gemma 3: layer i slides unless (i + 1) is a multiple of the pattern
+    elif windowed is None:  # Gemma 3: layer i slides unless (i + 1) is a multiple of the pattern
         pattern = c.get("sliding_window_pattern", 6)
         windowed = layers - layers // max(1, pattern)
     return {
@@ -1037,14 +1047,10 @@ def _gpt_oss_fields(c: _HfConfig) -> dict[str, Any]:
     the router (``attention_bias``), attention sinks, ``sliding_window`` on the blocks ``layer_types`` marks
     ``sliding_attention`` (every other one), and the experts in MXFP4 when ``quantization_config.quant_method`` is
     ``mxfp4`` (the released checkpoints)."""
-    types = c.cfg.get("layer_types")
-    if types is None:  # transformers' default: even blocks sliding, odd blocks full
-        windowed = (c.req("num_hidden_layers") + 1) // 2
-    elif isinstance(types, list) and all(t in ("sliding_attention", "full_attention") for t in types):
-        windowed = sum(t == "sliding_attention" for t in types)
-    else:
-        c.problems.append(f"layer_types={_show(types)} must list 'sliding_attention' or 'full_attention' per block")
-        windowed = 1
+    layers = c.req("num_hidden_layers")
+    windowed = _windowed_blocks(c, layers)
+    if windowed is None:  # transformers' default: even blocks sliding, odd blocks full
+        windowed = (layers + 1) // 2
     quant = c.cfg.get("quantization_config")
     method = quant.get("quant_method") if isinstance(quant, Mapping) else None
     if method not in (None, "mxfp4"):

@@ -72,6 +72,7 @@ def test_the_config_counts_every_parameter_of_the_model_card():
     [
         ({"layer_types": ["sliding", "full"]}, "layer_types="),
         ({"quantization_config": {"quant_method": "awq"}}, "quant_method='awq'"),
+        ({"layer_types": LAYER_TYPES[:30]}, "layer_types lists 30 blocks, num_hidden_layers=36"),
     ],
 )
 def test_a_bad_key_is_named(change, message):
