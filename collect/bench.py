@@ -299,6 +299,10 @@ def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[st
 
 def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
     """Measure this rank's share of the plan into ``cfg.out``; see the module docstring."""
+    from opcast.archs import load_arch
+
+    for name in cfg.archs:  # a bad --arch fails here, before torch's seconds of start-up
+        load_arch(name)
     rank, world, local_rank, local_world = rank_and_world()
     with StopSignals() as flag:
         import torch

@@ -447,7 +447,14 @@ CASES: list[Case] = [
     _c("arch-directory", "arch", "show", "{d}/config_dir", needles=("config_dir",)),
     _c("arch-valid-hf", "arch", "show", "{d}/config.json", expect="ok", check=_arch_show_check),
     _c("validate-arch-nested", *VALIDATE, "--arch", "{d}/nested.json", needles=("nested.json",), env=NO_TORCH),
-    _c("bench-arch-act-dict", *BENCH, "--arch", "{d}/act_dict.json", needles=("act_dict.json", "hidden_act")),
+    _c(
+        "bench-arch-act-dict",
+        *BENCH,
+        "--arch",
+        "{d}/act_dict.json",
+        needles=("act_dict.json", "hidden_act"),
+        env=NO_TORCH,
+    ),
     _c("calibrate-arch-binary", *CALIB, "--arch", "{d}/binary.json", needles=("binary.json",), env=NO_TORCH),
     # ---- malformed hardware files (--gpu FILE, hardware show FILE); more in tests/unit/test_hardware.py
     _c("gpu-missing-key", *KERNEL, ROOF, "--gpu", "{d}/gpu_missing.json", needles=("gpu_missing.json", "mem_bytes")),
