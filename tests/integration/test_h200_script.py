@@ -1,6 +1,6 @@
 """benchmarks/h200_collect.sh, the first-party GPU collection script, runs end to end on a CPU
-with a tiny budget (the same script a user with a GPU runs). 10 s: the
-bf16/fp16 run gets 8 s and the fp32 run 2 s (its first point takes well under a second on a CPU)."""
+with a tiny budget (the same script a user with a GPU runs). 10 s: the bf16/fp16 run gets 8 s and
+the fp32 run 2 s (its first point takes well under a second on a CPU)."""
 
 from __future__ import annotations
 
