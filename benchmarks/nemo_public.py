@@ -4,8 +4,9 @@
     python benchmarks/nemo_public.py [--csv FILE] [--recipes FILE] [--models DIR] [--out FILE]
 
 The measurements are in ``benchmarks/nemo_public.csv`` beside this script: one row per published
-configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B, and the MoE Qwen3-30B-A3B and
-Qwen3-235B-A22B; DGX-H100, DGX-B200, DGX-B300, DGX-GB200, DGX-GB300; FP8, MXFP8 and NVFP4), each with its source
+configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B, and the MoE Qwen3-30B-A3B,
+Qwen3-235B-A22B, GPT-OSS 120B, DeepSeek-V3 and Kimi K2; DGX-H100, DGX-B200, DGX-B300, DGX-GB200, DGX-GB300; BF16, FP8,
+MXFP8 and NVFP4), each with its source
 URL, the NeMo container that measured it, and the published
 GBS, MBS, sequence, FSDP, TP, PP, CP, VP, EP, GA, tokens/s/GPU and model TFLOP/s/GPU (numbers only).
 A row with a ``skip_reason`` (a system opcast cannot name) is listed, not predicted. Where a
@@ -67,11 +68,20 @@ What NeMo's performance recipes run, and what is passed:
   v2.4.0 ``set_precision_configs``; Megatron-Bridge v0.2.0 / v0.4.2 ``set_llama3_common_configs`` /
   ``set_llama31_common_configs``, ``cfg.mixed_precision`` and ``cfg.ddp`` both); NeMo 24.07's rows (no recipe)
   keep megatron's default, fp32 (Megatron-LM's rule for bf16), counted;
+- the arch: the row's preset, or where the recipe trains what no preset names a JSON this script writes and the
+  command reads, ``--arch NAME.json`` (:data:`RECIPE_ARCHS`, :func:`write_recipe_arch`): GPT-OSS 120B's preset and
+  DeepSeek-V3's Hugging Face ``config.json`` with the 32,000-token NullTokenizer vocabulary their recipes train with
+  (:data:`NULL_TOKENIZER_VOCAB`), Kimi K2's ``config.json`` (DeepSeek-V3's architecture, ``model_type kimi_k2``);
 - Llama 3.1 405B and Qwen3-235B-A22B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
-- EP > 1 (the Qwen3 MoE rows) -> ``--ep EP``, and with TP > 1 ``--etp 1`` (:data:`MOE_ETP`: the recipes' expert
+  a recipe's ``pipeline_model_parallel_layout`` (DeepSeek-V3, Kimi K2) -> ``--pp-layers`` with each rank's
+  transformer layers (:data:`PP_LAYOUTS`, :func:`layout_rank_layers`), under 1F1B where VP divides no split of
+  them (counted);
+- EP > 1 (the MoE rows) -> ``--ep EP``, and with TP > 1 ``--etp 1`` (:data:`MOE_ETP`: the recipes' expert
   tensor parallelism 1 folds the TP ranks into the expert-parallel group; 26.04.01's H100 235B row, TP 2, DP 16,
-  EP 32); ``--overlap-moe-ep-comm`` where the recipe runs combined 1F1B (:data:`MOE_A2A_OVERLAP`);
+  EP 32); ``--overlap-moe-ep-comm`` where the recipe runs combined 1F1B (:data:`MOE_A2A_OVERLAP`) and opcast can
+  (without a pipeline or interleaved);
 - VP > 1 -> ``--schedule interleaved --virtual-stages VP --overlap-p2p-comm`` (Megatron's default);
+- BF16 -> ``--precision bf16`` (the GPT-OSS rows: ``get_precision_config('bf16')``, ``bf16_mixed``);
 - FP8 (per tensor) -> ``--precision fp8`` with the row's scaling recipe (:func:`fp8_recipe`): ``FP8-CS`` and
   ``FP8 (current scaling)`` -> ``--fp8-recipe current`` (Transformer Engine's ``Float8CurrentScaling``), and so a
   Megatron-Bridge container's ``FP8`` (26.04.01: its performance scripts' one per-tensor FP8 is ``fp8_cs``,
@@ -98,8 +108,10 @@ What NeMo's performance recipes run, and what is passed:
   ``recompute_num_layers`` / ``recompute_modules``, NeMo 25.04 / 25.07's CSV column ``recompute_layers`` is 0, NeMo
   25.02's scripts set none; v0.4.2's 405B NVFP4 V2 preset clears V1's ``recompute_num_layers = 1``); ``full-block:N``
   (``recompute_num_layers = N`` with ``recompute_method = "block"``: v0.2.0's ``LLAMA3_8B_H100_FP8_CS_BASE_CONFIG``,
-  N = 5) is not expressible and priced without, counted;
-- FlashAttention (``--attention flash``, the default), Adam.
+  N = 5) is not expressible and priced without, counted; so is ``selective:MODULES`` (:data:`RECOMPUTE_MODULES_RE`:
+  the MoE presets' ``recompute_modules``, none of them ``core_attn``, the one opcast's ``--recompute selective``
+  recomputes);
+- FlashAttention (``--attention flash``, the default), Adam (Kimi K2's Muon, :data:`OPTIMIZER_NOT_PRICED`, counted).
 
 Not mapped (no opcast option represents it, each counted or listed in the output): CUDA graphs (the recipes CSV's
 ``cuda_graphs``: Megatron-Bridge v0.2.0's Llama 3 8B GB200 / B200 presets ``cuda_graph_impl = "local"``,
@@ -117,7 +129,12 @@ The MoE rows' settings beyond these (Megatron-Bridge v0.4.2 ``scripts/performanc
 the recipes CSV, not priced): the flex token dispatcher with HybridEP (``moe_hybridep_num_sms = 32``) on most
 presets, ``moe_router_force_load_balancing = True`` (``set_qwen3_common_configs``; opcast's routing is balanced),
 ``delay_wgrad_compute`` beside the H100 235B preset's combined 1F1B (which is priced, :data:`MOE_A2A_OVERLAP`), and
-CUDA graphs of the attention / router / dispatch preprocessing (``transformer_engine`` scopes).
+CUDA graphs of the attention / router / dispatch preprocessing (``transformer_engine`` scopes). The same for the
+GPT-OSS (``configs/gpt_oss/``: HybridEP on B300), DeepSeek-V3 (``configs/deepseek/``: HybridEP, DeepEP on B200) and
+Kimi K2 (``configs/kimi/``: HybridEP) presets; and DeepSeek-V3's multi-token-prediction layer (``mtp_num_layers =
+1``, on the last pipeline rank, which the layouts give fewer layers), DeepSeek-V3's precision-aware optimizer (bf16
+main gradients and Adam moments) and the BF16 rows' (``set_post_overrides`` turns it on for bf16 with Adam; fp32
+moments in GPT-OSS), all counted or listed in the output where they change a row's mapping.
 
 Printed and written (``--out``): per row measured vs predicted tokens/s/GPU and the signed error
 (positive: opcast predicts faster than measured), the breakdown shares of opcast's critical stage
@@ -195,6 +212,11 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 ``recompute_method block``, ``recompute_num_layers N``: the first N layers of each model chunk) is recorded but
 not expressible (priced without recompute, counted)."""
 RECOMPUTE_BLOCK_RE = re.compile(r"full-block:([1-9][0-9]*)")
+RECOMPUTE_MODULES_RE = re.compile(r"selective:[a-z_]+(\+[a-z_]+)*")
+"""``selective:MODULE[+MODULE]``: Megatron ``recompute_granularity selective`` with the preset's ``recompute_modules``
+(Megatron-Bridge ``set_recompute_overrides``), e.g. ``mla_up_proj``, ``mlp``, ``moe_act``, ``layernorm``: these lists
+leave out ``core_attn``, the one module opcast's ``--recompute selective`` recomputes, so they are not expressible
+(priced without recompute, counted)."""
 CUDA_GRAPHS_RE = re.compile(r"off|enable_cuda_graph|(local|transformer_engine):[a-z_]+(\+[a-z_]+)*")
 """``cuda_graphs`` values: ``off``; NeMo 2.x ``enable_cuda_graph``; Megatron-Bridge ``cuda_graph_impl:cuda_graph_scope``
 (scopes joined by ``+``). Recorded, not priced (opcast has no CUDA-graph option), counted in the output."""
@@ -247,15 +269,129 @@ MOE_A2A_OVERLAP = {
     "26.04.01-h100-qwen3-235b-a22b-fp8": "Megatron-Bridge v0.4.2 (c810129) scripts/performance/configs/qwen/"
     "qwen3_workload_base_configs.py QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1 moe_a2a_overlap=True, which "
     "scripts/performance/utils/overrides.py turns into overlap_moe_expert_parallel_comm (and delay_wgrad_compute)",
+    "26.04.01-gb200-gpt-oss-120b-bf16": "Megatron-Bridge v0.4.2 (c810129) scripts/performance/configs/gpt_oss/"
+    "gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_GB200_BF16_V2 moe_a2a_overlap=True (the one "
+    "GPT-OSS preset that sets it; utils/overrides.py _set_moe_a2a_overlap_overrides)",
+    "26.04.01-b200-deepseek-v3-mxfp8": "Megatron-Bridge v0.4.2 (c810129) scripts/performance/configs/deepseek/"
+    "deepseek_workload_base_configs.py DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2 moe_a2a_overlap=True (the other "
+    "DeepSeek-V3 presets set it False; utils/overrides.py _set_moe_a2a_overlap_overrides)",
 }
 """MoE rows whose recipe runs Megatron-Core's combined 1F1B (``--overlap-moe-ep-comm``), with where it says so; the
 other MoE presets set ``moe_a2a_overlap`` False or leave it unset."""
+PP_LAYOUTS = {
+    "26.04.01-gb300-deepseek-v3-mxfp8": (
+        "Et*4|(t*4|)*14tmL",
+        "Megatron-Bridge v0.4.2 (c810129) scripts/performance/configs/deepseek/deepseek_workload_base_configs.py "
+        "DEEPSEEK_V3_PRETRAIN_CONFIG_GB300_V1 pp_layout (FP8_MX_V2 = GB300_V2 = V1 with GBS 4096), which "
+        "deepseek_llm_pretrain.py deepseek_v3_pretrain_config_gb300 sets as pipeline_model_parallel_layout",
+    ),
+    "26.04.01-gb200-deepseek-v3-mxfp8": (
+        "Et*4|(t*4|)*14tmL",
+        "Megatron-Bridge v0.4.2 (c810129) src/megatron/bridge/recipes/deepseek/deepseek_v3.py "
+        "set_deepseek_v3_pipeline_model_parallel_layout, layout_map[(4, 4)] (DEEPSEEK_V3_PRETRAIN_CONFIG_GB200_V1 "
+        "sets no pp_layout, so deepseek_v3_pretrain_config_gb200 recomputes it for PP 4, VP 4)",
+    ),
+    "26.04.01-b300-deepseek-v3-mxfp8": (
+        "Et*8|(t*8|)*6t*5mL",
+        "Megatron-Bridge v0.4.2 (c810129) src/megatron/bridge/recipes/deepseek/deepseek_v3.py "
+        "set_deepseek_v3_pipeline_model_parallel_layout, layout_map[(8, 1)] (deepseek_v3_pretrain_config_b300 "
+        "recomputes it for DEEPSEEK_V3_PRETRAIN_CONFIG_B300_V2's PP 8, no VP)",
+    ),
+    "26.04.01-b200-deepseek-v3-mxfp8": (
+        "Et*4|(t*4|)*14tmL",
+        "Megatron-Bridge v0.4.2 (c810129) src/megatron/bridge/recipes/deepseek/deepseek_v3.py "
+        "set_deepseek_v3_pipeline_model_parallel_layout, layout_map[(8, 2)] (deepseek_v3_pretrain_config_b200 "
+        "recomputes it for DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2's PP 8, VP 2; the preset's own pp_layout is "
+        "the same string)",
+    ),
+    "26.04.01-gb300-kimi-k2-mxfp8": (
+        "Et*4|(t*4|)*14tL",
+        "Megatron-Bridge v0.4.2 (c810129) src/megatron/bridge/recipes/kimi/kimi_k2.py _get_kimi_k2_pipeline_layout"
+        "(4, 4) (KIMI_K2_PRETRAIN_CONFIG_GB300 sets no pp_layout; kimi_llm_pretrain.py kimi_k2_pretrain_config_gb300 "
+        "computes it for PP 4, VP 4)",
+    ),
+}
+"""Rows whose recipe sets Megatron-Core's ``pipeline_model_parallel_layout``, in Megatron's string syntax (one
+``|``-separated part per virtual stage, ``E`` embedding, ``t`` transformer layer, ``m`` MTP layer, ``L`` loss,
+``X*N`` and ``(...)*N`` repeat; virtual stage ``i`` on pipeline rank ``i % PP``), with where it is set. Passed as
+``--pp-layers`` with each rank's transformer layers (:func:`layout_rank_layers`). The embedding and the loss sit on the
+first and last rank as opcast places them anyway; the MTP layer is not priced (opcast reads no MTP, ``opcast.archs``).
+Where a rank's layers are not a multiple of VP (DeepSeek-V3's and Kimi K2's 61 layers over 16 virtual stages:
+no split of 61 into multiples of 2, 4 or 8 exists) the interleaved schedule cannot run the split, and the row is
+priced with the same split under 1F1B, whose bubble is larger ((PP-1)/GA rather than (PP-1)/(VP x GA)), counted
+(:func:`approximation_note`)."""
+OPTIMIZER_NOT_PRICED = {
+    "26.04.01-gb300-kimi-k2-mxfp8": "Muon: Megatron-Bridge v0.4.2 (c810129) recipes/kimi/kimi_k2.py "
+    "kimi_k2_pretrain_config(optimizer_type='muon') (the default, which kimi_k2_pretrain_config_gb300 keeps; the "
+    "archive notes 'Muon optimizer was used for pre-training Kimi-K2'): distributed_muon_with_cosine_annealing, "
+    "use_distributed_optimizer False and overlap_param_gather False (its layer-wise distributed optimizer gathers "
+    "the updated weights without overlap); priced as Adam with --zero 1 and --overlap-grad-reduce only (the "
+    "recipes CSV's dp_overlap grad); Muon's Newton-Schulz iterations are not priced",
+}
+"""Rows whose recipe runs an optimizer opcast cannot price (``--optimizer`` is adam, sgd or none): priced as
+Adam, counted (:func:`approximation_note`)."""
+NULL_TOKENIZER_VOCAB = 32000
+"""The vocabulary the GPT-OSS and DeepSeek-V3 rows train with: Megatron-Bridge v0.4.2 (c810129)
+``recipes/gpt_oss/gpt_oss.py`` ``gpt_oss_120b_pretrain_config`` and ``recipes/deepseek/deepseek_v3.py``
+``deepseek_v3_pretrain_config`` set ``tokenizer_type = "NullTokenizer"`` with ``vocab_size =
+DEFAULT_NULL_TOKENIZER_VOCAB_SIZE`` (``recipes/utils/tokenizer_utils.py``: 32000; a multiple of 128, so Megatron pads
+it no further), which ``scripts/performance/run_script.py`` keeps (``--tokenizer_type`` defaults to None). Kimi K2's
+recipe sets ``cfg.tokenizer.vocab_size = cfg.model.vocab_size`` (163840); the Qwen3 recipes name their HF tokenizer."""
+DEEPSEEK_V3_HF: dict[str, Any] = {
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "vocab_size": 129280,
+    "max_position_embeddings": 163840,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "num_nextn_predict_layers": 1,
+}
+"""The keys opcast reads of https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json, which
+``deepseek_v3_pretrain_config`` loads (``AutoBridge.from_hf_pretrained("deepseek-ai/DeepSeek-V3")``)."""
+KIMI_K2_HF: dict[str, Any] = {
+    **DEEPSEEK_V3_HF,
+    "model_type": "kimi_k2",
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "n_routed_experts": 384,
+    "first_k_dense_replace": 1,
+    "vocab_size": 163840,
+    "max_position_embeddings": 131072,
+    "num_nextn_predict_layers": 0,
+}
+"""The keys opcast reads of https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json, which
+``kimi_k2_pretrain_config`` loads: DeepSeek-V3's architecture with 64 heads, 384 experts, one dense block and a
+163,840-token vocabulary (as Megatron-Bridge v0.4.2's ``tests/unit_tests/models/kimi_vl/test_kimi_k25_vl_bridge.py``
+spells Kimi K2.5's text model)."""
+RECIPE_ARCHS: dict[str, tuple[str | None, dict[str, Any]]] = {
+    "gpt-oss-120b-vocab32000": ("gpt-oss-120b", {"vocab": NULL_TOKENIZER_VOCAB}),
+    "deepseek-v3-vocab32000": (None, {**DEEPSEEK_V3_HF, "vocab_size": NULL_TOKENIZER_VOCAB}),
+    "kimi-k2": (None, KIMI_K2_HF),
+}
+"""Archs of rows whose recipe trains what no preset names: name -> (the preset it changes, the changed keys), or
+(None, a Hugging Face ``config.json``'s keys). :func:`write_recipe_arch` writes each as ``NAME.json`` and the row's
+command reads it (``--arch NAME.json``)."""
 MOE_ETP = 1
 """Expert tensor parallelism of the MoE rows: Megatron-Bridge v0.4.2 (c810129)
 ``scripts/performance/configs/qwen/qwen3_workload_base_configs.py`` ``BASE_QWEN3_235B_A22B_CONFIG`` and
 ``BASE_QWEN3_30B_A3B_CONFIG`` set ``expert_tensor_parallel_size=1``: with TP > 1 (the H100 235B row, TP 2, EP 32
 over DP 16) the experts fold over the tensor-parallel ranks (``--etp 1``)."""
-PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4"}
+PRECISION_GROUPS = {"FP8-MX": "MXFP8", "MXFP8": "MXFP8", "NVFP4": "NVFP4", "BF16": "BF16"}
 """Published precision -> its group in the summary (every other FP8 label: per-tensor FP8)."""
 CURRENT_SCALING_LABELS = frozenset({"FP8-CS", "FP8 (current scaling)"})
 """Published precisions that name per-tensor current scaling (``--fp8-recipe current``)."""
@@ -372,16 +508,73 @@ def parse_row(rec: dict[str, str], where: str) -> Row:
     if row.ga is not None and row.ga != row.gbs // (row.mbs * row.dp):
         raise ValueError(f"{where}: GA {row.ga} != GBS / (MBS x DP) = {row.gbs // (row.mbs * row.dp)}")
     if not row.skip_reason:
-        from opcast.archs import load_arch
-
         if row.system not in CLUSTERS:
             raise ValueError(
                 f"{where}: system {row.system!r} is not one of {', '.join(CLUSTERS)}; or give a skip_reason"
             )
         if row.precision not in PRECISIONS:
             raise ValueError(f"{where}: precision {row.precision!r} is not one of {sorted(PRECISIONS)}; or skip it")
-        load_arch(row.arch)  # an unknown arch raises OpcastError naming the presets
+        load_row_arch(row.arch)  # an unknown arch raises OpcastError naming the presets
+        if row.row in PP_LAYOUTS:
+            layout_rank_layers(PP_LAYOUTS[row.row][0], pp=row.pp, vp=row.vp)  # a layout of other stages raises
     return row
+
+
+def write_recipe_arch(name: str, folder: Path) -> Path:
+    """``folder/NAME.json`` of a :data:`RECIPE_ARCHS` arch: the preset's JSON with the changed keys, or the
+    Hugging Face ``config.json`` keys; what ``--arch NAME.json`` reads."""
+    import json
+
+    from opcast.archs import load_arch
+
+    preset, keys = RECIPE_ARCHS[name]
+    if preset is None:
+        data = dict(keys)
+    else:
+        data = {**dataclasses.asdict(load_arch(preset)), **keys, "name": name}  # as `opcast arch show` prints it
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+@functools.cache
+def load_row_arch(name: str):
+    """The :class:`opcast.archs.ArchSpec` a row's ``arch`` names: a preset, or a :data:`RECIPE_ARCHS` arch loaded
+    from the file :func:`write_recipe_arch` writes, as the command line reads it."""
+    import tempfile
+
+    from opcast.archs import load_arch
+
+    if name not in RECIPE_ARCHS:
+        return load_arch(name)
+    with tempfile.TemporaryDirectory() as folder:
+        return load_arch(write_recipe_arch(name, Path(folder)))
+
+
+def layout_rank_layers(layout: str, *, pp: int, vp: int) -> tuple[int, ...]:
+    """Transformer layers of each pipeline rank under Megatron-Core's ``pipeline_model_parallel_layout`` string
+    (:data:`PP_LAYOUTS`): its ``PP x VP`` virtual stages, stage ``i`` on rank ``i % PP`` (Megatron-Core
+    ``PipelineParallelLayerLayout``). A string of another stage count raises ValueError."""
+    text = layout
+    while (group := re.search(r"\(([^()]*)\)\*([0-9]+)", text)) is not None:
+        text = text[: group.start()] + group[1] * int(group[2]) + text[group.end() :]
+    text = re.sub(r"([EtmL])\*([0-9]+)", lambda m: m[1] * int(m[2]), text)
+    if not re.fullmatch(r"[EtmL|]*", text):
+        raise ValueError(f"pipeline layout {layout!r}: only E, t, m, L, |, X*N and (...)*N are understood")
+    stages = text.split("|")
+    if len(stages) != pp * vp:
+        raise ValueError(f"pipeline layout {layout!r} has {len(stages)} stages, PP x VP = {pp * vp}")
+    return tuple(sum(stage.count("t") for stage in stages[rank::pp]) for rank in range(pp))
+
+
+def layout_interleaves(row: Row) -> bool:
+    """Whether the interleaved schedule can run ``row``'s :data:`PP_LAYOUTS` split (every rank's layers a multiple
+    of VP); without a layout, whether the row interleaves at all."""
+    if row.vp < 2:
+        return False
+    if row.row not in PP_LAYOUTS:
+        return True
+    return all(n % row.vp == 0 for n in layout_rank_layers(PP_LAYOUTS[row.row][0], pp=row.pp, vp=row.vp))
 
 
 def _fact(rec: dict[str, str], columns: tuple[str, str, str], where: str) -> tuple[str, str] | None:
@@ -429,10 +622,13 @@ def read_recipes(path: Path = RECIPES_PATH) -> dict[str, Recipe]:
             if dp is not None and dp[0] not in DP_OVERLAP_VALUES:
                 raise ValueError(f"{where}: dp_overlap {dp[0]!r} is not one of {', '.join(DP_OVERLAP_VALUES)}")
             if recompute is not None and not (
-                recompute[0] in RECOMPUTE_MODES or RECOMPUTE_BLOCK_RE.fullmatch(recompute[0])
+                recompute[0] in RECOMPUTE_MODES
+                or RECOMPUTE_BLOCK_RE.fullmatch(recompute[0])
+                or RECOMPUTE_MODULES_RE.fullmatch(recompute[0])
             ):
                 raise ValueError(
-                    f"{where}: recompute {recompute[0]!r} is not one of {', '.join(RECOMPUTE_MODES)} nor full-block:N"
+                    f"{where}: recompute {recompute[0]!r} is not one of {', '.join(RECOMPUTE_MODES)} nor full-block:N "
+                    "nor selective:MODULE[+MODULE]"
                 )
             if graphs is not None and not CUDA_GRAPHS_RE.fullmatch(graphs[0]):
                 raise ValueError(
@@ -495,7 +691,8 @@ def row_options(row: Row) -> dict[str, Any]:
     the command's defaults. See the module docstring for why each is set."""
     if row.skip_reason:
         raise ValueError(f"{row.row} is skipped: {row.skip_reason}")
-    values: dict[str, Any] = {"arch": row.arch, **placement_options(row)}
+    arch = f"{row.arch}.json" if row.arch in RECIPE_ARCHS else row.arch  # the file write_recipe_arch writes
+    values: dict[str, Any] = {"arch": arch, **placement_options(row)}
     values |= {
         "tp": row.tp,
         "pp": row.pp,
@@ -517,15 +714,17 @@ def row_options(row: Row) -> dict[str, Any]:
             values["overlap_param_gather"] = True
     if row.recipe.grad_reduce:  # not established: the framework's default (megatron: fp32), counted
         values["grad_reduce_in_fp32"] = row.recipe.grad_reduce == "fp32"
-    if row.recipe.recompute in ("selective", "full"):  # full-block:N is not expressible: priced without (counted)
+    if row.recipe.recompute in ("selective", "full"):  # full-block:N, selective:MODULES: priced without (counted)
         values["recompute"] = row.recipe.recompute
-    if row.pp > 1 and row.arch in LAYER_SPLIT:
+    if row.row in PP_LAYOUTS:
+        values["pp_layers"] = ",".join(map(str, layout_rank_layers(PP_LAYOUTS[row.row][0], pp=row.pp, vp=row.vp)))
+    elif row.pp > 1 and row.arch in LAYER_SPLIT:
         values["pp_partition"] = LAYER_SPLIT[row.arch]
     if row.ep > 1:  # every MoE row's recipe folds the experts (expert_tensor_parallel_size 1, MOE_ETP)
         values["ep"] = row.ep
         if row.tp > 1:
             values["etp"] = MOE_ETP
-        if row.row in MOE_A2A_OVERLAP:
+        if row.row in MOE_A2A_OVERLAP and (row.pp == 1 or layout_interleaves(row)):  # else not expressible
             values["overlap_moe_ep_comm"] = True
     if row.tp > 1:
         values["sp"] = True
@@ -533,7 +732,7 @@ def row_options(row: Row) -> dict[str, Any]:
             values["tp_comm_overlap"] = True
         if row.recipe.tp_overlap and row.recipe.tp_overlap not in TP_OVERLAP_KEYWORDS:
             values["tp_comm_overlap_cfg"] = row.recipe.tp_overlap
-    if row.vp > 1:
+    if layout_interleaves(row):  # a layout whose ranks VP does not divide runs 1F1B (PP_LAYOUTS, counted)
         values.update(schedule="interleaved", virtual_stages=row.vp, overlap_p2p_comm=True)
     if row.recipe.offload_layers:
         values["offload_activations"] = row.recipe.offload_layers
@@ -617,7 +816,6 @@ def _fp8_gemm_summary(result) -> str:
 
 def predict_row(row: Row, *, models: str | None = None) -> Prediction:
     """What ``opcast predict train`` (:func:`cli_command` of :func:`row_options`) predicts for ``row``."""
-    from opcast.archs import load_arch
     from opcast.predict import options
     from opcast.predict.training import TrainResult, compile_train, run_train
 
@@ -626,7 +824,7 @@ def predict_row(row: Row, *, models: str | None = None) -> Prediction:
     where = options.placement(o)
     dev = options.device(where.gpu, o.set_)
     plan = compile_train(
-        load_arch(row.arch), dev, options.train_config(o), nodes=where.nodes, gpus_per_node=where.gpus_per_node
+        load_row_arch(row.arch), dev, options.train_config(o), nodes=where.nodes, gpus_per_node=where.gpus_per_node
     )
     if isinstance(plan, TrainResult):
         return Prediction(False, tuple(plan.reasons))
@@ -707,7 +905,11 @@ def recipe_facts_note(rows: list[Row]) -> str:
     missing = {k: [r.row for r in pred if not getattr(r.recipe, k)] for k in facts}
     bf16_grads = [r.row for r in pred if r.recipe.grad_reduce == "bf16"]
     param_off = [r.row for r in pred if r.recipe.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE)]
-    partial = [f"{r.row} ({r.recipe.recompute})" for r in pred if RECOMPUTE_BLOCK_RE.fullmatch(r.recipe.recompute)]
+    partial = [
+        f"{r.row} ({r.recipe.recompute})"
+        for r in pred
+        if RECOMPUTE_BLOCK_RE.fullmatch(r.recipe.recompute) or RECOMPUTE_MODULES_RE.fullmatch(r.recipe.recompute)
+    ]
     passed = [f"{r.row} ({r.recipe.recompute})" for r in pred if r.recipe.recompute in ("selective", "full")]
     graphs = [f"{r.row} ({r.recipe.cuda_graphs})" for r in pred if r.recipe.cuda_graphs not in ("", "off")]
 
@@ -734,6 +936,32 @@ def recipe_facts_note(rows: list[Row]) -> str:
     )
 
 
+def approximation_note(rows: list[Row]) -> str:
+    """One line naming the predicted rows priced at the closest expressible configuration rather than their recipe's:
+    a pipeline layout the interleaved schedule cannot run (1F1B, :data:`PP_LAYOUTS`), and with it a combined 1F1B
+    (:data:`MOE_A2A_OVERLAP`, which opcast runs only interleaved or without a pipeline), an MTP layer, an optimizer
+    (:data:`OPTIMIZER_NOT_PRICED`)."""
+    pred = [r for r in rows if not r.skip_reason]
+    items = []
+    for r in pred:
+        what = []
+        if r.row in PP_LAYOUTS:
+            layout = PP_LAYOUTS[r.row][0]
+            layers = ",".join(map(str, layout_rank_layers(layout, pp=r.pp, vp=r.vp)))
+            if r.vp > 1 and not layout_interleaves(r):
+                what.append(f"layout {layout} as --pp-layers {layers} under 1F1B (VP {r.vp} divides no split of them)")
+                if r.row in MOE_A2A_OVERLAP:
+                    what.append("its combined 1F1B not priced (opcast's needs the interleaved schedule)")
+            if "m" in layout:
+                what.append("its MTP layer not priced")
+        if r.row in OPTIMIZER_NOT_PRICED:
+            what.append(OPTIMIZER_NOT_PRICED[r.row].split(":")[0] + " priced as Adam")
+        if what:
+            items.append(f"{r.row} ({'; '.join(what)})")
+    head = f"Priced at the closest expressible configuration: {len(items)} of the {len(pred)} predicted rows"
+    return head + (f": {', '.join(items)}." if items else ".")
+
+
 _OVERLAP_TAGS = {"recipe": "ub recipe", TP_OVERLAP_OFF: "ub off", TP_OVERLAP_TE: "ub TE", TP_OVERLAP_UNKNOWN: "ub TE?"}
 
 
@@ -742,7 +970,9 @@ def _config(row: Row) -> str:
     if row.ep > 1:
         parts.append(f"ep{row.ep}")
     if row.vp > 1:
-        parts.append(f"vp{row.vp}")
+        parts.append(f"vp{row.vp}" if layout_interleaves(row) else f"vp{row.vp} as 1f1b")
+    if row.row in PP_LAYOUTS:
+        parts.append("layers " + ",".join(map(str, layout_rank_layers(PP_LAYOUTS[row.row][0], pp=row.pp, vp=row.vp))))
     if row.fsdp:
         parts.append("fsdp")
     if row.recipe.offload_layers:
@@ -838,12 +1068,14 @@ def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, mode
             "",
         ]
     lines += ["## Summary", "", *summary_table(rows, preds), "", tp_overlap_note(rows), "", recipe_facts_note(rows), ""]
+    lines += [approximation_note(rows), ""]
     lines += [
         "Config column: `ub recipe` = the recipe's userbuffers config (`--tp-comm-overlap-cfg`), `ub off` = no TP "
         "overlap (the recipe's), `ub TE?` = not established, TE's defaults; `no pg overlap` = the recipe turns "
-        "`overlap_param_gather` off (no `--overlap-param-gather`); `recompute full-block:N` = the recipe's partial "
-        "recompute (not expressible, priced without); `cuda graphs` = on in the recipe (not priced); the recipes "
-        "CSV says which.",
+        "`overlap_param_gather` off (no `--overlap-param-gather`); `recompute full-block:N` / `selective:MODULES` = "
+        "the recipe's partial recompute (not expressible, priced without); `vpN as 1f1b` and `layers` = the recipe's "
+        "pipeline layout (`--pp-layers`), under 1F1B where VP divides no split of it; `cuda graphs` = on in the "
+        "recipe (not priced); the recipes CSV says which.",
         "",
         "## Per row",
         "",
@@ -885,6 +1117,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary_table(rows, preds)))
     print(tp_overlap_note(rows))
     print(recipe_facts_note(rows))
+    print(approximation_note(rows))
     if a.out is not None:
         from opcast.atomic import write_atomically
 
