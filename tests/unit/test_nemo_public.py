@@ -41,8 +41,6 @@ def test_csv_has_every_column_and_each_row_is_predicted_or_skipped_for_a_reason(
         header = next(csv.reader(f))
     assert set(nemo.REQUIRED) <= set(header)
     assert len(rows) >= 30
-    from opcast.archs import load_arch
-
     predicted = [r for r in rows.values() if not r.skip_reason]
     assert len(predicted) >= 25
     for r in rows.values():
@@ -50,7 +48,7 @@ def test_csv_has_every_column_and_each_row_is_predicted_or_skipped_for_a_reason(
         if r.skip_reason:
             continue
         assert r.system in nemo.CLUSTERS and r.precision in nemo.PRECISIONS, r.row
-        assert load_arch(r.arch).n_layers > 0
+        assert nemo.load_row_arch(r.arch).n_layers > 0  # a preset or a RECIPE_ARCHS file
     assert {r.system for r in predicted} == {"DGX-H100", "DGX-B200", "DGX-B300", "DGX-GB200", "DGX-GB300"}
     published = {"NVFP4": "nvfp4", "MXFP8": "mxfp8", "FP8-MX": "mxfp8"}
     block = [r for r in rows.values() if r.precision_published in published]
@@ -327,17 +325,30 @@ def test_recipe_dp_overlap_recompute_and_cuda_graph_columns_parse(nemo, rows):
     assert {n for n in read if rows[n].recipe.dp_overlap != nemo.DP_OVERLAP_BOTH} == {
         "25.11-b200-llama3.1-405b-mxfp8",
         "26.04.01-gb200-llama3.1-405b-nvfp4",
+        "26.04.01-gb300-kimi-k2-mxfp8",  # Muon: no distributed optimizer, overlap_param_gather False
     }
     assert rows["25.11-b200-llama3.1-405b-mxfp8"].recipe.dp_overlap == nemo.DP_OVERLAP_GRAD
     assert rows["25.11-b200-llama3-8b-mxfp8"].recipe.dp_overlap == nemo.DP_OVERLAP_BOTH  # its 8B function does not
+    modules = {n: rows[n].recipe.recompute for n in read if rows[n].recipe.recompute.startswith("selective:")}
     assert {n: rows[n].recipe.recompute for n in read if rows[n].recipe.recompute != "none"} == {
-        "25.11-h100-llama3-8b-fp8cs": "full-block:5"
+        "25.11-h100-llama3-8b-fp8cs": "full-block:5",
+        **modules,
+    }
+    assert modules == {  # the MoE presets' recompute_modules, read by hand (v0.4.2)
+        "26.04.01-gb200-gpt-oss-120b-bf16": "selective:layernorm+moe_act",
+        "26.04.01-b200-gpt-oss-120b-bf16": "selective:layernorm+moe_act",
+        "26.04.01-h100-gpt-oss-120b-bf16": "selective:layernorm+moe_act",
+        "26.04.01-gb300-deepseek-v3-mxfp8": "selective:mla_up_proj",
+        "26.04.01-gb200-deepseek-v3-mxfp8": "selective:mlp",
+        "26.04.01-b300-deepseek-v3-mxfp8": "selective:mla_up_proj",
+        "26.04.01-b200-deepseek-v3-mxfp8": "selective:mla_up_proj+mlp",
+        "26.04.01-gb300-kimi-k2-mxfp8": "selective:mla_up_proj",
     }
     assert rows["26.04.01-gb200-llama3.1-405b-nvfp4"].recipe.recompute == "none"  # V2 clears V1's recompute_num_layers
     assert rows["25.11-gb200-llama3-8b-fp8cs"].recipe.cuda_graphs == "local:full_iteration"
     assert rows["25.04-gb200-llama3-70b"].recipe.cuda_graphs == "off"
     note = nemo.recipe_facts_note(list(rows.values()))
-    assert f"of the {len(predicted)} predicted rows" in note and "param-gather overlap off in 2" in note
+    assert f"of the {len(predicted)} predicted rows" in note and "param-gather overlap off in 3" in note
     assert "7 not established (24.07-h100-gpt3-175b-128" in note and "partial and not expressible" in note
 
 
@@ -369,6 +380,8 @@ def test_recipe_recompute_is_passed_where_opcast_can_express_it(nemo, rows):
         v = nemo.row_options(_with(row, recompute=mode))
         assert v["recompute"] == mode and f"--recompute {mode}" in nemo.cli_command(v)
     assert "recompute" not in nemo.row_options(rows["25.11-h100-llama3-8b-fp8cs"])  # full-block:5: not expressible
+    # Megatron's selective recompute of other modules than core_attn (opcast's selective): priced without
+    assert "recompute" not in nemo.row_options(rows["26.04.01-b200-deepseek-v3-mxfp8"])
 
 
 def test_a_bad_fact_entry_is_refused_in_one_line(nemo, tmp_path):
@@ -379,6 +392,8 @@ def test_a_bad_fact_entry_is_refused_in_one_line(nemo, tmp_path):
         (f"maybe,{src},x,,,,,,,,,", "dp_overlap 'maybe' is not one of grad"),
         (f",,,partial,{src},x,,,,,,", "recompute 'partial' is not one of none"),
         (f",,,full-block:0,{src},x,,,,,,", "recompute 'full-block:0'"),
+        (f",,,selective:,{src},x,,,,,,", "nor selective:MODULE"),
+        (f",,,selective:mlp+,{src},x,,,,,,", "nor selective:MODULE"),
         (f",,,,,,yes,{src},x,,,", "cuda_graphs 'yes' is not off"),
         (f",,,,,,,,,fp16,{src},x", "grad_reduce 'fp16' is not one of fp32, bf16"),
         (f"grad,{src},,,,,,,,,,", "dp_overlap_setting"),
@@ -426,7 +441,7 @@ def test_hand_checked_moe_rows_and_their_recipe_facts(nemo, rows):
     assert "sp" not in v and "pp_partition" not in v and v["overlap_param_gather"] is True
     v = nemo.row_options(rows["26.04.01-b300-qwen3-235b-a22b-mxfp8"])
     assert v["cluster"] == "dgx-b300" and v["pp_partition"] == "megatron:embedding,loss" and v["ep"] == 8
-    moe = {n: r.recipe for n, r in rows.items() if r.ep > 1}
+    moe = {n: r.recipe for n, r in rows.items() if r.ep > 1 and r.arch.startswith("qwen3")}
     assert len(moe) == 10 and all(r.recompute == "none" and r.grad_reduce == "bf16" for r in moe.values())
     attn = "transformer_engine:attn+moe_router+moe_preprocess"
     assert {n: r.cuda_graphs for n, r in moe.items() if r.cuda_graphs != "off"} == {
@@ -444,11 +459,94 @@ def test_hand_checked_moe_rows_and_their_recipe_facts(nemo, rows):
     assert v["sp"] is True and "tp_comm_overlap" not in v and v["virtual_stages"] == 4 and v["fp8_recipe"] == "current"
     assert v["etp"] == 1 and "etp" not in nemo.row_options(rows["26.04.01-b300-qwen3-235b-a22b-mxfp8"])  # tp 1
     assert v["overlap_moe_ep_comm"] is True  # its preset's moe_a2a_overlap (MOE_A2A_OVERLAP); the others' off
-    assert sum("overlap_moe_ep_comm" in nemo.row_options(r) for r in rows.values() if not r.skip_reason) == 1
     assert nemo.predict_row(row).feasible
-    moe_rows = [r for r in rows.values() if r.ep > 1]
+    moe_rows = [r for r in rows.values() if r.ep > 1 and r.arch.startswith("qwen3")]
     lines = nemo.summary_table(moe_rows, {r.row: nemo.predict_row(r) for r in moe_rows})
     assert "all dense" not in "".join(lines)  # only the groups that have rows
     h100 = next(line for line in lines if line.startswith("| MoE: DGX-H100, FP8 per-tensor |"))
     assert h100.startswith("| MoE: DGX-H100, FP8 per-tensor | 2 |") and h100.endswith("| 0 |")
     assert any(line.startswith("| all MoE | 10 |") for line in lines)
+
+
+def test_megatron_pipeline_layouts_give_each_ranks_layers(nemo):
+    """Megatron-Core's pipeline_model_parallel_layout strings, counted by hand: virtual stage i on rank i % PP."""
+    ds = "Et*4|(t*4|)*14tmL"  # DeepSeek-V3's 61 layers in 16 virtual stages: 4 each, the last one 1 + MTP + loss
+    assert nemo.layout_rank_layers(ds, pp=2, vp=8) == (32, 29)  # rank 1: seven chunks of 4 and the last one
+    assert nemo.layout_rank_layers(ds, pp=4, vp=4) == (16, 16, 16, 13)
+    assert nemo.layout_rank_layers(ds, pp=8, vp=2) == (8, 8, 8, 8, 8, 8, 8, 5)
+    assert nemo.layout_rank_layers("Et*8|(t*8|)*6t*5mL", pp=8, vp=1) == (8, 8, 8, 8, 8, 8, 8, 5)
+    assert nemo.layout_rank_layers("Et|(tt|)*30mL", pp=8, vp=4) == (7, 8, 8, 8, 8, 8, 8, 6)  # H100's, 32 stages
+    with pytest.raises(ValueError, match="16 stages, PP x VP = 8"):
+        nemo.layout_rank_layers(ds, pp=8, vp=1)
+    with pytest.raises(ValueError, match="only E, t, m, L"):
+        nemo.layout_rank_layers("Et*4|x", pp=2, vp=1)
+
+
+def test_hand_checked_gpt_oss_deepseek_and_kimi_rows(nemo, rows):
+    """Megatron-Bridge v0.4.2's GPT-OSS, DeepSeek-V3 and Kimi K2 presets read by hand (26.04.01 rows)."""
+    import dataclasses
+
+    from opcast.archs import load_arch
+
+    # the recipes train GPT-OSS and DeepSeek-V3 on mock data with a 32,000-token NullTokenizer
+    goss = nemo.load_row_arch("gpt-oss-120b-vocab32000")
+    assert goss == dataclasses.replace(load_arch("gpt-oss-120b"), name="gpt-oss-120b-vocab32000", vocab=32000)
+    ds = nemo.load_row_arch("deepseek-v3-vocab32000")
+    assert (ds.n_layers, ds.n_experts, ds.vocab, ds.kv_lora_rank) == (61, 256, 32000, 512)
+    kimi = nemo.load_row_arch("kimi-k2")
+    assert (kimi.n_experts, kimi.n_heads, kimi.vocab, kimi.dense_layers) == (384, 64, 163840, 1)
+    assert kimi.params_total() == pytest.approx(1.03e12, rel=0.01)  # Moonshot: 1T total, 32B activated
+    assert kimi.active_params_total() == pytest.approx(32.9e9, rel=0.02)
+
+    v = nemo.row_options(rows["26.04.01-gb200-gpt-oss-120b-bf16"])
+    assert (v["arch"], v["precision"], v["ep"], v["dp"], v["micro_batch"]) == (
+        "gpt-oss-120b-vocab32000.json",
+        "bf16",
+        64,
+        64,
+        4,
+    )
+    assert v["overlap_moe_ep_comm"] is True and "fp8_recipe" not in v and "recompute" not in v
+    v = nemo.row_options(rows["26.04.01-h100-gpt-oss-120b-bf16"])
+    assert (v["pp"], v["ep"], v["dp"]) == (4, 8, 16) and "pp_layers" not in v and "pp_partition" not in v
+    assert "overlap_moe_ep_comm" not in v  # only the GB200 preset sets moe_a2a_overlap
+    # DeepSeek-V3: the recipe's layouts; B300 runs its own exactly, the VP rows run theirs under 1F1B
+    v = nemo.row_options(rows["26.04.01-b300-deepseek-v3-mxfp8"])
+    assert v["pp_layers"] == "8,8,8,8,8,8,8,5" and "schedule" not in v and v["ep"] == 8
+    v = nemo.row_options(rows["26.04.01-b200-deepseek-v3-mxfp8"])
+    assert v["pp_layers"] == "8,8,8,8,8,8,8,5" and "schedule" not in v and "virtual_stages" not in v
+    assert "overlap_moe_ep_comm" not in v  # its moe_a2a_overlap needs the interleaved schedule in opcast
+    assert nemo.row_options(rows["26.04.01-gb200-deepseek-v3-mxfp8"])["pp_layers"] == "16,16,16,13"
+    # Kimi K2: Muon keeps no distributed optimizer and does not overlap the weight gather
+    v = nemo.row_options(rows["26.04.01-gb300-kimi-k2-mxfp8"])
+    assert v["overlap_grad_reduce"] is True and "overlap_param_gather" not in v and v["pp_layers"] == "16,16,16,13"
+    note = nemo.approximation_note(list(rows.values()))
+    assert "5 of the" in note and "Muon priced as Adam" in note and "combined 1F1B not priced" in note
+    assert "26.04.01-b300-deepseek-v3-mxfp8 (its MTP layer not priced)" in note
+    assert "gpt-oss" not in note  # the GPT-OSS rows run as their recipes do
+    new = [r for r in rows.values() if r.arch in nemo.RECIPE_ARCHS]
+    assert len(new) == 10 and all(r.ep > 1 and r.recipe.grad_reduce == "bf16" for r in new)
+    gpt_oss = [r for r in new if r.arch.startswith("gpt-oss")]
+    lines = nemo.summary_table(gpt_oss[:1], {gpt_oss[0].row: nemo.predict_row(gpt_oss[0])})
+    assert any(line.startswith("| MoE: DGX-GB300, BF16 | 1 |") for line in lines)
+
+
+def test_a_recipe_arch_row_matches_the_console_script(nemo, rows, tmp_path):
+    """A row whose arch no preset names runs through ``opcast predict train --arch NAME.json`` with the file
+    write_recipe_arch writes, and gives what the library gives."""
+    row = rows["26.04.01-b300-deepseek-v3-mxfp8"]
+    pred = nemo.predict_row(row)
+    assert pred.feasible and pred.tokens_per_s_per_gpu is not None
+    words = shlex.split(nemo.cli_command(nemo.row_options(row)))
+    assert "--arch" in words and words[words.index("--arch") + 1] == "deepseek-v3-vocab32000.json"
+    nemo.write_recipe_arch(row.arch, tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "opcast", *words[1:], "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr
+    cli_tokens = json.loads(out.stdout)["tokens_per_s"]
+    assert cli_tokens / row.n_gpus == pytest.approx(pred.tokens_per_s_per_gpu, rel=1e-9)
