@@ -600,10 +600,38 @@ def routed_experts(arch: ArchSpec, *, tokens: int, ep: int = 1) -> tuple[int, in
     ``tokens_per_expert`` rows): at decode batch sizes a fine-grained MoE touches a fraction of its experts
     (a batch of 16 tokens picking 8 of 128 experts reaches 82 of them), and in training every expert is busy,
     the balanced ``ceil(tokens * top_k * ep / n_experts)`` rows of each (Megatron's capacity-free dispatch)."""
-    local = arch.n_experts // ep
-    idle = (1.0 - arch.experts_top_k / arch.n_experts) ** (ep * tokens)
+    return expert_occupancy(experts=arch.n_experts, topk=arch.experts_top_k, tokens=tokens, ep=ep)
+
+
+def expert_occupancy(*, experts: int, topk: int, tokens: int, ep: int = 1) -> tuple[int, int]:
+    """:func:`routed_experts` of a layer given by its numbers: ``experts`` routed experts, ``topk`` a token."""
+    local = experts // ep
+    idle = (1.0 - topk / experts) ** (ep * tokens)
     busy = min(local, max(1, math.ceil(local * (1.0 - idle) - 1e-9)))
-    return busy, -(-tokens * arch.experts_top_k // busy)
+    return busy, -(-tokens * topk // busy)
+
+
+def routed_expert_ops(
+    *, tokens: int, hidden: int, inter: int, experts: int, topk: int, ep: int, gated: bool, fn: str
+) -> list[RoleOp]:
+    """The kernels of one rank's routed experts as grouped GEMMs, for ``tokens`` tokens that the rank routes itself
+    (each of the ``ep`` ranks as many): the permutation of their ``topk`` copies, the up grouped GEMM over the experts
+    that receive tokens (:func:`expert_occupancy`), the activation ``fn`` (and the gate multiply when ``gated``), the
+    down grouped GEMM of ``inter`` (the expert's width on this rank) to ``hidden`` and the un-permutation. What
+    training prices a block's experts as, and inference where no learned fused-MoE model covers its GPU and dtype
+    (:func:`opcast.predict.cost.decompose` of an ``moe`` kernel)."""
+    b, rows = expert_occupancy(experts=experts, topk=topk, tokens=tokens, ep=ep)
+    routed = tokens * topk * hidden
+    act = b * rows * inter
+    gate: list[RoleOp] = [("gate_mul", "elementwise", {"numel": act, "fn": "mul"})] if gated else []
+    return [
+        ("permute", "elementwise", {"numel": routed, "fn": "copy"}),
+        ("mlp_up", "gemm", {"b": b, "m": rows, "n": (2 if gated else 1) * inter, "k": hidden}),
+        ("act", "elementwise", {"numel": act, "fn": fn}),
+        *gate,
+        ("mlp_down", "gemm", {"b": b, "m": rows, "n": hidden, "k": inter}),
+        ("unpermute", "elementwise", {"numel": routed, "fn": "copy"}),
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ class OpKind(StrEnum):
     CROSS_ENTROPY = "cross_entropy"
     ROPE = "rope"
     OPTIMIZER = "optimizer"
+    MOE = "moe"
     ALL_REDUCE = "all_reduce"
     ALL_GATHER = "all_gather"
     REDUCE_SCATTER = "reduce_scatter"
@@ -102,6 +103,9 @@ class OpSpec:
     """Cross-parameter constraints; returns the list of problems (empty when valid)."""
     collective: bool = False
     """True for communication collectives (parameters: bytes, world_size, nodes, gpus_per_node)."""
+    benchmarked: bool = True
+    """Whether ``opcast collect bench`` has a microbenchmark of it (:mod:`opcast.collect.ops`); False for a kind
+    whose rows come only from replayed measurements of an engine's own fused kernel (``moe``)."""
     source: str = ""
     """Where the formulas come from."""
     param_names: tuple[str, ...] = field(init=False)
@@ -271,12 +275,17 @@ def get_op(kind: str) -> OpSpec:
         raise OpcastError(f"unknown op {kind!r}; known ops: {', '.join(op_kinds())}") from None
 
 
-def op_kinds(*, collective: bool | None = None) -> tuple[str, ...]:
-    """Registered kinds, optionally only the (non-)collective ones."""
-    return tuple(k.value for k, s in _REGISTRY.items() if collective is None or s.collective == collective)
+def op_kinds(*, collective: bool | None = None, benchmarked: bool | None = None) -> tuple[str, ...]:
+    """Registered kinds, optionally only the (non-)collective ones, or only those ``collect bench`` does (not)
+    measure (:attr:`OpSpec.benchmarked`)."""
+    return tuple(
+        k.value
+        for k, s in _REGISTRY.items()
+        if (collective is None or s.collective == collective) and (benchmarked is None or s.benchmarked == benchmarked)
+    )
 
 
-MATRIX_KINDS: Final = frozenset({OpKind.GEMM.value, OpKind.ATTENTION.value})
+MATRIX_KINDS: Final = frozenset({OpKind.GEMM.value, OpKind.ATTENTION.value, OpKind.MOE.value})
 """Kinds whose math may run on tensor (matrix) cores; every other kind runs on the vector units."""
 
 
@@ -778,6 +787,77 @@ register(
         flops_fwd=lambda p, dt: 12.0 * _i(p, "numel"),
         bytes_fwd=lambda p, dt: 7.0 * dt * _i(p, "numel"),  # read param, grad, m, v; write param, m, v
         source="Kingma & Ba 2015 (arXiv 1412.6980), Algorithm 1",
+    )
+)
+
+
+# --------------------------------------------------------------------------- fused MoE layer
+
+MOE_FNS: Final = ("silu", "gelu", "relu")
+"""Activations of a fused MoE layer's experts (``fn``): SwiGLU's silu when gated; AIConfigurator's non-gated
+rows are Nemotron-3's squared ReLU (TensorRT-LLM ``ActivationType.Relu2``), coded ``relu``."""
+
+
+def moe_balanced_experts(p: Params) -> tuple[float, float]:
+    """(busy experts, rows of each) on one of ``ep`` ranks of a fused MoE layer whose ``tokens`` tokens each
+    pick ``topk`` of ``experts`` experts with balanced routing: the rank's ``ceil(tokens * topk / ep)``
+    (token, expert) pairs spread over as many of its ``experts / ep`` experts as they can reach, one row each
+    until every expert has one (AIConfigurator's ``balanced_logits``: token ``t``'s ``i``-th expert is
+    ``(t + i * ceil(experts / topk)) % experts``, spread out when there are fewer tokens than that stride).
+    Array-safe (:func:`_i`)."""
+    local = _i(p, "experts") // _i(p, "ep")
+    pairs = -(-_i(p, "tokens") * _i(p, "topk") // _i(p, "ep"))
+    busy = pairs + (local - pairs) * (local < pairs)
+    return busy, -(-pairs // busy)
+
+
+def _moe_width(p: Params) -> float:
+    """Weights of one expert over ``hidden x inter``: up (twice as wide when gated) and down."""
+    return (3 if p["gated"] else 2) * _i(p, "hidden") * _i(p, "inter")
+
+
+def _moe_flops(p: Params, _: float) -> float:
+    busy, rows = moe_balanced_experts(p)
+    return _f(2.0 * busy * rows * _moe_width(p))
+
+
+def _moe_bytes(p: Params, dt: float) -> float:
+    busy, _ = moe_balanced_experts(p)
+    return _f(dt * (busy * _moe_width(p) + 2.0 * _i(p, "tokens") * _i(p, "hidden")))
+
+
+def _moe_check(p: Params) -> list[str]:
+    problems = []
+    if _i(p, "experts") % _i(p, "ep"):
+        problems.append(f"ep={p['ep']} does not divide experts={p['experts']}")
+    if _i(p, "topk") > _i(p, "experts"):
+        problems.append(f"topk={p['topk']} exceeds experts={p['experts']}")
+    return problems
+
+
+register(
+    OpSpec(
+        kind=OpKind.MOE,
+        doc="one rank's fused MoE layer: route tokens[tokens, hidden] to topk of experts (experts / ep of them on "
+        "this rank, each inter wide here), permute, grouped up GEMM, activation, grouped down GEMM, un-permute "
+        "and the top-k weighted sum (TensorRT-LLM's fused MoE; the router GEMM and any all-to-all not included)",
+        params=(
+            Param(name="tokens", type=int, doc="tokens entering the layer on this rank (all of its group's)"),
+            Param(name="hidden", type=int, doc="model width"),
+            Param(name="inter", type=int, doc="intermediate width of one expert on this rank (/ expert tp)"),
+            Param(name="experts", type=int, doc="routed experts of the layer, over all ranks"),
+            Param(name="topk", type=int, doc="experts each token is routed to"),
+            Param(name="ep", type=int, doc="expert-parallel ranks the experts are split over", default=1),
+            Param(name="gated", type=bool, doc="gated MLP experts (SwiGLU: the up GEMM twice as wide)", default=True),
+            Param(name="fn", type=str, doc="the experts' activation", choices=MOE_FNS, default="silu"),
+        ),
+        flops_fwd=_moe_flops,
+        # compulsory traffic: the weights of the experts that receive tokens, the layer's input and output
+        bytes_fwd=_moe_bytes,
+        check=_moe_check,
+        benchmarked=False,
+        source="2 x rows x weights of the busy experts (balanced routing, moe_balanced_experts); "
+        "ai-dynamo/aiconfigurator collector/trtllm/collect_moe.py (what one measured row times)",
     )
 )
 

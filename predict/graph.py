@@ -61,7 +61,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
-from opcast.archs import ArchSpec, attention_ops, padded_vocab, routed_experts, shared_expert_ops
+from opcast.archs import ArchSpec, attention_ops, padded_vocab, routed_expert_ops, shared_expert_ops
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.hardware import DeviceSpec
 from opcast.ops import get_op, uses_tensor_cores
@@ -145,6 +145,8 @@ class Dtypes:
             if k == kind and ("impl" not in params or (kind == "attention" and params["impl"] == "flash")):
                 params = {**params, "impl": impl}
                 break
+        if kind == "moe":  # an inference engine's fused MoE layer: its grouped GEMMs' dtype
+            return kernel(kind, params, self.matrix, direction, self.tensor_cores)
         if kind == "gemm":
             matrix = TE_GEMM_KERNELS.get(self.matrix, self.matrix) if self.te_gemms else self.matrix
             return kernel(kind, params, matrix, direction, self.tensor_cores)
@@ -290,36 +292,54 @@ def _mlp(
     parallelism equal to tp) and ``ep`` ranks each hold ``n_experts / ep`` of them, each rank routing its own
     ``tokens``; with ``whole_experts`` (an inference engine's expert parallelism: vLLM ``--enable-expert-parallel``,
     SGLang's EP MoE) every expert is whole on one of the ``ep`` GPUs, and each GPU dispatches ``1 / tp`` of the
-    tokens its tensor-parallel group replicates."""
+    tokens its tensor-parallel group replicates. In inference (not ``training``, not ``hf``) the routed experts
+    are one fused ``moe`` kernel (an inference engine's fused MoE layer) over the ``ep`` ranks' tokens, priced by a
+    learned model of that kernel where one covers it and as the grouped GEMMs of
+    :func:`~opcast.archs.routed_expert_ops` elsewhere (:func:`opcast.predict.cost.decompose`); training lists
+    those kernels themselves."""
     moe = arch.n_experts > 1
     ffn = arch.ffn_hidden // (1 if moe and whole_experts else tp)
-    up_n = (2 if arch.gated_mlp else 1) * ffn
-    pre: list[Op]
-    post: list[Op]
     if not moe:
-        b, rows, pre, post = 1, tokens, [], []
-    else:
-        routed_tokens = -(-tokens // tp) if whole_experts else tokens
-        b, rows = routed_experts(arch, tokens=routed_tokens, ep=ep)
-        routed = routed_tokens * arch.experts_top_k * arch.hidden
-        pre = [
-            ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1),
-            ("permute", "elementwise", {"numel": routed, "fn": "copy"}, 1),
+        act_numel = tokens * ffn
+        act = hf_activation_ops(arch, act_numel) if hf else None
+        return [
+            ("mlp_up", "gemm", {"b": 1, "m": tokens, "n": (2 if arch.gated_mlp else 1) * ffn, "k": arch.hidden}, 1),
+            *(act if act is not None else [("act", "elementwise", {"numel": act_numel, "fn": arch.activation}, 1)]),
+            *([("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1)] if arch.gated_mlp else []),
+            ("mlp_down", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": ffn}, 1),
         ]
-        post = [("unpermute", "elementwise", {"numel": routed, "fn": "copy"}, 1)]
-        post += [(role, kind, params, 1) for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)]
-    act_numel = b * rows * ffn
-    act = hf_activation_ops(arch, act_numel) if hf else None
-    if act is None:
-        act = [("act", "elementwise", {"numel": act_numel, "fn": arch.activation}, 1)]
-    return [
-        *pre,
-        ("mlp_up", "gemm", {"b": b, "m": rows, "n": up_n, "k": arch.hidden}, 1),
-        *act,
-        *([("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1)] if arch.gated_mlp else []),
-        ("mlp_down", "gemm", {"b": b, "m": rows, "n": arch.hidden, "k": ffn}, 1),
-        *post,
-    ]
+    routed_tokens = -(-tokens // tp) if whole_experts else tokens
+    experts: dict[str, int | bool | str] = {
+        "hidden": arch.hidden,
+        "inter": ffn,
+        "experts": arch.n_experts,
+        "topk": arch.experts_top_k,
+        "ep": ep,
+        "gated": arch.gated_mlp,
+        "fn": arch.activation,
+    }
+    router: Op = ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1)
+    shared = [(role, kind, params, 1) for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)]
+    if not training and not hf:
+        return [router, ("experts", "moe", {"tokens": ep * routed_tokens, **experts}, 1), *shared]
+    routed = routed_expert_ops(
+        tokens=routed_tokens,
+        hidden=arch.hidden,
+        inter=ffn,
+        experts=arch.n_experts,
+        topk=arch.experts_top_k,
+        ep=ep,
+        gated=arch.gated_mlp,
+        fn=arch.activation,
+    )
+    parts: list[Op] = [(role, kind, p, 1) for role, kind, p in routed]
+    if hf:  # transformers' eager activation modules in place of the one activation kernel
+        ((_, _, act_params, _),) = [op for op in parts if op[0] == "act"]
+        act = hf_activation_ops(arch, int(act_params["numel"]))
+        if act is not None:
+            i = next(i for i, op in enumerate(parts) if op[0] == "act")
+            parts[i : i + 1] = act
+    return [router, *parts, *shared]
 
 
 def window_core(arch: ArchSpec, attn: dict, *, seq_q: int, seq_kv: int) -> dict:

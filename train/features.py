@@ -47,7 +47,15 @@ from opcast.collectives_law import alpha_beta_time_s
 from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BITS, DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import MMA_FAMILIES, DeviceSpec
-from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, ROPE_IMPLS, get_op, op_kinds, param_defaults
+from opcast.ops import (
+    ATTENTION_IMPLS,
+    ELEMENTWISE_FNS,
+    ROPE_IMPLS,
+    get_op,
+    moe_balanced_experts,
+    op_kinds,
+    param_defaults,
+)
 from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the registry's tensor-core rule, re-exported
 from opcast.ops import uses_tensor_cores as uses_tensor_cores
 
@@ -519,6 +527,10 @@ def _tiles(
         t2, e2, p2 = _gemm_tiles(b, k, nn, m, sms)  # dB[k,n] = A^T dC, reducing m
         fill = np.where(fwd, b * m * nn / p0, (b * m * k * nn + b * k * nn * m) / (p1 * nn + p2 * m))
         return np.where(fwd, t0, t1 + t2), np.where(fwd, e0, e1 + e2) * dt, fill
+    if kind == "moe":  # the down grouped GEMM's output tiles, [rows, hidden] of each busy expert
+        busy, rows = (np.asarray(v, dtype=float) for v in moe_balanced_experts(cols))  # type: ignore[arg-type]
+        t, _, padded = _gemm_tiles(busy, rows, cols["hidden"], cols["inter"], sms)
+        return t, nan, busy * rows * cols["hidden"] / padded
     if kind == "attention":
         seq = np.where(fwd, cols["seq_q"], cols["seq_kv"])
         blocks = _cdiv(seq, ATTENTION_TILE_ROWS)

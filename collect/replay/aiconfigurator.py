@@ -82,8 +82,22 @@ Tables converted (all forward, one measurement per row):
     precedence below keeps vLLM's (SGLang's kernel is a port of vLLM's; TRT-LLM's AUTO strategy
     switches to NCCL from about 1 MiB, so its rows fill only what vLLM lacks).
 
-Every other table (fused MoE, MLA, MoE all-to-all, DeepSeek modules, Mamba, quantize kernels,
-...) is skipped with a counted reason: :data:`TABLE_REASONS`, else "no opcast op".
+``moe/moe_perf``
+    TensorRT-LLM's fused MoE layer, one rank of ``moe_tp_size x moe_ep_size``
+    (collector/trtllm/collect_moe.py: ``create_moe(...).forward(hidden_states, router_logits)`` in a CUDA
+    graph, mean of 6 replays: top-k routing over the given logits, fp8's activation quantisation, permute, the
+    two grouped GEMMs and the activation, un-permute and the weighted top-k sum; not the router GEMM, no
+    all-reduce). ``moe`` tokens=num_tokens (every token of the group reaches the rank), hidden=hidden_size,
+    inter = inter_size / moe_tp_size, experts=num_experts, topk, ep=moe_ep_size, gated and fn from the kernel
+    lane (``moe_torch_flow_nongated``: Relu2, coded ``relu``, not gated; the others SwiGLU). dtype as the GEMMs'
+    (:data:`MOE_DTYPES`). Skipped with reasons: other engines' MoE rows (:data:`MOE_FRAMEWORKS`), the
+    ``power_law_*`` routing distributions (:data:`MOE_DISTRIBUTION_REASON`), the min-latency lane
+    (:data:`MOE_SKIPPED_LANES`), weight-only and MXFP4 dtypes, an inter_size moe_tp_size does not divide.
+    The newest release wins where two measured one configuration (1.3.0rc23 re-measured the Nemotron-3 shapes
+    of 1.3.0rc20 on Hopper; AIConfigurator's own reuse note puts the two within 1-3 %).
+
+Every other table (MLA, MoE all-to-all, DeepSeek modules, Mamba, quantize kernels, ...) is skipped with a
+counted reason: :data:`TABLE_REASONS`, else "no opcast op".
 
 Provenance: ``source_file`` is the parquet path relative to ROOT (system/family/framework/
 version), ``kernel_name`` is ``"<framework> <version>: <kernel_source>"`` (e.g. ``"trtllm
@@ -277,6 +291,24 @@ CUSTOM_MAX_BYTES: Final = 8 * 1024 * 1024
 all-reduce is not the custom kernel (``should_custom_ar``: ``inp_size < self.max_size``)."""
 TIMING_CUSTOM: Final = "replay:aiconfigurator:cuda-graph-mean"
 
+MOE_TABLE: Final = "moe_perf"
+MOE_FRAMEWORKS: Final = ("trtllm",)
+"""Engines whose fused MoE rows are replayed: TensorRT-LLM's alone (its CUTLASS / TRT-LLM-gen grouped-GEMM MoE).
+vLLM's and SGLang's MoE rows time other kernel families (Triton ``fused_moe``, FlashInfer, Marlin) with their
+own routing and permutation; one family per kind keeps a learned model from averaging engines."""
+MOE_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+MOE_NONGATED: Final = "moe_torch_flow_nongated"
+"""The lane of the non-gated (Relu2) experts; every other lane runs SwiGLU experts."""
+MOE_SKIPPED_LANES: Final = {
+    "moe_torch_flow_min_latency": "moe moe_torch_flow_min_latency: TRT-LLM-gen's min-latency nvfp4 lane, timed "
+    "without the finalize (do_finalize=False), so not the whole layer",
+}
+MOE_DISTRIBUTION_REASON: Final = (
+    "moe {}: skewed routing; only the balanced rows are replayed (the registry's moe prices balanced routing, "
+    "opcast.ops.moe_balanced_experts)"
+)
+MOE_FRAMEWORK_REASON: Final = "moe ({}): another engine's fused MoE kernels; only TensorRT-LLM's are replayed"
+
 ATTENTION_TABLES: Final = {"context_attention_perf": "context", "generation_attention_perf": "generation"}
 COLLECTIVE_TABLES: Final = ("nccl_perf", "oneccl_perf")
 TABLE_REASONS: Final[dict[str, str]] = {
@@ -284,7 +316,6 @@ TABLE_REASONS: Final[dict[str, str]] = {
     "TensorRT-LLM's fp8 GEMM rows with fp8_gemm_alone (QUANT_TABLES), not a row of its own",
     "scale_matrix_perf": "quantize/scale_matrix_perf: fp8 activation quantisation (quantising pass), subtracted from "
     "TensorRT-LLM's fp8 GEMM rows with fp8_gemm_alone (QUANT_TABLES), not a row of its own",
-    "moe_perf": "moe/moe_perf: fused MoE layer (routing + grouped GEMMs); the registry has no MoE op",
     "moe_a2a_perf": "comm/moe_a2a_perf: MoE token dispatch/combine; the registry has no MoE op",
     "mla_bmm_perf": "mla_bmm/mla_bmm_perf: DeepSeek MLA absorbed BMMs (shape constants not in the table)",
 }
@@ -309,6 +340,19 @@ _SOURCE_COLUMNS["generation_attention_perf"] = _SOURCE_COLUMNS["context_attentio
 _SOURCE_COLUMNS["oneccl_perf"] = _SOURCE_COLUMNS["nccl_perf"]
 for _table in QUANT_TABLES:
     _SOURCE_COLUMNS[_table] = ("m", "k", "quant_dtype", "latency")
+_SOURCE_COLUMNS[MOE_TABLE] = (
+    "kernel_source",
+    "moe_dtype",
+    "num_tokens",
+    "hidden_size",
+    "inter_size",
+    "topk",
+    "num_experts",
+    "moe_tp_size",
+    "moe_ep_size",
+    "distribution",
+    "latency",
+)
 _SOURCE_COLUMNS[CUSTOM_TABLE] = ("kernel_source", "op_name", "allreduce_dtype", "num_gpus", "message_size", "latency")
 _OPTIONAL_COLUMNS: Final = ("window_size", "beam_width")
 
@@ -316,6 +360,7 @@ _PARAMS: Final = {
     "gemm": ("b", "m", "n", "k"),
     "attention": ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"),
     "collective": ("bytes", "world_size", "nodes", "gpus_per_node"),
+    "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn"),
 }
 
 
@@ -385,7 +430,7 @@ def replay(
     only_systems = set(systems) if systems is not None else None
     only_tables = set(tables) if tables is not None else None
     result = ReplayResult()
-    frames: dict[str, list[pd.DataFrame]] = {"gemm": [], "attention": [], "collective": []}
+    frames: dict[str, list[pd.DataFrame]] = {"gemm": [], "attention": [], "collective": [], "moe": []}
     for path in sorted(base.glob("*/*/*/*/*.parquet")):
         rel = path.relative_to(base)
         system, family, framework, version = rel.parts[:4]
@@ -413,12 +458,21 @@ def replay(
             kind, frame = "collective", _collective(path, result)
         elif table == CUSTOM_TABLE:
             kind, frame = "collective", _custom_all_reduce(path, result)
+        elif table == MOE_TABLE and framework not in MOE_FRAMEWORKS:
+            result.skipped[MOE_FRAMEWORK_REASON.format(framework)] += _num_rows(path)
+            continue
+        elif table == MOE_TABLE:
+            kind, frame = "moe", _moe(path, result)
         else:
             result.skipped[TABLE_REASONS.get(table, f"{family}/{table}: no opcast op for it")] += _num_rows(path)
             continue
         if frame.empty:
             continue
         _check_device(path, frame, device)
+        if kind == "moe":
+            frame = _skip_unsupported(frame, device, result)
+            if frame.empty:
+                continue
         if kind == "gemm":
             frame = _skip_unsupported(frame, device, result)
             if framework == "vllm":
@@ -549,6 +603,39 @@ def _skip_unsupported(frame: pd.DataFrame, device: str, result: ReplayResult) ->
     lacking = dtypes.isin(list(BLOCK_SCALED_DTYPES)) & ~dtypes.map(spec.supports).astype(bool)
     reasons = dtypes.map(lambda d: f"gemm {d}: {device} has no peak for it")
     return _skip_by(frame, lacking, reasons, result)
+
+
+def _moe(path: Path, result: ReplayResult) -> pd.DataFrame:
+    """``moe`` rows of one ``moe_perf`` table (the module docstring), skipped rows counted."""
+    frame = _read(path, MOE_TABLE)
+    lane = frame["kernel_source"].astype(str)
+    frame = _skip_by(frame, lane.isin(list(MOE_SKIPPED_LANES)), lane.map(MOE_SKIPPED_LANES), result)
+    distribution = frame["distribution"].astype(str)
+    skewed = distribution != "balanced"
+    frame = _skip_by(frame, skewed, distribution.map(MOE_DISTRIBUTION_REASON.format), result)
+    source = frame["moe_dtype"].astype(str)
+    dtype = source.map(MOE_DTYPES)
+    frame = _skip_by(frame.assign(dtype=dtype), dtype.isna(), "moe " + source + ": no opcast dtype for it", result)
+    frame = _positive_time(frame, result, "moe")
+    sizes = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
+    shape = frame[sizes].apply(pd.to_numeric, errors="coerce")
+    frame = _skip_by(frame, ~(shape >= 1).all(axis=1), "moe: a size below 1 or missing", result)
+    shape = shape.loc[frame.index].astype("int64")
+    uneven = (shape["inter_size"] % shape["moe_tp_size"] != 0) | (shape["num_experts"] % shape["moe_ep_size"] != 0)
+    frame = _skip_by(frame, uneven, "moe: moe_tp_size does not divide inter_size or moe_ep_size num_experts", result)
+    shape = shape.loc[frame.index]
+    gated = frame["kernel_source"].astype(str) != MOE_NONGATED
+    return frame.assign(
+        op="moe",
+        tokens=shape["num_tokens"],
+        hidden=shape["hidden_size"],
+        inter=shape["inter_size"] // shape["moe_tp_size"],
+        experts=shape["num_experts"],
+        topk=shape["topk"],
+        ep=shape["moe_ep_size"],
+        gated=gated,
+        fn=np.where(gated, "silu", "relu"),
+    )
 
 
 def _attention(path: Path, phase: str, result: ReplayResult) -> pd.DataFrame:

@@ -64,6 +64,7 @@ from opcast.predict.cost.learned import (
 )
 from opcast.predict.cost.model import (
     BOUNDS_ENV,
+    DECOMPOSED_KINDS,
     KernelCostModel,
     decompose,
     load_kernel_cost,
@@ -105,6 +106,7 @@ from opcast.predict.cost.roofline import (
 __all__ = [
     "BOUNDS_ENV",
     "BOUND_RULES",
+    "DECOMPOSED_KINDS",
     "FA1_FWD_BWD_TFLOPS",
     "FA1_GPUS",
     "FA1_SEQS",

@@ -12,11 +12,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 
-from opcast.dtypes import element_bytes
+from opcast.archs import routed_expert_ops
+from opcast.dtypes import QUANTISED_PRECISIONS, element_bytes
 from opcast.errors import OpcastError
 from opcast.ops import takes_kernel_impls
 from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost
@@ -43,10 +44,45 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     :func:`opcast.predict.graph.traffic_op`), which carries the device's measured streaming bandwidth and
     its launch floor where the roofline of the traffic has neither (a 1 MB norm at 1.1 us on an A100).
     Else :func:`_decompose_eager`."""
+    if k.kind == "moe":
+        return _decompose_moe(k)
     if takes_kernel_impls(k.kind) and "impl" in k.param_dict:
         numel = max(1, math.ceil(k.bytes_moved() / (2 * element_bytes(k.dtype))))
         return [(kernel("elementwise", {"numel": numel, "fn": "mul_scalar"}, k.dtype, "fwd"), 1)]
     return _decompose_eager(k)
+
+
+DECOMPOSED_KINDS: Final = frozenset({"moe"})
+"""Kinds that, where no learned source covers them, are their parts (:func:`decompose`) whatever prices those: a
+fused MoE layer is priced as the grouped GEMMs opcast prices a block's experts as without it (learned or roofline,
+each part by its own source), never by a roofline of the fused kernel."""
+
+
+def _decompose_moe(k: Kernel) -> list[tuple[Kernel, int]]:
+    """A fused MoE layer (``moe``) as the kernels of :func:`opcast.archs.routed_expert_ops` for the ``tokens / ep``
+    tokens each rank routes: GEMMs in the kernel's dtype, the copies and the activation in the activations'
+    (bf16 under a quantised precision, :func:`opcast.predict.memory.activation_dtype`)."""
+    p = k.param_dict
+    act = "bf16" if k.dtype in QUANTISED_PRECISIONS.values() else k.dtype
+    parts = routed_expert_ops(
+        tokens=-(-int(p["tokens"]) // int(p["ep"])),
+        hidden=int(p["hidden"]),
+        inter=int(p["inter"]),
+        experts=int(p["experts"]),
+        topk=int(p["topk"]),
+        ep=int(p["ep"]),
+        gated=bool(p["gated"]),
+        fn=str(p["fn"]),
+    )
+    return [
+        (
+            kernel(kind, params, k.dtype, k.direction, k.tensor_cores)
+            if kind == "gemm"
+            else kernel(kind, params, act, k.direction, False),
+            1,
+        )
+        for _, kind, params in parts
+    ]
 
 
 def _decompose_eager(k: Kernel) -> list[tuple[Kernel, int]] | None:
@@ -97,6 +133,8 @@ def _composite_label(k: Kernel) -> str:
     """How :func:`decompose` priced ``k`` (for its flags)."""
     if k.kind == "attention":
         return "eager attention from its kernels"
+    if k.kind == "moe":
+        return "fused MoE layer as its grouped GEMMs"
     return "priced as the streaming kernel of its traffic"
 
 
@@ -138,6 +176,10 @@ class KernelCostModel:
         flags = self._flags.setdefault(device, {})
         todo = [k for k in dict.fromkeys(kernels) if k not in cache]
         *preferred, fallback = self.sources
+        parted = [k for k in todo if k.kind in DECOMPOSED_KINDS and not any(s.covers(k) for s in preferred)]
+        if parted:
+            self._price_parts(parted, device, cache, flags)
+            todo = [k for k in todo if k not in cache]
         if preferred and todo:
             # One batch per source: the kernels themselves plus the parts of uncovered multi-kernel
             # ops (a learned model's per-call overhead dwarfs its per-row cost).
@@ -168,6 +210,30 @@ class KernelCostModel:
         if todo:  # the last source always answers; reaching here is a bug in a source, not bad input
             raise RuntimeError(f"internal: no kernel-time source could time {todo[0].kind} {dict(todo[0].params)}")
         return cache
+
+    def _price_parts(
+        self,
+        kernels: list[Kernel],
+        device: DeviceSpec,
+        cache: dict[Kernel, tuple[float, str]],
+        flags: dict[Kernel, str],
+    ) -> None:
+        """Price each of ``kernels`` (of :data:`DECOMPOSED_KINDS`, no learned source covering them) as the sum of
+        its parts (:func:`decompose`), each part by the source that answers it; labelled learned where every part
+        is, else with the first other part's source, its flags and bounds carried as for the eager composites."""
+        parts = {k: decompose(k) or [] for k in kernels}
+        table = self.lookup([p for ps in parts.values() for p, _ in ps], device)
+        for k, ps in parts.items():
+            labels = [table[p][1] for p, _ in ps]
+            label = next((lab for lab in labels if lab != LEARNED), LEARNED)
+            cache[k] = (sum(n * table[p][0] for p, n in ps), label)
+            why = next((flags[p] for p, _ in ps if p in flags), None)
+            if why:
+                flags[k] = f"{_composite_label(k)}; {why}"
+            bounded = self._bounds.get(device, {})
+            rule = next((bounded[p] for p, _ in ps if p in bounded), None)
+            if rule:
+                self._bounds.setdefault(device, {})[k] = (rule[0], f"{_composite_label(k)}; {rule[1]}")
 
     def _ask(
         self,

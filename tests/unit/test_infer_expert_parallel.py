@@ -12,6 +12,7 @@ import pytest
 
 from opcast.archs import load_arch
 from opcast.hardware import get_device
+from opcast.predict.cost import decompose, kernel
 from opcast.predict.graph import block_ops
 from opcast.predict.inference import predict_infer
 from opcast.predict.parallel import InferConfig, ep_replica_reasons
@@ -31,9 +32,13 @@ def test_whole_experts_on_the_replicas_gpus_hold_the_same_weights_as_split_ones(
     assert whole.feasible and split.feasible
     assert whole.memory.weights_bytes == split.memory.weights_bytes  # 64 whole experts = 128 halves
     ops = block_ops(QWEN, tp=2, batch=8, seq_q=1, seq_kv=256, sp=False, ep=2, training=False, whole_experts=True)
-    up = next(p for r, k, p, c in ops if r == "mlp_up")
-    # each GPU routes 4 of the 8 tokens (the group's 8): 64 (1 - (120/128)^8) = 25.2 -> 26 busy local experts,
-    # ceil(4 x 8 / 26) = 2 rows each, at the whole expert's width (gate + up, 2 x 768)
+    experts = next(p for r, k, p, c in ops if r == "experts")
+    # one fused MoE layer over the group's 8 tokens, whole experts (768 wide) over the 2 GPUs
+    assert (experts["tokens"], experts["inter"], experts["ep"]) == (8, 768, 2)
+    # as grouped GEMMs (no learned fused-MoE model): each GPU routes 4 of the 8 tokens: 64 (1 - (120/128)^8) =
+    # 25.2 -> 26 busy local experts, ceil(4 x 8 / 26) = 2 rows each, at the whole expert's width (2 x 768)
+    parts = [p for p, _ in decompose(kernel("moe", experts, "bf16"))]
+    up = next(p.param_dict for p in parts if p.kind == "gemm")
     assert (up["b"], up["m"], up["n"]) == (26, 2, 2 * 768)
     assert whole.breakdown_s["decode_step"]["tp_comm"] == split.breakdown_s["decode_step"]["tp_comm"]
 

@@ -14,9 +14,11 @@ from opcast.ops import (
     arithmetic_intensity,
     bus_factor,
     get_op,
+    moe_balanced_experts,
     op_kinds,
     param_types,
     register,
+    uses_tensor_cores,
 )
 
 REQUIRED_KINDS = {
@@ -30,6 +32,7 @@ REQUIRED_KINDS = {
     "cross_entropy",
     "rope",
     "optimizer",
+    "moe",
     "all_reduce",
     "all_gather",
     "reduce_scatter",
@@ -209,3 +212,27 @@ def test_optional_parameters_take_their_default_and_still_validate():
     assert spec.bytes_moved(fused, 2) == 2 * (2 * x + table) and spec.bytes_moved(unfused, 2) == 2 * (10 * x + table)
     with pytest.raises(OpcastError, match="impl"):
         spec.validate({"tokens": 8, "heads": 3, "head_dim": 4, "impl": "triton"})
+
+
+def test_moe_is_one_ranks_fused_layer_under_balanced_routing():
+    spec = get_op("moe")
+    p = spec.validate({"tokens": 4, "hidden": 1024, "inter": 512, "experts": 64, "topk": 8, "ep": 4})
+    assert (p["gated"], p["fn"]) == (True, "silu")  # SwiGLU experts unless told
+    # 4 tokens x top 8 over 4 ranks: 8 pairs on this rank's 16 experts, one row each
+    assert moe_balanced_experts(p) == (8, 1)
+    width = 3 * 1024 * 512  # gate + up and down
+    assert spec.flops(p) == 2.0 * 8 * width
+    assert spec.bytes_moved(p, 2) == 2 * (8 * width + 2 * 4 * 1024)
+    # 512 tokens: every local expert busy, 512 x 8 / 4 / 16 = 64 rows each; non-gated: two weights, not three
+    big = spec.validate({**p, "tokens": 512, "gated": False, "fn": "relu"})
+    assert moe_balanced_experts(big) == (16, 64)
+    assert spec.flops(big) == 2.0 * 16 * 64 * 2 * 1024 * 512
+    assert uses_tensor_cores("moe", "bf16") and not get_op("moe").benchmarked
+    assert "moe" not in op_kinds(benchmarked=True) and "gemm" in op_kinds(benchmarked=True)
+
+
+def test_moe_refuses_uneven_expert_parallelism_and_too_many_picks():
+    with pytest.raises(OpcastError, match="ep=3 does not divide experts=64"):
+        get_op("moe").validate({"tokens": 4, "hidden": 64, "inter": 64, "experts": 64, "topk": 8, "ep": 3})
+    with pytest.raises(OpcastError, match="topk=9 exceeds experts=8"):
+        get_op("moe").validate({"tokens": 4, "hidden": 64, "inter": 64, "experts": 8, "topk": 9})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opcast.archs import layer_ops, load_arch, model_ops
+from opcast.predict.cost import decompose, kernel
 from opcast.predict.graph import (
     BWD,
     FWD,
@@ -161,10 +162,18 @@ def test_qwen3_forward_equals_the_ops_collect_benchmarks_and_moe_decode_reads_bu
         if r not in ("permute", "unpermute")
     ]
     assert mine == [(k, p) for k, p in layer_ops(arch, tp=2, batch=1, seq=256)]
-    # a decode step of 4 sequences: 32 assignments reach 128 (1 - (120/128)^4) = 29.1 -> 30 of 128 experts
+    # a decode step of 4 sequences: one fused MoE layer; as grouped GEMMs (no learned model of it), 32 assignments
+    # reach 128 (1 - (120/128)^4) = 29.1 -> 30 of 128 experts
     decode = block_ops(arch, tp=1, batch=4, seq_q=1, seq_kv=512, sp=False, training=False)
-    up = next(p for r, k, p, c in decode if r == "mlp_up")
+    ((experts, count),) = [(p, c) for r, k, p, c in decode if k == "moe"]
+    assert count == 1 and not any(r in ("mlp_up", "permute") for r, *_ in decode)
+    parts = [p for p, _ in decompose(kernel("moe", experts, "bf16"))]
+    up = next(p.param_dict for p in parts if p.kind == "gemm")
     assert (up["b"], up["m"]) == (30, 2)
+    # training lists the same kernels itself
+    roles = ("permute", "mlp_up", "act", "gate_mul", "mlp_down", "unpermute")
+    train = [(k, p) for r, k, p, c in block_ops(arch, tp=1, batch=4, seq_q=1, seq_kv=512, sp=False) if r in roles]
+    assert [(p.kind, p.param_dict) for p in parts] == train
 
 
 def test_a_shared_expert_runs_in_fp8_beside_the_routed_ones():

@@ -140,7 +140,13 @@ def test_skip_reasons_are_counted(source, replayed):
     assert s["system zz_future: no hardware catalog device for this folder"] == int(
         (source.system == "zz_future").sum()
     )
-    assert s[aic.TABLE_REASONS["moe_perf"]] == int((source.table == "moe_perf").sum())
+    moe = source[source.table == "moe_perf"]
+    assert s[aic.MOE_FRAMEWORK_REASON.format("vllm")] == int((moe.pfw == "vllm").sum())
+    assert s[aic.MOE_DISTRIBUTION_REASON.format("power_law_1.2")] == int((moe.distribution == "power_law_1.2").sum())
+    assert s[aic.MOE_SKIPPED_LANES["moe_torch_flow_min_latency"]] == 1
+    assert s["moe w4a16_mxfp4: no opcast dtype for it"] == 1
+    assert s["moe: moe_tp_size does not divide inter_size or moe_ep_size num_experts"] == 1
+    assert s["moe: measured again by an older version of the same framework (kept the newest)"] == 2
     custom = source[source.table == "custom_allreduce_perf"]
     assert s[next(k for k in s if k.startswith("custom all-reduce: eager lane"))] == int(
         custom.kernel_source.str.endswith("_eager").sum()
@@ -155,6 +161,30 @@ def test_skip_reasons_are_counted(source, replayed):
     assert s["gemm: latency not a positive number"] == int(
         ((source.table == "gemm_perf") & (source.latency <= 0)).sum()
     )
+
+
+def test_moe_rows_are_one_ranks_fused_layer_balanced_and_newest_first(source, replayed):
+    _, rows = replayed
+    m = source[
+        (source.table == "moe_perf")
+        & (source.pfw == "trtllm")
+        & (source.distribution == "balanced")
+        & source.moe_dtype.isin(["bfloat16", "fp8"])
+        & (source.kernel_source != "moe_torch_flow_min_latency")
+        & (source.inter_size % source.moe_tp_size == 0)
+    ]
+    newest = m[m.pver == "1.3.0rc23"]
+    expected = {
+        (t, 1024 // tp, ep, lane != "moe_torch_flow_nongated", {"bfloat16": "bf16", "fp8": "fp8"}[d])
+        for t, tp, ep, lane, d in zip(m.num_tokens, m.moe_tp_size, m.moe_ep_size, m.kernel_source, m.moe_dtype)
+    }
+    got = rows[rows.op == "moe"]
+    assert len(got) == len(expected) == 24
+    assert set(zip(got.tokens, got["inter"], got.ep, got.gated, got.dtype)) == expected
+    assert (got.hidden == 4096).all() and (got.experts == 64).all() and (got.topk == 8).all()
+    assert set(zip(got.gated, got.fn)) == {(True, "silu"), (False, "relu")}
+    redone = got[got.source_file.str.contains("1.3.0rc23")]
+    assert sorted(redone.time_s_median) == pytest.approx(sorted(newest.latency / 1e3))
 
 
 # --------------------------------------------------------------------------- precedence and values
