@@ -92,7 +92,7 @@ def learned_logo_s(pool: pd.DataFrame, test: pd.DataFrame, cap_rows: int, seed: 
     cfg = FitConfig(estimator="xgb", folds=0, ops=("moe",), seed=seed, n_jobs=1)
     devices = {str(d): get_device(str(d)) for d in pd.unique(pool["device"])}
     out = np.full(len(test), np.nan)
-    capped = modern_gpus.cap(pool, cap_rows, seed)
+    capped = modern_gpus.cap(pool[pool["dtype"].isin(pd.unique(test["dtype"]))], cap_rows, seed)
     for dev, idx in test.groupby("device").indices.items():
         train = capped[capped["device"] != dev].reset_index(drop=True)
         fitted, _, _ = fit_frame(train, devices, cfg)

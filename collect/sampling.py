@@ -373,7 +373,11 @@ def make_plan(
     for op in ops:
         if op in op_kinds(collective=True):
             raise OpcastError(f"{op} is a collective; measure it with `opcast collect comm` under torchrun")
-        get_op(op)
+        if not get_op(op).benchmarked:
+            raise OpcastError(
+                f"{op} has no microbenchmark (an inference engine's fused kernel); replay its measurements with "
+                "`opcast collect replay aiconfigurator`"
+            )
     strata: list[list[PlanPoint]] = []
     skipped: Counter = Counter()
     seen: set[str] = set()

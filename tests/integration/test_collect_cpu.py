@@ -106,6 +106,7 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
     [
         (["--op", "conv2d"], "unknown op 'conv2d'"),
         (["--op", "all_reduce"], "collect comm"),
+        (["--op", "moe"], "collect replay aiconfigurator"),
         (["--dtype", "fp8"], "not available on the CPU"),
         (["--dtype", "fp64"], "unknown dtype"),
         (["--device", "cuda"] if not shutil.which("nvidia-smi") else ["--device", "tpu"], "--device"),

@@ -328,3 +328,40 @@ def test_a_one_pass_kernel_without_data_is_the_streaming_kernel_of_its_traffic()
     # an implementation with data keeps its own predictor: Liger's RMSNorm is learned from Liger's rows
     liger = kernel("rmsnorm", {"rows": 32, "cols": 8192, "impl": "liger"}, "bf16", "bwd")
     assert model.time_s(liger, A100)[0] != t
+
+
+class _FakeMoe(_FakeModelSet):
+    """Covers the fused MoE layer (2 ms) and gemm (1 ms); nothing else."""
+
+    def covers(self, op, dtype, direction):
+        return op in ("moe", "gemm") and direction == "fwd"
+
+    def predict_s(self, frame, device):
+        self.calls += 1
+        return np.where(frame["op"] == "moe", 2e-3, 1e-3)
+
+
+H100 = get_device("H100-SXM")
+MOE = {"tokens": 64, "hidden": 1024, "inter": 512, "experts": 16, "topk": 2, "ep": 2}
+
+
+def test_a_fused_moe_layer_is_learned_where_covered_and_its_grouped_gemms_elsewhere():
+    from opcast.predict.cost import decompose
+
+    moe = kernel("moe", MOE, "fp8")
+    parts = decompose(moe)
+    # each of the 2 ranks routes 32 tokens: 64 pairs over its 8 experts, all busy, 8 rows each
+    copy, gemm = ("elementwise", "bf16"), ("gemm", "fp8")  # fp8 GEMMs, bf16 activations
+    assert [(p.kind, p.dtype) for p, _ in parts] == [copy, gemm, copy, copy, gemm, copy]
+    gemms = [p.param_dict for p, _ in parts if p.kind == "gemm"]
+    assert gemms == [{"b": 8, "m": 8, "n": 1024, "k": 1024}, {"b": 8, "m": 8, "n": 1024, "k": 512}]
+    covered = KernelCostModel(sources=(LearnedKernelCost(_FakeMoe(), "fake"), RooflineKernelCost()))
+    assert covered.time_s(moe, H100) == (pytest.approx(2e-3), LEARNED)
+    # no moe model: the parts, the GEMMs learned and the copies and activation by the roofline
+    gemm_only = KernelCostModel(sources=(LearnedKernelCost(_FakeModelSet(), "fake"), RooflineKernelCost()))
+    t, label = gemm_only.time_s(moe, H100)
+    rest = sum(RooflineKernelCost().predict_s([p], H100)[0] for p, _ in parts if p.kind != "gemm")
+    assert label == ROOFLINE and t == pytest.approx(2e-3 + rest)
+    # the roofline alone prices the parts too, never a roofline of the fused kernel
+    roof = KernelCostModel(sources=(RooflineKernelCost(),))
+    assert roof.time_s(moe, H100)[0] == pytest.approx(RooflineKernelCost().predict_s([p for p, _ in parts], H100).sum())

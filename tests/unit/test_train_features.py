@@ -225,3 +225,29 @@ def test_array_formulas_match_the_registry_row_by_row():
         dt = DTYPE_BYTES[row["dtype"]]
         assert work["flops"][i] == pytest.approx(spec.flops(params, row["direction"], dt), rel=1e-12), dict(row)
         assert work["bytes"][i] == pytest.approx(spec.bytes_moved(params, dt, row["direction"]), rel=1e-12), dict(row)
+
+
+def test_a_fused_moe_layer_has_tensor_core_work_and_the_tiles_of_its_down_gemm():
+    from opcast.ops import get_op, moe_balanced_experts
+
+    h100 = get_device("H100-SXM")
+    shape = {"hidden": 4096, "inter": 1024, "experts": 64, "topk": 8, "ep": 4}
+    rows = [
+        {"op": "moe", "dtype": dtype, "direction": "fwd", "tokens": t, **shape, "gated": gated, "fn": fn}
+        for t, dtype, gated, fn in ((1, "bf16", True, "silu"), (4096, "fp8", False, "relu"))
+    ]
+    feats = features(_frame(rows), h100)
+    for _, f in feats.iterrows():
+        assert all(np.isfinite(f[n]) for n in FEATURES["moe"])
+    spec = get_op("moe")
+    for row, (_, f) in zip(rows, feats.iterrows()):
+        p = spec.validate({k: row[k] for k in spec.param_names})
+        assert f["flops"] == pytest.approx(spec.flops(p)) and f["mma_wgmma"] == 1.0 and f["tensor_cores"] == 1.0
+        assert 0 < f["tile_fill"] <= 1
+    # one token: 8 pairs over 4 ranks, 2 experts of one row busy; 4096 tokens: all 16 local experts, 512 rows
+    assert moe_balanced_experts(rows[0]) == (2, 1)
+    assert moe_balanced_experts(rows[1]) == (16, 512)
+    assert feats["gated"].tolist() == [1.0, 0.0] and feats["fn_code"].iloc[0] != feats["fn_code"].iloc[1]
+    # fp8 runs at the fp8 tensor-core peak, bf16 at the bf16 one
+    assert np.exp(feats["log_peak_flops"]).tolist() == pytest.approx([h100.peak_bf16_flops, h100.peak_fp8_flops])
+    assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half", "moe-fwd-fp8"]
