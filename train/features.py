@@ -118,13 +118,6 @@ the other specs place near a sibling of another family (the sm_120 RTX PRO 6000 
 of mma.sync kernels). All three 0: a device with none (AMD, Intel, CPU); NaN on fp32 and tf32
 rows, which these columns do not describe. Only ``hier`` reads them (:data:`HIER_ONLY_FEATURES`)."""
 
-MOE_FEATURES: Final = ("log_busy_experts", "log_expert_rows")
-"""A fused MoE layer's grouped GEMMs (:func:`opcast.ops.moe_balanced_experts`): the experts of the rank that
-receive tokens and the rows of each. The grouped GEMM's efficiency is set by these two (a few rows of many experts
-is a weight-streaming kernel, many rows of a few a dense GEMM), which the shape parameters give only through a
-ratio a tree would have to find. Leave-one-GPU-out on H100, H200 and B200 (``benchmarks/moe_kernels.py``)."""
-MOE_SIZES: Final = ("tokens", "experts", "topk", "ep")
-
 EPS: Final = 1e-30
 
 WORK_FEATURES: Final = (
@@ -352,8 +345,6 @@ def _shape_features(kind: str) -> tuple[str, ...]:
         names += ["align_cols"]
     elif kind == "attention":
         names += list(ATTENTION_LATENCY_FEATURES)
-    elif kind == "moe":
-        names += list(MOE_FEATURES)
     return tuple(names)
 
 
@@ -818,12 +809,6 @@ def feature_table(rows: Any, device: DeviceSpec) -> Table:
             a = np.full(n, np.nan)
             a[ok] = _align(vals[ok])
             out[f"align_{name}"] = a
-    if all(name in cols for name in MOE_SIZES):
-        sizes = {name: _as_float(cols[name]) for name in MOE_SIZES}
-        with np.errstate(all="ignore"):
-            busy, rows = moe_balanced_experts(sizes)  # type: ignore[arg-type]
-            out["log_busy_experts"] = _log(np.asarray(busy, dtype=float))
-            out["log_expert_rows"] = _log(np.asarray(rows, dtype=float))
     if "fn" in cols:
         fns = cols["fn"]
         out["fn_flops_per_elem"] = _mapped(fns, {k: float(f.flops) for k, f in ELEMENTWISE_FNS.items()})

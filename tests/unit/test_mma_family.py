@@ -50,9 +50,10 @@ def test_a_blackwell_at_the_sm120_rate_is_an_mma_sync_part() -> None:
     assert derive_device(b200, ["gpus_per_node=4"]).mma_family == "tcgen05"
 
 
-def test_only_gemm_and_attention_declare_the_family_features() -> None:
+def test_only_the_tensor_core_kinds_declare_the_family_features() -> None:
     for kind, names in FEATURES.items():
-        assert set(MMA_FEATURES) <= set(names) if kind in ("gemm", "attention") else not set(MMA_FEATURES) & set(names)
+        matrix = kind in ("gemm", "attention", "moe")  # moe: a fused layer of grouped GEMMs
+        assert set(MMA_FEATURES) <= set(names) if matrix else not set(MMA_FEATURES) & set(names)
 
 
 @pytest.mark.parametrize("gpu", ["A100-SXM4-80GB", "H200", "GB200", "RTX-PRO-6000", "MI300X"])
