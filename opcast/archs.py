@@ -611,16 +611,18 @@ def expert_occupancy(*, experts: int, topk: int, tokens: int, ep: int = 1) -> tu
     return busy, -(-tokens * topk // busy)
 
 
-def routed_expert_ops(
-    *, tokens: int, hidden: int, inter: int, experts: int, topk: int, ep: int, gated: bool, fn: str
-) -> list[RoleOp]:
-    """The kernels of one rank's routed experts as grouped GEMMs, for ``tokens`` tokens that the rank routes itself
-    (each of the ``ep`` ranks as many): the permutation of their ``topk`` copies, the up grouped GEMM over the experts
-    that receive tokens (:func:`expert_occupancy`), the activation ``fn`` (and the gate multiply when ``gated``), the
-    down grouped GEMM of ``inter`` (the expert's width on this rank) to ``hidden`` and the un-permutation. What
-    training prices a block's experts as, and inference where no learned fused-MoE model covers its GPU and dtype
-    (:func:`opcast.predict.cost.decompose` of an ``moe`` kernel)."""
-    b, rows = expert_occupancy(experts=experts, topk=topk, tokens=tokens, ep=ep)
+def routed_expert_ops(moe: Mapping[str, int | bool | str]) -> list[RoleOp]:
+    """The kernels of one rank's routed experts as grouped GEMMs, for the parameters of an ``moe`` op (the fused
+    layer, :mod:`opcast.ops`): its ``tokens`` are the expert-parallel group's, of which each of the ``ep`` ranks
+    routes ``ceil(tokens / ep)`` itself. The permutation of their ``topk`` copies, the up grouped GEMM over the
+    experts that receive tokens (:func:`expert_occupancy`), the activation ``fn`` (and the gate multiply when
+    ``gated``), the down grouped GEMM of ``inter`` (the expert's width on this rank) to ``hidden`` and the
+    un-permutation. What training prices a block's experts as, and inference where no learned fused-MoE model
+    covers its GPU and dtype (:func:`opcast.predict.cost.decompose` of the ``moe`` kernel)."""
+    ep, topk, hidden, inter = int(moe["ep"]), int(moe["topk"]), int(moe["hidden"]), int(moe["inter"])
+    tokens = -(-int(moe["tokens"]) // ep)
+    gated, fn = bool(moe["gated"]), str(moe["fn"])
+    b, rows = expert_occupancy(experts=int(moe["experts"]), topk=topk, tokens=tokens, ep=ep)
     routed = tokens * topk * hidden
     act = b * rows * inter
     gate: list[RoleOp] = [("gate_mul", "elementwise", {"numel": act, "fn": "mul"})] if gated else []

@@ -309,7 +309,8 @@ def _mlp(
             ("mlp_down", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": ffn}, 1),
         ]
     routed_tokens = -(-tokens // tp) if whole_experts else tokens
-    experts: dict[str, int | bool | str] = {
+    experts: dict[str, int | bool | str] = {  # the fused layer over the ep ranks' tokens (opcast.ops moe)
+        "tokens": ep * routed_tokens,
         "hidden": arch.hidden,
         "inter": ffn,
         "experts": arch.n_experts,
@@ -321,18 +322,8 @@ def _mlp(
     router: Op = ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1)
     shared = [(role, kind, params, 1) for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)]
     if not training and not hf:
-        return [router, ("experts", "moe", {"tokens": ep * routed_tokens, **experts}, 1), *shared]
-    routed = routed_expert_ops(
-        tokens=routed_tokens,
-        hidden=arch.hidden,
-        inter=ffn,
-        experts=arch.n_experts,
-        topk=arch.experts_top_k,
-        ep=ep,
-        gated=arch.gated_mlp,
-        fn=arch.activation,
-    )
-    parts: list[Op] = [(role, kind, p, 1) for role, kind, p in routed]
+        return [router, ("experts", "moe", experts, 1), *shared]
+    parts: list[Op] = [(role, kind, p, 1) for role, kind, p in routed_expert_ops(experts)]
     if hf:  # transformers' eager activation modules in place of the one activation kernel
         ((_, _, act_params, _),) = [op for op in parts if op[0] == "act"]
         act = hf_activation_ops(arch, int(act_params["numel"]))

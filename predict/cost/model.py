@@ -59,21 +59,11 @@ each part by its own source), never by a roofline of the fused kernel."""
 
 
 def _decompose_moe(k: Kernel) -> list[tuple[Kernel, int]]:
-    """A fused MoE layer (``moe``) as the kernels of :func:`opcast.archs.routed_expert_ops` for the ``tokens / ep``
-    tokens each rank routes: GEMMs in the kernel's dtype, the copies and the activation in the activations'
+    """A fused MoE layer (``moe``) as the kernels of :func:`opcast.archs.routed_expert_ops`: GEMMs in the kernel's
+    dtype, the copies and the activation in the activations'
     (bf16 under a quantised precision, :func:`opcast.predict.memory.activation_dtype`)."""
-    p = k.param_dict
     act = "bf16" if k.dtype in QUANTISED_PRECISIONS.values() else k.dtype
-    parts = routed_expert_ops(
-        tokens=-(-int(p["tokens"]) // int(p["ep"])),
-        hidden=int(p["hidden"]),
-        inter=int(p["inter"]),
-        experts=int(p["experts"]),
-        topk=int(p["topk"]),
-        ep=int(p["ep"]),
-        gated=bool(p["gated"]),
-        fn=str(p["fn"]),
-    )
+    parts = routed_expert_ops(k.param_dict)
     return [
         (
             kernel(kind, params, k.dtype, k.direction, k.tensor_cores)
