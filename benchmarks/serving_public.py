@@ -2,7 +2,7 @@
 p50/p90 TTFT and TPOT within 15 %).
 
 Usage:  python benchmarks/serving_public.py [--csv PATH] [--seeds N] [--models DIR | --roofline]
-                                            [--cold] [--markdown PATH]
+                                            [--cold] [--group TEXT] [--markdown PATH]
 
 The measured numbers are in ``benchmarks/serving_public.csv`` beside this script, one row per
 published run, each with its source URL (pinned to a commit) and its configuration as published:
@@ -42,8 +42,23 @@ Each row is simulated with the library behind ``opcast predict serve``
   ``--seeds`` samples (seeds 0..N-1, the same lengths at every rate for a seed, as the benchmark
   reuses its prompts) and reports the median of each percentile over them, with their range.
 
+**Groups** (column ``group``): each source's rows get their own table and summary. The gpt-oss rows
+(GPUStack's performance lab, ``vllm serve`` with its defaults on one GPU, ``vllm bench serve`` sending
+every request at once) differ from the Llama rows in three ways the csv states per row:
+
+- ``lengths`` ``fixed``: a ``random`` dataset (``--random-input-len`` / ``--random-output-len``, range
+  ratio 0) gives every prompt the same length, and outputs stop at ``max_tokens`` or EOS. Each request
+  is simulated with the run's mean lengths (rounded), the mean output being the published total over
+  the requests: where some stopped at EOS (total below num_prompts x max_tokens) the spread of the
+  stops is not published, so the total is kept and the spread is not;
+- ``input_tokens_total`` / ``output_tokens_total``: the printed totals, from which the means are taken
+  exactly (the throughputs are rounded to 2 decimals, 0.5 % at 0.50 req/s);
+- ``ttft_mean_ms`` / ``tpot_mean_ms`` and the total token throughput (``total_tok_per_s``, compared as
+  simulated input plus output tokens over the span from the first arrival to the last finish) are
+  shown beside the medians; the 15 % target stays on the medians.
+
 Printed: measured vs predicted per row and metric, the error in % and whether it is within 15 %.
-``--markdown`` writes the same table as Markdown (atomically).
+``--markdown`` writes the same tables as Markdown (atomically).
 """
 
 from __future__ import annotations
@@ -66,14 +81,24 @@ from opcast.predict.cost import load_kernel_cost
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import predict_serve
 from opcast.predict.serve.engine import EngineConfig, engine_config
-from opcast.predict.serve.requests import RequestStream, poisson_stream, sharegpt_lengths, with_prefix_cache
+from opcast.predict.serve.requests import (
+    Lengths,
+    RequestStream,
+    poisson_stream,
+    sharegpt_lengths,
+    with_prefix_cache,
+)
 
 CSV_PATH = Path(__file__).with_name("serving_public.csv")
 TARGET = 0.15
 """Issue 20: p50/p90 TTFT and TPOT within 15 %."""
-TARGET_PERCENTILES = (50, 90)
-METRICS = (("ttft", 50), ("tpot", 50), ("ttft", 99), ("tpot", 99))
-"""(latency, percentile) pairs a row may publish, as columns ``<latency>_p<percentile>_ms``."""
+TARGET_STATS = ("p50", "p90")
+METRICS = (("ttft", "p50"), ("tpot", "p50"), ("ttft", "p99"), ("tpot", "p99"), ("ttft", "mean"), ("tpot", "mean"))
+"""(latency, statistic) pairs a row may publish, as columns ``<latency>_<statistic>_ms``."""
+THROUGHPUT = "total tok/s"
+"""The throughput compared: (input + output tokens) / duration, ``total_tok_per_s``."""
+LENGTHS = ("sharegpt", "fixed")
+"""Column ``lengths``: ShareGPT-shaped lognormals (the default) or every request at the run's mean lengths."""
 REQUIRED = (
     "run",
     "source_url",
@@ -110,8 +135,16 @@ class Published:
     """Measured request throughput."""
     mean_input_tokens: float
     mean_output_tokens: float
-    measured_ms: dict[tuple[str, int], float]
-    """(latency, percentile) -> milliseconds, for the percentiles the source publishes."""
+    measured_ms: dict[tuple[str, str], float]
+    """(latency, statistic) -> milliseconds, for the statistics the source publishes."""
+    total_tokens_per_s: float
+    """Measured total token throughput, input and output tokens."""
+    group: str = ""
+    """The table the row is shown in (its source and setup)."""
+    lengths: str = "sharegpt"
+    """:data:`LENGTHS`: how the requests' lengths are drawn around the measured means."""
+    token_totals: bool = False
+    """The row gives its printed token totals: its means come from them, and its throughput is compared."""
     engine_overrides: dict[str, int] = dataclasses.field(default_factory=dict)
     """Engine settings the run had (``max_num_seqs``, ``max_num_batched_tokens``) where the row gives them."""
 
@@ -126,7 +159,17 @@ def published(row: dict[str, str]) -> Published:
     if missing:
         raise SystemExit(f"{CSV_PATH.name}: run {row.get('run')!r} lacks {', '.join(missing)}")
     req_s, out_s, total_s = (float(row[c]) for c in ("req_per_s", "output_tok_per_s", "total_tok_per_s"))
-    measured = {(lat, p): float(row[f"{lat}_p{p}_ms"]) for lat, p in METRICS if (row.get(f"{lat}_p{p}_ms") or "")}
+    measured = {(lat, st): float(row[f"{lat}_{st}_ms"]) for lat, st in METRICS if (row.get(f"{lat}_{st}_ms") or "")}
+    lengths = (row.get("lengths") or "sharegpt").strip()
+    if lengths not in LENGTHS:
+        raise SystemExit(
+            f"{CSV_PATH.name}: run {row['run']!r} has lengths {lengths!r}; give one of {', '.join(LENGTHS)}"
+        )
+    mean_in, mean_out = (total_s - out_s) / req_s, out_s / req_s
+    totals = all((row.get(c) or "").strip() for c in ("input_tokens_total", "output_tokens_total"))
+    if totals:
+        n = int(row["num_prompts"])
+        mean_in, mean_out = _count(row, "input_tokens_total") / n, _count(row, "output_tokens_total") / n
     return Published(
         run=row["run"],
         source_url=row["source_url"],
@@ -139,9 +182,13 @@ def published(row: dict[str, str]) -> Published:
         rate_per_s=float(row["rate_per_s"]),
         warm_prefix_cache=row.get("prefix_cache", "cold").strip() == "warm",
         requests_per_s=req_s,
-        mean_input_tokens=(total_s - out_s) / req_s,
-        mean_output_tokens=out_s / req_s,
+        mean_input_tokens=mean_in,
+        mean_output_tokens=mean_out,
         measured_ms=measured,
+        total_tokens_per_s=total_s,
+        group=(row.get("group") or "").strip(),
+        lengths=lengths,
+        token_totals=totals,
         engine_overrides={c: _count(row, c) for c in ENGINE_COLUMNS if (row.get(c) or "").strip()},
     )
 
@@ -158,12 +205,21 @@ def read_published(path: Path = CSV_PATH) -> list[Published]:
         return [published(r) for r in csv.DictReader(f)]
 
 
+def lengths_for(run: Published) -> tuple[Lengths, Lengths]:
+    """(input, output) lengths of the run's requests: ShareGPT-shaped with its measured means, or
+    (``fixed``) every request at its mean lengths, rounded."""
+    if run.lengths == "fixed":
+        n_in, n_out = (max(1, round(m)) for m in (run.mean_input_tokens, run.mean_output_tokens))
+        return Lengths("fixed", n_in, n_in), Lengths("fixed", n_out, n_out)
+    return sharegpt_lengths(run.mean_input_tokens, run.mean_output_tokens, means_after_clip=True)
+
+
 def stream_for(run: Published, seed: int, *, block_size: int = 16, cold: bool = False) -> RequestStream:
-    """The run's requests: Poisson at its rate (or all at time 0 at rate ``inf``), ShareGPT-shaped
-    lengths with its measured means; the lengths depend on ``seed`` only, not on the rate. A run with
+    """The run's requests: Poisson at its rate (or all at time 0 at rate ``inf``), lengths of
+    :func:`lengths_for`; the lengths depend on ``seed`` only, not on the rate. A run with
     a warm prefix cache (unless ``cold``) finds every prompt cached, in whole KV blocks of ``block_size``
     (the engine's) and never the last token (vLLM's full hit)."""
-    input_len, output_len = sharegpt_lengths(run.mean_input_tokens, run.mean_output_tokens, means_after_clip=True)
+    input_len, output_len = lengths_for(run)
     burst = math.isinf(run.rate_per_s)
     stream = poisson_stream(
         rate_per_s=1.0 if burst else run.rate_per_s,
@@ -183,9 +239,11 @@ def stream_for(run: Published, seed: int, *, block_size: int = 16, cold: bool = 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Predicted:
-    ms: dict[tuple[str, int], list[float]]
-    """(latency, percentile) -> the prediction of each seed, milliseconds."""
+    ms: dict[tuple[str, str], list[float]]
+    """(latency, statistic) -> the prediction of each seed, milliseconds."""
     requests_per_s: list[float]
+    total_tokens_per_s: list[float]
+    """Input and output tokens over the span from the first arrival to the last finish, per seed."""
     mean_input_tokens: float
     mean_output_tokens: float
     """Of the simulated streams (after the clips), over every seed."""
@@ -199,18 +257,23 @@ def engine_for(run: Published, device) -> EngineConfig:
 def predict_run(run: Published, *, seeds: int, kernels, cold: bool = False) -> Predicted:
     arch, dev = load_arch(run.arch), get_device(run.gpu)
     cfg, engine = InferConfig(tp=run.tp, pp=run.pp), engine_for(run, dev)
-    ms: dict[tuple[str, int], list[float]] = {key: [] for key in run.measured_ms}
-    rps, ins, outs = [], [], []
-    for seed in range(seeds):
+    ms: dict[tuple[str, str], list[float]] = {key: [] for key in run.measured_ms}
+    rps, tps, ins, outs = [], [], [], []
+    for seed in range(seeds if run.lengths != "fixed" or not math.isinf(run.rate_per_s) else 1):
         stream = stream_for(run, seed, block_size=engine.block_size, cold=cold)
         m = predict_serve(arch, dev, cfg, engine, stream, kernels=kernels).metrics
-        for lat, p in ms:
-            ms[(lat, p)].append(1e3 * getattr(getattr(m, lat), f"p{p}_s"))
+        for lat, st in ms:
+            ms[(lat, st)].append(1e3 * getattr(getattr(m, lat), f"{st}_s"))
         rps.append(m.requests_per_s)
+        tps.append(float(stream.input_tokens.sum() + stream.output_tokens.sum()) / m.duration_s)
         ins.append(float(stream.input_tokens.mean()))
         outs.append(float(stream.output_tokens.mean()))
     return Predicted(
-        ms=ms, requests_per_s=rps, mean_input_tokens=statistics.mean(ins), mean_output_tokens=statistics.mean(outs)
+        ms=ms,
+        requests_per_s=rps,
+        total_tokens_per_s=tps,
+        mean_input_tokens=statistics.mean(ins),
+        mean_output_tokens=statistics.mean(outs),
     )
 
 
@@ -218,20 +281,21 @@ def predict_run(run: Published, *, seeds: int, kernels, cold: bool = False) -> P
 class Comparison:
     run: str
     metric: str
-    measured_ms: float
-    predicted_ms: float
+    """``TTFT p50``, ``TPOT mean``, ... (milliseconds) or :data:`THROUGHPUT` (tokens/s)."""
+    measured: float
+    predicted: float
     """Median over the seeds."""
-    lo_ms: float
-    hi_ms: float
+    lo: float
+    hi: float
     """Range over the seeds."""
 
     @property
     def error(self) -> float:
-        return self.predicted_ms / self.measured_ms - 1
+        return self.predicted / self.measured - 1
 
     @property
     def targeted(self) -> bool:
-        return int(self.metric.split("p")[-1]) in TARGET_PERCENTILES
+        return self.metric.split()[-1] in TARGET_STATS
 
     @property
     def within(self) -> bool:
@@ -239,30 +303,54 @@ class Comparison:
 
 
 def compare(run: Published, pred: Predicted) -> list[Comparison]:
-    return [
+    """The row's latencies (ms) in :data:`METRICS` order, then, for a row that gives its token totals
+    (the gpt-oss rows), its total token throughput."""
+    rows = [
         Comparison(
             run=run.run,
-            metric=f"{lat.upper()} p{p}",
-            measured_ms=run.measured_ms[(lat, p)],
-            predicted_ms=statistics.median(pred.ms[(lat, p)]),
-            lo_ms=min(pred.ms[(lat, p)]),
-            hi_ms=max(pred.ms[(lat, p)]),
+            metric=f"{lat.upper()} {st}",
+            measured=run.measured_ms[(lat, st)],
+            predicted=statistics.median(pred.ms[(lat, st)]),
+            lo=min(pred.ms[(lat, st)]),
+            hi=max(pred.ms[(lat, st)]),
         )
-        for lat, p in METRICS
-        if (lat, p) in run.measured_ms
+        for lat, st in METRICS
+        if (lat, st) in run.measured_ms
     ]
+    if run.token_totals:
+        tps = pred.total_tokens_per_s
+        rows.append(
+            Comparison(
+                run=run.run,
+                metric=THROUGHPUT,
+                measured=run.total_tokens_per_s,
+                predicted=statistics.median(tps),
+                lo=min(tps),
+                hi=max(tps),
+            )
+        )
+    return rows
 
 
 def markdown_table(rows: list[Comparison]) -> str:
-    head = "| run | metric | measured ms | predicted ms (median) | range over seeds | error | within 15 % |"
+    head = "| run | metric | measured | predicted (median) | range over seeds | error | within 15 % |"
     lines = [head, "|---|---|---:|---:|---:|---:|---|"]
     for c in rows:
         verdict = ("yes" if c.within else "**no**") if c.targeted else "(not a target)"
         lines.append(
-            f"| {c.run} | {c.metric} | {c.measured_ms:.1f} | {c.predicted_ms:.1f} | "
-            f"{c.lo_ms:.1f}-{c.hi_ms:.1f} | {100 * c.error:+.1f} % | {verdict} |"
+            f"| {c.run} | {c.metric} | {c.measured:.1f} | {c.predicted:.1f} | "
+            f"{c.lo:.1f}-{c.hi:.1f} | {100 * c.error:+.1f} % | {verdict} |"
         )
     return "\n".join(lines)
+
+
+def group_summary(rows: list[Comparison], seeds: int) -> str:
+    targeted = [c for c in rows if c.targeted]
+    text = f"{sum(c.within for c in targeted)} of {len(targeted)} targeted percentiles within 15 %; "
+    text += f"mean |error| {100 * statistics.mean(abs(c.error) for c in targeted):.1f} % ({seeds} seeds per run"
+    if any(c.metric == THROUGHPUT for c in rows):
+        text += "; one where a run's stream does not depend on the seed"
+    return text + ")"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -272,39 +360,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", type=Path, default=None)
     ap.add_argument("--roofline", action="store_true")
     ap.add_argument("--cold", action="store_true", help="simulate every run without prefix-cache hits")
+    ap.add_argument("--group", default="", help="only the runs whose group contains this text, e.g. gpt-oss")
     ap.add_argument("--markdown", type=Path, default=None)
     a = ap.parse_args(argv)
+    runs = [r for r in read_published(a.csv) if a.group in r.group]
+    if not runs:
+        print(f"error: --group {a.group!r}: no run's group contains it", file=sys.stderr)
+        return 2
     kernels = load_kernel_cost(a.models, use_learned=not a.roofline)
     t0 = time.perf_counter()
-    rows: list[Comparison] = []
+    groups: dict[str, list[Comparison]] = {}
     notes = []
-    for run in read_published(a.csv):
+    for run in runs:
         pred = predict_run(run, seeds=a.seeds, kernels=kernels, cold=a.cold)
-        rows += compare(run, pred)
+        groups.setdefault(run.group, []).extend(compare(run, pred))
         eng = engine_for(run, get_device(run.gpu))
         notes.append(
             f"{run.run}: {run.arch}, {run.tp}x{run.gpu} (pp {run.pp}), {run.engine} (max {eng.max_num_seqs} seqs, "
             f"{eng.max_num_batched_tokens} batched tokens), rate {run.rate_per_s:g}/s, "
             f"{run.num_prompts} prompts, prefix cache {'warm' if run.warm_prefix_cache and not a.cold else 'cold'}; "
-            f"mean tokens in/out measured {run.mean_input_tokens:.0f}/"
+            f"{run.lengths} lengths, mean tokens in/out measured {run.mean_input_tokens:.0f}/"
             f"{run.mean_output_tokens:.0f}, simulated {pred.mean_input_tokens:.0f}/{pred.mean_output_tokens:.0f}; "
             f"requests/s measured {run.requests_per_s:.2f}, simulated {statistics.median(pred.requests_per_s):.2f}"
         )
-    table = markdown_table(rows)
-    targeted = [c for c in rows if c.targeted]
-    summary = (
-        f"{sum(c.within for c in targeted)} of {len(targeted)} targeted percentiles within 15 %; "
-        f"mean |error| {100 * statistics.mean(abs(c.error) for c in targeted):.1f} % "
-        f"({a.seeds} seeds per run, {time.perf_counter() - t0:.1f} s)"
+    text = "\n\n".join(
+        f"### {name or 'runs'}\n\n{markdown_table(rows)}\n\n{group_summary(rows, a.seeds)}"
+        for name, rows in groups.items()
     )
-    print(table)
+    print(text)
     print()
     print("\n".join(notes))
-    print(summary)
+    print(f"{time.perf_counter() - t0:.1f} s")
     if a.markdown is not None:
         from opcast.atomic import write_atomically
 
-        write_atomically(a.markdown, lambda tmp: tmp.write_text(table + "\n\n" + summary + "\n"))
+        write_atomically(a.markdown, lambda tmp: tmp.write_text(text + "\n"))
     return 0
 
 
