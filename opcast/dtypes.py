@@ -37,6 +37,13 @@ whole tensor is negligible and left out):
 
 DTYPES: Final[tuple[str, ...]] = tuple(DTYPE_BITS)
 
+WEIGHT_STORAGE_BITS: Final[dict[str, float]] = {"mxfp4": 4.0 + 8.0 / 32}
+"""Bits an element of each weight-only storage format, scales included: weights stored narrower than the
+GEMMs that read them compute (the kernel dequantises them on the fly, the activations stay in the GEMM's dtype).
+``mxfp4``: e2m1 values with one E8M0 scale per 32 elements, 4 + 8/32 = 4.25 bits (OCP Microscaling Formats
+v1.0, Sec. 5.2), gpt-oss's routed experts (:attr:`opcast.archs.ArchSpec.expert_weights`)."""
+
+
 BLOCK_SCALED_DTYPES: Final[tuple[str, ...]] = ("fp8_block", "nvfp4")
 """Kernel dtypes whose elements are not a whole number of bytes (:func:`element_bytes` only)."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, SupportsFloat, cast
 
+from opcast.dtypes import WEIGHT_STORAGE_BITS
 from opcast.errors import OpcastError
 
 ParamValue = int | bool | str
@@ -821,9 +822,25 @@ def _moe_flops(p: Params, _: float) -> float:
     return _f(2.0 * busy * rows * _moe_width(p))
 
 
+MOE_WEIGHTS: Final = ("dtype", *WEIGHT_STORAGE_BITS)
+"""How a fused MoE layer's expert weights are stored (``weights``): in the GEMMs' dtype, or weight-only narrower
+(:data:`opcast.dtypes.WEIGHT_STORAGE_BITS`: gpt-oss's MXFP4, dequantised in the kernel, the activations in dtype)."""
+
+
+def _moe_weight_bytes(p: Params, dt: float) -> float:
+    """Bytes an expert weight element: ``dt`` (the dtype's) or its storage format's (a missing ``weights``, as in
+    a dataset written before the parameter, is the dtype's). Array-safe (:func:`_i`): an array of names compares
+    element-wise."""
+    storage = p.get("weights", "dtype")
+    out = dt
+    for name, bits in WEIGHT_STORAGE_BITS.items():
+        out = out + (bits / 8.0 - dt) * (storage == name)
+    return out
+
+
 def _moe_bytes(p: Params, dt: float) -> float:
     busy, _ = moe_balanced_experts(p)
-    return _f(dt * (busy * _moe_width(p) + 2.0 * _i(p, "tokens") * _i(p, "hidden")))
+    return _f(_moe_weight_bytes(p, dt) * busy * _moe_width(p) + dt * 2.0 * _i(p, "tokens") * _i(p, "hidden"))
 
 
 def _moe_check(p: Params) -> list[str]:
@@ -850,9 +867,18 @@ register(
             Param(name="ep", type=int, doc="expert-parallel ranks the experts are split over", default=1),
             Param(name="gated", type=bool, doc="gated MLP experts (SwiGLU: the up GEMM twice as wide)", default=True),
             Param(name="fn", type=str, doc="the experts' activation", choices=MOE_FNS, default="silu"),
+            Param(
+                name="weights",
+                type=str,
+                doc="storage of the expert weights: the dtype's, or weight-only mxfp4 (W4A16: dequantised in the "
+                "kernel, activations in dtype)",
+                choices=MOE_WEIGHTS,
+                default="dtype",
+            ),
         ),
         flops_fwd=_moe_flops,
-        # compulsory traffic: the weights of the experts that receive tokens, the layer's input and output
+        # compulsory traffic: the weights of the experts that receive tokens (at their storage size), the layer's
+        # input and output
         bytes_fwd=_moe_bytes,
         check=_moe_check,
         benchmarked=False,

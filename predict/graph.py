@@ -318,6 +318,8 @@ def _mlp(
         "ep": ep,
         "gated": arch.gated_mlp,
         "fn": arch.activation,
+        # a checkpoint's weight-only experts (gpt-oss's MXFP4) as served; training reads its bf16 master weights
+        **({"weights": arch.expert_weights} if arch.expert_weights and not training else {}),
     }
     router: Op = ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1)
     shared = [(role, kind, params, 1) for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)]

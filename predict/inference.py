@@ -35,7 +35,7 @@ from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embe
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, tp_all_reduce_kind
-from opcast.predict.weight_only import EXPERT_GEMM_ROLES, weight_bytes, weight_only_time_s
+from opcast.predict.weight_only import weight_bytes
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -106,7 +106,6 @@ def _forward_s(
                 whole_experts=cfg.ep > 1,
             ),
             n,
-            a.expert_weights if a.n_experts > 1 else None,
         )
         for a, n in block_kinds(arch)
     ]
@@ -121,13 +120,11 @@ def _forward_s(
             Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)),
         )
     compute = comm_s = 0.0
-    for group_ops, repeat, storage in (*blocks, (model, 1, None)):
+    for group_ops, repeat in (*blocks, (model, 1)):
         kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
         table = kernels.lookup(kern, device)
         for (role, _, _, count), k in zip(group_ops, kern):
             t, src = table[k]
-            if storage is not None and role in EXPERT_GEMM_ROLES:  # the checkpoint's narrower expert weights
-                t = weight_only_time_s(t, dict(k.params), device=device, dtype=k.dtype, storage=storage)
             compute += repeat * count * t
             if lines is not None:
                 lines.append(
@@ -141,7 +138,6 @@ def _forward_s(
                         "count": repeat * count,
                         "time_s": t,
                         "source": src,
-                        **({"weight_storage": storage} if storage is not None and role in EXPERT_GEMM_ROLES else {}),
                     }
                 )
     ep_group = ep_group or tp_group

@@ -59,20 +59,6 @@ def op_bottleneck(k: Kernel, time_s: float, device, kernels: KernelCostModel | N
     }
 
 
-def line_bottleneck(line: dict[str, Any], k: Kernel, device, kernels: KernelCostModel | None) -> dict[str, Any]:
-    """:func:`op_bottleneck` of an inference op line, its bytes those of its weights' storage
-    (``weight_storage``: gpt-oss's MXFP4 experts, :mod:`opcast.predict.weight_only`)."""
-    doc = op_bottleneck(k, line["time_s"], device, kernels)
-    storage = line.get("weight_storage")
-    if storage is None:
-        return doc
-    from opcast.predict.weight_only import weight_only_bottleneck
-
-    return weight_only_bottleneck(
-        doc, line["params"], dtype=line["dtype"], storage=storage, time_s=line["time_s"], device=device
-    )
-
-
 def _split_dict(r: TrainResult | InferResult, kernels: KernelCostModel | None) -> dict[str, Any]:
     from opcast.predict.whatif import SPLIT_PARTS, time_split
 
@@ -213,8 +199,7 @@ def decode_gemms(r: InferResult, kernels: KernelCostModel | None = None) -> list
                 "count": line["count"],
                 "time_s": line["time_s"],
                 "source": line["source"],
-                "weight_storage": line.get("weight_storage"),
-                **line_bottleneck(line, k, r.device, kernels),
+                **op_bottleneck(k, line["time_s"], r.device, kernels),
             }
         )
     return out
@@ -244,7 +229,7 @@ def infer_to_dict(r: InferResult, kernels: KernelCostModel | None = None) -> dic
             "gpu_memory_bytes": r.device.mem_bytes,
             "fits": r.fits,
             "breakdown_s": r.breakdown_s,
-            "ops": [{**line, **line_bottleneck(line, k, r.device, kernels)} for line, k in zip(r.ops, kerns)],
+            "ops": [{**line, **op_bottleneck(k, line["time_s"], r.device, kernels)} for line, k in zip(r.ops, kerns)],
             "decode_gemms": decode_gemms(r, kernels),
             "cost_sources": _range_summary(r.cost_sources, _flagged(r.device, kernels, kerns)),
         }
@@ -422,9 +407,7 @@ def print_infer(r: InferResult, console, kernels: KernelCostModel | None = None)
                 g["roofline_bound"],
                 f"{100 * util:.0f} %",
                 fmt_s(g["time_s"]),
-                g["source"]
-                + (f", {g['weight_storage']} weights" if g["weight_storage"] else "")
-                + (" (out of range)" if g["out_of_range"] else ""),
+                g["source"] + (" (out of range)" if g["out_of_range"] else ""),
             )
         console.print(table)
     console.print(f"kernel costs: {r.cost_sources.get('unique_kernels_by_source')}")

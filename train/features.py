@@ -50,6 +50,7 @@ from opcast.hardware import MMA_FAMILIES, DeviceSpec
 from opcast.ops import (
     ATTENTION_IMPLS,
     ELEMENTWISE_FNS,
+    MOE_WEIGHTS,
     ROPE_IMPLS,
     get_op,
     moe_balanced_experts,
@@ -884,12 +885,15 @@ def _param_columns() -> dict[str, type]:
 _CODES: Final[dict[str, dict[str, float]]] = {
     "fn": {name: float(i) for i, name in enumerate(ELEMENTWISE_FNS)},
     "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
+    "weights": {name: float(i) for i, name in enumerate(MOE_WEIGHTS)},
 }
 """Ordinal codes of the string parameters (their position in the registry's choices). ``impl``:
 attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choices); ``native`` (code 5)
 and ``liger`` (code 6) were appended to those, so the codes of model sets fitted before them do not
 shift and their features are unchanged (no features-version bump): such a set speaks for ``liger``
-nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`)."""
+nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`). ``weights``:
+the fused MoE layer's expert storage (:data:`opcast.ops.MOE_WEIGHTS`); a set fitted without mxfp4 rows speaks for
+the dtype's weights only (the same range rule)."""
 
 
 def matrix(feats: pd.DataFrame | Table, names: tuple[str, ...]) -> np.ndarray:

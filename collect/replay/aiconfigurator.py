@@ -90,9 +90,11 @@ Tables converted (all forward, one measurement per row):
     all-reduce). ``moe`` tokens=num_tokens (every token of the group reaches the rank), hidden=hidden_size,
     inter = inter_size / moe_tp_size, experts=num_experts, topk, ep=moe_ep_size, gated and fn from the kernel
     lane (``moe_torch_flow_nongated``: Relu2, coded ``relu``, not gated; the others SwiGLU). dtype as the GEMMs'
-    (:data:`MOE_DTYPES`). Skipped with reasons: other engines' MoE rows (:data:`MOE_FRAMEWORKS`), the
-    ``power_law_*`` routing distributions (:data:`MOE_DISTRIBUTION_REASON`), the min-latency lane
-    (:data:`MOE_SKIPPED_LANES`), weight-only and MXFP4 dtypes, an inter_size moe_tp_size does not divide.
+    (:data:`MOE_DTYPES`); ``w4a16_mxfp4`` (gpt-oss's MXFP4 experts with bf16 activations) is dtype bf16 with
+    weights=mxfp4 (:data:`MOE_WEIGHT_ONLY_DTYPES`). Skipped with reasons: other engines' MoE rows
+    (:data:`MOE_FRAMEWORKS`), the ``power_law_*`` routing distributions (:data:`MOE_DISTRIBUTION_REASON`), the
+    min-latency lane (:data:`MOE_SKIPPED_LANES`), the other weight-only dtypes (int4_wo, w4afp8, MXFP4 weights
+    with MXFP8 activations), an inter_size moe_tp_size does not divide.
     The newest release wins where two measured one configuration (1.3.0rc23 re-measured the Nemotron-3 shapes
     of 1.3.0rc20 on Hopper; AIConfigurator's own reuse note puts the two within 1-3 %).
 
@@ -297,6 +299,10 @@ MOE_FRAMEWORKS: Final = ("trtllm",)
 vLLM's and SGLang's MoE rows time other kernel families (Triton ``fused_moe``, FlashInfer, Marlin) with their
 own routing and permutation; one family per kind keeps a learned model from averaging engines."""
 MOE_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+MOE_WEIGHT_ONLY_DTYPES: Final = {"w4a16_mxfp4": ("bf16", "mxfp4")}
+"""Weight-only MoE dtypes replayed: (the GEMMs' dtype, the experts' storage, :data:`opcast.ops.MOE_WEIGHTS`).
+``w4a16_mxfp4``: MXFP4 expert weights dequantised in the kernel, bf16 activations (TensorRT-LLM's W4A16 MXFP4
+MoE; gpt-oss's checkpoint format)."""
 MOE_NONGATED: Final = "moe_torch_flow_nongated"
 """The lane of the non-gated (Relu2) experts; every other lane runs SwiGLU experts."""
 MOE_SKIPPED_LANES: Final = {
@@ -360,7 +366,7 @@ _PARAMS: Final = {
     "gemm": ("b", "m", "n", "k"),
     "attention": ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"),
     "collective": ("bytes", "world_size", "nodes", "gpus_per_node"),
-    "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn"),
+    "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights"),
 }
 
 
@@ -614,8 +620,12 @@ def _moe(path: Path, result: ReplayResult) -> pd.DataFrame:
     skewed = distribution != "balanced"
     frame = _skip_by(frame, skewed, distribution.map(MOE_DISTRIBUTION_REASON.format), result)
     source = frame["moe_dtype"].astype(str)
-    dtype = source.map(MOE_DTYPES)
-    frame = _skip_by(frame.assign(dtype=dtype), dtype.isna(), "moe " + source + ": no opcast dtype for it", result)
+    only = {name: pair[0] for name, pair in MOE_WEIGHT_ONLY_DTYPES.items()}
+    dtype = source.map({**MOE_DTYPES, **only})
+    weights = source.map({name: pair[1] for name, pair in MOE_WEIGHT_ONLY_DTYPES.items()}).fillna("dtype")
+    frame = _skip_by(
+        frame.assign(dtype=dtype, weights=weights), dtype.isna(), "moe " + source + ": no opcast dtype for it", result
+    )
     frame = _positive_time(frame, result, "moe")
     sizes = ["num_tokens", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size"]
     shape = frame[sizes].apply(pd.to_numeric, errors="coerce")

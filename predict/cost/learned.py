@@ -476,7 +476,27 @@ class LearnedKernelCost:
         hit = self._covers.get(key)
         if hit is None:
             hit = self._covers[key] = bool(self.model_set.covers(*key))
-        return hit and self.speaks_for_impl(k)
+        return hit and self.speaks_for_impl(k) and self._speaks_for_weights(k)
+
+    def _speaks_for_weights(self, k: Kernel) -> bool:
+        """Whether ``k``'s predictor has data of its expert weights' storage (a fused MoE layer's ``weights``,
+        :data:`opcast.ops.MOE_WEIGHTS`): the dtype's always; a weight-only format only inside the fitted
+        ``weights_code`` range (a set fitted without W4A16 MXFP4 rows leaves those layers to their grouped GEMMs,
+        :func:`opcast.predict.cost.decompose`)."""
+        storage = k.param_dict.get("weights", "dtype")
+        if storage == "dtype":
+            return True
+        memo = self._impls.get((self.group_of(k), f"weights={storage}"))
+        if memo is not None:
+            return memo[0]
+        from opcast.train.features import _CODES
+
+        entry = self.range.meta.get("predictors", {}).get(self.group_of(k))
+        span = (entry.get("feature_ranges") or {}).get("weights_code") if isinstance(entry, Mapping) else None
+        code = _CODES["weights"].get(str(storage))
+        ok = span is not None and code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9
+        self._impls[(self.group_of(k), f"weights={storage}")] = (ok, False)
+        return ok
 
     def _impl_status(self, k: Kernel) -> tuple[bool, bool]:
         """(speaks for ``k``'s implementation, its predictor predates the impl parameter), memoised."""

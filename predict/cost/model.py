@@ -75,6 +75,17 @@ def _decompose_moe(k: Kernel) -> list[tuple[Kernel, int]]:
     ]
 
 
+def _part_time_s(k: Kernel, part: Kernel, time_s: float, device: DeviceSpec) -> float:
+    """The time of one of ``k``'s parts (:func:`decompose`) in ``k``: a weight-only fused MoE layer's grouped GEMMs
+    read its narrower expert weights (:func:`opcast.predict.weight_only.weight_only_time_s`); else ``time_s``."""
+    storage = k.param_dict.get("weights", "dtype") if k.kind == "moe" else "dtype"
+    if storage == "dtype" or part.kind != "gemm":
+        return time_s
+    from opcast.predict.weight_only import weight_only_time_s
+
+    return weight_only_time_s(time_s, part.param_dict, device=device, dtype=part.dtype, storage=str(storage))
+
+
 def _decompose_eager(k: Kernel) -> list[tuple[Kernel, int]] | None:
     """The kernels an op runs as, where it is not one kernel: eager attention is two batched GEMMs
     around a scale, a mask and torch's native softmax over the ``[b*h, s_q, s_kv]`` scores (Hugging
@@ -216,7 +227,7 @@ class KernelCostModel:
         for k, ps in parts.items():
             labels = [table[p][1] for p, _ in ps]
             label = next((lab for lab in labels if lab != LEARNED), LEARNED)
-            cache[k] = (sum(n * table[p][0] for p, n in ps), label)
+            cache[k] = (sum(n * _part_time_s(k, p, table[p][0], device) for p, n in ps), label)
             why = next((flags[p] for p, _ in ps if p in flags), None)
             if why:
                 flags[k] = f"{_composite_label(k)}; {why}"

@@ -171,8 +171,9 @@ def test_gpt_oss_120b_fits_one_h100_through_the_console_script():
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["fits"] and doc["tpot_s"] > 0
-    experts = [g for g in doc["decode_gemms"] if g["weight_storage"] == "mxfp4"]
-    assert experts and all(0 < g["memory_bw_utilisation"] <= 1 for g in experts)
+    experts = [op for op in doc["ops"] if op["phase"] == "decode" and op["role"] == "experts"]
+    assert experts and all(op["kind"] == "moe" and op["params"]["weights"] == "mxfp4" for op in experts)
+    assert all(0 < op["memory_bw_utilisation"] <= 1 for op in experts)
     bad = subprocess.run(
         [opcast, "predict", "infer", "--arch", "gpt-oss-120b", "--gpu", "H100-SXM", "--batch", "4", "--tp", "3"],
         capture_output=True,

@@ -365,3 +365,37 @@ def test_a_fused_moe_layer_is_learned_where_covered_and_its_grouped_gemms_elsewh
     # the roofline alone prices the parts too, never a roofline of the fused kernel
     roof = KernelCostModel(sources=(RooflineKernelCost(),))
     assert roof.time_s(moe, H100)[0] == pytest.approx(RooflineKernelCost().predict_s([p for p, _ in parts], H100).sum())
+
+
+class _FakeMxfp4Moe(_FakeMoe):
+    """:class:`_FakeMoe` whose moe predictor was fitted on dtype and W4A16 MXFP4 rows (``weights_code`` 0..1)."""
+
+    def __init__(self):
+        super().__init__()
+        ranges = {"features": ["weights_code"], "feature_ranges": {"weights_code": [0, 1]}}
+        self.meta = {"predictors": {"moe-fwd-half": ranges}}
+
+
+def test_weight_only_experts_are_learned_only_from_weight_only_rows():
+    """gpt-oss's MXFP4 experts (``weights="mxfp4"``): a moe predictor without W4A16 rows does not speak for them,
+    so the layer is its grouped GEMMs, each the learned bf16 GEMM scaled to its MXFP4 weights' roofline; one fitted
+    on W4A16 rows prices the fused layer. The kernel's own traffic reads its weights at 4.25 bits."""
+    from opcast.predict.cost import decompose
+    from opcast.predict.weight_only import weight_only_time_s
+
+    dense, mxfp4 = kernel("moe", MOE, "bf16"), kernel("moe", {**MOE, "weights": "mxfp4"}, "bf16")
+    busy_weights = 16 // 2 * 3 * 1024 * 512  # every expert of the rank busy, gated
+    assert dense.bytes_moved() - mxfp4.bytes_moved() == pytest.approx(busy_weights * (2 - 0.53125))
+    parts = decompose(mxfp4)
+    no_w4 = KernelCostModel(sources=(LearnedKernelCost(_FakeMoe(), "fake"), RooflineKernelCost()))
+    assert no_w4.time_s(dense, H100)[0] == pytest.approx(2e-3)
+    t, _ = no_w4.time_s(mxfp4, H100)
+    gemms = sum(
+        weight_only_time_s(1e-3, p.param_dict, device=H100, dtype="bf16", storage="mxfp4")
+        for p, _ in parts
+        if p.kind == "gemm"
+    )
+    rest = sum(RooflineKernelCost().predict_s([p], H100)[0] for p, _ in parts if p.kind != "gemm")
+    assert t == pytest.approx(gemms + rest) and gemms < 2e-3
+    w4 = KernelCostModel(sources=(LearnedKernelCost(_FakeMxfp4Moe(), "fake"), RooflineKernelCost()))
+    assert w4.time_s(mxfp4, H100) == (pytest.approx(2e-3), LEARNED)

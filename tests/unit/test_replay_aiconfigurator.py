@@ -144,7 +144,8 @@ def test_skip_reasons_are_counted(source, replayed):
     assert s[aic.MOE_FRAMEWORK_REASON.format("vllm")] == int((moe.pfw == "vllm").sum())
     assert s[aic.MOE_DISTRIBUTION_REASON.format("power_law_1.2")] == int((moe.distribution == "power_law_1.2").sum())
     assert s[aic.MOE_SKIPPED_LANES["moe_torch_flow_min_latency"]] == 1
-    assert s["moe w4a16_mxfp4: no opcast dtype for it"] == 1
+    assert s["moe int4_wo: no opcast dtype for it"] == 1
+    assert not any("w4a16_mxfp4" in k for k in s)  # replayed: bf16 GEMMs over MXFP4 expert weights
     assert s["moe: moe_tp_size does not divide inter_size or moe_ep_size num_experts"] == 1
     assert s["moe: measured again by an older version of the same framework (kept the newest)"] == 2
     custom = source[source.table == "custom_allreduce_perf"]
@@ -178,13 +179,17 @@ def test_moe_rows_are_one_ranks_fused_layer_balanced_and_newest_first(source, re
         (t, 1024 // tp, ep, lane != "moe_torch_flow_nongated", {"bfloat16": "bf16", "fp8": "fp8"}[d])
         for t, tp, ep, lane, d in zip(m.num_tokens, m.moe_tp_size, m.moe_ep_size, m.kernel_source, m.moe_dtype)
     }
-    got = rows[rows.op == "moe"]
+    got = rows[(rows.op == "moe") & (rows.weights == "dtype")]
     assert len(got) == len(expected) == 24
     assert set(zip(got.tokens, got["inter"], got.ep, got.gated, got.dtype)) == expected
     assert (got.hidden == 4096).all() and (got.experts == 64).all() and (got.topk == 8).all()
     assert set(zip(got.gated, got.fn)) == {(True, "silu"), (False, "relu")}
     redone = got[got.source_file.str.contains("1.3.0rc23")]
     assert sorted(redone.time_s_median) == pytest.approx(sorted(newest.latency / 1e3))
+    (w4a16,) = source.latency[(source.table == "moe_perf") & (source.moe_dtype == "w4a16_mxfp4")]
+    mxfp4 = rows[(rows.op == "moe") & (rows.weights == "mxfp4")]
+    assert list(zip(mxfp4.dtype, mxfp4.tokens, mxfp4.gated)) == [("bf16", 8, True)]
+    assert mxfp4.time_s_median.tolist() == pytest.approx([w4a16 / 1e3])
 
 
 # --------------------------------------------------------------------------- precedence and values

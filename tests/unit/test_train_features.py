@@ -241,7 +241,7 @@ def test_a_fused_moe_layer_has_tensor_core_work_and_the_tiles_of_its_down_gemm()
         assert all(np.isfinite(f[n]) for n in FEATURES["moe"])
     spec = get_op("moe")
     for row, (_, f) in zip(rows, feats.iterrows()):
-        p = spec.validate({k: row[k] for k in spec.param_names})
+        p = spec.validate({k: row[k] for k in spec.param_names if k in row})
         assert f["flops"] == pytest.approx(spec.flops(p)) and f["mma_wgmma"] == 1.0 and f["tensor_cores"] == 1.0
         assert 0 < f["tile_fill"] <= 1
     # one token: 8 pairs over 4 ranks, 2 experts of one row busy; 4096 tokens: all 16 local experts, 512 rows
@@ -251,3 +251,20 @@ def test_a_fused_moe_layer_has_tensor_core_work_and_the_tiles_of_its_down_gemm()
     # fp8 runs at the fp8 tensor-core peak, bf16 at the bf16 one
     assert np.exp(feats["log_peak_flops"]).tolist() == pytest.approx([h100.peak_bf16_flops, h100.peak_fp8_flops])
     assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half", "moe-fwd-fp8"]
+
+
+def test_a_weight_only_moe_layer_reads_its_weights_at_their_storage_size():
+    """W4A16 MXFP4 experts (AIConfigurator's w4a16_mxfp4 rows): the same GEMM work and group as bf16 experts, the
+    busy experts' weights read at 4.25 bits (64 of 3 x 2880 x 2880 at 4096 tokens, top-4 of 128 on one rank), and
+    their own ``weights_code``; a row written before the parameter existed reads as the dtype's weights."""
+    h100 = get_device("H100-SXM")
+    shape = {"tokens": 4096, "hidden": 2880, "inter": 2880, "experts": 128, "topk": 4, "ep": 1, "gated": True}
+    rows = [
+        {"op": "moe", "dtype": "bf16", "direction": "fwd", **shape, "fn": "silu", **extra}
+        for extra in ({}, {"weights": "mxfp4"}, {"weights": "dtype"})
+    ]
+    feats = features(_frame(rows), h100)
+    assert feats["weights_code"].tolist() == [0.0, 1.0, 0.0]
+    assert feats["flops"].nunique() == 1 and feats["bytes"].iloc[0] == feats["bytes"].iloc[2]
+    assert feats["bytes"].iloc[0] - feats["bytes"].iloc[1] == pytest.approx(128 * 3 * 2880 * 2880 * (2 - 0.53125))
+    assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half"] * 3
