@@ -14,17 +14,19 @@ and any all-reduce or all-to-all. The rank holds ``num_experts / moe_ep_size`` e
 (:mod:`opcast.collect.replay.aiconfigurator`) turns each balanced row into an ``moe`` kernel (``--data``: a
 replay written by ``python benchmarks/modern_gpus.py --replay-to DIR``; default: replayed here, ~1 min).
 
-Scored: the bf16 and fp8 rows of ``--systems`` (every release's newest measurement of a configuration:
+Scored: the bf16 and fp8 rows of ``--systems`` (bf16 with the experts' weights in bf16, or W4A16 MXFP4:
+``weights`` mxfp4, gpt-oss's checkpoint format) (every release's newest measurement of a configuration:
 TensorRT-LLM 1.3.0rc20, and rc23 where it re-measured), two prices of each:
 
-- ``grouped``: what opcast prices today, the ``moe`` kernel through ``--models`` (default: the embedded set,
-  which has no moe model), i.e. the grouped GEMMs, activation and copies of
+- ``grouped``: what opcast prices a fused layer as where no moe model covers it, the ``moe`` kernel's parts
+  through ``--models`` (default: the embedded set; whether or not it has a moe model), i.e. the grouped GEMMs
+  (read at 4.25 bits for MXFP4 weights), activation and copies of
   :func:`opcast.archs.routed_expert_ops` for ``ceil(tokens / ep)`` tokens routed by each rank;
 - ``learned``: the ``moe`` kind learned (xgb, seed ``--seed``) from at most ``--cap-rows`` rows per (GPU,
-  dtype) of every other GPU's replayed rows (leave-one-GPU-out; the cap is the default refit's,
-  ``benchmarks/modern_gpus.py --cap-rows``).
+  label: dtype, and the weights' storage where weight-only) of every other GPU's replayed rows
+  (leave-one-GPU-out; the default refit's cap is ``AIC_MOE_ROWS`` of ``benchmarks/train_default_models.sh``).
 
-Per system, dtype, gating and num_tokens band (:data:`BANDS`): MAPE and the signed median error (median of
+Per system, dtype, weights, gating and num_tokens band (:data:`BANDS`): MAPE and the signed median error (median of
 prediction / measurement - 1).
 """
 
@@ -43,7 +45,7 @@ BANDS = ((1, 16), (17, 256), (257, 4096), (4097, 1 << 40))
 """num_tokens bands (inclusive): decode batches, small and large prefill chunks, whole prompts."""
 SYSTEMS = ("H100-SXM", "H200", "B200")
 DTYPES = ("bf16", "fp8")
-PARAMS = ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn")
+PARAMS = ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights")
 
 
 def load_rows(path: Path | None) -> pd.DataFrame:
@@ -62,11 +64,15 @@ def load_rows(path: Path | None) -> pd.DataFrame:
         path = write_parquet(rows, Path(tempfile.mkdtemp(prefix="opcast-moe-")) / "aiconfigurator.parquet")
     frame = load_training_frame([path])
     frame = frame[frame["op"] == "moe"].reset_index(drop=True)
-    return frame.assign(label="moe " + frame["dtype"].astype(str))
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import modern_gpus  # type: ignore[import-not-found]
+
+    return frame.assign(label=modern_gpus.labels(frame))
 
 
 def grouped_s(rows: pd.DataFrame, models: str | None) -> np.ndarray:
-    """opcast's price of each row's ``moe`` kernel through ``models`` (the embedded set by default)."""
+    """opcast's price of each row's ``moe`` kernel as its grouped GEMMs, activation and copies through ``models``
+    (the embedded set by default), whether or not the set has a model of the fused kernel."""
     from opcast.hardware import get_device
     from opcast.predict.cost import kernel, load_kernel_cost
 
@@ -76,8 +82,7 @@ def grouped_s(rows: pd.DataFrame, models: str | None) -> np.ndarray:
         sub = rows.iloc[idx]
         params = sub[list(PARAMS)].to_dict("records")
         kernels = [kernel("moe", p, d) for p, d in zip(params, sub["dtype"])]
-        table = cost.lookup(kernels, get_device(str(dev)))
-        out[idx] = [table[k][0] for k in kernels]
+        out[idx] = cost.parts_time_s(kernels, get_device(str(dev)))
     return out
 
 
@@ -103,7 +108,7 @@ def learned_logo_s(pool: pd.DataFrame, test: pd.DataFrame, cap_rows: int, seed: 
 
 def score(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
     rows = []
-    keys = ["device", "dtype", "gated"]
+    keys = ["device", "dtype", "weights", "gated"]
     for key, g in df.groupby(keys):
         for lo, hi in BANDS:
             b = g[(g["tokens"] >= lo) & (g["tokens"] <= hi)]

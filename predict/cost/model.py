@@ -212,6 +212,14 @@ class KernelCostModel:
             raise RuntimeError(f"internal: no kernel-time source could time {todo[0].kind} {dict(todo[0].params)}")
         return cache
 
+    def parts_time_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> list[float]:
+        """Each of ``kernels`` priced as its parts (:func:`decompose`) whatever source covers it whole: what this
+        model prices a fused MoE layer as without a learned model of the fused kernel (``benchmarks/moe_kernels.py``
+        scores it). A kernel without parts is 0."""
+        parts = {k: decompose(k) or [] for k in kernels}
+        table = self.lookup([p for ps in parts.values() for p, _ in ps], device)
+        return [sum(n * _part_time_s(k, p, table[p][0], device) for p, n in parts[k]) for k in kernels]
+
     def _price_parts(
         self,
         kernels: list[Kernel],

@@ -399,3 +399,4 @@ def test_weight_only_experts_are_learned_only_from_weight_only_rows():
     assert t == pytest.approx(gemms + rest) and gemms < 2e-3
     w4 = KernelCostModel(sources=(LearnedKernelCost(_FakeMxfp4Moe(), "fake"), RooflineKernelCost()))
     assert w4.time_s(mxfp4, H100) == (pytest.approx(2e-3), LEARNED)
+    assert w4.parts_time_s([mxfp4], H100) == [pytest.approx(gemms + rest)]  # its parts, though learned whole
