@@ -170,3 +170,18 @@ def test_bad_labels_exit_2_with_one_line(data):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert "its labels are gemm bf16, gemm fp8_block" in lines[0]
+
+
+def test_weight_only_moe_rows_are_their_own_label():
+    """gpt-oss's W4A16 MXFP4 MoE rows are capped and scored as ``moe bf16 mxfp4``, apart from the bf16 layers
+    (whose draw would otherwise crowd the few hundred MXFP4 rows a GPU out); other ops ignore ``weights``."""
+    frame = pd.DataFrame(
+        {
+            "op": ["moe", "moe", "gemm", "moe"],
+            "dtype": ["bf16", "bf16", "bf16", "fp8"],
+            "weights": ["mxfp4", "dtype", None, None],
+            "source_file": ["h100_sxm/moe/trtllm/1/moe_perf.parquet"] * 2 + ["g", "m"],
+        }
+    )
+    assert mg.labels(frame).tolist() == ["moe bf16 mxfp4", "moe bf16", "gemm bf16", "moe fp8"]
+    assert "moe bf16 mxfp4" in mg.CAPPED
