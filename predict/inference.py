@@ -35,6 +35,7 @@ from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embe
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, tp_all_reduce_kind
+from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
 from opcast.predict.weight_only import weight_bytes
 
 DECODE_SAMPLES = 16
@@ -396,17 +397,25 @@ def forward_time_s(
     return compute + tp_comm + pp
 
 
-def infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
+def infer_memory(arch: ArchSpec, cfg: InferConfig, *, experts: ExpertLayout | None = None) -> Memory:
     """Memory per GPU of the worst stage of ``cfg`` (weights, the prefill working set of one block,
-    the KV cache at its final length): the accounting :func:`predict_infer` reports."""
-    return _infer_memory(arch, cfg)
+    the KV cache at its final length): the accounting :func:`predict_infer` reports; ``experts``: the
+    weight-only experts as a serving engine lays them out (:mod:`opcast.predict.serve.vllm_memory`)."""
+    return _infer_memory(arch, cfg, experts=experts)
 
 
 _MEMORY_FIX = "try more tp/pp or a smaller --batch"
 
 
-def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
-    """Memory per GPU of the worst stage (the first holds the embedding, the last the head)."""
+def _infer_memory(arch: ArchSpec, cfg: InferConfig, *, experts: ExpertLayout | None = None) -> Memory:
+    """Memory per GPU of the worst stage (the first holds the embedding, the last the head).
+
+    The working set is one block's largest live tensors over the ``b P`` tokens: the residual stream and the
+    normed input (``2 h``), the QKV projection, and the MLP's output(s); in an MoE block the fused experts'
+    intermediate caches instead, ``top_k (max(u, h) + f)`` a token for an expert ``f`` wide (``u`` = ``2 f``
+    gated) on at most ``chunk`` tokens (vLLM ``fused_moe.py`` ``fused_experts_impl``: ``cache13`` of
+    ``M top_k max(N, K)`` shared by the up and down outputs, ``intermediate_cache2`` of ``M top_k N / 2``;
+    ``fused_marlin_moe.py`` ``fused_marlin_moe`` the same at the padded widths, unchunked)."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     b, P = cfg.batch, cfg.prompt_len
     act_b = dtype_bytes(prec.act)
@@ -414,25 +423,31 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig) -> Memory:
     expert_b = weight_bytes(arch.expert_weights) if arch.expert_weights else weight_b  # gpt-oss's MXFP4 experts
     kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
     heads = arch.n_heads // cfg.tp
-    work = (
-        act_b
-        * b
-        * P
-        * (
-            2 * arch.hidden
-            + (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
-            + (2 if arch.gated_mlp else 1) * arch.ffn_hidden // cfg.tp
-        )
-    )
+    whole = cfg.ep > 1
+    ffn = arch.ffn_hidden // (1 if whole and arch.n_experts > 1 else cfg.tp)  # one rank's expert (or MLP) width
+    layout = experts if arch.n_experts > 1 and arch.expert_weights else None
+    hidden, ffn_stored = layout.widths(arch, ffn) if layout is not None else (arch.hidden, ffn)
+    up = (2 if arch.gated_mlp else 1) * ffn_stored
+    tokens = b * P
+    if arch.n_experts > 1:
+        chunk = layout.chunk_tokens if layout is not None else FUSED_MOE_CHUNK_TOKENS
+        mlp_work = min(tokens, chunk or tokens) * arch.experts_top_k * (max(up, hidden) + ffn_stored)
+    else:
+        mlp_work = tokens * up
+    qkv = (heads + 2 * max(1, arch.n_kv_heads // cfg.tp)) * arch.head_dim
+    work = act_b * (tokens * (2 * arch.hidden + qkv) + mlp_work)
     if cfg.attention == "eager":
         work += act_b * b * heads * P * P
     mems = []
     for s in {0, cfg.pp - 1}:
-        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=s, whole_experts=cfg.ep > 1)
+        params = stage_params(arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=s, whole_experts=whole)
+        expert_bytes = expert_b * params.expert
+        if layout is not None and params.expert:  # the experts this rank holds, each as the engine stores it
+            expert_bytes = params.expert // arch.mlp_params(ffn) * layout.expert_bytes(arch, ffn, expert_b)
         mems.append(
             Memory(
                 stage=s,
-                weights_bytes=weight_b * params.dense + expert_b * params.expert,
+                weights_bytes=weight_b * params.dense + expert_bytes,
                 gradients_bytes=0.0,
                 optimizer_states_bytes=0.0,
                 activations_bytes=work,

@@ -5,8 +5,11 @@ Capacity, per GPU of the fullest pipeline stage (:func:`kv_capacity`): the engin
 from it go the weights and the prefill working set of a full token budget, both from opcast's
 inference memory model (:func:`opcast.predict.inference.infer_memory`); the rest holds
 ``floor(rest / (block_size x KV bytes per token))`` blocks, the KV bytes per token being that
-model's ``2 k d B L / pp`` (:func:`opcast.predict.memory.kv_cache_bytes`). Not counted, as there:
-the CUDA context, CUDA graphs, NCCL and allocator slack.
+model's ``2 k d B L / pp`` (:func:`opcast.predict.memory.kv_cache_bytes`). vLLM's own accounting
+(:mod:`opcast.predict.serve.vllm_memory`): its stored layout of weight-only experts (gpt-oss's padded MXFP4)
+and the peak of its profiling run, the sampler's logits over ``min(max_num_seqs, max_num_batched_tokens)``
+rows included. Not counted: the CUDA context and CUDA graphs (vLLM does not subtract them either), the
+memory outside torch that vLLM measures at start-up (NCCL, attention backends), allocator slack.
 
 Blocks (:class:`BlockPool`): a sequence holding ``t`` tokens of KV holds ``ceil(t / block_size)``
 blocks; growing takes new blocks from the free pool, finishing or preemption returns them all.
@@ -35,10 +38,13 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from opcast.archs import ArchSpec
+from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
+from opcast.predict.graph import precision_of
 from opcast.predict.inference import infer_memory
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.engine import EngineConfig
+from opcast.predict.serve.vllm_memory import sampler_peak_bytes, vllm_expert_layout
 
 GIB = 2**30
 
@@ -121,7 +127,7 @@ class KvCapacity:
     """Bytes of one page on one GPU (``block_size x kv_bytes_per_token`` without windows)."""
     weights_bytes: float
     activations_bytes: float
-    """Prefill working set of one full token budget."""
+    """Prefill working set of one full token budget (vLLM: the peak of its profiling run, sampler included)."""
     usable_bytes: float
     """The engine's share of the GPU's memory."""
 
@@ -146,17 +152,26 @@ class KvCapacity:
 def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, *, longest_tokens: int) -> KvCapacity:
     """The KV blocks of one replica of ``arch`` at ``cfg``'s tp/pp/precision on ``device``, or an
     :class:`OpcastError` saying by how much it falls short of the weights, the working set and
-    the longest request (``longest_tokens`` = its prompt plus output)."""
+    the longest request (``longest_tokens`` = its prompt plus output).
+
+    vLLM (:mod:`opcast.predict.serve.vllm_memory`): the weights as it stores them (weight-only experts padded)
+    and the peak of its profiling run, the larger of the forward's working set and the sampler's."""
     budget = engine.max_num_batched_tokens
-    mem = infer_memory(arch, InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1}))
+    vllm = engine.engine == "vllm"
+    experts = vllm_expert_layout(arch, device) if vllm else None
+    one_step = InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1})
+    mem = infer_memory(arch, one_step, experts=experts)
     unwindowed = replace(arch, sliding_window=None, sliding_window_layers=None)
-    tokens_of_every_layer = infer_memory(
-        unwindowed, InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1})
-    ).kv_cache_bytes
+    tokens_of_every_layer = infer_memory(unwindowed, one_step).kv_cache_bytes
     per_token = tokens_of_every_layer / (budget + 1)
     layout, page_layers = kv_layout(arch, engine.block_size)
     page_bytes = engine.block_size * per_token * page_layers / arch.n_layers
-    fixed = mem.weights_bytes + mem.activations_bytes
+    peak = mem.activations_bytes
+    if vllm:  # profile_run's sampler over min(max_num_seqs, tokens) rows, the forward's output still held
+        rows = min(engine.max_num_seqs, budget)
+        act_b = dtype_bytes(precision_of(cfg.precision, cfg.tensor_cores).act)
+        peak = max(peak, sampler_peak_bytes(arch, device, rows=rows, tokens=budget, act_bytes=act_b))
+    fixed = mem.weights_bytes + peak
     if engine.memory_fraction_of_free:
         usable = engine.gpu_memory_utilization * max(0.0, device.mem_bytes - fixed) + fixed
     else:
@@ -169,7 +184,7 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
         layout=layout,
         page_bytes=page_bytes,
         weights_bytes=mem.weights_bytes,
-        activations_bytes=mem.activations_bytes,
+        activations_bytes=peak,
         usable_bytes=usable,
     )
     where = f"tp={cfg.tp} pp={cfg.pp} on {device.name} ({device.mem_bytes / GIB:.0f} GiB)"
@@ -177,7 +192,7 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
     if usable <= fixed:
         raise OpcastError(
             f"{arch.name} does not fit in memory at {where}: weights {mem.weights_bytes / GIB:.1f} GiB + prefill "
-            f"working set {mem.activations_bytes / GIB:.1f} GiB exceed {engine.gpu_memory_utilization:g} of the GPU "
+            f"working set {peak / GIB:.1f} GiB exceed {engine.gpu_memory_utilization:g} of the GPU "
             f"({usable / GIB:.1f} GiB) by {(fixed - usable) / GIB:.1f} GiB, leaving nothing for the KV cache; {fix}"
         )
     need = cap.pages(longest_tokens)
