@@ -30,7 +30,7 @@ Extensions over ``layer_ops``:
   op: a multi-kernel activation module (``gelu_new``) as its kernels and autograd's, and around
   GPT-2's / OPT's eager attention core the modeling code's head copies and probability dropout
   (:func:`hf_activation_ops`, :func:`hf_attention_ops`).
-- **fp8** (Transformer Engine): the block's four linears run in fp8 (:data:`FP8_LINEARS`; the LM
+- **fp8** (Transformer Engine): the block's linears run in fp8 (:data:`FP8_LINEARS`, MLA's included; the LM
   head and the router stay bf16), each with the cast / transpose kernels TE runs around it
   (:func:`fp8_quantisation`), in forward, backward and a full recomputation; with sequence
   parallelism their all-gathers move fp8 (:func:`block_comms`). Megatron's once-per-iteration weight
@@ -504,14 +504,33 @@ FP8_LINEARS: dict[str, str] = {
     "mlp_down": "row",
     "shared_up": "column",
     "shared_down": "row",
+    "q_proj": "column",
+    "q_down": "duplicated",
+    "q_up": "column",
+    "kv_down": "duplicated",
+    "kv_up": "column",
 }
 """The GEMMs a training run in fp8 runs in fp8 (Transformer Engine's linear modules), with their
 Megatron parallel mode (an MoE block's shared expert is Megatron-Core's ``SharedExpertMLP``, built of TE's
-column- and row-parallel linears like the dense MLP). Multi-head latent attention's projections are not listed,
-so they are priced in bf16 under fp8 training (which TE modules Megatron-Core's MLA builds, and how they fuse with
-its latent norms, is not established here). Every other GEMM is a plain bf16 matmul: Megatron-Core's
-output layer is ``tensor_parallel.ColumnParallelLinear`` and its MoE router ``F.linear``, llm-foundry's MPT head
-is ``F.linear`` on the tied embedding."""
+column- and row-parallel linears like the dense MLP). Multi-head latent attention is Megatron-Core's
+``MLASelfAttention`` built from TE modules (``megatron/core/models/gpt/gpt_layer_specs.py``
+``get_gpt_layer_with_transformer_engine_spec`` with ``multi_latent_attention``, ``TESpecProvider``):
+``linear_q_proj`` ``column_parallel_linear``, ``linear_q_down_proj`` / ``linear_kv_down_proj`` ``linear``
+(TE ``Linear`` with ``parallel_mode="duplicated"``: every tensor-parallel rank holds the whole down projection),
+``linear_q_up_proj`` / ``linear_kv_up_proj`` ``column_parallel_layer_norm_linear`` (the latent RMSNorms fused in,
+``qk_layernorm``) and ``linear_proj`` ``row_parallel_linear``; so all of them run in fp8 (the inference-only
+absorbed GEMMs are not TE modules). Every other GEMM is a plain bf16 matmul: Megatron-Core's output layer is
+``tensor_parallel.ColumnParallelLinear`` and its MoE router ``F.linear``, llm-foundry's MPT head is ``F.linear`` on the
+tied embedding. Not modelled under sequence parallelism: MLA's down projections run on a rank's own rows and its
+latents (not the hidden states) are gathered for the up projections; opcast prices the down projections over the
+gathered rows and the hidden-state gather, as for standard attention."""
+
+NORM_FREE_COLUMN_LINEARS = frozenset({"q_proj", "shared_up"})
+"""Column-parallel fp8 linears whose input no fused norm writes in fp8: MLA's ``linear_q_proj``
+(``column_parallel_linear``; MLA's input norm is a ``TENorm`` of its own) and an MoE block's shared expert
+(``SharedExpertMLP``'s ``TEColumnParallelLinear``, after the ``pre_mlp_layernorm`` it shares with the router). Under
+``megatron`` modules they cast their input like a ``Linear``; the other column-parallel ones (QKV, a dense MLP's up,
+MLA's up projections) are ``LayerNormLinear`` modules there (:func:`fp8_quantisation`)."""
 
 CastOps = tuple[list[Op], list[Op], list[Op]]
 """(before the forward GEMM, before the data-gradient GEMM, before the weight-gradient GEMM)."""
@@ -598,8 +617,8 @@ def fp8_gathers(role: str, *, tp: int, sp: bool, grouped: bool) -> tuple[bool, b
     ``with_input_all_gather``, ``module/base.py`` ``grad_output_preprocess`` ``gather_grad_output``);
     TE's grouped expert linears are not sequence-parallel."""
     sp = sp and tp > 1 and not grouped
-    row = FP8_LINEARS[role] == "row"
-    return sp and not row, sp and row
+    mode = FP8_LINEARS[role]
+    return sp and mode == "column", sp and mode == "row"  # a duplicated layer gathers nothing
 
 
 def fp8_quantisation(
@@ -674,7 +693,9 @@ def fp8_quantisation(
     b, m, n, k = p["b"], p["m"], p["n"], p["k"]
     gathered_in, gathered_grad = fp8_gathers(role, tp=tp, sp=sp, grouped=grouped)
     row = FP8_LINEARS[role] == "row"
-    fused_norm = modules == "megatron" and not row and not grouped
+    fused_norm = (
+        modules == "megatron" and FP8_LINEARS[role] == "column" and role not in NORM_FREE_COLUMN_LINEARS and not grouped
+    )
     fwd: list[Op] = []
     dgrad: list[Op] = []
     wgrad: list[Op] = []
@@ -713,9 +734,11 @@ def fp8_quantisation(
     return fwd, dgrad, wgrad
 
 
-def _grouped(ops: list[Op]) -> bool:
-    """Whether a block's fp8 linears are TE's grouped expert linears (an MoE block, with its router)."""
-    return any(role == "router" for role, *_ in ops)
+def _grouped(ops: list[Op]) -> frozenset[str]:
+    """The roles of a block's fp8 linears that are TE's grouped expert linears: an MoE block's (with its router)
+    routed-expert up and down GEMMs. Its attention linears and shared expert are TE's ordinary (sequence-parallel)
+    modules."""
+    return frozenset({"mlp_up", "mlp_down"}) if any(role == "router" for role, *_ in ops) else frozenset()
 
 
 def fp8_casts(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, CastOps]:
@@ -730,7 +753,7 @@ def fp8_casts(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[str, Ca
             modules=prec.fp8_modules,
             tp=tp,
             sp=sp,
-            grouped=grouped,
+            grouped=role in grouped,
             recipe=prec.fp8_recipe,
             transposes=prec.fp8_transposes,
         )
@@ -754,7 +777,7 @@ def fp8_amax_comms(ops: list[Op], prec: Dtypes, *, tp: int, sp: bool) -> dict[st
         return {FWD: (), BWD: ()}
     grouped = _grouped(ops)
     gathers = [
-        fp8_gathers(role, tp=tp, sp=sp, grouped=grouped)
+        fp8_gathers(role, tp=tp, sp=sp, grouped=role in grouped)
         for role, kind, _, _ in ops
         if kind == "gemm" and role in FP8_LINEARS
     ]
@@ -805,10 +828,12 @@ output forward, output and input gradients backward (TE v1.13 ``module/base.py``
 
 
 def fp8_gemms(arch: ArchSpec, ep: int) -> int:
-    """fp8 GEMMs of one block on one rank: QKV and out-proj, and MLP-up and -down once each, or per
-    local expert (TE ``GroupedLinear``, ``num_gemms`` = experts on the rank), plus the shared expert's two."""
+    """fp8 GEMMs of one block on one rank: QKV and out-proj (MLA: ``q_proj`` or ``q_down`` and ``q_up``,
+    ``kv_down``, ``kv_up`` and out-proj), and MLP-up and -down once each, or per local expert (TE
+    ``GroupedLinear``, ``num_gemms`` = experts on the rank), plus the shared expert's two."""
     per_mlp = 1 if arch.n_experts == 1 else arch.n_experts // ep
-    return 2 + 2 * per_mlp + (2 if arch.shared_expert_ffn is not None else 0)
+    attention = 2 if arch.kv_lora_rank is None else (1 if arch.q_lora_rank is None else 2) + 3
+    return attention + 2 * per_mlp + (2 if arch.shared_expert_ffn is not None else 0)
 
 
 def fp8_amax_bytes(arch: ArchSpec, *, ep: int, layers: int) -> dict[str, int]:

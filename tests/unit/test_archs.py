@@ -940,6 +940,37 @@ def test_deepseek_v3_counts_as_published() -> None:
     assert arch.dense_block_saving() == moe_mlp - 3 * 7168 * 18432
 
 
+def test_mla_runs_its_projections_in_fp8_as_megatron_cores_te_modules():
+    """Megatron-Core's MLA with Transformer Engine: q_down / kv_down are duplicated TE Linears (their own input
+    cast, no gather), q_up / kv_up LayerNormLinears (the latent norm writes their fp8 input: no cast), and without
+    q compression q_proj a column-parallel Linear (its input cast); the out-proj as before. The router and the
+    head stay bf16."""
+    import dataclasses
+
+    from opcast.predict.graph import block_ops, fp8_casts, fp8_gathers, fp8_gemms, precision_of, train_block
+
+    v3 = arch_from_hf_config(DEEPSEEK_V3_HF, "deepseek-v3")
+    prec = precision_of("fp8")
+    g = train_block(v3, tp=2, batch=1, seq=256, sp=True, cp=1, ep=8, attention="flash", recompute="none", prec=prec)
+    fwd = {n.role: n.kernel.dtype for n in g.nodes["forward"]}
+    assert {r: fwd[r] for r in ("q_down", "q_up", "kv_down", "kv_up", "proj", "router")} == {
+        **dict.fromkeys(("q_down", "q_up", "kv_down", "kv_up", "proj"), "fp8"),
+        "router": "bf16",
+    }
+    assert fp8_gathers("q_down", tp=2, sp=True, grouped=False) == (False, False)
+    assert fp8_gathers("kv_up", tp=2, sp=True, grouped=False) == (True, False)
+    ops = block_ops(v3, tp=2, batch=1, seq_q=256, seq_kv=256, sp=False, ep=8)
+    casts = fp8_casts(ops, dataclasses.replace(prec, fp8_modules="megatron"), tp=2, sp=False)
+    assert [r for r, *_ in casts["q_down"][0]] == ["q_down.fp8_cast_transpose_input"]
+    assert casts["q_up"][0] == [] and casts["kv_up"][0] == []  # the fused latent norms write fp8
+    no_q_lora = dataclasses.replace(v3, q_lora_rank=None)
+    ops = block_ops(no_q_lora, tp=2, batch=1, seq_q=256, seq_kv=256, sp=False, ep=8)
+    casts = fp8_casts(ops, dataclasses.replace(prec, fp8_modules="megatron"), tp=2, sp=False)
+    assert [r for r, *_ in casts["q_proj"][0]] == ["q_proj.fp8_cast_transpose_input"]
+    # per block: q_down, q_up, kv_down, kv_up, proj; 256 / 8 local experts x 2; the shared expert's two
+    assert fp8_gemms(v3, ep=8) == 5 + 2 * 32 + 2 and fp8_gemms(no_q_lora, ep=8) == 4 + 2 * 32 + 2
+
+
 def test_deepseek_v2_lite_and_kimi_k2_spellings() -> None:
     lite = arch_from_hf_config(DEEPSEEK_V2_LITE_HF, "lite")
     assert lite.q_lora_rank is None and lite.shared_expert_ffn == 2 * 1408
