@@ -69,9 +69,9 @@ What NeMo's performance recipes run, and what is passed:
   ``set_llama31_common_configs``, ``cfg.mixed_precision`` and ``cfg.ddp`` both); NeMo 24.07's rows (no recipe)
   keep megatron's default, fp32 (Megatron-LM's rule for bf16), counted;
 - the arch: the row's preset, or where the recipe trains what no preset names a JSON this script writes and the
-  command reads, ``--arch NAME.json`` (:data:`RECIPE_ARCHS`, :func:`write_recipe_arch`): GPT-OSS 120B's preset and
-  DeepSeek-V3's Hugging Face ``config.json`` with the 32,000-token NullTokenizer vocabulary their recipes train with
-  (:data:`NULL_TOKENIZER_VOCAB`), Kimi K2's ``config.json`` (DeepSeek-V3's architecture, ``model_type kimi_k2``);
+  command reads, ``--arch NAME.json`` (:data:`RECIPE_ARCHS`, :func:`write_recipe_arch`): GPT-OSS 120B's and
+  DeepSeek-V3's presets with the 32,000-token NullTokenizer vocabulary their recipes train with
+  (:data:`NULL_TOKENIZER_VOCAB`); Kimi K2 its preset;
 - Llama 3.1 405B and Qwen3-235B-A22B with PP > 1 -> ``--pp-partition megatron:embedding,loss`` (:data:`LAYER_SPLIT`);
   a recipe's ``pipeline_model_parallel_layout`` (DeepSeek-V3, Kimi K2) -> ``--pp-layers`` with each rank's
   transformer layers (:data:`PP_LAYOUTS`, :func:`layout_rank_layers`), under 1F1B where VP divides no split of
@@ -337,55 +337,13 @@ NULL_TOKENIZER_VOCAB = 32000
 DEFAULT_NULL_TOKENIZER_VOCAB_SIZE`` (``recipes/utils/tokenizer_utils.py``: 32000; a multiple of 128, so Megatron pads
 it no further), which ``scripts/performance/run_script.py`` keeps (``--tokenizer_type`` defaults to None). Kimi K2's
 recipe sets ``cfg.tokenizer.vocab_size = cfg.model.vocab_size`` (163840); the Qwen3 recipes name their HF tokenizer."""
-DEEPSEEK_V3_HF: dict[str, Any] = {
-    "model_type": "deepseek_v3",
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "first_k_dense_replace": 3,
-    "moe_layer_freq": 1,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 8,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "vocab_size": 129280,
-    "max_position_embeddings": 163840,
-    "tie_word_embeddings": False,
-    "hidden_act": "silu",
-    "num_nextn_predict_layers": 1,
-}
-"""The keys opcast reads of https://huggingface.co/deepseek-ai/DeepSeek-V3/blob/main/config.json, which
-``deepseek_v3_pretrain_config`` loads (``AutoBridge.from_hf_pretrained("deepseek-ai/DeepSeek-V3")``)."""
-KIMI_K2_HF: dict[str, Any] = {
-    **DEEPSEEK_V3_HF,
-    "model_type": "kimi_k2",
-    "num_attention_heads": 64,
-    "num_key_value_heads": 64,
-    "n_routed_experts": 384,
-    "first_k_dense_replace": 1,
-    "vocab_size": 163840,
-    "max_position_embeddings": 131072,
-    "num_nextn_predict_layers": 0,
-}
-"""The keys opcast reads of https://huggingface.co/moonshotai/Kimi-K2-Instruct/blob/main/config.json, which
-``kimi_k2_pretrain_config`` loads: DeepSeek-V3's architecture with 64 heads, 384 experts, one dense block and a
-163,840-token vocabulary (as Megatron-Bridge v0.4.2's ``tests/unit_tests/models/kimi_vl/test_kimi_k25_vl_bridge.py``
-spells Kimi K2.5's text model)."""
-RECIPE_ARCHS: dict[str, tuple[str | None, dict[str, Any]]] = {
+RECIPE_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
     "gpt-oss-120b-vocab32000": ("gpt-oss-120b", {"vocab": NULL_TOKENIZER_VOCAB}),
-    "deepseek-v3-vocab32000": (None, {**DEEPSEEK_V3_HF, "vocab_size": NULL_TOKENIZER_VOCAB}),
-    "kimi-k2": (None, KIMI_K2_HF),
+    "deepseek-v3-vocab32000": ("deepseek-v3", {"vocab": NULL_TOKENIZER_VOCAB}),
 }
-"""Archs of rows whose recipe trains what no preset names: name -> (the preset it changes, the changed keys), or
-(None, a Hugging Face ``config.json``'s keys). :func:`write_recipe_arch` writes each as ``NAME.json`` and the row's
-command reads it (``--arch NAME.json``)."""
+"""Archs of rows whose recipe trains what no preset names: name -> (the preset it changes, the changed keys).
+:func:`write_recipe_arch` writes each as ``NAME.json`` and the row's command reads it (``--arch NAME.json``). Kimi K2's
+recipe trains its preset (``kimi-k2``: ``cfg.tokenizer.vocab_size = cfg.model.vocab_size``)."""
 MOE_ETP = 1
 """Expert tensor parallelism of the MoE rows: Megatron-Bridge v0.4.2 (c810129)
 ``scripts/performance/configs/qwen/qwen3_workload_base_configs.py`` ``BASE_QWEN3_235B_A22B_CONFIG`` and
@@ -521,17 +479,14 @@ def parse_row(rec: dict[str, str], where: str) -> Row:
 
 
 def write_recipe_arch(name: str, folder: Path) -> Path:
-    """``folder/NAME.json`` of a :data:`RECIPE_ARCHS` arch: the preset's JSON with the changed keys, or the
-    Hugging Face ``config.json`` keys; what ``--arch NAME.json`` reads."""
+    """``folder/NAME.json`` of a :data:`RECIPE_ARCHS` arch: the preset's JSON with the changed keys; what
+    ``--arch NAME.json`` reads."""
     import json
 
     from opcast.archs import load_arch
 
     preset, keys = RECIPE_ARCHS[name]
-    if preset is None:
-        data = dict(keys)
-    else:
-        data = {**dataclasses.asdict(load_arch(preset)), **keys, "name": name}  # as `opcast arch show` prints it
+    data = {**dataclasses.asdict(load_arch(preset)), **keys, "name": name}  # as `opcast arch show` prints it
     path = folder / f"{name}.json"
     path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     return path

@@ -63,6 +63,8 @@ PRESETS = [
     "glm-4.5-air",
     "gemma-3-12b",
     "gemma-3-27b",
+    "deepseek-v3",
+    "kimi-k2",
 ]
 
 # Op kinds and parameter names of the shared op registry (the brief's contract).
@@ -938,6 +940,8 @@ def test_deepseek_v3_counts_as_published() -> None:
     # the three dense blocks: an 18,432-wide MLP each in place of 256 experts, the shared one and the router
     moe_mlp = 256 * 3 * 7168 * 2048 + 3 * 7168 * 2048 + 7168 * 256
     assert arch.dense_block_saving() == moe_mlp - 3 * 7168 * 18432
+    preset = load_arch("deepseek-v3")  # the preset is this config.json
+    assert dataclasses.replace(preset, source=arch.source) == arch
 
 
 def test_mla_runs_its_projections_in_fp8_as_megatron_cores_te_modules():
@@ -977,6 +981,11 @@ def test_deepseek_v2_lite_and_kimi_k2_spellings() -> None:
     assert lite.params_total() == pytest.approx(15.7e9, rel=0.005)  # DeepSeek-V2-Lite model card: 15.7B
     kimi = arch_from_hf_config({**DEEPSEEK_V3_HF, "model_type": "kimi_k2"}, "k")
     assert kimi.kv_lora_rank == 512 and kimi.family == "deepseek_v3"
+    # moonshotai/Kimi-K2-Instruct config.json: DeepSeek-V3's with 64 heads, 384 experts, one dense block
+    k2 = {**DEEPSEEK_V3_HF, "model_type": "kimi_k2", "num_attention_heads": 64, "num_key_value_heads": 64}
+    k2 |= {"n_routed_experts": 384, "first_k_dense_replace": 1, "vocab_size": 163840, "max_position_embeddings": 131072}
+    expected = arch_from_hf_config(k2, "kimi-k2")
+    assert dataclasses.replace(load_arch("kimi-k2"), source=expected.source) == expected
 
 
 def test_mla_ops_by_hand() -> None:

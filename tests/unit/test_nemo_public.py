@@ -524,8 +524,9 @@ def test_hand_checked_gpt_oss_deepseek_and_kimi_rows(nemo, rows):
     assert "5 of the" in note and "Muon priced as Adam" in note and "combined 1F1B not priced" in note
     assert "26.04.01-b300-deepseek-v3-mxfp8 (its MTP layer not priced)" in note
     assert "gpt-oss" not in note  # the GPT-OSS rows run as their recipes do
-    new = [r for r in rows.values() if r.arch in nemo.RECIPE_ARCHS]
+    new = [r for r in rows.values() if r.arch in nemo.RECIPE_ARCHS or r.arch == "kimi-k2"]
     assert len(new) == 10 and all(r.ep > 1 and r.recipe.grad_reduce == "bf16" for r in new)
+    assert ds == dataclasses.replace(load_arch("deepseek-v3"), name="deepseek-v3-vocab32000", vocab=32000)
     gpt_oss = [r for r in new if r.arch.startswith("gpt-oss")]
     lines = nemo.summary_table(gpt_oss[:1], {gpt_oss[0].row: nemo.predict_row(gpt_oss[0])})
     assert any(line.startswith("| MoE: DGX-GB300, BF16 | 1 |") for line in lines)
