@@ -15,12 +15,15 @@ py=${PYTHON:-python3}
 opcast() { "$py" -m opcast "$@"; }
 
 archs=(--arch llama3-8b --arch llama2-13b --arch llama3-70b --arch gpt3-2.7b --arch mixtral-8x7b)
-has_fp8=$("$py" - "$device" <<'PY'
+# Only a CUDA device can have fp8: elsewhere the answer is 0 without the seconds of importing torch.
+has_fp8=0
+if [[ "$device" == cuda* ]]; then
+  has_fp8=$("$py" - "$device" <<'PY'
 import sys, torch
-dev = sys.argv[1]
-print(int(dev.startswith("cuda") and torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)))
+print(int(torch.cuda.is_available() and torch.cuda.get_device_capability(sys.argv[1]) >= (8, 9)))
 PY
 )
+fi
 # Shares of the budget: 70 % bf16+fp16, 15 % fp8 GEMM (or fp16/bf16 when absent), 15 % fp32.
 half_s=$(( budget * 70 / 100 ))
 fp8_s=$(( budget * 15 / 100 ))
