@@ -338,40 +338,32 @@ def test_calibrate_end_to_end_on_the_cpu(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["kernels_by_source"].get("learned", 0) > 0
 
 
-@pytest.mark.slow
-def test_ddp_under_torchrun_on_the_cpu(tmp_path):
-    """Two gloo ranks train DDP replicas; rank 0 prints the report with the data-parallel prediction."""
-    import subprocess
-    import sys
+_DDP_SCRIPT = """
+import contextlib, json, os, sys
+import opcast.check.validate as validate
+from opcast.cli import main
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "opcast",
-        "validate",
-        "--arch",
-        _write(tmp_path, TINY),
-        "--batch",
-        "1",
-        "--seq",
-        "32",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--json",
-    ]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    assert res.returncode == 0, _whole(res)
-    doc = json.loads(res.stdout[res.stdout.index("{") :])
-    assert doc["world_size"] == 2
-    backward = next(p for p in doc["phases"] if p["phase"] == "backward")
-    assert backward["predicted_as"] == "breakdown_s[backward] + [dp_comm_exposed]" and backward["measured_s"] > 0
-    assert any("placeholders" in n for n in doc["notes"])
+sessions = []
+real = validate.process_group
+
+@contextlib.contextmanager
+def recorded(*args, **kwargs):
+    with real(*args, **kwargs) as session:
+        sessions.append(session)
+        yield session
+
+validate.process_group = recorded
+code = main(sys.argv[1:])
+tasks = "/proc/self/task"
+names = [open(f"{tasks}/{t}/comm").read().strip() for t in os.listdir(tasks)] if os.path.isdir(tasks) else None
+gloo = None if names is None else sorted(n for n in names if "gloo" in n)
+doc = {"rank": int(os.environ["RANK"]), "groups": [[s.started, s.released] for s in sessions], "gloo_threads": gloo}
+print("GROUP " + json.dumps(doc), file=sys.stderr, flush=True)
+sys.exit(code)
+"""
+"""``opcast validate`` as ``python -m opcast`` runs it (``sys.exit(main())``), on each rank under
+torchrun, recording what :func:`opcast.check.validate.process_group` did and, once the command is
+done, which gloo threads are left: one line ``GROUP {json}`` per rank on stderr."""
 
 
 def _whole(res) -> str:
@@ -380,38 +372,46 @@ def _whole(res) -> str:
     return f"exit code {res.returncode}\n--- stderr ---\n{res.stderr}\n--- stdout (tail) ---\n{res.stdout[-2000:]}"
 
 
-_GROUP_SCRIPT = """
-import json, os, sys
-from opcast.check.validate import local_env, measure_step, process_group, resolve_arch, torch_device
-env = local_env()
-arch = resolve_arch(sys.argv[1])
-with process_group("gloo", env.world) as session:
-    measure_step(arch, batch=1, seq=16, precision="fp32", attention="flash", device=torch_device("cpu", env), env=env,
-                 steps=1, warmup=0, profile=False)
-gloo = sorted(n for n in (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
-              if "gloo" in n)
-print(json.dumps({"rank": env.rank, "started": session.started, "released": session.released, "gloo_threads": gloo}))
-"""
-
-
-@pytest.mark.slow
-def test_ddp_process_group_is_freed_before_exit(tmp_path):
-    """The cause of the SIGABRT at a rank's exit (issue 15, item 8): DDP's import of
-    torch.distributed.nn.functional kept the gloo group alive past destroy_process_group, so its
-    worker threads ran into interpreter shutdown and one that released a finished all-reduce late
-    aborted the rank. Deterministic check of the cause: after the block, the group is freed and no
-    gloo thread is left on either rank (the crash itself is a race, seen about 1 run in 20 under load)."""
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory):
+    """One torchrun of two gloo ranks for both DDP tests (each torchrun pays three torch start-ups)."""
     import subprocess
     import sys
 
+    tmp_path = tmp_path_factory.mktemp("ddp")
+    script = tmp_path / "ddp_validate.py"
+    script.write_text(_DDP_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script)]
+    cmd += ["validate", "--arch", _write(tmp_path, TINY), "--batch", "1", "--seq", "32"]
+    cmd += ["--steps", "2", "--warmup", "1", "--json"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.slow
+def test_ddp_under_torchrun_on_the_cpu(ddp_run):
+    """Two gloo ranks train DDP replicas; rank 0 prints the report with the data-parallel prediction."""
+    res = ddp_run
+    assert res.returncode == 0, _whole(res)
+    doc = json.loads(res.stdout[res.stdout.index("{") :])
+    assert doc["world_size"] == 2
+    backward = next(p for p in doc["phases"] if p["phase"] == "backward")
+    assert backward["predicted_as"] == "breakdown_s[backward] + [dp_comm_exposed]" and backward["measured_s"] > 0
+    assert any("placeholders" in n for n in doc["notes"])
+
+
+@pytest.mark.slow
+def test_ddp_process_group_is_freed_before_exit(ddp_run):
+    """The cause of the SIGABRT at a rank's exit (issue 15, item 8): DDP's import of
+    torch.distributed.nn.functional kept the gloo group alive past destroy_process_group, so its
+    worker threads ran into interpreter shutdown and one that released a finished all-reduce late
+    aborted the rank. Deterministic check of the cause: after the validation (the same torchrun run as
+    test_ddp_under_torchrun_on_the_cpu), each rank's one group was started and freed and no gloo
+    thread is left on either rank (the crash itself is a race, seen about 1 run in 20 under load)."""
     if not Path("/proc/self/task").is_dir():
         pytest.skip("needs /proc to list threads")
-    script = tmp_path / "group.py"
-    script.write_text(_GROUP_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(script), _write(tmp_path, TINY)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    res = ddp_run
     assert res.returncode == 0, _whole(res)
-    docs = sorted((json.loads(m) for m in re.findall(r'\{"rank"[^{}]*\}', res.stdout)), key=lambda d: d["rank"])
+    docs = sorted((json.loads(m) for m in re.findall(r"^GROUP (\{.*\})$", res.stderr, re.M)), key=lambda d: d["rank"])
     assert [d["rank"] for d in docs] == [0, 1], _whole(res)
     for d in docs:
-        assert d["started"] is True and d["released"] is True and d["gloo_threads"] == [], (d, _whole(res))
+        assert d["groups"] == [[True, True]] and d["gloo_threads"] == [], (d, _whole(res))
