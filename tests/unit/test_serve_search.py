@@ -15,9 +15,10 @@ from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.predict.cost import roofline_only
 from opcast.predict.parallel import InferConfig
-from opcast.predict.serve.deployment import predict_serve
+from opcast.predict.serve.deployment import ServeResult, predict_serve
 from opcast.predict.serve.disagg import predict_serve_disagg
 from opcast.predict.serve.engine import engine_config
+from opcast.predict.serve.metrics import serve_metrics
 from opcast.predict.serve.requests import Lengths, poisson_stream
 from opcast.predict.serve.search import (
     ServeSpace,
@@ -54,51 +55,57 @@ def setup():
 @pytest.fixture(scope="module")
 def brute_of(setup):
     """Every deployment of the space, by hand, under a TPOT SLO: (tp, replicas, prefill, seqs, tokens) ->
-    metrics, or None if it does not fit (prefill 0: colocated; else prefill + decode = replicas)."""
+    metrics, or None if it does not fit (prefill 0: colocated; else prefill + decode = replicas). Each
+    deployment is simulated once: an SLO only changes the metrics predict_serve derives from the
+    simulation (serve_metrics, called here as predict_serve calls it), not the simulation."""
     arch, dev, stream, kernels = setup
+    runs: dict[tuple, ServeResult | None] = {}
+    for tp in TPS:
+        for replicas in range(1, GPUS // tp + 1):
+            for prefill in range(replicas):  # 0: colocated
+                for seqs in SEQS:
+                    for tokens in TOKENS:
+                        engine = engine_config("vllm", dev, max_num_seqs=seqs, max_num_batched_tokens=tokens)
+                        try:
+                            if prefill:  # the GPU's 8-GPU node holds all four
+                                r = predict_serve_disagg(
+                                    arch,
+                                    dev,
+                                    InferConfig(tp=tp),
+                                    engine,
+                                    stream,
+                                    prefill=prefill,
+                                    decode=replicas - prefill,
+                                    kernels=kernels,
+                                    slo_ttft_s=SLO_TTFT_S,
+                                    slo_tpot_s=SLO_TPOT_S,
+                                )
+                            else:
+                                r = predict_serve(
+                                    arch,
+                                    dev,
+                                    InferConfig(tp=tp),
+                                    engine,
+                                    stream,
+                                    replicas=replicas,
+                                    kernels=kernels,
+                                    gpus_per_node=tp,  # a replica within one node
+                                    slo_ttft_s=SLO_TTFT_S,
+                                    slo_tpot_s=SLO_TPOT_S,
+                                )
+                        except OpcastError:
+                            runs[(tp, replicas, prefill, seqs, tokens)] = None
+                        else:
+                            runs[(tp, replicas, prefill, seqs, tokens)] = r
     memo: dict[float, dict] = {}
 
     def brute(slo_tpot_s: float) -> dict:
-        if slo_tpot_s in memo:
-            return memo[slo_tpot_s]
-        out = memo[slo_tpot_s] = {}
-        slos = dict(slo_ttft_s=SLO_TTFT_S, slo_tpot_s=slo_tpot_s)
-        for tp in TPS:
-            for replicas in range(1, GPUS // tp + 1):
-                for prefill in range(replicas):  # 0: colocated
-                    for seqs in SEQS:
-                        for tokens in TOKENS:
-                            engine = engine_config("vllm", dev, max_num_seqs=seqs, max_num_batched_tokens=tokens)
-                            try:
-                                if prefill:  # the GPU's 8-GPU node holds all four
-                                    r = predict_serve_disagg(
-                                        arch,
-                                        dev,
-                                        InferConfig(tp=tp),
-                                        engine,
-                                        stream,
-                                        prefill=prefill,
-                                        decode=replicas - prefill,
-                                        kernels=kernels,
-                                        **slos,
-                                    )
-                                else:
-                                    r = predict_serve(
-                                        arch,
-                                        dev,
-                                        InferConfig(tp=tp),
-                                        engine,
-                                        stream,
-                                        replicas=replicas,
-                                        kernels=kernels,
-                                        gpus_per_node=tp,  # a replica within one node
-                                        **slos,
-                                    )
-                            except OpcastError:
-                                out[(tp, replicas, prefill, seqs, tokens)] = None
-                            else:
-                                out[(tp, replicas, prefill, seqs, tokens)] = r.metrics
-        return out
+        if slo_tpot_s not in memo:
+            memo[slo_tpot_s] = {
+                key: None if r is None else serve_metrics(r.sim, slo_ttft_s=SLO_TTFT_S, slo_tpot_s=slo_tpot_s)
+                for key, r in runs.items()
+            }
+        return memo[slo_tpot_s]
 
     return brute
 
