@@ -18,9 +18,10 @@
 # at 700 instead of 2,000 their leave-one-GPU-out MAPE on H100/H200/B200 is 15.8 instead of 14.4 % (bf16/fp8) and
 # 15.5 instead of 15.4 % (W4A16 MXFP4) (benchmarks/moe_kernels.py --cap-rows 700 / 2000), and the refit stays
 # within its 10 minutes.
-# The whole script took 9 min 35 s alone on the 2-core machine (2026-12-02, ninth session: replays 1 min 32 s with
-# AIConfigurator's beside the others, the fit 8 min 3 s; 11 min 41 s the session before, with every device of the
-# fp8 groups left out in turn and the replays one after another), and a rerun wrote every model file byte for
+# The whole script took 10 min 47 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 51 s,
+# the fit 8 min 56 s), over its 10-minute budget since the four fused-MoE groups joined (9 min 35 s before, fit 8 min
+# 3 s): they cost ~200 s of fit CPU, because groups of at most 100,000 rows x devices leave every device out in turn
+# (FitConfig.all_devices_fold_rows) with three candidate estimators each. A rerun wrote every model file byte for
 # byte the same. models/default was fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and
 # OPCAST_AITER set).
 set -euo pipefail
