@@ -62,7 +62,8 @@ def test_the_graph_places_the_casts_before_their_gemms_in_every_phase():
     prec = precision_of("fp8", framework="hf")
     g = train_block(arch, tp=1, batch=1, seq=128, sp=False, cp=1, ep=1, attention="flash", recompute="full", prec=prec)
     fwd = [n.role for n in g.nodes[FWD]]
-    dense = [role for role in graph.FP8_LINEARS if not role.startswith("shared_")]  # no shared expert here
+    dense = ["qkv", "proj", "mlp_up", "mlp_down"]  # a standard-attention dense block's fp8 linears
+    assert set(dense) <= set(graph.FP8_LINEARS)
     for role in dense:
         i = fwd.index(role)
         assert fwd[i - 2 : i] == [f"{role}.fp8_cast_transpose_input", f"{role}.fp8_cast_transpose_weight"]
