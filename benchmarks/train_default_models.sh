@@ -18,12 +18,12 @@
 # at 700 instead of 2,000 their leave-one-GPU-out MAPE on H100/H200/B200 is 15.8 instead of 14.4 % (bf16/fp8) and
 # 15.5 instead of 15.4 % (W4A16 MXFP4) (benchmarks/moe_kernels.py --cap-rows 700 / 2000), and the refit stays
 # within its 10 minutes.
-# The whole script took 10 min 47 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 51 s,
-# the fit 8 min 56 s), over its 10-minute budget since the four fused-MoE groups joined (9 min 35 s before, fit 8 min
-# 3 s): they cost ~200 s of fit CPU, because groups of at most 100,000 rows x devices leave every device out in turn
-# (FitConfig.all_devices_fold_rows) with three candidate estimators each. A rerun wrote every model file byte for
-# byte the same. models/default was fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and
-# OPCAST_AITER set).
+# The whole script took 9 min 46 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 28 s,
+# the fit 8 min 18 s), and a rerun wrote every model file byte for byte the same. Little margin: the same fit took
+# 8 min 56 s in the run before (10 min 47 s in all, with a 25 s slower AIConfigurator replay), and the four fused-MoE
+# groups cost ~200 s of its CPU (9 min 35 s before them), because groups of at most 100,000 rows x devices leave every
+# device out in turn (FitConfig.all_devices_fold_rows) with three candidate estimators each. models/default was
+# fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 published="${1:-$repo/../shared/published}"
