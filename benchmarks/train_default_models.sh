@@ -19,7 +19,8 @@
 # 15.5 instead of 15.4 % (W4A16 MXFP4) (benchmarks/moe_kernels.py --cap-rows 700 / 2000), and the refit stays
 # within its 10 minutes.
 # The whole script took 9 min 46 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 28 s,
-# the fit 8 min 18 s), and a rerun wrote every model file byte for byte the same. Little margin: the same fit took
+# the fit 8 min 18 s); a rerun wrote every predictor file byte for byte the same (meta.json and collectives.json
+# differ only in fit times, the timestamp and the hashes over them). Little margin: the same fit took
 # 8 min 56 s in the run before (10 min 47 s in all, with a 25 s slower AIConfigurator replay), and the four fused-MoE
 # groups cost ~200 s of its CPU (9 min 35 s before them), because groups of at most 100,000 rows x devices leave every
 # device out in turn (FitConfig.all_devices_fold_rows) with three candidate estimators each. models/default was
