@@ -185,3 +185,14 @@ def test_weight_only_moe_rows_are_their_own_label():
     )
     assert mg.labels(frame).tolist() == ["moe bf16 mxfp4", "moe bf16", "gemm bf16", "moe fp8"]
     assert "moe bf16 mxfp4" in mg.CAPPED
+
+
+def test_a_zero_cap_is_refused_not_read_as_no_cap(tmp_path):
+    """``--cap-rows 0`` / ``--cap-moe-rows 0`` would keep nothing (or, read as falsy, everything): one line, exit 2,
+    before anything is replayed."""
+    for flag in ("--cap-rows", "--cap-moe-rows"):
+        proc = _run("--replay-to", str(tmp_path / "out"), flag, "0")
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "must be >= 1" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
