@@ -44,6 +44,11 @@ GEMMs that read them compute (the kernel dequantises them on the fly, the activa
 v1.0, Sec. 5.2), gpt-oss's routed experts (:attr:`opcast.archs.ArchSpec.expert_weights`)."""
 
 
+def weight_storage_bytes(storage: str) -> float:
+    """Bytes an element of a weight-only storage format (:data:`WEIGHT_STORAGE_BITS`), scales included."""
+    return WEIGHT_STORAGE_BITS[storage] / 8.0
+
+
 BLOCK_SCALED_DTYPES: Final[tuple[str, ...]] = ("fp8_block", "nvfp4")
 """Kernel dtypes whose elements are not a whole number of bytes (:func:`element_bytes` only)."""
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Final, SupportsFloat, cast
 
-from opcast.dtypes import WEIGHT_STORAGE_BITS
+from opcast.dtypes import WEIGHT_STORAGE_BITS, weight_storage_bytes
 from opcast.errors import OpcastError
 
 ParamValue = int | bool | str
@@ -833,8 +833,8 @@ def _moe_weight_bytes(p: Params, dt: float) -> float:
     element-wise."""
     storage = p.get("weights", "dtype")
     out = dt
-    for name, bits in WEIGHT_STORAGE_BITS.items():
-        out = out + (bits / 8.0 - dt) * (storage == name)
+    for name in WEIGHT_STORAGE_BITS:
+        out = out + (weight_storage_bytes(name) - dt) * (storage == name)
     return out
 
 

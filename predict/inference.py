@@ -27,7 +27,7 @@ from functools import cache
 from typing import Any, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
-from opcast.dtypes import dtype_bytes, element_bytes
+from opcast.dtypes import dtype_bytes, element_bytes, weight_storage_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
@@ -36,7 +36,6 @@ from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, tp_all_reduce_kind
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
-from opcast.predict.weight_only import weight_bytes
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -420,7 +419,7 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig, *, experts: ExpertLayout | N
     b, P = cfg.batch, cfg.prompt_len
     act_b = dtype_bytes(prec.act)
     weight_b = element_bytes(prec.matrix)  # nvfp4 weights: 0.5625 bytes with their scales
-    expert_b = weight_bytes(arch.expert_weights) if arch.expert_weights else weight_b  # gpt-oss's MXFP4 experts
+    expert_b = weight_storage_bytes(arch.expert_weights) if arch.expert_weights else weight_b  # gpt-oss's MXFP4 experts
     kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
     heads = arch.n_heads // cfg.tp
     whole = cfg.ep > 1

@@ -21,13 +21,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opcast.dtypes import WEIGHT_STORAGE_BITS, element_bytes
+from opcast.dtypes import element_bytes, weight_storage_bytes
 from opcast.hardware import DeviceSpec
-
-
-def weight_bytes(storage: str) -> float:
-    """Bytes an element of a weight-only storage format, scales included."""
-    return WEIGHT_STORAGE_BITS[storage] / 8.0
 
 
 def gemm_bytes(params: Mapping, dtype: str, weight_bytes_each: float) -> float:
@@ -46,4 +41,4 @@ def weight_only_time_s(time_s: float, params: Mapping, *, device: DeviceSpec, dt
     def roof(w: float) -> float:
         return max(compute_s, gemm_bytes(params, dtype, w) / device.mem_bw_bytes_per_s)
 
-    return time_s * roof(weight_bytes(storage)) / roof(element_bytes(dtype))
+    return time_s * roof(weight_storage_bytes(storage)) / roof(element_bytes(dtype))

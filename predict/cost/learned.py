@@ -397,6 +397,12 @@ def _typed(values: list[Any]) -> np.ndarray:
     return np.array(values, dtype=object)
 
 
+def _in_span(code: float | None, span) -> bool:
+    """Whether a categorical parameter's ``code`` (:data:`opcast.train.features._CODES`) lies in a predictor's fitted
+    ``[lo, hi]`` feature range (to rounding): what a learned model has data of."""
+    return code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9
+
+
 class LearnedKernelCost:
     """Adapter of a fitted ``opcast.train.artifacts.ModelSet`` to :class:`KernelTimeSource`."""
 
@@ -418,6 +424,8 @@ class LearnedKernelCost:
         """Device name -> its adaptation in the set (``opcast train adapt``), or None."""
         self._impls: dict[tuple[str, str], tuple[bool, bool]] = {}
         """(group, impl) -> (speaks for it, a predictor fitted before impl was recorded)."""
+        self._weights: dict[tuple[str, str], bool] = {}
+        """(group, weight storage) -> whether its predictor was fitted on that storage (:meth:`_speaks_for_weights`)."""
         self._shape_why: dict[tuple[str, Kernel], str | None] = {}
         """(group, kernel) -> why its shape is outside the predictor's fitted feature ranges, or None."""
 
@@ -482,20 +490,20 @@ class LearnedKernelCost:
         """Whether ``k``'s predictor has data of its expert weights' storage (a fused MoE layer's ``weights``,
         :data:`opcast.ops.MOE_WEIGHTS`): the dtype's always; a weight-only format only inside the fitted
         ``weights_code`` range (a set fitted without W4A16 MXFP4 rows leaves those layers to their grouped GEMMs,
-        :func:`opcast.predict.cost.decompose`)."""
-        storage = k.param_dict.get("weights", "dtype")
+        :func:`opcast.predict.cost.decompose`). Memoised per group and format: ``covers`` asks it of every kernel."""
+        if k.kind != "moe":
+            return True
+        storage = str(k.param_dict.get("weights", "dtype"))
         if storage == "dtype":
             return True
-        memo = self._impls.get((self.group_of(k), f"weights={storage}"))
-        if memo is not None:
-            return memo[0]
-        from opcast.train.features import _CODES
+        key = (self.group_of(k), storage)
+        ok = self._weights.get(key)
+        if ok is None:
+            from opcast.train.features import _CODES
 
-        entry = self.range.meta.get("predictors", {}).get(self.group_of(k))
-        span = (entry.get("feature_ranges") or {}).get("weights_code") if isinstance(entry, Mapping) else None
-        code = _CODES["weights"].get(str(storage))
-        ok = span is not None and code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9
-        self._impls[(self.group_of(k), f"weights={storage}")] = (ok, False)
+            entry = self.range.meta.get("predictors", {}).get(key[0])
+            span = (entry.get("feature_ranges") or {}).get("weights_code") if isinstance(entry, Mapping) else None
+            ok = self._weights[key] = bool(span) and _in_span(_CODES["weights"].get(storage), span)
         return ok
 
     def _impl_status(self, k: Kernel) -> tuple[bool, bool]:
@@ -531,7 +539,7 @@ class LearnedKernelCost:
                 )
                 if legacy_native:
                     code = _CODES["impl"]["fused"]
-                ok = not span or (code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9)
+                ok = not span or _in_span(code, span)
                 if recorded and not recorded.get(str(impl)):  # inside the code range, but no row measured it
                     ok = False
                 status = (bool(ok), legacy_native)

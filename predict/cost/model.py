@@ -75,15 +75,25 @@ def _decompose_moe(k: Kernel) -> list[tuple[Kernel, int]]:
     ]
 
 
-def _part_time_s(k: Kernel, part: Kernel, time_s: float, device: DeviceSpec) -> float:
-    """The time of one of ``k``'s parts (:func:`decompose`) in ``k``: a weight-only fused MoE layer's grouped GEMMs
-    read its narrower expert weights (:func:`opcast.predict.weight_only.weight_only_time_s`); else ``time_s``."""
-    storage = k.param_dict.get("weights", "dtype") if k.kind == "moe" else "dtype"
-    if storage == "dtype" or part.kind != "gemm":
-        return time_s
+def _parts_sum_s(
+    k: Kernel, parts: list[tuple[Kernel, int]], table: dict[Kernel, tuple[float, str]], device: DeviceSpec
+) -> float:
+    """``k``'s time as the sum of its parts (:func:`decompose`) priced in ``table``: a weight-only fused MoE layer's
+    grouped GEMMs read its narrower expert weights (:func:`opcast.predict.weight_only.weight_only_time_s`)."""
+    storage = str(k.param_dict.get("weights", "dtype")) if k.kind == "moe" else "dtype"
+    if storage == "dtype":
+        return sum(n * table[p][0] for p, n in parts)
     from opcast.predict.weight_only import weight_only_time_s
 
-    return weight_only_time_s(time_s, part.param_dict, device=device, dtype=part.dtype, storage=str(storage))
+    return sum(
+        n
+        * (
+            weight_only_time_s(table[p][0], p.param_dict, device=device, dtype=p.dtype, storage=storage)
+            if p.kind == "gemm"
+            else table[p][0]
+        )
+        for p, n in parts
+    )
 
 
 def _decompose_eager(k: Kernel) -> list[tuple[Kernel, int]] | None:
@@ -218,7 +228,7 @@ class KernelCostModel:
         scores it). A kernel without parts is 0."""
         parts = {k: decompose(k) or [] for k in kernels}
         table = self.lookup([p for ps in parts.values() for p, _ in ps], device)
-        return [sum(n * _part_time_s(k, p, table[p][0], device) for p, n in parts[k]) for k in kernels]
+        return [_parts_sum_s(k, parts[k], table, device) for k in kernels]
 
     def _price_parts(
         self,
@@ -235,7 +245,7 @@ class KernelCostModel:
         for k, ps in parts.items():
             labels = [table[p][1] for p, _ in ps]
             label = next((lab for lab in labels if lab != LEARNED), LEARNED)
-            cache[k] = (sum(n * _part_time_s(k, p, table[p][0], device) for p, n in ps), label)
+            cache[k] = (_parts_sum_s(k, ps, table, device), label)
             why = next((flags[p] for p, _ in ps if p in flags), None)
             if why:
                 flags[k] = f"{_composite_label(k)}; {why}"

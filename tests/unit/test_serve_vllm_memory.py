@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from opcast.archs import load_arch
+from opcast.dtypes import weight_storage_bytes
 from opcast.hardware import get_device
 from opcast.predict.inference import infer_memory
 from opcast.predict.parallel import InferConfig
@@ -17,10 +18,9 @@ from opcast.predict.serve.vllm_memory import (
     sampler_peak_bytes,
     vllm_expert_layout,
 )
-from opcast.predict.weight_only import weight_bytes
 
 GIB = 2**30
-MXFP4_B = weight_bytes("mxfp4")  # 4.25 bits: 0.53125 bytes
+MXFP4_B = weight_storage_bytes("mxfp4")  # 4.25 bits: 0.53125 bytes
 
 
 def test_vllm_picks_marlin_on_a100_and_h100_and_256_padding_on_b200_and_amd():
