@@ -108,9 +108,9 @@ What NeMo's performance recipes run, and what is passed:
   ``recompute_num_layers`` / ``recompute_modules``, NeMo 25.04 / 25.07's CSV column ``recompute_layers`` is 0, NeMo
   25.02's scripts set none; v0.4.2's 405B NVFP4 V2 preset clears V1's ``recompute_num_layers = 1``); ``full-block:N``
   (``recompute_num_layers = N`` with ``recompute_method = "block"``: v0.2.0's ``LLAMA3_8B_H100_FP8_CS_BASE_CONFIG``,
-  N = 5) is not expressible and priced without, counted; so is ``selective:MODULES`` (:data:`RECOMPUTE_MODULES_RE`:
-  the MoE presets' ``recompute_modules``, none of them ``core_attn``, the one opcast's ``--recompute selective``
-  recomputes);
+  N = 5) is not expressible and priced without, counted; ``selective:MODULES`` (:data:`RECOMPUTE_MODULES_RE`:
+  the MoE presets' ``recompute_modules``) is passed as ``--recompute selective:MODULES``
+  (:mod:`opcast.predict.recompute`);
 - FlashAttention (``--attention flash``, the default), Adam (Kimi K2's Muon, :data:`OPTIMIZER_NOT_PRICED`, counted).
 
 Not mapped (no opcast option represents it, each counted or listed in the output): CUDA graphs (the recipes CSV's
@@ -214,9 +214,8 @@ not expressible (priced without recompute, counted)."""
 RECOMPUTE_BLOCK_RE = re.compile(r"full-block:([1-9][0-9]*)")
 RECOMPUTE_MODULES_RE = re.compile(r"selective:[a-z_]+(\+[a-z_]+)*")
 """``selective:MODULE[+MODULE]``: Megatron ``recompute_granularity selective`` with the preset's ``recompute_modules``
-(Megatron-Bridge ``set_recompute_overrides``), e.g. ``mla_up_proj``, ``mlp``, ``moe_act``, ``layernorm``: these lists
-leave out ``core_attn``, the one module opcast's ``--recompute selective`` recomputes, so they are not expressible
-(priced without recompute, counted)."""
+(Megatron-Bridge ``set_recompute_overrides``), e.g. ``mla_up_proj``, ``mlp``, ``moe_act``, ``layernorm``: passed to
+``--recompute`` as they are (the same spelling, :mod:`opcast.predict.recompute`)."""
 CUDA_GRAPHS_RE = re.compile(r"off|enable_cuda_graph|(local|transformer_engine):[a-z_]+(\+[a-z_]+)*")
 """``cuda_graphs`` values: ``off``; NeMo 2.x ``enable_cuda_graph``; Megatron-Bridge ``cuda_graph_impl:cuda_graph_scope``
 (scopes joined by ``+``). Recorded, not priced (opcast has no CUDA-graph option), counted in the output."""
@@ -669,8 +668,8 @@ def row_options(row: Row) -> dict[str, Any]:
             values["overlap_param_gather"] = True
     if row.recipe.grad_reduce:  # not established: the framework's default (megatron: fp32), counted
         values["grad_reduce_in_fp32"] = row.recipe.grad_reduce == "fp32"
-    if row.recipe.recompute in ("selective", "full"):  # full-block:N, selective:MODULES: priced without (counted)
-        values["recompute"] = row.recipe.recompute
+    if row.recipe.recompute in ("selective", "full") or RECOMPUTE_MODULES_RE.fullmatch(row.recipe.recompute):
+        values["recompute"] = row.recipe.recompute  # full-block:N: priced without (counted)
     if row.row in PP_LAYOUTS:
         values["pp_layers"] = ",".join(map(str, layout_rank_layers(PP_LAYOUTS[row.row][0], pp=row.pp, vp=row.vp)))
     elif row.pp > 1 and row.arch in LAYER_SPLIT:
@@ -860,12 +859,12 @@ def recipe_facts_note(rows: list[Row]) -> str:
     missing = {k: [r.row for r in pred if not getattr(r.recipe, k)] for k in facts}
     bf16_grads = [r.row for r in pred if r.recipe.grad_reduce == "bf16"]
     param_off = [r.row for r in pred if r.recipe.dp_overlap in (DP_OVERLAP_GRAD, DP_OVERLAP_NONE)]
-    partial = [
+    partial = [f"{r.row} ({r.recipe.recompute})" for r in pred if RECOMPUTE_BLOCK_RE.fullmatch(r.recipe.recompute)]
+    passed = [
         f"{r.row} ({r.recipe.recompute})"
         for r in pred
-        if RECOMPUTE_BLOCK_RE.fullmatch(r.recipe.recompute) or RECOMPUTE_MODULES_RE.fullmatch(r.recipe.recompute)
+        if r.recipe.recompute in ("selective", "full") or RECOMPUTE_MODULES_RE.fullmatch(r.recipe.recompute)
     ]
-    passed = [f"{r.row} ({r.recipe.recompute})" for r in pred if r.recipe.recompute in ("selective", "full")]
     graphs = [f"{r.row} ({r.recipe.cuda_graphs})" for r in pred if r.recipe.cuda_graphs not in ("", "off")]
 
     def unread(key: str) -> str:
@@ -1027,8 +1026,9 @@ def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, mode
     lines += [
         "Config column: `ub recipe` = the recipe's userbuffers config (`--tp-comm-overlap-cfg`), `ub off` = no TP "
         "overlap (the recipe's), `ub TE?` = not established, TE's defaults; `no pg overlap` = the recipe turns "
-        "`overlap_param_gather` off (no `--overlap-param-gather`); `recompute full-block:N` / `selective:MODULES` = "
-        "the recipe's partial recompute (not expressible, priced without); `vpN as 1f1b` and `layers` = the recipe's "
+        "`overlap_param_gather` off (no `--overlap-param-gather`); `recompute selective:MODULES` = Megatron-Core's "
+        "recompute modules (priced), `recompute full-block:N` = the recipe's partial recompute (not expressible, "
+        "priced without); `vpN as 1f1b` and `layers` = the recipe's "
         "pipeline layout (`--pp-layers`), under 1F1B where VP divides no split of it; `cuda graphs` = on in the "
         "recipe (not priced); the recipes CSV says which.",
         "",

@@ -68,6 +68,7 @@ from opcast.ops import get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
 from opcast.predict.frameworks import FRAMEWORKS, framework_of
 from opcast.predict.memory import activation_dtype
+from opcast.predict.recompute import recompute_modules, recomputed_roles
 
 FWD, BWD, RECOMPUTE = "forward", "backward", "recompute"
 
@@ -1015,6 +1016,25 @@ def _block_passes(
     return _nodes(ops, prec, casts), _bwd_nodes(ops, prec, casts), comms
 
 
+def recomputed_comms(fwd: tuple[Comm, ...], mods: frozenset[str], *, moe: bool) -> tuple[Comm, ...]:
+    """The forward collectives that selective recomputation of ``mods`` repeats: a recomputed MLP (``mlp`` in a
+    dense block, ``moe`` in an MoE one; normal checkpointing reruns the module with its communication) repeats
+    the MLP side's tensor-parallel collectives, the second half of what :func:`block_comms` lists (one
+    all-gather and one reduce-scatter with sequence parallelism, else one all-reduce) and, for ``moe``, the
+    token all-to-alls. The attention core and the output-discarding modules communicate nothing."""
+    if not (mods & {"moe"} if moe else mods & {"mlp"}):
+        return ()
+    out: list[Comm] = []
+    tp = [c for c in fwd if c.role == "tp"]
+    gathers = [c for c in tp if c.kind == "all_gather"]
+    if len(gathers) == 2:  # attention side, then MLP side
+        out.append(gathers[1])
+    out += [replace(c, count=1) for c in tp if c.kind != "all_gather" or len(gathers) == 1]
+    if moe:
+        out += [c for c in fwd if c.role == "ep"]
+    return tuple(out)
+
+
 @lru_cache(maxsize=4096)
 def train_block(
     arch: ArchSpec,
@@ -1037,8 +1057,10 @@ def train_block(
     rec_comms: tuple[Comm, ...] = ()
     if recompute == "full":
         rec_nodes, rec_comms = fwd, comms[FWD]
-    elif recompute == "selective":
-        rec_nodes = tuple(n for n in fwd if n.role in ("attn", "attn_cp"))
+    elif mods := recompute_modules(recompute):
+        roles = recomputed_roles(mods, moe=arch.n_experts > 1, mla=arch.kv_lora_rank is not None)
+        rec_nodes = tuple(n for n in fwd if n.role.split(".")[0] in roles)
+        rec_comms = recomputed_comms(comms[FWD], mods, moe=arch.n_experts > 1)
     return Graph(
         nodes={FWD: fwd, BWD: bwd, RECOMPUTE: rec_nodes}, comms={FWD: comms[FWD], BWD: comms[BWD], RECOMPUTE: rec_comms}
     )

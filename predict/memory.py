@@ -79,6 +79,7 @@ from opcast.dtypes import dtype_bytes, quantises
 from opcast.errors import OpcastError
 from opcast.predict.frameworks import fp32_gradients
 from opcast.predict.offload import resident_layers
+from opcast.predict.recompute import recompute_modules
 
 STATE_BYTES = {  # (weights, gradients, optimizer states) bytes per parameter
     "bf16": (2, 2, 12),
@@ -243,7 +244,9 @@ def layer_activation_bytes(
     """Bytes one block keeps for its backward, per micro-batch, on one rank (see the module table);
     ``whole_experts``: MoE parallel folding (each rank's experts whole, over its sequence-parallel tokens).
 
-    ``seq`` is the full sequence; a context-parallel rank holds ``seq / cp`` of it.
+    ``seq`` is the full sequence; a context-parallel rank holds ``seq / cp`` of it. ``recompute``: none, full,
+    selective or Megatron-Core's ``selective:MODULE[+MODULE...]``; what each module frees is in
+    :mod:`opcast.predict.recompute`.
 
     ``fp8`` (the block's four linears in Transformer Engine's fp8, activations in ``dtype``): each of
     them saves the fp8 copy of its input for the weight gradient, 1 byte an element, not the
@@ -263,17 +266,23 @@ def layer_activation_bytes(
     div = tp if sp else 1
     if recompute == "full":
         return B * sbh / div
+    mods = recompute_modules(recompute)
+    moe, mla = arch.n_experts > 1, arch.kv_lora_rank is not None
     heads, kv = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
     attn_dropout, hidden_dropout = arch.attention_dropout_p > 0, arch.hidden_dropout_p > 0
     tokens = s * batch
-    out = (B + lin) * sbh / div  # norm-1 input, QKV input
+    # norm-1 input, QKV input; an MLA block's input norm is a module of its own, whose output (the down
+    # projections' input) ``layernorm`` frees where they keep it themselves (in fp8 each keeps its own fp8 copy)
+    out = B * sbh / div + (0 if mla and "layernorm" in mods and not fp8 else lin * sbh / div)
     # Q, K, V (multi-head latent attention: as head_dim-wide heads; for DeepSeek-V3 at tp 1 its 128-wide V and
     # attention output counted 192 wide, 16k values a token and layer too many, its latents and their norms'
-    # inputs, about 4k, not counted)
-    out += B * tokens * (heads + 2 * kv) * arch.head_dim
+    # inputs, about 4k, not counted); ``mla_up_proj`` frees them and rebuilds them from the latents
+    if not (mla and "mla_up_proj" in mods):
+        out += B * tokens * (heads + 2 * kv) * arch.head_dim
     if arch.qk_norm:  # the per-head norms' inputs (Q and K before the norm)
         out += B * tokens * (heads + kv) * arch.head_dim
-    if recompute != "selective":
+    core_attn = "core_attn" in mods
+    if not core_attn:
         if attention == "eager":
             pairs = batch * heads * (s * s + (cp - 1) * s * (s // 2))  # score entries of this rank's blocks
             # softmax out (+ with dropout: its 1-byte mask and the dropped-out probabilities the PV GEMM reads;
@@ -282,25 +291,31 @@ def layer_activation_bytes(
         else:
             out += 4 * batch * heads * s * (1 + (cp - 1))  # fp32 logsumexp per query and block
     # out-proj input (in fp8 its fp8 copy, beside the bf16 attention output FlashAttention keeps)
-    attn_out = lin + (B if fp8 and attention != "eager" and recompute != "selective" else 0)
+    attn_out = lin + (B if fp8 and attention != "eager" and not core_attn else 0)
     out += attn_out * tokens * heads * arch.head_dim
     out += 2 * sbh / div if hidden_dropout else 0  # two 1-byte dropout masks
     out += 2 * B * sbh / div if arch.post_norms else 0  # the post-norms' inputs (Gemma)
     ffn = arch.ffn_hidden // tp
     act_in = (2 if arch.gated_mlp else 1) * ffn  # the activation's input (with the gate)
-    if arch.n_experts == 1:
-        out += (B + lin) * sbh / div  # norm-2 input, MLP input
-        out += (B * act_in + lin * ffn) * tokens  # act input (+ gate) and down-proj input
+    if not moe:
+        out += B * sbh / div  # norm-2 input
+        if "mlp" not in mods:  # MLP input, act input (+ gate) and down-proj input; ``mlp`` keeps only its input
+            out += lin * sbh / div + (B * act_in + lin * ffn) * tokens
     else:
-        out += 2 * B * sbh / div  # norm-2 input, MLP input (the router's, bf16)
+        # norm-2 input, MLP input (the router's, bf16; ``layernorm`` frees it, ``moe`` keeps it as its input)
+        out += B * sbh / div + (0 if "layernorm" in mods and "moe" not in mods else B * sbh / div)
         if whole_experts:  # folded: whole experts over the rank's sequence-parallel share of the tokens
             ffn, act_in = arch.ffn_hidden, (2 if arch.gated_mlp else 1) * arch.ffn_hidden
         experts, rows = routed_experts(arch, tokens=-(-tokens // tp) if whole_experts else tokens, ep=ep)
         routed_rows = experts * rows
-        # permuted expert inputs and activations
-        out += routed_rows * (lin * arch.hidden + B * act_in + lin * ffn)
-        out += 4 * tokens * arch.n_experts  # fp32 router probabilities
-        if arch.shared_expert_ffn is not None:  # the shared expert's act input (+ gate) and down-proj input
+        if "moe" not in mods:
+            # permuted expert inputs and activations; ``moe_act`` frees the down projection's input where it is the
+            # activation's output itself (in fp8 the grouped linear keeps its own fp8 copy)
+            down_in = 0 if "moe_act" in mods and not fp8 else lin * ffn
+            out += routed_rows * (lin * arch.hidden + B * act_in + down_in)
+            out += 4 * tokens * arch.n_experts  # fp32 router probabilities
+        if arch.shared_expert_ffn is not None and not mods & {"moe", "shared_experts"}:
+            # the shared expert's act input (+ gate) and down-proj input
             shared_ffn = arch.shared_expert_ffn // tp
             out += (B * (2 if arch.gated_mlp else 1) * shared_ffn + lin * shared_ffn) * tokens
     return float(out)

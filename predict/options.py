@@ -40,6 +40,7 @@ from rich.markup import escape
 
 from opcast.errors import OpcastError
 from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
+from opcast.predict.recompute import RECOMPUTE_HELP
 from opcast.predict.serve.engine import ENGINES
 
 REQUIRED: Any = inspect.Parameter.empty
@@ -259,7 +260,7 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "micro_batch": ("Sequences per micro-batch.", None),
     "global_batch": ("Sequences per iteration.", "one micro-batch per data-parallel rank"),
     "seq": ("Sequence length, tokens.", None),
-    "recompute": ("none, selective or full.", None),
+    "recompute": (RECOMPUTE_HELP, None),
     "zero": ("ZeRO stage 0, 1, 2 or 3.", None),
     "precision": (
         "bf16, fp16, fp32, fp8, mxfp8 (block-scaled fp8 linears) or nvfp4 (NVFP4 linears; GPUs with fp4 tensor cores).",

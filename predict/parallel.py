@@ -25,6 +25,7 @@ from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
+from opcast.predict.recompute import recompute_problem
 from opcast.predict.serve.engine import EngineName
 
 Recompute = Literal["none", "selective", "full"]
@@ -116,8 +117,9 @@ class TrainConfig:
     """Sequences per iteration over all data-parallel ranks; None: one micro-batch per rank."""
     seq: int = 2048
     """Tokens per sequence."""
-    recompute: Recompute = "none"
-    """Activation recomputation: none, selective (attention core) or full (every layer)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core), full (every layer), or
+    ``selective:MODULE[+MODULE...]`` with Megatron-Core's recompute modules (:mod:`opcast.predict.recompute`)."""
     zero: int = 0
     """ZeRO stage: 1 shards optimizer states, 2 also gradients, 3 also weights (Rajbhandari et al. 2020)."""
     precision: Precision = "bf16"
@@ -695,8 +697,9 @@ def validate_train(
     reasons += [p for k, v in ints.items() if (p := _positive(k, v))]
     if cfg.zero not in (0, 1, 2, 3):
         reasons.append(f"zero={cfg.zero!r} must be 0, 1, 2 or 3")
+    if (problem := recompute_problem(cfg.recompute)) is not None:
+        reasons.append(problem)
     for label, value, choices in (
-        ("recompute", cfg.recompute, Recompute),
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
         ("optimizer", cfg.optimizer, Optimizer),

@@ -286,6 +286,15 @@ CASES: list[Case] = [
     # ---- numbers: zero, negative, nan, inf
     _c("train-tp-zero", *TRAIN, "--arch", "gpt3-125m", "--tp", "0", needles=("tp=0",)),
     _c("train-seq-negative", *TRAIN, "--arch", "gpt3-125m", "--seq", "-1", needles=("seq=-1",)),
+    _c(
+        "train-recompute-module-typo",
+        *TRAIN,
+        "--arch",
+        "deepseek-v3",
+        "--recompute",
+        "selective:mla_up_prj",
+        needles=("'mla_up_prj' is not a recompute module", "mla_up_proj"),
+    ),
     _c("train-coverage-nan", *TRAIN, "--arch", "gpt3-125m", "--coverage", "nan", needles=("--coverage",)),
     _c(
         "search-gpus-zero",

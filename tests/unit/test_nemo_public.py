@@ -380,8 +380,11 @@ def test_recipe_recompute_is_passed_where_opcast_can_express_it(nemo, rows):
         v = nemo.row_options(_with(row, recompute=mode))
         assert v["recompute"] == mode and f"--recompute {mode}" in nemo.cli_command(v)
     assert "recompute" not in nemo.row_options(rows["25.11-h100-llama3-8b-fp8cs"])  # full-block:5: not expressible
-    # Megatron's selective recompute of other modules than core_attn (opcast's selective): priced without
-    assert "recompute" not in nemo.row_options(rows["26.04.01-b200-deepseek-v3-mxfp8"])
+    # Megatron-Core's recompute modules are passed as they are spelled
+    v = nemo.row_options(rows["26.04.01-b200-deepseek-v3-mxfp8"])
+    assert v["recompute"] == "selective:mla_up_proj+mlp" and "--recompute selective:mla_up_proj+mlp" in (
+        nemo.cli_command(v)
+    )
 
 
 def test_a_bad_fact_entry_is_refused_in_one_line(nemo, tmp_path):
@@ -506,7 +509,8 @@ def test_hand_checked_gpt_oss_deepseek_and_kimi_rows(nemo, rows):
         64,
         4,
     )
-    assert v["overlap_moe_ep_comm"] is True and "fp8_recipe" not in v and "recompute" not in v
+    assert v["overlap_moe_ep_comm"] is True and "fp8_recipe" not in v
+    assert v["recompute"] == "selective:layernorm+moe_act"
     v = nemo.row_options(rows["26.04.01-h100-gpt-oss-120b-bf16"])
     assert (v["pp"], v["ep"], v["dp"]) == (4, 8, 16) and "pp_layers" not in v and "pp_partition" not in v
     assert "overlap_moe_ep_comm" not in v  # only the GB200 preset sets moe_a2a_overlap
