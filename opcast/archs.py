@@ -651,8 +651,14 @@ class AttentionOps:
     kv_write: int
 
 
-def attention_ops(arch: ArchSpec, *, tokens: int, heads: int, kv_heads: int, absorbed: bool = False) -> AttentionOps:
-    """:class:`AttentionOps` of ``tokens`` tokens with ``heads`` / ``kv_heads`` heads on this rank.
+def attention_ops(
+    arch: ArchSpec, *, tokens: int, heads: int, kv_heads: int, absorbed: bool = False, rows: int | None = None
+) -> AttentionOps:
+    """:class:`AttentionOps` of ``tokens`` tokens with ``heads`` / ``kv_heads`` heads on this rank; ``rows``
+    (default ``tokens``): the rows multi-head latent attention's down projections and latent norms run on, the
+    rank's sequence-parallel shard under sequence parallelism (Megatron-Core ``MLASelfAttention``: the
+    duplicated ``linear_q_down_proj`` / ``linear_kv_down_proj`` read the local ``[s / TP, b, h]`` hidden states,
+    and the column-parallel up projections, with their fused latent norms, gather the latents).
 
     Standard attention: the fused QKV GEMM, Qwen3's q/k norms (:func:`qk_norm_ops`), rope; K and V are
     written, ``2 kv_heads head_dim`` values a token.
@@ -683,21 +689,22 @@ def attention_ops(arch: ArchSpec, *, tokens: int, heads: int, kv_heads: int, abs
         return AttentionOps(before, kv_heads, arch.head_dim, [], heads * arch.head_dim, 2 * kv_heads * arch.head_dim)
     assert arch.qk_rope_head_dim is not None and arch.v_head_dim is not None
     h, c, r, v, ql = arch.hidden, arch.kv_lora_rank, arch.qk_rope_head_dim, arch.v_head_dim, arch.q_lora_rank
+    down = tokens if rows is None else rows
     nope = arch.head_dim - r
     q_out = heads * arch.head_dim
     q: list[RoleOp] = (
         [("q_proj", "gemm", {"b": 1, "m": tokens, "n": q_out, "k": h})]
         if ql is None
         else [
-            ("q_down", "gemm", {"b": 1, "m": tokens, "n": ql, "k": h}),
-            ("q_down_norm", "rmsnorm", {"rows": tokens, "cols": ql}),
+            ("q_down", "gemm", {"b": 1, "m": down, "n": ql, "k": h}),
+            ("q_down_norm", "rmsnorm", {"rows": down, "cols": ql}),
             ("q_up", "gemm", {"b": 1, "m": tokens, "n": q_out, "k": ql}),
         ]
     )
     before = [
         *q,
-        ("kv_down", "gemm", {"b": 1, "m": tokens, "n": c + r, "k": h}),
-        ("kv_down_norm", "rmsnorm", {"rows": tokens, "cols": c}),
+        ("kv_down", "gemm", {"b": 1, "m": down, "n": c + r, "k": h}),
+        ("kv_down_norm", "rmsnorm", {"rows": down, "cols": c}),
         ("rope", "rope", {"tokens": tokens, "heads": heads + 1, "head_dim": r}),
     ]
     if not absorbed:

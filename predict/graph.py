@@ -389,7 +389,9 @@ def block_ops(
     residual = rows * arch.hidden
     dropout = training and arch.hidden_dropout_p > 0  # the residual dropouts (attention probs: inside attention)
     norm = (arch.norm, {"rows": rows, "cols": arch.hidden})
-    at = attention_ops(arch, tokens=tokens, heads=heads, kv_heads=kv_heads, absorbed=not training and seq_q == 1)
+    at = attention_ops(
+        arch, tokens=tokens, heads=heads, kv_heads=kv_heads, absorbed=not training and seq_q == 1, rows=rows
+    )
     attn = {"batch": batch, "heads": heads, "kv_heads": at.kv_heads, "head_dim": at.head_dim, "impl": attention}
     if cp == 1:
         core = [("attn", "attention", window_core(arch, attn, seq_q=seq_q, seq_kv=seq_kv), 1)]
@@ -887,7 +889,11 @@ def block_comms(
     fwd: list[Comm] = []
     bwd: list[Comm] = []
     if tp > 1:
-        if sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
+        if sp and arch.kv_lora_rank is not None:
+            mla = _mla_sequence_parallel_comms(arch, tokens=tokens, b=b, quantised=quantised)
+            fwd += mla[FWD]
+            bwd += mla[BWD]
+        elif sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
             attn_ag = math.ceil(tokens * arch.hidden * element_bytes(quantised)) if quantised else act
             mlp_ag = attn_ag if arch.n_experts == 1 else act
 
@@ -921,6 +927,48 @@ def block_comms(
         fwd.append(Comm("cp", "send_recv", kv, cp - 1, overlap_with="attn_cp"))
         bwd.append(Comm("cp", "send_recv", 2 * kv, cp - 1, overlap_with="attn_cp.bwd"))
     return {FWD: tuple(fwd), BWD: tuple(bwd)}
+
+
+def _mla_sequence_parallel_comms(
+    arch: ArchSpec, *, tokens: int, b: int, quantised: str | None
+) -> dict[str, tuple[Comm, ...]]:
+    """A multi-head latent attention block's tensor-parallel collectives under sequence parallelism
+    (Megatron-Core ``MLASelfAttention.get_query_key_value_tensors``): the down projections are duplicated and run
+    on the local rows, so the attention side gathers the latents, not the hidden states: the query latent
+    (``q_lora_rank``; the hidden states where ``linear_q_proj`` has no latent) and the KV latent
+    (``kv_lora_rank``) into their column-parallel up projections (in the quantised format where those run in
+    fp8, as :func:`block_comms` says), and the rope key (``qk_pos_emb_head_dim``,
+    ``gather_from_sequence_parallel_region``, in the activation dtype). Backward reduce-scatters the three
+    gradients, re-gathers the two latents for the up projections' weight gradients, and gathers the out
+    projection's output gradient (hidden-wide). The MLP side is :func:`block_comms`'s."""
+    assert arch.kv_lora_rank is not None and arch.qk_rope_head_dim is not None
+    hidden_elem = element_bytes(quantised) if quantised else b
+    act = tokens * arch.hidden * b
+    q_w = arch.q_lora_rank or arch.hidden
+    q_ag, kv_ag = (math.ceil(tokens * w * hidden_elem) for w in (q_w, arch.kv_lora_rank))
+    rope_ag = tokens * arch.qk_rope_head_dim * b
+    hidden_ag = math.ceil(tokens * arch.hidden * hidden_elem)
+    mlp_ag = hidden_ag if arch.n_experts == 1 else act
+    q_role = "q_up" if arch.q_lora_rank else "q_proj"
+    fwd = (
+        Comm("tp", "all_gather", q_ag, 1),
+        Comm("tp", "all_gather", kv_ag, 1),
+        Comm("tp", "all_gather", rope_ag, 1),
+        Comm("tp", "all_gather", mlp_ag, 1),
+        Comm("tp", "reduce_scatter", act, 2),
+    )
+    bwd = (
+        Comm("tp", "reduce_scatter", tokens * q_w * b, 1),
+        Comm("tp", "reduce_scatter", tokens * arch.kv_lora_rank * b, 1),
+        Comm("tp", "reduce_scatter", rope_ag, 1),
+        Comm("tp", "reduce_scatter", act, 1),
+        Comm("tp", "all_gather", hidden_ag, 1),
+        Comm("tp", "all_gather", mlp_ag, 1),
+        Comm("tp", "all_gather", q_ag, 1, overlap_with=f"{q_role}.dgrad"),
+        Comm("tp", "all_gather", kv_ag, 1, overlap_with="kv_up.dgrad"),
+        Comm("tp", "all_gather", mlp_ag, 1, overlap_with="mlp_up.dgrad"),
+    )
+    return {FWD: fwd, BWD: bwd}
 
 
 def embedding_comms(arch: ArchSpec, *, tp: int, tokens: int, sp: bool, dtype: str) -> dict[str, tuple[Comm, ...]]:
@@ -1019,17 +1067,17 @@ def _block_passes(
 def recomputed_comms(fwd: tuple[Comm, ...], mods: frozenset[str], *, moe: bool) -> tuple[Comm, ...]:
     """The forward collectives that selective recomputation of ``mods`` repeats: a recomputed MLP (``mlp`` in a
     dense block, ``moe`` in an MoE one; normal checkpointing reruns the module with its communication) repeats
-    the MLP side's tensor-parallel collectives, the second half of what :func:`block_comms` lists (one
-    all-gather and one reduce-scatter with sequence parallelism, else one all-reduce) and, for ``moe``, the
+    the MLP side's tensor-parallel collectives, what :func:`block_comms` lists last (one all-gather and one
+    reduce-scatter with sequence parallelism, else one all-reduce) and, for ``moe``, the
     token all-to-alls. The attention core and the output-discarding modules communicate nothing."""
     if not (mods & {"moe"} if moe else mods & {"mlp"}):
         return ()
     out: list[Comm] = []
     tp = [c for c in fwd if c.role == "tp"]
     gathers = [c for c in tp if c.kind == "all_gather"]
-    if len(gathers) == 2:  # attention side, then MLP side
-        out.append(gathers[1])
-    out += [replace(c, count=1) for c in tp if c.kind != "all_gather" or len(gathers) == 1]
+    if gathers:  # the attention side's, then the MLP side's (one Comm of count 2 where they are equal)
+        out.append(gathers[-1] if len(gathers) > 1 else replace(gathers[0], count=1))
+    out += [replace(c, count=1) for c in tp if c.kind != "all_gather"]
     if moe:
         out += [c for c in fwd if c.role == "ep"]
     return tuple(out)
