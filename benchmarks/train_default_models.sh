@@ -20,10 +20,15 @@
 # within its 10 minutes.
 # The whole script took 9 min 46 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 28 s,
 # the fit 8 min 18 s); a rerun wrote every predictor file byte for byte the same (meta.json and collectives.json
-# differ only in fit times, the timestamp and the hashes over them). Little margin: the same fit took
-# 8 min 56 s in the run before (10 min 47 s in all, with a 25 s slower AIConfigurator replay), and the four fused-MoE
-# groups cost ~200 s of its CPU (9 min 35 s before them), because groups of at most 100,000 rows x devices leave every
-# device out in turn (FitConfig.all_devices_fold_rows) with three candidate estimators each. models/default was
+# differ only in fit times, the timestamp and the hashes over them). Little margin: the same fit took 8 min 56 s in
+# the run before, because groups of at most 100,000 rows x devices left every device out in turn with three candidate
+# estimators each, and a tile-MLP fold costs ~10 s whatever its rows: the fused-MoE, fp4 GEMM, fp32 layernorm and
+# softmax groups (5-8 GPUs) spent 43 % of the fit's fold CPU. Since the fourteenth session the bound is 20,000
+# (FitConfig.all_devices_fold_rows): six of those groups draw four devices, the fit's CPU in its tasks fell from
+# 1,194 to 1,022 s (-14 %; both measured beside other fits, load ~5), and side by side on the same machine (load 1.3-2.2,
+# another helper's fits) the script took 9 min 20 s (fit 7 min 52 s) where the old bound took 11 min 26 s
+# (fit 9 min 41 s). The other 25 groups wrote the same predictor files. Still short of 7 minutes alone: the tile-MLP's
+# folds remain 64 % of the fit's CPU. models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"

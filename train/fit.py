@@ -65,14 +65,20 @@ class FitConfig:
     adding MI355X's GEMMs to the data redrew gemm-fwd-half's pair and flipped it to the tile-MLP
     (within-GPU bf16 GEMM 7.3 -> 10.3 %); four are the default. Groups whose rows times devices
     is at most :attr:`all_devices_fold_rows` leave every device out in turn instead."""
-    all_devices_fold_rows: int = 100_000
+    all_devices_fold_rows: int = 20_000
     """Groups whose folds, one per device, would fit at most this many rows in all (rows x devices)
     are cheap to fit, so their folds leave out each device in turn: the estimator choice then
     rests on every device, not on the two a seeded draw picked (with two of NeuSight's five GPUs,
     auto took the tile-MLP for layernorm where xgb transfers better). Larger groups draw
     :attr:`folds` devices. A bound on rows alone (20,000, set when the groups were NeuSight's five
     GPUs) let AIConfigurator's fp8 GEMM and attention groups (16,000-17,000 rows of eight or nine
-    GPUs) fit 8-9 folds x 3 candidates: a quarter of the whole refit's fit time."""
+    GPUs) fit 8-9 folds x 3 candidates: a quarter of the whole refit's fit time. At 100,000 rows x
+    devices the fused-MoE, fp4 GEMM, fp32 layernorm and softmax groups (3,500-10,000 rows of 5-8 GPUs)
+    still left every device out: 43 % of the refit's fold CPU for 7 of its 31 groups, because a fold's
+    cost is not its rows: the tile-MLP fits every fold of more than ~5,000 rows on 1-1.5 M samples
+    (200 epochs, or its ``max_samples``), ~10 s, where xgb and hier take 1-5 s. At 20,000 six of them draw
+    four devices (their first four folds are the ones they had) and the refit's fit CPU fell by 14 %
+    (benchmarks/train_default_models.sh); the other 25 groups fit the same folds and predictors as before."""
     fold_max_rows: int = 40_000
     """A fold fits on at most this many of its training rows (a seeded sample): enough to rank
     estimators and score transfer, and it keeps the fit of a large set within minutes."""

@@ -100,3 +100,18 @@ def test_small_groups_leave_every_device_out_by_their_fitted_rows():
     drawn = fit_module._folds(devices, shapes, FitConfig(folds=4, all_devices_fold_rows=600 * 6 - 1))
     assert len(every) == 6 and len(drawn) == 4
     assert {label for label, *_ in drawn} < {label for label, *_ in every}
+
+
+def test_default_bound_draws_folds_for_a_fused_moe_sized_group():
+    """By default a group of the fused-MoE groups' size (700 rows on each of 8 GPUs) draws cfg.folds devices:
+    its tile-MLP folds cost ~10 s each whatever their rows, so leaving all 8 out cost twice as much;
+    a group of 5 GPUs x 500 rows still leaves every device out."""
+    cfg = FitConfig()
+    assert cfg.folds == 4
+
+    def n_folds(n_devices, rows_each):
+        devices = np.repeat(np.array([f"gpu{i}" for i in range(n_devices)], dtype=object), rows_each)
+        return len(fit_module._folds(devices, np.tile(np.arange(rows_each), n_devices), cfg))
+
+    assert n_folds(8, 700) == 4
+    assert n_folds(5, 500) == 5
