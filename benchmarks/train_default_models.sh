@@ -27,8 +27,11 @@
 # (FitConfig.all_devices_fold_rows): six of those groups draw four devices, the fit's CPU in its tasks fell from
 # 1,194 to 1,022 s (-14 %; both measured beside other fits, load ~5), and side by side on the same machine (load 1.3-2.2,
 # another helper's fits) the script took 9 min 20 s (fit 7 min 52 s) where the old bound took 11 min 26 s
-# (fit 9 min 41 s). The other 25 groups wrote the same predictor files. Still short of 7 minutes alone: the tile-MLP's
-# folds remain 64 % of the fit's CPU. models/default was
+# (fit 9 min 41 s). The other 25 groups wrote the same predictor files. Alone on the machine (2026-12-03, fourteenth
+# session, load 0.7 at the start) the whole script took 9 min 03 s, the fit 7 min 42 s; three groups' choices moved
+# with their folds (gemm-fwd-fp4 xgb -> tile-mlp, moe-fwd-fp8 and moe-fwd-fp8b xgb -> hier), and the goldens changed
+# only in the model-set stamp. Still short of 7 minutes: the tile-MLP's folds remain 64 % of the fit's CPU.
+# models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
