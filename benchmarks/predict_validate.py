@@ -230,14 +230,14 @@ def leave_one_gpu_out_models(published: Path, work: Path, devices: list[str]) ->
     return models
 
 
-def validate_neusight(published: Path, cost_models: dict[str, object]) -> None:
-    """Price every decoder-only NeuSight run with each cost model (a model, or {device: model} for the
-    leave-one-GPU-out sets) and print the errors."""
+def validate_neusight(published: Path, cost_models: dict[str, object], runs=None) -> None:
+    """Price every decoder-only NeuSight run (``runs``: :func:`neusight_runs`, replayed when not given) with each
+    cost model (a model, or {device: model} for the leave-one-GPU-out sets) and print the errors."""
     from opcast.archs import load_arch
     from opcast.errors import OpcastError
     from opcast.hardware import get_device
 
-    runs = neusight_runs(published)
+    runs = neusight_runs(published) if runs is None else runs
     configs = published / "neusight" / "scripts" / "asplos" / "data" / "DLmodel_configs"
     print(f"NeuSight end-to-end runs: {len(runs)} in the runs table")
     header = f"{'device':16s} {'model':11s} {'mode':5s} {'b':>3s} {'seq':>5s} {'measured':>10s}"
@@ -371,15 +371,16 @@ def main() -> int:
     else:
         print(f"no learned models ({'; '.join(learned.notes)})")
     if args.published.is_dir():
+        runs = neusight_runs(args.published)
         if args.leave_one_gpu_out is not None:
-            devices = sorted(set(neusight_runs(args.published)["device"].astype(str)))
+            devices = sorted(set(runs["device"].astype(str)))
             logo = leave_one_gpu_out_models(args.published, args.leave_one_gpu_out, devices)
             models = {
                 **{k: v for k, v in models.items() if k != "roofline"},
                 "logo": logo,
                 "roofline": models["roofline"],
             }
-        validate_neusight(args.published, models)
+        validate_neusight(args.published, models, runs)
     else:
         print(
             f"skipping the NeuSight validation: published measurements not found at {args.published} "

@@ -889,13 +889,16 @@ def block_comms(
     fwd: list[Comm] = []
     bwd: list[Comm] = []
     if tp > 1:
+        if sp:
+            attn_ag = math.ceil(tokens * arch.hidden * element_bytes(quantised)) if quantised else act
+            mlp_ag = attn_ag if arch.n_experts == 1 else act
         if sp and arch.kv_lora_rank is not None:
-            mla = _mla_sequence_parallel_comms(arch, tokens=tokens, b=b, quantised=quantised)
+            mla = _mla_sequence_parallel_comms(
+                arch, tokens=tokens, b=b, quantised=quantised, hidden_ag=attn_ag, mlp_ag=mlp_ag
+            )
             fwd += mla[FWD]
             bwd += mla[BWD]
         elif sp:  # Korthikanti et al. Sec. 4.2.2: g = all-gather, g-bar = reduce-scatter, swapped in backward
-            attn_ag = math.ceil(tokens * arch.hidden * element_bytes(quantised)) if quantised else act
-            mlp_ag = attn_ag if arch.n_experts == 1 else act
 
             def gathers() -> list[Comm]:  # attention side then MLP side, one Comm when equal
                 if attn_ag == mlp_ag:
@@ -930,7 +933,7 @@ def block_comms(
 
 
 def _mla_sequence_parallel_comms(
-    arch: ArchSpec, *, tokens: int, b: int, quantised: str | None
+    arch: ArchSpec, *, tokens: int, b: int, quantised: str | None, hidden_ag: int, mlp_ag: int
 ) -> dict[str, tuple[Comm, ...]]:
     """A multi-head latent attention block's tensor-parallel collectives under sequence parallelism
     (Megatron-Core ``MLASelfAttention.get_query_key_value_tensors``): the down projections are duplicated and run
@@ -940,15 +943,14 @@ def _mla_sequence_parallel_comms(
     fp8, as :func:`block_comms` says), and the rope key (``qk_pos_emb_head_dim``,
     ``gather_from_sequence_parallel_region``, in the activation dtype). Backward reduce-scatters the three
     gradients, re-gathers the two latents for the up projections' weight gradients, and gathers the out
-    projection's output gradient (hidden-wide). The MLP side is :func:`block_comms`'s."""
+    projection's output gradient (hidden-wide, ``hidden_ag`` bytes). The MLP side (``mlp_ag``) is
+    :func:`block_comms`'s."""
     assert arch.kv_lora_rank is not None and arch.qk_rope_head_dim is not None
     hidden_elem = element_bytes(quantised) if quantised else b
     act = tokens * arch.hidden * b
     q_w = arch.q_lora_rank or arch.hidden
     q_ag, kv_ag = (math.ceil(tokens * w * hidden_elem) for w in (q_w, arch.kv_lora_rank))
     rope_ag = tokens * arch.qk_rope_head_dim * b
-    hidden_ag = math.ceil(tokens * arch.hidden * hidden_elem)
-    mlp_ag = hidden_ag if arch.n_experts == 1 else act
     q_role = "q_up" if arch.q_lora_rank else "q_proj"
     fwd = (
         Comm("tp", "all_gather", q_ag, 1),

@@ -28,7 +28,6 @@ from opcast.predict.memory import activation_dtype, expert_data_parallel
 from opcast.predict.recompute import recompute_problem
 from opcast.predict.serve.engine import EngineName
 
-Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1"]
 Schedule = Literal["1f1b", "interleaved"]

@@ -28,7 +28,7 @@ dense first blocks opcast times as MoE blocks) recomputes nothing, as in Megatro
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal, get_args
 
 RECOMPUTE_MODULES: Final[tuple[str, ...]] = (
     "core_attn",
@@ -44,7 +44,9 @@ RECOMPUTE_MODULES: Final[tuple[str, ...]] = (
 DEFAULT_MODULES: Final[frozenset[str]] = frozenset({"core_attn"})
 """What ``selective`` recomputes (Megatron-Core's default ``recompute_modules``)."""
 
-MODES: Final[tuple[str, ...]] = ("none", "selective", "full")
+Recompute = Literal["none", "selective", "full"]
+"""The recomputation modes (``selective`` also takes modules: ``selective:MODULE[+MODULE...]``)."""
+MODES: Final[tuple[str, ...]] = get_args(Recompute)
 
 RECOMPUTE_HELP: Final[str] = (
     "none, selective (the attention core), full (every block from its input), or "

@@ -84,13 +84,13 @@ from opcast.predict.parallel import (
     AttentionImpl,
     Fp8Recipe,
     Precision,
-    Recompute,
     Schedule,
     TrainConfig,
     device_reasons,
     fp8_recipe_reasons,
     model_parallel_groups,
 )
+from opcast.predict.recompute import Recompute
 from opcast.predict.training import (
     DataParallelSync,
     PhaseCost,
