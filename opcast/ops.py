@@ -822,6 +822,16 @@ def _moe_flops(p: Params, _: float) -> float:
     return _f(2.0 * busy * rows * _moe_width(p))
 
 
+MOE_IMPLS: Final = ("trtllm", "vllm")
+"""Fused MoE kernel families (``impl``), named by the serving engine whose layer they time: ``trtllm``
+TensorRT-LLM's fused MoE (CUTLASS / TRT-LLM-gen grouped GEMMs; AIConfigurator's ``moe/trtllm`` rows, the
+default), ``vllm`` vLLM's own ``FusedMoE`` layer as it dispatches on the GPU and dtype (Triton ``fused_moe``,
+OpenAI Triton ``matmul_ogs`` or Marlin for MXFP4 on Hopper and Ada, FlashInfer's CUTLASS / TRT-LLM-gen kernels on
+Blackwell; AIConfigurator's ``moe/vllm`` rows). The two differ by tens of per cent on one shape, by an amount that
+moves per GPU and dtype, so a model only prices a family it has rows of (``opcast.predict.cost.learned``). Appended
+after the other kinds' ``impl`` codes (``opcast.train.features``)."""
+
+
 MOE_WEIGHTS: Final = ("dtype", *WEIGHT_STORAGE_BITS)
 """How a fused MoE layer's expert weights are stored (``weights``): in the GEMMs' dtype, or weight-only narrower
 (:data:`opcast.dtypes.WEIGHT_STORAGE_BITS`: gpt-oss's MXFP4, dequantised in the kernel, the activations in dtype)."""
@@ -857,7 +867,7 @@ register(
         kind=OpKind.MOE,
         doc="one rank's fused MoE layer: route tokens[tokens, hidden] to topk of experts (experts / ep of them on "
         "this rank, each inter wide here), permute, grouped up GEMM, activation, grouped down GEMM, un-permute "
-        "and the top-k weighted sum (TensorRT-LLM's fused MoE; the router GEMM and any all-to-all not included)",
+        "and the top-k weighted sum (one engine's fused MoE, impl; the router GEMM and any all-to-all not included)",
         params=(
             Param(name="tokens", type=int, doc="tokens entering the layer on this rank (all of its group's)"),
             Param(name="hidden", type=int, doc="model width"),
@@ -875,6 +885,13 @@ register(
                 choices=MOE_WEIGHTS,
                 default="dtype",
             ),
+            Param(
+                name="impl",
+                type=str,
+                doc="kernel family: trtllm (TensorRT-LLM's fused MoE) or vllm (vLLM's FusedMoE kernels)",
+                choices=MOE_IMPLS,
+                default="trtllm",
+            ),
         ),
         flops_fwd=_moe_flops,
         # compulsory traffic: the weights of the experts that receive tokens (at their storage size), the layer's
@@ -883,7 +900,7 @@ register(
         check=_moe_check,
         benchmarked=False,
         source="2 x rows x weights of the busy experts (balanced routing, moe_balanced_experts); "
-        "ai-dynamo/aiconfigurator collector/trtllm/collect_moe.py (what one measured row times)",
+        "ai-dynamo/aiconfigurator collector/{trtllm,vllm}/collect_moe.py (what one measured row times)",
     )
 )
 

@@ -50,6 +50,7 @@ from opcast.hardware import MMA_FAMILIES, DeviceSpec
 from opcast.ops import (
     ATTENTION_IMPLS,
     ELEMENTWISE_FNS,
+    MOE_IMPLS,
     MOE_WEIGHTS,
     ROPE_IMPLS,
     get_op,
@@ -884,14 +885,17 @@ def _param_columns() -> dict[str, type]:
 
 _CODES: Final[dict[str, dict[str, float]]] = {
     "fn": {name: float(i) for i, name in enumerate(ELEMENTWISE_FNS)},
-    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
+    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS, *MOE_IMPLS))},
     "weights": {name: float(i) for i, name in enumerate(MOE_WEIGHTS)},
 }
 """Ordinal codes of the string parameters (their position in the registry's choices). ``impl``:
 attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choices); ``native`` (code 5)
 and ``liger`` (code 6) were appended to those, so the codes of model sets fitted before them do not
 shift and their features are unchanged (no features-version bump): such a set speaks for ``liger``
-nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`). ``weights``:
+nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`). The fused MoE
+layer's kernel families (:data:`opcast.ops.MOE_IMPLS`, ``trtllm`` 7 and ``vllm`` 8) come after them: a moe
+predictor fitted before ``impl`` (no ``impl_code`` among its features) read every row as TensorRT-LLM's and speaks
+for ``trtllm`` alone, one fitted on TensorRT-LLM's rows alone has the range 7..7. ``weights``:
 the fused MoE layer's expert storage (:data:`opcast.ops.MOE_WEIGHTS`); a set fitted without mxfp4 rows speaks for
 the dtype's weights only (the same range rule)."""
 

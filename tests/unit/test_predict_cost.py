@@ -400,3 +400,48 @@ def test_weight_only_experts_are_learned_only_from_weight_only_rows():
     w4 = KernelCostModel(sources=(LearnedKernelCost(_FakeMxfp4Moe(), "fake"), RooflineKernelCost()))
     assert w4.time_s(mxfp4, H100) == (pytest.approx(2e-3), LEARNED)
     assert w4.parts_time_s([mxfp4], H100) == [pytest.approx(gemms + rest)]  # its parts, though learned whole
+
+
+class _FakeFamilyMoe(_FakeMoe):
+    """:class:`_FakeMoe` whose moe predictor records ``features`` (with or without ``impl_code``) and, with it, the
+    fitted ``impl_code`` range and the devices of each kernel family."""
+
+    def __init__(self, impl_span: list[float] | None, impl_devices: dict[str, list[str]] | None = None):
+        super().__init__()
+        entry: dict = {"features": ["log_tokens", "weights_code"], "feature_ranges": {"weights_code": [0, 1]}}
+        if impl_span is not None:
+            entry["features"].append("impl_code")
+            entry["feature_ranges"]["impl_code"] = impl_span
+        if impl_devices is not None:
+            entry["impl_devices"] = impl_devices
+        self.meta = {"predictors": {"moe-fwd-half": entry}}
+
+
+@pytest.mark.parametrize(
+    ("fitted", "speaks_for_vllm"),
+    [
+        (_FakeFamilyMoe(None), False),  # fitted before impl: TensorRT-LLM's rows only
+        (_FakeFamilyMoe([7, 7], {"trtllm": ["H100-SXM"]}), False),  # fitted on TensorRT-LLM's rows alone
+        (_FakeFamilyMoe([7, 8], {"trtllm": ["H100-SXM"], "vllm": ["H100-SXM"]}), True),
+    ],
+)
+def test_a_moe_kernel_family_is_learned_only_by_a_predictor_fitted_on_its_rows(fitted, speaks_for_vllm):
+    """vLLM's fused MoE (``impl`` vllm) is learned only inside the fitted ``impl_code`` range (trtllm 7, vllm 8);
+    elsewhere it is its grouped GEMMs, as a layer no moe model covers. TensorRT-LLM's (the default) stays learned."""
+    from opcast.predict.cost import decompose
+    from opcast.train.features import _CODES
+
+    assert (_CODES["impl"]["trtllm"], _CODES["impl"]["vllm"]) == (7.0, 8.0)
+    trtllm, vllm = kernel("moe", MOE, "bf16"), kernel("moe", {**MOE, "impl": "vllm"}, "bf16")
+    assert trtllm.param_dict["impl"] == "trtllm" and trtllm.flops() == vllm.flops()
+    model = KernelCostModel(sources=(LearnedKernelCost(fitted, "fake"), RooflineKernelCost()))
+    assert model.time_s(trtllm, H100) == (pytest.approx(2e-3), LEARNED)
+    t, label = model.time_s(vllm, H100)
+    if speaks_for_vllm:
+        assert (t, label) == (pytest.approx(2e-3), LEARNED)
+    else:
+        parts = decompose(vllm)
+        rest = sum(RooflineKernelCost().predict_s([p], H100)[0] for p, _ in parts if p.kind != "gemm")
+        assert t == pytest.approx(2 * 1e-3 + rest) and label != LEARNED
+        notes = model.sources[0].range.notes
+        assert any("no data of impl vllm" in n and "grouped GEMMs" in n for n in notes)

@@ -268,3 +268,22 @@ def test_a_weight_only_moe_layer_reads_its_weights_at_their_storage_size():
     assert feats["flops"].nunique() == 1 and feats["bytes"].iloc[0] == feats["bytes"].iloc[2]
     assert feats["bytes"].iloc[0] - feats["bytes"].iloc[1] == pytest.approx(128 * 3 * 2880 * 2880 * (2 - 0.53125))
     assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half"] * 3
+
+
+def test_a_moe_kernel_family_is_its_own_impl_code_in_one_group():
+    """The fused MoE layer's kernel families (``impl``: TensorRT-LLM's, vLLM's) are ordinal codes after the other
+    kinds' impls (trtllm 7, vllm 8; a row written before the parameter reads as trtllm), in one predictor group: the
+    same work and traffic, a declared ``impl_code`` feature the predictor tells them apart by."""
+    from opcast.train.features import FEATURES
+
+    h100 = get_device("H100-SXM")
+    shape = {"tokens": 64, "hidden": 2880, "inter": 2880, "experts": 32, "topk": 4, "ep": 1, "gated": True}
+    rows = [
+        {"op": "moe", "dtype": "bf16", "direction": "fwd", **shape, "fn": "silu", "weights": "mxfp4", **extra}
+        for extra in ({}, {"impl": "trtllm"}, {"impl": "vllm"})
+    ]
+    feats = features(_frame(rows), h100)
+    assert feats["impl_code"].tolist() == [7.0, 7.0, 8.0]
+    assert feats["flops"].nunique() == 1 and feats["bytes"].nunique() == 1
+    assert "impl_code" in FEATURES["moe"]
+    assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half"] * 3
