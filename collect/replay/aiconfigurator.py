@@ -83,7 +83,9 @@ Tables converted (all forward, one measurement per row):
     switches to NCCL from about 1 MiB, so its rows fill only what vLLM lacks).
 
 ``moe/moe_perf``
-    TensorRT-LLM's fused MoE layer, one rank of ``moe_tp_size x moe_ep_size``
+    An engine's fused MoE layer, one rank of ``moe_tp_size x moe_ep_size``: TensorRT-LLM's (``impl`` trtllm) or
+    vLLM's (``impl`` vllm, collector/vllm/collect_moe.py: vLLM's ``FusedMoE`` layer with the kernel it selects for
+    the dtype on that GPU, timed the same way; :data:`MOE_FRAMEWORKS`). TensorRT-LLM's
     (collector/trtllm/collect_moe.py: ``create_moe(...).forward(hidden_states, router_logits)`` in a CUDA
     graph, mean of 6 replays: top-k routing over the given logits, fp8's activation quantisation, permute, the
     two grouped GEMMs and the activation, un-permute and the weighted top-k sum; not the router GEMM, no
@@ -91,12 +93,17 @@ Tables converted (all forward, one measurement per row):
     inter = inter_size / moe_tp_size, experts=num_experts, topk, ep=moe_ep_size, gated and fn from the kernel
     lane (``moe_torch_flow_nongated``: Relu2, coded ``relu``, not gated; the others SwiGLU). dtype as the GEMMs'
     (:data:`MOE_DTYPES`); ``w4a16_mxfp4`` (gpt-oss's MXFP4 experts with bf16 activations) is dtype bf16 with
-    weights=mxfp4 (:data:`MOE_WEIGHT_ONLY_DTYPES`). Skipped with reasons: other engines' MoE rows
-    (:data:`MOE_FRAMEWORKS`), the ``power_law_*`` routing distributions (:data:`MOE_DISTRIBUTION_REASON`), the
-    min-latency lane (:data:`MOE_SKIPPED_LANES`), the other weight-only dtypes (int4_wo, w4afp8, MXFP4 weights
-    with MXFP8 activations), an inter_size moe_tp_size does not divide.
+    weights=mxfp4 (:data:`MOE_WEIGHT_ONLY_DTYPES`); vLLM's rows map the same way (every vLLM lane is gated
+    SwiGLU). Skipped with reasons: SGLang's MoE rows (:data:`MOE_FRAMEWORKS`), the ``power_law_*`` routing
+    distributions (:data:`MOE_DISTRIBUTION_REASON`), the min-latency lane (:data:`MOE_SKIPPED_LANES`), the other
+    weight-only dtypes (int4_wo, w4afp8, MXFP4 weights with MXFP8 activations), an inter_size moe_tp_size does
+    not divide.
     The newest release wins where two measured one configuration (1.3.0rc23 re-measured the Nemotron-3 shapes
-    of 1.3.0rc20 on Hopper; AIConfigurator's own reuse note puts the two within 1-3 %).
+    of 1.3.0rc20 on Hopper; AIConfigurator's own reuse note puts the two within 1-3 %). vLLM's rows come from one
+    release per (system, dtype, weights), the newest that measured it (:func:`_newest_vllm_moe`: its releases
+    dispatch a dtype to different kernels, so an older one's shapes are left out, not filled in); within one
+    release each shape is measured by one kernel lane (the one vLLM dispatched to; were two, the densest lane
+    wins, rule 3 below). The dataset key holds ``impl``, so an engine's row never replaces the other's.
 
 Every other table (MLA, MoE all-to-all, DeepSeek modules, Mamba, quantize kernels, ...) is skipped with a
 counted reason: :data:`TABLE_REASONS`, else "no opcast op".
@@ -294,10 +301,18 @@ all-reduce is not the custom kernel (``should_custom_ar``: ``inp_size < self.max
 TIMING_CUSTOM: Final = "replay:aiconfigurator:cuda-graph-mean"
 
 MOE_TABLE: Final = "moe_perf"
-MOE_FRAMEWORKS: Final = ("trtllm",)
-"""Engines whose fused MoE rows are replayed: TensorRT-LLM's alone (its CUTLASS / TRT-LLM-gen grouped-GEMM MoE).
-vLLM's and SGLang's MoE rows time other kernel families (Triton ``fused_moe``, FlashInfer, Marlin) with their
-own routing and permutation; one family per kind keeps a learned model from averaging engines."""
+MOE_FRAMEWORKS: Final = {"trtllm": "trtllm", "vllm": "vllm"}
+"""Engines whose fused MoE rows are replayed -> the ``impl`` (:data:`opcast.ops.MOE_IMPLS`) their rows carry:
+TensorRT-LLM's CUTLASS / TRT-LLM-gen grouped-GEMM MoE, and vLLM's own ``FusedMoE`` layer as it dispatches
+(collector/vllm/collect_moe.py; 0.24.0 on H100 / H200: Triton ``fused_moe`` for bf16, FlashInfer CUTLASS for fp8,
+OpenAI Triton ``matmul_ogs`` for gpt-oss's MXFP4 and Marlin for other MXFP4 checkpoints; FlashInfer TRT-LLM-gen
+kernels on Blackwell; Triton or Marlin on L40S). Each engine's rows are their own kernel family, so a learned model
+tells them apart by ``impl`` instead of averaging engines. SGLang's rows stay skipped (no engine prices them)."""
+MOE_VLLM_RELEASE_REASON: Final = (
+    "moe (vllm) {}: measured by an older vLLM release than this system's newest of that dtype ({}); left out "
+    "(one vLLM release per system and dtype, no fill-in)"
+)
+"""Why a vLLM moe row of an older release is skipped (:func:`_newest_vllm_moe`)."""
 MOE_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 MOE_WEIGHT_ONLY_DTYPES: Final = {"w4a16_mxfp4": ("bf16", "mxfp4")}
 """Weight-only MoE dtypes replayed: (the GEMMs' dtype, the experts' storage, :data:`opcast.ops.MOE_WEIGHTS`).
@@ -313,7 +328,9 @@ MOE_DISTRIBUTION_REASON: Final = (
     "moe {}: skewed routing; only the balanced rows are replayed (the registry's moe prices balanced routing, "
     "opcast.ops.moe_balanced_experts)"
 )
-MOE_FRAMEWORK_REASON: Final = "moe ({}): another engine's fused MoE kernels; only TensorRT-LLM's are replayed"
+MOE_FRAMEWORK_REASON: Final = (
+    "moe ({}): another engine's fused MoE kernels; only TensorRT-LLM's and vLLM's are replayed"
+)
 
 ATTENTION_TABLES: Final = {"context_attention_perf": "context", "generation_attention_perf": "generation"}
 COLLECTIVE_TABLES: Final = ("nccl_perf", "oneccl_perf")
@@ -366,7 +383,7 @@ _PARAMS: Final = {
     "gemm": ("b", "m", "n", "k"),
     "attention": ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"),
     "collective": ("bytes", "world_size", "nodes", "gpus_per_node"),
-    "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights"),
+    "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights", "impl"),
 }
 
 
@@ -468,7 +485,7 @@ def replay(
             result.skipped[MOE_FRAMEWORK_REASON.format(framework)] += _num_rows(path)
             continue
         elif table == MOE_TABLE:
-            kind, frame = "moe", _moe(path, result)
+            kind, frame = "moe", _moe(path, result, MOE_FRAMEWORKS[framework])
         else:
             result.skipped[TABLE_REASONS.get(table, f"{family}/{table}: no opcast op for it")] += _num_rows(path)
             continue
@@ -501,6 +518,8 @@ def replay(
         )
         frames[kind].append(frame)
     versions = _version_ranks(f for fs in frames.values() for f in fs)
+    if frames["moe"]:
+        frames["moe"] = _newest_vllm_moe(frames["moe"], result)
     for kind, parts in frames.items():
         if parts:
             dtype_orders = {"fp8": tuple(fp8_gemm_frameworks), **GEMM_BLOCK_FRAMEWORKS} if kind == "gemm" else {}
@@ -611,8 +630,9 @@ def _skip_unsupported(frame: pd.DataFrame, device: str, result: ReplayResult) ->
     return _skip_by(frame, lacking, reasons, result)
 
 
-def _moe(path: Path, result: ReplayResult) -> pd.DataFrame:
-    """``moe`` rows of one ``moe_perf`` table (the module docstring), skipped rows counted."""
+def _moe(path: Path, result: ReplayResult, impl: str) -> pd.DataFrame:
+    """``moe`` rows of one ``moe_perf`` table of the engine whose kernel family is ``impl`` (the module docstring),
+    skipped rows counted."""
     frame = _read(path, MOE_TABLE)
     lane = frame["kernel_source"].astype(str)
     frame = _skip_by(frame, lane.isin(list(MOE_SKIPPED_LANES)), lane.map(MOE_SKIPPED_LANES), result)
@@ -645,7 +665,40 @@ def _moe(path: Path, result: ReplayResult) -> pd.DataFrame:
         ep=shape["moe_ep_size"],
         gated=gated,
         fn=np.where(gated, "silu", "relu"),
+        impl=impl,
     )
+
+
+def _newest_vllm_moe(files: list[pd.DataFrame], result: ReplayResult) -> list[pd.DataFrame]:
+    """Each file's ``moe`` rows less vLLM's rows of any release but the newest that measured their (system, dtype,
+    weights), counted (:data:`MOE_VLLM_RELEASE_REASON`); files left empty are dropped. vLLM changes the kernel it
+    dispatches a dtype to between releases (B200 bf16: Triton ``fused_moe`` in 0.19.0, FlashInfer TRT-LLM-gen in
+    0.24.0; H200 MXFP4: ``vllm_mxfp4_moe`` in 0.19.0, OpenAI Triton ``matmul_ogs`` / Marlin in 0.24.0), so the shapes
+    only an older release measured are left out rather than filled in with another kernel (the rule of
+    :data:`ATTENTION_FILL`); TensorRT-LLM's rows keep the newest-first fill of the module docstring."""
+    keys = ["_system", "dtype", "weights"]
+    newest: dict[tuple[str, str, str], str] = {}
+    for frame in files:
+        if str(frame["_framework"].iloc[0]) != "vllm":
+            continue
+        for key in frame[keys].astype(str).drop_duplicates().itertuples(index=False, name=None):
+            version = str(frame["_version"].iloc[0])
+            have = newest.get(key)
+            if have is None or version_key(version) > version_key(have):
+                newest[key] = version
+    out = []
+    for frame in files:
+        if str(frame["_framework"].iloc[0]) == "vllm":
+            version = str(frame["_version"].iloc[0])
+            best = pd.Series(list(frame[keys].astype(str).itertuples(index=False, name=None)), index=frame.index).map(
+                newest
+            )
+            storage = frame["weights"].astype(str).map(lambda w: "" if w == "dtype" else f" {w} weights")
+            reasons = [MOE_VLLM_RELEASE_REASON.format(d + w, b) for d, w, b in zip(frame["dtype"], storage, best)]
+            frame = _skip_by(frame, best != version, pd.Series(reasons, index=frame.index), result)
+        if not frame.empty:
+            out.append(frame)
+    return out
 
 
 def _attention(path: Path, phase: str, result: ReplayResult) -> pd.DataFrame:

@@ -141,10 +141,11 @@ def test_skip_reasons_are_counted(source, replayed):
         (source.system == "zz_future").sum()
     )
     moe = source[source.table == "moe_perf"]
-    assert s[aic.MOE_FRAMEWORK_REASON.format("vllm")] == int((moe.pfw == "vllm").sum())
+    assert s[aic.MOE_FRAMEWORK_REASON.format("sglang")] == int((moe.pfw == "sglang").sum())
+    assert not any(k == aic.MOE_FRAMEWORK_REASON.format("vllm") for k in s)
     assert s[aic.MOE_DISTRIBUTION_REASON.format("power_law_1.2")] == int((moe.distribution == "power_law_1.2").sum())
     assert s[aic.MOE_SKIPPED_LANES["moe_torch_flow_min_latency"]] == 1
-    assert s["moe int4_wo: no opcast dtype for it"] == 1
+    assert s["moe int4_wo: no opcast dtype for it"] == int((moe.moe_dtype == "int4_wo").sum()) == 2
     assert not any("w4a16_mxfp4" in k for k in s)  # replayed: bf16 GEMMs over MXFP4 expert weights
     assert s["moe: moe_tp_size does not divide inter_size or moe_ep_size num_experts"] == 1
     assert s["moe: measured again by an older version of the same framework (kept the newest)"] == 2
@@ -179,17 +180,48 @@ def test_moe_rows_are_one_ranks_fused_layer_balanced_and_newest_first(source, re
         (t, 1024 // tp, ep, lane != "moe_torch_flow_nongated", {"bfloat16": "bf16", "fp8": "fp8"}[d])
         for t, tp, ep, lane, d in zip(m.num_tokens, m.moe_tp_size, m.moe_ep_size, m.kernel_source, m.moe_dtype)
     }
-    got = rows[(rows.op == "moe") & (rows.weights == "dtype")]
+    got = rows[(rows.op == "moe") & (rows.weights == "dtype") & (rows.impl == "trtllm")]
     assert len(got) == len(expected) == 24
     assert set(zip(got.tokens, got["inter"], got.ep, got.gated, got.dtype)) == expected
     assert (got.hidden == 4096).all() and (got.experts == 64).all() and (got.topk == 8).all()
     assert set(zip(got.gated, got.fn)) == {(True, "silu"), (False, "relu")}
     redone = got[got.source_file.str.contains("1.3.0rc23")]
     assert sorted(redone.time_s_median) == pytest.approx(sorted(newest.latency / 1e3))
-    (w4a16,) = source.latency[(source.table == "moe_perf") & (source.moe_dtype == "w4a16_mxfp4")]
-    mxfp4 = rows[(rows.op == "moe") & (rows.weights == "mxfp4")]
+    trtllm_mxfp4 = (source.table == "moe_perf") & (source.moe_dtype == "w4a16_mxfp4") & (source.pfw == "trtllm")
+    (w4a16,) = source.latency[trtllm_mxfp4]
+    mxfp4 = rows[(rows.op == "moe") & (rows.weights == "mxfp4") & (rows.impl == "trtllm")]
     assert list(zip(mxfp4.dtype, mxfp4.tokens, mxfp4.gated)) == [("bf16", 8, True)]
     assert mxfp4.time_s_median.tolist() == pytest.approx([w4a16 / 1e3])
+
+
+def test_vllm_moe_rows_are_their_own_family_from_one_release_per_dtype(source, replayed):
+    """vLLM's moe rows replay as ``impl`` vllm beside TensorRT-LLM's (the key holds impl, so neither replaces the
+    other), each (system, dtype, weights) from the newest vLLM release that measured it: 0.24.0's bf16 and MXFP4
+    rows, 0.19.0's fp8 (0.24.0 measured none); 0.19.0's other rows are counted, not filled in."""
+    result, rows = replayed
+    v = source[(source.table == "moe_perf") & (source.pfw == "vllm") & (source.distribution == "balanced")]
+    v = v[v.moe_dtype.isin(["bfloat16", "fp8", "w4a16_mxfp4"])]
+    newest = v.groupby("moe_dtype").pver.transform(lambda s: max(s, key=aic.version_key))
+    kept, old = v[v.pver == newest], v[v.pver != newest]
+    got = rows[(rows.op == "moe") & (rows.impl == "vllm")]
+    assert len(got) == len(kept) == 7
+    dtype = kept.moe_dtype.map({"bfloat16": "bf16", "fp8": "fp8", "w4a16_mxfp4": "bf16"})
+    weights = kept.moe_dtype.map(lambda d: "mxfp4" if d == "w4a16_mxfp4" else "dtype")
+    expected = sorted(zip(kept.num_tokens, dtype, weights, kept.latency / 1e3))
+    measured = sorted(zip(got.tokens, got.dtype, got.weights, got.time_s_median))
+    assert [m[:3] for m in measured] == [e[:3] for e in expected]
+    assert [m[3] for m in measured] == pytest.approx([e[3] for e in expected])
+    assert set(got.source_file.str.split("/").str[3]) == {"0.24.0", "0.19.0"}
+    assert (got[got.dtype == "fp8"].source_file.str.contains("0.19.0")).all()
+    assert got.kernel_name.str.startswith("vllm ").all() and got.gated.all() and (got.fn == "silu").all()
+    s = result.skipped
+    older = {k: c for k, c in s.items() if k.startswith("moe (vllm) ")}
+    assert sum(older.values()) == len(old) == 4
+    assert older[aic.MOE_VLLM_RELEASE_REASON.format("bf16", "0.24.0")] == 3
+    assert older[aic.MOE_VLLM_RELEASE_REASON.format("bf16 mxfp4 weights", "0.24.0")] == 1
+    # the TensorRT-LLM rows of the same shapes stay (their own impl)
+    both = rows[(rows.op == "moe") & (rows.tokens == 8) & (rows.dtype == "bf16") & (rows.weights == "dtype")]
+    assert set(both.impl) == {"trtllm", "vllm"}
 
 
 # --------------------------------------------------------------------------- precedence and values
