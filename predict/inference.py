@@ -13,7 +13,8 @@
   ``batch`` sequences, and so does every decode step. The engine also decides each TP all-reduce:
   its own custom kernel where it would run one (:func:`opcast.predict.serve.engine.tp_all_reduce_kind`:
   vLLM and SGLang on one NVLink node under 8 MiB), NCCL's otherwise; without an engine, NCCL's.
-  ``cost_sources["tp_all_reduce"]`` counts the calls of each kind and how each was priced.
+  ``cost_sources["tp_all_reduce"]`` counts the calls of each kind and how each was priced. And the fused MoE
+  kernel of an MoE block: vLLM's own family under vllm, TensorRT-LLM's otherwise (:func:`infer_precision`).
 - ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
@@ -34,7 +35,7 @@ from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
-from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, tp_all_reduce_kind
+from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, moe_impl, tp_all_reduce_kind
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
 
 DECODE_SAMPLES = 16
@@ -68,6 +69,15 @@ class InferResult:
     @property
     def fits(self) -> bool:
         return self.memory is not None and self.memory.total_bytes <= self.device.mem_bytes
+
+
+def infer_precision(cfg: InferConfig) -> Dtypes:
+    """The kernels' dtypes of an inference run in ``cfg.precision``, its MoE blocks' fused kernel the family of
+    ``cfg.engine`` (:func:`opcast.predict.serve.engine.moe_impl`: vLLM's own under ``--engine vllm``, else
+    TensorRT-LLM's). Every priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables)
+    and the report read the kernels through it."""
+    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    return replace(prec, impls=(*prec.impls, ("moe", moe_impl(cfg.engine))))
 
 
 def _forward_s(
@@ -223,7 +233,7 @@ def predict_infer(
         from opcast.predict.comm_learned import collective_cost_for
 
         comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
-    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    prec = infer_precision(cfg)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
     ep_group = place(cfg.ep, 1, cluster.gpus_per_node)
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
@@ -375,7 +385,7 @@ def forward_time_s(
     through every stage (compute, TP collectives, stage-to-stage sends), priced exactly as
     :func:`predict_infer` prices its prefill (``seq_q = seq_kv = prompt``) and a decode step
     (``seq_q = 1``). The serving simulator (:mod:`opcast.predict.serve`) prices its steps with it."""
-    prec = precision_of(cfg.precision, cfg.tensor_cores)
+    prec = infer_precision(cfg)
     compute, tp_comm = _forward_s(
         arch,
         cfg,

@@ -224,7 +224,8 @@ class InferConfig:
     """Matrix math on tensor cores; None: by dtype (see TrainConfig.tensor_cores)."""
     engine: InferEngine = "none"
     """Serving framework whose per-step overhead (scheduling, input preparation, sampling) each prefill
-    and decode step pays on top of its forward; none: the forward alone."""
+    and decode step pays on top of its forward; none: the forward alone. It also picks the MoE blocks' fused
+    kernel family (:func:`opcast.predict.serve.engine.moe_impl`: vLLM's own under vllm, else TensorRT-LLM's)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

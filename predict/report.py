@@ -174,9 +174,9 @@ def _flagged(device, kernels: KernelCostModel | None, ks) -> int:
 
 def infer_kernel(r: InferResult, line: dict[str, Any]) -> Kernel:
     """The kernel of one of an inference result's op lines."""
-    from opcast.predict.graph import precision_of
+    from opcast.predict.inference import infer_precision
 
-    return precision_of(r.config.precision, r.config.tensor_cores).of(line["kind"], line["params"], line["direction"])
+    return infer_precision(r.config).of(line["kind"], line["params"], line["direction"])
 
 
 def decode_gemms(r: InferResult, kernels: KernelCostModel | None = None) -> list[dict[str, Any]]:

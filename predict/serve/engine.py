@@ -42,6 +42,13 @@ NCCL from a tuned table per SM, TP, hidden size and token count
 (``cpp/tensorrt_llm/common/customAllReduceUtils.h``); opcast has no law of its own kernels (the
 dataset keeps one custom all-reduce per configuration: vLLM's), so TensorRT-LLM's all-reduce is
 priced as NCCL's. A run without a serving engine (``engine`` none) and training always use NCCL.
+
+**Fused MoE kernels** (:func:`moe_impl`): vLLM runs its own ``FusedMoE`` layer (Triton ``fused_moe``, OpenAI
+Triton ``matmul_ogs`` or Marlin for MXFP4, FlashInfer on Blackwell, as
+``vllm/model_executor/layers/fused_moe`` selects per GPU and dtype), so its MoE blocks are priced as the ``moe``
+kind's ``vllm`` family (AIConfigurator's ``moe/vllm`` rows); every other engine, and a run without one, as
+TensorRT-LLM's (the registry default). SGLang's MoE kernels have no family of their own yet (no model has its
+rows): they are priced as TensorRT-LLM's, as before.
 """
 
 from __future__ import annotations
@@ -105,6 +112,16 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
     ``all_reduce`` (NCCL)."""
     rule = CUSTOM_ALL_REDUCE_RULES.get(engine)
     return CUSTOM_ALL_REDUCE if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
+
+
+MOE_IMPLS: dict[str, str] = {"vllm": "vllm"}
+"""Engine -> the fused MoE kernel family (:data:`opcast.ops.MOE_IMPLS`) its MoE layers run; any other engine
+(trtllm, sglang, none) runs the registry default, TensorRT-LLM's (module docstring)."""
+
+
+def moe_impl(engine: str) -> str:
+    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`MOE_IMPLS`, else ``trtllm``)."""
+    return MOE_IMPLS.get(engine, "trtllm")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -50,8 +50,8 @@ from typing import Any
 
 from opcast.archs import ArchSpec
 from opcast.predict.comm import CollectiveCostModel
-from opcast.predict.graph import block_ops, precision_of
-from opcast.predict.inference import block_kinds, forward_time_s
+from opcast.predict.graph import block_ops
+from opcast.predict.inference import block_kinds, forward_time_s, infer_precision
 from opcast.predict.parallel import InferConfig
 
 StepCost = Callable[[Sequence[tuple[int, int]], int, int], float]
@@ -143,7 +143,7 @@ class PricedStepCost:
 
             comms = collective_cost_for(kernels)  # the collectives predict_infer uses by default
         self.layers = arch.n_layers
-        prec = precision_of(cfg.precision, cfg.tensor_cores)
+        prec = infer_precision(cfg)
         self.tokens = grid(max_tokens + max_seqs)
         self.q = grid(max_tokens)
         self.kv = grid(max_len)
