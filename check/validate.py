@@ -403,10 +403,9 @@ def _kernel_summary(result, kernels, device) -> tuple[dict[str, int], tuple[str,
         total_s += t
         if o.source != "learned":
             roof_s += t
+            k = o.kernel
             roof.add(
-                group_key(
-                    o.kernel.kind, o.kernel.direction, dtype_class(o.kernel.kind, o.kernel.dtype, o.kernel.tensor_cores)
-                )
+                group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores), k.param_dict.get("impl"))
             )
         if o.kernel not in seen:
             seen.add(o.kernel)

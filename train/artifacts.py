@@ -301,10 +301,11 @@ class ModelSet:
         """Group key -> its meta.json entry."""
         return self.meta["predictors"]
 
-    def covers(self, op: str, dtype: str, direction: str) -> bool:
-        """Whether a fitted predictor covers (op, dtype, direction) with the default tensor-core use."""
+    def covers(self, op: str, dtype: str, direction: str, impl: str | None = None) -> bool:
+        """Whether a fitted predictor covers (op, dtype, direction) with the default tensor-core use (and, for a kind
+        of :data:`opcast.train.features.FAMILY_GROUPS`, the kernel family ``impl``: its own group)."""
         try:
-            return group_key(op, direction, dtype_class(op, dtype, None)) in self.predictors
+            return group_key(op, direction, dtype_class(op, dtype, None), impl) in self.predictors
         except OpcastError:
             return False
 

@@ -294,23 +294,43 @@ def dtype_class(op: str, dtype: str, tensor_cores: object = None) -> str:
     raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
 
 
-def group_key(op: str, direction: str, dclass: str) -> str:
-    """The predictor a row belongs to, e.g. ``gemm-fwd-half``."""
+FAMILY_GROUPS: Final[dict[str, str]] = {"moe": str(param_defaults("moe")["impl"])}
+"""Kinds whose kernel families (``impl``) other than the one named here each fit a predictor group of their own:
+the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`), TensorRT-LLM's rows keeping the plain key (``moe-fwd-half``)
+and vLLM's their own (``moe-fwd-half_vllm``). Measured leave-one-GPU-out on H100 / H200 / B200 (AIConfigurator's
+moe rows, 700 a GPU and label, benchmarks/moe_kernels.py, 2026-12-03): one group of both families (``impl_code``
+telling them apart) scored TensorRT-LLM's bf16 / fp8 layers 17.3 / 19.1 % against 16.0 / 15.7 % alone, and
+vLLM's bf16 / MXFP4 / fp8 11.3 / 14.5 / 20.0 % against 9.7 / 14.3 / 18.7 % alone: the engines' kernels differ by
+an amount that moves per GPU, so each family's trees do better on its own rows. A set fitted without a family has
+no group for it, and its layers are their grouped GEMMs (``opcast.predict.cost.decompose``)."""
+
+
+def group_key(op: str, direction: str, dclass: str, impl: object = None) -> str:
+    """The predictor a row belongs to, e.g. ``gemm-fwd-half``; a kernel family of :data:`FAMILY_GROUPS` other than
+    its kind's first adds its name to the class (``moe-fwd-half_vllm``)."""
+    first = FAMILY_GROUPS.get(op)
+    if first is not None and isinstance(impl, str) and impl != first:
+        dclass = f"{dclass}_{impl}"
     return f"{op}-{direction}-{dclass}"
 
 
 def group_key_array(rows: Any) -> np.ndarray:
     """:func:`group_key` of every row (a :class:`Columns` mapping or a DataFrame), as an object
-    array, computed once per distinct op, dtype, direction and tensor-core flag."""
+    array, computed once per distinct op, dtype, direction, tensor-core flag and (for the kinds of
+    :data:`FAMILY_GROUPS`) kernel family."""
     cols = columns_of(rows)
     n = _n_rows(cols)
     flag = _flags(cols, n)
-    keys = list(zip(cols["op"].tolist(), cols["dtype"].tolist(), cols["direction"].tolist(), flag.tolist()))
+    ops = cols["op"].tolist()
+    impls: list[Any] = [None] * n
+    if "impl" in cols and any(op in FAMILY_GROUPS for op in _unique(ops)):
+        impls = [v if op in FAMILY_GROUPS and isinstance(v, str) else None for op, v in zip(ops, cols["impl"].tolist())]
+    keys = list(zip(ops, cols["dtype"].tolist(), cols["direction"].tolist(), flag.tolist(), impls))
     codes, first = _factorize(keys)
     labels = np.array(
         [
-            group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)))
-            for op, dtype, direction, f in (keys[i] for i in first)
+            group_key(op, direction, dtype_class(op, dtype, None if f < 0 else bool(f)), impl)
+            for op, dtype, direction, f, impl in (keys[i] for i in first)
         ],
         dtype=object,
     )

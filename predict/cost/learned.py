@@ -173,7 +173,8 @@ default (the features it was fitted on)."""
 
 _FAMILY_KINDS = frozenset({"moe"})
 """Kinds whose ``impl`` names an engine's kernel family that a predictor speaks for only with rows of it, as for
-:data:`opcast.ops.KERNEL_IMPLS`: the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`, TensorRT-LLM's or vLLM's)."""
+:data:`opcast.ops.KERNEL_IMPLS`: the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`, TensorRT-LLM's or vLLM's), each
+family a predictor group of its own (:data:`opcast.train.features.FAMILY_GROUPS`)."""
 
 
 def _kernel_impl(k: Kernel) -> str | None:
@@ -186,6 +187,15 @@ def _kernel_impl(k: Kernel) -> str | None:
         return None
     named = takes_kernel_impls(k.kind) or k.kind in _FAMILY_KINDS or impl in PUBLISHED_ATTENTION_IMPLS
     return str(impl) if named else None
+
+
+def _family(k: Kernel) -> str | None:
+    """``k``'s kernel family where it has a predictor group of its own (a kind of :data:`_FAMILY_KINDS` whose
+    ``impl`` is not the registry default: :data:`opcast.train.features.FAMILY_GROUPS`), else None."""
+    if k.kind not in _FAMILY_KINDS:
+        return None
+    impl = k.param_dict.get("impl")
+    return str(impl) if impl is not None and impl != get_op(k.kind).defaults.get("impl") else None
 
 
 def _impl_devices(entry: Mapping[str, Any]) -> dict[str, frozenset[str]]:
@@ -421,9 +431,9 @@ class LearnedKernelCost:
         self.model_set = model_set
         self.label = label
         """Where the models came from (a folder, or 'embedded default')."""
-        self._covers: dict[tuple[str, str, str], bool] = {}
+        self._covers: dict[tuple[str, str, str, str | None], bool] = {}
         self._residuals: dict[tuple[str, str], Residuals | None] = {}
-        self._groups: dict[tuple[str, str, str, bool], str] = {}
+        self._groups: dict[tuple[Any, ...], str] = {}
         self._on_training: dict[str, dict[Kernel, float]] = {}
         """Training device name -> this source's raw time of each kernel asked there (for :meth:`bound`)."""
         meta = getattr(model_set, "meta", None)
@@ -440,12 +450,14 @@ class LearnedKernelCost:
 
     def group_of(self, k: Kernel) -> str:
         """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
-        memo = (k.kind, k.direction, k.dtype, k.tensor_cores)
+        impl = _family(k)
+        memo = (k.kind, k.direction, k.dtype, k.tensor_cores, impl)
         key = self._groups.get(memo)
         if key is None:
             from opcast.train.features import dtype_class, group_key
 
-            key = self._groups[memo] = group_key(k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores))
+            dclass = dtype_class(k.kind, k.dtype, k.tensor_cores)
+            key = self._groups[memo] = group_key(k.kind, k.direction, dclass, impl)
         return key
 
     def out_of_range(self, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, str]:
@@ -489,10 +501,10 @@ class LearnedKernelCost:
         return len(keys)
 
     def covers(self, k: Kernel) -> bool:
-        key = (k.kind, k.dtype, k.direction)
+        key = (k.kind, k.dtype, k.direction, _family(k))
         hit = self._covers.get(key)
-        if hit is None:
-            hit = self._covers[key] = bool(self.model_set.covers(*key))
+        if hit is None:  # a family other than the kind's first is its own group (model sets take it as a 4th argument)
+            hit = self._covers[key] = bool(self.model_set.covers(*(key[:3] if key[3] is None else key)))
         return hit and self.speaks_for_impl(k) and self._speaks_for_weights(k)
 
     def _speaks_for_weights(self, k: Kernel) -> bool:

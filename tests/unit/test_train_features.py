@@ -270,10 +270,10 @@ def test_a_weight_only_moe_layer_reads_its_weights_at_their_storage_size():
     assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half"] * 3
 
 
-def test_a_moe_kernel_family_is_its_own_impl_code_in_one_group():
+def test_a_moe_kernel_family_is_its_own_impl_code_and_group():
     """The fused MoE layer's kernel families (``impl``: TensorRT-LLM's, vLLM's) are ordinal codes after the other
-    kinds' impls (trtllm 7, vllm 8; a row written before the parameter reads as trtllm), in one predictor group: the
-    same work and traffic, a declared ``impl_code`` feature the predictor tells them apart by."""
+    kinds' impls (trtllm 7, vllm 8; a row written before the parameter reads as trtllm): the same work and traffic,
+    vLLM's rows a predictor group of their own, TensorRT-LLM's the plain key they always had."""
     from opcast.train.features import FEATURES
 
     h100 = get_device("H100-SXM")
@@ -286,4 +286,12 @@ def test_a_moe_kernel_family_is_its_own_impl_code_in_one_group():
     assert feats["impl_code"].tolist() == [7.0, 7.0, 8.0]
     assert feats["flops"].nunique() == 1 and feats["bytes"].nunique() == 1
     assert "impl_code" in FEATURES["moe"]
-    assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half"] * 3
+    assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half", "moe-fwd-half", "moe-fwd-half_vllm"]
+    fp8 = [{**row, "dtype": "fp8", "weights": "dtype"} for row in rows]
+    gemm = {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 8, "n": 8, "k": 8, "impl": "vllm"}
+    assert group_keys(_frame([*fp8, gemm])).tolist() == [
+        "moe-fwd-fp8",
+        "moe-fwd-fp8",
+        "moe-fwd-fp8_vllm",
+        "gemm-fwd-half",
+    ]
