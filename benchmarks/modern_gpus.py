@@ -100,6 +100,10 @@ CAPPED = ("moe bf16", "moe fp8", "moe fp8_block", "moe nvfp4", "moe bf16 mxfp4")
 """Labels that ``--cap-rows`` caps too but this script does not score: TensorRT-LLM's fused MoE layers (about
 47,000 replayed rows a system; ``benchmarks/moe_kernels.py`` scores them), the W4A16 MXFP4 ones (gpt-oss's
 experts, a few hundred a system) capped on their own so that the bf16 rows' draw never crowds them out."""
+VLLM_CAPPED = tuple(f"{label} vllm" for label in CAPPED)
+"""vLLM's own fused MoE layers (``impl`` vllm; about 17,000-22,000 replayed rows a system in aiconfigurator-core
+0.12.0), one label per dtype and weights as for TensorRT-LLM's, capped by ``--cap-vllm-moe-rows`` where given (else
+as :data:`CAPPED`)."""
 WITHIN_TARGET = 3.0
 """Issue 17's within-GPU held-out-shape target (MAPE, percent)."""
 COLLECTIVES = ("all_reduce", "all_gather")
@@ -119,11 +123,13 @@ def replay_aiconfigurator(
     attention_precedence: tuple[str, ...] | None = None,
     attention_fill: bool | None = None,
     moe_cap_rows: int | None = None,
+    vllm_moe_cap_rows: int | None = None,
 ) -> Path:
     """Replay the installed ``aiconfigurator-core`` into ``out/aiconfigurator.parquet`` (the same
     normalisation as ``opcast collect replay``) and return its path. With ``cap_rows``, at most
     that many rows per (system, label) of :data:`LABELS` and :data:`CAPPED` are kept (:func:`cap`;
-    rows of other ops all stay), ``moe_cap_rows`` (where given) for :data:`CAPPED`'s instead; with
+    rows of other ops all stay), ``moe_cap_rows`` (where given) for :data:`CAPPED`'s instead and
+    ``vllm_moe_cap_rows`` (where given) for :data:`VLLM_CAPPED`'s (else the fused-MoE cap); with
     ``precedence``, that framework order instead of the replay's default; with
     ``attention_precedence`` / ``attention_fill``, the attention rows' own order and fill-in rule
     (``aiconfigurator.replay(attention_frameworks=..., attention_fill=...)``)."""
@@ -144,15 +150,18 @@ def replay_aiconfigurator(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
     )
     if cap_rows is not None:
-        keys = ("op", "dtype", "device", "source_file", "point_id", "weights")
+        keys = ("op", "dtype", "device", "source_file", "point_id", "weights", "impl")
         frame = pd.DataFrame({c: [r.get(c) for r in rows] for c in keys})
         frame["label"] = labels(frame)
         moe = frame["label"].isin(CAPPED).to_numpy()
+        vllm_moe = frame["label"].isin(VLLM_CAPPED).to_numpy()
         scored = frame["label"].isin(LABELS).to_numpy()
+        moe_cap = cap_rows if moe_cap_rows is None else moe_cap_rows
         keep = np.zeros(len(rows), dtype=bool)
         keep[cap(frame[scored], cap_rows, seed).index.to_numpy()] = True
-        keep[cap(frame[moe], cap_rows if moe_cap_rows is None else moe_cap_rows, seed).index.to_numpy()] = True
-        keep[~(scored | moe)] = True
+        keep[cap(frame[moe], moe_cap, seed).index.to_numpy()] = True
+        keep[cap(frame[vllm_moe], moe_cap if vllm_moe_cap_rows is None else vllm_moe_cap_rows, seed).index] = True
+        keep[~(scored | moe | vllm_moe)] = True
         rows = [r for r, k in zip(rows, keep) if k]
     return write_parquet(rows, Path(out) / "aiconfigurator.parquet")
 
@@ -164,7 +173,8 @@ def _have_package() -> bool:
 def labels(frame: pd.DataFrame) -> pd.Series:
     """gemm <dtype> / prefill <dtype> / decode <dtype> / all_reduce / all_gather per row
     (prefill and decode told apart by the AIConfigurator table the row came from); a fused MoE layer over
-    weight-only experts adds their storage (``moe bf16 mxfp4``)."""
+    weight-only experts adds their storage (``moe bf16 mxfp4``), and one of vLLM's kernel family its impl
+    (``moe bf16 mxfp4 vllm``; TensorRT-LLM's, the default, adds nothing)."""
     op = frame["op"].astype(str)
     src = frame["source_file"].astype(str)
     name = op.copy()
@@ -174,6 +184,9 @@ def labels(frame: pd.DataFrame) -> pd.Series:
     if "weights" in frame:
         weight_only = (op == "moe") & frame["weights"].notna() & (frame["weights"].astype(str) != "dtype")
         out[weight_only] = out[weight_only] + " " + frame["weights"][weight_only].astype(str)
+    if "impl" in frame:
+        vllm = (op == "moe") & (frame["impl"].astype(str) == "vllm")
+        out[vllm] = out[vllm] + " vllm"
     coll = op.isin(COLLECTIVES).to_numpy()
     out[coll] = op[coll]
     return out
@@ -542,6 +555,12 @@ def main(argv: list[str] | None = None) -> int:
         help="With --replay-to: the fused MoE labels' cap instead of --cap-rows (benchmarks/moe_kernels.py scores "
         "what a cap costs).",
     )
+    ap.add_argument(
+        "--cap-vllm-moe-rows",
+        type=int,
+        default=None,
+        help="With --replay-to: the cap of vLLM's fused MoE labels (impl vllm) instead of --cap-moe-rows.",
+    )
     ap.add_argument("--estimator", default="xgb", choices=["auto", "xgb", "tile-mlp", "hier"])
     ap.add_argument(
         "--train-rows", type=int, default=2000, help="LOGO training rows per (system, label) (default %(default)s)."
@@ -594,10 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="Also write every table as JSON here.")
     args = ap.parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    caps = [c for c in (args.cap_rows, args.cap_moe_rows) if c is not None]  # 0 is refused, not read as no cap
+    caps = [c for c in (args.cap_rows, args.cap_moe_rows, args.cap_vllm_moe_rows) if c is not None]  # 0: refused
     if min(args.train_rows, args.test_rows, args.within_train_rows, *caps) < 1:
         print(
-            "modern_gpus: --train-rows, --test-rows, --within-train-rows, --cap-rows and --cap-moe-rows must be >= 1",
+            "modern_gpus: --train-rows, --test-rows, --within-train-rows, --cap-rows, --cap-moe-rows and "
+            "--cap-vllm-moe-rows must be >= 1",
             file=sys.stderr,
         )
         return 2
@@ -669,10 +689,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.replay_to is not None:
         t0 = time.perf_counter()
         path = replay_aiconfigurator(
-            args.replay_to, args.cap_rows, args.seed, **replay_rule, moe_cap_rows=args.cap_moe_rows
+            args.replay_to,
+            args.cap_rows,
+            args.seed,
+            **replay_rule,
+            moe_cap_rows=args.cap_moe_rows,
+            vllm_moe_cap_rows=args.cap_vllm_moe_rows,
         )
         rule = "" if args.cap_rows is None else f", at most {args.cap_rows} rows per (system, label), seed {args.seed}"
         rule += "" if args.cap_moe_rows is None else f", {args.cap_moe_rows} per fused-MoE label"
+        rule += "" if args.cap_vllm_moe_rows is None else f", {args.cap_vllm_moe_rows} per vLLM fused-MoE label"
         rule += "" if precedence is None else f", precedence {','.join(precedence)}"
         rule += "" if attention_precedence is None else f", attention precedence {','.join(attention_precedence)}"
         rule += "" if attention_fill is None else f", attention fill-in {args.attention_fill}"

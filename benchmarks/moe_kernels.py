@@ -1,7 +1,7 @@
 """Whole MoE layers: opcast's price of a block's routed experts against AIConfigurator's measured rows (issue 17).
 
     python benchmarks/moe_kernels.py [--data FILE] [--systems H100-SXM,H200,B200] [--models DIR]
-        [--cap-rows 2000] [--seed 0] [--no-logo] [--json FILE]
+        [--impls trtllm,vllm] [--cap-rows 2000] [--cap-vllm-rows N] [--seed 0] [--no-logo] [--json FILE]
 
 AIConfigurator's ``moe/trtllm/<version>/moe_perf.parquet`` rows each time one forward of TensorRT-LLM's
 fused MoE module on one rank of ``moe_tp_size x moe_ep_size`` (ai-dynamo/aiconfigurator
@@ -14,20 +14,26 @@ and any all-reduce or all-to-all. The rank holds ``num_experts / moe_ep_size`` e
 (:mod:`opcast.collect.replay.aiconfigurator`) turns each balanced row into an ``moe`` kernel (``--data``: a
 replay written by ``python benchmarks/modern_gpus.py --replay-to DIR``; default: replayed here, ~1 min).
 
-Scored: the bf16 and fp8 rows of ``--systems`` (bf16 with the experts' weights in bf16, or W4A16 MXFP4:
-``weights`` mxfp4, gpt-oss's checkpoint format) (every release's newest measurement of a configuration:
-TensorRT-LLM 1.3.0rc20, and rc23 where it re-measured), two prices of each:
+vLLM's ``moe/vllm/<version>/moe_perf.parquet`` rows time vLLM's own ``FusedMoE`` layer the same way
+(collector/vllm/collect_moe.py), with the kernel vLLM dispatches to on that GPU and dtype; they replay as the
+``moe`` kind's ``impl`` vllm (one vLLM release per system and dtype, 0.24.0), TensorRT-LLM's as ``impl`` trtllm.
+
+Scored: the bf16 and fp8 rows of ``--systems`` and ``--impls`` (bf16 with the experts' weights in bf16, or W4A16
+MXFP4: ``weights`` mxfp4, gpt-oss's checkpoint format) (TensorRT-LLM: every release's newest measurement of a
+configuration, 1.3.0rc20, and rc23 where it re-measured), two prices of each:
 
 - ``grouped``: what opcast prices a fused layer as where no moe model covers it, the ``moe`` kernel's parts
   through ``--models`` (default: the embedded set; whether or not it has a moe model), i.e. the grouped GEMMs
   (read at 4.25 bits for MXFP4 weights), activation and copies of
   :func:`opcast.archs.routed_expert_ops` for ``ceil(tokens / ep)`` tokens routed by each rank;
 - ``learned``: the ``moe`` kind learned (xgb, seed ``--seed``) from at most ``--cap-rows`` rows per (GPU,
-  label: dtype, and the weights' storage where weight-only) of every other GPU's replayed rows
-  (leave-one-GPU-out; the default refit's cap is ``AIC_MOE_ROWS`` of ``benchmarks/train_default_models.sh``).
+  label: dtype, the weights' storage where weight-only, and the kernel family) of every other GPU's replayed rows,
+  each family its own predictor group as the refit fits them (``--cap-vllm-rows`` for vLLM's labels; default
+  ``--cap-rows``; leave-one-GPU-out; the default refit's caps are ``AIC_MOE_ROWS`` and ``AIC_VLLM_MOE_ROWS`` of
+  ``benchmarks/train_default_models.sh``).
 
-Per system, dtype, weights, gating and num_tokens band (:data:`BANDS`): MAPE and the signed median error (median of
-prediction / measurement - 1).
+Per kernel family, system, dtype, weights, gating and num_tokens band (:data:`BANDS`): MAPE and the signed median
+error (median of prediction / measurement - 1); then each family, dtype and weights pooled over the systems.
 """
 
 from __future__ import annotations
@@ -45,7 +51,8 @@ BANDS = ((1, 16), (17, 256), (257, 4096), (4097, 1 << 40))
 """num_tokens bands (inclusive): decode batches, small and large prefill chunks, whole prompts."""
 SYSTEMS = ("H100-SXM", "H200", "B200")
 DTYPES = ("bf16", "fp8")
-PARAMS = ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights")
+IMPLS = ("trtllm", "vllm")
+PARAMS = ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights", "impl")
 
 
 def load_rows(path: Path | None) -> pd.DataFrame:
@@ -86,8 +93,11 @@ def grouped_s(rows: pd.DataFrame, models: str | None) -> np.ndarray:
     return out
 
 
-def learned_logo_s(pool: pd.DataFrame, test: pd.DataFrame, cap_rows: int, seed: int) -> np.ndarray:
-    """Each test row's ``moe`` time from a model fitted on the capped rows of every other GPU."""
+def learned_logo_s(
+    pool: pd.DataFrame, test: pd.DataFrame, cap_rows: int, seed: int, vllm_cap_rows: int | None = None
+) -> np.ndarray:
+    """Each test row's ``moe`` time from a model fitted on the capped rows of every other GPU (vLLM's labels at
+    ``vllm_cap_rows`` where given)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import modern_gpus  # type: ignore[import-not-found]
 
@@ -97,7 +107,14 @@ def learned_logo_s(pool: pd.DataFrame, test: pd.DataFrame, cap_rows: int, seed: 
     cfg = FitConfig(estimator="xgb", folds=0, ops=("moe",), seed=seed, n_jobs=1)
     devices = {str(d): get_device(str(d)) for d in pd.unique(pool["device"])}
     out = np.full(len(test), np.nan)
-    capped = modern_gpus.cap(pool[pool["dtype"].isin(pd.unique(test["dtype"]))], cap_rows, seed)
+    pool = pool[pool["dtype"].isin(pd.unique(test["dtype"]))]
+    vllm = pool["label"].isin(modern_gpus.VLLM_CAPPED)
+    capped = pd.concat(
+        [
+            modern_gpus.cap(pool[~vllm], cap_rows, seed),
+            modern_gpus.cap(pool[vllm], cap_rows if vllm_cap_rows is None else vllm_cap_rows, seed),
+        ]
+    )
     for dev, idx in test.groupby("device").indices.items():
         train = capped[capped["device"] != dev].reset_index(drop=True)
         fitted, _, _ = fit_frame(train, devices, cfg)
@@ -108,7 +125,7 @@ def learned_logo_s(pool: pd.DataFrame, test: pd.DataFrame, cap_rows: int, seed: 
 
 def score(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
     rows = []
-    keys = ["device", "dtype", "weights", "gated"]
+    keys = ["impl", "device", "dtype", "weights", "gated"]
     for key, g in df.groupby(keys):
         for lo, hi in BANDS:
             b = g[(g["tokens"] >= lo) & (g["tokens"] <= hi)]
@@ -125,28 +142,56 @@ def score(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def pooled(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
+    """MAPE and signed median error of each kernel family, dtype and weights over every scored system."""
+    rows = []
+    keys = ["impl", "dtype", "weights"]
+    for key, g in df.groupby(keys):
+        rec: dict[str, object] = dict(zip(keys, key, strict=True))
+        rec["systems"] = ",".join(sorted(map(str, pd.unique(g["device"]))))
+        rec["rows"] = len(g)
+        for label, col in cols.items():
+            ratio = g[col] / g["time_s_median"]
+            rec[f"{label} signed %"] = round(100 * float(np.median(ratio - 1)), 1)
+            rec[f"{label} MAPE %"] = round(100 * float(np.mean(np.abs(ratio - 1))), 1)
+        rows.append(rec)
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=None, help="a replay of aiconfigurator-core (default: replay now)")
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="catalog names of the scored GPUs")
     ap.add_argument("--models", default=None, help="model set of the grouped price (default: the embedded one)")
-    ap.add_argument("--cap-rows", type=int, default=2000, help="training rows per (GPU, dtype) of the learned kind")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="kernel families scored (moe impl)")
+    ap.add_argument("--cap-rows", type=int, default=2000, help="training rows per (GPU, label) of the learned kind")
+    ap.add_argument("--cap-vllm-rows", type=int, default=None, help="the cap of vLLM's labels (default: --cap-rows)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-logo", action="store_true", help="score today's grouped price only")
     ap.add_argument("--json", type=Path, default=None, help="write the scored rows here")
     args = ap.parse_args(argv)
     pool = load_rows(args.data)
-    test = pool[pool["device"].isin(args.systems.split(",")) & pool["dtype"].isin(DTYPES)].reset_index(drop=True)
+    impls = args.impls.split(",")
+    caps = [c for c in (args.cap_rows, args.cap_vllm_rows) if c is not None]  # 0 is refused, not read as no cap
+    if min(caps) < 1 or not set(impls) <= set(IMPLS):
+        print(f"moe_kernels: caps must be >= 1 and --impls of {','.join(IMPLS)}", file=sys.stderr)
+        return 2
+    pool = pool.assign(impl=pool["impl"].fillna("trtllm")) if "impl" in pool else pool.assign(impl="trtllm")
+    wanted = pool["device"].isin(args.systems.split(",")) & pool["dtype"].isin(DTYPES) & pool["impl"].isin(impls)
+    test = pool[wanted].reset_index(drop=True)
     if test.empty:
-        raise SystemExit(f"no moe bf16/fp8 rows of {args.systems} in the replay")
+        print(f"moe_kernels: no moe bf16/fp8 rows of {args.systems} ({args.impls}) in the replay", file=sys.stderr)
+        return 2
     test = test.assign(grouped_s=grouped_s(test, args.models))
     cols = {"grouped": "grouped_s"}
     if not args.no_logo:
-        test = test.assign(learned_s=learned_logo_s(pool, test, args.cap_rows, args.seed))
+        test = test.assign(learned_s=learned_logo_s(pool, test, args.cap_rows, args.seed, args.cap_vllm_rows))
         cols["learned"] = "learned_s"
     table = score(test, cols)
     with pd.option_context("display.width", 250, "display.max_rows", 500, "display.max_columns", 30):
         print(table.to_string(index=False))
+        print()
+        print(pooled(test, cols).to_string(index=False))
     if args.json is not None:
         keep = ["device", "dtype", *PARAMS, "time_s_median", *cols.values()]
         args.json.write_text(json.dumps(test[keep].to_dict(orient="records")))
