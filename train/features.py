@@ -50,7 +50,6 @@ from opcast.hardware import MMA_FAMILIES, DeviceSpec
 from opcast.ops import (
     ATTENTION_IMPLS,
     ELEMENTWISE_FNS,
-    MOE_IMPLS,
     MOE_WEIGHTS,
     ROPE_IMPLS,
     get_op,
@@ -301,8 +300,11 @@ and vLLM's their own (``moe-fwd-half_vllm``). Measured leave-one-GPU-out on H100
 moe rows, 700 a GPU and label, benchmarks/moe_kernels.py, 2026-12-03): one group of both families (``impl_code``
 telling them apart) scored TensorRT-LLM's bf16 / fp8 layers 17.3 / 19.1 % against 16.0 / 15.7 % alone, and
 vLLM's bf16 / MXFP4 / fp8 11.3 / 14.5 / 20.0 % against 9.7 / 14.3 / 18.7 % alone: the engines' kernels differ by
-an amount that moves per GPU, so each family's trees do better on its own rows. A set fitted without a family has
-no group for it, and its layers are their grouped GEMMs (``opcast.predict.cost.decompose``)."""
+an amount that moves per GPU, so each family's trees do better on its own rows. The family is not a feature
+(:func:`_shape_features`): a group holds one, and TensorRT-LLM's group reads the features it always read, so a refit
+on the same rows fits it as before (the estimators sample columns: a constant extra column would redraw its trees).
+A set fitted without a family has no group for it, and its layers are their grouped GEMMs
+(``opcast.predict.cost.decompose``)."""
 
 
 def group_key(op: str, direction: str, dclass: str, impl: object = None) -> str:
@@ -351,6 +353,8 @@ def _shape_features(kind: str) -> tuple[str, ...]:
     spec = get_op(kind)
     names: list[str] = []
     for p in spec.params:
+        if p.name == "impl" and kind in FAMILY_GROUPS:  # the family is the predictor group, not a feature
+            continue
         if p.type is int:
             names.append(f"log_{p.name}")
         elif p.type is bool:
@@ -905,7 +909,7 @@ def _param_columns() -> dict[str, type]:
 
 _CODES: Final[dict[str, dict[str, float]]] = {
     "fn": {name: float(i) for i, name in enumerate(ELEMENTWISE_FNS)},
-    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS, *MOE_IMPLS))},
+    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
     "weights": {name: float(i) for i, name in enumerate(MOE_WEIGHTS)},
 }
 """Ordinal codes of the string parameters (their position in the registry's choices). ``impl``:
@@ -913,9 +917,8 @@ attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choice
 and ``liger`` (code 6) were appended to those, so the codes of model sets fitted before them do not
 shift and their features are unchanged (no features-version bump): such a set speaks for ``liger``
 nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`). The fused MoE
-layer's kernel families (:data:`opcast.ops.MOE_IMPLS`, ``trtllm`` 7 and ``vllm`` 8) come after them: a moe
-predictor fitted before ``impl`` (no ``impl_code`` among its features) read every row as TensorRT-LLM's and speaks
-for ``trtllm`` alone, one fitted on TensorRT-LLM's rows alone has the range 7..7. ``weights``:
+layer's kernel families (:data:`opcast.ops.MOE_IMPLS`) are no code: each is a predictor group
+(:data:`FAMILY_GROUPS`). ``weights``:
 the fused MoE layer's expert storage (:data:`opcast.ops.MOE_WEIGHTS`); a set fitted without mxfp4 rows speaks for
 the dtype's weights only (the same range rule)."""
 

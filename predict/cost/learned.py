@@ -50,9 +50,10 @@ entry records which devices measured which implementation (``impl_devices``: imp
 device names), the bounds of a kernel take as training devices only those with data of its
 implementation: a device that measured another implementation only answers by extrapolation for
 this one (flagged out of range), is held to the ones that measured it, and is no reference for others.
-The fused MoE layer's kernel families (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's, vLLM's) follow the same
-rule, except that a family without data is priced as the layer's grouped GEMMs
-(:func:`opcast.predict.cost.decompose`): a set fitted without vLLM's moe rows leaves vLLM's layers to their parts.
+The fused MoE layer's kernel families (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's, vLLM's) are predictor groups
+of their own (``moe-fwd-half``, ``moe-fwd-half_vllm``; :data:`opcast.train.features.FAMILY_GROUPS`): a set speaks
+for a family where it has its group, and a set fitted without vLLM's moe rows leaves vLLM's layers to their grouped
+GEMMs (:func:`opcast.predict.cost.decompose`).
 Attention's published-only implementations (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`: ``flash1``)
 are spoken for only where ``impl_devices`` records devices that measured them (no model set does
 today), so FlashAttention-1-generation kernels fall to :mod:`~opcast.predict.cost.published`.
@@ -172,21 +173,21 @@ default (the features it was fitted on)."""
 
 
 _FAMILY_KINDS = frozenset({"moe"})
-"""Kinds whose ``impl`` names an engine's kernel family that a predictor speaks for only with rows of it, as for
-:data:`opcast.ops.KERNEL_IMPLS`: the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`, TensorRT-LLM's or vLLM's), each
-family a predictor group of its own (:data:`opcast.train.features.FAMILY_GROUPS`)."""
+"""Kinds whose ``impl`` names an engine's kernel family with a predictor group of its own
+(:data:`opcast.train.features.FAMILY_GROUPS`): the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`, TensorRT-LLM's or
+vLLM's). A set speaks for a family where it has its group, and only there."""
 
 
 def _kernel_impl(k: Kernel) -> str | None:
     """``k``'s implementation (``impl``) where its op takes one of :data:`opcast.ops.KERNEL_IMPLS`
-    (norms, softmax, cross-entropy, rope), is a fused MoE layer (:data:`_FAMILY_KINDS`) or is attention of a
-    published-only implementation (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`, which no learned model has data
-    of), else None (attention's measured kernel families are kinds of kernel, priced as before)."""
+    (norms, softmax, cross-entropy, rope) or is attention of a published-only implementation
+    (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`, which no learned model has data of), else None
+    (attention's measured kernel families are kinds of kernel, priced as before; a fused MoE layer's family is
+    its predictor group, :func:`_family`)."""
     impl = k.param_dict.get("impl")
     if impl is None:
         return None
-    named = takes_kernel_impls(k.kind) or k.kind in _FAMILY_KINDS or impl in PUBLISHED_ATTENTION_IMPLS
-    return str(impl) if named else None
+    return str(impl) if takes_kernel_impls(k.kind) or impl in PUBLISHED_ATTENTION_IMPLS else None
 
 
 def _family(k: Kernel) -> str | None:
@@ -575,14 +576,9 @@ class LearnedKernelCost:
                 status = (measured_impls == (str(impl),), True)
                 measured = " and ".join(measured_impls) + " data, read as one (fitted before impl was recorded)"
             if not status[0]:
-                instead = (
-                    "their parts (grouped GEMMs, activation and copies)"
-                    if k.kind in _FAMILY_KINDS
-                    else "the streaming kernel of their own traffic"
-                )
                 self.range.notes.append(
                     f"{key}: the learned model has no data of impl {impl} ({measured}); those kernels are "
-                    f"priced as {instead}"
+                    "priced as the streaming kernel of their own traffic"
                 )
         self._impls[(key, str(impl))] = status
         return status
@@ -591,8 +587,8 @@ class LearnedKernelCost:
         """Whether the predictor of ``k``'s group has data of ``k``'s implementation (``impl``): within
         the ``impl_code`` range it was fitted on, or, for a predictor fitted before the op had an
         ``impl`` (no ``impl_code`` feature), the one implementation its sources measured
-        (:data:`_LEGACY_IMPLS`; for a fused MoE layer, TensorRT-LLM's). Kinds without an ``impl`` of
-        :data:`opcast.ops.KERNEL_IMPLS` or :data:`_FAMILY_KINDS` always."""
+        (:data:`_LEGACY_IMPLS`). Kinds without an ``impl`` of :data:`opcast.ops.KERNEL_IMPLS` always (a fused MoE
+        layer's family is its group: :meth:`covers`)."""
         return self._impl_status(k)[0]
 
     def as_fitted(self, kernels: Sequence[Kernel]) -> list[Kernel]:

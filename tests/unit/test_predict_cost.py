@@ -403,57 +403,33 @@ def test_weight_only_experts_are_learned_only_from_weight_only_rows():
 
 
 class _FakeFamilyMoe(_FakeMoe):
-    """:class:`_FakeMoe` whose moe predictors record ``features`` (with or without ``impl_code``), the fitted
-    ``impl_code`` range and the devices of each kernel family; ``vllm_group``: the set has vLLM's own group."""
+    """:class:`_FakeMoe` that covers vLLM's fused MoE kernels where ``vllm`` (its own group, ``moe-fwd-half_vllm``)."""
 
-    def __init__(self, impl_span: list[float] | None, impl_devices=None, vllm_group: dict | None = None):
+    def __init__(self, vllm: bool):
         super().__init__()
-        entry: dict = {"features": ["log_tokens", "weights_code"], "feature_ranges": {"weights_code": [0, 1]}}
-        if impl_span is not None:
-            entry["features"].append("impl_code")
-            entry["feature_ranges"]["impl_code"] = impl_span
-        if impl_devices is not None:
-            entry["impl_devices"] = impl_devices
-        groups = {"moe-fwd-half": entry, **({"moe-fwd-half_vllm": vllm_group} if vllm_group else {})}
-        self.meta = {"predictors": groups}
+        self.vllm = vllm
 
     def covers(self, op, dtype, direction, impl=None):
-        group = f"moe-fwd-half_{impl}" in self.meta["predictors"]
-        return super().covers(op, dtype, direction) and (impl is None or group)
+        return super().covers(op, dtype, direction) and (impl is None or (self.vllm and impl == "vllm"))
 
 
-VLLM = {"features": ["impl_code"], "feature_ranges": {"impl_code": [8, 8]}, "impl_devices": {"vllm": ["H100-SXM"]}}
-TRT = {"trtllm": ["H100-SXM"]}
-
-
-@pytest.mark.parametrize(
-    ("fitted", "speaks_for_vllm"),
-    [
-        (_FakeFamilyMoe(None), False),  # fitted before impl: TensorRT-LLM's rows only, no vLLM group
-        (_FakeFamilyMoe([7, 7], TRT), False),  # fitted on TensorRT-LLM's rows alone
-        (_FakeFamilyMoe([7, 7], TRT, VLLM), True),  # and vLLM's own group
-        # a vLLM group whose fitted range lacks vLLM's code does not speak for it
-        (_FakeFamilyMoe([7, 7], TRT, {**VLLM, "feature_ranges": {"impl_code": [7, 7]}}), False),
-    ],
-)
-def test_a_moe_kernel_family_is_learned_only_by_a_predictor_fitted_on_its_rows(fitted, speaks_for_vllm):
-    """vLLM's fused MoE (``impl`` vllm) is learned only by its own predictor group (``moe-fwd-half_vllm``) inside
-    its fitted ``impl_code`` range (trtllm 7, vllm 8); elsewhere it is its grouped GEMMs, as a layer no moe model
-    covers. TensorRT-LLM's (the default) stays learned by the plain group."""
+@pytest.mark.parametrize("vllm", [False, True])
+def test_a_moe_kernel_family_is_learned_only_by_its_own_group(vllm):
+    """vLLM's fused MoE (``impl`` vllm) is learned only by a set with its group (``moe-fwd-half_vllm``); a set fitted
+    without vLLM's rows prices it as its grouped GEMMs, as a layer no moe model covers. TensorRT-LLM's (the default)
+    stays learned by the plain group either way."""
     from opcast.predict.cost import decompose
-    from opcast.train.features import _CODES
 
-    assert (_CODES["impl"]["trtllm"], _CODES["impl"]["vllm"]) == (7.0, 8.0)
-    trtllm, vllm = kernel("moe", MOE, "bf16"), kernel("moe", {**MOE, "impl": "vllm"}, "bf16")
-    assert trtllm.param_dict["impl"] == "trtllm" and trtllm.flops() == vllm.flops()
-    learned = LearnedKernelCost(fitted, "fake")
-    assert (learned.group_of(trtllm), learned.group_of(vllm)) == ("moe-fwd-half", "moe-fwd-half_vllm")
+    trtllm, vllm_moe = kernel("moe", MOE, "bf16"), kernel("moe", {**MOE, "impl": "vllm"}, "bf16")
+    assert trtllm.param_dict["impl"] == "trtllm" and trtllm.flops() == vllm_moe.flops()
+    learned = LearnedKernelCost(_FakeFamilyMoe(vllm), "fake")
+    assert (learned.group_of(trtllm), learned.group_of(vllm_moe)) == ("moe-fwd-half", "moe-fwd-half_vllm")
     model = KernelCostModel(sources=(learned, RooflineKernelCost()))
     assert model.time_s(trtllm, H100) == (pytest.approx(2e-3), LEARNED)
-    t, label = model.time_s(vllm, H100)
-    if speaks_for_vllm:
+    t, label = model.time_s(vllm_moe, H100)
+    if vllm:
         assert (t, label) == (pytest.approx(2e-3), LEARNED)
     else:
-        parts = decompose(vllm)
+        parts = decompose(vllm_moe)
         rest = sum(RooflineKernelCost().predict_s([p], H100)[0] for p, _ in parts if p.kind != "gemm")
         assert t == pytest.approx(2 * 1e-3 + rest) and label != LEARNED
