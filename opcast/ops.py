@@ -828,8 +828,8 @@ TensorRT-LLM's fused MoE (CUTLASS / TRT-LLM-gen grouped GEMMs; AIConfigurator's 
 default), ``vllm`` vLLM's own ``FusedMoE`` layer as it dispatches on the GPU and dtype (Triton ``fused_moe``,
 OpenAI Triton ``matmul_ogs`` or Marlin for MXFP4 on Hopper and Ada, FlashInfer's CUTLASS / TRT-LLM-gen kernels on
 Blackwell; AIConfigurator's ``moe/vllm`` rows). The two differ by tens of per cent on one shape, by an amount that
-moves per GPU and dtype, so a model only prices a family it has rows of (``opcast.predict.cost.learned``). Appended
-after the other kinds' ``impl`` codes (``opcast.train.features``)."""
+moves per GPU and dtype, so each family is a predictor group of its own (``opcast.train.features.FAMILY_GROUPS``)
+and a model set prices a family only where it has its group."""
 
 
 MOE_WEIGHTS: Final = ("dtype", *WEIGHT_STORAGE_BITS)
