@@ -79,6 +79,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from opcast.ops import MOE_IMPLS
+
 TARGETS = {
     "gemm bf16": 8.0,
     "gemm fp8": 10.0,
@@ -100,10 +102,10 @@ CAPPED = ("moe bf16", "moe fp8", "moe fp8_block", "moe nvfp4", "moe bf16 mxfp4")
 """Labels that ``--cap-rows`` caps too but this script does not score: TensorRT-LLM's fused MoE layers (about
 47,000 replayed rows a system; ``benchmarks/moe_kernels.py`` scores them), the W4A16 MXFP4 ones (gpt-oss's
 experts, a few hundred a system) capped on their own so that the bf16 rows' draw never crowds them out."""
-VLLM_CAPPED = tuple(f"{label} vllm" for label in CAPPED)
-"""vLLM's own fused MoE layers (``impl`` vllm; about 17,000-22,000 replayed rows a system in aiconfigurator-core
-0.12.0), one label per dtype and weights as for TensorRT-LLM's, capped by ``--cap-vllm-moe-rows`` where given (else
-as :data:`CAPPED`)."""
+VLLM_CAPPED = tuple(f"{label} {impl}" for impl in ("vllm", "marlin") for label in CAPPED)
+"""vLLM's own fused MoE layers (``impl`` vllm, about 17,000-22,000 replayed rows a system in aiconfigurator-core
+0.12.0, and its Marlin W4A16 MoE, ``impl`` marlin, 324-648 a system), one label per dtype and weights as for
+TensorRT-LLM's, capped by ``--cap-vllm-moe-rows`` where given (else as :data:`CAPPED`)."""
 WITHIN_TARGET = 3.0
 """Issue 17's within-GPU held-out-shape target (MAPE, percent)."""
 COLLECTIVES = ("all_reduce", "all_gather")
@@ -124,12 +126,14 @@ def replay_aiconfigurator(
     attention_fill: bool | None = None,
     moe_cap_rows: int | None = None,
     vllm_moe_cap_rows: int | None = None,
+    moe_impls: tuple[str, ...] | None = None,
 ) -> Path:
     """Replay the installed ``aiconfigurator-core`` into ``out/aiconfigurator.parquet`` (the same
     normalisation as ``opcast collect replay``) and return its path. With ``cap_rows``, at most
     that many rows per (system, label) of :data:`LABELS` and :data:`CAPPED` are kept (:func:`cap`;
     rows of other ops all stay), ``moe_cap_rows`` (where given) for :data:`CAPPED`'s instead and
-    ``vllm_moe_cap_rows`` (where given) for :data:`VLLM_CAPPED`'s (else the fused-MoE cap); with
+    ``vllm_moe_cap_rows`` (where given) for :data:`VLLM_CAPPED`'s (else the fused-MoE cap); with ``moe_impls``,
+    only the fused MoE rows of those kernel families (:data:`opcast.ops.MOE_IMPLS`) are kept; with
     ``precedence``, that framework order instead of the replay's default; with
     ``attention_precedence`` / ``attention_fill``, the attention rows' own order and fill-in rule
     (``aiconfigurator.replay(attention_frameworks=..., attention_fill=...)``)."""
@@ -163,6 +167,8 @@ def replay_aiconfigurator(
         keep[cap(frame[vllm_moe], moe_cap if vllm_moe_cap_rows is None else vllm_moe_cap_rows, seed).index] = True
         keep[~(scored | moe | vllm_moe)] = True
         rows = [r for r, k in zip(rows, keep) if k]
+    if moe_impls is not None:
+        rows = [r for r in rows if r.get("op") != "moe" or r.get("impl", "trtllm") in moe_impls]
     return write_parquet(rows, Path(out) / "aiconfigurator.parquet")
 
 
@@ -173,8 +179,8 @@ def _have_package() -> bool:
 def labels(frame: pd.DataFrame) -> pd.Series:
     """gemm <dtype> / prefill <dtype> / decode <dtype> / all_reduce / all_gather per row
     (prefill and decode told apart by the AIConfigurator table the row came from); a fused MoE layer over
-    weight-only experts adds their storage (``moe bf16 mxfp4``), and one of vLLM's kernel family its impl
-    (``moe bf16 mxfp4 vllm``; TensorRT-LLM's, the default, adds nothing)."""
+    weight-only experts adds their storage (``moe bf16 mxfp4``), and one of vLLM's kernel families its impl
+    (``moe bf16 mxfp4 vllm``, ``moe bf16 mxfp4 marlin``; TensorRT-LLM's, the default, adds nothing)."""
     op = frame["op"].astype(str)
     src = frame["source_file"].astype(str)
     name = op.copy()
@@ -185,8 +191,9 @@ def labels(frame: pd.DataFrame) -> pd.Series:
         weight_only = (op == "moe") & frame["weights"].notna() & (frame["weights"].astype(str) != "dtype")
         out[weight_only] = out[weight_only] + " " + frame["weights"][weight_only].astype(str)
     if "impl" in frame:
-        vllm = (op == "moe") & (frame["impl"].astype(str) == "vllm")
-        out[vllm] = out[vllm] + " vllm"
+        impl = frame["impl"].astype(str)
+        family = (op == "moe") & frame["impl"].notna() & (impl != "trtllm")
+        out[family] = out[family] + " " + impl[family]
     coll = op.isin(COLLECTIVES).to_numpy()
     out[coll] = op[coll]
     return out
@@ -561,6 +568,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="With --replay-to: the cap of vLLM's fused MoE labels (impl vllm) instead of --cap-moe-rows.",
     )
+    ap.add_argument(
+        "--moe-impls",
+        default=None,
+        help="With --replay-to: keep only these fused MoE kernel families' rows, comma-separated (of "
+        f"{', '.join(MOE_IMPLS)}; default all).",
+    )
     ap.add_argument("--estimator", default="xgb", choices=["auto", "xgb", "tile-mlp", "hier"])
     ap.add_argument(
         "--train-rows", type=int, default=2000, help="LOGO training rows per (system, label) (default %(default)s)."
@@ -618,6 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "modern_gpus: --train-rows, --test-rows, --within-train-rows, --cap-rows, --cap-moe-rows and "
             "--cap-vllm-moe-rows must be >= 1",
+            file=sys.stderr,
+        )
+        return 2
+    moe_impls = None if args.moe_impls is None else tuple(args.moe_impls.split(","))
+    if moe_impls is not None and not set(moe_impls) <= set(MOE_IMPLS):
+        print(
+            f"modern_gpus: unknown --moe-impls {','.join(sorted(set(moe_impls) - set(MOE_IMPLS)))}; use some of "
+            f"{','.join(MOE_IMPLS)}",
             file=sys.stderr,
         )
         return 2
@@ -695,10 +716,12 @@ def main(argv: list[str] | None = None) -> int:
             **replay_rule,
             moe_cap_rows=args.cap_moe_rows,
             vllm_moe_cap_rows=args.cap_vllm_moe_rows,
+            moe_impls=moe_impls,
         )
         rule = "" if args.cap_rows is None else f", at most {args.cap_rows} rows per (system, label), seed {args.seed}"
         rule += "" if args.cap_moe_rows is None else f", {args.cap_moe_rows} per fused-MoE label"
         rule += "" if args.cap_vllm_moe_rows is None else f", {args.cap_vllm_moe_rows} per vLLM fused-MoE label"
+        rule += "" if moe_impls is None else f", fused MoE families {','.join(moe_impls)}"
         rule += "" if precedence is None else f", precedence {','.join(precedence)}"
         rule += "" if attention_precedence is None else f", attention precedence {','.join(attention_precedence)}"
         rule += "" if attention_fill is None else f", attention fill-in {args.attention_fill}"

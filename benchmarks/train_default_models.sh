@@ -17,13 +17,16 @@
 # layers (labels moe bf16, moe bf16 mxfp4, moe fp8, moe fp8_block, moe nvfp4) keep at most AIC_MOE_ROWS each:
 # at 700 instead of 2,000 their leave-one-GPU-out MAPE on H100/H200/B200 is 15.8 instead of 14.4 % (bf16/fp8) and
 # 15.5 instead of 15.4 % (W4A16 MXFP4) (benchmarks/moe_kernels.py --cap-rows 700 / 2000), and the refit stays
-# within its 10 minutes. vLLM's own fused MoE layers (impl vllm, their own groups moe-fwd-{half,fp8,fp8b,fp4}_vllm;
-# labels moe bf16 vllm, moe bf16 mxfp4 vllm, moe fp8 vllm, moe fp8_block vllm, moe nvfp4 vllm; one vLLM release per
-# system and dtype, 0.24.0, on eight GPUs) keep at most AIC_VLLM_MOE_ROWS each (default 700, 25,096 rows;
-# modern_gpus.py --cap-vllm-moe-rows). Their four groups cost 303 s of CPU at 700 (215 s at 300, 10,800 rows; fitted
-# alone with --op moe --jobs 1, fourteenth session), about 2.5 more minutes of the refit with --jobs 2 (2 at 300):
-# the refit no longer fits in 10 minutes unless AIC_VLLM_MOE_ROWS goes lower. Leave-one-GPU-out on H100/H200/B200,
-# vLLM's bf16 / MXFP4 / fp8 rows score 9.4 / 14.8 / 17.3 % at 700 and about 11.9 / 16.0 / 20.2 % at 300
+# within its 10 minutes. vLLM's fused MoE rows are two kernel families (opcast.ops.MOE_IMPLS): its Marlin W4A16 MoE
+# (impl marlin, group moe-fwd-half_marlin, label moe bf16 mxfp4 marlin: 2,268 balanced rows on L40S, RTX PRO 6000,
+# H100, H200 and B200), which vLLM runs for MXFP4 experts where it has no faster kernel
+# (opcast.predict.serve.engine.moe_impl), and the rest of its FusedMoE dispatch (impl vllm, groups
+# moe-fwd-{half,fp8,fp8b,fp4}_vllm, one release per system and dtype, 0.24.0, on eight GPUs). AIC_MOE_IMPLS names
+# the families fitted (default trtllm,marlin; modern_gpus.py --moe-impls), each vLLM label capped at
+# AIC_VLLM_MOE_ROWS (default 700). The vllm family is left out of the default because its four groups cost 303 s of
+# CPU at 700 (215 s at 300; fitted alone with --op moe --jobs 1, fourteenth session), which the 10 minutes cannot
+# hold; a set without it prices vLLM's layers as TensorRT-LLM's (opcast.predict.cost.learned). Leave-one-GPU-out on
+# H100/H200/B200, vLLM's bf16 / MXFP4 / fp8 rows score 9.4 / 14.8 / 17.3 % at 700
 # (benchmarks/results/moe_kernels.md, "vLLM's fused MoE as impl vllm"); TensorRT-LLM's groups do not see them.
 # The whole script took 9 min 46 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 28 s,
 # the fit 8 min 18 s); a rerun wrote every predictor file byte for byte the same (meta.json and collectives.json
@@ -46,6 +49,7 @@ published="${1:-$repo/../shared/published}"
 aic_rows="${AIC_ROWS:-2000}"
 aic_moe_rows="${AIC_MOE_ROWS:-700}"
 aic_vllm_moe_rows="${AIC_VLLM_MOE_ROWS:-700}"
+aic_moe_impls="${AIC_MOE_IMPLS:-trtllm,marlin}"
 liger="${2:-${OPCAST_LIGER:-}}"
 aiter="${3:-${OPCAST_AITER:-}}"
 work="$(mktemp -d)"
@@ -54,7 +58,7 @@ trap '[ -z "$aic_pid" ] || kill "$aic_pid" 2> /dev/null || true; rm -rf "$work"'
 # AIConfigurator's replay (the longest, ~100 s) runs beside the others on the second core; each writes its own file
 if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("aiconfigurator_core") is None)'; then
   python "$repo/benchmarks/modern_gpus.py" --replay-to "$work/published" --cap-rows "$aic_rows" \
-    --cap-moe-rows "$aic_moe_rows" --cap-vllm-moe-rows "$aic_vllm_moe_rows" &
+    --cap-moe-rows "$aic_moe_rows" --cap-vllm-moe-rows "$aic_vllm_moe_rows" --moe-impls "$aic_moe_impls" &
   aic_pid=$!
 else
   echo "aiconfigurator-core not installed: fitting without NVIDIA's AIConfigurator tables (pip install 'opcast[aiconfigurator]')" >&2

@@ -822,14 +822,19 @@ def _moe_flops(p: Params, _: float) -> float:
     return _f(2.0 * busy * rows * _moe_width(p))
 
 
-MOE_IMPLS: Final = ("trtllm", "vllm")
-"""Fused MoE kernel families (``impl``), named by the serving engine whose layer they time: ``trtllm``
+MOE_IMPLS: Final = ("trtllm", "vllm", "marlin")
+"""Fused MoE kernel families (``impl``), named by the kernels whose layer they time: ``trtllm``
 TensorRT-LLM's fused MoE (CUTLASS / TRT-LLM-gen grouped GEMMs; AIConfigurator's ``moe/trtllm`` rows, the
 default), ``vllm`` vLLM's own ``FusedMoE`` layer as it dispatches on the GPU and dtype (Triton ``fused_moe``,
-OpenAI Triton ``matmul_ogs`` or Marlin for MXFP4 on Hopper and Ada, FlashInfer's CUTLASS / TRT-LLM-gen kernels on
-Blackwell; AIConfigurator's ``moe/vllm`` rows). The two differ by tens of per cent on one shape, by an amount that
-moves per GPU and dtype, so each family is a predictor group of its own (``opcast.train.features.FAMILY_GROUPS``)
-and a model set prices a family only where it has its group."""
+OpenAI Triton ``matmul_ogs`` for gpt-oss's MXFP4 on Hopper, FlashInfer's CUTLASS / TRT-LLM-gen kernels on
+Blackwell; AIConfigurator's ``moe/vllm`` rows but Marlin's), ``marlin`` vLLM's Marlin W4A16 MoE (IST-DASLab's
+Marlin, ``vllm/model_executor/layers/fused_moe/fused_marlin_moe.py``: the 4-bit weights dequantised in registers,
+``mma.sync`` bf16 tensor-core math on every GPU, Hopper's and Blackwell's included; AIConfigurator's vLLM rows of
+a ``*marlin*`` kernel source). vLLM runs Marlin for MXFP4 experts where it has no faster kernel
+(:func:`opcast.predict.serve.engine.moe_impl`). The families differ by tens of per cent (Marlin on an H100 about 2x
+TensorRT-LLM's time at a prefill's token counts) by an amount that moves per GPU and dtype, so each family is a
+predictor group of its own (``opcast.train.features.FAMILY_GROUPS``); a set without a family's group prices it as
+the default family's (``opcast.predict.cost.learned``)."""
 
 
 MOE_WEIGHTS: Final = ("dtype", *WEIGHT_STORAGE_BITS)
@@ -888,7 +893,8 @@ register(
             Param(
                 name="impl",
                 type=str,
-                doc="kernel family: trtllm (TensorRT-LLM's fused MoE) or vllm (vLLM's FusedMoE kernels)",
+                doc="kernel family: trtllm (TensorRT-LLM's fused MoE), vllm (vLLM's FusedMoE kernels) or marlin "
+                "(vLLM's Marlin W4A16 MoE)",
                 choices=MOE_IMPLS,
                 default="trtllm",
             ),

@@ -100,7 +100,7 @@ Tables converted (all forward, one measurement per row):
     not divide.
     The newest release wins where two measured one configuration (1.3.0rc23 re-measured the Nemotron-3 shapes
     of 1.3.0rc20 on Hopper; AIConfigurator's own reuse note puts the two within 1-3 %). vLLM's rows come from one
-    release per (system, dtype, weights), the newest that measured it (:func:`_newest_vllm_moe`: its releases
+    release per (system, family, dtype, weights), the newest that measured it (:func:`_newest_vllm_moe`: its releases
     dispatch a dtype to different kernels, so an older one's shapes are left out, not filled in); within one
     release each shape is measured by one kernel lane (the one vLLM dispatched to; were two, the densest lane
     wins, rule 3 below). The dataset key holds ``impl``, so an engine's row never replaces the other's.
@@ -308,6 +308,10 @@ TensorRT-LLM's CUTLASS / TRT-LLM-gen grouped-GEMM MoE, and vLLM's own ``FusedMoE
 OpenAI Triton ``matmul_ogs`` for gpt-oss's MXFP4 and Marlin for other MXFP4 checkpoints; FlashInfer TRT-LLM-gen
 kernels on Blackwell; Triton or Marlin on L40S). Each engine's rows are their own kernel family, so a learned model
 tells them apart by ``impl`` instead of averaging engines. SGLang's rows stay skipped (no engine prices them)."""
+MOE_MARLIN_LANE: Final = "marlin"
+"""A vLLM moe row whose ``kernel_source`` names this ran vLLM's Marlin W4A16 MoE (0.24.0: gpt-oss's MXFP4 on L40S
+and RTX PRO 6000, compressed-tensors MXFP4 on H100 / H200 / B200): its family is ``marlin``
+(:data:`opcast.ops.MOE_IMPLS`), not ``vllm``."""
 MOE_VLLM_RELEASE_REASON: Final = (
     "moe (vllm) {}: measured by an older vLLM release than this system's newest of that dtype ({}); left out "
     "(one vLLM release per system and dtype, no fill-in)"
@@ -665,7 +669,9 @@ def _moe(path: Path, result: ReplayResult, impl: str) -> pd.DataFrame:
         ep=shape["moe_ep_size"],
         gated=gated,
         fn=np.where(gated, "silu", "relu"),
-        impl=impl,
+        impl=np.where(frame["kernel_source"].astype(str).str.contains(MOE_MARLIN_LANE), "marlin", impl)
+        if impl == "vllm"
+        else impl,
     )
 
 
@@ -676,7 +682,7 @@ def _newest_vllm_moe(files: list[pd.DataFrame], result: ReplayResult) -> list[pd
     0.24.0; H200 MXFP4: ``vllm_mxfp4_moe`` in 0.19.0, OpenAI Triton ``matmul_ogs`` / Marlin in 0.24.0), so the shapes
     only an older release measured are left out rather than filled in with another kernel (the rule of
     :data:`ATTENTION_FILL`); TensorRT-LLM's rows keep the newest-first fill of the module docstring."""
-    keys = ["_system", "dtype", "weights"]
+    keys = ["_system", "impl", "dtype", "weights"]
     newest: dict[tuple[str, str, str], str] = {}
     for frame in files:
         if str(frame["_framework"].iloc[0]) != "vllm":
@@ -694,7 +700,10 @@ def _newest_vllm_moe(files: list[pd.DataFrame], result: ReplayResult) -> list[pd
                 newest
             )
             storage = frame["weights"].astype(str).map(lambda w: "" if w == "dtype" else f" {w} weights")
-            reasons = [MOE_VLLM_RELEASE_REASON.format(d + w, b) for d, w, b in zip(frame["dtype"], storage, best)]
+            reasons = [
+                MOE_VLLM_RELEASE_REASON.format(f"{d}{w} {i}", b)
+                for d, w, i, b in zip(frame["dtype"], storage, frame["impl"], best)
+            ]
             frame = _skip_by(frame, best != version, pd.Series(reasons, index=frame.index), result)
         if not frame.empty:
             out.append(frame)

@@ -50,10 +50,12 @@ entry records which devices measured which implementation (``impl_devices``: imp
 device names), the bounds of a kernel take as training devices only those with data of its
 implementation: a device that measured another implementation only answers by extrapolation for
 this one (flagged out of range), is held to the ones that measured it, and is no reference for others.
-The fused MoE layer's kernel families (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's, vLLM's) are predictor groups
-of their own (``moe-fwd-half``, ``moe-fwd-half_vllm``; :data:`opcast.train.features.FAMILY_GROUPS`): a set speaks
-for a family where it has its group, and a set fitted without vLLM's moe rows leaves vLLM's layers to their grouped
-GEMMs (:func:`opcast.predict.cost.decompose`).
+The fused MoE layer's kernel families (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's, vLLM's, Marlin's) are predictor
+groups of their own (``moe-fwd-half``, ``moe-fwd-half_vllm``, ``moe-fwd-half_marlin``;
+:data:`opcast.train.features.FAMILY_GROUPS`): a set speaks for a family where it has its group; a set without a
+family's group prices those layers as the default family's (TensorRT-LLM's fused MoE, the nearest measured kernel of
+the same layer), with a note, and a set with neither leaves them to their grouped GEMMs
+(:func:`opcast.predict.cost.decompose`).
 Attention's published-only implementations (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`: ``flash1``)
 are spoken for only where ``impl_devices`` records devices that measured them (no model set does
 today), so FlashAttention-1-generation kernels fall to :mod:`~opcast.predict.cost.published`.
@@ -446,12 +448,34 @@ class LearnedKernelCost:
         """(group, impl) -> (speaks for it, a predictor fitted before impl was recorded)."""
         self._weights: dict[tuple[str, str], bool] = {}
         """(group, weight storage) -> whether its predictor was fitted on that storage (:meth:`_speaks_for_weights`)."""
+        self._families: dict[tuple[str, str, str, str], bool] = {}
+        """(kind, dtype, direction, family) -> whether the set has that family's group (:meth:`_family_of`)."""
         self._shape_why: dict[tuple[str, Kernel], str | None] = {}
         """(group, kernel) -> why its shape is outside the predictor's fitted feature ranges, or None."""
 
+    def _family_of(self, k: Kernel) -> str | None:
+        """``k``'s kernel family as this set prices it (:func:`_family`): its own where the set has the family's
+        group, else None, the kind's default family (TensorRT-LLM's fused MoE for a vLLM or Marlin layer the set has
+        no rows of: the nearest measured kernel of the same layer, which is what the set answered before it knew
+        families), with a note saying so. Memoised per (kind, dtype, direction, family)."""
+        family = _family(k)
+        if family is None:
+            return None
+        memo = (k.kind, k.dtype, k.direction, family)
+        got = self._families.get(memo)
+        if got is None:
+            got = self._families[memo] = bool(self.model_set.covers(*memo))
+            if not got:
+                default = get_op(k.kind).defaults.get("impl")
+                self.range.notes.append(
+                    f"{k.kind} {k.dtype} {k.direction}: the learned model has no data of the {family} kernel family; "
+                    f"those layers are priced as the {default} family"
+                )
+        return family if got else None
+
     def group_of(self, k: Kernel) -> str:
         """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
-        impl = _family(k)
+        impl = self._family_of(k)
         memo = (k.kind, k.direction, k.dtype, k.tensor_cores, impl)
         key = self._groups.get(memo)
         if key is None:
@@ -502,7 +526,7 @@ class LearnedKernelCost:
         return len(keys)
 
     def covers(self, k: Kernel) -> bool:
-        key = (k.kind, k.dtype, k.direction, _family(k))
+        key = (k.kind, k.dtype, k.direction, self._family_of(k))
         hit = self._covers.get(key)
         if hit is None:  # a family other than the kind's first is its own group (model sets take it as a 4th argument)
             hit = self._covers[key] = bool(self.model_set.covers(*(key[:3] if key[3] is None else key)))

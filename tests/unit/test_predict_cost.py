@@ -415,21 +415,39 @@ class _FakeFamilyMoe(_FakeMoe):
 
 @pytest.mark.parametrize("vllm", [False, True])
 def test_a_moe_kernel_family_is_learned_only_by_its_own_group(vllm):
-    """vLLM's fused MoE (``impl`` vllm) is learned only by a set with its group (``moe-fwd-half_vllm``); a set fitted
-    without vLLM's rows prices it as its grouped GEMMs, as a layer no moe model covers. TensorRT-LLM's (the default)
-    stays learned by the plain group either way."""
-    from opcast.predict.cost import decompose
-
+    """vLLM's fused MoE (``impl`` vllm) is learned by its own group (``moe-fwd-half_vllm``) where the set has it; a
+    set fitted without vLLM's rows prices it as TensorRT-LLM's layer (the default family's group) and says so in its
+    notes. TensorRT-LLM's stays learned by the plain group either way."""
     trtllm, vllm_moe = kernel("moe", MOE, "bf16"), kernel("moe", {**MOE, "impl": "vllm"}, "bf16")
     assert trtllm.param_dict["impl"] == "trtllm" and trtllm.flops() == vllm_moe.flops()
     learned = LearnedKernelCost(_FakeFamilyMoe(vllm), "fake")
-    assert (learned.group_of(trtllm), learned.group_of(vllm_moe)) == ("moe-fwd-half", "moe-fwd-half_vllm")
+    own = "moe-fwd-half_vllm" if vllm else "moe-fwd-half"
+    assert (learned.group_of(trtllm), learned.group_of(vllm_moe)) == ("moe-fwd-half", own)
     model = KernelCostModel(sources=(learned, RooflineKernelCost()))
     assert model.time_s(trtllm, H100) == (pytest.approx(2e-3), LEARNED)
-    t, label = model.time_s(vllm_moe, H100)
-    if vllm:
-        assert (t, label) == (pytest.approx(2e-3), LEARNED)
-    else:
-        parts = decompose(vllm_moe)
-        rest = sum(RooflineKernelCost().predict_s([p], H100)[0] for p, _ in parts if p.kind != "gemm")
-        assert t == pytest.approx(2 * 1e-3 + rest) and label != LEARNED
+    assert model.time_s(vllm_moe, H100) == (pytest.approx(2e-3), LEARNED)
+    noted = [n for n in learned.range.notes if "no data of the vllm kernel family" in n]
+    assert len(noted) == (0 if vllm else 1)
+    assert noted == [] or noted[0] == (
+        "moe bf16 fwd: the learned model has no data of the vllm kernel family; those layers are priced as the "
+        "trtllm family"
+    )
+
+
+def test_a_moe_layer_no_family_covers_is_its_grouped_gemms():
+    """A set with no moe group at all (neither the family's nor the default's) leaves the layer to its parts."""
+    from opcast.predict.cost import decompose
+
+    marlin = kernel("moe", {**MOE, "impl": "marlin"}, "bf16")
+    model = KernelCostModel(sources=(LearnedKernelCost(_FakeNoMoe(), "fake"), RooflineKernelCost()))
+    t, label = model.time_s(marlin, H100)
+    parts = decompose(marlin)
+    rest = sum(RooflineKernelCost().predict_s([p], H100)[0] for p, _ in parts if p.kind != "gemm")
+    assert t == pytest.approx(2 * 1e-3 + rest) and label != LEARNED
+
+
+class _FakeNoMoe(_FakeMoe):
+    """:class:`_FakeMoe` without any moe group (GEMMs only)."""
+
+    def covers(self, op, dtype, direction, impl=None):
+        return op != "moe" and super().covers(op, dtype, direction)

@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -196,29 +197,32 @@ def test_moe_rows_are_one_ranks_fused_layer_balanced_and_newest_first(source, re
 
 def test_vllm_moe_rows_are_their_own_family_from_one_release_per_dtype(source, replayed):
     """vLLM's moe rows replay as ``impl`` vllm beside TensorRT-LLM's (the key holds impl, so neither replaces the
-    other), each (system, dtype, weights) from the newest vLLM release that measured it: 0.24.0's bf16 and MXFP4
-    rows, 0.19.0's fp8 (0.24.0 measured none); 0.19.0's other rows are counted, not filled in."""
+    other), those of a Marlin kernel source as ``impl`` marlin, each (system, family, dtype, weights) from the newest
+    vLLM release that measured it: 0.24.0's bf16 and MXFP4 rows, 0.19.0's fp8 (0.24.0 measured none); 0.19.0's
+    other rows are counted, not filled in."""
     result, rows = replayed
     v = source[(source.table == "moe_perf") & (source.pfw == "vllm") & (source.distribution == "balanced")]
     v = v[v.moe_dtype.isin(["bfloat16", "fp8", "w4a16_mxfp4"])]
-    newest = v.groupby("moe_dtype").pver.transform(lambda s: max(s, key=aic.version_key))
+    v = v.assign(family=np.where(v.kernel_source.astype(str).str.contains("marlin"), "marlin", "vllm"))
+    newest = v.groupby(["family", "moe_dtype"]).pver.transform(lambda s: max(s, key=aic.version_key))
     kept, old = v[v.pver == newest], v[v.pver != newest]
-    got = rows[(rows.op == "moe") & (rows.impl == "vllm")]
+    got = rows[(rows.op == "moe") & rows.impl.isin(["vllm", "marlin"])]
     assert len(got) == len(kept) == 7
+    assert (got.impl == "marlin").sum() == (kept.family == "marlin").sum() == 1
     dtype = kept.moe_dtype.map({"bfloat16": "bf16", "fp8": "fp8", "w4a16_mxfp4": "bf16"})
     weights = kept.moe_dtype.map(lambda d: "mxfp4" if d == "w4a16_mxfp4" else "dtype")
-    expected = sorted(zip(kept.num_tokens, dtype, weights, kept.latency / 1e3))
-    measured = sorted(zip(got.tokens, got.dtype, got.weights, got.time_s_median))
-    assert [m[:3] for m in measured] == [e[:3] for e in expected]
-    assert [m[3] for m in measured] == pytest.approx([e[3] for e in expected])
+    expected = sorted(zip(kept.family, kept.num_tokens, dtype, weights, kept.latency / 1e3))
+    measured = sorted(zip(got.impl, got.tokens, got.dtype, got.weights, got.time_s_median))
+    assert [m[:4] for m in measured] == [e[:4] for e in expected]
+    assert [m[4] for m in measured] == pytest.approx([e[4] for e in expected])
     assert set(got.source_file.str.split("/").str[3]) == {"0.24.0", "0.19.0"}
     assert (got[got.dtype == "fp8"].source_file.str.contains("0.19.0")).all()
     assert got.kernel_name.str.startswith("vllm ").all() and got.gated.all() and (got.fn == "silu").all()
     s = result.skipped
     older = {k: c for k, c in s.items() if k.startswith("moe (vllm) ")}
     assert sum(older.values()) == len(old) == 4
-    assert older[aic.MOE_VLLM_RELEASE_REASON.format("bf16", "0.24.0")] == 3
-    assert older[aic.MOE_VLLM_RELEASE_REASON.format("bf16 mxfp4 weights", "0.24.0")] == 1
+    assert older[aic.MOE_VLLM_RELEASE_REASON.format("bf16 vllm", "0.24.0")] == 3
+    assert older[aic.MOE_VLLM_RELEASE_REASON.format("bf16 mxfp4 weights vllm", "0.24.0")] == 1
     # the TensorRT-LLM rows of the same shapes stay (their own impl)
     both = rows[(rows.op == "moe") & (rows.tokens == 8) & (rows.dtype == "bf16") & (rows.weights == "dtype")]
     assert set(both.impl) == {"trtllm", "vllm"}
