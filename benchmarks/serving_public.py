@@ -67,6 +67,7 @@ import argparse
 import csv
 import dataclasses
 import math
+import re
 import statistics
 import sys
 import time
@@ -146,6 +147,9 @@ class Published:
     token_totals: bool = False
     """The row gives its printed token totals: its means come from them, and its throughput is compared."""
     engine_overrides: dict[str, int] = dataclasses.field(default_factory=dict)
+    engine_version: str | None = None
+    """The engine's release the csv's ``engine_version`` names ("vLLM v0.10.2 ..." -> ``0.10.2``), which picks
+    its kernels where they depend on it (``InferConfig.engine_version``)."""
     """Engine settings the run had (``max_num_seqs``, ``max_num_batched_tokens``) where the row gives them."""
 
 
@@ -190,7 +194,14 @@ def published(row: dict[str, str]) -> Published:
         lengths=lengths,
         token_totals=totals,
         engine_overrides={c: _count(row, c) for c in ENGINE_COLUMNS if (row.get(c) or "").strip()},
+        engine_version=_release(row),
     )
+
+
+def _release(row: dict[str, str]) -> str | None:
+    """The release in the csv's ``engine_version`` text ("vLLM v0.10.2 (server ...)" -> ``0.10.2``), or None."""
+    found = re.search(r"\bv?(\d+\.\d+(?:\.\d+)?)\b", row.get("engine_version") or "")
+    return found.group(1) if found else None
 
 
 def _count(row: dict[str, str], column: str) -> int:
@@ -256,7 +267,7 @@ def engine_for(run: Published, device) -> EngineConfig:
 
 def predict_run(run: Published, *, seeds: int, kernels, cold: bool = False) -> Predicted:
     arch, dev = load_arch(run.arch), get_device(run.gpu)
-    cfg, engine = InferConfig(tp=run.tp, pp=run.pp), engine_for(run, dev)
+    cfg, engine = InferConfig(tp=run.tp, pp=run.pp, engine_version=run.engine_version), engine_for(run, dev)
     ms: dict[tuple[str, str], list[float]] = {key: [] for key in run.measured_ms}
     rps, tps, ins, outs = [], [], [], []
     for seed in range(seeds if run.lengths != "fixed" or not math.isinf(run.rate_per_s) else 1):

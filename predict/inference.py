@@ -71,13 +71,15 @@ class InferResult:
         return self.memory is not None and self.memory.total_bytes <= self.device.mem_bytes
 
 
-def infer_precision(cfg: InferConfig) -> Dtypes:
-    """The kernels' dtypes of an inference run in ``cfg.precision``, its MoE blocks' fused kernel the family of
-    ``cfg.engine`` (:func:`opcast.predict.serve.engine.moe_impl`: vLLM's own under ``--engine vllm``, else
-    TensorRT-LLM's). Every priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables)
-    and the report read the kernels through it."""
+def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
+    """The kernels' dtypes of an inference run of ``arch`` on ``device`` in ``cfg.precision``, its MoE blocks' fused
+    kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
+    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's). Every
+    priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables) and the report read the
+    kernels through it."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
-    return replace(prec, impls=(*prec.impls, ("moe", moe_impl(cfg.engine))))
+    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version)
+    return replace(prec, impls=(*prec.impls, ("moe", impl)))
 
 
 def _forward_s(
@@ -233,7 +235,7 @@ def predict_infer(
         from opcast.predict.comm_learned import collective_cost_for
 
         comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
-    prec = infer_precision(cfg)
+    prec = infer_precision(cfg, arch, device)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
     ep_group = place(cfg.ep, 1, cluster.gpus_per_node)
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
@@ -385,7 +387,7 @@ def forward_time_s(
     through every stage (compute, TP collectives, stage-to-stage sends), priced exactly as
     :func:`predict_infer` prices its prefill (``seq_q = seq_kv = prompt``) and a decode step
     (``seq_q = 1``). The serving simulator (:mod:`opcast.predict.serve`) prices its steps with it."""
-    prec = infer_precision(cfg)
+    prec = infer_precision(cfg, arch, device)
     compute, tp_comm = _forward_s(
         arch,
         cfg,

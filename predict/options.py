@@ -338,6 +338,11 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "batch": ("Sequences decoded together.", None),
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),
+    "engine_version": (
+        "The --engine's release, e.g. 0.11.0, where its kernels depend on it (vLLM before 0.12 runs MXFP4 MoE "
+        "experts on Hopper with Marlin, later ones with OpenAI Triton's matmul_ogs).",
+        "the newest",
+    ),
 }
 _SWITCHES = {
     "tensor_cores",
@@ -376,8 +381,19 @@ def _tp_overlap_cfg_problem(text: str) -> str | None:
     return config_problem(text)
 
 
+def _engine_version_problem(text: str) -> str | None:
+    from opcast.predict.serve.engine import parse_engine_version
+
+    try:
+        parse_engine_version(text)
+    except OpcastError as e:
+        return str(e)
+    return None
+
+
 _TEXT_FIELDS: dict[str, Callable[[Any], str | None] | None] = {
     "pp_layers": _pp_layers_problem,
+    "engine_version": _engine_version_problem,
     "tp_comm_overlap_cfg": _tp_overlap_cfg_problem,
 }
 """Configuration fields given as text on the command line (parsed by :func:`train_config`), with their check."""
@@ -634,7 +650,9 @@ def _disaggregate_rule(o: Args) -> str | None:
 RULES += (Rule(("disaggregate", "replicas"), _disaggregate_rule),)
 
 _ENGINE_DEFAULT = "the --engine's default (vLLM: by GPU memory, as vLLM's EngineArgs)"
-SERVE_PARALLEL = tuple(_option(INFER, n) for n in ("tp", "pp", "ep", "precision", "attention", "tensor_cores"))
+SERVE_PARALLEL = tuple(
+    _option(INFER, n) for n in ("tp", "pp", "ep", "precision", "attention", "tensor_cores", "engine_version")
+)
 """A replica's layout and numerics: the options of ``predict infer`` that apply to serving."""
 SERVE = (
     Opt(

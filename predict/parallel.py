@@ -226,6 +226,9 @@ class InferConfig:
     """Serving framework whose per-step overhead (scheduling, input preparation, sampling) each prefill
     and decode step pays on top of its forward; none: the forward alone. It also picks the MoE blocks' fused
     kernel family (:func:`opcast.predict.serve.engine.moe_impl`: vLLM's own under vllm, else TensorRT-LLM's)."""
+    engine_version: str | None = None
+    """The engine's release (``0.11.0``) where its kernels depend on it: vLLM before 0.12 runs MXFP4 experts on
+    Hopper with Marlin (:func:`opcast.predict.serve.engine.vllm_runs_marlin`); None: the newest."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

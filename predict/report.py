@@ -176,7 +176,7 @@ def infer_kernel(r: InferResult, line: dict[str, Any]) -> Kernel:
     """The kernel of one of an inference result's op lines."""
     from opcast.predict.inference import infer_precision
 
-    return infer_precision(r.config).of(line["kind"], line["params"], line["direction"])
+    return infer_precision(r.config, r.arch, r.device).of(line["kind"], line["params"], line["direction"])
 
 
 def decode_gemms(r: InferResult, kernels: KernelCostModel | None = None) -> list[dict[str, Any]]:

@@ -46,16 +46,18 @@ priced as NCCL's. A run without a serving engine (``engine`` none) and training 
 **Fused MoE kernels** (:func:`moe_impl`): vLLM runs its own ``FusedMoE`` layer (Triton ``fused_moe``, OpenAI
 Triton ``matmul_ogs`` or Marlin for MXFP4, FlashInfer on Blackwell, as
 ``vllm/model_executor/layers/fused_moe`` selects per GPU and dtype), so its MoE blocks are priced as the ``moe``
-kind's ``vllm`` family (AIConfigurator's ``moe/vllm`` rows); every other engine, and a run without one, as
-TensorRT-LLM's (the registry default). SGLang's MoE kernels have no family of their own yet (no model has its
-rows): they are priced as TensorRT-LLM's, as before.
+kind's ``vllm`` family (AIConfigurator's ``moe/vllm`` rows), or ``marlin`` where vLLM runs Marlin's W4A16 MoE for
+MXFP4 experts (:func:`vllm_runs_marlin`); every other engine, and a run without one, as TensorRT-LLM's (the
+registry default). SGLang's MoE kernels have no family of their own yet (no model has its rows): they are priced as
+TensorRT-LLM's, as before. A model set without a family's rows prices it as TensorRT-LLM's
+(:mod:`opcast.predict.cost.learned`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Final, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
@@ -117,11 +119,42 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
 MOE_IMPLS: dict[str, str] = {"vllm": "vllm"}
 """Engine -> the fused MoE kernel family (:data:`opcast.ops.MOE_IMPLS`) its MoE layers run; any other engine
 (trtllm, sglang, none) runs the registry default, TensorRT-LLM's (module docstring)."""
+VLLM_HOPPER_TRITON_MXFP4: Final = (0, 12)
+"""The first vLLM release whose wheels carry OpenAI's ``triton_kernels`` (vendored into ``vllm/third_party`` at build
+time by vllm-project/vllm#28788, 2025-11-15), without which ``get_mxfp4_backend`` runs MXFP4 experts on Hopper with
+Marlin: 0.10.x and 0.11.x (their wheels lack the package; vLLM's own warning, "Weight-only FP4 compression will be
+used leveraging the Marlin kernel", vllm-project/vllm#23278, and the discussion of #27523, 2025-10)."""
 
 
-def moe_impl(engine: str) -> str:
-    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`MOE_IMPLS`, else ``trtllm``)."""
-    return MOE_IMPLS.get(engine, "trtllm")
+def parse_engine_version(text: str) -> tuple[int, ...]:
+    """``--engine-version 0.11.0`` (or ``v0.11.0``, ``0.12``) as a tuple of ints; a one-line error otherwise."""
+    parts = text.strip().removeprefix("v").split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise OpcastError(f"--engine-version {text!r}: give the engine's release as MAJOR.MINOR[.PATCH], e.g. 0.11.0")
+    return tuple(int(p) for p in parts)
+
+
+def vllm_runs_marlin(device: DeviceSpec, version: str | None) -> bool:
+    """Whether vLLM (``version``; None: the newest) runs MXFP4 experts with Marlin's W4A16 MoE on ``device``
+    (``vllm/model_executor/layers/quantization/mxfp4.py`` ``get_mxfp4_backend``): on every ``mma.sync`` GPU
+    (Ampere, Ada, sm_120: AIConfigurator's vLLM 0.24.0 rows of gpt-oss on L40S and RTX PRO 6000 are Marlin's), and
+    on Hopper before :data:`VLLM_HOPPER_TRITON_MXFP4` (then OpenAI Triton's ``matmul_ogs``, the ``vllm`` family);
+    datacenter Blackwell runs FlashInfer's TRT-LLM-gen MXFP4 kernels, AMD its own."""
+    family = device.mma_family
+    if family == "mma.sync":
+        return True
+    return family == "wgmma" and version is not None and parse_engine_version(version) < VLLM_HOPPER_TRITON_MXFP4
+
+
+def moe_impl(
+    engine: str, device: DeviceSpec | None = None, expert_weights: str | None = None, version: str | None = None
+) -> str:
+    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`MOE_IMPLS`, else ``trtllm``): under vLLM, ``marlin``
+    for MXFP4 experts where it runs Marlin on ``device`` (:func:`vllm_runs_marlin`), else its own family."""
+    impl = MOE_IMPLS.get(engine, "trtllm")
+    if impl == "vllm" and expert_weights == "mxfp4" and device is not None and vllm_runs_marlin(device, version):
+        return "marlin"
+    return impl
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

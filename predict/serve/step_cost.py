@@ -143,7 +143,7 @@ class PricedStepCost:
 
             comms = collective_cost_for(kernels)  # the collectives predict_infer uses by default
         self.layers = arch.n_layers
-        prec = infer_precision(cfg)
+        prec = infer_precision(cfg, arch, device)
         self.tokens = grid(max_tokens + max_seqs)
         self.q = grid(max_tokens)
         self.kv = grid(max_len)

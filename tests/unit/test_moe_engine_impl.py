@@ -1,6 +1,6 @@
 """The serving engine picks the fused MoE layer's kernel family (``opcast.predict.serve.engine.moe_impl``): vLLM's
-own kernels under ``engine`` vllm, TensorRT-LLM's under any other engine or none, in ``predict infer`` and in the
-serving simulator's step tables alike."""
+own kernels under ``engine`` vllm (Marlin's for MXFP4 experts where vLLM runs Marlin), TensorRT-LLM's under any other
+engine or none, in ``predict infer`` and in the serving simulator's step tables alike."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from opcast.archs import load_arch
+from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.predict.cost import roofline_only
 from opcast.predict.inference import infer_precision, predict_infer
@@ -25,6 +26,42 @@ def test_every_engine_has_a_moe_kernel_family():
     assert {e: moe_impl(e) for e in ("none", *ENGINES)} == EXPECTED
 
 
+@pytest.mark.parametrize(
+    ("gpu", "version", "weights", "impl"),
+    [
+        ("A100-SXM4-80GB", None, "mxfp4", "marlin"),  # mma.sync: Marlin in every release
+        ("L40S", "0.24.0", "mxfp4", "marlin"),
+        ("RTX-PRO-6000", None, "mxfp4", "marlin"),  # sm_120 is an mma.sync part
+        ("H100-SXM", "0.10.2", "mxfp4", "marlin"),  # Hopper before triton_kernels shipped
+        ("H100-SXM", "v0.11.0", "mxfp4", "marlin"),
+        ("H100-SXM", "0.12", "mxfp4", "vllm"),  # OpenAI Triton's matmul_ogs
+        ("H100-SXM", None, "mxfp4", "vllm"),  # the newest
+        ("B200", "0.10.2", "mxfp4", "vllm"),  # FlashInfer's TRT-LLM-gen MXFP4 kernels
+        ("A100-SXM4-80GB", "0.10.2", None, "vllm"),  # bf16 experts: Triton fused_moe
+        ("MI300X", "0.10.2", "mxfp4", "vllm"),
+    ],
+)
+def test_vllm_runs_marlin_for_mxfp4_experts_where_it_has_no_faster_kernel(gpu, version, weights, impl):
+    assert moe_impl("vllm", get_device(gpu), weights, version) == impl
+    assert moe_impl("trtllm", get_device(gpu), weights, version) == "trtllm"
+
+
+@pytest.mark.parametrize("bad", ["0.x", "", "1.2.3.4", "latest"])
+def test_a_bad_engine_version_is_one_line(bad):
+    with pytest.raises(OpcastError, match=r"--engine-version .*MAJOR\.MINOR"):
+        moe_impl("vllm", H100, "mxfp4", bad)
+
+
+def test_predict_infer_prices_gpt_oss_with_marlin_on_hopper_before_0_12():
+    """gpt-oss's MXFP4 experts under vLLM 0.11.0 on an H100 are Marlin's layers, under the newest vLLM's own."""
+    old, new = (
+        predict_infer(OSS, H100, InferConfig(batch=2, prompt_len=64, gen_len=4, engine="vllm", engine_version=v))
+        for v in ("0.11.0", None)
+    )
+    assert {line["params"]["impl"] for line in old.ops if line["kind"] == "moe"} == {"marlin"}
+    assert {line["params"]["impl"] for line in new.ops if line["kind"] == "moe"} == {"vllm"}
+
+
 @pytest.mark.parametrize("engine", sorted(EXPECTED))
 def test_an_inference_runs_its_engines_moe_kernels(engine):
     """Every moe op line of ``predict infer`` (prefill and decode) names the engine's family; other kinds keep
@@ -34,7 +71,7 @@ def test_an_inference_runs_its_engines_moe_kernels(engine):
     moe = [line for line in result.ops if line["kind"] == "moe"]
     assert moe and {line["params"]["impl"] for line in moe} == {EXPECTED[engine]}
     assert all("impl" not in line["params"] for line in result.ops if line["kind"] == "gemm")
-    prec = infer_precision(cfg)
+    prec = infer_precision(cfg, OSS, H100)
     given = prec.of("moe", {**moe[0]["params"], "impl": "trtllm"})
     assert given.param_dict["impl"] == "trtllm"
 
