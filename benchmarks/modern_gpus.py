@@ -168,8 +168,14 @@ def replay_aiconfigurator(
         keep[~(scored | moe | vllm_moe)] = True
         rows = [r for r, k in zip(rows, keep) if k]
     if moe_impls is not None:
-        rows = [r for r in rows if r.get("op") != "moe" or r.get("impl", "trtllm") in moe_impls]
+        rows = keep_moe_impls(rows, moe_impls)
     return write_parquet(rows, Path(out) / "aiconfigurator.parquet")
+
+
+def keep_moe_impls(rows: list[dict], impls: tuple[str, ...]) -> list[dict]:
+    """``rows`` less the fused MoE rows of kernel families not in ``impls`` (a row without ``impl`` is
+    TensorRT-LLM's, the registry default)."""
+    return [r for r in rows if r.get("op") != "moe" or (r.get("impl") or "trtllm") in impls]
 
 
 def _have_package() -> bool:

@@ -1,7 +1,7 @@
 """Whole MoE layers: opcast's price of a block's routed experts against AIConfigurator's measured rows (issue 17).
 
     python benchmarks/moe_kernels.py [--data FILE] [--systems H100-SXM,H200,B200] [--models DIR]
-        [--impls trtllm,vllm] [--cap-rows 2000] [--cap-vllm-rows N] [--seed 0] [--no-logo] [--json FILE]
+        [--impls trtllm,vllm,marlin] [--cap-rows 2000] [--cap-vllm-rows N] [--seed 0] [--no-logo] [--json FILE]
 
 AIConfigurator's ``moe/trtllm/<version>/moe_perf.parquet`` rows each time one forward of TensorRT-LLM's
 fused MoE module on one rank of ``moe_tp_size x moe_ep_size`` (ai-dynamo/aiconfigurator
@@ -16,7 +16,10 @@ replay written by ``python benchmarks/modern_gpus.py --replay-to DIR``; default:
 
 vLLM's ``moe/vllm/<version>/moe_perf.parquet`` rows time vLLM's own ``FusedMoE`` layer the same way
 (collector/vllm/collect_moe.py), with the kernel vLLM dispatches to on that GPU and dtype; they replay as the
-``moe`` kind's ``impl`` vllm (one vLLM release per system and dtype, 0.24.0), TensorRT-LLM's as ``impl`` trtllm.
+``moe`` kind's ``impl`` vllm (one vLLM release per system and dtype, 0.24.0), TensorRT-LLM's as ``impl`` trtllm,
+and the rows of vLLM's Marlin W4A16 MoE (a ``marlin`` kernel source: gpt-oss's MXFP4 experts on L40S and RTX PRO
+6000, compressed-tensors MXFP4 on H100, H200 and B200) as ``impl`` marlin (score them with ``--impls marlin
+--systems L40S,RTX-PRO-6000,H100-SXM,H200,B200``).
 
 Scored: the bf16 and fp8 rows of ``--systems`` and ``--impls`` (bf16 with the experts' weights in bf16, or W4A16
 MXFP4: ``weights`` mxfp4, gpt-oss's checkpoint format) (TensorRT-LLM: every release's newest measurement of a
@@ -31,6 +34,12 @@ configuration, 1.3.0rc20, and rc23 where it re-measured), two prices of each:
   each family its own predictor group as the refit fits them (``--cap-vllm-rows`` for vLLM's labels; default
   ``--cap-rows``; leave-one-GPU-out; the default refit's caps are ``AIC_MOE_ROWS`` and ``AIC_VLLM_MOE_ROWS`` of
   ``benchmarks/train_default_models.sh``).
+
+- ``as trtllm``, for vLLM's and Marlin's rows: the layer priced as TensorRT-LLM's fused MoE by ``--models`` (what a
+  set without the family's group answers, and what opcast priced them as before it knew families).
+
+Each fold fits the scored families' groups only (a family's group sees its own rows alone, so the others' would not
+change it).
 
 Per kernel family, system, dtype, weights, gating and num_tokens band (:data:`BANDS`): MAPE and the signed median
 error (median of prediction / measurement - 1); then each family, dtype and weights pooled over the systems.
@@ -51,7 +60,7 @@ BANDS = ((1, 16), (17, 256), (257, 4096), (4097, 1 << 40))
 """num_tokens bands (inclusive): decode batches, small and large prefill chunks, whole prompts."""
 SYSTEMS = ("H100-SXM", "H200", "B200")
 DTYPES = ("bf16", "fp8")
-IMPLS = ("trtllm", "vllm")
+IMPLS = ("trtllm", "vllm", "marlin")
 PARAMS = ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights", "impl")
 
 
@@ -90,6 +99,22 @@ def grouped_s(rows: pd.DataFrame, models: str | None) -> np.ndarray:
         params = sub[list(PARAMS)].to_dict("records")
         kernels = [kernel("moe", p, d) for p, d in zip(params, sub["dtype"])]
         out[idx] = cost.parts_time_s(kernels, get_device(str(dev)))
+    return out
+
+
+def as_trtllm_s(rows: pd.DataFrame, models: str | None) -> np.ndarray:
+    """Each row's ``moe`` kernel priced as TensorRT-LLM's fused MoE (``impl`` trtllm) through ``models``."""
+    from opcast.hardware import get_device
+    from opcast.predict.cost import kernel, load_kernel_cost
+
+    cost = load_kernel_cost(models)
+    out = np.full(len(rows), np.nan)
+    for dev, idx in rows.groupby("device").indices.items():
+        sub = rows.iloc[idx]
+        device = get_device(str(dev))
+        params = sub[list(PARAMS)].to_dict("records")
+        kernels = [kernel("moe", {**p, "impl": "trtllm"}, d) for p, d in zip(params, sub["dtype"])]
+        out[idx] = [cost.time_s(k, device)[0] for k in kernels]
     return out
 
 
@@ -184,8 +209,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     test = test.assign(grouped_s=grouped_s(test, args.models))
     cols = {"grouped": "grouped_s"}
+    if set(impls) - {"trtllm"}:
+        test = test.assign(as_trtllm_s=as_trtllm_s(test, args.models))
+        cols["as trtllm"] = "as_trtllm_s"
     if not args.no_logo:
-        test = test.assign(learned_s=learned_logo_s(pool, test, args.cap_rows, args.seed, args.cap_vllm_rows))
+        fit_pool = pool[pool["impl"].isin(impls)]
+        test = test.assign(learned_s=learned_logo_s(fit_pool, test, args.cap_rows, args.seed, args.cap_vllm_rows))
         cols["learned"] = "learned_s"
     table = score(test, cols)
     with pd.option_context("display.width", 250, "display.max_rows", 500, "display.max_columns", 30):

@@ -188,24 +188,44 @@ def test_weight_only_moe_rows_are_their_own_label():
 
 
 def test_vllms_moe_rows_are_their_own_labels_capped_apart():
-    """vLLM's fused MoE rows (``impl`` vllm) are labels of their own (``moe bf16 vllm``, ``moe bf16 mxfp4 vllm``),
-    capped by their own cap: TensorRT-LLM's rows (impl trtllm, or none in a dataset written before it) keep theirs."""
+    """vLLM's fused MoE rows (``impl`` vllm or marlin) are labels of their own (``moe bf16 mxfp4 vllm``,
+    ``moe bf16 marlin``), capped by their own cap: TensorRT-LLM's rows (impl trtllm, or none in a dataset written
+    before it) keep theirs."""
     frame = pd.DataFrame(
         {
             "op": ["moe"] * 5 + ["gemm"],
             "dtype": ["bf16"] * 6,
             "weights": ["mxfp4", "dtype", "mxfp4", "dtype", None, None],
-            "impl": ["vllm", "vllm", "trtllm", "trtllm", None, None],
+            "impl": ["vllm", "marlin", "trtllm", "trtllm", None, None],
             "source_file": ["m"] * 6,
             "device": ["H100-SXM"] * 6,
             "point_id": [str(i) for i in range(6)],
         }
     )
     labels = mg.labels(frame).tolist()
-    assert labels == ["moe bf16 mxfp4 vllm", "moe bf16 vllm", "moe bf16 mxfp4", "moe bf16", "moe bf16", "gemm bf16"]
+    assert labels == ["moe bf16 mxfp4 vllm", "moe bf16 marlin", "moe bf16 mxfp4", "moe bf16", "moe bf16", "gemm bf16"]
     assert set(labels[:2]) <= set(mg.VLLM_CAPPED) and not set(labels[2:]) & set(mg.VLLM_CAPPED)
     many = pd.concat([frame.iloc[[1]].assign(point_id=str(i)) for i in range(10)], ignore_index=True)
     assert len(mg.cap(many.assign(label=mg.labels(many)), 3, 0)) == 3
+
+
+def test_the_refit_keeps_the_named_moe_families_only():
+    rows = [
+        {"op": "moe", "impl": "trtllm"},
+        {"op": "moe", "impl": "vllm"},
+        {"op": "moe", "impl": "marlin"},
+        {"op": "moe"},
+        {"op": "gemm"},
+    ]
+    assert mg.keep_moe_impls(rows, ("trtllm", "marlin")) == [rows[0], rows[2], rows[3], rows[4]]
+
+
+def test_an_unknown_moe_family_is_refused(tmp_path):
+    proc = _run("--replay-to", str(tmp_path / "out"), "--moe-impls", "trtllm,marlinn")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "unknown --moe-impls marlinn" in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_zero_cap_is_refused_not_read_as_no_cap(tmp_path):
