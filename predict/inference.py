@@ -71,15 +71,23 @@ class InferResult:
         return self.memory is not None and self.memory.total_bytes <= self.device.mem_bytes
 
 
+ENGINE_KERNELS: tuple[tuple[str, str], ...] = (("rope", "fused"),)
+"""(kind, ``impl``) every serving engine runs as one kernel where the registry default is Hugging Face's torch ops:
+rotary embeddings, applied to the queries and keys in one launch (vLLM ``RotaryEmbedding.forward_cuda``,
+``_custom_ops.rotary_embedding``, or its torch.compile'd native form; SGLang's ``sgl_kernel`` rope; TensorRT-LLM
+inside its attention's QKV preprocessing), not ``apply_rotary_pos_emb``'s chain of eager kernels."""
+
+
 def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
     """The kernels' dtypes of an inference run of ``arch`` on ``device`` in ``cfg.precision``, its MoE blocks' fused
     kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
-    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's). Every
+    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's), and
+    under any engine its single-kernel rotary embedding (:data:`ENGINE_KERNELS`). Every
     priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables) and the report read the
     kernels through it."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version)
-    return replace(prec, impls=(*prec.impls, ("moe", impl)))
+    return replace(prec, impls=(*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ())))
 
 
 def _forward_s(

@@ -202,7 +202,8 @@ def test_inference_uses_the_custom_law_under_vllm_and_nccl_without_an_engine():
     assert any(k.startswith(f"{pc.CUSTOM_ALL_REDUCE}: learned/dgx-a100/custom") for k in calls)
     assert not any(k.startswith(pc.CUSTOM_ALL_REDUCE) for k in none.cost_sources["tp_all_reduce"]["decode_step_calls"])
     assert vllm.breakdown_s["decode_step"]["tp_comm"] < none.breakdown_s["decode_step"]["tp_comm"]
-    assert vllm.breakdown_s["decode_step"]["compute"] == none.breakdown_s["decode_step"]["compute"]
+    # the engine's compute differs only by its one-kernel rope (opcast.predict.inference.ENGINE_KERNELS)
+    assert vllm.breakdown_s["decode_step"]["compute"] < none.breakdown_s["decode_step"]["compute"]
     assert "custom_all_reduce.py" in vllm.cost_sources["tp_all_reduce"]["rule"]
 
 

@@ -98,3 +98,12 @@ def test_the_serving_step_tables_price_the_engines_moe_kernels(engine):
     PricedStepCost(OSS, H100, cfg, gpus_per_node=8, kernels=seen, max_tokens=16, max_seqs=2, max_len=64)
     impls = {k.param_dict["impl"] for k in seen.kernels if k.kind == "moe"}
     assert impls == {EXPECTED[engine]}
+
+
+@pytest.mark.parametrize("engine", ["none", "vllm", "sglang", "trtllm"])
+def test_an_engine_runs_its_rotary_embedding_as_one_kernel(engine):
+    """Every serving engine applies rope in one kernel (``impl`` fused); the forward alone (none) keeps the
+    registry's default, Hugging Face's torch ops."""
+    cfg = InferConfig(batch=2, prompt_len=64, gen_len=4, engine=engine)  # type: ignore[arg-type]
+    rope = {line["params"]["impl"] for line in predict_infer(OSS, H100, cfg).ops if line["kind"] == "rope"}
+    assert rope == {"unfused" if engine == "none" else "fused"}
