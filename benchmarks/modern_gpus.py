@@ -133,7 +133,7 @@ def replay_aiconfigurator(
     that many rows per (system, label) of :data:`LABELS` and :data:`CAPPED` are kept (:func:`cap`;
     rows of other ops all stay), ``moe_cap_rows`` (where given) for :data:`CAPPED`'s instead and
     ``vllm_moe_cap_rows`` (where given) for :data:`VLLM_CAPPED`'s (else the fused-MoE cap); with ``moe_impls``,
-    only the fused MoE rows of those kernel families (:data:`opcast.ops.MOE_IMPLS`) are kept; with
+    only the fused MoE rows of those kernel families (:data:`opcast.ops.MOE_IMPLS`) are replayed; with
     ``precedence``, that framework order instead of the replay's default; with
     ``attention_precedence`` / ``attention_fill``, the attention rows' own order and fill-in rule
     (``aiconfigurator.replay(attention_frameworks=..., attention_fill=...)``)."""
@@ -149,6 +149,8 @@ def replay_aiconfigurator(
         kwargs["attention_frameworks"] = attention_precedence
     if attention_fill is not None:
         kwargs["attention_fill"] = attention_fill
+    if moe_impls is not None:
+        kwargs["moe_impls"] = moe_impls
     result = aiconfigurator.replay(None, **kwargs)
     rows, _ = normalise(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
@@ -167,15 +169,7 @@ def replay_aiconfigurator(
         keep[cap(frame[vllm_moe], moe_cap if vllm_moe_cap_rows is None else vllm_moe_cap_rows, seed).index] = True
         keep[~(scored | moe | vllm_moe)] = True
         rows = [r for r, k in zip(rows, keep) if k]
-    if moe_impls is not None:
-        rows = keep_moe_impls(rows, moe_impls)
     return write_parquet(rows, Path(out) / "aiconfigurator.parquet")
-
-
-def keep_moe_impls(rows: list[dict], impls: tuple[str, ...]) -> list[dict]:
-    """``rows`` less the fused MoE rows of kernel families not in ``impls`` (a row without ``impl`` is
-    TensorRT-LLM's, the registry default)."""
-    return [r for r in rows if r.get("op") != "moe" or (r.get("impl") or "trtllm") in impls]
 
 
 def _have_package() -> bool:

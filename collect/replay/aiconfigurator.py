@@ -312,6 +312,8 @@ MOE_MARLIN_LANE: Final = "marlin"
 """A vLLM moe row whose ``kernel_source`` names this ran vLLM's Marlin W4A16 MoE (0.24.0: gpt-oss's MXFP4 on L40S
 and RTX PRO 6000, compressed-tensors MXFP4 on H100 / H200 / B200): its family is ``marlin``
 (:data:`opcast.ops.MOE_IMPLS`), not ``vllm``."""
+MOE_IMPL_REASON: Final = "moe ({}): a kernel family not asked for (replay(moe_impls=...))"
+"""Why a moe row of a kernel family left out by ``replay(moe_impls=...)`` is skipped."""
 MOE_VLLM_RELEASE_REASON: Final = (
     "moe (vllm) {}: measured by an older vLLM release than this system's newest of that dtype ({}); left out "
     "(one vLLM release per system and dtype, no fill-in)"
@@ -434,6 +436,7 @@ def replay(
     fp8_gemm_alone: bool = FP8_GEMM_ALONE,
     systems: Iterable[str] | None = None,
     tables: Iterable[str] | None = None,
+    moe_impls: Iterable[str] | None = None,
 ) -> ReplayResult:
     """Rows of every converted table under ``root`` (see the module docstring).
 
@@ -443,7 +446,9 @@ def replay(
     activation quantisation, :data:`FP8_GEMM_ALONE`), ``attention_frameworks`` that of the attention rows
     (default: ``frameworks``). ``attention_fill`` lets lower-precedence frameworks
     fill the attention shapes the first lacks (default: one framework per system, phase and dtype,
-    :data:`ATTENTION_FILL`). ``options`` is unused: the folders say everything.
+    :data:`ATTENTION_FILL`). ``moe_impls``: the fused MoE kernel families kept (:data:`opcast.ops.MOE_IMPLS`;
+    default all), the others' rows counted (:data:`MOE_IMPL_REASON`). ``options`` is unused: the folders say
+    everything.
     """
     del options
     base = data_root(root)
@@ -489,7 +494,7 @@ def replay(
             result.skipped[MOE_FRAMEWORK_REASON.format(framework)] += _num_rows(path)
             continue
         elif table == MOE_TABLE:
-            kind, frame = "moe", _moe(path, result, MOE_FRAMEWORKS[framework])
+            kind, frame = "moe", _moe(path, result, MOE_FRAMEWORKS[framework], moe_impls)
         else:
             result.skipped[TABLE_REASONS.get(table, f"{family}/{table}: no opcast op for it")] += _num_rows(path)
             continue
@@ -634,11 +639,17 @@ def _skip_unsupported(frame: pd.DataFrame, device: str, result: ReplayResult) ->
     return _skip_by(frame, lacking, reasons, result)
 
 
-def _moe(path: Path, result: ReplayResult, impl: str) -> pd.DataFrame:
+def _moe(path: Path, result: ReplayResult, impl: str, keep: Iterable[str] | None = None) -> pd.DataFrame:
     """``moe`` rows of one ``moe_perf`` table of the engine whose kernel family is ``impl`` (the module docstring),
-    skipped rows counted."""
+    only those of the families in ``keep`` (None: all), skipped rows counted."""
     frame = _read(path, MOE_TABLE)
     lane = frame["kernel_source"].astype(str)
+    family = pd.Series(impl, index=frame.index)
+    if impl == "vllm":
+        family[lane.str.contains(MOE_MARLIN_LANE)] = "marlin"
+    if keep is not None:
+        frame = _skip_by(frame, ~family.isin(list(keep)), family.map(MOE_IMPL_REASON.format), result)
+        lane, family = lane.loc[frame.index], family.loc[frame.index]
     frame = _skip_by(frame, lane.isin(list(MOE_SKIPPED_LANES)), lane.map(MOE_SKIPPED_LANES), result)
     distribution = frame["distribution"].astype(str)
     skewed = distribution != "balanced"
@@ -669,9 +680,7 @@ def _moe(path: Path, result: ReplayResult, impl: str) -> pd.DataFrame:
         ep=shape["moe_ep_size"],
         gated=gated,
         fn=np.where(gated, "silu", "relu"),
-        impl=np.where(frame["kernel_source"].astype(str).str.contains(MOE_MARLIN_LANE), "marlin", impl)
-        if impl == "vllm"
-        else impl,
+        impl=family.loc[frame.index],
     )
 
 

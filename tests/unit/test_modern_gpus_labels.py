@@ -209,17 +209,6 @@ def test_vllms_moe_rows_are_their_own_labels_capped_apart():
     assert len(mg.cap(many.assign(label=mg.labels(many)), 3, 0)) == 3
 
 
-def test_the_refit_keeps_the_named_moe_families_only():
-    rows = [
-        {"op": "moe", "impl": "trtllm"},
-        {"op": "moe", "impl": "vllm"},
-        {"op": "moe", "impl": "marlin"},
-        {"op": "moe"},
-        {"op": "gemm"},
-    ]
-    assert mg.keep_moe_impls(rows, ("trtllm", "marlin")) == [rows[0], rows[2], rows[3], rows[4]]
-
-
 def test_an_unknown_moe_family_is_refused(tmp_path):
     proc = _run("--replay-to", str(tmp_path / "out"), "--moe-impls", "trtllm,marlinn")
     assert proc.returncode == 2, proc.stderr

@@ -228,6 +228,21 @@ def test_vllm_moe_rows_are_their_own_family_from_one_release_per_dtype(source, r
     assert set(both.impl) == {"trtllm", "vllm"}
 
 
+def test_moe_impls_replays_only_the_families_asked_for_and_counts_the_rest(source):
+    """``replay(moe_impls=...)`` (the default refit's trtllm and marlin) keeps those families' moe rows as the full
+    replay has them and counts every other family's row under one reason per family; other kinds are untouched."""
+    full = pd.DataFrame(aic.replay(FIXTURE).rows)
+    result = aic.replay(FIXTURE, moe_impls=("trtllm", "marlin"))
+    rows = pd.DataFrame(result.rows)
+    assert set(rows[rows.op == "moe"].impl) == {"trtllm", "marlin"}
+    kept = full[(full.op != "moe") | full.impl.isin(["trtllm", "marlin"])]
+    assert len(rows) == len(kept)
+    v = source[(source.table == "moe_perf") & (source.pfw == "vllm")]
+    vllm_family = ~v.kernel_source.astype(str).str.contains("marlin")
+    assert result.skipped[aic.MOE_IMPL_REASON.format("vllm")] == int(vllm_family.sum())
+    assert len(rows) + sum(result.skipped.values()) == len(source)
+
+
 # --------------------------------------------------------------------------- precedence and values
 
 
