@@ -75,6 +75,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 import pandas as pd
@@ -127,6 +128,7 @@ def replay_aiconfigurator(
     moe_cap_rows: int | None = None,
     vllm_moe_cap_rows: int | None = None,
     moe_impls: tuple[str, ...] | None = None,
+    part: str = "all",
 ) -> Path:
     """Replay the installed ``aiconfigurator-core`` into ``out/aiconfigurator.parquet`` (the same
     normalisation as ``opcast collect replay``) and return its path. With ``cap_rows``, at most
@@ -151,6 +153,9 @@ def replay_aiconfigurator(
         kwargs["attention_fill"] = attention_fill
     if moe_impls is not None:
         kwargs["moe_impls"] = moe_impls
+    if part != "all":
+        stems = {p.stem for p in aiconfigurator.data_root(None).glob("*/*/*/*/*.parquet")}
+        kwargs["tables"] = [t for t in sorted(stems) if (t == GEMM_TABLE) == (part == "gemm")]
     result = aiconfigurator.replay(None, **kwargs)
     rows, _ = normalise(
         result, source="aiconfigurator", run_id="replay-aiconfigurator-package", opcast_version=opcast.__version__
@@ -169,7 +174,19 @@ def replay_aiconfigurator(
         keep[cap(frame[vllm_moe], moe_cap if vllm_moe_cap_rows is None else vllm_moe_cap_rows, seed).index] = True
         keep[~(scored | moe | vllm_moe)] = True
         rows = [r for r, k in zip(rows, keep) if k]
-    return write_parquet(rows, Path(out) / "aiconfigurator.parquet")
+    return write_parquet(rows, Path(out) / REPLAY_PARTS[part])
+
+
+GEMM_TABLE = "gemm_perf"
+REPLAY_PARTS: Final = {
+    "all": "aiconfigurator.parquet",
+    "gemm": "aiconfigurator-gemm.parquet",
+    "rest": "aiconfigurator.parquet",
+}
+"""``--replay-part`` -> the file it writes. The replay's kinds never meet (their selection, de-duplication and caps
+are each kind's, per system), and it emits the GEMM rows first, so ``gemm`` then ``rest`` hold exactly the rows of
+``all`` in the same order; the fit reads a folder's files in name order, ``aiconfigurator-gemm`` first.
+``benchmarks/train_default_models.sh`` runs the two in parallel (the GEMM tables are ~70 % of the replay)."""
 
 
 def _have_package() -> bool:
@@ -569,6 +586,13 @@ def main(argv: list[str] | None = None) -> int:
         help="With --replay-to: the cap of vLLM's fused MoE labels (impl vllm) instead of --cap-moe-rows.",
     )
     ap.add_argument(
+        "--replay-part",
+        default="all",
+        choices=list(REPLAY_PARTS),
+        help="With --replay-to: replay only the GEMM tables (gemm, written to aiconfigurator-gemm.parquet) or every "
+        "other table (rest); default all.",
+    )
+    ap.add_argument(
         "--moe-impls",
         default=None,
         help="With --replay-to: keep only these fused MoE kernel families' rows, comma-separated (of "
@@ -717,11 +741,13 @@ def main(argv: list[str] | None = None) -> int:
             moe_cap_rows=args.cap_moe_rows,
             vllm_moe_cap_rows=args.cap_vllm_moe_rows,
             moe_impls=moe_impls,
+            part=args.replay_part,
         )
         rule = "" if args.cap_rows is None else f", at most {args.cap_rows} rows per (system, label), seed {args.seed}"
         rule += "" if args.cap_moe_rows is None else f", {args.cap_moe_rows} per fused-MoE label"
         rule += "" if args.cap_vllm_moe_rows is None else f", {args.cap_vllm_moe_rows} per vLLM fused-MoE label"
         rule += "" if moe_impls is None else f", fused MoE families {','.join(moe_impls)}"
+        rule += "" if args.replay_part == "all" else f", {args.replay_part} tables"
         rule += "" if precedence is None else f", precedence {','.join(precedence)}"
         rule += "" if attention_precedence is None else f", attention precedence {','.join(attention_precedence)}"
         rule += "" if attention_fill is None else f", attention fill-in {args.attention_fill}"

@@ -53,13 +53,17 @@ aic_moe_impls="${AIC_MOE_IMPLS:-trtllm,marlin}"
 liger="${2:-${OPCAST_LIGER:-}}"
 aiter="${3:-${OPCAST_AITER:-}}"
 work="$(mktemp -d)"
-aic_pid=""
-trap '[ -z "$aic_pid" ] || kill "$aic_pid" 2> /dev/null || true; rm -rf "$work"' EXIT
-# AIConfigurator's replay (the longest, ~100 s) runs beside the others on the second core; each writes its own file
+aic_pids=()
+trap 'for pid in ${aic_pids[@]+"${aic_pids[@]}"}; do kill "$pid" 2> /dev/null || true; done; rm -rf "$work"' EXIT
+# AIConfigurator's replay (~100 s in one process) runs as two processes beside the others, its GEMM tables and the
+# rest (~60 s each; modern_gpus.py --replay-part: together exactly the rows of one replay, in the same order)
 if python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("aiconfigurator_core") is None)'; then
-  python "$repo/benchmarks/modern_gpus.py" --replay-to "$work/published" --cap-rows "$aic_rows" \
-    --cap-moe-rows "$aic_moe_rows" --cap-vllm-moe-rows "$aic_vllm_moe_rows" --moe-impls "$aic_moe_impls" &
-  aic_pid=$!
+  for part in gemm rest; do
+    python "$repo/benchmarks/modern_gpus.py" --replay-to "$work/published" --cap-rows "$aic_rows" \
+      --cap-moe-rows "$aic_moe_rows" --cap-vllm-moe-rows "$aic_vllm_moe_rows" --moe-impls "$aic_moe_impls" \
+      --replay-part "$part" &
+    aic_pids+=("$!")
+  done
 else
   echo "aiconfigurator-core not installed: fitting without NVIDIA's AIConfigurator tables (pip install 'opcast[aiconfigurator]')" >&2
 fi
@@ -76,7 +80,9 @@ if [ -n "$aiter" ]; then
 else
   echo "OPCAST_AITER not set: fitting without AMD aiter's tuned GEMM tables (bf16/fp8 GEMMs on MI355X)" >&2
 fi
-[ -z "$aic_pid" ] || wait "$aic_pid"  # its exit status: a failed replay stops the script (set -e)
+for pid in ${aic_pids[@]+"${aic_pids[@]}"}; do
+  wait "$pid"  # its exit status: a failed replay stops the script (set -e)
+done
 cd "$repo"  # so that meta.json records repo-relative paths
 ours=()
 [ -d data/datasets ] && ours=(data/datasets)  # our own collected datasets, where this checkout has them

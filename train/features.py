@@ -295,16 +295,16 @@ def dtype_class(op: str, dtype: str, tensor_cores: object = None) -> str:
 
 FAMILY_GROUPS: Final[dict[str, str]] = {"moe": str(param_defaults("moe")["impl"])}
 """Kinds whose kernel families (``impl``) other than the one named here each fit a predictor group of their own:
-the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`), TensorRT-LLM's rows keeping the plain key (``moe-fwd-half``)
-and vLLM's their own (``moe-fwd-half_vllm``). Measured leave-one-GPU-out on H100 / H200 / B200 (AIConfigurator's
-moe rows, 700 a GPU and label, benchmarks/moe_kernels.py, 2026-12-03): one group of both families (``impl_code``
-telling them apart) scored TensorRT-LLM's bf16 / fp8 layers 17.3 / 19.1 % against 16.0 / 15.7 % alone, and
-vLLM's bf16 / MXFP4 / fp8 11.3 / 14.5 / 20.0 % against 9.7 / 14.3 / 18.7 % alone: the engines' kernels differ by
-an amount that moves per GPU, so each family's trees do better on its own rows. The family is not a feature
-(:func:`_shape_features`): a group holds one, and TensorRT-LLM's group reads the features it always read, so a refit
-on the same rows fits it as before (the estimators sample columns: a constant extra column would redraw its trees).
-A set fitted without a family has no group for it, and its layers are their grouped GEMMs
-(``opcast.predict.cost.decompose``)."""
+the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`), TensorRT-LLM's rows keeping the plain key (``moe-fwd-half``),
+vLLM's and Marlin's their own (``moe-fwd-half_vllm``, ``moe-fwd-half_marlin``). Measured leave-one-GPU-out on
+H100 / H200 / B200 (AIConfigurator's moe rows, 700 a GPU and label, benchmarks/moe_kernels.py, 2026-12-03): one
+group of both families (``impl_code`` telling them apart) scored TensorRT-LLM's bf16 / fp8 layers 17.3 / 19.1 %
+against 16.0 / 15.7 % alone, and vLLM's bf16 / MXFP4 / fp8 11.3 / 14.5 / 20.0 % against 9.7 / 14.3 / 18.7 % alone:
+the engines' kernels differ by an amount that moves per GPU, so each family's trees do better on its own rows. The
+family is not a feature (:func:`_shape_features`): a group holds one, and TensorRT-LLM's group reads the features it
+always read (the estimators sample columns: a constant extra column would redraw its trees; the rows drawn under a
+cap do move, as the rows' point ids hold ``impl``). A set fitted without a family has no group for it, and prices its
+layers as the default family's (``opcast.predict.cost.learned``)."""
 
 
 def group_key(op: str, direction: str, dclass: str, impl: object = None) -> str:

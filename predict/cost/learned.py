@@ -176,8 +176,9 @@ default (the features it was fitted on)."""
 
 _FAMILY_KINDS = frozenset({"moe"})
 """Kinds whose ``impl`` names an engine's kernel family with a predictor group of its own
-(:data:`opcast.train.features.FAMILY_GROUPS`): the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`, TensorRT-LLM's or
-vLLM's). A set speaks for a family where it has its group, and only there."""
+(:data:`opcast.train.features.FAMILY_GROUPS`): the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's,
+vLLM's, Marlin's). A set speaks for a family where it has its group; without it, as the default family
+(:meth:`LearnedKernelCost._family_of`)."""
 
 
 def _kernel_impl(k: Kernel) -> str | None:

@@ -243,6 +243,18 @@ def test_moe_impls_replays_only_the_families_asked_for_and_counts_the_rest(sourc
     assert len(rows) + sum(result.skipped.values()) == len(source)
 
 
+def test_the_gemm_tables_and_the_rest_replay_apart_to_the_same_rows():
+    """``benchmarks/modern_gpus.py --replay-part gemm|rest`` (two processes of the refit): the GEMM tables' rows and
+    every other table's, replayed apart and read in that order, are the rows of one replay, in its order."""
+    stems = sorted({p.stem for p in FIXTURE.glob("*/*/*/*/*.parquet")})
+    assert "gemm_perf" in stems and len(stems) > 1
+    whole = aic.replay(FIXTURE)
+    gemm = aic.replay(FIXTURE, tables=["gemm_perf"])
+    rest = aic.replay(FIXTURE, tables=[t for t in stems if t != "gemm_perf"])
+    assert gemm.rows + rest.rows == whole.rows
+    assert gemm.skipped + rest.skipped == whole.skipped
+
+
 # --------------------------------------------------------------------------- precedence and values
 
 
