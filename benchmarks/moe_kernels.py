@@ -148,6 +148,16 @@ def learned_logo_s(
     return out
 
 
+def _errors(rec: dict[str, object], rows: pd.DataFrame, cols: dict[str, str]) -> dict[str, object]:
+    """``rec`` with the row count and each price's signed median error and MAPE over ``rows``."""
+    rec["rows"] = len(rows)
+    for label, col in cols.items():
+        ratio = rows[col] / rows["time_s_median"]
+        rec[f"{label} signed %"] = round(100 * float(np.median(ratio - 1)), 1)
+        rec[f"{label} MAPE %"] = round(100 * float(np.mean(np.abs(ratio - 1))), 1)
+    return rec
+
+
 def score(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
     rows = []
     keys = ["impl", "device", "dtype", "weights", "gated"]
@@ -158,12 +168,7 @@ def score(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
                 continue
             rec: dict[str, object] = dict(zip(keys, key, strict=True))
             rec["tokens"] = f"{lo}-{hi}" if hi < 1 << 40 else f">{lo - 1}"
-            rec["rows"] = len(b)
-            for label, col in cols.items():
-                ratio = b[col] / b["time_s_median"]
-                rec[f"{label} signed %"] = round(100 * float(np.median(ratio - 1)), 1)
-                rec[f"{label} MAPE %"] = round(100 * float(np.mean(np.abs(ratio - 1))), 1)
-            rows.append(rec)
+            rows.append(_errors(rec, b, cols))
     return pd.DataFrame(rows)
 
 
@@ -174,12 +179,7 @@ def pooled(df: pd.DataFrame, cols: dict[str, str]) -> pd.DataFrame:
     for key, g in df.groupby(keys):
         rec: dict[str, object] = dict(zip(keys, key, strict=True))
         rec["systems"] = ",".join(sorted(map(str, pd.unique(g["device"]))))
-        rec["rows"] = len(g)
-        for label, col in cols.items():
-            ratio = g[col] / g["time_s_median"]
-            rec[f"{label} signed %"] = round(100 * float(np.median(ratio - 1)), 1)
-            rec[f"{label} MAPE %"] = round(100 * float(np.mean(np.abs(ratio - 1))), 1)
-        rows.append(rec)
+        rows.append(_errors(rec, g, cols))
     return pd.DataFrame(rows)
 
 
