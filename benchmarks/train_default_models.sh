@@ -41,6 +41,11 @@
 # session, load 0.7 at the start) the whole script took 9 min 03 s, the fit 7 min 42 s; three groups' choices moved
 # with their folds (gemm-fwd-fp4 xgb -> tile-mlp, moe-fwd-fp8 and moe-fwd-fp8b xgb -> hier), and the goldens changed
 # only in the model-set stamp. Still short of 7 minutes: the tile-MLP's folds remain 64 % of the fit's CPU.
+# Fifteenth session (2026-12-03): Marlin's MoE family (one more group, ~19 s of fit CPU) and the vLLM moe tables read
+# took the script to 10 min 12-14 s in two runs that shared the machine with other work; with AIConfigurator's replay
+# split in two processes (--replay-part, 61 s instead of 97 s alone) the script took 8 min 41 s alone (replays
+# 1 min 26 s, the fit 7 min 14 s; load 0.7 at the start), and every predictor file came out byte for byte as the run
+# before (meta.json and collectives.json: fit times, timestamp, the dataset list).
 # models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
