@@ -13,8 +13,9 @@
   ``batch`` sequences, and so does every decode step. The engine also decides each TP all-reduce:
   its own custom kernel where it would run one (:func:`opcast.predict.serve.engine.tp_all_reduce_kind`:
   vLLM and SGLang on one NVLink node under 8 MiB), NCCL's otherwise; without an engine, NCCL's.
-  ``cost_sources["tp_all_reduce"]`` counts the calls of each kind and how each was priced. And the fused MoE
-  kernel of an MoE block: vLLM's own family under vllm, TensorRT-LLM's otherwise (:func:`infer_precision`).
+  ``cost_sources["tp_all_reduce"]`` counts the calls of each kind and how each was priced. And the kernels it
+  runs (:func:`infer_precision`): an MoE block's fused kernel (under vllm, Marlin's for MXFP4 experts where that
+  release runs it, else vLLM's own; TensorRT-LLM's otherwise) and a one-kernel rope.
 - ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its

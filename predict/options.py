@@ -41,7 +41,7 @@ from rich.markup import escape
 from opcast.errors import OpcastError
 from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
 from opcast.predict.recompute import RECOMPUTE_HELP
-from opcast.predict.serve.engine import ENGINES
+from opcast.predict.serve.engine import ENGINES, engine_version_problem
 
 REQUIRED: Any = inspect.Parameter.empty
 """The default of an option that must be given."""
@@ -381,19 +381,9 @@ def _tp_overlap_cfg_problem(text: str) -> str | None:
     return config_problem(text)
 
 
-def _engine_version_problem(text: str) -> str | None:
-    from opcast.predict.serve.engine import parse_engine_version
-
-    try:
-        parse_engine_version(text)
-    except OpcastError as e:
-        return str(e)
-    return None
-
-
 _TEXT_FIELDS: dict[str, Callable[[Any], str | None] | None] = {
     "pp_layers": _pp_layers_problem,
-    "engine_version": _engine_version_problem,
+    "engine_version": engine_version_problem,
     "tp_comm_overlap_cfg": _tp_overlap_cfg_problem,
 }
 """Configuration fields given as text on the command line (parsed by :func:`train_config`), with their check."""

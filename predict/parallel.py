@@ -26,7 +26,7 @@ from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
 from opcast.predict.recompute import recompute_problem
-from opcast.predict.serve.engine import EngineName
+from opcast.predict.serve.engine import EngineName, engine_version_problem
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1"]
@@ -225,7 +225,8 @@ class InferConfig:
     engine: InferEngine = "none"
     """Serving framework whose per-step overhead (scheduling, input preparation, sampling) each prefill
     and decode step pays on top of its forward; none: the forward alone. It also picks the MoE blocks' fused
-    kernel family (:func:`opcast.predict.serve.engine.moe_impl`: vLLM's own under vllm, else TensorRT-LLM's)."""
+    kernel family (:func:`opcast.predict.serve.engine.moe_impl`: under vllm, Marlin's for MXFP4 experts where vLLM
+    runs it, else vLLM's own; TensorRT-LLM's under any other) and, under any engine, a one-kernel rope."""
     engine_version: str | None = None
     """The engine's release (``0.11.0``) where its kernels depend on it: vLLM before 0.12 runs MXFP4 experts on
     Hopper with Marlin (:func:`opcast.predict.serve.engine.vllm_runs_marlin`); None: the newest."""
@@ -877,6 +878,8 @@ def validate_infer(
         reasons.append(f"attention={cfg.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
     if cfg.engine not in get_args(InferEngine):
         reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
+    if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
+        reasons.append(problem)
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)

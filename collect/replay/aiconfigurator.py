@@ -685,35 +685,32 @@ def _moe(path: Path, result: ReplayResult, impl: str, keep: Iterable[str] | None
 
 
 def _newest_vllm_moe(files: list[pd.DataFrame], result: ReplayResult) -> list[pd.DataFrame]:
-    """Each file's ``moe`` rows less vLLM's rows of any release but the newest that measured their (system, dtype,
-    weights), counted (:data:`MOE_VLLM_RELEASE_REASON`); files left empty are dropped. vLLM changes the kernel it
+    """Each file's ``moe`` rows less vLLM's rows of any release but the newest that measured their (system, family,
+    dtype, weights), counted (:data:`MOE_VLLM_RELEASE_REASON`); files left empty are dropped. vLLM changes the kernel it
     dispatches a dtype to between releases (B200 bf16: Triton ``fused_moe`` in 0.19.0, FlashInfer TRT-LLM-gen in
     0.24.0; H200 MXFP4: ``vllm_mxfp4_moe`` in 0.19.0, OpenAI Triton ``matmul_ogs`` / Marlin in 0.24.0), so the shapes
     only an older release measured are left out rather than filled in with another kernel (the rule of
     :data:`ATTENTION_FILL`); TensorRT-LLM's rows keep the newest-first fill of the module docstring."""
     keys = ["_system", "impl", "dtype", "weights"]
-    newest: dict[tuple[str, str, str], str] = {}
+    newest: dict[tuple[str, ...], str] = {}
     for frame in files:
         if str(frame["_framework"].iloc[0]) != "vllm":
             continue
+        version = str(frame["_version"].iloc[0])
         for key in frame[keys].astype(str).drop_duplicates().itertuples(index=False, name=None):
-            version = str(frame["_version"].iloc[0])
-            have = newest.get(key)
-            if have is None or version_key(version) > version_key(have):
+            if key not in newest or version_key(version) > version_key(newest[key]):
                 newest[key] = version
     out = []
     for frame in files:
         if str(frame["_framework"].iloc[0]) == "vllm":
             version = str(frame["_version"].iloc[0])
-            best = pd.Series(list(frame[keys].astype(str).itertuples(index=False, name=None)), index=frame.index).map(
-                newest
-            )
-            storage = frame["weights"].astype(str).map(lambda w: "" if w == "dtype" else f" {w} weights")
+            best = [newest[key] for key in frame[keys].astype(str).itertuples(index=False, name=None)]
             reasons = [
-                MOE_VLLM_RELEASE_REASON.format(f"{d}{w} {i}", b)
-                for d, w, i, b in zip(frame["dtype"], storage, frame["impl"], best)
+                MOE_VLLM_RELEASE_REASON.format(f"{d}{'' if w == 'dtype' else f' {w} weights'} {i}", b)
+                for d, w, i, b in zip(frame["dtype"], frame["weights"].astype(str), frame["impl"], best)
             ]
-            frame = _skip_by(frame, best != version, pd.Series(reasons, index=frame.index), result)
+            older = pd.Series([b != version for b in best], index=frame.index)
+            frame = _skip_by(frame, older, pd.Series(reasons, index=frame.index), result)
         if not frame.empty:
             out.append(frame)
     return out

@@ -116,8 +116,8 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
     return CUSTOM_ALL_REDUCE if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
 
 
-MOE_IMPLS: dict[str, str] = {"vllm": "vllm"}
-"""Engine -> the fused MoE kernel family (:data:`opcast.ops.MOE_IMPLS`) its MoE layers run; any other engine
+ENGINE_MOE_FAMILIES: dict[str, str] = {"vllm": "vllm"}
+"""Engine -> the fused MoE kernel family (one of :data:`opcast.ops.MOE_IMPLS`) its MoE layers run; any other engine
 (trtllm, sglang, none) runs the registry default, TensorRT-LLM's (module docstring)."""
 VLLM_HOPPER_TRITON_MXFP4: Final = (0, 12)
 """The first vLLM release whose wheels carry OpenAI's ``triton_kernels`` (vendored into ``vllm/third_party`` at build
@@ -132,6 +132,16 @@ def parse_engine_version(text: str) -> tuple[int, ...]:
     if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
         raise OpcastError(f"--engine-version {text!r}: give the engine's release as MAJOR.MINOR[.PATCH], e.g. 0.11.0")
     return tuple(int(p) for p in parts)
+
+
+def engine_version_problem(text: str) -> str | None:
+    """Why ``text`` is not an engine release (:func:`parse_engine_version`), or None: the one check the
+    ``--engine-version`` option and :func:`opcast.predict.parallel.validate_infer` both make."""
+    try:
+        parse_engine_version(text)
+    except OpcastError as err:
+        return str(err)
+    return None
 
 
 def vllm_runs_marlin(device: DeviceSpec, version: str | None) -> bool:
@@ -149,9 +159,9 @@ def vllm_runs_marlin(device: DeviceSpec, version: str | None) -> bool:
 def moe_impl(
     engine: str, device: DeviceSpec | None = None, expert_weights: str | None = None, version: str | None = None
 ) -> str:
-    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`MOE_IMPLS`, else ``trtllm``): under vLLM, ``marlin``
-    for MXFP4 experts where it runs Marlin on ``device`` (:func:`vllm_runs_marlin`), else its own family."""
-    impl = MOE_IMPLS.get(engine, "trtllm")
+    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`ENGINE_MOE_FAMILIES`, else ``trtllm``): under vLLM,
+    ``marlin`` for MXFP4 experts where it runs Marlin on ``device`` (:func:`vllm_runs_marlin`), else its own family."""
+    impl = ENGINE_MOE_FAMILIES.get(engine, "trtllm")
     if impl == "vllm" and expert_weights == "mxfp4" and device is not None and vllm_runs_marlin(device, version):
         return "marlin"
     return impl

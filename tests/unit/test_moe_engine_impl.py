@@ -107,3 +107,12 @@ def test_an_engine_runs_its_rotary_embedding_as_one_kernel(engine):
     cfg = InferConfig(batch=2, prompt_len=64, gen_len=4, engine=engine)  # type: ignore[arg-type]
     rope = {line["params"]["impl"] for line in predict_infer(OSS, H100, cfg).ops if line["kind"] == "rope"}
     assert rope == {"unfused" if engine == "none" else "fused"}
+
+
+def test_the_library_refuses_a_bad_engine_version_as_the_option_does():
+    """``validate_infer`` makes the ``--engine-version`` option's check, so a library caller gets the same line."""
+    from opcast.predict.parallel import validate_infer
+
+    _, reasons = validate_infer(OSS, H100, InferConfig(engine="vllm", engine_version="0.x"))
+    assert reasons == ["--engine-version '0.x': give the engine's release as MAJOR.MINOR[.PATCH], e.g. 0.11.0"]
+    assert validate_infer(OSS, H100, InferConfig(engine="vllm", engine_version="0.11.0"))[1] == []
