@@ -277,6 +277,38 @@ MOE_A2A_OVERLAP = {
 }
 """MoE rows whose recipe runs Megatron-Core's combined 1F1B (``--overlap-moe-ep-comm``), with where it says so; the
 other MoE presets set ``moe_a2a_overlap`` False or leave it unset."""
+_MB = "Megatron-Bridge v0.4.2 (c810129) scripts/performance/configs/"
+MOE_FLEX_DISPATCHER = {
+    **{
+        f"26.04.01-{system}-qwen3-30b-a3b-{dtype}": _MB + "qwen/qwen3_workload_base_configs.py QWEN3_30B_A3B presets: "
+        'moe_flex_dispatcher_backend="hybridep"'
+        for system, dtype in (
+            ("gb300", "mxfp8"),
+            ("gb200", "mxfp8"),
+            ("b300", "mxfp8"),
+            ("b200", "mxfp8"),
+            ("h100", "fp8"),
+        )
+    },
+    **{
+        f"26.04.01-{system}-qwen3-235b-a22b-mxfp8": _MB + "qwen/qwen3_workload_base_configs.py QWEN3_235B_A22B "
+        f'{system.upper()} presets: moe_flex_dispatcher_backend="hybridep" (the B200 and H100 presets: alltoall)'
+        for system in ("gb300", "gb200", "b300")
+    },
+    "26.04.01-b300-gpt-oss-120b-bf16": _MB + "gpt_oss/gpt_oss_workload_base_configs.py B300 preset: HybridEP (the "
+    "other GPT-OSS presets: alltoall)",
+    **{
+        f"26.04.01-{system}-deepseek-v3-mxfp8": _MB
+        + "deepseek/deepseek_workload_base_configs.py: "
+        + ("DeepEP" if system == "b200" else "HybridEP")
+        for system in ("gb300", "gb200", "b300", "b200")
+    },
+    "26.04.01-gb300-kimi-k2-mxfp8": _MB + "kimi/kimi_workload_base_configs.py: HybridEP",
+}
+"""MoE rows whose recipe dispatches tokens with Megatron-Core's flex dispatcher (DeepEP or HybridEP:
+``--moe-dispatcher flex``, one copy of a token per remote node), with where it says so; the other MoE rows use
+``alltoall``. It changes the price only where the expert group spans nodes outside one NVLink domain (H100
+30B-A3B, EP 16 over two nodes; B200 DeepSeek-V3, EP 32 over four)."""
 PP_LAYOUTS = {
     "26.04.01-gb300-deepseek-v3-mxfp8": (
         "Et*4|(t*4|)*14tmL",
@@ -680,6 +712,8 @@ def row_options(row: Row) -> dict[str, Any]:
             values["etp"] = MOE_ETP
         if row.row in MOE_A2A_OVERLAP and (row.pp == 1 or layout_interleaves(row)):  # else not expressible
             values["overlap_moe_ep_comm"] = True
+        if row.row in MOE_FLEX_DISPATCHER:
+            values["moe_dispatcher"] = "flex"
     if row.tp > 1:
         values["sp"] = True
         if row.recipe.tp_overlap != TP_OVERLAP_OFF:

@@ -310,6 +310,12 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "all-to-alls hidden behind another micro-batch's expert and attention compute (needs --ep > 1).",
         None,
     ),
+    "moe_dispatcher": (
+        "alltoall (Megatron-Core's NCCL all-to-all: a token crosses the network once per expert on another node) "
+        "or flex (DeepEP / HybridEP, moe_token_dispatcher_type flex: once per remote node holding any of its "
+        "experts, then NVLink inside the node).",
+        None,
+    ),
     "overlap_p2p_comm": (
         "Overlap each pipeline send with the compute of one model chunk (Megatron-LM overlap_p2p_comm; "
         "interleaved schedule only; Megatron's default is on, ours off).",
@@ -449,6 +455,7 @@ def _option(group: tuple[Opt, ...], name: str) -> Opt:
 
 PRECISION = _option(TRAIN, "precision")
 FP8_RECIPE = _option(TRAIN, "fp8_recipe")
+MOE_DISPATCHER = _option(TRAIN, "moe_dispatcher")
 ATTENTION = _option(TRAIN, "attention")
 
 

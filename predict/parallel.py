@@ -25,6 +25,7 @@ from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
+from opcast.predict.moe_dispatch import MoeDispatcher
 from opcast.predict.recompute import recompute_problem
 from opcast.predict.serve.engine import EngineName, engine_version_problem
 
@@ -170,6 +171,10 @@ class TrainConfig:
     """Megatron-Core's combined 1F1B (``--overlap-moe-expert-parallel-comm``, EP A2A overlap): one micro-batch's
     forward runs beside another's backward, each MoE block's dispatch and combine all-to-alls of one hidden behind
     the other's expert and attention compute (:func:`opcast.predict.training.moe_a2a_exposed`)."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """How an MoE block's tokens reach their experts' ranks (:mod:`opcast.predict.moe_dispatch`): ``alltoall``
+    (Megatron-Core's NCCL all-to-all, one copy a token per expert) or ``flex`` (DeepEP / HybridEP: one copy a
+    token per remote node, forwarded over NVLink inside it); the same bytes inside one node."""
     tensor_cores: bool | None = None
     """Matrix math on tensor cores (fp32: as TF32); None: by dtype, fp32 on CUDA cores as PyTorch's
     default (TF32 matmul off), every other precision on tensor cores."""
@@ -707,6 +712,7 @@ def validate_train(
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
         ("optimizer", cfg.optimizer, Optimizer),
+        ("moe_dispatcher", cfg.moe_dispatcher, MoeDispatcher),
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")

@@ -80,6 +80,7 @@ from opcast.predict.memory import (
     stage_activation_bytes,
     stage_total_bytes,
 )
+from opcast.predict.moe_dispatch import DISPATCHERS, MoeDispatcher, dispatch_scale
 from opcast.predict.parallel import (
     AttentionImpl,
     Fp8Recipe,
@@ -177,6 +178,8 @@ class SearchSpace:
     """Compute precision."""
     fp8_recipe: Fp8Recipe = "delayed"
     """Transformer Engine's per-tensor fp8 scaling (precision fp8 only), as ``predict train --fp8-recipe``."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """How MoE tokens reach their experts' ranks, as ``predict train --moe-dispatcher``."""
     attention: AttentionImpl = "flash"
     """Attention kernel."""
     objective: Objective = "throughput"
@@ -249,6 +252,7 @@ class Candidate:
             zero=self.zero,
             precision=space.precision,
             fp8_recipe=space.fp8_recipe,
+            moe_dispatcher=space.moe_dispatcher,
             attention=space.attention,
             schedule=self.schedule,
             virtual_stages=self.virtual_stages,
@@ -354,6 +358,8 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
     problems += device_reasons(device, space.precision)
     problems += fp8_recipe_reasons(space.precision, space.fp8_recipe)
+    if space.moe_dispatcher not in DISPATCHERS:
+        problems.append(f"moe_dispatcher={space.moe_dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
     problems += _fixed_problems(space.fixed)
     return problems
 
@@ -929,13 +935,18 @@ def _compile(
         tp, cp = key[1], key[2]
         ep = key[3] if key[0] == "block" else 1
         groups = graph_groups(*model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g))
+        scale = dispatch_scale(
+            space.moe_dispatcher, experts=arch.n_experts, top_k=arch.experts_top_k, nodes=groups["ep"].nodes
+        )
         graph = graphs[key]
         phases = {}
         for phase in (FWD, BWD, RECOMPUTE):
             shared = (id(graph.nodes[phase]), id(graph.comms[phase]), tp, cp, ep, g)
             cost = costed.get(shared)
             if cost is None:
-                cost = costed[shared] = phase_cost(graph, phase, groups, table, terms.comms, device)
+                cost = costed[shared] = phase_cost(
+                    graph, phase, groups, table, terms.comms, device, ep_dispatch_scale=scale
+                )
             phases[phase] = cost
         terms.graph_costs[(key, g)] = phases
     terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})

@@ -138,6 +138,7 @@ def _brute(arch, device, space):
                                             schedule=sched,
                                             virtual_stages=v,
                                             overlap_grad_reduce=space.overlap_grad_reduce,
+                                            moe_dispatcher=space.moe_dispatcher,
                                         )
                                         r = predict_train(
                                             arch,
@@ -179,6 +180,12 @@ def _brute(arch, device, space):
     [
         # MoE with expert parallelism, GQA, rope, two 4-GPU nodes (pipeline sends and DP groups cross nodes)
         (TINY_MOE, A100, S.SearchSpace(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4)),
+        # the same with the flex dispatcher: expert groups over both nodes send one copy of a token per node
+        (
+            TINY_MOE,
+            A100,
+            S.SearchSpace(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4, moe_dispatcher="flex"),
+        ),
         # dropout, learned positions, a tied embedding split over stages; a sequence only some cp and tp
         # divide, tp = 8 that does not divide the 12 heads; a tight limit prunes on memory
         (
@@ -187,7 +194,7 @@ def _brute(arch, device, space):
             S.SearchSpace(gpus=8, global_batch=8, seq=1020, overlap_grad_reduce=False, max_mem_bytes=0.5 * 2**30),
         ),
     ],
-    ids=["moe-2-nodes", "gpt-memory-limit"],
+    ids=["moe-2-nodes", "moe-2-nodes-flex", "gpt-memory-limit"],
 )
 def test_search_returns_exactly_the_feasible_set_with_run_train_figures(arch, device, space):
     result = S.search(arch, device, space, top=3, workers=1)

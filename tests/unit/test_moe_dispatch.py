@@ -1,0 +1,79 @@
+"""``--moe-dispatcher``: the flex dispatcher (DeepEP / HybridEP) sends a token once per remote node; the expected
+count against brute-force enumeration, hand-worked scales, and what it changes in a priced step."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opcast.archs import load_arch
+from opcast.hardware import get_device
+from opcast.predict.moe_dispatch import dispatch_scale, remote_nodes_per_token
+from opcast.predict.parallel import TrainConfig
+from opcast.predict.training import predict_train
+
+OPCAST = str(Path(sys.executable).with_name("opcast"))
+
+
+def _enumerated(experts: int, top_k: int, nodes: int) -> float:
+    """Mean over every source node and every set of ``top_k`` distinct experts of the remote nodes it touches."""
+    per = experts // nodes
+    total = count = 0
+    for src in range(nodes):
+        for chosen in itertools.combinations(range(experts), top_k):
+            total += len({e // per for e in chosen} - {src})
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize(("experts", "top_k", "nodes"), [(4, 2, 2), (8, 2, 4), (12, 3, 3), (16, 4, 4), (16, 6, 2)])
+def test_the_expected_remote_nodes_match_enumeration(experts, top_k, nodes):
+    assert remote_nodes_per_token(experts, top_k, nodes) == pytest.approx(_enumerated(experts, top_k, nodes))
+
+
+def test_hand_worked_scales():
+    # 4 experts on 2 nodes, top 2: the other node holds neither expert in 1 of C(4, 2) = 6 sets, so a token
+    # crosses once with probability 5/6; alltoall sends k (N - 1) / N = 1 copy across on average
+    assert dispatch_scale("flex", experts=4, top_k=2, nodes=2) == pytest.approx(5 / 6)
+    assert dispatch_scale("alltoall", experts=4, top_k=2, nodes=2) == 1.0
+    assert dispatch_scale("flex", experts=128, top_k=8, nodes=1) == 1.0  # inside one node: the same bytes
+    # DeepSeek-V3's 256 experts, top 8, over 4 nodes: 3 (1 - C(192, 8) / C(256, 8)) = 2.71 copies against 6
+    assert dispatch_scale("flex", experts=256, top_k=8, nodes=4) == pytest.approx(2.7107 / 6, rel=1e-4)
+
+
+def _ep_lines(dispatcher: str, dp: int, gpus_per_node: int):
+    cfg = TrainConfig(dp=dp, ep=dp, zero=1, micro_batch=1, global_batch=dp, seq=1024, moe_dispatcher=dispatcher)
+    res = predict_train(load_arch("qwen3-30b-a3b"), get_device("H100-SXM"), cfg, gpus_per_node=gpus_per_node)
+    assert res.feasible, res.reasons
+    return res, [c for c in res.comms if c.role == "ep"]
+
+
+def test_flex_prices_the_deduplicated_message_across_nodes_and_changes_nothing_inside_one():
+    one_a2a, one_a2a_lines = _ep_lines("alltoall", 8, 8)
+    one_flex, one_flex_lines = _ep_lines("flex", 8, 8)
+    assert one_flex.iteration_time_s == one_a2a.iteration_time_s
+    assert [c.call for c in one_flex_lines] == [c.call for c in one_a2a_lines]
+
+    two_a2a, a2a_lines = _ep_lines("alltoall", 16, 8)
+    two_flex, flex_lines = _ep_lines("flex", 16, 8)
+    scale = dispatch_scale("flex", experts=128, top_k=8, nodes=2)  # about a quarter: 1 copy across, not 4
+    assert a2a_lines and len(a2a_lines) == len(flex_lines)
+    for a, f in zip(a2a_lines, flex_lines):
+        assert a.call.group.nodes == 2
+        assert f.call.bytes == round(a.call.bytes * scale)
+        assert f.time_s < a.time_s
+    assert two_flex.iteration_time_s < two_a2a.iteration_time_s
+
+
+def test_an_unknown_dispatcher_is_one_line_with_exit_2():
+    args = ["predict", "train", "--arch", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--moe-dispatcher", "deepep"]
+    out = subprocess.run([OPCAST, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert (
+        len(out.stderr.strip().splitlines()) == 1
+        and "moe_dispatcher='deepep' is not one of alltoall, flex" in out.stderr
+    )
