@@ -528,7 +528,18 @@ def _measure(
         result.error = failure_text(failure or collective_error)
         pending = failure
     if in_step:
-        dist.barrier()  # every rank stopped at the same agreed point: they leave together
+        try:
+            dist.barrier()  # every rank stopped at the same agreed point: they leave together
+        except RuntimeError as err:
+            # A peer has gone already: a second signal makes a rank leave the lock-step at once, and one that
+            # lands while it waits in the agreement that stops everyone leaves its peers at this barrier (what
+            # was measured is written above). Without a signal, the peer died: the collective failure's line.
+            if not signum and pending is None:
+                pending = OpcastError(
+                    f"a collective failed ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}): "
+                    f"another rank has stopped or died; what was measured is saved in {out}; re-run the same "
+                    "command to resume"
+                )
     if pending is not None:
         raise pending
     return result
