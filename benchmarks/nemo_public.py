@@ -956,7 +956,7 @@ _OVERLAP_TAGS = {"recipe": "ub recipe", TP_OVERLAP_OFF: "ub off", TP_OVERLAP_TE:
 def _config(row: Row) -> str:
     parts = [f"tp{row.tp} pp{row.pp} cp{row.cp} dp{row.dp}"]
     if row.ep > 1:
-        parts.append(f"ep{row.ep}")
+        parts.append(f"ep{row.ep} flex" if row.row in MOE_FLEX_DISPATCHER else f"ep{row.ep}")
     if row.vp > 1:
         parts.append(f"vp{row.vp}" if layout_interleaves(row) else f"vp{row.vp} as 1f1b")
     if row.row in PP_LAYOUTS:
@@ -1058,7 +1058,9 @@ def report(rows: list[Row], preds: dict[str, Prediction], *, wall_s: float, mode
     lines += ["## Summary", "", *summary_table(rows, preds), "", tp_overlap_note(rows), "", recipe_facts_note(rows), ""]
     lines += [approximation_note(rows), ""]
     lines += [
-        "Config column: `ub recipe` = the recipe's userbuffers config (`--tp-comm-overlap-cfg`), `ub off` = no TP "
+        "Config column: `epN flex` = the recipe's flex token dispatcher, DeepEP or HybridEP (`--moe-dispatcher flex`, "
+        "MOE_FLEX_DISPATCHER; else alltoall); `ub recipe` = the recipe's userbuffers config (`--tp-comm-overlap-cfg`), "
+        "`ub off` = no TP "
         "overlap (the recipe's), `ub TE?` = not established, TE's defaults; `no pg overlap` = the recipe turns "
         "`overlap_param_gather` off (no `--overlap-param-gather`); `recompute selective:MODULES` = Megatron-Core's "
         "recompute modules (priced), `recompute full-block:N` = the recipe's partial recompute (not expressible, "

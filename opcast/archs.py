@@ -82,6 +82,8 @@ _OPTIONAL_NONE_FIELDS = (
     "sliding_window",
     "sliding_window_layers",
     "expert_weights",
+    "expert_groups",
+    "expert_groups_top_k",
 )
 """Fields that may be None (a default taken elsewhere, or nothing to say)."""
 
@@ -139,6 +141,14 @@ class ArchSpec:
     shared_expert_gate: bool = False
     """The shared expert's output is scaled by ``sigmoid(x W_g)``, ``W_g`` a ``hidden x 1`` linear (Qwen2-MoE's
     ``shared_expert_gate``)."""
+    expert_groups: int | None = None
+    """Group-limited routing (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2 "node-limited routing"; Hugging Face
+    ``n_group``, Megatron-Core ``moe_router_num_groups``): the experts fall into this many equal groups of
+    consecutive experts and a token's experts come from :attr:`expert_groups_top_k` of them; None: no limit. It
+    bounds the nodes a token's experts occupy (:mod:`opcast.predict.moe_dispatch`)."""
+    expert_groups_top_k: int | None = None
+    """Groups a token's experts are chosen from (``topk_group``, ``moe_router_group_topk``); with
+    :attr:`expert_groups`."""
     qk_norm: bool = False
     """RMSNorm over each query and key head (``head_dim`` weights each) before rope (Qwen3 ``q_norm`` /
     ``k_norm``; Megatron ``--qk-layernorm``)."""
@@ -243,6 +253,19 @@ class ArchSpec:
                 problems.append(
                     f"sliding_window_layers={self.sliding_window_layers} needs sliding_window and 1..n_layers blocks"
                 )
+            if (self.expert_groups is None) != (self.expert_groups_top_k is None):
+                problems.append("expert_groups and expert_groups_top_k go together")
+            elif self.expert_groups is not None and self.expert_groups_top_k is not None:
+                groups, chosen = self.expert_groups, self.expert_groups_top_k
+                if self.n_experts == 1 or self.n_experts % groups:
+                    problems.append(f"expert_groups={groups} must divide n_experts={self.n_experts} of an MoE arch")
+                elif not 1 <= chosen <= groups:
+                    problems.append(f"expert_groups_top_k={chosen} must be 1..expert_groups={groups}")
+                elif self.experts_top_k > chosen * (self.n_experts // groups):
+                    problems.append(
+                        f"experts_top_k={self.experts_top_k} exceeds the {chosen * (self.n_experts // groups)} "
+                        f"experts of expert_groups_top_k={chosen} groups"
+                    )
             if self.expert_weights is not None and self.n_experts == 1:
                 problems.append(f"expert_weights={self.expert_weights} needs an MoE arch (n_experts > 1)")
             if self.hf_activation is not None and _HF_ACTIVATIONS[self.hf_activation] != self.activation:
@@ -460,6 +483,8 @@ _FIELD_TYPES: dict[str, type] = {
     "post_norms": bool,
     "attention_sinks": bool,
     "expert_weights": str,
+    "expert_groups": int,
+    "expert_groups_top_k": int,
     "attention_dropout": float,
     "hidden_dropout": float,
     "hf_activation": str,
@@ -1006,6 +1031,8 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
             "alike); use moe_layer_freq 1"
         )
     shared = c.cfg.get("n_shared_experts")
+    groups = c.get("n_group", 1) or 1
+    limited = groups > 1 and c.get("topk_group", groups) < groups
     return {
         "n_kv_heads": heads,
         "head_dim": c.req("qk_nope_head_dim") + rope,
@@ -1019,6 +1046,8 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
         "shared_expert_ffn": None if not shared else c.get("n_shared_experts", 1) * expert,
         "dense_layers": dense or None,
         "dense_ffn_hidden": c.req("intermediate_size") if dense else None,
+        "expert_groups": groups if limited else None,
+        "expert_groups_top_k": c.get("topk_group", groups) if limited else None,
     }
 
 

@@ -205,6 +205,8 @@ def _mlp_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
         shared_expert_gate=False,
         dense_layers=None,
         dense_ffn_hidden=None,
+        expert_groups=None,
+        expert_groups_top_k=None,
     )
     return ((dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers))
 

@@ -23,14 +23,24 @@ model_parallel_groups`), a node holds none of a token's ``k`` distinct experts w
 
     R = (N - 1) * (1 - C(E - E/N, k) / C(E, k)).
 
+Group-limited routing (DeepSeek-V3, arXiv 2412.19437, Sec. 2.1.2: "we ensure that each token will be sent to at
+most M nodes"; :attr:`opcast.archs.ArchSpec.expert_groups`, Megatron-Core ``moe_router_num_groups`` /
+``moe_router_group_topk``) draws a token's experts from ``G_k`` of ``G`` groups of consecutive experts. Taken as
+``G_k`` groups drawn uniformly, then ``k`` experts uniformly among their ``G_k E / G``: where a node holds whole
+groups (``G`` a multiple of ``N``, ``G / N`` each), the probability it holds none of the token's experts sums over
+``j``, the node's groups among the chosen (hypergeometric), of ``C(G_k E/G - j E/G, k) / C(G_k E/G, k)``; where a
+group spans ``N / G`` nodes, it is ``1 - G_k/G`` plus ``G_k/G`` times ``C(G_k E/G - E/N, k) / C(G_k E/G, k)``.
+(DeepSeek's router picks the groups by their two best scores, so a chosen group rarely goes empty; the uniform
+draw lets it, which makes ``R`` slightly low.) Other splits take the unlimited formula.
+
 opcast prices the flex dispatch as the same all-to-all call with its message scaled by ``R / (k (N - 1) / N)``,
 so that the bytes each GPU sends over its NIC are the deduplicated ones; the NVLink forwarding inside the node
 runs behind the RDMA transfer (DeepEP pipelines the two), and its latency terms are the all-to-all's. Inside one
 node (``N = 1``) the two dispatchers move the same bytes and the factor is 1. Routing is taken as balanced (as
-``moe_router_force_load_balancing`` makes it, and opcast's expert GEMMs assume); DeepSeek-V3's node-limited
-routing (at most ``topk_group`` of ``n_group`` expert groups a token, hence at most 4 nodes) is not used, so
-``R`` is an upper bound there (EP 32 over 4 nodes: 2.70 copies a token where group-limited routing gives about
-2.36; alltoall's 6.0)."""
+``moe_router_force_load_balancing`` makes it, and opcast's expert GEMMs assume). DeepSeek-V3 with EP 32 over
+4 nodes: 2.20 copies of a token cross the network (2.71 without its group limit), against alltoall's 6.0. The
+NVLink side inside the node is not scaled down with the message, but with NVLink's bandwidth ~9x the NIC's it
+does not bound the call (the pairwise all-to-all's time is the larger of the two shares)."""
 
 from __future__ import annotations
 
@@ -41,20 +51,50 @@ MoeDispatcher = Literal["alltoall", "flex"]
 DISPATCHERS: Final = get_args(MoeDispatcher)
 
 
-def remote_nodes_per_token(experts: int, top_k: int, nodes: int) -> float:
+def _untouched(experts: int, top_k: int, nodes: int, groups: int | None, groups_top_k: int | None) -> float:
+    """The probability that one node of ``nodes`` holds none of a token's ``top_k`` experts (module docstring)."""
+    held = experts // nodes
+    if not groups or not groups_top_k or groups_top_k >= groups or (groups % nodes and nodes % groups):
+        return math.comb(experts - held, top_k) / math.comb(experts, top_k)
+    size = experts // groups
+    pool = groups_top_k * size  # the experts of the chosen groups
+    if groups % nodes == 0:
+        mine = groups // nodes  # whole groups on each node
+        return sum(
+            math.comb(mine, j)
+            * math.comb(groups - mine, groups_top_k - j)
+            / math.comb(groups, groups_top_k)
+            * math.comb(pool - j * size, top_k)
+            / math.comb(pool, top_k)
+            for j in range(min(mine, groups_top_k) + 1)
+        )
+    chosen = groups_top_k / groups  # the node's group is among the chosen
+    return (1.0 - chosen) + chosen * math.comb(pool - held, top_k) / math.comb(pool, top_k)
+
+
+def remote_nodes_per_token(
+    experts: int, top_k: int, nodes: int, groups: int | None = None, groups_top_k: int | None = None
+) -> float:
     """``R``: the expected number of distinct remote nodes a token's ``top_k`` experts occupy when ``experts``
-    are split evenly over ``nodes`` nodes and a token picks ``top_k`` distinct ones uniformly (module docstring)."""
+    are split evenly over ``nodes`` nodes, drawn uniformly (from ``groups_top_k`` of ``groups`` expert groups
+    where given; module docstring)."""
     if nodes <= 1:
         return 0.0
-    per_node = experts / nodes
-    missing = math.comb(experts - int(per_node), top_k) / math.comb(experts, top_k)
-    return (nodes - 1) * (1.0 - missing)
+    return (nodes - 1) * (1.0 - _untouched(experts, top_k, nodes, groups, groups_top_k))
 
 
-def dispatch_scale(dispatcher: str, *, experts: int, top_k: int, nodes: int) -> float:
+def dispatch_scale(
+    dispatcher: str,
+    *,
+    experts: int,
+    top_k: int,
+    nodes: int,
+    groups: int | None = None,
+    groups_top_k: int | None = None,
+) -> float:
     """The factor on the alltoall dispatcher's all-to-all message that prices ``dispatcher`` over an
     expert-parallel group spread over ``nodes`` nodes: 1 for ``alltoall`` and inside one node, else
     ``R / (top_k (N - 1) / N)`` (module docstring)."""
     if dispatcher == "alltoall" or nodes <= 1 or experts % nodes:
         return 1.0
-    return remote_nodes_per_token(experts, top_k, nodes) / (top_k * (nodes - 1) / nodes)
+    return remote_nodes_per_token(experts, top_k, nodes, groups, groups_top_k) / (top_k * (nodes - 1) / nodes)

@@ -936,7 +936,12 @@ def _compile(
         ep = key[3] if key[0] == "block" else 1
         groups = graph_groups(*model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g))
         scale = dispatch_scale(
-            space.moe_dispatcher, experts=arch.n_experts, top_k=arch.experts_top_k, nodes=groups["ep"].nodes
+            space.moe_dispatcher,
+            experts=arch.n_experts,
+            top_k=arch.experts_top_k,
+            nodes=groups["ep"].nodes,
+            groups=arch.expert_groups,
+            groups_top_k=arch.expert_groups_top_k,
         )
         graph = graphs[key]
         phases = {}

@@ -1096,7 +1096,12 @@ class _Pricer:
         self.device = plan.device
         arch, lay = plan.arch, plan.layout
         self.ep_dispatch_scale = dispatch_scale(
-            lay.cfg.moe_dispatcher, experts=arch.n_experts, top_k=arch.experts_top_k, nodes=lay.ep_group.nodes
+            lay.cfg.moe_dispatcher,
+            experts=arch.n_experts,
+            top_k=arch.experts_top_k,
+            nodes=lay.ep_group.nodes,
+            groups=arch.expert_groups,
+            groups_top_k=arch.expert_groups_top_k,
         )
         self.table: Mapping[Kernel, tuple[float, str]] = {}
         self.ops: list[OpLine] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -900,6 +901,8 @@ DEEPSEEK_V3_HF = {  # deepseek-ai/DeepSeek-V3 config.json (the keys opcast reads
     "n_routed_experts": 256,
     "n_shared_experts": 1,
     "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
     "q_lora_rank": 1536,
     "kv_lora_rank": 512,
     "qk_nope_head_dim": 128,
@@ -924,6 +927,8 @@ DEEPSEEK_V2_LITE_HF = {  # deepseek-ai/DeepSeek-V2-Lite config.json: no query co
     "n_routed_experts": 64,
     "n_shared_experts": 2,
     "num_experts_per_tok": 6,
+    "n_group": 1,
+    "topk_group": 1,
     "q_lora_rank": None,
     "vocab_size": 102400,
 }
@@ -984,6 +989,7 @@ def test_deepseek_v2_lite_and_kimi_k2_spellings() -> None:
     # moonshotai/Kimi-K2-Instruct config.json: DeepSeek-V3's with 64 heads, 384 experts, one dense block
     k2 = {**DEEPSEEK_V3_HF, "model_type": "kimi_k2", "num_attention_heads": 64, "num_key_value_heads": 64}
     k2 |= {"n_routed_experts": 384, "first_k_dense_replace": 1, "vocab_size": 163840, "max_position_embeddings": 131072}
+    k2 |= {"n_group": 1, "topk_group": 1}  # no group limit
     expected = arch_from_hf_config(k2, "kimi-k2")
     assert dataclasses.replace(load_arch("kimi-k2"), source=expected.source) == expected
 
@@ -1030,6 +1036,23 @@ def test_deepseek_configs_opcast_cannot_price_are_refused_in_one_line(extra: dic
     with pytest.raises(OpcastError) as err:
         arch_from_hf_config({**DEEPSEEK_V3_HF, **extra}, "x")
     assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_group_limited_routing_is_read_and_checked() -> None:
+    v3 = arch_from_hf_config(DEEPSEEK_V3_HF, "d")
+    assert (v3.expert_groups, v3.expert_groups_top_k) == (8, 4)
+    assert arch_from_hf_config(DEEPSEEK_V2_LITE_HF, "lite").expert_groups is None  # n_group 1: no limit
+    every = arch_from_hf_config({**DEEPSEEK_V3_HF, "topk_group": 8}, "all")  # all groups: no limit either
+    assert every.expert_groups is None and every.expert_groups_top_k is None
+    for bad, needle in (
+        ({"expert_groups_top_k": None}, "expert_groups and expert_groups_top_k go together"),
+        ({"expert_groups": 7}, "expert_groups=7 must divide n_experts=256"),
+        ({"expert_groups_top_k": 9}, "expert_groups_top_k=9 must be 1..expert_groups=8"),
+        ({"expert_groups_top_k": 0}, "expert_groups_top_k=0 must be >= 1"),
+        ({"expert_groups": 64, "expert_groups_top_k": 1}, "experts_top_k=8 exceeds the 4 experts"),
+    ):
+        with pytest.raises(OpcastError, match=re.escape(needle)):
+            dataclasses.replace(v3, **bad)
 
 
 def test_mla_fields_go_together() -> None:

@@ -4,6 +4,7 @@ count against brute-force enumeration, hand-worked scales, and what it changes i
 from __future__ import annotations
 
 import itertools
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -35,14 +36,55 @@ def test_the_expected_remote_nodes_match_enumeration(experts, top_k, nodes):
     assert remote_nodes_per_token(experts, top_k, nodes) == pytest.approx(_enumerated(experts, top_k, nodes))
 
 
+def _enumerated_grouped(experts: int, top_k: int, nodes: int, groups: int, groups_top_k: int) -> float:
+    """The same with the experts drawn from ``groups_top_k`` of ``groups`` groups, each set of groups and then
+    each set of ``top_k`` of their experts equally likely."""
+    per, size = experts // nodes, experts // groups
+    total = count = 0.0
+    group_sets = list(itertools.combinations(range(groups), groups_top_k))
+    for src in range(nodes):
+        for chosen_groups in group_sets:
+            pool = [e for g in chosen_groups for e in range(g * size, (g + 1) * size)]
+            sets = list(itertools.combinations(pool, top_k))
+            for chosen in sets:  # each group set weighs the same: its expert sets share 1 / len(sets)
+                total += len({e // per for e in chosen} - {src}) / len(sets)
+            count += 1
+    return total / count
+
+
+@pytest.mark.parametrize(
+    ("experts", "top_k", "nodes", "groups", "groups_top_k"),
+    [(8, 2, 2, 4, 2), (12, 3, 3, 6, 2), (16, 4, 4, 8, 3), (8, 2, 4, 2, 1), (16, 3, 8, 4, 2)],
+    ids=["whole-groups", "two-groups-a-node", "deepseek-like", "group-spans-nodes", "group-spans-4"],
+)
+def test_group_limited_routing_matches_enumeration(experts, top_k, nodes, groups, groups_top_k):
+    got = remote_nodes_per_token(experts, top_k, nodes, groups, groups_top_k)
+    assert got == pytest.approx(_enumerated_grouped(experts, top_k, nodes, groups, groups_top_k))
+    assert got <= remote_nodes_per_token(experts, top_k, nodes) + 1e-12  # the limit only removes nodes
+
+
+def test_groups_that_neither_hold_nor_span_whole_nodes_take_the_unlimited_count_an_upper_bound():
+    # 2 groups of 6 experts over 3 nodes of 4: a group covers a node and a half
+    got = remote_nodes_per_token(12, 2, 3, 2, 1)
+    assert got == remote_nodes_per_token(12, 2, 3)
+    assert got > _enumerated_grouped(12, 2, 3, 2, 1)
+
+
 def test_hand_worked_scales():
     # 4 experts on 2 nodes, top 2: the other node holds neither expert in 1 of C(4, 2) = 6 sets, so a token
     # crosses once with probability 5/6; alltoall sends k (N - 1) / N = 1 copy across on average
     assert dispatch_scale("flex", experts=4, top_k=2, nodes=2) == pytest.approx(5 / 6)
     assert dispatch_scale("alltoall", experts=4, top_k=2, nodes=2) == 1.0
     assert dispatch_scale("flex", experts=128, top_k=8, nodes=1) == 1.0  # inside one node: the same bytes
-    # DeepSeek-V3's 256 experts, top 8, over 4 nodes: 3 (1 - C(192, 8) / C(256, 8)) = 2.71 copies against 6
+    # DeepSeek-V3's 256 experts, top 8, over 4 nodes: 3 (1 - C(192, 8) / C(256, 8)) = 2.71 copies against 6;
+    # from 4 of 8 groups (2 a node): a node holds none of the chosen groups with probability C(6, 4) / C(8, 4)
     assert dispatch_scale("flex", experts=256, top_k=8, nodes=4) == pytest.approx(2.7107 / 6, rel=1e-4)
+    untouched = sum(
+        math.comb(2, j) * math.comb(6, 4 - j) / math.comb(8, 4) * math.comb(128 - 32 * j, 8) / math.comb(128, 8)
+        for j in range(3)
+    )
+    scale = dispatch_scale("flex", experts=256, top_k=8, nodes=4, groups=8, groups_top_k=4)
+    assert scale == pytest.approx(3 * (1 - untouched) / 6) and scale == pytest.approx(2.1962 / 6, rel=1e-4)
 
 
 def _ep_lines(dispatcher: str, dp: int, gpus_per_node: int):
