@@ -311,9 +311,11 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         None,
     ),
     "moe_dispatcher": (
-        "alltoall (Megatron-Core's NCCL all-to-all: a token crosses the network once per expert on another node) "
-        "or flex (DeepEP / HybridEP, moe_token_dispatcher_type flex: once per remote node holding any of its "
-        "experts, then NVLink inside the node).",
+        "How expert parallelism moves tokens between nodes: alltoall (Megatron-Core's NCCL all-to-all: a token "
+        "crosses the network once per expert on another node) or flex (DeepEP / HybridEP: Megatron "
+        "moe_token_dispatcher_type flex, SGLang --moe-a2a-backend deepep; once per remote node holding any of its "
+        "experts, then NVLink inside the node; in serving, prefill steps only, decode runs DeepEP's low-latency "
+        "kernels, once per expert).",
         None,
     ),
     "overlap_p2p_comm": (
@@ -648,7 +650,8 @@ RULES += (Rule(("disaggregate", "replicas"), _disaggregate_rule),)
 
 _ENGINE_DEFAULT = "the --engine's default (vLLM: by GPU memory, as vLLM's EngineArgs)"
 SERVE_PARALLEL = tuple(
-    _option(INFER, n) for n in ("tp", "pp", "ep", "precision", "attention", "tensor_cores", "engine_version")
+    _option(INFER, n)
+    for n in ("tp", "pp", "ep", "precision", "attention", "tensor_cores", "engine_version", "moe_dispatcher")
 )
 """A replica's layout and numerics: the options of ``predict infer`` that apply to serving."""
 SERVE = (

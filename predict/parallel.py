@@ -235,6 +235,11 @@ class InferConfig:
     engine_version: str | None = None
     """The engine's release (``0.11.0``) where its kernels depend on it: vLLM before 0.12 runs MXFP4 experts on
     Hopper with Marlin (:func:`opcast.predict.serve.engine.vllm_runs_marlin`); None: the newest."""
+    moe_dispatcher: MoeDispatcher = "alltoall"
+    """The all-to-alls of expert parallelism across replicas (``ep > tp``; :mod:`opcast.predict.moe_dispatch`):
+    ``alltoall``, one copy of a token per expert, or ``flex``, DeepEP as SGLang runs it by default
+    (``--moe-a2a-backend deepep``, ``--deepep-mode auto``): its normal kernels in prefill steps, one copy a
+    token per remote node, its low-latency kernels in decode steps, one per expert."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -886,6 +891,8 @@ def validate_infer(
         reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
     if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
         reasons.append(problem)
+    if cfg.moe_dispatcher not in get_args(MoeDispatcher):
+        reasons.append(f"moe_dispatcher={cfg.moe_dispatcher!r} is not one of {', '.join(get_args(MoeDispatcher))}")
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)

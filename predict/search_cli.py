@@ -406,6 +406,7 @@ SERVE_STREAM = tuple(
         "precision",
         "attention",
         "tensor_cores",
+        "moe_dispatcher",
     )
 )
 """The request stream, SLOs, engine and numerics, as ``opcast predict serve`` takes them."""
@@ -429,6 +430,7 @@ def search_serve_cmd(o: Args) -> None:
         precision=o.precision,
         attention=o.attention,
         tensor_cores=o.tensor_cores,
+        moe_dispatcher=o.moe_dispatcher,
         tp=_ints(o.tp),
         pp=_ints(o.pp),
         ep=_ints(o.ep),

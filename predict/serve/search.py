@@ -75,6 +75,7 @@ from typing import Any
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
+from opcast.predict.moe_dispatch import DISPATCHERS
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
 from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
@@ -108,6 +109,8 @@ class ServeSpace:
     precision: str = "bf16"
     attention: str = "flash"
     tensor_cores: bool | None = None
+    moe_dispatcher: str = "alltoall"
+    """The all-to-alls of expert parallelism across replicas, as ``predict serve --moe-dispatcher``."""
     tp: tuple[int, ...] | None = None
     """Tensor-parallel degrees to try; None: every divisor of ``gpus`` up to the GPUs per node."""
     pp: tuple[int, ...] | None = None
@@ -279,6 +282,8 @@ def space_problems(space: ServeSpace) -> list[str]:
         out.append(f"--slo-percentile {space.slo_percentile} is not one of {', '.join(map(str, PERCENTILES))}")
     if space.engine not in ENGINES:
         out.append(f"--engine {space.engine!r} is not one of {', '.join(ENGINES)}")
+    if space.moe_dispatcher not in DISPATCHERS:
+        out.append(f"--moe-dispatcher {space.moe_dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
     if space.router not in ROUTERS:
         out.append(f"--router {space.router!r} is not one of {', '.join(ROUTERS)}")
     if space.objective == "goodput" and space.slo_ttft_s is None and space.slo_tpot_s is None:
@@ -426,6 +431,7 @@ def search_serve(
                 precision=space.precision,  # type: ignore[arg-type]
                 attention=space.attention,  # type: ignore[arg-type]
                 tensor_cores=space.tensor_cores,
+                moe_dispatcher=space.moe_dispatcher,  # type: ignore[arg-type]
             ),
         )
         engine = engine_config(

@@ -119,3 +119,30 @@ def test_an_unknown_dispatcher_is_one_line_with_exit_2():
         len(out.stderr.strip().splitlines()) == 1
         and "moe_dispatcher='deepep' is not one of alltoall, flex" in out.stderr
     )
+
+
+def _forward_s(dispatcher: str, *, ep: int, seq_q: int) -> float:
+    from opcast.predict.comm import CollectiveCostModel
+    from opcast.predict.cost import roofline_only
+    from opcast.predict.inference import forward_time_s
+    from opcast.predict.parallel import InferConfig
+
+    cfg = InferConfig(tp=4, ep=ep, precision="fp8", moe_dispatcher=dispatcher)
+    return forward_time_s(
+        load_arch("deepseek-v3"),
+        get_device("H200"),
+        cfg,
+        batch=4,
+        seq_q=seq_q,
+        seq_kv=2048,
+        gpus_per_node=8,
+        kernels=roofline_only(),
+        comms=CollectiveCostModel(),
+    )
+
+
+def test_serving_runs_deepeps_normal_kernels_in_prefill_and_its_low_latency_ones_in_decode():
+    # EP 16 over two 8-GPU nodes (four tp-4 replicas as attention data-parallel ranks)
+    assert _forward_s("flex", ep=16, seq_q=2048) < _forward_s("alltoall", ep=16, seq_q=2048)
+    assert _forward_s("flex", ep=16, seq_q=1) == _forward_s("alltoall", ep=16, seq_q=1)  # one copy per expert
+    assert _forward_s("flex", ep=8, seq_q=2048) == _forward_s("alltoall", ep=8, seq_q=2048)  # one node

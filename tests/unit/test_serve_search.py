@@ -287,10 +287,25 @@ def test_a_stop_rule_stops_only_runs_that_cannot_meet_it(setup):
 
 def test_bad_spaces_are_refused_with_every_problem():
     problems = space_problems(
-        ServeSpace(gpus=4, tp=(8,), max_num_seqs=(0,), objective="fastest", slo_percentile=95, engine="tgi")
+        ServeSpace(
+            gpus=4,
+            tp=(8,),
+            max_num_seqs=(0,),
+            objective="fastest",
+            slo_percentile=95,
+            engine="tgi",
+            moe_dispatcher="deepep",
+        )
     )
     text = "; ".join(problems)
-    for part in ("--tp 8 exceeds --gpus 4", "--max-num-seqs 0", "objective 'fastest'", "percentile 95", "'tgi'"):
+    for part in (
+        "--tp 8 exceeds --gpus 4",
+        "--max-num-seqs 0",
+        "objective 'fastest'",
+        "percentile 95",
+        "'tgi'",
+        "--moe-dispatcher 'deepep' is not one of alltoall, flex",
+    ):
         assert part in text
     assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
     assert space_problems(ServeSpace(gpus=4, objective="throughput")) == []
