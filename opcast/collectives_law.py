@@ -75,6 +75,11 @@ PROTOCOLS: Final[dict[str, NcclProtocol]] = {
 TREE_BW: Final = 0.9
 """NCCL: tree busBw = 0.9 x ring's."""
 
+EP_DISPATCH: Final = "ep_dispatch"
+"""DeepEP's (and HybridEP's) expert dispatch / combine kernels, priced by :func:`alpha_beta_options` as an
+all-to-all whose peers are written at once (one-sided RDMA and NVLink stores from many SMs): one latency, not one
+per peer as NCCL's pairwise exchange pays. Not an NCCL collective, so not a :data:`KINDS` law."""
+
 KINDS: Final = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "broadcast")
 """The collectives the law prices (the registry's collective kinds)."""
 
@@ -123,6 +128,15 @@ def alpha_beta_options(
     already times :data:`LINK_EFFICIENCY`)."""
     n, per = ranks, per_node
     s = float(size_bytes)
+    if kind == EP_DISPATCH:
+        # Every peer at once: the launch and one hop of the slowest tier, then each GPU's share inside the node
+        # over NVLink and its share across nodes over its own NIC, in parallel (DeepEP's normal kernels forward
+        # between the two; its low-latency kernels write each expert's rank directly). Its own kernels, so no NCCL
+        # protocol choice: Simple's latencies and full bandwidth.
+        p = protocols["Simple"]
+        hop = p.hop_ring_s["net" if nodes > 1 else tier]
+        t = max((per - 1) / n * s / b_intra, (n - per) / n * s / b_nic)
+        return [(p.base_ring_s + hop + t, "one-shot/Simple")]
     # The bottleneck bandwidth of a ring or pairwise pattern over the whole group.
     if nodes == 1:
         b_flat = b_intra

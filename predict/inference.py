@@ -35,7 +35,7 @@ from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
-from opcast.predict.moe_dispatch import dispatch_scale
+from opcast.predict.moe_dispatch import ep_dispatch
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, moe_impl, tp_all_reduce_kind
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
@@ -134,8 +134,12 @@ def _forward_s(
     model = embedding_ops(arch, tp=tp, tokens=tokens, rows=tokens, training=False)
     model += head_ops(arch, tp=tp, tokens=batch, rows=batch, loss=False)  # logits of the last position only
     comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
+    ep_comm = _ep_all_to_all(arch, cfg, tokens, dtype_bytes(prec.act))
     ep_group = ep_group or tp_group
-    ep_comm = _ep_all_to_all(arch, cfg, tokens, dtype_bytes(prec.act), ep_group=ep_group, prefill=seq_q > 1)
+    # flex: DeepEP's normal kernels in a prefill step (one copy a token per remote node), its low-latency ones in
+    # a decode step (one per expert; DeepEP's README: "low-latency kernels with pure RDMA"), as SGLang's
+    # --deepep-mode auto picks them
+    ep = ep_dispatch(cfg.moe_dispatcher, arch, ep_group.nodes, deduplicate=seq_q > 1)
     extra_comm: tuple[Comm, ...] = ()
     if tp > 1:
         extra_comm = (
@@ -165,11 +169,11 @@ def _forward_s(
                 )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm] + ep_comm:
         kind = c.kind if c.kind != "all_reduce" else tp_all_reduce_kind(cfg.engine, c.bytes, tp_group, device)
-        group = ep_group if c.role == "ep" else tp_group
-        t, label = comms.time_s(Collective(kind, c.bytes, group), device)
+        call = ep.call(c.bytes, ep_group) if c.role == "ep" else Collective(kind, c.bytes, tp_group)
+        t, label = comms.time_s(call, device)
         comm_s += repeat * c.count * t
         if comm_sources is not None:
-            key = f"{kind}: {label}"
+            key = f"{call.kind}: {label}"
             comm_sources[key] = comm_sources.get(key, 0) + repeat * c.count
     return compute, comm_s
 
@@ -212,30 +216,16 @@ def _mlp_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
     return ((dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers))
 
 
-def _ep_all_to_all(
-    arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int, *, ep_group: Group, prefill: bool
-) -> list[tuple[Comm, int]]:
+def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) -> list[tuple[Comm, int]]:
     """The MoE dispatch and combine of expert parallelism across replicas (``ep > tp``; DeepEP / pplx
     all-to-alls): each GPU sends its ``1 / tp`` of the replica's tokens, ``top_k`` copies of each, to the experts'
     GPUs and takes the results back, one all-to-all each way per MoE block over the ``ep`` GPUs (SGLang
     ``DeepEPMoE``, vLLM's ``all2all_backend``). Within a replica (``ep = tp``) the tokens are already on every
-    GPU and the block's tensor-parallel all-reduce sums the experts' outputs: nothing more moves. Under
-    ``moe_dispatcher`` flex a ``prefill`` step (new tokens per sequence > 1) runs DeepEP's normal kernels, one copy
-    of a token per remote node of ``ep_group`` (:func:`opcast.predict.moe_dispatch.dispatch_scale`); a decode step
-    its low-latency kernels, one per expert (DeepEP's README: "low-latency kernels with pure RDMA")."""
+    GPU and the block's tensor-parallel all-reduce sums the experts' outputs: nothing more moves. How they run
+    (``moe_dispatcher``) is :func:`_forward_s`'s to price."""
     if cfg.ep <= cfg.tp or arch.n_experts == 1:
         return []
     routed = -(-tokens // cfg.tp) * arch.experts_top_k * arch.hidden * act_b
-    if prefill:
-        scale = dispatch_scale(
-            cfg.moe_dispatcher,
-            experts=arch.n_experts,
-            top_k=arch.experts_top_k,
-            nodes=ep_group.nodes,
-            groups=arch.expert_groups,
-            groups_top_k=arch.expert_groups_top_k,
-        )
-        routed = round(routed * scale)
     return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers - (arch.dense_layers or 0))]  # the MoE blocks
 
 

@@ -33,10 +33,14 @@ group spans ``N / G`` nodes, it is ``1 - G_k/G`` plus ``G_k/G`` times ``C(G_k E/
 (DeepSeek's router picks the groups by their two best scores, so a chosen group rarely goes empty; the uniform
 draw lets it, which makes ``R`` slightly low.) Other splits take the unlimited formula.
 
-opcast prices the flex dispatch as the same all-to-all call with its message scaled by ``R / (k (N - 1) / N)``,
-so that the bytes each GPU sends over its NIC are the deduplicated ones; the NVLink forwarding inside the node
-runs behind the RDMA transfer (DeepEP pipelines the two), and its latency terms are the all-to-all's. Inside one
-node (``N = 1``) the two dispatchers move the same bytes and the factor is 1. Routing is taken as balanced (as
+opcast prices the flex dispatch as DeepEP's kernels (:data:`opcast.collectives_law.EP_DISPATCH`: every peer
+written at once, one latency rather than NCCL's one per peer) on the all-to-all's message scaled by
+``R / (k (N - 1) / N)``, so that the bytes each GPU sends over its NIC are the deduplicated ones; the NVLink
+forwarding inside the node runs behind the RDMA transfer (DeepEP pipelines the two). Inside one node (``N = 1``)
+the two dispatchers move the same bytes and the factor is 1. Serving's decode steps run DeepEP's low-latency
+kernels: the same one-shot pricing, one copy a token per expert (``deduplicate=False``). Against the latencies
+DeepEP publishes for those (``benchmarks/deepep_kernels.py``, nothing fitted) this is 10 % MAPE over EP 8-256, where
+NCCL's pairwise all-to-all, one latency per peer, is 3-6x slow at EP 64-256. Routing is taken as balanced (as
 ``moe_router_force_load_balancing`` makes it, and opcast's expert GEMMs assume). DeepSeek-V3 with EP 32 over
 4 nodes: 2.20 copies of a token cross the network (2.71 without its group limit), against alltoall's 6.0. The
 NVLink side inside the node is not scaled down with the message, but with NVLink's bandwidth ~9x the NIC's it
@@ -45,7 +49,14 @@ does not bound the call (the pairwise all-to-all's time is the larger of the two
 from __future__ import annotations
 
 import math
-from typing import Final, Literal, get_args
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final, Literal, get_args
+
+from opcast.collectives_law import EP_DISPATCH
+from opcast.predict.comm import Collective, Group
+
+if TYPE_CHECKING:
+    from opcast.archs import ArchSpec
 
 MoeDispatcher = Literal["alltoall", "flex"]
 DISPATCHERS: Final = get_args(MoeDispatcher)
@@ -98,3 +109,41 @@ def dispatch_scale(
     if dispatcher == "alltoall" or nodes <= 1 or experts % nodes:
         return 1.0
     return remote_nodes_per_token(experts, top_k, nodes, groups, groups_top_k) / (top_k * (nodes - 1) / nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class EpDispatch:
+    """How one configuration's expert all-to-alls run: NCCL's all-to-all (``alltoall``), or DeepEP's kernels
+    (``flex``) on the message scaled by ``scale`` (:func:`dispatch_scale`)."""
+
+    dispatcher: str = "alltoall"
+    scale: float = 1.0
+
+    def call(self, nbytes: int, group: Group) -> Collective:
+        """The collective of one expert all-to-all of ``nbytes`` (one copy a token per expert) over ``group``."""
+        if self.dispatcher == "alltoall":
+            return Collective("all_to_all", nbytes, group)
+        return Collective(EP_DISPATCH, round(nbytes * self.scale), group)
+
+
+ALLTOALL: Final = EpDispatch()
+
+
+def ep_dispatch(dispatcher: str, arch: ArchSpec, nodes: int, *, deduplicate: bool = True) -> EpDispatch:
+    """The :class:`EpDispatch` of ``arch``'s expert all-to-alls over an expert group on ``nodes`` nodes;
+    ``deduplicate``: DeepEP's normal kernels (one copy a token per remote node), else its low-latency ones."""
+    if dispatcher == "alltoall":
+        return ALLTOALL
+    scale = (
+        dispatch_scale(
+            dispatcher,
+            experts=arch.n_experts,
+            top_k=arch.experts_top_k,
+            nodes=nodes,
+            groups=arch.expert_groups,
+            groups_top_k=arch.expert_groups_top_k,
+        )
+        if deduplicate
+        else 1.0
+    )
+    return EpDispatch(dispatcher, scale)

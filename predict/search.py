@@ -80,7 +80,7 @@ from opcast.predict.memory import (
     stage_activation_bytes,
     stage_total_bytes,
 )
-from opcast.predict.moe_dispatch import DISPATCHERS, MoeDispatcher, dispatch_scale
+from opcast.predict.moe_dispatch import DISPATCHERS, MoeDispatcher, ep_dispatch
 from opcast.predict.parallel import (
     AttentionImpl,
     Fp8Recipe,
@@ -935,23 +935,14 @@ def _compile(
         tp, cp = key[1], key[2]
         ep = key[3] if key[0] == "block" else 1
         groups = graph_groups(*model_parallel_groups(tp=tp, cp=cp, ep=ep, gpus_per_node=g))
-        scale = dispatch_scale(
-            space.moe_dispatcher,
-            experts=arch.n_experts,
-            top_k=arch.experts_top_k,
-            nodes=groups["ep"].nodes,
-            groups=arch.expert_groups,
-            groups_top_k=arch.expert_groups_top_k,
-        )
+        ep_call = ep_dispatch(space.moe_dispatcher, arch, groups["ep"].nodes)
         graph = graphs[key]
         phases = {}
         for phase in (FWD, BWD, RECOMPUTE):
             shared = (id(graph.nodes[phase]), id(graph.comms[phase]), tp, cp, ep, g)
             cost = costed.get(shared)
             if cost is None:
-                cost = costed[shared] = phase_cost(
-                    graph, phase, groups, table, terms.comms, device, ep_dispatch_scale=scale
-                )
+                cost = costed[shared] = phase_cost(graph, phase, groups, table, terms.comms, device, ep=ep_call)
             phases[phase] = cost
         terms.graph_costs[(key, g)] = phases
     terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})

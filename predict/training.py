@@ -76,7 +76,7 @@ from opcast.predict.memory import (
     stage_params,
     train_memory,
 )
-from opcast.predict.moe_dispatch import dispatch_scale
+from opcast.predict.moe_dispatch import ALLTOALL, EpDispatch, ep_dispatch
 from opcast.predict.offload import exposed_s as offload_exposed_s
 from opcast.predict.parallel import (
     Layout,
@@ -351,7 +351,7 @@ def phase_cost(
     comm_lines: list[CommDetail] | None = None,
     tp_comm_overlap: bool = False,
     overlap_cfgs: Mapping[str, UbGemm] | None = None,
-    ep_dispatch_scale: float = 1.0,
+    ep: EpDispatch = ALLTOALL,
 ) -> PhaseCost:
     """Kernel seconds and exposed collectives of one copy of ``graph`` in ``phase``; each kernel's
     time from ``kernel_times`` (a :meth:`KernelCostModel.lookup` answer), a collective hidden
@@ -360,9 +360,9 @@ def phase_cost(
     (:data:`TP_COMM_OVERLAP_GEMMS`; per GEMM ``overlap_cfgs``, TE's defaults where None): the GEMM's
     kernels become its chunk GEMMs on the SMs the transfer leaves it (which ``kernel_times`` must hold,
     :func:`opcast.predict.tp_overlap.overlap_kernels`), the collective's exposed time what they do not
-    hide. ``ep_dispatch_scale`` multiplies the message of each expert all-to-all (role ``ep``): the MoE
-    dispatcher's deduplication across nodes (:func:`opcast.predict.moe_dispatch.dispatch_scale`; 1: Megatron-Core's
-    alltoall). ``kernel_lines`` / ``comm_lines`` collect the per-item figures when given."""
+    hide. ``ep``: how the expert all-to-alls (role ``ep``) run, NCCL's (Megatron-Core's alltoall) or DeepEP's
+    deduplicating kernels (:func:`opcast.predict.moe_dispatch.ep_dispatch`). ``kernel_lines`` / ``comm_lines``
+    collect the per-item figures when given."""
     nodes = graph.nodes[phase]
     by_role: dict[str, float] = {}
     for n in nodes:
@@ -374,8 +374,11 @@ def phase_cost(
     replaced: dict[str, tuple[Overlapped, float, str]] = {}  # GEMM role -> (its overlap, reduction s, its source)
     calls: dict[str, int] = {}  # calls of each kind so far (a kind may come as several Comms: fp8 gathers)
     for c in graph.comms[phase]:
-        size = round(c.bytes * ep_dispatch_scale) if c.role == "ep" and c.kind == "all_to_all" else c.bytes
-        call = Collective(c.kind, size, groups[c.role])
+        call = (
+            ep.call(c.bytes, groups[c.role])
+            if c.role == "ep" and c.kind == "all_to_all"
+            else Collective(c.kind, c.bytes, groups[c.role])
+        )
         t, src = comms.time_s(call, device)
         tp_role = c.role == "tp" and bool(gemms or cfgs)
         behind: tuple[str, ...] = ()
@@ -1094,15 +1097,8 @@ class _Pricer:
     def __init__(self, plan: TrainPlan, kernels: KernelCostModel, comms: CollectiveCostModel, keep_lines: bool) -> None:
         self.plan, self.kernels, self.comms, self.keep = plan, kernels, comms, keep_lines
         self.device = plan.device
-        arch, lay = plan.arch, plan.layout
-        self.ep_dispatch_scale = dispatch_scale(
-            lay.cfg.moe_dispatcher,
-            experts=arch.n_experts,
-            top_k=arch.experts_top_k,
-            nodes=lay.ep_group.nodes,
-            groups=arch.expert_groups,
-            groups_top_k=arch.expert_groups_top_k,
-        )
+        lay = plan.layout
+        self.ep_dispatch = ep_dispatch(lay.cfg.moe_dispatcher, plan.arch, lay.ep_group.nodes)
         self.table: Mapping[Kernel, tuple[float, str]] = {}
         self.ops: list[OpLine] = []
         self.comm_lines: list[CommLine] = []
@@ -1125,7 +1121,7 @@ class _Pricer:
                 clines,
                 tp_comm_overlap=self.plan.layout.cfg.tp_comm_overlap,
                 overlap_cfgs=_overlap_cfgs(self.plan),
-                ep_dispatch_scale=self.ep_dispatch_scale,
+                ep=self.ep_dispatch,
             )
             for n, t, src in klines or ():
                 self.ops.append(
