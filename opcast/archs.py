@@ -1033,6 +1033,10 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
     shared = c.cfg.get("n_shared_experts")
     groups = c.get("n_group", 1) or 1
     limited = groups > 1 and c.get("topk_group", groups) < groups
+    experts = c.cfg.get("n_routed_experts")
+    if limited and isinstance(experts, int) and experts % groups:
+        c.problems.append(f"n_group={groups} does not divide n_routed_experts={experts}; give equal expert groups")
+        limited = False
     return {
         "n_kv_heads": heads,
         "head_dim": c.req("qk_nope_head_dim") + rope,

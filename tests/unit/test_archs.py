@@ -1030,6 +1030,7 @@ def test_layer_ops_of_an_mla_arch_follow_the_graph() -> None:
     [
         ({"moe_layer_freq": 2}, "moe_layer_freq=2"),
         ({"kv_lora_rank": "512"}, "kv_lora_rank"),
+        ({"n_group": 7}, "n_group=7 does not divide n_routed_experts=256"),
     ],
 )
 def test_deepseek_configs_opcast_cannot_price_are_refused_in_one_line(extra: dict, needle: str) -> None:
