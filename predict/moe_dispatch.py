@@ -43,8 +43,8 @@ DeepEP publishes for those (``benchmarks/deepep_kernels.py``, nothing fitted) th
 NCCL's pairwise all-to-all, one latency per peer, is 3-6x slow at EP 64-256. Routing is taken as balanced (as
 ``moe_router_force_load_balancing`` makes it, and opcast's expert GEMMs assume). DeepSeek-V3 with EP 32 over
 4 nodes: 2.20 copies of a token cross the network (2.71 without its group limit), against alltoall's 6.0. The
-NVLink side inside the node is not scaled down with the message, but with NVLink's bandwidth ~9x the NIC's it
-does not bound the call (the pairwise all-to-all's time is the larger of the two shares)."""
+scaled message shrinks the NVLink share too, though the forwarding inside the node moves about the alltoall's
+bytes there; with NVLink ~9x the NIC that share does not bound the call (its time is the larger of the two)."""
 
 from __future__ import annotations
 
