@@ -35,7 +35,7 @@ from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
-from opcast.predict.moe_dispatch import ep_dispatch
+from opcast.predict.moe_dispatch import ep_dispatch, infer_dispatcher
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, moe_impl, tp_all_reduce_kind
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
@@ -108,6 +108,7 @@ def _forward_s(
     phase: str,
     comm_sources: dict[str, int] | None = None,
     ep_group: Group | None = None,
+    dp_group: Group | None = None,
 ) -> tuple[float, float]:
     """(compute, tp comm) seconds of one forward of all layers, the stages one after another
     (``comm_sources``: where given, counts the TP collective calls by ``kind: label``)."""
@@ -134,12 +135,14 @@ def _forward_s(
     model = embedding_ops(arch, tp=tp, tokens=tokens, rows=tokens, training=False)
     model += head_ops(arch, tp=tp, tokens=batch, rows=batch, loss=False)  # logits of the last position only
     comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
-    ep_comm = _ep_all_to_all(arch, cfg, tokens, dtype_bytes(prec.act))
+    dispatcher = infer_dispatcher(cfg.moe_dispatcher, cfg.engine)
+    ep_comm = _ep_all_to_all(arch, cfg, tokens, dtype_bytes(prec.act), dispatcher)
     ep_group = ep_group or tp_group
     # flex: DeepEP's normal kernels in a prefill step (one copy a token per remote node), its low-latency ones in
     # a decode step (one per expert; DeepEP's README: "low-latency kernels with pure RDMA"), as SGLang's
     # --deepep-mode auto picks them
-    ep = ep_dispatch(cfg.moe_dispatcher, arch, ep_group.nodes, deduplicate=seq_q > 1)
+    ep = ep_dispatch(dispatcher, arch, ep_group.nodes, deduplicate=seq_q > 1)
+    groups = {"ep_dp": dp_group or tp_group}
     extra_comm: tuple[Comm, ...] = ()
     if tp > 1:
         extra_comm = (
@@ -169,7 +172,7 @@ def _forward_s(
                 )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm] + ep_comm:
         kind = c.kind if c.kind != "all_reduce" else tp_all_reduce_kind(cfg.engine, c.bytes, tp_group, device)
-        call = ep.call(c.bytes, ep_group) if c.role == "ep" else Collective(kind, c.bytes, tp_group)
+        call = ep.call(c.bytes, ep_group) if c.role == "ep" else Collective(kind, c.bytes, groups.get(c.role, tp_group))
         t, label = comms.time_s(call, device)
         comm_s += repeat * c.count * t
         if comm_sources is not None:
@@ -216,17 +219,26 @@ def _mlp_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
     return ((dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers))
 
 
-def _ep_all_to_all(arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int) -> list[tuple[Comm, int]]:
+def _ep_all_to_all(
+    arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int, dispatcher: str
+) -> list[tuple[Comm, int]]:
     """The MoE dispatch and combine of expert parallelism across replicas (``ep > tp``; DeepEP / pplx
     all-to-alls): each GPU sends its ``1 / tp`` of the replica's tokens, ``top_k`` copies of each, to the experts'
     GPUs and takes the results back, one all-to-all each way per MoE block over the ``ep`` GPUs (SGLang
     ``DeepEPMoE``, vLLM's ``all2all_backend``). Within a replica (``ep = tp``) the tokens are already on every
-    GPU and the block's tensor-parallel all-reduce sums the experts' outputs: nothing more moves. How they run
-    (``moe_dispatcher``) is :func:`_forward_s`'s to price."""
+    GPU and the block's tensor-parallel all-reduce sums the experts' outputs: nothing more moves. How the
+    all-to-alls run (alltoall or flex) is :func:`_forward_s`'s to price. Under ``dispatcher`` allgather (vLLM's
+    ``allgather_reducescatter``, ``AgRsAll2AllManager``: ``all_gatherv`` then ``reduce_scatterv`` over the
+    data-parallel group, role ``ep_dp``) each replica's tokens go whole to every other replica and come back
+    summed: an all-gather and a reduce-scatter of ``ep / tp`` replicas' hidden states a block."""
     if cfg.ep <= cfg.tp or arch.n_experts == 1:
         return []
+    moe_blocks = arch.n_layers - (arch.dense_layers or 0)
+    if dispatcher == "allgather":
+        gathered = cfg.ep // cfg.tp * tokens * arch.hidden * act_b
+        return [(Comm("ep_dp", kind, gathered), moe_blocks) for kind in ("all_gather", "reduce_scatter")]
     routed = -(-tokens // cfg.tp) * arch.experts_top_k * arch.hidden * act_b
-    return [(Comm("ep", "all_to_all", routed, 2), arch.n_layers - (arch.dense_layers or 0))]  # the MoE blocks
+    return [(Comm("ep", "all_to_all", routed, 2), moe_blocks)]
 
 
 def predict_infer(
@@ -255,6 +267,7 @@ def predict_infer(
     prec = infer_precision(cfg, arch, device)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
     ep_group = place(cfg.ep, 1, cluster.gpus_per_node)
+    dp_group = place(cfg.ep // cfg.tp, cfg.tp, cluster.gpus_per_node)  # a replica's peers (the rank of its tp rank)
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
     lines: list[dict[str, Any]] | None = [] if details else None
     b, P, G = cfg.batch, cfg.prompt_len, cfg.gen_len
@@ -281,6 +294,7 @@ def predict_infer(
         phase="prefill",
         comm_sources=prefill_comms,
         ep_group=ep_group,
+        dp_group=dp_group,
     )
     pre_pp = pp_s(b * P)
     overhead = OVERHEADS[cfg.engine] if cfg.engine != "none" else None
@@ -306,6 +320,7 @@ def predict_infer(
             phase="decode",
             comm_sources=decode_comms if n == len(steps) // 2 else None,
             ep_group=ep_group,
+            dp_group=dp_group,
         )
         dec_c += c
         dec_tp += t
@@ -419,6 +434,7 @@ def forward_time_s(
         lines=None,
         phase="forward",
         ep_group=place(cfg.ep, 1, gpus_per_node),
+        dp_group=place(cfg.ep // cfg.tp, cfg.tp, gpus_per_node),
     )
     pp_hop = place(2, cfg.tp, gpus_per_node)
     pp = _pp_send_s(arch, cfg, dtype_bytes(prec.act), tokens=batch * seq_q, pp_hop=pp_hop, comms=comms, device=device)

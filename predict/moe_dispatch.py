@@ -13,6 +13,12 @@
   index on its target nodes. Once it reaches the target nodes, we will endeavor to ensure that it is
   instantaneously forwarded via NVLink to specific GPUs that host their target experts"; the DeepEP README
   reports its RDMA "bottleneck bandwidth" as logical bytes, above the NIC's 50 GB/s for that reason.
+- ``allgather`` (serving only: vLLM's default ``--all2all-backend allgather_reducescatter``, ``ParallelConfig.
+  all2all_backend``; ``AgRsAll2AllManager``): before the experts every data-parallel rank all-gathers the hidden
+  states of every other rank's tokens over the data-parallel group (``ep / tp`` ranks, one per replica), computes
+  its experts on all of them, and reduce-scatters the outputs back: an all-gather and a reduce-scatter of
+  ``ep / tp`` replicas' tokens per MoE block, whatever the top-k (:func:`opcast.predict.inference.
+  _ep_all_to_all`). Megatron's ``allgather`` token dispatcher is not priced; training takes the other two.
 
 So under ``flex`` a token crosses the network ``R`` times, ``R`` the expected number of *distinct* remote nodes
 among its experts' nodes, not ``k (N - 1) / N``. With routing spread evenly over the ``E`` experts, each of the
@@ -58,8 +64,30 @@ from opcast.predict.comm import Collective, Group
 if TYPE_CHECKING:
     from opcast.archs import ArchSpec
 
-MoeDispatcher = Literal["alltoall", "flex"]
+MoeDispatcher = Literal["alltoall", "flex", "allgather"]
 DISPATCHERS: Final = get_args(MoeDispatcher)
+TRAIN_DISPATCHERS: Final = ("alltoall", "flex")
+"""The dispatchers training prices (Megatron's ``allgather`` is not among them)."""
+
+
+def infer_dispatcher(dispatcher: str | None, engine: str) -> str:
+    """The dispatcher a serving ``engine`` runs expert parallelism across replicas with when none is given: vLLM's
+    default ``allgather_reducescatter`` (``allgather``), else the all-to-all."""
+    if dispatcher is not None:
+        return dispatcher
+    return "allgather" if engine == "vllm" else "alltoall"
+
+
+def dispatcher_problem(dispatcher: object, choices: tuple[str, ...] = DISPATCHERS) -> str | None:
+    """Why ``dispatcher`` is not one of ``choices`` (one line), or None: the one check of every configuration."""
+    if dispatcher in choices:
+        return None
+    if dispatcher == "allgather":
+        return (
+            "moe_dispatcher='allgather' is vLLM's allgather_reducescatter, priced in predict infer / serve; "
+            f"training takes {' or '.join(choices)}"
+        )
+    return f"moe_dispatcher={dispatcher!r} is not one of {', '.join(choices)}"
 
 
 def _untouched(experts: int, top_k: int, nodes: int, groups: int | None, groups_top_k: int | None) -> float:
@@ -132,7 +160,7 @@ ALLTOALL: Final = EpDispatch()
 def ep_dispatch(dispatcher: str, arch: ArchSpec, nodes: int, *, deduplicate: bool = True) -> EpDispatch:
     """The :class:`EpDispatch` of ``arch``'s expert all-to-alls over an expert group on ``nodes`` nodes;
     ``deduplicate``: DeepEP's normal kernels (one copy a token per remote node), else its low-latency ones."""
-    if dispatcher == "alltoall":
+    if dispatcher != "flex":
         return ALLTOALL
     scale = (
         dispatch_scale(

@@ -443,6 +443,14 @@ INFER = tuple(
         "experts split over tp."
     )
     if o.name == "ep"
+    else o.but(
+        help="How expert parallelism across replicas (--ep > --tp) moves tokens: alltoall (one copy a token per "
+        "expert), flex (DeepEP as SGLang's --moe-a2a-backend deepep runs it: once per remote node in prefill, once "
+        "per expert in decode, every peer written at once) or allgather (vLLM's allgather_reducescatter: every "
+        "replica's tokens all-gathered to every replica, the outputs reduce-scattered back).",
+        default_help="the --engine's: allgather under vllm (its default backend), else alltoall",
+    )
+    if o.name == "moe_dispatcher"
     else o
     for o in config_options(InferConfig)
 )

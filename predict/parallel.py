@@ -25,7 +25,7 @@ from opcast.hardware import read_json_file
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
-from opcast.predict.moe_dispatch import MoeDispatcher
+from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem
 from opcast.predict.recompute import recompute_problem
 from opcast.predict.serve.engine import EngineName, engine_version_problem
 
@@ -235,11 +235,12 @@ class InferConfig:
     engine_version: str | None = None
     """The engine's release (``0.11.0``) where its kernels depend on it: vLLM before 0.12 runs MXFP4 experts on
     Hopper with Marlin (:func:`opcast.predict.serve.engine.vllm_runs_marlin`); None: the newest."""
-    moe_dispatcher: MoeDispatcher = "alltoall"
-    """The all-to-alls of expert parallelism across replicas (``ep > tp``; :mod:`opcast.predict.moe_dispatch`):
-    ``alltoall``, one copy of a token per expert, or ``flex``, DeepEP as SGLang runs it by default
-    (``--moe-a2a-backend deepep``, ``--deepep-mode auto``): its normal kernels in prefill steps, one copy a
-    token per remote node, its low-latency kernels in decode steps, one per expert."""
+    moe_dispatcher: MoeDispatcher | None = None
+    """How expert parallelism across replicas (``ep > tp``) moves tokens (:mod:`opcast.predict.moe_dispatch`):
+    ``alltoall``, one copy of a token per expert; ``flex``, DeepEP as SGLang runs it (``--moe-a2a-backend
+    deepep``, ``--deepep-mode auto``): its normal kernels in prefill steps, one copy a token per remote node, its
+    low-latency kernels in decode steps, one per expert; ``allgather``, vLLM's ``allgather_reducescatter``. None:
+    the engine's (:func:`opcast.predict.moe_dispatch.infer_dispatcher`: vLLM's allgather, else alltoall)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -717,11 +718,12 @@ def validate_train(
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
         ("optimizer", cfg.optimizer, Optimizer),
-        ("moe_dispatcher", cfg.moe_dispatcher, MoeDispatcher),
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")
     reasons += fp8_recipe_reasons(cfg.precision, cfg.fp8_recipe)
+    if (problem := dispatcher_problem(cfg.moe_dispatcher, TRAIN_DISPATCHERS)) is not None:
+        reasons.append(problem)
     if cfg.framework is not None and cfg.framework not in get_args(FrameworkName):
         reasons.append(f"framework={cfg.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     if check_device:
@@ -891,8 +893,8 @@ def validate_infer(
         reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
     if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
         reasons.append(problem)
-    if cfg.moe_dispatcher not in get_args(MoeDispatcher):
-        reasons.append(f"moe_dispatcher={cfg.moe_dispatcher!r} is not one of {', '.join(get_args(MoeDispatcher))}")
+    if cfg.moe_dispatcher is not None and (problem := dispatcher_problem(cfg.moe_dispatcher)) is not None:
+        reasons.append(problem)
     if check_device:
         reasons += device_reasons(device, cfg.precision)
     reasons += _degree_reasons(arch, bad, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep)

@@ -80,7 +80,7 @@ from opcast.predict.memory import (
     stage_activation_bytes,
     stage_total_bytes,
 )
-from opcast.predict.moe_dispatch import DISPATCHERS, MoeDispatcher, ep_dispatch
+from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem, ep_dispatch
 from opcast.predict.parallel import (
     AttentionImpl,
     Fp8Recipe,
@@ -358,8 +358,8 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
     problems += device_reasons(device, space.precision)
     problems += fp8_recipe_reasons(space.precision, space.fp8_recipe)
-    if space.moe_dispatcher not in DISPATCHERS:
-        problems.append(f"moe_dispatcher={space.moe_dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
+    if (problem := dispatcher_problem(space.moe_dispatcher, TRAIN_DISPATCHERS)) is not None:
+        problems.append(problem)
     problems += _fixed_problems(space.fixed)
     return problems
 

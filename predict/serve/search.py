@@ -75,7 +75,7 @@ from typing import Any
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
-from opcast.predict.moe_dispatch import DISPATCHERS
+from opcast.predict.moe_dispatch import dispatcher_problem
 from opcast.predict.parallel import InferConfig
 from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
 from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
@@ -109,8 +109,9 @@ class ServeSpace:
     precision: str = "bf16"
     attention: str = "flash"
     tensor_cores: bool | None = None
-    moe_dispatcher: str = "alltoall"
-    """The all-to-alls of expert parallelism across replicas, as ``predict serve --moe-dispatcher``."""
+    moe_dispatcher: str | None = None
+    """How expert parallelism across replicas moves tokens, as ``predict serve --moe-dispatcher`` (None: the
+    engine's)."""
     tp: tuple[int, ...] | None = None
     """Tensor-parallel degrees to try; None: every divisor of ``gpus`` up to the GPUs per node."""
     pp: tuple[int, ...] | None = None
@@ -282,8 +283,8 @@ def space_problems(space: ServeSpace) -> list[str]:
         out.append(f"--slo-percentile {space.slo_percentile} is not one of {', '.join(map(str, PERCENTILES))}")
     if space.engine not in ENGINES:
         out.append(f"--engine {space.engine!r} is not one of {', '.join(ENGINES)}")
-    if space.moe_dispatcher not in DISPATCHERS:
-        out.append(f"--moe-dispatcher {space.moe_dispatcher!r} is not one of {', '.join(DISPATCHERS)}")
+    if space.moe_dispatcher is not None and (problem := dispatcher_problem(space.moe_dispatcher)) is not None:
+        out.append(problem)
     if space.router not in ROUTERS:
         out.append(f"--router {space.router!r} is not one of {', '.join(ROUTERS)}")
     if space.objective == "goodput" and space.slo_ttft_s is None and space.slo_tpot_s is None:

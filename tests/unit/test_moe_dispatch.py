@@ -193,3 +193,62 @@ def test_the_one_shot_price_holds_deepeps_published_latencies_across_nodes():
         if r["ep"] > 8:
             assert abs(r["flex_us"] / r["measured_us"] - 1) < 0.15, r
             assert r["nccl_us"] > r["measured_us"] * 1.3, r  # NCCL's pairwise exchange: one hop per peer
+
+
+def test_vllms_allgather_reducescatter_moves_every_replicas_tokens_to_every_replica():
+    from opcast.predict.inference import _ep_all_to_all
+    from opcast.predict.moe_dispatch import infer_dispatcher
+    from opcast.predict.parallel import InferConfig
+
+    arch = load_arch("qwen3-235b-a22b")  # 94 MoE blocks, hidden 4096, top 8
+    cfg = InferConfig(tp=2, ep=8)  # four replicas of tp 2
+    comms = _ep_all_to_all(arch, cfg, 100, 2, "allgather")
+    # each replica's 100 tokens to the other three and back summed: 4 x 100 x 4096 x 2 bytes gathered, a block
+    assert [(c.role, c.kind, c.bytes, c.count, n) for c, n in comms] == [
+        ("ep_dp", "all_gather", 4 * 100 * 4096 * 2, 1, 94),
+        ("ep_dp", "reduce_scatter", 4 * 100 * 4096 * 2, 1, 94),
+    ]
+    # the all-to-all: each GPU's half of the tokens, eight copies each, there and back
+    ((a2a, n),) = _ep_all_to_all(arch, cfg, 100, 2, "alltoall")
+    assert (a2a.kind, a2a.bytes, a2a.count, n) == ("all_to_all", 50 * 8 * 4096 * 2, 2, 94)
+    assert _ep_all_to_all(arch, InferConfig(tp=4, ep=4), 100, 2, "allgather") == []  # inside a replica
+    assert infer_dispatcher(None, "vllm") == "allgather"  # vLLM's ParallelConfig.all2all_backend default
+    assert infer_dispatcher(None, "sglang") == infer_dispatcher(None, "none") == "alltoall"
+    assert infer_dispatcher("flex", "vllm") == "flex"
+
+
+def test_the_engines_dispatcher_is_the_default():
+    from opcast.predict.comm import CollectiveCostModel
+    from opcast.predict.cost import roofline_only
+    from opcast.predict.inference import forward_time_s
+    from opcast.predict.parallel import InferConfig
+
+    def step(**kw) -> float:
+        cfg = InferConfig(tp=4, ep=16, precision="fp8", **kw)
+        return forward_time_s(
+            load_arch("qwen3-235b-a22b"),
+            get_device("H200"),
+            cfg,
+            batch=8,
+            seq_q=512,
+            seq_kv=512,
+            gpus_per_node=8,
+            kernels=roofline_only(),
+            comms=CollectiveCostModel(),
+        )
+
+    assert (
+        step(engine="vllm")
+        == step(engine="vllm", moe_dispatcher="allgather")
+        != step(engine="vllm", moe_dispatcher="alltoall")
+    )
+    assert step(engine="sglang") == step(engine="sglang", moe_dispatcher="alltoall")
+
+
+def test_training_refuses_vllms_dispatcher_in_one_line():
+    args = ["predict", "train", "--arch", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--moe-dispatcher", "allgather"]
+    out = subprocess.run([OPCAST, *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert (
+        "vLLM's allgather_reducescatter, priced in predict infer / serve; training takes alltoall or flex" in out.stderr
+    )

@@ -304,7 +304,7 @@ def test_bad_spaces_are_refused_with_every_problem():
         "objective 'fastest'",
         "percentile 95",
         "'tgi'",
-        "--moe-dispatcher 'deepep' is not one of alltoall, flex",
+        "moe_dispatcher='deepep' is not one of alltoall, flex, allgather",
     ):
         assert part in text
     assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
