@@ -126,8 +126,9 @@ GB200 recipe (v2.4.0 ``pretrain_llama31_405b.py``: ``num_distributed_optimizer_i
 between the two instances; opcast prices ``--zero 3`` over all of them. Megatron-Bridge's GB200 405B
 functions set the same (2) only with Megatron FSDP, which the published 25.11 / 26.04.01 405B rows do not use.
 The MoE rows' settings beyond these (Megatron-Bridge v0.4.2 ``scripts/performance/configs/qwen/``, not columns of
-the recipes CSV, not priced): the flex token dispatcher with HybridEP (``moe_hybridep_num_sms = 32``) on most
-presets, ``moe_router_force_load_balancing = True`` (``set_qwen3_common_configs``; opcast's routing is balanced),
+the recipes CSV): the flex token dispatcher with HybridEP on most presets (priced, ``--moe-dispatcher flex``,
+:data:`MOE_FLEX_DISPATCHER`; its ``moe_hybridep_num_sms = 32`` not), and, not priced,
+``moe_router_force_load_balancing = True`` (``set_qwen3_common_configs``; opcast's routing is balanced),
 ``delay_wgrad_compute`` beside the H100 235B preset's combined 1F1B (which is priced, :data:`MOE_A2A_OVERLAP`), and
 CUDA graphs of the attention / router / dispatch preprocessing (``transformer_engine`` scopes). The same for the
 GPT-OSS (``configs/gpt_oss/``: HybridEP on B300), DeepSeek-V3 (``configs/deepseek/``: HybridEP, DeepEP on B200) and
