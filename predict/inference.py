@@ -222,15 +222,16 @@ def _mlp_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
 def _ep_all_to_all(
     arch: ArchSpec, cfg: InferConfig, tokens: int, act_b: int, dispatcher: str
 ) -> list[tuple[Comm, int]]:
-    """The MoE dispatch and combine of expert parallelism across replicas (``ep > tp``; DeepEP / pplx
-    all-to-alls): each GPU sends its ``1 / tp`` of the replica's tokens, ``top_k`` copies of each, to the experts'
-    GPUs and takes the results back, one all-to-all each way per MoE block over the ``ep`` GPUs (SGLang
-    ``DeepEPMoE``, vLLM's ``all2all_backend``). Within a replica (``ep = tp``) the tokens are already on every
-    GPU and the block's tensor-parallel all-reduce sums the experts' outputs: nothing more moves. How the
-    all-to-alls run (alltoall or flex) is :func:`_forward_s`'s to price. Under ``dispatcher`` allgather (vLLM's
-    ``allgather_reducescatter``, ``AgRsAll2AllManager``: ``all_gatherv`` then ``reduce_scatterv`` over the
-    data-parallel group, role ``ep_dp``) each replica's tokens go whole to every other replica and come back
-    summed: an all-gather and a reduce-scatter of ``ep / tp`` replicas' hidden states a block."""
+    """The MoE dispatch and combine of expert parallelism across replicas (``ep > tp``) under ``dispatcher``
+    (:mod:`opcast.predict.moe_dispatch`). The all-to-alls (alltoall, flex): each GPU sends its ``1 / tp`` of the
+    replica's tokens, ``top_k`` copies of each, to the experts' GPUs and takes the results back, one all-to-all
+    each way per MoE block over the ``ep`` GPUs (SGLang ``DeepEPMoE``, vLLM's DeepEP backends). Within a replica
+    (``ep = tp``) the tokens are already on every GPU and the block's tensor-parallel all-reduce sums the experts'
+    outputs: nothing more moves. How the all-to-alls run (alltoall or flex) is :func:`_forward_s`'s to price.
+    Under ``dispatcher`` allgather (vLLM's ``allgather_reducescatter``, ``AgRsAll2AllManager``: ``all_gatherv``
+    then ``reduce_scatterv`` over the data-parallel group, role ``ep_dp``) each replica's tokens go whole to every
+    other replica and come back summed: an all-gather and a reduce-scatter of ``ep / tp`` replicas' hidden states
+    a block."""
     if cfg.ep <= cfg.tp or arch.n_experts == 1:
         return []
     moe_blocks = arch.n_layers - (arch.dense_layers or 0)
@@ -267,7 +268,7 @@ def predict_infer(
     prec = infer_precision(cfg, arch, device)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
     ep_group = place(cfg.ep, 1, cluster.gpus_per_node)
-    dp_group = place(cfg.ep // cfg.tp, cfg.tp, cluster.gpus_per_node)  # a replica's peers (the rank of its tp rank)
+    dp_group = place(cfg.ep // cfg.tp, cfg.tp, cluster.gpus_per_node)  # one GPU of each replica, same tp rank
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
     lines: list[dict[str, Any]] | None = [] if details else None
     b, P, G = cfg.batch, cfg.prompt_len, cfg.gen_len
