@@ -309,3 +309,38 @@ def test_bad_spaces_are_refused_with_every_problem():
         assert part in text
     assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
     assert space_problems(ServeSpace(gpus=4, objective="throughput")) == []
+
+
+@pytest.mark.parametrize("dispatcher", ["flex", "allgather"])
+def test_the_search_prices_expert_parallelism_across_replicas_with_the_asked_dispatcher(dispatcher):
+    """Two tp-4 replicas of an MoE arch as one EP-8 group: each candidate is what predict_serve gives for that
+    deployment with the same dispatcher, and the dispatcher changes it."""
+    arch, dev = load_arch("qwen3-30b-a3b"), get_device(GPU)
+    stream = poisson_stream(
+        rate_per_s=50.0,
+        num_requests=60,
+        input_len=Lengths("uniform", 64, 512),
+        output_len=Lengths("uniform", 2, 32),
+        seed=5,
+    )
+    kernels = roofline_only("test")
+    values = {}
+    for chosen in (dispatcher, "alltoall"):
+        space = ServeSpace(
+            gpus=8,
+            tp=(4,),
+            ep=(8,),
+            max_num_seqs=(16,),
+            max_num_batched_tokens=(1024,),
+            objective="throughput",
+            moe_dispatcher=chosen,
+        )
+        result = search_serve(arch, dev, space, stream, kernels=kernels)
+        ((best, *_),) = [result.ranked]
+        assert best.deployment.ep == 8
+        cfg = InferConfig(tp=4, ep=8, moe_dispatcher=chosen)  # type: ignore[arg-type]
+        engine = engine_config(space.engine, dev, max_num_seqs=16, max_num_batched_tokens=1024)
+        alone = predict_serve(arch, dev, cfg, engine, stream, replicas=best.deployment.replicas, kernels=kernels)
+        assert best.metrics is not None and best.metrics.output_tokens_per_s == alone.metrics.output_tokens_per_s
+        values[chosen] = alone.metrics.output_tokens_per_s
+    assert values[dispatcher] != values["alltoall"]
