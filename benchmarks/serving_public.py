@@ -147,10 +147,10 @@ class Published:
     token_totals: bool = False
     """The row gives its printed token totals: its means come from them, and its throughput is compared."""
     engine_overrides: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Engine settings the run had (``max_num_seqs``, ``max_num_batched_tokens``) where the row gives them."""
     engine_version: str | None = None
     """The engine's release the csv's ``engine_version`` names ("vLLM v0.10.2 ..." -> ``0.10.2``), which picks
     its kernels where they depend on it (``InferConfig.engine_version``)."""
-    """Engine settings the run had (``max_num_seqs``, ``max_num_batched_tokens``) where the row gives them."""
 
 
 ENGINE_COLUMNS = ("max_num_seqs", "max_num_batched_tokens")

@@ -508,11 +508,7 @@ def _measure(
     flag.shielded = True
     signum = agreed[_STOP] or flag.signum or 0
     if collective_error is not None and not signum and failure is None:
-        failure = OpcastError(
-            f"a collective failed ({type(collective_error).__name__}: "
-            f"{(str(collective_error).splitlines() or [''])[0][:200]}): another rank has stopped or died; "
-            f"what was measured is saved in {out}; re-run the same command to resume"
-        )
+        failure = _collective_failed(collective_error, out)
     pending: BaseException | None = None
     if writer is not None:
         with ending.lock:
@@ -535,14 +531,19 @@ def _measure(
             # lands while it waits in the agreement that stops everyone leaves its peers at this barrier (what
             # was measured is written above). Without a signal, the peer died: the collective failure's line.
             if not signum and pending is None:
-                pending = OpcastError(
-                    f"a collective failed ({type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}): "
-                    f"another rank has stopped or died; what was measured is saved in {out}; re-run the same "
-                    "command to resume"
-                )
+                pending = _collective_failed(err, out)
     if pending is not None:
         raise pending
     return result
+
+
+def _collective_failed(err: BaseException, out: Path) -> OpcastError:
+    """The one line of a collective that failed without a signal: another rank stopped or died."""
+    first = (str(err).splitlines() or [""])[0][:200]
+    return OpcastError(
+        f"a collective failed ({type(err).__name__}: {first}): another rank has stopped or died; "
+        f"what was measured is saved in {out}; re-run the same command to resume"
+    )
 
 
 def _row(

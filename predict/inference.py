@@ -142,7 +142,7 @@ def _forward_s(
     # a decode step (one per expert; DeepEP's README: "low-latency kernels with pure RDMA"), as SGLang's
     # --deepep-mode auto picks them
     ep = ep_dispatch(dispatcher, arch, ep_group.nodes, deduplicate=seq_q > 1)
-    groups = {"ep_dp": dp_group or tp_group}
+    dp_group = dp_group or tp_group
     extra_comm: tuple[Comm, ...] = ()
     if tp > 1:
         extra_comm = (
@@ -172,7 +172,11 @@ def _forward_s(
                 )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm] + ep_comm:
         kind = c.kind if c.kind != "all_reduce" else tp_all_reduce_kind(cfg.engine, c.bytes, tp_group, device)
-        call = ep.call(c.bytes, ep_group) if c.role == "ep" else Collective(kind, c.bytes, groups.get(c.role, tp_group))
+        call = (
+            ep.call(c.bytes, ep_group)
+            if c.role == "ep"
+            else Collective(kind, c.bytes, dp_group if c.role == "ep_dp" else tp_group)
+        )
         t, label = comms.time_s(call, device)
         comm_s += repeat * c.count * t
         if comm_sources is not None:
@@ -217,6 +221,12 @@ def _mlp_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
         expert_groups_top_k=None,
     )
     return ((dense, arch.dense_layers), (arch, arch.n_layers - arch.dense_layers))
+
+
+def _expert_groups(cfg: InferConfig, gpus_per_node: int) -> tuple[Group, Group]:
+    """(the ``ep`` GPUs of an expert group, the data-parallel group of its replicas: one GPU of each, the same tp
+    rank) on nodes of ``gpus_per_node``."""
+    return place(cfg.ep, 1, gpus_per_node), place(cfg.ep // cfg.tp, cfg.tp, gpus_per_node)
 
 
 def _ep_all_to_all(
@@ -267,8 +277,7 @@ def predict_infer(
         comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
     prec = infer_precision(cfg, arch, device)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
-    ep_group = place(cfg.ep, 1, cluster.gpus_per_node)
-    dp_group = place(cfg.ep // cfg.tp, cfg.tp, cluster.gpus_per_node)  # one GPU of each replica, same tp rank
+    ep_group, dp_group = _expert_groups(cfg, cluster.gpus_per_node)
     pp_hop = place(2, cfg.tp, cluster.gpus_per_node)
     lines: list[dict[str, Any]] | None = [] if details else None
     b, P, G = cfg.batch, cfg.prompt_len, cfg.gen_len
@@ -420,6 +429,7 @@ def forward_time_s(
     through every stage (compute, TP collectives, stage-to-stage sends), priced exactly as
     :func:`predict_infer` prices its prefill (``seq_q = seq_kv = prompt``) and a decode step
     (``seq_q = 1``). The serving simulator (:mod:`opcast.predict.serve`) prices its steps with it."""
+    ep_group, dp_group = _expert_groups(cfg, gpus_per_node)
     prec = infer_precision(cfg, arch, device)
     compute, tp_comm = _forward_s(
         arch,
@@ -434,8 +444,8 @@ def forward_time_s(
         device=device,
         lines=None,
         phase="forward",
-        ep_group=place(cfg.ep, 1, gpus_per_node),
-        dp_group=place(cfg.ep // cfg.tp, cfg.tp, gpus_per_node),
+        ep_group=ep_group,
+        dp_group=dp_group,
     )
     pp_hop = place(2, cfg.tp, gpus_per_node)
     pp = _pp_send_s(arch, cfg, dtype_bytes(prec.act), tokens=batch * seq_q, pp_hop=pp_hop, comms=comms, device=device)

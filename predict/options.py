@@ -313,9 +313,8 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "moe_dispatcher": (
         "How expert parallelism moves tokens between nodes: alltoall (Megatron-Core's NCCL all-to-all: a token "
         "crosses the network once per expert on another node) or flex (DeepEP / HybridEP: Megatron "
-        "moe_token_dispatcher_type flex, SGLang --moe-a2a-backend deepep; once per remote node holding any of its "
-        "experts, then NVLink inside the node; in serving, prefill steps only, decode runs DeepEP's low-latency "
-        "kernels, once per expert).",
+        "moe_token_dispatcher_type flex; once per remote node holding any of its experts, then NVLink inside the "
+        "node).",
         None,
     ),
     "overlap_p2p_comm": (
@@ -435,25 +434,23 @@ def config_options(cls: type) -> tuple[Opt, ...]:
 
 TRAIN = config_options(TrainConfig)
 """``TrainConfig`` as options: tp, pp, dp, cp, ep, sp, micro-batch, global-batch, seq, ..."""
-INFER = tuple(
-    o.but(
-        help="Expert parallelism of an MoE arch: every expert whole on one of EP GPUs, EP a multiple of --tp: --tp "
+_INFER_OVERRIDES: dict[str, dict[str, str]] = {
+    "ep": {
+        "help": "Expert parallelism of an MoE arch: every expert whole on one of EP GPUs, EP a multiple of --tp: --tp "
         "(vLLM --enable-expert-parallel) or that many GPUs of EP / tp replicas serving as attention data-parallel "
         "ranks (SGLang --enable-dp-attention), priced as if each replica of the group ran the same batch; 1: the "
         "experts split over tp."
-    )
-    if o.name == "ep"
-    else o.but(
-        help="How expert parallelism across replicas (--ep > --tp) moves tokens: alltoall (one copy a token per "
+    },
+    "moe_dispatcher": {
+        "help": "How expert parallelism across replicas (--ep > --tp) moves tokens: alltoall (one copy a token per "
         "expert), flex (DeepEP as SGLang's --moe-a2a-backend deepep runs it: once per remote node in prefill, once "
         "per expert in decode, every peer written at once) or allgather (vLLM's allgather_reducescatter: every "
         "replica's tokens all-gathered to every replica, the outputs reduce-scattered back).",
-        default_help="the --engine's: allgather under vllm (its default backend), else alltoall",
-    )
-    if o.name == "moe_dispatcher"
-    else o
-    for o in config_options(InferConfig)
-)
+        "default_help": "the --engine's: allgather under vllm (its default backend), else alltoall",
+    },
+}
+"""What ``predict infer`` says of an option differently from ``predict train`` (the same field, another meaning)."""
+INFER = tuple(o.but(**_INFER_OVERRIDES.get(o.name, {})) for o in config_options(InferConfig))
 """``InferConfig`` as options: tp, pp, ep, batch, prompt-len, gen-len, precision, attention, tensor-cores, and
 ``--engine`` (:data:`INFER_ENGINE`, added once the serving options declare it)."""
 INFER_NODES = NODES.but(default_help="as few as tp x pp needs")
