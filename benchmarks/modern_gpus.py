@@ -1,7 +1,8 @@
 """Held-out accuracy of ``opcast train`` on NVIDIA AIConfigurator's measured kernels (issue 17).
 
     python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|auto]
-        [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within]
+        [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within,shipped]
+        [--models DIR] [--fit-rows 6000]
         [--systems H100-SXM,B200,...] [--labels "gemm fp8_block,gemm nvfp4"] [--seed 0] [--json FILE]
         [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
         [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no]
@@ -46,6 +47,14 @@ default models) is printed beside them as ``blind``.
    replay keeps vLLM's measurement first, then TRT-LLM's, then SGLang's; attention rows come from
    one framework release per system, phase and dtype, with no fill-in from another), so this is
    the repeatability of one library's tiling on one GPU, not a cross-library score.
+3. ``shipped`` (not in the default ``--sections``): a written model set (``--models``, default the
+   embedded ``models/default``) scored on the shapes it was never fitted on: the refit
+   (``benchmarks/train_default_models.sh``) keeps ``AIC_ROWS`` rows per (system, label) by :func:`cap`
+   (seed 0), and :func:`never_fitted` drops every row whose shape (``point_id``, the same on every GPU)
+   is in that sample, so no GPU's measurement of a scored shape was a training row. ``--fit-rows`` must
+   be the refit's ``AIC_ROWS``. This is what a user of a catalog GPU gets on a new shape, with the model
+   set as shipped (its estimators, its caps, every source pooled), where section 2 refits per system on
+   ``--within-train-rows``.
 
 Subsampling (so that the whole run fits a 2-core machine): training rows are at most
 ``--train-rows`` (LOGO) or ``--within-train-rows`` (within-GPU) per (system, label), test rows at
@@ -109,6 +118,9 @@ VLLM_CAPPED = tuple(f"{label} {impl}" for impl in ("vllm", "marlin") for label i
 TensorRT-LLM's, capped by ``--cap-vllm-moe-rows`` where given (else as :data:`CAPPED`)."""
 WITHIN_TARGET = 3.0
 """Issue 17's within-GPU held-out-shape target (MAPE, percent)."""
+REFIT_AIC_ROWS: Final = 2000
+"""The rows per (system, label) ``benchmarks/train_default_models.sh`` keeps of AIConfigurator's tables
+(its ``AIC_ROWS`` default), the sample ``models/default`` was fitted on: the shipped section's default."""
 COLLECTIVES = ("all_reduce", "all_gather")
 KINDS = ("gemm", "attention", *COLLECTIVES)
 BUCKETS_S = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, np.inf)
@@ -447,6 +459,24 @@ def within(
     return pd.concat(parts, ignore_index=True)
 
 
+def never_fitted(frame: pd.DataFrame, fit_rows: int, seed: int) -> pd.DataFrame:
+    """The rows of ``frame`` whose shape (``point_id``) is in no row of ``cap(frame, fit_rows, seed)``, the
+    sample a refit with ``AIC_ROWS=fit_rows`` keeps (``benchmarks/train_default_models.sh``): shapes that
+    model set never saw, on any GPU."""
+    fitted = set(cap(frame, fit_rows, seed)["point_id"].astype(str))
+    return frame[~frame["point_id"].astype(str).isin(fitted)]
+
+
+def shipped(frame: pd.DataFrame, devices, model_set, fit_rows: int, n_test: int, seed: int) -> pd.DataFrame:
+    """Every kernel label's rows of shapes ``model_set`` (a loaded :class:`opcast.train.artifacts.ModelSet`)
+    was never fitted on (:func:`never_fitted`), at most ``n_test`` per (system, label), with its predictions."""
+    from opcast.train.evaluate import predict_frame
+
+    kernels = frame[~frame["op"].isin(COLLECTIVES)]
+    test = cap(never_fitted(kernels, fit_rows, seed), n_test, seed + 1).reset_index(drop=True)
+    return test.assign(pred_model=predict_frame(model_set, test, devices))
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -611,7 +641,17 @@ def main(argv: list[str] | None = None) -> int:
         default=24000,
         help="Within-GPU training rows per (system, label) (default %(default)s).",
     )
-    ap.add_argument("--sections", default="logo,within", help="logo, within or both (default %(default)s).")
+    ap.add_argument("--sections", default="logo,within", help="Some of logo, within, shipped (default %(default)s).")
+    ap.add_argument(
+        "--models", default=None, help="The model set the shipped section scores (default: the embedded default)."
+    )
+    ap.add_argument(
+        "--fit-rows",
+        type=int,
+        default=REFIT_AIC_ROWS,
+        help="The shipped section: the rows per (system, label) the model set was fitted on (the refit's "
+        "AIC_ROWS, default %(default)s); shapes in that sample are not scored.",
+    )
     ap.add_argument(
         "--labels",
         default=None,
@@ -651,9 +691,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     caps = [c for c in (args.cap_rows, args.cap_moe_rows, args.cap_vllm_moe_rows) if c is not None]  # 0: refused
-    if min(args.train_rows, args.test_rows, args.within_train_rows, *caps) < 1:
+    if min(args.train_rows, args.test_rows, args.within_train_rows, args.fit_rows, *caps) < 1:
         print(
-            "modern_gpus: --train-rows, --test-rows, --within-train-rows, --cap-rows, --cap-moe-rows and "
+            "modern_gpus: --train-rows, --test-rows, --within-train-rows, --fit-rows, --cap-rows, --cap-moe-rows and "
             "--cap-vllm-moe-rows must be >= 1",
             file=sys.stderr,
         )
@@ -667,9 +707,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     sections = set(args.sections.split(","))
-    if not sections <= {"logo", "within"}:
+    if not sections <= {"logo", "within", "shipped"}:
         print(
-            f"modern_gpus: unknown section(s) {', '.join(sorted(sections - {'logo', 'within'}))}; use logo,within",
+            f"modern_gpus: unknown section(s) {', '.join(sorted(sections - {'logo', 'within', 'shipped'}))}; "
+            "use some of logo,within,shipped",
             file=sys.stderr,
         )
         return 2
@@ -695,6 +736,15 @@ def main(argv: list[str] | None = None) -> int:
     except OpcastError as err:
         print(f"modern_gpus: --systems: {err}", file=sys.stderr)
         return 2
+    model_set = None
+    if "shipped" in sections:  # likewise a bad --models
+        from opcast.train.artifacts import load_model_set
+
+        try:
+            model_set = load_model_set(args.models)
+        except OpcastError as err:
+            print(f"modern_gpus: --models: {err}", file=sys.stderr)
+            return 2
     try:
         chosen = parse_labels(args.labels)
     except OpcastError as err:
@@ -843,6 +893,16 @@ def main(argv: list[str] | None = None) -> int:
             scored, ("model", "blind"), WITHIN_TARGET
         )
         tables["Within-GPU per system — APE %"] = per_system_table(scored, ("model", "blind"))
+    if model_set is not None:
+        t0 = time.perf_counter()
+        scored = shipped(frame, devices, model_set, args.fit_rows, args.test_rows, args.seed)
+        log(f"shipped: {len(scored)} rows of shapes the model set never saw, in {time.perf_counter() - t0:.0f} s")
+        name = args.models or "models/default (embedded)"
+        tables[
+            f"Shipped model set ({name}) on shapes it was never fitted on (fitted on {args.fit_rows} rows per "
+            "system and label), pooled — APE %"
+        ] = pooled_table(scored, ("model",), WITHIN_TARGET)
+        tables["Shipped model set, per system — APE %"] = per_system_table(scored, ("model",))
     print(f"# opcast on AIConfigurator's measured kernels (estimator {args.estimator}; every score on held-out rows)\n")
     print(f"data: {data} ({len(frame)} rows, systems {', '.join(sorted(devices))})")
     print(f"subsampling: {rule}")

@@ -53,3 +53,28 @@ def test_other_labels_never_redraw_a_label() -> None:
 def test_seed_changes_the_draw() -> None:
     frame = _rows("gemm bf16", "H100-SXM", 200)
     assert _kept(frame, "gemm bf16", 20, seed=0) != _kept(frame, "gemm bf16", 20, seed=1)
+
+
+def test_never_fitted_drops_every_shape_of_the_refit_sample_on_every_gpu() -> None:
+    """The shipped section scores shapes the refit never fitted: a shape sampled on one GPU is not scored on
+    another (point_id names the shape, not the GPU), and every other row is."""
+    h100 = _rows("gemm bf16", "H100-SXM", 60)
+    b200 = _rows("gemm bf16", "B200", 60)  # the same 60 shapes (point ids) on a second GPU
+    frame = pd.concat([h100, b200, _rows("gemm fp8", "B200", 30)], ignore_index=True)
+    sample = mg.cap(frame, 10, 0)
+    out = mg.never_fitted(frame, 10, 0)
+    assert not set(out["point_id"]) & set(sample["point_id"])
+    assert len(out) == int((~frame["point_id"].isin(set(sample["point_id"]))).sum())
+    # the B200 rows of shapes drawn only on the H100 are dropped too
+    h100_only = set(sample.loc[sample["device"] == "H100-SXM", "point_id"]) - set(
+        sample.loc[sample["device"] == "B200", "point_id"]
+    )
+    assert h100_only and not set(out.loc[out["device"] == "B200", "point_id"]) & h100_only
+    assert len(mg.never_fitted(frame, 1000, 0)) == 0  # a refit that kept every row leaves nothing to score
+
+
+def test_shipped_section_defaults_to_the_refits_sample() -> None:
+    """--fit-rows defaults to the AIC_ROWS the refit script fits models/default on, so the shipped section scores
+    exactly the shapes the embedded set never saw; the two numbers live in two files and must not drift."""
+    script = (REPO / "benchmarks" / "train_default_models.sh").read_text()
+    assert f'aic_rows="${{AIC_ROWS:-{mg.REFIT_AIC_ROWS}}}"' in script
