@@ -2,7 +2,7 @@
 
     python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|auto]
         [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within,shipped]
-        [--models DIR] [--fit-rows 6000]
+        [--models DIR] [--fit-rows 5000]
         [--systems H100-SXM,B200,...] [--labels "gemm fp8_block,gemm nvfp4"] [--seed 0] [--json FILE]
         [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
         [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no]
@@ -118,7 +118,7 @@ VLLM_CAPPED = tuple(f"{label} {impl}" for impl in ("vllm", "marlin") for label i
 TensorRT-LLM's, capped by ``--cap-vllm-moe-rows`` where given (else as :data:`CAPPED`)."""
 WITHIN_TARGET = 3.0
 """Issue 17's within-GPU held-out-shape target (MAPE, percent)."""
-REFIT_AIC_ROWS: Final = 2000
+REFIT_AIC_ROWS: Final = 5000
 """The rows per (system, label) ``benchmarks/train_default_models.sh`` keeps of AIConfigurator's tables
 (its ``AIC_ROWS`` default), the sample ``models/default`` was fitted on: the shipped section's default."""
 COLLECTIVES = ("all_reduce", "all_gather")
