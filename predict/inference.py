@@ -106,12 +106,13 @@ def _forward_s(
     device: DeviceSpec,
     lines: list[dict[str, Any]] | None,
     phase: str,
+    ep_group: Group,
+    dp_group: Group,
     comm_sources: dict[str, int] | None = None,
-    ep_group: Group | None = None,
-    dp_group: Group | None = None,
 ) -> tuple[float, float]:
     """(compute, tp comm) seconds of one forward of all layers, the stages one after another
-    (``comm_sources``: where given, counts the TP collective calls by ``kind: label``)."""
+    (``ep_group`` / ``dp_group``: an expert group and the data-parallel group of its replicas, :func:`_expert_groups`;
+    ``comm_sources``: where given, counts the TP collective calls by ``kind: label``)."""
     tp = cfg.tp
     tokens = batch * seq_q
     blocks = [
@@ -137,12 +138,10 @@ def _forward_s(
     comm = block_comms(arch, tp=tp, batch=batch, seq_q=seq_q, sp=False, cp=1, ep=1, dtype=prec.act, training=False)[FWD]
     dispatcher = infer_dispatcher(cfg.moe_dispatcher, cfg.engine)
     ep_comm = _ep_all_to_all(arch, cfg, tokens, dtype_bytes(prec.act), dispatcher)
-    ep_group = ep_group or tp_group
     # flex: DeepEP's normal kernels in a prefill step (one copy a token per remote node), its low-latency ones in
     # a decode step (one per expert; DeepEP's README: "low-latency kernels with pure RDMA"), as SGLang's
     # --deepep-mode auto picks them
     ep = ep_dispatch(dispatcher, arch, ep_group.nodes, deduplicate=seq_q > 1)
-    dp_group = dp_group or tp_group
     extra_comm: tuple[Comm, ...] = ()
     if tp > 1:
         extra_comm = (
