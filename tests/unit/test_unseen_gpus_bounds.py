@@ -98,3 +98,26 @@ def test_bound_moves_counts_each_rule_and_scores_the_rows_before_and_after():
         }
     assert len(moves) == 2
     assert ug.bound_moves(scored[scored["estimator"] == "e"]) is None
+
+
+def test_protocols_split_neusights_rows():
+    """``neusight`` trains on the train sweeps less every test shape; ``shipped`` on every row (what
+    models/default holds), test files included; both score the test files."""
+    df = pd.DataFrame(
+        {
+            "source_file": [
+                "data/dataset/train/collect/bmm/p2.1.0/T4.csv",
+                "data/dataset/train/collect/bmm/p2.1.0/T4.csv",
+                "data/dataset/test/bmm/T4.csv",
+                "data/dataset/test/bmm/V100.csv",
+            ],
+            "point_id": ["a", "b", "b", "c"],
+        }
+    )
+    train, test = ug.split_rows(df, "neusight")
+    assert list(train["point_id"]) == ["a"]  # b is a test shape (on any GPU)
+    assert list(test["point_id"]) == ["b", "c"]
+    train, test = ug.split_rows(df, "shipped")
+    assert list(train["point_id"]) == ["a", "b", "b", "c"]
+    assert list(test["point_id"]) == ["b", "c"]
+    assert set(ug.PROTOCOLS) == {"neusight", "shipped"}
