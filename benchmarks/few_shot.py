@@ -63,7 +63,7 @@ def _fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: M
     names = test["device"].to_numpy(dtype=object)
     for dev in pd.unique(names):
         pos = np.flatnonzero(names == dev)
-        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev])
+        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev], devices)
     return pred
 
 

@@ -315,7 +315,7 @@ def fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, estimator: str
     names = test["device"].astype(object).to_numpy()
     for dev in pd.unique(names):
         pos = np.flatnonzero(names == dev)
-        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev])
+        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev], devices)
     return pred, {k: est.name for k, (est, _) in fitted.items()}
 
 

@@ -143,7 +143,7 @@ def learned_logo_s(
     for dev, idx in test.groupby("device").indices.items():
         train = capped[capped["device"] != dev].reset_index(drop=True)
         fitted, _, _ = fit_frame(train, devices, cfg)
-        out[idx] = _predict_fitted(fitted, test.iloc[idx].reset_index(drop=True), devices[str(dev)])
+        out[idx] = _predict_fitted(fitted, test.iloc[idx].reset_index(drop=True), devices[str(dev)], devices)
         print(f"left out {dev}: fitted on {len(train)} rows of {train['device'].nunique()} GPUs", file=sys.stderr)
     return out
 

@@ -67,7 +67,7 @@ def _fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, estimator: st
     names = test["device"].to_numpy(dtype=object)
     for dev in pd.unique(names):
         pos = np.flatnonzero(names == dev)
-        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev])
+        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev], devices)
     return pred, {k: est.name for k, (est, _) in fitted.items()}
 
 

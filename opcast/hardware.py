@@ -558,6 +558,28 @@ def answers_as_trained(device: DeviceSpec, trained: Iterable[str], specs: Mappin
     return kernel_twin(device) in names or any(n in specs and same_die(device, specs[n]) for n in names)
 
 
+def die_twin(device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec]) -> DeviceSpec | None:
+    """The training device (of ``trained``, specs in ``specs``) whose compute die ``device`` is another board
+    of (:func:`same_die`), or None: None too when ``device`` is a training device itself (:func:`kernel_twin`).
+    Of several boards of the die, the one of the same board power (what clock a compute-bound kernel holds),
+    then the nearest in memory bandwidth, then by name: A100-SXM4-80GB (400 W) for A100-SXM4-40GB, not the
+    250 W A100-PCIe-40GB of its bandwidth."""
+    names = tuple(trained)
+    if kernel_twin(device) in names:
+        return None
+    boards = [specs[n] for n in names if n in specs and same_die(device, specs[n])]
+    if not boards:
+        return None
+    return min(
+        boards,
+        key=lambda s: (
+            s.tdp_w != device.tdp_w,
+            abs(math.log(s.mem_bw_bytes_per_s / device.mem_bw_bytes_per_s)),
+            s.name,
+        ),
+    )
+
+
 def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> bool:
     """Whether ``a`` and ``b`` agree in every field not in ``skip``."""
     return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name not in skip)

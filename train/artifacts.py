@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, answers_as_trained, spec_from_dict
+from opcast.hardware import DeviceSpec, answers_as_trained, die_twin, spec_from_dict
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import (
     FEATURES,
     FEATURES_VERSION,
     Columns,
     Table,
+    board_time_s,
     columns_of,
     dtype_class,
     feature_table,
@@ -295,6 +296,7 @@ class ModelSet:
         self.meta = meta
         self._loaded: dict[str, Any] = {}
         self._as_seen: dict[tuple[str, DeviceSpec], bool] = {}
+        self._die_twin: dict[tuple[str, DeviceSpec], DeviceSpec | None] = {}
 
     @property
     def predictors(self) -> dict[str, dict[str, Any]]:
@@ -352,6 +354,15 @@ class ModelSet:
             got = self._as_seen[memo] = answers_as_trained(device, devices, self.device_specs)
         return got
 
+    def die_twin(self, key: str, device: DeviceSpec) -> DeviceSpec | None:
+        """The training device of group ``key`` whose compute die ``device`` is another board of
+        (:func:`opcast.hardware.die_twin`), or None. Memoised per device."""
+        memo = (key, device)
+        if memo not in self._die_twin:
+            devices = (self.predictors.get(key) or {}).get("devices", ())
+            self._die_twin[memo] = die_twin(device, devices, self.device_specs)
+        return self._die_twin[memo]
+
     @functools.cached_property
     def device_specs(self) -> dict[str, DeviceSpec]:
         """The training devices' specs the set recorded (``device_specs``), the invalid ones left out."""
@@ -392,11 +403,20 @@ class ModelSet:
         if not covered.any():
             return out
         pos = np.flatnonzero(covered)
-        feats = feature_table({c: v[pos] for c, v in cols.items()}, device)
+        sub = {c: v[pos] for c, v in cols.items()}
+        feats = feature_table(sub, device)
+        on_die: dict[str, Table] = {}
         sub_keys = keys[pos]
         for key in dict.fromkeys(sub_keys.tolist()):
             rows = np.flatnonzero(sub_keys == key)
-            out[pos[rows]] = self.estimator(key, self.answers_as_seen(key, device)).predict_s(feats.take(rows))
+            est = self.estimator(key, self.answers_as_seen(key, device))
+            got = est.predict_s(feats.take(rows))
+            die = self.die_twin(key, device)
+            if die is not None:  # a board of a training GPU's die: that GPU's answer where compute-bound
+                if die.name not in on_die:
+                    on_die[die.name] = feature_table(sub, die)
+                got = board_time_s(got, est.predict_s(on_die[die.name].take(rows)), feats.take(rows))
+            out[pos[rows]] = got
         bad = ~np.isfinite(out) | (out <= 0)
         out[bad] = np.nan
         return out

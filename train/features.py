@@ -733,6 +733,29 @@ def features(frame: pd.DataFrame, device: DeviceSpec) -> pd.DataFrame:
     return pd.DataFrame(feature_table(frame, device).data, index=frame.index)
 
 
+def board_time_s(own_s: np.ndarray, die_s: np.ndarray, feats: pd.DataFrame | Table) -> np.ndarray:
+    """Seconds of kernels on a board of a training GPU's compute die (:func:`opcast.hardware.die_twin`), from
+    one predictor's answers with the board's own features (``own_s``, its bandwidth a feature) and with its
+    die's training board's (``die_s``): a kernel bound by compute on the board's datasheet (``feats``, the
+    board's features: ``t_compute > t_memory``) runs as on the board the die was measured on (``die_s``), any
+    other as the board's own bandwidth says (``own_s``; ``die_s`` NaN too). Trees read a GPU's bandwidth as
+    its identity as much as its speed: with H100-SXM left out and H200 (its die) among eight AIConfigurator
+    systems, xgb answered H100's compute-bound rows with splits placed between A100 and H200 (prefill fp8
+    7.9 % MAPE with H100's own features, 3.9 % with H200's), while H200's answers are wrong for H100's
+    memory-bound rows (gemm bf16 with H200's features left out in turn: 8.2 -> 12.8 %). This rule, left-out
+    H100 / H200 (``benchmarks/results/modern_gpus.md``, 2026-12-03): gemm bf16 11.0 -> 10.5 / 8.2 -> 7.9 %,
+    prefill bf16 11.7 -> 11.3 / 11.1 -> 8.9, prefill fp8 7.9 -> 6.2 / 7.8 -> 5.5, decode unchanged. A blend
+    of the two by the compute share (``t_compute / (t_compute + t_memory)`` of the log time) gained more on
+    those folds (gemm bf16 8.6 / 7.4 %) but carried the die's bandwidth into partly memory-bound kernels: the
+    A100-SXM4-40GB decode steps of ``benchmarks/serving_public.py`` ran faster on A100-SXM4-80GB's answers
+    (TPOT p50 at 16 req/s -14.9 -> -18.7 %), where this rule leaves them as they were."""
+    tc = feats["log_t_compute_s"].to_numpy(dtype=float)
+    tm = feats["log_t_memory_s"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        compute = np.isfinite(tc) & np.isfinite(tm) & (tc > tm) & np.isfinite(die_s) & (die_s > 0)
+    return np.where(compute, die_s, own_s)
+
+
 def feature_table(rows: Any, device: DeviceSpec) -> Table:
     """Every feature (the union of the declared lists) and the raw helpers of the rows (a
     :class:`Columns` mapping or a DataFrame) on ``device``; rows the device cannot run (no peak

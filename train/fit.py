@@ -24,12 +24,12 @@ import numpy as np
 import pandas as pd
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, answers_as_trained, device_to_dict, get_device, spec_from_dict
+from opcast.hardware import DeviceSpec, answers_as_trained, device_to_dict, die_twin, get_device, spec_from_dict
 from opcast.ops import get_op, op_kinds
 from opcast.train.collectives import custom_backend
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
 from opcast.train.evaluate import ape_metrics
-from opcast.train.features import FEATURES, features, group_keys, model_inputs
+from opcast.train.features import FEATURES, board_time_s, features, group_keys, model_inputs
 from opcast.train.splits import grouped_mask, leave_one_group_out, seeded_draw, shape_groups
 
 EstimatorChoice = Literal["xgb", "tile-mlp", "neusight", "hier", "auto"]
@@ -1029,7 +1029,7 @@ def fit_model_set(
             meta: ClassVar[dict[str, Any]] = {"predictors": {k: e for k, (_, e) in fitted.items()}}
 
             def predict_s(self, f: pd.DataFrame, device: DeviceSpec) -> np.ndarray:
-                return _predict_fitted(fitted, f, device)
+                return _predict_fitted(fitted, f, device, devices)
 
         test = frame[is_held & ~custom_backend(frame)].reset_index(drop=True)  # as fitted: NCCL's collectives
         holdout = score_table(test, predict_frame(_Fitted(), test, devices))
@@ -1039,16 +1039,31 @@ def fit_model_set(
 
 
 def _predict_fitted(
-    fitted: Mapping[str, tuple[Estimator, dict[str, Any]]], frame: pd.DataFrame, device: DeviceSpec
+    fitted: Mapping[str, tuple[Estimator, dict[str, Any]]],
+    frame: pd.DataFrame,
+    device: DeviceSpec,
+    specs: Mapping[str, DeviceSpec] | None = None,
 ) -> np.ndarray:
+    """Predicted seconds of ``frame``'s rows on ``device`` by in-memory fits, routed as a written model set
+    routes them (:meth:`opcast.train.artifacts.ModelSet.predict_s`): a training device or a board of one's
+    die to ``seen``, and, given the training devices' ``specs``, a board of a training GPU's die answered with
+    :func:`opcast.train.features.board_time_s`."""
     out = np.full(len(frame), np.nan)
+    frame = frame.reset_index(drop=True)
     keys = group_keys(frame).to_numpy()
-    feats = features(frame.reset_index(drop=True), device)
+    feats = features(frame, device)
+    on_die: dict[str, pd.DataFrame] = {}
     for key in pd.unique(keys):
         if key in fitted:
             pos = np.flatnonzero(keys == key)
-            est = fitted[key][0]
+            est, entry = fitted[key]
             if isinstance(est, SeenSplit):
                 est = est.for_device(device)
-            out[pos] = est.predict_s(feats.iloc[pos])
+            got = est.predict_s(feats.iloc[pos])
+            die = None if specs is None else die_twin(device, entry.get("devices", ()), specs)
+            if die is not None:
+                if die.name not in on_die:
+                    on_die[die.name] = features(frame, die)
+                got = board_time_s(got, est.predict_s(on_die[die.name].iloc[pos]), feats.iloc[pos])
+            out[pos] = got
     return out

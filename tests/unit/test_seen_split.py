@@ -14,6 +14,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import device_to_dict
 from opcast.train import artifacts, fit
 from opcast.train.artifacts import SEEN_SUFFIX, load_model_set, write_model_set
+from opcast.train.features import board_time_s
 from opcast.train.fit import feature_frame
 
 from helpers.synthetic import die_variants, fake_devices, synthetic_dataset
@@ -117,15 +118,30 @@ def test_a_board_of_a_training_gpus_die_is_answered_as_that_gpu(split):
     assert ms.answers_as_seen("gemm-fwd-half", bigger)  # the same SMs, clocks, peaks and L2: that GPU's estimator
     assert not ms.answers_as_seen("gemm-fwd-half", other_die)
     rows = split["frame"].head(20).reset_index(drop=True)
+    die = split["devices"][0]
+    assert ms.die_twin("gemm-fwd-half", bigger) == die and ms.die_twin("gemm-fwd-half", other_die) is None
     feats = feature_frame(rows.assign(device=bigger.name), {bigger.name: bigger})
-    np.testing.assert_allclose(ms.predict_s(rows, bigger), split["seen"].predict_s(feats), rtol=1e-6)
+    on_die = feature_frame(rows.assign(device=die.name), {die.name: die})
+    # the seen estimator, with its answer on the die's training board where the kernel is compute-bound
+    want = board_time_s(split["seen"].predict_s(feats), split["seen"].predict_s(on_die), feats)
+    np.testing.assert_allclose(ms.predict_s(rows, bigger), want, rtol=1e-6)
     # the benchmarks' in-memory path routes by the same rule once the split knows its devices' specs
     specs = {d.name: d for d in split["devices"][:2]}
     both = fit.SeenSplit(split["unseen"], split["seen"], split["both"].devices, specs)
-    for dev, want in ((bigger, split["seen"]), (other_die, split["unseen"])):
-        feats = feature_frame(rows.assign(device=dev.name), {dev.name: dev})
-        got = fit._predict_fitted({"gemm-fwd-half": (both, {})}, rows, dev)
-        np.testing.assert_allclose(got, want.predict_s(feats), rtol=1e-6)
+    entry = {"devices": list(split["both"].devices)}
+    for dev, blend_want in (
+        (bigger, want),
+        (
+            other_die,
+            split["unseen"].predict_s(feature_frame(rows.assign(device=other_die.name), {other_die.name: other_die})),
+        ),
+    ):
+        got = fit._predict_fitted({"gemm-fwd-half": (both, entry)}, rows, dev, specs)
+        np.testing.assert_allclose(got, blend_want, rtol=1e-6)
+    # without the training devices' specs the in-memory path answers with the board's own features only
+    np.testing.assert_allclose(
+        fit._predict_fitted({"gemm-fwd-half": (both, entry)}, rows, bigger), split["seen"].predict_s(feats), rtol=1e-6
+    )
 
 
 def test_fit_frame_gives_a_split_its_training_devices_specs(monkeypatch):
