@@ -345,7 +345,8 @@ class ModelSet:
         group was fitted on that GPU (a copy of a training GPU on another network is that GPU) or on a
         board of the same compute die (A100-SXM4-40GB for A100-SXM4-80GB: SMs, clocks, peaks and L2
         alike, :func:`opcast.hardware.same_die`; its bandwidth is a feature of that predictor, and the
-        left-out-GPU score that chose the other was measured on other dies). Memoised per device."""
+        left-out-GPU score that chose the other was measured on other dies). Such a board's compute-bound
+        kernels take the training board's answer (:meth:`die_twin`, :meth:`predict_s`). Memoised per device."""
         memo = (key, device)
         got = self._as_seen.get(memo)
         if got is None:

@@ -741,8 +741,8 @@ def board_time_s(own_s: np.ndarray, die_s: np.ndarray, feats: pd.DataFrame | Tab
     other as the board's own bandwidth says (``own_s``; ``die_s`` NaN too). Trees read a GPU's bandwidth as
     its identity as much as its speed: with H100-SXM left out and H200 (its die) among eight AIConfigurator
     systems, xgb answered H100's compute-bound rows with splits placed between A100 and H200 (prefill fp8
-    7.9 % MAPE with H100's own features, 3.9 % with H200's), while H200's answers are wrong for H100's
-    memory-bound rows (gemm bf16 with H200's features left out in turn: 8.2 -> 12.8 %). This rule, left-out
+    7.9 % MAPE with H100's own features, 3.9 % with H200's), while the other board's features are wrong for
+    memory-bound rows (H200 left out and answered with H100's: gemm bf16 8.2 -> 12.8 %). This rule, left-out
     H100 / H200 (``benchmarks/results/modern_gpus.md``, 2026-12-03): gemm bf16 11.0 -> 10.5 / 8.2 -> 7.9 %,
     prefill bf16 11.7 -> 11.3 / 11.1 -> 8.9, prefill fp8 7.9 -> 6.2 / 7.8 -> 5.5, decode unchanged. A blend
     of the two by the compute share (``t_compute / (t_compute + t_memory)`` of the log time) gained more on
