@@ -53,6 +53,7 @@ from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the op registry's tensor-
 from opcast.ops import uses_tensor_cores as uses_tensor_cores
 from opcast.predict.cost.learned import (
     BOUND_RULES,
+    DIE,
     FLOOR,
     MONOTONE,
     RANGE_SLACK,
@@ -107,6 +108,7 @@ __all__ = [
     "BOUNDS_ENV",
     "BOUND_RULES",
     "DECOMPOSED_KINDS",
+    "DIE",
     "FA1_FWD_BWD_TFLOPS",
     "FA1_GPUS",
     "FA1_SEQS",

@@ -15,7 +15,12 @@
 - monotone in the resources: such a device with at least the peak and the bandwidth of a training
   device is never slower on a kernel than that training device, beyond their clock ratio where the
   training device has the higher clock (latency runs at the clock,
-  :func:`~opcast.predict.cost.roofline.slower_at_most`), and one with at most both never faster.
+  :func:`~opcast.predict.cost.roofline.slower_at_most`), and one with at most both never faster;
+- on another board of a training GPU's compute die (:func:`opcast.hardware.die_twin`: A100-SXM4-40GB of
+  A100-SXM4-80GB), a compute-bound kernel takes that GPU's time as held there and no other rule: the two
+  boards share SMs, clocks and peaks, and the model set already answers it with that GPU's features
+  (:func:`opcast.train.features.board_time_s`); before this rule the cross-device bounds made A100-SXM4-40GB's
+  large bf16 GEMMs ~10 % faster than A100-SXM4-80GB's.
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
@@ -88,7 +93,7 @@ of its roofline on a device it was not fitted on: ``[min / margin, min(1, max x 
 exactly the span, so a device with twice the bandwidth runs a memory-bound kernel at most twice
 as fast as the training device that uses its bandwidth best."""
 
-FLOOR, SPAN, RATIO, MONOTONE = "roofline_floor", "utilisation_span", "resource_ratio", "monotone"
+FLOOR, SPAN, RATIO, MONOTONE, DIE = "roofline_floor", "utilisation_span", "resource_ratio", "monotone", "same_die"
 BOUND_RULES: dict[str, str] = {
     FLOOR: "no faster than the roofline at the datasheet peak",
     SPAN: "utilisation of the bounding resource within the span of the training devices "
@@ -98,6 +103,8 @@ BOUND_RULES: dict[str, str] = {
     MONOTONE: "no slower than a training device with less of both peak and bandwidth (beyond their clock ratio where "
     "it has the higher clock), no faster than one with more "
     "(on training devices too; where it conflicts with the resource ratio, the ratio is kept)",
+    DIE: "a compute-bound kernel on another board of a training GPU's compute die takes that GPU's time, as held "
+    "there (the other rules do not apply to it)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
 
@@ -840,6 +847,7 @@ class LearnedKernelCost:
             got = self.predict_s(list(dict.fromkeys(ks)), spec)
             self._on_training.setdefault(name, {}).update(zip(dict.fromkeys(ks), (float(t) for t in got)))
         shapes = self._outside_shapes([(keys[i], kernels[i]) for i in held])
+        die_of = getattr(self.model_set, "die_twin", None)
         for i in held:
             k, key = kernels[i], keys[i]
             r_s, peak, resource = roofs[i]
@@ -862,6 +870,14 @@ class LearnedKernelCost:
                 t, moved = on_training[twin]
                 if moved is not None and t != out[i]:
                     out[i], why[k] = t, moved
+                continue
+            die = die_of(key, device) if die_of is not None else None
+            if die is not None and resource == "compute" and die.name in on_training:
+                # another board of a training GPU's die, compute-bound: that GPU's time as held there (the
+                # model set already answers with its features, opcast.train.features.board_time_s)
+                t = on_training[die.name][0]
+                if t != out[i]:
+                    out[i], why[k] = t, (DIE, f"{key} on {device.name}, compute-bound: as on {die.name}, its die")
                 continue
             seen = [s._replace(time_s=on_training[s.name][0]) for s in seen]
             t, u = out[i], r_s / out[i]

@@ -38,3 +38,21 @@ def test_a_compute_bound_kernel_takes_the_dies_answer_and_any_other_the_boards_o
     tm = np.array([1e-6, 1e-3, 1e-5, 1e-6, 1e-6])
     feats = pd.DataFrame({"log_t_compute_s": np.log(tc), "log_t_memory_s": np.log(tm)})
     assert board_time_s(own, die, feats).tolist() == [1.0, 2.0, 2.0, 2.0, 2.0]
+
+
+def test_the_default_set_prices_a_boards_compute_bound_gemms_as_its_dies():
+    """A100-SXM4-40GB is a board of A100-SXM4-80GB's die (a training GPU of models/default): its compute-bound
+    GEMMs take the 80 GB board's time through the bounds too (rule same_die; before it, the cross-device bounds
+    priced them ~10 % faster than on the board the die was measured on), and a memory-bound GEMV with 0.76x the
+    bandwidth is no faster."""
+    from opcast.predict.cost import kernel, load_kernel_cost, peak_roofline_s
+
+    cost = load_kernel_cost(None)
+    sxm40, sxm80 = get_device("A100-SXM4-40GB"), get_device("A100-SXM4-80GB")
+    gemms = [kernel("gemm", {"b": 1, "m": 4096, "n": n, "k": 4096}, "bf16") for n in (4096, 6144, 11008)]
+    for k in gemms:
+        assert peak_roofline_s(k, sxm40)[1] == "compute"
+        assert cost.time_s(k, sxm40)[0] == cost.time_s(k, sxm80)[0]
+    gemv = kernel("gemm", {"b": 1, "m": 1, "n": 8192, "k": 8192}, "bf16")
+    assert peak_roofline_s(gemv, sxm40)[1] == "memory"
+    assert cost.time_s(gemv, sxm40)[0] >= cost.time_s(gemv, sxm80)[0]

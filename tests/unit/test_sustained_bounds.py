@@ -132,3 +132,24 @@ def test_a_bigger_board_of_a_training_die_takes_its_compute_cap_from_that_gpu_al
 
 
 MEDIUM = [(2001, 2099, 1003), (1005, 3901, 2097), (2103, 1001, 1903)]  # unaligned, like the fitted shapes
+
+
+def test_a_compute_bound_kernel_on_a_board_of_a_training_die_takes_that_gpus_held_time(world):
+    """A board of the strong GPU's die with 1.5x its bandwidth: its compute-bound GEMMs run exactly as on the
+    strong GPU, held there (rule same_die), where the cross-device bounds could move them either way; a
+    memory-bound kernel is not that rule's (its bandwidth is the board's own)."""
+    from opcast.predict.cost.learned import DIE
+
+    strong = world["strong"]
+    board, _ = synthetic.die_variants(strong, 1.5)
+    cost = load_kernel_cost(world["recorded"])
+    gemms = [kernel("gemm", {"b": 1, "m": m, "n": n, "k": k}, "fp16") for m, n, k in MEDIUM] + BIG_GEMMS
+    assert all(peak_roofline_s(k, board)[1] == "compute" for k in gemms)
+    for k in gemms:
+        assert cost.time_s(k, board)[0] == cost.time_s(k, strong)[0]
+        flag = cost.bound_flag(k, board)
+        assert flag is None or flag == DIE  # moved, if at all, by the die rule alone
+    skinny = kernel("gemm", {"b": 1, "m": 1, "n": 8192, "k": 8192}, "fp16")  # a GEMV: memory-bound
+    assert peak_roofline_s(skinny, board)[1] == "memory"
+    cost.time_s(skinny, board)
+    assert cost.bound_flag(skinny, board) != DIE
