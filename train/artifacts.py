@@ -411,12 +411,13 @@ class ModelSet:
         for key in dict.fromkeys(sub_keys.tolist()):
             rows = np.flatnonzero(sub_keys == key)
             est = self.estimator(key, self.answers_as_seen(key, device))
-            got = est.predict_s(feats.take(rows))
+            mine = feats.take(rows)
+            got = est.predict_s(mine)
             die = self.die_twin(key, device)
             if die is not None:  # a board of a training GPU's die: that GPU's answer where compute-bound
                 if die.name not in on_die:
                     on_die[die.name] = feature_table(sub, die)
-                got = board_time_s(got, est.predict_s(on_die[die.name].take(rows)), feats.take(rows))
+                got = board_time_s(got, est.predict_s(on_die[die.name].take(rows)), mine)
             out[pos[rows]] = got
         bad = ~np.isfinite(out) | (out <= 0)
         out[bad] = np.nan

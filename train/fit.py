@@ -1059,11 +1059,12 @@ def _predict_fitted(
             est, entry = fitted[key]
             if isinstance(est, SeenSplit):
                 est = est.for_device(device)
-            got = est.predict_s(feats.iloc[pos])
+            mine = feats.iloc[pos]
+            got = est.predict_s(mine)
             die = None if specs is None else die_twin(device, entry.get("devices", ()), specs)
             if die is not None:
                 if die.name not in on_die:
                     on_die[die.name] = features(frame, die)
-                got = board_time_s(got, est.predict_s(on_die[die.name].iloc[pos]), feats.iloc[pos])
+                got = board_time_s(got, est.predict_s(on_die[die.name].iloc[pos]), mine)
             out[pos] = got
     return out
