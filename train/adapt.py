@@ -19,6 +19,20 @@ rows (:data:`PRIOR_ROWS`): with ``n`` rows a term moves ``n / (n + prior)`` of t
 rows alone say, so one row moves the correction little and a hundred almost fully. A group with
 no measured row takes the device's terms (most of the error is the device's level).
 
+Before those terms, a group with :data:`ANALOGUE_MIN_ROWS` measured rows may get an ``analogue``
+term (:func:`fit_analogues`): the set answers the same kernels *as each GPU it was trained on*
+(where it is accurate, within-GPU), and a ridge regression of the measured log times on those
+answers' logs and the device's own answer's says which training GPUs' shape behaviour the device
+shares (an L40S's small GEMMs follow an RTX PRO 6000's, an H100's an H200's)::
+
+    log t = b_0 + b_own log t_own + sum_d b_d log t_d
+
+with a Gaussian prior centred on the device's own answer (``b_own = 1``, every ``b_d = 0``; the
+intercept free) whose strength is picked from :data:`ANALOGUE_RIDGES` by :data:`SHAPE_FOLDS`-fold
+splits of the measured rows, and kept only when it beats a level alone on those splits. The
+weights are held >= 0, so the time is a level times a product of the answers' non-negative
+powers: it leans on the GPUs it resembles, never extrapolates away from one. The terms below are then fitted on its times.
+
 What that leaves is shape-dependent (which tiles the GPU's library picks, where its launch floor
 ends), so a group with :data:`SHAPE_MIN_ROWS` measured rows or more also gets a ``shape`` term
 ``s_g(x)``: kernel ridge regression (a Gaussian process's posterior mean) of the rows' remaining
@@ -68,6 +82,13 @@ SHAPE_GRID: Final = ((1.0, 0.25), (1.0, 1.0), (2.0, 0.25), (2.0, 1.0))
 SHAPE_FOLDS: Final = 5
 SHAPE_MAX_ANCHORS: Final = 800
 """Most rows a group's ``shape`` term keeps (a seeded draw beyond): bounds the file and the predict cost."""
+ANALOGUE_MIN_ROWS: Final = 20
+"""Rows a group needs before an ``analogue`` term is considered."""
+ANALOGUE_RIDGES: Final = (0.01, 0.1, 1.0, 10.0, 100.0)
+"""Candidate prior strengths of an ``analogue`` term, in rows at one e-fold of difference between
+the answers' logs (larger: closer to the device's own answer; the answers of two GPUs for one kernel
+differ by a few tenths of an e-fold, so 1 is already weak against a hundred rows); fixed before the
+evaluation, one picked per group by the inner split."""
 LOG_CLIP: Final = math.log(4.0)
 """Each row's ``log(measured / learned)`` is clipped to +-this (a factor of 4)."""
 CV_FOLDS: Final = 5
@@ -83,6 +104,9 @@ class AdaptConfig:
     """Fit the size dependence (``c``, ``c_g``); off: levels only (no ``shape`` term either)."""
     shape: bool = True
     """Fit the groups' ``shape`` terms where they have :data:`SHAPE_MIN_ROWS` rows (and ``params`` are given)."""
+    analogues: bool = True
+    """Fit the groups' ``analogue`` terms where they have :data:`ANALOGUE_MIN_ROWS` rows (and the set's
+    answers on its training devices are given)."""
 
     def __post_init__(self) -> None:
         missing = sorted(set(PRIOR_ROWS) - set(self.prior_rows))
@@ -98,22 +122,118 @@ def fit_correction(
     cfg: AdaptConfig = AdaptConfig(),
     params: Any = None,
     seed: int = 0,
+    analogue_s: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """The correction fields of an adaptation (``rows``, ``prior_rows``, ``t_ref_s``,
     ``pred_s_range``, ``log_factor``, ``slope``, ``groups``) fitted on rows of group ``keys``
     with learned times ``pred_s`` and measured times ``true_s``; rows without a positive
     finite pair are ignored. ``params``: the rows' op parameters (a DataFrame or a mapping of
     column -> array, aligned with the rows), which the groups' ``shape`` terms need; None fits
-    none. Raises :class:`OpcastError` when no row is left."""
+    none. ``analogue_s``: the set's answers for the same rows on each of its training devices
+    (device -> seconds, NaN where it has none), which the ``analogue`` terms need; None fits none.
+    Raises :class:`OpcastError` when no row is left."""
     pred = np.asarray(pred_s, dtype=float)
     true = np.asarray(true_s, dtype=float)
     ok = np.isfinite(pred) & np.isfinite(true) & (pred > 0) & (true > 0)
     if not ok.any():
         raise OpcastError("no measured row has a learned prediction to correct; measure ops the model set covers")
-    fields = _fit_levels(np.asarray(keys, dtype=object)[ok], pred[ok], true[ok], cfg)
+    key_of = np.asarray(keys, dtype=object)[ok]
+    terms: dict[str, dict[str, Any]] = {}
+    if analogue_s and cfg.analogues:
+        others = {d: np.asarray(v, dtype=float)[ok] for d, v in analogue_s.items()}
+        terms = fit_analogues(key_of, pred[ok], true[ok], others, seed)
+        if terms:
+            mapped = correction({**_IDENTITY, "groups": {g: {**_NO_LEVEL, "analogue": t} for g, t in terms.items()}})
+            pred = pred.copy()
+            pred[ok] = mapped.analogue_s(key_of, pred[ok], others)
+    fields = _fit_levels(key_of, pred[ok], true[ok], cfg)
+    for g, term in terms.items():
+        fields["groups"][g]["analogue"] = term
     if params is not None and cfg.shape and cfg.slope:
-        _fit_shapes(fields, np.asarray(keys, dtype=object)[ok], pred[ok], true[ok], params, np.flatnonzero(ok), seed)
+        _fit_shapes(fields, key_of, pred[ok], true[ok], params, np.flatnonzero(ok), seed)
     return fields
+
+
+_IDENTITY: Final = {"rows": 1, "t_ref_s": 1.0, "pred_s_range": [1e-30, 1e30], "log_factor": 0.0, "slope": 0.0}
+_NO_LEVEL: Final = {"rows": 1, "log_factor": 0.0, "slope": 0.0}
+
+
+def fit_analogues(
+    keys: np.ndarray, pred: np.ndarray, true: np.ndarray, analogue_s: Mapping[str, np.ndarray], seed: int = 0
+) -> dict[str, dict[str, Any]]:
+    """The ``analogue`` term of each group of ``keys`` with :data:`ANALOGUE_MIN_ROWS` rows where the
+    inner split says one helps: group -> ``{"devices", "coef", "ridge"}`` (the module docstring's
+    regression). ``pred``: the set's answers on the device (positive), ``true``: the measured times,
+    ``analogue_s``: device -> the set's answers for the same rows on that training device; a device
+    without a positive answer on every row of a group is not used for it."""
+    out: dict[str, dict[str, Any]] = {}
+    for key in sorted(set(keys.tolist())):
+        pos = np.flatnonzero(keys == key)
+        if len(pos) < ANALOGUE_MIN_ROWS:
+            continue
+        names = [
+            d
+            for d in sorted(analogue_s)
+            if np.isfinite(v := np.asarray(analogue_s[d], dtype=float)[pos]).all() and (v > 0).all()
+        ]
+        if not names:
+            continue
+        own = np.log(pred[pos])
+        y = own + np.clip(np.log(true[pos] / pred[pos]), -LOG_CLIP, LOG_CLIP)
+        shift = float(own.mean())  # centred logs: a prior strength means the same at any time scale
+        x = np.column_stack([np.ones(len(pos)), own - shift, *(np.log(analogue_s[d][pos]) - shift for d in names)])
+        prior = np.zeros(x.shape[1])
+        prior[1] = 1.0
+        fold = np.random.default_rng(seed).permutation(len(pos)) % SHAPE_FOLDS
+        best, best_err = None, _cv_ape(x, y, prior, math.inf, fold)  # a level alone: the infinitely strong prior
+        for ridge in ANALOGUE_RIDGES:
+            err = _cv_ape(x, y, prior, ridge, fold)
+            if err < best_err * (1.0 - 1e-6):
+                best, best_err = ridge, err
+        if best is None:
+            continue
+        beta = _prior_ridge(x, y, prior, best)
+        coef = [float(beta[0] - shift * beta[1:].sum()), *map(float, beta[1:])]
+        if all(abs(c) <= 50 for c in coef):
+            out[key] = {"devices": names, "coef": [round(c, 6) for c in coef], "ridge": best}
+    return out
+
+
+def _prior_ridge(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float) -> np.ndarray:
+    """Least squares of ``y`` on ``x`` with a Gaussian prior at ``prior`` of strength ``ridge`` (rows)
+    on every column but the first (the intercept, free); ``inf``: the prior exactly, intercept fitted.
+    The answers' weights (every column but the intercept) are held >= 0, so no answer is
+    extrapolated away from (the most negative weight is set to 0 and the rest refitted, until none
+    is negative; a last negative one leaves the prior and a level)."""
+    if not math.isfinite(ridge):
+        beta = prior.copy()
+        beta[0] = float(np.mean(y - x[:, 1:] @ prior[1:]))
+        return beta
+    free = np.ones(x.shape[1], dtype=bool)
+    while True:
+        beta = np.zeros(x.shape[1])
+        xf = x[:, free]
+        penalty = np.full(x.shape[1], ridge)[free]
+        penalty[0] = 0.0
+        beta[free] = np.linalg.solve(
+            xf.T @ xf + np.diag(penalty) + 1e-9 * np.eye(xf.shape[1]), xf.T @ y + penalty * prior[free]
+        )
+        worst = int(np.argmin(beta[1:])) + 1
+        if beta[worst] >= 0:
+            return beta
+        if free.sum() <= 2:  # the one weight left is negative: the device's own answer and a level
+            return _prior_ridge(x, y, prior, math.inf)
+        free[worst] = False
+
+
+def _cv_ape(x: np.ndarray, y: np.ndarray, prior: np.ndarray, ridge: float, fold: np.ndarray) -> float:
+    """Mean absolute percentage error of :func:`_prior_ridge` on the seeded folds ``fold``."""
+    err = 0.0
+    for f in range(SHAPE_FOLDS):
+        test, train = fold == f, fold != f
+        beta = _prior_ridge(x[train], y[train], prior, ridge)
+        err += float(np.abs(np.expm1(x[test] @ beta - y[test])).sum())
+    return err / len(y)
 
 
 def _fit_levels(key_of: np.ndarray, pred: np.ndarray, true: np.ndarray, cfg: AdaptConfig) -> dict[str, Any]:
@@ -255,10 +375,11 @@ def cross_validate(
     cfg: AdaptConfig = AdaptConfig(),
     seed: int = 0,
     params: Any = None,
+    analogue_s: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, Any] | None:
     """MAPE (percent) of the learned and of the adapted times on the measured rows themselves,
     each row predicted by a correction fitted without its fold (:data:`CV_FOLDS` seeded folds);
-    None with fewer than 10 rows."""
+    None with fewer than 10 rows. ``params`` and ``analogue_s`` as :func:`fit_correction` takes them."""
     from opcast.train.evaluate import ape_metrics
 
     keys = np.asarray(keys, dtype=object)
@@ -271,8 +392,10 @@ def cross_validate(
     adapted = np.full(len(pred), np.nan)
     for f in range(CV_FOLDS):
         test, train = ok[fold == f], ok[fold != f]
-        fields = fit_correction(keys[train], pred[train], true[train], cfg, _take(params, train), seed)
-        adapted[test] = correction(fields).apply(keys[test], pred[test], _take(params, test))
+        fields = fit_correction(
+            keys[train], pred[train], true[train], cfg, _take(params, train), seed, _take(analogue_s, train)
+        )
+        adapted[test] = correction(fields).apply(keys[test], pred[test], _take(params, test), _take(analogue_s, test))
     base, adapt = ape_metrics(pred[ok], true[ok]), ape_metrics(adapted[ok], true[ok])
     return {
         "folds": CV_FOLDS,
@@ -280,6 +403,30 @@ def cross_validate(
         "learned_mape": round(base["mape"], 2),
         "adapted_mape": round(adapt["mape"], 2),
     }
+
+
+def _describe_analogue(term: Mapping[str, Any] | None) -> str:
+    """A group's ``analogue`` term in words: the weight of each answer's log, largest first ("" for none)."""
+    if not term:
+        return ""
+    weights = sorted(zip(["own", *term["devices"]], term["coef"][1:], strict=True), key=lambda w: -abs(w[1]))
+    return ", ".join(f"{name} {b:+.2f}" for name, b in weights if abs(b) >= 0.005)
+
+
+def analogue_answers(model_set: Any, rows: Any, keys: np.ndarray, device_name: str) -> dict[str, np.ndarray]:
+    """The set's answers for ``rows`` (of groups ``keys``) on each training device of their groups
+    but ``device_name`` itself (device -> seconds, NaN for rows of groups not trained on it): what the
+    ``analogue`` terms regress on (:func:`fit_analogues`)."""
+    specs = model_set.device_specs
+    out: dict[str, np.ndarray] = {}
+    for key in dict.fromkeys(keys.tolist()):
+        pos = np.flatnonzero(keys == key)
+        for dev in (model_set.predictors.get(key) or {}).get("devices", ()):
+            if dev == device_name or dev not in specs:
+                continue
+            got = out.setdefault(dev, np.full(len(keys), np.nan))
+            got[pos] = model_set.predict_s(rows.iloc[pos].reset_index(drop=True), specs[dev])
+    return out
 
 
 def _take(params: Any, rows: np.ndarray) -> dict[str, np.ndarray] | None:
@@ -422,13 +569,17 @@ def adapt_model_set(
             f"none of the {len(rows)} rows of {name} ({groups}) has a learned prediction in {model_set.path}; "
             "measure ops the set covers (opcast train eval shows them)"
         )
-    params = _take(rows, np.flatnonzero(usable))
-    fields = fit_correction(keys[usable], pred[usable], true[usable], cfg, params)
-    cv = cross_validate(keys[usable], pred[usable], true[usable], cfg, params=params)
+    use = np.flatnonzero(usable)
+    params = _take(rows, use)
+    answers = _take(analogue_answers(model_set, rows, keys, name), use) if cfg.analogues else None
+    fields = fit_correction(keys[usable], pred[usable], true[usable], cfg, params, analogue_s=answers)
+    cv = cross_validate(keys[usable], pred[usable], true[usable], cfg, params=params, analogue_s=answers)
     shaped = any("shape" in g for g in fields["groups"].values())
+    analogue = any("analogue" in g for g in fields["groups"].values())
     body = {
         "format": "opcast-adaptation",
-        "format_version": 2 if shaped else 1,  # a file without a shape term stays readable by older opcast
+        # a file without the newer terms stays readable by an older opcast
+        "format_version": 3 if analogue else 2 if shaped else 1,
         "device": name,
         **fields,
         "datasets": dataset_records(datasets),
@@ -439,7 +590,8 @@ def adapt_model_set(
     if dest is None:
         dest = _copy_set(Path(model_set.path), Path(out))  # type: ignore[arg-type]  # out is set when dest is None
     path = write_adaptation(dest, body)
-    adapted = correction(fields).apply(keys, pred, rows)
+    adapted = np.full(len(rows), np.nan)
+    adapted[use] = correction(fields).apply(keys[use], pred[use], params, answers)
     table = []
     for g in sorted(set(keys[usable].tolist())):
         m = usable & (keys == g)
@@ -451,6 +603,7 @@ def adapt_model_set(
                 "learned_mape": ape_metrics(pred[m], true[m])["mape"],
                 "adapted_mape": ape_metrics(adapted[m], true[m])["mape"],
                 "factor_at_t_ref": math.exp(fields["log_factor"] + entry["log_factor"]),
+                "analogue": _describe_analogue(entry.get("analogue")),
             }
         )
     return AdaptResult(path=path, set_path=dest, fields=body, table=pd.DataFrame(table), ignored=ignored)

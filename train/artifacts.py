@@ -963,9 +963,10 @@ def load_collectives(model_set: ModelSet) -> Any:
 ADAPT_DIR: Final = "adapt"
 """Folder of a set holding its per-device adaptations (:mod:`opcast.train.adapt`), one
 ``<device>.json`` each, beside meta.json."""
-ADAPT_FORMAT_VERSION: Final = 2
-"""1: levels and size slopes; 2: a group may carry a ``shape`` term (read by this opcast, written only
-when one was fitted, so a file without it stays readable by older ones)."""
+ADAPT_FORMAT_VERSION: Final = 3
+"""1: levels and size slopes; 2: a group may carry a ``shape`` term; 3: a group may carry an
+``analogue`` term (each read by this opcast, and written only when one was fitted, so a file without
+it stays readable by older ones)."""
 ADAPT_MAX_BYTES: Final = 1 << 20
 ADAPT_SHAPE_MAX_ANCHORS: Final = 4000
 """Most measured rows one group's ``shape`` term may carry (the writer keeps far fewer)."""
@@ -1004,6 +1005,30 @@ def _shape_term_problem(v: Any, group: str) -> str | None:
     return None
 
 
+ADAPT_ANALOGUE_MAX_DEVICES: Final = 64
+
+
+def _analogue_term_problem(v: Any) -> str | None:
+    """What is wrong with a group's ``analogue`` term (None: nothing): an object of ``devices`` (1 to
+    :data:`ADAPT_ANALOGUE_MAX_DEVICES` distinct device names), ``coef`` (``2 + len(devices)`` finite
+    numbers: the intercept, the weight of the device's own log time, one weight per device) and
+    ``ridge`` (the penalty it was fitted with, > 0)."""
+    if not isinstance(v, dict) or set(v) != {"devices", "coef", "ridge"}:
+        return "must be an object of exactly devices, coef, ridge"
+    names, coef = v["devices"], v["coef"]
+    if not (isinstance(names, list) and 0 < len(names) <= ADAPT_ANALOGUE_MAX_DEVICES):
+        return f"devices must be a list of 1 to {ADAPT_ANALOGUE_MAX_DEVICES} device names"
+    if not all(_is_line(n) and bool(n) for n in names) or len(set(names)) != len(names):
+        return "devices must be distinct device names"
+    if not (
+        isinstance(coef, list) and len(coef) == 2 + len(names) and all(_is_finite(c) and abs(c) <= 50 for c in coef)
+    ):
+        return f"coef must be {2 + len(names)} finite numbers in [-50, 50] (intercept, own, one per device)"
+    if not (_is_finite(v["ridge"]) and v["ridge"] > 0):
+        return "ridge must be a finite number > 0"
+    return None
+
+
 def _is_pair_of_positive(v: Any) -> bool:
     return isinstance(v, list) and len(v) == 2 and all(_is_bandwidth(x) for x in v) and v[0] <= v[1]
 
@@ -1033,6 +1058,7 @@ ADAPT_GROUP_FIELDS: Final[dict[str, _Field]] = {
     "log_factor": (True, lambda v: _is_finite(v) and abs(v) <= 5, "a finite number in [-5, 5]"),
     "slope": (True, lambda v: _is_finite(v) and abs(v) <= 2, "a finite number in [-2, 2]"),
     "shape": (False, lambda v: isinstance(v, dict), "an object (checked by _shape_term_problem)"),
+    "analogue": (False, lambda v: isinstance(v, dict), "an object (checked by _analogue_term_problem)"),
 }
 """What :func:`check_adaptation` requires of each group's correction (no other key is allowed)."""
 
@@ -1051,7 +1077,12 @@ class Adaptation:
     terms. ``s_g`` (a group's optional ``shape`` term) is a kernel smoother of what the other terms
     left on the group's measured rows: ``sum_i w_i exp(-|x - x_i|^2 / (2 length^2))`` over its
     anchors ``x_i`` (the logs of the rows' op parameters), clipped to +-log 4; it fades to 0 away
-    from the measured shapes."""
+    from the measured shapes.
+
+    A group's optional ``analogue`` term replaces ``t_learned`` first, before every term above:
+    ``log t = b_0 + b_own log t_own + sum_d b_d log t_d``, where ``t_own`` is the set's answer on
+    this device's specs and ``t_d`` its answer for the same kernel on training device ``d``'s
+    (:func:`opcast.train.adapt.fit_analogues`); a row missing one of those answers keeps ``t_own``."""
 
     __slots__ = ("data", "path")
 
@@ -1071,6 +1102,43 @@ class Adaptation:
     def label(self) -> str:
         """How a time it corrected is labelled: ``learned+adapted(n=ROWS)``."""
         return f"learned+adapted(n={self.rows})"
+
+    @property
+    def analogue_devices(self) -> tuple[str, ...]:
+        """The training devices whose answers the groups' ``analogue`` terms read (sorted; empty: none)."""
+        names = {d for g in self.data["groups"].values() for d in (g.get("analogue") or {}).get("devices", ())}
+        return tuple(sorted(names))
+
+    def analogue_s(
+        self, keys: np.ndarray | list[str], pred_s: np.ndarray, analogue_s: Mapping[str, np.ndarray] | None
+    ) -> np.ndarray:
+        """``pred_s`` with each row of a group that has an ``analogue`` term replaced by that term's
+        time; ``analogue_s`` maps each of :attr:`analogue_devices` to the set's answers for the same
+        rows on that device (raises :class:`OpcastError` when one is missing)."""
+        pred = np.asarray(pred_s, dtype=float)
+        if not self.analogue_devices:
+            return pred
+        missing = [d for d in self.analogue_devices if analogue_s is None or d not in analogue_s]
+        if missing:
+            raise OpcastError(
+                f"the adaptation to {self.device} reads the set's answers on {', '.join(missing)}, which were not "
+                "given; re-run opcast train adapt with this opcast"
+            )
+        assert analogue_s is not None
+        keys = np.asarray(keys, dtype=object)
+        out = pred.copy()
+        for key, group in self.data["groups"].items():
+            term = group.get("analogue")
+            rows = np.flatnonzero(keys == key) if term else ()
+            if not len(rows):
+                continue
+            cols = [pred[rows], *(np.asarray(analogue_s[d], dtype=float)[rows] for d in term["devices"])]
+            x = np.column_stack(cols)
+            ok = np.isfinite(x).all(axis=1) & (x > 0).all(axis=1)
+            coef = np.asarray(term["coef"], dtype=float)
+            logs = np.log(np.where(ok[:, None], x, 1.0))
+            out[rows] = np.where(ok, np.exp(np.clip(coef[0] + logs @ coef[1:], -50.0, 50.0)), pred[rows])
+        return out
 
     @property
     def needs_params(self) -> bool:
@@ -1112,10 +1180,18 @@ class Adaptation:
             out[rows] = _smooth(q, term)
         return out
 
-    def apply(self, keys: np.ndarray | list[str], pred_s: np.ndarray, params: Any = None) -> np.ndarray:
+    def apply(
+        self,
+        keys: np.ndarray | list[str],
+        pred_s: np.ndarray,
+        params: Any = None,
+        analogue_s: Mapping[str, np.ndarray] | None = None,
+    ) -> np.ndarray:
         """``pred_s`` (learned seconds of rows of groups ``keys``, with their op ``params`` for the
-        ``shape`` terms) corrected for this device."""
-        return np.asarray(pred_s, dtype=float) * np.exp(self.log_factor(keys, pred_s, params))
+        ``shape`` terms and, for the ``analogue`` terms, the set's answers for the same rows on each of
+        :attr:`analogue_devices`) corrected for this device."""
+        base = self.analogue_s(keys, pred_s, analogue_s)
+        return base * np.exp(self.log_factor(keys, base, params))
 
     def __repr__(self) -> str:
         return f"Adaptation({self.device!r}, {self.rows} rows, {len(self.data['groups'])} groups)"
@@ -1183,6 +1259,10 @@ def check_adaptation(data: Any, where: str | Path = ADAPT_DIR) -> None:
             problem = _shape_term_problem(group["shape"], key)
             if problem:
                 raise OpcastError(f"{where}: {prefix}shape {problem}; {fix}")
+        if "analogue" in group:
+            problem = _analogue_term_problem(group["analogue"])
+            if problem:
+                raise OpcastError(f"{where}: {prefix}analogue {problem}; {fix}")
 
 
 def write_adaptation(set_path: str | Path, body: Mapping[str, Any]) -> Path:

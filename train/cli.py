@@ -213,7 +213,10 @@ def adapt(
         ),
     ] = None,
     levels_only: Annotated[
-        bool, typer.Option("--levels-only", help="Fit levels only, no dependence on the kernel's size.")
+        bool,
+        typer.Option(
+            "--levels-only", help="Fit levels only: no dependence on the kernel's size, shape or training-GPU analogue."
+        ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
@@ -233,7 +236,12 @@ def adapt(
         ]
     )
     result = adapt_model_set(
-        dataset, gpu, models=models, out=out, cfg=AdaptConfig(slope=not levels_only), command=command
+        dataset,
+        gpu,
+        models=models,
+        out=out,
+        cfg=AdaptConfig(slope=not levels_only, analogues=not levels_only),
+        command=command,
     )
     f = result.fields
     if as_json:

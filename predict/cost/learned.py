@@ -666,6 +666,12 @@ class LearnedKernelCost:
             from opcast.train.artifacts import load_adaptation
 
             got = load_adaptation(self.model_set, device.name)
+            unknown = [d for d in (got.analogue_devices if got else ()) if d not in self.model_set.device_specs]
+            if unknown:
+                raise OpcastError(
+                    f"{got.path} reads the set's answers on {', '.join(unknown)}, whose specs the set does not "
+                    "record; re-run opcast train adapt with this set"
+                )
         self._adaptations[device.name] = got
         if got is not None:
             measured = ", ".join(f"{g} ({e['rows']})" for g, e in sorted(got.data["groups"].items()))
@@ -682,7 +688,8 @@ class LearnedKernelCost:
         adapted = self.adaptation(device)
         if adapted is not None and out.shape == (len(kernels),):
             params = query.data if adapted.needs_params else None  # its shape terms read the op parameters
-            out = adapted.apply([self.group_of(k) for k in kernels], out, params)
+            keys = np.array([self.group_of(k) for k in kernels], dtype=object)
+            out = adapted.apply(keys, out, params, self._analogue_answers(adapted, keys, query))
         if out.shape != (len(kernels),):
             raise OpcastError(
                 f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
@@ -690,6 +697,20 @@ class LearnedKernelCost:
             )
         out[~np.isfinite(out) | (out <= 0)] = np.nan
         return out
+
+    def _analogue_answers(self, adapted: Any, keys: np.ndarray, query: Any) -> dict[str, np.ndarray]:
+        """The set's answers on each training device an adaptation's ``analogue`` terms read, for the
+        query rows of groups that have one (NaN elsewhere: those rows never read them)."""
+        mapped = [g for g, entry in adapted.data["groups"].items() if "analogue" in entry]
+        rows = np.flatnonzero(np.isin(keys, mapped))
+        sub = query.take(rows) if len(rows) < len(keys) else query
+        specs = self.model_set.device_specs
+        answers: dict[str, np.ndarray] = {}
+        for name in adapted.analogue_devices:
+            answers[name] = np.full(len(keys), np.nan)
+            if len(rows):
+                answers[name][rows] = self.model_set.predict_s(sub, specs[name])
+        return answers
 
     def _outside_shapes(self, items: Sequence[tuple[str, Kernel]]) -> dict[Kernel, str]:
         """Of ``(group key, kernel)`` pairs, the kernels whose features leave their predictor's recorded
