@@ -24,8 +24,10 @@ op would give, the remainder to random groups. k = 0 is the unadapted model.
 
 Beside the adapted model: ``oracle x1`` rescales the unadapted predictions of each GPU by the one
 constant that is best on the *scored* rows themselves (the issue's "one oracle constant per GPU",
-a diagnosis, not a method), and variants of the correction (no shape term: the levels and size
-slopes alone, as before the shape term; levels only; priors x4 and /4). The shape terms'
+a diagnosis, not a method), and variants of the correction (no analogues: without the ``analogue``
+terms, as before them; no shape term; levels only; priors x4 and /4). The base keeps, per row, the
+fold's answer on each training GPU's specs (columns ``as:<GPU>``), which the analogue terms read, as
+``opcast train adapt`` computes them from a written set. The shape terms'
 hyper-parameters are picked by the correction itself on an inner split of the drawn kernels
 (:func:`opcast.train.adapt.choose_shape`), never on the scored rows.
 Fitting dominates the wall time; the base predictions are kept in ``--work`` and reused (a cache
@@ -54,17 +56,20 @@ GEMM_LABELS = ("gemm (bmm)", "gemm (linear)", "gemm bf16", "gemm fp8")
 # --------------------------------------------------------------------------- base predictions
 
 
-def _fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: Mapping, seed: int) -> np.ndarray:
+def _fit_predict(
+    train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: Mapping, seed: int
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Models fitted on ``train``: their answers for ``test`` (rows of one device) on its own specs,
+    and on each training device's (``train``'s devices; what the ``analogue`` terms regress on)."""
     from opcast.train.fit import FitConfig, _predict_fitted, fit_frame
 
     cfg = FitConfig(estimator="xgb", folds=0, seed=seed, n_jobs=2, xgb_params=dict(xgb_params))
     fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, cfg)
-    pred = np.full(len(test), np.nan)
-    names = test["device"].to_numpy(dtype=object)
-    for dev in pd.unique(names):
-        pos = np.flatnonzero(names == dev)
-        pred[pos] = _predict_fitted(fitted, test.iloc[pos].reset_index(drop=True), devices[dev], devices)
-    return pred
+    (dev,) = pd.unique(test["device"].astype(object))
+    rows = test.reset_index(drop=True)
+    pred = _predict_fitted(fitted, rows, devices[dev], devices)
+    trained = sorted(pd.unique(train["device"].astype(object)))
+    return pred, {other: _predict_fitted(fitted, rows, devices[other], devices) for other in trained}
 
 
 def _neusight_label(frame: pd.DataFrame) -> pd.Series:
@@ -101,12 +106,12 @@ def neusight_base(path: Path, cache: Path, log) -> pd.DataFrame:
             ],
             ignore_index=True,
         )
-        mine["pred"] = _fit_predict(train, mine, devices, {}, 0)
-        parts.append(mine)
+        mine["pred"], answers = _fit_predict(train, mine, devices, {}, 0)
+        parts.append(mine.assign(**{f"{AS}{d}": v for d, v in answers.items()}))
         dt = time.perf_counter() - t0
         log(f"neusight: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
     out = pd.concat(parts, ignore_index=True)
-    keep = [*BASE_COLUMNS, *_param_columns(out)]
+    keep = [*BASE_COLUMNS, *_param_columns(out), *_answer_columns(out)]
     out = out.assign(key=_keys(out))[[*keep, "key"]]
     out.to_parquet(cache)
     return out
@@ -133,15 +138,28 @@ def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log) -> pd.Dat
         mine = mg.cap(frame[frame["device"] == dev], 4 * train_rows, seed + 1).reset_index(drop=True)
         half = grouped_mask(shape_groups(mine), 0.5, seed + 11)
         mine = mine.assign(pool=np.where(half, "test", "draw"))
-        mine["pred"] = _fit_predict(train, mine, devices, {}, seed)
-        parts.append(mine)
+        mine["pred"], answers = _fit_predict(train, mine, devices, {}, seed)
+        parts.append(mine.assign(**{f"{AS}{d}": v for d, v in answers.items()}))
         dt = time.perf_counter() - t0
         log(f"aiconfigurator: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
     out = pd.concat(parts, ignore_index=True)
-    keep = [*BASE_COLUMNS, *_param_columns(out)]
+    keep = [*BASE_COLUMNS, *_param_columns(out), *_answer_columns(out)]
     out = out.assign(key=_keys(out))[[*keep, "key"]]
     out.to_parquet(cache)
     return out
+
+
+AS = "as:"
+"""Prefix of a base column holding the fold's answer for the row on a training device's specs."""
+
+
+def _answer_columns(frame: pd.DataFrame) -> list[str]:
+    return [c for c in frame.columns if c.startswith(AS)]
+
+
+def _answers(frame: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Training device -> the fold's answers for ``frame``'s rows on its specs (NaN: another fold's device)."""
+    return {c[len(AS) :]: frame[c].to_numpy(dtype=float) for c in _answer_columns(frame)}
 
 
 BASE_COLUMNS = (
@@ -223,6 +241,7 @@ def _ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
 
 VARIANTS: dict[str, dict] = {
     "adapted": {},
+    "no analogues": {"analogues": False},
     "no shape": {"shape": False},
     "levels only": {"slope": False},
     "priors x4": {"scale": 4.0},
@@ -238,6 +257,7 @@ def _cfg(variant: Mapping):
         prior_rows={k: v * scale for k, v in PRIOR_ROWS.items()},
         slope=variant.get("slope", True),
         shape=variant.get("shape", True),
+        analogues=variant.get("analogues", True),
     )
 
 
@@ -255,6 +275,7 @@ def curve(
         true, pred = test["time_s_median"].to_numpy(float), test["pred"].to_numpy(float)
         labels = test["label"].astype(str).to_numpy()
         test_params = _params(test)
+        test_answers = _answers(test)
         oracle = pred * np.exp(np.median(np.log(true / pred)))  # one constant, fitted on the scored rows
         for k in ks:
             for d in range(draws if k else 1):
@@ -276,8 +297,11 @@ def curve(
                             _cfg(variant),
                             params=_params(sub),
                             seed=d,
+                            analogue_s=_answers(sub),
                         )
-                        preds[name] = correction(fields).apply(test["key"].to_numpy(dtype=object), pred, test_params)
+                        preds[name] = correction(fields).apply(
+                            test["key"].to_numpy(dtype=object), pred, test_params, test_answers
+                        )
                 for name, p in preds.items():
                     ape = _ape(p, true)
                     for label in [*sorted(set(labels.tolist())), "GEMM", "all"]:
@@ -405,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "neusight.parquet"
         if not data.is_file():
             run_replay("neusight", args.published / "neusight", work)
-        base = with_params(neusight_base(data, work / "few_shot_neusight_base.parquet", log), data, log)
+        base = with_params(neusight_base(data, work / "few_shot_neusight_base_v2.parquet", log), data, log)
         t0 = time.perf_counter()
         res_a = curve(base, "sweep", "test", ks, args.draws, args.seed)
         res_b = curve(base, "test", "test", ks, args.draws, args.seed)
@@ -421,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
             _modern_gpus().replay_aiconfigurator(work, cap_rows=3000, seed=args.seed)
             data = work / "aiconfigurator.parquet"
         base = aic_base(
-            data, work / f"few_shot_aic_base_{args.aic_train_rows}.parquet", args.aic_train_rows, args.seed, log
+            data, work / f"few_shot_aic_base_v2_{args.aic_train_rows}.parquet", args.aic_train_rows, args.seed, log
         )
         base = with_params(base, data, log)
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
