@@ -214,6 +214,11 @@ def parse_bool(value: object) -> bool | None:
     raise ValueError(f"{shown} is not a boolean; use true/false, yes/no, on/off or 1/0")
 
 
+INT_PARAM_LIMIT: Final = 2**63
+"""Integer parameters stay below this: datasets store them as int64 (:mod:`opcast.schema`), and so
+do the feature tables of the learned models; a larger one would overflow there."""
+
+
 def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
@@ -239,6 +244,8 @@ def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
             return 0, f"{p.name}={value!r} is not an integer"
         if as_float < p.minimum:
             return 0, f"{p.name}={int(as_float)} must be >= {p.minimum}"
+        if as_float >= INT_PARAM_LIMIT:
+            return 0, f"{p.name}={value!r} is too large: give an integer below 2**63 (a dataset column is int64)"
         return int(as_float), ""
     text = str(value)
     if p.choices is not None and text not in p.choices:

@@ -39,6 +39,7 @@ import typer
 from rich.markup import escape
 
 from opcast.errors import OpcastError
+from opcast.ops import INT_PARAM_LIMIT
 from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
 from opcast.predict.recompute import RECOMPUTE_HELP
 from opcast.predict.serve.engine import ENGINES, engine_version_problem
@@ -103,10 +104,14 @@ def command(*specs: Opt, defer_problems: bool = False) -> Callable[[Callable[[Ar
         @functools.wraps(fn)
         def run(**values: Any) -> None:
             o = Args(**values)
-            problems = [
+            problems = [_too_large(s.flags, values[s.name]) for s in specs if _is_huge(values[s.name])]
+            problems += [
                 p
                 for s in specs
-                if s.check is not None and values[s.name] is not None and (p := s.check(values[s.name]))
+                if s.check is not None
+                and values[s.name] is not None
+                and not _is_huge(values[s.name])
+                and (p := s.check(values[s.name]))
             ]
             problems += [p for r in rules if (p := r.check(o))]
             if defer_problems:
@@ -124,6 +129,15 @@ def command(*specs: Opt, defer_problems: bool = False) -> Callable[[Callable[[Ar
 
 
 # --------------------------------------------------------------------------- checks
+
+
+def _is_huge(value: Any) -> bool:
+    """An integer option past int64, where the arrays it sizes (and the datasets) stop: a typo, never a size."""
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_PARAM_LIMIT
+
+
+def _too_large(flags: str, value: int) -> str:
+    return f"{flags.split('/')[0]} {value} is too large: give an integer below 2**63"
 
 
 def _finite_at_least(flag: str, low: float) -> Callable[[float], str | None]:

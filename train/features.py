@@ -394,7 +394,8 @@ MONOTONE_DECREASING: Final = frozenset({"tail_efficiency", "tile_fill"})
 
 def _align(values: np.ndarray, cap: int = 64) -> np.ndarray:
     """log2 of the largest power of two dividing each value, capped at ``cap`` (vector widths)."""
-    v = values.astype(np.int64)
+    # a size past int64 (a float column, from a nonsense-sized query) has no alignment to read: 0
+    v = np.where(np.abs(values) < 2**62, values, 0).astype(np.int64)
     low = v & (-v)
     return np.log2(np.minimum(np.maximum(low, 1), cap).astype(float))
 

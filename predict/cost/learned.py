@@ -76,7 +76,7 @@ import numpy as np
 
 from opcast.errors import OpcastError
 from opcast.hardware import kernel_twin, same_die
-from opcast.ops import MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
+from opcast.ops import INT_PARAM_LIMIT, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak, slower_at_most
 from opcast.predict.intervals import Residuals
@@ -421,8 +421,9 @@ def _typed(values: list[Any]) -> np.ndarray:
     if present and all(isinstance(v, bool) for v in present):
         return np.array(values, dtype=bool) if len(present) == len(values) else np.array(values, dtype=object)
     if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
-        if len(present) == len(values):
+        if len(present) == len(values) and all(abs(v) < INT_PARAM_LIMIT for v in present):
             return np.array(values, dtype=np.int64)
+        # a blank, or a size past int64 (a decode length from a huge --gen-len): float, as a dataset reads it
         return np.array([np.nan if v is None else v for v in values], dtype=float)
     return np.array(values, dtype=object)
 
