@@ -515,7 +515,14 @@ SEARCH_GPUS = Opt("gpus", "--gpus", int, "GPUs available (the world size).")
 SEARCH_GLOBAL_BATCH = _option(TRAIN, "global_batch").but(type=int, default=REQUIRED, default_help=None)
 SEARCH_SEQ = _option(TRAIN, "seq").but(default=REQUIRED)
 SEARCH_OVERLAP = _option(TRAIN, "overlap_grad_reduce").but(default=True)
-TOP = Opt("top", "--top", int, "Configurations to show (each re-predicted with the full breakdown).", 10)
+TOP = Opt(
+    "top",
+    "--top",
+    int,
+    "Configurations to show (each re-predicted with the full breakdown).",
+    10,
+    check=lambda v: None if v >= 0 else f"--top {v} must be >= 0 (the number of rows to list), e.g. 5",
+)
 OBJECTIVE = Opt(
     "objective",
     "--objective",
@@ -748,7 +755,14 @@ SERVE = (
         "Requests from a CSV or JSONL file of arrival_s, input_tokens, output_tokens (instead of --rate).",
         None,
     ),
-    Opt("seed", "--seed", int, "Seed of the arrivals and lengths.", 0),
+    Opt(
+        "seed",
+        "--seed",
+        int,
+        "Seed of the arrivals and lengths.",
+        0,
+        check=lambda v: None if v >= 0 else f"--seed {v} must be >= 0 (numpy seeds its generator with one), e.g. 0",
+    ),
     Opt(
         "prefix_cache_hit",
         "--prefix-cache-hit",
