@@ -309,9 +309,12 @@ def predict_infer(
     overhead = OVERHEADS[cfg.engine] if cfg.engine != "none" else None
     step_overhead_s = overhead.time_s(b) if overhead is not None else 0.0  # prefill and decode steps alike
     ttft = pre_c + pre_tp + pre_pp + step_overhead_s
-    steps = list(range(1, G))
-    if len(steps) > DECODE_SAMPLES:
-        steps = sorted({1 + round(i * (G - 2) / (DECODE_SAMPLES - 1)) for i in range(DECODE_SAMPLES)})
+    # the sample is taken without listing every step: a huge --gen-len must not build a list of G steps
+    steps = (
+        sorted({1 + round(i * (G - 2) / (DECODE_SAMPLES - 1)) for i in range(DECODE_SAMPLES)})
+        if G - 1 > DECODE_SAMPLES
+        else list(range(1, G))
+    )
     dec_c = dec_tp = 0.0
     for n, i in enumerate(steps):
         c, t = _forward_s(
