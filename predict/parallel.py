@@ -864,6 +864,8 @@ def validate_train(
 def ep_replica_reasons(cfg: InferConfig, replicas: int, pool: str = "") -> list[str]:
     """Why ``replicas`` replicas (of a ``pool``: "prefill " / "decode ") cannot form whole expert-parallel
     groups: ``ep > tp`` spreads the experts over ``ep / tp`` replicas, which serve together."""
+    if cfg.tp < 1:  # validate_infer names the bad tp; there is no span to speak of
+        return []
     span = cfg.ep // cfg.tp if cfg.ep > cfg.tp and cfg.ep % cfg.tp == 0 else 1
     if replicas % span:
         return [
