@@ -47,6 +47,16 @@ class ReplayOptions:
     gpus_per_node: int | None = None
     """Ranks per node of a collective run (nccl-tests)."""
 
+    def __post_init__(self) -> None:
+        # a count of 0 would read as "not given" (the log's own count), a negative one drop every row
+        for flag, value in (
+            ("--world-size", self.world_size),
+            ("--nodes", self.nodes),
+            ("--gpus-per-node", self.gpus_per_node),
+        ):
+            if value is not None and value < 1:
+                raise OpcastError(f"{flag} {value} must be >= 1, or leave it out to read it from the log")
+
 
 @dataclass(kw_only=True, slots=True)
 class ReplaySummary:
