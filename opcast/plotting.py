@@ -28,6 +28,9 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
     """Write ``fig`` to ``path`` (folders created) and close it; a one-line error if it cannot be written."""
     plt = pyplot()
     path = Path(path)
+    if path.is_dir():  # matplotlib would write DIR.png beside it, not what was asked
+        plt.close(fig)
+        raise OpcastError(f"cannot write the plot {path}: it is a folder; give a file name such as {path / 'plot.png'}")
     kinds = fig.canvas.get_supported_filetypes()
     if path.suffix and path.suffix[1:].lower() not in kinds:  # no suffix: matplotlib's default, png
         plt.close(fig)
@@ -38,7 +41,7 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 120) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=dpi)
     except OSError as err:
-        raise OpcastError(f"cannot write the plot {path}: {err.strerror}") from None
+        raise OpcastError(f"cannot write the plot {path}: {err.strerror}; choose another --plot path") from None
     finally:
         plt.close(fig)
     return path
