@@ -205,6 +205,10 @@ def _no_tmp_left(result: Result, d: Path) -> None:
     assert not left, left
 
 
+def _nothing_at(path: Path) -> None:
+    assert not path.exists(), f"{path} was written"
+
+
 def _dataset_predicted(result: Result, d: Path) -> None:
     got = pd.read_parquet(d / "kernels_out" / "ds.parquet")
     assert len(got) == 8 and (got["time_s_pred"] > 0).all() and got["time_s_pred"].is_monotonic_increasing
@@ -262,6 +266,7 @@ BENCH = (
 )
 CALIB = ("calibrate", "--out", "{d}/calib_out", "--budget-s", "2", "--steps", "1")
 VALIDATE = ("validate", "--batch", "1", "--seq", "16", "--layers", "1", "--steps", "1", "--warmup", "0")
+SERVE = ("predict", "serve", "--arch", "gpt3-125m", "--gpu", "H100-SXM", ROOF, "--rate", "5", "--num-requests", "20")
 NO_TORCH = {"PYTHONPATH": "{d}/notorch"}
 """Env of a case whose bad input must be refused before torch is imported (seconds of start-up)."""
 KERNELS = ("predict", "kernels", "--gpu", "H100-SXM", ROOF, "--out", "{d}/kernels_out/out.csv")
@@ -678,6 +683,78 @@ CASES: list[Case] = [
     _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",), env=NO_TORCH),
     _c("calibrate-estimator-bad", *CALIB, "--estimator", "foo", needles=("foo",)),
     _c("calibrate-budget-nan", "calibrate", "--out", "{d}/calib_out", "--budget-s", "nan", needles=("--budget-s",)),
+    # ---- sizes past int64, counts the code divided by, and a --plot folder (issue: the bad-input sweep)
+    _c(
+        "kernel-param-past-int64",
+        *KERNEL[:9],
+        "m=1e40",
+        *KERNEL[10:],
+        needles=("m='1e40' is too large", "below 2**63"),
+    ),
+    _c(
+        "infer-context-past-int64-learned",
+        "predict",
+        "infer",
+        "--arch",
+        "llama2-7b",
+        "--gpu",
+        "H100-SXM",
+        "--prompt-len",
+        "5000000000000000000",
+        "--gen-len",
+        "5000000000000000000",
+        needles=("does not fit",),
+    ),
+    _c("infer-gen-len-billion", *INFER, "--arch", "llama2-7b", "--gen-len", "1000000000", needles=("does not fit",)),
+    _c(
+        "train-nodes-past-int64",
+        *TRAIN,
+        "--arch",
+        "gpt3-125m",
+        "--nodes",
+        "1" + "0" * 20,
+        needles=("--nodes", "2**63"),
+    ),
+    _c("serve-requests-past-int64", *SERVE, "--num-requests", "1" + "0" * 20, needles=("--num-requests", "2**63")),
+    _c("serve-replicas-past-int64", *SERVE, "--replicas", "1" + "0" * 20, needles=("--replicas", "2**63")),
+    _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
+    _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),
+    _c(
+        "search-serve-top-negative",
+        "search",
+        "serve",
+        *SERVE[2:],
+        "--gpus",
+        "2",
+        "--slo-ttft-s",
+        "1",
+        "--top",
+        "-1",
+        needles=("--top -1 must be >= 0",),
+    ),
+    _c(
+        "plot-folder",
+        *TRAIN,
+        "--arch",
+        "gpt3-125m",
+        "--plot",
+        "{d}/config_dir",
+        needles=("is a folder", "config_dir/plot.png"),
+        check=lambda r, d: _nothing_at(d / "config_dir.png"),
+    ),
+    _c(
+        "replay-world-size-zero",
+        "collect",
+        "replay",
+        "nccl-tests",
+        "tests/fixtures/replay/all_reduce_perf_8xA100.txt",
+        "--out",
+        "{d}/replay_out",
+        "--world-size",
+        "0",
+        needles=("--world-size 0 must be >= 1",),
+        check=lambda r, d: _nothing_at(d / "replay_out"),
+    ),
     # ---- output: a full stdout
     _c("stdout-full-hardware-list", "hardware", "list", stdout_full=True, needles=("output",)),
     _c("stdout-full-predict-json", *TRAIN, "--arch", "gpt3-125m", "--json", stdout_full=True, needles=("output",)),
