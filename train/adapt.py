@@ -31,7 +31,8 @@ with a Gaussian prior centred on the device's own answer (``b_own = 1``, every `
 intercept free) whose strength is picked from :data:`ANALOGUE_RIDGES` by :data:`SHAPE_FOLDS`-fold
 splits of the measured rows, and kept only when it beats a level alone on those splits. The
 weights are held >= 0, so the time is a level times a product of the answers' non-negative
-powers: it leans on the GPUs it resembles, never extrapolates away from one. The terms below are then fitted on its times.
+powers: it leans on the GPUs it resembles, never extrapolates away from one. The terms below are
+then fitted on its times.
 
 What that leaves is shape-dependent (which tiles the GPU's library picks, where its launch floor
 ends), so a group with :data:`SHAPE_MIN_ROWS` measured rows or more also gets a ``shape`` term
