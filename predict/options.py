@@ -152,6 +152,12 @@ def _interval_mode(mode: str) -> str | None:
     return None if mode in ("group", "correlated") else f"--interval-mode {mode!r} must be group or correlated"
 
 
+def _plot_file(path: Path) -> str | None:
+    """A ``--plot`` that names a folder is refused before anything runs (matplotlib would write
+    FOLDER.png beside it); :func:`opcast.plotting.save_figure` checks the same for other callers."""
+    return f"--plot {path} is a folder; give a file name such as {path / 'plot.png'}" if path.is_dir() else None
+
+
 def _csv_suffix(path: Path) -> str | None:
     return None if path.suffix == ".csv" else f"--csv {path}: give a file name ending in .csv"
 
@@ -483,7 +489,9 @@ ATTENTION = _option(TRAIN, "attention")
 # predict train
 TRAIN_GPU = GPU.but(default=None, default_help="the gpu of a --cluster file")
 TRACE = Opt("trace", "--trace", Optional[Path], "Write a Chrome/Perfetto trace of one iteration.", None)
-TRAIN_PLOT = Opt("plot", "--plot", Optional[Path], "Write a breakdown chart (needs matplotlib).", None)
+TRAIN_PLOT = Opt(
+    "plot", "--plot", Optional[Path], "Write a breakdown chart (needs matplotlib).", None, check=_plot_file
+)
 COVERAGE = Opt("coverage", "--coverage", float, "Coverage of the prediction interval (0-1).", 0.9, check=_coverage)
 INTERVAL_MODE = Opt(
     "interval_mode",
@@ -592,7 +600,7 @@ VARY = Opt(
     "peak_flops for every peak); repeat for a grid.",
 )
 TABLE_CSV = Opt("csv", "--csv", Optional[Path], "Also write the table to this .csv file.", None, check=_csv_suffix)
-CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplotlib).", None)
+CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplotlib).", None, check=_plot_file)
 
 
 # predict serve
