@@ -603,7 +603,11 @@ def compare(
         raise OpcastError(f"--gpus names {', '.join(dupes)} more than once; give each GPU once")
     kernels = kernels or roofline_only("no kernel models given: roofline fallback")
     comms = comms or collective_cost_for(kernels)
-    return CompareResult(workload=workload, outcomes=tuple(predict(workload, d, kernels, comms) for d in devices))
+    outcomes = tuple(predict(workload, d, kernels, comms) for d in devices)
+    unlaid = {o.reasons for o in outcomes if o.split is None}
+    if len(unlaid) == 1 and all(o.split is None for o in outcomes):  # the same reasons on every GPU: the input's
+        raise OpcastError(f"the configuration cannot run on any of --gpus: {'; '.join(next(iter(unlaid)))}")
+    return CompareResult(workload=workload, outcomes=outcomes)
 
 
 def split_gpu_list(text: str) -> list[str]:
@@ -626,4 +630,6 @@ def split_gpu_list(text: str) -> list[str]:
     names = [n for n in out if n]
     if not names:
         raise OpcastError("--gpus is empty; give a comma-separated list, e.g. --gpus A100-SXM4-80GB,H100-SXM,B200")
+    if len(names) < len(out):
+        raise OpcastError(f"--gpus {text!r} has an empty name between commas; give each GPU once, comma-separated")
     return names
