@@ -241,7 +241,9 @@ def calibrate_cmd(
     precision: Annotated[str, typer.Option("--precision", help="fp32, bf16 or fp16.")] = "fp32",
     attention: Annotated[str, typer.Option("--attention", help="flash or eager.")] = "flash",
     name: Annotated[str, typer.Option("--name", help="Name of the model set (its folder under --out).")] = "calibrated",
-    estimator: Annotated[str, typer.Option("--estimator", help="xgb (fast), tile-mlp or auto.")] = "xgb",
+    estimator: Annotated[
+        str, typer.Option("--estimator", help="xgb (fast), tile-mlp, hier, neusight or auto.")
+    ] = "xgb",
     steps: Annotated[int, typer.Option("--steps", help="Timed steps of each validation.")] = 3,
     allow_busy: Annotated[
         bool,

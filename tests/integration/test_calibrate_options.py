@@ -96,3 +96,11 @@ def test_a_tiny_budget_bounds_the_real_command(tmp_path):
     assert took < 90, took  # startup and imports included; the old calibrate took minutes
     report = __import__("json").loads((out / "calibrate.json").read_text())
     assert report["failure"] and report["budget_cut"] and report["models"] is None
+
+
+def test_the_help_names_every_estimator_the_option_takes():
+    from opcast.train.estimators import ESTIMATORS
+
+    res = _run(["calibrate", "--help"], env={"COLUMNS": "200"})
+    text = " ".join(res.stdout.split())
+    assert res.returncode == 0 and all(name in text.split("--estimator", 1)[1][:200] for name in [*ESTIMATORS, "auto"])
