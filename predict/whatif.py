@@ -323,12 +323,14 @@ def parse_vary(items: Sequence[str]) -> dict[str, tuple[float, ...]]:
     for item in items:
         key, sep, raw = str(item).partition("=")
         key = key.strip()
-        values = [v.strip() for v in raw.split(",") if v.strip()]
-        if not sep or not key or not values:
+        values = [v.strip() for v in raw.split(",")]
+        if not sep or not key or not any(values):
             raise OpcastError(
                 f"--vary {item!r}: give FIELD=F1,F2,... (factors of the base GPU's value), "
                 "e.g. --vary mem_bw_bytes_per_s=1,1.5,2,4"
             )
+        if not all(values):
+            raise OpcastError(f"--vary {item!r} has an empty factor between commas; give each factor once, e.g. {key}=1,2,4")
         factors = []
         for v in values:
             setting = parse_setting(f"{key}={v if v[:1] in 'xX*' else 'x' + v}")

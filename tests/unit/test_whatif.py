@@ -283,6 +283,8 @@ def test_explore_refuses_an_infeasible_base_and_reports_infeasible_points():
         (["membw=1,2"], "unknown field 'membw'"),
         (["mem_bw_bytes_per_s=1,2", "mem_bw_bytes_per_s=4"], "given twice"),
         (["mem_bw_bytes_per_s=1,1"], "repeats a factor"),
+        (["mem_bw_bytes_per_s=1,,2"], "empty factor"),
+        (["mem_bw_bytes_per_s=1,2,"], "empty factor"),
         (["peak_flops=1,2", "peak_bf16_flops=1,2"], "already scales"),
         ([], "at least one --vary"),
     ],
