@@ -32,6 +32,10 @@ TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 """The columns (CSV) or keys (JSONL) every row of a trace file has."""
 CACHED_COLUMN = "cached_tokens"
 """An optional column (key) of a trace file: the prompt tokens already in the prefix cache, 0 <= cached < input."""
+MAX_ARRIVAL_S = 1e9
+"""The latest arrival a simulation takes (about 32 years): its clock is float64 seconds, whose spacing at
+1e9 s is 1.2e-7 s; much later, a decode step of milliseconds no longer moves the clock (at 1e30 s a
+request's TPOT came out 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,12 @@ def poisson_stream(
         raise OpcastError(f"--num-requests {num_requests} must be >= 1")
     rng = np.random.default_rng(seed)
     arrivals = np.cumsum(rng.exponential(1.0 / rate_per_s, size=num_requests))
+    if arrivals[-1] > MAX_ARRIVAL_S:
+        raise OpcastError(
+            f"--rate {rate_per_s:g} spreads {num_requests} requests over {arrivals[-1]:.3g} s, past the "
+            f"{MAX_ARRIVAL_S:.0e} s the simulated clock resolves to a microsecond; give --rate >= "
+            f"{2 * num_requests / MAX_ARRIVAL_S:.2g} req/s"
+        )
     return RequestStream(
         arrival_s=arrivals,
         input_tokens=input_len.draw(rng, num_requests),
@@ -213,6 +223,12 @@ def read_trace(path: Path) -> RequestStream:
     if not rows:
         raise OpcastError(f"trace file {path} has no requests; give rows of {', '.join(TRACE_COLUMNS)}")
     arr = np.array(rows, dtype=np.float64)
+    if arr[:, 0].max() > MAX_ARRIVAL_S:
+        raise OpcastError(
+            f"trace file {path}: arrival_s reaches {arr[:, 0].max():.6g} s, past the {MAX_ARRIVAL_S:.0e} s the "
+            "simulated clock resolves to a microsecond; give seconds from the trace's start (subtract the first "
+            "arrival, e.g. from epoch timestamps)"
+        )
     order = np.argsort(arr[:, 0], kind="stable")
     arr = arr[order]
     inputs, cached = arr[:, 1].astype(np.int64), arr[:, 3].astype(np.int64)

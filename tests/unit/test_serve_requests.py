@@ -65,6 +65,10 @@ def test_bad_rate_or_count_is_refused():
             poisson_stream(rate_per_s=rate, num_requests=3, input_len=one, output_len=one, seed=0)
     with pytest.raises(OpcastError, match="--num-requests"):
         poisson_stream(rate_per_s=1.0, num_requests=0, input_len=one, output_len=one, seed=0)
+    # arrivals past the clock's microsecond range (at 1e-30 req/s every TPOT came out 0)
+    with pytest.raises(OpcastError, match=r"--rate 1e-30 spreads 20 requests over .* give --rate >= 4e-08"):
+        poisson_stream(rate_per_s=1e-30, num_requests=20, input_len=one, output_len=one, seed=0)
+    assert len(poisson_stream(rate_per_s=1e-6, num_requests=20, input_len=one, output_len=one, seed=0)) == 20
 
 
 def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
@@ -98,6 +102,7 @@ def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
         ("bad.jsonl", '{"arrival_s": 1, "input_tokens": 2, "output_tokens": 3}\n{oops\n', "line 2: not JSON"),
         ("list.jsonl", "[1, 2, 3]\n", "line 1: give an object"),
         ("inf.jsonl", '{"arrival_s": "inf", "input_tokens": 2, "output_tokens": 3}\n', "line 1: arrival_s"),
+        ("epoch_ms.csv", "arrival_s,input_tokens,output_tokens\n1733000000000,5,5\n", "arrival_s reaches 1.733e"),
     ],
 )
 def test_bad_traces_are_refused_in_one_line_naming_the_row(tmp_path, name, text, message):
