@@ -330,7 +330,9 @@ def parse_vary(items: Sequence[str]) -> dict[str, tuple[float, ...]]:
                 "e.g. --vary mem_bw_bytes_per_s=1,1.5,2,4"
             )
         if not all(values):
-            raise OpcastError(f"--vary {item!r} has an empty factor between commas; give each factor once, e.g. {key}=1,2,4")
+            raise OpcastError(
+                f"--vary {item!r} has an empty factor between commas; give each factor once, e.g. {key}=1,2,4"
+            )
         factors = []
         for v in values:
             setting = parse_setting(f"{key}={v if v[:1] in 'xX*' else 'x' + v}")
