@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import importlib
+import inspect
 import json
 import os
 import sys
@@ -178,6 +179,23 @@ def _silence_stdout() -> None:
     except (OSError, ValueError, AttributeError):
         pass
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+
+
+def _unwrapped_help(app: typer.Typer) -> typer.Typer:
+    """``app`` with every command's help taken from its docstring with the line breaks inside a paragraph
+    joined: typer's rich help keeps a docstring's single line breaks in its group's command list, so a
+    summary wrapped in the source printed as broken lines under ``opcast --help``."""
+    for info in app.registered_commands:
+        if info.help is None and info.callback is not None and info.callback.__doc__:
+            paragraphs = inspect.cleandoc(info.callback.__doc__).split("\n\n")
+            info.help = "\n\n".join(" ".join(p.split("\n")) for p in paragraphs)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            _unwrapped_help(group.typer_instance)
+    return app
+
+
+_unwrapped_help(app)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,26 @@
+"""Every command's summary in its group's command list is one paragraph without line breaks: typer's rich
+help keeps a docstring's single line breaks there (it joins them only on the command's own page), so a
+summary wrapped in the source printed as broken lines under `opcast --help` (`opcast.cli` joins them)."""
+
+from __future__ import annotations
+
+import inspect
+
+from typer.main import get_command
+
+from opcast.cli import app
+
+
+def _commands(cmd, path):
+    yield path, cmd
+    for name, sub in (getattr(cmd, "commands", None) or {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_command_summary_is_one_unbroken_paragraph():
+    broken = []
+    for path, cmd in _commands(get_command(app), ("opcast",)):
+        first = inspect.cleandoc(cmd.help or "").split("\n\n")[0]
+        if "\n" in first:
+            broken.append(" ".join(path))
+    assert not broken, f"summaries with line breaks (put a blank line after the first sentence): {broken}"
