@@ -128,6 +128,7 @@ def _build_files(d: Path) -> None:
     w("gpu_nested.json", "[" * 100_000 + "]" * 100_000)
     (d / "gpu_binary.json").write_bytes(b"\x00\xff\xfe" * 300)
     w("gpu_ok.json", json.dumps({**h100, "name": "my-gpu", "aliases": []}))
+    w("gpu_huge.json", json.dumps({**h100, "mem_bytes": 10**400}))
     # parquet datasets
     good = d / "good.parquet"
     _write_dataset(good)
@@ -512,6 +513,16 @@ CASES: list[Case] = [
     _c("gpu-nested", "hardware", "show", "{d}/gpu_nested.json", needles=("gpu_nested.json",)),
     _c("gpu-binary", "hardware", "show", "{d}/gpu_binary.json", needles=("gpu_binary.json", "UTF-8")),
     _c("gpu-directory", "hardware", "show", "{d}/config_dir", needles=("config_dir",)),
+    _c(
+        "gpu-mem-past-float",
+        *TRAIN[:2],
+        "--arch",
+        "gpt3-125m",
+        "--gpu",
+        "{d}/gpu_huge.json",
+        ROOF,
+        needles=("gpu_huge.json", "'mem_bytes' is too large", "below 2**63"),
+    ),
     _c("gpu-valid-file", "hardware", "show", "{d}/gpu_ok.json", expect="ok", check=_json_check(name="my-gpu")),
     _c(
         "cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)

@@ -288,6 +288,22 @@ def test_a_wrong_type_names_the_key(tmp_path: Path, valid: dict, key: str, value
     assert str(path) in message and f"'{key}'" in message
 
 
+@pytest.mark.parametrize(
+    "key,value,needle",
+    [
+        ("mem_bytes", 10**400, "'mem_bytes' is too large, got an integer past 1.8e308: give an integer below 2**63"),
+        ("sm_count", 10**30, "'sm_count' is too large, got 1e+30: give an integer below 2**63"),
+        ("mem_bw_bytes_per_s", 10**400, "'mem_bw_bytes_per_s' must be a number (bytes/s), got an integer past 1.8e308"),
+    ],
+)
+def test_a_number_too_large_for_the_arithmetic_is_refused(tmp_path: Path, valid: dict, key, value, needle) -> None:
+    # an integer past int64 (or past a float) loaded and then overflowed the first division of a prediction
+    path = _write(tmp_path, {**valid, key: value})
+    message = _one_line_error(get_device, str(path))
+    assert str(path) in message and needle in message
+    assert spec_from_dict({**valid, "mem_bytes": 2**63 - 1}, "<ok>").mem_bytes == 2**63 - 1
+
+
 def test_a_folder_is_not_a_device_file(tmp_path: Path) -> None:
     message = _one_line_error(get_device, str(tmp_path))
     assert str(tmp_path) in message and "is a folder" in message
