@@ -25,6 +25,7 @@ import difflib
 import json
 import math
 import re
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from functools import cache
@@ -381,6 +382,11 @@ def read_json_file(path: str | Path, what: str) -> Any:
         ) from None
     except RecursionError:
         raise OpcastError(f"{path}: {what} is nested too deeply to be read as JSON; give a flat JSON object") from None
+    except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise OpcastError(
+            f"{path}: {what} holds an integer of more than {sys.get_int_max_str_digits()} digits; "
+            "give sizes below 2**63"
+        ) from None
 
 
 def load_device_file(path: str | Path) -> DeviceSpec:

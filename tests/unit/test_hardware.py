@@ -259,6 +259,7 @@ def test_not_an_object(tmp_path: Path) -> None:
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (b'{"name": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
         (b'"H100"', "expected a JSON object"),
+        (b'{"mem_bytes": 1' + b"0" * 5000 + b"}", "holds an integer of more than 4300 digits"),
     ],
 )
 def test_a_malformed_device_file_is_one_line_naming_it(tmp_path: Path, content: bytes, needle: str) -> None:
