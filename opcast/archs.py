@@ -1032,7 +1032,10 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
         )
     shared = c.cfg.get("n_shared_experts")
     groups = c.get("n_group", 1) or 1
-    limited = groups > 1 and c.get("topk_group", groups) < groups
+    chosen = c.get("topk_group", groups)
+    if chosen > groups and not c.bad & {"n_group", "topk_group"}:
+        c.problems.append(f"topk_group={chosen} exceeds n_group={groups}; give 1..n_group groups per token")
+    limited = groups > 1 and chosen < groups
     experts = c.cfg.get("n_routed_experts")
     if limited and isinstance(experts, int) and experts % groups:
         c.problems.append(f"n_group={groups} does not divide n_routed_experts={experts}; give equal expert groups")
@@ -1051,7 +1054,7 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
         "dense_layers": dense or None,
         "dense_ffn_hidden": c.req("intermediate_size") if dense else None,
         "expert_groups": groups if limited else None,
-        "expert_groups_top_k": c.get("topk_group", groups) if limited else None,
+        "expert_groups_top_k": chosen if limited else None,
     }
 
 

@@ -79,6 +79,24 @@ def _hf(**changes: object) -> str:
     return json.dumps({**LLAMA, **changes})
 
 
+DEEPSEEK = {
+    **LLAMA,
+    "model_type": "deepseek_v3",
+    "moe_intermediate_size": 128,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 64,
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "n_group": 4,
+    "topk_group": 2,
+}
+
+
 def _write_dataset(path: Path) -> None:
     from opcast.schema import write_parquet
 
@@ -111,6 +129,7 @@ def _build_files(d: Path) -> None:
     w("act_dict.json", _hf(hidden_act={"name": "silu"}))
     w("size_dict.json", _hf(hidden_size={"value": 256}))
     w("size_huge.json", _hf(vocab_size=10**40))
+    w("topk_group.json", json.dumps({**DEEPSEEK, "topk_group": 5}))
     w("missing_key.json", json.dumps({k: v for k, v in LLAMA.items() if k != "intermediate_size"}))
     w("nested.json", "[" * 100_000 + "]" * 100_000)
     (d / "binary.json").write_bytes(bytes(range(256)) * 8)
@@ -483,6 +502,7 @@ CASES: list[Case] = [
         needles=("moe_dispatcher='deepep'", "alltoall, flex"),
     ),
     _c("arch-size-huge", *TRAIN, "--arch", "{d}/size_huge.json", needles=("size_huge.json", "vocab_size")),
+    _c("arch-topk-group", "arch", "show", "{d}/topk_group.json", needles=("topk_group.json", "topk_group=5 exceeds")),
     _c("arch-missing-key", "arch", "show", "{d}/missing_key.json", needles=("missing_key.json", "intermediate_size")),
     _c("arch-nested", "arch", "show", "{d}/nested.json", needles=("nested.json",)),
     _c("arch-digits", *TRAIN, "--arch", "{d}/digits.json", needles=("digits.json", "more than 4300 digits")),

@@ -1031,12 +1031,15 @@ def test_layer_ops_of_an_mla_arch_follow_the_graph() -> None:
         ({"moe_layer_freq": 2}, "moe_layer_freq=2"),
         ({"kv_lora_rank": "512"}, "kv_lora_rank"),
         ({"n_group": 7}, "n_group=7 does not divide n_routed_experts=256"),
+        ({"topk_group": 9}, "topk_group=9 exceeds n_group=8"),  # was read as no group limit, silently
+        ({"topk_group": 0}, "topk_group=0 must be >= 1"),
     ],
 )
 def test_deepseek_configs_opcast_cannot_price_are_refused_in_one_line(extra: dict, needle: str) -> None:
     with pytest.raises(OpcastError) as err:
         arch_from_hf_config({**DEEPSEEK_V3_HF, **extra}, "x")
     assert needle in str(err.value) and "\n" not in str(err.value)
+    assert str(err.value).count(needle) == 1, "each problem once"
 
 
 def test_group_limited_routing_is_read_and_checked() -> None:
