@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from opcast.errors import OpcastError
-from opcast.hardware import read_json_file
+from opcast.hardware import is_number, read_json_file, show_number
+from opcast.ops import INT_PARAM_LIMIT
 from opcast.paths import data_path
 
 
@@ -85,9 +86,11 @@ def _problem(key: str, value: Any) -> str | None:
     if kind == "count":
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             return f"'{key}' must be a positive integer (a count), got {value!r}"
+        if value >= INT_PARAM_LIMIT:
+            return f"'{key}' is too large, got {show_number(value)}: give an integer below 2**63"
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        return f"'{key}' must be a positive number in bytes/s, got {value!r}"
+    if not is_number(value) or not math.isfinite(value) or value <= 0:
+        return f"'{key}' must be a positive number in bytes/s, got {show_number(value)}"
     return None
 
 

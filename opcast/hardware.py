@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 from opcast.errors import OpcastError
+from opcast.ops import INT_PARAM_LIMIT
 from opcast.paths import data_path
 
 Vendor = Literal["nvidia", "amd", "intel", "cpu"]
@@ -243,11 +244,7 @@ def _unit(key: str) -> str:
     return "a count"
 
 
-_INT_LIMIT: Final = 2**63
-"""Counts and byte sizes stay below this (an int64): larger ones overflow the float arithmetic of a prediction."""
-
-
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     """A JSON number a float can hold (an integer past ~1.8e308 cannot: it is not a finite number)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return False
@@ -259,10 +256,10 @@ def _is_number(value: Any) -> bool:
     return True
 
 
-def _show_number(value: Any) -> str:
+def show_number(value: Any) -> str:
     """``value`` for a message; an integer too large for a float is named, not printed in its hundreds of digits."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= _INT_LIMIT:
-        return f"{float(value):.3g}" if _is_number(value) else "an integer past 1.8e308"
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= INT_PARAM_LIMIT:
+        return f"{float(value):.3g}" if is_number(value) else "an integer past 1.8e308"
     return repr(value)
 
 
@@ -292,11 +289,11 @@ def _check_value(key: str, value: Any) -> str | None:
             return f"'{key}' must be an integer ({_unit(key)}), got {value!r}"
         if kind == "pos_int" and value <= 0:
             return f"'{key}' must be positive, got {value}"
-        if value >= _INT_LIMIT:
-            return f"'{key}' is too large, got {_show_number(value)}: give an integer below 2**63"
+        if value >= INT_PARAM_LIMIT:
+            return f"'{key}' is too large, got {show_number(value)}: give an integer below 2**63"
         return f"'{key}' must be >= 0 bytes, got {value}" if value < 0 else None
-    if not _is_number(value) or not math.isfinite(value):
-        return f"'{key}' must be a number ({_unit(key)}), got {_show_number(value)}"
+    if not is_number(value) or not math.isfinite(value):
+        return f"'{key}' must be a number ({_unit(key)}), got {show_number(value)}"
     return f"'{key}' must be positive, got {value!r}" if value <= 0 else None
 
 

@@ -186,6 +186,8 @@ def _build_files(d: Path) -> None:
     w("models_listmeta/meta.json", "[]")
     # cluster files
     w("cluster_bad.json", json.dumps({"nodes": "two", "gpus_per_node": 8}))
+    dgx = json.loads((Path(__file__).resolve().parents[2] / "data" / "clusters" / "dgx-h100.json").read_text())
+    w("cluster_bw_huge.json", json.dumps({**dgx, "name": "mine", "aliases": [], "nic_bw_bytes_per_s": 10**400}))
     # a file where a folder is expected
     w("not_a_dir", "x")
 
@@ -548,6 +550,16 @@ CASES: list[Case] = [
     _c("gpu-valid-file", "hardware", "show", "{d}/gpu_ok.json", expect="ok", check=_json_check(name="my-gpu")),
     _c(
         "cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)
+    ),
+    _c(
+        "cluster-bw-past-float",
+        *TRAIN[:2],
+        "--arch",
+        "gpt3-125m",
+        "--cluster",
+        "{d}/cluster_bw_huge.json",
+        ROOF,
+        needles=("cluster_bw_huge.json", "'nic_bw_bytes_per_s' must be a positive number"),
     ),
     # ---- parquet datasets
     _c("parquet-version-text", "collect", "info", "{d}/version_text.parquet", needles=("version_text.parquet",)),

@@ -103,6 +103,21 @@ def test_refuses_missing_units():
         cluster_from_dict(doc, "x.json")
 
 
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("intra_node_bw_bytes_per_s", 10**400, "'intra_node_bw_bytes_per_s' must be a positive number in bytes/s"),
+        ("gpus_per_node", 10**30, "'gpus_per_node' is too large, got 1e+30: give an integer below 2**63"),
+        ("nics_per_node", 2**63, "'nics_per_node' is too large"),
+    ],
+)
+def test_refuses_numbers_past_the_arithmetic(key, value, needle):
+    # an integer past a float died in math.isfinite (OverflowError, exit 1); a count past int64 was read
+    with pytest.raises(OpcastError) as e:
+        cluster_from_dict(_perlmutter() | {key: value}, "x.json")
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
 def test_refuses_inconsistent_links(tmp_path):
     doc = _perlmutter() | {"inter_node_bw_bytes_per_s": 100e9}  # more than its NICs carry
     with pytest.raises(OpcastError, match="exceeds the NICs' share"):
