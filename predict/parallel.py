@@ -22,6 +22,7 @@ from opcast.archs import ArchSpec
 from opcast.dtypes import gemm_dtype
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
+from opcast.ops import INT_PARAM_LIMIT
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
@@ -985,13 +986,15 @@ def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
         nodes, g = int(m.group(1)), int(m.group(2))
         if nodes < 1 or g < 1:
             raise OpcastError(f"--cluster {text!r}: nodes and GPUs per node must be >= 1")
+        if max(nodes, g) >= INT_PARAM_LIMIT:
+            raise OpcastError(f"--cluster {text!r}: nodes and GPUs per node must be below 2**63 (as --nodes)")
         return Cluster(nodes=nodes, gpus_per_node=g), None
     path = Path(text).expanduser()
     named = _CLUSTER_NAME.fullmatch(text)
     if named and not path.is_file() and (spec := find_cluster(named.group(1))) is not None:
         given = int(named.group(2)) if named.group(2) else None
-        if given is not None and given < 1:
-            raise OpcastError(f"--cluster {text!r}: nodes must be >= 1")
+        if given is not None and not 1 <= given < INT_PARAM_LIMIT:
+            raise OpcastError(f"--cluster {text!r}: nodes must be >= 1 and below 2**63 (as --nodes)")
         return ClusterChoice(nodes=given, name=spec.name), cluster_device_name(spec)
     if not path.is_file():
         from opcast.clusters import cluster_catalog
@@ -1011,8 +1014,8 @@ def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
     for k, t in _CLUSTER_KEYS.items():
         if k in data and (not isinstance(data[k], t) or isinstance(data[k], bool)):
             problems.append(f"{k!r} must be {'an integer' if t is int else 'a string'}")
-        elif k in data and t is int and data[k] < 1:
-            problems.append(f"{k!r} must be >= 1")
+        elif k in data and t is int and not 1 <= data[k] < INT_PARAM_LIMIT:
+            problems.append(f"{k!r} must be >= 1 and below 2**63")
     if problems:
         raise OpcastError(f"{path}: " + "; ".join(problems) + f" (valid keys: {', '.join(_CLUSTER_KEYS)})")
     return Cluster(nodes=data["nodes"], gpus_per_node=data["gpus_per_node"]), data.get("gpu")

@@ -552,6 +552,15 @@ CASES: list[Case] = [
         "cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)
     ),
     _c(
+        "cluster-nodes-past-int64",
+        *SEARCH[:5],
+        *SEARCH[7:],
+        "--cluster",
+        "1" + "0" * 30 + "x8",
+        ROOF,
+        needles=("below 2**63",),
+    ),
+    _c(
         "cluster-bw-past-float",
         *TRAIN[:2],
         "--arch",

@@ -141,6 +141,16 @@ def test_parse_cluster_forms(tmp_path):
         parse_cluster("lots")
 
 
+@pytest.mark.parametrize("form", ["1" + "0" * 20 + "x8", "8x" + "1" + "0" * 20, "vista:" + "1" + "0" * 20, "file"])
+def test_parse_cluster_refuses_counts_past_int64_as_nodes_does(tmp_path, form):
+    # 1e20x8 was priced on 8e20 GPUs (opcast search on it never ended), where --nodes 1e20 is refused
+    if form == "file":
+        form = str(tmp_path / "c.json")
+        (tmp_path / "c.json").write_text(json.dumps({"nodes": 10**20, "gpus_per_node": 8}))
+    with pytest.raises(OpcastError, match=re.escape("below 2**63")):
+        parse_cluster(form)
+
+
 def _opcast(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "opcast", *args], capture_output=True, text=True, timeout=120)
 
