@@ -944,6 +944,11 @@ def placement(o: Args, *, gpu_given: bool = True) -> Placement:
                 f"--cluster {o.cluster} names a gpu ({cluster_gpu}); compare takes its GPUs from --gpus, "
                 "so leave gpu out of the file"
             )
+        if gpu is not None and cluster_gpu is not None and get_device(gpu).name != get_device(cluster_gpu).name:
+            raise OpcastError(
+                f"--cluster {o.cluster} names gpu {cluster_gpu}, --gpu names {gpu}: give one GPU, leaving --gpu "
+                "out or gpu out of the file"
+            )
         return Placement(gpu or cluster_gpu, cluster.nodes, cluster.gpus_per_node)
     if gpu_given and gpu is not None:
         raise OpcastError(

@@ -186,6 +186,7 @@ def _build_files(d: Path) -> None:
     w("models_listmeta/meta.json", "[]")
     # cluster files
     w("cluster_bad.json", json.dumps({"nodes": "two", "gpus_per_node": 8}))
+    w("cluster_gpu.json", json.dumps({"nodes": 2, "gpus_per_node": 8, "gpu": "A100-SXM4-80GB"}))
     dgx = json.loads((Path(__file__).resolve().parents[2] / "data" / "clusters" / "dgx-h100.json").read_text())
     w("cluster_bw_huge.json", json.dumps({**dgx, "name": "mine", "aliases": [], "nic_bw_bytes_per_s": 10**400}))
     # a file where a folder is expected
@@ -550,6 +551,15 @@ CASES: list[Case] = [
     _c("gpu-valid-file", "hardware", "show", "{d}/gpu_ok.json", expect="ok", check=_json_check(name="my-gpu")),
     _c(
         "cluster-bad", *TRAIN, "--arch", "gpt3-125m", "--cluster", "{d}/cluster_bad.json", needles=("cluster_bad.json",)
+    ),
+    _c(
+        "cluster-gpu-beside-another-gpu",
+        *TRAIN,
+        "--arch",
+        "gpt3-125m",
+        "--cluster",
+        "{d}/cluster_gpu.json",
+        needles=("names gpu A100-SXM4-80GB, --gpu names H100-SXM", "give one GPU"),
     ),
     _c(
         "cluster-nodes-past-int64",
