@@ -10,6 +10,7 @@ on/off, 1/0), and bad rows are named in one error (the first few of them, with t
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -32,7 +33,9 @@ def read_rows(path: str | Path) -> pd.DataFrame:
     if path.suffix not in (".parquet", ".csv"):
         raise OpcastError(f"{path}: give a .parquet or .csv file, not {path.suffix or 'a file without suffix'}")
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else _read_csv(path)
+    except OpcastError:
+        raise
     except Exception as err:  # pandas/pyarrow raise many types for unreadable files
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise OpcastError(
@@ -40,6 +43,27 @@ def read_rows(path: str | Path) -> pd.DataFrame:
         ) from None
     if frame.empty:
         raise OpcastError(f"{path} holds no rows; give at least one kernel (op, dtype, direction and its parameters)")
+    return frame
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    """A CSV of kernels read strictly: a row with more cells than the header is refused (pandas took its first
+    cells for an index and shifted the rest, or dropped the extra ones), and so is a column named twice (pandas
+    renamed the second ``m`` to ``m.1`` and predicted with the first)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pd.errors.ParserWarning)
+        try:
+            frame = pd.read_csv(path, index_col=False)
+        except pd.errors.ParserWarning:
+            raise OpcastError(
+                f"{path}: the first row has more cells than the header has columns; quote cells that hold a comma "
+                "or name every column in the header"
+            ) from None
+    header = pd.read_csv(path, header=None, nrows=1, dtype=str, keep_default_na=False)
+    names = [str(v) for v in header.iloc[0]] if len(header) else []
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise OpcastError(f"{path}: column {', '.join(map(repr, twice))} appears more than once; name each once")
     return frame
 
 

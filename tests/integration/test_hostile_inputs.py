@@ -175,6 +175,8 @@ def _build_files(d: Path) -> None:
     pd.DataFrame([gemm, {**gemm, "m": "abc"}]).to_csv(d / "m_text.csv", index=False)
     pd.DataFrame([{"dtype": "bf16", "m": 1}]).to_csv(d / "no_op.csv", index=False)
     w("empty.csv", "")
+    w("dup_column.csv", "op,dtype,direction,b,m,n,k,m\ngemm,fp16,fwd,1,64,64,64,4096\n")
+    w("ragged.csv", "op,dtype,direction,b,m,n,k\ngemm,fp16,fwd,1,64,64,64,5,6\n")
     (d / "latin1.csv").write_bytes("op,dtype,b,m,n,k\ngemm\xe9,bf16,1,64,64,64\n".encode("latin-1"))
     pd.DataFrame([gemm]).to_csv(d / "one_gemm.csv", index=False)
     pd.DataFrame([{**gemm, "m": 64 * (i + 1)} for i in range(4000)]).to_csv(d / "many_gemms.csv", index=False)
@@ -592,6 +594,8 @@ CASES: list[Case] = [
     _c("kernels-direction-bad", *KERNELS, "{d}/direction_bad.csv", needles=("row 0", "sideways")),
     _c("kernels-m-text", *KERNELS, "{d}/m_text.csv", needles=("row 1", "abc")),
     _c("kernels-no-op", *KERNELS, "{d}/no_op.csv", needles=("op",)),
+    _c("kernels-dup-column", *KERNELS, "{d}/dup_column.csv", needles=("dup_column.csv", "'m' appears more than once")),
+    _c("kernels-ragged-row", *KERNELS, "{d}/ragged.csv", needles=("ragged.csv", "more cells than the header")),
     _c("kernels-empty-csv", *KERNELS, "{d}/empty.csv", needles=("empty.csv",)),
     _c("kernels-latin1-csv", *KERNELS, "{d}/latin1.csv", needles=("latin1.csv",)),
     _c("kernels-text-parquet", *KERNELS, "{d}/text.parquet", needles=("text.parquet",)),

@@ -366,6 +366,25 @@ def test_kernels_names_the_bad_row(tmp_path, capsys, cell, needle):
     assert code == 2 and needle in err and "\n" not in err and not out.exists()
 
 
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        # pandas renamed the second m to m.1 and predicted with the first, silently
+        ("op,dtype,b,m,n,k,m\ngemm,bf16,1,64,64,64,128\n", "column 'm' appears more than once"),
+        # pandas took the first cells for an index and shifted the rest: the error blamed op 'bf16'
+        ("op,dtype,b,m,n,k\ngemm,bf16,1,64,64,64,7,8\n", "the first row has more cells than the header"),
+        ("op,dtype,b,m,n,k\ngemm,bf16,1,64,64,64\ngemm,bf16,1,64,64,64,7\n", "Expected 6 fields in line 3, saw 7"),
+    ],
+)
+def test_kernels_refuses_a_csv_pandas_would_misread(tmp_path, capsys, text, needle):
+    (tmp_path / "in.csv").write_text(text)
+    args = ["predict", "kernels", str(tmp_path / "in.csv"), "--gpu", "H100-SXM", "--roofline"]
+    assert main([*args, "--out", str(tmp_path / "o.csv")]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and str(tmp_path / "in.csv") in err and err.count("\n") == 1
+    assert not (tmp_path / "o.csv").exists()
+
+
 def test_kernels_refuses_an_empty_table_and_a_folder(tmp_path, capsys):
     (tmp_path / "empty.csv").write_text("op,dtype,b,m,n,k\n")
     assert (
