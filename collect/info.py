@@ -58,4 +58,5 @@ def summarise_frame(df: pd.DataFrame) -> pd.DataFrame:
                 "time_s_max": float(group["time_s_median"].max()),
             }
         )
-    return pd.DataFrame.from_records(records)
+    columns = [*GROUP, "rows", "directions", "shapes", "time_s_min", "time_s_max"]
+    return pd.DataFrame.from_records(records, columns=columns)  # the columns even of no rows (an empty dataset)

@@ -160,6 +160,7 @@ def _build_files(d: Path) -> None:
     pq.write_table(
         table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet"
     )
+    pq.write_table(table.slice(0, 0), d / "no_rows.parquet")
     w("text.parquet", "this is not parquet\n")
     (d / "bad_parts").mkdir()
     shutil.copy(d / "version_text.parquet", d / "bad_parts" / "part-0.parquet")
@@ -239,6 +240,10 @@ def _dataset_predicted(result: Result, d: Path) -> None:
     got = pd.read_parquet(d / "kernels_out" / "ds.parquet")
     assert len(got) == 8 and (got["time_s_pred"] > 0).all() and got["time_s_pred"].is_monotonic_increasing
     assert set(got["source_pred"]) == {"roofline"}
+
+
+def _no_rows(result: Result, d: Path) -> None:
+    assert json.loads(result.out) == []
 
 
 def _arch_list_check(result: Result, d: Path) -> None:
@@ -587,6 +592,7 @@ CASES: list[Case] = [
     _c("parquet-version-inf", "train", "eval", "{d}/version_inf.parquet", needles=("version_inf.parquet",)),
     _c("parquet-text", "train", "fit", "{d}/text.parquet", "--out", "{d}/fit_out", needles=("text.parquet",)),
     _c("parquet-bad-parts", "collect", "info", "{d}/bad_parts", needles=("bad_parts",)),
+    _c("parquet-no-rows-info", "collect", "info", "{d}/no_rows.parquet", "--json", expect="ok", check=_no_rows),
     _c("parquet-empty-dir", "train", "eval", "{d}/no_parts", needles=("no_parts",)),
     # ---- tables for predict kernels
     _c("kernels-tc-maybe", *KERNELS, "{d}/tc_maybe.csv", needles=("row 0", "tensor_cores")),

@@ -171,3 +171,14 @@ def test_required_columns_cover_provenance_and_timing():
     assert {"run_id", "source", "device", "op", "dtype", "direction", "time_s_median", "timing_method"} <= set(
         required_columns()
     )
+
+
+def test_the_summary_of_an_empty_dataset_has_its_columns_and_no_rows(tmp_path):
+    # a dataset of no rows (a bench run that measured nothing) made collect info die with KeyError 'rows', exit 1
+    from opcast.collect.info import summarise
+
+    table = pq.read_table(write_parquet(_rows(), tmp_path / "one.parquet"))
+    pq.write_table(table.slice(0, 0), tmp_path / "empty.parquet")
+    summary = summarise([tmp_path / "empty.parquet"])
+    assert summary.empty and {"op", "device", "rows", "time_s_min"} <= set(summary.columns)
+    assert int(summary["rows"].sum()) == 0
