@@ -221,7 +221,8 @@ def read_table(path: str | Path) -> pa.Table:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
         raise OpcastError(
-            f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); delete or re-create it"
+            f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); give a dataset written by opcast "
+            "collect (convert other files with opcast collect replay), or re-create a damaged one"
         ) from None
     _check_version(path, table.schema.metadata or {})
     schema = dataset_schema()

@@ -182,3 +182,14 @@ def test_the_summary_of_an_empty_dataset_has_its_columns_and_no_rows(tmp_path):
     summary = summarise([tmp_path / "empty.parquet"])
     assert summary.empty and {"op", "device", "rows", "time_s_min"} <= set(summary.columns)
     assert int(summary["rows"].sum()) == 0
+
+
+def test_a_file_that_is_not_parquet_is_not_advised_away(tmp_path):
+    # a CSV given as a dataset was answered 'delete or re-create it': the user's own file, deleted on advice
+    path = tmp_path / "kernels.csv"
+    path.write_text("op,m\ngemm,64\n")
+    with pytest.raises(OpcastError) as e:
+        read_dataset(path)
+    message = str(e.value)
+    assert message.startswith(f"{path} is not a readable parquet file") and "opcast collect replay" in message
+    assert "delete" not in message and "\n" not in message
