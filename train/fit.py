@@ -241,7 +241,16 @@ def load_training_frame(datasets: Sequence[str | Path]) -> pd.DataFrame:
         raise OpcastError("give at least one dataset (a .parquet file or a folder written by opcast collect)")
     frame = read_dataset(list(datasets))
     t = frame["time_s_median"].astype(float)
-    return frame[np.isfinite(t) & (t > 0)].reset_index(drop=True)
+    usable = np.isfinite(t) & (t > 0)
+    if not usable.any():  # else the fit blamed --op and --holdout-device, and adapt the --gpu
+        where = ", ".join(map(str, datasets))
+        if not len(frame):
+            raise OpcastError(f"{where}: the dataset holds no rows; give one with measurements (opcast collect)")
+        raise OpcastError(
+            f"{where}: none of the {len(frame)} rows has a positive, finite time_s_median; give measured rows "
+            "(rows without a time are left out of fitting)"
+        )
+    return frame[usable].reset_index(drop=True)
 
 
 def feature_frame(frame: pd.DataFrame, devices: Mapping[str, DeviceSpec]) -> pd.DataFrame:

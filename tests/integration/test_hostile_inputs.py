@@ -603,6 +603,15 @@ CASES: list[Case] = [
     ),
     _c("parquet-bad-parts", "collect", "info", "{d}/bad_parts", needles=("bad_parts",)),
     _c("parquet-no-rows-info", "collect", "info", "{d}/no_rows.parquet", "--json", expect="ok", check=_no_rows),
+    _c(
+        "parquet-no-rows-fit",
+        "train",
+        "fit",
+        "{d}/no_rows.parquet",
+        "--out",
+        "{d}/fit_no_rows_out",
+        needles=("no_rows.parquet", "holds no rows"),
+    ),
     _c("parquet-empty-dir", "train", "eval", "{d}/no_parts", needles=("no_parts",)),
     # ---- tables for predict kernels
     _c("kernels-tc-maybe", *KERNELS, "{d}/tc_maybe.csv", needles=("row 0", "tensor_cores")),
