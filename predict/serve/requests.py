@@ -216,7 +216,7 @@ def with_prefix_cache(stream: RequestStream, fraction: float, block_size: int) -
 def read_trace(path: Path) -> RequestStream:
     """A trace file (see the module docstring), sorted by arrival."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark (Excel's UTF-8 CSV) is no text
     except (OSError, UnicodeDecodeError) as err:
         raise OpcastError(f"cannot read the trace file {path}: {err}; give a readable CSV or JSONL file") from None
     rows = _jsonl_rows(text, path) if Path(path).suffix.lower() in (".jsonl", ".json") else _csv_rows(text, path)
@@ -282,7 +282,19 @@ def _csv_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:
             f"trace file {path}: the header {','.join(header) or '(none)'} lacks "
             f"{', '.join(c for c in TRACE_COLUMNS if c not in header)}; make its first line {','.join(TRACE_COLUMNS)}"
         )
-    return [_row(r, f"line {i}", path) for i, r in enumerate(reader, start=2)]
+    twice = sorted({c for c in header if header.count(c) > 1})
+    if twice:  # DictReader kept the last of them, silently
+        raise OpcastError(f"trace file {path}: the header names {', '.join(twice)} more than once; name each once")
+    rows = []
+    for r in reader:
+        where = f"line {reader.line_num}"  # of the file: DictReader skips blank lines
+        if None in r:  # cells past the header's columns, which DictReader set aside
+            raise OpcastError(
+                f"trace file {path}, {where}: {len(header) + len(r[None])} cells, the header has {len(header)} "
+                "columns; quote cells that hold a comma or name every column in the header"
+            )
+        rows.append(_row(r, where, path))
+    return rows
 
 
 def _jsonl_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:

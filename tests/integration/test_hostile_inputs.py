@@ -176,6 +176,7 @@ def _build_files(d: Path) -> None:
     pd.DataFrame([gemm, {**gemm, "m": "abc"}]).to_csv(d / "m_text.csv", index=False)
     pd.DataFrame([{"dtype": "bf16", "m": 1}]).to_csv(d / "no_op.csv", index=False)
     w("empty.csv", "")
+    w("trace_twice.csv", "arrival_s,input_tokens,output_tokens,output_tokens\n0,10,5,500\n")
     w("dup_column.csv", "op,dtype,direction,b,m,n,k,m\ngemm,fp16,fwd,1,64,64,64,4096\n")
     w("ragged.csv", "op,dtype,direction,b,m,n,k\ngemm,fp16,fwd,1,64,64,64,5,6\n")
     (d / "latin1.csv").write_bytes("op,dtype,b,m,n,k\ngemm\xe9,bf16,1,64,64,64\n".encode("latin-1"))
@@ -810,6 +811,13 @@ CASES: list[Case] = [
     ),
     _c("serve-requests-past-int64", *SERVE, "--num-requests", "1" + "0" * 20, needles=("--num-requests", "2**63")),
     _c("serve-replicas-past-int64", *SERVE, "--replicas", "1" + "0" * 20, needles=("--replicas", "2**63")),
+    _c(
+        "serve-trace-column-twice",
+        *SERVE[:-4],
+        "--trace-file",
+        "{d}/trace_twice.csv",
+        needles=("trace_twice.csv", "names output_tokens more than once"),
+    ),
     _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
     _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),
     _c("serve-rate-past-clock", *SERVE, "--rate", "1e-30", needles=("--rate 1e-30 spreads 20 requests",)),

@@ -103,6 +103,11 @@ def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
         ("list.jsonl", "[1, 2, 3]\n", "line 1: give an object"),
         ("inf.jsonl", '{"arrival_s": "inf", "input_tokens": 2, "output_tokens": 3}\n', "line 1: arrival_s"),
         ("epoch_ms.csv", "arrival_s,input_tokens,output_tokens\n1733000000000,5,5\n", "arrival_s reaches 1.733e"),
+        # read silently before: DictReader kept the last input_tokens, and set a row's extra cells aside
+        ("twice.csv", "arrival_s,input_tokens,output_tokens,input_tokens\n0,5,5,7\n", "names input_tokens more than"),
+        ("long.csv", "arrival_s,input_tokens,output_tokens\n0,5,5,9\n", "line 2: 4 cells, the header has 3 columns"),
+        # the line of the file, not the row: a blank line counted no more
+        ("blank.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\n\n1,0,5\n", "line 4: input_tokens '0'"),
     ],
 )
 def test_bad_traces_are_refused_in_one_line_naming_the_row(tmp_path, name, text, message):
@@ -111,6 +116,13 @@ def test_bad_traces_are_refused_in_one_line_naming_the_row(tmp_path, name, text,
     with pytest.raises(OpcastError, match=message) as err:
         read_trace(path)
     assert "\n" not in str(err.value)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_header(tmp_path):
+    # Excel's "CSV UTF-8" starts with one: the header was refused for lacking arrival_s
+    path = tmp_path / "bom.csv"
+    path.write_bytes("arrival_s,input_tokens,output_tokens\n0,5,5\n".encode("utf-8-sig"))
+    assert read_trace(path).input_tokens.tolist() == [5]
 
 
 def test_a_missing_trace_is_refused(tmp_path):
