@@ -21,6 +21,7 @@ import csv
 import functools
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -306,6 +307,11 @@ def _jsonl_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:
             obj = json.loads(line)
         except json.JSONDecodeError as err:
             raise OpcastError(f"trace file {path}, line {i}: not JSON ({err.msg}); give one object per line") from None
+        except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+            raise OpcastError(
+                f"trace file {path}, line {i}: an integer of more than {sys.get_int_max_str_digits()} digits; "
+                "give token counts below 2**63"
+            ) from None
         if not isinstance(obj, dict):
             raise OpcastError(f"trace file {path}, line {i}: give an object with {', '.join(TRACE_COLUMNS)}")
         rows.append(_row(obj, f"line {i}", path))

@@ -176,6 +176,7 @@ def _build_files(d: Path) -> None:
     pd.DataFrame([gemm, {**gemm, "m": "abc"}]).to_csv(d / "m_text.csv", index=False)
     pd.DataFrame([{"dtype": "bf16", "m": 1}]).to_csv(d / "no_op.csv", index=False)
     w("empty.csv", "")
+    w("trace_digits.jsonl", '{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 5}\n')
     w("trace_twice.csv", "arrival_s,input_tokens,output_tokens,output_tokens\n0,10,5,500\n")
     w("dup_column.csv", "op,dtype,direction,b,m,n,k,m\ngemm,fp16,fwd,1,64,64,64,4096\n")
     w("ragged.csv", "op,dtype,direction,b,m,n,k\ngemm,fp16,fwd,1,64,64,64,5,6\n")
@@ -817,6 +818,13 @@ CASES: list[Case] = [
         "--trace-file",
         "{d}/trace_twice.csv",
         needles=("trace_twice.csv", "names output_tokens more than once"),
+    ),
+    _c(
+        "serve-trace-digits",
+        *SERVE[:-4],
+        "--trace-file",
+        "{d}/trace_digits.jsonl",
+        needles=("trace_digits.jsonl", "line 1", "more than 4300 digits"),
     ),
     _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
     _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),

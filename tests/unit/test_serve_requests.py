@@ -101,6 +101,8 @@ def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
         ("short.csv", "arrival_s,input_tokens,output_tokens\n1,2\n", "line 2: missing output_tokens"),
         ("bad.jsonl", '{"arrival_s": 1, "input_tokens": 2, "output_tokens": 3}\n{oops\n', "line 2: not JSON"),
         ("list.jsonl", "[1, 2, 3]\n", "line 1: give an object"),
+        # Python's int-from-string limit escaped as an internal error, exit 1
+        ("digits.jsonl", '{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 3}\n', "4300 digits"),
         ("inf.jsonl", '{"arrival_s": "inf", "input_tokens": 2, "output_tokens": 3}\n', "line 1: arrival_s"),
         ("epoch_ms.csv", "arrival_s,input_tokens,output_tokens\n1733000000000,5,5\n", "arrival_s reaches 1.733e"),
         # read silently before: DictReader kept the last input_tokens, and set a row's extra cells aside
