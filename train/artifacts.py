@@ -508,6 +508,11 @@ def _read_meta(meta_path: Path) -> Any:
         raise OpcastError(
             f"{meta_path}: nested too deeply to be a model set's meta.json; re-fit with opcast train fit"
         ) from None
+    except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise OpcastError(
+            f"{meta_path}: holds an integer of thousands of digits, not a model set's meta.json; re-fit with "
+            "opcast train fit"
+        ) from None
 
 
 def load_model_set(path: str | Path | None = None) -> ModelSet:

@@ -230,6 +230,8 @@ def _load(path: Path) -> dict[str, Any] | None:
         raise MalformedFile(path, err.lineno, f"invalid JSON at column {err.colno}: {err.msg}") from None
     except RecursionError:
         raise MalformedFile(path, None, "nested too deeply to be a trace; expected a Chrome-trace JSON") from None
+    except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise MalformedFile(path, None, "holds an integer of thousands of digits; expected a Chrome trace") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         return None
     return doc

@@ -187,6 +187,8 @@ def _build_files(d: Path) -> None:
     # model sets (--models)
     (d / "models_badmeta").mkdir()
     w("models_badmeta/meta.json", "{ not json")
+    (d / "models_digits").mkdir()
+    w("models_digits/meta.json", '{"version": 1' + "0" * 5000 + "}")
     (d / "models_listmeta").mkdir()
     w("models_listmeta/meta.json", "[]")
     # cluster files
@@ -751,6 +753,30 @@ CASES: list[Case] = [
         "--device",
         "H100-SXM",
         needles=("nested.json",),
+    ),
+    _c(
+        "replay-kineto-digits",
+        "collect",
+        "replay",
+        "kineto",
+        "{d}/digits.json",
+        "--out",
+        "{d}/replay_digits_out",
+        "--device",
+        "H100-SXM",
+        needles=("digits.json", "thousands of digits"),
+        check=lambda r, d: _nothing_at(d / "replay_digits_out"),
+    ),
+    _c(
+        "models-digits-meta",
+        *INFER[:2],
+        "--gpu",
+        "H100-SXM",
+        "--arch",
+        "gpt3-125m",
+        "--models",
+        "{d}/models_digits",
+        needles=("models_digits", "meta.json", "thousands of digits"),
     ),
     _c("info-missing", "collect", "info", "{d}/nope.parquet", needles=("nope.parquet",)),
     _c(
