@@ -133,6 +133,13 @@ sends back one float per configuration, so on 2 cores it only pays off above ~50
 
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
 ZERO_STAGES = (0, 1, 2, 3)
+MAX_SEARCH_GPUS = 2**21
+"""The most GPUs a training search takes (2,097,152, several times the largest clusters built): the
+search enumerates every divisor of the world size and of its sub-groups, and for a count such as
+963,761,198,400 (6,720 divisors) that ran for minutes before this bound."""
+MAX_SEARCH_GLOBAL_BATCH = 2**24
+"""The largest global batch (sequences) a training search takes: every divisor is a micro-batch to
+try; at 14,414,400 sequences a roofline search takes ~10 s here, at 963,761,198,400 ~40 s."""
 GIB = 2**30
 
 # Pruning reasons, in the order they are checked; a pruned configuration counts under the first.
@@ -350,6 +357,15 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         v = getattr(space, label)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             problems.append(f"{label}={v!r} must be a positive integer")
+    for label, most, flag in (
+        ("gpus", MAX_SEARCH_GPUS, "--gpus"),
+        ("global_batch", MAX_SEARCH_GLOBAL_BATCH, "--global-batch"),
+    ):
+        v = getattr(space, label)
+        if isinstance(v, int) and v > most:
+            problems.append(
+                f"{flag} {v} is past the {most:,} a search takes; search a smaller {label.replace('_', ' ')}"
+            )
     if space.max_mem_bytes is not None and not (math.isfinite(space.max_mem_bytes) and space.max_mem_bytes > 0):
         problems.append(f"max_mem={space.max_mem_bytes / GIB:g} GiB must be a positive finite number")
     if space.objective not in get_args(Objective):

@@ -335,6 +335,12 @@ def test_bad_requests_and_empty_results():
     assert all(p in str(err.value) for p in ("gpus=0", "objective='speed'", "max_mem"))
     with pytest.raises(OpcastError, match="max_seq"):
         S.search(TINY_GPT, H100, S.SearchSpace(gpus=1, global_batch=8, seq=4096))
+    # bounds that keep the divisor enumeration short; the bounds themselves are searched
+    huge = S.SearchSpace(gpus=S.MAX_SEARCH_GPUS + 1, global_batch=S.MAX_SEARCH_GLOBAL_BATCH + 1, seq=1024)
+    problems = S.space_problems(H100, huge)
+    assert any("--gpus 2097153 is past the 2,097,152" in p for p in problems)
+    assert any("--global-batch 16777217 is past the 16,777,216" in p for p in problems)
+    assert not S.space_problems(H100, S.SearchSpace(gpus=S.MAX_SEARCH_GPUS, global_batch=8, seq=1024))
     with pytest.raises(OpcastError, match="whole number"):
         S.search(TINY_GPT, H100, S.SearchSpace(gpus=12, global_batch=8, seq=1024))
     nothing = S.search(load_arch("llama2-70b"), H100, S.SearchSpace(gpus=2, global_batch=4, seq=4096), top=3)
