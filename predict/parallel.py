@@ -563,6 +563,11 @@ def resolve_cluster(
         )
         if p
     ]
+    if not problems and nodes is not None and gpus_per_node is not None and nodes * gpus_per_node >= INT_PARAM_LIMIT:
+        problems.append(
+            f"{nodes} nodes x {gpus_per_node} GPUs per node is {nodes * gpus_per_node:.3g} GPUs, past 2**63; "
+            "give fewer nodes"
+        )
     if problems:
         return None, problems
     if nodes is None and gpus_per_node is None:
