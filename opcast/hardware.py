@@ -346,6 +346,20 @@ def device_to_dict(spec: DeviceSpec) -> dict[str, Any]:
     return out
 
 
+class _DuplicateKey(Exception):
+    """A JSON object naming one key twice (args[0]: the key)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, or :class:`_DuplicateKey` for a key given twice."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
 def read_json_file(path: str | Path, what: str) -> Any:
     """The JSON document in ``path``, or a one-line :class:`OpcastError` naming the file and
     saying how to fix it: missing, a folder, unreadable, not UTF-8 (a binary file), invalid or
@@ -372,7 +386,12 @@ def read_json_file(path: str | Path, what: str) -> Any:
     if not text.strip():
         raise OpcastError(f"{path}: {what} is empty; give a JSON object")
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except _DuplicateKey as e:
+        raise OpcastError(
+            f"{path}: {what} gives the key '{e.args[0]}' more than once (JSON would keep the last silently); "
+            "give each key once"
+        ) from None
     except json.JSONDecodeError as e:
         raise OpcastError(
             f"{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); fix the syntax"

@@ -134,6 +134,7 @@ def _build_files(d: Path) -> None:
     w("nested.json", "[" * 100_000 + "]" * 100_000)
     (d / "binary.json").write_bytes(bytes(range(256)) * 8)
     w("digits.json", '{"model_type": "llama", "hidden_size": 1' + "0" * 5000 + "}")
+    w("key_twice.json", '{"model_type": "llama", "hidden_size": 4096, "hidden_size": 1}')
     (d / "latin1.json").write_bytes('{"model_type": "llama", "name": "caf\xe9"}'.encode("latin-1"))
     (d / "config_dir").mkdir()
     w("config.json", json.dumps(LLAMA))
@@ -550,6 +551,13 @@ CASES: list[Case] = [
     _c("arch-missing-key", "arch", "show", "{d}/missing_key.json", needles=("missing_key.json", "intermediate_size")),
     _c("arch-nested", "arch", "show", "{d}/nested.json", needles=("nested.json",)),
     _c("arch-digits", *TRAIN, "--arch", "{d}/digits.json", needles=("digits.json", "more than 4300 digits")),
+    _c(
+        "arch-key-twice",
+        *TRAIN,
+        "--arch",
+        "{d}/key_twice.json",
+        needles=("key_twice.json", "'hidden_size' more than once"),
+    ),
     _c("arch-binary", "arch", "show", "{d}/binary.json", needles=("binary.json", "UTF-8")),
     _c("arch-latin1", "arch", "show", "{d}/latin1.json", needles=("latin1.json", "UTF-8")),
     _c("arch-directory", "arch", "show", "{d}/config_dir", needles=("config_dir",)),

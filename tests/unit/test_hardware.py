@@ -260,6 +260,8 @@ def test_not_an_object(tmp_path: Path) -> None:
         (b'{"name": ' * 50_000 + b"1" + b"}" * 50_000, "nested too deeply"),
         (b'"H100"', "expected a JSON object"),
         (b'{"mem_bytes": 1' + b"0" * 5000 + b"}", "holds an integer of more than 4300 digits"),
+        (b'{"name": "X", "mem_bw_bytes_per_s": 1e12, "mem_bw_bytes_per_s": 2e12}', "the key 'mem_bw_bytes_per_s' more"),
+        (b'{"name": "X", "extra": {"a": 1, "a": 2}}', "the key 'a' more than once"),
     ],
 )
 def test_a_malformed_device_file_is_one_line_naming_it(tmp_path: Path, content: bytes, needle: str) -> None:
