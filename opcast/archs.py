@@ -894,6 +894,8 @@ def list_archs() -> list[str]:
 def load_arch(name_or_path: str | Path) -> ArchSpec:
     """A preset by name (case- and separator-insensitive), a preset-style JSON file, or a
     Hugging Face ``config.json`` (or a folder holding one)."""
+    if not str(name_or_path).strip():  # Path("") is the current folder
+        raise OpcastError("--arch is empty; give a preset name (opcast arch list), a preset JSON or a config.json")
     path = Path(name_or_path)
     try:
         exists = path.exists()
@@ -927,7 +929,18 @@ def _load_path(path: Path) -> ArchSpec:
     if isinstance(data, dict) and "model_type" in data:
         name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
         return arch_from_hf_config(data, name, origin=str(path))
+    if isinstance(data, dict) and "n_layers" not in data and (hf_keys := sorted(_HF_MARKERS & data.keys())):
+        raise OpcastError(
+            f"{path}: a Hugging Face config without model_type (it has {', '.join(hf_keys)}); "
+            f'add "model_type", one of {", ".join(HF_MODEL_TYPES)}'
+        )
     return arch_from_dict(data, str(path))
+
+
+_HF_MARKERS = frozenset(
+    {"hidden_size", "num_attention_heads", "num_hidden_layers", "architectures", "n_embd", "n_layer"}
+)
+"""Keys of a Hugging Face config.json that no preset-style arch file has (presets say ``n_layers``, ``hidden``)."""
 
 
 # ---------------------------------------------------------------------- Hugging Face configs

@@ -446,6 +446,18 @@ def test_load_hf_config_from_folder(tmp_path: Path) -> None:
         load_arch(tmp_path)
 
 
+def test_a_config_json_without_model_type_or_an_empty_name_is_named_as_such(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in LLAMA2_7B_HF.items() if k != "model_type"}))
+    with pytest.raises(
+        OpcastError, match=r"config\.json: a Hugging Face config without model_type .* add \"model_type\""
+    ):
+        load_arch(path)
+    for empty in ("", "  "):  # Path("") is the current folder: it was 'folder has no config.json'
+        with pytest.raises(OpcastError, match="--arch is empty"):
+            load_arch(empty)
+
+
 def test_neusight_configs() -> None:
     if not NEUSIGHT_CONFIGS.is_dir():
         pytest.skip(f"published NeuSight configs not found at {NEUSIGHT_CONFIGS}")
