@@ -551,6 +551,7 @@ CASES: list[Case] = [
     _c("arch-missing-key", "arch", "show", "{d}/missing_key.json", needles=("missing_key.json", "intermediate_size")),
     _c("arch-nested", "arch", "show", "{d}/nested.json", needles=("nested.json",)),
     _c("arch-digits", *TRAIN, "--arch", "{d}/digits.json", needles=("digits.json", "more than 4300 digits")),
+    _c("arch-empty", *TRAIN, "--arch", "", needles=("--arch is empty",)),
     _c(
         "arch-key-twice",
         *TRAIN,
