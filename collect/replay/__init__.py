@@ -77,6 +77,30 @@ def importer(source: str) -> Any:
     return importlib.import_module(f"opcast.collect.replay.{source.replace('-', '_')}")
 
 
+def check_replaceable(target: Path, run_id: str, path: Path) -> None:
+    """A replay writes ``OUT/<source>.parquet`` (its runs file goes with it) over what is there only when
+    that file holds the rows of this same input (``run_id``: a re-run); the rows of another input
+    (a second nccl-tests log or kineto trace replayed into one folder), a file opcast cannot read
+    or a folder there is a one-line :class:`OpcastError`, before anything is read or written."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not target.exists() and not target.is_symlink():
+        return
+    try:
+        ids = set(pq.read_table(target, columns=["run_id"]).column("run_id").to_pylist())
+    except (pa.ArrowException, OSError, KeyError):
+        ids = None
+    if ids is not None and ids <= {run_id}:  # this input's rows (a re-run), or none
+        return
+    held = "the rows replayed from another input" if ids else "a file that is not a dataset replayed from this input"
+    sub = target.parent / (path.resolve().name.split(".")[0] or target.stem)
+    raise OpcastError(
+        f"{target} already holds {held}, which this replay would replace; give another --out (a subfolder "
+        f"such as {sub} works: a dataset folder is read with its subfolders) or move that file aside"
+    )
+
+
 def run_replay(
     source: str, path: str | Path | None, out: str | Path, options: ReplayOptions = ReplayOptions()
 ) -> ReplaySummary:
@@ -97,8 +121,10 @@ def run_replay(
     path = Path(path)
     if not path.exists():
         raise OpcastError(f"{path} does not exist; give the {source} checkout (or file) to replay")
-    result: ReplayResult = module.replay(path, options)
     run_id = f"replay-{source}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
+    out = Path(out)
+    check_replaceable(out / f"{source}.parquet", run_id, path)  # before the work: nothing of another input is lost
+    result: ReplayResult = module.replay(path, options)
     rows, skipped = normalise(result, source=source, run_id=run_id, opcast_version=opcast.__version__)
     summary = ReplaySummary(
         source=source, rows_read=len(result.rows), rows_written=len(rows), files=result.files, skipped=skipped
@@ -108,7 +134,6 @@ def run_replay(
             f"no {source} measurements found under {path} ({sum(skipped.values())} rows skipped); is it the right "
             f"folder?"
         )
-    out = Path(out)
     if rows:
         summary.outputs.append(write_parquet(rows, out / f"{source}.parquet"))
     if result.runs:

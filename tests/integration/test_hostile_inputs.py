@@ -199,6 +199,13 @@ def _build_files(d: Path) -> None:
     w("cluster_bw_huge.json", json.dumps({**dgx, "name": "mine", "aliases": [], "nic_bw_bytes_per_s": 10**400}))
     # a file where a folder is expected
     w("not_a_dir", "x")
+    # a dataset folder holding one replayed nccl-tests log
+    from opcast.collect.replay import run_replay
+
+    run_replay("nccl-tests", REPLAY_FIXTURES / "all_reduce_perf_8xA100.txt", d / "replayed_once")
+
+
+REPLAY_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +246,11 @@ def _no_tmp_left(result: Result, d: Path) -> None:
 
 def _nothing_at(path: Path) -> None:
     assert not path.exists(), f"{path} was written"
+
+
+def _still_all_reduce(result: Result, d: Path) -> None:
+    got = pd.read_parquet(d / "replayed_once" / "nccl-tests.parquet")
+    assert set(got["op"]) == {"all_reduce"} and len(got) == 25
 
 
 def _dataset_predicted(result: Result, d: Path) -> None:
@@ -966,6 +978,17 @@ CASES: list[Case] = [
         "0",
         needles=("--world-size 0 must be >= 1",),
         check=lambda r, d: _nothing_at(d / "replay_out"),
+    ),
+    _c(
+        "replay-second-log-same-out",
+        "collect",
+        "replay",
+        "nccl-tests",
+        "tests/fixtures/replay/all_gather_perf_2x8xH100.log",
+        "--out",
+        "{d}/replayed_once",
+        needles=("nccl-tests.parquet already holds the rows replayed from another input", "give another --out"),
+        check=_still_all_reduce,
     ),
     # ---- output: a full stdout
     _c("stdout-full-hardware-list", "hardware", "list", stdout_full=True, needles=("output",)),

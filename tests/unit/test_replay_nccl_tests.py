@@ -19,6 +19,7 @@ from opcast.collect.info import summarise
 from opcast.collect.replay import ReplayOptions, run_replay
 from opcast.collect.replay.common import MalformedFile
 from opcast.collect.replay.nccl_tests import replay
+from opcast.errors import OpcastError
 from opcast.schema import read_dataset
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "replay"
@@ -111,6 +112,24 @@ def test_folder_run_replay_and_info(tmp_path):
         ("all_gather", "H100-SXM"),
         ("send_recv", "H100-SXM"),
     }
+
+
+def test_a_second_input_does_not_replace_the_first(tmp_path):
+    """OUT/nccl-tests.parquet is replaced by a re-run of the same log, never by another log's rows."""
+    out = tmp_path / "out"
+    run_replay("nccl-tests", ALL_REDUCE, out)
+    before = (out / "nccl-tests.parquet").read_bytes()
+    with pytest.raises(OpcastError, match="already holds the rows replayed from another input") as err:
+        run_replay("nccl-tests", ALL_GATHER, out)
+    assert f"such as {out / 'all_gather_perf_2x8xH100'} works" in str(err.value)
+    assert (out / "nccl-tests.parquet").read_bytes() == before
+    run_replay("nccl-tests", ALL_GATHER, out / "all_gather")  # a subfolder is part of the dataset
+    assert set(summarise([out])["op"]) == {"all_reduce", "all_gather"}
+    assert run_replay("nccl-tests", ALL_REDUCE, out).rows_written == len(_table_lines(ALL_REDUCE))  # a re-run
+    (out / "nccl-tests.parquet").write_text("mine")  # a file of the user's
+    with pytest.raises(OpcastError, match="a file that is not a dataset replayed from this input"):
+        run_replay("nccl-tests", ALL_REDUCE, out)
+    assert (out / "nccl-tests.parquet").read_text() == "mine"
 
 
 def _edit(
