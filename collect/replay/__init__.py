@@ -101,6 +101,18 @@ def check_replaceable(target: Path, run_id: str, path: Path) -> None:
     )
 
 
+def _nothing_found(source: str, path: Path, skipped: Counter) -> str:
+    """The error of a replay that converted no row, with the most common reason rows were skipped."""
+    if not skipped:
+        return f"no {source} measurements found under {path}; is it the right folder? (opcast collect replay --help)"
+    reason, count = skipped.most_common(1)[0]
+    others = f" ({len(skipped) - 1} other reasons)" if len(skipped) > 1 else ""
+    return (
+        f"no {source} measurements converted from {path}: all {sum(skipped.values())} rows read were skipped, "
+        f"{count} as '{reason[:300]}'{others}; correct that (the options or the input) or give the right folder"
+    )
+
+
 def run_replay(
     source: str, path: str | Path | None, out: str | Path, options: ReplayOptions = ReplayOptions()
 ) -> ReplaySummary:
@@ -130,10 +142,7 @@ def run_replay(
         source=source, rows_read=len(result.rows), rows_written=len(rows), files=result.files, skipped=skipped
     )
     if not rows and not result.runs:
-        raise OpcastError(
-            f"no {source} measurements found under {path} ({sum(skipped.values())} rows skipped); is it the right "
-            f"folder?"
-        )
+        raise OpcastError(_nothing_found(source, path, skipped))
     if rows:
         summary.outputs.append(write_parquet(rows, out / f"{source}.parquet"))
     if result.runs:

@@ -132,6 +132,15 @@ def test_a_second_input_does_not_replace_the_first(tmp_path):
     assert (out / "nccl-tests.parquet").read_text() == "mine"
 
 
+def test_nothing_converted_names_the_reason(tmp_path):
+    """A replay whose every row is skipped says why (here an option the log contradicts), not just a count."""
+    with pytest.raises(OpcastError, match="all 25 rows read were skipped, 25 as 'all_reduce: world size 8 does not "):
+        run_replay("nccl-tests", ALL_REDUCE, tmp_path / "out", ReplayOptions(nodes=3))
+    with pytest.raises(OpcastError, match=r"25 as 'invalid all_reduce: world_size=8 != nodes=3 x gpus_per_node=5'"):
+        run_replay("nccl-tests", ALL_REDUCE, tmp_path / "out", ReplayOptions(world_size=8, nodes=3, gpus_per_node=5))
+    assert not (tmp_path / "out").exists()
+
+
 def _edit(
     tmp_path: Path, source: Path, size: int, column: int, value: str, name: str | None = None
 ) -> tuple[Path, int]:
