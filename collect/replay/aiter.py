@@ -52,13 +52,12 @@ ROOT; ``kernel_name`` ``"aiter <libtype>: <kernelName>"`` (``splitK`` appended w
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv, whole
+from opcast.collect.replay.common import MalformedFile, ReplayResult, csv_header, number, read_csv, whole
 from opcast.errors import OpcastError
 from opcast.hardware import get_device
 
@@ -137,16 +136,11 @@ def replay(root: Path, options: ReplayOptions | None = None) -> ReplayResult:
 
 def _header(path: Path) -> set[str]:
     """The lower-cased column names of ``path``'s first line."""
-    try:
-        with open(path, newline="") as fh:
-            first = next(csv.reader(fh), [])
-    except OSError as err:
-        raise MalformedFile(path, None, f"cannot read: {err.strerror}") from None
-    return {c.strip().lower() for c in first}
+    return {c.lower() for c in csv_header(path) or []}
 
 
 def _data_lines(path: Path) -> int:
-    with open(path) as fh:
+    with open(path, errors="replace") as fh:  # only counted: a line need not decode
         return max(sum(1 for text in fh if text.strip()) - 1, 0)
 
 

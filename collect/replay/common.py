@@ -39,32 +39,59 @@ class ReplayResult:
     """Source files read."""
 
 
-def read_csv(
-    path: Path, *, required: tuple[str, ...] = (), delimiter: str = ","
-) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) of a CSV with a header; a missing column or a ragged row raises
-    :class:`MalformedFile` naming the file and line."""
+def _csv_rows(path: Path, delimiter: str = ",") -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of every record of the CSV ``path``; a file that cannot be opened, is
+    not UTF-8 text (a binary file) or is not a readable CSV (a field past the csv module's limit)
+    raises :class:`MalformedFile` naming the file and line."""
     try:
         # closed by the `with fh` below; opened apart so that only open() errors read as unreadable
-        fh = open(path, newline="")  # noqa: SIM115
+        fh = open(path, newline="", encoding="utf-8-sig")  # noqa: SIM115
     except OSError as err:
         raise MalformedFile(path, None, f"cannot read: {err.strerror}") from None
     with fh:
         reader = csv.reader(fh, delimiter=delimiter)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise MalformedFile(path, 1, "empty file, expected a CSV header") from None
-        header = [h.strip() for h in header]
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise MalformedFile(path, 1, f"header lacks column(s) {', '.join(missing)}")
-        for values in reader:
-            if not values or all(not v.strip() for v in values):
-                continue
-            if len(values) != len(header):
-                raise MalformedFile(path, reader.line_num, f"{len(values)} fields, the header has {len(header)}")
-            yield reader.line_num, dict(zip(header, (v.strip() for v in values)))
+        while True:
+            try:
+                values = next(reader)
+            except StopIteration:
+                return
+            except UnicodeDecodeError:  # decoded a block at a time: the line is not known
+                raise MalformedFile(
+                    path, None, "not UTF-8 text (a binary file?); give the source's CSV as published"
+                ) from None
+            except csv.Error as err:
+                raise MalformedFile(
+                    path, reader.line_num, f"not a readable CSV ({err}); give the source's CSV as published"
+                ) from None
+            yield reader.line_num, values
+
+
+def csv_header(path: Path) -> list[str] | None:
+    """The stripped column names of the CSV ``path``'s first record (None: an empty file)."""
+    for _, header in _csv_rows(path):
+        return [h.strip() for h in header]
+    return None
+
+
+def read_csv(
+    path: Path, *, required: tuple[str, ...] = (), delimiter: str = ","
+) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) of a CSV with a header; a missing column or a ragged row raises
+    :class:`MalformedFile` naming the file and line, as do the problems of :func:`_csv_rows`."""
+    rows = _csv_rows(path, delimiter)
+    first = next(rows, None)
+    if first is None:
+        raise MalformedFile(path, 1, "empty file, expected a CSV header")
+    header = [h.strip() for h in first[1]]
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise MalformedFile(path, 1, f"header lacks column(s) {', '.join(missing)}")
+    for line, values in rows:
+        if not values or all(not v.strip() for v in values):
+            continue
+        if len(values) != len(header):
+            raise MalformedFile(path, line, f"{len(values)} fields, the header has {len(header)}")
+        yield line, dict(zip(header, (v.strip() for v in values)))
 
 
 def number(path: Path, line: int, row: Mapping[str, str], column: str) -> float:

@@ -84,14 +84,13 @@ folder order, then the history) already gave the same device and configuration.
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 from opcast.clusters import find_cluster
 from opcast.collect.replay import ReplayOptions
-from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv
+from opcast.collect.replay.common import MalformedFile, ReplayResult, csv_header, number, read_csv
 from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.ops import bus_factor
@@ -523,14 +522,10 @@ def _integer(path: Path, line: int, row: dict[str, str], column: str) -> int:
 
 
 def _header(path: Path) -> list[str]:
-    try:
-        with open(path, newline="") as fh:
-            first = next(csv.reader(fh), None)
-    except OSError as err:
-        raise MalformedFile(path, None, f"cannot read: {err.strerror}") from None
+    first = csv_header(path)
     if first is None:
         raise MalformedFile(path, 1, "empty file, expected a CSV header")
-    return [h.strip() for h in first]
+    return first
 
 
 def _ops(path: Path) -> list[str]:

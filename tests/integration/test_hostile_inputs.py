@@ -133,6 +133,7 @@ def _build_files(d: Path) -> None:
     w("missing_key.json", json.dumps({k: v for k, v in LLAMA.items() if k != "intermediate_size"}))
     w("nested.json", "[" * 100_000 + "]" * 100_000)
     (d / "binary.json").write_bytes(bytes(range(256)) * 8)
+    (d / "binary.csv").write_bytes(bytes(range(256)) * 8)
     w("digits.json", '{"model_type": "llama", "hidden_size": 1' + "0" * 5000 + "}")
     w("key_twice.json", '{"model_type": "llama", "hidden_size": 4096, "hidden_size": 1}')
     (d / "latin1.json").write_bytes('{"model_type": "llama", "name": "caf\xe9"}'.encode("latin-1"))
@@ -1001,6 +1002,17 @@ CASES: list[Case] = [
         "--nodes",
         "3",
         needles=("all 25 rows read were skipped", "world size 8 does not split evenly over 3 nodes"),
+        check=lambda r, d: _nothing_at(d / "replay_out"),
+    ),
+    _c(
+        "replay-aiter-binary-csv",
+        "collect",
+        "replay",
+        "aiter",
+        "{d}/binary.csv",
+        "--out",
+        "{d}/replay_out",
+        needles=("binary.csv: not UTF-8 text",),
         check=lambda r, d: _nothing_at(d / "replay_out"),
     ),
     # ---- output: a full stdout

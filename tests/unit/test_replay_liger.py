@@ -211,6 +211,26 @@ def test_malformed_csv_is_refused_with_file_and_line(tmp_path: Path) -> None:
         liger.replay(path)
 
 
+@pytest.mark.parametrize("source", ["liger", "aiter", "neusight"])
+def test_a_binary_csv_is_refused_naming_the_file(source: str, tmp_path: Path) -> None:
+    """The CSV reader every source shares: a binary file is a one-line error naming the file (it
+    escaped as a UnicodeDecodeError, an internal error, exit 1)."""
+    path = tmp_path / "binary.csv"
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(MalformedFile, match=r"binary.csv: not UTF-8 text \(a binary file\?\)"):
+        run_replay(source, path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_field_past_the_csv_limit_is_refused_and_a_bom_read_past(tmp_path: Path) -> None:
+    path = tmp_path / "all_benchmark_data.csv"
+    pd.DataFrame([{**ROWS[0], "extra_benchmark_config_str": "x" * 200_000}]).to_csv(path, index=False)
+    with pytest.raises(MalformedFile, match=r"all_benchmark_data.csv:2: not a readable CSV \(field larger"):
+        liger.replay(path)
+    pd.DataFrame(ROWS[:1]).to_csv(path, index=False, encoding="utf-8-sig")  # as Excel saves it
+    assert len(liger.replay(path).rows) == 1
+
+
 def test_a_folder_without_the_csv_exits_2_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "opcast", "collect", "replay", "liger", str(tmp_path), "--out", str(tmp_path / "o")],
