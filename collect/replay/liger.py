@@ -245,6 +245,12 @@ def _config(path: Path, line: int, text: str) -> dict[str, Any]:
         config = json.loads(text) if text else {}
     except json.JSONDecodeError as err:
         raise MalformedFile(path, line, f"extra_benchmark_config_str is not JSON ({err.msg})") from None
+    except RecursionError:
+        raise MalformedFile(path, line, "extra_benchmark_config_str is nested too deeply to be a config") from None
+    except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise MalformedFile(
+            path, line, "extra_benchmark_config_str holds an integer of thousands of digits, not a config"
+        ) from None
     if not isinstance(config, dict):
         raise MalformedFile(path, line, "extra_benchmark_config_str is not a JSON object")
     return config

@@ -178,6 +178,24 @@ def _build_files(d: Path) -> None:
     pd.DataFrame([gemm, {**gemm, "m": "abc"}]).to_csv(d / "m_text.csv", index=False)
     pd.DataFrame([{"dtype": "bf16", "m": 1}]).to_csv(d / "no_op.csv", index=False)
     w("empty.csv", "")
+    liger_row = {
+        "kernel_name": "rms_norm",
+        "kernel_provider": "liger",
+        "kernel_operation_mode": "forward",
+        "metric_name": "speed",
+        "metric_unit": "ms",
+        "x_name": "H",
+        "x_label": "x",
+        "x_value": 1024,
+        "y_value_50": 0.1,
+        "y_value_20": 0.09,
+        "y_value_80": 0.11,
+        "extra_benchmark_config_str": '{"M": 1' + "0" * 5000 + "}",
+        "gpu_name": "NVIDIA A100-SXM4-80GB",
+        "timestamp": "2024-09-03 15:31:39",
+        "liger_version": "0.2.1",
+    }
+    pd.DataFrame([liger_row]).to_csv(d / "liger_digits.csv", index=False)
     w("trace_digits.jsonl", '{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 5}\n')
     w("trace_twice.csv", "arrival_s,input_tokens,output_tokens,output_tokens\n0,10,5,500\n")
     w("dup_column.csv", "op,dtype,direction,b,m,n,k,m\ngemm,fp16,fwd,1,64,64,64,4096\n")
@@ -1013,6 +1031,17 @@ CASES: list[Case] = [
         "--out",
         "{d}/replay_out",
         needles=("binary.csv: not UTF-8 text",),
+        check=lambda r, d: _nothing_at(d / "replay_out"),
+    ),
+    _c(
+        "replay-liger-config-digits",
+        "collect",
+        "replay",
+        "liger",
+        "{d}/liger_digits.csv",
+        "--out",
+        "{d}/replay_out",
+        needles=("liger_digits.csv:2", "integer of thousands of digits"),
         check=lambda r, d: _nothing_at(d / "replay_out"),
     ),
     # ---- output: a full stdout

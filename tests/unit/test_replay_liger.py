@@ -209,6 +209,14 @@ def test_malformed_csv_is_refused_with_file_and_line(tmp_path: Path) -> None:
     pd.DataFrame([{**ROWS[0], "extra_benchmark_config_str": "{M: 1"}]).to_csv(path, index=False)
     with pytest.raises(MalformedFile, match=r"all_benchmark_data.csv:2: extra_benchmark_config_str is not JSON"):
         liger.replay(path)
+    # an integer past Python's int-from-string limit, and a nesting past the recursion limit (an internal error, exit 1,
+    # and a message naming no file)
+    pd.DataFrame([{**ROWS[0], "extra_benchmark_config_str": '{"M": 1' + "0" * 5000 + "}"}]).to_csv(path, index=False)
+    with pytest.raises(MalformedFile, match=r"all_benchmark_data.csv:2: .* an integer of thousands of digits"):
+        liger.replay(path)
+    pd.DataFrame([{**ROWS[0], "extra_benchmark_config_str": "[" * 20000 + "]" * 20000}]).to_csv(path, index=False)
+    with pytest.raises(MalformedFile, match=r"all_benchmark_data.csv:2: .* nested too deeply"):
+        liger.replay(path)
 
 
 @pytest.mark.parametrize("source", ["liger", "aiter", "neusight"])
