@@ -267,12 +267,19 @@ def _read_kernels(path: Path, source_file: str, result: ReplayResult, seen: _See
 
 
 def _read_json(path: Path) -> Any:
+    """A label run's JSON; anything that is not readable JSON text is a :class:`MalformedFile`."""
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise MalformedFile(path, err.lineno, f"not valid JSON ({err.msg})") from None
     except OSError as err:
         raise MalformedFile(path, None, f"cannot read: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise MalformedFile(path, None, "not UTF-8 text (a binary file?); expected a NeuSight label JSON") from None
+    except RecursionError:
+        raise MalformedFile(path, None, "nested too deeply to be a NeuSight label JSON") from None
+    except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise MalformedFile(path, None, "holds an integer of thousands of digits, not a NeuSight label JSON") from None
 
 
 def _ms(path: Path, data: Mapping[str, Any], key: str) -> float:

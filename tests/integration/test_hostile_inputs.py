@@ -196,6 +196,10 @@ def _build_files(d: Path) -> None:
         "liger_version": "0.2.1",
     }
     pd.DataFrame([liger_row]).to_csv(d / "liger_digits.csv", index=False)
+    label = d / "neusight_binary" / "scripts" / "asplos" / "label" / "Tesla_T4"
+    label.mkdir(parents=True)
+    (label / "bert_large-inf-512-8.json").write_bytes(b"\xff\xfe{}")
+    (d / "neusight_binary" / "scripts" / "asplos" / "data" / "dataset").mkdir(parents=True)
     w("trace_digits.jsonl", '{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 5}\n')
     w("trace_twice.csv", "arrival_s,input_tokens,output_tokens,output_tokens\n0,10,5,500\n")
     w("dup_column.csv", "op,dtype,direction,b,m,n,k,m\ngemm,fp16,fwd,1,64,64,64,4096\n")
@@ -1042,6 +1046,17 @@ CASES: list[Case] = [
         "--out",
         "{d}/replay_out",
         needles=("liger_digits.csv:2", "integer of thousands of digits"),
+        check=lambda r, d: _nothing_at(d / "replay_out"),
+    ),
+    _c(
+        "replay-neusight-binary-label",
+        "collect",
+        "replay",
+        "neusight",
+        "{d}/neusight_binary",
+        "--out",
+        "{d}/replay_out",
+        needles=("bert_large-inf-512-8.json: not UTF-8 text",),
         check=lambda r, d: _nothing_at(d / "replay_out"),
     ),
     # ---- output: a full stdout

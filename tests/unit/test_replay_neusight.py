@@ -381,10 +381,16 @@ def test_malformed_kernel_csv(tmp_path: Path, text: str, line: int, problem: str
             ": 'e2e_latency' is None",
         ),
         ("bert_large-inf-512-8.json", "[1, 2]", ":1: expected a JSON object"),
+        # each escaped as an internal error, exit 1 (nested: a line naming no file)
+        ("bert_large-inf-512-8.json", '{"num_layer": 1' + "0" * 5000 + "}", ": holds an integer of thousands"),
+        ("bert_large-inf-512-8.json", "[" * 100_000 + "]" * 100_000, ": nested too deeply"),
+        ("bert_large-inf-512-8.json", "\udcff", ": not UTF-8 text"),
     ],
 )
 def test_malformed_label(tmp_path: Path, name: str, text: str, where: str) -> None:
-    path = _write(tmp_path, f"scripts/asplos/label/Tesla_T4/{name}", text)
+    path = tmp_path / f"scripts/asplos/label/Tesla_T4/{name}"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))  # \udcff: the byte 0xff
     with pytest.raises(MalformedFile) as err:
         replay(tmp_path, ReplayOptions())
     assert str(err.value).startswith(f"{path}{where}")
