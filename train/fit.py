@@ -182,8 +182,9 @@ def _run_json_specs(paths: Iterable[str | Path]) -> dict[str, DeviceSpec]:
             if not run_json.is_file():
                 continue
             try:
-                runs = json.loads(run_json.read_text()).get("runs", [])
-            except (OSError, json.JSONDecodeError, AttributeError):
+                runs = json.loads(run_json.read_text(encoding="utf-8")).get("runs", [])
+            # not JSON text (ValueError: invalid, binary, or an integer of thousands of digits), too deep, not an object
+            except (OSError, ValueError, RecursionError, AttributeError):
                 continue
             for run in runs:
                 spec = run.get("device_spec") if isinstance(run, dict) else None

@@ -97,14 +97,14 @@ DEEPSEEK = {
 }
 
 
-def _write_dataset(path: Path) -> None:
+def _write_dataset(path: Path, device: str = "H100-SXM") -> None:
     from opcast.schema import write_parquet
 
     rows = [
         {
             "run_id": "r",
             "source": "bench",
-            "device": "H100-SXM",
+            "device": device,
             "timing_method": "cuda_event",
             "op": "gemm",
             "dtype": "bf16",
@@ -163,6 +163,9 @@ def _build_files(d: Path) -> None:
         table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet"
     )
     pq.write_table(table.slice(0, 0), d / "no_rows.parquet")
+    (d / "my_gpu_ds").mkdir()  # a device of no catalog entry, beside a run.json that is not text
+    _write_dataset(d / "my_gpu_ds" / "part-0.parquet", device="my-gpu")
+    (d / "my_gpu_ds" / "run.json").write_bytes(b"\xff\xfe{}")
     w("text.parquet", "this is not parquet\n")
     (d / "bad_parts").mkdir()
     shutil.copy(d / "version_text.parquet", d / "bad_parts" / "part-0.parquet")
@@ -691,6 +694,16 @@ CASES: list[Case] = [
         needles=("no_rows.parquet", "holds no rows"),
     ),
     _c("parquet-empty-dir", "train", "eval", "{d}/no_parts", needles=("no_parts",)),
+    _c(
+        "fit-run-json-binary",
+        "train",
+        "fit",
+        "{d}/my_gpu_ds",
+        "--out",
+        "{d}/fit_my_gpu_out",
+        needles=("'my-gpu' of the dataset is neither in the hardware catalog",),
+        check=lambda r, d: _nothing_at(d / "fit_my_gpu_out"),
+    ),
     # ---- tables for predict kernels
     _c("kernels-tc-maybe", *KERNELS, "{d}/tc_maybe.csv", needles=("row 0", "tensor_cores")),
     _c("kernels-dtype-bad", *KERNELS, "{d}/dtype_bad.csv", needles=("row 0", "bf17")),
