@@ -427,12 +427,17 @@ def parse_fix(items: Iterable[str]) -> dict[str, tuple[Any, ...]]:
     """``--fix KEY=V[,V...]`` (repeatable) -> :attr:`SearchSpace.fixed`; every problem at once."""
     out: dict[str, tuple[Any, ...]] = {}
     problems: list[str] = []
+    seen: set[str] = set()
     for item in items:
         key, sep, text = item.partition("=")
         key = key.strip().replace("-", "_")
         if not sep or not key or not text.strip():
             problems.append(f"--fix takes KEY=V[,V...], e.g. --fix tp=4,8; got {item!r}")
             continue
+        if key in seen:  # a second --fix tp=... replaced the first silently
+            problems.append(f"--fix {key} is given twice; list all its values in one --fix {key}=V,V...")
+            continue
+        seen.add(key)
         values: list[Any] = []
         for raw in (t.strip() for t in text.split(",")):
             if key == "sp":

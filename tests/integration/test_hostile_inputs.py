@@ -405,6 +405,16 @@ CASES: list[Case] = [
         needles=("--gpus 963761198400 is past",),
     ),
     _c(
+        "search-fix-twice",
+        *SEARCH,
+        ROOF,
+        "--fix",
+        "tp=1",
+        "--fix",
+        "tp=2",
+        needles=("--fix tp is given twice", "--fix tp=V,V"),
+    ),
+    _c(
         "search-global-batch-huge",
         *SEARCH,
         ROOF,

@@ -317,6 +317,11 @@ def test_parse_fix_lists_every_problem():
     text = str(err.value)
     for part in ("tp='two'", "sp='maybe'", "colour", "zero=5", "nonsense"):
         assert part in text
+    # a dimension fixed twice (micro-batch and micro_batch are one): the second replaced the first silently
+    with pytest.raises(OpcastError, match="--fix tp is given twice; list all its values in one --fix tp=V,V"):
+        S.parse_fix(["tp=1", "pp=2", "tp=2"])
+    with pytest.raises(OpcastError, match="--fix micro_batch is given twice"):
+        S.parse_fix(["micro-batch=1", "micro_batch=2"])
 
 
 def test_bad_requests_and_empty_results():
