@@ -62,6 +62,10 @@ def _parse_params(items: list[str]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise OpcastError(f"--param takes k=v, e.g. --param m=4096; got {item!r}")
+        if key.strip() in out:  # the second replaced the first silently
+            raise OpcastError(
+                f"--param {key.strip()} is given twice ({out[key.strip()]!r}, then {value.strip()!r}); give it once"
+            )
         out[key.strip()] = value.strip()
     return out
 

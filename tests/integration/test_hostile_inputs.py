@@ -452,6 +452,14 @@ CASES: list[Case] = [
         ROOF,
         needles=("m=",),
     ),
+    _c(
+        "kernel-param-twice",
+        *KERNEL,
+        ROOF,
+        "--param",
+        "m=4096",
+        needles=("--param m is given twice ('64', then '4096')",),
+    ),
     _c("kernel-set-nan", *KERNEL, ROOF, "--set", "mem_bw_bytes_per_s=nan", needles=("mem_bw_bytes_per_s",)),
     _c(
         "explore-vary-negative",
