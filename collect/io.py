@@ -111,11 +111,12 @@ def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
     runs: list[Any] = []
     if path.exists():
         try:
-            runs = json.loads(path.read_text()).get("runs", [])
-        except (json.JSONDecodeError, AttributeError):
-            raise OpcastError(
-                f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)"
-            ) from None
+            runs = json.loads(path.read_text(encoding="utf-8")).get("runs", [])
+        # not JSON text (ValueError: invalid, binary, or an integer of thousands of digits), too deep, not an object
+        except (ValueError, RecursionError, AttributeError):
+            runs = None
+        if not isinstance(runs, list):
+            raise OpcastError(f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)")
     write_json_atomic(path, {"runs": [*runs, dict(record)]})
     return path
 
