@@ -410,10 +410,12 @@ def _cache_key(w: Workload, cfg: CalibrateConfig, device: str) -> str:
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
+    """The before-cache, or {} (validated again) where it is missing or unreadable."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
         return data if isinstance(data, dict) else {}
-    except (OSError, json.JSONDecodeError):
+    # not JSON text (ValueError: invalid, binary, or an integer of thousands of digits), or too deep
+    except (OSError, ValueError, RecursionError):
         return {}
 
 

@@ -279,3 +279,18 @@ def test_allow_busy_keeps_a_wide_interval_as_a_note(setup):
     intervals[0].update(low_s=3.6, high_s=203.0)
     r = run(allow_busy=True)
     assert r.failure is None and r.models is not None and any("56.4x" in n for n in r.notes)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe{}", b'{"k": 1' + b"0" * 5000 + b"}", b"[" * 100_000 + b"]" * 100_000],
+    ids=["binary", "digits", "nested"],
+)
+def test_an_unreadable_before_cache_is_validated_again(setup, content):
+    """validate-before.json in --out that is not JSON text is an empty cache, as invalid JSON is (a binary file,
+    an integer of thousands of digits and a deep nesting were internal errors, exit 1)."""
+    _, stages, _, run, out = setup
+    out.mkdir(parents=True)
+    (out / "validate-before.json").write_bytes(content)
+    r = run()
+    assert r.failure is None and [c for c, _ in stages.calls].count("run_validate") == 2
