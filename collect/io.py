@@ -108,7 +108,7 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
     """Append ``record`` to ``out/run.json`` (rank 0) or ``out/run-rank<r>.json``."""
     path = Path(out) / ("run.json" if rank == 0 else f"run-rank{rank}.json")
-    runs: list[Any] = []
+    runs: Any = []  # what the file holds under "runs": checked to be a list below
     if path.exists():
         try:
             runs = json.loads(path.read_text(encoding="utf-8")).get("runs", [])
