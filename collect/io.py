@@ -105,18 +105,23 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     write_atomically(path, write)
 
 
+def read_runs(path: Path) -> list[Any] | None:
+    """The ``runs`` list of a run.json (empty when the object has none), or None when the file cannot be
+    read as one: unreadable, not JSON text (invalid, binary, an integer of thousands of digits), nested
+    too deeply, not an object, or ``runs`` not a list."""
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8")).get("runs", [])
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    return runs if isinstance(runs, list) else None
+
+
 def record_run(out: Path, *, rank: int, record: Mapping[str, Any]) -> Path:
     """Append ``record`` to ``out/run.json`` (rank 0) or ``out/run-rank<r>.json``."""
     path = Path(out) / ("run.json" if rank == 0 else f"run-rank{rank}.json")
-    runs: Any = []  # what the file holds under "runs": checked to be a list below
-    if path.exists():
-        try:
-            runs = json.loads(path.read_text(encoding="utf-8")).get("runs", [])
-        # not JSON text (ValueError: invalid, binary, or an integer of thousands of digits), too deep, not an object
-        except (ValueError, RecursionError, AttributeError):
-            runs = None
-        if not isinstance(runs, list):
-            raise OpcastError(f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)")
+    runs = read_runs(path) if path.exists() else []
+    if runs is None:
+        raise OpcastError(f"{path} is corrupt; move it aside and re-run (the measured parquet parts are kept)")
     write_json_atomic(path, {"runs": [*runs, dict(record)]})
     return path
 

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Final, Literal, cast
 import numpy as np
 import pandas as pd
 
+from opcast.collect.io import read_runs
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, answers_as_trained, device_to_dict, die_twin, get_device, spec_from_dict
 from opcast.ops import get_op, op_kinds
@@ -181,12 +182,8 @@ def _run_json_specs(paths: Iterable[str | Path]) -> dict[str, DeviceSpec]:
         for run_json in [p / "run.json", *p.glob("**/run*.json")] if p.is_dir() else [p.parent / "run.json"]:
             if not run_json.is_file():
                 continue
-            try:
-                runs = json.loads(run_json.read_text(encoding="utf-8")).get("runs", [])
-            # not JSON text (ValueError: invalid, binary, or an integer of thousands of digits), too deep, not an object
-            except (OSError, ValueError, RecursionError, AttributeError):
-                continue
-            for run in runs:
+            runs = read_runs(run_json)
+            for run in runs or ():
                 spec = run.get("device_spec") if isinstance(run, dict) else None
                 if isinstance(spec, dict) and spec.get("name"):
                     try:

@@ -30,8 +30,9 @@ def _folder(tmp_path: Path, content: bytes) -> Path:
         b'{"runs": [{"device_spec": {"name": "my-gpu", "mem_bytes": 1' + b"0" * 5000 + b"}}]}",
         b"[" * 100_000 + b"]" * 100_000,
         b"[]",
+        b'{"runs": 5}',
     ],
-    ids=["invalid", "binary", "digits", "nested", "list"],
+    ids=["invalid", "binary", "digits", "nested", "list", "runs-not-a-list"],
 )
 def test_an_unreadable_run_json_is_passed_over(tmp_path: Path, content: bytes) -> None:
     with pytest.raises(OpcastError, match="'my-gpu' of the dataset is neither in the hardware catalog"):
