@@ -167,6 +167,8 @@ def fit_analogues(
     regression). ``pred``: the set's answers on the device (positive), ``true``: the measured times,
     ``analogue_s``: device -> the set's answers for the same rows on that training device; a device
     without a positive answer on every row of a group is not used for it."""
+    from opcast.train.artifacts import ADAPT_ANALOGUE_MAX_COEF
+
     out: dict[str, dict[str, Any]] = {}
     for key in sorted(set(keys.tolist())):
         pos = np.flatnonzero(keys == key)
@@ -195,7 +197,7 @@ def fit_analogues(
             continue
         beta = _prior_ridge(x, y, prior, best)
         coef = [float(beta[0] - shift * beta[1:].sum()), *map(float, beta[1:])]
-        if all(abs(c) <= 50 for c in coef):
+        if all(abs(c) <= ADAPT_ANALOGUE_MAX_COEF for c in coef):  # else check_adaptation would refuse the file
             out[key] = {"devices": names, "coef": [round(c, 6) for c in coef], "ridge": best}
     return out
 

@@ -1011,6 +1011,9 @@ def _shape_term_problem(v: Any, group: str) -> str | None:
 
 
 ADAPT_ANALOGUE_MAX_DEVICES: Final = 64
+ADAPT_ANALOGUE_MAX_COEF: Final = 50.0
+"""Largest magnitude of an ``analogue`` term's coefficients: the reader refuses more, and the writer
+(:func:`opcast.train.adapt.fit_analogues`) keeps no term past it."""
 
 
 def _analogue_term_problem(v: Any) -> str | None:
@@ -1026,9 +1029,14 @@ def _analogue_term_problem(v: Any) -> str | None:
     if not all(_is_line(n) and bool(n) for n in names) or len(set(names)) != len(names):
         return "devices must be distinct device names"
     if not (
-        isinstance(coef, list) and len(coef) == 2 + len(names) and all(_is_finite(c) and abs(c) <= 50 for c in coef)
+        isinstance(coef, list)
+        and len(coef) == 2 + len(names)
+        and all(_is_finite(c) and abs(c) <= ADAPT_ANALOGUE_MAX_COEF for c in coef)
     ):
-        return f"coef must be {2 + len(names)} finite numbers in [-50, 50] (intercept, own, one per device)"
+        return (
+            f"coef must be {2 + len(names)} finite numbers in [-{ADAPT_ANALOGUE_MAX_COEF:g}, "
+            f"{ADAPT_ANALOGUE_MAX_COEF:g}] (intercept, own, one per device)"
+        )
     if not (_is_finite(v["ridge"]) and v["ridge"] > 0):
         return "ridge must be a finite number > 0"
     return None
@@ -1121,9 +1129,10 @@ class Adaptation:
         time; ``analogue_s`` maps each of :attr:`analogue_devices` to the set's answers for the same
         rows on that device (raises :class:`OpcastError` when one is missing)."""
         pred = np.asarray(pred_s, dtype=float)
-        if not self.analogue_devices:
+        devices = self.analogue_devices  # a pass over the groups: once a call
+        if not devices:
             return pred
-        missing = [d for d in self.analogue_devices if analogue_s is None or d not in analogue_s]
+        missing = [d for d in devices if analogue_s is None or d not in analogue_s]
         if missing:
             raise OpcastError(
                 f"the adaptation to {self.device} reads the set's answers on {', '.join(missing)}, which were not "
