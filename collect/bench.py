@@ -26,7 +26,7 @@ from typing import Any
 
 from opcast.collect.io import PartWriter, WriterLock, done_point_ids, failure_text, finish_run
 from opcast.collect.local_device import describe_local
-from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, make_plan
+from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, check_bench_ops, make_plan
 from opcast.collect.signals import StopSignals
 from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
 from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BYTES, DTYPES
@@ -92,6 +92,7 @@ class BenchConfig:
             raise OpcastError(f"--max-mem-fraction takes a share of free memory in (0, 1], got {self.max_mem_fraction}")
         if not self.tp_degrees or min(self.tp_degrees) < 1:
             raise OpcastError(f"--tp takes positive integers, got {self.tp_degrees}")
+        check_bench_ops(self.ops)  # before the --out folder is made: a typo leaves nothing behind
 
 
 MAX_SAMPLES = 1_000_000

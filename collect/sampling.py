@@ -353,6 +353,19 @@ def arch_shapes(
     return out
 
 
+def check_bench_ops(ops: Sequence[str]) -> None:
+    """The one-line error for an ``--op`` that ``collect bench`` cannot measure: unknown, a
+    collective (``collect comm``'s) or an engine's fused kernel without a microbenchmark."""
+    for op in ops:
+        if op in op_kinds(collective=True):
+            raise OpcastError(f"{op} is a collective; measure it with `opcast collect comm` under torchrun")
+        if not get_op(op).benchmarked:
+            raise OpcastError(
+                f"{op} has no microbenchmark (an inference engine's fused kernel); replay its measurements with "
+                "`opcast collect replay aiconfigurator`"
+            )
+
+
 def make_plan(
     *,
     ops: Sequence[str],
@@ -370,14 +383,7 @@ def make_plan(
     (batch, seq) pairs of the arch shapes (:func:`arch_shapes`); ``arch_first`` puts the arch
     shapes before the sampled ones instead of interleaving them (a run that must cover given
     shapes, e.g. ``opcast calibrate``, measures them first)."""
-    for op in ops:
-        if op in op_kinds(collective=True):
-            raise OpcastError(f"{op} is a collective; measure it with `opcast collect comm` under torchrun")
-        if not get_op(op).benchmarked:
-            raise OpcastError(
-                f"{op} has no microbenchmark (an inference engine's fused kernel); replay its measurements with "
-                "`opcast collect replay aiconfigurator`"
-            )
+    check_bench_ops(ops)
     strata: list[list[PlanPoint]] = []
     skipped: Counter = Counter()
     seen: set[str] = set()

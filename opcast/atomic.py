@@ -8,6 +8,7 @@ file and leaves the target as it was.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -47,3 +48,29 @@ def replace_with(tmp: Path, path: Path, write: Callable[[Path], object]) -> Path
 def write_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     """``write`` a temporary file beside ``path`` and rename it over ``path`` (see the module)."""
     return replace_with(temp_beside(path), path, write)
+
+
+def output_file_problem(flag: str, path: Path, suffixes: tuple[str, ...] = (), *, example: str = "") -> str | None:
+    """Why ``flag PATH`` cannot name a file to write, found before any work, or None: a folder, a
+    path below a file (its folders could not be made), or a suffix not in ``suffixes`` (with the
+    dot; empty: any). ``example``: the file name a folder's message suggests (default out.SUFFIX)."""
+    example = example or f"out{suffixes[0] if suffixes else ''}"
+    if path.is_dir():
+        return f"{flag} {path} is a folder; give a file name such as {path / example}"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:  # exists() is False below a file, too
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{flag} {path} lies under {parent}, which is a file; choose another path"
+    if suffixes and path.suffix not in suffixes:
+        return f"{flag} {path}: give a file name ending in {' or '.join(suffixes)}"
+    return None
+
+
+def write_failure(flag: str, path: Path, err: OSError, what: str = "") -> str:
+    """The one-line message of a failed write of ``flag``'s file: the system's reason and the fix
+    that fits it (free space only when space is what ran out)."""
+    reason = err.strerror or str(err)
+    full = err.errno in (errno.ENOSPC, errno.EDQUOT)
+    fix = f"free space or choose another {flag}" if full else f"choose another {flag}"
+    return f"cannot write {what + ' ' if what else ''}{path}: {reason}; {fix}"

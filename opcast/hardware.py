@@ -346,16 +346,16 @@ def device_to_dict(spec: DeviceSpec) -> dict[str, Any]:
     return out
 
 
-class _DuplicateKey(Exception):
+class DuplicateKey(Exception):
     """A JSON object naming one key twice (args[0]: the key)."""
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json.loads``'s ``object_pairs_hook``: the object, or :class:`_DuplicateKey` for a key given twice."""
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook``: the object, or :class:`DuplicateKey` for a key given twice."""
     out: dict[str, Any] = {}
     for key, value in pairs:
         if key in out:
-            raise _DuplicateKey(key)
+            raise DuplicateKey(key)
         out[key] = value
     return out
 
@@ -386,8 +386,8 @@ def read_json_file(path: str | Path, what: str) -> Any:
     if not text.strip():
         raise OpcastError(f"{path}: {what} is empty; give a JSON object")
     try:
-        return json.loads(text, object_pairs_hook=_unique_keys)
-    except _DuplicateKey as e:
+        return json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as e:
         raise OpcastError(
             f"{path}: {what} gives the key '{e.args[0]}' more than once (JSON would keep the last silently); "
             "give each key once"
@@ -534,14 +534,16 @@ def split_settings(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
-def parse_setting(text: str) -> Setting:
+def parse_setting(text: str, *, said: str | None = None) -> Setting:
     """A :class:`Setting` from ``FIELD=xFACTOR`` or ``FIELD=VALUE`` (value in the key's unit);
-    one-line :class:`OpcastError` naming the field and the fix otherwise."""
+    one-line :class:`OpcastError` naming the field and the fix otherwise. ``said``: how the
+    messages name the input (default ``--set 'TEXT'``; ``--vary`` parses its factors here too)."""
+    said = said or f"--set {text!r}"
     key, sep, raw = str(text).partition("=")
     key, raw = key.strip(), raw.strip()
     example = "e.g. mem_bw_bytes_per_s=x2 (a factor) or mem_bw_bytes_per_s=8e12 (bytes/s)"
     if not sep or not key or not raw:
-        raise OpcastError(f"--set {text!r}: give FIELD=xFACTOR or FIELD=VALUE, {example}")
+        raise OpcastError(f"{said}: give FIELD=xFACTOR or FIELD=VALUE, {example}")
     if key not in SETTABLE and key != PEAKS_GROUP:
         names = [*SETTABLE, PEAKS_GROUP]
         close = [n for n in names if n.startswith(key.lower())] or difflib.get_close_matches(
@@ -549,8 +551,7 @@ def parse_setting(text: str) -> Setting:
         )
         guess = f" (did you mean {close[0]}?)" if len(close) == 1 else ""
         raise OpcastError(
-            f"--set {text!r}: unknown field '{key}'{guess}; settable fields: "
-            f"{', '.join(SETTABLE)}, {PEAKS_GROUP} (every peak)"
+            f"{said}: unknown field '{key}'{guess}; settable fields: {', '.join(SETTABLE)}, {PEAKS_GROUP} (every peak)"
         )
     multiply = raw[:1] in ("x", "X", "*")
     number = raw[1:].strip() if multiply else raw
@@ -558,19 +559,19 @@ def parse_setting(text: str) -> Setting:
         amount = float(number)
     except ValueError:
         unit = "a factor" if multiply else f"a value in {_unit(key) if key != PEAKS_GROUP else 'FLOP/s'}"
-        raise OpcastError(f"--set {text!r}: '{number}' is not a number; {key} needs {unit}, {example}") from None
+        raise OpcastError(f"{said}: '{number}' is not a number; {key} needs {unit}, {example}") from None
     if not math.isfinite(amount) or amount <= 0:
         what = "factor" if multiply else f"value ({_unit(key) if key != PEAKS_GROUP else 'FLOP/s'})"
-        raise OpcastError(f"--set {text!r}: the {what} of {key} must be a positive finite number, got {number}")
+        raise OpcastError(f"{said}: the {what} of {key} must be a positive finite number, got {number}")
     if multiply:
         return Setting(key, factor=amount)
     if key == PEAKS_GROUP:
         raise OpcastError(
-            f"--set {text!r}: {PEAKS_GROUP} is a group of every peak and takes a factor only, e.g. "
+            f"{said}: {PEAKS_GROUP} is a group of every peak and takes a factor only, e.g. "
             f"{PEAKS_GROUP}=x2; set one precision absolutely with peak_<dtype>_flops=VALUE"
         )
     if _RULES[key][0] in ("pos_int", "bytes0") and amount != int(amount):
-        raise OpcastError(f"--set {text!r}: {key} is a whole number ({_unit(key)}); give an integer or a factor (x...)")
+        raise OpcastError(f"{said}: {key} is a whole number ({_unit(key)}); give an integer or a factor (x...)")
     return Setting(key, value=amount)
 
 

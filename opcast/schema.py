@@ -188,6 +188,11 @@ def dataset_files(path: str | Path) -> list[Path]:
         return sorted(
             p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith(".") and not _is_other_table(p)
         )
+    if path.exists():  # a device, a pipe, a socket
+        raise OpcastError(
+            f"dataset {path} is not a regular file or a folder; "
+            "give a .parquet file or a folder written by opcast collect"
+        )
     raise OpcastError(f"dataset {path} does not exist; give a .parquet file or a folder written by opcast collect")
 
 

@@ -70,7 +70,7 @@ def _read_csv(path: Path) -> pd.DataFrame:
 def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
     import pyarrow as pa
 
-    from opcast.atomic import write_atomically
+    from opcast.atomic import write_atomically, write_failure
 
     path = Path(path)
     if path.suffix not in (".parquet", ".csv") or path.is_dir():
@@ -81,9 +81,7 @@ def write_rows(frame: pd.DataFrame, path: str | Path) -> Path:
         else:
             write_atomically(path, lambda tmp: frame.to_csv(tmp, index=False))
     except OSError as err:
-        raise OpcastError(
-            f"cannot write {path}: {err.strerror or err}; free space or choose a writable --out"
-        ) from None
+        raise OpcastError(write_failure("--out", path, err)) from None
     except (pa.ArrowException, ValueError, TypeError) as err:
         first = (str(err).splitlines() or [type(err).__name__])[0][:200]
         raise OpcastError(f"cannot write {path} as parquet ({first}); write a .csv instead") from None

@@ -153,13 +153,36 @@ def _interval_mode(mode: str) -> str | None:
 
 
 def _plot_file(path: Path) -> str | None:
-    """A ``--plot`` that names a folder is refused before anything runs (matplotlib would write
-    FOLDER.png beside it); :func:`opcast.plotting.save_figure` checks the same for other callers."""
-    return f"--plot {path} is a folder; give a file name such as {path / 'plot.png'}" if path.is_dir() else None
+    """A ``--plot`` that cannot be written (a folder, below a file, matplotlib missing or not
+    writing its suffix) is refused before anything runs."""
+    from opcast.plotting import plot_file_problem
+
+    return plot_file_problem(path)
 
 
-def _csv_suffix(path: Path) -> str | None:
-    return None if path.suffix == ".csv" else f"--csv {path}: give a file name ending in .csv"
+def _output_file(flag: str, *suffixes: str) -> Callable[[Path], str | None]:
+    """The check of an option naming a file to write: refused before the work when it cannot be."""
+
+    def check(path: Path) -> str | None:
+        from opcast.atomic import output_file_problem
+
+        return output_file_problem(flag, path, suffixes)
+
+    return check
+
+
+def _distinct_outputs(*names: str) -> Callable[[Args], str | None]:
+    """Two options of one command naming the same output file: the second write would replace the first."""
+
+    def check(o: Args) -> str | None:
+        given = [(n, getattr(o, n)) for n in names if getattr(o, n) is not None]
+        for i, (a, pa) in enumerate(given):
+            for b, pb in given[i + 1 :]:
+                if Path(pa).resolve() == Path(pb).resolve():
+                    return f"--{a} and --{b} both name {pa}; give each output its own file"
+        return None
+
+    return check
 
 
 def _models_rule(o: Args) -> str | None:
@@ -168,7 +191,11 @@ def _models_rule(o: Args) -> str | None:
     return models_flag_problem(o.models, not o.roofline)
 
 
-RULES: tuple[Rule, ...] = (Rule(("models", "roofline"), _models_rule),)
+RULES: tuple[Rule, ...] = (
+    Rule(("models", "roofline"), _models_rule),
+    Rule(("csv", "plot"), _distinct_outputs("csv", "plot")),
+    Rule(("trace", "plot"), _distinct_outputs("trace", "plot")),
+)
 """Checks across options: each applies to every command that takes all of its options."""
 
 
@@ -488,7 +515,14 @@ ATTENTION = _option(TRAIN, "attention")
 
 # predict train
 TRAIN_GPU = GPU.but(default=None, default_help="the gpu of a --cluster file")
-TRACE = Opt("trace", "--trace", Optional[Path], "Write a Chrome/Perfetto trace of one iteration.", None)
+TRACE = Opt(
+    "trace",
+    "--trace",
+    Optional[Path],
+    "Write a Chrome/Perfetto trace of one iteration.",
+    None,
+    check=_output_file("--trace"),
+)
 TRAIN_PLOT = Opt(
     "plot", "--plot", Optional[Path], "Write a breakdown chart (needs matplotlib).", None, check=_plot_file
 )
@@ -516,7 +550,13 @@ KERNELS_INPUT = Opt(
     "direction and the op's parameter columns.",
     argument=True,
 )
-KERNELS_OUT = Opt("out", "--out", Path, "Output .parquet or .csv: the input rows plus time_s_pred and source_pred.")
+KERNELS_OUT = Opt(
+    "out",
+    "--out",
+    Path,
+    "Output .parquet or .csv: the input rows plus time_s_pred and source_pred.",
+    check=_output_file("--out", ".parquet", ".csv"),
+)
 
 # search
 SEARCH_GPUS = Opt("gpus", "--gpus", int, "GPUs available (the world size).")
@@ -573,7 +613,14 @@ WORKERS = Opt(
     None,
     "the cores available; small spaces stay in one",
 )
-SEARCH_CSV = Opt("csv", "--csv", Optional[Path], "Write every feasible configuration, ranked, to this CSV.", None)
+SEARCH_CSV = Opt(
+    "csv",
+    "--csv",
+    Optional[Path],
+    "Write every feasible configuration, ranked, to this CSV.",
+    None,
+    check=_output_file("--csv"),
+)
 
 # explore, compare
 EXPLORE_GPU = GPU.but(
@@ -599,7 +646,9 @@ VARY = Opt(
     "FIELD=F1,F2,...: factors of the base GPU's FIELD (any numeric spec key, or "
     "peak_flops for every peak); repeat for a grid.",
 )
-TABLE_CSV = Opt("csv", "--csv", Optional[Path], "Also write the table to this .csv file.", None, check=_csv_suffix)
+TABLE_CSV = Opt(
+    "csv", "--csv", Optional[Path], "Also write the table to this .csv file.", None, check=_output_file("--csv", ".csv")
+)
 CHART = Opt("plot", "--plot", Optional[Path], "Write a chart (.png; needs matplotlib).", None, check=_plot_file)
 
 

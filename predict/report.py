@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.markup import escape
 
-from opcast.atomic import write_atomically
+from opcast.atomic import write_atomically, write_failure
 from opcast.errors import OpcastError
 from opcast.plotting import pyplot, save_figure
 from opcast.predict.cost import Kernel, KernelCostModel, bottleneck
@@ -492,9 +492,7 @@ def write_trace(r: TrainResult, path: str | Path) -> Path:
     try:  # atomic: a full disk leaves the old trace, not a truncated one, and no temp file
         return write_atomically(path, lambda tmp: tmp.write_text(json.dumps(doc)))
     except OSError as err:
-        raise OpcastError(
-            f"cannot write the trace {path}: {err.strerror or err}; free space or choose another --trace"
-        ) from None
+        raise OpcastError(write_failure("--trace", path, err, "the trace")) from None
 
 
 def write_plot(r: TrainResult, path: str | Path) -> Path:

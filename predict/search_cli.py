@@ -153,7 +153,7 @@ class _LazyBar:
 def _write_csv(result, path: Path) -> None:
     import csv
 
-    from opcast.atomic import write_atomically
+    from opcast.atomic import write_atomically, write_failure
     from opcast.errors import OpcastError
     from opcast.predict.search import candidate_row
 
@@ -169,9 +169,7 @@ def _write_csv(result, path: Path) -> None:
     try:  # a failed or interrupted write leaves no temp file behind
         write_atomically(path, write)
     except OSError as err:
-        raise OpcastError(
-            f"cannot write {path}: {err.strerror or err}; free space or choose a writable --csv"
-        ) from None
+        raise OpcastError(write_failure("--csv", path, err)) from None
 
 
 @app.command("train")

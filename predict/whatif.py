@@ -335,7 +335,7 @@ def parse_vary(items: Sequence[str]) -> dict[str, tuple[float, ...]]:
             )
         factors = []
         for v in values:
-            setting = parse_setting(f"{key}={v if v[:1] in 'xX*' else 'x' + v}")
+            setting = parse_setting(f"{key}={v if v[:1] in 'xX*' else 'x' + v}", said=f"--vary {item!r}")
             factors.append(float(setting.factor))  # type: ignore[arg-type]
         if key in out:
             raise OpcastError(f"--vary {key} is given twice; list all its factors in one --vary {key}=...")

@@ -163,9 +163,10 @@ def evaluate(
     ] = None,
 ) -> None:
     """Score a model set on datasets: MAPE, median/p90 APE and share within 10 %, per op and device."""
+    from opcast.plotting import check_plot_path
     from opcast.train.artifacts import load_model_set
-    from opcast.train.evaluate import check_plot_path, plot_scatter, records
     from opcast.train.evaluate import evaluate as run_eval
+    from opcast.train.evaluate import plot_scatter, records
 
     if plot is not None:  # fail before the work: a bad path, or the optional dependency missing
         check_plot_path(plot)

@@ -87,32 +87,6 @@ def evaluate(model_set: Any, datasets: Sequence[str | Path]) -> dict[str, Any]:
     return {"table": score_table(frame, pred), "frame": frame, "pred": pred, "training_data": seen}
 
 
-def check_plot_path(path: str | Path) -> Path:
-    """Check ``--plot FILE`` before any work: not a folder, not under a file, and (matplotlib
-    being imported by then) of a format matplotlib writes; one-line OpcastError otherwise."""
-    from opcast.errors import OpcastError
-    from opcast.plotting import pyplot
-
-    path = Path(path)
-    if path.is_dir():
-        raise OpcastError(f"--plot {path} is a folder; give a file name such as {path / 'scatter.png'}")
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise OpcastError(f"--plot {path} lies under {parent}, which is a file; choose another path")
-    pyplot()  # the optional dependency, before the work
-    from matplotlib.backend_bases import FigureCanvasBase
-
-    formats = FigureCanvasBase.get_supported_filetypes()
-    if path.suffix and path.suffix[1:].lower() not in formats:
-        raise OpcastError(
-            f"--plot {path}: matplotlib cannot write {path.suffix} files; use one of "
-            f"{', '.join('.' + f for f in sorted(formats))}"
-        )
-    return path
-
-
 def plot_scatter(frame: pd.DataFrame, pred: np.ndarray, path: str | Path, *, title: str = "") -> Path:
     """Predicted vs measured, log-log, one panel per op (needs the optional matplotlib)."""
     from opcast.plotting import pyplot, save_figure

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from opcast.atomic import write_atomically
+from opcast.atomic import write_atomically, write_failure
 from opcast.errors import OpcastError
 from opcast.predict.serve.simulate import SimResult
 
@@ -166,6 +166,4 @@ def write_trace(sim: SimResult, path: Path, *, other: dict | None = None) -> Pat
     try:
         return write_atomically(Path(path), lambda tmp: tmp.write_text(json.dumps(doc)))
     except OSError as err:
-        raise OpcastError(
-            f"cannot write the trace {path}: {err.strerror or err}; free space or choose another --trace"
-        ) from None
+        raise OpcastError(write_failure("--trace", path, err, "the trace")) from None

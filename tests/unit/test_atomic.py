@@ -1,0 +1,46 @@
+"""The one rule of a file opcast writes: checked before the work, written whole or not at all."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from opcast.atomic import output_file_problem, write_atomically, write_failure
+
+
+def test_an_output_file_is_refused_before_the_work_when_it_cannot_be_written(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert output_file_problem("--csv", tmp_path / "new" / "deeper" / "t.csv", (".csv",)) is None  # folders are made
+    assert output_file_problem("--csv", tmp_path, (".csv",)) == (
+        f"--csv {tmp_path} is a folder; give a file name such as {tmp_path / 'out.csv'}"
+    )
+    under = output_file_problem("--trace", blocker / "sub" / "t.json")
+    assert under == f"--trace {blocker / 'sub' / 't.json'} lies under {blocker}, which is a file; choose another path"
+    assert output_file_problem("--out", tmp_path / "k.txt", (".parquet", ".csv")) == (
+        f"--out {tmp_path / 'k.txt'}: give a file name ending in .parquet or .csv"
+    )
+    assert output_file_problem("--trace", tmp_path / "t.anything") is None  # no suffixes: any
+
+
+@pytest.mark.parametrize(
+    ("code", "fix"), [(errno.ENOSPC, "free space or choose another --out"), (errno.EACCES, "choose another --out")]
+)
+def test_a_failed_write_says_the_fix_that_fits_its_reason(tmp_path, code, fix):
+    err = OSError(code, "reason")
+    assert write_failure("--out", tmp_path / "k.csv", err) == f"cannot write {tmp_path / 'k.csv'}: reason; {fix}"
+    assert write_failure("--trace", tmp_path / "t.json", err, "the trace").startswith("cannot write the trace ")
+
+
+def test_an_interrupted_write_leaves_the_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "t.txt"
+    target.write_text("old")
+
+    def fail(tmp):
+        tmp.write_text("half")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(target, fail)
+    assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["t.txt"]
