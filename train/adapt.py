@@ -561,6 +561,10 @@ def adapt_model_set(
     ignored = {
         k: int(v)
         for k, v in {
+            f"measured on another device than {name} ({', '.join(str(n) for n in names if n != name)[:120]})": len(
+                frame
+            )
+            - len(rows),
             "no predictor in the set for its op group": int((~covered).sum()),
             "no learned prediction (the device lacks the dtype's peak)": int((covered & ~usable).sum()),
         }.items()

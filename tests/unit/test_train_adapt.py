@@ -207,3 +207,14 @@ def test_bad_requests_are_refused_before_anything_is_written(tmp_path, toy_set):
     assert not (tmp_path / "x").exists() and not any((tmp_path / "taken").iterdir())
     done = _cli("train", "adapt", str(data), "--gpu", TARGET)  # the embedded default, no --out
     assert done.returncode == 2 and "--out" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_rows_of_other_devices_are_counted_as_ignored(tmp_path, toy_set):
+    root, rows, _ = toy_set
+    other = rows.iloc[:7].copy()
+    other["device"] = "A100-SXM4-80GB"
+    mixed = _dataset(tmp_path, rows, 20)
+    write_parquet(other.reset_index(drop=True), mixed / "other.parquet")
+    result = adapt_model_set([mixed], TARGET, models=root, out=tmp_path / "adapted")
+    assert result.fields["rows"] == 20
+    assert result.ignored == {f"measured on another device than {TARGET} (A100-SXM4-80GB)": 7}
