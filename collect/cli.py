@@ -235,6 +235,7 @@ def replay(
         "rows_written": summary.rows_written,
         "runs_written": summary.runs_written,
         "skipped": dict(summary.skipped),
+        "notes": summary.notes,
         "outputs": [str(p) for p in summary.outputs],
     }
     if as_json:
@@ -251,6 +252,8 @@ def replay(
         console.print(f"{summary.runs_written} end-to-end runs -> {summary.outputs[-1]}")
     for reason, count in sorted(summary.skipped.items(), key=lambda kv: -kv[1]):
         console.print(f"  skipped {count:6d}: {reason}")
+    for note in summary.notes:
+        console.print(f"  note: {note}", markup=False, highlight=False)
 
 
 @app.command()

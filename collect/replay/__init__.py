@@ -68,6 +68,7 @@ class ReplaySummary:
     runs_written: int = 0
     files: int = 0
     skipped: Counter = field(default_factory=Counter)
+    notes: list[str] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
 
 
@@ -139,7 +140,12 @@ def run_replay(
     result: ReplayResult = module.replay(path, options)
     rows, skipped = normalise(result, source=source, run_id=run_id, opcast_version=opcast.__version__)
     summary = ReplaySummary(
-        source=source, rows_read=len(result.rows), rows_written=len(rows), files=result.files, skipped=skipped
+        source=source,
+        rows_read=len(result.rows),
+        rows_written=len(rows),
+        files=result.files,
+        skipped=skipped,
+        notes=result.notes,
     )
     if not rows and not result.runs:
         raise OpcastError(_nothing_found(source, path, skipped))

@@ -37,6 +37,8 @@ class ReplayResult:
     """reason -> rows not converted."""
     files: int = 0
     """Source files read."""
+    notes: list[str] = field(default_factory=list)
+    """What the user should know of rows that were converted (e.g. a log that looks cut off)."""
 
 
 def _csv_rows(path: Path, delimiter: str = ",") -> Iterator[tuple[int, list[str]]]:

@@ -147,6 +147,11 @@ class _Run:
     cputime: bool = False
     out_of_bounds: int = 0
     """The footer's 'Out of bounds values' count (what old builds' float ``error`` column feeds)."""
+    footer: bool = False
+    """Whether the run's footer (``# Out of bounds values``, ``# Avg bus bandwidth``) was read: a run
+    without one was cut off (a job killed, a log truncated)."""
+    cut_line: int | None = None
+    """The file's last line, when it is a table line cut short (not parsed)."""
     lines: list[_Line] = field(default_factory=list)
     nccl_version: str | None = None
     """The NCCL library version the file's header names (``nccl-library=``), if any."""
@@ -177,6 +182,12 @@ def replay(root: Path, options: ReplayOptions) -> ReplayResult:
         groups: dict[tuple, list[tuple[float, int]]] = defaultdict(list)
         for run in runs:
             _convert(path, run, options, forced, groups, result.skipped)
+            if run.lines and not run.footer:
+                partial = f"; its last line ({run.cut_line}) is cut short and was not read" if run.cut_line else ""
+                result.notes.append(
+                    f"{rel}: the {run.binary or 'nccl-tests'} run ends after {len(run.lines)} sizes without its "
+                    f"'# Avg bus bandwidth' footer (cut off?){partial}; the complete lines were replayed"
+                )
         for (device, kind, params, dtype, timing, version), samples in groups.items():
             row = _row(device, kind, dict(params), dtype, timing, samples, rel)
             result.rows.append({**row, "backend": "nccl", "nccl_version": version})
@@ -194,7 +205,9 @@ def _parse(path: Path) -> list[_Run]:
     runs = [_Run()]
     in_table = False
     library = None
-    for number, raw in enumerate(text.splitlines(), start=1):
+    lines = text.splitlines()
+    last = max((i for i, raw in enumerate(lines, start=1) if raw.strip()), default=0)
+    for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         run = runs[-1]
         if not line:
@@ -227,11 +240,17 @@ def _parse(path: Path) -> list[_Run]:
             elif body[:2] in (["Out", "of"], ["Avg", "bus"]):
                 if (m := _OUT_OF_BOUNDS.search(line)) is not None:
                     run.out_of_bounds = int(m.group(1))
+                run.footer = True
                 in_table = False
             continue
         tokens = line.split()
         if in_table and tokens[0].isdigit():
-            run.lines.append(_data(path, number, tokens, run))
+            try:
+                run.lines.append(_data(path, number, tokens, run))
+            except MalformedFile:
+                if number != last or run.footer:
+                    raise
+                run.cut_line = number  # the file ends inside this line: a truncated log
     for run in runs:
         run.nccl_version = library
     return [run for run in runs if run.started()]

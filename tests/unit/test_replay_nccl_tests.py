@@ -326,3 +326,20 @@ def test_old_output_without_group_root_and_wrong_columns(tmp_path):
     result = replay(path, ReplayOptions())
     assert not result.rows
     assert result.skipped == {"all_reduce: 2 out-of-bounds values in a run with the old 'error' column": 4}
+
+
+def test_a_cut_off_log_replays_its_complete_lines_and_says_so(tmp_path):
+    lines = ALL_REDUCE.read_text().splitlines(keepends=True)
+    end = next(i for i, line in enumerate(lines) if line.split()[:1] == ["1048576"])
+    cut = tmp_path / "all_reduce_perf_cut.txt"
+    cut.write_text("".join(lines[:end]) + lines[end][:50])  # the job killed while printing the 1 MiB line
+    result = replay(cut, ReplayOptions())
+    assert len(result.rows) == 17 and max(r["bytes"] for r in result.rows) == 524288
+    (note,) = result.notes
+    assert note.startswith("all_reduce_perf_cut.txt: the all_reduce_perf run ends after 17 sizes without its")
+    assert f"its last line ({end + 1}) is cut short and was not read" in note
+    assert not replay(ALL_REDUCE, ReplayOptions()).notes  # a whole log: nothing to say
+    ragged = tmp_path / "all_reduce_perf_ragged.txt"  # a short line with lines after it is still an error
+    ragged.write_text("".join(lines[:end]) + lines[end][:50] + "\n" + "".join(lines[end + 1 :]))
+    with pytest.raises(MalformedFile, match=rf":{end + 1}: "):
+        replay(ragged, ReplayOptions())
