@@ -299,12 +299,19 @@ def _csv_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:
 
 
 def _jsonl_rows(text: str, path: Path) -> list[tuple[float, int, int, int]]:
+    from opcast.hardware import DuplicateKey, unique_keys
+
     rows = []
     for i, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=unique_keys)
+        except DuplicateKey as err:
+            raise OpcastError(
+                f"trace file {path}, line {i}: the key '{err.args[0]}' is given more than once (JSON would keep "
+                "the last silently); give each key once"
+            ) from None
         except json.JSONDecodeError as err:
             raise OpcastError(f"trace file {path}, line {i}: not JSON ({err.msg}); give one object per line") from None
         except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)

@@ -107,6 +107,7 @@ def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
         ("epoch_ms.csv", "arrival_s,input_tokens,output_tokens\n1733000000000,5,5\n", "arrival_s reaches 1.733e"),
         # read silently before: DictReader kept the last input_tokens, and set a row's extra cells aside
         ("twice.csv", "arrival_s,input_tokens,output_tokens,input_tokens\n0,5,5,7\n", "names input_tokens more than"),
+        ("twice.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 5, "input_tokens": 7}\n', "line 1: the"),
         ("long.csv", "arrival_s,input_tokens,output_tokens\n0,5,5,9\n", "line 2: 4 cells, the header has 3 columns"),
         # the line of the file, not the row: a blank line counted no more
         ("blank.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\n\n1,0,5\n", "line 4: input_tokens '0'"),
