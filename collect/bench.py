@@ -301,9 +301,12 @@ def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[st
 def run_bench(cfg: BenchConfig, *, progress: Any = None) -> BenchResult:
     """Measure this rank's share of the plan into ``cfg.out``; see the module docstring."""
     from opcast.archs import load_arch
+    from opcast.atomic import output_folder_problem
 
     for name in cfg.archs:  # a bad --arch fails here, before torch's seconds of start-up
         load_arch(name)
+    if problem := output_folder_problem("--out", Path(cfg.out), holds="the dataset is written into it"):
+        raise OpcastError(problem)
     rank, world, local_rank, local_world = rank_and_world()
     with StopSignals() as flag:
         import torch

@@ -291,9 +291,12 @@ class _Ending:
 def _claim(out: Path, device: Any, stack: contextlib.ExitStack, run_id: str) -> dict[str, Any]:
     """Rank 0: take the dataset folder (its lock) and read what is already measured there; an
     error message for every rank if it cannot."""
+    from opcast.atomic import output_folder_problem
     from opcast.collect.local_device import describe_local
 
     try:
+        if problem := output_folder_problem("--out", out, holds="the dataset is written into it"):
+            raise OpcastError(problem)
         try:
             (out / "comm").mkdir(parents=True, exist_ok=True)
         except OSError as err:

@@ -74,3 +74,23 @@ def write_failure(flag: str, path: Path, err: OSError, what: str = "") -> str:
     full = err.errno in (errno.ENOSPC, errno.EDQUOT)
     fix = f"free space or choose another {flag}" if full else f"choose another {flag}"
     return f"cannot write {what + ' ' if what else ''}{path}: {reason}; {fix}"
+
+
+def output_folder_problem(flag: str, path: Path, *, holds: str = "") -> str | None:
+    """Why ``flag PATH`` cannot be a folder to write into, found before any work, or None: a file,
+    a path below a file, or a nearest existing folder that is not writable (it is made later).
+    ``holds``: what the folder receives, said in the message of a file (e.g. "the set is written
+    to OUT/NAME/")."""
+    try:
+        if path.exists() and not path.is_dir():
+            return f"{flag} {path} is a file; give a folder{f' ({holds})' if holds else ''}"
+        base = path
+        while not base.exists() and base != base.parent:  # exists() is False below a file, too
+            base = base.parent
+    except OSError as err:
+        return f"{flag} {path} cannot be inspected ({err.strerror}); choose a readable, writable folder"
+    if not base.is_dir():
+        return f"{flag} {path} lies under {base}, which is a file; choose a folder"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return f"{flag} {path}: {base} is not writable; choose a writable folder"
+    return None

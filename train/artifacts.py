@@ -623,28 +623,24 @@ def check_output(out: str | Path, name: str) -> Path:
             f"--name {name[:60]!r} must be a plain folder name (no / or \\, not starting with ., "
             "at most 100 characters)"
         )
+    from opcast.atomic import output_folder_problem
+
     out = Path(out)
     final = out / name
+    problem = output_folder_problem("--out", out, holds=f"the set is written to OUT/{name}/")
+    if problem:
+        raise OpcastError(problem)
     try:
-        if out.exists() and not out.is_dir():
-            raise OpcastError(f"--out {out} is a file; give a folder (the set is written to OUT/{name}/)")
         if final.exists() and not (final.is_dir() and (final / META).is_file()):
             kind = "folder that is not a model set" if final.is_dir() else "file"
             raise OpcastError(
                 f"{final} exists and is a {kind}; it would be replaced, so choose another --name or --out "
                 "(or remove it yourself)"
             )
-        base = out
-        while not base.exists():
-            base = base.parent
     except OSError as err:
         raise OpcastError(
             f"--out {out} cannot be inspected ({err.strerror}); choose a readable, writable folder"
         ) from None
-    if not base.is_dir():
-        raise OpcastError(f"--out {out} lies under {base}, which is a file; choose a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise OpcastError(f"--out {out}: {base} is not writable; choose a writable folder")
     return final
 
 

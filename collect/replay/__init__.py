@@ -56,6 +56,8 @@ class ReplayOptions:
         ):
             if value is not None and value < 1:
                 raise OpcastError(f"{flag} {value} must be >= 1, or leave it out to read it from the log")
+        if self.device is not None and not self.device.strip():  # read as "not given" before
+            raise OpcastError("--device is empty; give a catalog GPU name (opcast hardware list) or leave it out")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -120,6 +122,7 @@ def run_replay(
     """Convert ``path`` (a source checkout, or a trace/log file) into ``out``. ``None`` reads a
     source's installed package (aiconfigurator); the other sources need a path."""
     import opcast
+    from opcast.atomic import output_folder_problem
     from opcast.collect.replay.common import normalise
     from opcast.collect.replay.runs import write_runs
     from opcast.schema import write_parquet
@@ -136,6 +139,8 @@ def run_replay(
         raise OpcastError(f"{path} does not exist; give the {source} checkout (or file) to replay")
     run_id = f"replay-{source}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
     out = Path(out)
+    if problem := output_folder_problem("--out", out, holds=f"{source}.parquet is written into it"):
+        raise OpcastError(problem)
     check_replaceable(out / f"{source}.parquet", run_id, path)  # before the work: nothing of another input is lost
     result: ReplayResult = module.replay(path, options)
     rows, skipped = normalise(result, source=source, run_id=run_id, opcast_version=opcast.__version__)

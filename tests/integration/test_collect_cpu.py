@@ -124,7 +124,7 @@ def test_unwritable_out_and_corrupt_dataset_exit_2(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("")
     code, err = _cli(capsys, "collect", "bench", "--out", str(blocker / "d"), "--samples", "2", "--op", "gemm")
-    assert code == 2 and "cannot write" in err
+    assert code == 2 and "lies under" in err and "which is a file; choose a folder" in err
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "junk.parquet").write_bytes(b"not parquet")
     code, err = _cli(capsys, "collect", "bench", "--out", str(tmp_path / "d"), "--samples", "2", "--op", "gemm")

@@ -6,7 +6,7 @@ import errno
 
 import pytest
 
-from opcast.atomic import output_file_problem, write_atomically, write_failure
+from opcast.atomic import output_file_problem, output_folder_problem, write_atomically, write_failure
 
 
 def test_an_output_file_is_refused_before_the_work_when_it_cannot_be_written(tmp_path):
@@ -44,3 +44,16 @@ def test_an_interrupted_write_leaves_the_old_file_and_no_temp(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         write_atomically(target, fail)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["t.txt"]
+
+
+def test_an_output_folder_is_refused_when_it_is_or_lies_under_a_file(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert output_folder_problem("--out", tmp_path / "new" / "deeper") is None  # made later
+    assert output_folder_problem("--out", tmp_path) is None
+    assert output_folder_problem("--out", blocker, holds="rows go in it") == (
+        f"--out {blocker} is a file; give a folder (rows go in it)"
+    )
+    assert output_folder_problem("--out", blocker / "x") == (
+        f"--out {blocker / 'x'} lies under {blocker}, which is a file; choose a folder"
+    )
