@@ -57,3 +57,16 @@ def test_an_output_folder_is_refused_when_it_is_or_lies_under_a_file(tmp_path):
     assert output_folder_problem("--out", blocker / "x") == (
         f"--out {blocker / 'x'} lies under {blocker}, which is a file; choose a folder"
     )
+
+
+def test_every_option_naming_a_file_to_write_is_checked_before_the_work():
+    """A new --csv/--plot/--trace/--out declared without a check would be found only after the work."""
+    from opcast.predict import options
+
+    outputs = [
+        (name, opt)
+        for name, opt in vars(options).items()
+        if isinstance(opt, options.Opt) and opt.flags in ("--csv", "--plot", "--trace", "--out")
+    ]
+    assert len(outputs) >= 6, [n for n, _ in outputs]
+    assert [n for n, opt in outputs if opt.check is None] == []
