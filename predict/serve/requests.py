@@ -37,6 +37,8 @@ MAX_ARRIVAL_S = 1e9
 """The latest arrival a simulation takes (about 32 years): its clock is float64 seconds, whose spacing at
 1e9 s is 1.2e-7 s; much later, a decode step of milliseconds no longer moves the clock (at 1e30 s a
 request's TPOT came out 0)."""
+TOKEN_LIMIT = 2**63
+"""Token counts of a request (from an option or a trace file) stay below this: they are int64 arrays."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +165,8 @@ def parse_lengths(text: str, flag: str) -> Lengths:
     parts = text.split(":")
     if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
         lo, hi = int(parts[0]), int(parts[-1])
+        if hi >= TOKEN_LIMIT:
+            raise OpcastError(f"{flag} {text!r} is too large: give token counts below 2**63")
         if lo >= 1 and hi >= lo:
             return Lengths("fixed" if len(parts) == 1 else "uniform", lo, hi)
     raise OpcastError(f"{flag} {text!r}: give tokens N or a uniform range LO:HI, 1 <= LO <= HI, e.g. 512 or 128:1024")
@@ -233,7 +237,8 @@ def read_trace(path: Path) -> RequestStream:
     order = np.argsort(arr[:, 0], kind="stable")
     arr = arr[order]
     inputs, cached = arr[:, 1].astype(np.int64), arr[:, 3].astype(np.int64)
-    hits = f", {100 * cached.sum() / inputs.sum():.0f} % of prompt tokens in the prefix cache" if cached.any() else ""
+    share = 100 * cached.sum(dtype=np.float64) / inputs.sum(dtype=np.float64)  # int64 sums of long prompts overflow
+    hits = f", {share:.0f} % of prompt tokens in the prefix cache" if cached.any() else ""
     return RequestStream(
         arrival_s=arr[:, 0],
         input_tokens=inputs,
@@ -254,16 +259,19 @@ def _row(values: dict, where: str, path: Path) -> tuple[float, int, int, int]:
     except (TypeError, ValueError):
         shown = ", ".join(f"{c}={values[c]!r}" for c in TRACE_COLUMNS)
         raise OpcastError(f"trace file {path}, {where}: {shown}: give numbers") from None
-    if not (math.isfinite(arrival) and arrival >= 0):
+    if isinstance(values["arrival_s"], bool) or not (math.isfinite(arrival) and arrival >= 0):
         raise OpcastError(f"trace file {path}, {where}: arrival_s {values['arrival_s']!r} must be a finite time >= 0 s")
     for c, v in zip(TRACE_COLUMNS[1:], tokens):
-        if not (math.isfinite(v) and v >= 1 and v == int(v)):
+        if isinstance(values[c], bool) or not (math.isfinite(v) and v >= 1 and v == int(v)):
             raise OpcastError(f"trace file {path}, {where}: {c} {values[c]!r} must be a whole number of tokens >= 1")
+        if v >= TOKEN_LIMIT:
+            too = "is too large: give token counts below 2**63"
+            raise OpcastError(f"trace file {path}, {where}: {c} {values[c]!r} {too}")
     raw = values.get(CACHED_COLUMN)
     cached = 0
     if raw not in (None, ""):
         try:
-            hit = float(raw)
+            hit = math.nan if isinstance(raw, bool) else float(raw)
         except (TypeError, ValueError):
             hit = math.nan
         if not (math.isfinite(hit) and hit == int(hit) and 0 <= hit < tokens[0]):

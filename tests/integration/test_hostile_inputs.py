@@ -204,6 +204,7 @@ def _build_files(d: Path) -> None:
     (label / "bert_large-inf-512-8.json").write_bytes(b"\xff\xfe{}")
     (d / "neusight_binary" / "scripts" / "asplos" / "data" / "dataset").mkdir(parents=True)
     w("trace_digits.jsonl", '{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 5}\n')
+    w("trace_e19.jsonl", '{"arrival_s": 0, "input_tokens": 1e19, "output_tokens": 5}\n')
     w("trace_twice.csv", "arrival_s,input_tokens,output_tokens,output_tokens\n0,10,5,500\n")
     w("dup_column.csv", "op,dtype,direction,b,m,n,k,m\ngemm,fp16,fwd,1,64,64,64,4096\n")
     w("ragged.csv", "op,dtype,direction,b,m,n,k\ngemm,fp16,fwd,1,64,64,64,5,6\n")
@@ -972,6 +973,14 @@ CASES: list[Case] = [
         "{d}/trace_digits.jsonl",
         needles=("trace_digits.jsonl", "line 1", "more than 4300 digits"),
     ),
+    _c(
+        "serve-trace-tokens-past-int64",
+        *SERVE[:-4],
+        "--trace-file",
+        "{d}/trace_e19.jsonl",
+        needles=("trace_e19.jsonl", "line 1", "input_tokens 1e+19 is too large", "2**63"),
+    ),
+    _c("serve-input-len-past-int64", *SERVE, "--input-len", "1" + "0" * 20, needles=("--input-len", "2**63")),
     _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
     _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),
     _c("serve-rate-past-clock", *SERVE, "--rate", "1e-30", needles=("--rate 1e-30 spreads 20 requests",)),

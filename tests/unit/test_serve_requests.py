@@ -58,6 +58,14 @@ def test_bad_lengths_are_refused(text):
         parse_lengths(text, "--input-len")
 
 
+@pytest.mark.parametrize("text", ["99999999999999999999", "1:99999999999999999999", str(2**63)])
+def test_lengths_past_int64_are_refused(text):
+    # the int64 draw failed with OverflowError / ValueError: an internal error, exit 1
+    with pytest.raises(OpcastError, match=r"--input-len .* is too large: give token counts below 2\*\*63"):
+        parse_lengths(text, "--input-len")
+    assert parse_lengths(str(2**63 - 1), "-").lo == 2**63 - 1
+
+
 def test_bad_rate_or_count_is_refused():
     one = Lengths("fixed", 1, 1)
     for rate in (0.0, -1.0, math.inf, math.nan):
@@ -109,6 +117,13 @@ def test_csv_and_jsonl_traces_are_read_and_sorted(tmp_path):
         ("twice.csv", "arrival_s,input_tokens,output_tokens,input_tokens\n0,5,5,7\n", "names input_tokens more than"),
         ("twice.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 5, "input_tokens": 7}\n', "line 1: the"),
         ("long.csv", "arrival_s,input_tokens,output_tokens\n0,5,5,9\n", "line 2: 4 cells, the header has 3 columns"),
+        # past int64: the cast to int64 warned and wrapped to -2**63 (a nonsense message, or exit 1)
+        ("e19.jsonl", '{"arrival_s": 0, "input_tokens": 1e19, "output_tokens": 3}\n', r"input_tokens 1e\+19 is"),
+        ("e30.csv", "arrival_s,input_tokens,output_tokens\n0,5,1e30\n", "line 2: output_tokens '1e30' is too large"),
+        # JSON true read as 1 token (or second 1)
+        ("true.jsonl", '{"arrival_s": 0, "input_tokens": true, "output_tokens": 3}\n', "line 1: input_tokens True"),
+        ("true_at.jsonl", '{"arrival_s": true, "input_tokens": 2, "output_tokens": 3}\n', "line 1: arrival_s True"),
+        ("t_hit.jsonl", '{"arrival_s": 0, "input_tokens": 2, "output_tokens": 3, "cached_tokens": true}\n', "cach"),
         # the line of the file, not the row: a blank line counted no more
         ("blank.csv", "arrival_s,input_tokens,output_tokens\n0,5,5\n\n1,0,5\n", "line 4: input_tokens '0'"),
     ],
