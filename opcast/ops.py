@@ -219,6 +219,21 @@ INT_PARAM_LIMIT: Final = 2**63
 do the feature tables of the learned models; a larger one would overflow there."""
 
 
+def whole_number(text: str) -> int | None:
+    """``text`` as a whole number >= 0 written in decimal digits (blanks around it allowed), or None.
+
+    The one test of every option that carries counts in a string (``--cluster 16x8``, ``--pp-layers 5,6``,
+    ``--input-len 128:1024``, the lists of search serve, ...): ``str.isdigit`` also passes '²' and other
+    digits that ``int`` refuses, and ``int`` refuses a string of more than 4,300 digits; both escaped as
+    internal errors. A number of more digits than an int64 has comes back as :data:`INT_PARAM_LIMIT`, for
+    the caller's bound to refuse as too large."""
+    digits = text.strip()
+    if not digits.isdecimal():  # exactly the digits int() reads; '' is not decimal
+        return None
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 20 else INT_PARAM_LIMIT
+
+
 def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 

@@ -39,7 +39,7 @@ import typer
 from rich.markup import escape
 
 from opcast.errors import OpcastError
-from opcast.ops import INT_PARAM_LIMIT
+from opcast.ops import INT_PARAM_LIMIT, whole_number
 from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
 from opcast.predict.recompute import RECOMPUTE_HELP
 from opcast.predict.serve.engine import ENGINES, engine_version_problem
@@ -417,15 +417,17 @@ def parse_pp_layers(text: str) -> tuple[int, ...]:
     """``--pp-layers 5,6,6,...``: the layers of each stage (its count and sum are the library's to check)."""
     if (problem := _pp_layers_problem(text)) is not None:
         raise OpcastError(problem)
-    return tuple(int(t) for t in text.split(","))
+    return tuple(whole_number(t) or 0 for t in text.split(","))
 
 
 def _pp_layers_problem(text: str) -> str | None:
-    items = [t.strip() for t in text.split(",")]
-    if not all(t.isdigit() for t in items):
+    layers = [whole_number(t) for t in text.split(",")]
+    if None in layers:
         return f"--pp-layers {text!r}: give the layers of each stage as positive integers, e.g. 5,6,6,6,6,6,5,4"
-    if any(int(t) < 1 for t in items):
+    if any(n is not None and n < 1 for n in layers):
         return f"--pp-layers {text!r}: every stage needs >= 1 layer"
+    if any(n is not None and n >= INT_PARAM_LIMIT for n in layers):
+        return f"--pp-layers {text!r} is too large: give each stage's layers, below 2**63"
     return None
 
 

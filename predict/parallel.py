@@ -22,7 +22,7 @@ from opcast.archs import ArchSpec
 from opcast.dtypes import gemm_dtype
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
-from opcast.ops import INT_PARAM_LIMIT
+from opcast.ops import INT_PARAM_LIMIT, whole_number
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
@@ -454,8 +454,8 @@ def parse_pp_partition(text: str) -> tuple[str, dict[str, int | bool]] | str:
         key, eq, value = item.partition("=")
         if key in ("embedding", "loss") and not eq:
             opts[key] = True
-        elif key in ("first", "last") and eq and value.isdigit() and int(value) >= 1:
-            opts[key] = int(value)
+        elif key in ("first", "last") and eq and (n := whole_number(value)) is not None and n >= 1:
+            opts[key] = n
         else:
             return f"pp_partition={text!r}: bad Megatron option {item!r}; {how}"
     return "megatron", opts
@@ -988,7 +988,7 @@ def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
 
     m = _SHORTHAND.fullmatch(text)
     if m:
-        nodes, g = int(m.group(1)), int(m.group(2))
+        nodes, g = (whole_number(m.group(i)) or 0 for i in (1, 2))
         if nodes < 1 or g < 1:
             raise OpcastError(f"--cluster {text!r}: nodes and GPUs per node must be >= 1")
         if max(nodes, g) >= INT_PARAM_LIMIT:
@@ -997,7 +997,7 @@ def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
     path = Path(text).expanduser()
     named = _CLUSTER_NAME.fullmatch(text)
     if named and not path.is_file() and (spec := find_cluster(named.group(1))) is not None:
-        given = int(named.group(2)) if named.group(2) else None
+        given = whole_number(named.group(2)) if named.group(2) else None
         if given is not None and not 1 <= given < INT_PARAM_LIMIT:
             raise OpcastError(f"--cluster {text!r}: nodes must be >= 1 and below 2**63 (as --nodes)")
         return ClusterChoice(nodes=given, name=spec.name), cluster_device_name(spec)

@@ -29,6 +29,7 @@ from typer.core import TyperGroup
 
 from opcast.cli_common import console, err_console, print_json
 from opcast.errors import OpcastError
+from opcast.ops import INT_PARAM_LIMIT, whole_number
 from opcast.predict.options import (
     ALLOW_STRADDLING,
     ARCH,
@@ -270,16 +271,18 @@ def search_cmd(o: Args) -> None:
 
 def _int_list(flag: str):
     def check(text: str) -> str | None:
-        items = [t.strip() for t in text.split(",")]
-        if all(t.isdigit() and int(t) >= 1 for t in items):
-            return None
-        return f"{flag} {text!r}: give whole numbers >= 1, comma-separated, e.g. 1,2,4"
+        numbers = [whole_number(t) for t in text.split(",")]
+        if any(n is None or n < 1 for n in numbers):
+            return f"{flag} {text!r}: give whole numbers >= 1, comma-separated, e.g. 1,2,4"
+        if any(n is not None and n >= INT_PARAM_LIMIT for n in numbers):
+            return f"{flag} {text!r} is too large: give whole numbers below 2**63"
+        return None
 
     return check
 
 
 def _ints(text: str | None) -> tuple[int, ...] | None:
-    return None if text is None else tuple(int(t) for t in text.split(","))
+    return None if text is None else tuple(whole_number(t) or 0 for t in text.split(","))
 
 
 def _split_problem(text: str) -> str | None:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal, NamedTuple
 
+from opcast.ops import whole_number
 from opcast.predict.cost import Kernel, kernel
 from opcast.predict.graph import BWD, FWD, RECOMPUTE, Graph
 
@@ -168,10 +169,10 @@ def parse_configs(text: str) -> dict[str, UbGemm]:
                 values["set_sm_margin"] = f == "margin"
             elif f == "aggregate" and method == "ring_exchange":
                 values["aggregate"] = True
-            elif f[:2] == "sm" and f[2:].isdigit() and int(f[2:]) >= 1:
-                values["num_sm"] = int(f[2:])
-            elif f[:5] == "split" and f[5:].isdigit() and int(f[5:]) >= 1 and method == "pipeline":
-                values["num_splits"] = int(f[5:])
+            elif f[:2] == "sm" and (n := whole_number(f[2:])) is not None and n >= 1:
+                values["num_sm"] = n
+            elif f[:5] == "split" and (n := whole_number(f[5:])) is not None and n >= 1 and method == "pipeline":
+                values["num_splits"] = n
             else:
                 raise ValueError(
                     f"{name}: bad field {f!r} for {method}; fields are smN, splitN (pipeline), "

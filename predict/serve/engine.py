@@ -61,6 +61,7 @@ from typing import Final, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
+from opcast.ops import whole_number
 from opcast.predict.comm import CUSTOM_ALL_REDUCE, Group, intra_tier
 
 EngineName = Literal["vllm", "sglang", "trtllm"]
@@ -128,10 +129,10 @@ used leveraging the Marlin kernel", vllm-project/vllm#23278, and the discussion 
 
 def parse_engine_version(text: str) -> tuple[int, ...]:
     """``--engine-version 0.11.0`` (or ``v0.11.0``, ``0.12``) as a tuple of ints; a one-line error otherwise."""
-    parts = text.strip().removeprefix("v").split(".")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    numbers = [whole_number(p) for p in text.strip().removeprefix("v").split(".")]
+    if not 1 <= len(numbers) <= 3 or None in numbers:
         raise OpcastError(f"--engine-version {text!r}: give the engine's release as MAJOR.MINOR[.PATCH], e.g. 0.11.0")
-    return tuple(int(p) for p in parts)
+    return tuple(n for n in numbers if n is not None)
 
 
 def engine_version_problem(text: str) -> str | None:

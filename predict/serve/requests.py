@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from opcast.errors import OpcastError
+from opcast.ops import INT_PARAM_LIMIT, whole_number
 
 TRACE_COLUMNS = ("arrival_s", "input_tokens", "output_tokens")
 """The columns (CSV) or keys (JSONL) every row of a trace file has."""
@@ -37,7 +38,7 @@ MAX_ARRIVAL_S = 1e9
 """The latest arrival a simulation takes (about 32 years): its clock is float64 seconds, whose spacing at
 1e9 s is 1.2e-7 s; much later, a decode step of milliseconds no longer moves the clock (at 1e30 s a
 request's TPOT came out 0)."""
-TOKEN_LIMIT = 2**63
+TOKEN_LIMIT = INT_PARAM_LIMIT
 """Token counts of a request (from an option or a trace file) stay below this: they are int64 arrays."""
 
 
@@ -162,9 +163,9 @@ SHAREGPT = sharegpt_lengths(SHAREGPT_MEAN_INPUT_TOKENS, SHAREGPT_MEAN_OUTPUT_TOK
 
 def parse_lengths(text: str, flag: str) -> Lengths:
     """``N`` (fixed) or ``LO:HI`` (uniform integers in [LO, HI]), each >= 1."""
-    parts = text.split(":")
-    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
-        lo, hi = int(parts[0]), int(parts[-1])
+    parts = [whole_number(p) for p in text.split(":")]
+    if len(parts) in (1, 2) and None not in parts:
+        lo, hi = parts[0] or 0, parts[-1] or 0
         if hi >= TOKEN_LIMIT:
             raise OpcastError(f"{flag} {text!r} is too large: give token counts below 2**63")
         if lo >= 1 and hi >= lo:

@@ -8,6 +8,7 @@ from opcast.errors import OpcastError
 from opcast.ops import (
     BUS_FACTORS,
     ELEMENTWISE_FNS,
+    INT_PARAM_LIMIT,
     OpKind,
     OpSpec,
     Param,
@@ -19,6 +20,7 @@ from opcast.ops import (
     param_types,
     register,
     uses_tensor_cores,
+    whole_number,
 )
 
 REQUIRED_KINDS = {
@@ -184,6 +186,16 @@ def test_collectives_follow_nccl_tests_factors():
 def test_collective_topology_must_add_up():
     with pytest.raises(OpcastError, match=r"world_size=8 != nodes=2 x gpus_per_node=8"):
         get_op("all_reduce").validate({"bytes": 10, "world_size": 8, "nodes": 2, "gpus_per_node": 8})
+
+
+def test_whole_number_reads_decimal_digits_only():
+    assert whole_number(" 16 ") == 16 and whole_number("0") == 0 and whole_number("0" * 30 + "7") == 7
+    assert whole_number(str(2**63 - 1)) == 2**63 - 1
+    # more digits than int64 has: the limit, for the caller's 'too large' (int() refused past 4,300 digits)
+    assert whole_number("1" * 5000) == INT_PARAM_LIMIT and whole_number("9" * 21) == INT_PARAM_LIMIT
+    # str.isdigit passed these, then int() raised ValueError: an internal error, exit 1
+    for text in ("\u00b2", "1\u00b2", "", " ", "-1", "+1", "1.0", "1e3", "0x10", "1_000"):
+        assert whole_number(text) is None, text
 
 
 def test_validation_coerces_and_rejects():
