@@ -407,7 +407,12 @@ def megatron_chunks(
         return None, ["Megatron-LM cannot combine first/last-stage layer counts with account_for_embedding/loss"]
     if first is not None or last is not None:
         rest, left = n_layers - (first or 0) - (last or 0), pp - (first is not None) - (last is not None)
-        if rest < 0 or (left > 0 and rest % left) or (left == 0 and rest):
+        if rest < 0:
+            return None, [
+                f"Megatron-LM: first={first}, last={last} put more layers on the first and last stages than "
+                f"the model's n_layers={n_layers}; give counts that sum to at most {n_layers}"
+            ]
+        if (left > 0 and rest % left) or (left == 0 and rest):
             return None, [
                 f"Megatron-LM: the {rest} layers left after first={first}, last={last} do not divide "
                 f"evenly over the {left} other stage(s) of pp={pp}"

@@ -98,6 +98,12 @@ def test_126_layers_megatron_first_and_last_stage_counts():
     assert chunks is None and "virtual_stages=8" in reasons[0]
     # Layers left that do not divide over the middle stages.
     assert megatron_chunks(126, 8, first=14, last=15)[0] is None
+    # More layers on the ends than the model has: said so (it spoke of '-4 layers left' that 'do not divide')
+    chunks, reasons = megatron_chunks(126, 8, first=100, last=30)
+    assert chunks is None and reasons == [
+        "Megatron-LM: first=100, last=30 put more layers on the first and last stages than the model's "
+        "n_layers=126; give counts that sum to at most 126"
+    ]
     # Plain Megatron (no options) needs pp | n_layers.
     assert "divide n_layers = 126" in megatron_chunks(126, 8)[1][0]
 
