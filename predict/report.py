@@ -354,11 +354,12 @@ def print_train(r: TrainResult, console, kernels: KernelCostModel | None = None)
     src = r.cost_sources
     console.print(
         f"kernel costs: {src.get('unique_kernels_by_source')} "
-        f"({src.get('kernel_models') or 'no learned models'}); collectives: {src.get('collectives_by_source')}"
+        f"({src.get('kernel_models') or 'no learned models'}); collectives: {src.get('collectives_by_source')}",
+        markup=False,
     )
     _range_lines(console, r.device, kernels, (o.kernel for o in r.ops))
     for note in src.get("notes", []):
-        console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+        print_note(console, note)
 
 
 def _ep_text(cfg) -> str:
@@ -413,7 +414,7 @@ def print_infer(r: InferResult, console, kernels: KernelCostModel | None = None)
     console.print(f"kernel costs: {r.cost_sources.get('unique_kernels_by_source')}")
     _range_lines(console, r.device, kernels, (infer_kernel(r, line) for line in r.ops))
     for note in r.cost_sources.get("notes", []):
-        console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+        print_note(console, note)
 
 
 # --------------------------------------------------------------------------- trace
@@ -548,10 +549,16 @@ def print_kernel(doc: dict[str, Any], console) -> None:
         if doc["out_of_range"]:
             console.print(f"  warning: {doc['out_of_range']}", style="yellow", markup=False, highlight=False)
         for note in doc["notes"]:
-            console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+            print_note(console, note)
 
 
 # --------------------------------------------------------------------------- search
+
+
+def print_note(console, note: str) -> None:
+    """One ``note:`` line of a report, as plain text: notes carry names the user chose (a --models folder,
+    a device file's GPU), and rich read '[/x]' in them as markup (a MarkupError, exit 1)."""
+    console.print(f"  note: {note}", style="yellow" if "roofline" in note else None, markup=False)
 
 
 def print_search(result, console, price: float | None) -> None:
@@ -563,7 +570,7 @@ def print_search(result, console, price: float | None) -> None:
     space = result.space
     worlds = ", ".join(f"{n * g} ({n} x {g})" for n, g in result.worlds)
     console.print(
-        f"[bold]{result.arch.name}[/] on {result.device.name}: GPUs {worlds}; global batch "
+        f"[bold]{escape(result.arch.name)}[/] on {escape(result.device.name)}: GPUs {worlds}; global batch "
         f"{space.global_batch} x {space.seq} tokens, {space.precision}, {space.attention} attention; "
         f"objective [bold]{space.objective}[/]; memory limit {result.memory_limit_bytes / 2**30:.1f} GiB per GPU"
     )
@@ -606,7 +613,7 @@ def print_search(result, console, price: float | None) -> None:
         f"{result.kernels_by_source}; stages " + ", ".join(f"{k} {v:.2f} s" for k, v in result.seconds.items())
     )
     for note in result.cost_sources.get("notes", []):
-        console.print(f"  note: {note}", style="yellow" if "roofline" in note else None)
+        print_note(console, note)
     if result.max_recheck_rel_diff > 1e-9:
         console.print(
             f"  warning: the search and run_train differ by {result.max_recheck_rel_diff:.2e} on the top "

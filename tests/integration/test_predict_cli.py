@@ -686,3 +686,24 @@ def test_predict_train_imports_neither_torch_nor_xgboost(tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=120)
     assert done.stdout.split("\n")[0] == "0 []", done.stdout + done.stderr
+
+
+def test_names_the_user_chose_print_as_text_not_markup(tmp_path, capsys):
+    # rich read '[/x]' in a --models folder (a note) or a device file's GPU name (search's header) as a
+    # closing tag: MarkupError, an internal error (exit 1) after half the report was printed
+    from pathlib import Path
+
+    models = tmp_path / "m[" / "x]"
+    models.parent.mkdir()
+    models.symlink_to(Path("models/default").resolve())
+    kernel = ["predict", "kernel", "--gpu", "H100-SXM", "--op", "gemm", "--param", "b=1", "--param", "m=64"]
+    assert main([*kernel, "--param", "n=64", "--param", "k=64", "--models", str(models)]) == 0
+    assert f"note: learned models from {models} where" in capsys.readouterr().out
+    assert main(["predict", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM", "--models", str(models)]) == 0
+    assert f"({models}); collectives" in capsys.readouterr().out
+    spec = json.loads(Path("data/hardware/H100-SXM.json").read_text())
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({**spec, "name": "x[/y]", "aliases": []}))
+    search = ["search", "--arch", "gpt3-125m", "--gpu", str(gpu), "--gpus", "8", "--global-batch", "8"]
+    assert main([*search, "--seq", "1024", "--roofline", "--top", "1"]) == 0
+    assert "gpt3-125m on x[/y]: GPUs 8" in capsys.readouterr().out
