@@ -294,21 +294,46 @@ def space_problems(space: ServeSpace) -> list[str]:
     return out
 
 
+def _tps(device, space: ServeSpace) -> list[int]:
+    """The tensor-parallel degrees to try: --tp, or every divisor of --gpus that fits in one node."""
+    per_node = space.gpus_per_node or device.gpus_per_node
+    return list(dict.fromkeys(space.tp or [d for d in _divisors(space.gpus) if d <= per_node]))
+
+
+def ep_problems(arch: ArchSpec, device, space: ServeSpace) -> list[str]:
+    """Why --ep asks for what no deployment can be: expert parallelism of a dense arch, or a degree that is
+    a multiple of no tp tried (ep = tp: whole experts on a replica's GPUs; ep = k x tp: over k replicas).
+    Such values were dropped without a word, and with none left the search said no deployment met the SLOs."""
+    wanted = [e for e in dict.fromkeys(space.ep or ()) if e > 1]
+    if wanted and arch.n_experts <= 1:
+        return [
+            f"--ep {','.join(map(str, wanted))}: {arch.name} is dense (n_experts={arch.n_experts}); expert "
+            "parallelism needs an MoE arch: leave --ep out"
+        ]
+    tps = _tps(device, space)
+    alone = [e for e in wanted if all(e % tp for tp in tps)]
+    if alone:
+        return [
+            f"--ep {','.join(map(str, alone))} is a multiple of no tensor-parallel degree tried "
+            f"(tp {','.join(map(str, tps))}): ep = tp puts whole experts on a replica's GPUs, ep = k x tp spreads "
+            "them over k replicas; give multiples of a --tp"
+        ]
+    return []
+
+
 def deployments(arch: ArchSpec, device, space: ServeSpace) -> list[Deployment]:
     """Every deployment of the space, in the order they are tried: fewest GPUs first, then the
     smaller tp, the shallower pipeline, colocated before split (fewest prefill replicas first), then
     the engine's default limits before the others (largest first)."""
     base = engine_defaults(space.engine, device)
-    per_node = space.gpus_per_node or device.gpus_per_node
     seqs = space.max_num_seqs or tuple(sorted({*SEQS_GRID, base.max_num_seqs}))
     tokens = space.max_num_batched_tokens or tuple(sorted({*TOKENS_GRID, base.max_num_batched_tokens}))
     limits = sorted(
         ((s, t) for s in dict.fromkeys(seqs) for t in dict.fromkeys(tokens)),
         key=lambda st: (st != (base.max_num_seqs, base.max_num_batched_tokens), -st[0], -st[1]),
     )
-    tps = space.tp or [d for d in _divisors(space.gpus) if d <= per_node]
     out = []
-    for tp in dict.fromkeys(tps):
+    for tp in _tps(device, space):
         eps = space.ep or ((1, tp) if arch.n_experts > 1 else (1,))
         for ep in dict.fromkeys(e for e in eps if e == 1 or e % tp == 0):
             span = ep // tp if ep > tp else 1  # replicas one expert-parallel group spans
@@ -399,7 +424,7 @@ def search_serve(
     module docstring). ``kernels`` prices every step table (its cache is shared by all of them);
     ``comms`` defaults to the collectives :func:`predict_serve` uses. Raises :class:`OpcastError`
     for a malformed request, never for an empty answer (``ranked`` is then empty)."""
-    problems = space_problems(space)
+    problems = space_problems(space) or ep_problems(arch, device, space)
     if problems:
         raise OpcastError("; ".join(problems))
     if comms is None:

@@ -23,6 +23,7 @@ from opcast.predict.serve.requests import Lengths, poisson_stream
 from opcast.predict.serve.search import (
     ServeSpace,
     deployments,
+    ep_problems,
     misses_that_break,
     parse_splits,
     search_serve,
@@ -309,6 +310,30 @@ def test_bad_spaces_are_refused_with_every_problem():
         assert part in text
     assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
     assert space_problems(ServeSpace(gpus=4, objective="throughput")) == []
+
+
+def test_an_ep_no_deployment_can_take_is_refused_before_the_search():
+    # dropped without a word: --tp 2 --ep 3 ended as 'of 0 deployments, 0 miss the SLOs; try more --gpus', and
+    # --ep 2 of a dense arch as 'do not fit'
+    moe, dense, dev = load_arch("qwen3-30b-a3b"), load_arch(ARCH), get_device(GPU)
+    space = ServeSpace(gpus=4, tp=(2,), ep=(2, 3), objective="throughput")
+    assert ep_problems(moe, dev, space) == [
+        "--ep 3 is a multiple of no tensor-parallel degree tried (tp 2): ep = tp puts whole experts on a "
+        "replica's GPUs, ep = k x tp spreads them over k replicas; give multiples of a --tp"
+    ]
+    stream = poisson_stream(
+        rate_per_s=5.0, num_requests=4, input_len=Lengths("fixed", 8, 8), output_len=Lengths("fixed", 2, 2), seed=0
+    )
+    with pytest.raises(OpcastError, match="--ep 3 is a multiple of no tensor-parallel degree"):
+        search_serve(moe, dev, space, stream, kernels=roofline_only("test"))
+    assert "--ep 2: " + ARCH + " is dense" in ep_problems(dense, dev, replace(space, ep=(1, 2)))[0]
+    assert ep_problems(moe, dev, replace(space, ep=(1, 2, 4))) == []
+    assert (
+        ep_problems(dense, dev, replace(space, ep=(1,)))
+        == ep_problems(moe, dev, replace(space, tp=None, ep=(3,)))
+        == []
+    )
+    assert {d.ep for d in deployments(moe, dev, replace(space, ep=(2, 4)))} == {2, 4}
 
 
 @pytest.mark.parametrize("dispatcher", ["flex", "allgather"])
