@@ -231,6 +231,10 @@ _RULES: dict[str, tuple[_Kind, bool]] = {  # key -> (kind, null allowed)
     "notes": ("text", False),
     "host_link_bw_bytes_per_s": ("pos_float", True),
 }
+RATE_FLOOR = 1.0
+"""The least a rate, clock or power may be (1 FLOP/s, byte/s, Hz, W), far below any device: a spec of 1e-288
+bytes/s (``--set mem_bw_bytes_per_s=x1e-300``) priced kernels at 1e297 s, whose sums overflowed to inf (an
+'inf %' share, Infinity in --json)."""
 _OPTIONAL = frozenset({"notes", "peak_fp4_flops", "host_link_bw_bytes_per_s"})
 _NULLABLE = [k for k, (_, nullable) in _RULES.items() if nullable]
 
@@ -294,7 +298,11 @@ def _check_value(key: str, value: Any) -> str | None:
         return f"'{key}' must be >= 0 bytes, got {value}" if value < 0 else None
     if not is_number(value) or not math.isfinite(value):
         return f"'{key}' must be a number ({_unit(key)}), got {show_number(value)}"
-    return f"'{key}' must be positive, got {value!r}" if value <= 0 else None
+    if value <= 0:
+        return f"'{key}' must be positive, got {value!r}"
+    if value < RATE_FLOOR:
+        return f"'{key}' must be at least 1 {_unit(key)}, got {value:.3g}: no device is that slow"
+    return None
 
 
 def _check_dtype(dtype: str) -> str:

@@ -234,6 +234,18 @@ def test_negative_and_wrong_type_values(tmp_path: Path, valid: dict) -> None:
     assert "'peak_fp32_flops' must be a number" in message
 
 
+def test_a_rate_below_one_unit_is_refused(tmp_path: Path, valid: dict) -> None:
+    # mem_bw 1e-288 bytes/s (--set mem_bw_bytes_per_s=x1e-300) priced kernels at 1e297 s: phase sums overflowed
+    # to inf, an 'inf %' share and Infinity in --json
+    path = _write(tmp_path, {**valid, "mem_bw_bytes_per_s": 1e-288, "peak_fp32_flops": 0.5})
+    message = _one_line_error(load_device_file, path)
+    assert "'mem_bw_bytes_per_s' must be at least 1 bytes/s, got 1e-288: no device is that slow" in message
+    assert "'peak_fp32_flops' must be at least 1 FLOP/s, got 0.5" in message
+    with pytest.raises(OpcastError, match=r"'mem_bw_bytes_per_s' must be at least 1 bytes/s, got 3\.35e-288"):
+        get_device("H100-SXM[mem_bw_bytes_per_s=x1e-300]")
+    assert spec_from_dict({**valid, "mem_bw_bytes_per_s": 1.0, "tdp_w": 1.0}, "<ok>").mem_bw_bytes_per_s == 1.0
+
+
 def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "peak_fp8_flops": None, "tdp_w": None}, "<ok>").peak_fp8_flops is None
     message = _one_line_error(load_device_file, _write(tmp_path, {**valid, "peak_fp32_flops": None}))
