@@ -653,12 +653,13 @@ def kernel_twin(device: DeviceSpec) -> str:
     )
 
 
-def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> DeviceSpec:
+def derive_device(base: DeviceSpec, settings: Sequence[str | Setting], *, said: str = "--set") -> DeviceSpec:
     """A hypothetical GPU: ``base`` with each setting applied (``FIELD=xK`` multiplies,
     ``FIELD=VALUE`` sets, in the key's SI unit). Integer keys (SMs, bytes, GPUs per node) round a
     multiplied value to the nearest integer. The result is named ``BASE[setting,...]``, has no
     aliases, and says in ``source`` and ``notes`` what was changed; a field set twice, or a null
-    spec (a missing precision, an unknown TDP) multiplied, is a one-line :class:`OpcastError`."""
+    spec (a missing precision, an unknown TDP) multiplied, is a one-line :class:`OpcastError`; ``said``
+    names the option in the message about a spec the settings make invalid."""
     parsed = [s if isinstance(s, Setting) else parse_setting(s) for s in settings]
     if not parsed:
         return base
@@ -683,6 +684,8 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
                 if s.field.startswith("peak_")
                 else f"give an absolute value, e.g. {s.field}=700"
             )
+            if said != "--set":  # --vary scales a spec: there is no value to give instead
+                raise OpcastError(f"{said}: {base.name} has no {s.field} (null) to scale; vary a spec it has")
             raise OpcastError(f"--set {s.label!r}: {base.name} has no {s.field} (null) to multiply; {fix}")
         for key in keys:
             old = values[key]
@@ -701,7 +704,7 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting]) -> Device
         f"Derived by opcast from {base.name}: {'; '.join(changes)}. Every other field is {base.name}'s. "
         f"Base notes: {base.notes}"
     )
-    return spec_from_dict(values, f"--set on {base.name}")
+    return spec_from_dict(values, f"{said} on {base.name}")
 
 
 def _fmt(value: Any) -> str:

@@ -457,9 +457,9 @@ def explore(
         raise OpcastError("explore needs at least one field with at least one factor")
     if size > MAX_POINTS:
         raise OpcastError(f"the grid has {size} points (> {MAX_POINTS}); vary fewer fields or factors")
-    for f, xs in grid.items():  # the same checks as --set, before any prediction runs
+    for f, xs in grid.items():  # the checks of --set, and of the GPU each factor makes, before any prediction runs
         for x in xs:
-            parse_setting(f"{f}=x{x!r}")
+            derive_device(base, [parse_setting(f"{f}=x{x!r}")], said=f"--vary {f}={x:g}")
     base_out = predict(workload, base, kernels, comms)
     if base_out.split is None:
         raise OpcastError(

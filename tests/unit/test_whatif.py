@@ -265,6 +265,17 @@ def test_explore_infer_has_ttft_and_tpot_speedups():
     assert frame["tpot_speedup"][2] > frame["ttft_speedup"][2]
 
 
+def test_explore_refuses_a_factor_that_makes_no_gpu_naming_vary_before_any_prediction(monkeypatch):
+    # it said '--set on H100-SXM' (or '--set ...: give an absolute value', which --vary cannot) after the base ran
+    from opcast.predict import whatif
+
+    monkeypatch.setattr(whatif, "predict", lambda *a: pytest.fail("predicted before the grid was checked"))
+    text = _one_line(explore, SMALL_TRAIN, H100, {"mem_bw_bytes_per_s": (1, 1e-300)})
+    assert text.startswith("--vary mem_bw_bytes_per_s=1e-300 on H100-SXM: 'mem_bw_bytes_per_s' must be at least 1")
+    text = _one_line(explore, SMALL_TRAIN, H100, {"peak_fp4_flops": (2,)})
+    assert text == "--vary peak_fp4_flops=2: H100-SXM has no peak_fp4_flops (null) to scale; vary a spec it has"
+
+
 def test_explore_refuses_an_infeasible_base_and_reports_infeasible_points():
     bad = Workload(kind="train", arch=load_arch("llama2-7b"), config=TrainConfig(tp=3))
     assert "tp=3 does not divide" in _one_line(explore, bad, H100, {"mem_bw_bytes_per_s": (1, 2)})
