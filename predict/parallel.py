@@ -872,6 +872,23 @@ def validate_train(
     return layout, []
 
 
+MAX_GPUS = 2**21
+"""The most GPUs a search or a serving simulation takes (2,097,152, several times the largest clusters built):
+past it a search enumerates divisors for minutes, and a simulation keeps per-replica arrays and trace tracks
+(--replicas 1e8 held 0.8 GB for 10 requests, and its --json listed 1e8 request counts)."""
+
+
+def replica_count_reasons(cfg: InferConfig, replicas: int) -> list[str]:
+    """Why ``replicas`` replicas of tp x pp GPUs are more than a serving simulation takes (:data:`MAX_GPUS`)."""
+    gpus = replicas * max(cfg.tp, 1) * max(cfg.pp, 1)
+    if gpus <= MAX_GPUS:
+        return []
+    return [
+        f"{replicas:,} replicas of tp={cfg.tp} x pp={cfg.pp} are {gpus:,} GPUs, past the {MAX_GPUS:,} a serving "
+        "simulation takes; give fewer replicas"
+    ]
+
+
 def ep_replica_reasons(cfg: InferConfig, replicas: int, pool: str = "") -> list[str]:
     """Why ``replicas`` replicas (of a ``pool``: "prefill " / "decode ") cannot form whole expert-parallel
     groups: ``ep > tp`` spreads the experts over ``ep / tp`` replicas, which serve together."""

@@ -82,6 +82,7 @@ from opcast.predict.memory import (
 )
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem, ep_dispatch
 from opcast.predict.parallel import (
+    MAX_GPUS,
     AttentionImpl,
     Fp8Recipe,
     Precision,
@@ -133,7 +134,7 @@ sends back one float per configuration, so on 2 cores it only pays off above ~50
 
 RECOMPUTE_MODES: tuple[str, ...] = get_args(Recompute)
 ZERO_STAGES = (0, 1, 2, 3)
-MAX_SEARCH_GPUS = 2**21
+MAX_SEARCH_GPUS = MAX_GPUS
 """The most GPUs a training search takes (2,097,152, several times the largest clusters built): the
 search enumerates every divisor of the world size and of its sub-groups, and for a count such as
 963,761,198,400 (6,720 divisors) that ran for minutes before this bound."""

@@ -10,7 +10,13 @@ from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import CollectiveCostModel
-from opcast.predict.parallel import InferConfig, device_reasons, ep_replica_reasons, validate_infer
+from opcast.predict.parallel import (
+    InferConfig,
+    device_reasons,
+    ep_replica_reasons,
+    replica_count_reasons,
+    validate_infer,
+)
 from opcast.predict.serve.engine import EngineConfig
 from opcast.predict.serve.kv_cache import KvCapacity, kv_capacity
 from opcast.predict.serve.metrics import ServeMetrics, serve_metrics
@@ -98,7 +104,7 @@ def predict_serve(
     one table for every deployment that needs it); ``stop``: see :func:`simulate` (raises
     :class:`~opcast.predict.serve.simulate.StoppedEarly`)."""
     cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
-    reasons += ep_replica_reasons(cfg, replicas)
+    reasons += ep_replica_reasons(cfg, replicas) + replica_count_reasons(cfg, replicas)
     if cluster is None or reasons:
         raise OpcastError(f"infeasible configuration: {'; '.join(reasons)}")
     capacity = kv_capacity(arch, device, cfg, engine, longest_tokens=stream.max_tokens)

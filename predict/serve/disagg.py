@@ -29,7 +29,7 @@ import numpy as np
 from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.predict.comm import Collective, CollectiveCostModel, Group
-from opcast.predict.parallel import InferConfig, ep_replica_reasons
+from opcast.predict.parallel import InferConfig, ep_replica_reasons, replica_count_reasons
 from opcast.predict.serve.deployment import ServeResult, replica_reasons, replica_step_cost
 from opcast.predict.serve.engine import EngineConfig
 from opcast.predict.serve.kv_cache import kv_capacity
@@ -89,20 +89,27 @@ class KvTransfer:
             tokens = (1 - share) * tokens + share * np.minimum(tokens, keys)
         self.bytes_per_gpu = tokens * kv_bytes_per_token
         """Prompt KV bytes each GPU sends, per request."""
-        self.intra = [
-            [
-                same_node(p, d, prefill=prefill, gpus_per_replica=gpus_per_replica, gpus_per_node=gpus_per_node)
-                for d in range(decode)
-            ]
-            for p in range(prefill)
-        ]
+        self._gpus = (gpus_per_replica, gpus_per_node)
+        self._intra: dict[tuple[int, int], bool] = {}
         self._device = device
         self._comms = comms
         self._inp = stream.input_tokens.tolist()
         self._cache: dict[tuple[int, bool], float] = {}
 
+    def within_node(self, p: int, d: int) -> bool:
+        """Whether prefill replica ``p`` sends to decode replica ``d`` (numbered after the prefill pool) within
+        nodes (:func:`same_node`), for the pairs a run uses: a table of every pair took P x D (seconds for
+        --disaggregate 3000:3000, forever for 1e6:1e6)."""
+        intra = self._intra.get((p, d))
+        if intra is None:
+            g, per_node = self._gpus
+            intra = self._intra[p, d] = same_node(
+                p, d - self.prefill, prefill=self.prefill, gpus_per_replica=g, gpus_per_node=per_node
+            )
+        return intra
+
     def __call__(self, rid: int, p: int, d: int) -> float:
-        intra = self.intra[p][d - self.prefill]
+        intra = self.within_node(p, d)
         key = (self._inp[rid], intra)
         t = self._cache.get(key)
         if t is None:
@@ -152,7 +159,9 @@ def disagg_stats(sim: SimResult, duration_s: float, *, transfer: KvTransfer | No
     within = 0
     sent_bytes = 0.0
     if transfer is not None:
-        within = sum(transfer.intra[p][d - P] for p, d in zip(sim.replica[sent], sim.decode_replica[sent]))
+        within = sum(
+            transfer.within_node(p, d) for p, d in zip(sim.replica[sent].tolist(), sim.decode_replica[sent].tolist())
+        )
         sent_bytes = float(transfer.bytes_per_gpu[sent].sum())
 
     def pool(lo: int, hi: int, requests: int) -> PoolStats:
@@ -200,6 +209,7 @@ def predict_serve_disagg(
         raise OpcastError(f"--disaggregate {prefill}:{decode} needs >= 1 prefill and >= 1 decode replica, e.g. 1:3")
     cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
     reasons += ep_replica_reasons(cfg, prefill, "prefill ") + ep_replica_reasons(cfg, decode, "decode ")
+    reasons += replica_count_reasons(cfg, prefill + decode)
     if cluster is None or reasons:
         raise OpcastError(f"infeasible configuration: {'; '.join(reasons)}")
     capacity = kv_capacity(arch, device, cfg, engine, longest_tokens=stream.max_tokens)

@@ -1009,6 +1009,8 @@ CASES: list[Case] = [
         "throughput",
         needles=("--ep 2: gpt3-125m is dense",),
     ),
+    # each event passed over every replica and the report kept per-replica arrays: 1e8 replicas held 6 GB, hung
+    _c("serve-replicas-past-gpus", *SERVE, "--replicas", "100000000", needles=("past the 2,097,152",)),
     _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
     _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),
     _c("serve-rate-past-clock", *SERVE, "--rate", "1e-30", needles=("--rate 1e-30 spreads 20 requests",)),

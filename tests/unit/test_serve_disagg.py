@@ -232,7 +232,7 @@ def test_kv_transfer_sends_kv_bytes_per_token_times_prompt_tokens_over_the_pair_
     link = KvTransfer(
         stream, dev, kv_bytes_per_token=kvpt, prefill=2, decode=1, gpus_per_replica=4, gpus_per_node=8, comms=comms
     )
-    assert link.intra == [[False], [False]]  # ranks 0-3 and 4-7 send to 8-11 on the next node
+    assert [link.within_node(p, 2) for p in (0, 1)] == [False, False]  # ranks 0-3 and 4-7 send to 8-11 on the next node
     t_long = link(1, 0, 2)
     t_short = link(0, 1, 2)
     assert link(2, 0, 2) == t_short  # same prompt, same link: priced once
@@ -244,7 +244,7 @@ def test_kv_transfer_sends_kv_bytes_per_token_times_prompt_tokens_over_the_pair_
     near = KvTransfer(
         stream, dev, kv_bytes_per_token=kvpt, prefill=1, decode=1, gpus_per_replica=4, gpus_per_node=8, comms=comms
     )
-    assert near.intra == [[True]] and near(1, 0, 1) < t_long  # NVLink beats the NIC
+    assert near.within_node(0, 1) and near(1, 0, 1) < t_long  # NVLink beats the NIC
     assert comms.calls[-1].group == INTRA
 
 

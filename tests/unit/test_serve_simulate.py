@@ -140,3 +140,41 @@ def test_requests_that_cannot_run_are_refused_in_one_line():
         simulate(stream, _engine(max_num_batched_tokens=50, chunked_prefill=False), _constant(1.0), kv_blocks=100)
     with pytest.raises(OpcastError, match="--replicas 0"):
         simulate(stream, _engine(), _constant(1.0), kv_blocks=100, replicas=0)
+
+
+@pytest.mark.parametrize("router", ["round_robin", "least_loaded"])
+def test_replicas_past_the_requests_are_not_simulated_and_change_nothing(router):
+    # every event passed over every replica: --replicas 1e6 with 10 requests ran for minutes
+    from opcast.predict.serve.simulate import Split
+
+    stream = _stream([0.0, 0.0, 0.001, 0.002, 0.002], [30, 5, 40, 8, 12], [3, 6, 1, 4, 2])
+    engine = _engine(max_num_seqs=4, max_num_batched_tokens=64, block_size=4)
+
+    def same(a, b) -> None:
+        assert a.steps == b.steps and a.replica.tolist() == b.replica.tolist()
+        assert np.array_equal(a.first_token_s, b.first_token_s) and np.array_equal(a.finish_s, b.finish_s)
+
+    big = simulate(stream, engine, _cost, kv_blocks=100, replicas=10**6, router=router)
+    assert big.replicas == 10**6
+    same(big, simulate(stream, engine, _cost, kv_blocks=100, replicas=5, router=router))
+    # a split of two pools of 10**6: the decode replicas keep their numbers (in transfer_s, steps and results)
+    sent: list[tuple[int, int]] = []
+
+    def transfer_s(rid: int, p: int, d: int) -> float:
+        sent.append((p, d))
+        return 1e-4
+
+    split = simulate(
+        stream, engine, _cost, kv_blocks=100, replicas=2 * 10**6, router=router,
+        split=Split(prefill=10**6, transfer_s=transfer_s),
+    )  # fmt: skip
+    assert split.replicas == 2 * 10**6 and split.prefill_replicas == 10**6
+    assert sent and all(p < 5 and 10**6 <= d < 10**6 + 5 for p, d in sent)
+    assert {s.replica for s in split.steps} <= set(range(5)) | set(range(10**6, 10**6 + 5))
+    decoded = split.decode_replica[split.decode_replica >= 0]
+    assert len(decoded) and ((decoded >= 10**6) & (decoded < 10**6 + 5)).all()
+    small = simulate(
+        stream, engine, _cost, kv_blocks=100, replicas=10, router=router, split=Split(prefill=5, transfer_s=transfer_s)
+    )
+    assert [s.start_s for s in small.steps] == [s.start_s for s in split.steps]
+    assert np.array_equal(small.finish_s, split.finish_s)
