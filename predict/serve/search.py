@@ -76,7 +76,7 @@ from opcast.archs import ArchSpec
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.moe_dispatch import dispatcher_problem
-from opcast.predict.parallel import InferConfig
+from opcast.predict.parallel import MAX_GPUS, InferConfig
 from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
 from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
 from opcast.predict.serve.engine import ENGINES, engine_config, engine_defaults
@@ -269,6 +269,8 @@ def space_problems(space: ServeSpace) -> list[str]:
                 )
     if not isinstance(space.gpus, int) or space.gpus < 1:
         out.append(f"--gpus {space.gpus} must be >= 1")
+    elif space.gpus > MAX_GPUS:  # every replica count of every layout is a deployment: --gpus 2**21+1 never ended
+        out.append(f"--gpus {space.gpus} is past the {MAX_GPUS:,} GPUs a search takes; give fewer")
     for name in ("tp", "pp", "ep", "max_num_seqs", "max_num_batched_tokens"):
         values = getattr(space, name)
         if values is not None and (not values or any(v < 1 for v in values)):

@@ -310,6 +310,10 @@ def test_bad_spaces_are_refused_with_every_problem():
         assert part in text
     assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
     assert space_problems(ServeSpace(gpus=4, objective="throughput")) == []
+    # every replica count of every layout is a deployment: past 2**21 GPUs the search never ended
+    assert space_problems(ServeSpace(gpus=2**21 + 1, objective="throughput")) == [
+        "--gpus 2097153 is past the 2,097,152 GPUs a search takes; give fewer"
+    ]
 
 
 def test_an_ep_no_deployment_can_take_is_refused_before_the_search():
