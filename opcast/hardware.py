@@ -368,6 +368,17 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+MAX_JSON_BYTES = 64 * 2**20
+"""The largest JSON file a user passes (a config is kilobytes): past it the reader stops, so /dev/zero or a
+huge file is refused instead of read until memory runs out (--arch /dev/zero held 12 GB in 20 s)."""
+
+
+def read_capped(path: Path, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``path`` (one more than ``limit`` says the file is larger)."""
+    with path.open("rb") as f:
+        return f.read(limit + 1)
+
+
 def read_json_file(path: str | Path, what: str) -> Any:
     """The JSON document in ``path``, or a one-line :class:`OpcastError` naming the file and
     saying how to fix it: missing, a folder, unreadable, not UTF-8 (a binary file), invalid or
@@ -375,7 +386,7 @@ def read_json_file(path: str | Path, what: str) -> Any:
     device file", "the arch config"); it only parses, it never runs anything from the file."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
+        raw = read_capped(path, MAX_JSON_BYTES)
     except FileNotFoundError:
         raise OpcastError(f"{path}: no such file; give the path of {what}") from None
     except IsADirectoryError:
@@ -384,6 +395,11 @@ def read_json_file(path: str | Path, what: str) -> Any:
         raise OpcastError(
             f"{path}: cannot read {what} ({e.strerror or e}); check the path and its permissions"
         ) from None
+    if len(raw) > MAX_JSON_BYTES:
+        raise OpcastError(
+            f"{path}: {what} is larger than {MAX_JSON_BYTES // 2**20} MiB (not a config: a device, a stream or a "
+            f"dataset?); give the path of {what}"
+        )
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -38,6 +38,9 @@ MAX_ARRIVAL_S = 1e9
 """The latest arrival a simulation takes (about 32 years): its clock is float64 seconds, whose spacing at
 1e9 s is 1.2e-7 s; much later, a decode step of milliseconds no longer moves the clock (at 1e30 s a
 request's TPOT came out 0)."""
+MAX_TRACE_BYTES = 256 * 2**20
+"""The largest trace file read (about four million requests): past it the reader stops, so /dev/zero or a
+stray dataset is refused instead of read until memory runs out (--trace-file /dev/zero held 9 GB in 20 s)."""
 TOKEN_LIMIT = INT_PARAM_LIMIT
 """Token counts of a request (from an option or a trace file) stay below this: they are int64 arrays."""
 
@@ -221,8 +224,16 @@ def with_prefix_cache(stream: RequestStream, fraction: float, block_size: int) -
 
 def read_trace(path: Path) -> RequestStream:
     """A trace file (see the module docstring), sorted by arrival."""
+    from opcast.hardware import read_capped
+
     try:
-        text = Path(path).read_text(encoding="utf-8-sig")  # a byte-order mark (Excel's UTF-8 CSV) is no text
+        raw = read_capped(Path(path), MAX_TRACE_BYTES)
+        if len(raw) > MAX_TRACE_BYTES:
+            raise OpcastError(
+                f"the trace file {path} is larger than {MAX_TRACE_BYTES // 2**20} MiB (millions of requests, or not "
+                "a trace: a device or a stream?); give a shorter trace"
+            )
+        text = raw.decode("utf-8-sig")  # a byte-order mark (Excel's UTF-8 CSV) is no text
     except (OSError, UnicodeDecodeError) as err:
         raise OpcastError(f"cannot read the trace file {path}: {err}; give a readable CSV or JSONL file") from None
     rows = _jsonl_rows(text, path) if Path(path).suffix.lower() in (".jsonl", ".json") else _csv_rows(text, path)

@@ -1011,6 +1011,9 @@ CASES: list[Case] = [
     ),
     # each event passed over every replica and the report kept per-replica arrays: 1e8 replicas held 6 GB, hung
     _c("serve-replicas-past-gpus", *SERVE, "--replicas", "100000000", needles=("past the 2,097,152",)),
+    # read to the end before: /dev/zero held 10+ GB within 20 s
+    _c("arch-dev-zero", *TRAIN, "--arch", "/dev/zero", needles=("/dev/zero", "larger than 64 MiB")),
+    _c("serve-trace-dev-zero", *SERVE[:-4], "--trace-file", "/dev/zero", needles=("larger than 256 MiB",)),
     _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
     _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),
     _c("serve-rate-past-clock", *SERVE, "--rate", "1e-30", needles=("--rate 1e-30 spreads 20 requests",)),

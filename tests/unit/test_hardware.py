@@ -246,6 +246,14 @@ def test_a_rate_below_one_unit_is_refused(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "mem_bw_bytes_per_s": 1.0, "tdp_w": 1.0}, "<ok>").mem_bw_bytes_per_s == 1.0
 
 
+def test_a_file_past_the_json_bound_is_refused_unread(tmp_path: Path, valid: dict, monkeypatch) -> None:
+    # read to the end before: --gpu /dev/zero held 15 GB within 20 s
+    path = _write(tmp_path, valid)
+    assert load_device_file(path).name == valid["name"]
+    monkeypatch.setattr(hardware, "MAX_JSON_BYTES", path.stat().st_size - 1)
+    assert "the device file is larger than" in _one_line_error(load_device_file, path)
+
+
 def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "peak_fp8_flops": None, "tdp_w": None}, "<ok>").peak_fp8_flops is None
     message = _one_line_error(load_device_file, _write(tmp_path, {**valid, "peak_fp32_flops": None}))

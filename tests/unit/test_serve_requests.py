@@ -146,3 +146,16 @@ def test_a_byte_order_mark_is_not_part_of_the_header(tmp_path):
 def test_a_missing_trace_is_refused(tmp_path):
     with pytest.raises(OpcastError, match="cannot read the trace file"):
         read_trace(tmp_path / "nope.csv")
+
+
+def test_a_trace_past_the_bound_is_refused_unread(tmp_path, monkeypatch):
+    # read to the end before: --trace-file /dev/zero held 9 GB within 20 s
+    from opcast.predict.serve import requests
+
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,input_tokens,output_tokens\n0,5,5\n")
+    monkeypatch.setattr(requests, "MAX_TRACE_BYTES", path.stat().st_size - 1)
+    with pytest.raises(OpcastError, match="is larger than"):
+        read_trace(path)
+    monkeypatch.setattr(requests, "MAX_TRACE_BYTES", path.stat().st_size)
+    assert read_trace(path).input_tokens.tolist() == [5]
