@@ -1028,6 +1028,14 @@ class _HfConfig:
             )
 
 
+_HF_NAMES = (
+    "n_heads is num_attention_heads, n_kv_heads num_key_value_heads, n_experts the routed experts "
+    "(num_local_experts, num_experts, n_routed_experts), experts_top_k num_experts_per_tok, expert_groups_top_k "
+    "topk_group, dense_layers first_k_dense_replace"
+)
+"""How the arch fields that :class:`ArchSpec` checks across each other are spelled in a Hugging Face config."""
+
+
 def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
     """The MLA and DeepSeekMoE fields of a DeepSeek-V2/V3 config (transformers ``DeepseekV3Config``; Kimi K2
     ships the same architecture as ``kimi_k2``): ``head_dim = qk_nope_head_dim + qk_rope_head_dim``, the
@@ -1307,5 +1315,5 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
     c.raise_problems()
     try:
         return ArchSpec(**fields_)
-    except OpcastError as e:
-        raise OpcastError(f"{where}: {e}") from None
+    except OpcastError as e:  # the arch's field names; say which keys of the config they come from
+        raise OpcastError(f"{where}: {e}; fix these keys of the config ({_HF_NAMES})") from None

@@ -234,6 +234,18 @@ def test_unknown_name_and_missing_path() -> None:
         load_arch("/nonexistent/config.json")
 
 
+def test_a_config_of_inconsistent_shapes_says_which_keys_to_fix(tmp_path) -> None:
+    # it named the arch's fields only (n_kv_heads=3 does not divide n_heads=4), with no fix and no config key
+    cfg = {"model_type": "llama", "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 3}
+    cfg |= {"num_hidden_layers": 2, "intermediate_size": 512, "max_position_embeddings": 64, "vocab_size": 10}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    with pytest.raises(OpcastError) as err:
+        load_arch(str(path))
+    assert "n_kv_heads num_key_value_heads" in str(err.value) and "\n" not in str(err.value)
+    assert "n_kv_heads=3 does not divide n_heads=4; fix these keys of the config (n_heads is" in str(err.value)
+
+
 def test_archspec_rejects_inconsistent_shapes() -> None:
     with pytest.raises(OpcastError, match="n_kv_heads=6 does not divide n_heads=32"):
         _arch(n_kv_heads=6)
