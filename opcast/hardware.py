@@ -493,6 +493,11 @@ def get_device(name: str | Path) -> DeviceSpec:
     text = str(name).strip()
     derived = _DERIVED.fullmatch(text)
     if derived and not text.lower().endswith(".json"):
+        if text.count("[") > MAX_DERIVED_GROUPS:  # each group is one recursion: thousands ended in RecursionError
+            shown = text if len(text) <= 80 else text[:77] + "..."
+            raise OpcastError(
+                f"GPU '{shown}' chains {text.count('[')} [...] groups; give its settings in one NAME[field=xK,...]"
+            )
         return derive_device(get_device(derived.group(1)), split_settings(derived.group(2)))
     if text.lower().endswith(".json") or ("/" in text and _exists(Path(text).expanduser())):
         path = Path(text).expanduser()
@@ -533,6 +538,9 @@ SETTABLE: tuple[str, ...] = tuple(
 """Numeric DeviceSpec keys a what-if may change (``--set`` / ``--vary``), plus :data:`PEAKS_GROUP`."""
 
 _DERIVED = re.compile(r"(.+)\[([^\[\]]*)\]")
+MAX_DERIVED_GROUPS = 32
+"""Most ``[...]`` groups a derived GPU name chains (``H100[a=x2][b=x2]``): a name of thousands said 'an input
+is nested too deeply to read; check the file you passed', of a --gpu name that is no file."""
 
 
 @dataclass(frozen=True, slots=True)

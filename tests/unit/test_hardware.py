@@ -254,6 +254,13 @@ def test_a_file_past_the_json_bound_is_refused_unread(tmp_path: Path, valid: dic
     assert "the device file is larger than" in _one_line_error(load_device_file, path)
 
 
+def test_a_derived_name_of_too_many_groups_is_refused_by_name() -> None:
+    # thousands of groups said 'an input is nested too deeply to read; check the file you passed' (RecursionError)
+    assert get_device("H100-SXM" + "[sm_count=x1]" * hardware.MAX_DERIVED_GROUPS).sm_count == 132
+    with pytest.raises(OpcastError, match=r"chains 5000 \[\.\.\.\] groups; give its settings in one NAME"):
+        get_device("H100-SXM" + "[]" * 5000)
+
+
 def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "peak_fp8_flops": None, "tdp_w": None}, "<ok>").peak_fp8_flops is None
     message = _one_line_error(load_device_file, _write(tmp_path, {**valid, "peak_fp32_flops": None}))
