@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -122,6 +123,10 @@ def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+def _is_finite(v: Any) -> bool:
+    return _is_num(v) and math.isfinite(v)
+
+
 def _is_str(v: Any) -> bool:
     return isinstance(v, str)
 
@@ -144,13 +149,32 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _GROUP_KEY = re.compile(r"[a-z0-9_]{1,40}-[a-z0-9_]{1,20}-[a-z0-9_]{1,20}")
 
 
+RESIDUAL_MAX_LOG_RATIO: Final = 20.0
+"""Largest |log(measured / predicted)| a recorded residual quantile may hold: a factor of e**20
+(~5e8) is no prediction, and larger ones overflow the interval's ``exp``."""
+
+
 def _is_residuals(v: Any) -> bool:
+    """{levels, log_ratio}: a quantile function, as :func:`opcast.train.fit.residual_quantiles` writes
+    it: at least one level, levels strictly ascending in [0, 1], quantiles finite, non-decreasing and
+    at most :data:`RESIDUAL_MAX_LOG_RATIO` in size (the intervals interpolate between them)."""
+    levels, ratios = (v.get("levels"), v.get("log_ratio")) if isinstance(v, dict) else (None, None)
+    if not (isinstance(levels, list) and isinstance(ratios, list)):
+        return False
     return (
-        isinstance(v, dict)
-        and _list_of(_is_num)(v.get("levels"))
-        and _list_of(_is_num)(v.get("log_ratio"))
-        and len(v["levels"]) == len(v["log_ratio"])
+        _list_of(_is_finite)(levels)
+        and _list_of(_is_finite)(ratios)
+        and 0 < len(levels) == len(ratios)
+        and all(0 <= lv <= 1 for lv in levels)
+        and all(a < b for a, b in pairwise(levels))
+        and all(a <= b for a, b in pairwise(ratios))
+        and all(abs(r) <= RESIDUAL_MAX_LOG_RATIO for r in ratios)
     )
+
+
+def _is_range(v: Any) -> bool:
+    """[min, max]: two finite numbers, min <= max."""
+    return isinstance(v, list) and len(v) == 2 and _is_finite(v[0]) and _is_finite(v[1]) and v[0] <= v[1]
 
 
 _Field = tuple[bool, Callable[[Any], bool], str]
@@ -199,10 +223,15 @@ ENTRY_FIELDS: Final[dict[str, _Field]] = {
     ),
     "feature_ranges": (
         False,
-        _dict_of(lambda r: isinstance(r, list) and len(r) == 2 and all(_is_num(x) for x in r)),
-        "an object of feature -> [min, max]",
+        _dict_of(_is_range),
+        "an object of feature -> [min, max] (finite, min <= max)",
     ),
-    "residuals": (False, _dict_of(_is_residuals), "an object of device class -> {levels, log_ratio} lists of numbers"),
+    "residuals": (
+        False,
+        _dict_of(_is_residuals),
+        "an object of device class -> {levels, log_ratio}: ascending levels in [0, 1] and their "
+        f"non-decreasing finite quantiles (|q| <= {RESIDUAL_MAX_LOG_RATIO:g})",
+    ),
     "held_out": (False, lambda v: v is None or isinstance(v, dict), "an object or null"),
     "rows": (False, _is_int, "an integer"),
 }
@@ -723,12 +752,6 @@ def write_model_set(
 COLLECTIVES_FILE: Final = "collectives.json"
 """The per-cluster collective laws of a set (:mod:`opcast.train.collectives`), beside meta.json."""
 COLLECTIVES_MAX_BYTES: Final = 4 << 20
-
-
-def _is_finite(v: Any) -> bool:
-    from math import isfinite
-
-    return _is_num(v) and isfinite(v)
 
 
 def _is_finite_nonneg(v: Any) -> bool:

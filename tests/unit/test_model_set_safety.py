@@ -439,6 +439,30 @@ META_EDITS = {
         _set("predictors/gemm-fwd-half/residuals", {"seen_device": {"levels": "x"}}),
         "residuals must be",
     ),
+    **{
+        f"residuals {what}": (
+            _set("predictors/gemm-fwd-half/residuals", {"seen_device": {"levels": levels, "log_ratio": ratios}}),
+            "residuals must be",
+        )
+        for what, levels, ratios in [
+            ("empty", [], []),  # np.interp of no points: an internal error before
+            ("NaN", [0.05, 0.95], [float("nan"), 0.1]),
+            ("inf", [0.05, 0.95], [-0.1, float("inf")]),
+            ("huge", [0.05, 0.95], [-0.1, 1e308]),  # exp overflowed: an interval of [inf, inf]
+            ("levels descending", [0.95, 0.05], [-0.1, 0.1]),
+            ("quantiles descending", [0.05, 0.95], [0.1, -0.1]),
+            ("level above 1", [0.05, 2.0], [-0.1, 0.1]),
+            ("lengths differ", [0.05, 0.95], [0.1]),
+        ]
+    },
+    "feature_ranges reversed": (
+        _set("predictors/gemm-fwd-half/feature_ranges", {"log_flops": [40.0, 1.0]}),
+        "feature_ranges must be",
+    ),
+    "feature_ranges NaN": (
+        _set("predictors/gemm-fwd-half/feature_ranges", {"log_flops": [float("nan"), 1.0]}),
+        "feature_ranges must be",
+    ),
     "held_out a string": (_set("predictors/gemm-fwd-half/held_out", "good"), "held_out must be"),
     "a group key of no op": (_rename_key, "is not <op>-<direction>-<dtype class>"),
     "file missing": (lambda m: m["predictors"]["gemm-fwd-half"].pop("file"), "file is missing"),
