@@ -517,31 +517,25 @@ def _file_record(file: Path) -> dict[str, Any] | None:
     return parse_record(arrays[RECORD_KEY], file) if RECORD_KEY in arrays else None
 
 
-def _read_meta(meta_path: Path) -> Any:
+def _read_meta(
+    meta_path: Path, what: str = "a model set's meta.json", fix: str = "re-fit with opcast train fit"
+) -> Any:
+    """The parsed JSON of ``meta_path`` (a set's meta.json, or ``what``: one of its side files); any
+    problem reading or parsing it is one :class:`OpcastError` line that ends with ``fix``."""
     try:
         return json.loads(meta_path.read_bytes().decode("utf-8"))
     except OSError as err:
-        raise OpcastError(
-            f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or re-fit with opcast train fit"
-        ) from None
+        raise OpcastError(f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or {fix}") from None
     except UnicodeDecodeError:
-        raise OpcastError(
-            f"{meta_path}: not UTF-8 text; it is corrupt, restore it or re-fit with opcast train fit"
-        ) from None
+        raise OpcastError(f"{meta_path}: not UTF-8 text; it is corrupt, restore it or {fix}") from None
     except json.JSONDecodeError as err:
         raise OpcastError(
-            f"{meta_path}: not valid JSON ({err.msg} at line {err.lineno}); it was edited or truncated, "
-            "re-fit with opcast train fit"
+            f"{meta_path}: not valid JSON ({err.msg} at line {err.lineno}); it was edited or truncated, {fix}"
         ) from None
     except RecursionError:
-        raise OpcastError(
-            f"{meta_path}: nested too deeply to be a model set's meta.json; re-fit with opcast train fit"
-        ) from None
+        raise OpcastError(f"{meta_path}: nested too deeply to be {what}; {fix}") from None
     except ValueError:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
-        raise OpcastError(
-            f"{meta_path}: holds an integer of thousands of digits, not a model set's meta.json; re-fit with "
-            "opcast train fit"
-        ) from None
+        raise OpcastError(f"{meta_path}: holds an integer of thousands of digits, not {what}; {fix}") from None
 
 
 def load_model_set(path: str | Path | None = None) -> ModelSet:
@@ -914,7 +908,7 @@ def _read_side_file(model_set: ModelSet, path: Path, kind: _SideFile) -> dict | 
             )
     except OSError as err:
         raise OpcastError(f"{path} cannot be read ({err.strerror}); fix its permissions") from None
-    data = _read_meta(path)
+    data = _read_meta(path, kind.what, kind.redo)
     kind.check(data, path)
     if data["sha256"] != _body_digest(data):
         raise OpcastError(f"{path} {kind.modified} (its sha256 does not match); {kind.redo}")

@@ -166,6 +166,30 @@ def test_the_console_script_adapts_in_place_and_refuses_a_tampered_file_in_one_l
     path.write_text("{not json")
     bad = _cli(*query)
     assert bad.returncode == 2 and "not valid JSON" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert "re-run opcast train adapt" in bad.stderr and "train fit" not in bad.stderr
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (b"", "not valid JSON"),
+        (b"{not json", "not valid JSON"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply to be an adaptation"),
+        (b'{"rows": 1' + b"0" * 5000 + b"}", "thousands of digits, not an adaptation"),
+    ],
+)
+def test_an_unparsable_artifact_asks_for_a_new_adaptation_not_a_refit(tmp_path, toy_set, content, needle):
+    """The fix of a broken adapt/<gpu>.json is to re-run train adapt, not to re-fit the whole set
+    (which the meta.json reader's messages said)."""
+    root, rows, _ = toy_set
+    copy = tmp_path / "copy"
+    result = adapt_model_set([_dataset(tmp_path, rows, 10)], TARGET, models=root, out=copy)
+    result.path.write_bytes(content)
+    with pytest.raises(OpcastError, match=needle) as err:
+        load_adaptation(load_model_set(copy), TARGET)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.endswith("re-run opcast train adapt") and "train fit" not in msg
 
 
 @pytest.mark.parametrize(
