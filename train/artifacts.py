@@ -891,9 +891,9 @@ def _write_side_file(
     kind.check(data, target)  # what is written must load
     try:
         tmp = temp_beside(target)
-    except OSError as err:
+        return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(data, indent=1) + "\n"))
+    except OSError as err:  # named as the target, not the temporary file (replace_with removed it)
         raise OpcastError(f"cannot write {target}: {err.strerror}; {kind.write_fix}") from None
-    return replace_with(tmp, target, lambda t: Path(t).write_text(json.dumps(data, indent=1) + "\n"))
 
 
 def _read_side_file(model_set: ModelSet, path: Path, kind: _SideFile) -> dict | None:
@@ -901,7 +901,12 @@ def _read_side_file(model_set: ModelSet, path: Path, kind: _SideFile) -> dict | 
     problem (too large, unreadable, a bad field, edited, another set's) is one :class:`OpcastError`."""
     try:
         if not path.is_file():
-            return None
+            if not (path.exists() or path.is_symlink()):
+                return None
+            what = "a link to nothing" if not path.exists() else "a folder" if path.is_dir() else "not a file"
+            raise OpcastError(  # not left out silently: the set would answer without it
+                f"{path} is {what}, not {kind.what}; remove it or {kind.redo}"
+            )
         if path.stat().st_size > kind.max_bytes:
             raise OpcastError(
                 f"{path} is larger than {kind.max_bytes >> 20} MiB, not {kind.what} opcast writes; {kind.redo}"

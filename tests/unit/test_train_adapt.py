@@ -242,3 +242,28 @@ def test_rows_of_other_devices_are_counted_as_ignored(tmp_path, toy_set):
     result = adapt_model_set([mixed], TARGET, models=root, out=tmp_path / "adapted")
     assert result.fields["rows"] == 20
     assert result.ignored == {f"measured on another device than {TARGET} (A100-SXM4-80GB)": 7}
+
+
+@pytest.mark.parametrize("kind", ["folder", "dangling link"])
+def test_a_non_file_at_the_artifact_path_is_refused_not_left_out(tmp_path, toy_set, kind):
+    """A folder or a link to nothing at adapt/<gpu>.json was taken for no adaptation (the set answered
+    unadapted, silently), and re-adapting failed naming its temporary file."""
+    root, rows, _ = toy_set
+    copy = tmp_path / "copy"
+    data = _dataset(tmp_path, rows, 10)
+    result = adapt_model_set([data], TARGET, models=root, out=copy)
+    result.path.unlink()
+    if kind == "folder":
+        result.path.mkdir()
+    else:
+        result.path.symlink_to(tmp_path / "moved_away.json")
+    with pytest.raises(OpcastError, match="re-run opcast train adapt") as err:
+        load_adaptation(load_model_set(copy), TARGET)
+    assert str(result.path) in str(err.value) and ("a folder" if kind == "folder" else "a link to nothing") in str(
+        err.value
+    )
+    if kind == "folder":
+        with pytest.raises(OpcastError, match=r"cannot write .*H100-SXM\.json: ") as err:
+            adapt_model_set([data], TARGET, models=copy)
+        assert ".tmp" not in str(err.value)
+        assert [p.name for p in result.path.parent.iterdir()] == [result.path.name]  # no temporary file left
