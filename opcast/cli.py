@@ -16,6 +16,7 @@ import sys
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from opcast.check.validate_cli import calibrate_cmd, validate_cmd
 from opcast.cli_common import console, err_console, print_frame
@@ -26,7 +27,38 @@ from opcast.predict.search_cli import app as search_app
 from opcast.predict.whatif_cli import compare_app, explore_app
 from opcast.train.cli import app as train_app
 
+
+def _refuse_blank_paths(command: Any) -> None:
+    """Make every path argument and option of ``command`` and its subcommands refuse an empty or
+    blank value: ``Path("")`` is the current folder, so ``--out ""`` (an unset shell variable)
+    wrote a run, a calibration or a model set into whatever folder the command ran in."""
+    for param in getattr(command, "params", ()):
+        kind = param.type
+        if getattr(kind, "name", None) in ("path", "file", "directory") and hasattr(kind, "allow_dash"):
+            convert = kind.convert
+
+            def checked(value: Any, param: Any, ctx: Any, _convert: Any = convert, _kind: Any = kind) -> Any:
+                if isinstance(value, str) and not value.strip():
+                    blank = "a blank" if value else "an empty"
+                    _kind.fail(f"{value!r} is {blank} path; give a file or folder name", param, ctx)
+                return _convert(value, param, ctx)
+
+            kind.convert = checked
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _refuse_blank_paths(sub)
+
+
+class _Root(TyperGroup):
+    """The root command: typer builds the whole command tree before it, which it then checks
+    (:func:`_refuse_blank_paths`)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        _refuse_blank_paths(self)
+
+
 app = typer.Typer(
+    cls=_Root,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,

@@ -912,6 +912,12 @@ CASES: list[Case] = [
         needles=("foo",),
     ),
     _c("fit-out-is-file", "train", "fit", "{d}/good.parquet", "--out", "{d}/not_a_dir", needles=("not_a_dir",)),
+    # ---- an empty or blank path is refused, not taken as the current folder (Path("") is ".")
+    _c("fit-out-empty", "train", "fit", "{d}/good.parquet", "--out", "", needles=("--out", "empty path")),
+    _c("calibrate-out-empty", *CALIB, "--out", "", needles=("--out", "empty path"), env=NO_TORCH),
+    _c("bench-out-empty", *BENCH, "--out", "", needles=("--out", "empty path"), env=NO_TORCH),
+    _c("eval-models-blank", "train", "eval", "{d}/good.parquet", "--models", " ", needles=("--models", "blank path")),
+    _c("eval-dataset-empty", "train", "eval", "", needles=("dataset", "empty path")),
     _c(
         "validate-batch-zero",
         *VALIDATE[:2],
