@@ -48,13 +48,25 @@ def _refuse_blank_paths(command: Any) -> None:
         _refuse_blank_paths(sub)
 
 
+class _Interrupted(Exception):
+    """A ``KeyboardInterrupt`` (Ctrl-C) out of a command, carried past typer to :func:`main`: typer
+    >= 0.22 turns one into a silent exit code 130 when not standalone, so the boundary never saw it."""
+
+
 class _Root(TyperGroup):
     """The root command: typer builds the whole command tree before it, which it then checks
-    (:func:`_refuse_blank_paths`)."""
+    (:func:`_refuse_blank_paths`); an interrupt of a command reaches :func:`main` as
+    :class:`_Interrupted`."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         _refuse_blank_paths(self)
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise _Interrupted from None
 
 
 app = typer.Typer(
@@ -251,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click_exc.ClickException as exc:  # usage errors: unknown command or option, bad value, missing option
         return _fail(_usage_line(exc), exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt):
+    except (typer.Abort, KeyboardInterrupt, _Interrupted):
         return _fail("opcast: interrupted; what was written is kept", 130)
     except BrokenPipeError:  # the reader went away (| head): not an error of ours
         _silence_stdout()

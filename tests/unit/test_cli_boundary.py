@@ -69,3 +69,17 @@ def test_usage_errors_are_one_line_exit_2(capsys, argv):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("opcast: error: "), err
     assert "--help" in err and "Traceback" not in err
+
+
+def test_an_interrupt_inside_a_real_command_is_the_interrupted_line(monkeypatch, capsys):
+    """typer >= 0.22 turns a KeyboardInterrupt out of a command into a silent return of 130 (not
+    standalone): Ctrl-C during train fit or calibrate's validations exited 130 with nothing on stderr."""
+    import opcast.hardware
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(opcast.hardware, "catalog", interrupted)
+    assert cli.main(["hardware", "list"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == "opcast: interrupted; what was written is kept", err
