@@ -12,7 +12,10 @@ and ``benchmarks/validate_cpu.py`` run each validation and the collection throug
 The child is started with ``spawn`` in its own process group, so a terminal's Ctrl-C reaches only
 the parent: with ``forward_sigint`` the parent passes each one on (``collect bench`` then finishes
 the current point and returns what it measured; a second one aborts it), otherwise the parent stops
-the child and raises ``KeyboardInterrupt``.
+the child and raises ``KeyboardInterrupt``. SIGTERM to the parent (``timeout``, a scheduler) is
+handled alike while the child runs: passed on as SIGTERM with ``forward_sigint`` (``collect bench``
+stops as on SIGINT), else the child is stopped and ``KeyboardInterrupt`` raised; the child never
+outlives its parent's stop, and one whose parent was killed outright ends without a traceback.
 
 ``timeout_s`` makes a wall-time budget a hard bound on the child: shortly before it is spent the
 child is asked to stop (SIGINT when it handles one, as ``collect bench`` does, else SIGTERM), then
@@ -48,12 +51,17 @@ def _child(conn: Any, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dic
     with contextlib.suppress(OSError):
         os.setpgrp()
     try:
-        conn.send(("ok", fn(*args, **kwargs)))
-    except BaseException as err:
         try:
-            conn.send(("err", err))
-        except Exception:  # an exception that does not pickle
-            conn.send(("tb", "".join(traceback.format_exception(err)).strip()))
+            conn.send(("ok", fn(*args, **kwargs)))
+        except BaseException as err:
+            try:
+                conn.send(("err", err))
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception:  # an exception that does not pickle
+                conn.send(("tb", "".join(traceback.format_exception(err)).strip()))
+    except (BrokenPipeError, ConnectionResetError):  # the parent is gone (killed): no one to answer
+        pass
     finally:
         conn.close()
 
@@ -78,6 +86,7 @@ def in_fresh_process(
     proc.start()
     child.close()
     previous = None
+    terminated: list[int] = []
     if forward_sigint:
 
         def forward(signum: int, frame: Any) -> None:
@@ -88,6 +97,20 @@ def in_fresh_process(
             previous = signal.signal(signal.SIGINT, forward)
         except ValueError:  # not the main thread: Ctrl-C cannot be forwarded, the child keeps running
             previous = None
+
+    def on_term(signum: int, frame: Any) -> None:
+        """SIGTERM to the parent stops the child too (left alone, it outlived its parent: a
+        collection went on measuring, holding its lock, and died on the closed pipe)."""
+        terminated.append(signum)
+        if not forward_sigint:
+            raise KeyboardInterrupt  # the child is stopped below, as on Ctrl-C
+        if proc.pid is not None and proc.is_alive():
+            os.kill(proc.pid, signal.SIGTERM)  # collect bench finishes its point and returns what it measured
+
+    try:
+        previous_term = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # not the main thread
+        previous_term = None
     late = False
     signals = (signal.SIGINT, signal.SIGTERM) if forward_sigint else (signal.SIGTERM,)
     grace = 0.0 if timeout_s is None else min(grace_s, max(0.0, timeout_s) / 4 / len(signals))
@@ -104,6 +127,8 @@ def in_fresh_process(
             proc.join()
             if late:
                 raise Overran(timeout_s or 0.0) from None
+            if terminated:  # the child died of the SIGTERM passed on: an interrupt, not a failure
+                raise KeyboardInterrupt from None
             from opcast.errors import OpcastError
 
             why = " (killed: out of memory?)" if proc.exitcode in (-9, 137) else ""
@@ -117,6 +142,8 @@ def in_fresh_process(
     finally:
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
         parent.close()
         proc.join(timeout=30)
         if proc.is_alive():
