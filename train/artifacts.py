@@ -731,7 +731,12 @@ def write_model_set(
         if final.exists():
             old = out / f".{name}.old-{os.getpid()}"
             final.rename(old)
-        tmp.rename(final)
+        try:
+            tmp.rename(final)
+        except BaseException:  # Ctrl-C or a failure between the two renames: the old set back, whole
+            if old is not None:
+                old.rename(final)
+            raise
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         os.chmod(final, 0o755)

@@ -513,3 +513,23 @@ def test_a_set_written_now_is_format_2_with_a_record_in_every_file(model_dir):
             record = json.loads(blob["opcast_record"].item())
         assert record == {"group": key, "estimator": entry["estimator"], "features": entry["features"]}
     artifacts.check_meta(meta)  # what opcast writes passes its own checks
+
+
+def test_a_failure_between_the_renames_puts_the_old_set_back(tmp_path, fitted, monkeypatch):
+    """Replacing a set moves the old one aside, then the new one in; an interrupt or error on the
+    second rename left the old set hidden as .toy.old-PID with nothing at models/toy."""
+    root = write_model_set(tmp_path / "models", "toy", fitted[1], {"datasets": []})
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    real = pathlib.Path.rename
+
+    def rename(self, target):
+        if pathlib.Path(target) == root and ".old-" not in self.name:
+            raise KeyboardInterrupt  # the new set's move in
+        return real(self, target)
+
+    monkeypatch.setattr(pathlib.Path, "rename", rename)
+    with pytest.raises(KeyboardInterrupt):
+        write_model_set(tmp_path / "models", "toy", fitted[1], {"datasets": [], "name": "new"})
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["toy"]  # no temporary or hidden set left
+    load_model_set(root)
