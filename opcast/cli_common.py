@@ -11,8 +11,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console(width=None if Console().is_terminal else 160)  # wide tables in logs and pipes
-err_console = Console(stderr=True)
+# emoji=False: rich replaces ``:name:`` codes in printed strings, which turned user input in messages
+# and tables into pictures (a path a:fire:b printed as a🔥b, --device cuda:abc: as cuda🔤)
+console = Console(width=None if Console().is_terminal else 160, emoji=False)  # wide tables in logs and pipes
+err_console = Console(stderr=True, emoji=False)
 
 
 def print_json(doc: Any) -> None:

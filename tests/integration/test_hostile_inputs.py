@@ -918,6 +918,9 @@ CASES: list[Case] = [
     _c("bench-out-empty", *BENCH, "--out", "", needles=("--out", "empty path"), env=NO_TORCH),
     _c("eval-models-blank", "train", "eval", "{d}/good.parquet", "--models", " ", needles=("--models", "blank path")),
     _c("eval-dataset-empty", "train", "eval", "", needles=("dataset", "empty path")),
+    # ---- rich's :emoji: codes are not rendered in messages: the input is printed as given
+    _c("emoji-code-in-a-path", "train", "eval", "{d}/a:fire:b.parquet", needles=("a:fire:b.parquet",)),
+    _c("emoji-code-in-a-name", "hardware", "show", "x:smile:y", needles=("'x:smile:y'",)),
     _c(
         "validate-batch-zero",
         *VALIDATE[:2],
