@@ -99,10 +99,10 @@ class FitConfig:
         """Every option is checked here, before any data is read."""
         if self.estimator not in (*ESTIMATORS, "auto"):
             raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp, neusight, hier or auto")
-        if self.folds < 0 or not 0 < self.shape_fraction < 1:
-            raise OpcastError(
-                f"folds must be >= 0 and shape_fraction in (0, 1); got {self.folds}, {self.shape_fraction}"
-            )
+        if self.folds < 0:
+            raise OpcastError(f"--folds {self.folds}: give 0 (no held-out folds) or more")
+        if not 0 < self.shape_fraction < 1:
+            raise OpcastError(f"shape_fraction must be in (0, 1), got {self.shape_fraction}")
         unknown = sorted(set(self.ops) - set(FEATURES))
         if unknown:
             raise OpcastError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(FEATURES)}")

@@ -162,7 +162,7 @@ def places(tmp_path):
         (["train", "fit", "MISSING", "--out", "OUT", "--op", "conv"], "unknown op(s) conv"),
         (["train", "fit", "MISSING", "--out", "OUT", "--jobs", "0"], "--jobs 0"),
         (["train", "fit", "MISSING", "--out", "OUT", "--seed", "-1"], "--seed -1"),
-        (["train", "fit", "MISSING", "--out", "OUT", "--folds", "-1"], "folds must be >= 0"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--folds", "-1"], "--folds -1: give 0"),
         (["train", "eval", "--models", "MISSING", "MISSING", "--plot", "PLOTDIR"], "is a folder"),
     ],
 )
