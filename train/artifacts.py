@@ -641,10 +641,11 @@ def check_output(out: str | Path, name: str) -> Path:
     name, ``out`` is (or can be created as) a writable folder, and ``out/name`` is absent or a
     model set (which the new one replaces). Returns ``out/name``; a one-line OpcastError otherwise,
     so nothing the user already has is overwritten."""
-    if not name or len(name) > 100 or "/" in name or "\\" in name or name.startswith(".") or not name.isprintable():
+    plain = bool(name.strip()) and name == name.strip() and len(name) <= 100 and name.isprintable()
+    if not plain or "/" in name or "\\" in name or name.startswith("."):
         raise OpcastError(
-            f"--name {name[:60]!r} must be a plain folder name (no / or \\, not starting with ., "
-            "at most 100 characters)"
+            f"--name {name[:60]!r} must be a plain folder name (no / or \\, no leading . or space, no "
+            "trailing space, at most 100 characters)"
         )
     from opcast.atomic import output_folder_problem
 

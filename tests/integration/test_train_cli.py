@@ -158,6 +158,8 @@ def places(tmp_path):
         ),
         (["train", "fit", "MISSING", "--out", "UNDERFILE"], "which is a file"),
         (["train", "fit", "MISSING", "--out", "OUT", "--name", ".hidden"], "plain folder name"),
+        (["train", "fit", "MISSING", "--out", "OUT", "--name", " "], "plain folder name"),  # a folder named ' '
+        (["train", "fit", "MISSING", "--out", "OUT", "--name", "mine "], "plain folder name"),
         (["train", "fit", "MISSING", "--out", "OUT", "--estimator", "foo"], "unknown estimator 'foo'"),
         (["train", "fit", "MISSING", "--out", "OUT", "--op", "conv"], "unknown op(s) conv"),
         (["train", "fit", "MISSING", "--out", "OUT", "--jobs", "0"], "--jobs 0"),
