@@ -192,25 +192,40 @@ def _with_cluster(cfg: CommConfig, per_node: int) -> CommConfig:
     return replace(cfg, cluster=cluster_name(cfg.cluster, per_node))
 
 
+def check_options(cfg: CommConfig) -> list[int]:
+    """Check every option that needs neither the job nor torch (the collectives, --backend, --dtype,
+    the message sizes, that --cluster exists) and return the message sizes: a typo is refused where
+    it was typed, not after a torchrun launch (outside one it was hidden behind 'must run under
+    torchrun')."""
+    from opcast.clusters import get_cluster
+    from opcast.dtypes import dtype_bytes
+
+    for op in cfg.ops:
+        if op not in COMM_OPS:
+            get_op(op)  # unknown names get the registry's message
+            raise OpcastError(f"{op} is not a collective; measure it with `opcast collect bench`")
+    if cfg.backend not in ("nccl", "gloo"):
+        raise OpcastError(f"unknown --backend {cfg.backend!r}; use nccl (GPUs) or gloo (CPUs)")
+    dtype_bytes(cfg.dtype)
+    sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
+    if cfg.cluster is not None:
+        get_cluster(cfg.cluster)  # its GPUs per node are checked against the job's under torchrun
+    return sizes
+
+
 def run_comm(cfg: CommConfig, *, progress: Any = None) -> CommResult:
     """Sweep the collectives over every rank of the job; rank 0 writes the dataset (alone: a
     second sweep into the same ``--out`` is refused). See the module docstring for stopping."""
     ending = _Ending()
     with StopSignals(stuck_after_s=STUCK_AFTER_S, on_stuck=ending.stuck) as flag:  # before torch's slow import
+        sizes = check_options(cfg)
         rank, world, nodes, per_node = _topology()
         import torch
 
         from opcast.dtypes import torch_dtype
 
-        for op in cfg.ops:
-            if op not in COMM_OPS:
-                get_op(op)  # unknown names get the registry's message
-                raise OpcastError(f"{op} is not a collective; measure it with `opcast collect bench`")
-        if cfg.backend not in ("nccl", "gloo"):
-            raise OpcastError(f"unknown --backend {cfg.backend!r}; use nccl (GPUs) or gloo (CPUs)")
         if cfg.backend == "nccl" and not torch.cuda.is_available():
             raise OpcastError("--backend nccl needs CUDA GPUs; use --backend gloo on CPUs")
-        sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
         cfg = _with_cluster(cfg, per_node)
         dtype = torch_dtype(cfg.dtype)
         if cfg.backend == "nccl":

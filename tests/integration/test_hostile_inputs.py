@@ -853,6 +853,18 @@ CASES: list[Case] = [
         env={"RANK": "abc", "WORLD_SIZE": "2"},
         needles=("RANK",),
     ),
+    # ---- collect comm: its options are checked outside torchrun (they were hidden behind 'must run under torchrun')
+    *(
+        _c(f"comm-{what}", "collect", "comm", "--out", "{d}/comm_out", *args, needles=needles, env=NO_TORCH)
+        for what, args, needles in [
+            ("op-typo", ("--op", "all_reduse"), ("all_reduse",)),
+            ("op-not-a-collective", ("--op", "gemm"), ("gemm is not a collective",)),
+            ("backend-bad", ("--backend", "mpi"), ("--backend 'mpi'",)),
+            ("dtype-bad", ("--dtype", "fp9"), ("'fp9'",)),
+            ("sizes-reversed", ("--min-bytes", "100", "--max-bytes", "10"), ("--min-bytes (100)",)),
+            ("cluster-unknown", ("--cluster", "nope"), ("cluster 'nope'",)),
+        ]
+    ),
     _c(
         "replay-unknown-source",
         "collect",
