@@ -531,11 +531,12 @@ def adapt_model_set(
     from opcast.train.artifacts import load_model_set, write_adaptation
     from opcast.train.evaluate import ape_metrics
     from opcast.train.features import group_key_array
-    from opcast.train.fit import dataset_records, load_training_frame, portable_command, resolve_devices
+    from opcast.train.fit import NO_TIME, dataset_records, load_training_frame, portable_command, resolve_devices
 
     model_set = load_model_set(models)
     dest = _destination(models, out, model_set)  # before reading any data
-    frame = load_training_frame(datasets)
+    no_time: dict[str, int] = {}
+    frame = load_training_frame(datasets, no_time)
     names = sorted(pd.unique(frame["device"].astype(object)).tolist())
     try:
         name = get_device(gpu).name
@@ -567,6 +568,7 @@ def adapt_model_set(
             - len(rows),
             "no predictor in the set for its op group": int((~covered).sum()),
             "no learned prediction (the device lacks the dtype's peak)": int((covered & ~usable).sum()),
+            "no positive, finite time_s_median": no_time.get(NO_TIME, 0),
         }.items()
         if v
     }

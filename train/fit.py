@@ -231,8 +231,14 @@ def resolve_devices(
     return out
 
 
-def load_training_frame(datasets: Sequence[str | Path]) -> pd.DataFrame:
-    """The rows of ``datasets`` usable for fitting (positive times), with a clean index."""
+NO_TIME: Final = "rows without a time"
+"""The key under which :func:`load_training_frame` counts the rows it leaves out."""
+
+
+def load_training_frame(datasets: Sequence[str | Path], left_out: dict[str, int] | None = None) -> pd.DataFrame:
+    """The rows of ``datasets`` usable for fitting (positive times), with a clean index. The rows
+    left out (a NaN, zero, negative or infinite ``time_s_median``) are counted in ``left_out``
+    under :data:`NO_TIME`, when given, so that the fit's ``skipped`` and adapt's ``ignored`` say so."""
     from opcast.schema import read_dataset
 
     if not datasets:
@@ -248,6 +254,8 @@ def load_training_frame(datasets: Sequence[str | Path]) -> pd.DataFrame:
             f"{where}: none of the {len(frame)} rows has a positive, finite time_s_median; give measured rows "
             "(rows without a time are left out of fitting)"
         )
+    if left_out is not None and not usable.all():
+        left_out[NO_TIME] = int((~usable).sum())
     return frame[usable].reset_index(drop=True)
 
 
@@ -988,7 +996,8 @@ def fit_model_set(
 
     t0 = time.perf_counter()
     check_output(out, name)  # before any work: a bad --out or --name must not cost a fit
-    frame = load_training_frame(datasets)
+    no_time: dict[str, int] = {}
+    frame = load_training_frame(datasets, no_time)
     devices = resolve_devices(pd.unique(frame["device"].astype(object)), datasets)
     held = set()
     for h in cfg.holdout_devices:
@@ -1001,6 +1010,7 @@ def fit_model_set(
     is_held = frame["device"].isin(held).to_numpy()
     train = frame[~is_held]
     fitted, summary, skipped = fit_frame(train, devices, cfg, progress)
+    skipped = {**{k: f"{n} rows (time_s_median not a positive, finite number)" for k, n in no_time.items()}, **skipped}
     if not fitted:
         raise OpcastError("no op group could be fitted: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()))
     records = dataset_records(datasets)

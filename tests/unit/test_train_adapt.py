@@ -267,3 +267,26 @@ def test_a_non_file_at_the_artifact_path_is_refused_not_left_out(tmp_path, toy_s
             adapt_model_set([data], TARGET, models=copy)
         assert ".tmp" not in str(err.value)
         assert [p.name for p in result.path.parent.iterdir()] == [result.path.name]  # no temporary file left
+
+
+def test_rows_without_a_time_are_counted_by_adapt_and_fit(tmp_path, toy_set):
+    """Rows whose time_s_median is NaN, zero, negative or infinite were left out silently: adapt's
+    'ignored' and the fit's 'skipped' now count them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from opcast.train.fit import fit_model_set
+
+    root, rows, _ = toy_set
+    data = _dataset(tmp_path, rows, 24, name="bad")
+    table = pq.read_table(data / "rows.parquet")  # the writer refuses such rows: damage the file it wrote
+    times = table.column("time_s_median").to_numpy().copy()
+    times[:4] = [float("nan"), 0.0, -1e-5, float("inf")]
+    i = table.schema.get_field_index("time_s_median")
+    pq.write_table(table.set_column(i, table.schema.field(i), pa.array(times)), data / "rows.parquet")
+    result = adapt_model_set([data], TARGET, models=root, out=tmp_path / "adapted")
+    assert result.fields["rows"] == 20
+    assert result.ignored == {"no positive, finite time_s_median": 4}
+    cfg = FitConfig(estimator="xgb", folds=0, n_jobs=1, min_rows=5)
+    fit = fit_model_set([data], tmp_path / "sets", name="s", cfg=cfg)
+    assert fit.skipped["rows without a time"].startswith("4 rows")
