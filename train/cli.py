@@ -185,6 +185,10 @@ def evaluate(
         )
         return
     print_frame(table, title=f"{model_set.name} ({model_set.path}) on {', '.join(map(str, dataset))}: absolute % error")
+    if result["rows_without_time"]:
+        err_console.print(
+            f"note: {result['rows_without_time']} rows without a positive, finite time_s_median were left out"
+        )
     if result["training_data"]:
         err_console.print(
             f"note: {', '.join(result['training_data'])} was used to fit these models: this is training "

@@ -71,11 +71,10 @@ def predict_frame(model_set: Any, frame: pd.DataFrame, devices: Mapping[str, Dev
 def evaluate(model_set: Any, datasets: Sequence[str | Path]) -> dict[str, Any]:
     """Score ``model_set`` on ``datasets``: the per-op-and-device table, the predictions, and
     whether any dataset was part of the training data."""
-    from opcast.schema import read_dataset
-    from opcast.train.fit import dataset_records, resolve_devices
+    from opcast.train.fit import NO_TIME, dataset_records, load_training_frame, resolve_devices
 
-    frame = read_dataset(list(datasets))
-    frame = frame[frame["time_s_median"].astype(float) > 0].reset_index(drop=True)
+    left_out: dict[str, int] = {}
+    frame = load_training_frame(datasets, left_out)  # the rows with a time to score (none: one line)
     devices = resolve_devices(
         pd.unique(frame["device"].astype(object)), datasets, known=model_set.meta.get("device_specs", {})
     )
@@ -84,7 +83,13 @@ def evaluate(model_set: Any, datasets: Sequence[str | Path]) -> dict[str, Any]:
     seen = [
         str(p) for p, r in zip(datasets, dataset_records(datasets)) if r["sha256"] in trained
     ]  # as the user named it
-    return {"table": score_table(frame, pred), "frame": frame, "pred": pred, "training_data": seen}
+    return {
+        "table": score_table(frame, pred),
+        "frame": frame,
+        "pred": pred,
+        "training_data": seen,
+        "rows_without_time": left_out.get(NO_TIME, 0),
+    }
 
 
 def plot_scatter(frame: pd.DataFrame, pred: np.ndarray, path: str | Path, *, title: str = "") -> Path:

@@ -252,7 +252,7 @@ def load_training_frame(datasets: Sequence[str | Path], left_out: dict[str, int]
             raise OpcastError(f"{where}: the dataset holds no rows; give one with measurements (opcast collect)")
         raise OpcastError(
             f"{where}: none of the {len(frame)} rows has a positive, finite time_s_median; give measured rows "
-            "(rows without a time are left out of fitting)"
+            "(rows without a time are left out)"
         )
     if left_out is not None and not usable.all():
         left_out[NO_TIME] = int((~usable).sum())

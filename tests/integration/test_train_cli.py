@@ -107,15 +107,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, needle, dataset, tmp_path, capsy
 
 
 @pytest.mark.parametrize("time_s", [-1e-5, 0.0, None])
-@pytest.mark.parametrize("command", ["fit", "adapt"])
+@pytest.mark.parametrize("command", ["fit", "adapt", "eval"])
 def test_a_dataset_without_a_usable_time_is_named_as_such(time_s, command, tmp_path, capsys):
-    # fit blamed --op and --holdout-device (neither given); adapt said the rows were of no device at all
+    # fit blamed --op and --holdout-device (neither given); adapt said the rows were of no device at all;
+    # eval printed a table of n=0 and NaN errors and exited 0
     frame = synthetic_dataset([get_device("A40")], ops=("layernorm",), rows_per_op=5)
     frame = frame.iloc[:0] if time_s is None else frame.assign(time_s_median=time_s)
     path = write_parquet(frame, tmp_path / "d.parquet")
     extra = ["--gpu", "A40"] if command == "adapt" else []
+    out = [] if command == "eval" else ["--out", str(tmp_path / "o")]
     capsys.readouterr()
-    assert main(["train", command, str(path), "--out", str(tmp_path / "o"), *extra]) == 2
+    assert main(["train", command, str(path), *out, *extra]) == 2
     err = capsys.readouterr().err.strip()
     needle = "holds no rows" if time_s is None else "none of the 5 rows has a positive, finite time_s_median"
     assert needle in err and str(path) in err and err.count("\n") == 0, err
