@@ -517,15 +517,28 @@ def _file_record(file: Path) -> dict[str, Any] | None:
     return parse_record(arrays[RECORD_KEY], file) if RECORD_KEY in arrays else None
 
 
+META_MAX_BYTES: Final = 64 << 20
+"""Largest meta.json opcast reads (the default set's is ~0.3 MB): a bigger file is not one it wrote,
+and is refused before it is read into memory."""
+
+
 def _read_meta(
     meta_path: Path, what: str = "a model set's meta.json", fix: str = "re-fit with opcast train fit"
 ) -> Any:
-    """The parsed JSON of ``meta_path`` (a set's meta.json, or ``what``: one of its side files); any
-    problem reading or parsing it is one :class:`OpcastError` line that ends with ``fix``."""
+    """The parsed JSON of ``meta_path`` (a set's meta.json, or ``what``: one of its side files, which
+    have smaller bounds of their own); any problem reading or parsing it is one :class:`OpcastError`
+    line that ends with ``fix``."""
     try:
-        return json.loads(meta_path.read_bytes().decode("utf-8"))
+        with meta_path.open("rb") as f:
+            data = f.read(META_MAX_BYTES + 1)
     except OSError as err:
         raise OpcastError(f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or {fix}") from None
+    if len(data) > META_MAX_BYTES:
+        raise OpcastError(
+            f"{meta_path}: larger than {META_MAX_BYTES >> 20} MiB, not {what} opcast writes; restore it or {fix}"
+        )
+    try:
+        return json.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise OpcastError(f"{meta_path}: not UTF-8 text; it is corrupt, restore it or {fix}") from None
     except json.JSONDecodeError as err:

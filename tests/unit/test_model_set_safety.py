@@ -533,3 +533,13 @@ def test_a_failure_between_the_renames_puts_the_old_set_back(tmp_path, fitted, m
     assert {p.name: p.read_bytes() for p in root.iterdir()} == before
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["toy"]  # no temporary or hidden set left
     load_model_set(root)
+
+
+def test_a_meta_json_past_its_bound_is_refused_unread(model_dir, monkeypatch):
+    """meta.json had no size bound (its side files have one): a huge file was read whole into memory."""
+    monkeypatch.setattr(artifacts, "META_MAX_BYTES", 1 << 10)
+    with (model_dir / "meta.json").open("ab") as f:
+        f.write(b" " * 2048)  # still valid JSON: only the size is wrong
+    with pytest.raises(OpcastError, match="larger than") as err:
+        load_model_set(model_dir)
+    assert "meta.json" in _one_line(err)
