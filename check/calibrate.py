@@ -56,6 +56,9 @@ from opcast.check.calibrate_noise import ANCHOR_SHAPES, AnchorTiming, Verdict, a
 from opcast.check.validate import CHECK_ARCHS, PRECISIONS, ValidateReport, arch_file, resolve_arch, run_validate
 from opcast.errors import OpcastError
 
+MAX_BUDGET_S = 7 * 24 * 3600.0
+"""Longest --budget-s: a week (the default is 14 minutes); 1e300 s passed the check and, after the
+anchors and a validation, overflowed the stage deadline (an internal error)."""
 FIT_SHARE = 0.08
 """Share of the budget reserved for ``train fit`` (xgboost on a few thousand rows: tens of seconds)."""
 FIT_MIN_S = 10.0
@@ -348,9 +351,12 @@ def _check_config(cfg: CalibrateConfig) -> None:
     if (
         isinstance(cfg.budget_s, bool)
         or not isinstance(cfg.budget_s, (int, float))
-        or not (math.isfinite(cfg.budget_s) and cfg.budget_s > 0)
+        or not (math.isfinite(cfg.budget_s) and 0 < cfg.budget_s <= MAX_BUDGET_S)
     ):
-        raise OpcastError(f"--budget-s takes a finite number of seconds > 0, got {cfg.budget_s!r}")
+        raise OpcastError(
+            f"--budget-s takes a finite number of seconds > 0 and at most {MAX_BUDGET_S:.0f} (a week), "
+            f"got {cfg.budget_s!r}"
+        )
     if isinstance(cfg.steps, bool) or not isinstance(cfg.steps, int) or cfg.steps < 1:
         raise OpcastError(f"--steps must be an integer >= 1, got {cfg.steps!r}")
     if isinstance(cfg.warmup, bool) or not isinstance(cfg.warmup, int) or cfg.warmup < 0:

@@ -30,7 +30,11 @@ def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--budget-s", "nan"], "--budget-s takes a finite number of seconds > 0, got nan"),
+        (["--budget-s", "nan"], "--budget-s takes a finite number of seconds > 0 and at most 604800 (a week), got nan"),
+        (
+            ["--budget-s", "1e300"],
+            "--budget-s takes a finite number of seconds > 0 and at most 604800 (a week), got 1e+300",
+        ),
         (["--budget-s", "-1"], "--budget-s takes a finite number"),
         (["--budget-s", "0"], "--budget-s takes a finite number"),
         (["--budget-s", "inf"], "got inf"),
