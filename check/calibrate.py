@@ -375,9 +375,12 @@ def _check_config(cfg: CalibrateConfig) -> None:
         raise OpcastError(f"--precision {cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
     if not cfg.name or "/" in cfg.name or cfg.name.startswith(".") or cfg.name in ("data", "archs"):
         raise OpcastError(f"--name {cfg.name!r} must be a plain folder name other than data and archs")
+    from opcast.schema import check_dataset
+
     for d in cfg.datasets:
         if not Path(d).exists():
             raise OpcastError(f"--datasets {d} does not exist; give a dataset folder or .parquet file")
+        check_dataset(d)  # read by the fit, after the collection: a device, a CSV or another table fails now
     _check_out(Path(cfg.out), cfg.name)
 
 

@@ -219,21 +219,45 @@ def _check_version(path: Path, meta: Mapping[bytes, bytes]) -> int:
     return version
 
 
+def _unreadable(path: Path, err: Exception) -> OpcastError:
+    return OpcastError(
+        f"{path} is not a readable parquet file ({(str(err).splitlines() or [''])[0]}); give a dataset written by "
+        "opcast collect (convert other files with opcast collect replay), or re-create a damaged one"
+    )
+
+
+def _check_footer(path: Path, schema: pa.Schema) -> None:
+    """The file's schema version and required columns, from its footer alone."""
+    _check_version(path, schema.metadata or {})
+    missing = [n for n in required_columns() if n not in schema.names]
+    if missing:
+        raise OpcastError(f"{path} lacks required column(s) {', '.join(missing)}")
+
+
+def check_dataset(path: str | Path) -> None:
+    """Refuse, without reading its rows, a dataset that :func:`read_dataset` would refuse for what its
+    files' footers show (not a file or folder, no parquet files, not parquet, another tool's, missing
+    columns): for an option read only after long work (calibrate --datasets, read by the fit)."""
+    files = dataset_files(path)
+    if not files:
+        raise OpcastError(f"no parquet files found in {path}")
+    for f in files:
+        try:
+            schema = pq.read_schema(f)
+        except (pa.ArrowException, OSError) as err:
+            raise _unreadable(f, err) from None
+        _check_footer(f, schema)
+
+
 def read_table(path: str | Path) -> pa.Table:
     """Read and validate one parquet file of the dataset schema."""
     path = Path(path)
     try:
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
-        raise OpcastError(
-            f"{path} is not a readable parquet file ({str(err).splitlines()[0]}); give a dataset written by opcast "
-            "collect (convert other files with opcast collect replay), or re-create a damaged one"
-        ) from None
-    _check_version(path, table.schema.metadata or {})
+        raise _unreadable(path, err) from None
+    _check_footer(path, table.schema)
     schema = dataset_schema()
-    missing = [n for n in required_columns() if n not in table.schema.names]
-    if missing:
-        raise OpcastError(f"{path} lacks required column(s) {', '.join(missing)}")
     for name in table.schema.names:
         if name in schema.names and not table.schema.field(name).type.equals(schema.field(name).type):
             try:

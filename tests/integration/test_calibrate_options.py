@@ -42,6 +42,8 @@ def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
         (["--device", "tpu"], "unknown --device 'tpu'"),
         (["--steps", "0"], "--steps must be an integer >= 1"),
         (["--attention", "sparse"], "--attention 'sparse'"),
+        (["--datasets", "/dev/null"], "/dev/null is not a regular file"),  # was read by the fit, after collection
+        (["--datasets", str(Path(__file__))], "is not a readable parquet file"),
     ],
 )
 def test_calibrate_bad_options(tmp_path, args, needle):
