@@ -551,16 +551,10 @@ def _move_all(files: Sequence[Path], dest: Path) -> None:
 
 
 def _install(staged: Path, final: Path) -> None:
-    """Replace ``final`` (absent or an older model set) by ``staged``."""
-    import shutil
+    """Replace ``final`` (absent or an older model set) by ``staged`` (the old set back on failure)."""
+    from opcast.train.artifacts import install_set
 
-    old = None
-    if final.exists():
-        old = final.with_name(f".{final.name}.old-{os.getpid()}")
-        final.rename(old)
-    staged.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    install_set(staged, final)
 
 
 def _remove_empty(folder: Path) -> None:

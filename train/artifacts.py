@@ -681,6 +681,25 @@ def check_output(out: str | Path, name: str) -> Path:
     return final
 
 
+def install_set(staged: Path, final: Path) -> None:
+    """Replace the folder ``final`` (absent, or a model set) by the folder ``staged`` beside it: the
+    old set is moved aside, the new one in, then the old one removed. An interrupt or error between
+    the two moves puts the old set back (it was left hidden as ``.NAME.old-PID``, with nothing at
+    ``final``)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".{final.name}.old-{os.getpid()}")
+        final.rename(old)
+    try:
+        staged.rename(final)
+    except BaseException:
+        if old is not None:
+            old.rename(final)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def write_model_set(
     out: Path,
     name: str,
@@ -741,18 +760,7 @@ def write_model_set(
         (tmp / META).write_text(json.dumps(body, indent=1, sort_keys=False, default=str) + "\n")
         if collectives is not None:
             write_collectives(tmp, collectives)
-        old = None
-        if final.exists():
-            old = out / f".{name}.old-{os.getpid()}"
-            final.rename(old)
-        try:
-            tmp.rename(final)
-        except BaseException:  # Ctrl-C or a failure between the two renames: the old set back, whole
-            if old is not None:
-                old.rename(final)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        install_set(tmp, final)
         os.chmod(final, 0o755)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -533,6 +533,11 @@ def test_a_failure_between_the_renames_puts_the_old_set_back(tmp_path, fitted, m
     assert {p.name: p.read_bytes() for p in root.iterdir()} == before
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["toy"]  # no temporary or hidden set left
     load_model_set(root)
+    fresh = tmp_path / "fresh"  # calibrate installs its staged set the same way (install_set)
+    fresh.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        artifacts.install_set(fresh, root)
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before and fresh.is_dir()
 
 
 def test_a_meta_json_past_its_bound_is_refused_unread(model_dir, monkeypatch):
