@@ -276,10 +276,17 @@ def read_table(path: str | Path) -> pa.Table:
 
 
 def read_dataset(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
-    """Read one or more datasets (files or folders of per-rank parts) into one validated frame."""
+    """Read one or more datasets (files or folders of per-rank parts) into one validated frame; a file
+    named more than once (directly or through a folder) is read once."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
-    files = [f for p in paths for f in dataset_files(p)]
+    # each file once, however often it is named (a file twice, or a file and its folder): its rows
+    # were read, fitted and scored twice over
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        for f in dataset_files(p):
+            seen.setdefault(f.resolve(), f)
+    files = list(seen.values())
     if not files:
         raise OpcastError(f"no parquet files found in {', '.join(map(str, paths))}")
     table = pa.concat_tables([read_table(f) for f in files])

@@ -92,6 +92,15 @@ def test_folders_of_parts_are_merged(tmp_path):
     assert len(read_dataset(tmp_path)) == 3
 
 
+def test_a_file_named_twice_is_read_once(tmp_path):
+    """The same file given twice, or a file and its folder, was read (and fitted, and scored) twice."""
+    rows = _rows()
+    part = write_parquet(rows[:1], tmp_path / "bench" / "rank0000-a-0000.parquet")
+    write_parquet(rows[1:], tmp_path / "bench" / "rank0001-a-0000.parquet")
+    assert len(read_dataset([part, part])) == 1
+    assert len(read_dataset([part, tmp_path / "bench" / ".." / "bench" / part.name, tmp_path])) == 3
+
+
 def test_missing_required_value_and_unknown_column_are_refused():
     rows = _rows()
     del rows[0]["time_s_median"]
