@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -94,3 +96,24 @@ def output_folder_problem(flag: str, path: Path, *, holds: str = "") -> str | No
     if not os.access(base, os.W_OK | os.X_OK):
         return f"{flag} {path}: {base} is not writable; choose a writable folder"
     return None
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """While the body runs, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does, so the cleanup of a
+    half-written output runs (the default action ends the process on the spot and leaves it). For
+    writes outside a command's own signal handling (``collect`` has :mod:`opcast.collect.signals`);
+    off the main thread it does nothing."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)

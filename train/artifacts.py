@@ -713,59 +713,62 @@ def write_model_set(
     any, all before the new set replaces the old one: a file that would not load stops the write
     with the old set whole. An existing model set of that name is replaced; anything else there is
     refused (:func:`check_output`)."""
-    out = Path(out)
-    final = check_output(out, name)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
-    except OSError as err:
-        raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
-    try:
-        predictors: dict[str, Any] = {}
-        files: dict[str, str] = {}
-        for key, (est, entry) in sorted(fitted.items()):
-            record = {"group": key, "estimator": est.name, "features": list(est.feature_names)}
-            path = est.save(tmp / key, record=record)
-            files[path.name] = sha256_file(path)
-            predictors[key] = {
-                **entry,
-                "file": path.name,
-                "estimator": est.name,
-                "features": list(est.feature_names),
-                "config": est.config(),
-            }
-            seen = getattr(est, "seen", None)  # a SeenSplit: the training devices' own estimator too
-            if seen is not None:
-                stem = key + SEEN_SUFFIX
-                record = {"group": stem, "estimator": seen.name, "features": list(seen.feature_names)}
-                path = seen.save(tmp / stem, record=record)
+    from opcast.atomic import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # a SIGTERM mid-write removes the half-written folder, as Ctrl-C does
+        out = Path(out)
+        final = check_output(out, name)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=out))
+        except OSError as err:
+            raise OpcastError(f"cannot write to {out}: {err.strerror}; choose a writable --out folder") from None
+        try:
+            predictors: dict[str, Any] = {}
+            files: dict[str, str] = {}
+            for key, (est, entry) in sorted(fitted.items()):
+                record = {"group": key, "estimator": est.name, "features": list(est.feature_names)}
+                path = est.save(tmp / key, record=record)
                 files[path.name] = sha256_file(path)
-                predictors[key]["seen"] = {
-                    **entry.get("seen", {}),
+                predictors[key] = {
+                    **entry,
                     "file": path.name,
-                    "estimator": seen.name,
-                    "features": list(seen.feature_names),
-                    "config": seen.config(),
+                    "estimator": est.name,
+                    "features": list(est.feature_names),
+                    "config": est.config(),
                 }
-        body = {
-            "format_version": FORMAT_VERSION,
-            "name": name,
-            "features_version": FEATURES_VERSION,
-            "versions": library_versions(),
-            **meta,
-            "predictors": predictors,
-            "files": files,
-        }
-        body["meta_sha256"] = _meta_digest(json.loads(json.dumps(body, default=str)))
-        (tmp / META).write_text(json.dumps(body, indent=1, sort_keys=False, default=str) + "\n")
-        if collectives is not None:
-            write_collectives(tmp, collectives)
-        install_set(tmp, final)
-        os.chmod(final, 0o755)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return final
+                seen = getattr(est, "seen", None)  # a SeenSplit: the training devices' own estimator too
+                if seen is not None:
+                    stem = key + SEEN_SUFFIX
+                    record = {"group": stem, "estimator": seen.name, "features": list(seen.feature_names)}
+                    path = seen.save(tmp / stem, record=record)
+                    files[path.name] = sha256_file(path)
+                    predictors[key]["seen"] = {
+                        **entry.get("seen", {}),
+                        "file": path.name,
+                        "estimator": seen.name,
+                        "features": list(seen.feature_names),
+                        "config": seen.config(),
+                    }
+            body = {
+                "format_version": FORMAT_VERSION,
+                "name": name,
+                "features_version": FEATURES_VERSION,
+                "versions": library_versions(),
+                **meta,
+                "predictors": predictors,
+                "files": files,
+            }
+            body["meta_sha256"] = _meta_digest(json.loads(json.dumps(body, default=str)))
+            (tmp / META).write_text(json.dumps(body, indent=1, sort_keys=False, default=str) + "\n")
+            if collectives is not None:
+                write_collectives(tmp, collectives)
+            install_set(tmp, final)
+            os.chmod(final, 0o755)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return final
 
 
 # --------------------------------------------------------------------------- learned collectives

@@ -548,3 +548,29 @@ def test_a_meta_json_past_its_bound_is_refused_unread(model_dir, monkeypatch):
     with pytest.raises(OpcastError, match="larger than") as err:
         load_model_set(model_dir)
     assert "meta.json" in _one_line(err)
+
+
+def test_sigterm_mid_write_leaves_no_half_written_folder(tmp_path, fitted, monkeypatch):
+    """SIGTERM's default action ended train fit on the spot: a signal while the set was being written
+    left the hidden temporary folder behind; now it is removed as on Ctrl-C, and the old set stays."""
+    import os
+    import signal
+
+    root = write_model_set(tmp_path / "models", "toy", fitted[1], {"datasets": []})
+    before = {p.name: p.read_bytes() for p in root.iterdir()}
+    real = artifacts.sha256_file
+    calls = []
+
+    def hash_then_terminate(path):
+        calls.append(path)
+        if len(calls) == 2:  # the second predictor file is written: the folder is half done
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(path)
+
+    monkeypatch.setattr(artifacts, "sha256_file", hash_then_terminate)
+    handler = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt):
+        write_model_set(tmp_path / "models", "toy", fitted[1], {"datasets": [], "name": "new"})
+    assert signal.getsignal(signal.SIGTERM) == handler
+    assert [p.name for p in (tmp_path / "models").iterdir()] == ["toy"]
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == before
