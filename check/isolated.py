@@ -103,7 +103,9 @@ def in_fresh_process(
         collection went on measuring, holding its lock, and died on the closed pipe)."""
         terminated.append(signum)
         if not forward_sigint:
-            raise KeyboardInterrupt  # the child is stopped below, as on Ctrl-C
+            from opcast.errors import Terminated
+
+            raise Terminated  # the child is stopped below, as on Ctrl-C
         if proc.pid is not None and proc.is_alive():
             os.kill(proc.pid, signal.SIGTERM)  # collect bench finishes its point and returns what it measured
 
@@ -128,7 +130,9 @@ def in_fresh_process(
             if late:
                 raise Overran(timeout_s or 0.0) from None
             if terminated:  # the child died of the SIGTERM passed on: an interrupt, not a failure
-                raise KeyboardInterrupt from None
+                from opcast.errors import Terminated
+
+                raise Terminated from None
             from opcast.errors import OpcastError
 
             why = " (killed: out of memory?)" if proc.exitcode in (-9, 137) else ""

@@ -99,15 +99,17 @@ def output_folder_problem(flag: str, path: Path, *, holds: str = "") -> str | No
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    from opcast.errors import Terminated
+
+    raise Terminated
 
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
-    """While the body runs, SIGTERM raises ``KeyboardInterrupt`` as Ctrl-C does, so the cleanup of a
-    half-written output runs (the default action ends the process on the spot and leaves it). For
-    writes outside a command's own signal handling (``collect`` has :mod:`opcast.collect.signals`);
-    off the main thread it does nothing."""
+    """While the body runs, SIGTERM raises :class:`~opcast.errors.Terminated` (a ``KeyboardInterrupt``),
+    so the cleanup of a half-written output runs (the default action ends the process on the spot and
+    leaves it), and the CLI exits 143. For writes outside a command's own signal handling (``collect``
+    has :mod:`opcast.collect.signals`); off the main thread it does nothing."""
     try:
         previous = signal.signal(signal.SIGTERM, _interrupt)
     except ValueError:  # not the main thread

@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 from opcast.check.validate_cli import calibrate_cmd, validate_cmd
 from opcast.cli_common import console, err_console, print_frame
 from opcast.collect.cli import app as collect_app
-from opcast.errors import OpcastError
+from opcast.errors import OpcastError, Terminated
 from opcast.predict.cli import app as predict_app
 from opcast.predict.search_cli import app as search_app
 from opcast.predict.whatif_cli import compare_app, explore_app
@@ -49,8 +49,13 @@ def _refuse_blank_paths(command: Any) -> None:
 
 
 class _Interrupted(Exception):
-    """A ``KeyboardInterrupt`` (Ctrl-C) out of a command, carried past typer to :func:`main`: typer
-    >= 0.22 turns one into a silent exit code 130 when not standalone, so the boundary never saw it."""
+    """A ``KeyboardInterrupt`` (Ctrl-C, or SIGTERM as :class:`~opcast.errors.Terminated`) out of a
+    command, carried past typer to :func:`main`: typer >= 0.22 turns one into a silent exit code 130
+    when not standalone, so the boundary never saw it."""
+
+    def __init__(self, terminated: bool) -> None:
+        super().__init__()
+        self.terminated = terminated
 
 
 class _Root(TyperGroup):
@@ -65,8 +70,8 @@ class _Root(TyperGroup):
     def invoke(self, ctx: Any) -> Any:
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            raise _Interrupted from None
+        except KeyboardInterrupt as exc:
+            raise _Interrupted(isinstance(exc, Terminated)) from None
 
 
 app = typer.Typer(
@@ -263,7 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click_exc.ClickException as exc:  # usage errors: unknown command or option, bad value, missing option
         return _fail(_usage_line(exc), exc.exit_code)
-    except (typer.Abort, KeyboardInterrupt, _Interrupted):
+    except (typer.Abort, KeyboardInterrupt, _Interrupted) as exc:
+        if isinstance(exc, Terminated) or getattr(exc, "terminated", False):
+            return _fail("opcast: terminated (SIGTERM); what was written is kept", 143)
         return _fail("opcast: interrupted; what was written is kept", 130)
     except BrokenPipeError:  # the reader went away (| head): not an error of ours
         _silence_stdout()

@@ -11,3 +11,8 @@ from __future__ import annotations
 
 class OpcastError(ValueError):
     """A one-line, user-fixable error (exit code 2 at the CLI)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM taken as an interrupt where opcast catches it (a model set being written, a stage of
+    calibrate running): the same cleanup as Ctrl-C, and exit code 143 (128 + SIGTERM) at the CLI."""

@@ -83,3 +83,17 @@ def test_an_interrupt_inside_a_real_command_is_the_interrupted_line(monkeypatch,
     assert cli.main(["hardware", "list"]) == 130
     err = capsys.readouterr().err.strip()
     assert err == "opcast: interrupted; what was written is kept", err
+
+
+def test_sigterm_taken_as_an_interrupt_exits_143(monkeypatch, capsys):
+    """Where opcast turns SIGTERM into an interrupt (a model set being written, a calibrate stage), the
+    exit code stays 128 + SIGTERM, as the README says, not Ctrl-C's 130."""
+    import opcast.hardware
+    from opcast.errors import Terminated
+
+    def terminated():
+        raise Terminated
+
+    monkeypatch.setattr(opcast.hardware, "catalog", terminated)
+    assert cli.main(["hardware", "list"]) == 143
+    assert capsys.readouterr().err.strip() == "opcast: terminated (SIGTERM); what was written is kept"
