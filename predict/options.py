@@ -185,6 +185,19 @@ def _distinct_outputs(*names: str) -> Callable[[Args], str | None]:
     return check
 
 
+def _num_requests(n: int) -> str | None:
+    from opcast.predict.serve.requests import MAX_REQUESTS
+
+    if n < 1:
+        return f"--num-requests {n} must be >= 1"
+    if n > MAX_REQUESTS:
+        return (
+            f"--num-requests {n}: at most {MAX_REQUESTS:,} requests are simulated (a million take ~100 s); "
+            "percentiles settle long before, so give fewer"
+        )
+    return None
+
+
 def _models_rule(o: Args) -> str | None:
     from opcast.predict.cost import models_flag_problem
 
@@ -779,7 +792,7 @@ SERVE = (
         int,
         "Requests to simulate (with --rate).",
         1000,
-        check=lambda v: None if v >= 1 else f"--num-requests {v} must be >= 1",
+        check=_num_requests,
     ),
     Opt(
         "input_len",

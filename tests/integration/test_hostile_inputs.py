@@ -979,6 +979,13 @@ CASES: list[Case] = [
         needles=("--nodes", "2**63"),
     ),
     _c("serve-requests-past-int64", *SERVE, "--num-requests", "1" + "0" * 20, needles=("--num-requests", "2**63")),
+    _c(  # held 11.8 GB after 60 s and would have run for hours
+        "serve-requests-1e8",
+        *SERVE,
+        "--num-requests",
+        "100000000",
+        needles=("--num-requests 100000000: at most 10,000,000 requests",),
+    ),
     _c("serve-replicas-past-int64", *SERVE, "--replicas", "1" + "0" * 20, needles=("--replicas", "2**63")),
     _c(
         "serve-trace-column-twice",
