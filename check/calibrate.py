@@ -550,13 +550,6 @@ def _move_all(files: Sequence[Path], dest: Path) -> None:
         os.replace(f, dest / f.name)
 
 
-def _install(staged: Path, final: Path) -> None:
-    """Replace ``final`` (absent or an older model set) by ``staged`` (the old set back on failure)."""
-    from opcast.train.artifacts import install_set
-
-    install_set(staged, final)
-
-
 def _remove_empty(folder: Path) -> None:
     with contextlib.suppress(OSError):  # absent, or not empty: left as it is
         folder.rmdir()
@@ -947,8 +940,10 @@ def run_calibrate(
         )
     if wide:
         notes.append("; ".join(wide) + "; kept because of --allow-busy")
+    from opcast.train.artifacts import install_set
+
     final = out / cfg.name
-    _install(fitted.path, final)
+    install_set(fitted.path, final)  # the old set back on failure
     _remove_empty(staging)
 
     # 5. after, with the new models

@@ -52,6 +52,14 @@ def write_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     return replace_with(temp_beside(path), path, write)
 
 
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists (a file, when ``path`` lies below one: ``exists()``
+    is False below a file); the folders a write would make start below it."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def output_file_problem(flag: str, path: Path, suffixes: tuple[str, ...] = (), *, example: str = "") -> str | None:
     """Why ``flag PATH`` cannot name a file to write, found before any work, or None: a folder, a
     path below a file (its folders could not be made), or a suffix not in ``suffixes`` (with the
@@ -59,9 +67,7 @@ def output_file_problem(flag: str, path: Path, suffixes: tuple[str, ...] = (), *
     example = example or f"out{suffixes[0] if suffixes else ''}"
     if path.is_dir():
         return f"{flag} {path} is a folder; give a file name such as {path / example}"
-    parent = path.parent
-    while not parent.exists() and parent != parent.parent:  # exists() is False below a file, too
-        parent = parent.parent
+    parent = _nearest_existing(path.parent)
     if not parent.is_dir():
         return f"{flag} {path} lies under {parent}, which is a file; choose another path"
     if suffixes and path.suffix not in suffixes:
@@ -86,9 +92,7 @@ def output_folder_problem(flag: str, path: Path, *, holds: str = "") -> str | No
     try:
         if path.exists() and not path.is_dir():
             return f"{flag} {path} is a file; give a folder{f' ({holds})' if holds else ''}"
-        base = path
-        while not base.exists() and base != base.parent:  # exists() is False below a file, too
-            base = base.parent
+        base = _nearest_existing(path)
     except OSError as err:
         return f"{flag} {path} cannot be inspected ({err.strerror}); choose a readable, writable folder"
     if not base.is_dir():

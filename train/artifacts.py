@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, answers_as_trained, die_twin, spec_from_dict
+from opcast.hardware import DeviceSpec, answers_as_trained, die_twin, read_capped, spec_from_dict
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import (
     FEATURES,
@@ -529,8 +529,7 @@ def _read_meta(
     have smaller bounds of their own); any problem reading or parsing it is one :class:`OpcastError`
     line that ends with ``fix``."""
     try:
-        with meta_path.open("rb") as f:
-            data = f.read(META_MAX_BYTES + 1)
+        data = read_capped(meta_path, META_MAX_BYTES)
     except OSError as err:
         raise OpcastError(f"{meta_path}: cannot be read ({err.strerror}); fix its permissions or {fix}") from None
     if len(data) > META_MAX_BYTES:

@@ -330,7 +330,7 @@ def simulate(
         dur = step_s(prefill, decode, decode_kv) + overhead.time_s(seqs)
         steps.append(
             Step(
-                replica=r if r < n_prefill else r + shift,
+                replica=glob(r),
                 start_s=now,
                 duration_s=dur,
                 prefill_tokens=max_tokens - budget - decode,
