@@ -375,7 +375,7 @@ register(
         kind=OpKind.GEMM,
         doc="C[b,m,n] = A[b,m,k] @ B[b,k,n]; b=1 is a plain linear layer (m tokens, k in, n out features)",
         params=(
-            Param(name="b", type=int, doc="batch of independent matrix products"),
+            Param(name="b", type=int, doc="batch of independent matrix products", default=1),
             Param(name="m", type=int, doc="rows of A and C"),
             Param(name="n", type=int, doc="columns of B and C"),
             Param(name="k", type=int, doc="reduction dimension"),

@@ -215,6 +215,16 @@ def test_validation_coerces_and_rejects():
         get_op("conv2d")
 
 
+def test_a_gemm_without_a_batch_is_one_matrix_product():
+    # b=1 is the plain linear layer the kind's doc names; m, n and k stay required
+    g = get_op("gemm")
+    assert g.validate({"m": 64, "n": 32, "k": 16}) == {"b": 1, "m": 64, "n": 32, "k": 16}
+    assert g.validate({"b": float("nan"), "m": 64, "n": 32, "k": 16})["b"] == 1
+    with pytest.raises(OpcastError, match="missing parameter k") as err:
+        g.validate({"m": 64, "n": 32})
+    assert "parameter b" not in str(err.value)
+
+
 def test_optional_parameters_take_their_default_and_still_validate():
     spec = get_op("rope")
     assert spec.validate({"tokens": 8, "heads": 3, "head_dim": 4})["impl"] == "unfused"
