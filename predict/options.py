@@ -561,8 +561,8 @@ KERNELS_INPUT = Opt(
     "input",
     "INPUT",
     Path,
-    "Rows to predict: a .parquet (e.g. an opcast dataset) or .csv with op, dtype, "
-    "direction and the op's parameter columns.",
+    "Rows to predict: a .parquet (e.g. an opcast dataset) or .csv with op, dtype (default bf16), "
+    "direction (default fwd) and the op's parameter columns (a gemm's b defaults to 1).",
     argument=True,
 )
 KERNELS_OUT = Opt(
