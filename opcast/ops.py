@@ -238,6 +238,28 @@ def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
+def _exact_int(value: object) -> int | None:
+    """``value`` as the whole number it writes, or None: ints (numpy's too) and decimal digits as they are,
+    integral floats (parquet, a csv column with blanks) and float text ("1e3", "4096.0") through float.
+    Digits went through float too, so 2**63 - 1 read as 2**63 (and was refused as too large) and
+    9007199254740993 as ...992; the result is bounded (:data:`INT_PARAM_LIMIT`) by the caller."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip()
+        body = text[1:] if text[:1] in ("+", "-") else text
+        digits = whole_number(body) if body[:1].isdecimal() else None  # no blank after a sign
+        if digits is not None:
+            return -digits if text[:1] == "-" else digits
+    try:
+        as_float = float(cast("SupportsFloat | str", value))
+    except (TypeError, ValueError):
+        return None
+    return int(as_float) if as_float.is_integer() else None
+
+
 def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
     if hasattr(value, "item") and not isinstance(value, str):
         value = value.item()  # numpy / pandas scalars as plain Python values
@@ -250,18 +272,14 @@ def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
             return (False, f"missing parameter {p.name} ({p.doc})") if p.default is None else (p.default, "")
         return flag, ""
     if p.type is int:
-        try:
-            # accepts numpy ints, integral floats from parquet, "4096"
-            as_float = float(cast("SupportsFloat | str", value))
-        except (TypeError, ValueError):
+        number = _exact_int(value)
+        if number is None:
             return 0, f"{p.name}={value!r} is not an integer"
-        if isinstance(value, bool) or not as_float.is_integer():
-            return 0, f"{p.name}={value!r} is not an integer"
-        if as_float < p.minimum:
-            return 0, f"{p.name}={int(as_float)} must be >= {p.minimum}"
-        if as_float >= INT_PARAM_LIMIT:
+        if number < p.minimum:
+            return 0, f"{p.name}={number} must be >= {p.minimum}"
+        if number >= INT_PARAM_LIMIT:
             return 0, f"{p.name}={value!r} is too large: give an integer below 2**63 (a dataset column is int64)"
-        return int(as_float), ""
+        return number, ""
     text = str(value)
     if p.choices is not None and text not in p.choices:
         return "", f"{p.name}={text!r} is not one of {', '.join(p.choices)}"

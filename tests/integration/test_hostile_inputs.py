@@ -954,6 +954,18 @@ CASES: list[Case] = [
         *KERNEL[10:],
         needles=("m='1e40' is too large", "below 2**63"),
     ),
+    # integers are read exactly: 2**63 - 1 passed through float became 2**63 and was refused as too large
+    _c(
+        "kernel-param-int64-max",
+        *KERNEL[:9],
+        f"m={2**63 - 1}",
+        *KERNEL[10:],
+        ROOF,
+        "--json",
+        expect="ok",
+        check=_json_check(params={"b": 1, "m": 2**63 - 1, "n": 64, "k": 64}),
+    ),
+    _c("kernel-param-int64-past", *KERNEL[:9], f"m={2**63}", *KERNEL[10:], needles=(f"m='{2**63}' is too large",)),
     _c(
         "infer-context-past-int64-learned",
         "predict",

@@ -225,6 +225,25 @@ def test_a_gemm_without_a_batch_is_one_matrix_product():
     assert "parameter b" not in str(err.value)
 
 
+def test_integer_parameters_are_read_exactly():
+    # digits went through float: 2**63 - 1 read as 2**63 and was refused, 2**53 + 1 lost its last unit
+    g = get_op("gemm")
+    base = {"b": 1, "n": 64, "k": 64}
+    assert g.validate({**base, "m": str(2**63 - 1)})["m"] == 2**63 - 1
+    assert g.validate({**base, "m": str(2**53 + 1)})["m"] == 2**53 + 1
+    assert g.validate({**base, "m": " +64 "})["m"] == 64
+    assert g.validate({**base, "m": "1e3"})["m"] == 1000 and g.validate({**base, "m": "64.0"})["m"] == 64
+    with pytest.raises(OpcastError, match=r"m='9223372036854775808' is too large"):
+        g.validate({**base, "m": str(2**63)})
+    with pytest.raises(OpcastError, match=r"m=-5 must be >= 1"):
+        g.validate({**base, "m": "-5"})
+    for text in ("- 5", "64.5", "x", "True"):
+        with pytest.raises(OpcastError, match="is not an integer"):
+            g.validate({**base, "m": text})
+    with pytest.raises(OpcastError, match="is not an integer"):
+        g.validate({**base, "m": True})
+
+
 def test_optional_parameters_take_their_default_and_still_validate():
     spec = get_op("rope")
     assert spec.validate({"tokens": 8, "heads": 3, "head_dim": 4})["impl"] == "unfused"
