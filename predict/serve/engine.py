@@ -281,7 +281,30 @@ def engine_defaults(engine: str, device) -> EngineConfig:
     raise OpcastError(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
 
 
+def limits_problem(engine: str, max_num_seqs: int, max_num_batched_tokens: int) -> str | None:
+    """Why ``engine`` refuses to start with these step limits, or None. vLLM raises when
+    ``max_num_batched_tokens < max_num_seqs`` (``vllm/config/scheduler.py``,
+    ``SchedulerConfig.verify_max_model_len``: "max_num_batched_tokens (...) must be greater than or equal to
+    max_num_seqs (...)"); a defaulted limit counts, as there (``EngineArgs`` fills only those not given).
+    SGLang and TensorRT-LLM: no such check known; a step then holds at most ``max_num_batched_tokens``
+    sequences (:func:`~opcast.predict.serve.deployment.replica_step_cost` clamps)."""
+    if engine == "vllm" and max_num_batched_tokens < max_num_seqs:
+        return (
+            f"max_num_batched_tokens {max_num_batched_tokens:,} is below max_num_seqs {max_num_seqs:,}, which vLLM "
+            "refuses (every running sequence needs a token of the step)"
+        )
+    return None
+
+
 def engine_config(engine: str, device, **overrides) -> EngineConfig:
-    """``engine``'s defaults on ``device`` with every override that is not None."""
+    """``engine``'s defaults on ``device`` with every override that is not None; raises
+    :class:`OpcastError` for limits the engine refuses (:func:`limits_problem`)."""
     base = engine_defaults(engine, device)
-    return dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    config = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+    problem = limits_problem(config.engine, config.max_num_seqs, config.max_num_batched_tokens)
+    if problem is not None:
+        raise OpcastError(
+            f"{problem}: give --max-num-batched-tokens >= {config.max_num_seqs} or --max-num-seqs <= "
+            f"{config.max_num_batched_tokens}"
+        )
+    return config

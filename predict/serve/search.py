@@ -79,7 +79,7 @@ from opcast.predict.moe_dispatch import dispatcher_problem
 from opcast.predict.parallel import MAX_GPUS, InferConfig
 from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
 from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
-from opcast.predict.serve.engine import ENGINES, engine_config, engine_defaults
+from opcast.predict.serve.engine import ENGINES, EngineConfig, engine_config, engine_defaults, limits_problem
 from opcast.predict.serve.kv_cache import kv_capacity
 from opcast.predict.serve.metrics import PERCENTILES, ServeMetrics
 from opcast.predict.serve.requests import RequestStream
@@ -323,15 +323,45 @@ def ep_problems(arch: ArchSpec, device, space: ServeSpace) -> list[str]:
     return []
 
 
+def _limit_grids(base: EngineConfig, space: ServeSpace) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ``max_num_seqs`` and ``max_num_batched_tokens`` values the space tries, given or the grids."""
+    seqs = space.max_num_seqs or tuple(sorted({*SEQS_GRID, base.max_num_seqs}))
+    tokens = space.max_num_batched_tokens or tuple(sorted({*TOKENS_GRID, base.max_num_batched_tokens}))
+    return seqs, tokens
+
+
+def limit_problems(device, space: ServeSpace) -> list[str]:
+    """Why a --max-num-seqs value pairs with no --max-num-batched-tokens value the engine accepts
+    (:func:`~opcast.predict.serve.engine.limits_problem`): only the pairs it accepts are tried, and a value
+    given of none of them would have been dropped without a word (one of the default grid is left out, unless
+    none is left)."""
+    seqs, tokens = _limit_grids(engine_defaults(space.engine, device), space)
+    if not seqs or not tokens or min(*seqs, *tokens) < 1:  # space_problems names these
+        return []
+    lone = [s for s in dict.fromkeys(seqs) if limits_problem(space.engine, s, max(tokens)) is not None]
+    if not lone or (space.max_num_seqs is None and len(lone) < len(set(seqs))):
+        return []  # a value of the default grid that pairs with none is left out, as long as one is left
+    given = "--max-num-seqs" if space.max_num_seqs is not None else "max_num_seqs (the default grid)"
+    return [
+        f"{given} {','.join(map(str, lone))} exceeds every --max-num-batched-tokens tried "
+        f"({','.join(map(str, tokens))}), which {space.engine} refuses (a step needs a token for each sequence); "
+        f"give --max-num-seqs <= {max(tokens)} or --max-num-batched-tokens >= {max(lone)}"
+    ]
+
+
 def deployments(arch: ArchSpec, device, space: ServeSpace) -> list[Deployment]:
     """Every deployment of the space, in the order they are tried: fewest GPUs first, then the
     smaller tp, the shallower pipeline, colocated before split (fewest prefill replicas first), then
     the engine's default limits before the others (largest first)."""
     base = engine_defaults(space.engine, device)
-    seqs = space.max_num_seqs or tuple(sorted({*SEQS_GRID, base.max_num_seqs}))
-    tokens = space.max_num_batched_tokens or tuple(sorted({*TOKENS_GRID, base.max_num_batched_tokens}))
+    seqs, tokens = _limit_grids(base, space)
     limits = sorted(
-        ((s, t) for s in dict.fromkeys(seqs) for t in dict.fromkeys(tokens)),
+        (
+            (s, t)
+            for s in dict.fromkeys(seqs)
+            for t in dict.fromkeys(tokens)
+            if limits_problem(space.engine, s, t) is None  # a pair the engine refuses is no deployment
+        ),
         key=lambda st: (st != (base.max_num_seqs, base.max_num_batched_tokens), -st[0], -st[1]),
     )
     out = []
@@ -426,7 +456,7 @@ def search_serve(
     module docstring). ``kernels`` prices every step table (its cache is shared by all of them);
     ``comms`` defaults to the collectives :func:`predict_serve` uses. Raises :class:`OpcastError`
     for a malformed request, never for an empty answer (``ranked`` is then empty)."""
-    problems = space_problems(space) or ep_problems(arch, device, space)
+    problems = space_problems(space) or ep_problems(arch, device, space) or limit_problems(device, space)
     if problems:
         raise OpcastError("; ".join(problems))
     if comms is None:

@@ -24,6 +24,7 @@ from opcast.predict.serve.search import (
     ServeSpace,
     deployments,
     ep_problems,
+    limit_problems,
     misses_that_break,
     parse_splits,
     search_serve,
@@ -338,6 +339,33 @@ def test_an_ep_no_deployment_can_take_is_refused_before_the_search():
         == []
     )
     assert {d.ep for d in deployments(moe, dev, replace(space, ep=(2, 4)))} == {2, 4}
+
+
+def test_limits_vllm_refuses_are_refused_not_clamped():
+    # vLLM (SchedulerConfig.verify_max_model_len) refuses max_num_batched_tokens < max_num_seqs; opcast clamped
+    # the sequences to the tokens without a word and simulated an engine that never starts
+    dev = get_device(GPU)
+    with pytest.raises(
+        OpcastError, match=r"max_num_batched_tokens 256 is below max_num_seqs 4,096.*--max-num-seqs <= 256"
+    ):
+        engine_config("vllm", dev, max_num_seqs=4096, max_num_batched_tokens=256)
+    with pytest.raises(OpcastError, match="below max_num_seqs 1,024"):  # the default counts, as in vLLM
+        engine_config("vllm", dev, max_num_batched_tokens=512)
+    assert engine_config("vllm", dev, max_num_seqs=512, max_num_batched_tokens=512).max_num_seqs == 512
+    assert engine_config("sglang", dev, max_num_batched_tokens=512).max_num_seqs == 1024  # no such rule known
+    arch, space = load_arch(ARCH), ServeSpace(gpus=1, tp=(1,), objective="throughput")
+    # the search tries only the pairs vLLM accepts, and refuses a value given that pairs with none
+    tried = {(d.max_num_seqs, d.max_num_batched_tokens) for d in deployments(arch, dev, space)}
+    assert tried == {(128, 2048), (128, 8192), (1024, 2048), (1024, 8192)}
+    small = replace(space, max_num_batched_tokens=(512,))
+    assert limit_problems(dev, small) == []
+    assert {(d.max_num_seqs, d.max_num_batched_tokens) for d in deployments(arch, dev, small)} == {(128, 512)}
+    assert limit_problems(dev, replace(space, max_num_seqs=(64, 4096), max_num_batched_tokens=(2048,))) == [
+        "--max-num-seqs 4096 exceeds every --max-num-batched-tokens tried (2048), which vllm refuses (a step needs "
+        "a token for each sequence); give --max-num-seqs <= 2048 or --max-num-batched-tokens >= 4096"
+    ]
+    assert "(the default grid) 128,1024 exceeds" in limit_problems(dev, replace(space, max_num_batched_tokens=(64,)))[0]
+    assert limit_problems(dev, replace(space, engine="sglang", max_num_batched_tokens=(64,))) == []
 
 
 @pytest.mark.parametrize("dispatcher", ["flex", "allgather"])
