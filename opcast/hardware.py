@@ -527,6 +527,24 @@ def get_device(name: str | Path) -> DeviceSpec:
     return specs[found]
 
 
+def device_name_beside(name: str, folder: Path) -> str:
+    """``name``, a GPU as :func:`get_device` reads it, written in a file of ``folder`` (a cluster file's
+    ``gpu``): a relative device-file path is taken from that folder, as the file's author sees it, not from
+    the working directory; catalog names, local devices and absolute paths stay as they are, and so do the
+    settings of a derived ``NAME[field=xK,...]``."""
+    text = name.strip()
+    derived = _DERIVED.fullmatch(text)
+    if derived and not text.lower().endswith(".json"):
+        if text.count("[") > MAX_DERIVED_GROUPS:  # get_device refuses it
+            return name
+        return f"{device_name_beside(derived.group(1), folder)}[{derived.group(2)}]"
+    path = Path(text).expanduser()
+    beside = folder / path
+    if path.is_absolute() or not (text.lower().endswith(".json") or ("/" in text and _exists(beside))):
+        return name
+    return str(beside)
+
+
 # ---------------------------------------------------------------------- what-if: derived devices
 
 PEAKS_GROUP = "peak_flops"

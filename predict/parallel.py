@@ -21,7 +21,7 @@ from typing import Literal, get_args
 from opcast.archs import ArchSpec
 from opcast.dtypes import gemm_dtype
 from opcast.errors import OpcastError
-from opcast.hardware import read_json_file
+from opcast.hardware import device_name_beside, read_json_file
 from opcast.ops import INT_PARAM_LIMIT, whole_number
 from opcast.predict.comm import Group, place
 from opcast.predict.frameworks import FrameworkName
@@ -1003,9 +1003,9 @@ _CLUSTER_NAME = re.compile(r"\s*([A-Za-z][\w.\-]*?)(?::(\d+))?\s*")
 def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
     """``--cluster``: ``NODESxGPUS`` (e.g. ``16x8``), a catalog cluster ``NAME`` or ``NAME:NODES``
     (``data/clusters``, :mod:`opcast.clusters`), a catalog-style cluster JSON file, or a JSON file
-    with keys ``nodes``, ``gpus_per_node`` and optional ``name``, ``gpu`` (a catalog name) and
-    ``source``. Returns the cluster and its GPU name, if it names one (for a catalog cluster, the
-    GPU with the cluster's links and NVLink domain)."""
+    with keys ``nodes``, ``gpus_per_node`` and optional ``name``, ``gpu`` (a catalog name, or a device
+    file taken from the cluster file's folder) and ``source``. Returns the cluster and its GPU name, if it
+    names one (for a catalog cluster, the GPU with the cluster's links and NVLink domain)."""
     from opcast.clusters import cluster_device_name, cluster_from_dict, find_cluster
 
     m = _SHORTHAND.fullmatch(text)
@@ -1045,4 +1045,7 @@ def parse_cluster(text: str) -> tuple[Cluster | ClusterChoice, str | None]:
             problems.append(f"{k!r} must be >= 1 and below 2**63")
     if problems:
         raise OpcastError(f"{path}: " + "; ".join(problems) + f" (valid keys: {', '.join(_CLUSTER_KEYS)})")
-    return Cluster(nodes=data["nodes"], gpus_per_node=data["gpus_per_node"]), data.get("gpu")
+    gpu = data.get("gpu")
+    return Cluster(nodes=data["nodes"], gpus_per_node=data["gpus_per_node"]), (
+        None if gpu is None else device_name_beside(gpu, path.parent)
+    )

@@ -222,6 +222,7 @@ def _build_files(d: Path) -> None:
     # cluster files
     w("cluster_bad.json", json.dumps({"nodes": "two", "gpus_per_node": 8}))
     w("cluster_gpu.json", json.dumps({"nodes": 2, "gpus_per_node": 8, "gpu": "A100-SXM4-80GB"}))
+    w("cluster_gpu_file.json", json.dumps({"nodes": 1, "gpus_per_node": 8, "gpu": "gpu_ok.json"}))
     dgx = json.loads((Path(__file__).resolve().parents[2] / "data" / "clusters" / "dgx-h100.json").read_text())
     w("cluster_bw_huge.json", json.dumps({**dgx, "name": "mine", "aliases": [], "nic_bw_bytes_per_s": 10**400}))
     # a file where a folder is expected
@@ -667,6 +668,20 @@ CASES: list[Case] = [
         "--cluster",
         "{d}/cluster_gpu.json",
         needles=("names gpu A100-SXM4-80GB, --gpu names H100-SXM", "give one GPU"),
+    ),
+    # a device file named relative to the cluster file was looked up in the working directory
+    _c(
+        "cluster-gpu-file-beside",
+        "predict",
+        "train",
+        "--arch",
+        "gpt3-125m",
+        "--cluster",
+        "{d}/cluster_gpu_file.json",
+        ROOF,
+        "--json",
+        expect="ok",
+        check=_json_check(gpu="my-gpu"),
     ),
     _c(
         "cluster-nodes-past-int64",

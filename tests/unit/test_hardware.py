@@ -13,6 +13,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import (
     DeviceSpec,
     catalog,
+    device_name_beside,
     device_to_dict,
     get_device,
     load_device_file,
@@ -259,6 +260,20 @@ def test_a_derived_name_of_too_many_groups_is_refused_by_name() -> None:
     assert get_device("H100-SXM" + "[sm_count=x1]" * hardware.MAX_DERIVED_GROUPS).sm_count == 132
     with pytest.raises(OpcastError, match=r"chains 5000 \[\.\.\.\] groups; give its settings in one NAME"):
         get_device("H100-SXM" + "[]" * 5000)
+
+
+def test_a_device_file_named_in_a_file_is_taken_from_its_folder(tmp_path: Path) -> None:
+    # a cluster file's gpu "mine.json" was looked up in the working directory, not beside the cluster file
+    folder = tmp_path / "c"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "x").write_text("{}")
+    assert device_name_beside("mine.json", folder) == str(folder / "mine.json")
+    assert device_name_beside("sub/x", folder) == str(folder / "sub" / "x")
+    assert device_name_beside("mine.json[peak_flops=x2][mem_bytes=x2]", folder) == (
+        str(folder / "mine.json") + "[peak_flops=x2][mem_bytes=x2]"
+    )
+    for name in ("H100-SXM", "H100-SXM[mem_bw_bytes_per_s=x2]", "cuda:0", str(tmp_path / "abs.json"), "no/such"):
+        assert device_name_beside(name, folder) == name
 
 
 def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
