@@ -24,6 +24,7 @@ from typing import Any
 
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec, device_to_dict, get_device, load_device_file
+from opcast.ops import whole_number
 
 _CPU_MATMUL_BUDGET_S = {"fp32": 0.25, "bf16": 0.1, "fp16": 0.1}
 _CPU_COPY_BUDGET_S = 0.15
@@ -50,8 +51,10 @@ def describe_local(device: str = "cpu", *, remeasure: bool = False) -> DeviceSpe
     if text == "cpu":
         return _describe_cpu(remeasure)
     m = re.fullmatch(r"cuda(?::(\d+))?", text)
-    if m:
-        return _describe_cuda(int(m.group(1) or 0), remeasure)
+    if m:  # int() of more than 4,300 digits raised ValueError: whole_number bounds the index instead
+        index = whole_number(m.group(1)) if m.group(1) else 0
+        if index is not None:
+            return _describe_cuda(text if len(text) <= 40 else text[:37] + "...", index, remeasure)
     raise OpcastError(f"unknown local device '{device}'; use cpu, cuda or cuda:N")
 
 
@@ -276,17 +279,18 @@ _CUDA_FP32_LANES = {
 }
 
 
-def _describe_cuda(index: int, remeasure: bool) -> DeviceSpec:
+def _describe_cuda(name: str, index: int, remeasure: bool) -> DeviceSpec:
+    """The CUDA device ``index``, asked for as ``name`` (``cuda``, ``cuda:N``: the messages say which)."""
     import torch  # lazy: only the local benchmarks need it
 
     if not torch.cuda.is_available():
         raise OpcastError(
-            "device 'cuda' requested but torch sees no GPU (torch.cuda.is_available() is False); "
+            f"device '{name}' requested but torch sees no GPU (torch.cuda.is_available() is False); "
             "use 'cpu' or a catalog GPU name"
         )
     count = torch.cuda.device_count()
     if index >= count:
-        raise OpcastError(f"cuda:{index} does not exist: torch sees {count} GPU(s); use cuda:0..cuda:{count - 1}")
+        raise OpcastError(f"{name} does not exist: torch sees {count} GPU(s); use cuda:0..cuda:{count - 1}")
     props = torch.cuda.get_device_properties(index)
     try:
         return get_device(props.name)

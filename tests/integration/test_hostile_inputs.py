@@ -948,6 +948,9 @@ CASES: list[Case] = [
     # ---- rich's :emoji: codes are not rendered in messages: the input is printed as given
     _c("emoji-code-in-a-path", "train", "eval", "{d}/a:fire:b.parquet", needles=("a:fire:b.parquet",)),
     _c("emoji-code-in-a-name", "hardware", "show", "x:smile:y", needles=("'x:smile:y'",)),
+    # the message said 'cuda' for cuda:99, and an index of 5,000 digits was int()'s ValueError (exit 1)
+    _c("hardware-show-cuda-index", "hardware", "show", "cuda:99", needles=("cuda:99",)),
+    _c("hardware-show-cuda-digits", "hardware", "show", "cuda:" + "9" * 5000, needles=("cuda:9999",)),
     _c(
         "validate-batch-zero",
         *VALIDATE[:2],
