@@ -891,11 +891,11 @@ def list_archs() -> list[str]:
     return sorted(p.stem for p in _presets_dir().glob("*.json"))
 
 
-def load_arch(name_or_path: str | Path) -> ArchSpec:
+def load_arch(name_or_path: str | Path, *, given_as: str = "--arch") -> ArchSpec:
     """A preset by name (case- and separator-insensitive), a preset-style JSON file, or a
-    Hugging Face ``config.json`` (or a folder holding one)."""
+    Hugging Face ``config.json`` (or a folder holding one). ``given_as`` names where the user wrote it."""
     if not str(name_or_path).strip():  # Path("") is the current folder
-        raise OpcastError("--arch is empty; give a preset name (opcast arch list), a preset JSON or a config.json")
+        raise OpcastError(f"{given_as} is empty; give a preset name (opcast arch list), a preset JSON or a config.json")
     path = Path(name_or_path)
     try:
         exists = path.exists()

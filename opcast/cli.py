@@ -181,7 +181,7 @@ def arch_show(
 
     from opcast.archs import load_arch
 
-    a = load_arch(name)
+    a = load_arch(name, given_as="the NAME of opcast arch show")
     console.print_json(
         json.dumps({**asdict(a), "params_total": a.params_total(), "active_params_total": a.active_params_total()})
     )

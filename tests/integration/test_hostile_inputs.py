@@ -610,6 +610,8 @@ CASES: list[Case] = [
     _c("arch-nested", "arch", "show", "{d}/nested.json", needles=("nested.json",)),
     _c("arch-digits", *TRAIN, "--arch", "{d}/digits.json", needles=("digits.json", "more than 4300 digits")),
     _c("arch-empty", *TRAIN, "--arch", "", needles=("--arch is empty",)),
+    # it said '--arch is empty' of the positional NAME, which has no such option
+    _c("arch-show-empty", "arch", "show", "", needles=("the NAME of opcast arch show is empty", "a preset name")),
     _c(
         "arch-key-twice",
         *TRAIN,
