@@ -477,12 +477,21 @@ def _slo_text(space) -> str:
     return " and ".join(parts) or "no SLO"
 
 
+def _has_slo(space) -> bool:
+    return space.slo_ttft_s is not None or space.slo_tpot_s is not None
+
+
 def _none_meets(result) -> str:
     s = result.space
     n = len(result.ranked) + len(result.others)
     infeasible = [e for e in result.others if e.status == "infeasible"]
     misses = n - len(infeasible)
     first = f" (e.g. {infeasible[0].deployment.describe()}: {infeasible[0].reason})" if infeasible else ""
+    if not _has_slo(s):  # nothing to miss: every deployment did not fit ('meets no SLO', 'looser SLOs' said before)
+        return (
+            f"no deployment of {result.arch.name} on up to {s.gpus} x {result.device.name} fits for "
+            f"{result.stream.source}: none of {n} deployments fits{first}; try more --gpus or shorter requests"
+        )
     return (
         f"no deployment of {result.arch.name} on up to {s.gpus} x {result.device.name} meets {_slo_text(s)} for "
         f"{result.stream.source}: of {n} deployments, {misses} miss the SLOs and {len(infeasible)} do not fit"
@@ -508,7 +517,8 @@ def _print_serve_search(result, top: int) -> None:
         markup=False,
         highlight=False,
     )
-    table = Table(title=f"top {min(top, len(result.ranked))} of {len(result.ranked)} deployments meeting the SLOs")
+    which = "meeting the SLOs" if _has_slo(s) else "that fit (no SLO)"
+    table = Table(title=f"top {min(top, len(result.ranked))} of {len(result.ranked)} deployments {which}")
     columns = ("#", "GPUs", "replicas x tp x pp", "ep", "max seqs", "max tokens", f"TTFT p{p} ms", f"TPOT p{p} ms")
     for col in (*columns, unit, "SLO met"):
         table.add_column(col, justify="right")
@@ -529,9 +539,14 @@ def _print_serve_search(result, top: int) -> None:
     console.print(table)
     counts = {k: result.count(k) for k in ("misses_slo", "slo_certain_miss", "outranked", "infeasible")}
     sec = result.seconds
+    slo_counts = (
+        f"{len(result.ranked)} meet the SLOs, {counts['misses_slo'] + counts['slo_certain_miss']} miss them "
+        f"({counts['slo_certain_miss']} stopped early), "
+        if _has_slo(s)
+        else f"{len(result.ranked)} fit (no SLO to meet), "
+    )
     console.print(
-        f"{len(result.ranked) + len(result.others)} deployments: {len(result.ranked)} meet the SLOs, "
-        f"{counts['misses_slo'] + counts['slo_certain_miss']} miss them ({counts['slo_certain_miss']} stopped early), "
+        f"{len(result.ranked) + len(result.others)} deployments: {slo_counts}"
         f"{counts['outranked']} cannot beat the best (stopped or skipped), {counts['infeasible']} do not fit; "
         f"{result.tables} step tables, {result.steps:,} steps simulated in {sec['total']:.1f} s",
         markup=False,

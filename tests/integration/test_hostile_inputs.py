@@ -291,6 +291,10 @@ def _no_rows(result: Result, d: Path) -> None:
     assert json.loads(result.out) == []
 
 
+def _no_slo_named(result: Result, d: Path) -> None:
+    assert "SLO" not in result.err, result.err
+
+
 def _arch_list_check(result: Result, d: Path) -> None:
     names = {row["name"] for row in json.loads(result.out)}
     assert {"llama2-7b", "gpt3-175b", "mixtral-8x7b"} <= names
@@ -1056,6 +1060,21 @@ CASES: list[Case] = [
     _c("infer-cluster-digits", *INFER, "--arch", "gpt3-125m", "--cluster", "1" * 5000 + "x8", needles=("below 2**63",)),
     _c("infer-engine-version-superscript", *INFER, "--arch", "gpt3-125m", "--engine-version", "0.\u00b2"),
     _c("search-serve-tp-superscript", "search", "serve", *SERVE[2:], "--gpus", "2", "--tp", "\u00b2"),
+    # without SLOs, a search where nothing fits said 'meets no SLO' and 'try ... looser SLOs'
+    _c(
+        "search-serve-nothing-fits-no-slo",
+        "search",
+        "serve",
+        "--arch",
+        "llama3-405b",
+        *SERVE[4:],
+        "--gpus",
+        "1",
+        "--objective",
+        "throughput",
+        needles=("no deployment of llama3-405b on up to 1 x H100-SXM fits", "does not fit in memory"),
+        check=_no_slo_named,
+    ),
     # vLLM refuses fewer batched tokens than sequences a step; they were clamped without a word
     _c(
         "serve-seqs-past-tokens",
