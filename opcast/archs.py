@@ -991,7 +991,9 @@ class _HfConfig:
         for key in keys:
             if self.cfg.get(key) is not None:
                 return self._checked(key, self.cfg[key], int)
-        self.problems.append(f"missing key '{keys[0]}'" + (f" (or {', '.join(keys[1:])})" if len(keys) > 1 else ""))
+        problem = f"missing key '{keys[0]}'" + (f" (or {', '.join(keys[1:])})" if len(keys) > 1 else "")
+        if problem not in self.problems:  # a key read twice (the layer count by two rules) is named once
+            self.problems.append(problem)
         self.bad.update(keys)
         return 1
 
@@ -1194,6 +1196,12 @@ def arch_from_hf_config(cfg: Mapping[str, Any], name: str, *, origin: str | None
     if not isinstance(model_type, str) or model_type not in HF_MODEL_TYPES:
         raise OpcastError(
             f"{where}: model_type={_show(model_type)} is not supported; supported: {', '.join(HF_MODEL_TYPES)}"
+        )
+    if model_type == "gemma3" and "text_config" in cfg and not isinstance(cfg["text_config"], Mapping):
+        # it was read as a flat config, and each of its keys reported missing (num_hidden_layers twice)
+        raise OpcastError(
+            f"{where}: text_config={_show(cfg['text_config'])} must be a JSON object (Gemma 3's language model: "
+            "hidden_size, num_hidden_layers, ...); give the object, or the text model's own config.json"
         )
     if model_type == "gemma3" and isinstance(cfg.get("text_config"), Mapping):  # Gemma 3's multimodal config
         cfg = {**cfg["text_config"], "model_type": "gemma3_text", "_name_or_path": cfg.get("_name_or_path")}

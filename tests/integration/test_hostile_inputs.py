@@ -130,6 +130,7 @@ def _build_files(d: Path) -> None:
     w("size_dict.json", _hf(hidden_size={"value": 256}))
     w("size_huge.json", _hf(vocab_size=10**40))
     w("topk_group.json", json.dumps({**DEEPSEEK, "topk_group": 5}))
+    w("gemma3_text_list.json", json.dumps({"model_type": "gemma3", "text_config": [1]}))
     w("missing_key.json", json.dumps({k: v for k, v in LLAMA.items() if k != "intermediate_size"}))
     w("nested.json", "[" * 100_000 + "]" * 100_000)
     (d / "binary.json").write_bytes(bytes(range(256)) * 8)
@@ -612,6 +613,14 @@ CASES: list[Case] = [
     _c("arch-topk-group", "arch", "show", "{d}/topk_group.json", needles=("topk_group.json", "topk_group=5 exceeds")),
     _c("arch-missing-key", "arch", "show", "{d}/missing_key.json", needles=("missing_key.json", "intermediate_size")),
     _c("arch-nested", "arch", "show", "{d}/nested.json", needles=("nested.json",)),
+    # a Gemma 3 text_config that is no object was read as a flat config: eight keys 'missing', one twice
+    _c(
+        "arch-gemma3-text-config-list",
+        "arch",
+        "show",
+        "{d}/gemma3_text_list.json",
+        needles=("gemma3_text_list.json", "text_config=[1] must be a JSON object"),
+    ),
     _c("arch-digits", *TRAIN, "--arch", "{d}/digits.json", needles=("digits.json", "more than 4300 digits")),
     _c("arch-empty", *TRAIN, "--arch", "", needles=("--arch is empty",)),
     # it said '--arch is empty' of the positional NAME, which has no such option

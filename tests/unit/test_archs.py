@@ -1188,6 +1188,15 @@ GEMMA3_27B_TEXT = {  # google/gemma-3-27b-it config.json, text_config (the keys 
 }
 
 
+def test_a_gemma3_text_config_that_is_no_object_is_named_and_a_missing_key_once() -> None:
+    with pytest.raises(OpcastError, match=r"text_config='x' must be a JSON object") as err:
+        arch_from_hf_config({"model_type": "gemma3", "text_config": "x"}, name="g")
+    assert "missing key" not in str(err.value)
+    with pytest.raises(OpcastError) as err:  # num_hidden_layers is read by two rules of gemma3: named once
+        arch_from_hf_config({"model_type": "gemma3", "text_config": {"hidden_size": 256}}, name="g")
+    assert str(err.value).count("missing key 'num_hidden_layers'") == 1
+
+
 def test_gemma3_counts_four_norms_a_block_and_windows_five_of_six() -> None:
     """Per block: attention 5376 x (32 + 2 x 16) x 128 + 4096 x 5376 = 66,060,288, q/k norms 256, GeGLU
     3 x 5376 x 21504 = 346,816,512, four norms 21,504; 62 blocks, one tied 262,208 x 5,376 table, the final norm:
