@@ -498,7 +498,9 @@ def get_device(name: str | Path) -> DeviceSpec:
             raise OpcastError(
                 f"GPU '{shown}' chains {text.count('[')} [...] groups; give its settings in one NAME[field=xK,...]"
             )
-        return derive_device(get_device(derived.group(1)), split_settings(derived.group(2)))
+        said = f"GPU '{text if len(text) <= 80 else text[:77] + '...'}'"  # not --set: the user wrote a name
+        settings = [parse_setting(part, said=f"{said} ({part})") for part in split_settings(derived.group(2))]
+        return derive_device(get_device(derived.group(1)), settings, said=said)
     if text.lower().endswith(".json") or ("/" in text and _exists(Path(text).expanduser())):
         path = Path(text).expanduser()
         if _exists(path):
@@ -695,13 +697,20 @@ def kernel_twin(device: DeviceSpec) -> str:
     )
 
 
-def derive_device(base: DeviceSpec, settings: Sequence[str | Setting], *, said: str = "--set") -> DeviceSpec:
+def derive_device(
+    base: DeviceSpec, settings: Sequence[str | Setting], *, said: str = "--set", vary: bool = False
+) -> DeviceSpec:
     """A hypothetical GPU: ``base`` with each setting applied (``FIELD=xK`` multiplies,
     ``FIELD=VALUE`` sets, in the key's SI unit). Integer keys (SMs, bytes, GPUs per node) round a
     multiplied value to the nearest integer. The result is named ``BASE[setting,...]``, has no
     aliases, and says in ``source`` and ``notes`` what was changed; a field set twice, or a null
     spec (a missing precision, an unknown TDP) multiplied, is a one-line :class:`OpcastError`; ``said``
-    names the option in the message about a spec the settings make invalid."""
+    names where the settings were given (``--set``, a derived ``GPU 'NAME[...]'``, ``--vary F=X`` with
+    ``vary``: a factor only, so a null spec has no value to give instead)."""
+
+    def given(s: Setting) -> str:
+        return f"--set {s.label!r}" if said == "--set" else f"{said} ({s.label})"
+
     parsed = [s if isinstance(s, Setting) else parse_setting(s) for s in settings]
     if not parsed:
         return base
@@ -712,7 +721,7 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting], *, said: 
         keys = s.fields()
         for key in keys:
             if key in touched:
-                raise OpcastError(f"--set {s.label!r}: {key} is already set by {touched[key]}; give each field once")
+                raise OpcastError(f"{given(s)}: {key} is already set by {touched[key]}; give each field once")
             touched[key] = s.label
         if s.factor is None:
             assert s.value is not None, "a Setting gives exactly one of factor and value"
@@ -726,9 +735,9 @@ def derive_device(base: DeviceSpec, settings: Sequence[str | Setting], *, said: 
                 if s.field.startswith("peak_")
                 else f"give an absolute value, e.g. {s.field}=700"
             )
-            if said != "--set":  # --vary scales a spec: there is no value to give instead
+            if vary:  # --vary scales a spec: there is no value to give instead
                 raise OpcastError(f"{said}: {base.name} has no {s.field} (null) to scale; vary a spec it has")
-            raise OpcastError(f"--set {s.label!r}: {base.name} has no {s.field} (null) to multiply; {fix}")
+            raise OpcastError(f"{given(s)}: {base.name} has no {s.field} (null) to multiply; {fix}")
         for key in keys:
             old = values[key]
             if old is None:  # the peaks group skips the precisions the device lacks

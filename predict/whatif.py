@@ -459,7 +459,7 @@ def explore(
         raise OpcastError(f"the grid has {size} points (> {MAX_POINTS}); vary fewer fields or factors")
     for f, xs in grid.items():  # the checks of --set, and of the GPU each factor makes, before any prediction runs
         for x in xs:
-            derive_device(base, [parse_setting(f"{f}=x{x!r}")], said=f"--vary {f}={x:g}")
+            derive_device(base, [parse_setting(f"{f}=x{x!r}")], said=f"--vary {f}={x:g}", vary=True)
     base_out = predict(workload, base, kernels, comms)
     if base_out.split is None:
         raise OpcastError(

@@ -964,6 +964,14 @@ CASES: list[Case] = [
     _c("emoji-code-in-a-path", "train", "eval", "{d}/a:fire:b.parquet", needles=("a:fire:b.parquet",)),
     _c("emoji-code-in-a-name", "hardware", "show", "x:smile:y", needles=("'x:smile:y'",)),
     # the message said 'cuda' for cuda:99, and an index of 5,000 digits was int()'s ValueError (exit 1)
+    # a setting of a derived GPU name was refused as '--set ...', an option the user never gave
+    _c(
+        "hardware-show-derived-fraction",
+        "hardware",
+        "show",
+        "H100-SXM[sm_count=1.5]",
+        needles=("GPU 'H100-SXM[sm_count=1.5]' (sm_count=1.5): sm_count is a whole number",),
+    ),
     _c("hardware-show-cuda-index", "hardware", "show", "cuda:99", needles=("cuda:99",)),
     _c("hardware-show-cuda-digits", "hardware", "show", "cuda:" + "9" * 5000, needles=("cuda:9999",)),
     _c(

@@ -276,6 +276,14 @@ def test_a_device_file_named_in_a_file_is_taken_from_its_folder(tmp_path: Path) 
         assert device_name_beside(name, folder) == name
 
 
+def test_a_derived_name_is_named_in_its_errors_not_set() -> None:
+    # the user wrote a name, not --set: the messages said "--set 'sm_count=x3'"
+    with pytest.raises(OpcastError, match=r"^GPU 'H100-SXM\[sm_count=x2,sm_count=x3\]' \(sm_count=x3\): sm_count is"):
+        get_device("H100-SXM[sm_count=x2,sm_count=x3]")
+    with pytest.raises(OpcastError, match=r"^GPU 'A100-SXM4-80GB\[peak_fp8_flops=x2\]' \(peak_fp8_flops=x2\): A100"):
+        get_device("A100-SXM4-80GB[peak_fp8_flops=x2]")
+
+
 def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "peak_fp8_flops": None, "tdp_w": None}, "<ok>").peak_fp8_flops is None
     message = _one_line_error(load_device_file, _write(tmp_path, {**valid, "peak_fp32_flops": None}))
