@@ -238,7 +238,7 @@ def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
-def _exact_int(value: object) -> int | None:
+def exact_int(value: object) -> int | None:
     """``value`` as the whole number it writes, or None: ints (numpy's too) and decimal digits as they are,
     integral floats (parquet, a csv column with blanks) and float text ("1e3", "4096.0") through float.
     Digits went through float too, so 2**63 - 1 read as 2**63 (and was refused as too large) and
@@ -272,7 +272,7 @@ def _coerce(p: Param, value: object) -> tuple[ParamValue, str]:
             return (False, f"missing parameter {p.name} ({p.doc})") if p.default is None else (p.default, "")
         return flag, ""
     if p.type is int:
-        number = _exact_int(value)
+        number = exact_int(value)
         if number is None:
             return 0, f"{p.name}={value!r} is not an integer"
         if number < p.minimum:

@@ -4,7 +4,6 @@ normalisation (validation, provenance, de-duplication) applied to every source's
 from __future__ import annotations
 
 import csv
-import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -12,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from opcast.errors import OpcastError
-from opcast.ops import get_op
+from opcast.ops import exact_int, get_op
 from opcast.schema import point_id
 
 
@@ -107,13 +106,10 @@ def number(path: Path, line: int, row: Mapping[str, str], column: str) -> float:
 def whole(path: Path, line: int, row: Mapping[str, str], column: str) -> int:
     """``row[column]`` as a whole number (written as an int or an integral float), or a
     :class:`MalformedFile` naming file, line and column."""
-    try:
-        value = float(row[column])
-    except (KeyError, ValueError):
-        value = math.nan
-    if not math.isfinite(value) or not value.is_integer():
+    value = exact_int(row.get(column))  # digits exactly: through float, 2**53 + 1 read as 2**53
+    if value is None:
         raise MalformedFile(path, line, f"column {column!r} is {row.get(column)!r}, not a whole number")
-    return int(value)
+    return value
 
 
 def normalise(

@@ -14,7 +14,7 @@ import pytest
 from opcast.collect.info import summarise
 from opcast.collect.replay import ReplayOptions, run_replay
 from opcast.collect.replay import estimate_train_time as ett
-from opcast.collect.replay.common import MalformedFile
+from opcast.collect.replay.common import MalformedFile, whole
 from opcast.schema import read_dataset
 
 A100, GH200 = "NVIDIAA100-SXM4-80GB", "NVIDIAGH200120GB"
@@ -288,3 +288,13 @@ def test_small_tree_converts_and_skips(tmp_path):
         "F_dur)": 1,
         "nccl file name not understood (<GPU>_<op>_<dtype>...)": 1,
     }
+
+
+def test_whole_numbers_of_a_table_are_read_exactly():
+    # through float, a size of 2**53 + 1 was read as 2**53
+    path, row = Path("t.csv"), {"n": str(2**53 + 1), "f": "64.0", "e": "1e3", "x": "2.5", "blank": ""}
+    assert whole(path, 2, row, "n") == 2**53 + 1
+    assert whole(path, 2, row, "f") == 64 and whole(path, 2, row, "e") == 1000
+    for column in ("x", "blank", "missing"):
+        with pytest.raises(MalformedFile, match=f"column '{column}' is .*, not a whole number"):
+            whole(path, 2, row, column)
