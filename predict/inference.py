@@ -251,18 +251,18 @@ def _ep_all_to_all(
     return [(Comm("ep", "all_to_all", routed, 2), moe_blocks)]
 
 
-def context_note(arch: ArchSpec, prompt_len: int, gen_len: int) -> str | None:
+def context_note(arch: ArchSpec, tokens: int, what: str = "prompt_len + gen_len") -> str | None:
     """A note where a sequence runs past the arch's ``max_seq`` (its ``max_position_embeddings``) with rope or
     alibi positions (learned positions are refused: the table has no row past it). vLLM refuses a prompt
     longer than its ``max_model_len`` (``Processor._validate_model_input``) and stops a sequence that reaches
     it, and by default derives that length from the config: ``max_position_embeddings`` times a rope scaling
     factor (YaRN, dynamic NTK, ...), which opcast does not read, and a larger ``--max-model-len`` only with
-    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. So it is a note, not a refusal: the length may well be served."""
-    total = prompt_len + gen_len
-    if arch.position == "learned" or total <= arch.max_seq:
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN=1``. So it is a note, not a refusal: the length may well be served.
+    ``tokens``: the longest sequence, prompt and output, that ``what`` names."""
+    if arch.position == "learned" or tokens <= arch.max_seq:
         return None
     return (
-        f"prompt_len + gen_len = {total:,} exceeds max_seq={arch.max_seq:,} of {arch.name} (its "
+        f"{what} = {tokens:,} exceeds max_seq={arch.max_seq:,} of {arch.name} (its "
         "max_position_embeddings): vLLM refuses a longer prompt and stops a sequence there unless rope scaling "
         "(the config's rope_scaling, which opcast does not read) or --max-model-len with "
         "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 extends the context; the times assume the whole length runs"
@@ -402,7 +402,7 @@ def predict_infer(
             "not measured; calibrate before trusting small-batch TPOT"
         )
         sources["notes"] = [*sources.get("notes", []), note]
-    if (context := context_note(arch, cfg.prompt_len, cfg.gen_len)) is not None:
+    if (context := context_note(arch, cfg.prompt_len + cfg.gen_len)) is not None:
         sources["notes"] = [*sources.get("notes", []), context]
     result = InferResult(
         arch=arch,

@@ -9,14 +9,23 @@ from typing import Any
 import numpy as np
 from rich.table import Table
 
+from opcast.predict.inference import context_note
 from opcast.predict.serve.deployment import ServeResult
 
 GIB = 2**30
 
 
+def serve_notes(r: ServeResult) -> list[str]:
+    """What the reader should know beside the numbers: a request longer than the arch's max_position_embeddings
+    (:func:`~opcast.predict.inference.context_note`)."""
+    note = context_note(r.arch, r.sim.stream.max_tokens, "the longest request (prompt + output)")
+    return [] if note is None else [note]
+
+
 def serve_to_dict(r: ServeResult) -> dict[str, Any]:
     m = r.metrics
     eng = dataclasses.asdict(r.engine)
+    notes = serve_notes(r)
     return {
         "arch": r.arch.name,
         "gpu": r.device.name,
@@ -40,6 +49,7 @@ def serve_to_dict(r: ServeResult) -> dict[str, Any]:
         "metrics": dataclasses.asdict(m),
         "cost_sources": list(r.cost_sources),
         **({} if r.disaggregated is None else {"disaggregated": _disagg_to_dict(r)}),
+        **({"notes": notes} if notes else {}),
     }
 
 
@@ -128,6 +138,8 @@ def print_serve(r: ServeResult, console) -> None:
         highlight=False,
         style="dim",
     )
+    for note in serve_notes(r):
+        console.print(f"  note: {note}", markup=False, highlight=False)
 
 
 # --------------------------------------------------------------------------- plot

@@ -292,6 +292,10 @@ def _no_rows(result: Result, d: Path) -> None:
     assert json.loads(result.out) == []
 
 
+def _notes_say(result: Result, text: str) -> None:
+    assert any(text in note for note in json.loads(result.out)["notes"]), result.out[-2000:]
+
+
 def _no_slo_named(result: Result, d: Path) -> None:
     assert "SLO" not in result.err, result.err
 
@@ -1091,6 +1095,21 @@ CASES: list[Case] = [
         "throughput",
         needles=("no deployment of llama3-405b on up to 1 x H100-SXM fits", "does not fit in memory"),
         check=_no_slo_named,
+    ),
+    # requests past llama2-7b's 4,096 positions were simulated without a word (vLLM refuses such prompts unless
+    # rope scaling or --max-model-len extends the context, which opcast cannot see): a note, not a refusal
+    _c(
+        "serve-request-past-max-positions",
+        "predict",
+        "serve",
+        "--arch",
+        "llama2-7b",
+        *SERVE[4:],
+        "--input-len",
+        "5000",
+        "--json",
+        expect="ok",
+        check=lambda r, d: _notes_say(r, "the longest request (prompt + output) = 5,128 exceeds max_seq=4,096"),
     ),
     # vLLM refuses fewer batched tokens than sequences a step; they were clamped without a word
     _c(

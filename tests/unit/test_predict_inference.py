@@ -136,8 +136,8 @@ def test_a_sequence_past_max_position_embeddings_is_noted_not_refused():
     # lets --max-model-len extend it: a rope arch past max_seq is priced, with a note; the numbers are unchanged
     long = infer(batch=1, prompt_len=LLAMA.max_seq, gen_len=8)
     notes = [n for n in long.cost_sources.get("notes", []) if "exceeds max_seq" in n]
-    assert notes == [inference.context_note(LLAMA, LLAMA.max_seq, 8)]
+    assert notes == [inference.context_note(LLAMA, LLAMA.max_seq + 8)]
     assert "prompt_len + gen_len = 4,104 exceeds max_seq=4,096 of llama2-7b" in notes[0]
     fits = infer(batch=1, prompt_len=LLAMA.max_seq - 8, gen_len=8)
     assert not [n for n in fits.cost_sources.get("notes", []) if "exceeds max_seq" in n]
-    assert inference.context_note(load_arch("gpt3-125m"), 4096, 8) is None  # learned positions: refused elsewhere
+    assert inference.context_note(load_arch("gpt3-125m"), 4104) is None  # learned positions: refused elsewhere
