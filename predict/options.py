@@ -866,7 +866,7 @@ SERVE = (
         "max_num_seqs",
         "--max-num-seqs",
         Optional[int],
-        "Most sequences in one step.",
+        "Most sequences in one step (vLLM refuses more than --max-num-batched-tokens).",
         None,
         _ENGINE_DEFAULT,
         check=lambda v: None if v >= 1 else f"--max-num-seqs {v} must be >= 1",

@@ -334,7 +334,8 @@ SERVE_SEARCH = (
         "max_num_seqs",
         "--max-num-seqs",
         OPTIONAL_STR,
-        "Values of the engine's most sequences per step to try, comma-separated.",
+        "Values of the engine's most sequences per step to try, comma-separated (vLLM: a value above a "
+        "--max-num-batched-tokens value is not tried with it).",
         None,
         "128 and the --engine's default",
         check=_int_list("--max-num-seqs"),
