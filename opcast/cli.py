@@ -128,16 +128,11 @@ def hardware_show(
     name: Annotated[str, typer.Argument(help="Catalog name or alias, 'local', 'cuda', or a JSON file.")],
 ) -> None:
     """One device's full spec as JSON ('local' measures this machine's CPU)."""
-    from opcast.collect.local_device import describe_local
     from opcast.hardware import device_to_dict, get_device
 
-    spec = (
-        describe_local("cpu")
-        if name == "local"
-        else describe_local(name)
-        if name.startswith("cuda")
-        else get_device(name)
-    )
+    # get_device reads cpu, cuda and cuda:N as --gpu does; 'local' is this command's word for cpu ('LOCAL' and
+    # ' local' were unknown GPUs, and a name starting with cuda skipped the catalog and the derived names)
+    spec = get_device("cpu" if name.strip().lower() == "local" else name)
     console.print_json(json.dumps(device_to_dict(spec)))
 
 

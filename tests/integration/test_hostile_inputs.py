@@ -976,6 +976,9 @@ CASES: list[Case] = [
         "H100-SXM[sm_count=1.5]",
         needles=("GPU 'H100-SXM[sm_count=1.5]' (sm_count=1.5): sm_count is a whole number",),
     ),
+    # 'local' was matched exactly: 'LOCAL' was an unknown GPU (and a name starting with cuda skipped the catalog)
+    _c("hardware-show-local-any-case", "hardware", "show", " LOCAL", expect="ok", check=_json_check(vendor="cpu")),
+    _c("hardware-show-cuda-prefix", "hardware", "show", "cudafoo", needles=("unknown GPU 'cudafoo'",)),
     _c("hardware-show-cuda-index", "hardware", "show", "cuda:99", needles=("cuda:99",)),
     _c("hardware-show-cuda-digits", "hardware", "show", "cuda:" + "9" * 5000, needles=("cuda:9999",)),
     _c(
