@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
-from opcast.paths import data_path
+from opcast.paths import data_path, link_problem
 
 Family = Literal[
     "gpt2",
@@ -905,8 +905,10 @@ def load_arch(name_or_path: str | Path, *, given_as: str = "--arch") -> ArchSpec
         return _load_path(path)
     text = str(name_or_path)
     if text.lower().endswith(".json"):
+        link = link_problem(path)
         raise OpcastError(
-            f"{text}: no such file; give an existing preset JSON or config.json, or a preset name (opcast arch list)"
+            f"{text}{(' ' + link) if link else ': no such file'}; give an existing preset JSON or config.json, "
+            "or a preset name (opcast arch list)"
         )
     found = _preset_index(_presets_dir()).get(_normalise(text))
     if found is None:

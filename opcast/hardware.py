@@ -34,7 +34,7 @@ from typing import Any, Final, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.ops import INT_PARAM_LIMIT
-from opcast.paths import data_path
+from opcast.paths import data_path, link_problem
 
 Vendor = Literal["nvidia", "amd", "intel", "cpu"]
 PeakDtype = Literal["fp32", "tf32", "fp16", "bf16", "fp8", "fp4"]
@@ -388,7 +388,8 @@ def read_json_file(path: str | Path, what: str) -> Any:
     try:
         raw = read_capped(path, MAX_JSON_BYTES)
     except FileNotFoundError:
-        raise OpcastError(f"{path}: no such file; give the path of {what}") from None
+        link = link_problem(path)
+        raise OpcastError(f"{path}{(' ' + link) if link else ': no such file'}; give the path of {what}") from None
     except IsADirectoryError:
         raise OpcastError(f"{path} is a folder; give the path of {what} (a .json file)") from None
     except OSError as e:
@@ -505,7 +506,9 @@ def get_device(name: str | Path) -> DeviceSpec:
         path = Path(text).expanduser()
         if _exists(path):
             return load_device_file(path)
-        raise OpcastError(f"device file '{text}' not found; give a catalog name or an existing JSON file")
+        raise OpcastError(
+            f"device file '{text}' {link_problem(path) or 'not found'}; give a catalog name or an existing JSON file"
+        )
     if _LOCAL.fullmatch(text.lower()):
         # The core's one import of a stage: users name this machine (`--gpu cpu`), collect measures
         # it. Deferred, so the dependency stays collect -> core at import time.

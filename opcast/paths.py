@@ -6,6 +6,8 @@ The top-level ``data/`` folder is installed as the package ``opcast.data`` (see 
 
 from __future__ import annotations
 
+import errno
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -25,3 +27,20 @@ def data_dir() -> Path:
 def data_path(*parts: str) -> Path:
     """A path below :func:`data_dir`, e.g. ``data_path("hardware", "H100-SXM.json")``."""
     return data_dir().joinpath(*parts)
+
+
+def link_problem(path: str | Path) -> str | None:
+    """Why ``path``, which does not exist, is still listed by ``ls``: a loop of symbolic links, or a symbolic
+    link to a target that is gone; None for a path that is simply absent. Messages said 'does not exist' or
+    'no such file' of a name the user could see."""
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        try:
+            if os.path.islink(path):
+                return f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
+        except OSError:
+            pass
+    return None

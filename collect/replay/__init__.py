@@ -18,6 +18,7 @@ from typing import Any
 
 from opcast.collect.replay.common import ReplayResult
 from opcast.errors import OpcastError
+from opcast.paths import link_problem
 
 SOURCES: dict[str, str] = {
     "neusight": "NeuSight (sitar-lab/NeuSight): FP32 kernel microbenchmarks on 5 GPUs and end-to-end runs",
@@ -136,7 +137,9 @@ def run_replay(
         path = module.default_root()
     path = Path(path)
     if not path.exists():
-        raise OpcastError(f"{path} does not exist; give the {source} checkout (or file) to replay")
+        raise OpcastError(
+            f"{path} {link_problem(path) or 'does not exist'}; give the {source} checkout (or file) to replay"
+        )
     run_id = f"replay-{source}-{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]}"
     out = Path(out)
     if problem := output_folder_problem("--out", out, holds=f"{source}.parquet is written into it"):

@@ -226,6 +226,10 @@ def _build_files(d: Path) -> None:
     w("cluster_gpu_file.json", json.dumps({"nodes": 1, "gpus_per_node": 8, "gpu": "gpu_ok.json"}))
     dgx = json.loads((Path(__file__).resolve().parents[2] / "data" / "clusters" / "dgx-h100.json").read_text())
     w("cluster_bw_huge.json", json.dumps({**dgx, "name": "mine", "aliases": [], "nic_bw_bytes_per_s": 10**400}))
+    # symbolic links that lead nowhere: ls lists them, the messages said 'no such file'
+    (d / "loop_a.json").symlink_to("loop_b.json")
+    (d / "loop_b.json").symlink_to("loop_a.json")
+    (d / "dangling.json").symlink_to("nowhere.json")
     # a file where a folder is expected
     w("not_a_dir", "x")
     # a dataset folder holding one replayed nccl-tests log
@@ -908,6 +912,24 @@ CASES: list[Case] = [
         "--out",
         "{d}/replay_out",
         needles=("foo",),
+    ),
+    _c(
+        "replay-symlink-loop",
+        "collect",
+        "replay",
+        "nccl-tests",
+        "{d}/loop_a.json",
+        "--out",
+        "{d}/replay_out",
+        needles=("loop_a.json is a loop of symbolic links",),
+    ),
+    _c("gpu-symlink-loop", "hardware", "show", "{d}/loop_a.json", needles=("is a loop of symbolic links",)),
+    _c(
+        "arch-symlink-dangling",
+        "arch",
+        "show",
+        "{d}/dangling.json",
+        needles=("dangling.json is a symbolic link to 'nowhere.json', which does not exist",),
     ),
     _c(
         "replay-kineto-nested",

@@ -17,9 +17,10 @@ from opcast.hardware import (
     device_to_dict,
     get_device,
     load_device_file,
+    read_json_file,
     spec_from_dict,
 )
-from opcast.paths import data_path
+from opcast.paths import data_path, link_problem
 
 PUBLISHED = Path(__file__).resolve().parents[2].parent / "shared" / "published"
 NEUSIGHT_CONFIGS = PUBLISHED / "neusight" / "scripts" / "asplos" / "data" / "device_configs"
@@ -282,6 +283,19 @@ def test_a_derived_name_is_named_in_its_errors_not_set() -> None:
         get_device("H100-SXM[sm_count=x2,sm_count=x3]")
     with pytest.raises(OpcastError, match=r"^GPU 'A100-SXM4-80GB\[peak_fp8_flops=x2\]' \(peak_fp8_flops=x2\): A100"):
         get_device("A100-SXM4-80GB[peak_fp8_flops=x2]")
+
+
+def test_a_link_that_leads_nowhere_is_named(tmp_path: Path) -> None:
+    (tmp_path / "a.json").symlink_to("b.json")
+    (tmp_path / "b.json").symlink_to("a.json")
+    (tmp_path / "gone.json").symlink_to("nowhere.json")
+    assert link_problem(tmp_path / "a.json") == "is a loop of symbolic links"
+    assert link_problem(tmp_path / "gone.json") == "is a symbolic link to 'nowhere.json', which does not exist"
+    assert link_problem(tmp_path / "absent.json") is None
+    with pytest.raises(OpcastError, match=r"device file '.*a\.json' is a loop of symbolic links; give a catalog"):
+        get_device(str(tmp_path / "a.json"))
+    with pytest.raises(OpcastError, match=r"gone\.json is a symbolic link to 'nowhere\.json'"):
+        read_json_file(tmp_path / "gone.json", "the device file")
 
 
 def test_null_only_where_allowed(tmp_path: Path, valid: dict) -> None:
