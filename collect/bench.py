@@ -26,7 +26,7 @@ from typing import Any
 
 from opcast.collect.io import PartWriter, WriterLock, done_point_ids, failure_text, finish_run
 from opcast.collect.local_device import describe_local
-from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, check_bench_ops, make_plan
+from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, check_bench_ops, check_tp_degrees, make_plan
 from opcast.collect.signals import StopSignals
 from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
 from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BYTES, DTYPES
@@ -52,7 +52,9 @@ class BenchConfig:
     archs: tuple[str, ...] = ()
     """Archs whose exact shapes join the plan."""
     tp_degrees: tuple[int, ...] = (1, 2, 4, 8)
-    """TP degrees for the arch shapes."""
+    """TP degrees for the arch shapes (each where the arch can take it)."""
+    tp_given: bool = False
+    """``tp_degrees`` came from the user: each must suit one of ``archs`` (:func:`check_tp_degrees`)."""
     arch_batch_seq: tuple[tuple[int, int], ...] = ()
     """(batch, seq) pairs of the arch shapes; empty: batch 1 and 4 at min(max_seq, 4096)."""
     arch_first: bool = False
@@ -93,6 +95,8 @@ class BenchConfig:
         if not self.tp_degrees or min(self.tp_degrees) < 1:
             raise OpcastError(f"--tp takes positive integers, got {self.tp_degrees}")
         check_bench_ops(self.ops)  # before the --out folder is made: a typo leaves nothing behind
+        if self.tp_given:
+            check_tp_degrees(self.archs, self.tp_degrees)
 
 
 MAX_SAMPLES = 1_000_000

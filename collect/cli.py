@@ -42,7 +42,13 @@ def bench(
         list[str] | None,
         typer.Option("--arch", help="Add the exact shapes of this arch preset or config.json (repeat)."),
     ] = None,
-    tp: Annotated[str, typer.Option(help="Tensor-parallel degrees for --arch shapes.")] = "1,2,4,8",
+    tp: Annotated[
+        str | None,
+        typer.Option(
+            help="Tensor-parallel degrees of the --arch shapes, each of which one of them must take "
+            "(default: 1,2,4,8, where each arch takes them)."
+        ),
+    ] = None,
     samples: Annotated[int | None, typer.Option(help="Points to plan in all (split across op/dtype strata).")] = None,
     budget_s: Annotated[
         float | None, typer.Option("--budget-s", help="Stop after this many seconds; re-run to continue.")
@@ -72,7 +78,8 @@ def bench(
         ops=tuple(op or ()),
         dtypes=tuple(dtype or ()),
         archs=tuple(arch or ()),
-        tp_degrees=_ints(tp, "--tp"),
+        tp_degrees=(1, 2, 4, 8) if tp is None else _ints(tp, "--tp"),
+        tp_given=tp is not None,
         samples=samples,
         budget_s=budget_s,
         seed=seed,

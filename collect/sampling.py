@@ -353,6 +353,29 @@ def arch_shapes(
     return out
 
 
+def check_tp_degrees(arch_names: Sequence[str], tp_degrees: Sequence[int]) -> None:
+    """The one-line error for ``--tp`` degrees a user gave that add no arch shape: without ``--arch``
+    (they set nothing), or one that no named arch can split by (:meth:`~opcast.archs.ArchSpec.validate_parallel`;
+    :func:`arch_shapes` passes over such a degree, which for the default degrees is what a user wants, but
+    an explicit ``--tp 3`` for a 32-head arch measured none of its shapes without a word)."""
+    from opcast.archs import load_arch
+
+    if not arch_names:
+        raise OpcastError("--tp sets the tensor-parallel degrees of the --arch shapes; give --arch too, or drop --tp")
+    archs = [load_arch(name) for name in arch_names]
+    for tp in tp_degrees:
+        problems: list[str] = []
+        for arch in archs:
+            try:
+                arch.validate_parallel(tp=tp)
+            except OpcastError as err:
+                problems.append(str(err))
+            else:
+                break
+        else:
+            raise OpcastError(f"--tp {tp} fits none of the --arch models ({'; '.join(problems)})")
+
+
 def check_bench_ops(ops: Sequence[str]) -> None:
     """The one-line error for an ``--op`` that ``collect bench`` cannot measure: unknown, a
     collective (``collect comm``'s) or an engine's fused kernel without a microbenchmark."""

@@ -111,6 +111,8 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
         (["--dtype", "fp64"], "unknown dtype"),
         (["--device", "cuda"] if not shutil.which("nvidia-smi") else ["--device", "tpu"], "--device"),
         (["--tp", "1,x"], "--tp takes"),
+        (["--arch", "llama2-7b", "--tp", "3"], "--tp 3 fits none of the --arch models (llama2-7b: tp=3"),
+        (["--tp", "2"], "give --arch too"),
         (["--arch", "gpt-7"], "gpt-7"),
     ],
 )

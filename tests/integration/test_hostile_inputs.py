@@ -876,6 +876,17 @@ CASES: list[Case] = [
     _c("bench-max-point-negative", *BENCH, "--max-point-s", "-1", needles=("--max-point-s",)),
     _c("bench-rep-nan", *BENCH, "--rep-s", "nan", needles=("--rep-s",)),
     _c("bench-budget-nan", *BENCH, "--budget-s", "nan", needles=("--budget-s",)),
+    _c(  # a --tp no arch can split by measured none of its shapes, without a word
+        "bench-tp-fits-no-arch",
+        *BENCH,
+        "--arch",
+        "llama2-7b",
+        "--tp",
+        "3",
+        env=NO_TORCH,
+        needles=("--tp 3 fits none of the --arch models", "n_heads=32", "choose tp in 1, 2, 4, 8"),
+    ),
+    _c("bench-tp-without-arch", *BENCH, "--tp", "2", env=NO_TORCH, needles=("give --arch too",)),
     _c("bench-local-world-zero", *BENCH, env={"LOCAL_WORLD_SIZE": "0"}, needles=("LOCAL_WORLD_SIZE",)),
     _c("bench-rank-abc", *BENCH, env={"RANK": "abc", "WORLD_SIZE": "2"}, needles=("RANK",)),
     _c(

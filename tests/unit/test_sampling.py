@@ -137,3 +137,13 @@ def test_torch_norm_softmax_and_cross_entropy_points_are_sampled_as_native_and_f
         assert unsupported_reason(op, params, "bf16", "cuda") is None
         assert "torch lacks" in unsupported_reason(op, {**params, "impl": "fused"}, "bf16", "cuda")
         assert "Liger-Kernel" in unsupported_reason(op, {**params, "impl": "liger"}, "bf16", "cuda")
+
+
+def test_a_given_tp_must_suit_one_of_the_archs():
+    from opcast.collect.sampling import check_tp_degrees
+
+    check_tp_degrees(["llama2-7b", "gpt3-125m"], [1, 12])  # 12 splits gpt3-125m's 12 heads, not llama's 32
+    with pytest.raises(OpcastError, match=r"--tp 5 fits none .*llama2-7b: tp=5 .*gpt3-125m: tp=5"):
+        check_tp_degrees(["llama2-7b", "gpt3-125m"], [2, 5])
+    with pytest.raises(OpcastError, match="give --arch too"):
+        check_tp_degrees([], [2])
