@@ -181,6 +181,8 @@ class CalibrateReport:
     """Planned points not measured yet (a re-run continues with them)."""
     interrupted: bool
     datasets: tuple[str, ...]
+    signal: str | None = None
+    """SIGINT or SIGTERM when a signal stopped the collection (``interrupted``)."""
     fit_groups: tuple[FitGroup, ...] = ()
     fit_skipped: dict[str, str] = field(default_factory=dict)
     checks: tuple[ArchCheck, ...] = ()
@@ -208,6 +210,7 @@ class CalibrateReport:
                 "rows_total",
                 "points_remaining",
                 "interrupted",
+                "signal",
                 "failure",
             )
         }
@@ -594,6 +597,7 @@ class _Collected:
     rows = 0
     remaining = 0
     interrupted = False
+    signal: str | None = None
 
 
 def run_calibrate(
@@ -662,6 +666,7 @@ def run_calibrate(
             rows_total=rows_total,
             points_remaining=got.remaining,
             interrupted=got.interrupted,
+            signal=got.signal,
             datasets=tuple(str(d) for d in ([data] if rows_total else []) + shipped + extra),
             fit_groups=groups,
             fit_skipped=dict(skipped or {}),
@@ -832,7 +837,7 @@ def run_calibrate(
             got.remaining += result.remaining
             run_ids.append(result.run_id)
             if result.interrupted:
-                got.interrupted = True
+                got.interrupted, got.signal = True, result.signal
                 break
     seconds["collect"] = budget.clock() - t
     if got.interrupted:

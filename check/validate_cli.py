@@ -278,21 +278,29 @@ def calibrate_cmd(
     def log(msg: str) -> None:
         err_console.print(f"calibrate: {msg}", highlight=False, markup=False, soft_wrap=True)
 
-    with progress_bar() as bar:
+    from opcast.atomic import sigterm_as_interrupt
+
+    # SIGTERM between the stages (planning, the report's write) is an interrupt too; within a stage the
+    # child is stopped (opcast.check.isolated), and a collection returns what it measured
+    with sigterm_as_interrupt(), progress_bar() as bar:
         report = run_calibrate(cfg, log=log, progress=bar)
     if as_json:
         console.print_json(json.dumps(report.to_dict()))
     else:
         print_calibrate(report)
     if report.interrupted:
+        import signal
+
+        name = report.signal or "SIGINT"
+        what = "terminated (SIGTERM)" if name == "SIGTERM" else "interrupted"
         err_console.print(
-            f"interrupted: the {report.rows_total} measured rows are kept in {report.data}; "
+            f"{what}: the {report.rows_total} measured rows are kept in {report.data}; "
             "re-run the same command to resume",
             markup=False,
             highlight=False,
             soft_wrap=True,
         )
-        raise typer.Exit(130)
+        raise typer.Exit(128 + int(signal.Signals[name]))  # 143 for SIGTERM, as opcast.errors.Terminated
     if report.failure:
         from opcast.errors import OpcastError
 

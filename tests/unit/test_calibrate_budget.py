@@ -86,6 +86,8 @@ class Stages:
         """Anchor timings, one per call (the last one repeats)."""
         self.row_spread = 1.05
         self.rows = 40
+        self.signal: str | None = None
+        """A signal that stops every collection (as collect bench reports one)."""
 
     def __call__(self, fn, *args, timeout_s=None, forward_sigint=False, **kwargs):
         name = fn.__name__
@@ -121,7 +123,14 @@ class Stages:
                 pa.table({"time_s_p20": [1.0] * n, "time_s_p80": [self.row_spread] * n}),
                 parts / f"rank0000-{run_id}-0000.parquet",
             )
-        return BenchResult(rows_written=n, remaining=self.rows - n, planned=self.rows, run_id=run_id, interrupted=False)
+        return BenchResult(
+            rows_written=n,
+            remaining=self.rows - n,
+            planned=self.rows,
+            run_id=run_id,
+            interrupted=self.signal is not None,
+            signal=self.signal,
+        )
 
     def _fit(self, datasets, out, name, cfg, command):
         import pandas as pd
@@ -294,3 +303,23 @@ def test_an_unreadable_before_cache_is_validated_again(setup, content):
     (out / "validate-before.json").write_bytes(content)
     r = run()
     assert r.failure is None and [c for c, _ in stages.calls].count("run_validate") == 2
+
+
+@pytest.mark.parametrize(
+    ("signal", "code", "head"), [("SIGTERM", 143, "terminated (SIGTERM): "), ("SIGINT", 130, "interrupted: ")]
+)
+def test_a_signal_during_collection_exits_with_its_own_code_and_line(setup, capsys, signal, code, head):
+    """SIGTERM during the collection (passed on to collect bench, which stops and returns what it
+    measured) exited 130 with Ctrl-C's line; it is 143 and says 'terminated (SIGTERM)', as elsewhere."""
+    from opcast.check.validate import arch_file
+    from opcast.cli import main
+
+    _, stages, _, _, out = setup
+    stages.signal = signal
+    arch = arch_file(TINY, out.parent / "archs")
+    argv = ["calibrate", "--out", str(out), "--arch", str(arch), "--seq", "64", "--steps", "1", "--budget-s", "600"]
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(head) and "re-run the same command to resume" in err[-1], err
+    assert [c for c, _ in stages.calls][-1] == "bench_with_progress"  # nothing after the stopped collection
+    assert json.loads((out / "calibrate.json").read_text())["signal"] == signal
