@@ -96,20 +96,23 @@ def fit(
             *(["--keep-suspect-sweeps"] if keep_suspect_sweeps else []),
         ]
     )
+    from opcast.atomic import sigterm_as_interrupt
     from opcast.train.artifacts import check_output
     from opcast.train.collectives import fit_datasets, summary, write_collectives_only_set
 
     check_output(out, name)  # before any work
-    laws, has_kernels = fit_datasets(dataset)  # per-cluster collective laws, where rows name their cluster
-    if laws is not None and not has_kernels:  # only collectives in the data: a set of collective laws alone
-        result = None
-        path = write_collectives_only_set(out, name, dataset, command, collectives=laws)
-    else:
-        with progress_bar() as progress:
-            result = fit_model_set(
-                dataset, out, name=name, cfg=cfg, progress=progress, command=command, collectives=laws
-            )
-        path = result.path
+    # SIGTERM while fitting (not only while writing) ended the process on the spot, without a line
+    with sigterm_as_interrupt():
+        laws, has_kernels = fit_datasets(dataset)  # per-cluster collective laws, where rows name their cluster
+        if laws is not None and not has_kernels:  # only collectives in the data: a set of collective laws alone
+            result = None
+            path = write_collectives_only_set(out, name, dataset, command, collectives=laws)
+        else:
+            with progress_bar() as progress:
+                result = fit_model_set(
+                    dataset, out, name=name, cfg=cfg, progress=progress, command=command, collectives=laws
+                )
+            path = result.path
     held = summary(laws.held_out) if laws is not None else []
     if as_json:
         console.print_json(

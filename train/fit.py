@@ -688,6 +688,10 @@ def _run_tasks(jobs: dict[str, _GroupFit], workers: int, done: Any) -> dict[str,
                 task = running.pop(fut)
                 free += 1
                 finish(task, *fut.result())
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too, a SIGTERM taken as one only this process:
+        for proc in list(pool._processes.values()):  # stop them, not wait for the fits they run
+            proc.terminate()
+        raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     return out

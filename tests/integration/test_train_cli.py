@@ -196,3 +196,40 @@ def test_early_errors_through_the_console_script(argv, needle, places):
     err = out.stderr.strip()
     assert out.returncode == 2 and err.startswith("opcast: error:") and needle in err and err.count("\n") == 0, err
     assert "Traceback" not in out.stderr and Path(places["FILE"]).read_text() == "keep me\n"
+
+
+_SIGTERM_MID_FIT = """
+import os, signal, sys
+import opcast.train.fit as fit
+from opcast.cli import main
+
+real, calls = fit._timed, []
+
+def timed(fn, *args):  # the second fit of the run: SIGTERM while fitting, long before the write
+    calls.append(fn)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return real(fn, *args)
+
+fit._timed = timed
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_fitting_ends_with_the_terminated_line_and_keeps_the_old_set(dataset, models, tmp_path):
+    """SIGTERM while train fit fitted (not wrote) ended the process on the spot with no line; it is
+    taken as an interrupt: one line, exit 143, the old set untouched, nothing half-written left; a
+    re-run fits from the start (train fit keeps no partial fits)."""
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path / "models"
+    shutil.copytree(models, out / "toy")
+    before = {p.name: p.read_bytes() for p in (out / "toy").iterdir()}
+    argv = ["train", "fit", str(dataset), "--out", str(out), "--name", "toy", "--estimator", "xgb", "--folds", "1"]
+    run = subprocess.run([sys.executable, "-c", _SIGTERM_MID_FIT, *argv], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 143, run.stderr
+    assert run.stderr.strip() == "opcast: terminated (SIGTERM); what was written is kept", run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["toy"]  # no hidden temporary folder left
+    assert {p.name: p.read_bytes() for p in (out / "toy").iterdir()} == before
