@@ -538,13 +538,16 @@ def adapt_model_set(
     no_time: dict[str, int] = {}
     frame = load_training_frame(datasets, no_time)
     names = sorted(pd.unique(frame["device"].astype(object)).tolist())
+    problem: OpcastError | None = None
     try:
         name = get_device(gpu).name
-    except OpcastError:
-        name = gpu
+    except OpcastError as err:  # a device the catalog lacks may still name the rows (a local CPU)
+        name, problem = gpu, err
     if name not in names and gpu in names:
         name = gpu
     if name not in names:
+        if problem is not None:  # an unreadable device file or an unknown name: that, not 'no rows of it'
+            raise problem
         raise OpcastError(
             f"--gpu {gpu}: no rows of that device in the datasets (devices: {', '.join(map(str, names))[:200]}); "
             "give the device the rows were measured on"

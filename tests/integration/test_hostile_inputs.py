@@ -991,6 +991,16 @@ CASES: list[Case] = [
         needles=("foo",),
     ),
     _c("fit-out-is-file", "train", "fit", "{d}/good.parquet", "--out", "{d}/not_a_dir", needles=("not_a_dir",)),
+    # ---- train adapt: a bad --gpu file was reported as 'no rows of that device in the datasets'
+    *(
+        _c(f"adapt-gpu-{what}", "train", "adapt", "{d}/good.parquet", "--gpu", gpu, "--out", "{d}/adapt_out", needles=n)
+        for what, gpu, n in [
+            ("dev-null", "/dev/null", ("/dev/null", "empty")),
+            ("folder", "{d}", ("is a folder",)),
+            ("binary", "{d}/gpu_binary.json", ("gpu_binary.json", "not UTF-8")),
+            ("unknown", "no-such-gpu", ("unknown GPU 'no-such-gpu'",)),
+        ]
+    ),
     # ---- an empty or blank path is refused, not taken as the current folder (Path("") is ".")
     _c("fit-out-empty", "train", "fit", "{d}/good.parquet", "--out", "", needles=("--out", "empty path")),
     _c("calibrate-out-empty", *CALIB, "--out", "", needles=("--out", "empty path"), env=NO_TORCH),
@@ -1524,6 +1534,7 @@ def test_the_table_is_large_and_covers_every_command():
         "collect info",
         "train fit",
         "train eval",
+        "train adapt",
         "predict train",
         "predict infer",
         "predict kernel",
