@@ -45,6 +45,12 @@ PHASES = ("forward", "backward", "optimizer", "total", "forward_nograd")
 DDP_BUCKET_BYTES = 25 * 2**20
 """torch DDP's default ``bucket_cap_mb=25``; the prediction uses buckets of the same size."""
 
+MAX_STEPS = 1_000
+"""The most ``--steps`` (and ``--warmup``) steps one validation runs (calibrate's validations too). The
+median of a few steps is what is compared (5 by default), and it settles within tens; gpt2-124m at batch
+1 x seq 256 took 7.6 s a step on the (shared) 2-core development machine, so 1,000 steps are about two
+hours there and a minute or two on a GPU. --steps 100000000000 was accepted and would have run for
+millennia."""
 SPREAD = 1.25
 """A run is flagged when the p80 of its step times exceeds the p20 by more than this factor."""
 
@@ -351,6 +357,11 @@ def check_inputs(
     _positive("seq", seq)
     _positive("steps", steps)
     _positive("warmup", warmup, 0)
+    for label, n in (("steps", steps), ("warmup", warmup)):
+        if n > MAX_STEPS:
+            raise OpcastError(
+                f"--{label} {n}: at most {MAX_STEPS:,} steps are run (the median settles within tens); give fewer"
+            )
     if precision not in PRECISIONS:
         raise OpcastError(f"--precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     check_arch(arch, attention)

@@ -109,8 +109,10 @@ def validate_cmd(
             "--models", help="Kernel models (opcast train fit / calibrate --out); default: the embedded ones."
         ),
     ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Timed training steps (the median is reported).")] = 5,
-    warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps.")] = 2,
+    steps: Annotated[
+        int, typer.Option("--steps", help="Timed training steps (the median is reported; at most 1,000).")
+    ] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed warm-up steps (at most 1,000).")] = 2,
     layers: Annotated[int | None, typer.Option("--layers", help="Override the arch's n_layers (quick checks).")] = None,
     attention: Annotated[
         str, typer.Option("--attention", help="flash (scaled_dot_product_attention) or eager.")
@@ -244,7 +246,7 @@ def calibrate_cmd(
     estimator: Annotated[
         str, typer.Option("--estimator", help="xgb (fast), tile-mlp, hier, neusight or auto.")
     ] = "xgb",
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps of each validation.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", help="Timed steps of each validation (at most 1,000).")] = 3,
     allow_busy: Annotated[
         bool,
         typer.Option(

@@ -1036,6 +1036,35 @@ CASES: list[Case] = [
     ),
     _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",), env=NO_TORCH),
     _c("calibrate-estimator-bad", *CALIB, "--estimator", "foo", needles=("foo",)),
+    # ---- step counts past MAX_STEPS: 1e11 steps were accepted and would have run for millennia
+    _c(
+        "validate-steps-huge",
+        *VALIDATE,
+        "--arch",
+        "gpt3-125m",
+        "--steps",
+        "100000000000",
+        needles=("--steps 100000000000", "at most 1,000"),
+        env=NO_TORCH,
+    ),
+    _c(
+        "validate-warmup-huge",
+        *VALIDATE,
+        "--arch",
+        "gpt3-125m",
+        "--warmup",
+        "5000",
+        needles=("--warmup 5000", "at most 1,000"),
+        env=NO_TORCH,
+    ),
+    _c(
+        "calibrate-steps-huge",
+        *CALIB,
+        "--steps",
+        "100000000000",
+        needles=("--steps 100000000000", "at most 1,000"),
+        env=NO_TORCH,
+    ),
     _c("calibrate-budget-nan", "calibrate", "--out", "{d}/calib_out", "--budget-s", "nan", needles=("--budget-s",)),
     # ---- sizes past int64, counts the code divided by, and a --plot folder (issue: the bad-input sweep)
     _c(

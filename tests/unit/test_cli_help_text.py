@@ -24,3 +24,13 @@ def test_every_command_summary_is_one_unbroken_paragraph():
         if "\n" in first:
             broken.append(" ".join(path))
     assert not broken, f"summaries with line breaks (put a blank line after the first sentence): {broken}"
+
+
+def test_the_step_bound_in_the_help_is_the_one_validate_enforces():
+    from opcast.check.validate import MAX_STEPS
+
+    commands = get_command(app).commands  # type: ignore[attr-defined]
+    helps = [
+        p.help for name in ("validate", "calibrate") for p in commands[name].params if p.name in ("steps", "warmup")
+    ]
+    assert len(helps) == 3 and all(f"at most {MAX_STEPS:,}" in h for h in helps), helps
