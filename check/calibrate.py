@@ -593,6 +593,36 @@ def check_intervals(models: Path, checks: Sequence[Workload], spec: Any, cfg: Ca
     return out
 
 
+def _check_checks_fit(checks: Sequence[Workload], spec: Any, cfg: CalibrateConfig) -> None:
+    """Every validated check must fit the device's memory by the prediction with the embedded models,
+    as :func:`~opcast.check.validate.run_validate` requires: --batch 100000000 failed both validations
+    on memory only after a whole collection and fit had been spent in between."""
+    from opcast.check.validate import check_fits, predict_step
+    from opcast.predict.cost import load_kernel_cost
+
+    cost = load_kernel_cost(None)
+    for w in checks:
+        result = predict_step(
+            w.arch,  # type: ignore[arg-type]  # resolved by plan_workloads
+            spec,
+            batch=w.batch,
+            seq=w.seq,
+            precision=cfg.precision,
+            attention=cfg.attention,
+            world=1,
+            kernels=cost,
+        )
+        check_fits(
+            result,
+            w.arch,  # type: ignore[arg-type]
+            spec,
+            batch=w.batch,
+            seq=w.seq,
+            precision=cfg.precision,
+            fix="give a smaller first --batch or shortest --seq (they are validated), or another --validate-arch",
+        )
+
+
 class _Collected:
     rows = 0
     remaining = 0
@@ -628,6 +658,7 @@ def run_calibrate(
     from opcast.collect.timing import TimingBudget
 
     spec = describe_local("cpu" if dev.type == "cpu" else f"cuda:{dev.index}")
+    _check_checks_fit(checks, spec, cfg)  # before any measurement: a check that cannot fit would only be noted
     out = Path(cfg.out)
     data, arch_dir = out / "data", out / "archs"
     # plan_workloads resolved every arch name to its ArchSpec

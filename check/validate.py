@@ -378,6 +378,26 @@ def check_inputs(
 # ---------------------------------------------------------------------------- predict
 
 
+def check_fits(
+    result,
+    arch: ArchSpec,
+    spec,
+    *,
+    batch: int,
+    seq: int,
+    precision: str,
+    fix: str = "use --layers, a smaller --batch or --seq",
+) -> None:
+    """Refuse a step that :func:`predict_step` (``result``) says does not fit the device's memory: it
+    would fail (or swap) only once measured."""
+    if not result.feasible:
+        need = result.worst_memory.total_bytes / 2**30 if result.memory else float("nan")
+        raise OpcastError(
+            f"{arch.name} at batch {batch} x seq {seq} ({precision}) needs {need:.1f} GiB by the "
+            f"prediction, more than the {spec.mem_bytes / 2**30:.0f} GiB of {spec.name}; {fix}"
+        )
+
+
 def predict_step(arch: ArchSpec, spec, *, batch: int, seq: int, precision: str, attention: str, world: int, kernels):
     """The training prediction matching a validate run: ``dp = world`` replicas of ``batch``
     sequences, one micro-batch each, on one node; under DDP with its gradient buckets overlapped
@@ -863,13 +883,7 @@ def run_validate(
         spec_arch, spec, batch=batch, seq=seq, precision=precision, attention=attention, world=env.world, kernels=cost
     )
     notes: list[str] = []
-    if not result.feasible:
-        need = result.worst_memory.total_bytes / 2**30 if result.memory else float("nan")
-        raise OpcastError(
-            f"{spec_arch.name} at batch {batch} x seq {seq} ({precision}) needs {need:.1f} GiB by the "
-            f"prediction, more than the {spec.mem_bytes / 2**30:.0f} GiB of {spec.name}; use --layers, a "
-            "smaller --batch or --seq"
-        )
+    check_fits(result, spec_arch, spec, batch=batch, seq=seq, precision=precision)
     with process_group("nccl" if dev.type == "cuda" else "gloo", env.world):
         timings = measure_step(
             spec_arch,

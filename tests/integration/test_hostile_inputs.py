@@ -1057,6 +1057,16 @@ CASES: list[Case] = [
         needles=("--warmup 5000", "at most 1,000"),
         env=NO_TORCH,
     ),
+    _c(  # a validated check past the machine's memory: refused before anything is measured or written
+        "calibrate-batch-huge",
+        *CALIB,
+        "--out",
+        "{d}/calib_big",
+        "--batch",
+        "100000000",
+        needles=("batch 100000000", "GiB by the prediction", "--batch"),
+        check=lambda r, d: _nothing_at(d / "calib_big"),
+    ),
     _c(
         "calibrate-steps-huge",
         *CALIB,

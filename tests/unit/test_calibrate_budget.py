@@ -323,3 +323,15 @@ def test_a_signal_during_collection_exits_with_its_own_code_and_line(setup, caps
     assert err[-1].startswith(head) and "re-run the same command to resume" in err[-1], err
     assert [c for c, _ in stages.calls][-1] == "bench_with_progress"  # nothing after the stopped collection
     assert json.loads((out / "calibrate.json").read_text())["signal"] == signal
+
+
+def test_a_check_that_cannot_fit_memory_is_refused_before_any_stage(setup):
+    """--batch 100000000 failed both validations on memory only as notes, after a whole collection and
+    fit in between; the predicted step's memory is checked first, as validate checks it."""
+    from opcast.errors import OpcastError
+
+    _, stages, _, run, out = setup
+    with pytest.raises(OpcastError, match=r"batch 100000000 x seq 64 .* GiB by the prediction") as err:
+        run(batches=(100_000_000,))
+    assert "\n" not in str(err.value) and "--batch" in str(err.value)
+    assert stages.calls == [] and not out.exists()
