@@ -134,7 +134,7 @@ def comm(
     op: Annotated[list[str] | None, typer.Option("--op", help="Collective (repeat); default: all.")] = None,
     dtype: Annotated[str, typer.Option(help="Buffer element type.")] = "fp32",
     min_bytes: Annotated[int, typer.Option("--min-bytes", help="Smallest message, bytes.")] = 1 << 10,
-    max_bytes: Annotated[int, typer.Option("--max-bytes", help="Largest message, bytes.")] = 1 << 26,
+    max_bytes: Annotated[int, typer.Option("--max-bytes", help="Largest message, bytes (at most 8 GiB).")] = 1 << 26,
     step_factor: Annotated[int, typer.Option(help="Ratio of consecutive message sizes.")] = 4,
     iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 10,
     warmup_iters: Annotated[int, typer.Option(help="Untimed iterations per size.")] = 3,

@@ -94,12 +94,25 @@ class CommResult:
     error: str | None = None
 
 
+MAX_MESSAGE_BYTES = 1 << 33
+"""Largest ``--max-bytes``: 8 GiB, where nccl-tests' usual sweeps end (``-e 8G``). Bus bandwidth has
+saturated long before (by ~1 GiB on NVLink and InfiniBand), and each rank holds an input and an output
+buffer of up to the size, so larger messages only fail to allocate (skipped, after a wasted attempt
+each) or push the node into swap. --max-bytes had no bound: 10**30 planned 45 sizes per collective, the
+largest past what an int64 element count can hold."""
+
+
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     """Log-spaced sizes from min to max (inclusive where the ratio lands on it)."""
     if min_bytes < 1 or max_bytes < min_bytes or factor < 2:
         raise OpcastError(
             f"bad sweep: need 1 <= --min-bytes ({min_bytes}) <= --max-bytes ({max_bytes}) "
             f"and --step-factor ({factor}) >= 2"
+        )
+    if max_bytes > MAX_MESSAGE_BYTES:
+        raise OpcastError(
+            f"--max-bytes {max_bytes}: messages go up to {MAX_MESSAGE_BYTES} bytes (8 GiB, where bus bandwidth "
+            "has long saturated); give a smaller --max-bytes"
         )
     sizes, s = [], min_bytes
     while s <= max_bytes:

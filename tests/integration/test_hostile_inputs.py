@@ -911,6 +911,8 @@ CASES: list[Case] = [
             ("backend-bad", ("--backend", "mpi"), ("--backend 'mpi'",)),
             ("dtype-bad", ("--dtype", "fp9"), ("'fp9'",)),
             ("sizes-reversed", ("--min-bytes", "100", "--max-bytes", "10"), ("--min-bytes (100)",)),
+            ("max-bytes-huge", ("--max-bytes", str(10**30)), (f"--max-bytes {10**30}", "8 GiB")),
+            ("max-bytes-past-8gib", ("--max-bytes", str(2**33 + 1)), (f"--max-bytes {2**33 + 1}",)),
             ("cluster-unknown", ("--cluster", "nope"), ("cluster 'nope'",)),
         ]
     ),
