@@ -5,9 +5,9 @@ One command chains the three stages on the local device, inside a time budget:
 1. ``validate`` every check (an arch at a batch and sequence length) with the embedded default
    models: the error *before*;
 2. ``collect bench`` (:func:`opcast.collect.bench.run_bench`) of the op kinds and the precision the
-   archs need: first the exact shapes the prediction of every workload queries (its forward ops
-   and the gradient GEMMs of backward), then seeded Sobol samples of every kind until the budget
-   is spent, so the learned models also see the shapes around them;
+   archs need (or the kinds ``ops`` names, ``--op``): first the exact shapes the prediction of every
+   workload queries (its forward ops and the gradient GEMMs of backward), then seeded Sobol samples of
+   every kind until the budget is spent, so the learned models also see the shapes around them;
 3. ``train fit`` (:func:`opcast.train.fit.fit_model_set`) on that data together with the datasets
    shipped in ``data/datasets`` and any ``datasets`` given, into ``OUT/<name>/``;
 4. ``validate`` the checks again with the new models: the error *after*.
@@ -116,6 +116,9 @@ class CalibrateConfig:
     archs: tuple[ArchSpec | str, ...] = ()
     """Archs whose shapes are measured at every batch x seq; empty: the check archs
     (:data:`~opcast.check.validate.CHECK_ARCHS`)."""
+    ops: tuple[str, ...] = ()
+    """Op kinds to measure (``collect bench --op``'s names and checks), e.g. ``("gemm",)`` to spend the
+    budget on GEMMs alone; empty: every kind the archs' training step prices (:func:`needed_ops`)."""
     batches: tuple[int, ...] = (1,)
     """Batch sizes of the arch shapes (the first is validated)."""
     seqs: tuple[int, ...] = DEFAULT_SEQS
@@ -245,17 +248,27 @@ def needed_ops(archs: Sequence[ArchSpec]) -> tuple[str, ...]:
     return tuple(sorted(ops))
 
 
-def _shapes(arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]]) -> list[tuple[str, dict[str, Any]]]:
+def _shapes(
+    arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]], ops: Sequence[str] | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """The arch shapes (of the kinds ``ops``; None: all) as validated parameters."""
     from opcast.collect.sampling import arch_shapes
     from opcast.ops import get_op
 
     return [
-        (op, get_op(op).validate(p)) for op, p in arch_shapes([str(a) for a in arch_paths], (1,), batch_seq=batch_seq)
+        (op, get_op(op).validate(p))
+        for op, p in arch_shapes([str(a) for a in arch_paths], (1,), batch_seq=batch_seq)
+        if ops is None or op in ops
     ]
 
 
 def max_point_s(
-    arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]], precision: str, spec, device_type: str
+    arch_paths: Sequence[Path],
+    batch_seq: Sequence[tuple[int, int]],
+    precision: str,
+    spec,
+    device_type: str,
+    ops: Sequence[str] | None = None,
 ) -> float:
     """The longest one-call roofline estimate among the arch shapes (x1.2), at least collect's
     default 0.05 s and at most :data:`MAX_POINT_CAP_S`: every shape validate queries is measured."""
@@ -265,7 +278,7 @@ def max_point_s(
     worst = max(
         (
             roofline_s(op, p, precision, str(d), spec, device_type)
-            for op, p in _shapes(arch_paths, batch_seq)
+            for op, p in _shapes(arch_paths, batch_seq, ops)
             for d in get_op(op).directions(p)
         ),
         default=0.0,
@@ -273,7 +286,13 @@ def max_point_s(
     return min(MAX_POINT_CAP_S, max(0.05, 1.2 * worst))
 
 
-def mem_fraction(arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]], precision: str, device) -> float:
+def mem_fraction(
+    arch_paths: Sequence[Path],
+    batch_seq: Sequence[tuple[int, int]],
+    precision: str,
+    device,
+    ops: Sequence[str] | None = None,
+) -> float:
     """``collect bench``'s ``max_mem_fraction`` for a calibration: room for the largest arch shape
     (x1.5, at least :data:`MIN_POINT_BYTES`) and no more, at most collect's default 0.25. Sampled
     points far larger than anything validated mostly cost the time of filling their tensors with
@@ -283,7 +302,7 @@ def mem_fraction(arch_paths: Sequence[Path], batch_seq: Sequence[tuple[int, int]
 
     from opcast.collect.sampling import footprint_bytes
 
-    need = max((footprint_bytes(op, p, precision) for op, p in _shapes(arch_paths, batch_seq)), default=0.0)
+    need = max((footprint_bytes(op, p, precision) for op, p in _shapes(arch_paths, batch_seq, ops)), default=0.0)
     if device.type == "cuda":
         import torch
 
@@ -370,6 +389,9 @@ def _check_config(cfg: CalibrateConfig) -> None:
     if not (text in ("cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit())):
         raise OpcastError(f"unknown --device {cfg.device!r}; use cpu, cuda or cuda:N")
     fit_config(cfg)
+    from opcast.collect.sampling import check_bench_ops
+
+    check_bench_ops(cfg.ops)  # collect bench's own check of its --op
     _positive_ints("--batch", cfg.batches)
     _positive_ints("--seq", cfg.seqs)
     for w in (*cfg.workloads, *(cfg.checks or ())):
@@ -817,16 +839,17 @@ def run_calibrate(
         cut.append("validations after dropped: the budget leaves too little to collect otherwise")
     all_pairs = sorted({(w.batch, w.seq) for w in measured})
     all_paths = list(paths.values())
+    ops = tuple(dict.fromkeys(cfg.ops)) or needed_ops(archs)
     base = BenchConfig(
         out=data,
         device=device,
-        ops=needed_ops(archs),
+        ops=ops,
         dtypes=(cfg.precision,),
         tp_degrees=(1,),
         arch_first=True,
         seed=cfg.seed,
-        max_point_s=max_point_s(all_paths, all_pairs, cfg.precision, spec, dev.type),
-        max_mem_fraction=mem_fraction(all_paths, all_pairs, cfg.precision, dev),
+        max_point_s=max_point_s(all_paths, all_pairs, cfg.precision, spec, dev.type, ops),
+        max_mem_fraction=mem_fraction(all_paths, all_pairs, cfg.precision, dev, ops),
         timing=TimingBudget(warmup_s=0.025, rep_s=0.1, min_reps=3),
     )
     t = budget.clock()

@@ -220,6 +220,14 @@ def calibrate_cmd(
             "--arch", help="Arch whose shapes are measured (repeat); default: gpt2-124m and llama-style-125m."
         ),
     ] = None,
+    op: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--op",
+            help="Op kind to measure (repeat; as collect bench --op), e.g. gemm; default: every kind the archs' "
+            "training step uses.",
+        ),
+    ] = None,
     validate_arch: Annotated[
         list[str] | None,
         typer.Option("--validate-arch", help="Arch validated before and after (repeat); default: the --arch ones."),
@@ -265,6 +273,7 @@ def calibrate_cmd(
         device=device,
         budget_s=budget_s,
         archs=tuple(arch or ()),
+        ops=tuple(op or ()),
         validate_archs=tuple(validate_arch or ()),
         datasets=tuple(datasets or ()),
         batches=tuple(batch or (1,)),

@@ -1038,6 +1038,18 @@ CASES: list[Case] = [
     ),
     _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",), env=NO_TORCH),
     _c("calibrate-estimator-bad", *CALIB, "--estimator", "foo", needles=("foo",)),
+    _c(  # --op is collect bench's: refused as it refuses it, before torch and before --out is made
+        "calibrate-op-typo",
+        *CALIB,
+        "--out",
+        "{d}/calib_op",
+        "--op",
+        "gem",
+        needles=("unknown op 'gem'", "known ops: gemm"),
+        env=NO_TORCH,
+        check=lambda r, d: _nothing_at(d / "calib_op"),
+    ),
+    _c("calibrate-op-collective", *CALIB, "--op", "all_reduce", needles=("all_reduce", "collect comm"), env=NO_TORCH),
     # ---- step counts past MAX_STEPS: 1e11 steps were accepted and would have run for millennia
     _c(
         "validate-steps-huge",

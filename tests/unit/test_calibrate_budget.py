@@ -88,6 +88,8 @@ class Stages:
         self.rows = 40
         self.signal: str | None = None
         """A signal that stops every collection (as collect bench reports one)."""
+        self.benches: list = []
+        """The BenchConfig of every collection."""
 
     def __call__(self, fn, *args, timeout_s=None, forward_sigint=False, **kwargs):
         name = fn.__name__
@@ -98,6 +100,8 @@ class Stages:
             value = self._bench(args[0], share=timeout_s / took) if name == "bench_with_progress" else None
             raise isolated.Overran(timeout_s, value)
         self.clock.t += took
+        if name == "bench_with_progress":
+            self.benches.append(args[0])
         if name == "measure_anchors":
             return self.anchors.pop(0) if len(self.anchors) > 1 else self.anchors[0]
         if name == "run_validate":
@@ -334,4 +338,28 @@ def test_a_check_that_cannot_fit_memory_is_refused_before_any_stage(setup):
     with pytest.raises(OpcastError, match=r"batch 100000000 x seq 64 .* GiB by the prediction") as err:
         run(batches=(100_000_000,))
     assert "\n" not in str(err.value) and "--batch" in str(err.value)
+    assert stages.calls == [] and not out.exists()
+
+
+@pytest.mark.parametrize(("ops", "measured"), [((), None), (("gemm",), ("gemm",)), (("gemm", "gemm"), ("gemm",))])
+def test_op_chooses_the_kinds_every_collection_measures(setup, ops, measured):
+    """--op gemm spends the collection on GEMMs alone (the exact arch shapes and the samples); without it
+    every kind the arch's training step prices is measured."""
+    from opcast.check.calibrate import needed_ops
+
+    _, stages, _, run, _ = setup
+    assert run(ops=ops).failure is None
+    assert len(stages.benches) == 2 and all(b.ops == (measured or needed_ops([TINY])) for b in stages.benches)
+
+
+@pytest.mark.parametrize(
+    ("op", "needle"),
+    [("gem", "unknown op 'gem'"), ("all_reduce", "collect comm"), ("moe", "no microbenchmark")],
+)
+def test_op_is_checked_as_collect_bench_checks_it_before_any_stage(setup, op, needle):
+    from opcast.errors import OpcastError
+
+    _, stages, _, run, out = setup
+    with pytest.raises(OpcastError, match=needle):
+        run(ops=(op,))
     assert stages.calls == [] and not out.exists()
