@@ -398,8 +398,18 @@ def _check_config(cfg: CalibrateConfig) -> None:
         _positive_ints("a workload's batch and seq", (w.batch, w.seq))
     if cfg.precision not in PRECISIONS:
         raise OpcastError(f"--precision {cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
-    if not cfg.name or "/" in cfg.name or cfg.name.startswith(".") or cfg.name in ("data", "archs"):
-        raise OpcastError(f"--name {cfg.name!r} must be a plain folder name other than data and archs")
+    own = (
+        "data",
+        "archs",
+        NOISY_DIR,
+        REJECTED_DIR,
+        REPORT,
+        BEFORE_CACHE,
+    )  # --name noisy: noisy parts went into the set
+    if not cfg.name or "/" in cfg.name or cfg.name.startswith(".") or cfg.name in own:
+        raise OpcastError(
+            f"--name {cfg.name!r} must be a plain folder name other than calibrate's own {', '.join(own)}"
+        )
     from opcast.schema import check_dataset
 
     for d in cfg.datasets:

@@ -1049,6 +1049,10 @@ CASES: list[Case] = [
         env=NO_TORCH,
         check=lambda r, d: _nothing_at(d / "calib_op"),
     ),
+    *(  # the set would be installed where calibrate keeps its noisy parts or its rejected sets
+        _c(f"calibrate-name-{n}", *CALIB, "--name", n, needles=(f"--name '{n}'", "calibrate's own"), env=NO_TORCH)
+        for n in ("noisy", "rejected", "validate-before.json")
+    ),
     _c("calibrate-op-collective", *CALIB, "--op", "all_reduce", needles=("all_reduce", "collect comm"), env=NO_TORCH),
     # ---- step counts past MAX_STEPS: 1e11 steps were accepted and would have run for millennia
     _c(
