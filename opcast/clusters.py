@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from opcast.errors import OpcastError
-from opcast.hardware import is_number, read_json_file, show_number
+from opcast.hardware import is_number, path_exists, read_json_file, show_number
 from opcast.ops import INT_PARAM_LIMIT
 from opcast.paths import data_path
 
@@ -171,8 +171,9 @@ def find_cluster(name: str) -> ClusterSpec | None:
 
 
 def get_cluster(name: str) -> ClusterSpec:
-    """A catalog cluster by name or alias, or a cluster JSON file."""
-    if name.lower().endswith(".json"):
+    """A catalog cluster by name or alias, or a cluster JSON file (a path with a folder in it that exists
+    is read as one whatever its name, as a device file is: /dev/null was an 'unknown cluster')."""
+    if name.lower().endswith(".json") or ("/" in name and path_exists(Path(name).expanduser())):
         return load_cluster_file(Path(name).expanduser())
     spec = find_cluster(name)
     if spec is None:

@@ -441,7 +441,8 @@ _VENDOR_PREFIXES = ("nvidia", "tesla", "amdinstinct", "amd", "instinct")
 _LOCAL = re.compile(r"cpu|cuda(:\d+)?")
 
 
-def _exists(path: Path) -> bool:
+def path_exists(path: Path) -> bool:
+    """``path.exists()``, False where the text cannot be a path (a name too long for the file system)."""
     try:
         return path.exists()
     except OSError:  # e.g. a name too long to be a path
@@ -502,9 +503,9 @@ def get_device(name: str | Path) -> DeviceSpec:
         said = f"GPU '{text if len(text) <= 80 else text[:77] + '...'}'"  # not --set: the user wrote a name
         settings = [parse_setting(part, said=f"{said} ({part})") for part in split_settings(derived.group(2))]
         return derive_device(get_device(derived.group(1)), settings, said=said)
-    if text.lower().endswith(".json") or ("/" in text and _exists(Path(text).expanduser())):
+    if text.lower().endswith(".json") or ("/" in text and path_exists(Path(text).expanduser())):
         path = Path(text).expanduser()
-        if _exists(path):
+        if path_exists(path):
             return load_device_file(path)
         raise OpcastError(
             f"device file '{text}' {link_problem(path) or 'not found'}; give a catalog name or an existing JSON file"
@@ -545,7 +546,7 @@ def device_name_beside(name: str, folder: Path) -> str:
         return f"{device_name_beside(derived.group(1), folder)}[{derived.group(2)}]"
     path = Path(text).expanduser()
     beside = folder / path
-    if path.is_absolute() or not (text.lower().endswith(".json") or ("/" in text and _exists(beside))):
+    if path.is_absolute() or not (text.lower().endswith(".json") or ("/" in text and path_exists(beside))):
         return name
     return str(beside)
 

@@ -914,6 +914,12 @@ CASES: list[Case] = [
             ("max-bytes-huge", ("--max-bytes", str(10**30)), (f"--max-bytes {10**30}", "8 GiB")),
             ("max-bytes-past-8gib", ("--max-bytes", str(2**33 + 1)), (f"--max-bytes {2**33 + 1}",)),
             ("cluster-unknown", ("--cluster", "nope"), ("cluster 'nope'",)),
+            (
+                "cluster-dev-null",
+                ("--cluster", "/dev/null"),
+                ("/dev/null", "cluster file is empty"),
+            ),  # 'unknown cluster'
+            ("cluster-folder", ("--cluster", "{d}"), ("is a folder",)),
         ]
     ),
     _c(
