@@ -150,10 +150,7 @@ def comm(
 ) -> None:
     """Sweep collectives over all ranks; run under torchrun (`torchrun --nproc-per-node N --no-python opcast collect comm ...`)."""  # noqa: E501 -- the command's one-line help
     from opcast.collect.comm import COMM_OPS, CommConfig, run_comm
-    from opcast.errors import OpcastError
 
-    if iters < 1 or warmup_iters < 0:
-        raise OpcastError(f"--iters must be >= 1 and --warmup-iters >= 0 (got {iters}, {warmup_iters})")
     cfg = CommConfig(
         out=out,
         backend=backend,

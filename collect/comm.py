@@ -102,6 +102,12 @@ each) or push the node into swap. --max-bytes had no bound: 10**30 planned 45 si
 largest past what an int64 element count can hold."""
 
 
+MAX_ITERS = 10_000
+"""Most ``--iters`` and ``--warmup-iters`` per size: nccl-tests times 20 after 5 by default, and the median
+of a few hundred no longer moves. A size stopped part-way is measured again from its start on resume, so
+--iters 1000000000000 was accepted and never finished one size."""
+
+
 def message_sizes(min_bytes: int, max_bytes: int, factor: int) -> list[int]:
     """Log-spaced sizes from min to max (inclusive where the ratio lands on it)."""
     if min_bytes < 1 or max_bytes < min_bytes or factor < 2:
@@ -220,6 +226,11 @@ def check_options(cfg: CommConfig) -> list[int]:
     if cfg.backend not in ("nccl", "gloo"):
         raise OpcastError(f"unknown --backend {cfg.backend!r}; use nccl (GPUs) or gloo (CPUs)")
     dtype_bytes(cfg.dtype)
+    if not (1 <= cfg.iters <= MAX_ITERS and 0 <= cfg.warmup_iters <= MAX_ITERS):
+        raise OpcastError(
+            f"--iters takes 1 to {MAX_ITERS:,} and --warmup-iters 0 to {MAX_ITERS:,} calls per size "
+            f"(got {cfg.iters}, {cfg.warmup_iters}); nccl-tests times 20 after 5"
+        )
     sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
     if cfg.cluster is not None:
         get_cluster(cfg.cluster)  # its GPUs per node are checked against the job's under torchrun
