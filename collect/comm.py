@@ -234,6 +234,11 @@ def check_options(cfg: CommConfig) -> list[int]:
     sizes = message_sizes(cfg.min_bytes, cfg.max_bytes, cfg.step_factor)
     if cfg.cluster is not None:
         get_cluster(cfg.cluster)  # its GPUs per node are checked against the job's under torchrun
+    if "WORLD_SIZE" not in os.environ:  # under torchrun rank 0 checks it and tells every rank (_claim)
+        from opcast.atomic import output_folder_problem
+
+        if problem := output_folder_problem("--out", cfg.out, holds="the dataset is written into it"):
+            raise OpcastError(problem)
     return sizes
 
 

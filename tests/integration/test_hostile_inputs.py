@@ -911,6 +911,8 @@ CASES: list[Case] = [
             ("backend-bad", ("--backend", "mpi"), ("--backend 'mpi'",)),
             ("dtype-bad", ("--dtype", "fp9"), ("'fp9'",)),
             ("sizes-reversed", ("--min-bytes", "100", "--max-bytes", "10"), ("--min-bytes (100)",)),
+            ("out-dev-null", ("--out", "/dev/null"), ("--out /dev/null is a file",)),  # was 'must run under torchrun'
+            ("out-under-a-file", ("--out", "{d}/good.parquet/x"), ("which is a file",)),
             ("iters-huge", ("--iters", "1000000000000"), ("--iters takes 1 to 10,000", "1000000000000")),
             ("warmup-iters-huge", ("--warmup-iters", "10001"), ("--warmup-iters 0 to 10,000", "10001")),
             ("iters-zero", ("--iters", "0"), ("--iters takes 1 to 10,000",)),
