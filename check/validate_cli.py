@@ -123,29 +123,36 @@ def validate_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Train an arch for a few steps on this machine and compare every phase with the prediction."""
+    import contextlib
+
+    from opcast.atomic import sigterm_as_interrupt
     from opcast.check.validate import local_env, run_validate
 
-    rank0 = local_env().rank == 0  # RANK=abc, WORLD_SIZE=0, ...: one line before any work
+    env = local_env()  # RANK=abc, WORLD_SIZE=0, ...: one line before any work
+    rank0 = env.rank == 0
     show = rank0 and not as_json and err_console.is_terminal
 
     def progress(msg: str) -> None:
         if show:
             err_console.print(f"validate: {msg}", highlight=False, markup=False, soft_wrap=True)
 
-    report = run_validate(
-        arch,
-        batch=batch,
-        seq=seq,
-        precision=precision,
-        device=device,
-        models=models,
-        steps=steps,
-        warmup=warmup,
-        profile=profile,
-        attention=attention,
-        layers=layers,
-        progress=progress,
-    )
+    # SIGTERM ended a run on the spot without a line; alone it is taken as an interrupt (exit 143). Under
+    # torchrun it keeps its default action: a rank blocked in a collective would never run the handler.
+    with sigterm_as_interrupt() if env.world == 1 else contextlib.nullcontext():
+        report = run_validate(
+            arch,
+            batch=batch,
+            seq=seq,
+            precision=precision,
+            device=device,
+            models=models,
+            steps=steps,
+            warmup=warmup,
+            profile=profile,
+            attention=attention,
+            layers=layers,
+            progress=progress,
+        )
     if not rank0:
         return
     if as_json:

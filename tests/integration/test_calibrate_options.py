@@ -110,3 +110,29 @@ def test_the_help_names_every_estimator_the_option_takes():
     res = _run(["calibrate", "--help"], env={"COLUMNS": "200"})
     text = " ".join(res.stdout.split())
     assert res.returncode == 0 and all(name in text.split("--estimator", 1)[1][:200] for name in [*ESTIMATORS, "auto"])
+
+
+_SIGTERM_MID_STEPS = """
+import os, signal, sys, time
+import opcast.check.validate as validate
+from opcast.cli import main
+
+def measure_step(*args, **kwargs):  # SIGTERM while the steps run
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+
+validate.measure_step = measure_step
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_while_validate_measures_ends_with_the_terminated_line():
+    """SIGTERM ended validate on the spot (exit -15, no line); alone (not under torchrun) it is an
+    interrupt: one line and exit 143, as Ctrl-C's 130."""
+    full = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    args = ["validate", "--arch", "gpt2-124m", "--batch", "1", "--seq", "64", "--steps", "1", "--warmup", "0"]
+    res = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_MID_STEPS, *args], capture_output=True, text=True, timeout=120, env=full
+    )
+    assert res.returncode == 143, (res.returncode, res.stderr)
+    assert res.stderr.strip() == "opcast: terminated (SIGTERM); what was written is kept", res.stderr
