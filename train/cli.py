@@ -243,14 +243,17 @@ def adapt(
             *(["--levels-only"] if levels_only else []),
         ]
     )
-    result = adapt_model_set(
-        dataset,
-        gpu,
-        models=models,
-        out=out,
-        cfg=AdaptConfig(slope=not levels_only, analogues=not levels_only),
-        command=command,
-    )
+    from opcast.atomic import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():  # SIGTERM mid-copy left the hidden temporary copy of the set behind
+        result = adapt_model_set(
+            dataset,
+            gpu,
+            models=models,
+            out=out,
+            cfg=AdaptConfig(slope=not levels_only, analogues=not levels_only),
+            command=command,
+        )
     f = result.fields
     if as_json:
         console.print_json(

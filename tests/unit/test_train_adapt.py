@@ -290,3 +290,32 @@ def test_rows_without_a_time_are_counted_by_adapt_and_fit(tmp_path, toy_set):
     cfg = FitConfig(estimator="xgb", folds=0, n_jobs=1, min_rows=5)
     fit = fit_model_set([data], tmp_path / "sets", name="s", cfg=cfg)
     assert fit.skipped["rows without a time"].startswith("4 rows")
+
+
+_SIGTERM_MID_COPY = """
+import os, signal, sys
+import opcast.train.adapt as adapt
+from opcast.cli import main
+
+real = adapt.shutil.copytree
+
+def copytree(*args, **kwargs):  # the set is copied, not yet renamed into place: SIGTERM
+    done = real(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return done
+
+adapt.shutil.copytree = copytree
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_mid_copy_leaves_nothing_behind(tmp_path, toy_set):
+    """SIGTERM while train adapt copied the set ended it on the spot and left the hidden temporary copy
+    in --out's folder; it is an interrupt now: one line, exit 143, nothing left, and a re-run adapts."""
+    root, rows, _ = toy_set
+    data = _dataset(tmp_path, rows, 20)
+    args = ["train", "adapt", str(data), "--gpu", TARGET, "--models", str(root), "--out", str(tmp_path / "sets" / "a")]
+    res = subprocess.run([sys.executable, "-c", _SIGTERM_MID_COPY, *args], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 143 and res.stderr.strip() == "opcast: terminated (SIGTERM); what was written is kept"
+    assert not (tmp_path / "sets").exists() or not any((tmp_path / "sets").iterdir())
+    assert _cli(*args).returncode == 0 and (tmp_path / "sets" / "a" / "adapt").is_dir()
