@@ -226,6 +226,13 @@ def check_options(cfg: CommConfig) -> list[int]:
     if cfg.backend not in ("nccl", "gloo"):
         raise OpcastError(f"unknown --backend {cfg.backend!r}; use nccl (GPUs) or gloo (CPUs)")
     dtype_bytes(cfg.dtype)
+    if cfg.backend == "gloo" and cfg.dtype == "fp8" and set(cfg.ops) - {"send_recv"}:
+        # torch's gloo refuses float8 in every collective ('Invalid scalar type'), which the ranks took for
+        # another rank's death after the launch
+        raise OpcastError(
+            "--backend gloo has no fp8 collectives (only send_recv moves fp8 bytes); use --backend nccl on "
+            "GPUs, or --dtype fp16, bf16 or fp32"
+        )
     if not (1 <= cfg.iters <= MAX_ITERS and 0 <= cfg.warmup_iters <= MAX_ITERS):
         raise OpcastError(
             f"--iters takes 1 to {MAX_ITERS:,} and --warmup-iters 0 to {MAX_ITERS:,} calls per size "
