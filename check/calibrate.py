@@ -269,16 +269,21 @@ def max_point_s(
     spec,
     device_type: str,
     ops: Sequence[str] | None = None,
+    max_bytes: float | None = None,
 ) -> float:
     """The longest one-call roofline estimate among the arch shapes (x1.2), at least collect's
-    default 0.05 s and at most :data:`MAX_POINT_CAP_S`: every shape validate queries is measured."""
-    from opcast.collect.sampling import roofline_s
+    default 0.05 s and at most :data:`MAX_POINT_CAP_S`: every shape validate queries is measured.
+    Shapes over ``max_bytes`` (collection's memory budget) are never measured, so they do not count:
+    a --batch 100000000 beside --batch 1 raised the ceiling to the cap, and the Sobol samples, admitted
+    up to 2 s a call, measured a handful of rows instead of hundreds."""
+    from opcast.collect.sampling import footprint_bytes, roofline_s
     from opcast.ops import get_op
 
     worst = max(
         (
             roofline_s(op, p, precision, str(d), spec, device_type)
             for op, p in _shapes(arch_paths, batch_seq, ops)
+            if max_bytes is None or footprint_bytes(op, p, precision) <= max_bytes
             for d in get_op(op).directions(p)
         ),
         default=0.0,
@@ -298,21 +303,25 @@ def mem_fraction(
     points far larger than anything validated mostly cost the time of filling their tensors with
     random numbers (seconds each on a CPU); above the ceiling the learned models extrapolate on
     log(time / roofline), i.e. at constant utilisation."""
-    import os
 
     from opcast.collect.sampling import footprint_bytes
 
     need = max((footprint_bytes(op, p, precision) for op, p in _shapes(arch_paths, batch_seq, ops)), default=0.0)
+    free = free_bytes(device)
+    return min(0.25, max(MIN_POINT_BYTES, 1.5 * need) / free) if free else 0.25
+
+
+def free_bytes(device) -> float | None:
+    """Free memory of ``device`` as collect bench sees it (the GPU's, or the host's available pages), or
+    None where it cannot be told."""
     if device.type == "cuda":
         import torch
 
-        free = float(torch.cuda.mem_get_info(device)[0])
-    else:
-        try:
-            free = float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-        except (ValueError, OSError):
-            return 0.25
-    return min(0.25, max(MIN_POINT_BYTES, 1.5 * need) / free) if free > 0 else 0.25
+        return float(torch.cuda.mem_get_info(device)[0])
+    try:
+        return float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError):
+        return None
 
 
 def default_datasets() -> list[Path]:
@@ -850,6 +859,8 @@ def run_calibrate(
     all_pairs = sorted({(w.batch, w.seq) for w in measured})
     all_paths = list(paths.values())
     ops = tuple(dict.fromkeys(cfg.ops)) or needed_ops(archs)
+    mem_share = mem_fraction(all_paths, all_pairs, cfg.precision, dev, ops)
+    free = free_bytes(dev)
     base = BenchConfig(
         out=data,
         device=device,
@@ -858,8 +869,10 @@ def run_calibrate(
         tp_degrees=(1,),
         arch_first=True,
         seed=cfg.seed,
-        max_point_s=max_point_s(all_paths, all_pairs, cfg.precision, spec, dev.type, ops),
-        max_mem_fraction=mem_fraction(all_paths, all_pairs, cfg.precision, dev, ops),
+        max_point_s=max_point_s(
+            all_paths, all_pairs, cfg.precision, spec, dev.type, ops, max_bytes=mem_share * free if free else None
+        ),
+        max_mem_fraction=mem_share,
         timing=TimingBudget(warmup_s=0.025, rep_s=0.1, min_reps=3),
     )
     t = budget.clock()

@@ -175,6 +175,21 @@ def test_calibrate_point_ceiling_covers_the_arch_shapes(tmp_path):
     assert worst <= ceiling <= MAX_POINT_CAP_S and ceiling >= 0.05
 
 
+def test_shapes_past_the_memory_budget_do_not_raise_the_point_ceiling(tmp_path):
+    """--batch 1 --batch 100000000: the second batch's shapes are never measured (past collection's memory
+    budget), yet they raised the ceiling to the cap and the samples ran up to 2 s a call; only shapes
+    within the budget count."""
+    from opcast.check.calibrate import max_point_s
+    from opcast.hardware import get_device
+
+    spec = get_device("A100-SXM4-80GB")
+    path = arch_file(CHECK_ARCHS["gpt2-124m"], tmp_path)
+    small = max_point_s([path], ((1, 256),), "fp32", spec, "cuda")
+    both = ((1, 256), (100_000_000, 256))
+    assert small < MAX_POINT_CAP_S and max_point_s([path], both, "fp32", spec, "cuda") == MAX_POINT_CAP_S
+    assert max_point_s([path], both, "fp32", spec, "cuda", max_bytes=2**30) == small
+
+
 def test_arch_shapes_can_come_first_with_their_gradient_gemms():
     from opcast.collect.sampling import DeviceLimits, make_plan
     from opcast.hardware import get_device
