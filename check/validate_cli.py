@@ -232,7 +232,8 @@ def calibrate_cmd(
         typer.Option(
             "--op",
             help="Op kind to measure (repeat; as collect bench --op), e.g. gemm; default: every kind the archs' "
-            "training step uses.",
+            "training step uses. The set then models these kinds (and those of any --datasets) only: the others are "
+            "priced by the roofline under --models OUT.",
         ),
     ] = None,
     validate_arch: Annotated[
