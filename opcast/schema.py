@@ -20,8 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from opcast.atomic import replace_with, temp_beside
+from opcast.dtypes import DTYPES
 from opcast.errors import OpcastError
-from opcast.ops import get_op, param_types
+from opcast.ops import Direction, get_op, op_kinds, param_types
 
 SCHEMA_VERSION: Final = 1
 VERSION_KEY: Final = b"opcast.schema_version"
@@ -272,7 +273,46 @@ def read_table(path: str | Path) -> pa.Table:
     for name in schema.names:  # older files may lack newer optional columns
         if name not in table.schema.names:
             table = table.append_column(schema.field(name), pa.nulls(len(table), schema.field(name).type))
-    return table.select(schema.names).replace_schema_metadata(schema.metadata)
+    table = table.select(schema.names).replace_schema_metadata(schema.metadata)
+    problem = value_problem(table)
+    if problem is not None:
+        raise OpcastError(
+            f"{path}: {problem}; the file was edited or written by another tool: delete it or re-create it "
+            "with opcast collect"
+        )
+    return table
+
+
+def _shown(values: Iterable[object]) -> str:
+    return ", ".join(repr(v) for v in sorted(map(str, values))[:3])
+
+
+def value_problem(table: pa.Table) -> str | None:
+    """The first row value of ``table`` (in the dataset schema) outside the op registry: an op,
+    dtype or direction opcast does not know, or an op parameter that is missing, below its minimum
+    or not one of its choices (as :meth:`opcast.ops.OpSpec.validate` refuses it). Such a row was
+    summarised and scored as if it were a measurement (``m = -64`` priced, an unknown op or
+    direction counted as uncovered); None when every row is one opcast could have written."""
+    frame = table.select(["op", "dtype", "direction"]).to_pandas()
+    for column, known in (("op", op_kinds()), ("dtype", DTYPES), ("direction", tuple(d.value for d in Direction))):
+        bad = set(frame[column].dropna().astype(str)) - set(known)
+        if bad:
+            return f"{column} {_shown(bad)} is not one opcast knows ({', '.join(known)})"
+    for kind in sorted(set(frame["op"].dropna().astype(str))):
+        rows = pa.array((frame["op"] == kind).to_numpy())
+        for p in get_op(kind).params:
+            values = table[p.name].filter(rows).to_pandas()
+            missing = int(values.isna().sum())
+            if missing and p.default is None:
+                return f"{missing} {kind} row(s) lack parameter {p.name} ({p.doc})"
+            present = values.dropna()
+            low = present[present < p.minimum] if p.type is int else present[:0]
+            if len(low):
+                return f"{kind} parameter {p.name} is {low.iloc[0]} in {len(low)} row(s), below its minimum {p.minimum}"
+            if p.choices is not None and not set(present.astype(str)) <= set(p.choices):
+                bad = set(present.astype(str)) - set(p.choices)
+                return f"{kind} parameter {p.name} {_shown(bad)} is not one of {', '.join(p.choices)}"
+    return None
 
 
 def read_dataset(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:

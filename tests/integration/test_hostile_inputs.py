@@ -121,6 +121,7 @@ def _write_dataset(path: Path, device: str = "H100-SXM") -> None:
 
 
 def _build_files(d: Path) -> None:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     w = lambda name, text: (d / name).write_text(text, encoding="utf-8")  # noqa: E731
@@ -164,6 +165,12 @@ def _build_files(d: Path) -> None:
         table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet"
     )
     pq.write_table(table.slice(0, 0), d / "no_rows.parquet")
+    # rows outside the op registry (another tool's writer): an op no kind, a gemm of negative m
+    edited = lambda name, column, values: pq.write_table(  # noqa: E731
+        table.set_column(table.schema.get_field_index(column), column, values), d / name
+    )
+    edited("op_unknown.parquet", "op", pa.array(["gemm"] * (len(table) - 1) + ["conv2d"]))
+    edited("m_negative.parquet", "m", pa.array([-64] * len(table), pa.int64()))
     (d / "my_gpu_ds").mkdir()  # a device of no catalog entry, beside a run.json that is not text
     _write_dataset(d / "my_gpu_ds" / "part-0.parquet", device="my-gpu")
     (d / "my_gpu_ds" / "run.json").write_bytes(b"\xff\xfe{}")
@@ -751,6 +758,19 @@ CASES: list[Case] = [
         needles=("no_rows.parquet", "holds no rows"),
     ),
     _c("parquet-empty-dir", "train", "eval", "{d}/no_parts", needles=("no_parts",)),
+    _c(
+        "parquet-op-unknown-eval", "train", "eval", "{d}/op_unknown.parquet", needles=("op_unknown.parquet", "'conv2d'")
+    ),
+    _c(
+        "parquet-m-negative-info",
+        "collect",
+        "info",
+        "{d}/m_negative.parquet",
+        needles=("m_negative.parquet", "m is -64"),
+    ),
+    _c(
+        "parquet-m-negative-eval", "train", "eval", "{d}/m_negative.parquet", needles=("m_negative.parquet", "m is -64")
+    ),
     _c("dataset-device-file", "collect", "info", "/dev/null", needles=("/dev/null is not a regular file or a folder",)),
     _c(
         "fit-run-json-binary",

@@ -145,6 +145,27 @@ def test_a_version_that_is_not_a_whole_number_is_named(tmp_path, version):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"op": "nosuchop"}, "op 'nosuchop' is not one opcast knows"),
+        ({"dtype": "int3"}, "dtype 'int3' is not one opcast knows"),
+        ({"direction": "sideways"}, "direction 'sideways' is not one opcast knows"),
+        ({"m": -64}, "gemm parameter m is -64 in 1 row(s), below its minimum 1"),
+        ({"m": None}, "1 gemm row(s) lack parameter m"),
+        ({"impl": "magic"}, "attention parameter impl 'magic' is not one of"),
+    ],
+)
+def test_a_row_value_outside_the_registry_is_named(tmp_path, change, needle):
+    """A file edited or written by another tool: its rows were summarised and scored as measurements."""
+    rows = [{**r, "point_id": str(i)} for i, r in enumerate(_rows())]  # to_table would hash an unknown op
+    (rows[1] if "impl" in change else rows[0]).update(change)
+    pq.write_table(to_table(rows), tmp_path / "edited.parquet")
+    with pytest.raises(OpcastError) as err:
+        read_dataset(tmp_path)
+    assert "edited.parquet" in str(err.value) and needle in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_folder_named_like_a_part_is_not_read(tmp_path):
     write_parquet(_rows(), tmp_path / "good.parquet")
     (tmp_path / "looks.parquet").mkdir()
