@@ -1051,6 +1051,10 @@ def _compose(
 
 MAX_WORKERS = 1024
 """Most processes a search may be asked for (--workers)."""
+MAX_TOP = 1000
+"""Most configurations a search re-predicts in full (--top): each is a complete run_train with its
+op list (~4 ms and ~2 KB of JSON here), and a 1,024-GPU search of llama2-7b keeps 79,023 feasible
+ones, which --top 100000 re-predicted for minutes into a JSON of ~140 MB. --csv lists every one."""
 
 
 def default_workers() -> int:
@@ -1087,6 +1091,11 @@ def search(
 
     if not isinstance(top, int) or isinstance(top, bool) or top < 0:
         raise OpcastError(f"top={top!r} must be a non-negative integer")
+    if top > MAX_TOP:
+        raise OpcastError(
+            f"--top {top} is past the {MAX_TOP:,} configurations a search predicts in full; "
+            f"give --top {MAX_TOP} or less (--csv lists every feasible configuration)"
+        )
     if workers is not None and (
         isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS
     ):

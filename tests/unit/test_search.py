@@ -348,6 +348,9 @@ def test_bad_requests_and_empty_results():
     assert not S.space_problems(H100, S.SearchSpace(gpus=S.MAX_SEARCH_GPUS, global_batch=8, seq=1024))
     with pytest.raises(OpcastError, match="whole number"):
         S.search(TINY_GPT, H100, S.SearchSpace(gpus=12, global_batch=8, seq=1024))
+    # each of the top K is a full run_train: --top 100000 re-predicted every feasible one for minutes
+    with pytest.raises(OpcastError, match=r"--top 1001 is past the 1,000 .*\(--csv lists every"):
+        S.search(TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024), top=S.MAX_TOP + 1)
     nothing = S.search(load_arch("llama2-70b"), H100, S.SearchSpace(gpus=2, global_batch=4, seq=4096), top=3)
     assert not nothing.candidates and not nothing.top
     assert nothing.pruned["mem_states"] > 0 and "optimizer states" in nothing.reasons_summary()
