@@ -395,9 +395,47 @@ def _check_space(arch: ArchSpec, device: DeviceSpec, space: SearchSpace) -> list
     if space.gpus % g and space.gpus > g:
         raise OpcastError(f"--gpus {space.gpus} is not a whole number of {g}-GPU nodes; give --gpus-per-node")
     if space.objective != "cost":
-        return [(max(1, space.gpus // g), min(g, space.gpus))]
-    worlds = [w for w in _divisors(space.gpus) if w < g or w % g == 0]
-    return [(w // g, g) if w >= g else (1, w) for w in worlds]
+        worlds = [(max(1, space.gpus // g), min(g, space.gpus))]
+    else:
+        sizes = [w for w in _divisors(space.gpus) if w < g or w % g == 0]
+        worlds = [(w // g, g) if w >= g else (1, w) for w in sizes]
+    problems = _unsearched_fixes(arch, space, [n * per for n, per in worlds])
+    if problems:
+        raise OpcastError("; ".join(problems))
+    return worlds
+
+
+def _unsearched_fixes(arch: ArchSpec, space: SearchSpace, sizes: Sequence[int]) -> list[str]:
+    """A --fix value the walk of :func:`_enumerate` never reaches (it walks only the divisors of each
+    dimension's whole): it was dropped without a word where another value of its key was searched
+    (--fix tp=2,3 on 8 GPUs searched tp 2), and where none was, the search ended in "nothing to
+    search" without naming the value."""
+    fx = space.fixed
+    shown = " or ".join(map(str, sizes))
+    whole = {
+        "tp": (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)"),
+        "pp": (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)"),
+        "cp": (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)"),
+        "ep": (
+            lambda v: arch.n_experts % v == 0,
+            f"it does not divide the {arch.n_experts} expert(s) of {arch.name}; "
+            f"choose from {', '.join(map(str, _divisors(arch.n_experts)))}",
+        ),
+        "micro_batch": (
+            lambda v: space.global_batch % v == 0,
+            f"it does not divide --global-batch {space.global_batch}",
+        ),
+        "virtual_stages": (
+            lambda v: arch.n_layers % v == 0,
+            f"it does not divide the {arch.n_layers} layers of {arch.name}",
+        ),
+    }
+    problems = []
+    for key, (reached, why) in whole.items():
+        bad = [v for v in fx.get(key, ()) if not reached(v)]
+        if bad:
+            problems.append(f"--fix {key}={','.join(map(str, bad))} is never searched: {why}")
+    return problems
 
 
 def _fixed_problems(fixed: Mapping[str, tuple[Any, ...]]) -> list[str]:

@@ -415,6 +415,8 @@ CASES: list[Case] = [
     ),
     _c("search-price-inf", *SEARCH, ROOF, "--gpu-hour-price", "inf", needles=("--gpu-hour-price",)),
     _c("search-workers-zero", *SEARCH, ROOF, "--workers", "0", needles=("workers",)),
+    _c("search-fix-unreached", *SEARCH, ROOF, "--fix", "tp=2,3", needles=("--fix tp=3 is never searched", "8 GPUs")),
+    _c("search-fix-ep-dense", *SEARCH, ROOF, "--fix", "ep=2", needles=("--fix ep=2 is never searched", "gpt3-125m")),
     _c("search-top-huge", *SEARCH, ROOF, "--top", "100000", needles=("--top 100000 is past the 1,000", "--csv")),
     # counts under 2**63 whose divisors the search would enumerate for minutes
     _c(

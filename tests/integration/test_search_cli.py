@@ -87,7 +87,7 @@ def test_bad_requests_list_every_problem(capsys):
     for part in ("objective='fastest'", "tp='x'", "colour", "max_mem"):
         assert part in err
     assert main([*SMALL, "--fix", "tp=3"]) == 2
-    assert "nothing to search" in capsys.readouterr().err
+    assert "--fix tp=3 is never searched: it does not divide the world size searched" in capsys.readouterr().err
 
 
 def test_non_finite_numbers_and_models_with_roofline_are_refused_in_one_line(capsys):

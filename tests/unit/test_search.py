@@ -348,6 +348,13 @@ def test_bad_requests_and_empty_results():
     assert not S.space_problems(H100, S.SearchSpace(gpus=S.MAX_SEARCH_GPUS, global_batch=8, seq=1024))
     with pytest.raises(OpcastError, match="whole number"):
         S.search(TINY_GPT, H100, S.SearchSpace(gpus=12, global_batch=8, seq=1024))
+    # a --fix value the walk never reaches: dropped without a word beside one it does (tp=2,3 searched tp 2)
+    fixed = S.parse_fix(["tp=2,3", "micro_batch=3,4", "virtual_stages=5"])
+    with pytest.raises(OpcastError) as err:
+        S.search(TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024, fixed=fixed), top=0)
+    for part in ("--fix tp=3 is never searched", "--fix micro_batch=3 is never", "--fix virtual_stages=5 is never"):
+        assert part in str(err.value)
+    assert "tp=2" not in str(err.value)
     # each of the top K is a full run_train: --top 100000 re-predicted every feasible one for minutes
     with pytest.raises(OpcastError, match=r"--top 1001 is past the 1,000 .*\(--csv lists every"):
         S.search(TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024), top=S.MAX_TOP + 1)
