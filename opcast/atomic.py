@@ -25,6 +25,19 @@ def shared_mode(path: Path | str) -> None:
     os.chmod(path, 0o666 & ~mask)
 
 
+NOT_REGULAR: str = "not a regular file (a device, pipe or socket), which the write would replace"
+
+
+def not_regular(path: Path) -> bool:
+    """True when ``path`` exists and is neither a regular file nor a folder: the rename of an atomic
+    write would put a regular file in its place (run as root, ``--csv /dev/full`` replaced the
+    device node with the table)."""
+    try:
+        return path.exists() and not path.is_file() and not path.is_dir()
+    except OSError:
+        return False  # cannot be inspected: the write reports what goes wrong
+
+
 def temp_beside(path: Path) -> Path:
     """A new empty temporary file in ``path``'s folder (created with its parents); raises OSError
     when the folder cannot be written."""
@@ -38,6 +51,8 @@ def replace_with(tmp: Path, path: Path, write: Callable[[Path], object]) -> Path
     """Run ``write(tmp)``, then move ``tmp`` over ``path`` with the umask's mode; on any exception
     ``tmp`` is removed and the exception propagates."""
     try:
+        if not_regular(path):
+            raise OSError(errno.EINVAL, NOT_REGULAR, str(path))
         write(tmp)
         shared_mode(tmp)
         os.replace(tmp, path)
@@ -62,11 +77,14 @@ def _nearest_existing(path: Path) -> Path:
 
 def output_file_problem(flag: str, path: Path, suffixes: tuple[str, ...] = (), *, example: str = "") -> str | None:
     """Why ``flag PATH`` cannot name a file to write, found before any work, or None: a folder, a
-    path below a file (its folders could not be made), or a suffix not in ``suffixes`` (with the
-    dot; empty: any). ``example``: the file name a folder's message suggests (default out.SUFFIX)."""
+    device, pipe or socket (:func:`not_regular`), a path below a file (its folders could not be
+    made), or a suffix not in ``suffixes`` (with the dot; empty: any). ``example``: the file name a
+    folder's message suggests (default out.SUFFIX)."""
     example = example or f"out{suffixes[0] if suffixes else ''}"
     if path.is_dir():
         return f"{flag} {path} is a folder; give a file name such as {path / example}"
+    if not_regular(path):
+        return f"{flag} {path} is {NOT_REGULAR}; give a regular file to write"
     parent = _nearest_existing(path.parent)
     if not parent.is_dir():
         return f"{flag} {path} lies under {parent}, which is a file; choose another path"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Callable
@@ -165,6 +166,7 @@ def _build_files(d: Path) -> None:
         table.replace_schema_metadata({**meta, b"opcast.schema_version": b"1e400"}), d / "version_inf.parquet"
     )
     pq.write_table(table.slice(0, 0), d / "no_rows.parquet")
+    os.mkfifo(d / "fifo.csv")  # stands in for a device: run as root, --csv /dev/full replaced the node
     # rows outside the op registry (another tool's writer): an op no kind, a gemm of negative m
     edited = lambda name, column, values: pq.write_table(  # noqa: E731
         table.set_column(table.schema.get_field_index(column), column, values), d / name
@@ -282,6 +284,10 @@ def _json_check(**expected: object) -> Callable[[Result, Path], None]:
 def _no_tmp_left(result: Result, d: Path) -> None:
     left = [p.name for p in (d / "kernels_out").iterdir() if p.name.endswith(".tmp")]
     assert not left, left
+
+
+def _still_a_fifo(path: Path) -> None:
+    assert stat.S_ISFIFO(path.stat().st_mode), f"{path} was replaced"
 
 
 def _nothing_at(path: Path) -> None:
@@ -417,6 +423,15 @@ CASES: list[Case] = [
     _c("search-workers-zero", *SEARCH, ROOF, "--workers", "0", needles=("workers",)),
     _c("search-fix-unreached", *SEARCH, ROOF, "--fix", "tp=2,3", needles=("--fix tp=3 is never searched", "8 GPUs")),
     _c("search-fix-ep-dense", *SEARCH, ROOF, "--fix", "ep=2", needles=("--fix ep=2 is never searched", "gpt3-125m")),
+    _c(
+        "search-csv-fifo",
+        *SEARCH,
+        ROOF,
+        "--csv",
+        "{d}/fifo.csv",
+        needles=("fifo.csv is not a regular file",),
+        check=lambda r, d: _still_a_fifo(d / "fifo.csv"),
+    ),
     _c("search-top-huge", *SEARCH, ROOF, "--top", "100000", needles=("--top 100000 is past the 1,000", "--csv")),
     # counts under 2**63 whose divisors the search would enumerate for minutes
     _c(

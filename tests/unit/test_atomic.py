@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import os
+import stat
 
 import pytest
 
@@ -70,3 +72,15 @@ def test_every_option_naming_a_file_to_write_is_checked_before_the_work():
     ]
     assert len(outputs) >= 6, [n for n, _ in outputs]
     assert [n for n, opt in outputs if opt.check is None] == []
+
+
+def test_a_device_pipe_or_socket_is_never_replaced_by_an_output(tmp_path):
+    """Run as root, ``--csv /dev/full`` renamed the table over the device node; a FIFO stands in for it."""
+    fifo = tmp_path / "pipe.csv"
+    os.mkfifo(fifo)
+    problem = output_file_problem("--csv", fifo, (".csv",))
+    assert problem is not None and "pipe.csv is not a regular file" in problem and "\n" not in problem
+    with pytest.raises(OSError, match="not a regular file"):
+        write_atomically(fifo, lambda tmp: tmp.write_text("x"))
+    assert stat.S_ISFIFO(fifo.stat().st_mode)
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe.csv"]  # no temp file left either
