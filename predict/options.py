@@ -632,9 +632,9 @@ SEARCH_CSV = Opt(
     "csv",
     "--csv",
     Optional[Path],
-    "Write every feasible configuration, ranked, to this CSV.",
+    "Write every feasible configuration, ranked, to this .csv file.",
     None,
-    check=_output_file("--csv"),
+    check=_output_file("--csv", ".csv"),
 )
 
 # explore, compare

@@ -432,6 +432,15 @@ CASES: list[Case] = [
         needles=("fifo.csv is not a regular file",),
         check=lambda r, d: _still_a_fifo(d / "fifo.csv"),
     ),
+    _c(
+        "search-csv-suffix",
+        *SEARCH,
+        ROOF,
+        "--csv",
+        "{d}/table.json",
+        needles=("--csv", "table.json: give a file name ending in .csv"),
+        check=lambda r, d: _nothing_at(d / "table.json"),
+    ),
     _c("search-top-huge", *SEARCH, ROOF, "--top", "100000", needles=("--top 100000 is past the 1,000", "--csv")),
     # counts under 2**63 whose divisors the search would enumerate for minutes
     _c(
