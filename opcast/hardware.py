@@ -643,31 +643,38 @@ HOST_FIELDS: Final = ("host_link_bw_bytes_per_s",)
 """The fields of the link to the host, which no kernel runs over (a model set's stored device specs may lack them)."""
 
 
-def same_die(a: DeviceSpec, b: DeviceSpec) -> bool:
+def same_die(a: DeviceSpec, b: DeviceSpec, unread: Iterable[str] = ()) -> bool:
     """Whether ``a`` and ``b`` are the same compute die (every kernel-relevant field but the memory
-    configuration and board power, :data:`MEMORY_FIELDS`, alike)."""
-    return _alike(a, b, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS) | set(HOST_FIELDS))
+    configuration and board power, :data:`MEMORY_FIELDS`, alike), for kernels that never read the fields
+    ``unread`` (a predictor of one precision does not read the other precisions' peaks,
+    ``opcast.train.features.unread_peaks``: ``H100-SXM[peak_fp8_flops=x2]`` is H100-SXM's die for a bf16 GEMM)."""
+    return _alike(a, b, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(MEMORY_FIELDS) | set(HOST_FIELDS) | set(unread))
 
 
-def answers_as_trained(device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec]) -> bool:
+def answers_as_trained(
+    device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec], unread: Iterable[str] = ()
+) -> bool:
     """Whether a predictor fitted on the devices named ``trained`` (their specs in ``specs``) answers for
     ``device`` as for one of them: ``device`` is one (a copy on another network included,
-    :func:`kernel_twin`) or a board of one's compute die (:func:`same_die`: A100-SXM4-40GB for
-    A100-SXM4-80GB). The one rule of a model set's training-GPU routing and of the in-memory fit's."""
-    names = tuple(trained)
-    return kernel_twin(device) in names or any(n in specs and same_die(device, specs[n]) for n in names)
+    :func:`kernel_twin`) or a board of one's compute die (:func:`same_die`, for a predictor that never reads
+    the fields ``unread``: A100-SXM4-40GB for A100-SXM4-80GB). The one rule of a model set's training-GPU
+    routing and of the in-memory fit's."""
+    names, unread = tuple(trained), tuple(unread)
+    return kernel_twin(device, unread) in names or any(n in specs and same_die(device, specs[n], unread) for n in names)
 
 
-def die_twin(device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec]) -> DeviceSpec | None:
+def die_twin(
+    device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec], unread: Iterable[str] = ()
+) -> DeviceSpec | None:
     """The training device (of ``trained``, specs in ``specs``) whose compute die ``device`` is another board
-    of (:func:`same_die`), or None: None too when ``device`` is a training device itself (:func:`kernel_twin`).
-    Of several boards of the die, the one of the same board power (what clock a compute-bound kernel holds),
-    then the nearest in memory bandwidth, then by name: A100-SXM4-80GB (400 W) for A100-SXM4-40GB, not the
-    250 W A100-PCIe-40GB of its bandwidth."""
-    names = tuple(trained)
-    if kernel_twin(device) in names:
+    of (:func:`same_die`, for a predictor that never reads the fields ``unread``), or None: None too when
+    ``device`` is a training device itself (:func:`kernel_twin`). Of several boards of the die, the one of the
+    same board power (what clock a compute-bound kernel holds), then the nearest in memory bandwidth, then by
+    name: A100-SXM4-80GB (400 W) for A100-SXM4-40GB, not the 250 W A100-PCIe-40GB of its bandwidth."""
+    names, unread = tuple(trained), tuple(unread)
+    if kernel_twin(device, unread) in names:
         return None
-    boards = [specs[n] for n in names if n in specs and same_die(device, specs[n])]
+    boards = [specs[n] for n in names if n in specs and same_die(device, specs[n], unread)]
     if not boards:
         return None
     return min(
@@ -685,10 +692,12 @@ def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> boo
     return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name not in skip)
 
 
-def kernel_twin(device: DeviceSpec) -> str:
+def kernel_twin(device: DeviceSpec, unread: Iterable[str] = ()) -> str:
     """The name ``device``'s kernels are known by: a catalog GPU that ``--cluster`` or ``--set``
     changed only in :data:`NETWORK_FIELDS` or :data:`HOST_FIELDS` (``H100-SXM[inter_node_bw_bytes_per_s=...]``) runs its
-    kernels exactly as the catalog GPU does, so a learned model's training devices include it."""
+    kernels exactly as the catalog GPU does, so a learned model's training devices include it; so does one changed
+    only in fields ``unread`` for the kernels that never read them (``H100-SXM[peak_fp8_flops=x2]``'s bf16 GEMMs,
+    ``opcast.train.features.unread_peaks``)."""
     base_name = device.name.split("[", 1)[0]
     if base_name == device.name:
         return device.name
@@ -696,9 +705,8 @@ def kernel_twin(device: DeviceSpec) -> str:
         base = get_device(base_name)
     except OpcastError:
         return device.name
-    return (
-        base.name if _alike(device, base, _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(HOST_FIELDS)) else device.name
-    )
+    skip = _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(HOST_FIELDS) | set(unread)
+    return base.name if _alike(device, base, skip) else device.name
 
 
 def derive_device(

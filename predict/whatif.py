@@ -23,8 +23,10 @@ efficiency curves depend on op size only, so peaks x K and memory bandwidth x K 
 roofline kernel time by exactly K. The collective model is ``latency + bytes / bandwidth``:
 a link-bandwidth factor scales the bandwidth term only; NCCL's per-step latencies are software
 and switch costs a faster link does not shorten, so small messages gain less than K. SMs, L2,
-clock and FP32 lanes enter the learned models only; memory size decides only whether a
-configuration fits; ``gpus_per_node`` changes the default cluster (and with it which groups stay
+clock and FP32 lanes enter the learned models only; a peak of a precision a kernel does not run in
+moves none of its times (the learned models answer such a GPU as its base for that kernel,
+:func:`opcast.train.features.unread_peaks`); memory size decides only whether a configuration
+fits; ``gpus_per_node`` changes the default cluster (and with it which groups stay
 inside a node) unless ``--nodes/--gpus-per-node`` fix it.
 """
 

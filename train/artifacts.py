@@ -56,6 +56,7 @@ from opcast.train.features import (
     feature_table,
     group_key,
     group_key_array,
+    unread_peaks,
 )
 
 if TYPE_CHECKING:  # pandas stays off the predict path: only callers that have a frame import it
@@ -381,7 +382,7 @@ class ModelSet:
         if got is None:
             entry = self.predictors.get(key) or {}
             devices = entry.get("devices", ()) if isinstance(entry.get("seen"), Mapping) else ()
-            got = self._as_seen[memo] = answers_as_trained(device, devices, self.device_specs)
+            got = self._as_seen[memo] = answers_as_trained(device, devices, self.device_specs, unread_peaks(key))
         return got
 
     def die_twin(self, key: str, device: DeviceSpec) -> DeviceSpec | None:
@@ -390,7 +391,7 @@ class ModelSet:
         memo = (key, device)
         if memo not in self._die_twin:
             devices = (self.predictors.get(key) or {}).get("devices", ())
-            self._die_twin[memo] = die_twin(device, devices, self.device_specs)
+            self._die_twin[memo] = die_twin(device, devices, self.device_specs, unread_peaks(key))
         return self._die_twin[memo]
 
     @functools.cached_property

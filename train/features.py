@@ -46,7 +46,7 @@ import numpy as np
 from opcast.collectives_law import alpha_beta_time_s
 from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BITS, DTYPES
 from opcast.errors import OpcastError
-from opcast.hardware import MMA_FAMILIES, DeviceSpec
+from opcast.hardware import MMA_FAMILIES, PEAK_DTYPES, DeviceSpec
 from opcast.ops import (
     ATTENTION_IMPLS,
     ELEMENTWISE_FNS,
@@ -291,6 +291,31 @@ def dtype_class(op: str, dtype: str, tensor_cores: object = None) -> str:
         use = uses_tensor_cores(op, dtype, None if _is_na(tensor_cores) else bool(tensor_cores))
         return "tf32" if use else "fp32"
     raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+
+
+_HALF_PEAKS: Final = ("fp32", "fp16", "bf16")
+"""Peaks every tensor-core row may read: fp32 (vector work, :meth:`DeviceSpec.peak_flops` without tensor cores)
+and the half peaks (:attr:`DeviceSpec.mma_family` tells sm_100 from sm_120 by the half rate per SM)."""
+PEAKS_READ: Final[dict[str, frozenset[str]]] = {
+    "fp32": frozenset({"fp32"}),
+    "tf32": frozenset({"fp32", "tf32"}),
+    "half": frozenset(_HALF_PEAKS),
+    "fp8": frozenset({*_HALF_PEAKS, "fp8"}),
+    "fp8b": frozenset({*_HALF_PEAKS, "fp8"}),
+    "fp4": frozenset({*_HALF_PEAKS, "fp4"}),
+}
+"""The precisions whose peak (``peak_<dtype>_flops``) the features of a dtype class's rows read (:func:`_peaks`,
+the ``mma_*`` features); the device features read no other peak."""
+
+
+def unread_peaks(key: str) -> frozenset[str]:
+    """The device fields (``peak_<dtype>_flops``) predictor group ``key``'s features never read: the other
+    precisions' peaks, so that a GPU changed only there (``H100-SXM[peak_fp8_flops=x2]``) is the same die for its
+    bf16 kernels (:func:`opcast.hardware.same_die`) and a what-if of the fp8 rate leaves them exactly as they were.
+    None are skipped for a class this module does not name."""
+    dclass = key.rsplit("-", 2)[-1].split("_")[0]
+    read = PEAKS_READ.get(dclass)
+    return frozenset() if read is None else frozenset(f"peak_{d}_flops" for d in PEAK_DTYPES if d not in read)
 
 
 FAMILY_GROUPS: Final[dict[str, str]] = {"moe": str(param_defaults("moe")["impl"])}

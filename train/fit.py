@@ -30,7 +30,7 @@ from opcast.ops import get_op, op_kinds
 from opcast.train.collectives import custom_backend
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
 from opcast.train.evaluate import ape_metrics
-from opcast.train.features import FEATURES, board_time_s, features, group_keys, model_inputs
+from opcast.train.features import FEATURES, board_time_s, features, group_keys, model_inputs, unread_peaks
 from opcast.train.splits import grouped_mask, leave_one_group_out, seeded_draw, shape_groups
 
 EstimatorChoice = Literal["xgb", "tile-mlp", "neusight", "hier", "auto"]
@@ -435,10 +435,11 @@ class SeenSplit:
             raise AttributeError(name)
         return getattr(self.unseen, name)
 
-    def for_device(self, device: DeviceSpec) -> Estimator:
+    def for_device(self, device: DeviceSpec, unread: Iterable[str] = ()) -> Estimator:
         """The estimator that answers for ``device``: ``seen`` for a training device or a board of one's
-        die (:func:`opcast.hardware.answers_as_trained`, the written model set's rule), else ``unseen``."""
-        return self.seen if answers_as_trained(device, self.devices, self.specs) else self.unseen
+        die for a group that never reads the fields ``unread`` (:func:`opcast.hardware.answers_as_trained`,
+        the written model set's rule), else ``unseen``."""
+        return self.seen if answers_as_trained(device, self.devices, self.specs, unread) else self.unseen
 
 
 @dataclass(kw_only=True, slots=True)
@@ -1079,10 +1080,10 @@ def _predict_fitted(
             pos = np.flatnonzero(keys == key)
             est, entry = fitted[key]
             if isinstance(est, SeenSplit):
-                est = est.for_device(device)
+                est = est.for_device(device, unread_peaks(key))
             mine = feats.iloc[pos]
             got = est.predict_s(mine)
-            die = None if specs is None else die_twin(device, entry.get("devices", ()), specs)
+            die = None if specs is None else die_twin(device, entry.get("devices", ()), specs, unread_peaks(key))
             if die is not None:
                 if die.name not in on_die:
                     on_die[die.name] = features(frame, die)

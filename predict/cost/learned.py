@@ -277,7 +277,7 @@ class HardwareRange:
         self.meta = meta or {}
         self.notes: list[str] = []
         self._specs: dict[str, DeviceSpec] = {}
-        self._same_die: dict[DeviceSpec, frozenset[str]] = {}
+        self._same_die: dict[tuple[DeviceSpec, frozenset[str]], frozenset[str]] = {}
         self._reasons: dict[tuple[Any, ...], str | None] = {}
         self._fitted: dict[tuple[str, str | None], tuple[str, ...]] = {}
         if not isinstance(self.meta.get("device_specs"), Mapping):
@@ -321,12 +321,13 @@ class HardwareRange:
         got = sides.get(resource) if isinstance(sides, Mapping) else None
         return min(float(got), 1.0) if isinstance(got, (int, float)) and got >= 0.05 else 1.0
 
-    def same_die_as(self, device: DeviceSpec) -> frozenset[str]:
-        """Names of the set's training devices of ``device``'s compute die (:func:`opcast.hardware.same_die`),
-        memoised per device."""
-        got = self._same_die.get(device)
+    def same_die_as(self, device: DeviceSpec, unread: frozenset[str] = frozenset()) -> frozenset[str]:
+        """Names of the set's training devices of ``device``'s compute die (:func:`opcast.hardware.same_die`) for
+        kernels that never read the fields ``unread``, memoised per device."""
+        got = self._same_die.get((device, unread))
         if got is None:
-            got = self._same_die[device] = frozenset(n for n, s in self._specs.items() if same_die(device, s))
+            names = frozenset(n for n, s in self._specs.items() if same_die(device, s, unread))
+            got = self._same_die[(device, unread)] = names
         return got
 
     def training_specs(self, key: str, impl: str | None = None) -> tuple[DeviceSpec, ...]:
@@ -648,8 +649,10 @@ class LearnedKernelCost:
         get = getattr(self.model_set, "residuals", None)
         if get is None:
             return None
+        from opcast.train.features import unread_peaks
+
         key = self.group_of(k)
-        name = kernel_twin(device)
+        name = kernel_twin(device, unread_peaks(key))
         memo = self._residuals.get((key, name), False)
         if memo is False:
             got = get(key, name)
@@ -848,14 +851,17 @@ class LearnedKernelCost:
         roofs = [roof(i, device) for i in range(len(kernels))]
         held: list[int] = []
         wanted: dict[str, tuple[DeviceSpec, list[Kernel]]] = {}
-        twin = kernel_twin(device)  # a training GPU placed on another network is still that GPU
-        same_die_names = self.range.same_die_as(device) - {twin}
+        from opcast.train.features import unread_peaks
+
+        # a training GPU placed on another network, or changed only in peaks a group never reads, is still that GPU
+        twins = {key: kernel_twin(device, unread_peaks(key)) for key in dict.fromkeys(keys)}
         adapted = self.adaptation(device) is not None  # measured there: its correction, not the bounds, rules
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]) or adapted:
                 continue
             impl = _kernel_impl(k)
             specs = self.range.training_specs(key, impl)
+            twin = twins[key]
             if twin in self.range.fitted_on(key, impl):
                 self._on_training.setdefault(twin, {})[k] = float(out[i])
                 if len(specs) < 2 or twin not in {s.name for s in specs}:
@@ -888,6 +894,7 @@ class LearnedKernelCost:
             if not seen:
                 continue
             on_training = self._held_training(key, seen, shapes.get(k))
+            twin = twins[key]
             if twin in on_training:  # a training device: held against the others only
                 t, moved = on_training[twin]
                 if moved is not None and t != out[i]:
@@ -930,7 +937,7 @@ class LearnedKernelCost:
                 s
                 for s in weaker
                 if resource == "compute"
-                and s.name in same_die_names
+                and s.name in self.range.same_die_as(device, unread_peaks(key)) - {twin}
                 and peak >= s.peak
                 and device.mem_bw_bytes_per_s >= s.bw
             ]
