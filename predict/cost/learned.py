@@ -661,15 +661,19 @@ class LearnedKernelCost:
 
     def adaptation(self, device: DeviceSpec) -> Any:
         """The set's per-device correction for ``device`` (``adapt/<device>.json``, written by
-        ``opcast train adapt``), loaded and checked once, or None. Using it adds a
-        ``learned+adapted(n=...)`` note to ``cost_sources``."""
+        ``opcast train adapt``), loaded and checked once, or None. A GPU derived from a catalog one
+        (``BASE[...]``: placed on a cluster's network by ``--cluster``, or a what-if's hypothetical GPU) keeps
+        its base's correction: on another network it is that GPU, and a what-if's speed-ups are then of the
+        corrected base, not the correction's factor with them. Using it adds a ``learned+adapted(n=...)`` note
+        to ``cost_sources``."""
         if device.name in self._adaptations:
             return self._adaptations[device.name]
         got = None
         if isinstance(getattr(self.model_set, "meta", None), Mapping) and getattr(self.model_set, "path", None):
             from opcast.train.artifacts import load_adaptation
 
-            got = load_adaptation(self.model_set, device.name)
+            base = device.name.split("[", 1)[0]
+            got = load_adaptation(self.model_set, base)
             unknown = [d for d in (got.analogue_devices if got else ()) if d not in self.model_set.device_specs]
             if unknown:
                 raise OpcastError(
@@ -679,10 +683,11 @@ class LearnedKernelCost:
         self._adaptations[device.name] = got
         if got is not None:
             measured = ", ".join(f"{g} ({e['rows']})" for g, e in sorted(got.data["groups"].items()))
+            carried = f" (carried from {base}, its base)" if base != device.name else ""
             self.range.notes.append(
-                f"{got.label} on {device.name}: learned times corrected by {got.path} (opcast train adapt) from "
-                f"{got.rows} measured kernels of {measured}; other groups take its device-level correction; "
-                "only the roofline floor bounds them there"
+                f"{got.label} on {device.name}{carried}: learned times corrected by {got.path} (opcast train "
+                f"adapt) from {got.rows} measured kernels of {measured}; other groups take its device-level "
+                "correction; only the roofline floor bounds them there"
             )
         return got
 

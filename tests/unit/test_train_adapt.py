@@ -138,6 +138,13 @@ def test_the_predict_path_applies_it_and_says_so(tmp_path, toy_set):
     assert len(notes) == 1 and TARGET in notes[0]
     other = get_device("A100-SXM4-80GB")  # no adaptation there: the same time as the plain set
     assert plain.time_s(k, other)[0] == adapted.time_s(k, other)[0]
+    # the GPU on a cluster's network (--cluster) and a what-if GPU derived from it keep its correction
+    for name in ("H100-SXM[inter_node_bw_bytes_per_s=x2]", "H100-SXM[mem_bw_bytes_per_s=x2]"):
+        derived = get_device(name)
+        t2, t3 = plain.time_s(k, derived)[0], adapted.time_s(k, derived)[0]
+        assert abs(t3 / t2 / FACTOR - 1) < 0.04, name
+        notes = [n for n in adapted.describe()["notes"] if f"on {name} (carried from {TARGET}" in n]
+        assert len(notes) == 1, name
 
 
 def test_the_console_script_adapts_in_place_and_refuses_a_tampered_file_in_one_line(tmp_path, toy_set):
