@@ -191,9 +191,35 @@ def _click_exceptions() -> Any:
         return importlib.import_module("click.exceptions")
 
 
+_SPELLED_ELSEWHERE: dict[str, tuple[tuple[str, ...], str]] = {
+    "--nodes": (("--gpus",), "this command takes the total GPU count as --gpus (nodes x GPUs per node)"),
+    "--gpus": (
+        ("--nodes", "--gpus-per-node"),
+        "this command takes --nodes and --gpus-per-node (the total GPU count is their product)",
+    ),
+}
+"""An option one command takes and another spells differently: predict train|infer, explore and compare
+size a cluster as --nodes x --gpus-per-node, search takes the world size as --gpus. click's guess by
+spelling alone pointed ``search train --nodes`` at --models and --workers, ``predict train --gpus`` at
+--gpu, --sp and --tp. Used only where the command takes every option the entry names."""
+
+
+def _usage_message(exc: Any) -> str:
+    """click's message of a usage error, or, for an unknown option another command spells differently
+    (:data:`_SPELLED_ELSEWHERE`), what this command takes instead of click's guess by spelling."""
+    ctx = getattr(exc, "ctx", None)
+    unknown = isinstance(exc, _click_exceptions().NoSuchOption)  # not "--nodes option requires an argument"
+    instead = _SPELLED_ELSEWHERE.get(exc.option_name) if unknown else None
+    if instead is not None and ctx is not None:
+        takes = {flag for param in ctx.command.params for flag in (*param.opts, *param.secondary_opts)}
+        if set(instead[0]) <= takes:
+            return f"{exc.message}; {instead[1]}"
+    return str(exc.format_message())
+
+
 def _usage_line(exc: Any) -> str:
     """One line for a click usage error: what is wrong, then where the help is."""
-    message = " ".join(str(exc.format_message()).split())
+    message = " ".join(_usage_message(exc).split())
     ctx = getattr(exc, "ctx", None)
     hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
     return f"opcast: error: {message}{hint}"

@@ -384,6 +384,13 @@ CASES: list[Case] = [
     _c("typo-predict", "predict", "trian", "--arch", "gpt3-125m"),
     _c("typo-collect", "collect", "bnech"),
     _c("unknown-flag", *TRAIN, "--arch", "gpt3-125m", "--tensor-paralel", "2"),
+    _c(
+        "search-nodes-spelled-as-predict",
+        *SEARCH,
+        "--nodes",
+        "2",
+        needles=("No such option: --nodes", "total GPU count as --gpus"),
+    ),
     _c("missing-required", "predict", "infer", "--arch", "gpt3-125m", needles=("--gpu",)),
     _c("tp-abc", *TRAIN, "--arch", "gpt3-125m", "--tp", "abc", needles=("--tp",)),
     _c("bare-root", expect="help"),

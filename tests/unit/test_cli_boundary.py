@@ -97,3 +97,24 @@ def test_sigterm_taken_as_an_interrupt_exits_143(monkeypatch, capsys):
     monkeypatch.setattr(opcast.hardware, "catalog", terminated)
     assert cli.main(["hardware", "list"]) == 143
     assert capsys.readouterr().err.strip() == "opcast: terminated (SIGTERM); what was written is kept"
+
+
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["search", "train", "--arch", "llama2-7b", "--nodes", "2"], "takes the total GPU count as --gpus"),
+        (["predict", "train", "--arch", "llama2-7b", "--gpus", "16"], "takes --nodes and --gpus-per-node"),
+    ],
+)
+def test_an_option_another_command_spells_differently_names_this_commands_option(capsys, argv, hint):
+    """search takes the world size as --gpus, predict train --nodes x --gpus-per-node: click's guess by
+    spelling pointed search train --nodes at --models and --workers, predict train --gpus at --gpu, --sp, --tp."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and hint in err and "Possible options" not in err, err
+
+
+def test_a_missing_value_of_an_option_this_command_takes_is_not_a_spelling_hint(capsys):
+    assert cli.main(["compare", "train", "--arch", "llama2-7b", "--nodes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "requires an argument" in err and "total GPU count" not in err, err
