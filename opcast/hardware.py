@@ -750,6 +750,7 @@ def derive_device(
             if vary:  # --vary scales a spec: there is no value to give instead
                 raise OpcastError(f"{said}: {base.name} has no {s.field} (null) to scale; vary a spec it has")
             raise OpcastError(f"{given(s)}: {base.name} has no {s.field} (null) to multiply; {fix}")
+        _refuse_overflow(given(s), s.factor, {k: values[k] for k in keys if values[k] is not None})
         for key in keys:
             old = values[key]
             if old is None:  # the peaks group skips the precisions the device lacks
@@ -768,6 +769,25 @@ def derive_device(
         f"Base notes: {base.notes}"
     )
     return spec_from_dict(values, f"{said} on {base.name}")
+
+
+def _largest(key: str) -> float:
+    """The bound of a spec value: an integer key's :data:`INT_PARAM_LIMIT`, else the largest float."""
+    return float(INT_PARAM_LIMIT) if _RULES[key][0] in ("pos_int", "bytes0") else sys.float_info.max
+
+
+def _refuse_overflow(given: str, factor: float, olds: Mapping[str, float]) -> None:
+    """A one-line :class:`OpcastError` when ``factor`` takes a value of ``olds`` (key -> the spec it
+    multiplies) to its bound (:func:`_largest`): a float past 1.8e308 became inf, refused as 'must be a
+    number, got inf', and an integer key's inf failed in int() as an internal error."""
+    over = [k for k, old in olds.items() if not old * factor < _largest(k)]
+    if over:
+        key = over[0]
+        below = min(_largest(k) / old for k, old in olds.items())
+        raise OpcastError(
+            f"{given}: the factor {factor:g} takes {key} past its largest value ({_fmt(olds[key])} x {factor:g} >= "
+            f"{_largest(key):.3g} {_unit(key)}); give a factor below {below:.3g}"
+        )
 
 
 def _fmt(value: Any) -> str:

@@ -248,6 +248,25 @@ def test_a_rate_below_one_unit_is_refused(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "mem_bw_bytes_per_s": 1.0, "tdp_w": 1.0}, "<ok>").mem_bw_bytes_per_s == 1.0
 
 
+def test_a_factor_past_a_fields_largest_value_is_refused_by_its_bound() -> None:
+    # --vary peak_bf16_flops=1e300 said "'peak_bf16_flops' must be a number (FLOP/s), got inf", and
+    # H100-SXM[mem_bytes=x1e300] was an internal error (OverflowError in int())
+    with pytest.raises(OpcastError, match=r"x1e300\]' \(peak_bf16_flops=x1e\+300\): the factor 1e\+300 takes "):
+        get_device("H100-SXM[peak_bf16_flops=x1e300]")
+    with pytest.raises(
+        OpcastError, match=r"peak_bf16_flops past its largest value .* >= 1\.8e\+308 FLOP/s\); give a f"
+    ):
+        get_device("H100-SXM[peak_bf16_flops=x1e300]")
+    with pytest.raises(
+        OpcastError, match=r"mem_bytes past its largest value .*9\.22e\+18 bytes\); give a factor below"
+    ):
+        get_device("H100-SXM[mem_bytes=x1e300]")
+    # the peaks group: the bound of its largest peak (fp8), whichever peak is named
+    with pytest.raises(OpcastError, match=r"give a factor below 9\.08e\+292$"):
+        get_device("H100-SXM[peak_flops=x1e300]")
+    assert get_device("H100-SXM[mem_bytes=x100]").mem_bytes == 100 * 80 * 2**30
+
+
 def test_a_file_past_the_json_bound_is_refused_unread(tmp_path: Path, valid: dict, monkeypatch) -> None:
     # read to the end before: --gpu /dev/zero held 15 GB within 20 s
     path = _write(tmp_path, valid)
