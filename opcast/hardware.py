@@ -235,6 +235,9 @@ RATE_FLOOR = 1.0
 """The least a rate, clock or power may be (1 FLOP/s, byte/s, Hz, W), far below any device: a spec of 1e-288
 bytes/s (``--set mem_bw_bytes_per_s=x1e-300``) priced kernels at 1e297 s, whose sums overflowed to inf (an
 'inf %' share, Infinity in --json)."""
+MEM_FLOOR_BYTES = 2**20
+"""The least ``mem_bytes`` may be (1 MiB), far below any device's memory: ``H100-SXM[mem_bytes=1]`` was
+taken, and a prediction on it refused every arch as 'needs 2.9 GiB per GPU > H100-SXM[mem_bytes=1]'s 0 GiB'."""
 _OPTIONAL = frozenset({"notes", "peak_fp4_flops", "host_link_bw_bytes_per_s"})
 _NULLABLE = [k for k, (_, nullable) in _RULES.items() if nullable]
 
@@ -295,6 +298,8 @@ def _check_value(key: str, value: Any) -> str | None:
             return f"'{key}' must be positive, got {value}"
         if value >= INT_PARAM_LIMIT:
             return f"'{key}' is too large, got {show_number(value)}: give an integer below 2**63"
+        if key == "mem_bytes" and value < MEM_FLOOR_BYTES:
+            return f"'{key}' must be at least 1 MiB ({MEM_FLOOR_BYTES} bytes), got {value}: no device has less memory"
         return f"'{key}' must be >= 0 bytes, got {value}" if value < 0 else None
     if not is_number(value) or not math.isfinite(value):
         return f"'{key}' must be a number ({_unit(key)}), got {show_number(value)}"

@@ -1102,6 +1102,13 @@ CASES: list[Case] = [
     ),
     # 'local' was matched exactly: 'LOCAL' was an unknown GPU (and a name starting with cuda skipped the catalog)
     _c("hardware-show-local-any-case", "hardware", "show", " LOCAL", expect="ok", check=_json_check(vendor="cpu")),
+    _c(
+        "hardware-show-derived-memory-1-byte",
+        "hardware",
+        "show",
+        "H100-SXM[mem_bytes=1]",
+        needles=("'mem_bytes' must be at least 1 MiB (1048576 bytes), got 1",),
+    ),
     _c("hardware-show-cuda-prefix", "hardware", "show", "cudafoo", needles=("unknown GPU 'cudafoo'",)),
     _c("hardware-show-cuda-index", "hardware", "show", "cuda:99", needles=("cuda:99",)),
     _c("hardware-show-cuda-digits", "hardware", "show", "cuda:" + "9" * 5000, needles=("cuda:9999",)),

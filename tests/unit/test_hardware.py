@@ -248,6 +248,18 @@ def test_a_rate_below_one_unit_is_refused(tmp_path: Path, valid: dict) -> None:
     assert spec_from_dict({**valid, "mem_bw_bytes_per_s": 1.0, "tdp_w": 1.0}, "<ok>").mem_bw_bytes_per_s == 1.0
 
 
+def test_a_memory_below_one_mib_is_refused(tmp_path: Path, valid: dict) -> None:
+    # H100-SXM[mem_bytes=1] was taken: hardware show printed it and a prediction said '> ...'s 0 GiB'
+    with pytest.raises(OpcastError, match=r"'mem_bytes' must be at least 1 MiB \(1048576 bytes\), got 1: no device"):
+        get_device("H100-SXM[mem_bytes=1]")
+    with pytest.raises(OpcastError, match=r"'mem_bytes' must be at least 1 MiB \(1048576 bytes\), got 86"):
+        get_device("H100-SXM[mem_bytes=x1e-9]")
+    assert "'mem_bytes' must be at least 1 MiB" in _one_line_error(
+        load_device_file, _write(tmp_path, {**valid, "mem_bytes": 4096})
+    )
+    assert get_device(f"H100-SXM[mem_bytes={2**20}]").mem_bytes == 2**20
+
+
 def test_a_factor_past_a_fields_largest_value_is_refused_by_its_bound() -> None:
     # --vary peak_bf16_flops=1e300 said "'peak_bf16_flops' must be a number (FLOP/s), got inf", and
     # H100-SXM[mem_bytes=x1e300] was an internal error (OverflowError in int())
