@@ -288,11 +288,15 @@ def _shown(values: Iterable[object]) -> str:
 
 
 def value_problem(table: pa.Table) -> str | None:
-    """The first row value of ``table`` (in the dataset schema) outside the op registry: an op,
-    dtype or direction opcast does not know, or an op parameter that is missing, below its minimum
-    or not one of its choices (as :meth:`opcast.ops.OpSpec.validate` refuses it). Such a row was
-    summarised and scored as if it were a measurement (``m = -64`` priced, an unknown op or
-    direction counted as uncovered); None when every row is one opcast could have written."""
+    """The first row value of ``table`` (in the dataset schema) outside the op registry: a required
+    value that is null (as :func:`to_table` refuses it: a null op, dtype or direction passed the checks
+    of known values below), an op, dtype or direction opcast does not know, or an op parameter that is
+    missing, below its minimum or not one of its choices (as :meth:`opcast.ops.OpSpec.validate` refuses
+    it). Such a row was summarised and scored as if it were a measurement (``m = -64`` priced, an
+    unknown op or direction counted as uncovered); None when every row is one opcast could have written."""
+    for name, _, required, meaning in columns():
+        if required and table[name].null_count:
+            return f"column {name} ({meaning}) is null in {table[name].null_count} row(s), where a value is required"
     frame = table.select(["op", "dtype", "direction"]).to_pandas()
     for column, known in (("op", op_kinds()), ("dtype", DTYPES), ("direction", tuple(d.value for d in Direction))):
         bad = set(frame[column].dropna().astype(str)) - set(known)

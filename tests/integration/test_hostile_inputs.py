@@ -173,6 +173,13 @@ def _build_files(d: Path) -> None:
     )
     edited("op_unknown.parquet", "op", pa.array(["gemm"] * (len(table) - 1) + ["conv2d"]))
     edited("m_negative.parquet", "m", pa.array([-64] * len(table), pa.int64()))
+    nullable_op = table.schema.field("op").with_nullable(True)  # a null op: no kind, yet no unknown one either
+    pq.write_table(
+        table.set_column(
+            table.schema.get_field_index("op"), nullable_op, pa.array(["gemm"] * (len(table) - 1) + [None])
+        ),
+        d / "op_null.parquet",
+    )
     (d / "my_gpu_ds").mkdir()  # a device of no catalog entry, beside a run.json that is not text
     _write_dataset(d / "my_gpu_ds" / "part-0.parquet", device="my-gpu")
     (d / "my_gpu_ds" / "run.json").write_bytes(b"\xff\xfe{}")
@@ -807,6 +814,13 @@ CASES: list[Case] = [
     _c("parquet-empty-dir", "train", "eval", "{d}/no_parts", needles=("no_parts",)),
     _c(
         "parquet-op-unknown-eval", "train", "eval", "{d}/op_unknown.parquet", needles=("op_unknown.parquet", "'conv2d'")
+    ),
+    _c(
+        "parquet-op-null-info",
+        "collect",
+        "info",
+        "{d}/op_null.parquet",
+        needles=("op_null.parquet", "column op (op kind (opcast.ops registry)) is null in 1 row(s)"),
     ),
     _c(
         "parquet-m-negative-info",

@@ -166,6 +166,28 @@ def test_a_row_value_outside_the_registry_is_named(tmp_path, change, needle):
     assert "edited.parquet" in str(err.value) and needle in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    ("column", "needle"),
+    [
+        ("op", "column op (op kind (opcast.ops registry)) is null in 2 row(s), where a value is required"),
+        ("dtype", "column dtype (fp32 | tf32 | fp16 | bf16 | fp8 | fp8_block | nvfp4) is null in 2 row(s)"),
+        ("direction", "column direction (fwd | bwd) is null in 2 row(s)"),
+        ("time_s_median", "column time_s_median (median time of one call, seconds) is null in 2 row(s)"),
+    ],
+)
+def test_a_null_required_value_is_named_with_its_count(tmp_path, column, needle):
+    """A null op, dtype or direction passed the check of known values (it skipped nulls): the rows were read
+    as measurements of no op. to_table refuses such rows; a file written by another tool can hold them."""
+    table = to_table(_rows())
+    index = table.schema.get_field_index(column)
+    values = [None, None, *table[column].to_pylist()[2:]]
+    field = table.schema.field(column).with_nullable(True)
+    pq.write_table(table.set_column(index, field, pa.array(values, field.type)), tmp_path / "edited.parquet")
+    with pytest.raises(OpcastError) as err:
+        read_dataset(tmp_path)
+    assert "edited.parquet" in str(err.value) and needle in str(err.value) and "\n" not in str(err.value)
+
+
 def test_a_folder_named_like_a_part_is_not_read(tmp_path):
     write_parquet(_rows(), tmp_path / "good.parquet")
     (tmp_path / "looks.parquet").mkdir()
