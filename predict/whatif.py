@@ -52,7 +52,8 @@ from opcast.predict.training import TrainResult, compile_train, run_train
 WorkloadKind = Literal["train", "infer"]
 
 MAX_POINTS = 4096
-"""Largest grid :func:`explore` accepts (each point is one full prediction)."""
+"""Most full predictions one what-if makes: the largest grid :func:`explore` accepts (one per point) and the
+most ``--gpus`` :func:`compare` takes (one per GPU)."""
 
 LEARNED_ONLY_FIELDS = frozenset({"sm_count", "fp32_lanes_per_sm", "l2_bytes", "boost_clock_hz"})
 """Spec fields only the learned models read (tiles, waves, cache, clock); the roofline ignores them. ``sm_count``
@@ -638,4 +639,6 @@ def split_gpu_list(text: str) -> list[str]:
         raise OpcastError("--gpus is empty; give a comma-separated list, e.g. --gpus A100-SXM4-80GB,H100-SXM,B200")
     if len(names) < len(out):
         raise OpcastError(f"--gpus {text!r} has an empty name between commas; give each GPU once, comma-separated")
+    if len(names) > MAX_POINTS:  # each is a full prediction, as each point of explore's grid
+        raise OpcastError(f"--gpus names {len(names)} GPUs (> {MAX_POINTS}, each a full prediction); compare fewer")
     return names

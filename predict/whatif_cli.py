@@ -134,10 +134,11 @@ def _run_compare(kind: str, o: Args) -> None:
     from opcast.predict.report import compare_to_dict, plot_compare, print_compare
     from opcast.predict.whatif import compare, split_gpu_list
 
+    names = split_gpu_list(o.gpus)  # its bound before any work
     where = placement(o, gpu_given=False)
     workload = _workload(kind, o, where)
     # A catalog cluster is the network every GPU is placed in: its links and NVLink domain, then --set.
-    devices = [device(name, [*where.network, *(o.set_ or [])]) for name in split_gpu_list(o.gpus)]
+    devices = [device(name, [*where.network, *(o.set_ or [])]) for name in names]
     kernels = kernel_cost(o)
     result = compare(workload, devices, kernels=kernels, comms=where.comms(kernels))
     frame = result.frame()

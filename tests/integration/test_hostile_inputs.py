@@ -561,6 +561,17 @@ CASES: list[Case] = [
         ROOF,
         needles=("H1000",),
     ),
+    _c(
+        "compare-too-many-gpus",
+        "compare",
+        "train",
+        "--arch",
+        "gpt3-125m",
+        "--gpus",
+        ",".join(f"H100-SXM[sm_count={i}]" for i in range(1, 5000)),
+        ROOF,
+        needles=("--gpus names 4999 GPUs (> 4096, each a full prediction)",),
+    ),
     # ---- infeasible configurations: every reason of every class in the one line
     _c(
         "train-infeasible-every-class",

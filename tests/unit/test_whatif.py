@@ -334,6 +334,16 @@ def test_gpu_lists_keep_derived_names_whole():
     ]
 
 
+def test_gpu_lists_are_bounded_as_explores_grid():
+    """Each of compare's --gpus is a full prediction: the list had no bound (explore's grid has MAX_POINTS)."""
+    from opcast.predict.whatif import MAX_POINTS
+
+    names = [f"H100-SXM[sm_count={i}]" for i in range(1, MAX_POINTS + 2)]
+    assert len(split_gpu_list(",".join(names[:MAX_POINTS]))) == MAX_POINTS
+    message = _one_line(split_gpu_list, ",".join(names))
+    assert f"--gpus names {MAX_POINTS + 1} GPUs (> {MAX_POINTS}, each a full prediction); compare fewer" in message
+
+
 # --------------------------------------------------------------------------- bottleneck
 
 
