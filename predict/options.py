@@ -42,7 +42,7 @@ from opcast.errors import OpcastError
 from opcast.ops import INT_PARAM_LIMIT, whole_number
 from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
 from opcast.predict.recompute import RECOMPUTE_HELP
-from opcast.predict.serve.engine import ENGINES, engine_version_problem
+from opcast.predict.serve.engine import ENGINES, block_size_problem, engine_version_problem
 
 REQUIRED: Any = inspect.Parameter.empty
 """The default of an option that must be given."""
@@ -895,7 +895,7 @@ SERVE = (
         "Tokens per KV-cache block.",
         None,
         _ENGINE_DEFAULT,
-        check=lambda v: None if v >= 1 else f"--block-size {v} must be >= 1",
+        check=lambda v: block_size_problem(v, "--block-size"),
     ),
     Opt(
         "gpu_memory_utilization",

@@ -218,9 +218,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         problems = [
             f"{name} {getattr(self, name)} must be >= 1"
-            for name in ("max_num_seqs", "max_num_batched_tokens", "block_size")
+            for name in ("max_num_seqs", "max_num_batched_tokens")
             if getattr(self, name) < 1
         ]
+        if (block := block_size_problem(self.block_size)) is not None:
+            problems.append(block)
         if not 0 < self.gpu_memory_utilization <= 1:
             problems.append(f"gpu_memory_utilization {self.gpu_memory_utilization} must lie in (0, 1], e.g. 0.9")
         if self.engine not in ENGINES:
@@ -229,6 +231,23 @@ class EngineConfig:
             problems.append(f"frontend_s {self.frontend_s} must lie in [0, 10) seconds, e.g. 0.01")
         if problems:
             raise OpcastError("; ".join(problems))
+
+
+MAX_BLOCK_SIZE: Final = 256
+"""Most tokens per KV-cache block (page): vLLM's largest (``vllm/config/cache.py``: ``BlockSize = Literal[1, 8, 16,
+32, 64, 128, 256]``, the choices of ``--block-size``); TensorRT-LLM's ``tokens_per_block`` is a power of two, 32 to
+128 by default; SGLang's pages hold 1 token. A block of 10^8 tokens made one page larger than the GPU's free
+memory, so the simulation refused gpt3-125m on an H100 as 'the KV cache holds 0 tokens' and advised more --tp."""
+
+
+def block_size_problem(block_size: int, said: str = "block_size") -> str | None:
+    """Why ``block_size`` is no KV-cache block an engine takes (:data:`MAX_BLOCK_SIZE`), or None."""
+    if 1 <= block_size <= MAX_BLOCK_SIZE:
+        return None
+    return (
+        f"{said} {block_size} must lie in [1, {MAX_BLOCK_SIZE}] tokens (vLLM's largest KV-cache block is "
+        f"{MAX_BLOCK_SIZE}), e.g. 16"
+    )
 
 
 FRONTENDS: dict[str, float] = {"vllm": 0.0102}

@@ -572,6 +572,13 @@ CASES: list[Case] = [
         ROOF,
         needles=("--gpus names 4999 GPUs (> 4096, each a full prediction)",),
     ),
+    _c(
+        "serve-block-size-huge",
+        *SERVE,
+        "--block-size",
+        "100000000",
+        needles=("--block-size 100000000 must lie in [1, 256] tokens",),
+    ),
     # ---- infeasible configurations: every reason of every class in the one line
     _c(
         "train-infeasible-every-class",

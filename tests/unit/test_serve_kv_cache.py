@@ -8,7 +8,7 @@ from opcast.archs import load_arch
 from opcast.errors import OpcastError
 from opcast.hardware import get_device
 from opcast.predict.parallel import InferConfig
-from opcast.predict.serve.engine import ENGINES, EngineConfig, engine_defaults
+from opcast.predict.serve.engine import ENGINES, MAX_BLOCK_SIZE, EngineConfig, engine_defaults
 from opcast.predict.serve.kv_cache import BlockPool, blocks_for, kv_capacity
 
 GIB = 2**30
@@ -79,3 +79,12 @@ def test_bad_engine_settings_are_refused():
         EngineConfig(gpu_memory_utilization=1.5)
     with pytest.raises(OpcastError, match="--engine 'tgi'"):
         engine_defaults("tgi", get_device("H100-SXM"))
+
+
+@pytest.mark.parametrize("block_size", [0, MAX_BLOCK_SIZE + 1, 10**8])
+def test_a_kv_block_outside_the_engines_choices_is_refused(block_size):
+    """--block-size had no upper bound: 10^8 tokens made one page larger than the GPU's memory, and the run
+    was refused as 'the KV cache holds 0 tokens ... use more --tp/--pp'."""
+    with pytest.raises(OpcastError, match=rf"^block_size {block_size} must lie in \[1, 256\] tokens"):
+        EngineConfig(block_size=block_size)
+    assert EngineConfig(block_size=MAX_BLOCK_SIZE).block_size == MAX_BLOCK_SIZE == 256  # vLLM's largest
