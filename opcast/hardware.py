@@ -32,6 +32,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
+from opcast.atomic import not_regular
 from opcast.errors import OpcastError
 from opcast.ops import INT_PARAM_LIMIT
 from opcast.paths import data_path, link_problem
@@ -378,8 +379,14 @@ MAX_JSON_BYTES = 64 * 2**20
 huge file is refused instead of read until memory runs out (--arch /dev/zero held 12 GB in 20 s)."""
 
 
-def read_capped(path: Path, limit: int) -> bytes:
-    """At most ``limit + 1`` bytes of ``path`` (one more than ``limit`` says the file is larger)."""
+def read_capped(path: Path, limit: int, what: str = "a file") -> bytes:
+    """At most ``limit + 1`` bytes of ``path`` (one more than ``limit`` says the file is larger). The one
+    reader of the files a user passes: a path that is neither a regular file nor a folder (a device, a pipe,
+    a socket) is a one-line :class:`OpcastError` naming ``what`` to give, before it is opened, since opening
+    a FIFO with no writer blocked for ever (``hardware show FIFO``, ``arch show FIFO``); a folder is left
+    to the caller's ``IsADirectoryError``."""
+    if not_regular(path):
+        raise OpcastError(f"{path} is not a regular file (a device, pipe or socket); give the path of {what}")
     with path.open("rb") as f:
         return f.read(limit + 1)
 
@@ -391,7 +398,7 @@ def read_json_file(path: str | Path, what: str) -> Any:
     device file", "the arch config"); it only parses, it never runs anything from the file."""
     path = Path(path)
     try:
-        raw = read_capped(path, MAX_JSON_BYTES)
+        raw = read_capped(path, MAX_JSON_BYTES, what)
     except FileNotFoundError:
         link = link_problem(path)
         raise OpcastError(f"{path}{(' ' + link) if link else ': no such file'}; give the path of {what}") from None

@@ -231,7 +231,7 @@ def read_trace(path: Path) -> RequestStream:
     from opcast.hardware import read_capped
 
     try:
-        raw = read_capped(Path(path), MAX_TRACE_BYTES)
+        raw = read_capped(Path(path), MAX_TRACE_BYTES, "a trace file (CSV or JSONL)")
         if len(raw) > MAX_TRACE_BYTES:
             raise OpcastError(
                 f"the trace file {path} is larger than {MAX_TRACE_BYTES // 2**20} MiB (millions of requests, or not "

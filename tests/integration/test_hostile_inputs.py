@@ -167,6 +167,7 @@ def _build_files(d: Path) -> None:
     )
     pq.write_table(table.slice(0, 0), d / "no_rows.parquet")
     os.mkfifo(d / "fifo.csv")  # stands in for a device: run as root, --csv /dev/full replaced the node
+    os.mkfifo(d / "fifo.json")  # no writer: a reader's open blocks
     # rows outside the op registry (another tool's writer): an op no kind, a gemm of negative m
     edited = lambda name, column, values: pq.write_table(  # noqa: E731
         table.set_column(table.schema.get_field_index(column), column, values), d / name
@@ -1022,7 +1023,7 @@ CASES: list[Case] = [
             (
                 "cluster-dev-null",
                 ("--cluster", "/dev/null"),
-                ("/dev/null", "cluster file is empty"),
+                ("/dev/null is not a regular file", "the cluster file"),
             ),  # 'unknown cluster'
             ("cluster-folder", ("--cluster", "{d}"), ("is a folder",)),
         ]
@@ -1108,7 +1109,7 @@ CASES: list[Case] = [
     *(
         _c(f"adapt-gpu-{what}", "train", "adapt", "{d}/good.parquet", "--gpu", gpu, "--out", "{d}/adapt_out", needles=n)
         for what, gpu, n in [
-            ("dev-null", "/dev/null", ("/dev/null", "empty")),
+            ("dev-null", "/dev/null", ("/dev/null is not a regular file",)),
             ("folder", "{d}", ("is a folder",)),
             ("binary", "{d}/gpu_binary.json", ("gpu_binary.json", "not UTF-8")),
             ("unknown", "no-such-gpu", ("unknown GPU 'no-such-gpu'",)),
@@ -1371,8 +1372,12 @@ CASES: list[Case] = [
     # each event passed over every replica and the report kept per-replica arrays: 1e8 replicas held 6 GB, hung
     _c("serve-replicas-past-gpus", *SERVE, "--replicas", "100000000", needles=("past the 2,097,152",)),
     # read to the end before: /dev/zero held 10+ GB within 20 s
-    _c("arch-dev-zero", *TRAIN, "--arch", "/dev/zero", needles=("/dev/zero", "larger than 64 MiB")),
-    _c("serve-trace-dev-zero", *SERVE[:-4], "--trace-file", "/dev/zero", needles=("larger than 256 MiB",)),
+    _c("arch-dev-zero", *TRAIN, "--arch", "/dev/zero", needles=("/dev/zero is not a regular file",)),
+    _c("serve-trace-dev-zero", *SERVE[:-4], "--trace-file", "/dev/zero", needles=("/dev/zero is not a regular file",)),
+    # a FIFO with no writer: opening it to read blocked for ever
+    _c("hardware-show-fifo", "hardware", "show", "{d}/fifo.json", needles=("fifo.json is not a regular file",)),
+    _c("arch-show-fifo", "arch", "show", "{d}/fifo.json", needles=("fifo.json is not a regular file", "arch config")),
+    _c("serve-trace-fifo", *SERVE[:-4], "--trace-file", "{d}/fifo.json", needles=("fifo.json is not a regular file",)),
     _c("serve-tp-zero", *SERVE, "--tp", "0", needles=("tp=0 must be a positive integer",)),
     _c("serve-seed-negative", *SERVE, "--seed", "-1", needles=("--seed -1 must be >= 0",)),
     _c("serve-rate-past-clock", *SERVE, "--rate", "1e-30", needles=("--rate 1e-30 spreads 20 requests",)),

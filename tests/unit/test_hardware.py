@@ -4,6 +4,9 @@ test_local_device.py)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -285,6 +288,22 @@ def test_a_file_past_the_json_bound_is_refused_unread(tmp_path: Path, valid: dic
     assert load_device_file(path).name == valid["name"]
     monkeypatch.setattr(hardware, "MAX_JSON_BYTES", path.stat().st_size - 1)
     assert "the device file is larger than" in _one_line_error(load_device_file, path)
+
+
+def test_a_path_that_is_not_a_regular_file_is_refused_unopened(tmp_path: Path) -> None:
+    # opening a FIFO with no writer blocked for ever: hardware show FIFO and arch show FIFO hung
+    fifo = tmp_path / "gpu.json"
+    os.mkfifo(fifo)
+    for args, what in ((["hardware", "show"], "the device file"), (["arch", "show"], "the arch config")):
+        done = subprocess.run(
+            [sys.executable, "-m", "opcast", *args, str(fifo)], capture_output=True, text=True, timeout=60
+        )
+        assert (done.returncode, done.stderr.strip()) == (
+            2,
+            f"opcast: error: {fifo} is not a regular file (a device, pipe or socket); give the path of {what}",
+        )
+    with pytest.raises(OpcastError, match=r"^/dev/null is not a regular file \(a device, pipe or socket\); give the"):
+        read_json_file("/dev/null", "the device file")
 
 
 def test_a_derived_name_of_too_many_groups_is_refused_by_name() -> None:
