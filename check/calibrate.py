@@ -78,6 +78,11 @@ VALIDATE_SHARE = 0.25
 """Most of the budget the validations before may use together (one that would pass it is stopped)."""
 WIND_DOWN_S = 3.0
 """collect's own budget ends this long before its stage's deadline, so that it writes its rows in time."""
+MIN_BUDGET_S = FIT_MIN_S + COLLECT_SKIP_S
+"""Shortest --budget-s (15 s): the fit keeps :data:`FIT_MIN_S` and collection, skipped with less than
+:data:`COLLECT_SKIP_S` beside it (:func:`plan_stages`), gets nothing in a shorter budget, whatever the machine;
+--budget-s 0.001 or 1 measured nothing and failed only after start-up (seconds, torch imported, archs/ and
+calibrate.json written into --out) with 'the budget was spent before a model set could be fitted'."""
 ANCHOR_MAX_S = 60.0
 """Most seconds one anchor measurement (a fresh process: start-up, two shapes) may take."""
 NOISY_DIR = "noisy"
@@ -387,6 +392,12 @@ def _check_config(cfg: CalibrateConfig) -> None:
         raise OpcastError(
             f"--budget-s takes a finite number of seconds > 0 and at most {MAX_BUDGET_S:.0f} (a week), "
             f"got {cfg.budget_s!r}"
+        )
+    if cfg.budget_s < MIN_BUDGET_S:
+        raise OpcastError(
+            f"--budget-s {cfg.budget_s:g} is below {MIN_BUDGET_S:g} s, the least in which calibrate can measure "
+            f"anything (the fit keeps {FIT_MIN_S:g} s and collection needs {COLLECT_SKIP_S:g} s beside it); "
+            f"give --budget-s {MIN_BUDGET_S:g} or more"
         )
     if isinstance(cfg.steps, bool) or not isinstance(cfg.steps, int) or cfg.steps < 1:
         raise OpcastError(f"--steps must be an integer >= 1, got {cfg.steps!r}")

@@ -374,7 +374,7 @@ BENCH = (
     "--warmup-s",
     "0.01",
 )
-CALIB = ("calibrate", "--out", "{d}/calib_out", "--budget-s", "2", "--steps", "1")
+CALIB = ("calibrate", "--out", "{d}/calib_out", "--budget-s", "15", "--steps", "1")  # the least it takes
 VALIDATE = ("validate", "--batch", "1", "--seq", "16", "--layers", "1", "--steps", "1", "--warmup", "0")
 SERVE = ("predict", "serve", "--arch", "gpt3-125m", "--gpu", "H100-SXM", ROOF, "--rate", "5", "--num-requests", "20")
 NO_TORCH = {"PYTHONPATH": "{d}/notorch"}
@@ -1213,6 +1213,17 @@ CASES: list[Case] = [
         env=NO_TORCH,
     ),
     _c("calibrate-budget-nan", "calibrate", "--out", "{d}/calib_out", "--budget-s", "nan", needles=("--budget-s",)),
+    _c(
+        "calibrate-budget-tiny",
+        "calibrate",
+        "--out",
+        "{d}/calib_out",
+        "--budget-s",
+        "1",
+        needles=("--budget-s 1 is below 15 s", "give --budget-s 15 or more"),
+        env=NO_TORCH,
+        check=lambda r, d: _nothing_at(d / "calib_out"),
+    ),
     # ---- sizes past int64, counts the code divided by, and a --plot folder (issue: the bad-input sweep)
     _c(
         "kernel-param-past-int64",

@@ -12,8 +12,17 @@ import pytest
 
 import opcast.check.isolated as isolated
 from opcast.archs import ArchSpec
-from opcast.check.calibrate import CalibrateConfig, StagePlan, plan_stages, run_calibrate
+from opcast.check.calibrate import (
+    COLLECT_SKIP_S,
+    FIT_MIN_S,
+    MIN_BUDGET_S,
+    CalibrateConfig,
+    StagePlan,
+    plan_stages,
+    run_calibrate,
+)
 from opcast.check.calibrate_noise import AnchorTiming
+from opcast.errors import OpcastError
 
 TINY = ArchSpec(
     name="tiny",
@@ -195,7 +204,7 @@ def test_a_quiet_calibration_installs_the_set_and_stays_in_budget(setup):
     assert json.loads((out / "calibrate.json").read_text())["noise"]["end_verdict"]["noisy"] is False
 
 
-@pytest.mark.parametrize("budget", [5.0, 20.0, 60.0, 300.0, 840.0])
+@pytest.mark.parametrize("budget", [15.0, 20.0, 60.0, 300.0, 840.0])
 def test_every_stage_overrunning_never_passes_the_budget(setup, budget):
     """Each stage would take 10x the whole budget: each is stopped at its deadline, and the fake
     clock (the sum of what every stage was allowed) never passes the budget."""
@@ -210,6 +219,16 @@ def test_every_stage_overrunning_never_passes_the_budget(setup, budget):
     )
     assert all(t is not None and t > 0 for _, t in stages.calls)  # every child ran under a deadline
     assert r.models is None and not (out / "calibrated").exists()
+
+
+def test_a_budget_too_short_to_measure_anything_is_refused_before_any_stage(setup):
+    """Under FIT_MIN_S + COLLECT_SKIP_S the plan never collects: --budget-s 1 failed only after start-up."""
+    _clock, stages, _, run, out = setup
+    for budget in (0.001, 1.0, MIN_BUDGET_S - 0.01):
+        with pytest.raises(OpcastError, match=rf"^--budget-s {budget:g} is below 15 s, the least in which calibrate"):
+            run(budget_s=budget)
+    assert MIN_BUDGET_S == FIT_MIN_S + COLLECT_SKIP_S == 15.0
+    assert stages.calls == [] and not out.exists()
 
 
 def test_the_budget_cuts_the_validations_after_but_keeps_the_set(setup):
