@@ -136,8 +136,8 @@ def comm(
     min_bytes: Annotated[int, typer.Option("--min-bytes", help="Smallest message, bytes.")] = 1 << 10,
     max_bytes: Annotated[int, typer.Option("--max-bytes", help="Largest message, bytes (at most 8 GiB).")] = 1 << 26,
     step_factor: Annotated[int, typer.Option(help="Ratio of consecutive message sizes.")] = 4,
-    iters: Annotated[int, typer.Option(help="Timed iterations per size.")] = 10,
-    warmup_iters: Annotated[int, typer.Option(help="Untimed iterations per size.")] = 3,
+    iters: Annotated[int, typer.Option(help="Timed iterations per size (at most 10,000).")] = 10,
+    warmup_iters: Annotated[int, typer.Option(help="Untimed iterations per size (at most 10,000).")] = 3,
     cluster: Annotated[
         str | None,
         typer.Option(

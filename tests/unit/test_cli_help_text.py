@@ -34,3 +34,12 @@ def test_the_step_bound_in_the_help_is_the_one_validate_enforces():
         p.help for name in ("validate", "calibrate") for p in commands[name].params if p.name in ("steps", "warmup")
     ]
     assert len(helps) == 3 and all(f"at most {MAX_STEPS:,}" in h for h in helps), helps
+
+
+def test_the_iteration_bound_in_the_help_is_the_one_collect_comm_enforces():
+    """--iters and --warmup-iters are refused past MAX_ITERS, which their help did not say."""
+    from opcast.collect.comm import MAX_ITERS
+
+    comm = get_command(app).commands["collect"].commands["comm"]  # type: ignore[attr-defined]
+    helps = [p.help for p in comm.params if p.name in ("iters", "warmup_iters")]
+    assert len(helps) == 2 and all(f"at most {MAX_ITERS:,}" in h for h in helps), helps
