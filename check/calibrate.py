@@ -691,7 +691,7 @@ def run_calibrate(
 ) -> CalibrateReport:
     """Validate, collect, fit, validate; see the module docstring. ``clock`` times the budget."""
     from opcast.check import isolated
-    from opcast.check.validate import check_inputs, device_type, local_env, torch_device
+    from opcast.check.validate import check_inputs, check_on_device, device_type, local_env, torch_device
 
     say = log or (lambda _msg: None)
     budget = Budget(cfg.budget_s, clock)
@@ -699,10 +699,11 @@ def run_calibrate(
     if local_env().world > 1:
         raise OpcastError("opcast calibrate runs on one device; start it without torchrun")
     measured, checks = plan_workloads(cfg)
-    kind = device_type(cfg.device)
+    device_type(cfg.device)
     for w in (*measured, *checks):  # every input checked before torch is imported (torch_device)
-        check_inputs(w.arch, w.batch, w.seq, cfg.precision, cfg.attention, cfg.steps, cfg.warmup, kind)  # type: ignore[arg-type]
+        check_inputs(w.arch, w.batch, w.seq, cfg.precision, cfg.attention, cfg.steps, cfg.warmup)  # type: ignore[arg-type]
     dev = torch_device(cfg.device, local_env())
+    check_on_device(dev.type, cfg.precision, cfg.attention)  # once the device is known to exist
     fit_cfg = fit_config(cfg)
     load = load_average() if dev.type == "cpu" else None  # before any of our own work
     from opcast.collect.bench import BenchConfig, build_plan

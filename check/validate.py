@@ -348,9 +348,8 @@ def torch_device(device: str, env: _Env):
     return torch.device("cuda", index)
 
 
-def check_inputs(
-    arch: ArchSpec, batch: int, seq: int, precision: str, attention: str, steps: int, warmup: int, device_type: str
-) -> None:
+def check_inputs(arch: ArchSpec, batch: int, seq: int, precision: str, attention: str, steps: int, warmup: int) -> None:
+    """Every input that no device decides, checked before torch is imported (:func:`check_on_device` after)."""
     from opcast.check.buildable import check_arch
 
     _positive("batch", batch)
@@ -371,6 +370,12 @@ def check_inputs(
             f"--seq {seq} exceeds max_seq={arch.max_seq} of {arch.name} (learned positions); "
             f"use --seq <= {arch.max_seq}"
         )
+
+
+def check_on_device(device_type: str, precision: str, attention: str) -> None:
+    """The option combinations a device rules out, checked once :func:`torch_device` has found the device: on a
+    machine without CUDA, --device cuda:3 with the default flash attention in fp32 was told to change its
+    precision or attention before it was told there is no such device."""
     if device_type == "cuda" and attention == "flash" and precision == "fp32":
         raise OpcastError("flash attention on CUDA needs bf16 or fp16; use --precision bf16 or --attention eager")
 
@@ -873,8 +878,10 @@ def run_validate(
     env = local_env()
     load = load_average()
     spec_arch = resolve_arch(arch, layers)
-    check_inputs(spec_arch, batch, seq, precision, attention, steps, warmup, device_type(device))  # before torch
+    device_type(device)  # an unknown --device, before torch
+    check_inputs(spec_arch, batch, seq, precision, attention, steps, warmup)  # before torch
     dev = torch_device(device, env)
+    check_on_device(dev.type, precision, attention)
     spec = describe_local("cpu" if dev.type == "cpu" else f"cuda:{dev.index}")
     if not spec.supports(precision):
         raise OpcastError(f"{spec.name} has no {precision} peak; use --precision fp32")

@@ -1156,6 +1156,16 @@ CASES: list[Case] = [
         env=NO_TORCH,
     ),
     _c("validate-device-bad", *VALIDATE, "--arch", "gpt3-125m", "--device", "tpu", needles=("tpu",), env=NO_TORCH),
+    _c(  # flash attention in fp32 (the defaults) was refused first, as if the device were there
+        "validate-device-absent",
+        *VALIDATE,
+        "--arch",
+        "gpt3-125m",
+        "--device",
+        "cuda:99",
+        needles=("--device cuda:99",),
+        check=lambda r, d: None if "flash attention" not in r.err else pytest.fail(r.err),
+    ),
     _c("calibrate-estimator-bad", *CALIB, "--estimator", "foo", needles=("foo",)),
     _c(  # --op is collect bench's: refused as it refuses it, before torch and before --out is made
         "calibrate-op-typo",

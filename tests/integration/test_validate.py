@@ -12,6 +12,7 @@ import pytest
 
 from opcast.archs import ArchSpec
 from opcast.cli import main
+from opcast.errors import OpcastError
 
 TINY = ArchSpec(
     name="tiny",
@@ -155,6 +156,27 @@ def test_cuda_without_a_gpu_exit_2(capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert "torch sees no CUDA device" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["validate", "calibrate"])
+def test_a_missing_cuda_device_is_named_before_the_flash_fp32_combination(tmp_path, capsys, command):
+    """--device cuda:N with the defaults (flash attention, fp32) on a machine without that device was told to
+    change --precision or --attention, then, after doing so, that there is no such device."""
+    where = ["--out", str(tmp_path / "cal")] if command == "calibrate" else ["--batch", "1", "--seq", "64"]
+    assert main([command, "--arch", "gpt2-124m", *where, "--device", "cuda:99"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--device cuda:99" in err and "flash attention" not in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "cal").exists()
+
+
+def test_flash_attention_in_fp32_is_refused_on_a_cuda_device_only():
+    from opcast.check.validate import check_on_device
+
+    with pytest.raises(OpcastError, match="flash attention on CUDA needs bf16 or fp16"):
+        check_on_device("cuda", "fp32", "flash")
+    check_on_device("cpu", "fp32", "flash")
+    check_on_device("cuda", "fp32", "eager")
+    check_on_device("cuda", "bf16", "flash")
 
 
 @pytest.mark.gpu
