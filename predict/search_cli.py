@@ -99,6 +99,14 @@ OPTIONAL_INT: Any = Optional[int]  # noqa: UP045 -- a runtime value typer builds
 OPTIONAL_STR: Any = Optional[str]  # noqa: UP045 -- likewise
 SEARCH_GPU = GPU.but(default=None, default_help="the gpu of --cluster")
 GPUS_OR_CLUSTER = SEARCH_GPUS.but(type=OPTIONAL_INT, default=None, default_help="the --cluster's nodes x GPUs")
+SEARCH_CLUSTER = CLUSTER.but(
+    help=CLUSTER.help.replace(
+        "--nodes and --gpus-per-node take part of each domain, e.g. gb200-nvl72:2 --gpus-per-node 64 is 128 GPUs",
+        "--gpus-per-node takes part of each domain and --gpus at most the GPUs it gives, e.g. gb200-nvl72:2 "
+        "--gpus-per-node 64 searches 128 GPUs",
+    )
+)
+"""Search has no --nodes: the GPUs are --gpus, or the cluster's."""
 
 
 def _where(o: Args) -> tuple[Any, Any, int]:
@@ -181,7 +189,7 @@ def _write_csv(result, path: Path) -> None:
     SEARCH_GLOBAL_BATCH,
     SEARCH_SEQ,
     GPUS_PER_NODE,
-    CLUSTER,
+    SEARCH_CLUSTER,
     PRECISION,
     FP8_RECIPE,
     MOE_DISPATCHER,
@@ -416,7 +424,16 @@ SERVE_STREAM = tuple(
 
 @app.command("serve")
 @command(
-    ARCH, SEARCH_GPU, GPUS_OR_CLUSTER, GPUS_PER_NODE, CLUSTER, *SERVE_SEARCH, *SERVE_STREAM, *KERNEL_SOURCE, SET, JSON
+    ARCH,
+    SEARCH_GPU,
+    GPUS_OR_CLUSTER,
+    GPUS_PER_NODE,
+    SEARCH_CLUSTER,
+    *SERVE_SEARCH,
+    *SERVE_STREAM,
+    *KERNEL_SOURCE,
+    SET,
+    JSON,
 )
 def search_serve_cmd(o: Args) -> None:
     """The serving deployment (tp, pp, replicas or a prefill/decode split, engine batch limits) with the most goodput (or output tokens/s) per GPU within TTFT/TPOT SLOs, every candidate simulated on the same requests."""  # noqa: E501 -- the command's one-line help

@@ -4,6 +4,7 @@ documented reason, and ranks by the objective."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -438,3 +439,22 @@ def test_the_search_reuses_the_cost_model_instead_of_mirroring_it():
         "_stage_kinds",
     ):
         assert term not in defined, term
+
+
+def test_the_cluster_help_of_search_names_its_own_options():
+    """search has --gpus, not --nodes: its --cluster help said '--nodes and --gpus-per-node take part of each
+    domain', an option search train and search serve refuse."""
+    from opcast.predict.options import CLUSTER
+    from opcast.predict.search_cli import SEARCH_CLUSTER
+
+    assert "--nodes" in CLUSTER.help
+    assert "--nodes" not in SEARCH_CLUSTER.help
+    assert "--gpus-per-node takes part of each domain and --gpus at most" in SEARCH_CLUSTER.help
+    done = subprocess.run(
+        [sys.executable, "-m", "opcast", "search", "train", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    assert done.returncode == 0 and "searches 128 GPUs" in done.stdout
