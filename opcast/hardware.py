@@ -653,6 +653,9 @@ MEMORY_FIELDS: Final = ("mem_bytes", "mem_bw_bytes_per_s", "tdp_w")
 bandwidth and board power; SMs, clocks, peaks and L2 alike)."""
 HOST_FIELDS: Final = ("host_link_bw_bytes_per_s",)
 """The fields of the link to the host, which no kernel runs over (a model set's stored device specs may lack them)."""
+CAPACITY_FIELDS: Final = ("mem_bytes",)
+"""The memory's size: it decides whether a configuration fits; no kernel feature reads it
+(``opcast.train.features``) and no board choice weighs it (:func:`die_twin`)."""
 
 
 def same_die(a: DeviceSpec, b: DeviceSpec, unread: Iterable[str] = ()) -> bool:
@@ -706,7 +709,8 @@ def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> boo
 
 def kernel_twin(device: DeviceSpec, unread: Iterable[str] = ()) -> str:
     """The name ``device``'s kernels are known by: a catalog GPU that ``--cluster`` or ``--set``
-    changed only in :data:`NETWORK_FIELDS` or :data:`HOST_FIELDS` (``H100-SXM[inter_node_bw_bytes_per_s=...]``) runs its
+    changed only in :data:`NETWORK_FIELDS`, :data:`HOST_FIELDS` or :data:`CAPACITY_FIELDS`
+    (``H100-SXM[inter_node_bw_bytes_per_s=...]``, ``A100-SXM4-80GB[mem_bytes=x2]``) runs its
     kernels exactly as the catalog GPU does, so a learned model's training devices include it; so does one changed
     only in fields ``unread`` for the kernels that never read them (``H100-SXM[peak_fp8_flops=x2]``'s bf16 GEMMs,
     ``opcast.train.features.unread_peaks``)."""
@@ -717,7 +721,7 @@ def kernel_twin(device: DeviceSpec, unread: Iterable[str] = ()) -> str:
         base = get_device(base_name)
     except OpcastError:
         return device.name
-    skip = _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(HOST_FIELDS) | set(unread)
+    skip = _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(HOST_FIELDS) | set(CAPACITY_FIELDS) | set(unread)
     return base.name if _alike(device, base, skip) else device.name
 
 

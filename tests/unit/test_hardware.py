@@ -475,3 +475,21 @@ def test_a_gpu_placed_on_another_network_keeps_its_kernels():
     assert kernel_twin(derive_device(h100, ["inter_node_bw_bytes_per_s=25e9", "gpus_per_node=4"])) == "H100-SXM"
     faster = derive_device(h100, ["mem_bw_bytes_per_s=x2"])
     assert kernel_twin(faster) == faster.name != "H100-SXM"
+
+
+def test_a_gpu_with_more_memory_keeps_its_kernels():
+    # the capacity decides what fits; no kernel reads it. A100-SXM4-80GB[mem_bytes=x2] was answered by the
+    # bounds of an unseen device, its elementwise kernels (learned on A100-SXM4-80GB, A40, GH200) up to 7 % slower
+    from opcast.hardware import derive_device, kernel_twin
+    from opcast.predict.cost import kernel, load_kernel_cost
+
+    a100 = get_device("A100-SXM4-80GB")
+    bigger = derive_device(a100, ["mem_bytes=x2"])
+    assert kernel_twin(bigger) == "A100-SXM4-80GB"
+    assert kernel_twin(derive_device(a100, ["mem_bytes=x2", "l2_bytes=x2"])) != "A100-SXM4-80GB"
+    cost = load_kernel_cost(None)
+    for k in (
+        kernel("elementwise", {"numel": 1 << 23, "fn": "add"}, "bf16"),
+        kernel("gemm", {"b": 1, "m": 4096, "n": 4096, "k": 4096}, "bf16"),
+    ):
+        assert cost.time_s(k, bigger)[0] == cost.time_s(k, a100)[0], k
