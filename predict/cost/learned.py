@@ -20,7 +20,9 @@
   A100-SXM4-80GB), a compute-bound kernel takes that GPU's time as held there and no other rule: the two
   boards share SMs, clocks and peaks, and the model set already answers it with that GPU's features
   (:func:`opcast.train.features.board_time_s`); before this rule the cross-device bounds made A100-SXM4-40GB's
-  large bf16 GEMMs ~10 % faster than A100-SXM4-80GB's.
+  large bf16 GEMMs ~10 % faster than A100-SXM4-80GB's. On a board of the training GPU's memory bandwidth too
+  (H800 of H100-SXM: only its NVLink differs) every kernel does: the model set answers it with the same
+  features, where the unseen-device bounds had H800's memory-bound kernels up to 1.25x slower than H100-SXM's.
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
@@ -104,7 +106,7 @@ BOUND_RULES: dict[str, str] = {
     "it has the higher clock), no faster than one with more "
     "(on training devices too; where it conflicts with the resource ratio, the ratio is kept)",
     DIE: "a compute-bound kernel on another board of a training GPU's compute die takes that GPU's time, as held "
-    "there (the other rules do not apply to it)",
+    "there, and so does any kernel on a board of that GPU's memory bandwidth (the other rules do not apply to it)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
 
@@ -906,12 +908,17 @@ class LearnedKernelCost:
                     out[i], why[k] = t, moved
                 continue
             die = die_of(key, device) if die_of is not None else None
-            if die is not None and resource == "compute" and die.name in on_training:
+            alike_memory = die is not None and die.mem_bw_bytes_per_s == device.mem_bw_bytes_per_s
+            if die is not None and (resource == "compute" or alike_memory) and die.name in on_training:
                 # another board of a training GPU's die, compute-bound: that GPU's time as held there (the
-                # model set already answers with its features, opcast.train.features.board_time_s)
+                # model set already answers with its features, opcast.train.features.board_time_s); any kernel
+                # where the board has that GPU's memory bandwidth too (H800 of H100-SXM: NVLink capped, the chip
+                # and HBM alike), which the model set answers with the same features: held as an unseen device
+                # instead, H800's decode steps ran 1.13x H100-SXM's on one GPU
                 t = on_training[die.name][0]
                 if t != out[i]:
-                    out[i], why[k] = t, (DIE, f"{key} on {device.name}, compute-bound: as on {die.name}, its die")
+                    bound_by = "compute-bound" if resource == "compute" else "its memory bandwidth alike"
+                    out[i], why[k] = t, (DIE, f"{key} on {device.name}, {bound_by}: as on {die.name}, its die")
                 continue
             seen = [s._replace(time_s=on_training[s.name][0]) for s in seen]
             t, u = out[i], r_s / out[i]

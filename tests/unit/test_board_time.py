@@ -56,3 +56,35 @@ def test_the_default_set_prices_a_boards_compute_bound_gemms_as_its_dies():
     gemv = kernel("gemm", {"b": 1, "m": 1, "n": 8192, "k": 8192}, "bf16")
     assert peak_roofline_s(gemv, sxm40)[1] == "memory"
     assert cost.time_s(gemv, sxm40)[0] >= cost.time_s(gemv, sxm80)[0]
+
+
+def test_a_board_of_the_dies_bandwidth_prices_every_kernel_as_its_die():
+    """H800 is H100-SXM with its NVLink capped: the same chip and HBM. Its memory-bound kernels used to be held by
+    the unseen-device bounds, up to 1.25x slower than H100-SXM's (a llama2-7b decode step on one GPU 1.13x); now
+    every kernel, compute- or memory-bound, takes H100-SXM's time (rule same_die)."""
+    from opcast.predict.cost import kernel, load_kernel_cost, peak_roofline_s
+
+    cost = load_kernel_cost(None)
+    h800, h100 = get_device("H800"), get_device("H100-SXM")
+    kernels = [
+        kernel("gemm", {"b": 1, "m": 4096, "n": 12288, "k": 4096}, "bf16"),
+        kernel("gemm", {"b": 1, "m": 8, "n": 12288, "k": 4096}, "bf16"),
+        kernel(
+            "attention",
+            {
+                "batch": 8,
+                "heads": 32,
+                "kv_heads": 32,
+                "seq_q": 1,
+                "seq_kv": 1024,
+                "head_dim": 128,
+                "causal": True,
+                "impl": "flash",
+            },
+            "bf16",
+        ),
+        kernel("elementwise", {"numel": 1 << 24, "fn": "add"}, "bf16"),
+    ]
+    assert {peak_roofline_s(k, h800)[1] for k in kernels} == {"compute", "memory"}
+    for k in kernels:
+        assert cost.time_s(k, h800)[0] == cost.time_s(k, h100)[0], k
