@@ -23,6 +23,11 @@
   large bf16 GEMMs ~10 % faster than A100-SXM4-80GB's. On a board of the training GPU's memory bandwidth too
   (H800 of H100-SXM: only its NVLink differs) every kernel does: the model set answers it with the same
   features, where the unseen-device bounds had H800's memory-bound kernels up to 1.25x slower than H100-SXM's.
+- on a GPU made from a training GPU with at least its peak, bandwidth and clock (``explore`` / ``--set``:
+  ``B200[peak_bf16_flops=x1.05]``, ``B200[l2_bytes=x2]``), the resource ratio rule takes its cap from that GPU alone,
+  credited with the share that GPU sustains, so it is never slower there and at most the resource ratio faster;
+  capped by the weakest share of the other training devices, B200's bf16 GEMMs (77 % of its peak) fell to MI300X's
+  62 %, 1.25x slower for 5 % more peak, where the monotone rule gave way to the ratio.
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
@@ -953,8 +958,17 @@ class LearnedKernelCost:
                 and peak >= s.peak
                 and device.mem_bw_bytes_per_s >= s.bw
             ]
-            weaker = board_of or weaker
+            # a hypothetical GPU made from a training GPU (explore / --set: B200[peak_bf16_flops=x1.05]) with at least
+            # its peak, bandwidth and clock takes its cap from that GPU alone, on any kernel, credited with the share
+            # that GPU sustains: capped by the weakest share of the others, B200's bf16 GEMMs (77 % of its peak) fell
+            # to MI300X's 62 %, 1.25x slower than on B200 itself for 5 % more peak, or for more L2 or SMs
+            made_from = device.name.split("[", 1)[0]
+            mine = (peak, device.mem_bw_bytes_per_s, device.boost_clock_hz)
+            base_of = [s for s in weaker if s.name == made_from and slower_at_most(mine, (s.peak, s.bw, s.clock)) == 1]
+            weaker = board_of or base_of or weaker
             best, least = max(s.sustained for s in seen), min(s.sustained for s in seen)
+            if base_of and not board_of:
+                best = base_of[0].sustained
             cap = min(weaker, key=_rel) if weaker else None
             rise = max(stronger, key=_rel) if stronger else None
             u_cap = min(1.0, _rel(cap) * best) if cap is not None else math.inf
@@ -977,7 +991,6 @@ class LearnedKernelCost:
                         + _sustained_note(rise, least),
                     )
                 )
-            mine = (peak, device.mem_bw_bytes_per_s, device.boost_clock_hz)
             for s in seen:  # monotone in the resources, latency at the clock
                 if (f := slower_at_most((s.peak, s.bw, s.clock), mine)) is not None:
                     lowers.append(
