@@ -652,7 +652,9 @@ class LearnedKernelCost:
 
     def residuals(self, k: Kernel, device: DeviceSpec) -> Residuals | None:
         """The held-out residuals of the predictor that prices ``k`` on ``device`` (None when the
-        model set records none)."""
+        model set records none): a training device's shapes-held-out ones for that device, for one on another
+        network or changed in fields the predictor never reads (:func:`opcast.hardware.kernel_twin`) and for a
+        board of its die and memory bandwidth, which :meth:`bound` prices as it."""
         get = getattr(self.model_set, "residuals", None)
         if get is None:
             return None
@@ -660,6 +662,10 @@ class LearnedKernelCost:
 
         key = self.group_of(k)
         name = kernel_twin(device, unread_peaks(key))
+        die_of = getattr(self.model_set, "die_twin", None)
+        die = die_of(key, device) if die_of is not None else None
+        if die is not None and die.mem_bw_bytes_per_s == device.mem_bw_bytes_per_s:
+            name = die.name  # a board of that GPU's die and bandwidth (H800 of H100-SXM): priced as it (same_die)
         memo = self._residuals.get((key, name), False)
         if memo is False:
             got = get(key, name)
