@@ -707,6 +707,12 @@ def _alike(a: DeviceSpec, b: DeviceSpec, skip: frozenset[str] | set[str]) -> boo
     return all(getattr(a, f.name) == getattr(b, f.name) for f in fields(a) if f.name not in skip)
 
 
+def base_name(device: DeviceSpec) -> str:
+    """The name of the GPU ``device`` was made from (``BASE`` of a derived ``BASE[field=...]``, :func:`derive_device`,
+    a ``--cluster``'s ``GPU[links]``); its own name otherwise."""
+    return device.name.split("[", 1)[0]
+
+
 def kernel_twin(device: DeviceSpec, unread: Iterable[str] = ()) -> str:
     """The name ``device``'s kernels are known by: a catalog GPU that ``--cluster`` or ``--set``
     changed only in :data:`NETWORK_FIELDS`, :data:`HOST_FIELDS` or :data:`CAPACITY_FIELDS`
@@ -714,11 +720,11 @@ def kernel_twin(device: DeviceSpec, unread: Iterable[str] = ()) -> str:
     kernels exactly as the catalog GPU does, so a learned model's training devices include it; so does one changed
     only in fields ``unread`` for the kernels that never read them (``H100-SXM[peak_fp8_flops=x2]``'s bf16 GEMMs,
     ``opcast.train.features.unread_peaks``)."""
-    base_name = device.name.split("[", 1)[0]
-    if base_name == device.name:
+    made_from = base_name(device)
+    if made_from == device.name:
         return device.name
     try:
-        base = get_device(base_name)
+        base = get_device(made_from)
     except OpcastError:
         return device.name
     skip = _DESCRIPTIVE_FIELDS | set(NETWORK_FIELDS) | set(HOST_FIELDS) | set(CAPACITY_FIELDS) | set(unread)

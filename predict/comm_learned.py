@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from opcast.hardware import NETWORK_FIELDS
+from opcast.hardware import NETWORK_FIELDS, base_name
 from opcast.predict.comm import CUSTOM_ALL_REDUCE, AlphaBetaCollectives, Collective, CollectiveCostModel
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ class LearnedCollectives:
         links = (call.kind, device.name, device.architecture, device.intra_node_bw_bytes_per_s, device.gpus_per_node)
         key = "links|" + "|".join(map(str, links))
         if key not in self._by_device:
-            own = device.name.split("[")[0]
+            own = base_name(device)
 
             # the named cluster first, then a cluster of the device's own GPU (H200 on dgx-h200, not dgx-h100),
             # then a law timed as the kernel alone (dgx-a100's nccl-tests before Vidur's torch calls on Azure)

@@ -412,10 +412,11 @@ def _unsearched_fixes(arch: ArchSpec, space: SearchSpace, sizes: Sequence[int]) 
     search" without naming the value."""
     fx = space.fixed
     shown = " or ".join(map(str, sizes))
+    world = (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)")
     whole = {
-        "tp": (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)"),
-        "pp": (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)"),
-        "cp": (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)"),
+        "tp": world,
+        "pp": world,
+        "cp": world,
         "ep": (
             lambda v: arch.n_experts % v == 0,
             f"it does not divide the {arch.n_experts} expert(s) of {arch.name}; "

@@ -38,6 +38,7 @@ thin wrappers of the same code (:func:`columns_of` turns a frame into columns).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterable, KeysView, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -308,6 +309,7 @@ PEAKS_READ: Final[dict[str, frozenset[str]]] = {
 the ``mma_*`` features); the device features read no other peak."""
 
 
+@functools.cache
 def unread_peaks(key: str) -> frozenset[str]:
     """The device fields (``peak_<dtype>_flops``) predictor group ``key``'s features never read: the other
     precisions' peaks, so that a GPU changed only there (``H100-SXM[peak_fp8_flops=x2]``) is the same die for its

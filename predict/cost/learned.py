@@ -82,7 +82,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import kernel_twin, same_die
+from opcast.hardware import base_name, kernel_twin, same_die
 from opcast.ops import INT_PARAM_LIMIT, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak, slower_at_most
@@ -442,6 +442,13 @@ def _in_span(code: float | None, span) -> bool:
     return code is not None and float(span[0]) - 1e-9 <= code <= float(span[1]) + 1e-9
 
 
+def _as_its_die(die: DeviceSpec, device: DeviceSpec) -> bool:
+    """Whether ``device``, a board of training GPU ``die``'s compute die, has its memory bandwidth too, and so is
+    priced as it for every kernel (rule ``same_die``, its interval included): H800 of H100-SXM, only the NVLink
+    capped."""
+    return die.mem_bw_bytes_per_s == device.mem_bw_bytes_per_s
+
+
 class LearnedKernelCost:
     """Adapter of a fitted ``opcast.train.artifacts.ModelSet`` to :class:`KernelTimeSource`."""
 
@@ -661,16 +668,19 @@ class LearnedKernelCost:
         from opcast.train.features import unread_peaks
 
         key = self.group_of(k)
-        name = kernel_twin(device, unread_peaks(key))
-        die_of = getattr(self.model_set, "die_twin", None)
-        die = die_of(key, device) if die_of is not None else None
-        if die is not None and die.mem_bw_bytes_per_s == device.mem_bw_bytes_per_s:
-            name = die.name  # a board of that GPU's die and bandwidth (H800 of H100-SXM): priced as it (same_die)
+        die = self._die_of(key, device)
+        name = die.name if die is not None and _as_its_die(die, device) else kernel_twin(device, unread_peaks(key))
         memo = self._residuals.get((key, name), False)
         if memo is False:
             got = get(key, name)
             memo = self._residuals[(key, name)] = Residuals(key, *got) if got is not None else None
         return memo
+
+    def _die_of(self, key: str, device: DeviceSpec) -> DeviceSpec | None:
+        """The training device of group ``key`` whose compute die ``device`` is another board of (the model set's
+        ``die_twin``, :func:`opcast.hardware.die_twin`), or None."""
+        get = getattr(self.model_set, "die_twin", None)
+        return get(key, device) if get is not None else None
 
     def adaptation(self, device: DeviceSpec) -> Any:
         """The set's per-device correction for ``device`` (``adapt/<device>.json``, written by
@@ -685,7 +695,7 @@ class LearnedKernelCost:
         if isinstance(getattr(self.model_set, "meta", None), Mapping) and getattr(self.model_set, "path", None):
             from opcast.train.artifacts import load_adaptation
 
-            base = device.name.split("[", 1)[0]
+            base = base_name(device)
             got = load_adaptation(self.model_set, base)
             unknown = [d for d in (got.analogue_devices if got else ()) if d not in self.model_set.device_specs]
             if unknown:
@@ -872,7 +882,8 @@ class LearnedKernelCost:
         from opcast.train.features import unread_peaks
 
         # a training GPU placed on another network, or changed only in peaks a group never reads, is still that GPU
-        twins = {key: kernel_twin(device, unread_peaks(key)) for key in dict.fromkeys(keys)}
+        unread = {key: unread_peaks(key) for key in dict.fromkeys(keys)}
+        twins = {key: kernel_twin(device, unread[key]) for key in unread}
         adapted = self.adaptation(device) is not None  # measured there: its correction, not the bounds, rules
         for i, (k, key) in enumerate(zip(kernels, keys)):
             if not np.isfinite(out[i]) or adapted:
@@ -893,7 +904,7 @@ class LearnedKernelCost:
             got = self.predict_s(list(dict.fromkeys(ks)), spec)
             self._on_training.setdefault(name, {}).update(zip(dict.fromkeys(ks), (float(t) for t in got)))
         shapes = self._outside_shapes([(keys[i], kernels[i]) for i in held])
-        die_of = getattr(self.model_set, "die_twin", None)
+        same_die_names = {key: self.range.same_die_as(device, unread[key]) - {twins[key]} for key in twins}
         for i in held:
             k, key = kernels[i], keys[i]
             r_s, peak, resource = roofs[i]
@@ -918,9 +929,8 @@ class LearnedKernelCost:
                 if moved is not None and t != out[i]:
                     out[i], why[k] = t, moved
                 continue
-            die = die_of(key, device) if die_of is not None else None
-            alike_memory = die is not None and die.mem_bw_bytes_per_s == device.mem_bw_bytes_per_s
-            if die is not None and (resource == "compute" or alike_memory) and die.name in on_training:
+            die = self._die_of(key, device)
+            if die is not None and (resource == "compute" or _as_its_die(die, device)) and die.name in on_training:
                 # another board of a training GPU's die, compute-bound: that GPU's time as held there (the
                 # model set already answers with its features, opcast.train.features.board_time_s); any kernel
                 # where the board has that GPU's memory bandwidth too (H800 of H100-SXM: NVLink capped, the chip
@@ -960,7 +970,7 @@ class LearnedKernelCost:
                 s
                 for s in weaker
                 if resource == "compute"
-                and s.name in self.range.same_die_as(device, unread_peaks(key)) - {twin}
+                and s.name in same_die_names[key]
                 and peak >= s.peak
                 and device.mem_bw_bytes_per_s >= s.bw
             ]
@@ -968,7 +978,7 @@ class LearnedKernelCost:
             # its peak, bandwidth and clock takes its cap from that GPU alone, on any kernel, credited with the share
             # that GPU sustains: capped by the weakest share of the others, B200's bf16 GEMMs (77 % of its peak) fell
             # to MI300X's 62 %, 1.25x slower than on B200 itself for 5 % more peak, or for more L2 or SMs
-            made_from = device.name.split("[", 1)[0]
+            made_from = base_name(device)
             mine = (peak, device.mem_bw_bytes_per_s, device.boost_clock_hz)
             base_of = [s for s in weaker if s.name == made_from and slower_at_most(mine, (s.peak, s.bw, s.clock)) == 1]
             weaker = board_of or base_of or weaker
