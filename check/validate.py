@@ -873,7 +873,7 @@ def run_validate(
     docstring. ``kernels`` (a :class:`~opcast.predict.cost.KernelCostModel`) replaces ``models``."""
     from opcast.check.calibrate_noise import load_average, load_reason
     from opcast.collect.local_device import describe_local
-    from opcast.predict.cost import load_kernel_cost
+    from opcast.predict.cost import LearnedKernelCost, load_kernel_cost
 
     env = local_env()
     load = load_average()
@@ -932,6 +932,8 @@ def run_validate(
             )
         )
     by_source, roof_groups, roof_share, flagged = _kernel_summary(result, cost, spec)
+    if not any(isinstance(s, LearnedKernelCost) for s in getattr(cost, "sources", ())):
+        notes.extend(cost.notes)  # why no learned model answers, e.g. the default set could not be loaded
     if roof_groups:
         notes.append(
             f"{len(roof_groups)} op group(s) not covered by the learned models, priced by the roofline "

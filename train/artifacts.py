@@ -73,6 +73,9 @@ ARTIFACT_SUFFIXES: Final = (".npz", ".pt")
 """Predictor files opcast reads: numpy archives, and torch state dicts of sets saved before them."""
 PICKLE_SUFFIXES: Final = (".joblib", ".pkl", ".pickle")
 LIBRARIES: Final = ("opcast", "numpy", "pandas", "xgboost", "torch", "scikit-learn")
+# Distributions that install a library under another name: XGBoost's CPU-only wheel (xgboost-cpu,
+# https://xgboost.readthedocs.io/en/stable/install.html) is imported as xgboost, a twentieth of its size.
+_DISTRIBUTIONS: Final = {"xgboost": ("xgboost", "xgboost-cpu")}
 _LIB_OF_ESTIMATOR: Final = {"xgb": "xgboost", "tile-mlp": "torch", "neusight": "numpy", "hier": "xgboost"}
 
 
@@ -88,10 +91,13 @@ def library_versions() -> dict[str, str | None]:
     """Installed versions of the libraries a model set depends on (read without importing them)."""
     out: dict[str, str | None] = {}
     for lib in LIBRARIES:
-        try:
-            out[lib] = metadata.version(lib)
-        except metadata.PackageNotFoundError:
-            out[lib] = None
+        out[lib] = None
+        for dist in _DISTRIBUTIONS.get(lib, (lib,)):
+            try:
+                out[lib] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return out
 
 

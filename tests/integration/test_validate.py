@@ -83,6 +83,21 @@ def test_report_structure_and_real_times(tmp_path, capsys):
     assert "iteration_time_interval_s" in doc and "inside_interval" in doc
 
 
+def test_the_reason_the_default_models_are_missing_is_said(tmp_path, capsys, monkeypatch):
+    # An H200 with xgboost-cpu installed priced every kernel by the roofline, and validate said only
+    # which groups the learned models did not cover, not that the set had not loaded, nor why.
+    from opcast.errors import OpcastError
+    from opcast.train import artifacts
+
+    def unavailable(path=None):
+        raise OpcastError("models/default needs xgboost, which is not installed")
+
+    monkeypatch.setattr(artifacts, "load_model_set", unavailable)
+    doc = _validate(capsys, _write(tmp_path, TINY), steps=1)
+    assert doc["roofline_share"] == 1
+    assert any("default models unavailable (models/default needs xgboost" in n for n in doc["notes"]), doc["notes"]
+
+
 def test_llama_style_and_eager_attention_run(tmp_path, capsys):
     doc = _validate(capsys, _write(tmp_path, TINY_LLAMA), "--attention", "eager")
     assert doc["attention"] == "eager" and doc["phases"][3]["measured_s"] > 0

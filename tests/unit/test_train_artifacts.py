@@ -125,6 +125,25 @@ def test_missing_file_dir_and_incompatible_versions(tmp_path, fitted, model_dir,
         load_model_set(fresh)
 
 
+def test_xgboost_installed_as_its_cpu_only_wheel_counts_as_xgboost(model_dir, monkeypatch):
+    # pip install xgboost-cpu installs the same import package under another distribution name:
+    # the default set was silently priced by the roofline on such a machine (an H200 with xgboost-cpu).
+    real = artifacts.metadata.version
+
+    def version(dist: str) -> str:
+        if dist == "xgboost":
+            raise artifacts.metadata.PackageNotFoundError(dist)
+        return "3.2.0" if dist == "xgboost-cpu" else real(dist)
+
+    monkeypatch.setattr(artifacts.metadata, "version", version)
+    assert artifacts.library_versions()["xgboost"] == "3.2.0"
+    load_model_set(model_dir)
+    monkeypatch.setattr(artifacts, "_DISTRIBUTIONS", {})
+    assert artifacts.library_versions()["xgboost"] is None
+    with pytest.raises(OpcastError, match=r"needs xgboost .* not installed"):
+        load_model_set(model_dir)
+
+
 def test_loading_and_small_predictions_import_neither_torch_nor_xgboost(model_dir):
     code = (
         "import sys, pandas as pd\n"
