@@ -3,8 +3,9 @@
 - Warm-up and repetitions are sized by *time budgets*, from a first estimate of one call.
 - On CUDA: one pair of events per repetition, an L2-sized buffer zeroed *on the device* before
   each repetition so every call starts with a cold cache, and a single synchronise at the end.
-  Ops under ~10 us are timed inside a CUDA graph of many back-to-back calls, so launch overhead
-  does not swamp them (then the L2 is warm; the method says so).
+  Ops under ~10 us on the GPU are timed inside a CUDA graph of many back-to-back calls, so launch
+  overhead does not swamp them (then the L2 is warm; the method says so). A capture that records no
+  kernel (torch warns "The CUDA Graph is empty") is not a timing: such calls are timed with events.
 - On CPU: ``time.perf_counter`` around each call, with the same statistics; calls of 50 us and
   more start from a cold cache too (a buffer twice the last-level cache is written between
   repetitions, outside the timing), as their operands are in a training step, where each GEMM
@@ -20,6 +21,7 @@ import functools
 import math
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -235,12 +237,16 @@ def _measure_cuda_graph(
                 fn()
         torch.cuda.current_stream(device).wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(calls):
-                fn()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph):
+                for _ in range(calls):
+                    fn()
         graph.replay()
         torch.cuda.synchronize(device)
     except Exception:
         return None
+    if any("graph is empty" in str(w.message).lower() for w in caught):
+        return None  # nothing was captured (the call ran elsewhere): replaying it would time nothing
     samples = _event_samples(graph.replay, device=device, n=_rep_count(estimate_s * calls, budget.rep_s, budget))
     return summarise(samples, "cuda_graph", calls_per_sample=calls)
