@@ -1,0 +1,166 @@
+"""opcast's predictions against what was measured on a real H200 (first-party, 2026-12-04).
+
+The measurements are in ``benchmarks/data/h200_torch`` (one NVIDIA H200 SXM, driver 580.159, torch
+2.11.0+cu130, CUDA 13.0; opcast at 5e96910 / 7ac2888):
+
+- ``validate/*.json``: ``opcast validate --device cuda --precision bf16 --json [--profile]`` of four
+  training steps (the configurations in ``RUNS``): the median of 5 timed steps after 2 warm-ups, each
+  phase and, with ``--profile``, torch.profiler's device time per op group. PyTorch eager, torch SDPA's
+  flash attention, fused AdamW over fp32 master weights (``opcast.check.validate``).
+- ``kernels/collect``: ``benchmarks/h200_collect.sh`` with a 150 s budget (503 rows: every kind in
+  bf16 and fp16 on Sobol and arch shapes, fp8 GEMMs, some fp32). Collected before 92a3dcc: every
+  row is timed with CUDA events, so a call under ~50 us also carries the host's launch time
+  (about 5-27 us a call on that virtual machine).
+- ``kernels/calibrate``: the 141 rows ``opcast calibrate --device cuda`` measured in its 84 s share
+  (llama3-8b's shapes at 4 layers first), after 92a3dcc: 24 of them timed in CUDA graphs.
+
+This script predicts all of it again with today's code and model set (``--models`` for another),
+so the table moves when the models do; no GPU is needed. Kernels are priced as ``opcast predict``
+prices them (``KernelCostModel.lookup``: the learned models, their physical bounds, the roofline
+where nothing learned answers), not by ``train eval``'s raw model outputs.
+
+    python benchmarks/h200_measured.py                 # ~10 s on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data" / "h200_torch"
+
+RUNS: dict[str, tuple[str, int | None, int, int]] = {
+    # file: (arch, --layers, --batch, --seq); all bf16, flash attention, one GPU
+    "l3-8b-4L": ("llama3-8b", 4, 2, 2048),
+    "l3-8b-4L-s8k": ("llama3-8b", 4, 1, 8192),
+    "l2-7b-4L": ("llama2-7b", 4, 4, 4096),
+    "gpt2": ("gpt2-124m", None, 8, 1024),
+}
+
+TRUSTED_S = {"fwd": 50e-6, "bwd": 500e-6}
+"""Event-timed kernels at least this long are compared: the host's time is then a small part of them.
+A backward is timed through autograd, whose host work is larger: the smallest shapes read 60-240 us
+(rmsnorm backward of 8 x 140: 72 us)."""
+
+
+def _pct(pred: float, meas: float) -> str:
+    return f"{100 * (pred / meas - 1):+.1f} %" if meas > 0 else "-"
+
+
+def steps_section(cost, spec) -> list[str]:
+    from opcast.check.validate import _predicted_groups, predict_step, resolve_arch
+
+    lines = [
+        "## Training steps: measured (opcast validate on the H200) vs predicted now",
+        "",
+        "| run | phase | measured ms | predicted ms | error |",
+        "|---|---|---:|---:|---:|",
+    ]
+    groups: list[str] = []
+    totals: list[float] = []
+    for name, (arch_name, layers, batch, seq) in RUNS.items():
+        doc = json.loads((DATA / "validate" / f"{name}.json").read_text())
+        if (doc["batch"], doc["seq"], doc["precision"], doc["device"]) != (batch, seq, "bf16", "H200"):
+            raise SystemExit(f"{name}.json does not hold the run RUNS describes")
+        arch = resolve_arch(arch_name, layers)
+        result = predict_step(
+            arch, spec, batch=batch, seq=seq, precision="bf16", attention="flash", world=1, kernels=cost
+        )
+        b = result.breakdown_s
+        predicted = {
+            "forward": b["forward"],
+            "backward": b["backward"],
+            "optimizer": b["optimizer"],
+            "total": result.iteration_time_s,
+            "forward_nograd": b["forward"],
+        }
+        label = f"{arch_name}{f' {layers} layers' if layers else ''}, batch {batch} x seq {seq}"
+        for p in doc["phases"]:
+            meas, pred = p["measured_s"], predicted[p["phase"]]
+            lines.append(f"| {label} | {p['phase']} | {1e3 * meas:.2f} | {1e3 * pred:.2f} | {_pct(pred, meas)} |")
+            if p["phase"] == "total":
+                totals.append(abs(pred / meas - 1))
+        if doc.get("profile"):
+            pred_groups = _predicted_groups(result)
+            for g in doc["profile"]:
+                meas = g["measured_s"]
+                pred = pred_groups.get(g["group"], (0.0, {}))[0]
+                if meas > 0 and pred > 0:
+                    groups.append(
+                        f"| {label} | {g['group']} | {1e3 * meas:.2f} | {1e3 * pred:.2f} | {_pct(pred, meas)} |"
+                    )
+    lines += [
+        "",
+        f"Mean |error| of the whole step over the {len(totals)} runs: {100 * statistics.fmean(totals):.1f} %.",
+        "",
+        "Per op group (torch.profiler's device time summed over the profiled step, against the predicted kernels of",
+        "the group):",
+        "",
+        "| run | group | measured ms | predicted ms | error |",
+        "|---|---|---:|---:|---:|",
+        *groups,
+    ]
+    return lines
+
+
+def kernels_section(cost, spec) -> list[str]:
+    import numpy as np
+
+    from opcast.predict.cost import kernel
+    from opcast.schema import read_dataset, row_params
+
+    frame = read_dataset([DATA / "kernels" / "collect", DATA / "kernels" / "calibrate"])
+    ks = [
+        kernel(r["op"], row_params(r), r["dtype"], r["direction"], bool(r["tensor_cores"])) for _, r in frame.iterrows()
+    ]
+    priced = cost.lookup(ks, spec)
+    frame["ratio"] = [priced[k][0] for k in ks] / frame["time_s_median"].to_numpy()
+    frame["learned"] = [priced[k][1] == "learned" for k in ks]
+    floor = frame["direction"].map(TRUSTED_S).fillna(TRUSTED_S["fwd"])
+    trusted = frame[(frame["time_s_median"] >= floor) | (frame["timing_method"] == "cuda_graph")]
+    lines = [
+        "## Kernels: measured on the H200 vs priced now (predicted / measured)",
+        "",
+        f"{len(trusted)} of {len(frame)} rows: those timed in a CUDA graph, forward calls of at least "
+        f"{TRUSTED_S['fwd'] * 1e6:.0f} us and backward calls of at least {TRUSTED_S['bwd'] * 1e6:.0f} us "
+        "(the others carry the host's launch and autograd time). Median and MAPE of predicted / measured.",
+        "",
+        "| op | direction | dtype | rows | learned | median ratio | MAPE % |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for (op, direction, dtype), g in trusted.groupby(["op", "direction", "dtype"]):
+        r = g["ratio"].to_numpy()
+        lines.append(
+            f"| {op} | {direction} | {dtype} | {len(g)} | {int(g['learned'].sum())} | {np.median(r):.2f} | "
+            f"{100 * np.mean(np.abs(r - 1)):.1f} |"
+        )
+    big = trusted[trusted["time_s_median"] >= 500e-6]
+    summary = big.groupby("op")["ratio"].median().round(2)
+    lines += [
+        "",
+        "Kernels of at least 500 us, median predicted / measured by op: "
+        + ", ".join(f"{k} {v}" for k, v in summary.items()),
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=None, help="model set (default: the embedded one)")
+    args = parser.parse_args(argv)
+    from opcast.hardware import get_device
+    from opcast.predict.cost import load_kernel_cost
+
+    cost = load_kernel_cost(args.models)
+    spec = get_device("H200")
+    out = [f"# opcast vs a real H200 (models: {args.models or 'embedded default'})", ""]
+    out += [*steps_section(cost, spec), "", *kernels_section(cost, spec)]
+    print("\n".join(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""benchmarks/h200_measured.py: the committed H200 measurements load, every validate run is the
+configuration the script names (its parameter count too), and the step predictions are
+the ones `opcast validate`'s own predict_step gives for that configuration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opcast.check.validate import predict_step, resolve_arch
+from opcast.hardware import get_device
+from opcast.predict.cost import load_kernel_cost
+
+from helpers.scripts import load_script
+
+REPO = Path(__file__).resolve().parents[2]
+hm = load_script(REPO / "benchmarks" / "h200_measured.py", "h200_measured")
+
+
+@pytest.mark.parametrize("name", sorted(hm.RUNS))
+def test_each_run_is_the_configuration_named(name):
+    arch_name, layers, batch, seq = hm.RUNS[name]
+    doc = json.loads((hm.DATA / "validate" / f"{name}.json").read_text())
+    assert (doc["batch"], doc["seq"], doc["precision"], doc["device"]) == (batch, seq, "bf16", "H200")
+    arch = resolve_arch(arch_name, layers)
+    assert doc["arch"] == arch.name and doc["world_size"] == 1
+    # the measured model is the one predicted, up to the vocabulary padded to a multiple of 128
+    assert 0 <= doc["params"] - arch.params_total() < 128 * arch.hidden
+
+
+def test_the_report_prices_what_validate_prices(capsys):
+    assert hm.main([]) == 0
+    out = capsys.readouterr().out
+    assert "## Training steps" in out and "## Kernels" in out
+    result = predict_step(
+        resolve_arch("llama3-8b", 4),
+        get_device("H200"),
+        batch=2,
+        seq=2048,
+        precision="bf16",
+        attention="flash",
+        world=1,
+        kernels=load_kernel_cost(None),
+    )
+    row = f"| llama3-8b 4 layers, batch 2 x seq 2048 | total | 88.25 | {1e3 * result.iteration_time_s:.2f} |"
+    assert row in out
