@@ -418,13 +418,17 @@ tuple keeps its three members, and the norms' codes after them do not shift): ``
 (flash-attn 2, torch SDPA's flash backend, FlashAttention-3 and TensorRT-LLM kernels on Hopper), ``sdpa``
 torch SDPA's other backends, ``eager`` the score matrix in memory."""
 
-PUBLISHED_ATTENTION_IMPLS: Final = ("flash1",)
+PUBLISHED_ATTENTION_IMPLS: Final = ("flash1", "flash2")
 """Attention implementations priced from published measurements only, appended after
 :data:`ATTENTION_IMPLS` among attention's ``impl`` choices (no microbenchmark runs them, no learned
 model codes them): ``flash1``, FlashAttention-1-generation kernels (FlashAttention-1's CUDA kernels,
 HazyResearch's / OpenAI's Triton FlashAttention as llm-foundry's ``attn_impl: triton`` ran it),
-priced by ``opcast.predict.cost.published`` at FlashAttention-1's measured speed. Same FLOPs and
-bytes as ``flash`` (tiled, S recomputed in backward); about half its speed on A100."""
+priced by ``opcast.predict.cost.published`` at FlashAttention-1's measured speed; ``flash2``,
+FlashAttention-2-generation kernels (flash-attn 2, torch SDPA's flash backend) on Hopper and Blackwell,
+priced at FlashAttention-2's measured H100 speed, where the learned ``flash`` models measured
+FlashAttention-3-class kernels about twice as fast (elsewhere ``flash`` is FlashAttention-2 and the graph
+prices ``flash2`` as it: :func:`opcast.predict.graph.precision_of`). Same FLOPs and bytes as ``flash``
+(tiled, S recomputed in backward); FlashAttention-1 runs at about half FlashAttention-2's speed on A100."""
 
 
 def _attention_pairs(p: Params) -> float:
@@ -496,7 +500,8 @@ register(
             Param(
                 name="impl",
                 type=str,
-                doc="kernel family: flash (FlashAttention-2/3), sdpa, eager, flash1 (FlashAttention-1 generation)",
+                doc="kernel family: flash (FlashAttention-2/3), sdpa, eager, flash1 (FlashAttention-1 generation), "
+                "flash2 (FlashAttention-2 generation on Hopper and Blackwell)",
                 choices=(*ATTENTION_IMPLS, *PUBLISHED_ATTENTION_IMPLS),
             ),
         ),

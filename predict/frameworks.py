@@ -61,7 +61,12 @@ single-launch kernels, ``unfused`` Python compositions of torch ops; each priced
 that implementation, where none exist as the streaming kernel of its own traffic
 (:func:`opcast.predict.cost.model.decompose`);
 and for attention, where a framework names one (foundry), a registry ``impl`` of attention that
-replaces the default ``flash`` but not another ``--attention`` choice (:class:`opcast.predict.graph.Dtypes`).
+replaces the default ``flash`` but not another ``--attention`` choice (:class:`opcast.predict.graph.Dtypes`):
+``neox``, ``hf`` and ``hf-liger`` run FlashAttention-2's kernels (GPT-NeoX's ``flash`` attention is flash-attn
+2's ``flash_attn_func``; Hugging Face's ``sdpa`` and ``flash_attention_2`` are torch SDPA's flash backend and
+flash-attn 2), ``flash2``, which on Hopper and Blackwell runs at about half the speed of the FlashAttention-3-class
+kernels the learned ``flash`` models measured there (Megatron's Transformer Engine runs cuDNN's), and elsewhere is
+what they measured (:func:`opcast.predict.graph.precision_of`).
 """
 
 from __future__ import annotations
@@ -104,12 +109,24 @@ FRAMEWORKS: dict[str | None, Framework] = {
     "megatron": Framework(name="megatron", impls=_MEGATRON_KERNELS, fp32_grads=True),
     "neox": Framework(
         name="neox",
-        impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "unfused")),
+        impls=(
+            ("layernorm", "native"),
+            ("rmsnorm", "unfused"),
+            ("softmax", "native"),
+            ("cross_entropy", "unfused"),
+            ("attention", "flash2"),
+        ),
         fp32_grads=False,
     ),
     "hf": Framework(
         name="hf",
-        impls=(("layernorm", "native"), ("rmsnorm", "unfused"), ("softmax", "native"), ("cross_entropy", "native")),
+        impls=(
+            ("layernorm", "native"),
+            ("rmsnorm", "unfused"),
+            ("softmax", "native"),
+            ("cross_entropy", "native"),
+            ("attention", "flash2"),
+        ),
         fp32_grads=False,
         hf_modules=True,
     ),
@@ -121,6 +138,7 @@ FRAMEWORKS: dict[str | None, Framework] = {
             ("softmax", "native"),
             ("cross_entropy", "liger"),
             ("rope", "liger"),
+            ("attention", "flash2"),
         ),
         fp32_grads=False,
         hf_modules=True,

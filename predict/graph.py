@@ -60,6 +60,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
+from typing import Final
 
 from opcast.archs import ArchSpec, attention_ops, padded_vocab, routed_expert_ops, shared_expert_ops
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
@@ -140,12 +141,17 @@ class Dtypes:
     """The quantised linears' GEMMs are Transformer Engine's (training): each is priced as the kernel of
     :data:`TE_GEMM_KERNELS` (MXFP8's as cuBLASLt's per-tensor fp8 GEMM); inference engines' block-scaled
     GEMMs keep their own kernel dtype."""
+    flash2_own: bool = False
+    """FlashAttention-2 (``flash2``) is a kernel family of its own on the device (Hopper, Blackwell:
+    :data:`FLASH2_OWN_ARCHITECTURES`); elsewhere a ``flash2`` kernel is priced as ``flash``."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
             if k == kind and ("impl" not in params or (kind == "attention" and params["impl"] == "flash")):
                 params = {**params, "impl": impl}
                 break
+        if kind == "attention" and params.get("impl") == "flash2" and not self.flash2_own:
+            params = {**params, "impl": "flash"}
         if kind == "moe":  # an inference engine's fused MoE layer: its grouped GEMMs' dtype
             return kernel(kind, params, self.matrix, direction, self.tensor_cores)
         if kind == "gemm":
@@ -160,6 +166,15 @@ class Dtypes:
         return uses_tensor_cores("gemm", self.matrix, self.tensor_cores)
 
 
+FLASH2_OWN_ARCHITECTURES: Final = frozenset({"hopper", "blackwell"})
+"""Architectures where FlashAttention-2 is not the kernel the learned ``flash`` models measured: their attention
+rows are TensorRT-LLM's and cuDNN's FlashAttention-3-class kernels (AIConfigurator's), about twice
+FlashAttention-2's speed (FlashAttention-2's H100 figure, :data:`opcast.predict.cost.published.FA2_FWD_BWD_TFLOPS`,
+against FlashAttention-3's; on a real H200 torch SDPA's flash backend ran training attention at 0.45-0.5 of what
+the learned ``flash`` predicted, ``benchmarks/h200_measured.py``). On Ampere and Ada the learned ``flash`` rows
+are FlashAttention-2's (Vidur's and 2509.22832's A100 and A40 runs)."""
+
+
 def precision_of(
     precision: str,
     tensor_cores: bool | None = None,
@@ -172,7 +187,8 @@ def precision_of(
     """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default);
     for per-tensor fp8 the scaling ``fp8_recipe`` and whether ``device``'s fp8 GEMMs need fp8 transposes
     (:func:`fp8_gemm_transposes`; None: they do, as on Hopper); with ``training``, the quantised linears'
-    GEMMs are Transformer Engine's (:attr:`Dtypes.te_gemms`)."""
+    GEMMs are Transformer Engine's (:attr:`Dtypes.te_gemms`). FlashAttention-2 is a family of its own on
+    ``device`` where it is Hopper or Blackwell (:attr:`Dtypes.flash2_own`; None: it is not)."""
     per_tensor = gemm_dtype(precision) == "fp8"
     return Dtypes(
         matrix=gemm_dtype(precision),
@@ -184,6 +200,7 @@ def precision_of(
         fp8_recipe=fp8_recipe if per_tensor else "delayed",
         fp8_transposes=fp8_gemm_transposes(device) if per_tensor and device is not None else True,
         te_gemms=training,
+        flash2_own=device is not None and device.architecture in FLASH2_OWN_ARCHITECTURES,
     )
 
 

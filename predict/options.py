@@ -291,6 +291,8 @@ _ATTENTION_KERNELS = {
     "eager": "the score matrix in memory",
     "flash1": "FlashAttention-1 generation: its CUDA kernels, Triton FlashAttention; priced at its published "
     "measured rate",
+    "flash2": "FlashAttention-2 generation: flash-attn 2, torch SDPA's flash backend; on Hopper and Blackwell "
+    "priced at its published measured rate, elsewhere as flash",
 }
 """What each attention implementation (:data:`opcast.predict.parallel.AttentionImpl`) is, for ``--attention``."""
 
@@ -300,7 +302,7 @@ def _attention_help() -> str:
     kernels = ", ".join(f"{n} ({_ATTENTION_KERNELS[n]})" if n in _ATTENTION_KERNELS else n for n in names)
     return (
         f"Attention kernel: {kernels}. In predict train a --framework with its own attention kernel runs it in "
-        "place of flash (foundry: flash1, FlashAttention-1 generation, priced at its published measured rate)."
+        "place of flash (foundry: flash1; neox, hf and hf-liger: flash2)."
     )
 
 

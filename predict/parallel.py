@@ -31,7 +31,7 @@ from opcast.predict.recompute import recompute_problem
 from opcast.predict.serve.engine import EngineName, engine_version_problem
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
-AttentionImpl = Literal["flash", "eager", "flash1"]
+AttentionImpl = Literal["flash", "eager", "flash1", "flash2"]
 Schedule = Literal["1f1b", "interleaved"]
 InferEngine = Literal["none", EngineName]  # type: ignore[valid-type]  # mypy sees opcast.predict.serve untyped (Any)
 """Serving framework whose per-step overhead an inference batch pays (:data:`opcast.predict.serve.engine.OVERHEADS`);
@@ -135,9 +135,11 @@ class TrainConfig:
     all-gathered, an amax all-reduce over the tensor-parallel group before each cast):
     :func:`opcast.predict.graph.fp8_quantisation`."""
     attention: AttentionImpl = "flash"
-    """Attention kernel: flash (FlashAttention-2), eager (score matrix in memory) or flash1
-    (FlashAttention-1 generation, priced at its published measured rate; ``--framework foundry``
-    picks it in place of flash)."""
+    """Attention kernel: flash (FlashAttention-2/3: the device's fastest measured kernel), eager (score matrix
+    in memory), flash1 (FlashAttention-1 generation, priced at its published measured rate; ``--framework
+    foundry`` picks it in place of flash) or flash2 (FlashAttention-2 generation: flash-attn 2, torch SDPA's
+    flash backend; on Hopper and Blackwell priced at its published measured rate, elsewhere as flash;
+    ``--framework neox``, ``hf`` and ``hf-liger`` pick it in place of flash)."""
     schedule: Schedule = "1f1b"
     """Pipeline schedule."""
     virtual_stages: int = 1

@@ -68,9 +68,10 @@ groups of their own (``moe-fwd-half``, ``moe-fwd-half_vllm``, ``moe-fwd-half_mar
 family's group prices those layers as the default family's (TensorRT-LLM's fused MoE, the nearest measured kernel of
 the same layer), with a note, and a set with neither leaves them to their grouped GEMMs
 (:func:`opcast.predict.cost.decompose`).
-Attention's published-only implementations (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`: ``flash1``)
-are spoken for only where ``impl_devices`` records devices that measured them (no model set does
-today), so FlashAttention-1-generation kernels fall to :mod:`~opcast.predict.cost.published`.
+Attention's published-only implementations (:data:`opcast.ops.PUBLISHED_ATTENTION_IMPLS`: ``flash1``,
+``flash2``) are spoken for only where ``impl_devices`` records devices that measured them (no model set does
+today), so FlashAttention-1-generation kernels, and FlashAttention-2's on Hopper and Blackwell, fall to
+:mod:`~opcast.predict.cost.published`.
 """
 
 from __future__ import annotations

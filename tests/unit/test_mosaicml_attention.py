@@ -68,8 +68,12 @@ def test_foundry_runs_flash1_in_place_of_flash_but_not_of_another_choice():
     eager = {**_attn(2048).param_dict, "impl": "eager"}
     assert foundry.of("attention", eager).param_dict["impl"] == "eager"
     assert default.of("attention", _attn(2048).param_dict).param_dict["impl"] == "flash"
-    for name in ("megatron", "neox", "hf"):  # the other frameworks keep flash (the goldens use them)
-        assert "attention" not in dict(framework_of(name).impls)
+    assert "attention" not in dict(framework_of("megatron").impls)  # Transformer Engine's cuDNN attention: flash
+    for name in ("neox", "hf", "hf-liger"):  # FlashAttention-2's kernels, flash itself off Hopper and Blackwell
+        assert dict(framework_of(name).impls)["attention"] == "flash2"
+        assert (
+            precision_of("bf16", framework=name).of("attention", _attn(2048).param_dict).param_dict["impl"] == "flash"
+        )
 
 
 def test_the_benchmark_has_no_attention_source_of_its_own():

@@ -34,10 +34,10 @@ def _attn(seq=8192, head_dim=128, causal=True, direction="fwd", batch=2, impl="f
     return kernel("attention", {**params, "causal": causal, "impl": impl}, dtype, direction)
 
 
-def test_flash1_is_appended_so_the_measured_families_keep_their_codes():
+def test_the_published_families_are_appended_so_the_measured_ones_keep_their_codes():
     assert ATTENTION_IMPLS == ("flash", "sdpa", "eager")  # impl_code 0, 1, 2 (train.features), norms after them
     impl = next(p for p in get_op("attention").params if p.name == "impl")
-    assert impl.choices == ("flash", "sdpa", "eager", "flash1")
+    assert impl.choices == ("flash", "sdpa", "eager", "flash1", "flash2")
     # the same FLOPs and bytes as flash (tiled, S recomputed in backward)
     for d in ("fwd", "bwd"):
         a, b = _attn(direction=d), _attn(direction=d, impl="flash")
@@ -168,7 +168,72 @@ def test_predict_train_with_framework_foundry_prices_attention_from_the_figures(
 
 def test_a_bad_attention_name_is_one_line_and_exit_2():
     done = subprocess.run(
-        [*_TRAIN, "--gpu", "A100-SXM4-80GB", "--attention", "flash2"], capture_output=True, text=True, timeout=120
+        [*_TRAIN, "--gpu", "A100-SXM4-80GB", "--attention", "flash3"], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-    assert "attention='flash2'" in done.stderr and "flash" in done.stderr and "Traceback" not in done.stderr
+    assert "attention='flash3'" in done.stderr and "flash" in done.stderr and "Traceback" not in done.stderr
+
+
+# --------------------------------------------------------------------------- flash2 (FlashAttention-2 on Hopper+)
+
+
+def test_the_flash2_rate_is_the_h100_figures_at_its_points():
+    from opcast.predict.cost.published import FA2_FWD_BWD_TFLOPS
+
+    assert {g for g, _, _ in FA2_FWD_BWD_TFLOPS} == {"H100"}
+    for (gpu, causal, hd), speeds in FA2_FWD_BWD_TFLOPS.items():
+        for seq, tflops in zip(FA1_SEQS, speeds, strict=True):
+            assert fa1_rate_flop_per_s(gpu, causal, hd, seq, "flash2") == pytest.approx(tflops * 1e12)
+    # FlashAttention-2 ran about twice FlashAttention-1 on the same H100 figure (causal, head dim 128, 4k: 294 / 126)
+    assert fa1_rate_flop_per_s("H100", True, 128, 4096, "flash2") / fa1_rate_flop_per_s("H100", True, 128, 4096) == (
+        pytest.approx(294 / 126)
+    )
+
+
+def test_flash2_figure_prices_h100_and_is_extrapolated_from_it_elsewhere():
+    assert nearest_figure(H100, "flash2") == ("H100", False)
+    for name in ("H200", "B200", "A100-SXM4-80GB"):
+        assert nearest_figure(get_device(name), "flash2") == ("H100", True)
+    cost = PublishedAttentionCost()
+    k = _attn(seq=4096, impl="flash2")
+    # H200 has H100's dense bf16 peak: the same rate, labelled as extrapolated
+    assert cost.rate_flop_per_s(k, get_device("H200")) == pytest.approx(cost.rate_flop_per_s(k, H100))
+    assert cost.source_label(k, get_device("H200")) == "published/flash2/extrapolated-from-H100"
+    assert cost.source_label(k, H100) == "published/flash2"
+
+
+@pytest.mark.parametrize(
+    ("framework", "attention", "gpu", "impl"),
+    [
+        ("hf", "flash", "H200", "flash2"),  # torch SDPA's flash backend on Hopper: FlashAttention-2's kernels
+        ("neox", "flash", "B200", "flash2"),
+        ("hf-liger", "flash", "H100-SXM", "flash2"),
+        ("hf", "flash", "A100-SXM4-80GB", "flash"),  # on Ampere the learned flash measured FlashAttention-2
+        (None, "flash", "H200", "flash"),  # Megatron's Transformer Engine runs cuDNN's attention
+        ("megatron", "flash", "H100-SXM", "flash"),
+        ("foundry", "flash", "H200", "flash1"),
+        (None, "flash2", "A100-SXM4-80GB", "flash"),
+        (None, "flash2", "GH200", "flash2"),
+        ("hf", "eager", "H200", "eager"),
+    ],
+)
+def test_the_graph_picks_flash2_where_it_is_a_family_of_its_own(framework, attention, gpu, impl):
+    from opcast.predict.graph import precision_of
+
+    prec = precision_of("bf16", framework=framework, device=get_device(gpu), training=True)
+    params = {"batch": 1, "heads": 8, "kv_heads": 8, "head_dim": 128, "seq_q": 512, "seq_kv": 512, "causal": True}
+    assert prec.of("attention", {**params, "impl": attention}).param_dict["impl"] == impl
+    # without a device (inference engines, which name their own kernels) flash2 is flash
+    assert (
+        precision_of("bf16", framework=framework).of("attention", {**params, "impl": "flash2"}).param_dict["impl"]
+        == "flash"
+    )
+
+
+def test_predict_train_with_framework_hf_prices_hopper_attention_from_the_fa2_figure():
+    done = subprocess.run(
+        [*_TRAIN, "--gpu", "H100-SXM", "--framework", "hf", "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    attention = [o for o in json.loads(done.stdout)["ops"] if o["kind"] == "attention"]
+    assert attention and all(o["params"]["impl"] == "flash2" and o["source"] == "published/flash2" for o in attention)
