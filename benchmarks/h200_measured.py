@@ -106,15 +106,29 @@ def steps_section(cost, spec) -> list[str]:
     return lines
 
 
+def _as_priced(row, spec) -> dict:
+    """The row's parameters as opcast prices the kernel collect ran: collect's attention ``flash`` is torch SDPA's
+    flash backend, FlashAttention-2's kernels, which on Hopper and Blackwell opcast prices as ``flash2`` (what
+    validate and ``--framework hf`` predict: :data:`opcast.predict.graph.FLASH2_OWN_ARCHITECTURES`)."""
+    from opcast.predict.graph import FLASH2_OWN_ARCHITECTURES
+    from opcast.schema import row_params
+
+    params = row_params(row)
+    if row["op"] == "attention" and params.get("impl") == "flash" and spec.architecture in FLASH2_OWN_ARCHITECTURES:
+        params["impl"] = "flash2"
+    return params
+
+
 def kernels_section(cost, spec) -> list[str]:
     import numpy as np
 
     from opcast.predict.cost import kernel
-    from opcast.schema import read_dataset, row_params
+    from opcast.schema import read_dataset
 
     frame = read_dataset([DATA / "kernels" / "collect", DATA / "kernels" / "calibrate"])
     ks = [
-        kernel(r["op"], row_params(r), r["dtype"], r["direction"], bool(r["tensor_cores"])) for _, r in frame.iterrows()
+        kernel(r["op"], _as_priced(r, spec), r["dtype"], r["direction"], bool(r["tensor_cores"]))
+        for _, r in frame.iterrows()
     ]
     priced = cost.lookup(ks, spec)
     frame["ratio"] = [priced[k][0] for k in ks] / frame["time_s_median"].to_numpy()
