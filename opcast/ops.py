@@ -595,6 +595,27 @@ sum, divide (8; backward: y * dy, sum, subtract, multiply: 9); Megatron's
 the target logit: 8; backward: the saved softmax minus the one-hot, times the loss gradient: 3)."""
 
 
+NATIVE_EXTRA_PASSES: Final[dict[str, dict[str, int]]] = {"cross_entropy": {"fwd": 1, "bwd": 2}}
+"""Passes over the tensor that torch's native kernels make beyond the compulsory ones (the fused column of
+:data:`UNFUSED_PASSES`), for the kinds whose native form is more than one kernel. ``F.cross_entropy`` is
+``log_softmax``, which writes the log-probabilities (one more pass), then ``nll_loss``; its backward is
+``nll_loss_backward``, which writes the whole gradient of the log-probabilities (zeros and the targets'
+entries), then ``log_softmax_backward_data``, which reads it and the saved output and writes the logits'
+gradient (two more than the fused pair's two; PyTorch ``aten/src/ATen/native/LossNLL.cpp``,
+``SoftMax.cpp``). The registry's bytes stay the compulsory ones, as for every ``native`` kernel (a learned
+model carries an implementation's efficiency by its code, and the features of fitted sets do not move); the
+no-data rule prices this traffic (:func:`opcast.predict.cost.model.decompose`). On a real H200 with no data of
+it, the compulsory bytes priced torch's cross-entropy of llama3-8b's 4,096 x 128,256 logits at 0.45 of its
+measured 2.36 ms (``benchmarks/results/h200_measured.md``)."""
+
+
+def native_extra_bytes(kind: str, params: Params, element_bytes: float, direction: str) -> float:
+    """Bytes torch's native kernels of ``kind`` move beyond the registry's compulsory ones
+    (:data:`NATIVE_EXTRA_PASSES`; 0 for the single-kernel kinds)."""
+    extra = NATIVE_EXTRA_PASSES.get(kind, {}).get(direction, 0)
+    return extra * element_bytes * _tv(params) if extra else 0.0
+
+
 def _passes(p: Params, kind: str, direction: str) -> int:
     return UNFUSED_PASSES[kind][direction][1 if _unfused(p) else 0]
 

@@ -19,7 +19,7 @@ import numpy as np
 from opcast.archs import routed_expert_ops
 from opcast.dtypes import QUANTISED_PRECISIONS, element_bytes
 from opcast.errors import OpcastError
-from opcast.ops import takes_kernel_impls
+from opcast.ops import native_extra_bytes, takes_kernel_impls
 from opcast.predict.cost.learned import BOUND_RULES, LearnedKernelCost
 from opcast.predict.cost.published import PublishedAttentionCost
 from opcast.predict.cost.query import LEARNED, Kernel, KernelTimeSource, kernel
@@ -38,7 +38,8 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
 
     A one-pass kernel of an implementation no learned model has data of (a norm, softmax, cross-entropy
     or rope whose ``impl`` its predictor does not speak for: Apex / Transformer Engine RMSNorm and
-    LayerNorm, Liger's rope) is one streaming kernel over the registry's traffic of that implementation:
+    LayerNorm, Liger's rope) is one streaming kernel over the registry's traffic of that implementation
+    (torch's native cross-entropy, two kernels, with their extra passes: :data:`opcast.ops.NATIVE_EXTRA_PASSES`):
     priced as the learned ``elementwise`` ``mul_scalar`` of its dtype that moves as many bytes (reads and
     writes one element each, so ``numel = bytes / (2 x element size)``; the convention of
     :func:`opcast.predict.graph.traffic_op`), which carries the device's measured streaming bandwidth and
@@ -47,7 +48,10 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     if k.kind == "moe":
         return _decompose_moe(k)
     if takes_kernel_impls(k.kind) and "impl" in k.param_dict:
-        numel = max(1, math.ceil(k.bytes_moved() / (2 * element_bytes(k.dtype))))
+        moved = k.bytes_moved()
+        if k.param_dict["impl"] == "native":  # torch's native kinds of two kernels move more than the compulsory
+            moved += native_extra_bytes(k.kind, k.param_dict, element_bytes(k.dtype), k.direction)
+        numel = max(1, math.ceil(moved / (2 * element_bytes(k.dtype))))
         return [(kernel("elementwise", {"numel": numel, "fn": "mul_scalar"}, k.dtype, "fwd"), 1)]
     return _decompose_eager(k)
 
