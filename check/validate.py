@@ -406,7 +406,8 @@ def check_fits(
 def predict_step(arch: ArchSpec, spec, *, batch: int, seq: int, precision: str, attention: str, world: int, kernels):
     """The training prediction matching a validate run: ``dp = world`` replicas of ``batch``
     sequences, one micro-batch each, on one node; under DDP with its gradient buckets overlapped
-    with backward; ``flash`` attention is torch SDPA's flash backend, FlashAttention-2 (``flash2``)."""
+    with backward; the kernels of plain PyTorch modules (``--framework torch``: native norms and cross-entropy,
+    torch SDPA's flash backend, FlashAttention-2)."""
     from opcast.predict.parallel import TrainConfig
     from opcast.predict.training import predict_train
 
@@ -417,9 +418,8 @@ def predict_step(arch: ArchSpec, spec, *, batch: int, seq: int, precision: str, 
         dp=world,
         seq=seq,
         precision=precision,  # type: ignore[arg-type]
-        # torch SDPA's flash backend is FlashAttention-2's kernels (flash2: a family of its own on Hopper and
-        # Blackwell, where the learned flash models measured FlashAttention-3-class kernels; flash elsewhere)
-        attention="flash2" if attention == "flash" else attention,  # type: ignore[arg-type]
+        attention=attention,  # type: ignore[arg-type]
+        framework="torch",  # the check model's modules: torch's native kernels, SDPA's flash backend (flash2)
         overlap_grad_reduce=world > 1,  # type: ignore[arg-type]
         bucket_params=DDP_BUCKET_BYTES // grad_bytes if world > 1 else None,
     )

@@ -52,6 +52,11 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   FlashAttention-1-generation kernel: the registry's ``flash1``, priced at FlashAttention-1's measured rate
   (:mod:`opcast.predict.cost.published`).
 
+- ``torch`` (plain PyTorch modules: ``nn.LayerNorm``, ``nn.RMSNorm``, ``F.cross_entropy``,
+  ``F.scaled_dot_product_attention``, as ``opcast validate``'s model, :mod:`opcast.check.torch_model`, runs
+  them): torch's native single-launch kernels (``nn.RMSNorm`` is ``torch._fused_rms_norm`` on CUDA since torch
+  2.8) and SDPA's flash backend (``flash2``); 16 bytes a parameter.
+
 Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
 before frameworks were named (kept: the README's main job and the Megatron papers' runs it is held
 against use those kernels). Rope keeps the registry's default (unfused) but in hf-liger. Implementations
@@ -76,7 +81,7 @@ from typing import Literal, get_args
 
 from opcast.errors import OpcastError
 
-FrameworkName = Literal["megatron", "neox", "hf", "hf-liger", "foundry"]
+FrameworkName = Literal["megatron", "neox", "hf", "hf-liger", "foundry", "torch"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,6 +160,17 @@ FRAMEWORKS: dict[str | None, Framework] = {
         fp32_grads=False,
         zero3_reduce_bytes=4,
         zero3_fsdp_kernels=True,
+    ),
+    "torch": Framework(
+        name="torch",
+        impls=(
+            ("layernorm", "native"),
+            ("rmsnorm", "native"),
+            ("softmax", "native"),
+            ("cross_entropy", "native"),
+            ("attention", "flash2"),
+        ),
+        fp32_grads=False,
     ),
 }
 """Every framework by its ``--framework`` name (None: not given)."""

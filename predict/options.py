@@ -386,9 +386,10 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     ),
     "tensor_cores": (TENSOR_CORES.help, None),
     "framework": (
-        "megatron, neox, hf, hf-liger or foundry: the kernels the framework runs (fused, native, unfused or "
+        "megatron, neox, hf, hf-liger, foundry or torch: the kernels the framework runs (fused, native, unfused or "
         "Liger-Kernel norms, softmax, cross-entropy; hf-liger: Hugging Face with use_liger_kernel; foundry: "
-        "llm-foundry's FlashAttention-1-class Triton attention) and what it keeps in "
+        "llm-foundry's FlashAttention-1-class Triton attention; torch: plain PyTorch modules, as opcast validate "
+        "runs them) and what it keeps in "
         "memory (megatron: fp32 main_grad, 18 bytes a parameter with Adam).",
         "Megatron's kernels, 16 bytes a parameter",
     ),

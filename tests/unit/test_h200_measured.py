@@ -46,3 +46,20 @@ def test_the_report_prices_what_validate_prices(capsys):
     )
     row = f"| llama3-8b 4 layers, batch 2 x seq 2048 | total | 88.25 | {1e3 * result.iteration_time_s:.2f} |"
     assert row in out
+
+
+def test_validate_prices_the_kernels_its_torch_model_runs():
+    # nn.LayerNorm / nn.RMSNorm / F.cross_entropy are torch's native kernels and SDPA's flash backend is
+    # FlashAttention-2 (flash2 on Hopper); Megatron's fused norms and unfused loss were priced before
+    result = predict_step(
+        resolve_arch("llama3-8b", 1),
+        get_device("H200"),
+        batch=1,
+        seq=512,
+        precision="bf16",
+        attention="flash",
+        world=1,
+        kernels=load_kernel_cost(None),
+    )
+    impls = {o.kernel.kind: o.kernel.param_dict.get("impl") for o in result.ops}
+    assert impls["rmsnorm"] == impls["cross_entropy"] == "native" and impls["attention"] == "flash2"

@@ -215,6 +215,8 @@ def test_flash2_figure_prices_h100_and_is_extrapolated_from_it_elsewhere():
         (None, "flash2", "A100-SXM4-80GB", "flash"),
         (None, "flash2", "GH200", "flash2"),
         ("hf", "eager", "H200", "eager"),
+        ("torch", "flash", "H100-SXM", "flash2"),
+        ("torch", "flash", "A100-SXM4-80GB", "flash"),
     ],
 )
 def test_the_graph_picks_flash2_where_it_is_a_family_of_its_own(framework, attention, gpu, impl):
