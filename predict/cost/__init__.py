@@ -16,9 +16,10 @@ Sources:
   ``in_range_only`` (the CLI's ``--analytic``) the roofline answers instead, flagged too.
 - :class:`PublishedAttentionCost` prices attention of the FlashAttention-1 generation (registry
   ``impl`` ``flash1``, which no learned model has data of) at FlashAttention-1's published measured
-  rate, and on GPUs the figures did not measure at the nearest architecture's share of peak, its
-  label saying so (``published/flash1``, ``published/flash1/extrapolated-from-A100``); it sits
-  between the learned source and the roofline and covers nothing else.
+  rate, and FlashAttention-2's on Hopper and Blackwell (``flash2``) at its published H100 rate; on GPUs
+  the figures did not measure at the nearest architecture's share of peak, its label saying so
+  (``published/flash1``, ``published/flash1/extrapolated-from-A100``, ``published/flash2/extrapolated-from-H100``);
+  it sits between the learned source and the roofline and covers nothing else.
 - :class:`RooflineKernelCost`, the fallback, is ``max(FLOPs / (peak x eff_c), bytes / (bw x eff_m))``
   with the efficiencies of :data:`ROOFLINE_EFFICIENCY`. It has no constant terms, so a GPU with
   every spec doubled is exactly twice as fast on this path.
@@ -77,6 +78,8 @@ from opcast.predict.cost.published import (
     FA1_FWD_BWD_TFLOPS,
     FA1_GPUS,
     FA1_SEQS,
+    FA2_FWD_BWD_TFLOPS,
+    FIGURES,
     PUBLISHED,
     PublishedAttentionCost,
     fa1_rate_flop_per_s,
@@ -112,6 +115,8 @@ __all__ = [
     "FA1_FWD_BWD_TFLOPS",
     "FA1_GPUS",
     "FA1_SEQS",
+    "FA2_FWD_BWD_TFLOPS",
+    "FIGURES",
     "FLOOR",
     "LEARNED",
     "MONOTONE",

@@ -68,7 +68,7 @@ def test_the_layout_rule_is_the_gpus_and_per_tensor_fp8s_only():
     assert not any(fp8_gemm_transposes(get_device(g)) for g in ("B200", "GB200", "GB300"))
     b200 = get_device("B200")
     assert not precision_of("fp8", device=b200).fp8_transposes
-    assert precision_of("mxfp8", fp8_recipe="current", device=b200) == precision_of("mxfp8")
+    assert precision_of("mxfp8", fp8_recipe="current", device=b200) == precision_of("mxfp8", device=b200)
     assert not delayed_amax_reduction(precision_of("fp8", fp8_recipe="current"))
     assert delayed_amax_reduction(precision_of("fp8")) and not delayed_amax_reduction(precision_of("bf16"))
     arch = load_arch("llama3-8b")
