@@ -63,3 +63,23 @@ def test_validate_prices_the_kernels_its_torch_model_runs():
     )
     impls = {o.kernel.kind: o.kernel.param_dict.get("impl") for o in result.ops}
     assert impls["rmsnorm"] == impls["cross_entropy"] == "native" and impls["attention"] == "flash2"
+
+
+def test_the_gpu_script_measures_the_runs_the_benchmark_reads():
+    import re
+    import shutil
+    import subprocess
+
+    script = REPO / "benchmarks" / "gpu_check.sh"
+    if shutil.which("bash") is not None:
+        assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+    runs = {}
+    for name, args in re.findall(r"^validate (\S+) \d+ (.+)$", script.read_text(), flags=re.M):
+        opts = dict(re.findall(r"--(\w+) (\S+)", args))
+        runs[name] = (
+            opts["arch"],
+            int(opts["layers"]) if "layers" in opts else None,
+            int(opts["batch"]),
+            int(opts["seq"]),
+        )
+    assert runs == hm.RUNS
