@@ -30,20 +30,19 @@ def test_each_run_is_the_configuration_named(name):
     assert 0 <= doc["params"] - arch.params_total() < 128 * arch.hidden
 
 
+def _llama3_step_on_h200(*, layers: int, batch: int, seq: int):
+    """validate's own prediction of a bf16 llama3-8b step of ``layers`` layers on the H200."""
+    arch, h200 = resolve_arch("llama3-8b", layers), get_device("H200")
+    return predict_step(
+        arch, h200, batch=batch, seq=seq, precision="bf16", attention="flash", world=1, kernels=load_kernel_cost(None)
+    )
+
+
 def test_the_report_prices_what_validate_prices(capsys):
     assert hm.main([]) == 0
     out = capsys.readouterr().out
     assert "## Training steps" in out and "## Kernels" in out
-    result = predict_step(
-        resolve_arch("llama3-8b", 4),
-        get_device("H200"),
-        batch=2,
-        seq=2048,
-        precision="bf16",
-        attention="flash",
-        world=1,
-        kernels=load_kernel_cost(None),
-    )
+    result = _llama3_step_on_h200(layers=4, batch=2, seq=2048)
     row = f"| llama3-8b 4 layers, batch 2 x seq 2048 | total | 88.25 | {1e3 * result.iteration_time_s:.2f} |"
     assert row in out
 
@@ -51,16 +50,7 @@ def test_the_report_prices_what_validate_prices(capsys):
 def test_validate_prices_the_kernels_its_torch_model_runs():
     # nn.LayerNorm / nn.RMSNorm / F.cross_entropy are torch's native kernels and SDPA's flash backend is
     # FlashAttention-2 (flash2 on Hopper); Megatron's fused norms and unfused loss were priced before
-    result = predict_step(
-        resolve_arch("llama3-8b", 1),
-        get_device("H200"),
-        batch=1,
-        seq=512,
-        precision="bf16",
-        attention="flash",
-        world=1,
-        kernels=load_kernel_cost(None),
-    )
+    result = _llama3_step_on_h200(layers=1, batch=1, seq=512)
     impls = {o.kernel.kind: o.kernel.param_dict.get("impl") for o in result.ops}
     assert impls["rmsnorm"] == impls["cross_entropy"] == "native" and impls["attention"] == "flash2"
 
