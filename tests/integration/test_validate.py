@@ -474,3 +474,22 @@ def test_ddp_process_group_is_freed_before_exit(ddp_run):
     assert [d["rank"] for d in docs] == [0, 1], _whole(res)
     for d in docs:
         assert d["groups"] == [[True, True]] and d["gloo_threads"] == [], (d, _whole(res))
+
+
+def test_the_memory_check_counts_validates_own_fp32_gradient_copies():
+    # a 1-layer llama3-8b in bf16 on a 24 GiB CPU machine: 18.9 GiB predicted passed the check, and the step, which
+    # also holds an fp32 copy of every gradient, was killed by the system after 6 minutes without a message
+    from types import SimpleNamespace
+
+    from opcast.check.validate import HALF_GRAD_COPY_BYTES, check_fits
+    from opcast.errors import OpcastError
+
+    arch = TINY
+    params = arch.params_total()
+    spec = SimpleNamespace(name="box", mem_bytes=100 * params)
+    fits = SimpleNamespace(feasible=True, memory=(1,), worst_memory=SimpleNamespace(total_bytes=97 * params))
+    check_fits(fits, arch, spec, batch=1, seq=64, precision="fp32")  # fp32 steps keep no copies
+    with pytest.raises(OpcastError, match=r"fp32 gradient copies, more than the .* GiB of box; use --layers"):
+        check_fits(fits, arch, spec, batch=1, seq=64, precision="bf16")
+    roomy = SimpleNamespace(mem_bytes=(97 + HALF_GRAD_COPY_BYTES) * params, name="box")
+    check_fits(fits, arch, roomy, batch=1, seq=64, precision="bf16")
