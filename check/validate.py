@@ -428,7 +428,7 @@ def predict_step(arch: ArchSpec, spec, *, batch: int, seq: int, precision: str, 
         dp=world,
         seq=seq,
         precision=precision,  # type: ignore[arg-type]
-        attention=attention,  # type: ignore[arg-type]
+        attention=attention,
         framework="torch",  # the check model's modules: torch's native kernels, SDPA's flash backend (flash2)
         overlap_grad_reduce=world > 1,  # type: ignore[arg-type]
         bucket_params=DDP_BUCKET_BYTES // grad_bytes if world > 1 else None,

@@ -82,7 +82,7 @@ from opcast.predict.cost.published import (
     FIGURES,
     PUBLISHED,
     PublishedAttentionCost,
-    fa1_rate_flop_per_s,
+    figure_rate_flop_per_s,
     nearest_figure,
 )
 from opcast.predict.cost.query import (
@@ -140,7 +140,7 @@ __all__ = [
     "RooflineTerms",
     "bottleneck",
     "decompose",
-    "fa1_rate_flop_per_s",
+    "figure_rate_flop_per_s",
     "kernel",
     "kernel_peak",
     "kernel_resources",

@@ -107,7 +107,7 @@ _HOPPER_ON = frozenset({"hopper", "blackwell"})
 """Architectures that take H100's measured efficiency (:func:`nearest_figure`); every other takes A100's."""
 
 
-def fa1_rate_flop_per_s(gpu: str, causal: bool, head_dim: int, seq: int, impl: str = "flash1") -> float:
+def figure_rate_flop_per_s(gpu: str, causal: bool, head_dim: int, seq: int, impl: str = "flash1") -> float:
     """The measured forward + backward FLOP/s of ``impl``'s figure (:data:`FIGURES`; FlashAttention-1's by
     default) on the figure's ``gpu`` (``A100`` or ``H100``): log2-interpolated in the sequence, linear in the
     head dimension, held beyond both ends."""
@@ -161,7 +161,7 @@ class PublishedAttentionCost:
         p = k.param_dict
         impl = str(p["impl"])
         gpu, extrapolated = nearest_figure(device, impl)
-        rate = fa1_rate_flop_per_s(gpu, bool(p["causal"]), int(p["head_dim"]), int(p["seq_kv"]), impl)
+        rate = figure_rate_flop_per_s(gpu, bool(p["causal"]), int(p["head_dim"]), int(p["seq_kv"]), impl)
         if not extrapolated:
             return rate
         try:

@@ -19,7 +19,7 @@ from opcast.predict.cost.published import (
     FA1_FWD_BWD_TFLOPS,
     FA1_SEQS,
     PublishedAttentionCost,
-    fa1_rate_flop_per_s,
+    figure_rate_flop_per_s,
     nearest_figure,
 )
 from opcast.predict.cost.query import kernel
@@ -48,18 +48,18 @@ def test_the_rate_is_the_figures_at_its_points_and_held_beyond_them():
     for (gpu, causal, hd), speeds in FA1_FWD_BWD_TFLOPS.items():
         assert len(speeds) == len(FA1_SEQS)
         for seq, tflops in zip(FA1_SEQS, speeds, strict=True):
-            assert fa1_rate_flop_per_s(gpu, causal, hd, seq) == pytest.approx(tflops * 1e12)
-        assert fa1_rate_flop_per_s(gpu, causal, hd, 65536) == pytest.approx(speeds[-1] * 1e12)
-        assert fa1_rate_flop_per_s(gpu, causal, hd, 128) == pytest.approx(speeds[0] * 1e12)
+            assert figure_rate_flop_per_s(gpu, causal, hd, seq) == pytest.approx(tflops * 1e12)
+        assert figure_rate_flop_per_s(gpu, causal, hd, 65536) == pytest.approx(speeds[-1] * 1e12)
+        assert figure_rate_flop_per_s(gpu, causal, hd, 128) == pytest.approx(speeds[0] * 1e12)
 
 
 def test_interpolation_is_log2_in_the_sequence_and_linear_in_the_head_dim():
     # 2896 ~ 2^11.5 lies halfway between 2048 (69) and 4096 (76): A100, causal, head dim 128
-    assert fa1_rate_flop_per_s("A100", True, 128, 2896) / 1e12 == pytest.approx(72.5, abs=0.05)
+    assert figure_rate_flop_per_s("A100", True, 128, 2896) / 1e12 == pytest.approx(72.5, abs=0.05)
     # head dim 96 halfway between 64 (77) and 128 (69) at 2048; 32 holds 64's, 256 holds 128's
-    assert fa1_rate_flop_per_s("A100", True, 96, 2048) / 1e12 == pytest.approx(73.0)
-    assert fa1_rate_flop_per_s("A100", True, 32, 2048) / 1e12 == pytest.approx(77.0)
-    assert fa1_rate_flop_per_s("H100", False, 256, 2048) / 1e12 == pytest.approx(128.0)
+    assert figure_rate_flop_per_s("A100", True, 96, 2048) / 1e12 == pytest.approx(73.0)
+    assert figure_rate_flop_per_s("A100", True, 32, 2048) / 1e12 == pytest.approx(77.0)
+    assert figure_rate_flop_per_s("H100", False, 256, 2048) / 1e12 == pytest.approx(128.0)
 
 
 def test_forward_plus_backward_takes_the_figures_time_on_a_measured_gpu():
@@ -183,11 +183,10 @@ def test_the_flash2_rate_is_the_h100_figures_at_its_points():
     assert {g for g, _, _ in FA2_FWD_BWD_TFLOPS} == {"H100"}
     for (gpu, causal, hd), speeds in FA2_FWD_BWD_TFLOPS.items():
         for seq, tflops in zip(FA1_SEQS, speeds, strict=True):
-            assert fa1_rate_flop_per_s(gpu, causal, hd, seq, "flash2") == pytest.approx(tflops * 1e12)
+            assert figure_rate_flop_per_s(gpu, causal, hd, seq, "flash2") == pytest.approx(tflops * 1e12)
     # FlashAttention-2 ran about twice FlashAttention-1 on the same H100 figure (causal, head dim 128, 4k: 294 / 126)
-    assert fa1_rate_flop_per_s("H100", True, 128, 4096, "flash2") / fa1_rate_flop_per_s("H100", True, 128, 4096) == (
-        pytest.approx(294 / 126)
-    )
+    fa2, fa1 = (figure_rate_flop_per_s("H100", True, 128, 4096, impl) for impl in ("flash2", "flash1"))
+    assert fa2 / fa1 == pytest.approx(294 / 126)
 
 
 def test_flash2_figure_prices_h100_and_is_extrapolated_from_it_elsewhere():
