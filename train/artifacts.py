@@ -74,7 +74,7 @@ ARTIFACT_SUFFIXES: Final = (".npz", ".pt")
 PICKLE_SUFFIXES: Final = (".joblib", ".pkl", ".pickle")
 LIBRARIES: Final = ("opcast", "numpy", "pandas", "xgboost", "torch", "scikit-learn")
 # Distributions that install a library under another name: XGBoost's CPU-only wheel (xgboost-cpu,
-# https://xgboost.readthedocs.io/en/stable/install.html) is imported as xgboost, a twentieth of its size.
+# https://xgboost.readthedocs.io/en/stable/install.html) is imported as xgboost, without the GPU build.
 _DISTRIBUTIONS: Final = {"xgboost": ("xgboost", "xgboost-cpu")}
 _LIB_OF_ESTIMATOR: Final = {"xgb": "xgboost", "tile-mlp": "torch", "neusight": "numpy", "hier": "xgboost"}
 
