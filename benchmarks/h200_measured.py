@@ -109,8 +109,8 @@ def steps_section(cost, spec) -> list[str]:
 def _as_priced(row, spec) -> dict:
     """The row's parameters as opcast prices the kernel collect ran: collect's attention ``flash`` is torch SDPA's
     flash backend, FlashAttention-2's kernels, which on Hopper and Blackwell opcast prices as ``flash2`` (what
-    validate and ``--framework hf`` predict: :data:`opcast.predict.graph.FLASH2_OWN_ARCHITECTURES`)."""
-    from opcast.predict.graph import FLASH2_OWN_ARCHITECTURES
+    validate and ``--framework hf`` predict: :data:`opcast.ops.FLASH2_OWN_ARCHITECTURES`)."""
+    from opcast.ops import FLASH2_OWN_ARCHITECTURES
     from opcast.schema import row_params
 
     params = row_params(row)

@@ -24,7 +24,7 @@ import numpy as np
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
-from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, get_op, op_kinds
+from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, FLASH2_OWN_ARCHITECTURES, get_op, op_kinds
 from opcast.schema import point_id
 
 
@@ -251,7 +251,7 @@ def unsupported_reason(op: str, params: dict[str, Any], dtype: str, device_type:
         return "impl=fused is a one-pass Apex/Transformer Engine kernel torch lacks; collect runs native or unfused"
     if op in NATIVE_OPS and params.get("impl") == "liger":
         return "impl=liger is Liger-Kernel's Triton kernel, not torch's; collect runs native or unfused"
-    if op == "attention" and params["impl"] == "flash" and device_type == "cuda":
+    if op == "attention" and params["impl"] in ("flash", "flash2") and device_type == "cuda":
         if dtype not in ("fp16", "bf16"):
             return "flash attention on CUDA needs fp16 or bf16"
         if params["head_dim"] > 256 or params["head_dim"] % 8:
@@ -274,6 +274,20 @@ def check_point(op: str, params: dict[str, Any], dtype: str, direction: str, lim
 # --------------------------------------------------------------------------- the plan
 
 
+def measured_impl(op: str, params: dict[str, Any], limits: DeviceLimits) -> dict[str, Any]:
+    """The ``impl`` a point's row is labelled with: torch SDPA's flash backend is FlashAttention-2's kernel, which on a
+    CUDA GPU of :data:`opcast.ops.FLASH2_OWN_ARCHITECTURES` (Hopper, Blackwell) is the family ``flash2``, not the
+    FlashAttention-3-class ``flash`` the learned models know there."""
+    if (
+        op == "attention"
+        and params.get("impl") == "flash"
+        and limits.device_type == "cuda"
+        and limits.spec.architecture in FLASH2_OWN_ARCHITECTURES
+    ):
+        return {**params, "impl": "flash2"}
+    return params
+
+
 def _expand(
     op: str,
     params: dict[str, Any],
@@ -286,7 +300,7 @@ def _expand(
 ) -> None:
     kind = get_op(op)
     try:
-        params = kind.validate(params)
+        params = kind.validate(measured_impl(op, params, limits))
     except OpcastError:
         skipped[f"{op}: invalid shape"] += 1
         return

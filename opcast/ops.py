@@ -409,6 +409,17 @@ register(
 )
 
 
+FLASH2_OWN_ARCHITECTURES: Final = frozenset({"hopper", "blackwell"})
+"""Architectures where FlashAttention-2 is not the kernel the learned ``flash`` models measured: their attention
+rows are TensorRT-LLM's and cuDNN's FlashAttention-3-class kernels (AIConfigurator's), about twice
+FlashAttention-2's speed (FlashAttention-2's H100 figure, ``opcast.predict.cost.published.FA2_FWD_BWD_TFLOPS``,
+against FlashAttention-3's; on a real H200 torch SDPA's flash backend ran training attention at 0.45-0.5 of what
+the learned ``flash`` predicted, ``benchmarks/h200_measured.py``). On Ampere and Ada the learned ``flash`` rows
+are FlashAttention-2's (Vidur's and 2509.22832's A100 and A40 runs). On these architectures ``opcast collect``
+labels torch SDPA's flash backend ``flash2``, so that its measured rows are their own family's (a set fitted on them
+speaks for ``flash2`` where they were measured)."""
+
+
 # --------------------------------------------------------------------------- attention
 
 ATTENTION_IMPLS: Final = ("flash", "sdpa", "eager")

@@ -60,12 +60,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
-from typing import Final
 
 from opcast.archs import ArchSpec, attention_ops, padded_vocab, routed_expert_ops, shared_expert_ops
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.hardware import DeviceSpec
-from opcast.ops import get_op, uses_tensor_cores
+from opcast.ops import FLASH2_OWN_ARCHITECTURES, get_op, uses_tensor_cores
 from opcast.predict.cost import Kernel, kernel
 from opcast.predict.frameworks import FRAMEWORKS, framework_of
 from opcast.predict.memory import activation_dtype
@@ -164,15 +163,6 @@ class Dtypes:
     def peak_tensor_cores(self) -> bool:
         """Whether the GEMMs' peak is a tensor-core one (for MFU)."""
         return uses_tensor_cores("gemm", self.matrix, self.tensor_cores)
-
-
-FLASH2_OWN_ARCHITECTURES: Final = frozenset({"hopper", "blackwell"})
-"""Architectures where FlashAttention-2 is not the kernel the learned ``flash`` models measured: their attention
-rows are TensorRT-LLM's and cuDNN's FlashAttention-3-class kernels (AIConfigurator's), about twice
-FlashAttention-2's speed (FlashAttention-2's H100 figure, :data:`opcast.predict.cost.published.FA2_FWD_BWD_TFLOPS`,
-against FlashAttention-3's; on a real H200 torch SDPA's flash backend ran training attention at 0.45-0.5 of what
-the learned ``flash`` predicted, ``benchmarks/h200_measured.py``). On Ampere and Ada the learned ``flash`` rows
-are FlashAttention-2's (Vidur's and 2509.22832's A100 and A40 runs)."""
 
 
 def precision_of(

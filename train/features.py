@@ -52,6 +52,7 @@ from opcast.ops import (
     ATTENTION_IMPLS,
     ELEMENTWISE_FNS,
     MOE_WEIGHTS,
+    PUBLISHED_ATTENTION_IMPLS,
     ROPE_IMPLS,
     get_op,
     moe_balanced_experts,
@@ -960,14 +961,16 @@ def _param_columns() -> dict[str, type]:
 
 _CODES: Final[dict[str, dict[str, float]]] = {
     "fn": {name: float(i) for i, name in enumerate(ELEMENTWISE_FNS)},
-    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS))},
+    "impl": {name: float(i) for i, name in enumerate((*ATTENTION_IMPLS, *ROPE_IMPLS, *PUBLISHED_ATTENTION_IMPLS))},
     "weights": {name: float(i) for i, name in enumerate(MOE_WEIGHTS)},
 }
 """Ordinal codes of the string parameters (their position in the registry's choices). ``impl``:
 attention's kernel families, then :data:`opcast.ops.KERNEL_IMPLS` (rope's choices); ``native`` (code 5)
 and ``liger`` (code 6) were appended to those, so the codes of model sets fitted before them do not
 shift and their features are unchanged (no features-version bump): such a set speaks for ``liger``
-nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`). The fused MoE
+nowhere (code 6 lies outside its fitted ``impl_code`` range, :mod:`opcast.predict.cost.learned`). Attention's
+published-only families follow (``flash1`` 7, ``flash2`` 8: collect measures ``flash2`` on Hopper and Blackwell); a
+set speaks for them only where its ``impl_devices`` records devices that measured them. The fused MoE
 layer's kernel families (:data:`opcast.ops.MOE_IMPLS`) are no code: each is a predictor group
 (:data:`FAMILY_GROUPS`). ``weights``:
 the fused MoE layer's expert storage (:data:`opcast.ops.MOE_WEIGHTS`); a set fitted without mxfp4 rows speaks for

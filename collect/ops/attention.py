@@ -1,5 +1,6 @@
-"""Attention: flash (SDPA forced to its flash backend), sdpa (SDPA's own dispatch) and eager
-(matmul, mask, softmax, matmul, with GQA keys/values repeated as Hugging Face does)."""
+"""Attention: flash (SDPA forced to its flash backend; labelled flash2 on Hopper and Blackwell, where that backend's
+FlashAttention-2 is a family of its own: :func:`opcast.collect.sampling.measured_impl`), sdpa (SDPA's own dispatch)
+and eager (matmul, mask, softmax, matmul, with GQA keys/values repeated as Hugging Face does)."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def build(req: BuildRequest) -> Callable[[], object]:
         kwargs["is_causal"] = True
     elif causal:
         kwargs["attn_mask"] = causal_lower_right(sq, skv)
-    backends = [SDPBackend.FLASH_ATTENTION] if impl == "flash" else list(SDPBackend.__members__.values())
+    backends = [SDPBackend.FLASH_ATTENTION] if impl in ("flash", "flash2") else list(SDPBackend.__members__.values())
     backends = [be for be in backends if be != SDPBackend.ERROR]
 
     def forward():

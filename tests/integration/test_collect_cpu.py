@@ -163,3 +163,29 @@ def test_comm_outside_torchrun_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     code, err = _cli(capsys, "collect", "comm", "--out", str(tmp_path))
     assert code == 2 and "torchrun" in err
+
+
+def test_flash2_points_run_torchs_flash_backend(monkeypatch):
+    # collect labels the flash backend flash2 on Hopper and Blackwell; the builder runs the same kernel for both labels
+    import functools
+
+    import torch
+    from torch.nn.attention import SDPBackend
+
+    from opcast.collect.ops import BUILDERS, BuildRequest
+    from opcast.ops import get_op
+
+    seen = []
+    real = torch.nn.attention.sdpa_kernel
+
+    @functools.wraps(real)
+    def spy(backends, *args, **kwargs):
+        seen.append(list(backends))
+        return real(backends, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel", spy)
+    base = {"batch": 1, "heads": 2, "kv_heads": 2, "seq_q": 64, "seq_kv": 64, "head_dim": 32, "causal": True}
+    for impl in ("flash", "flash2"):
+        params = get_op("attention").validate({**base, "impl": impl})
+        BUILDERS["attention"](BuildRequest(params=params, dtype="fp32", direction="fwd", device=torch.device("cpu")))()
+    assert seen and all(b == [SDPBackend.FLASH_ATTENTION] for b in seen)

@@ -9,6 +9,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +28,7 @@ from opcast.predict.cost.query import kernel
 from helpers.fakes import FixedModelSet
 
 A100, H100 = get_device("A100-SXM4-80GB"), get_device("H100-SXM")
+REPO_DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200_torch"
 
 
 def _attn(seq=8192, head_dim=128, causal=True, direction="fwd", batch=2, impl="flash1", dtype="bf16"):
@@ -238,3 +240,23 @@ def test_predict_train_with_framework_hf_prices_hopper_attention_from_the_fa2_fi
     assert done.returncode == 0, done.stderr
     attention = [o for o in json.loads(done.stdout)["ops"] if o["kind"] == "attention"]
     assert attention and all(o["params"]["impl"] == "flash2" and o["source"] == "published/flash2" for o in attention)
+
+
+def test_a_set_fitted_on_measured_flash2_rows_speaks_for_flash2_where_they_were_measured(tmp_path):
+    # collect labels torch's flash backend flash2 on Hopper: the H200 rows, labelled so, fit a set that prices
+    # flash2 on the H200 from its own measurements (learned), not from the published figure
+    from opcast.schema import read_dataset
+    from opcast.train.artifacts import write_model_set
+    from opcast.train.fit import FitConfig, fit_frame
+
+    data = REPO_DATA / "kernels"
+    rows = read_dataset([data / "collect", data / "calibrate"])
+    rows = rows[(rows["op"] == "attention") & rows["dtype"].isin(["bf16", "fp16"])].copy()
+    rows.loc[rows["impl"] == "flash", "impl"] = "flash2"
+    cfg = FitConfig(estimator="xgb", folds=0, min_rows=15, n_jobs=1, xgb_params={"n_estimators": 40})
+    groups, _, skipped = fit_frame(rows.reset_index(drop=True), {"H200": get_device("H200")}, cfg)
+    assert {"attention-fwd-half", "attention-bwd-half"} <= set(groups), skipped
+    model = load_kernel_cost(write_model_set(tmp_path, "s", groups, {"datasets": []}))
+    flash2 = _attn(seq=4096, impl="flash2")
+    assert model.time_s(flash2, get_device("H200"))[1] == "learned"
+    assert load_kernel_cost().time_s(flash2, get_device("H200"))[1] == "published/flash2/extrapolated-from-H100"

@@ -147,3 +147,22 @@ def test_a_given_tp_must_suit_one_of_the_archs():
         check_tp_degrees(["llama2-7b", "gpt3-125m"], [2, 5])
     with pytest.raises(OpcastError, match="give --arch too"):
         check_tp_degrees([], [2])
+
+
+@pytest.mark.parametrize(
+    ("gpu", "device_type", "flash_label"),
+    [
+        ("H200", "cuda", "flash2"),
+        ("B200", "cuda", "flash2"),
+        ("A100-SXM4-80GB", "cuda", "flash"),
+        ("H200", "cpu", "flash"),
+    ],
+)
+def test_torchs_flash_backend_is_labelled_flash2_on_hopper_and_blackwell(gpu, device_type, flash_label):
+    # torch SDPA's flash backend is FlashAttention-2: on Hopper and Blackwell a family of its own, which the
+    # learned flash (FlashAttention-3-class rows there) must not be taught; the arch shapes are labelled too
+    limits = DeviceLimits(spec=get_device(gpu), device_type=device_type, max_point_s=1.0, max_bytes=40e9)
+    plan = make_plan(ops=("attention",), dtypes=("bf16",), limits=limits, per_stratum=64, archs=("llama3-8b",))
+    impls = Counter(p.params["impl"] for p in plan.points)
+    assert impls[flash_label] > 0 and impls["flash" if flash_label == "flash2" else "flash2"] == 0
+    assert {p.stratum.split(":")[0] for p in plan.points if p.params["impl"] == flash_label} == {"sobol", "arch"}
