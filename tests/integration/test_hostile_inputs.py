@@ -379,6 +379,7 @@ VALIDATE = ("validate", "--batch", "1", "--seq", "16", "--layers", "1", "--steps
 SERVE = ("predict", "serve", "--arch", "gpt3-125m", "--gpu", "H100-SXM", ROOF, "--rate", "5", "--num-requests", "20")
 NO_TORCH = {"PYTHONPATH": "{d}/notorch"}
 """Env of a case whose bad input must be refused before torch is imported (seconds of start-up)."""
+EXPLORE = ("explore", "train", "--arch", "gpt3-125m", "--gpu", "H100-SXM")
 KERNELS = ("predict", "kernels", "--gpu", "H100-SXM", ROOF, "--out", "{d}/kernels_out/out.csv")
 
 
@@ -527,12 +528,7 @@ CASES: list[Case] = [
     _c("kernel-set-nan", *KERNEL, ROOF, "--set", "mem_bw_bytes_per_s=nan", needles=("mem_bw_bytes_per_s",)),
     _c(
         "explore-vary-negative",
-        "explore",
-        "train",
-        "--arch",
-        "gpt3-125m",
-        "--gpu",
-        "H100-SXM",
+        *EXPLORE,
         "--vary",
         "mem_bw_bytes_per_s=1,-2",
         ROOF,
@@ -540,12 +536,7 @@ CASES: list[Case] = [
     ),
     _c(
         "explore-vary-overflows",
-        "explore",
-        "train",
-        "--arch",
-        "gpt3-125m",
-        "--gpu",
-        "H100-SXM",
+        *EXPLORE,
         "--vary",
         "peak_bf16_flops=1,1e300",
         ROOF,
@@ -1404,12 +1395,7 @@ CASES: list[Case] = [
     _c("serve-rate-past-clock", *SERVE, "--rate", "1e-30", needles=("--rate 1e-30 spreads 20 requests",)),
     _c(
         "explore-vary-empty-factor",
-        "explore",
-        "train",
-        "--arch",
-        "gpt3-125m",
-        "--gpu",
-        "H100-SXM",
+        *EXPLORE,
         "--vary",
         "mem_bw_bytes_per_s=1,,2",
         ROOF,
@@ -1464,12 +1450,7 @@ CASES: list[Case] = [
     ),
     _c(  # the options naming files to write are checked before the work (the grid was computed first)
         "explore-csv-under-a-file",
-        "explore",
-        "train",
-        "--arch",
-        "gpt3-125m",
-        "--gpu",
-        "H100-SXM",
+        *EXPLORE,
         "--vary",
         "peak_flops=1,2",
         ROOF,
@@ -1523,12 +1504,7 @@ CASES: list[Case] = [
     ),
     _c(
         "explore-vary-unknown-field",
-        "explore",
-        "train",
-        "--arch",
-        "gpt3-125m",
-        "--gpu",
-        "H100-SXM",
+        *EXPLORE,
         "--vary",
         "hbm_bw=1,2",
         ROOF,
