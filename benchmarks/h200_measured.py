@@ -108,14 +108,14 @@ def steps_section(cost, spec) -> list[str]:
 
 def _as_priced(row, spec) -> dict:
     """The row's parameters as opcast prices the kernel collect ran: collect's attention ``flash`` is torch SDPA's
-    flash backend, FlashAttention-2's kernels, which on Hopper and Blackwell opcast prices as ``flash2`` (what
-    validate and ``--framework hf`` predict: :data:`opcast.ops.FLASH2_OWN_ARCHITECTURES`)."""
-    from opcast.ops import FLASH2_OWN_ARCHITECTURES
+    flash backend, which on Hopper and Blackwell opcast prices as ``flash2`` (what validate and ``--framework hf``
+    predict; collect labels it so since b7416ca: :func:`opcast.ops.sdpa_flash_family`)."""
+    from opcast.ops import sdpa_flash_family
     from opcast.schema import row_params
 
     params = row_params(row)
-    if row["op"] == "attention" and params.get("impl") == "flash" and spec.architecture in FLASH2_OWN_ARCHITECTURES:
-        params["impl"] = "flash2"
+    if row["op"] == "attention" and params.get("impl") == "flash":
+        params["impl"] = sdpa_flash_family(spec.architecture)
     return params
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
-from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, FLASH2_OWN_ARCHITECTURES, get_op, op_kinds
+from opcast.ops import ATTENTION_IMPLS, ELEMENTWISE_FNS, get_op, op_kinds, sdpa_flash_family
 from opcast.schema import point_id
 
 
@@ -278,13 +278,8 @@ def measured_impl(op: str, params: dict[str, Any], limits: DeviceLimits) -> dict
     """The ``impl`` a point's row is labelled with: torch SDPA's flash backend is FlashAttention-2's kernel, which on a
     CUDA GPU of :data:`opcast.ops.FLASH2_OWN_ARCHITECTURES` (Hopper, Blackwell) is the family ``flash2``, not the
     FlashAttention-3-class ``flash`` the learned models know there."""
-    if (
-        op == "attention"
-        and params.get("impl") == "flash"
-        and limits.device_type == "cuda"
-        and limits.spec.architecture in FLASH2_OWN_ARCHITECTURES
-    ):
-        return {**params, "impl": "flash2"}
+    if op == "attention" and params.get("impl") == "flash" and limits.device_type == "cuda":
+        return {**params, "impl": sdpa_flash_family(limits.spec.architecture)}
     return params
 
 

@@ -420,6 +420,12 @@ labels torch SDPA's flash backend ``flash2``, so that its measured rows are thei
 speaks for ``flash2`` where they were measured)."""
 
 
+def sdpa_flash_family(architecture: str) -> str:
+    """The ``impl`` of torch SDPA's flash backend (FlashAttention-2's kernel) on a GPU of ``architecture``: ``flash2``
+    where that is a family of its own (:data:`FLASH2_OWN_ARCHITECTURES`), ``flash`` elsewhere."""
+    return "flash2" if architecture in FLASH2_OWN_ARCHITECTURES else "flash"
+
+
 # --------------------------------------------------------------------------- attention
 
 ATTENTION_IMPLS: Final = ("flash", "sdpa", "eager")
@@ -620,11 +626,11 @@ it, the compulsory bytes priced torch's cross-entropy of llama3-8b's 4,096 x 128
 measured 2.36 ms (``benchmarks/results/h200_measured.md``)."""
 
 
-def native_extra_bytes(kind: str, params: Params, element_bytes: float, direction: str) -> float:
+def native_extra_bytes(kind: str, params: Params, elem_bytes: float, direction: str) -> float:
     """Bytes torch's native kernels of ``kind`` move beyond the registry's compulsory ones
-    (:data:`NATIVE_EXTRA_PASSES`; 0 for the single-kernel kinds)."""
-    extra = NATIVE_EXTRA_PASSES.get(kind, {}).get(direction, 0)
-    return extra * element_bytes * _tv(params) if extra else 0.0
+    (:data:`NATIVE_EXTRA_PASSES`; 0 for another ``impl`` and for the single-kernel kinds)."""
+    extra = NATIVE_EXTRA_PASSES.get(kind, {}).get(direction, 0) if params.get("impl") == "native" else 0
+    return extra * elem_bytes * _tv(params) if extra else 0.0
 
 
 def _passes(p: Params, kind: str, direction: str) -> int:

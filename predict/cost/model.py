@@ -48,9 +48,7 @@ def decompose(k: Kernel) -> list[tuple[Kernel, int]] | None:
     if k.kind == "moe":
         return _decompose_moe(k)
     if takes_kernel_impls(k.kind) and "impl" in k.param_dict:
-        moved = k.bytes_moved()
-        if k.param_dict["impl"] == "native":  # torch's native kinds of two kernels move more than the compulsory
-            moved += native_extra_bytes(k.kind, k.param_dict, element_bytes(k.dtype), k.direction)
+        moved = k.bytes_moved() + native_extra_bytes(k.kind, k.param_dict, element_bytes(k.dtype), k.direction)
         numel = max(1, math.ceil(moved / (2 * element_bytes(k.dtype))))
         return [(kernel("elementwise", {"numel": numel, "fn": "mul_scalar"}, k.dtype, "fwd"), 1)]
     return _decompose_eager(k)
