@@ -28,7 +28,15 @@ from opcast.collect.io import PartWriter, WriterLock, done_point_ids, failure_te
 from opcast.collect.local_device import describe_local
 from opcast.collect.sampling import DeviceLimits, Plan, PlanPoint, check_bench_ops, check_tp_degrees, make_plan
 from opcast.collect.signals import StopSignals
-from opcast.collect.timing import MAX_POINT_BUDGET_S, Abandoned, TimingBudget, measure_cpu, measure_cuda
+from opcast.collect.timing import (
+    MAX_POINT_BUDGET_S,
+    PROTOCOLS,
+    Abandoned,
+    TimingBudget,
+    measure_cpu,
+    measure_cuda,
+    measure_neusight,
+)
 from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BYTES, DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
@@ -73,8 +81,14 @@ class BenchConfig:
     """Warm-up and repetition budgets."""
     cuda_graphs: bool = True
     """Time sub-10 us CUDA ops inside CUDA graphs."""
+    protocol: str = "opcast"
+    """How each point is timed: ``opcast`` (budgets, cold L2, graphs: :func:`measure_cuda`) or
+    ``neusight`` (NeuSight's rule, :func:`measure_neusight`, so the rows can join its published ones).
+    Points timed by another protocol in the same folder are measured again (the resume key holds it)."""
 
     def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise OpcastError(f"--timing takes {' or '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.samples is not None and not 0 <= self.samples <= MAX_SAMPLES:
             raise OpcastError(
                 f"--samples takes 1 to {MAX_SAMPLES} points, got {self.samples}; "
@@ -280,7 +294,15 @@ def environment(device) -> dict[str, Any]:
     return env
 
 
-def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[str, Any]) -> dict[str, Any]:
+def resume_key(point: PlanPoint, protocol: str) -> str:
+    """The point's id in the dataset: its plan id, tagged with the timing protocol unless it is opcast's
+    (a resume under another protocol measures the point again instead of keeping the other's row)."""
+    return point.point_id if protocol == "opcast" else f"{point.point_id}:{protocol}"
+
+
+def _row(
+    point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[str, Any], protocol: str = "opcast"
+) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "source": "bench",
@@ -293,7 +315,7 @@ def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[st
         "dtype": point.dtype,
         "direction": point.direction,
         "tensor_cores": point.tensor_cores,
-        "point_id": point.point_id,
+        "point_id": resume_key(point, protocol),
         **point.params,
         "time_s_median": stats.time_s_median,
         "time_s_p20": stats.time_s_p20,
@@ -363,7 +385,7 @@ def _measure_plan(
     out = Path(cfg.out)
     mine = plan.shard(rank, world)
     done = done_point_ids(out, spec.name)
-    todo = [p for p in mine if p.point_id not in done]
+    todo = [p for p in mine if resume_key(p, cfg.protocol) not in done]
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     env = environment(device)
     result = BenchResult(
@@ -397,7 +419,9 @@ def _measure_plan(
             )
             try:
                 fn = BUILDERS[point.op](req)
-                if device.type == "cuda":
+                if cfg.protocol == "neusight":
+                    stats = measure_neusight(fn, device=device, stop=should_stop)
+                elif device.type == "cuda":
                     stats = measure_cuda(
                         fn, device=device, l2_bytes=l2, budget=cfg.timing, use_graphs=cfg.cuda_graphs, stop=should_stop
                     )
@@ -414,7 +438,7 @@ def _measure_plan(
             else:
                 flag.shielded = True  # a second signal must not land between writing a part and forgetting its rows
                 try:
-                    writer.add(_row(point, stats, run_id=run_id, device_name=spec.name, env=env))
+                    writer.add(_row(point, stats, run_id=run_id, device_name=spec.name, env=env, protocol=cfg.protocol))
                 finally:
                     flag.shielded = False
             finally:

@@ -61,6 +61,14 @@ def bench(
     warmup_s: Annotated[float, typer.Option("--warmup-s", help="Warm-up seconds per point.")] = 0.025,
     rep_s: Annotated[float, typer.Option("--rep-s", help="Timed seconds per point.")] = 0.1,
     cuda_graphs: Annotated[bool, typer.Option(help="Time sub-10 us CUDA ops inside CUDA graphs.")] = True,
+    timing: Annotated[
+        str,
+        typer.Option(
+            "--timing",
+            help="opcast (warm-up and repetition budgets, cold L2, graphs) or neusight (NeuSight's rule: "
+            "25 calls alone, mean of the fastest 5; rows that can join its published ones).",
+        ),
+    ] = "opcast",
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
 ) -> None:
     """Sample op shapes and time them on this device (resumable; Ctrl-C, SIGTERM and a full disk keep what is done)."""
@@ -87,6 +95,7 @@ def bench(
         max_mem_fraction=max_mem_fraction,
         timing=TimingBudget(warmup_s=warmup_s, rep_s=rep_s),
         cuda_graphs=cuda_graphs,
+        protocol=timing,
     )
     with progress_bar() as progress:
         result = run_bench(cfg, progress=progress)

@@ -13,6 +13,11 @@
 - Raw samples are kept and summarised as median, p20 and p80.
 - A ``stop`` callable (a signal, the run's deadline) is checked between calls: when it says
   stop, the measurement is abandoned (:class:`Abandoned`) within one call, whatever the budgets.
+
+:func:`measure_neusight` is another protocol, NeuSight's (arXiv 2407.13853; the rule its published
+kernel rows were timed with, :mod:`opcast.collect.replay.neusight`): each call alone between two
+events, 25 calls, the mean of the fastest 5, no L2 flush, no graph. Its rows carry the host's launch
+gap in every short kernel, as NeuSight's do, so they can join NeuSight's in one fit.
 """
 
 from __future__ import annotations
@@ -35,6 +40,17 @@ GRAPH_PROBE_S = 100e-6
 The estimate (five launches between two events) measures the host's launch rate as much as the kernel:
 on an H200 in a virtual machine a 1,024-element ``mul_`` read 27 us a call, so a 10 us rule on it sent
 every kernel to events (none of 503 collected rows was timed in a graph)."""
+
+NEUSIGHT_CALLS = 25
+"""Calls NeuSight times per shape (``collect.replay.neusight.N_REPS``)."""
+NEUSIGHT_FASTEST = 5
+"""NeuSight's latency is the mean of this many fastest calls."""
+NEUSIGHT_WARMUP_CALLS = 5
+"""Untimed calls before NeuSight's timed ones (ours: NeuSight's published rows do not say)."""
+NEUSIGHT_METHOD = "neusight:mean_fastest5"
+"""``timing_method`` of rows timed by :func:`measure_neusight` (replayed rows: ``replay:`` + this)."""
+PROTOCOLS = ("opcast", "neusight")
+"""Timing protocols of ``collect bench --timing``."""
 
 MAX_POINT_BUDGET_S = 3600.0
 """Most seconds of warm-up, or of repetitions, one point may be given."""
@@ -62,7 +78,8 @@ class TimingStats:
     n_reps: int
     """Timed repetitions (calls, for a CUDA graph: replays x calls per graph)."""
     method: str
-    """perf_counter | cuda_event | cuda_graph."""
+    """perf_counter | cuda_event | cuda_graph, or :data:`NEUSIGHT_METHOD` (``time_s_median`` then holds
+    the mean of the fastest 5 calls)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -250,3 +267,42 @@ def _measure_cuda_graph(
         return None  # nothing was captured (the call ran elsewhere): replaying it would time nothing
     samples = _event_samples(graph.replay, device=device, n=_rep_count(estimate_s * calls, budget.rep_s, budget))
     return summarise(samples, "cuda_graph", calls_per_sample=calls)
+
+
+def measure_neusight(fn: Callable[[], object], *, device=None, stop: Callable[[], bool] | None = None) -> TimingStats:
+    """Time ``fn`` by NeuSight's protocol: :data:`NEUSIGHT_WARMUP_CALLS` untimed calls, then
+    :data:`NEUSIGHT_CALLS` calls each alone (on CUDA between two events with a synchronise after
+    each, elsewhere with ``perf_counter``); ``time_s_median`` is the mean of the
+    :data:`NEUSIGHT_FASTEST` fastest, p20/p80 are over all calls. ``stop`` as for :func:`measure_cpu`."""
+    cuda = device is not None and getattr(device, "type", str(device)).startswith("cuda")
+    for _ in range(NEUSIGHT_WARMUP_CALLS):
+        _check_stop(stop)
+        fn()
+    samples: list[float] = []
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(NEUSIGHT_CALLS):
+            _check_stop(stop)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            samples.append(start.elapsed_time(end) / 1e3)
+    else:
+        for _ in range(NEUSIGHT_CALLS):
+            _check_stop(stop)
+            t0 = time.perf_counter()
+            fn()
+            samples.append(time.perf_counter() - t0)
+    spread = summarise(samples, NEUSIGHT_METHOD)
+    fastest = sorted(samples)[:NEUSIGHT_FASTEST]
+    return TimingStats(
+        time_s_median=sum(fastest) / len(fastest),
+        time_s_p20=spread.time_s_p20,
+        time_s_p80=spread.time_s_p80,
+        n_reps=len(samples),
+        method=NEUSIGHT_METHOD,
+    )

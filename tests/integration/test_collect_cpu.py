@@ -69,6 +69,23 @@ def test_bench_writes_every_kind_and_resumes(tmp_path):
     assert set(table["op"]) == set(OPS) and table["rows"].sum() == len(df)
 
 
+def test_neusight_protocol_rows_and_their_own_resume_key(tmp_path):
+    """--timing neusight: the same plan timed by NeuSight's rule, rows marked so; a folder measured by
+    opcast's protocol is measured again under NeuSight's (not kept as if it were), and each resumes."""
+    ops = ("gemm", "elementwise", "layernorm", "softmax")
+    ours = run_bench(_cfg(tmp_path, ops=ops, dtypes=("fp32",), samples=8))
+    theirs = run_bench(_cfg(tmp_path, ops=ops, dtypes=("fp32",), samples=8, protocol="neusight"))
+    assert ours.rows_written > 0 and theirs.already_done == 0 and theirs.rows_written == ours.rows_written
+    df = read_dataset(tmp_path)
+    ns = df[df["timing_method"] == "neusight:mean_fastest5"]
+    assert len(ns) == theirs.rows_written and (ns["n_reps"] == 25).all()
+    assert ns["point_id"].str.endswith(":neusight").all() and (ns["time_s_median"] > 0).all()
+    base = set(df.loc[df["timing_method"] != "neusight:mean_fastest5", "point_id"])
+    assert {p.removesuffix(":neusight") for p in ns["point_id"]} == base
+    again = run_bench(_cfg(tmp_path, ops=ops, dtypes=("fp32",), samples=8, protocol="neusight"))
+    assert again.rows_written == 0 and again.already_done == theirs.rows_written
+
+
 class _InterruptAfter:
     """A progress sink that delivers Ctrl-C to this process after n points."""
 
@@ -114,6 +131,7 @@ def _cli(capsys, *args: str) -> tuple[int, str]:
         (["--arch", "llama2-7b", "--tp", "3"], "--tp 3 fits none of the --arch models (llama2-7b: tp=3"),
         (["--tp", "2"], "give --arch too"),
         (["--arch", "gpt-7"], "gpt-7"),
+        (["--timing", "triton"], "--timing takes opcast or neusight, got 'triton'"),
     ],
 )
 def test_bad_bench_input_is_one_line_exit_2(tmp_path, capsys, args, message):

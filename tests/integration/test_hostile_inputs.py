@@ -966,6 +966,18 @@ CASES: list[Case] = [
     ),
     _c("bench-max-point-negative", *BENCH, "--max-point-s", "-1", needles=("--max-point-s",)),
     _c("bench-rep-nan", *BENCH, "--rep-s", "nan", needles=("--rep-s",)),
+    _c(  # a timing protocol typo: refused before torch's start-up, and no folder is made
+        "bench-timing-typo",
+        "collect",
+        "bench",
+        "--out",
+        "{d}/bench_timing",
+        "--timing",
+        "neusite",
+        env=NO_TORCH,
+        needles=("--timing takes opcast or neusight, got 'neusite'",),
+        check=lambda r, d: _nothing_at(d / "bench_timing"),
+    ),
     _c("bench-budget-nan", *BENCH, "--budget-s", "nan", needles=("--budget-s",)),
     _c(  # a --tp no arch can split by measured none of its shapes, without a word
         "bench-tp-fits-no-arch",

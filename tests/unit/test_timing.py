@@ -126,3 +126,24 @@ def test_cuda_graphs_are_chosen_by_the_kernels_gpu_time(monkeypatch, host_s, ker
     stats = measure_cuda(fake.call, device=None, l2_bytes=0, budget=TimingBudget(warmup_s=0.001, rep_s=0.005))
     assert stats.method == method
     assert stats.time_s_median == pytest.approx(median_s, rel=1e-6)
+
+
+def test_neusight_protocol_is_the_mean_of_the_fastest_five_of_25(monkeypatch):
+    """NeuSight's rule on a scripted clock: 5 untimed calls, then 25 timed ones, each alone; the latency
+    is the mean of the 5 fastest (here 1..5 ms, so 3 ms), whatever the slow ones did."""
+    from opcast.collect import timing
+
+    durations = [0.5] * timing.NEUSIGHT_WARMUP_CALLS + [0.001 * d for d in (9, 3, 7, 1, 25, 4, 8, 2, 6, 5)] + [0.1] * 15
+    now = [0.0]
+    calls = []
+
+    def fn():
+        calls.append(now[0])
+        now[0] += durations[len(calls) - 1]
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    stats = timing.measure_neusight(fn)
+    assert len(calls) == timing.NEUSIGHT_WARMUP_CALLS + timing.NEUSIGHT_CALLS == 30
+    assert stats.time_s_median == pytest.approx(0.003)
+    assert stats.n_reps == 25 and stats.method == "neusight:mean_fastest5"
+    assert stats.time_s_p20 == pytest.approx(0.0058) and stats.time_s_p80 == pytest.approx(0.1)
