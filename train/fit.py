@@ -927,7 +927,7 @@ def fit_frame(
     suspect = suspect_groups(frame, feats)
     if suspect and not cfg.keep_suspect_sweeps:
         # only the sweep's rows of the groups it was flagged in: a file may hold other ops too
-        files = frame["source_file"].astype(object).to_numpy()
+        files = frame["source_file"].astype(object).fillna("").to_numpy()  # collected rows have none
         row_keys = group_keys(frame).to_numpy()
         drop = np.zeros(len(frame), dtype=bool)
         for sweep, (why, flagged) in suspect.items():

@@ -103,6 +103,18 @@ def test_a_sweep_running_at_a_third_of_its_twin_is_left_out_and_named(synthetic,
     assert kept["gemm-fwd-half"][1]["rows"] == len(g) and not any(k.startswith("sweep ") for k in skipped)
 
 
+def test_a_flagged_sweep_beside_collected_rows_without_a_source_file(synthetic, monkeypatch):
+    """``collect bench`` rows have no ``source_file`` (a missing value, not a string): fitted beside a
+    replay with a flagged sweep (NeuSight's P4 linear sweep) they are kept, and the sweep still goes."""
+    g, devices = _two_sweeps(synthetic, 3.0, monkeypatch)
+    collected = g[g["source_file"] == "sweeps/first.csv"].head(30).assign(source_file=pd.NA, source="bench")
+    both = pd.concat([g, collected], ignore_index=True).astype({"source_file": "string"})
+    fitted, _, skipped = fit_frame(both, devices, FitConfig(estimator="xgb", folds=0, xgb_params=FAST["xgb"]))
+    dropped = int((g["source_file"] == "sweeps/second.csv").sum())
+    assert skipped["sweep sweeps/second.csv"].startswith(f"{dropped} rows of gemm-fwd-half")
+    assert fitted["gemm-fwd-half"][1]["rows"] == len(both) - dropped
+
+
 def test_sweeps_within_a_factor_of_two_are_both_kept(synthetic, monkeypatch):
     from opcast.train.fit import suspect_sweeps
 
