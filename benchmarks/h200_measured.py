@@ -13,6 +13,13 @@ The measurements are in ``benchmarks/data/h200_torch`` (one NVIDIA H200 SXM, dri
   (about 5-27 us a call on that virtual machine).
 - ``kernels/calibrate``: the 141 rows ``opcast calibrate --device cuda`` measured in its 84 s share
   (llama3-8b's shapes at 4 layers first), after 92a3dcc: 24 of them timed in CUDA graphs.
+- A second session (twenty-fifth, opcast 230d0f0), the same machine: ``kernels/bf16_gemm``, ``collect bench
+  --dtype bf16 --op gemm`` for 180 s (915 rows, 458 forward: 240 of them graph-timed) -- priced in its own
+  table; ``kernels/neusight_fp32`` and ``kernels/neusight_bwd``, ``collect bench --timing neusight --dtype fp32
+  --op gemm|elementwise|layernorm|softmax`` with GPT-2 Large's, GPT-3 XL's, GPT-3 2.7B's and OPT-1.3B's shapes
+  (``--tp 1``) for 350 s: 1,706 forward rows, which ``models/default`` fits on (``benchmarks/hopper_fp32.py``),
+  and 1,619 backward rows (``autograd.grad`` alone between two events, the host's autograd work inside each),
+  kept as measured and fitted on by nothing.
 
 This script predicts all of it again with today's code and model set (``--models`` for another),
 so the table moves when the models do; no GPU is needed. Kernels are priced as ``opcast predict``
@@ -161,6 +168,42 @@ def kernels_section(cost, spec) -> list[str]:
     return lines
 
 
+BF16_GEMM_BINS_S = (0.0, 10e-6, 50e-6, 500e-6, float("inf"))
+BF16_GEMM_BIN_LABELS = ("< 10 us", "10-50 us", "50-500 us", ">= 500 us")
+
+
+def bf16_gemm_section(cost, spec) -> list[str]:
+    """The second collection's bf16 GEMMs, none of them in any fit: by measured duration."""
+    import numpy as np
+    import pandas as pd
+
+    from opcast.predict.cost import kernel
+    from opcast.schema import read_dataset
+
+    frame = read_dataset(DATA / "kernels" / "bf16_gemm")
+    frame = frame[(frame["op"] == "gemm") & (frame["direction"] == "fwd")].reset_index(drop=True)
+    ks = [kernel("gemm", _as_priced(r, spec), r["dtype"], "fwd", bool(r["tensor_cores"])) for _, r in frame.iterrows()]
+    priced = cost.lookup(ks, spec)
+    frame["ratio"] = [priced[k][0] for k in ks] / frame["time_s_median"].to_numpy()
+    frame["bin"] = pd.cut(frame["time_s_median"], BF16_GEMM_BINS_S, labels=BF16_GEMM_BIN_LABELS, right=False)
+    lines = [
+        "## bf16 GEMMs of torch's cuBLAS on the H200 (second collection), priced now",
+        "",
+        f"{len(frame)} forward GEMMs (`kernels/bf16_gemm`, `collect bench --dtype bf16 --op gemm` after 92a3dcc: CUDA "
+        "graphs under 10 us, events with a cold L2 above), in no model set's training data (the set knows the H200 "
+        "from AIConfigurator's TensorRT-LLM GEMMs). Predicted / measured by measured duration:",
+        "",
+        "| measured | timing | rows | median ratio | MAPE % |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for (b, method), g in frame.groupby(["bin", "timing_method"], observed=True):
+        r = g["ratio"].to_numpy()
+        lines.append(f"| {b} | {method} | {len(g)} | {np.median(r):.2f} | {100 * np.mean(np.abs(r - 1)):.1f} |")
+    r = frame["ratio"].to_numpy()
+    lines.append(f"| all | | {len(frame)} | {np.median(r):.2f} | {100 * np.mean(np.abs(r - 1)):.1f} |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=None, help="model set (default: the embedded one)")
@@ -171,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     cost = load_kernel_cost(args.models)
     spec = get_device("H200")
     out = [f"# opcast vs a real H200 (models: {args.models or 'embedded default'})", ""]
-    out += [*steps_section(cost, spec), "", *kernels_section(cost, spec)]
+    out += [*steps_section(cost, spec), "", *kernels_section(cost, spec), "", *bf16_gemm_section(cost, spec)]
     print("\n".join(out))
     return 0
 
