@@ -5,7 +5,8 @@
 # (pip install 'opcast[aiconfigurator]'), Liger-Kernel's benchmark data (one-pass Triton norms
 # against Hugging Face and torch native kernels, A100/H100) when OPCAST_LIGER or the second argument
 # names a Liger-Kernel checkout or its benchmark/data/all_benchmark_data.csv, plus our own collected
-# datasets in data/datasets, and AMD aiter's tuned GEMM tables (measured bf16/fp8 GEMMs on MI355X) when
+# datasets in data/datasets, an H200's forward fp32 kernels timed by NeuSight's protocol
+# (benchmarks/data/h200_torch/kernels/neusight_fp32: the fp32 groups' one Hopper GPU), and AMD aiter's tuned GEMM tables (measured bf16/fp8 GEMMs on MI355X) when
 # OPCAST_AITER or the third argument names a ROCm/aiter checkout.
 # Run from anywhere:  bash benchmarks/train_default_models.sh [PUBLISHED [LIGER [AITER]]]
 #
@@ -56,6 +57,10 @@
 # 7 min 45 s). Only the AIConfigurator groups' files changed; with the larger sample auto now picks xgb for
 # gemm-fwd-fp8 and gemm-fwd-fp4 (tile-mlp before, for unseen GPUs) and the tile-MLP for attention-fwd-half's unseen
 # GPUs (hier before).
+# Twenty-fifth session (2026-12-04): the H200's 1,706 NeuSight-protocol fp32 rows joined the four fp32 groups (GEMM
+# 124,963 -> 125,994 rows; softmax's unseen-GPU choice tile-mlp -> hier, layernorm's tile-mlp -> xgb); 8 min 14 s
+# alone (Liger-Kernel ead96b6, aiter e404860). Eight other groups' files differ from the run before at float rounding
+# only (the same rows, choices and held-out scores); the goldens changed only in the model-set stamp.
 # models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
@@ -101,4 +106,7 @@ done
 cd "$repo"  # so that meta.json records repo-relative paths
 ours=()
 [ -d data/datasets ] && ours=(data/datasets)  # our own collected datasets, where this checkout has them
+# First-party fp32 kernels of a Hopper GPU, timed by NeuSight's protocol so they join its rows in the fp32 groups
+# (collect bench --timing neusight on an H200, forward rows; benchmarks/hopper_fp32.py says what they change)
+ours+=(benchmarks/data/h200_torch/kernels/neusight_fp32)
 time opcast train fit "$work/published" ${ours[@]+"${ours[@]}"} --out models --name default --seed 0 --jobs 2

@@ -21,6 +21,8 @@ def test_the_fitted_neusight_protocol_rows_are_forward_fp32_of_the_h200_only():
     assert rows["point_id"].str.endswith(":neusight").all() and rows["point_id"].is_unique
     bwd = read_dataset(KERNELS / "neusight_bwd")
     assert set(bwd["direction"]) == {"bwd"} and len(bwd) == 1619
+    refit = REFIT.read_text()
+    assert "benchmarks/data/h200_torch/kernels/neusight_fp32" in refit and "neusight_bwd" not in refit
 
 
 def test_the_bf16_gemms_are_the_second_collection_as_measured():
