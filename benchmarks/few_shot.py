@@ -1,7 +1,7 @@
 """Few-shot adaptation to a GPU the models never saw (issue 19): error against measured kernels.
 
     python benchmarks/few_shot.py [--published ../shared/published] [--work DIR]
-        [--sections neusight,aiconfigurator] [--aic-data FILE] [--ks 0,10,50,200] [--draws 5] [--json FILE]
+        [--sections neusight,aiconfigurator,h200] [--aic-data FILE] [--ks 0,10,50,200] [--draws 5] [--json FILE]
 
 For every GPU of a data set in turn (leave-one-GPU-out): opcast's models are fitted without that
 GPU (``fit_frame``, xgb, no inner folds: the estimator ``auto`` picks for these groups), then
@@ -21,6 +21,15 @@ op would give, the remainder to random groups. k = 0 is the unadapted model.
    systems, labels gemm bf16/fp8, prefill, decode; training at most ``--aic-train-rows`` rows per
    (system, label) of the other systems, the held-out system's rows split in half by a seeded
    shape hash: draws from one half, scores on the other.
+
+3. ``h200`` (not in the default ``--sections``): first-party rows of a real H200 (``benchmarks/data/h200_torch``),
+   half of its shapes drawn from, the other half scored. (a) fp32, 1,706 forward kernels timed by NeuSight's
+   protocol (``collect bench --timing neusight``), the base fitted on every row of NeuSight's five GPUs (what
+   ``models/default`` knew of fp32 before those rows joined it); (b) bf16, 458 forward GEMMs of torch's cuBLAS
+   (``collect bench`` as it times by default: events, CUDA graphs under 10 us), the base fitted on AIConfigurator's
+   ``gemm bf16`` rows of its other systems (``--aic-train-rows`` each; needs ``--aic-data`` or the
+   aiconfigurator section's replay in ``--work``). What a user who runs ``collect bench`` for a minute on a GPU the
+   models never saw gets from ``opcast train adapt``, on a GPU we had.
 
 Beside the adapted model: ``oracle x1`` rescales the unadapted predictions of each GPU by the one
 constant that is best on the *scored* rows themselves (the issue's "one oracle constant per GPU",
@@ -147,6 +156,54 @@ def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log) -> pd.Dat
     out = out.assign(key=_keys(out))[[*keep, "key"]]
     out.to_parquet(cache)
     return out
+
+
+H200_KERNELS = Path(__file__).resolve().parent / "data" / "h200_torch" / "kernels"
+"""First-party H200 measurements (``benchmarks/h200_measured.py`` says how they were taken)."""
+
+
+def h200_base(train: pd.DataFrame, target: pd.DataFrame, cache: Path, seed: int, log, name: str) -> pd.DataFrame:
+    """The H200's first-party rows ``target`` with the prediction of models fitted on ``train`` (other GPUs'
+    rows: the H200 is unseen); ``pool`` = ``draw`` | ``test`` (a seeded half of its shapes each); cached."""
+    if cache.is_file():
+        log(f"{name}: reusing base predictions {cache}")
+        return pd.read_parquet(cache)
+    from opcast.train.fit import resolve_devices
+    from opcast.train.splits import grouped_mask, shape_groups
+
+    t0 = time.perf_counter()
+    devices = resolve_devices(pd.unique(pd.concat([train["device"], target["device"]]).astype(object)))
+    mine = target.reset_index(drop=True)
+    half = grouped_mask(shape_groups(mine), 0.5, seed + 11)
+    mine = mine.assign(pool=np.where(half, "test", "draw"))
+    mine["pred"], answers = _fit_predict(train, mine, devices, {}, seed)
+    out = mine.assign(**{f"{AS}{d}": v for d, v in answers.items()})
+    keep = [*BASE_COLUMNS, *_param_columns(out), *_answer_columns(out)]
+    out = out.assign(key=_keys(out))[[*keep, "key"]]
+    out.to_parquet(cache)
+    log(f"{name}: fitted on {len(train)} rows of other GPUs, predicted {len(mine)} in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def h200_fp32_target() -> pd.DataFrame:
+    """The H200's forward fp32 kernels timed by NeuSight's protocol, labelled as NeuSight's rows are
+    (a GEMM with b > 1 is ``torch.bmm``'s, b = 1 a linear layer's)."""
+    from opcast.schema import read_dataset
+
+    rows = read_dataset(H200_KERNELS / "neusight_fp32")
+    label = rows["op"].astype(object).copy()
+    gemm = (label == "gemm").to_numpy()
+    label[gemm] = np.where(rows.loc[gemm, "b"].to_numpy(dtype=float) > 1, "gemm (bmm)", "gemm (linear)")
+    return rows.assign(label=label)
+
+
+def h200_bf16_target() -> pd.DataFrame:
+    """The H200's forward bf16 GEMMs (torch's cuBLAS, ``collect bench`` as it times by default)."""
+    from opcast.schema import read_dataset
+
+    rows = read_dataset(H200_KERNELS / "bf16_gemm")
+    rows = rows[(rows["op"] == "gemm") & (rows["direction"] == "fwd")].reset_index(drop=True)
+    return rows.assign(label="gemm bf16")
 
 
 AS = "as:"
@@ -450,6 +507,43 @@ def main(argv: list[str] | None = None) -> int:
         base = with_params(base, data, log)
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
         _report("AIConfigurator: drawn from half of the system's shapes, scored on the other half", res, ks, tables)
+    if "h200" in sections:
+        from opcast.train.fit import load_training_frame
+
+        ns_data = work / "neusight.parquet"
+        if not ns_data.is_file():
+            from opcast.collect.replay import run_replay
+
+            run_replay("neusight", args.published / "neusight", work)
+        ns_rows = load_training_frame([ns_data])
+        base = h200_base(
+            ns_rows, h200_fp32_target(), work / "few_shot_h200_fp32_base.parquet", args.seed, log, "h200 fp32"
+        )
+        res = curve(base, "draw", "test", ks, args.draws, args.seed)
+        _report(
+            "H200 fp32 (NeuSight's protocol; fitted on NeuSight's five GPUs): half the shapes drawn from, half scored",
+            res,
+            ks,
+            tables,
+        )
+        aic = args.aic_data or work / "aiconfigurator.parquet"
+        if aic.is_file():
+            mg = _modern_gpus()
+            frame = mg.load(aic)
+            frame = frame[(frame["label"] == "gemm bf16") & (frame["device"] != "H200")].reset_index(drop=True)
+            train = mg.cap(frame, args.aic_train_rows, args.seed)
+            cache = work / f"few_shot_h200_bf16_base_{args.aic_train_rows}.parquet"
+            base = h200_base(train, h200_bf16_target(), cache, args.seed, log, "h200 bf16")
+            res = curve(base, "draw", "test", ks, args.draws, args.seed)
+            _report(
+                "H200 bf16 GEMMs (torch; fitted on AIConfigurator's other eight systems): half the shapes drawn from, "
+                "half scored",
+                res,
+                ks,
+                tables,
+            )
+        else:
+            log(f"h200 bf16: skipped ({aic} absent: pass --aic-data, or run the aiconfigurator section first)")
     print(
         f"# few-shot adaptation (opcast train adapt), leave-one-GPU-out; ks {ks}, {args.draws} draws; "
         f"{time.perf_counter() - t_start:.0f} s"
