@@ -303,6 +303,7 @@ VARIANTS: dict[str, dict] = {
     "levels only": {"slope": False},
     "priors x4": {"scale": 4.0},
     "priors /4": {"scale": 0.25},
+    "no misaligned group": {"misaligned": False},
 }
 
 
@@ -323,6 +324,13 @@ def curve(
 ) -> pd.DataFrame:
     """One row per (device, k, draw, variant, label): MAPE on the scored rows not drawn."""
     from opcast.train.adapt import correction, fit_correction
+    from opcast.train.artifacts import adaptation_keys, misaligned_rows
+
+    def fit_keys(frame: pd.DataFrame, variant: Mapping, groups: Mapping | None = None) -> np.ndarray:
+        """The groups of the correction, as ``opcast train adapt`` fits them and ``opcast predict`` applies them
+        (``groups``: the fitted ones); the draws stay stratified by predictor group (``key``)."""
+        keys = frame["key"].to_numpy(dtype=object)
+        return keys if variant.get("misaligned") is False else adaptation_keys(keys, misaligned_rows(frame), groups)
 
     rows = []
     for dev in sorted(pd.unique(base["device"])):
@@ -348,7 +356,7 @@ def curve(
                     sub = pool.iloc[picked]
                     for name, variant in VARIANTS.items():
                         fields = fit_correction(
-                            sub["key"].to_numpy(dtype=object),
+                            fit_keys(sub, variant),
                             sub["pred"].to_numpy(float),
                             sub["time_s_median"].to_numpy(float),
                             _cfg(variant),
@@ -356,9 +364,8 @@ def curve(
                             seed=d,
                             analogue_s=_answers(sub),
                         )
-                        preds[name] = correction(fields).apply(
-                            test["key"].to_numpy(dtype=object), pred, test_params, test_answers
-                        )
+                        test_keys = fit_keys(test, variant, fields["groups"])
+                        preds[name] = correction(fields).apply(test_keys, pred, test_params, test_answers)
                 for name, p in preds.items():
                     ape = _ape(p, true)
                     for label in [*sorted(set(labels.tolist())), "GEMM", "all"]:

@@ -612,6 +612,43 @@ sum, divide (8; backward: y * dy, sum, subtract, multiply: 9); Megatron's
 the target logit: 8; backward: the saved softmax minus the one-hot, times the loss gradient: 3)."""
 
 
+TENSOR_OP_ALIGN_BYTES: Final = 16
+"""cuBLAS's tensor-op GEMM kernels read their operands 16 bytes at a time, so the leading dimensions of a GEMM on
+tensor cores must be multiples of 16 bytes for them (cuBLAS documentation, "Tensor Core Usage"; NVIDIA's Matrix
+Multiplication Background User's Guide, Sec. 2.2: since cuBLAS 11 other sizes still run on tensor cores, through
+slower kernels). For ``x[m, k] @ w[k, n]`` those are k and n; m is free. Measured on an H200 with torch's cuBLAS
+(``benchmarks/data/h200_torch/kernels/bf16_gemm``): bf16 GEMMs with n or k odd ran 1.9x (under 50 us) to 3.7x
+(above) slower than the aligned ones' model prices them; with only m odd, as the aligned ones."""
+
+_TENSOR_OP_STORAGE_BITS: Final[dict[str, int]] = {
+    "tf32": 32,
+    "fp16": 16,
+    "bf16": 16,
+    "fp8": 8,
+    "fp8_block": 8,
+    "nvfp4": 4,
+}
+"""Storage bits of an operand element of each tensor-core GEMM dtype (block scales are separate tensors)."""
+
+
+def misaligned_tensor_gemm(n: object, k: object, dtype: str, tensor_cores: bool) -> bool:
+    """Whether a GEMM on tensor cores has a leading dimension (n or k) that is not a multiple of
+    :data:`TENSOR_OP_ALIGN_BYTES`: cuBLAS runs another, slower kernel for it. False off tensor cores (an fp32
+    CUDA-core GEMM takes any size) and for a size that is not a number."""
+    bits = _TENSOR_OP_STORAGE_BITS.get(dtype) if tensor_cores else None
+    if bits is None:
+        return False
+    align = TENSOR_OP_ALIGN_BYTES * 8 // bits
+    for v in (n, k):
+        try:
+            f = float(v)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            continue
+        if math.isfinite(f) and f >= 1 and int(f) % align:
+            return True
+    return False
+
+
 NATIVE_EXTRA_PASSES: Final[dict[str, dict[str, int]]] = {"cross_entropy": {"fwd": 1, "bwd": 2}}
 """Passes over the tensor that torch's native kernels make beyond the compulsory ones (the fused column of
 :data:`UNFUSED_PASSES`), for the kinds whose native form is more than one kernel. ``F.cross_entropy`` is

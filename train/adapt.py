@@ -45,6 +45,12 @@ measured shapes. ``(l, nu)`` is chosen per group from :data:`SHAPE_GRID` by a
 choice beats leaving it out on those folds; at most :data:`SHAPE_MAX_ANCHORS` rows (a seeded
 draw) are kept. With fewer rows nothing but the five terms above is fitted, as before.
 
+A tensor-core GEMM whose n or k breaks cuBLAS's 16-byte rule (:func:`opcast.ops.misaligned_tensor_gemm`) runs
+another, slower kernel, which no model set has learned (their GEMM data are aligned); its rows form a group of
+their own (``gemm-fwd-half_misaligned``, :func:`opcast.train.artifacts.adaptation_keys`) with all the terms above,
+and ``opcast predict`` applies it where the adaptation has one (the predictor group's terms elsewhere). Fitted in
+the GEMM group, ``collect bench``'s odd fifth of shapes pulled the H200's correction of its aligned GEMMs slow.
+
 The result is ``adapt/<device>.json`` in the set (:func:`opcast.train.artifacts.write_adaptation`),
 which ``opcast predict`` applies whenever it prices kernels on that device with that set
 (:class:`opcast.predict.cost.learned.LearnedKernelCost`, labelled ``learned+adapted(n=...)`` in
@@ -528,7 +534,7 @@ def adapt_model_set(
     """Fit the correction of ``models`` (None: the embedded default) on ``gpu`` from the rows of
     ``datasets`` measured there, and write it into the set, or into a copy of it at ``out``."""
     from opcast.hardware import get_device
-    from opcast.train.artifacts import load_model_set, write_adaptation
+    from opcast.train.artifacts import adaptation_keys, load_model_set, misaligned_rows, write_adaptation
     from opcast.train.evaluate import ape_metrics
     from opcast.train.features import group_key_array
     from opcast.train.fit import NO_TIME, dataset_records, load_training_frame, portable_command, resolve_devices
@@ -584,6 +590,7 @@ def adapt_model_set(
     use = np.flatnonzero(usable)
     params = _take(rows, use)
     answers = _take(analogue_answers(model_set, rows, keys, name), use) if cfg.analogues else None
+    keys = adaptation_keys(keys, misaligned_rows(rows))  # a misaligned tensor-core GEMM is a group of its own
     fields = fit_correction(keys[usable], pred[usable], true[usable], cfg, params, analogue_s=answers)
     cv = cross_validate(keys[usable], pred[usable], true[usable], cfg, params=params, analogue_s=answers)
     shaped = any("shape" in g for g in fields["groups"].values())

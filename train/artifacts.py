@@ -1031,6 +1031,52 @@ ADAPT_SHAPE_MAX_ANCHORS: Final = 4000
 """Most measured rows one group's ``shape`` term may carry (the writer keeps far fewer)."""
 
 
+MISALIGNED_SUFFIX: Final = "_misaligned"
+"""Added to a predictor group's key for the rows of an adaptation that are tensor-core GEMMs cuBLAS runs through
+its slower kernels (:func:`opcast.ops.misaligned_tensor_gemm`): ``gemm-fwd-half_misaligned`` gets its own level,
+slope and shape terms, so a fifth of ``collect bench``'s GEMM shapes, left odd on purpose, no longer pulls the
+aligned ones' correction (on the H200 they pulled it 26.9 -> 34.6 % MAPE at 200 rows; ``benchmarks/few_shot.py``)."""
+
+
+def misaligned_rows(rows: Any) -> np.ndarray:
+    """Whether each row (a DataFrame or a mapping of column -> array, with ``op``, ``dtype``, ``tensor_cores``,
+    ``n`` and ``k``) is a misaligned tensor-core GEMM (:func:`opcast.ops.misaligned_tensor_gemm`)."""
+    from opcast.ops import misaligned_tensor_gemm
+
+    def col(name: str) -> list[Any]:
+        c = rows.get(name) if hasattr(rows, "get") else None
+        if c is None:
+            return [None] * len(rows["op"])
+        return list(c.tolist() if hasattr(c, "tolist") else c)
+
+    def on_tensor_cores(v: Any) -> bool:
+        try:
+            return v is not None and bool(v == v) and bool(v)  # None, NaN and pd.NA (unknown) are not True
+        except TypeError:
+            return False
+
+    ops, dtypes, tcs, ns, ks = col("op"), col("dtype"), col("tensor_cores"), col("n"), col("k")
+    return np.array(
+        [
+            op == "gemm" and on_tensor_cores(tc) and misaligned_tensor_gemm(n, k, str(dt), True)
+            for op, dt, tc, n, k in zip(ops, dtypes, tcs, ns, ks)
+        ],
+        dtype=bool,
+    )
+
+
+def adaptation_keys(keys: np.ndarray, misaligned: np.ndarray, groups: Any = None) -> np.ndarray:
+    """Each row's group in an adaptation: its predictor group ``keys``, with :data:`MISALIGNED_SUFFIX` where
+    ``misaligned`` -- when ``groups`` (an adaptation's fitted groups) is given, only where it has that group, so
+    an adaptation fitted without such rows corrects them as their predictor group, as before."""
+    out = np.asarray(keys, dtype=object).copy()
+    for i in np.flatnonzero(np.asarray(misaligned, dtype=bool)):
+        sub = f"{out[i]}{MISALIGNED_SUFFIX}"
+        if groups is None or sub in groups:
+            out[i] = sub
+    return out
+
+
 def shape_params(group: str) -> tuple[str, ...]:
     """The parameters of ``group``'s op whose logs a ``shape`` term reads: its integer ones (a GEMM's
     b, m, n, k; a softmax's rows, cols), collectives' message bytes excluded."""

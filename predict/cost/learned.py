@@ -722,7 +722,8 @@ class LearnedKernelCost:
         if adapted is not None and out.shape == (len(kernels),):
             params = query.data if adapted.needs_params else None  # its shape terms read the op parameters
             keys = np.array([self.group_of(k) for k in kernels], dtype=object)
-            out = adapted.apply(keys, out, params, self._analogue_answers(adapted, keys, query))
+            answers = self._analogue_answers(adapted, keys, query)
+            out = adapted.apply(self._adaptation_keys(adapted, keys, kernels), out, params, answers)
         if out.shape != (len(kernels),):
             raise OpcastError(
                 f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
@@ -730,6 +731,23 @@ class LearnedKernelCost:
             )
         out[~np.isfinite(out) | (out <= 0)] = np.nan
         return out
+
+    @staticmethod
+    def _adaptation_keys(adapted: Any, keys: np.ndarray, kernels: Sequence[Kernel]) -> np.ndarray:
+        """``keys`` with a misaligned tensor-core GEMM's own group where ``adapted`` fitted one
+        (:func:`opcast.train.artifacts.adaptation_keys`)."""
+        from opcast.ops import misaligned_tensor_gemm
+        from opcast.train.artifacts import MISALIGNED_SUFFIX, adaptation_keys  # loaded with the adaptation
+
+        groups = adapted.data["groups"]
+        if not any(g.endswith(MISALIGNED_SUFFIX) for g in groups):
+            return keys
+        wrong = np.zeros(len(kernels), dtype=bool)
+        for i, k in enumerate(kernels):
+            if k.kind == "gemm" and k.tensor_cores:
+                p = dict(k.params)
+                wrong[i] = misaligned_tensor_gemm(p.get("n"), p.get("k"), k.dtype, True)
+        return adaptation_keys(keys, wrong, groups)
 
     def _analogue_answers(self, adapted: Any, keys: np.ndarray, query: Any) -> dict[str, np.ndarray]:
         """The set's answers on each training device an adaptation's ``analogue`` terms read, for the

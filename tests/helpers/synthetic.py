@@ -176,3 +176,21 @@ def pinned_l2_devices() -> tuple[Any, Any]:
         for name, (sms, clock, bw, l2, peak) in pins.items()
     )
     return gddr, hbm
+
+
+def aligned_gemms(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with every GEMM's n and k rounded down to a multiple of 8 (at least 8), their point ids renewed:
+    half-precision GEMMs cuBLAS runs through its aligned tensor-op kernels (:func:`opcast.ops.misaligned_tensor_gemm`),
+    for a test that means one kernel family per correction group (a measured device's aligned GEMMs)."""
+    out = rows.copy()
+    gemm = (out["op"] == "gemm").to_numpy()
+    for dim in ("n", "k"):
+        out.loc[gemm, dim] = np.maximum(8, (out.loc[gemm, dim].to_numpy(dtype=int) // 8) * 8)
+    spec = get_op("gemm")
+    for i in np.flatnonzero(gemm):
+        r = out.iloc[i]
+        params = {**spec.defaults, **{k: r[k] for k in spec.param_names if k in r.index}}
+        out.iat[i, out.columns.get_loc("point_id")] = point_id(
+            "gemm", params, r["dtype"], r["direction"], r["tensor_cores"]
+        )
+    return out

@@ -20,7 +20,7 @@ from opcast.train.artifacts import _body_digest, load_adaptation, load_model_set
 from opcast.train.fit import FitConfig, fit_frame
 
 from helpers.cli import gemm_query, refusal
-from helpers.synthetic import fake_devices, synthetic_dataset
+from helpers.synthetic import aligned_gemms, fake_devices, synthetic_dataset
 
 TARGET = "H100-SXM"
 KEY = "gemm-fwd-half"
@@ -113,7 +113,9 @@ def twin_set(tmp_path_factory):
     specs = {name: device_to_dict(spec) for name, spec in devices.items()}  # as train fit records them
     root = write_model_set(tmp_path_factory.mktemp("sets"), "toy", groups, {"datasets": [], "device_specs": specs})
     twin = sorted(devices)[0]
-    rows = synthetic_dataset([get_device(TARGET)], ops=("gemm",), rows_per_op=300, seed=9).reset_index(drop=True)
+    rows = aligned_gemms(synthetic_dataset([get_device(TARGET)], ops=("gemm",), rows_per_op=300, seed=9)).reset_index(
+        drop=True
+    )
     rows["time_s_median"] = 1.15 * load_model_set(root).predict_s(rows, devices[twin])
     measured = tmp_path_factory.mktemp("measured")
     write_parquet(rows, measured / "rows.parquet")

@@ -20,7 +20,7 @@ from opcast.train.features import group_key_array
 from opcast.train.fit import FitConfig, fit_frame
 
 from helpers.cli import gemm_query, refusal
-from helpers.synthetic import fake_devices, synthetic_dataset
+from helpers.synthetic import aligned_gemms, fake_devices, synthetic_dataset
 
 TARGET = "H100-SXM"
 SLOW, FAST = 1.2, 0.9
@@ -93,7 +93,7 @@ def shaped_set(tmp_path_factory):
     groups, _, _ = fit_frame(frame, devices, FitConfig(estimator="xgb", folds=0, xgb_params={"n_estimators": 40}))
     root = write_model_set(tmp_path_factory.mktemp("sets"), "toy", groups, {"datasets": []})
     target = get_device(TARGET)
-    rows = synthetic_dataset([target], ops=("gemm",), rows_per_op=300, seed=9).reset_index(drop=True)
+    rows = aligned_gemms(synthetic_dataset([target], ops=("gemm",), rows_per_op=300, seed=9)).reset_index(drop=True)
     base = load_model_set(root).predict_s(rows, target)
     noise = np.exp(np.random.default_rng(1).normal(0.0, 0.01, len(rows)))
     rows["time_s_median"] = base * _factor(rows["m"]) * noise

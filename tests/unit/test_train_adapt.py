@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from opcast.errors import OpcastError
@@ -20,7 +21,7 @@ from opcast.train.artifacts import load_adaptation, load_model_set, write_model_
 from opcast.train.features import group_key_array
 from opcast.train.fit import FitConfig, fit_frame
 
-from helpers.synthetic import fake_devices, synthetic_dataset
+from helpers.synthetic import aligned_gemms, fake_devices, synthetic_dataset
 
 FACTOR = 1.3
 """The target GPU runs every kernel this much slower than the set predicts."""
@@ -37,7 +38,7 @@ def toy_set(tmp_path_factory):
     root = write_model_set(tmp_path_factory.mktemp("sets"), "toy", groups, {"datasets": []})
     ms = load_model_set(root)
     target = get_device(TARGET)
-    rows = synthetic_dataset([target], ops=("gemm", "layernorm"), rows_per_op=100, seed=9)
+    rows = aligned_gemms(synthetic_dataset([target], ops=("gemm", "layernorm"), rows_per_op=100, seed=9))
     rows = rows.sample(frac=1.0, random_state=3).reset_index(drop=True)  # ops mixed, as a bench run's rows
     base = ms.predict_s(rows, target)
     noise = np.exp(np.random.default_rng(1).normal(0.0, 0.01, len(rows)))
@@ -326,3 +327,60 @@ def test_sigterm_mid_copy_leaves_nothing_behind(tmp_path, toy_set):
     assert res.returncode == 143 and res.stderr.strip() == "opcast: terminated (SIGTERM); what was written is kept"
     assert not (tmp_path / "sets").exists() or not any((tmp_path / "sets").iterdir())
     assert _cli(*args).returncode == 0 and (tmp_path / "sets" / "a" / "adapt").is_dir()
+
+
+SLOWER = 3.0
+"""Misaligned tensor-core GEMMs of the target run this much slower again (the H200 measured 1.9-3.7x)."""
+
+
+def test_misaligned_gemms_get_their_own_group_and_leave_the_aligned_ones_alone(tmp_path, toy_set):
+    """A fifth of collect bench's GEMM shapes are odd on purpose; cuBLAS runs those through slower kernels
+    (opcast.ops.misaligned_tensor_gemm). Measured that way, they get a correction group of their own, so the
+    aligned GEMMs keep the device's factor and the odd ones get theirs -- in fit_correction and through predict."""
+    from opcast.predict.cost import kernel, load_kernel_cost
+    from opcast.train.artifacts import MISALIGNED_SUFFIX, adaptation_keys, misaligned_rows
+
+    root, rows, _ = toy_set
+    ms, target = load_model_set(root), get_device(TARGET)
+    gemm = rows[rows["op"] == "gemm"].reset_index(drop=True)
+    aligned = gemm.assign(n=(gemm["n"] // 8).clip(lower=1) * 8, k=(gemm["k"] // 8).clip(lower=1) * 8)
+    odd = aligned.head(40).assign(k=aligned["k"].head(40) + 1)
+    both = pd.concat([aligned, odd], ignore_index=True)
+    wrong = misaligned_rows(both)
+    assert not wrong[: len(aligned)].any() and wrong[len(aligned) :].all()
+    base = ms.predict_s(both, target)
+    both["time_s_median"] = base * FACTOR * np.where(wrong, SLOWER, 1.0)
+    result = adapt_model_set([_dataset(tmp_path, both, len(both))], TARGET, models=root, out=tmp_path / "adapted")
+    group = f"gemm-fwd-half{MISALIGNED_SUFFIX}"
+    assert set(result.fields["groups"]) == {"gemm-fwd-half", group}
+    adapted = load_adaptation(load_model_set(tmp_path / "adapted"), TARGET)
+    assert adapted is not None
+    keys = adaptation_keys(group_key_array(both), wrong)
+    ratio = adapted.apply(keys, base, both) / base
+    assert np.all(np.abs(ratio[~wrong] / FACTOR - 1) < 0.05), ratio[~wrong]
+    assert np.all(np.abs(ratio[wrong] / (FACTOR * SLOWER) - 1) < 0.15), ratio[wrong]
+    plain, cost = load_kernel_cost(root), load_kernel_cost(tmp_path / "adapted")
+    for k_dim, want in ((2048, FACTOR), (2049, FACTOR * SLOWER)):
+        k = kernel("gemm", {"b": 1, "m": 2048, "n": 2048, "k": k_dim}, "fp16")
+        got = cost.time_s(k, target)[0] / plain.time_s(k, target)[0]
+        assert abs(got / want - 1) < 0.15, (k_dim, got, want)
+    # an adaptation fitted on aligned rows only corrects a misaligned GEMM as its predictor group, as before
+    only = adapt_model_set(
+        [_dataset(tmp_path, aligned, len(aligned), "aligned")], TARGET, models=root, out=tmp_path / "a2"
+    )
+    assert set(only.fields["groups"]) == {"gemm-fwd-half"}
+    cost2 = load_kernel_cost(tmp_path / "a2")
+    odd_k = kernel("gemm", {"b": 1, "m": 2048, "n": 2048, "k": 2049}, "fp16")
+    assert abs(cost2.time_s(odd_k, target)[0] / plain.time_s(odd_k, target)[0] / FACTOR - 1) < 0.05
+
+
+def test_the_misalignment_rule_by_hand():
+    from opcast.ops import misaligned_tensor_gemm as mis
+
+    assert mis(4096, 4095, "bf16", True) and mis(4095, 4096, "fp16", True)  # 16 bytes: 8 half elements
+    assert not mis(4096, 4096, "bf16", True) and not mis(8, 8, "bf16", True)
+    assert not mis(4095, 4095, "fp32", False)  # CUDA-core SGEMM: any size
+    assert mis(4096, 8, "fp8", True) and not mis(4096, 16, "fp8", True)  # 16 one-byte elements
+    assert not mis(4096, 4, "tf32", True) and mis(4096, 2, "tf32", True)
+    assert mis(64, 16, "nvfp4", True) and not mis(64, 32, "nvfp4", True)
+    assert not mis(None, "x", "bf16", True) and not mis(float("nan"), 4096, "bf16", True)
