@@ -36,6 +36,7 @@ from opcast.collect.timing import (
     measure_cpu,
     measure_cuda,
     measure_neusight,
+    protocol_of,
 )
 from opcast.dtypes import BLOCK_SCALED_DTYPES, DTYPE_BYTES, DTYPES
 from opcast.errors import OpcastError
@@ -84,7 +85,7 @@ class BenchConfig:
     protocol: str = "opcast"
     """How each point is timed: ``opcast`` (budgets, cold L2, graphs: :func:`measure_cuda`) or
     ``neusight`` (NeuSight's rule, :func:`measure_neusight`, so the rows can join its published ones).
-    Points timed by another protocol in the same folder are measured again (the resume key holds it)."""
+    A point timed by the other protocol in the same folder is measured again, not taken as done."""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -294,15 +295,7 @@ def environment(device) -> dict[str, Any]:
     return env
 
 
-def resume_key(point: PlanPoint, protocol: str) -> str:
-    """The point's id in the dataset: its plan id, tagged with the timing protocol unless it is opcast's
-    (a resume under another protocol measures the point again instead of keeping the other's row)."""
-    return point.point_id if protocol == "opcast" else f"{point.point_id}:{protocol}"
-
-
-def _row(
-    point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[str, Any], protocol: str = "opcast"
-) -> dict[str, Any]:
+def _row(point: PlanPoint, stats, *, run_id: str, device_name: str, env: dict[str, Any]) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "source": "bench",
@@ -315,7 +308,7 @@ def _row(
         "dtype": point.dtype,
         "direction": point.direction,
         "tensor_cores": point.tensor_cores,
-        "point_id": resume_key(point, protocol),
+        "point_id": point.point_id,
         **point.params,
         "time_s_median": stats.time_s_median,
         "time_s_p20": stats.time_s_p20,
@@ -384,8 +377,8 @@ def _measure_plan(
 
     out = Path(cfg.out)
     mine = plan.shard(rank, world)
-    done = done_point_ids(out, spec.name)
-    todo = [p for p in mine if resume_key(p, cfg.protocol) not in done]
+    done = done_point_ids(out, spec.name, timed=lambda method: protocol_of(method) == cfg.protocol)
+    todo = [p for p in mine if p.point_id not in done]
     run_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:6]}"
     env = environment(device)
     result = BenchResult(
@@ -438,7 +431,7 @@ def _measure_plan(
             else:
                 flag.shielded = True  # a second signal must not land between writing a part and forgetting its rows
                 try:
-                    writer.add(_row(point, stats, run_id=run_id, device_name=spec.name, env=env, protocol=cfg.protocol))
+                    writer.add(_row(point, stats, run_id=run_id, device_name=spec.name, env=env))
                 finally:
                     flag.shielded = False
             finally:

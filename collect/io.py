@@ -82,15 +82,23 @@ class PartWriter:
         self._last = time.monotonic()
 
 
-def done_point_ids(out: Path, device: str) -> set[str]:
-    """Point ids already measured on ``device`` anywhere in the dataset folder ``out``."""
+def done_point_ids(out: Path, device: str, timed: Callable[[str], bool] | None = None) -> set[str]:
+    """Point ids already measured on ``device`` anywhere in the dataset folder ``out`` (with ``timed``, only
+    rows whose ``timing_method`` it accepts: a point timed by another protocol is not done)."""
     out = Path(out)
     if not out.exists():
         return set()
     done: set[str] = set()
     for f in dataset_files(out):
-        table = read_table(f).select(["device", "point_id"]).to_pydict()
-        done.update(pid for dev, pid in zip(table["device"], table["point_id"]) if dev == device)
+        table = read_table(f)
+        cols = ["device", "point_id"] + (["timing_method"] if timed is not None else [])
+        data = table.select(cols).to_pydict()
+        methods = data.get("timing_method") or [None] * len(data["device"])
+        done.update(
+            pid
+            for dev, pid, method in zip(data["device"], data["point_id"], methods)
+            if dev == device and (timed is None or timed(str(method)))
+        )
     return done
 
 

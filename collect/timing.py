@@ -52,6 +52,12 @@ NEUSIGHT_METHOD = "neusight:mean_fastest5"
 PROTOCOLS = ("opcast", "neusight")
 """Timing protocols of ``collect bench --timing``."""
 
+
+def protocol_of(method: str) -> str:
+    """The protocol (:data:`PROTOCOLS`) a row's ``timing_method`` was timed by."""
+    return "neusight" if method == NEUSIGHT_METHOD else "opcast"
+
+
 MAX_POINT_BUDGET_S = 3600.0
 """Most seconds of warm-up, or of repetitions, one point may be given."""
 
