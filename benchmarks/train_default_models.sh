@@ -58,9 +58,10 @@
 # gemm-fwd-fp8 and gemm-fwd-fp4 (tile-mlp before, for unseen GPUs) and the tile-MLP for attention-fwd-half's unseen
 # GPUs (hier before).
 # Twenty-fifth session (2026-12-04): the H200's 1,706 NeuSight-protocol fp32 rows joined the four fp32 groups (GEMM
-# 124,963 -> 125,994 rows; softmax's unseen-GPU choice tile-mlp -> hier, layernorm's tile-mlp -> xgb); 8 min 14 s
-# alone (Liger-Kernel ead96b6, aiter e404860). Eight other groups' files differ from the run before at float rounding
-# only (the same rows, choices and held-out scores); the goldens changed only in the model-set stamp.
+# 124,963 -> 125,994 rows; GEMM's and layernorm's unseen-GPU choices hier / tile-mlp -> xgb); 8 min 14-23 s alone in
+# two runs (Liger-Kernel ead96b6, aiter e404860). Eight other groups' files differ from the set before at float
+# rounding only (the same rows, choices and held-out scores) and were byte for byte the same in both runs; the
+# goldens changed only in the model-set stamp.
 # models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
