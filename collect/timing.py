@@ -42,7 +42,7 @@ on an H200 in a virtual machine a 1,024-element ``mul_`` read 27 us a call, so a
 every kernel to events (none of 503 collected rows was timed in a graph)."""
 
 NEUSIGHT_CALLS = 25
-"""Calls NeuSight times per shape (``collect.replay.neusight.N_REPS``)."""
+"""Calls NeuSight times per shape (its published rows: ``opcast.collect.replay.neusight``)."""
 NEUSIGHT_FASTEST = 5
 """NeuSight's latency is the mean of this many fastest calls."""
 NEUSIGHT_WARMUP_CALLS = 5

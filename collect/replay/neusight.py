@@ -38,14 +38,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from opcast.collect.replay.common import MalformedFile, ReplayResult, number, read_csv
+from opcast.collect.timing import NEUSIGHT_CALLS, NEUSIGHT_METHOD
 from opcast.errors import OpcastError
 
 if TYPE_CHECKING:
     from opcast.collect.replay import ReplayOptions
 
-TIMING_METHOD: Final = "replay:neusight:mean_fastest5"
-N_REPS: Final = 25
-"""Calls timed per shape (the reported latency is the mean of the fastest 5)."""
+TIMING_METHOD: Final = f"replay:{NEUSIGHT_METHOD}"
+N_REPS: Final = NEUSIGHT_CALLS
+"""Calls timed per shape (the reported latency is the mean of the fastest 5): the rule
+``collect bench --timing neusight`` times by (:func:`opcast.collect.timing.measure_neusight`)."""
 
 GEMM_OPS: Final = ("bmm", "linear")
 ELEMENTWISE: Final[dict[str, str]] = {
