@@ -1039,27 +1039,26 @@ aligned ones' correction (on the H200 they pulled it 26.9 -> 34.6 % MAPE at 200 
 
 
 def misaligned_rows(rows: Any) -> np.ndarray:
-    """Whether each row (a DataFrame or a mapping of column -> array, with ``op``, ``dtype``, ``tensor_cores``,
-    ``n`` and ``k``) is a misaligned tensor-core GEMM (:func:`opcast.ops.misaligned_tensor_gemm`)."""
+    """Whether each row (a DataFrame, a :class:`Table` or a mapping of column -> array, with ``op``, ``dtype``,
+    ``tensor_cores``, ``n`` and ``k``) is a misaligned tensor-core GEMM (:func:`opcast.ops.misaligned_tensor_gemm`;
+    a row whose ``tensor_cores`` is missing is not)."""
     from opcast.ops import misaligned_tensor_gemm
+    from opcast.train.features import _flags, _n_rows
 
-    def col(name: str) -> list[Any]:
-        c = rows.get(name) if hasattr(rows, "get") else None
-        if c is None:
-            return [None] * len(rows["op"])
-        return list(c.tolist() if hasattr(c, "tolist") else c)
-
-    def on_tensor_cores(v: Any) -> bool:
-        try:
-            return v is not None and bool(v == v) and bool(v)  # None, NaN and pd.NA (unknown) are not True
-        except TypeError:
-            return False
-
-    ops, dtypes, tcs, ns, ks = col("op"), col("dtype"), col("tensor_cores"), col("n"), col("k")
+    cols = columns_of(rows)
+    n = _n_rows(cols)
+    none = np.full(n, None, dtype=object)
+    flags = _flags(cols, n)
     return np.array(
         [
-            op == "gemm" and on_tensor_cores(tc) and misaligned_tensor_gemm(n, k, str(dt), True)
-            for op, dt, tc, n, k in zip(ops, dtypes, tcs, ns, ks)
+            op == "gemm" and flag == 1 and misaligned_tensor_gemm(nn, kk, str(dt), True)
+            for op, dt, flag, nn, kk in zip(
+                cols["op"].tolist(),
+                cols["dtype"].tolist(),
+                flags.tolist(),
+                cols.get("n", none).tolist(),
+                cols.get("k", none).tolist(),
+            )
         ],
         dtype=bool,
     )

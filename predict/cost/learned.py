@@ -723,7 +723,7 @@ class LearnedKernelCost:
             params = query.data if adapted.needs_params else None  # its shape terms read the op parameters
             keys = np.array([self.group_of(k) for k in kernels], dtype=object)
             answers = self._analogue_answers(adapted, keys, query)
-            out = adapted.apply(self._adaptation_keys(adapted, keys, kernels), out, params, answers)
+            out = adapted.apply(self._adaptation_keys(adapted, keys, query), out, params, answers)
         if out.shape != (len(kernels),):
             raise OpcastError(
                 f"learned models {self.label} returned {out.shape} predictions for {len(kernels)} kernels; "
@@ -733,21 +733,15 @@ class LearnedKernelCost:
         return out
 
     @staticmethod
-    def _adaptation_keys(adapted: Any, keys: np.ndarray, kernels: Sequence[Kernel]) -> np.ndarray:
+    def _adaptation_keys(adapted: Any, keys: np.ndarray, query: Any) -> np.ndarray:
         """``keys`` with a misaligned tensor-core GEMM's own group where ``adapted`` fitted one
-        (:func:`opcast.train.artifacts.adaptation_keys`)."""
-        from opcast.ops import misaligned_tensor_gemm
-        from opcast.train.artifacts import MISALIGNED_SUFFIX, adaptation_keys  # loaded with the adaptation
+        (:func:`opcast.train.artifacts.adaptation_keys`; ``query``: the kernels' rows)."""
+        from opcast.train.artifacts import MISALIGNED_SUFFIX, adaptation_keys, misaligned_rows  # loaded with it
 
         groups = adapted.data["groups"]
         if not any(g.endswith(MISALIGNED_SUFFIX) for g in groups):
             return keys
-        wrong = np.zeros(len(kernels), dtype=bool)
-        for i, k in enumerate(kernels):
-            if k.kind == "gemm" and k.tensor_cores:
-                p = dict(k.params)
-                wrong[i] = misaligned_tensor_gemm(p.get("n"), p.get("k"), k.dtype, True)
-        return adaptation_keys(keys, wrong, groups)
+        return adaptation_keys(keys, misaligned_rows(query), groups)
 
     def _analogue_answers(self, adapted: Any, keys: np.ndarray, query: Any) -> dict[str, np.ndarray]:
         """The set's answers on each training device an adaptation's ``analogue`` terms read, for the
