@@ -678,6 +678,14 @@ def answers_as_trained(
     return kernel_twin(device, unread) in names or any(n in specs and same_die(device, specs[n], unread) for n in names)
 
 
+def other_vendor(device: DeviceSpec, vendors: Iterable[str]) -> bool:
+    """Whether ``device`` is of none of ``vendors``, the vendors whose rows alone a model set's group predictors were
+    fitted on (:func:`opcast.train.fit.vendor_rows`; empty: every vendor's), so the group's ``other`` predictor,
+    fitted on every row, answers for it. The one rule of a model set's vendor routing and of the in-memory fit's."""
+    names = tuple(vendors)
+    return bool(names) and device.vendor not in names
+
+
 def die_twin(
     device: DeviceSpec, trained: Iterable[str], specs: Mapping[str, DeviceSpec], unread: Iterable[str] = ()
 ) -> DeviceSpec | None:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Final
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, answers_as_trained, die_twin, read_capped, spec_from_dict
+from opcast.hardware import DeviceSpec, answers_as_trained, die_twin, other_vendor, read_capped, spec_from_dict
 from opcast.train.estimators import ESTIMATORS, RECORD_KEY, parse_record, read_arrays
 from opcast.train.features import (
     FEATURES,
@@ -223,6 +223,7 @@ ENTRY_FIELDS: Final[dict[str, _Field]] = {
         "an object whose hyper_parameters is an object",
     ),
     "devices": (False, _list_of(_is_str), "a list of device names"),
+    "vendors": (False, _list_of(_is_str), "a list of vendor names"),
     "impl_devices": (
         False,
         _dict_of(_list_of(_is_str)),
@@ -248,15 +249,23 @@ SEEN_SUFFIX: Final = "+seen"
 answers for the devices the group was fitted on where ``auto`` chose another for the rest
 (:class:`opcast.train.fit.SeenSplit`)."""
 SEEN_FIELDS: Final[dict[str, _Field]] = {k: ENTRY_FIELDS[k] for k in ("file", "estimator", "features", "config")}
-"""What :func:`check_meta` requires of an entry's ``seen`` part."""
+"""What :func:`check_meta` requires of an entry's ``seen`` part (and of its ``other`` part)."""
+OTHER_SUFFIX: Final = "+other"
+"""Suffix of the group key (file stem and record) of a predictor's ``other`` part: where the group mixes vendors,
+the estimator fitted on every vendor's rows, which answers for the devices of the vendors but ``vendors``, the
+vendors whose rows alone the group's own predictors were fitted on (:func:`opcast.train.fit.vendor_rows`)."""
+PARTS: Final = (("seen", SEEN_SUFFIX), ("other", OTHER_SUFFIX))
+"""An entry's optional predictor parts: (entry field, file stem suffix)."""
 
 
 def _parts(key: str, entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(record group, entry) of each predictor file of group ``key``: its own, and its ``seen`` part."""
-    seen = entry.get("seen")
-    if isinstance(seen, Mapping) and "file" in seen:
-        return [(key, entry), (key + SEEN_SUFFIX, seen)]
-    return [(key, entry)]
+    """(record group, entry) of each predictor file of group ``key``: its own, its ``seen`` and its ``other`` part."""
+    out: list[tuple[str, Mapping[str, Any]]] = [(key, entry)]
+    for field, suffix in PARTS:
+        part = entry.get(field)
+        if isinstance(part, Mapping) and "file" in part:
+            out.append((key + suffix, part))
+    return out
 
 
 def _brief(value: Any) -> str:
@@ -303,13 +312,20 @@ def check_meta(meta: Any, where: str | Path = META) -> None:
                 f"knows ({', '.join(FEATURES)}); re-fit with opcast train fit"
             )
         _check_fields(entry, ENTRY_FIELDS, str(where), prefix)
-        if "seen" in entry:
-            if not isinstance(entry["seen"], dict):
+        for field, _ in PARTS:
+            if field not in entry:
+                continue
+            if not isinstance(entry[field], dict):
                 raise OpcastError(
-                    f"{where}: {prefix}seen must be an object, got {_show(entry['seen'])}; the set is corrupt, "
+                    f"{where}: {prefix}{field} must be an object, got {_show(entry[field])}; the set is corrupt, "
                     "restore it or re-fit with opcast train fit"
                 )
-            _check_fields(entry["seen"], SEEN_FIELDS, str(where), prefix + "seen.")
+            _check_fields(entry[field], SEEN_FIELDS, str(where), f"{prefix}{field}.")
+        if "other" in entry and not entry.get("vendors"):
+            raise OpcastError(
+                f"{where}: {prefix}other needs the vendors its group's own predictors were fitted on (vendors); "
+                "the set is corrupt, restore it or re-fit with opcast train fit"
+            )
 
 
 def default_models_path() -> Path:
@@ -347,14 +363,16 @@ class ModelSet:
         except OpcastError:
             return False
 
-    def estimator(self, key: str, seen: bool = False) -> Any:
+    def estimator(self, key: str, seen: bool = False, *, other: bool = False) -> Any:
         """The fitted predictor of group ``key`` (loaded on first use, by the estimator's light
         predictor class: numpy only, no scikit-learn, xgboost or torch); with ``seen``, the one that
-        answers for the devices the group was fitted on, where the set holds a second one for them."""
-        part = self.predictors[key].get("seen") if seen else None
-        if seen and not isinstance(part, Mapping):
+        answers for the devices the group was fitted on, where the set holds a second one for them; with
+        ``other``, the one that answers for the devices of the vendors the group's own were not fitted on."""
+        field, suffix = ("other", OTHER_SUFFIX) if other else ("seen", SEEN_SUFFIX) if seen else ("", "")
+        part = self.predictors[key].get(field) if field else None
+        if field and not isinstance(part, Mapping):
             return self.estimator(key)
-        memo = key + SEEN_SUFFIX if seen else key
+        memo = key + suffix
         est = self._loaded.get(memo)
         if est is None:
             from opcast.train.estimators import predictor_class
@@ -390,6 +408,12 @@ class ModelSet:
             devices = entry.get("devices", ()) if isinstance(entry.get("seen"), Mapping) else ()
             got = self._as_seen[memo] = answers_as_trained(device, devices, self.device_specs, unread_peaks(key))
         return got
+
+    def other_vendor(self, key: str, device: DeviceSpec) -> bool:
+        """Whether group ``key``'s ``other`` predictor answers for ``device``: the set holds one and ``device`` is
+        of none of the vendors the group's own predictors were fitted on (:func:`opcast.hardware.other_vendor`)."""
+        entry = self.predictors.get(key) or {}
+        return isinstance(entry.get("other"), Mapping) and other_vendor(device, entry.get("vendors", ()))
 
     def die_twin(self, key: str, device: DeviceSpec) -> DeviceSpec | None:
         """The training device of group ``key`` whose compute die ``device`` is another board of
@@ -446,7 +470,10 @@ class ModelSet:
         sub_keys = keys[pos]
         for key in dict.fromkeys(sub_keys.tolist()):
             rows = np.flatnonzero(sub_keys == key)
-            est = self.estimator(key, self.answers_as_seen(key, device))
+            if self.other_vendor(key, device):
+                est = self.estimator(key, other=True)
+            else:
+                est = self.estimator(key, self.answers_as_seen(key, device))
             mine = feats.take(rows)
             got = est.predict_s(mine)
             die = self.die_twin(key, device)
@@ -743,18 +770,20 @@ def write_model_set(
                     "features": list(est.feature_names),
                     "config": est.config(),
                 }
-                seen = getattr(est, "seen", None)  # a SeenSplit: the training devices' own estimator too
-                if seen is not None:
-                    stem = key + SEEN_SUFFIX
-                    record = {"group": stem, "estimator": seen.name, "features": list(seen.feature_names)}
-                    path = seen.save(tmp / stem, record=record)
+                for field, suffix in PARTS:  # a SeenSplit: the training devices' own estimator, another vendors'
+                    part = getattr(est, field, None)
+                    if part is None or part is getattr(est, "unseen", None):
+                        continue
+                    stem = key + suffix
+                    record = {"group": stem, "estimator": part.name, "features": list(part.feature_names)}
+                    path = part.save(tmp / stem, record=record)
                     files[path.name] = sha256_file(path)
-                    predictors[key]["seen"] = {
-                        **entry.get("seen", {}),
+                    predictors[key][field] = {
+                        **entry.get(field, {}),
                         "file": path.name,
-                        "estimator": seen.name,
-                        "features": list(seen.feature_names),
-                        "config": seen.config(),
+                        "estimator": part.name,
+                        "features": list(part.feature_names),
+                        "config": part.config(),
                     }
             body = {
                 "format_version": FORMAT_VERSION,

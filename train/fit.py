@@ -25,7 +25,15 @@ import pandas as pd
 
 from opcast.collect.io import read_runs
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec, answers_as_trained, device_to_dict, die_twin, get_device, spec_from_dict
+from opcast.hardware import (
+    DeviceSpec,
+    answers_as_trained,
+    device_to_dict,
+    die_twin,
+    get_device,
+    other_vendor,
+    spec_from_dict,
+)
 from opcast.ops import get_op, op_kinds
 from opcast.train.collectives import custom_backend
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
@@ -383,6 +391,19 @@ def _final_fit(
         return err
 
 
+OTHER_FIT: Final = "@every-vendor"
+"""Marks the final fits on every row of a group that mixes vendors (:func:`vendor_rows`): they answer the devices
+of the vendors other than the main one."""
+OTHER_WHY: Final = "fitted on every vendor's rows: answers the devices of the other vendors (vendor_rows)"
+
+
+def _rows_args(
+    name: str, kind: str, cfg: FitConfig, feats: pd.DataFrame, y: np.ndarray, shapes: np.ndarray, rows: np.ndarray
+) -> tuple[Any, ...]:
+    """:func:`_final_fit`'s arguments for a fit on the rows ``rows`` (a mask) of a group."""
+    return name, kind, cfg, feats[rows], y[rows], shapes[rows]
+
+
 def _subset_args(
     name: str,
     kind: str,
@@ -424,22 +445,70 @@ class SeenSplit:
     one estimator had to give up one of the two."""
 
     def __init__(
-        self, unseen: Estimator, seen: Estimator, devices: Sequence[str], specs: Mapping[str, DeviceSpec] | None = None
+        self,
+        unseen: Estimator,
+        seen: Estimator,
+        devices: Sequence[str],
+        specs: Mapping[str, DeviceSpec] | None = None,
+        *,
+        other: Estimator | None = None,
+        vendors: Sequence[str] = (),
     ) -> None:
         self.unseen, self.seen, self.devices = unseen, seen, tuple(devices)
         self.specs: dict[str, DeviceSpec] = dict(specs or {})
         """The training devices' specs (:func:`fit_frame` fills them): a board of one's die answers as it."""
+        self.other = other
+        """Where ``unseen`` and ``seen`` were fitted on the rows of ``vendors`` alone (:func:`vendor_rows`): the
+        estimator fitted on every row, which answers for the devices of every other vendor; else None."""
+        self.vendors = tuple(vendors)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("unseen", "seen", "devices", "specs"):  # not set yet (unpickling): no recursion
+        if name in ("unseen", "seen", "devices", "specs", "other", "vendors"):  # not set yet (unpickling)
             raise AttributeError(name)
         return getattr(self.unseen, name)
 
     def for_device(self, device: DeviceSpec, unread: Iterable[str] = ()) -> Estimator:
-        """The estimator that answers for ``device``: ``seen`` for a training device or a board of one's
-        die for a group that never reads the fields ``unread`` (:func:`opcast.hardware.answers_as_trained`,
-        the written model set's rule), else ``unseen``."""
+        """The estimator that answers for ``device``: ``other`` for a device of a vendor the other two were not
+        fitted on (:func:`opcast.hardware.other_vendor`), ``seen`` for a training device or a board of one's die
+        for a group that never reads the fields ``unread`` (:func:`opcast.hardware.answers_as_trained`), else
+        ``unseen``: the written model set's rules."""
+        if self.other is not None and other_vendor(device, self.vendors):
+            return self.other
         return self.seen if answers_as_trained(device, self.devices, self.specs, unread) else self.unseen
+
+
+VENDOR_MIN_DEVICES: Final = 2
+"""Devices the most-measured vendor of a group needs before its left-out-GPU predictor is fitted on that
+vendor's rows alone (:func:`vendor_rows`)."""
+
+
+def vendor_rows(devices: np.ndarray, vendor_of: Mapping[str, str]) -> tuple[np.ndarray, tuple[str, ...]] | None:
+    """``(mask, (vendor,))``: where a group mixes vendors, the rows of the vendor with the most devices (at least
+    :data:`VENDOR_MIN_DEVICES`; a tie or a device of unknown vendor: None), which the group's own predictors are
+    fitted on; else None (every row). The group's ``other`` predictor, fitted on every row, answers for the devices
+    of the other vendors, measured or not (:class:`SeenSplit`, :func:`opcast.hardware.other_vendor`).
+
+    Another vendor's kernels are another library's (cuBLAS, hipBLASLt, oneDNN), and a predictor does not keep them
+    apart on the GPUs it was not fitted on: in leave-one-GPU-out over AIConfigurator's nine NVIDIA systems
+    (``benchmarks/modern_gpus.py``'s folds and caps: 2,000 training rows per system and label, seed 0) with Intel's
+    Arc Pro B60 (AIConfigurator's replay) and AMD's MI300X and MI355X (aiter's tuned GEMMs) among the training rows,
+    xgb priced the left-out NVIDIA GPUs' bf16 GEMMs at 13.0 % MAPE (A100 21.9, L40S 23.1) and fp8 at 10.0 % (H200
+    10.9); fitted on NVIDIA's rows alone, 11.3 % (14.3, 16.9) and 8.6 % (5.8). The tile-MLP with the B60 among its
+    rows 11.4 %, without 10.5 % (fp8 9.1 both). A one-hot vendor feature instead did not keep xgb apart (13.0 %
+    with it). The twenty-sixth session's runs: ``benchmarks/results/modern_gpus.md``."""
+    names = pd.unique(np.asarray(devices, dtype=object))
+    by_vendor: dict[str, int] = {}
+    for name in names:
+        vendor = vendor_of.get(str(name), "")
+        by_vendor[vendor] = by_vendor.get(vendor, 0) + 1
+    if len(by_vendor) < 2 or "" in by_vendor:
+        return None
+    ranked = sorted(by_vendor.items(), key=lambda kv: -kv[1])
+    (top, count), (_, second) = ranked[0], ranked[1]
+    if count < VENDOR_MIN_DEVICES or count == second:
+        return None
+    ours = {str(n) for n in names if vendor_of.get(str(n)) == top}
+    return np.isin(np.asarray(devices, dtype=object), list(ours)), (top,)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -458,12 +527,21 @@ class _Task:
 class _GroupFit:
     """The held-out scoring and the final fit of one group, as tasks (see :func:`_run_tasks`)."""
 
-    def __init__(self, key: str, frame: pd.DataFrame, feats: pd.DataFrame, cfg: FitConfig) -> None:
+    def __init__(
+        self,
+        key: str,
+        frame: pd.DataFrame,
+        feats: pd.DataFrame,
+        cfg: FitConfig,
+        vendor_of: Mapping[str, str] | None = None,
+    ) -> None:
         self.key, self.frame, self.feats, self.cfg = key, frame, feats, cfg
         self.kind = key.rsplit("-", 2)[0]
         self.y = frame["time_s_median"].to_numpy(dtype=float)
         self.shapes = shape_groups(frame)
         self.devices = frame["device"].astype(object).to_numpy()
+        self.vendor = None if vendor_of is None else vendor_rows(self.devices, vendor_of)
+        """(rows, vendors) of the left-out-GPU predictor's fit where the group mixes vendors, else None."""
         self.folds = _folds(self.devices, self.shapes, cfg)
         self.plan = _fold_plan(self.folds, cfg)
         self.candidates = list(AUTO_ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
@@ -519,7 +597,7 @@ class _GroupFit:
             self.chosen_seen, self.why_seen = _choose(seen, "auto", ["held-out shapes of the training devices"])
             if self.chosen_seen != self.chosen:
                 names.append(self.chosen_seen)
-        return [
+        tasks = [
             _Task(
                 group=self.key,
                 what=("final", name),
@@ -529,13 +607,42 @@ class _GroupFit:
             )
             for name in names
         ]
+        if self.vendor is None:
+            return tasks
+        # The group mixes vendors (vendor_rows): the estimators above answer the other vendors' devices, fitted on
+        # every row; the same choices fitted on the main vendor's rows alone answer that vendor's.
+        mask = self.vendor[0]
+        for task in tasks:
+            task.what = (*task.what, OTHER_FIT)
+        return tasks + [
+            _Task(
+                group=self.key,
+                what=("final", name),
+                fn=_final_fit,
+                args=partial(_rows_args, name, self.kind, self.cfg, self.feats, self.y, self.shapes, mask),
+                cost_s=_cost_s(name, int(mask.sum())),
+            )
+            for name in names
+        ]
 
     def estimator(self) -> Estimator:
-        """The fitted estimator (a :class:`SeenSplit` where two were chosen), once every final fit ran."""
+        """The fitted estimator (a :class:`SeenSplit` where two were chosen, or where the group mixes vendors:
+        :func:`vendor_rows`), once every final fit ran."""
+        if self.vendor is not None:
+            unseen = self.finals[self.chosen]
+            seen = self.finals.get(self.chosen_seen or self.chosen, unseen)
+            other = self.finals.get((self.chosen_seen or self.chosen) + OTHER_FIT)
+            if other is None:  # the every-row fit did not apply: the main vendor's answer for every device
+                return unseen if seen is unseen else cast(Estimator, SeenSplit(unseen, seen, self._devices()))
+            vendors = self.vendor[1]
+            return cast(Estimator, SeenSplit(unseen, seen, self._devices(), other=other, vendors=vendors))
         unseen = self.finals[self.chosen]
         if self.chosen_seen and self.chosen_seen != self.chosen and self.chosen_seen in self.finals:
             return cast(Estimator, SeenSplit(unseen, self.finals[self.chosen_seen], pd.unique(self.devices).tolist()))
         return unseen
+
+    def _devices(self) -> list[str]:
+        return pd.unique(self.devices).tolist()
 
     def _score(self, name: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any] | None] | None:
         """(pooled held-out metrics on the left-out devices, residual quantiles per device class
@@ -577,12 +684,16 @@ class _GroupFit:
         chosen_scored = self.scored.get(self.chosen)
         residuals = dict(chosen_scored[1]) if chosen_scored else {}
         extra: dict[str, Any] = {}
-        if isinstance(est, SeenSplit):
+        if isinstance(est, SeenSplit) and est.seen is not est.unseen:
             seen_scored = self.scored[self.chosen_seen]
             assert seen_scored is not None  # chosen among the scored
             if "seen_device" in seen_scored[1]:
                 residuals["seen_device"] = seen_scored[1]["seen_device"]
             extra["seen"] = {"estimator": est.seen.name, "held_out": seen_scored[2], "why": self.why_seen}
+        if isinstance(est, SeenSplit) and est.other is not None and self.vendor is not None:
+            extra["vendors"] = list(est.vendors)
+            extra["vendor_rows"] = int(self.vendor[0].sum())
+            extra["other"] = {"estimator": est.other.name, "why": OTHER_WHY}
         seen_scores = {n: s[2] for n, s in self.scored.items() if s is not None and s[2]}
         if seen_scores:
             extra["candidates_seen"] = seen_scores
@@ -648,9 +759,10 @@ def _run_tasks(jobs: dict[str, _GroupFit], workers: int, done: Any) -> dict[str,
                 queue_final(task.group)
         else:
             job.seconds += seconds
+            every_row = task.what[2:] == (OTHER_FIT,)
             if not isinstance(result, NotApplicable):
-                job.finals[task.what[1]] = result
-            elif task.what[1] == job.chosen:
+                job.finals[task.what[1] + (OTHER_FIT if every_row else "")] = result
+            elif task.what[1] == job.chosen and not every_row:
                 job.finals.clear()  # the chosen one does not apply: the group is not fitted
                 out[task.group] = str(result)
             finals_left[task.group] -= 1
@@ -941,10 +1053,11 @@ def fit_frame(
     summary = []
     task = progress.add_task("fit", total=len(groups)) if progress is not None else None
     jobs: dict[str, _GroupFit] = {}
+    vendor_of = {name: spec.vendor for name, spec in devices.items()}
     for key in groups:
         pos = np.flatnonzero(keys == key)
         if len(pos) >= cfg.min_rows:
-            jobs[key] = _GroupFit(key, frame.iloc[pos], feats.iloc[pos], cfg)
+            jobs[key] = _GroupFit(key, frame.iloc[pos], feats.iloc[pos], cfg, vendor_of)
 
     def done(key: str) -> None:
         if task is not None:
@@ -974,7 +1087,7 @@ def fit_frame(
                 "group": key,
                 "rows": entry["rows"],
                 "devices": len(entry["devices"]),
-                "estimator": f"{est.name} ({est.seen.name} on its GPUs)" if isinstance(est, SeenSplit) else est.name,
+                "estimator": _describe(est),
                 "held_out_mape": h.get("mape"),
                 "held_out_p90": h.get("p90_ape"),
                 "within_10": h.get("within_10"),
@@ -982,6 +1095,16 @@ def fit_frame(
             }
         )
     return fitted, pd.DataFrame(summary), skipped
+
+
+def _describe(est: Estimator) -> str:
+    """The estimator(s) of a fitted group in words, for the fit's summary table."""
+    if not isinstance(est, SeenSplit):
+        return est.name
+    text = est.name if est.seen is est.unseen else f"{est.name} ({est.seen.name} on its GPUs)"
+    if est.other is not None:
+        text += f"; {est.other.name} on every row for other vendors than {', '.join(est.vendors)}"
+    return text
 
 
 def fit_model_set(
