@@ -5,7 +5,7 @@
         [--models DIR] [--fit-rows 5000]
         [--systems H100-SXM,B200,...] [--labels "gemm fp8_block,gemm nvfp4"] [--seed 0] [--json FILE]
         [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
-        [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no]
+        [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no] [--all-vendors] [--train-also FILE]
     python benchmarks/modern_gpus.py --replay-to DIR   # only write DIR/aiconfigurator.parquet
 
 The data are the tables of the PyPI package ``aiconfigurator-core`` (``pip install
@@ -72,6 +72,12 @@ replay's :data:`~opcast.collect.replay.aiconfigurator.FRAMEWORKS`); ``--attentio
 gives the attention rows their own order and ``--attention-fill yes`` lets other frameworks fill
 the attention shapes the first one of a (system, phase, dtype) lacks (the replay's
 :data:`~opcast.collect.replay.aiconfigurator.ATTENTION_FILL` is no: one kernel family per label).
+
+Other vendors: the scored systems are NVIDIA's nine. ``--all-vendors`` keeps AIConfigurator's Intel Arc Pro B60 among
+the training rows, and ``--train-also FILE`` adds another replayed dataset's rows of the scored labels (any vendor's:
+``opcast collect replay aiter``'s MI300X / MI355X GEMMs), as ``models/default`` pools them; a group that then mixes
+vendors fits its NVIDIA answers on NVIDIA's rows alone (:func:`opcast.train.fit.vendor_rows`), so the table should
+not move.
 """
 
 from __future__ import annotations
@@ -228,10 +234,11 @@ def labels(frame: pd.DataFrame) -> pd.Series:
     return out
 
 
-def load(path: Path, keep: tuple[str, ...] = tuple(TARGETS)) -> pd.DataFrame:
+def load(path: Path, keep: tuple[str, ...] = tuple(TARGETS), *, all_vendors: bool = False) -> pd.DataFrame:
     """The rows of the labels ``keep`` (default: those with a target, what ``benchmarks/few_shot.py``
-    scores; this script passes :data:`LABELS`): tensor-core GPUs, positive times; collectives are NCCL's
-    (rows of a serving engine's own all-reduce, ``opcast.train.collectives.custom_backend``, are dropped)."""
+    scores; this script passes :data:`LABELS`): NVIDIA's tensor-core GPUs (``all_vendors``: every vendor's),
+    positive times; collectives are NCCL's (rows of a serving engine's own all-reduce,
+    ``opcast.train.collectives.custom_backend``, are dropped)."""
     from opcast.hardware import get_device
     from opcast.train.collectives import custom_backend
     from opcast.train.fit import load_training_frame
@@ -242,6 +249,8 @@ def load(path: Path, keep: tuple[str, ...] = tuple(TARGETS)) -> pd.DataFrame:
     frame = frame.reset_index(drop=True)
     frame = frame.assign(label=labels(frame))
     frame = frame[frame["label"].isin(keep)]
+    if all_vendors:
+        return frame.reset_index(drop=True)
     gpus = [d for d in pd.unique(frame["device"].astype(object)) if get_device(d).vendor == "nvidia"]
     return frame[frame["device"].isin(gpus)].reset_index(drop=True)
 
@@ -687,8 +696,26 @@ def main(argv: list[str] | None = None) -> int:
         help="Whether other frameworks fill the attention shapes the first framework of a (system, phase, dtype) "
         "lacks (default: the replay's, no).",
     )
+    ap.add_argument(
+        "--all-vendors",
+        action="store_true",
+        help="Keep AIConfigurator's systems of other vendors than NVIDIA (Intel's Arc Pro B60) as training rows "
+        "(scored only when --systems names them).",
+    )
+    ap.add_argument(
+        "--train-also",
+        type=Path,
+        action="append",
+        default=[],
+        help="Another replayed dataset whose rows of the scored labels join the training rows, any vendor's "
+        "(e.g. opcast collect replay aiter's aiter.parquet; repeatable; scored only when --systems names them).",
+    )
     ap.add_argument("--json", type=Path, default=None, help="Also write every table as JSON here.")
     args = ap.parse_args(argv)
+    missing = [str(p) for p in args.train_also if not p.is_file()]
+    if missing:
+        print(f"modern_gpus: --train-also {', '.join(missing)}: no such file; give a replayed parquet", file=sys.stderr)
+        return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     caps = [c for c in (args.cap_rows, args.cap_moe_rows, args.cap_vllm_moe_rows) if c is not None]  # 0: refused
     if min(args.train_rows, args.test_rows, args.within_train_rows, args.fit_rows, *caps) < 1:
@@ -818,7 +845,9 @@ def main(argv: list[str] | None = None) -> int:
     from opcast.train.fit import resolve_devices
 
     try:
-        frame = load(data, LABELS)
+        frame = load(data, LABELS, all_vendors=args.all_vendors)
+        if args.train_also:
+            frame = pd.concat([frame, *(load(p, LABELS, all_vendors=True) for p in args.train_also)], ignore_index=True)
         absent = [lab for lab in chosen if lab not in set(frame["label"])]
         if absent and args.labels is not None:
             raise OpcastError(
@@ -842,7 +871,7 @@ def main(argv: list[str] | None = None) -> int:
     except OpcastError as err:
         print(f"modern_gpus: {err}", file=sys.stderr)
         return 2
-    left_out = sorted(devices) if wanted is None else wanted
+    left_out = sorted(d for d in devices if devices[d].vendor == "nvidia") if wanted is None else wanted
     unknown = sorted(set(left_out) - set(devices))
     if unknown:
         print(
