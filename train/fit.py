@@ -397,13 +397,6 @@ of the vendors other than the main one."""
 OTHER_WHY: Final = "fitted on every vendor's rows: answers the devices of the other vendors (vendor_rows)"
 
 
-def _rows_args(
-    name: str, kind: str, cfg: FitConfig, feats: pd.DataFrame, y: np.ndarray, shapes: np.ndarray, rows: np.ndarray
-) -> tuple[Any, ...]:
-    """:func:`_final_fit`'s arguments for a fit on the rows ``rows`` (a mask) of a group."""
-    return name, kind, cfg, feats[rows], y[rows], shapes[rows]
-
-
 def _subset_args(
     name: str,
     kind: str,
@@ -484,9 +477,12 @@ vendor's rows alone (:func:`vendor_rows`)."""
 
 def vendor_rows(devices: np.ndarray, vendor_of: Mapping[str, str]) -> tuple[np.ndarray, tuple[str, ...]] | None:
     """``(mask, (vendor,))``: where a group mixes vendors, the rows of the vendor with the most devices (at least
-    :data:`VENDOR_MIN_DEVICES`; a tie or a device of unknown vendor: None), which the group's own predictors are
-    fitted on; else None (every row). The group's ``other`` predictor, fitted on every row, answers for the devices
-    of the other vendors, measured or not (:class:`SeenSplit`, :func:`opcast.hardware.other_vendor`).
+    :data:`VENDOR_MIN_DEVICES`; a tie or a device of unknown vendor: None), on which the group is fitted as any
+    other (``auto``'s held-out folds, its choices, the entry's rows and scores; its ``devices`` stay every vendor's,
+    as the set's routing and physical bounds read them, the main vendor's in ``vendor_devices``); else None (every
+    row). The estimator the training GPUs get, fitted once more on every row, is the group's ``other`` predictor: it
+    answers for the devices of the other vendors, measured or not (:class:`SeenSplit`,
+    :func:`opcast.hardware.other_vendor`).
 
     Another vendor's kernels are another library's (cuBLAS, hipBLASLt, oneDNN), and a predictor does not keep them
     apart on the GPUs it was not fitted on: in leave-one-GPU-out over AIConfigurator's nine NVIDIA systems
@@ -495,7 +491,8 @@ def vendor_rows(devices: np.ndarray, vendor_of: Mapping[str, str]) -> tuple[np.n
     xgb priced the left-out NVIDIA GPUs' bf16 GEMMs at 13.0 % MAPE (A100 21.9, L40S 23.1) and fp8 at 10.0 % (H200
     10.9); fitted on NVIDIA's rows alone, 11.3 % (14.3, 16.9) and 8.6 % (5.8). The tile-MLP with the B60 among its
     rows 11.4 %, without 10.5 % (fp8 9.1 both). A one-hot vendor feature instead did not keep xgb apart (13.0 %
-    with it). The twenty-sixth session's runs: ``benchmarks/results/modern_gpus.md``."""
+    with it). On the attention rows (the B60's) xgb's prefill bf16 20.1 -> 11.3 %, decode 18.0 -> 11.6 %; the
+    tile-MLP 16.8 -> 13.4 / 18.1 -> 12.5 %. The twenty-sixth session's runs: ``benchmarks/results/modern_gpus.md``."""
     names = pd.unique(np.asarray(devices, dtype=object))
     by_vendor: dict[str, int] = {}
     for name in names:
@@ -533,15 +530,16 @@ class _GroupFit:
         frame: pd.DataFrame,
         feats: pd.DataFrame,
         cfg: FitConfig,
-        vendor_of: Mapping[str, str] | None = None,
+        other: tuple[pd.DataFrame, pd.DataFrame, tuple[str, ...]] | None = None,
     ) -> None:
         self.key, self.frame, self.feats, self.cfg = key, frame, feats, cfg
         self.kind = key.rsplit("-", 2)[0]
         self.y = frame["time_s_median"].to_numpy(dtype=float)
         self.shapes = shape_groups(frame)
         self.devices = frame["device"].astype(object).to_numpy()
-        self.vendor = None if vendor_of is None else vendor_rows(self.devices, vendor_of)
-        """(rows, vendors) of the left-out-GPU predictor's fit where the group mixes vendors, else None."""
+        self.other = other
+        """Where the group mixes vendors (:func:`vendor_rows`; ``frame`` then holds the main vendor's rows): every
+        row of the group (rows, features) and the main vendors, for the ``other`` fit; else None."""
         self.folds = _folds(self.devices, self.shapes, cfg)
         self.plan = _fold_plan(self.folds, cfg)
         self.candidates = list(AUTO_ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
@@ -607,39 +605,34 @@ class _GroupFit:
             )
             for name in names
         ]
-        if self.vendor is None:
+        if self.other is None:
             return tasks
-        # The group mixes vendors (vendor_rows): the estimators above answer the other vendors' devices, fitted on
-        # every row; the same choices fitted on the main vendor's rows alone answer that vendor's.
-        mask = self.vendor[0]
-        for task in tasks:
-            task.what = (*task.what, OTHER_FIT)
-        return tasks + [
-            _Task(
-                group=self.key,
-                what=("final", name),
-                fn=_final_fit,
-                args=partial(_rows_args, name, self.kind, self.cfg, self.feats, self.y, self.shapes, mask),
-                cost_s=_cost_s(name, int(mask.sum())),
-            )
-            for name in names
-        ]
+        # The group mixes vendors (vendor_rows): the estimator the training GPUs get, fitted once more on every
+        # row, answers for the other vendors' devices.
+        rows, feats, _ = self.other
+        name = self.chosen_seen or self.chosen
+        y, shapes = rows["time_s_median"].to_numpy(dtype=float), shape_groups(rows)
+        every = _Task(
+            group=self.key,
+            what=("final", name, OTHER_FIT),
+            fn=_final_fit,
+            args=partial(tuple, (name, self.kind, self.cfg, feats, y, shapes)),
+            cost_s=_cost_s(name, len(y)),
+        )
+        return [*tasks, every]
 
     def estimator(self) -> Estimator:
         """The fitted estimator (a :class:`SeenSplit` where two were chosen, or where the group mixes vendors:
         :func:`vendor_rows`), once every final fit ran."""
-        if self.vendor is not None:
-            unseen = self.finals[self.chosen]
-            seen = self.finals.get(self.chosen_seen or self.chosen, unseen)
-            other = self.finals.get((self.chosen_seen or self.chosen) + OTHER_FIT)
-            if other is None:  # the every-row fit did not apply: the main vendor's answer for every device
-                return unseen if seen is unseen else cast(Estimator, SeenSplit(unseen, seen, self._devices()))
-            vendors = self.vendor[1]
-            return cast(Estimator, SeenSplit(unseen, seen, self._devices(), other=other, vendors=vendors))
         unseen = self.finals[self.chosen]
+        seen = unseen
         if self.chosen_seen and self.chosen_seen != self.chosen and self.chosen_seen in self.finals:
-            return cast(Estimator, SeenSplit(unseen, self.finals[self.chosen_seen], pd.unique(self.devices).tolist()))
-        return unseen
+            seen = self.finals[self.chosen_seen]
+        other = None if self.other is None else self.finals.get((self.chosen_seen or self.chosen) + OTHER_FIT)
+        if other is not None and self.other is not None:
+            split = SeenSplit(unseen, seen, self._devices(), other=other, vendors=self.other[2])
+            return cast(Estimator, split)
+        return unseen if seen is unseen else cast(Estimator, SeenSplit(unseen, seen, self._devices()))
 
     def _devices(self) -> list[str]:
         return pd.unique(self.devices).tolist()
@@ -690,18 +683,21 @@ class _GroupFit:
             if "seen_device" in seen_scored[1]:
                 residuals["seen_device"] = seen_scored[1]["seen_device"]
             extra["seen"] = {"estimator": est.seen.name, "held_out": seen_scored[2], "why": self.why_seen}
-        if isinstance(est, SeenSplit) and est.other is not None and self.vendor is not None:
+        if isinstance(est, SeenSplit) and est.other is not None and self.other is not None:
             extra["vendors"] = list(est.vendors)
-            extra["vendor_rows"] = int(self.vendor[0].sum())
-            extra["other"] = {"estimator": est.other.name, "why": OTHER_WHY}
+            extra["other"] = {"estimator": est.other.name, "why": OTHER_WHY, "rows": len(self.other[0])}
+            extra["vendor_devices"] = sorted(pd.unique(self.devices).tolist())
         seen_scores = {n: s[2] for n, s in self.scored.items() if s is not None and s[2]}
         if seen_scores:
             extra["candidates_seen"] = seen_scores
+        # the devices a set's routing and physical bounds know the group by: every vendor's (the other part answers
+        # for theirs); the rows and scores are the main vendor's
+        every, every_feats = (self.frame, self.feats) if self.other is None else self.other[:2]
         return {
             "op": self.kind,
             "rows": int(len(self.frame)),
-            "devices": sorted(pd.unique(self.devices).tolist()),
-            **_impl_devices(self.frame),
+            "devices": sorted(pd.unique(every["device"].astype(object)).tolist()),
+            **_impl_devices(every),
             "features": list(est.feature_names),
             "feature_ranges": _ranges(self.feats, est.feature_names),
             "held_out": scores.get(self.chosen) or None,
@@ -710,7 +706,7 @@ class _GroupFit:
             "why": self.why,
             "residuals": residuals,
             **extra,
-            **_sustained_entry(self.frame, self.feats),
+            **_sustained_entry(every, every_feats),
         }
 
 
@@ -1054,10 +1050,17 @@ def fit_frame(
     task = progress.add_task("fit", total=len(groups)) if progress is not None else None
     jobs: dict[str, _GroupFit] = {}
     vendor_of = {name: spec.vendor for name, spec in devices.items()}
+    device_col = frame["device"].astype(object).to_numpy()
     for key in groups:
         pos = np.flatnonzero(keys == key)
         if len(pos) >= cfg.min_rows:
-            jobs[key] = _GroupFit(key, frame.iloc[pos], feats.iloc[pos], cfg, vendor_of)
+            split = vendor_rows(device_col[pos], vendor_of)
+            if split is not None and int(split[0].sum()) >= cfg.min_rows:  # the main vendor's rows; every row too
+                main = pos[split[0]]
+                other = (frame.iloc[pos], feats.iloc[pos], split[1])
+                jobs[key] = _GroupFit(key, frame.iloc[main], feats.iloc[main], cfg, other)
+            else:
+                jobs[key] = _GroupFit(key, frame.iloc[pos], feats.iloc[pos], cfg)
 
     def done(key: str) -> None:
         if task is not None:

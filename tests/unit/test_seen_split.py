@@ -90,7 +90,7 @@ def _job(scored, estimator="auto"):
     job.feats = job.shapes = None
     job.chosen = job.why = job.chosen_seen = job.why_seen = ""
     job.scored, job.finals = {}, {}
-    job.vendor = None  # one vendor's rows
+    job.other = None  # one vendor's rows
     job._score = lambda name: scored[name]  # type: ignore[method-assign]
     return job
 

@@ -59,7 +59,10 @@ def test_the_main_vendor_fit_leaves_the_other_vendors_rows_out(mixed):
     assert est.seen is est.unseen  # one estimator chosen: one fit answers the main vendor's GPUs, seen or not
     assert entry["vendors"] == ["nvidia"] and entry["other"]["estimator"] == "xgb"
     frame = mixed["frame"]
-    assert entry["vendor_rows"] == int((frame["device"] != mixed["amd"].name).sum()) < entry["rows"] == len(frame)
+    # the group is fitted and scored on NVIDIA's rows; the other part on every row
+    assert entry["rows"] == int((frame["device"] != mixed["amd"].name).sum()) < entry["other"]["rows"] == len(frame)
+    # the routing and the physical bounds know every device; the main vendor's are listed apart
+    assert mixed["amd"].name in entry["devices"] and mixed["amd"].name not in entry["vendor_devices"]
 
 
 def test_the_written_set_routes_each_vendor_as_the_fit_does(mixed):
