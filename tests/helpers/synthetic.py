@@ -9,9 +9,9 @@ package: ``from helpers.synthetic import ...`` (``tests/conftest.py`` puts ``tes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -194,3 +194,55 @@ def aligned_gemms(rows: pd.DataFrame) -> pd.DataFrame:
             "gemm", params, r["dtype"], r["direction"], r["tensor_cores"]
         )
     return out
+
+
+AIC_GEMM_DTYPES: Final = {"bf16": ("peak_bf16_flops", 2), "fp8_block": ("peak_fp8_flops", 1)}
+"""A replayed AIConfigurator GEMM dtype -> (its peak's catalog field, bytes an element)."""
+
+
+def aic_gemm_rows(
+    efficiency: Mapping[str, float],
+    *,
+    dtypes: Sequence[str] = ("bf16",),
+    folders: Mapping[str, str] | None = None,
+    kernel_name: str | None = None,
+    seed: int = 0,
+    shapes: int = 48,
+) -> list[dict]:
+    """GEMMs of the same random shapes on the catalog GPUs of ``efficiency`` (name -> share of the dtype's peak)
+    in the layout of a replayed AIConfigurator table (``folders``: a GPU's system folder, default its name), timed
+    by a roofline law with that efficiency, a 5 us floor and 3 % noise, one dtype of :data:`AIC_GEMM_DTYPES` after
+    another per GPU."""
+    rng = np.random.default_rng(seed)
+    mnk = rng.integers(6, 14, size=(shapes, 3))
+    rows = []
+    for dev, share in efficiency.items():
+        spec = get_device(dev)
+        folder = (folders or {}).get(dev, dev)
+        for dtype in dtypes:
+            field, size = AIC_GEMM_DTYPES[dtype]
+            peak = getattr(spec, field)
+            assert peak, f"{dev} has no {field}"
+            for m, n, k in 2**mnk:
+                t_compute = 2 * m * n * k / (peak * share)
+                t_memory = size * (m * k + k * n + m * n) / spec.mem_bw_bytes_per_s
+                rows.append(
+                    {
+                        "run_id": "t",
+                        "source": "replay:aiconfigurator",
+                        "timing_method": "replay:aiconfigurator:mean",
+                        "source_file": f"{folder}/gemm/trtllm/1.0/gemm_perf.parquet",
+                        "device": dev,
+                        "op": "gemm",
+                        "dtype": dtype,
+                        "direction": "fwd",
+                        "tensor_cores": True,
+                        "b": 1,
+                        "m": int(m),
+                        "n": int(n),
+                        "k": int(k),
+                        **({"kernel_name": kernel_name} if kernel_name else {}),
+                        "time_s_median": float((max(t_compute, t_memory) + 5e-6) * np.exp(rng.normal(0, 0.03))),
+                    }
+                )
+    return rows

@@ -17,6 +17,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import get_device
 
 from helpers.scripts import load_script
+from helpers.synthetic import aic_gemm_rows
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "modern_gpus.py"
@@ -29,36 +30,14 @@ EFFICIENCY = {"H100-SXM": 0.7, "B200": 0.6, "GB200": 0.5}
 def _gemm_rows(seed: int = 0, shapes: int = 48) -> list[dict]:
     """bf16 and fp8_block GEMMs of the same random shapes on three catalog GPUs, timed by a roofline
     law with a per-GPU efficiency, a 5 us floor and 3 % noise (no nvfp4 rows)."""
-    rng = np.random.default_rng(seed)
-    mnk = rng.integers(6, 14, size=(shapes, 3))
-    rows = []
-    for dev, folder in SYSTEMS.items():
-        spec = get_device(dev)
-        for dtype, peak, size in (("bf16", spec.peak_bf16_flops, 2), ("fp8_block", spec.peak_fp8_flops, 1)):
-            assert peak
-            for m, n, k in 2**mnk:
-                t_compute = 2 * m * n * k / (peak * EFFICIENCY[dev])
-                t_memory = size * (m * k + k * n + m * n) / spec.mem_bw_bytes_per_s
-                rows.append(
-                    {
-                        "run_id": "t",
-                        "source": "replay:aiconfigurator",
-                        "timing_method": "replay:aiconfigurator:mean",
-                        "source_file": f"{folder}/gemm/trtllm/1.0/gemm_perf.parquet",
-                        "device": dev,
-                        "op": "gemm",
-                        "dtype": dtype,
-                        "direction": "fwd",
-                        "tensor_cores": True,
-                        "b": 1,
-                        "m": int(m),
-                        "n": int(n),
-                        "k": int(k),
-                        "kernel_name": "trtllm 1.0: torch_flow",
-                        "time_s_median": float((max(t_compute, t_memory) + 5e-6) * np.exp(rng.normal(0, 0.03))),
-                    }
-                )
-    return rows
+    return aic_gemm_rows(
+        EFFICIENCY,
+        dtypes=("bf16", "fp8_block"),
+        folders=SYSTEMS,
+        kernel_name="trtllm 1.0: torch_flow",
+        seed=seed,
+        shapes=shapes,
+    )
 
 
 @pytest.fixture(scope="module")

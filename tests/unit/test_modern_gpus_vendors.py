@@ -7,12 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from opcast.hardware import get_device
-
 from helpers.scripts import load_script
+from helpers.synthetic import aic_gemm_rows
 
 REPO = Path(__file__).resolve().parents[2]
 mg = load_script(REPO / "benchmarks" / "modern_gpus.py", "modern_gpus_benchmark_vendors")
@@ -22,34 +20,7 @@ EFFICIENCY = {"H100-SXM": 0.7, "B200": 0.6, "GB200": 0.5, "MI300X": 0.25}
 
 def _rows(devices: tuple[str, ...], seed: int = 0, shapes: int = 60) -> list[dict]:
     """bf16 GEMMs of the same random shapes on catalog GPUs, a roofline law with a per-GPU efficiency."""
-    rng = np.random.default_rng(seed)
-    mnk = rng.integers(6, 14, size=(shapes, 3))
-    rows = []
-    for dev in devices:
-        spec = get_device(dev)
-        assert spec.peak_bf16_flops
-        for m, n, k in 2**mnk:
-            t_compute = 2 * m * n * k / (spec.peak_bf16_flops * EFFICIENCY[dev])
-            t_memory = 2 * (m * k + k * n + m * n) / spec.mem_bw_bytes_per_s
-            rows.append(
-                {
-                    "run_id": "t",
-                    "source": "replay:aiconfigurator",
-                    "timing_method": "replay:aiconfigurator:mean",
-                    "source_file": f"{dev}/gemm/trtllm/1.0/gemm_perf.parquet",
-                    "device": dev,
-                    "op": "gemm",
-                    "dtype": "bf16",
-                    "direction": "fwd",
-                    "tensor_cores": True,
-                    "b": 1,
-                    "m": int(m),
-                    "n": int(n),
-                    "k": int(k),
-                    "time_s_median": float((max(t_compute, t_memory) + 5e-6) * np.exp(rng.normal(0, 0.03))),
-                }
-            )
-    return rows
+    return aic_gemm_rows({d: EFFICIENCY[d] for d in devices}, seed=seed, shapes=shapes)
 
 
 @pytest.fixture(scope="module")
