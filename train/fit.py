@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -435,7 +436,9 @@ class SeenSplit:
     predict_s: a left-out device's answer); :func:`_predict_fitted` and the written model set route the
     training devices to ``seen``. With MI355X's GEMMs in the data the tile-MLP transfers best to a left-out
     GPU on gemm-fwd-half (median 16.2 % vs xgb 18.9) while xgb is the better on the GPUs it has data of:
-    one estimator had to give up one of the two."""
+    one estimator had to give up one of the two. Where the group mixes vendors (:func:`vendor_rows`) both are
+    fitted on the main vendor's rows (then ``seen`` may be ``unseen`` itself) and ``other``, fitted on every row,
+    answers for the other vendors' devices."""
 
     def __init__(
         self,
@@ -493,19 +496,15 @@ def vendor_rows(devices: np.ndarray, vendor_of: Mapping[str, str]) -> tuple[np.n
     rows 11.4 %, without 10.5 % (fp8 9.1 both). A one-hot vendor feature instead did not keep xgb apart (13.0 %
     with it). On the attention rows (the B60's) xgb's prefill bf16 20.1 -> 11.3 %, decode 18.0 -> 11.6 %; the
     tile-MLP 16.8 -> 13.4 / 18.1 -> 12.5 %. The twenty-sixth session's runs: ``benchmarks/results/modern_gpus.md``."""
-    names = pd.unique(np.asarray(devices, dtype=object))
-    by_vendor: dict[str, int] = {}
-    for name in names:
-        vendor = vendor_of.get(str(name), "")
-        by_vendor[vendor] = by_vendor.get(vendor, 0) + 1
+    names = np.asarray(devices, dtype=object)
+    vendors = np.array([vendor_of.get(str(n), "") for n in names], dtype=object)
+    by_vendor = Counter(vendor_of.get(str(n), "") for n in pd.unique(names))
     if len(by_vendor) < 2 or "" in by_vendor:
         return None
-    ranked = sorted(by_vendor.items(), key=lambda kv: -kv[1])
-    (top, count), (_, second) = ranked[0], ranked[1]
+    (top, count), (_, second) = by_vendor.most_common(2)
     if count < VENDOR_MIN_DEVICES or count == second:
         return None
-    ours = {str(n) for n in names if vendor_of.get(str(n)) == top}
-    return np.isin(np.asarray(devices, dtype=object), list(ours)), (top,)
+    return vendors == top, (top,)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -628,10 +627,9 @@ class _GroupFit:
         seen = unseen
         if self.chosen_seen and self.chosen_seen != self.chosen and self.chosen_seen in self.finals:
             seen = self.finals[self.chosen_seen]
-        other = None if self.other is None else self.finals.get((self.chosen_seen or self.chosen) + OTHER_FIT)
-        if other is not None and self.other is not None:
-            split = SeenSplit(unseen, seen, self._devices(), other=other, vendors=self.other[2])
-            return cast(Estimator, split)
+        every_row = (self.chosen_seen or self.chosen) + OTHER_FIT
+        if self.other is not None and (other := self.finals.get(every_row)) is not None:
+            return cast(Estimator, SeenSplit(unseen, seen, self._devices(), other=other, vendors=self.other[2]))
         return unseen if seen is unseen else cast(Estimator, SeenSplit(unseen, seen, self._devices()))
 
     def _devices(self) -> list[str]:
@@ -686,7 +684,7 @@ class _GroupFit:
         if isinstance(est, SeenSplit) and est.other is not None and self.other is not None:
             extra["vendors"] = list(est.vendors)
             extra["other"] = {"estimator": est.other.name, "why": OTHER_WHY, "rows": len(self.other[0])}
-            extra["vendor_devices"] = sorted(pd.unique(self.devices).tolist())
+            extra["vendor_devices"] = sorted(self._devices())
         seen_scores = {n: s[2] for n, s in self.scored.items() if s is not None and s[2]}
         if seen_scores:
             extra["candidates_seen"] = seen_scores
