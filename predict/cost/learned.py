@@ -78,7 +78,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import numpy as np
 
@@ -88,6 +88,7 @@ from opcast.ops import INT_PARAM_LIMIT, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS,
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak, slower_at_most
 from opcast.predict.intervals import Residuals
+from opcast.train.features import MMA_FEATURES
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
@@ -249,6 +250,8 @@ _DEVICE_FEATURES: dict[str, str] = {
     "is_cpu": "is_cpu",
 }
 """Device features of ``opcast.train.features`` -> the spec quantity each reads."""
+_SPEC_FEATURES: Final = frozenset({*_DEVICE_FEATURES, *MMA_FEATURES})
+"""The features a device's spec sheet gives, the same for every kernel on it."""
 
 
 def _device_quantities(device: DeviceSpec, k: Kernel) -> dict[str, float] | None:
@@ -373,11 +376,12 @@ class HardwareRange:
         return why
 
     def feature_reasons(
-        self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None
+        self, key: str, kernels: Sequence[Kernel], device: DeviceSpec, feats: Any = None, *, shapes_only: bool = False
     ) -> dict[Kernel, str]:
         """Kernels of group ``key`` whose features leave the predictor's recorded ``feature_ranges``
         (``feats``: their feature rows, when the caller computed them already); a kernel is
-        named for the first recorded feature it leaves."""
+        named for the first recorded feature it leaves. With ``shapes_only`` the device's own features
+        (:data:`_SPEC_FEATURES`) are not checked: the kernel's shape is."""
         entry = self.meta.get("predictors", {}).get(key)
         ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
         if not ranges or not kernels:
@@ -389,7 +393,7 @@ class HardwareRange:
         out: dict[Kernel, str] = {}
         left = np.ones(len(kernels), dtype=bool)
         for name, bounds in ranges.items():
-            if name not in feats.columns:
+            if name not in feats.columns or (shapes_only and name in _SPEC_FEATURES):
                 continue
             lo, hi = float(bounds[0]), float(bounds[1])
             values = feats[name].to_numpy(dtype=float)
@@ -771,7 +775,9 @@ class LearnedKernelCost:
             fitted = self.as_fitted(ks)
             for spec in self.range.training_specs(key):
                 try:
-                    got = self.range.feature_reasons(key, fitted, spec)
+                    # the shape alone: a training device of another vendor may lie outside the device features of
+                    # a predictor fitted on one vendor's rows (opcast.train.fit.vendor_rows), which is no shape's doing
+                    got = self.range.feature_reasons(key, fitted, spec, shapes_only=True)
                 except ImportError:
                     break
                 for k, f in zip(ks, fitted):

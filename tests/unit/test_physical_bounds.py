@@ -246,3 +246,26 @@ def test_a_gpu_made_from_a_training_gpu_with_more_of_everything_is_never_slower_
     for setting, most in (("peak_bf16_flops=x1.05", 1.05), ("l2_bytes=x2", 1.0), ("sm_count=x2", 1.0)):
         t = cost.time_s(gemm, derive_device(b200, [setting]))[0]
         assert base / most * (1 - 1e-9) <= t <= base * (1 + 1e-9), setting
+
+
+def test_a_training_device_outside_the_recorded_device_features_is_no_shape_extrapolation(world, tmp_path):
+    """A group fitted on one vendor's rows (train.fit.vendor_rows) records the device features of that vendor's GPUs,
+    while its devices are every vendor's: a training GPU of another vendor outside them makes no kernel a shape
+    extrapolation (Intel's B60 below NVIDIA's bf16 peaks once held A100-SXM4-80GB's GEMMs to the B60's utilisation)."""
+    key = "elementwise-fwd-half"
+    meta = json.loads((world["path"] / "meta.json").read_text())
+    ranges = meta["predictors"][key]["feature_ranges"]
+    assert "log_mem_bw_bytes_per_s" in ranges
+    top = float(np.log(world["two"].mem_bw_bytes_per_s))
+    ranges["log_mem_bw_bytes_per_s"] = [top, top]  # as if fitted on fake-bw15's rows alone: fake-bw1 lies outside
+    meta["meta_sha256"] = artifacts._meta_digest(meta)
+    copy = tmp_path / "toy"
+    copy.mkdir()
+    for f in world["path"].iterdir():
+        (copy / f.name).write_bytes(f.read_bytes())
+    (copy / "meta.json").write_text(json.dumps(meta))
+    source = load_kernel_cost(copy).sources[0]
+    near, far = MEMORY_BOUND[1], kernel("elementwise", {"numel": 1 << 31, "fn": "add"}, "fp16")
+    assert source.range.feature_reasons(key, [near], world["one"])  # the device feature is outside on fake-bw1
+    assert source._outside_shapes([(key, near)]) == {}  # but the shape is not
+    assert "log_flops" in source._outside_shapes([(key, far)])[far]  # a shape outside still is
