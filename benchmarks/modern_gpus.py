@@ -1,6 +1,6 @@
 """Held-out accuracy of ``opcast train`` on NVIDIA AIConfigurator's measured kernels (issue 17).
 
-    python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|auto]
+    python benchmarks/modern_gpus.py [--data FILE] [--work DIR] [--estimator xgb|tile-mlp|hier|blend|auto]
         [--train-rows 2000] [--test-rows 4000] [--within-train-rows 24000] [--sections logo,within,shipped]
         [--models DIR] [--fit-rows 5000]
         [--systems H100-SXM,B200,...] [--labels "gemm fp8_block,gemm nvfp4"] [--seed 0] [--json FILE]
@@ -637,7 +637,7 @@ def main(argv: list[str] | None = None) -> int:
         help="With --replay-to: keep only these fused MoE kernel families' rows, comma-separated (of "
         f"{', '.join(MOE_IMPLS)}; default all).",
     )
-    ap.add_argument("--estimator", default="xgb", choices=["auto", "xgb", "tile-mlp", "hier"])
+    ap.add_argument("--estimator", default="xgb", choices=["auto", "xgb", "tile-mlp", "hier", "blend"])
     ap.add_argument(
         "--train-rows", type=int, default=2000, help="LOGO training rows per (system, label) (default %(default)s)."
     )

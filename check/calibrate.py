@@ -141,7 +141,7 @@ class CalibrateConfig:
     name: str = "calibrated"
     """Name of the model set (its folder under ``out``)."""
     estimator: str = "xgb"
-    """train fit's estimator: xgb (fast), tile-mlp, hier, neusight or auto."""
+    """train fit's estimator: xgb (fast), tile-mlp, hier, neusight, blend or auto."""
     steps: int = 3
     """Timed steps of each validation."""
     warmup: int = 1

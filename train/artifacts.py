@@ -249,12 +249,17 @@ SEEN_SUFFIX: Final = "+seen"
 answers for the devices the group was fitted on where ``auto`` chose another for the rest
 (:class:`opcast.train.fit.SeenSplit`)."""
 SEEN_FIELDS: Final[dict[str, _Field]] = {k: ENTRY_FIELDS[k] for k in ("file", "estimator", "features", "config")}
-"""What :func:`check_meta` requires of an entry's ``seen`` part (and of its ``other`` part)."""
+"""What :func:`check_meta` requires of an entry's ``seen`` part (and of its ``other`` and ``blend`` parts)."""
 OTHER_SUFFIX: Final = "+other"
 """Suffix of the group key (file stem and record) of a predictor's ``other`` part: where the group mixes vendors,
 the estimator fitted on every vendor's rows, which answers for the devices of the vendors but ``vendors``, the
 vendors whose rows alone the group's own predictors were fitted on (:func:`opcast.train.fit.vendor_rows`)."""
-PARTS: Final = (("seen", SEEN_SUFFIX), ("other", OTHER_SUFFIX))
+BLEND_SUFFIX: Final = "+blend"
+"""Suffix of the group key (file stem and record) of a predictor's ``blend`` part: the second estimator of a
+:class:`~opcast.train.estimators.blend.Blend`, whose answers' geometric mean with the entry's own estimator's
+answers the GPUs the group was not fitted on; the training GPUs get the entry's own estimator (or its ``seen``
+part)."""
+PARTS: Final = (("seen", SEEN_SUFFIX), ("other", OTHER_SUFFIX), ("blend", BLEND_SUFFIX))
 """An entry's optional predictor parts: (entry field, file stem suffix)."""
 
 
@@ -365,19 +370,33 @@ class ModelSet:
 
     def estimator(self, key: str, seen: bool = False, *, other: bool = False) -> Any:
         """The fitted predictor of group ``key`` (loaded on first use, by the estimator's light
-        predictor class: numpy only, no scikit-learn, xgboost or torch); with ``seen``, the one that
-        answers for the devices the group was fitted on, where the set holds a second one for them; with
-        ``other``, the one that answers for the devices of the vendors the group's own were not fitted on."""
-        field, suffix = ("other", OTHER_SUFFIX) if other else ("seen", SEEN_SUFFIX) if seen else ("", "")
-        part = self.predictors[key].get(field) if field else None
-        if field and not isinstance(part, Mapping):
-            return self.estimator(key)
-        memo = key + suffix
+        predictor class: numpy only, no scikit-learn, xgboost or torch): the one that answers the devices the
+        group was not fitted on (a :class:`~opcast.train.estimators.blend.Blend` of the entry's own and its
+        ``blend`` part where it has one); with ``seen``, the one that answers for the devices the group was
+        fitted on (its ``seen`` part, else its own); with ``other``, the one that answers for the devices of the
+        vendors the group's own were not fitted on."""
+        entry = self.predictors[key]
+        if other and isinstance(entry.get("other"), Mapping):
+            return self._part(key + OTHER_SUFFIX, entry["other"])
+        if seen and isinstance(entry.get("seen"), Mapping):
+            return self._part(key + SEEN_SUFFIX, entry["seen"])
+        own = self._part(key, entry)
+        if seen or not isinstance(entry.get("blend"), Mapping):
+            return own
+        memo = key + "+blended"
+        if memo not in self._loaded:
+            from opcast.train.estimators.blend import Blend
+
+            self._loaded[memo] = Blend(own, self._part(key + BLEND_SUFFIX, entry["blend"]))
+        return self._loaded[memo]
+
+    def _part(self, memo: str, entry: Mapping[str, Any]) -> Any:
+        """The predictor of one file of the set, described by ``entry`` (a group's, or one of its parts') and
+        recorded as group ``memo``; loaded on first use."""
         est = self._loaded.get(memo)
         if est is None:
             from opcast.train.estimators import predictor_class
 
-            entry = part if isinstance(part, Mapping) else self.predictors[key]
             cls = predictor_class(entry["estimator"])
             file = self.path / entry["file"]
             try:
@@ -405,7 +424,8 @@ class ModelSet:
         got = self._as_seen.get(memo)
         if got is None:
             entry = self.predictors.get(key) or {}
-            devices = entry.get("devices", ()) if isinstance(entry.get("seen"), Mapping) else ()
+            two = isinstance(entry.get("seen"), Mapping) or isinstance(entry.get("blend"), Mapping)
+            devices = entry.get("devices", ()) if two else ()
             got = self._as_seen[memo] = answers_as_trained(device, devices, self.device_specs, unread_peaks(key))
         return got
 
@@ -760,19 +780,21 @@ def write_model_set(
             predictors: dict[str, Any] = {}
             files: dict[str, str] = {}
             for key, (est, entry) in sorted(fitted.items()):
-                record = {"group": key, "estimator": est.name, "features": list(est.feature_names)}
-                path = est.save(tmp / key, record=record)
+                own = getattr(est, "primary", est)  # a Blend's (or a SeenSplit's Blend's) first part is the own file
+                record = {"group": key, "estimator": own.name, "features": list(own.feature_names)}
+                path = own.save(tmp / key, record=record)
                 files[path.name] = sha256_file(path)
                 predictors[key] = {
                     **entry,
                     "file": path.name,
-                    "estimator": est.name,
-                    "features": list(est.feature_names),
-                    "config": est.config(),
+                    "estimator": own.name,
+                    "features": list(own.feature_names),
+                    "config": own.config(),
                 }
-                for field, suffix in PARTS:  # a SeenSplit: the training devices' own estimator, another vendors'
+                # a SeenSplit: the training devices' own estimator, another vendors'; a Blend: its second part
+                for field, suffix in PARTS:
                     part = getattr(est, field, None)
-                    if part is None or part is getattr(est, "unseen", None):
+                    if part is None or part is own or part is getattr(est, "unseen", None):
                         continue
                     stem = key + suffix
                     record = {"group": stem, "estimator": part.name, "features": list(part.feature_names)}

@@ -24,9 +24,10 @@ def fit(
         str,
         typer.Option(
             help="xgb, tile-mlp, neusight (NeuSight's tile-level baseline), hier (device level from "
-            "the spec sheet + xgb shape model), or auto (xgb, tile-mlp or hier per op group, by error on "
-            "left-out devices; where another is better on held-out shapes of the training devices, that one "
-            "answers for them)."
+            "the spec sheet + xgb shape model), blend (the geometric mean of xgb and tile-mlp for the GPUs "
+            "a group was not fitted on, xgb for the others), or auto (xgb, tile-mlp, hier or blend per op group, "
+            "by error on left-out devices; where another is better on held-out shapes of the training devices, "
+            "that one answers for them)."
         ),
     ] = "auto",
     holdout_device: Annotated[

@@ -38,14 +38,25 @@ from opcast.hardware import (
 from opcast.ops import get_op, op_kinds
 from opcast.train.collectives import custom_backend
 from opcast.train.estimators import ESTIMATORS, Estimator, NotApplicable, estimator_class
+from opcast.train.estimators.blend import Blend
 from opcast.train.evaluate import ape_metrics
 from opcast.train.features import FEATURES, board_time_s, features, group_keys, model_inputs, unread_peaks
 from opcast.train.splits import grouped_mask, leave_one_group_out, seeded_draw, shape_groups
 
-EstimatorChoice = Literal["xgb", "tile-mlp", "neusight", "hier", "auto"]
+EstimatorChoice = Literal["xgb", "tile-mlp", "neusight", "hier", "blend", "auto"]
 AUTO_ESTIMATORS: Final = ("xgb", "tile-mlp", "hier")
-"""What ``auto`` chooses between. The NeuSight baseline needs the target GPU's profiled kernel tiles
-to transfer (benchmarks/results/unseen_gpus.md) and an 8 x 512 MLP per fold: asked for by name only."""
+"""What ``auto`` fits on its folds and chooses between, with :data:`BLEND` of two of them. The NeuSight baseline
+needs the target GPU's profiled kernel tiles to transfer (benchmarks/results/unseen_gpus.md) and an 8 x 512 MLP per
+fold: asked for by name only."""
+BLEND: Final = "blend"
+"""The geometric mean of :data:`BLEND_PARTS`' answers (:class:`opcast.train.estimators.blend.Blend`): a candidate
+of ``auto`` for the left-out GPUs, scored from its parts' fold predictions (no fit of its own), or asked for by
+name (``--estimator blend``: both parts fitted, the blend answering every GPU the group was not fitted on)."""
+BLEND_PARTS: Final = ("xgb", "tile-mlp")
+"""The blend's parts, the first the one its training GPUs get unless ``auto`` prefers the other there. In
+leave-one-GPU-out over AIConfigurator's nine NVIDIA systems (``benchmarks/modern_gpus.py``, 2,000 training rows per
+system and label, seed 0) the blend priced the left-out GPUs' bf16 GEMMs at 9.9 % MAPE (xgb 11.3, tile-MLP 10.5)
+and fp8 at 8.0 % (8.6, 9.1), better than both on seven of nine GPUs for bf16: the two miss in different places."""
 TIE_POINTS = 0.5
 """auto keeps xgb unless tile-mlp's held-out median APE is lower by more than this many points."""
 
@@ -55,8 +66,8 @@ class FitConfig:
     """How ``opcast train fit`` fits a model set."""
 
     estimator: EstimatorChoice = "auto"
-    """xgb, tile-mlp, neusight, hier, or auto (per group among :data:`AUTO_ESTIMATORS`, by held-out median APE
-    on the left-out devices)."""
+    """xgb, tile-mlp, neusight, hier, blend (:data:`BLEND`), or auto (per group among :data:`AUTO_ESTIMATORS` and
+    the blend, by held-out median APE on the left-out devices)."""
     holdout_devices: tuple[str, ...] = ()
     """Devices left out of fitting entirely and scored at the end (leave-one-GPU-out by hand)."""
     ops: tuple[str, ...] = ()
@@ -106,8 +117,10 @@ class FitConfig:
 
     def __post_init__(self) -> None:
         """Every option is checked here, before any data is read."""
-        if self.estimator not in (*ESTIMATORS, "auto"):
-            raise OpcastError(f"unknown estimator {self.estimator!r}; use xgb, tile-mlp, neusight, hier or auto")
+        if self.estimator not in (*ESTIMATORS, BLEND, "auto"):
+            raise OpcastError(
+                f"unknown estimator {self.estimator!r}; use xgb, tile-mlp, neusight, hier, {BLEND} or auto"
+            )
         if self.folds < 0:
             raise OpcastError(f"--folds {self.folds}: give 0 (no held-out folds) or more")
         if not 0 < self.shape_fraction < 1:
@@ -396,6 +409,10 @@ OTHER_FIT: Final = "@every-vendor"
 """Marks the final fits on every row of a group that mixes vendors (:func:`vendor_rows`): they answer the devices
 of the vendors other than the main one."""
 OTHER_WHY: Final = "fitted on every vendor's rows: answers the devices of the other vendors (vendor_rows)"
+BLEND_WHY: Final = (
+    "the geometric mean of this part's and the entry's own estimator's answers answers the GPUs the group was not "
+    "fitted on (Blend)"
+)
 
 
 def _subset_args(
@@ -541,7 +558,13 @@ class _GroupFit:
         row of the group (rows, features) and the main vendors, for the ``other`` fit; else None."""
         self.folds = _folds(self.devices, self.shapes, cfg)
         self.plan = _fold_plan(self.folds, cfg)
-        self.candidates = list(AUTO_ESTIMATORS) if cfg.estimator == "auto" else [cfg.estimator]
+        self.candidates = (
+            list(AUTO_ESTIMATORS)
+            if cfg.estimator == "auto"
+            else list(BLEND_PARTS)
+            if cfg.estimator == BLEND
+            else [cfg.estimator]
+        )
         self.preds: dict[tuple[str, int], np.ndarray | None] = {}
         self.seconds = 0.0
         self.chosen = ""
@@ -580,6 +603,9 @@ class _GroupFit:
         shapes (:class:`SeenSplit`); raises NotApplicable when no candidate applies."""
         for name in self.candidates:
             self.scored[name] = self._score(name)
+        if set(BLEND_PARTS) <= set(self.candidates):
+            self._blend_folds()
+            self.scored[BLEND] = self._score(BLEND)
         scores = {n: (s[0] if s is not None else None) for n, s in self.scored.items()}
         usable = {n: s for n, s in scores.items() if s is not None}
         if not usable:
@@ -587,13 +613,14 @@ class _GroupFit:
         self.chosen, self.why = _choose(usable, self.cfg.estimator, [f[0] for f in self.folds])
         if self.cfg.estimator != "auto" and scores[self.chosen] is None:
             raise NotApplicable(f"{self.key}: {self.chosen} does not apply")
-        names = [self.chosen]
-        seen = {n: s[2] for n, s in self.scored.items() if s is not None and s[2]}
+        # the training GPUs keep one estimator: the blend answers the GPUs a group was not fitted on
+        seen = {n: s[2] for n, s in self.scored.items() if s is not None and s[2] and n != BLEND}
         unseen_scored = all(s for s in usable.values())  # left-out devices were scored, not only shapes
-        if self.cfg.estimator == "auto" and unseen_scored and len(seen) == len(usable) and len(seen) > 1:
+        if self.cfg.estimator == "auto" and unseen_scored and len(seen) == len(usable) - (BLEND in usable) > 1:
             self.chosen_seen, self.why_seen = _choose(seen, "auto", ["held-out shapes of the training devices"])
-            if self.chosen_seen != self.chosen:
-                names.append(self.chosen_seen)
+        names = list(BLEND_PARTS) if self.chosen == BLEND else [self.chosen]
+        if self.chosen_seen and self.chosen_seen not in names:
+            names.append(self.chosen_seen)
         tasks = [
             _Task(
                 group=self.key,
@@ -609,7 +636,7 @@ class _GroupFit:
         # The group mixes vendors (vendor_rows): the estimator the training GPUs get, fitted once more on every
         # row, answers for the other vendors' devices.
         rows, feats, _ = self.other
-        name = self.chosen_seen or self.chosen
+        name = self.seen_name()
         y, shapes = rows["time_s_median"].to_numpy(dtype=float), shape_groups(rows)
         every = _Task(
             group=self.key,
@@ -620,14 +647,34 @@ class _GroupFit:
         )
         return [*tasks, every]
 
+    def seen_name(self) -> str:
+        """The estimator the training GPUs get: ``auto``'s choice on their held-out shapes, else the one chosen
+        for the left-out GPUs (of a blend, its part :data:`BLEND_PARTS` names first)."""
+        return self.chosen_seen or (BLEND_PARTS[0] if self.chosen == BLEND else self.chosen)
+
+    def required(self) -> tuple[str, ...]:
+        """The final fits without which the group is not fitted: the chosen estimator, or both parts of a blend."""
+        return BLEND_PARTS if self.chosen == BLEND else (self.chosen,)
+
+    def _blend_folds(self) -> None:
+        """The blend's fold predictions: the geometric mean of its parts' (None where a part does not apply)."""
+        for i in range(len(self.plan)):
+            first, second = (self.preds.get((name, i)) for name in BLEND_PARTS)
+            self.preds[(BLEND, i)] = None if first is None or second is None else np.sqrt(first * second)
+
     def estimator(self) -> Estimator:
-        """The fitted estimator (a :class:`SeenSplit` where two were chosen, or where the group mixes vendors:
-        :func:`vendor_rows`), once every final fit ran."""
-        unseen = self.finals[self.chosen]
-        seen = unseen
-        if self.chosen_seen and self.chosen_seen != self.chosen and self.chosen_seen in self.finals:
-            seen = self.finals[self.chosen_seen]
-        every_row = (self.chosen_seen or self.chosen) + OTHER_FIT
+        """The fitted estimator (a :class:`SeenSplit` where two were chosen, where the group mixes vendors:
+        :func:`vendor_rows`, or where a :class:`~opcast.train.estimators.blend.Blend` answers the GPUs it was not
+        fitted on), once every final fit ran."""
+        if self.chosen == BLEND:
+            first = self.seen_name() if self.seen_name() in BLEND_PARTS else BLEND_PARTS[0]
+            second = next(n for n in BLEND_PARTS if n != first)
+            unseen = cast(Estimator, Blend(self.finals[first], self.finals[second]))
+            seen = self.finals.get(self.seen_name(), self.finals[first])
+        else:
+            unseen = self.finals[self.chosen]
+            seen = self.finals.get(self.seen_name(), unseen)
+        every_row = self.seen_name() + OTHER_FIT
         if self.other is not None and (other := self.finals.get(every_row)) is not None:
             return cast(Estimator, SeenSplit(unseen, seen, self._devices(), other=other, vendors=self.other[2]))
         return unseen if seen is unseen else cast(Estimator, SeenSplit(unseen, seen, self._devices()))
@@ -676,11 +723,18 @@ class _GroupFit:
         residuals = dict(chosen_scored[1]) if chosen_scored else {}
         extra: dict[str, Any] = {}
         if isinstance(est, SeenSplit) and est.seen is not est.unseen:
-            seen_scored = self.scored[self.chosen_seen]
-            assert seen_scored is not None  # chosen among the scored
-            if "seen_device" in seen_scored[1]:
+            seen_scored = self.scored.get(self.seen_name())
+            if seen_scored is not None and "seen_device" in seen_scored[1]:
                 residuals["seen_device"] = seen_scored[1]["seen_device"]
-            extra["seen"] = {"estimator": est.seen.name, "held_out": seen_scored[2], "why": self.why_seen}
+            seen_part = {
+                "estimator": est.seen.name,
+                "held_out": seen_scored and seen_scored[2],
+                "why": self.why_seen or "the blend's first part",
+            }
+            if isinstance(est.unseen, Blend):  # its training GPUs get its first part, the entry's own file
+                extra["blend"] = {"why": BLEND_WHY, **({"seen": seen_part} if est.seen is est.unseen.primary else {})}
+            if not isinstance(est.unseen, Blend) or est.seen is not est.unseen.primary:
+                extra["seen"] = seen_part
         if isinstance(est, SeenSplit) and est.other is not None and self.other is not None:
             extra["vendors"] = list(est.vendors)
             extra["other"] = {"estimator": est.other.name, "why": OTHER_WHY, "rows": len(self.other[0])}
@@ -756,7 +810,7 @@ def _run_tasks(jobs: dict[str, _GroupFit], workers: int, done: Any) -> dict[str,
             every_row = task.what[2:] == (OTHER_FIT,)
             if not isinstance(result, NotApplicable):
                 job.finals[task.what[1] + (OTHER_FIT if every_row else "")] = result
-            elif task.what[1] == job.chosen and not every_row:
+            elif task.what[1] in job.required() and not every_row:
                 job.finals.clear()  # the chosen one does not apply: the group is not fitted
                 out[task.group] = str(result)
             finals_left[task.group] -= 1
@@ -1100,9 +1154,12 @@ def fit_frame(
 
 def _describe(est: Estimator) -> str:
     """The estimator(s) of a fitted group in words, for the fit's summary table."""
+    if isinstance(est, Blend):
+        return f"{BLEND} of {est.primary.name} and {est.blend.name}"
     if not isinstance(est, SeenSplit):
         return est.name
-    text = est.name if est.seen is est.unseen else f"{est.name} ({est.seen.name} on its GPUs)"
+    text = _describe(est.unseen)
+    text += "" if est.seen is est.unseen else f" ({est.seen.name} on its GPUs)"
     if est.other is not None:
         text += f"; {est.other.name} on every row for other vendors than {', '.join(est.vendors)}"
     return text

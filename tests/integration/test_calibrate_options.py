@@ -39,7 +39,7 @@ def _one_line_exit_2(res: subprocess.CompletedProcess, needle: str) -> None:
         (["--budget-s", "0"], "--budget-s takes a finite number"),
         (["--budget-s", "inf"], "got inf"),
         (["--budget-s", "0.001"], "--budget-s 0.001 is below 15 s, the least in which calibrate can measure anything"),
-        (["--estimator", "foo"], "unknown estimator 'foo'; use xgb, tile-mlp, neusight, hier or auto"),
+        (["--estimator", "foo"], "unknown estimator 'foo'; use xgb, tile-mlp, neusight, hier, blend or auto"),
         (["--device", "tpu"], "unknown --device 'tpu'"),
         (["--steps", "0"], "--steps must be an integer >= 1"),
         (["--attention", "sparse"], "--attention 'sparse'"),

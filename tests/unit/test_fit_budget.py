@@ -38,7 +38,7 @@ def test_worker_processes_and_one_process_fit_the_same_model_set(synthetic, monk
     for key in pooled:
         rows = keys == key
         # all three candidates were scored on every left-out device, and the same estimator predicts the same
-        assert set(pooled[key][1]["candidates"]) == {"xgb", "tile-mlp", "hier"}
+        assert set(pooled[key][1]["candidates"]) == {"xgb", "tile-mlp", "hier", "blend"}
         assert len(pooled[key][1]["held_out_split"]) == 3
         np.testing.assert_array_equal(pooled[key][0].predict_s(feats[rows]), serial[key][0].predict_s(feats[rows]))
 

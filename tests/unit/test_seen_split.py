@@ -91,7 +91,8 @@ def _job(scored, estimator="auto"):
     job.chosen = job.why = job.chosen_seen = job.why_seen = ""
     job.scored, job.finals = {}, {}
     job.other = None  # one vendor's rows
-    job._score = lambda name: scored[name]  # type: ignore[method-assign]
+    job.plan, job.preds = [], {}
+    job._score = lambda name: scored.get(name)  # type: ignore[method-assign]  # the blend: as its parts' folds say
     return job
 
 
