@@ -195,7 +195,14 @@ def test_ctrl_c_on_every_rank_even_twice_writes_every_row_and_no_rank_hangs(tmp_
 def test_a_rank_blocked_by_a_stopped_peer_writes_before_the_sigkill(tmp_path):
     """Rank 1 is frozen (SIGSTOP keeps its sockets open), so rank 0 waits in a collective that
     never ends and its signal handler never runs; STUCK_AFTER_S after the SIGTERM its watchdog
-    writes every row and run.json and exits 143."""
+    writes every row and run.json and exits 143.
+
+    Now and then (once in four full-suite runs one day; never in 17 runs of this test or its file in a loop on a
+    loaded 2-core machine the next) gloo ends rank 0's collective first, with "Read error [127.0.0.1]:PORT:
+    Connection reset by peer" from the stopped rank's socket, inside STUCK_AFTER_S: then the main path writes the
+    same rows and run.json (the signal, interrupted) with gloo's error, and exits 143 as well. Which kernel or
+    library path resets a stopped process's connection is not established; both endings keep every row, which is
+    what this test is for."""
     out = tmp_path / "d"
     rank0, rank1 = procs = _ranks(out, tmp_path, *LONG)
     try:
@@ -208,7 +215,8 @@ def test_a_rank_blocked_by_a_stopped_peer_writes_before_the_sigkill(tmp_path):
         _wait(procs)
     assert "SIGTERM" in _one_line((tmp_path / "r0.err").read_text())
     run = _last_run(out)
-    assert run["interrupted"] is True and run["signal"] == "SIGTERM" and "blocked" in run["error"]
+    assert run["interrupted"] is True and run["signal"] == "SIGTERM"
+    assert "blocked" in run["error"] or "Connection reset by peer" in run["error"], run["error"]
     _check_kept(out, run)
 
 
