@@ -2,9 +2,12 @@
 
     python benchmarks/few_shot.py [--published ../shared/published] [--work DIR]
         [--sections neusight,aiconfigurator,h200] [--aic-data FILE] [--ks 0,10,50,200] [--draws 5] [--json FILE]
+        [--estimator xgb|blend]
 
 For every GPU of a data set in turn (leave-one-GPU-out): opcast's models are fitted without that
-GPU (``fit_frame``, xgb, no inner folds: the estimator ``auto`` picks for these groups), then
+GPU (``fit_frame``, xgb, no inner folds; ``--estimator blend``: the blend of xgb and the tile-MLP that ``auto``
+now gives the GPUs ``models/default`` never measured of gemm-fwd-half, cross_entropy-fwd-half and layernorm-fwd-fp32,
+on every group here), then
 corrected with :func:`opcast.train.adapt.fit_correction` (what ``opcast train adapt`` writes)
 from k kernels measured on it, k in ``--ks``, drawn at random (seeded, ``--draws`` draws per k),
 and scored on rows of that GPU never drawn. A draw is stratified by predictor group (op,
@@ -65,6 +68,10 @@ GEMM_LABELS = ("gemm (bmm)", "gemm (linear)", "gemm bf16", "gemm fp8")
 # --------------------------------------------------------------------------- base predictions
 
 
+ESTIMATOR = ["xgb"]
+"""The base's estimator (``--estimator``): xgb or blend."""
+
+
 def _fit_predict(
     train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: Mapping, seed: int
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -72,7 +79,7 @@ def _fit_predict(
     and on each training device's (``train``'s devices; what the ``analogue`` terms regress on)."""
     from opcast.train.fit import FitConfig, _predict_fitted, fit_frame
 
-    cfg = FitConfig(estimator="xgb", folds=0, seed=seed, n_jobs=2, xgb_params=dict(xgb_params))
+    cfg = FitConfig(estimator=ESTIMATOR[0], folds=0, seed=seed, n_jobs=2, xgb_params=dict(xgb_params))  # type: ignore[arg-type]
     fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, cfg)
     (dev,) = pd.unique(test["device"].astype(object))
     rows = test.reset_index(drop=True)
@@ -472,7 +479,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draws", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--estimator", default="xgb", choices=["xgb", "blend"], help="The base models' estimator (default: xgb)."
+    )
     args = ap.parse_args(argv)
+    ESTIMATOR[0] = args.estimator
+    tag = "" if args.estimator == "xgb" else f"_{args.estimator}"  # the base caches of each estimator apart
     ks = [int(k) for k in args.ks.split(",")]
     unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
     if unknown or "adapted" not in args.variants.split(","):
@@ -493,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "neusight.parquet"
         if not data.is_file():
             run_replay("neusight", args.published / "neusight", work)
-        base = with_params(neusight_base(data, work / "few_shot_neusight_base_v2.parquet", log), data, log)
+        base = with_params(neusight_base(data, work / f"few_shot_neusight_base_v2{tag}.parquet", log), data, log)
         t0 = time.perf_counter()
         res_a = curve(base, "sweep", "test", ks, args.draws, args.seed)
         res_b = curve(base, "test", "test", ks, args.draws, args.seed)
@@ -509,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             _modern_gpus().replay_aiconfigurator(work, cap_rows=3000, seed=args.seed)
             data = work / "aiconfigurator.parquet"
         base = aic_base(
-            data, work / f"few_shot_aic_base_v2_{args.aic_train_rows}.parquet", args.aic_train_rows, args.seed, log
+            data, work / f"few_shot_aic_base_v2_{args.aic_train_rows}{tag}.parquet", args.aic_train_rows, args.seed, log
         )
         base = with_params(base, data, log)
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
@@ -524,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
             run_replay("neusight", args.published / "neusight", work)
         ns_rows = load_training_frame([ns_data])
         base = h200_base(
-            ns_rows, h200_fp32_target(), work / "few_shot_h200_fp32_base.parquet", args.seed, log, "h200 fp32"
+            ns_rows, h200_fp32_target(), work / f"few_shot_h200_fp32_base{tag}.parquet", args.seed, log, "h200 fp32"
         )
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
         _report(
@@ -539,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
             frame = mg.load(aic)
             frame = frame[(frame["label"] == "gemm bf16") & (frame["device"] != "H200")].reset_index(drop=True)
             train = mg.cap(frame, args.aic_train_rows, args.seed)
-            cache = work / f"few_shot_h200_bf16_base_{args.aic_train_rows}.parquet"
+            cache = work / f"few_shot_h200_bf16_base_{args.aic_train_rows}{tag}.parquet"
             base = h200_base(train, h200_bf16_target(), cache, args.seed, log, "h200 bf16")
             res = curve(base, "draw", "test", ks, args.draws, args.seed)
             _report(
@@ -552,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log(f"h200 bf16: skipped ({aic} absent: pass --aic-data, or run the aiconfigurator section first)")
     print(
-        f"# few-shot adaptation (opcast train adapt), leave-one-GPU-out; ks {ks}, {args.draws} draws; "
+        f"# few-shot adaptation (opcast train adapt), leave-one-GPU-out; base {args.estimator}; ks {ks}, "
+        f"{args.draws} draws; "
         f"{time.perf_counter() - t_start:.0f} s"
     )
     for title, table in tables.items():
