@@ -5,8 +5,6 @@ to one estimator and the others to the mean, and refuses a blend part that is sw
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from opcast.train.artifacts import BLEND_SUFFIX, SEEN_SUFFIX, load_model_set
 from opcast.train.estimators.blend import Blend
 from opcast.train.fit import feature_frame
 
+from helpers.model_sets import assert_part_checked
 from helpers.synthetic import fake_devices, synthetic_dataset
 
 FAST = {"xgb_params": {"n_estimators": 30}, "tile_mlp_params": {"epochs": 5, "hidden": (16,)}}
@@ -68,22 +67,7 @@ def test_the_blend_answers_unseen_gpus_with_the_geometric_mean_and_training_gpus
 
 
 def test_a_blend_part_swapped_or_incomplete_is_refused(blended, tmp_path):
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for f in blended["path"].iterdir():
-        (bad / f.name).write_bytes(f.read_bytes())
-    meta = json.loads((bad / "meta.json").read_text())
-    part = meta["predictors"]["gemm-fwd-half"]["blend"]
-    part["file"] = meta["predictors"]["gemm-fwd-half"]["file"]  # the own file: its record names the group
-    meta["meta_sha256"] = artifacts._meta_digest(meta)
-    (bad / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(OpcastError, match="renamed or copied over another"):
-        load_model_set(bad)
-    meta["predictors"]["gemm-fwd-half"]["blend"] = {"file": "x.npz"}
-    meta["meta_sha256"] = artifacts._meta_digest(meta)
-    (bad / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(OpcastError, match=r"blend\.estimator is missing"):
-        load_model_set(bad)
+    assert_part_checked(blended["path"], tmp_path, "blend")
 
 
 def _m(median):

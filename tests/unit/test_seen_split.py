@@ -4,19 +4,17 @@ training GPUs answers for those; the model set stores, hashes, checks and routes
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
 
-from opcast.errors import OpcastError
 from opcast.hardware import device_to_dict
-from opcast.train import artifacts, fit
+from opcast.train import fit
 from opcast.train.artifacts import SEEN_SUFFIX, load_model_set, write_model_set
 from opcast.train.features import board_time_s
 from opcast.train.fit import feature_frame
 
+from helpers.model_sets import assert_part_checked
 from helpers.synthetic import die_variants, fake_devices, synthetic_dataset
 
 
@@ -62,23 +60,7 @@ def test_training_gpus_get_the_seen_estimator_and_others_the_unseen_one(split):
 
 
 def test_a_seen_file_swapped_or_missing_from_meta_is_refused(split, tmp_path):
-    src = split["path"]
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    for f in src.iterdir():
-        (bad / f.name).write_bytes(f.read_bytes())
-    meta = json.loads((bad / "meta.json").read_text())
-    # point the seen part at the unseen file (hashes recomputed): its record names another predictor
-    meta["predictors"]["gemm-fwd-half"]["seen"]["file"] = meta["predictors"]["gemm-fwd-half"]["file"]
-    meta["meta_sha256"] = artifacts._meta_digest(meta)
-    (bad / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(OpcastError, match="renamed or copied over another"):
-        load_model_set(bad)
-    meta["predictors"]["gemm-fwd-half"]["seen"] = {"file": "x.npz"}
-    meta["meta_sha256"] = artifacts._meta_digest(meta)
-    (bad / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(OpcastError, match=r"seen\.estimator is missing"):
-        load_model_set(bad)
+    assert_part_checked(split["path"], tmp_path, "seen")
 
 
 def _job(scored, estimator="auto"):
