@@ -414,7 +414,8 @@ class ModelSet:
         return est
 
     def answers_as_seen(self, key: str, device: DeviceSpec) -> bool:
-        """Whether group ``key``'s ``seen`` predictor answers for ``device``: the set holds one and the
+        """Whether group ``key``'s ``seen`` predictor answers for ``device``: the set holds one (or a ``blend``
+        part, which answers other GPUs only, so its entry's own estimator is the seen one) and the
         group was fitted on that GPU (a copy of a training GPU on another network is that GPU) or on a
         board of the same compute die (A100-SXM4-40GB for A100-SXM4-80GB: SMs, clocks, peaks and L2
         alike, :func:`opcast.hardware.same_die`; its bandwidth is a feature of that predictor, and the

@@ -56,9 +56,13 @@ BLEND_PARTS: Final = ("xgb", "tile-mlp")
 """The blend's parts, the first the one its training GPUs get unless ``auto`` prefers the other there. In
 leave-one-GPU-out over AIConfigurator's nine NVIDIA systems (``benchmarks/modern_gpus.py``, 2,000 training rows per
 system and label, seed 0) the blend priced the left-out GPUs' bf16 GEMMs at 9.9 % MAPE (xgb 11.3, tile-MLP 10.5)
-and fp8 at 8.0 % (8.6, 9.1), better than both on seven of nine GPUs for bf16: the two miss in different places."""
+and fp8 at 8.0 % (8.6, 9.1), better than both on seven of nine GPUs for bf16: the two miss in different places.
+Routed as a model set routes them (H100-SXM and H200 answered by xgb as die boards of each other), 10.3 and 7.8 %.
+On attention and on NeuSight's fp32 GPUs it is not better everywhere (prefill fp8 18.3 % against xgb's 10.8: the
+tile-MLP misses L40S by 219 %), hence a candidate, chosen per group on ``auto``'s own folds."""
 TIE_POINTS = 0.5
-"""auto keeps xgb unless tile-mlp's held-out median APE is lower by more than this many points."""
+"""auto keeps xgb unless another candidate's (tile-mlp, hier, the blend) held-out median APE is lower by more than
+this many points."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -410,8 +414,7 @@ OTHER_FIT: Final = "@every-vendor"
 of the vendors other than the main one."""
 OTHER_WHY: Final = "fitted on every vendor's rows: answers the devices of the other vendors (vendor_rows)"
 BLEND_WHY: Final = (
-    "the geometric mean of this part's and the entry's own estimator's answers answers the GPUs the group was not "
-    "fitted on (Blend)"
+    "with the entry's own estimator: the geometric mean of the two answers the GPUs the group was not fitted on (Blend)"
 )
 
 
