@@ -6,6 +6,7 @@
         [--systems H100-SXM,B200,...] [--labels "gemm fp8_block,gemm nvfp4"] [--seed 0] [--json FILE]
         [--gemm-framework vllm,sglang,...] [--provenance] [--precedence nccl,vllm,trtllm,sglang]
         [--attention-precedence vllm,trtllm,sglang] [--attention-fill yes|no] [--all-vendors] [--train-also FILE]
+        [--auto-folds 2]
     python benchmarks/modern_gpus.py --replay-to DIR   # only write DIR/aiconfigurator.parquet
 
 The data are the tables of the PyPI package ``aiconfigurator-core`` (``pip install
@@ -306,11 +307,21 @@ def cap(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
 # --------------------------------------------------------------------------- fitting and scoring
 
 
+AUTO_FOLDS = [2]
+"""Inner folds of ``--estimator auto`` (``--auto-folds``): two keep a run short; ``models/default``'s refit draws
+:attr:`opcast.train.fit.FitConfig.folds` (four)."""
+
+
 def _cfg(estimator: str, seed: int):
     from opcast.train.fit import FitConfig
 
     return FitConfig(
-        estimator=estimator, folds=2 if estimator == "auto" else 0, ops=KINDS, collectives=True, seed=seed, n_jobs=2
+        estimator=estimator,
+        folds=AUTO_FOLDS[0] if estimator == "auto" else 0,
+        ops=KINDS,
+        collectives=True,
+        seed=seed,
+        n_jobs=2,
     )
 
 
@@ -672,6 +683,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--auto-folds",
+        type=int,
+        default=2,
+        help="Inner folds of --estimator auto (default %(default)s; models/default's refit draws 4).",
+    )
+    ap.add_argument(
         "--gemm-framework",
         default=None,
         help="Comma-separated frameworks (vllm, trtllm, sglang): keep only their GEMM rows (default: all).",
@@ -717,6 +734,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"modern_gpus: --train-also {', '.join(missing)}: no such file; give a replayed parquet", file=sys.stderr)
         return 2
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    if args.auto_folds < 1:
+        print(f"modern_gpus: --auto-folds {args.auto_folds}: give 1 or more inner folds", file=sys.stderr)
+        return 2
+    AUTO_FOLDS[0] = args.auto_folds
     caps = [c for c in (args.cap_rows, args.cap_moe_rows, args.cap_vllm_moe_rows) if c is not None]  # 0: refused
     if min(args.train_rows, args.test_rows, args.within_train_rows, args.fit_rows, *caps) < 1:
         print(

@@ -205,3 +205,12 @@ def test_a_zero_cap_is_refused_not_read_as_no_cap(tmp_path):
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "must be >= 1" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_zero_auto_folds_are_refused(tmp_path):
+    """``--auto-folds 0`` leaves ``auto`` nothing to choose on: one line, exit 2, before anything is replayed."""
+    proc = _run("--replay-to", str(tmp_path / "out"), "--auto-folds", "0")
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--auto-folds 0: give 1 or more" in lines[0] and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
