@@ -188,29 +188,20 @@ def test_vllms_moe_rows_are_their_own_labels_capped_apart():
     assert len(mg.cap(many.assign(label=mg.labels(many)), 3, 0)) == 3
 
 
-def test_an_unknown_moe_family_is_refused(tmp_path):
-    proc = _run("--replay-to", str(tmp_path / "out"), "--moe-impls", "trtllm,marlinn")
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("--moe-impls", "trtllm,marlinn"), "unknown --moe-impls marlinn"),
+        (("--auto-folds", "0"), "--auto-folds 0: give 1 or more"),  # auto would have nothing to choose on
+        # a zero cap would keep nothing (or, read as falsy, everything)
+        (("--cap-rows", "0"), "must be >= 1"),
+        (("--cap-moe-rows", "0"), "must be >= 1"),
+        (("--cap-vllm-moe-rows", "0"), "must be >= 1"),
+    ],
+)
+def test_a_bad_option_is_refused_before_anything_is_replayed(tmp_path, args, words):
+    proc = _run("--replay-to", str(tmp_path / "out"), *args)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "unknown --moe-impls marlinn" in lines[0] and "Traceback" not in proc.stderr
-    assert not (tmp_path / "out").exists()
-
-
-def test_a_zero_cap_is_refused_not_read_as_no_cap(tmp_path):
-    """``--cap-rows 0`` / ``--cap-moe-rows 0`` / ``--cap-vllm-moe-rows 0`` would keep nothing (or, read as falsy,
-    everything): one line, exit 2, before anything is replayed."""
-    for flag in ("--cap-rows", "--cap-moe-rows", "--cap-vllm-moe-rows"):
-        proc = _run("--replay-to", str(tmp_path / "out"), flag, "0")
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "must be >= 1" in lines[0] and "Traceback" not in proc.stderr, proc.stderr
-    assert not (tmp_path / "out").exists()
-
-
-def test_zero_auto_folds_are_refused(tmp_path):
-    """``--auto-folds 0`` leaves ``auto`` nothing to choose on: one line, exit 2, before anything is replayed."""
-    proc = _run("--replay-to", str(tmp_path / "out"), "--auto-folds", "0")
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "--auto-folds 0: give 1 or more" in lines[0] and "Traceback" not in proc.stderr
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
