@@ -68,18 +68,14 @@ GEMM_LABELS = ("gemm (bmm)", "gemm (linear)", "gemm bf16", "gemm fp8")
 # --------------------------------------------------------------------------- base predictions
 
 
-ESTIMATOR = ["xgb"]
-"""The base's estimator (``--estimator``): xgb or blend."""
-
-
 def _fit_predict(
-    train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: Mapping, seed: int
+    train: pd.DataFrame, test: pd.DataFrame, devices, xgb_params: Mapping, seed: int, estimator: str = "xgb"
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Models fitted on ``train``: their answers for ``test`` (rows of one device) on its own specs,
     and on each training device's (``train``'s devices; what the ``analogue`` terms regress on)."""
     from opcast.train.fit import FitConfig, _predict_fitted, fit_frame
 
-    cfg = FitConfig(estimator=ESTIMATOR[0], folds=0, seed=seed, n_jobs=2, xgb_params=dict(xgb_params))  # type: ignore[arg-type]
+    cfg = FitConfig(estimator=estimator, folds=0, seed=seed, n_jobs=2, xgb_params=dict(xgb_params))  # type: ignore[arg-type]
     fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, cfg)
     (dev,) = pd.unique(test["device"].astype(object))
     rows = test.reset_index(drop=True)
@@ -97,7 +93,7 @@ def _neusight_label(frame: pd.DataFrame) -> pd.Series:
     return label
 
 
-def neusight_base(path: Path, cache: Path, log) -> pd.DataFrame:
+def neusight_base(path: Path, cache: Path, log, estimator: str = "xgb") -> pd.DataFrame:
     """Every row of each GPU (its sweeps and its test files) with the prediction of the models
     fitted without that GPU (``pred``), ``pool`` = ``sweep`` | ``test``; cached in ``cache``."""
     if cache.is_file():
@@ -122,7 +118,7 @@ def neusight_base(path: Path, cache: Path, log) -> pd.DataFrame:
             ],
             ignore_index=True,
         )
-        mine["pred"], answers = _fit_predict(train, mine, devices, {}, 0)
+        mine["pred"], answers = _fit_predict(train, mine, devices, {}, 0, estimator)
         parts.append(mine.assign(**{f"{AS}{d}": v for d, v in answers.items()}))
         dt = time.perf_counter() - t0
         log(f"neusight: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
@@ -133,7 +129,7 @@ def neusight_base(path: Path, cache: Path, log) -> pd.DataFrame:
     return out
 
 
-def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log) -> pd.DataFrame:
+def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log, estimator: str = "xgb") -> pd.DataFrame:
     """AIConfigurator rows of every system with the prediction of models fitted without it;
     ``pool`` = ``draw`` | ``test`` (a seeded half of its shapes each); cached in ``cache``."""
     if cache.is_file():
@@ -154,7 +150,7 @@ def aic_base(data: Path, cache: Path, train_rows: int, seed: int, log) -> pd.Dat
         mine = mg.cap(frame[frame["device"] == dev], 4 * train_rows, seed + 1).reset_index(drop=True)
         half = grouped_mask(shape_groups(mine), 0.5, seed + 11)
         mine = mine.assign(pool=np.where(half, "test", "draw"))
-        mine["pred"], answers = _fit_predict(train, mine, devices, {}, seed)
+        mine["pred"], answers = _fit_predict(train, mine, devices, {}, seed, estimator)
         parts.append(mine.assign(**{f"{AS}{d}": v for d, v in answers.items()}))
         dt = time.perf_counter() - t0
         log(f"aiconfigurator: left out {dev}: fitted on {len(train)} rows, predicted {len(mine)} in {dt:.0f} s")
@@ -169,7 +165,9 @@ H200_KERNELS = Path(__file__).resolve().parent / "data" / "h200_torch" / "kernel
 """First-party H200 measurements (``benchmarks/h200_measured.py`` says how they were taken)."""
 
 
-def h200_base(train: pd.DataFrame, target: pd.DataFrame, cache: Path, seed: int, log, name: str) -> pd.DataFrame:
+def h200_base(
+    train: pd.DataFrame, target: pd.DataFrame, cache: Path, seed: int, log, name: str, estimator: str = "xgb"
+) -> pd.DataFrame:
     """The H200's first-party rows ``target`` with the prediction of models fitted on ``train`` (other GPUs'
     rows: the H200 is unseen); ``pool`` = ``draw`` | ``test`` (a seeded half of its shapes each); cached."""
     if cache.is_file():
@@ -183,7 +181,7 @@ def h200_base(train: pd.DataFrame, target: pd.DataFrame, cache: Path, seed: int,
     mine = target.reset_index(drop=True)
     half = grouped_mask(shape_groups(mine), 0.5, seed + 11)
     mine = mine.assign(pool=np.where(half, "test", "draw"))
-    mine["pred"], answers = _fit_predict(train, mine, devices, {}, seed)
+    mine["pred"], answers = _fit_predict(train, mine, devices, {}, seed, estimator)
     out = mine.assign(**{f"{AS}{d}": v for d, v in answers.items()})
     keep = [*BASE_COLUMNS, *_param_columns(out), *_answer_columns(out)]
     out = out.assign(key=_keys(out))[[*keep, "key"]]
@@ -483,7 +481,6 @@ def main(argv: list[str] | None = None) -> int:
         "--estimator", default="xgb", choices=["xgb", "blend"], help="The base models' estimator (default: xgb)."
     )
     args = ap.parse_args(argv)
-    ESTIMATOR[0] = args.estimator
     tag = "" if args.estimator == "xgb" else f"_{args.estimator}"  # the base caches of each estimator apart
     ks = [int(k) for k in args.ks.split(",")]
     unknown = sorted(set(args.variants.split(",")) - set(VARIANTS))
@@ -505,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
         data = work / "neusight.parquet"
         if not data.is_file():
             run_replay("neusight", args.published / "neusight", work)
-        base = with_params(neusight_base(data, work / f"few_shot_neusight_base_v2{tag}.parquet", log), data, log)
+        cache = work / f"few_shot_neusight_base_v2{tag}.parquet"
+        base = with_params(neusight_base(data, cache, log, args.estimator), data, log)
         t0 = time.perf_counter()
         res_a = curve(base, "sweep", "test", ks, args.draws, args.seed)
         res_b = curve(base, "test", "test", ks, args.draws, args.seed)
@@ -520,9 +518,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             _modern_gpus().replay_aiconfigurator(work, cap_rows=3000, seed=args.seed)
             data = work / "aiconfigurator.parquet"
-        base = aic_base(
-            data, work / f"few_shot_aic_base_v2_{args.aic_train_rows}{tag}.parquet", args.aic_train_rows, args.seed, log
-        )
+        cache = work / f"few_shot_aic_base_v2_{args.aic_train_rows}{tag}.parquet"
+        base = aic_base(data, cache, args.aic_train_rows, args.seed, log, args.estimator)
         base = with_params(base, data, log)
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
         _report("AIConfigurator: drawn from half of the system's shapes, scored on the other half", res, ks, tables)
@@ -535,9 +532,8 @@ def main(argv: list[str] | None = None) -> int:
 
             run_replay("neusight", args.published / "neusight", work)
         ns_rows = load_training_frame([ns_data])
-        base = h200_base(
-            ns_rows, h200_fp32_target(), work / f"few_shot_h200_fp32_base{tag}.parquet", args.seed, log, "h200 fp32"
-        )
+        cache = work / f"few_shot_h200_fp32_base{tag}.parquet"
+        base = h200_base(ns_rows, h200_fp32_target(), cache, args.seed, log, "h200 fp32", args.estimator)
         res = curve(base, "draw", "test", ks, args.draws, args.seed)
         _report(
             "H200 fp32 (NeuSight's protocol; fitted on NeuSight's five GPUs): half the shapes drawn from, half scored",
@@ -552,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
             frame = frame[(frame["label"] == "gemm bf16") & (frame["device"] != "H200")].reset_index(drop=True)
             train = mg.cap(frame, args.aic_train_rows, args.seed)
             cache = work / f"few_shot_h200_bf16_base_{args.aic_train_rows}{tag}.parquet"
-            base = h200_base(train, h200_bf16_target(), cache, args.seed, log, "h200 bf16")
+            base = h200_base(train, h200_bf16_target(), cache, args.seed, log, "h200 bf16", args.estimator)
             res = curve(base, "draw", "test", ks, args.draws, args.seed)
             _report(
                 "H200 bf16 GEMMs (torch; fitted on AIConfigurator's other eight systems): half the shapes drawn from, "

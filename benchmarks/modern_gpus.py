@@ -307,17 +307,17 @@ def cap(frame: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
 # --------------------------------------------------------------------------- fitting and scoring
 
 
-AUTO_FOLDS = [2]
-"""Inner folds of ``--estimator auto`` (``--auto-folds``): two keep a run short; ``models/default``'s refit draws
-:attr:`opcast.train.fit.FitConfig.folds` (four)."""
+AUTO_FOLDS: Final = 2
+"""Inner folds of ``--estimator auto`` by default (``--auto-folds``): two keep a run short; ``models/default``'s refit
+draws :attr:`opcast.train.fit.FitConfig.folds` (four)."""
 
 
-def _cfg(estimator: str, seed: int):
+def _cfg(estimator: str, seed: int, auto_folds: int = AUTO_FOLDS):
     from opcast.train.fit import FitConfig
 
     return FitConfig(
         estimator=estimator,
-        folds=AUTO_FOLDS[0] if estimator == "auto" else 0,
+        folds=auto_folds if estimator == "auto" else 0,
         ops=KINDS,
         collectives=True,
         seed=seed,
@@ -325,12 +325,14 @@ def _cfg(estimator: str, seed: int):
     )
 
 
-def fit_predict(train: pd.DataFrame, test: pd.DataFrame, devices, estimator: str, seed: int) -> tuple[np.ndarray, dict]:
+def fit_predict(
+    train: pd.DataFrame, test: pd.DataFrame, devices, estimator: str, seed: int, auto_folds: int = AUTO_FOLDS
+) -> tuple[np.ndarray, dict]:
     """opcast's models fitted on ``train`` (every group), predictions for ``test`` (rows of any
     devices), and the estimator chosen per group."""
     from opcast.train.fit import _predict_fitted, fit_frame
 
-    fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, _cfg(estimator, seed))
+    fitted, _, _ = fit_frame(train.reset_index(drop=True), devices, _cfg(estimator, seed, auto_folds))
     pred = np.full(len(test), np.nan)
     names = test["device"].astype(object).to_numpy()
     for dev in pd.unique(names):
@@ -412,7 +414,9 @@ def _metrics(pred: np.ndarray, true: np.ndarray, prefix: str = "") -> dict[str, 
     return {f"{prefix}mape": m["mape"], f"{prefix}median_ape": m["median_ape"]}
 
 
-def logo(pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, seed: int, log) -> pd.DataFrame:
+def logo(
+    pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, seed: int, log, auto_folds: int = AUTO_FOLDS
+) -> pd.DataFrame:
     """Every test row with its predictions (model, roofline, efficiency, and alpha-beta for
     collectives) when its system was left out."""
     roof_train, _ = spec_roofline(pool, devices)
@@ -422,7 +426,7 @@ def logo(pool: pd.DataFrame, test_pool: pd.DataFrame, devices, estimator: str, s
         keep = (pool["device"] != dev).to_numpy()
         train = pool[keep]
         test = test_pool[test_pool["device"] == dev].reset_index(drop=True)
-        pred, chosen = fit_predict(train, test, devices, estimator, seed)
+        pred, chosen = fit_predict(train, test, devices, estimator, seed, auto_folds)
         laws, source = collective_predictions(train, test)
         coll = test["op"].isin(COLLECTIVES).to_numpy()
         roof, alpha_beta = spec_roofline(test, devices)
@@ -454,6 +458,7 @@ def within(
     seed: int,
     log,
     scored_labels: tuple[str, ...] = LABELS,
+    auto_folds: int = AUTO_FOLDS,
 ) -> pd.DataFrame:
     """Every held-out-shape test row of the labels ``scored_labels`` of every system with the
     prediction of that system's own models (fitted on all of ``frame``'s other shapes)."""
@@ -468,7 +473,7 @@ def within(
         held = grouped_mask(shape_groups(sub), 0.2, seed + 7)
         asked = scored.to_numpy()[mine]
         train, test = cap(sub[~held], n_train, seed), cap(sub[held & asked], n_test, seed).reset_index(drop=True)
-        pred, _ = fit_predict(train, test, devices, estimator, seed)
+        pred, _ = fit_predict(train, test, devices, estimator, seed, auto_folds)
         laws, _ = collective_predictions(train, test)
         coll = test["op"].isin(COLLECTIVES).to_numpy()
         parts.append(test.assign(pred_model=np.where(coll, laws, pred), pred_blind=np.where(coll, pred, np.nan)))
@@ -685,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--auto-folds",
         type=int,
-        default=2,
+        default=AUTO_FOLDS,
         help="Inner folds of --estimator auto (default %(default)s; models/default's refit draws 4).",
     )
     ap.add_argument(
@@ -737,7 +742,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.auto_folds < 1:
         print(f"modern_gpus: --auto-folds {args.auto_folds}: give 1 or more inner folds", file=sys.stderr)
         return 2
-    AUTO_FOLDS[0] = args.auto_folds
     caps = [c for c in (args.cap_rows, args.cap_moe_rows, args.cap_vllm_moe_rows) if c is not None]  # 0: refused
     if min(args.train_rows, args.test_rows, args.within_train_rows, args.fit_rows, *caps) < 1:
         print(
@@ -911,7 +915,7 @@ def main(argv: list[str] | None = None) -> int:
         pool = cap(frame, args.train_rows, args.seed)
         asked = frame["device"].isin(left_out) & frame["label"].isin(chosen)
         test_pool = cap(frame[asked], args.test_rows, args.seed + 1)
-        scored = logo(pool, test_pool, devices, args.estimator, args.seed, log)
+        scored = logo(pool, test_pool, devices, args.estimator, args.seed, log, args.auto_folds)
         preds = ("model", "blind", "alpha_beta", "efficiency", "roofline")
         tables[
             "Leave-one-GPU-out, pooled over the left-out systems: opcast model (collectives: predict's laws) vs "
@@ -938,7 +942,8 @@ def main(argv: list[str] | None = None) -> int:
                 source_error_table(scored)
             )
     if "within" in sections:
-        scored = within(frame, devices, args.estimator, args.within_train_rows, args.test_rows, args.seed, log, chosen)
+        n_train, n_test = args.within_train_rows, args.test_rows
+        scored = within(frame, devices, args.estimator, n_train, n_test, args.seed, log, chosen, args.auto_folds)
         tables["Within-GPU, 20 % of the shapes held out (grouped split), pooled — APE %"] = pooled_table(
             scored, ("model", "blind"), WITHIN_TARGET
         )

@@ -264,7 +264,7 @@ PARTS: Final = (("seen", SEEN_SUFFIX), ("other", OTHER_SUFFIX), ("blend", BLEND_
 
 
 def _parts(key: str, entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
-    """(record group, entry) of each predictor file of group ``key``: its own, its ``seen`` and its ``other`` part."""
+    """(record group, entry) of each predictor file of group ``key``: its own and each of its :data:`PARTS`."""
     out: list[tuple[str, Mapping[str, Any]]] = [(key, entry)]
     for field, suffix in PARTS:
         part = entry.get(field)

@@ -734,9 +734,11 @@ class _GroupFit:
                 "held_out": seen_scored and seen_scored[2],
                 "why": self.why_seen or "the blend's first part",
             }
-            if isinstance(est.unseen, Blend):  # its training GPUs get its first part, the entry's own file
-                extra["blend"] = {"why": BLEND_WHY, **({"seen": seen_part} if est.seen is est.unseen.primary else {})}
-            if not isinstance(est.unseen, Blend) or est.seen is not est.unseen.primary:
+            # a Blend's training GPUs that get its first part, the entry's own file, need no seen part of their own
+            own_seen = isinstance(est.unseen, Blend) and est.seen is est.unseen.primary
+            if isinstance(est.unseen, Blend):
+                extra["blend"] = {"why": BLEND_WHY, **({"seen": seen_part} if own_seen else {})}
+            if not own_seen:
                 extra["seen"] = seen_part
         if isinstance(est, SeenSplit) and est.other is not None and self.other is not None:
             extra["vendors"] = list(est.vendors)

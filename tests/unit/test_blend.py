@@ -45,7 +45,7 @@ def _feats(rows, dev):
 def test_the_blend_answers_unseen_gpus_with_the_geometric_mean_and_training_gpus_with_xgb(blended):
     est = blended["est"]
     assert isinstance(est, fit.SeenSplit) and isinstance(est.unseen, Blend)
-    xgb, mlp = est.unseen.parts
+    xgb, mlp = est.unseen.primary, est.unseen.blend
     assert (xgb.name, mlp.name) == ("xgb", "tile-mlp") and est.seen is xgb
     assert "blend of xgb and tile-mlp (xgb on its GPUs)" in blended["summary"].to_string()
     ms = load_model_set(blended["path"])

@@ -32,15 +32,10 @@ class Blend:
 
     def __init__(self, primary: Any, blend: Any) -> None:
         self.primary, self.blend = primary, blend
-        first = tuple(primary.feature_names or ())
-        self.feature_names: tuple[str, ...] = first + tuple(
-            n for n in (blend.feature_names or ()) if n not in set(first)
+        self.feature_names: tuple[str, ...] = tuple(
+            dict.fromkeys((*(primary.feature_names or ()), *(blend.feature_names or ())))
         )
-        """Every feature either part reads (the entry's feature ranges cover both)."""
-
-    @property
-    def parts(self) -> tuple[Any, Any]:
-        return self.primary, self.blend
+        """Every feature either part reads, in order (the entry's feature ranges cover both)."""
 
     def predict_s(self, feats: pd.DataFrame | Table) -> np.ndarray:
         """Predicted seconds of every row: ``sqrt(t_primary * t_blend)``."""
