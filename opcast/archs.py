@@ -587,21 +587,37 @@ def qk_norm_ops(arch: ArchSpec, *, tokens: int, heads: int, kv_heads: int) -> li
     ]
 
 
-def shared_expert_ops(arch: ArchSpec, *, tp: int, tokens: int) -> list[RoleOp]:
+def gated_activation_ops(prefix: str, *, numel: int, fn: str, gated: bool, fused: bool) -> list[RoleOp]:
+    """The activation of an MLP over ``numel`` outputs: ``fn`` of the up projection, times its gate half when
+    ``gated``. Two kernels, the activation and the gate product (``silu(a) * b`` as torch eager runs it:
+    Hugging Face's ``LlamaMLP``, GPT-NeoX's ``LLaMAParallelMLP``), or where ``fused`` and the activation is
+    SiLU one SwiGLU kernel (registry ``fn`` ``swiglu``: reads both halves, writes the product; its backward reads
+    the gradient and both halves and writes both gradients): Megatron-Core's ``bias_swiglu_impl``
+    (``megatron/core/fusions/fused_bias_swiglu.py``, on under ``bias_activation_fusion``, the default of
+    Megatron-LM's ``--no-bias-swiglu-fusion`` and of NeMo's Llama configs), Liger-Kernel's ``LigerSiLUMulFunction``,
+    and every serving engine's ``silu_and_mul`` (vLLM ``SiluAndMul``, SGLang, TensorRT-LLM's fused MoE and MLP).
+    Other gated activations (GeGLU) keep two kernels. Roles ``{prefix}act`` and ``{prefix}gate_mul``."""
+    if gated and fused and fn == "silu":
+        return [(f"{prefix}act", "elementwise", {"numel": numel, "fn": "swiglu"})]
+    gate: list[RoleOp] = [(f"{prefix}gate_mul", "elementwise", {"numel": numel, "fn": "mul"})] if gated else []
+    return [(f"{prefix}act", "elementwise", {"numel": numel, "fn": fn}), *gate]
+
+
+def shared_expert_ops(arch: ArchSpec, *, tp: int, tokens: int, fused_swiglu: bool = False) -> list[RoleOp]:
     """The shared expert of an MoE block on one tensor-parallel rank: a gated MLP over every token with its
     intermediate width split over ``tp`` (column-parallel up, row-parallel down, as a dense MLP; Megatron-Core
     ``SharedExpertMLP``), its output added to the routed experts' before the block's TP reduction. With
     ``shared_expert_gate`` (transformers ``Qwen2MoeSparseMoeBlock``): ``sigmoid(x W_g)`` scales it, a
-    ``hidden -> 1`` GEMM, the sigmoid and a product."""
+    ``hidden -> 1`` GEMM, the sigmoid and a product. ``fused_swiglu``: :func:`gated_activation_ops`."""
     if arch.shared_expert_ffn is None:
         return []
     ffn = arch.shared_expert_ffn // tp
-    act_numel = tokens * ffn
-    gate_mul: list[RoleOp] = [("shared_gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"})]
+    act = gated_activation_ops(
+        "shared_", numel=tokens * ffn, fn=arch.activation, gated=arch.gated_mlp, fused=fused_swiglu
+    )
     ops: list[RoleOp] = [
         ("shared_up", "gemm", {"b": 1, "m": tokens, "n": (2 if arch.gated_mlp else 1) * ffn, "k": arch.hidden}),
-        ("shared_act", "elementwise", {"numel": act_numel, "fn": arch.activation}),
-        *(gate_mul if arch.gated_mlp else []),
+        *act,
         ("shared_down", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": ffn}),
     ]
     if arch.shared_expert_gate:
@@ -636,26 +652,24 @@ def expert_occupancy(*, experts: int, topk: int, tokens: int, ep: int = 1) -> tu
     return busy, -(-tokens * topk // busy)
 
 
-def routed_expert_ops(moe: Mapping[str, int | bool | str]) -> list[RoleOp]:
+def routed_expert_ops(moe: Mapping[str, int | bool | str], *, fused_swiglu: bool = False) -> list[RoleOp]:
     """The kernels of one rank's routed experts as grouped GEMMs, for the parameters of an ``moe`` op (the fused
     layer, :mod:`opcast.ops`): its ``tokens`` are the expert-parallel group's, of which each of the ``ep`` ranks
     routes ``ceil(tokens / ep)`` itself. The permutation of their ``topk`` copies, the up grouped GEMM over the
     experts that receive tokens (:func:`expert_occupancy`), the activation ``fn`` (and the gate multiply when
     ``gated``), the down grouped GEMM of ``inter`` (the expert's width on this rank) to ``hidden`` and the
     un-permutation. What training prices a block's experts as, and inference where no learned fused-MoE model
-    covers its GPU and dtype (:func:`opcast.predict.cost.decompose` of the ``moe`` kernel)."""
+    covers its GPU and dtype (:func:`opcast.predict.cost.decompose` of the ``moe`` kernel). ``fused_swiglu``:
+    :func:`gated_activation_ops`."""
     ep, topk, hidden, inter = int(moe["ep"]), int(moe["topk"]), int(moe["hidden"]), int(moe["inter"])
     tokens = -(-int(moe["tokens"]) // ep)
     gated, fn = bool(moe["gated"]), str(moe["fn"])
     b, rows = expert_occupancy(experts=int(moe["experts"]), topk=topk, tokens=tokens, ep=ep)
     routed = tokens * topk * hidden
-    act = b * rows * inter
-    gate: list[RoleOp] = [("gate_mul", "elementwise", {"numel": act, "fn": "mul"})] if gated else []
     return [
         ("permute", "elementwise", {"numel": routed, "fn": "copy"}),
         ("mlp_up", "gemm", {"b": b, "m": rows, "n": (2 if gated else 1) * inter, "k": hidden}),
-        ("act", "elementwise", {"numel": act, "fn": fn}),
-        *gate,
+        *gated_activation_ops("", numel=b * rows * inter, fn=fn, gated=gated, fused=fused_swiglu),
         ("mlp_down", "gemm", {"b": b, "m": rows, "n": hidden, "k": inter}),
         ("unpermute", "elementwise", {"numel": routed, "fn": "copy"}),
     ]

@@ -7,10 +7,15 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
 - ``megatron`` (Megatron-LM / Megatron-Core with Transformer Engine or Apex): fused LayerNorm and
   RMSNorm (TE ``LayerNorm``/``RMSNorm``, Apex ``FusedLayerNorm``/``FusedRMSNorm``), Megatron's fused
   softmax kernels, the Python ``vocab_parallel_cross_entropy`` (unfused; ``--cross-entropy-loss-fusion``
-  is off by default), and fp32 gradient accumulation: each parameter's ``main_grad`` is an fp32
-  buffer (``--accumulate-allreduce-grads-in-fp32``, which Megatron-LM turns on for bf16), so
-  mixed-precision Adam keeps 2 + 4 + 12 = 18 bytes a parameter, not 16: the Megatron Core
-  distributed-optimizer guide (docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html)
+  is off by default), rotary embeddings in one kernel each for the queries and the keys (Transformer
+  Engine's ``fused_apply_rotary_pos_emb``: Megatron-LM's ``--no-rope-fusion`` is ``store_false``, so
+  ``apply_rope_fusion`` is on unless turned off; NeMo's ``Llama3Config`` and its launcher's Llama 3 configs set
+  ``apply_rope_fusion: true``), SwiGLU as one kernel (``bias_swiglu_impl``, ``--no-bias-swiglu-fusion`` likewise
+  and NeMo's ``bias_activation_fusion: true``; :attr:`Framework.fused_swiglu`), and fp32 gradient
+  accumulation: each parameter's ``main_grad`` is an fp32 buffer (``--accumulate-allreduce-grads-in-fp32``,
+  which Megatron-LM turns on for bf16), so mixed-precision Adam keeps 2 + 4 + 12 = 18 bytes a parameter, not
+  16: the Megatron Core distributed-optimizer guide
+  (docs.nvidia.com/megatron-core/developer-guide/latest/distrib_optimizer.html)
   counts "float16 param, fp32 grads: 18" bytes (6 + 12/d with the distributed optimizer, i.e.
   ZeRO-1 here);
 - ``neox`` (GPT-NeoX on DeepSpeed, its defaults in ``megatron/neox_arguments/neox_args.py``:
@@ -33,9 +38,9 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   ``src/liger_kernel/transformers/monkey_patch.py``; Mistral, Qwen2, Gemma and the other decoder patches
   likewise) run as Liger's Triton kernels (``liger``): RMSNorm, rope and the loss. The fused linear
   cross-entropy chunks the LM-head GEMM with the loss; opcast prices that GEMM as before and the loss as
-  Liger's cross-entropy kernel. LayerNorm stays torch's (Liger patches it in vision towers only), softmax
-  too (eager attention is not patched), and SwiGLU is one kernel in either
-  (:func:`opcast.predict.graph.hf_activation_ops` expands only GPT-2's ``gelu_new``). Liger patches the
+  Liger's cross-entropy kernel, and SwiGLU (``LigerSwiGLUMLP``: ``LigerSiLUMulFunction``, one kernel where ``hf``
+  runs the SiLU and the product apart). LayerNorm stays torch's (Liger patches it in vision towers only), softmax
+  too (eager attention is not patched). Liger patches the
   model types it knows: for GPT-2 or OPT, which it leaves alone, ask for ``hf``;
 - ``foundry`` (MosaicML llm-foundry's MPT on Composer + PyTorch FSDP, as its benchmark tables ran:
   ``scripts/train/benchmarking/submit_benchmarks.py`` at commit b2a43a147 runs llm-foundry v0.3.0):
@@ -57,9 +62,12 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   them): torch's native single-launch kernels (``nn.RMSNorm`` is ``torch._fused_rms_norm`` on CUDA since torch
   2.8) and SDPA's flash backend (``flash2``); 16 bytes a parameter.
 
-Not given (None): Megatron's kernels with the ZeRO paper's 16 bytes a parameter, opcast's pricing
-before frameworks were named (kept: the README's main job and the Megatron papers' runs it is held
-against use those kernels). Rope keeps the registry's default (unfused) but in hf-liger. Implementations
+Not given (None): Megatron's norm, softmax and loss kernels with the ZeRO paper's 16 bytes a parameter,
+opcast's pricing before frameworks were named (kept: the README's main job and the Megatron papers' runs it is
+held against use those kernels; so do inference and serving, whose engines name their own kernels:
+:data:`opcast.predict.inference.ENGINE_KERNELS`), with rope and a gated activation as torch runs them (the
+registry's unfused rope, the SiLU and the gate product apart), as in ``neox``, ``hf``, ``foundry`` and ``torch``.
+Implementations
 are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass CUDA kernels (Apex, Transformer Engine,
 Megatron, flash-attn's cross-entropy), ``liger`` Liger-Kernel's Triton kernels, ``native`` torch's
 single-launch kernels, ``unfused`` Python compositions of torch ops; each priced from measurements of
@@ -105,13 +113,18 @@ class Framework:
     activation module runs as the kernels of its Python expression and eager attention adds the
     modeling code's own kernels around the core (:func:`opcast.predict.graph.hf_activation_ops`,
     :func:`opcast.predict.graph.hf_attention_ops`)."""
+    fused_swiglu: bool = False
+    """A SiLU-gated MLP's activation and gate product run as one SwiGLU kernel, not two
+    (:func:`opcast.archs.gated_activation_ops`)."""
 
 
 _MEGATRON_KERNELS = (("layernorm", "fused"), ("rmsnorm", "fused"), ("softmax", "fused"), ("cross_entropy", "unfused"))
 
 FRAMEWORKS: dict[str | None, Framework] = {
     None: Framework(name="default", impls=_MEGATRON_KERNELS, fp32_grads=False),
-    "megatron": Framework(name="megatron", impls=_MEGATRON_KERNELS, fp32_grads=True),
+    "megatron": Framework(
+        name="megatron", impls=(*_MEGATRON_KERNELS, ("rope", "fused")), fp32_grads=True, fused_swiglu=True
+    ),
     "neox": Framework(
         name="neox",
         impls=(
@@ -147,6 +160,7 @@ FRAMEWORKS: dict[str | None, Framework] = {
         ),
         fp32_grads=False,
         hf_modules=True,
+        fused_swiglu=True,
     ),
     "foundry": Framework(
         name="foundry",

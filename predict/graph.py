@@ -61,7 +61,14 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
-from opcast.archs import ArchSpec, attention_ops, padded_vocab, routed_expert_ops, shared_expert_ops
+from opcast.archs import (
+    ArchSpec,
+    attention_ops,
+    gated_activation_ops,
+    padded_vocab,
+    routed_expert_ops,
+    shared_expert_ops,
+)
 from opcast.dtypes import QUANTISED_PRECISIONS, dtype_bytes, element_bytes, gemm_dtype
 from opcast.hardware import DeviceSpec
 from opcast.ops import FLASH2_OWN_ARCHITECTURES, get_op, uses_tensor_cores
@@ -294,7 +301,14 @@ def hf_attention_ops(
 
 
 def _mlp(
-    arch: ArchSpec, tp: int, tokens: int, ep: int, training: bool, hf: bool = False, whole_experts: bool = False
+    arch: ArchSpec,
+    tp: int,
+    tokens: int,
+    ep: int,
+    training: bool,
+    hf: bool = False,
+    whole_experts: bool = False,
+    fused_swiglu: bool = False,
 ) -> list[Op]:
     """The block's MLP on one rank. An MoE block's experts are split over ``tp`` (Megatron's expert tensor
     parallelism equal to tp) and ``ep`` ranks each hold ``n_experts / ep`` of them, each rank routing its own
@@ -304,16 +318,25 @@ def _mlp(
     are one fused ``moe`` kernel (an inference engine's fused MoE layer) over the ``ep`` ranks' tokens, priced by a
     learned model of that kernel where one covers it and as the grouped GEMMs of
     :func:`~opcast.archs.routed_expert_ops` elsewhere (:func:`opcast.predict.cost.decompose`); training lists
-    those kernels themselves."""
+    those kernels themselves. ``fused_swiglu``: the framework runs a SiLU-gated activation as one kernel
+    (:func:`opcast.archs.gated_activation_ops`)."""
     moe = arch.n_experts > 1
     ffn = arch.ffn_hidden // (1 if moe and whole_experts else tp)
     if not moe:
         act_numel = tokens * ffn
         act = hf_activation_ops(arch, act_numel) if hf else None
+        if act is None:
+            act = [
+                (role, kind, p, 1)
+                for role, kind, p in gated_activation_ops(
+                    "", numel=act_numel, fn=arch.activation, gated=arch.gated_mlp, fused=fused_swiglu
+                )
+            ]
+        elif arch.gated_mlp:
+            act.append(("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1))
         return [
             ("mlp_up", "gemm", {"b": 1, "m": tokens, "n": (2 if arch.gated_mlp else 1) * ffn, "k": arch.hidden}, 1),
-            *(act if act is not None else [("act", "elementwise", {"numel": act_numel, "fn": arch.activation}, 1)]),
-            *([("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1)] if arch.gated_mlp else []),
+            *act,
             ("mlp_down", "gemm", {"b": 1, "m": tokens, "n": arch.hidden, "k": ffn}, 1),
         ]
     routed_tokens = -(-tokens // tp) if whole_experts else tokens
@@ -330,10 +353,13 @@ def _mlp(
         **({"weights": arch.expert_weights} if arch.expert_weights and not training else {}),
     }
     router: Op = ("router", "gemm", {"b": 1, "m": tokens, "n": arch.n_experts, "k": arch.hidden}, 1)
-    shared = [(role, kind, params, 1) for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens)]
+    shared = [
+        (role, kind, params, 1)
+        for role, kind, params in shared_expert_ops(arch, tp=tp, tokens=tokens, fused_swiglu=fused_swiglu)
+    ]
     if not training and not hf:
         return [router, ("experts", "moe", experts, 1), *shared]
-    parts: list[Op] = [(role, kind, p, 1) for role, kind, p in routed_expert_ops(experts)]
+    parts: list[Op] = [(role, kind, p, 1) for role, kind, p in routed_expert_ops(experts, fused_swiglu=fused_swiglu)]
     if hf:  # transformers' eager activation modules in place of the one activation kernel
         ((_, _, act_params, _),) = [op for op in parts if op[0] == "act"]
         act = hf_activation_ops(arch, int(act_params["numel"]))
@@ -389,7 +415,8 @@ def block_ops(
     framework that runs transformers' modules op by op (``hf``, :attr:`Framework.hf_modules`) the
     activation is its module's eager kernels (:func:`hf_activation_ops`) and eager attention carries
     the modeling code's own kernels (:func:`hf_attention_ops`, which replace the cache write)."""
-    hf = framework_of(framework).hf_modules
+    fw = framework_of(framework)
+    hf = fw.hf_modules
     tokens = batch * seq_q
     rows = tokens // tp if sp else tokens
     heads, kv_heads = arch.n_heads // tp, max(1, arch.n_kv_heads // tp)
@@ -438,7 +465,7 @@ def block_ops(
     ]
     mlp_ops: list[Op] = [
         ("norm2", *norm, 1),
-        *_mlp(arch, tp, tokens, ep, training, hf, whole_experts),
+        *_mlp(arch, tp, tokens, ep, training, hf, whole_experts, fw.fused_swiglu),
         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
         *([("post_norm2", *norm, 1)] if arch.post_norms else []),
     ]

@@ -49,9 +49,9 @@ def _block(framework):
 def test_the_framework_changes_the_norms_price_and_not_the_gemms(cost):
     model, a100 = cost(), get_device("A100-SXM4-80GB")
     megatron, hf = _block("megatron"), _block("hf")
-    pairs = list(
-        zip(megatron.nodes["forward"] + megatron.nodes["backward"], hf.nodes["forward"] + hf.nodes["backward"])
-    )
+    mine = {n.role: n for n in megatron.nodes["forward"] + megatron.nodes["backward"]}
+    theirs = {n.role: n for n in hf.nodes["forward"] + hf.nodes["backward"]}
+    pairs = [(mine[role], theirs[role]) for role in mine if role in theirs]
     times = model.lookup([k for pair in pairs for n in pair for k in [n.kernel]], a100)
     norms = [(m, h) for m, h in pairs if m.kernel.kind == "rmsnorm"]
     gemms = [(m, h) for m, h in pairs if m.kernel.kind == "gemm"]
@@ -201,7 +201,29 @@ def test_run_train_prices_and_stores_what_the_framework_runs():
     }
     bf16_grads = TrainConfig(**base, framework="megatron", grad_reduce_in_fp32=False)
     same = run_train(compile_train(arch, a100, bf16_grads), roofline_only("test"))
-    assert runs["hf"].iteration_time_s > runs[None].iteration_time_s == same.iteration_time_s
-    assert runs["megatron"].iteration_time_s > runs[None].iteration_time_s  # twice the bytes in the reduction
+    assert runs["hf"].iteration_time_s > runs[None].iteration_time_s
+    assert runs["megatron"].iteration_time_s > same.iteration_time_s  # twice the bytes in the reduction
+    assert same.iteration_time_s < runs[None].iteration_time_s  # megatron's one-kernel rope and SwiGLU
     state = {fw: max(m.total_bytes for m in r.memory) for fw, r in runs.items()}
     assert state["megatron"] > state[None] == state["hf"]
+
+
+def test_megatron_runs_rope_and_swiglu_as_one_kernel_each_where_hf_runs_torch_ops():
+    """Megatron-LM and NeMo's Llama configs fuse rope (``apply_rope_fusion``) and SwiGLU (``bias_swiglu_impl``);
+    Hugging Face's eager modules run the registry's unfused rope, SiLU and the gate product apart."""
+    megatron, hf = _block("megatron"), _block("hf")
+
+    def kernels(block, direction):
+        return {n.role: n.kernel for n in block.nodes[direction]}
+
+    m, h = kernels(megatron, "forward"), kernels(hf, "forward")
+    assert m["rope"].param_dict["impl"] == "fused" and h["rope"].param_dict["impl"] == "unfused"
+    numel = 1024 * load_arch("llama2-7b").ffn_hidden
+    assert m["act"].param_dict == {"numel": numel, "fn": "swiglu"} and "gate_mul" not in m
+    assert (h["act"].param_dict["fn"], h["gate_mul"].param_dict["fn"]) == ("silu", "mul")
+    mb, hb = kernels(megatron, "backward"), kernels(hf, "backward")
+    assert mb["act.bwd"].param_dict["fn"] == "swiglu" and "gate_mul.bwd" not in mb and "gate_mul.bwd" in hb
+    model, a100 = roofline_only(), get_device("A100-SXM4-80GB")
+    t = model.lookup([m["act"], h["act"], h["gate_mul"], m["rope"], h["rope"]], a100)
+    assert t[m["act"]][0] < t[h["act"]][0] + t[h["gate_mul"]][0]
+    assert t[m["rope"]][0] < t[h["rope"]][0]
