@@ -408,10 +408,13 @@ def block_ops(
     training: bool = True,
     framework: str | None = None,
     whole_experts: bool = False,
+    fused_swiglu: bool | None = None,
 ) -> list[Op]:
     """Forward ops of one block on one rank for ``batch`` sequences of ``seq_q`` local queries
     against ``seq_kv`` keys (training: ``seq_q = seq_kv = S / cp``; decode: ``seq_q = 1``);
-    ``whole_experts``: an inference engine's expert parallelism (:func:`_mlp`). Under a
+    ``whole_experts``: an inference engine's expert parallelism (:func:`_mlp`); ``fused_swiglu``: a SiLU-gated
+    activation in one kernel (:func:`opcast.archs.gated_activation_ops`; None: the framework's,
+    :attr:`~opcast.predict.frameworks.Framework.fused_swiglu`; a serving engine's is True). Under a
     framework that runs transformers' modules op by op (``hf``, :attr:`Framework.hf_modules`) the
     activation is its module's eager kernels (:func:`hf_activation_ops`) and eager attention carries
     the modeling code's own kernels (:func:`hf_attention_ops`, which replace the cache write)."""
@@ -465,7 +468,9 @@ def block_ops(
     ]
     mlp_ops: list[Op] = [
         ("norm2", *norm, 1),
-        *_mlp(arch, tp, tokens, ep, training, hf, whole_experts, fw.fused_swiglu),
+        *_mlp(
+            arch, tp, tokens, ep, training, hf, whole_experts, fw.fused_swiglu if fused_swiglu is None else fused_swiglu
+        ),
         *([("mlp_dropout", "elementwise", {"numel": residual, "fn": "dropout"}, 1)] if dropout else []),
         *([("post_norm2", *norm, 1)] if arch.post_norms else []),
     ]

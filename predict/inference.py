@@ -77,7 +77,9 @@ ENGINE_KERNELS: tuple[tuple[str, str], ...] = (("rope", "fused"),)
 """(kind, ``impl``) every serving engine runs as one kernel where the registry default is Hugging Face's torch ops:
 rotary embeddings, applied to the queries and keys in one launch (vLLM ``RotaryEmbedding.forward_cuda``,
 ``_custom_ops.rotary_embedding``, or its torch.compile'd native form; SGLang's ``sgl_kernel`` rope; TensorRT-LLM
-inside its attention's QKV preprocessing), not ``apply_rotary_pos_emb``'s chain of eager kernels."""
+inside its attention's QKV preprocessing), not ``apply_rotary_pos_emb``'s chain of eager kernels. Likewise a
+SiLU-gated MLP's activation (``block_ops(fused_swiglu=True)`` under an engine: vLLM ``SiluAndMul`` /
+``torch.ops._C.silu_and_mul``, SGLang's ``silu_and_mul``, TensorRT-LLM's fused gated activation)."""
 
 
 def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
@@ -128,6 +130,7 @@ def _forward_s(
                 attention=cfg.attention,
                 training=False,
                 whole_experts=cfg.ep > 1,
+                fused_swiglu=cfg.engine != "none",
             ),
             n,
         )

@@ -63,9 +63,10 @@ each part by its own source), never by a roofline of the fused kernel."""
 def _decompose_moe(k: Kernel) -> list[tuple[Kernel, int]]:
     """A fused MoE layer (``moe``) as the kernels of :func:`opcast.archs.routed_expert_ops`: GEMMs in the kernel's
     dtype, the copies and the activation in the activations'
-    (bf16 under a quantised precision, :func:`opcast.predict.memory.activation_dtype`)."""
+    (bf16 under a quantised precision, :func:`opcast.predict.memory.activation_dtype`); a gated SiLU as the one
+    ``silu_and_mul`` kernel every engine's fused MoE runs (:func:`opcast.archs.gated_activation_ops`)."""
     act = "bf16" if k.dtype in QUANTISED_PRECISIONS.values() else k.dtype
-    parts = routed_expert_ops(k.param_dict)
+    parts = routed_expert_ops(k.param_dict, fused_swiglu=True)  # an engine's fused layer: one silu_and_mul
     return [
         (
             kernel(kind, params, k.dtype, k.direction, k.tensor_cores)

@@ -109,6 +109,16 @@ def test_an_engine_runs_its_rotary_embedding_as_one_kernel(engine):
     assert rope == {"unfused" if engine == "none" else "fused"}
 
 
+@pytest.mark.parametrize("engine", ["none", "vllm", "sglang", "trtllm"])
+def test_an_engine_runs_a_gated_silu_as_one_kernel(engine):
+    """Every serving engine runs SwiGLU as one ``silu_and_mul`` kernel; the forward alone (none) runs torch's SiLU and
+    the gate product apart."""
+    arch = load_arch("llama3-8b")
+    cfg = InferConfig(batch=2, prompt_len=64, gen_len=4, engine=engine)  # type: ignore[arg-type]
+    fns = {line["params"]["fn"] for line in predict_infer(arch, H100, cfg).ops if line["role"] in ("act", "gate_mul")}
+    assert fns == ({"silu", "mul"} if engine == "none" else {"swiglu"})
+
+
 def test_the_library_refuses_a_bad_engine_version_as_the_option_does():
     """``validate_infer`` makes the ``--engine-version`` option's check, so a library caller gets the same line."""
     from opcast.predict.parallel import validate_infer

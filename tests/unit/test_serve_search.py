@@ -45,7 +45,7 @@ off: there a prefill/decode split is the best (checked below)."""
 def setup():
     arch, dev = load_arch(ARCH), get_device(GPU)
     stream = poisson_stream(
-        rate_per_s=100.0,
+        rate_per_s=120.0,
         num_requests=200,
         input_len=Lengths("uniform", 64, 1024),
         output_len=Lengths("uniform", 2, 96),
@@ -327,7 +327,7 @@ def test_an_ep_no_deployment_can_take_is_refused_before_the_search():
         "replica's GPUs, ep = k x tp spreads them over k replicas; give multiples of a --tp"
     ]
     stream = poisson_stream(
-        rate_per_s=5.0, num_requests=4, input_len=Lengths("fixed", 8, 8), output_len=Lengths("fixed", 2, 2), seed=0
+        rate_per_s=120.0, num_requests=4, input_len=Lengths("fixed", 8, 8), output_len=Lengths("fixed", 2, 2), seed=0
     )
     with pytest.raises(OpcastError, match="--ep 3 is a multiple of no tensor-parallel degree"):
         search_serve(moe, dev, space, stream, kernels=roofline_only("test"))
@@ -374,7 +374,7 @@ def test_the_search_prices_expert_parallelism_across_replicas_with_the_asked_dis
     deployment with the same dispatcher, and the dispatcher changes it."""
     arch, dev = load_arch("qwen3-30b-a3b"), get_device(GPU)
     stream = poisson_stream(
-        rate_per_s=50.0,
+        rate_per_s=120.0,
         num_requests=60,
         input_len=Lengths("uniform", 64, 512),
         output_len=Lengths("uniform", 2, 32),
