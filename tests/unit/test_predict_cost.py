@@ -376,7 +376,8 @@ def test_a_fused_moe_layer_is_learned_where_covered_and_its_grouped_gemms_elsewh
     parts = decompose(moe)
     # each of the 2 ranks routes 32 tokens: 64 pairs over its 8 experts, all busy, 8 rows each
     copy, gemm = ("elementwise", "bf16"), ("gemm", "fp8")  # fp8 GEMMs, bf16 activations
-    assert [(p.kind, p.dtype) for p, _ in parts] == [copy, gemm, copy, copy, gemm, copy]
+    assert [(p.kind, p.dtype) for p, _ in parts] == [copy, gemm, copy, gemm, copy]  # one silu_and_mul
+    assert parts[2][0].param_dict["fn"] == "swiglu"
     gemms = [p.param_dict for p, _ in parts if p.kind == "gemm"]
     assert gemms == [{"b": 8, "m": 8, "n": 1024, "k": 1024}, {"b": 8, "m": 8, "n": 1024, "k": 512}]
     covered = KernelCostModel(sources=(LearnedKernelCost(_FakeMoe(), "fake"), RooflineKernelCost()))
