@@ -40,8 +40,8 @@ One table, read by the graph (:class:`opcast.predict.graph.Dtypes` gives every k
   cross-entropy chunks the LM-head GEMM with the loss; opcast prices that GEMM as before and the loss as
   Liger's cross-entropy kernel, and SwiGLU (``LigerSwiGLUMLP``: ``LigerSiLUMulFunction``, one kernel where ``hf``
   runs the SiLU and the product apart). LayerNorm stays torch's (Liger patches it in vision towers only), softmax
-  too (eager attention is not patched). Liger patches the
-  model types it knows: for GPT-2 or OPT, which it leaves alone, ask for ``hf``;
+  too (eager attention is not patched). Liger patches the model types it knows: for GPT-2 or OPT, which it
+  leaves alone, ask for ``hf``;
 - ``foundry`` (MosaicML llm-foundry's MPT on Composer + PyTorch FSDP, as its benchmark tables ran:
   ``scripts/train/benchmarking/submit_benchmarks.py`` at commit b2a43a147 runs llm-foundry v0.3.0):
   ``LPLayerNorm`` (``llmfoundry/models/layers/norm.py``: ``F.layer_norm`` on the autocast dtype, native)
@@ -67,8 +67,7 @@ opcast's pricing before frameworks were named (kept: the README's main job and t
 held against use those kernels; so do inference and serving, whose engines name their own kernels:
 :data:`opcast.predict.inference.ENGINE_KERNELS`), with rope and a gated activation as torch runs them (the
 registry's unfused rope, the SiLU and the gate product apart), as in ``neox``, ``hf``, ``foundry`` and ``torch``.
-Implementations
-are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass CUDA kernels (Apex, Transformer Engine,
+Implementations are :data:`opcast.ops.KERNEL_IMPLS`: ``fused`` one-pass CUDA kernels (Apex, Transformer Engine,
 Megatron, flash-attn's cross-entropy), ``liger`` Liger-Kernel's Triton kernels, ``native`` torch's
 single-launch kernels, ``unfused`` Python compositions of torch ops; each priced from measurements of
 that implementation, where none exist as the streaming kernel of its own traffic
