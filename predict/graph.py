@@ -150,6 +150,9 @@ class Dtypes:
     flash2_own: bool = False
     """FlashAttention-2 (``flash2``) is a kernel family of its own on the device (Hopper, Blackwell:
     :data:`FLASH2_OWN_ARCHITECTURES`); elsewhere a ``flash2`` kernel is priced as ``flash``."""
+    fused_swiglu: bool = False
+    """A SiLU-gated activation runs as one kernel (:func:`opcast.archs.gated_activation_ops`): the framework's
+    (:attr:`opcast.predict.frameworks.Framework.fused_swiglu`) unless the run says otherwise."""
 
     def of(self, kind: str, params: dict, direction: str = "fwd") -> Kernel:
         for k, impl in self.impls:
@@ -180,24 +183,33 @@ def precision_of(
     fp8_recipe: str = "delayed",
     device: DeviceSpec | None = None,
     training: bool = False,
+    rope_fusion: bool | None = None,
+    swiglu_fusion: bool | None = None,
 ) -> Dtypes:
-    """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default);
+    """The dtypes of a run in ``precision`` and the kernel implementations of ``framework`` (None: the default),
+    its rope one kernel or torch's ops and its SwiGLU one kernel or two where ``rope_fusion`` / ``swiglu_fusion``
+    say (None: the framework's);
     for per-tensor fp8 the scaling ``fp8_recipe`` and whether ``device``'s fp8 GEMMs need fp8 transposes
     (:func:`fp8_gemm_transposes`; None: they do, as on Hopper); with ``training``, the quantised linears'
     GEMMs are Transformer Engine's (:attr:`Dtypes.te_gemms`). FlashAttention-2 is a family of its own on
     ``device`` where it is Hopper or Blackwell (:attr:`Dtypes.flash2_own`; None: it is not)."""
     per_tensor = gemm_dtype(precision) == "fp8"
+    fw = framework_of(framework)
+    impls = fw.impls
+    if rope_fusion is not None:
+        impls = (*((k, i) for k, i in impls if k != "rope"), ("rope", "fused" if rope_fusion else "unfused"))
     return Dtypes(
         matrix=gemm_dtype(precision),
         act=activation_dtype(precision),
         tensor_cores=tensor_cores,
-        impls=framework_of(framework).impls,
+        impls=impls,
         fp8_modules="megatron" if framework in (None, "megatron") else "linear",
         framework=framework,
         fp8_recipe=fp8_recipe if per_tensor else "delayed",
         fp8_transposes=fp8_gemm_transposes(device) if per_tensor and device is not None else True,
         te_gemms=training,
         flash2_own=device is not None and device.architecture in FLASH2_OWN_ARCHITECTURES,
+        fused_swiglu=fw.fused_swiglu if swiglu_fusion is None else swiglu_fusion,
     )
 
 
@@ -1087,6 +1099,7 @@ def _block_passes(
         attention=attention,
         framework=prec.framework,
         whole_experts=whole_experts,
+        fused_swiglu=prec.fused_swiglu,
     )
     comms = block_comms(
         arch,

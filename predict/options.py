@@ -398,6 +398,16 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "grad_reduce_in_fp32: 4 bytes a gradient in memory and in the reduce-scatter / all-reduce).",
         "the framework's: on with megatron, off otherwise",
     ),
+    "rope_fusion": (
+        "Rotary embeddings as one kernel (Megatron-Core apply_rope_fusion); --no-rope-fusion: Hugging Face's torch "
+        "ops (Megatron-LM --no-rope-fusion).",
+        "the framework's: one kernel with megatron (Liger's with hf-liger), torch ops otherwise",
+    ),
+    "swiglu_fusion": (
+        "A SiLU-gated MLP's activation and gate product as one kernel (Megatron-Core bias_activation_fusion); "
+        "--no-swiglu-fusion: two kernels (Megatron-LM --no-bias-swiglu-fusion, torch eager).",
+        "the framework's: one kernel with megatron and hf-liger, two otherwise",
+    ),
     "offload_activations": (
         "Layers whose activations go to host memory between forward and backward (Megatron-Core cpu_offloading, "
         "cpu_offloading_num_layers; pp=1, no --recompute): they leave GPU memory, and the copies over the GPU's "
@@ -421,6 +431,8 @@ _SWITCHES = {
     "tp_comm_overlap",
     "overlap_p2p_comm",
     "grad_reduce_in_fp32",
+    "rope_fusion",
+    "swiglu_fusion",
 }
 """Boolean fields that take ``--no-...`` as well (a default that may be on)."""
 _NOT_OPTIONS = {"bucket_params"}

@@ -190,6 +190,14 @@ class TrainConfig:
     ``grad_reduce_in_fp32``: 4 bytes a gradient in memory and in the reduce-scatter / all-reduce); None: the
     framework's (megatron: on, as Megatron-LM sets it for bf16; others off)
     (:func:`opcast.predict.frameworks.fp32_gradients`)."""
+    rope_fusion: bool | None = None
+    """Rotary embeddings in one kernel (registry ``impl`` fused, Megatron-Core ``apply_rope_fusion``) or as Hugging
+    Face's chain of torch ops (unfused, Megatron-LM's ``--no-rope-fusion``); None: the framework's (megatron and
+    hf-liger's Liger kernel fuse it, the others do not)."""
+    swiglu_fusion: bool | None = None
+    """A SiLU-gated MLP's activation and gate product in one kernel (Megatron-Core ``bias_activation_fusion``) or two
+    (Megatron-LM's ``--no-bias-swiglu-fusion``, torch eager); None: the framework's
+    (:attr:`opcast.predict.frameworks.Framework.fused_swiglu`)."""
     optimizer: Optimizer = "adam"
     """The optimizer whose states are kept: adam (Adam/AdamW, 8 B of fp32 states a parameter plus the fp32
     master copy in mixed precision), sgd (SGD with momentum, 4 B plus the master copy) or none (forward and

@@ -1321,7 +1321,14 @@ def _precision(plan: TrainPlan) -> Dtypes:
     whether its GPU's fp8 GEMMs need fp8 transposes (:func:`~opcast.predict.graph.precision_of`)."""
     cfg = plan.layout.cfg
     return precision_of(
-        cfg.precision, cfg.tensor_cores, cfg.framework, fp8_recipe=cfg.fp8_recipe, device=plan.device, training=True
+        cfg.precision,
+        cfg.tensor_cores,
+        cfg.framework,
+        fp8_recipe=cfg.fp8_recipe,
+        device=plan.device,
+        training=True,
+        rope_fusion=cfg.rope_fusion,
+        swiglu_fusion=cfg.swiglu_fusion,
     )
 
 

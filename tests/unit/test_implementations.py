@@ -227,3 +227,44 @@ def test_megatron_runs_rope_and_swiglu_as_one_kernel_each_where_hf_runs_torch_op
     t = model.lookup([m["act"], h["act"], h["gate_mul"], m["rope"], h["rope"]], a100)
     assert t[m["act"]][0] < t[h["act"]][0] + t[h["gate_mul"]][0]
     assert t[m["rope"]][0] < t[h["rope"]][0]
+
+
+def test_rope_and_swiglu_fusion_override_the_framework():
+    """``rope_fusion`` / ``swiglu_fusion`` (Megatron-LM's ``--no-rope-fusion`` / ``--no-bias-swiglu-fusion``)
+    turn megatron's one-kernel rope and SwiGLU back into torch's ops, and fuse them under a framework that does not."""
+    arch = load_arch("llama2-7b")
+
+    def kernels(framework, **switches):
+        prec = precision_of("bf16", framework=framework, **switches)
+        block = train_block(
+            arch, tp=1, batch=1, seq=1024, sp=False, cp=1, ep=1, attention="flash", recompute="none", prec=prec
+        )
+        return {n.role: n.kernel for n in block.nodes["forward"]}
+
+    off = kernels("megatron", rope_fusion=False, swiglu_fusion=False)
+    assert off["rope"].param_dict["impl"] == "unfused"
+    assert (off["act"].param_dict["fn"], off["gate_mul"].param_dict["fn"]) == ("silu", "mul")
+    on = kernels("hf", rope_fusion=True, swiglu_fusion=True)
+    assert on["rope"].param_dict["impl"] == "fused"
+    assert on["act"].param_dict["fn"] == "swiglu" and "gate_mul" not in on
+    # each switch alone; the rest stays the framework's
+    rope_only = kernels("megatron", rope_fusion=False)
+    assert rope_only["rope"].param_dict["impl"] == "unfused" and rope_only["act"].param_dict["fn"] == "swiglu"
+    assert kernels("hf-liger", swiglu_fusion=False)["rope"].param_dict["impl"] == "liger"
+
+
+def test_the_fusion_switches_through_the_console_script():
+    opcast = str(Path(sys.executable).with_name("opcast"))
+    base = [opcast, "predict", "train", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--gpus-per-node", "8"]
+    base += ["--tp", "2", "--seq", "2048", "--framework", "megatron", "--json"]
+    docs = {}
+    for flags in ((), ("--no-rope-fusion", "--no-swiglu-fusion")):
+        out = subprocess.run([*base, *flags], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        docs[flags] = json.loads(out.stdout)
+    fused, unfused = docs[()], docs[("--no-rope-fusion", "--no-swiglu-fusion")]
+    assert (fused["config"]["rope_fusion"], unfused["config"]["rope_fusion"]) == (None, False)
+    assert unfused["config"]["swiglu_fusion"] is False
+    assert unfused["iteration_time_s"] > fused["iteration_time_s"]
+    bad = subprocess.run([*base, "--rope-fusion=maybe"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
