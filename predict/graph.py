@@ -336,16 +336,15 @@ def _mlp(
     ffn = arch.ffn_hidden // (1 if moe and whole_experts else tp)
     if not moe:
         act_numel = tokens * ffn
-        act = hf_activation_ops(arch, act_numel) if hf else None
-        if act is None:
-            act = [
-                (role, kind, p, 1)
-                for role, kind, p in gated_activation_ops(
-                    "", numel=act_numel, fn=arch.activation, gated=arch.gated_mlp, fused=fused_swiglu
-                )
-            ]
-        elif arch.gated_mlp:
-            act.append(("gate_mul", "elementwise", {"numel": act_numel, "fn": "mul"}, 1))
+        act: list[Op] = [
+            (role, kind, p, 1)
+            for role, kind, p in gated_activation_ops(
+                "", numel=act_numel, fn=arch.activation, gated=arch.gated_mlp, fused=fused_swiglu
+            )
+        ]
+        eager = hf_activation_ops(arch, act_numel) if hf else None
+        if eager is not None:  # the eager module's kernels in place of the one activation kernel
+            act[:1] = eager
         return [
             ("mlp_up", "gemm", {"b": 1, "m": tokens, "n": (2 if arch.gated_mlp else 1) * ffn, "k": arch.hidden}, 1),
             *act,
@@ -374,10 +373,10 @@ def _mlp(
     parts: list[Op] = [(role, kind, p, 1) for role, kind, p in routed_expert_ops(experts, fused_swiglu=fused_swiglu)]
     if hf:  # transformers' eager activation modules in place of the one activation kernel
         ((_, _, act_params, _),) = [op for op in parts if op[0] == "act"]
-        act = hf_activation_ops(arch, int(act_params["numel"]))
-        if act is not None:
+        eager = hf_activation_ops(arch, int(act_params["numel"]))
+        if eager is not None:
             i = next(i for i, op in enumerate(parts) if op[0] == "act")
-            parts[i : i + 1] = act
+            parts[i : i + 1] = eager
     return [router, *parts, *shared]
 
 
