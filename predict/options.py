@@ -541,6 +541,7 @@ PRECISION = _option(TRAIN, "precision")
 FP8_RECIPE = _option(TRAIN, "fp8_recipe")
 MOE_DISPATCHER = _option(TRAIN, "moe_dispatcher")
 ATTENTION = _option(TRAIN, "attention")
+FRAMEWORK = _option(TRAIN, "framework")
 
 
 # predict train

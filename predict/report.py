@@ -571,7 +571,8 @@ def print_search(result, console, price: float | None) -> None:
     worlds = ", ".join(f"{n * g} ({n} x {g})" for n, g in result.worlds)
     console.print(
         f"[bold]{escape(result.arch.name)}[/] on {escape(result.device.name)}: GPUs {worlds}; global batch "
-        f"{space.global_batch} x {space.seq} tokens, {space.precision}, {space.attention} attention; "
+        f"{space.global_batch} x {space.seq} tokens, {space.precision}, {space.attention} attention"
+        f"{'' if space.framework is None else f', {space.framework} kernels'}; "
         f"objective [bold]{space.objective}[/]; memory limit {result.memory_limit_bytes / 2**30:.1f} GiB per GPU"
     )
     table = Table(title=f"top {len(result.top)} of {result.predicted:,} feasible configurations")

@@ -60,6 +60,7 @@ from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.cost import Kernel, KernelCostModel
+from opcast.predict.frameworks import FrameworkName, framework_of
 from opcast.predict.graph import (
     BWD,
     FWD,
@@ -78,6 +79,7 @@ from opcast.predict.memory import (
     model_state_bytes,
     run_layer_activation_terms,
     stage_activation_bytes,
+    stage_params,
     stage_total_bytes,
 )
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem, ep_dispatch
@@ -104,6 +106,9 @@ from opcast.predict.training import (
     dense_peak_flops,
     flops_utilisation,
     fp8_amax_s,
+    fsdp_gradient_kernels,
+    fsdp_gradient_s,
+    gradient_reduce_bytes,
     graph_groups,
     micro_batch_s,
     model_flops,
@@ -119,6 +124,7 @@ from opcast.predict.training import (
     stage_tail_s,
     tokens_per_s,
     weight_cast_s,
+    zero3_reduce_bytes,
 )
 
 if TYPE_CHECKING:
@@ -190,6 +196,11 @@ class SearchSpace:
     """How MoE tokens reach their experts' ranks, as ``predict train --moe-dispatcher``."""
     attention: AttentionImpl = "flash"
     """Attention kernel."""
+    framework: FrameworkName | None = None
+    """The training framework, as ``predict train --framework``: the kernels it runs (Megatron's fused rope and
+    SwiGLU, Hugging Face's eager ops, llm-foundry's attention), what it keeps (Megatron's fp32 ``main_grad``) and
+    how it reduces gradients (fp32 under Megatron, DeepSpeed's all-reduce under ``neox``, torch FSDP's
+    flat-gradient kernels under ``foundry``'s ZeRO-3); None: opcast's default kernels, 16 bytes a parameter."""
     objective: Objective = "throughput"
     """What to rank by."""
     max_tp: int | None = None
@@ -262,6 +273,7 @@ class Candidate:
             fp8_recipe=space.fp8_recipe,
             moe_dispatcher=space.moe_dispatcher,
             attention=space.attention,
+            framework=space.framework,
             schedule=self.schedule,
             virtual_stages=self.virtual_stages,
             overlap_grad_reduce=space.overlap_grad_reduce,
@@ -373,6 +385,8 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(f"objective={space.objective!r} is not one of {', '.join(get_args(Objective))}")
     if space.attention not in get_args(AttentionImpl):
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
+    if space.framework is not None and space.framework not in get_args(FrameworkName):
+        problems.append(f"framework={space.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     problems += device_reasons(device, space.precision)
     problems += fp8_recipe_reasons(space.precision, space.fp8_recipe)
     if (problem := dispatcher_problem(space.moe_dispatcher, TRAIN_DISPATCHERS)) is not None:
@@ -522,7 +536,11 @@ class _Terms:
         self.arch, self.device, self.space, self.worlds = arch, device, space, tuple(worlds)
         self.act_dtype = activation_dtype(space.precision)
         self.grad_b = dtype_bytes(self.act_dtype)
-        self.amax = delayed_amax_reduction(precision_of(space.precision, fp8_recipe=space.fp8_recipe, training=True))
+        self.amax = delayed_amax_reduction(
+            precision_of(space.precision, None, space.framework, fp8_recipe=space.fp8_recipe, training=True)
+        )
+        self.reduce_b = gradient_reduce_bytes(self.grad_b, space.framework)
+        self.fsdp = framework_of(space.framework).zero3_fsdp_kernels
         self.peak = dense_peak_flops(device, space.precision)
         self.comms = comms if comms is not None else CollectiveCostModel()
         self.graph_costs: dict[tuple, dict[str, PhaseCost]] = {}
@@ -535,6 +553,10 @@ class _Terms:
         """Their kernels' (seconds, source) (filled by :func:`_compile`)."""
         self.model_flops: dict[str, float] = {}
         """Model FLOPs of an iteration by recomputation mode (filled by :func:`_compile`)."""
+        self.fsdp_s: dict[tuple, float] = {}
+        """Seconds per micro-batch of a ZeRO-3 stage's torch FSDP flat-gradient kernels (under a framework that runs
+        them, :attr:`~opcast.predict.frameworks.Framework.zero3_fsdp_kernels`) by (tp, pp, ep, dp, stage) (filled
+        by :func:`_compile`)."""
         self._clear()
 
     def _clear(self) -> None:
@@ -566,7 +588,16 @@ class _Terms:
         hit = self._states.get(key)
         if hit is None:
             hit = self._states[key] = model_state_bytes(
-                self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, precision=self.space.precision
+                self.arch,
+                stage=stage,
+                tp=tp,
+                pp=pp,
+                dp=dp,
+                cp=cp,
+                ep=ep,
+                zero=zero,
+                precision=self.space.precision,
+                framework=self.space.framework,
             )
         return hit
 
@@ -673,6 +704,8 @@ class _Terms:
                 zero=zero,
                 gpus_per_node=g,
                 grad_bytes=self.grad_b,
+                reduce_bytes=self.reduce_b,
+                framework=self.space.framework,
                 fp8=self.amax,
             )
             step_s = self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)]
@@ -716,6 +749,8 @@ class _Terms:
             tails = []
             for stage in stage_kinds(pp):
                 comp = self.compute(tp, pp, cp, ep, s.sp, mb, rc, stage, g)
+                if s.zero == 3 and self.fsdp:  # as run_train: torch FSDP's kernels in each micro-batch's backward
+                    comp = comp._replace(backward_s=comp.backward_s + self.fsdp_s[(tp, pp, ep, dp, stage)])
                 sync, opt_s = self.sync(tp, pp, cp, ep, s.zero, stage, s.wi)
                 dpt = data_parallel_time(
                     sync,
@@ -944,7 +979,9 @@ def _compile(
     in one lookup, and cost each graph per phase into ``terms``. Returns kernels by source, the
     counts of distinct graphs and kernels, and the seconds of the lookup."""
     arch, device, space, worlds = terms.arch, terms.device, terms.space, terms.worlds
-    prec = precision_of(space.precision, fp8_recipe=space.fp8_recipe, device=device, training=True)
+    prec = precision_of(
+        space.precision, None, space.framework, fp8_recipe=space.fp8_recipe, device=device, training=True
+    )
     seq, attn = space.seq, space.attention
     block_keys: dict[tuple, None] = {}
     extras_keys: dict[tuple, None] = {}
@@ -983,6 +1020,16 @@ def _compile(
         if (tp, ep) not in terms.casts:
             terms.casts[(tp, ep)] = weight_casts(arch, tp=tp, ep=ep, prec=prec)
     wanted += [n.kernel for casts in terms.casts.values() for n in casts]
+    fsdp: dict[tuple, tuple[tuple[Node, ...], tuple[Node, ...], int]] = {}
+    if terms.fsdp:
+        for wi, tp, pp, cp, ep, zero in layouts:
+            if zero == 3:
+                dp = worlds[wi][0] * worlds[wi][1] // (tp * pp * cp)
+                for stage in stage_kinds(pp):
+                    fsdp.setdefault(
+                        (tp, pp, ep, dp, stage), _fsdp_kernels(terms, tp=tp, pp=pp, ep=ep, dp=dp, stage=stage)
+                    )
+        wanted += [n.kernel for per_layer, rest, _ in fsdp.values() for n in (*per_layer, *rest)]
     unique = list(dict.fromkeys(wanted))
     t0 = time.perf_counter()
     table = kernels.lookup(unique, device)  # the one batched prediction of the whole space
@@ -1008,11 +1055,30 @@ def _compile(
         terms.graph_costs[(key, g)] = phases
     terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})
     terms.cast_times.update({n.kernel: table[n.kernel] for casts in terms.casts.values() for n in casts})
+    terms.fsdp_s.update(
+        {key: fsdp_gradient_s(per_layer, rest, table, layers) for key, (per_layer, rest, layers) in fsdp.items()}
+    )
     for rc in {s.rc for s in survivors}:
         terms.model_flops[rc] = model_flops(
             arch, seq=seq, global_batch=space.global_batch, precision=space.precision, attention=attn, recompute=rc
         )[0]
     return dict(sorted(by_source.items())), len(graphs), len(unique), lookup_s
+
+
+def _fsdp_kernels(
+    terms: _Terms, *, tp: int, pp: int, ep: int, dp: int, stage: int
+) -> tuple[tuple[Node, ...], tuple[Node, ...], int]:
+    """(per block, rest of the stage, blocks) torch FSDP flat-gradient kernels of a ZeRO-3 ``stage``, as
+    ``run_train`` prices them (:func:`opcast.predict.training.fsdp_gradient_kernels`)."""
+    params = stage_params(terms.arch, tp=tp, pp=pp, ep=ep, stage=stage)
+    layers = terms.arch.n_layers // pp
+    red_b = zero3_reduce_bytes(terms.space.framework, terms.grad_b)
+    rest = params.dense + params.expert - layers * params.per_layer
+    return (
+        fsdp_gradient_kernels(params.per_layer, grad_bytes=terms.grad_b, reduce_bytes=red_b, dp=dp),
+        fsdp_gradient_kernels(rest, grad_bytes=terms.grad_b, reduce_bytes=red_b, dp=dp),
+        layers,
+    )
 
 
 # --------------------------------------------------------------------------- stage 3: compose
@@ -1306,6 +1372,7 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
                     "precision": space.precision,
                     "fp8_recipe": space.fp8_recipe,
                     "attention": space.attention,
+                    "framework": space.framework,
                     "overlap_grad_reduce": space.overlap_grad_reduce,
                 },
                 "iteration_time_s": r.iteration_time_s,
@@ -1331,6 +1398,7 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
             "precision": space.precision,
             "fp8_recipe": space.fp8_recipe,
             "attention": space.attention,
+            "framework": space.framework,
             "max_tp": space.max_tp,
             "tp_within_node": space.tp_within_node,
             "max_mem_bytes": space.max_mem_bytes,

@@ -185,3 +185,23 @@ def test_analytic_means_what_it_means_in_predict_train(capsys):
     assert doc["kernels_by_source"] != flagged["kernels_by_source"]
     same = _predict_train(doc, ["--set", "sm_count=x4", "--analytic"], capsys)
     assert same["iteration_time_s"] == doc["top"][0]["iteration_time_s"]
+
+
+def test_framework_means_what_it_means_in_predict_train(capsys):
+    """--framework prices the framework's kernels and memory in the search as in predict train: the search's best
+    configuration under Megatron predicts the same iteration time and memory there, and differs from the default's."""
+    args = ["search", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--gpus", "8", "--global-batch", "16"]
+    args += ["--seq", "2048", "--roofline", "--fix", "tp=1", "--fix", "pp=1", "--fix", "zero=1"]
+    args += ["--fix", "micro_batch=1"]
+    assert main([*args, "--top", "1", "--json"]) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert base["space"]["framework"] is None
+    assert main([*args, "--top", "1", "--framework", "megatron", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["space"]["framework"] == "megatron" and doc["top"][0]["config"]["framework"] == "megatron"
+    first = doc["top"][0]
+    assert first["iteration_time_s"] != base["top"][0]["iteration_time_s"]
+    assert first["memory_per_gpu_bytes"] > base["top"][0]["memory_per_gpu_bytes"]  # the fp32 main_grad
+    same = _predict_train(doc, ["--roofline", "--framework", "megatron"], capsys)
+    assert same["iteration_time_s"] == first["iteration_time_s"]
+    assert same["memory_per_gpu_bytes"] == first["memory_per_gpu_bytes"]

@@ -140,6 +140,7 @@ def _brute(arch, device, space):
                                             virtual_stages=v,
                                             overlap_grad_reduce=space.overlap_grad_reduce,
                                             moe_dispatcher=space.moe_dispatcher,
+                                            framework=space.framework,
                                         )
                                         r = predict_train(
                                             arch,
@@ -194,8 +195,18 @@ def _brute(arch, device, space):
             H100,
             S.SearchSpace(gpus=8, global_batch=8, seq=1020, overlap_grad_reduce=False, max_mem_bytes=0.5 * 2**30),
         ),
+        # Megatron's kernels (one rope and one SwiGLU kernel) and its fp32 main_grad (memory, reduce-scatter)
+        (
+            TINY_MOE,
+            A100,
+            S.SearchSpace(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4, framework="megatron"),
+        ),
+        # llm-foundry: its attention kernel, and under ZeRO-3 torch FSDP's flat-gradient kernels and fp32 reduce;
+        # neox: DeepSpeed's all-reduce for ZeRO-1/2
+        (TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024, framework="foundry")),
+        (TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024, framework="neox")),
     ],
-    ids=["moe-2-nodes", "moe-2-nodes-flex", "gpt-memory-limit"],
+    ids=["moe-2-nodes", "moe-2-nodes-flex", "gpt-memory-limit", "moe-megatron", "gpt-foundry", "gpt-neox"],
 )
 def test_search_returns_exactly_the_feasible_set_with_run_train_figures(arch, device, space):
     result = S.search(arch, device, space, top=3, workers=1)
