@@ -594,6 +594,18 @@ SEARCH_GPUS = Opt("gpus", "--gpus", int, "GPUs available (the world size).")
 SEARCH_GLOBAL_BATCH = _option(TRAIN, "global_batch").but(type=int, default=REQUIRED, default_help=None)
 SEARCH_SEQ = _option(TRAIN, "seq").but(default=REQUIRED)
 SEARCH_OVERLAP = _option(TRAIN, "overlap_grad_reduce").but(default=True)
+SEARCH_PARAM_GATHER = _option(TRAIN, "overlap_param_gather").but(
+    help="Megatron-LM's --overlap-param-gather on every configuration with the distributed optimizer (ZeRO 1 or 2): "
+    "the weight all-gather behind the next iteration's first forward."
+)
+SEARCH_TP_COMM_OVERLAP = _option(TRAIN, "tp_comm_overlap").but(
+    help="Transformer Engine's userbuffers overlap of the tensor-parallel collectives with their GEMMs (TE's "
+    "default settings) on every configuration with sequence parallelism (Megatron-LM asserts it)."
+)
+SEARCH_P2P_OVERLAP = _option(TRAIN, "overlap_p2p_comm").but(
+    help="Megatron-LM's overlap_p2p_comm on every interleaved configuration: each pipeline send behind one model "
+    "chunk's compute (Megatron-LM turns it off for 1F1B)."
+)
 TOP = Opt(
     "top",
     "--top",

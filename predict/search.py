@@ -95,6 +95,8 @@ from opcast.predict.parallel import (
     model_parallel_groups,
 )
 from opcast.predict.recompute import Recompute
+from opcast.predict.tp_overlap import configs as ub_configs
+from opcast.predict.tp_overlap import overlap_kernels
 from opcast.predict.training import (
     DataParallelSync,
     PhaseCost,
@@ -115,6 +117,7 @@ from opcast.predict.training import (
     optimizer_kernel,
     optimizer_numel,
     p2p_message_bytes,
+    p2p_overlap_windows,
     phase_cost,
     pipeline_send_s,
     pipeline_sends,
@@ -217,6 +220,15 @@ class SearchSpace:
     overlap_grad_reduce: bool = True
     """Overlap the data-parallel gradient reduction with the last backward (fixed, not searched:
     in the model it never hurts)."""
+    overlap_param_gather: bool = False
+    """Megatron-LM's ``--overlap-param-gather`` on every configuration that can run it (ZeRO 1 or 2, the distributed
+    optimizer): the weight all-gather behind the next iteration's first forward. Needs ``overlap_grad_reduce``."""
+    tp_comm_overlap: bool = False
+    """Transformer Engine's userbuffers overlap of the tensor-parallel collectives with their GEMMs (TE's default
+    settings) on every configuration that can run it: with sequence parallelism, as Megatron-LM asserts."""
+    overlap_p2p_comm: bool = False
+    """Megatron-LM's ``overlap_p2p_comm`` on every interleaved configuration (it turns it off for 1F1B): each
+    pipeline send behind one model chunk's compute."""
     fixed: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     """Dimension -> the only values to enumerate (``--fix tp=8``); keys from :data:`FIXABLE`.
     Restricting a dimension shrinks the space; it does not count as pruning."""
@@ -277,6 +289,9 @@ class Candidate:
             schedule=self.schedule,
             virtual_stages=self.virtual_stages,
             overlap_grad_reduce=space.overlap_grad_reduce,
+            overlap_param_gather=space.overlap_param_gather and self.zero in (1, 2),
+            tp_comm_overlap=space.tp_comm_overlap and self.sp,
+            overlap_p2p_comm=space.overlap_p2p_comm and self.virtual_stages > 1,
         )
 
 
@@ -385,6 +400,10 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(f"objective={space.objective!r} is not one of {', '.join(get_args(Objective))}")
     if space.attention not in get_args(AttentionImpl):
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
+    if space.overlap_param_gather and not space.overlap_grad_reduce:
+        problems.append(
+            "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM); drop one or turn the other on"
+        )
     if space.framework is not None and space.framework not in get_args(FrameworkName):
         problems.append(f"framework={space.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     problems += device_reasons(device, space.precision)
@@ -713,9 +732,21 @@ class _Terms:
             hit = self._sync[key] = (sync, step_s)
         return hit
 
-    def p2p(self, tp: int, pp: int, cp: int, mb: int, v: int, stride: int, g: int) -> tuple[float, ...]:
-        """Pipeline-send seconds per micro-batch of every stage."""
-        key = (tp, pp, cp, mb, v, stride, g)
+    def p2p(
+        self,
+        tp: int,
+        pp: int,
+        cp: int,
+        mb: int,
+        v: int,
+        stride: int,
+        g: int,
+        work: Mapping[int, tuple[StageCompute, float, DataParallelSync]] | None = None,
+        work_key: tuple | None = None,
+    ) -> tuple[float, ...]:
+        """Pipeline-send seconds per micro-batch of every stage; with ``work`` (the stages' compute, memoised under
+        ``work_key``) each send hides behind one model chunk's compute (``overlap_p2p_comm``)."""
+        key = (tp, pp, cp, mb, v, stride, g, work_key)
         hit = self._p2p.get(key)
         if hit is None:
             act = p2p_message_bytes(
@@ -728,6 +759,7 @@ class _Terms:
                     pipeline_sends(
                         stage=st, pp=pp, virtual_stages=v, message_bytes=act, stride=stride, gpus_per_node=g
                     ),
+                    None if work is None else p2p_overlap_windows(work[stage_kind(st, pp)][0], v),
                 )
                 for st in range(pp)
             )
@@ -759,12 +791,14 @@ class _Terms:
                     micro_batches=m,
                     recompute=rc,
                     overlap_grad_reduce=space.overlap_grad_reduce,
+                    overlap_param_gather=space.overlap_param_gather and s.zero in (1, 2),
                 )
                 work[stage] = (comp, dpt.zero3_s, sync)
                 tails.append(stage_tail_s(opt_s, dpt.exposed_s))
             hit = self._stages[key] = (work, tails)
         work, tails = hit
-        p2p = self.p2p(tp, pp, cp, mb, s.v, tp * cp * dp, g)
+        overlap = space.overlap_p2p_comm and s.v > 1  # Megatron-LM turns it off for 1F1B
+        p2p = self.p2p(tp, pp, cp, mb, s.v, tp * cp * dp, g, work if overlap else None, key if overlap else None)
         stage_s = []
         for stage in range(pp):
             comp, zero3_s, sync = work[stage_kind(stage, pp)]
@@ -1014,6 +1048,13 @@ def _compile(
     if progress:
         progress("compile", todo, todo)
     wanted = [n.kernel for gr in graphs.values() for nodes in gr.nodes.values() for n in nodes]
+
+    def overlap_tp(key: tuple) -> bool:  # TE's userbuffers overlap runs where sequence parallelism does
+        return space.tp_comm_overlap and key[4 if key[0] == "block" else 3]
+
+    for key, gr in graphs.items():
+        if overlap_tp(key):  # the chunk GEMMs TE's userbuffers overlap runs instead, as run_train prices them
+            wanted += overlap_kernels(gr, key[1], ub_configs(None))
     opt_kernels = {numel: optimizer_kernel(numel) for numel in numels}
     wanted += opt_kernels.values()
     for _, tp, _, _, ep, _ in layouts:
@@ -1047,10 +1088,12 @@ def _compile(
         graph = graphs[key]
         phases = {}
         for phase in (FWD, BWD, RECOMPUTE):
-            shared = (id(graph.nodes[phase]), id(graph.comms[phase]), tp, cp, ep, g)
+            shared = (id(graph.nodes[phase]), id(graph.comms[phase]), tp, cp, ep, g, overlap_tp(key))
             cost = costed.get(shared)
             if cost is None:
-                cost = costed[shared] = phase_cost(graph, phase, groups, table, terms.comms, device, ep=ep_call)
+                cost = costed[shared] = phase_cost(
+                    graph, phase, groups, table, terms.comms, device, tp_comm_overlap=overlap_tp(key), ep=ep_call
+                )
             phases[phase] = cost
         terms.graph_costs[(key, g)] = phases
     terms.opt_s.update({numel: table[k][0] for numel, k in opt_kernels.items()})
@@ -1374,6 +1417,10 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
                     "attention": space.attention,
                     "framework": space.framework,
                     "overlap_grad_reduce": space.overlap_grad_reduce,
+                    # where the configuration runs them (Candidate.train_config's rule)
+                    "overlap_param_gather": r.config.overlap_param_gather,
+                    "tp_comm_overlap": r.config.tp_comm_overlap,
+                    "overlap_p2p_comm": r.config.overlap_p2p_comm,
                 },
                 "iteration_time_s": r.iteration_time_s,
                 "tokens_per_s": r.tokens_per_s,
@@ -1404,6 +1451,9 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
             "max_mem_bytes": space.max_mem_bytes,
             "aligned_groups": space.aligned_groups,
             "overlap_grad_reduce": space.overlap_grad_reduce,
+            "overlap_param_gather": space.overlap_param_gather,
+            "tp_comm_overlap": space.tp_comm_overlap,
+            "overlap_p2p_comm": space.overlap_p2p_comm,
             "fixed": {k: list(v) for k, v in space.fixed.items()},
             "worlds": [{"nodes": n, "gpus_per_node": g, "world_size": n * g} for n, g in result.worlds],
         },

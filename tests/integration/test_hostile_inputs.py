@@ -438,6 +438,14 @@ CASES: list[Case] = [
     _c("search-price-inf", *SEARCH, ROOF, "--gpu-hour-price", "inf", needles=("--gpu-hour-price",)),
     _c("search-workers-zero", *SEARCH, ROOF, "--workers", "0", needles=("workers",)),
     _c("search-framework-typo", *SEARCH, ROOF, "--framework", "megatorn", needles=("megatorn", "megatron")),
+    _c(
+        "search-param-gather-without-grad-overlap",
+        *SEARCH,
+        ROOF,
+        "--overlap-param-gather",
+        "--no-overlap-grad-reduce",
+        needles=("--overlap-param-gather needs --overlap-grad-reduce",),
+    ),
     _c("search-fix-unreached", *SEARCH, ROOF, "--fix", "tp=2,3", needles=("--fix tp=3 is never searched", "8 GPUs")),
     _c("search-fix-ep-dense", *SEARCH, ROOF, "--fix", "ep=2", needles=("--fix ep=2 is never searched", "gpt3-125m")),
     _c(

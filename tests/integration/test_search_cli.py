@@ -205,3 +205,24 @@ def test_framework_means_what_it_means_in_predict_train(capsys):
     same = _predict_train(doc, ["--roofline", "--framework", "megatron"], capsys)
     assert same["iteration_time_s"] == first["iteration_time_s"]
     assert same["memory_per_gpu_bytes"] == first["memory_per_gpu_bytes"]
+
+
+def test_megatron_overlaps_mean_what_they_mean_in_predict_train(capsys):
+    """--tp-comm-overlap, --overlap-p2p-comm and --overlap-param-gather apply where a configuration can run them
+    (sequence parallelism, the interleaved schedule, ZeRO 1 or 2), and the best configuration predicts the same in
+    predict train with the same switches."""
+    args = ["search", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--gpus", "16", "--global-batch", "32"]
+    args += ["--seq", "4096", "--roofline", "--fix", "tp=2", "--fix", "sp=on", "--fix", "pp=2", "--fix", "zero=1"]
+    args += ["--fix", "schedule=interleaved", "--fix", "micro_batch=1", "--framework", "megatron"]
+    assert main([*args, "--top", "1", "--json"]) == 0
+    base = json.loads(capsys.readouterr().out)["top"][0]
+    on = ["--tp-comm-overlap", "--overlap-p2p-comm", "--overlap-param-gather"]
+    assert main([*args, *on, "--top", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first = doc["top"][0]
+    assert doc["space"]["tp_comm_overlap"] and doc["space"]["overlap_p2p_comm"] and doc["space"]["overlap_param_gather"]
+    c = first["config"]
+    assert c["tp_comm_overlap"] and c["overlap_p2p_comm"] and c["overlap_param_gather"]
+    assert first["iteration_time_s"] < base["iteration_time_s"]  # the overlaps hide traffic
+    same = _predict_train(doc, ["--roofline", "--framework", "megatron", *on], capsys)
+    assert same["iteration_time_s"] == first["iteration_time_s"]

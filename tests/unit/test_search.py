@@ -141,6 +141,10 @@ def _brute(arch, device, space):
                                             overlap_grad_reduce=space.overlap_grad_reduce,
                                             moe_dispatcher=space.moe_dispatcher,
                                             framework=space.framework,
+                                            # the overlaps where a configuration can run them, as Megatron-LM
+                                            overlap_param_gather=space.overlap_param_gather and zero in (1, 2),
+                                            tp_comm_overlap=space.tp_comm_overlap and sp,
+                                            overlap_p2p_comm=space.overlap_p2p_comm and sched == "interleaved",
                                         )
                                         r = predict_train(
                                             arch,
@@ -195,11 +199,22 @@ def _brute(arch, device, space):
             H100,
             S.SearchSpace(gpus=8, global_batch=8, seq=1020, overlap_grad_reduce=False, max_mem_bytes=0.5 * 2**30),
         ),
-        # Megatron's kernels (one rope and one SwiGLU kernel) and its fp32 main_grad (memory, reduce-scatter)
+        # Megatron's kernels (one rope and one SwiGLU kernel) and its fp32 main_grad (memory, reduce-scatter), with
+        # its overlaps: TE's userbuffers under sequence parallelism, sends behind chunks, the param gather
         (
             TINY_MOE,
             A100,
-            S.SearchSpace(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4, framework="megatron"),
+            S.SearchSpace(
+                gpus=8,
+                gpus_per_node=4,
+                global_batch=8,
+                seq=1024,
+                max_tp=4,
+                framework="megatron",
+                tp_comm_overlap=True,
+                overlap_p2p_comm=True,
+                overlap_param_gather=True,
+            ),
         ),
         # llm-foundry: its attention kernel, and under ZeRO-3 torch FSDP's flat-gradient kernels and fp32 reduce;
         # neox: DeepSpeed's all-reduce for ZeRO-1/2
