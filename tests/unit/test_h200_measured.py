@@ -73,3 +73,45 @@ def test_the_gpu_script_measures_the_runs_the_benchmark_reads():
             int(opts["seq"]),
         )
     assert runs == hm.RUNS
+
+
+def _aic_folder(root: Path, *, gemm_ms: float, quant_ms: tuple[float, float]) -> None:
+    """An AIConfigurator layout holding one fp8 and one bf16 H200 row at 4096^3 and the quantize tables."""
+    import pandas as pd
+
+    gemm = root / hm.AIC_SYSTEM / "gemm" / "trtllm" / "1.0"
+    gemm.mkdir(parents=True)
+    shape = {"m": [4096, 4096], "n": [4096, 4096], "k": [4096, 4096]}
+    pd.DataFrame({"gemm_dtype": ["fp8", "bfloat16"], **shape, "latency": [gemm_ms, 2 * gemm_ms]}).to_parquet(
+        gemm / "gemm_perf.parquet"
+    )
+    quant = root / hm.AIC_SYSTEM / "quantize" / "trtllm" / "1.0"
+    quant.mkdir(parents=True)
+    for name, ms in zip(hm.QUANT_TABLES, quant_ms):
+        pd.DataFrame({"m": [4096], "k": [4096], "latency": [ms]}).to_parquet(quant / f"{name}.parquet")
+
+
+def test_the_same_shapes_table_divides_aiconfigurator_by_the_h200(tmp_path, monkeypatch):
+    """Ratios against the committed 4096^3 rows: AIConfigurator's time / the H200's median, and the fp8 GEMM alone
+    with both quantize tables subtracted; without the package, one line says it was skipped."""
+    import pandas as pd
+
+    from opcast.errors import OpcastError
+    from opcast.schema import read_dataset
+
+    frame = pd.concat([read_dataset(hm.DATA / "kernels" / s) for s in ("collect", "calibrate", "bf16_gemm")])
+    cube = frame[(frame["op"] == "gemm") & (frame["direction"] == "fwd") & (frame["b"] == 1)]
+    cube = cube[(cube["m"] == 4096) & (cube["n"] == 4096) & (cube["k"] == 4096)]
+    fp8_s = cube[cube["dtype"] == "fp8"]["time_s_median"].median()
+    bf16_s = cube[cube["dtype"] == "bf16"]["time_s_median"].median()
+    _aic_folder(tmp_path, gemm_ms=0.2, quant_ms=(0.02, 0.03))
+    monkeypatch.setattr("opcast.collect.replay.aiconfigurator.default_root", lambda: tmp_path)
+    rows = {line.split(" | ")[0].strip("| "): line for line in hm.aic_same_shapes_section() if line.startswith("| ")}
+    assert rows["fp8"] == f"| fp8 | 1 | {0.2e-3 / fp8_s:.2f} | {0.15e-3 / fp8_s:.2f} (1) |"
+    assert rows["bf16"] == f"| bf16 | 1 | {0.4e-3 / bf16_s:.2f} | - |"
+
+    def absent():
+        raise OpcastError("aiconfigurator-core is not installed")
+
+    monkeypatch.setattr("opcast.collect.replay.aiconfigurator.default_root", absent)
+    assert hm.aic_same_shapes_section()[-1] == "Skipped: aiconfigurator-core is not installed"
