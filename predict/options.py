@@ -630,7 +630,8 @@ FIX = Opt(
     "--fix",
     Optional[list[str]],
     "Restrict a dimension: KEY=V[,V...] with KEY one of tp, pp, cp, ep, sp (on/off), micro_batch, recompute, zero, "
-    "schedule, virtual_stages (repeat).",
+    "schedule, virtual_stages (repeat); recompute also takes Megatron-Core's modules, e.g. "
+    "--fix recompute=none,selective:mlp,full.",
     None,
 )
 ALLOW_STRADDLING = Opt(

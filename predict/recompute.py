@@ -77,6 +77,20 @@ def recompute_problem(value: str) -> str | None:
     return None
 
 
+def canonical_recompute(value: str) -> str:
+    """One spelling of a valid ``--recompute`` value: its modules in Megatron-Core's order, and ``selective`` for
+    ``selective:core_attn`` (Megatron-Core's default list), so that two spellings of one choice are one choice."""
+    mods = recompute_modules(value)
+    if not mods or mods == DEFAULT_MODULES:
+        return value.partition(":")[0]
+    return "selective:" + "+".join(m for m in RECOMPUTE_MODULES if m in mods)
+
+
+def recompute_rank(value: str) -> int:
+    """How much a valid ``--recompute`` value recomputes, coarsely: none 0, selective (any modules) 1, full 2."""
+    return MODES.index(value.partition(":")[0])
+
+
 def recompute_modules(value: str) -> frozenset[str]:
     """The submodules a valid ``--recompute`` value recomputes selectively (empty for none and full)."""
     mode, sep, rest = value.partition(":")

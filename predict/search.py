@@ -94,7 +94,7 @@ from opcast.predict.parallel import (
     fp8_recipe_reasons,
     model_parallel_groups,
 )
-from opcast.predict.recompute import Recompute
+from opcast.predict.recompute import Recompute, canonical_recompute, recompute_problem, recompute_rank
 from opcast.predict.tp_overlap import configs as ub_configs
 from opcast.predict.tp_overlap import overlap_kernels
 from opcast.predict.training import (
@@ -351,7 +351,7 @@ def objective_key(objective: str) -> Callable[[Candidate], tuple]:
             c.cp,
             c.ep,
             c.zero,
-            RECOMPUTE_MODES.index(c.recompute),
+            recompute_rank(c.recompute),
             -c.micro_batch,
             c.virtual_stages,
             c.sp,
@@ -481,10 +481,13 @@ def _fixed_problems(fixed: Mapping[str, tuple[Any, ...]]) -> list[str]:
         if not values:
             problems.append(f"--fix {key}: give at least one value")
         for v in values:
+            if key == "recompute" and (problem := recompute_problem(v)) is not None:
+                problems.append(f"--fix {problem}")
+                continue
             if key == "sp":
                 ok = isinstance(v, bool)
             elif key == "recompute":
-                ok = v in RECOMPUTE_MODES
+                ok = True  # checked above, with recompute_problem's reason
             elif key == "schedule":
                 ok = v in get_args(Schedule)
             elif key == "zero":
@@ -519,7 +522,10 @@ def parse_fix(items: Iterable[str]) -> dict[str, tuple[Any, ...]]:
                     problems.append(f"--fix sp={raw!r}: use on or off")
                     continue
                 values.append(low in ("on", "true", "1", "yes"))
-            elif key in ("recompute", "schedule"):
+            elif key == "recompute":  # Megatron-Core's modules too (selective:mlp+layernorm), in one spelling
+                low = raw.lower()
+                values.append(low if recompute_problem(low) else canonical_recompute(low))
+            elif key == "schedule":
                 values.append(raw.lower())
             else:
                 try:
@@ -899,7 +905,8 @@ def _enumerate(
     sps = _values(fx, "sp", (False, True))
     zeros = _values(fx, "zero", ZERO_STAGES)
     mbs = _values(fx, "micro_batch", _divisors(GB))
-    rcs = _values(fx, "recompute", RECOMPUTE_MODES)
+    # the three modes, or the fixed values in their order (Megatron-Core's modules too, which no default holds)
+    rcs = list(fx.get("recompute", RECOMPUTE_MODES))
     scheds = _schedules(arch, fx)
     n_rs = len(rcs) * len(scheds)
     n_mb = len(mbs) * n_rs

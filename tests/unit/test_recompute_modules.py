@@ -11,7 +11,7 @@ from opcast.hardware import get_device
 from opcast.predict.graph import FWD, RECOMPUTE, Dtypes, train_block
 from opcast.predict.memory import layer_activation_bytes
 from opcast.predict.parallel import TrainConfig, validate_train
-from opcast.predict.recompute import recompute_modules, recompute_problem
+from opcast.predict.recompute import canonical_recompute, recompute_modules, recompute_problem, recompute_rank
 
 BF16 = Dtypes(matrix="bf16", act="bf16")
 
@@ -136,3 +136,10 @@ def test_normal_checkpointing_repeats_the_mlp_sides_collectives():
     assert [c for c in comms if c.role == "ep"] == [c for c in g.comms[FWD] if c.role == "ep"]
     # output-discarding modules communicate nothing
     assert _recomputed("deepseek-v3", "selective:mla_up_proj+moe_act+layernorm", tp=2, sp=True, ep=8)[1] == ()
+
+
+def test_one_spelling_and_rank_of_a_recompute_choice():
+    assert canonical_recompute("selective:mlp+core_attn+layernorm") == "selective:core_attn+layernorm+mlp"
+    assert canonical_recompute("selective:core_attn") == canonical_recompute("selective") == "selective"
+    assert canonical_recompute("none") == "none" and canonical_recompute("full") == "full"
+    assert [recompute_rank(v) for v in ("none", "selective", "selective:moe", "full")] == [0, 1, 1, 2]

@@ -122,7 +122,7 @@ def _brute(arch, device, space):
                     for sp in (False, True):
                         for zero in range(4):
                             for mb in S._divisors(space.global_batch):
-                                for rc in ("none", "selective", "full"):
+                                for rc in space.fixed.get("recompute", ("none", "selective", "full")):
                                     for sched, v in S._schedules(arch, {}):
                                         cfg = TrainConfig(
                                             tp=tp,
@@ -216,12 +216,34 @@ def _brute(arch, device, space):
                 overlap_param_gather=True,
             ),
         ),
+        # Megatron-Core's recompute modules in --fix: the MoE block's activation and pre-MLP norm, its whole MoE layer
+        (
+            TINY_MOE,
+            A100,
+            S.SearchSpace(
+                gpus=8,
+                gpus_per_node=4,
+                global_batch=8,
+                seq=1024,
+                max_tp=4,
+                framework="megatron",
+                fixed=S.parse_fix(["recompute=none,selective:layernorm+moe_act,selective:moe,full"]),
+            ),
+        ),
         # llm-foundry: its attention kernel, and under ZeRO-3 torch FSDP's flat-gradient kernels and fp32 reduce;
         # neox: DeepSpeed's all-reduce for ZeRO-1/2
         (TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024, framework="foundry")),
         (TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024, framework="neox")),
     ],
-    ids=["moe-2-nodes", "moe-2-nodes-flex", "gpt-memory-limit", "moe-megatron", "gpt-foundry", "gpt-neox"],
+    ids=[
+        "moe-2-nodes",
+        "moe-2-nodes-flex",
+        "gpt-memory-limit",
+        "moe-megatron",
+        "moe-recompute-modules",
+        "gpt-foundry",
+        "gpt-neox",
+    ],
 )
 def test_search_returns_exactly_the_feasible_set_with_run_train_figures(arch, device, space):
     result = S.search(arch, device, space, top=3, workers=1)
@@ -349,6 +371,12 @@ def test_parse_fix_lists_every_problem():
         S.parse_fix(["tp=1", "pp=2", "tp=2"])
     with pytest.raises(OpcastError, match="--fix micro_batch is given twice"):
         S.parse_fix(["micro-batch=1", "micro_batch=2"])
+    # Megatron-Core's recompute modules, in one spelling (its order; selective:core_attn is selective)
+    assert S.parse_fix(["recompute=selective:mlp+layernorm,selective:core_attn,selective:layernorm+mlp"]) == {
+        "recompute": ("selective:layernorm+mlp", "selective")
+    }
+    with pytest.raises(OpcastError, match="'mlpx' is not a recompute module; give selective:MODULE"):
+        S.parse_fix(["recompute=selective:mlpx"])
 
 
 def test_bad_requests_and_empty_results():
