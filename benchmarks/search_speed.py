@@ -139,7 +139,7 @@ def predictions(doc: dict) -> dict:
     )
     return {
         "considered": doc["considered"],
-        "pruned": doc["pruned"],
+        "pruned": {k: v["count"] for k, v in doc["pruned"].items()},  # the counts, not the reasons' wording
         "predicted": doc["predicted"],
         "top": [{k: t.get(k) for k in keep} for t in doc["top"]],
     }

@@ -602,6 +602,12 @@ SEARCH_TP_COMM_OVERLAP = _option(TRAIN, "tp_comm_overlap").but(
     help="Transformer Engine's userbuffers overlap of the tensor-parallel collectives with their GEMMs (TE's "
     "default settings) on every configuration with sequence parallelism (Megatron-LM asserts it)."
 )
+SEARCH_PP_PARTITION = _option(TRAIN, "pp_partition").but(
+    help="How the layers are split over the pipeline stages: auto (evenly; pp must divide n_layers) or "
+    "megatron:embedding,loss (Megatron-LM's account_for_embedding/loss_in_pipeline_split: the embedding and the "
+    "loss count as a layer each, e.g. Llama 3.1 405B's 126 + 2 layers over pp 8; megatron:embedding or "
+    "megatron:loss for one of them)."
+)
 SEARCH_P2P_OVERLAP = _option(TRAIN, "overlap_p2p_comm").but(
     help="Megatron-LM's overlap_p2p_comm on every interleaved configuration: each pipeline send behind one model "
     "chunk's compute (Megatron-LM turns it off for 1F1B)."

@@ -85,6 +85,7 @@ from opcast.predict.memory import (
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem, ep_dispatch
 from opcast.predict.parallel import (
     MAX_GPUS,
+    PP_PARTITION_AUTO,
     AttentionImpl,
     Fp8Recipe,
     Precision,
@@ -93,6 +94,8 @@ from opcast.predict.parallel import (
     device_reasons,
     fp8_recipe_reasons,
     model_parallel_groups,
+    parse_pp_partition,
+    pipeline_split,
 )
 from opcast.predict.recompute import Recompute, canonical_recompute, recompute_problem, recompute_rank
 from opcast.predict.tp_overlap import configs as ub_configs
@@ -157,8 +160,9 @@ REASONS: dict[str, str] = {
     "max_tp": "tp above --max-tp",
     "tp_within_node": "tp group spans nodes (--tp-within-node)",
     "tp_arch": "tp does not divide the heads, kv heads or ffn of the arch",
-    "pp_layers": "pp does not divide n_layers (the search tries even splits only; price an uneven one with "
-    "opcast predict train --pp-partition or --pp-layers)",
+    "pp_layers": "pp does not divide n_layers (the search splits evenly or, with --pp-partition "
+    "megatron:embedding,loss, as Megatron-LM counting the embedding and loss; price another split with opcast "
+    "predict train --pp-partition or --pp-layers)",
     "cp_seq": "2 x cp does not divide seq (context-parallel chunks)",
     "node_straddle": "tp, tp x cp or tp x cp x dp groups straddle node boundaries (--allow-straddling)",
     "ep_dp": "ep does not divide dp x cp",
@@ -168,7 +172,8 @@ REASONS: dict[str, str] = {
     "mem_states": "weights, gradients and optimizer states alone exceed the memory limit",
     "global_batch": "global batch not a multiple of micro-batch x dp",
     "interleaved_pp1": "interleaved schedule needs pp > 1",
-    "interleaved_layers": "interleaved: pp x virtual stages does not divide n_layers",
+    "interleaved_layers": "interleaved: pp x virtual stages does not divide n_layers (with --pp-partition "
+    "megatron:...: the virtual stages do not divide each rank's layers)",
     "interleaved_m": "interleaved: micro-batches per rank not a multiple of pp",
     "mem_total": "does not fit the memory limit (activations included)",
 }
@@ -226,6 +231,12 @@ class SearchSpace:
     tp_comm_overlap: bool = False
     """Transformer Engine's userbuffers overlap of the tensor-parallel collectives with their GEMMs (TE's default
     settings) on every configuration that can run it: with sequence parallelism, as Megatron-LM asserts."""
+    pp_partition: str = "auto"
+    """How the layers are split over the pipeline stages: ``auto``, evenly (pp, and pp x virtual stages when
+    interleaved, divide n_layers), or ``megatron:embedding,loss`` (or one of the two), Megatron-LM's
+    ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``: the embedding and the loss
+    count as a layer each, so the first and last stages hold one layer fewer (NeMo's Llama 3.1 405B: 126 + 2 layers
+    over pp 8 x vp 8). The splits of ``predict train --pp-partition`` beyond these are priced there only."""
     overlap_p2p_comm: bool = False
     """Megatron-LM's ``overlap_p2p_comm`` on every interleaved configuration (it turns it off for 1F1B): each
     pipeline send behind one model chunk's compute."""
@@ -292,6 +303,7 @@ class Candidate:
             overlap_param_gather=space.overlap_param_gather and self.zero in (1, 2),
             tp_comm_overlap=space.tp_comm_overlap and self.sp,
             overlap_p2p_comm=space.overlap_p2p_comm and self.virtual_stages > 1,
+            pp_partition=space.pp_partition,
         )
 
 
@@ -404,6 +416,8 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(
             "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM); drop one or turn the other on"
         )
+    if (problem := pp_partition_problem(space.pp_partition)) is not None:
+        problems.append(problem)
     if space.framework is not None and space.framework not in get_args(FrameworkName):
         problems.append(f"framework={space.framework!r} is not one of {', '.join(get_args(FrameworkName))}")
     problems += device_reasons(device, space.precision)
@@ -460,8 +474,11 @@ def _unsearched_fixes(arch: ArchSpec, space: SearchSpace, sizes: Sequence[int]) 
             f"it does not divide --global-batch {space.global_batch}",
         ),
         "virtual_stages": (
-            lambda v: arch.n_layers % v == 0,
-            f"it does not divide the {arch.n_layers} layers of {arch.name}",
+            lambda v: split_total(arch, space.pp_partition) % v == 0,
+            f"it does not divide the {arch.n_layers} layers of {arch.name}"
+            if split_total(arch, space.pp_partition) == arch.n_layers
+            else f"it does not divide the {split_total(arch, space.pp_partition)} layers --pp-partition "
+            f"{space.pp_partition} counts ({arch.n_layers} of {arch.name} with the embedding and loss)",
         ),
     }
     problems = []
@@ -540,6 +557,32 @@ def parse_fix(items: Iterable[str]) -> dict[str, tuple[Any, ...]]:
     return out
 
 
+# --------------------------------------------------------------------------- the pipeline split
+
+
+def pp_partition_problem(pp_partition: str) -> str | None:
+    """Why the search cannot split as ``pp_partition`` (None: it can): ``auto`` (even) and Megatron-LM's
+    embedding / loss accounting only (:attr:`SearchSpace.pp_partition`)."""
+    parsed = parse_pp_partition(pp_partition)
+    if not isinstance(parsed, str):
+        method, opts = parsed
+        if method == PP_PARTITION_AUTO or (method == "megatron" and opts and set(opts) <= {"embedding", "loss"}):
+            return None
+    return (
+        f"--pp-partition {pp_partition}: the search splits evenly (auto) or as Megatron-LM counting the embedding "
+        "and loss (megatron:embedding,loss); price this split with opcast predict train --pp-partition"
+    )
+
+
+def split_total(arch: ArchSpec, pp_partition: str) -> int:
+    """The layers a split divides over the pipeline: n_layers, plus one each for the embedding and the loss where
+    Megatron-LM counts them (``megatron:embedding,loss``; :func:`opcast.predict.parallel.megatron_chunks`)."""
+    parsed = parse_pp_partition(pp_partition)
+    if isinstance(parsed, str) or parsed[0] != "megatron":
+        return arch.n_layers
+    return arch.n_layers + bool(parsed[1].get("embedding")) + bool(parsed[1].get("loss"))
+
+
 # --------------------------------------------------------------------------- the shared cost terms, memoised
 
 
@@ -578,6 +621,8 @@ class _Terms:
         """Their kernels' (seconds, source) (filled by :func:`_compile`)."""
         self.model_flops: dict[str, float] = {}
         """Model FLOPs of an iteration by recomputation mode (filled by :func:`_compile`)."""
+        self._splits: dict[tuple[int, int], tuple[int, ...] | None] = {}
+        """(pp, virtual stages) -> transformer layers of each stage (:func:`pipeline_split`), None where it fails."""
         self.fsdp_s: dict[tuple, float] = {}
         """Seconds per micro-batch of a ZeRO-3 stage's torch FSDP flat-gradient kernels (under a framework that runs
         them, :attr:`~opcast.predict.frameworks.Framework.zero3_fsdp_kernels`) by (tp, pp, ep, dp, stage) (filled
@@ -604,6 +649,53 @@ class _Terms:
         self.__dict__.update(state)
         self._clear()
 
+    # -- the pipeline split (parallel.pipeline_split, as run_train's layout takes it)
+
+    def _split(self, pp: int, v: int) -> tuple[int, ...] | None:
+        key = (pp, v)
+        if key not in self._splits:
+            if self.space.pp_partition == PP_PARTITION_AUTO and v == 1 and self.arch.n_layers % pp:
+                self._splits[key] = None  # auto 1F1B would fall to DeepSpeed's split; the search splits evenly
+            else:
+                self._splits[key] = pipeline_split(
+                    self.arch,
+                    pp=pp,
+                    schedule="interleaved" if v > 1 else "1f1b",
+                    virtual_stages=v,
+                    pp_partition=self.space.pp_partition,
+                )[0]
+        return self._splits[key]
+
+    def layers_of(self, pp: int) -> tuple[int, ...] | None:
+        """Transformer layers of each of ``pp`` stages (a rank's chunks together), None where the split fails."""
+        return self._split(pp, 1)
+
+    def interleaves(self, pp: int, v: int) -> bool:
+        """Whether ``v`` virtual stages split ``pp`` ranks' layers (the ranks' totals are :meth:`layers_of`'s)."""
+        return self._split(pp, v) is not None
+
+    def own(self, pp: int, stage: int) -> int | None:
+        """``stage``'s layers where the split is uneven, None where even (the terms' default, ``n_layers / pp``)."""
+        split = self.layers_of(pp)
+        return split[stage] if split is not None and len(set(split)) > 1 else None
+
+    def count(self, pp: int, stage: int) -> int:
+        """``stage``'s transformer layers."""
+        own = self.own(pp, stage)
+        return self.arch.n_layers // pp if own is None else own
+
+    def kinds(self, pp: int) -> tuple[int, ...]:
+        """The stages to price (:func:`stage_kinds`: every stage of an uneven split)."""
+        return stage_kinds(pp, self.layers_of(pp) or ())
+
+    def kind(self, stage: int, pp: int) -> int:
+        """The priced stage whose terms ``stage`` takes (:func:`stage_kind`; itself in an uneven split)."""
+        return stage if self.own(pp, 0) is not None else stage_kind(stage, pp)
+
+    def fullest(self, pp: int) -> tuple[int, ...]:
+        """The stages whose memory can be the largest: :func:`fullest_stages`, every stage of an uneven split."""
+        return tuple(range(pp)) if self.own(pp, 0) is not None else fullest_stages(pp)
+
     # -- memory (memory.train_memory's terms)
 
     def states(
@@ -623,6 +715,7 @@ class _Terms:
                 zero=zero,
                 precision=self.space.precision,
                 framework=self.space.framework,
+                layers=self.own(pp, stage),
             )
         return hit
 
@@ -648,7 +741,7 @@ class _Terms:
         """A lower bound of the peak that does not depend on the micro-batch: the memory without activations."""
         return max(
             stage_total_bytes(w, g, o, 0.0, 0.0, gather)
-            for w, g, o, gather in (self.states(tp, pp, dp, cp, ep, zero, st) for st in fullest_stages(pp))
+            for w, g, o, gather in (self.states(tp, pp, dp, cp, ep, zero, st) for st in self.fullest(pp))
         )
 
     def memory(
@@ -657,7 +750,7 @@ class _Terms:
         """Peak bytes per GPU over the pipeline stages (``train_memory``'s ``total_bytes`` of the fullest)."""
         per_layer, working = self.layer(tp, sp, mb, cp, ep, rc)
         best = 0.0
-        for stage in fullest_stages(pp):
+        for stage in self.fullest(pp):
             w, g, o, gather = self.states(tp, pp, dp, cp, ep, zero, stage)
             key = (tp, pp, cp, ep, sp, mb, rc, m, v, stage)
             acts = self._acts.get(key)
@@ -675,6 +768,7 @@ class _Terms:
                     virtual_stages=v,
                     per_layer_bytes=per_layer,
                     dtype=self.act_dtype,
+                    layers=self.own(pp, stage),
                 )
             best = max(best, stage_total_bytes(w, g, o, acts, working, gather))
         return best
@@ -686,7 +780,7 @@ class _Terms:
         hit = self._numel.get(key)
         if hit is None:
             hit = self._numel[key] = optimizer_numel(
-                self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero
+                self.arch, stage=stage, tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, zero=zero, layers=self.own(pp, stage)
             )
         return hit
 
@@ -696,11 +790,10 @@ class _Terms:
         key = (tp, pp, cp, ep, sp, mb, rc, stage, g)
         hit = self._compute.get(key)
         if hit is None:
-            layers = self.arch.n_layers // pp
             costs = self.graph_costs
             hit = self._compute[key] = stage_compute(
                 (
-                    (costs[(_block_key(tp, cp, ep, sp, mb, rc), g)], layers),
+                    (costs[(_block_key(tp, cp, ep, sp, mb, rc), g)], self.count(pp, stage)),
                     (costs[(_extras_key(tp, cp, sp, mb, stage == 0, stage == pp - 1), g)], 1),
                 )
             )
@@ -732,9 +825,10 @@ class _Terms:
                 reduce_bytes=self.reduce_b,
                 framework=self.space.framework,
                 fp8=self.amax,
+                layers=self.own(pp, stage),
             )
             step_s = self.opt_s[self.numel(tp, pp, dp, cp, ep, zero, stage)]
-            step_s += weight_cast_s(self.casts[(tp, ep)], self.cast_times, self.arch.n_layers // pp)
+            step_s += weight_cast_s(self.casts[(tp, ep)], self.cast_times, self.count(pp, stage))
             hit = self._sync[key] = (sync, step_s)
         return hit
 
@@ -765,7 +859,7 @@ class _Terms:
                     pipeline_sends(
                         stage=st, pp=pp, virtual_stages=v, message_bytes=act, stride=stride, gpus_per_node=g
                     ),
-                    None if work is None else p2p_overlap_windows(work[stage_kind(st, pp)][0], v),
+                    None if work is None else p2p_overlap_windows(work[self.kind(st, pp)][0], v),
                 )
                 for st in range(pp)
             )
@@ -774,7 +868,7 @@ class _Terms:
     def iteration(self, s: _Survivor) -> float:
         """Iteration seconds of a survivor: ``run_train``'s composition of the same terms (the
         stages' work memoised across schedules, which change only the pipeline sends)."""
-        arch, space = self.arch, self.space
+        space = self.space
         nodes, g = self.worlds[s.wi]
         tp, pp, cp, ep, mb, rc = s.tp, s.pp, s.cp, s.ep, s.mb, s.rc
         dp = nodes * g // (tp * pp * cp)
@@ -782,10 +876,9 @@ class _Terms:
         key = (tp, pp, cp, ep, s.sp, mb, rc, s.zero, s.wi)  # everything but the schedule
         hit = self._stages.get(key)
         if hit is None:
-            layers = arch.n_layers // pp
             work: dict[int, tuple[StageCompute, float, DataParallelSync]] = {}
             tails = []
-            for stage in stage_kinds(pp):
+            for stage in self.kinds(pp):
                 comp = self.compute(tp, pp, cp, ep, s.sp, mb, rc, stage, g)
                 if s.zero == 3 and self.fsdp:  # as run_train: torch FSDP's kernels in each micro-batch's backward
                     comp = comp._replace(backward_s=comp.backward_s + self.fsdp_s[(tp, pp, ep, dp, stage)])
@@ -793,7 +886,7 @@ class _Terms:
                 dpt = data_parallel_time(
                     sync,
                     comp,
-                    layers=layers,
+                    layers=self.count(pp, stage),
                     micro_batches=m,
                     recompute=rc,
                     overlap_grad_reduce=space.overlap_grad_reduce,
@@ -807,7 +900,7 @@ class _Terms:
         p2p = self.p2p(tp, pp, cp, mb, s.v, tp * cp * dp, g, work if overlap else None, key if overlap else None)
         stage_s = []
         for stage in range(pp):
-            comp, zero3_s, sync = work[stage_kind(stage, pp)]
+            comp, zero3_s, sync = work[self.kind(stage, pp)]
             stage_s.append(micro_batch_s(comp, p2p[stage], zero3_s + fp8_amax_s(sync, s.v)[0]))
         return compose_iteration(stage_s, tails, m, s.v)[2]
 
@@ -868,14 +961,18 @@ class _Survivor:
     mem: float
 
 
-def _schedules(arch: ArchSpec, fixed: Mapping[str, tuple[Any, ...]]) -> list[tuple[str, int]]:
+def _schedules(
+    arch: ArchSpec, fixed: Mapping[str, tuple[Any, ...]], pp_partition: str = "auto"
+) -> list[tuple[str, int]]:
+    """1F1B and interleaving with every v >= 2 dividing the layers the split counts (:func:`split_total`)."""
     out: list[tuple[str, int]] = []
     scheds = fixed.get("schedule", get_args(Schedule))
     vs = fixed.get("virtual_stages")
     if "1f1b" in scheds and (vs is None or 1 in vs):
         out.append(("1f1b", 1))
     if "interleaved" in scheds:
-        out += [("interleaved", v) for v in _divisors(arch.n_layers) if v >= 2 and (vs is None or v in vs)]
+        total = split_total(arch, pp_partition)
+        out += [("interleaved", v) for v in _divisors(total) if v >= 2 and (vs is None or v in vs)]
     return out
 
 
@@ -899,15 +996,16 @@ def _enumerate(
 
     The space of one world W: every (tp, pp, cp) whose product divides W (dp = W / (tp pp cp)),
     ep dividing n_experts, sp on/off, ZeRO 0-3, micro-batch dividing the global batch, the three
-    recomputation modes, and 1F1B plus interleaving with every v >= 2 dividing n_layers."""
-    fx, L, seq, GB = space.fixed, arch.n_layers, space.seq, space.global_batch
+    recomputation modes, and 1F1B plus interleaving with every v >= 2 dividing the layers the split counts
+    (:func:`split_total`); pp and v where the split (:meth:`_Terms.layers_of`, :meth:`_Terms.interleaves`) holds."""
+    fx, seq, GB = space.fixed, space.seq, space.global_batch
     eps = _values(fx, "ep", _divisors(arch.n_experts))
     sps = _values(fx, "sp", (False, True))
     zeros = _values(fx, "zero", ZERO_STAGES)
     mbs = _values(fx, "micro_batch", _divisors(GB))
     # the three modes, or the fixed values in their order (Megatron-Core's modules too, which no default holds)
     rcs = list(fx.get("recompute", RECOMPUTE_MODES))
-    scheds = _schedules(arch, fx)
+    scheds = _schedules(arch, fx, space.pp_partition)
     n_rs = len(rcs) * len(scheds)
     n_mb = len(mbs) * n_rs
     n_z = len(zeros) * n_mb
@@ -948,7 +1046,7 @@ def _enumerate(
             pruned["tp_arch"] += subtree
             continue
         for pp, cp in pairs:
-            if L % pp:
+            if terms.layers_of(pp) is None:
                 pruned["pp_layers"] += n_ep
                 continue
             if cp > 1 and seq % (2 * cp):
@@ -988,7 +1086,7 @@ def _enumerate(
                                         "interleaved_pp1"
                                         if pp == 1
                                         else "interleaved_layers"
-                                        if L % (pp * v)
+                                        if not terms.interleaves(pp, v)
                                         else "interleaved_m"
                                         if m % pp
                                         else None
@@ -1036,7 +1134,7 @@ def _compile(
     numels: dict[int, None] = {}
     for wi, tp, pp, cp, ep, zero in layouts:
         dp = worlds[wi][0] * worlds[wi][1] // (tp * pp * cp)
-        for stage in stage_kinds(pp):
+        for stage in terms.kinds(pp):
             numels[terms.numel(tp, pp, dp, cp, ep, zero, stage)] = None
     graphs: dict[tuple, Graph] = {}
     todo = len(block_keys) + len(extras_keys)
@@ -1428,6 +1526,8 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
                     "overlap_param_gather": r.config.overlap_param_gather,
                     "tp_comm_overlap": r.config.tp_comm_overlap,
                     "overlap_p2p_comm": r.config.overlap_p2p_comm,
+                    "pp_partition": space.pp_partition,
+                    "pp_layers": list(r.layout.stage_layers) if r.layout is not None else None,
                 },
                 "iteration_time_s": r.iteration_time_s,
                 "tokens_per_s": r.tokens_per_s,
@@ -1461,6 +1561,7 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
             "overlap_param_gather": space.overlap_param_gather,
             "tp_comm_overlap": space.tp_comm_overlap,
             "overlap_p2p_comm": space.overlap_p2p_comm,
+            "pp_partition": space.pp_partition,
             "fixed": {k: list(v) for k, v in space.fixed.items()},
             "worlds": [{"nodes": n, "gpus_per_node": g, "world_size": n * g} for n, g in result.worlds],
         },

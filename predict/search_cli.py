@@ -54,6 +54,7 @@ from opcast.predict.options import (
     SEARCH_OVERLAP,
     SEARCH_P2P_OVERLAP,
     SEARCH_PARAM_GATHER,
+    SEARCH_PP_PARTITION,
     SEARCH_SEQ,
     SEARCH_TP_COMM_OVERLAP,
     SERVE,
@@ -210,6 +211,7 @@ def _write_csv(result, path: Path) -> None:
     SEARCH_PARAM_GATHER,
     SEARCH_TP_COMM_OVERLAP,
     SEARCH_P2P_OVERLAP,
+    SEARCH_PP_PARTITION,
     GPU_HOUR_PRICE,
     WORKERS,
     *KERNEL_SOURCE,
@@ -252,6 +254,7 @@ def search_cmd(o: Args) -> None:
         overlap_param_gather=o.overlap_param_gather,
         tp_comm_overlap=o.tp_comm_overlap,
         overlap_p2p_comm=o.overlap_p2p_comm,
+        pp_partition=o.pp_partition,
         fixed=fixed,
     )
     problems += space_problems(dev, space)

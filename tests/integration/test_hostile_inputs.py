@@ -439,6 +439,14 @@ CASES: list[Case] = [
     _c("search-workers-zero", *SEARCH, ROOF, "--workers", "0", needles=("workers",)),
     _c("search-framework-typo", *SEARCH, ROOF, "--framework", "megatorn", needles=("megatorn", "megatron")),
     _c(
+        "search-pp-partition-unsearched",
+        *SEARCH,
+        ROOF,
+        "--pp-partition",
+        "uniform",
+        needles=("--pp-partition uniform", "megatron:embedding,loss", "predict train"),
+    ),
+    _c(
         "search-param-gather-without-grad-overlap",
         *SEARCH,
         ROOF,

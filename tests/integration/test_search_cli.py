@@ -226,3 +226,24 @@ def test_megatron_overlaps_mean_what_they_mean_in_predict_train(capsys):
     assert first["iteration_time_s"] < base["iteration_time_s"]  # the overlaps hide traffic
     same = _predict_train(doc, ["--roofline", "--framework", "megatron", *on], capsys)
     assert same["iteration_time_s"] == first["iteration_time_s"]
+
+
+def test_megatron_pipeline_split_finds_nvidias_405b_layout(capsys):
+    """--pp-partition megatron:embedding,loss searches the pipeline NeMo runs Llama 3.1 405B with (126 + 2 layers over
+    pp 8 x vp 8, the first and last ranks one layer short), which the even split cannot hold (8 does not divide 126),
+    and predict train prices the best configuration the same."""
+    args = ["search", "--arch", "llama3-405b", "--gpu", "H100-SXM", "--gpus", "1024", "--global-batch", "512"]
+    args += ["--seq", "8192", "--roofline", "--fix", "tp=8", "--fix", "pp=8", "--fix", "cp=2", "--fix", "sp=on"]
+    args += ["--fix", "virtual_stages=8", "--fix", "micro_batch=1", "--fix", "zero=1", "--fix", "recompute=none"]
+    assert main([*args, "--top", "1", "--json"]) == 2  # even splits only: neither pp 8 nor vp 8 divides 126
+    assert "--fix virtual_stages=8 is never searched: it does not divide the 126 layers" in capsys.readouterr().err
+    split = ["--pp-partition", "megatron:embedding,loss"]
+    assert main([*args, *split, "--top", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    first = doc["top"][0]
+    assert first["config"]["pp_layers"] == [15, 16, 16, 16, 16, 16, 16, 15]
+    same = _predict_train(doc, ["--roofline", *split], capsys)
+    assert same["iteration_time_s"] == first["iteration_time_s"]
+    assert same["memory_per_gpu_bytes"] == first["memory_per_gpu_bytes"]
+    assert main([*args, "--pp-partition", "megatron:first=15,last=15"]) == 2
+    assert "the search splits evenly (auto) or as Megatron-LM counting the embedding" in capsys.readouterr().err

@@ -90,7 +90,9 @@ def _first_reason(arch, space, nodes, g, tp, pp, cp, ep, sp, zero, mb, rc, sched
         return "tp_within_node"
     if tp not in arch.tp_choices():
         return "tp_arch"
-    if L % pp:
+    part = space.pp_partition  # Megatron-LM's accounting counts the embedding and the loss as a layer each
+    total = L + ("embedding" in part) + ("loss" in part) if part.startswith("megatron") else L
+    if pp > L or total % pp:
         return "pp_layers"
     if cp > 1 and seq % (2 * cp):
         return "cp_seq"
@@ -123,7 +125,7 @@ def _brute(arch, device, space):
                         for zero in range(4):
                             for mb in S._divisors(space.global_batch):
                                 for rc in space.fixed.get("recompute", ("none", "selective", "full")):
-                                    for sched, v in S._schedules(arch, {}):
+                                    for sched, v in S._schedules(arch, {}, space.pp_partition):
                                         cfg = TrainConfig(
                                             tp=tp,
                                             pp=pp,
@@ -141,6 +143,7 @@ def _brute(arch, device, space):
                                             overlap_grad_reduce=space.overlap_grad_reduce,
                                             moe_dispatcher=space.moe_dispatcher,
                                             framework=space.framework,
+                                            pp_partition=space.pp_partition,
                                             # the overlaps where a configuration can run them, as Megatron-LM
                                             overlap_param_gather=space.overlap_param_gather and zero in (1, 2),
                                             tp_comm_overlap=space.tp_comm_overlap and sp,
@@ -230,6 +233,15 @@ def _brute(arch, device, space):
                 fixed=S.parse_fix(["recompute=none,selective:layernorm+moe_act,selective:moe,full"]),
             ),
         ),
+        # Megatron-LM's split counting the embedding and the loss: 6 + 2 layers, uneven stages (pp 4: 1, 2, 2, 1),
+        # a tied embedding on the first and last stage, interleaving by the 8
+        (
+            TINY_GPT,
+            H100,
+            S.SearchSpace(
+                gpus=8, global_batch=8, seq=1024, pp_partition="megatron:embedding,loss", framework="megatron"
+            ),
+        ),
         # llm-foundry: its attention kernel, and under ZeRO-3 torch FSDP's flat-gradient kernels and fp32 reduce;
         # neox: DeepSpeed's all-reduce for ZeRO-1/2
         (TINY_GPT, H100, S.SearchSpace(gpus=4, global_batch=8, seq=1024, framework="foundry")),
@@ -241,6 +253,7 @@ def _brute(arch, device, space):
         "gpt-memory-limit",
         "moe-megatron",
         "moe-recompute-modules",
+        "gpt-megatron-split",
         "gpt-foundry",
         "gpt-neox",
     ],
