@@ -399,6 +399,12 @@ def deepspeed_split(
     return tuple(sum(is_layer[parts[s] : parts[s + 1]]) for s in range(pp)), []
 
 
+def accounted_layers(n_layers: int, *, embedding: bool = False, loss: bool = False) -> int:
+    """The layers Megatron-LM divides over the pipeline: the transformer layers, plus one each for the embedding and
+    the loss where ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split`` count them."""
+    return n_layers + embedding + loss
+
+
 def megatron_chunks(
     n_layers: int,
     pp: int,
@@ -434,7 +440,7 @@ def megatron_chunks(
         if last is not None:
             per_rank[-1] = last
     else:
-        total = n_layers + embedding + loss
+        total = accounted_layers(n_layers, embedding=embedding, loss=loss)
         if total % pp:
             what = "n_layers" + (" + embedding" if embedding else "") + (" + loss" if loss else "")
             return None, [

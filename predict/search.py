@@ -79,7 +79,6 @@ from opcast.predict.memory import (
     model_state_bytes,
     run_layer_activation_terms,
     stage_activation_bytes,
-    stage_params,
     stage_total_bytes,
 )
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem, ep_dispatch
@@ -91,6 +90,7 @@ from opcast.predict.parallel import (
     Precision,
     Schedule,
     TrainConfig,
+    accounted_layers,
     device_reasons,
     fp8_recipe_reasons,
     model_parallel_groups,
@@ -111,8 +111,8 @@ from opcast.predict.training import (
     dense_peak_flops,
     flops_utilisation,
     fp8_amax_s,
-    fsdp_gradient_kernels,
     fsdp_gradient_s,
+    fsdp_stage_kernels,
     gradient_reduce_bytes,
     graph_groups,
     micro_batch_s,
@@ -130,7 +130,6 @@ from opcast.predict.training import (
     stage_tail_s,
     tokens_per_s,
     weight_cast_s,
-    zero3_reduce_bytes,
 )
 
 if TYPE_CHECKING:
@@ -580,7 +579,8 @@ def split_total(arch: ArchSpec, pp_partition: str) -> int:
     parsed = parse_pp_partition(pp_partition)
     if isinstance(parsed, str) or parsed[0] != "megatron":
         return arch.n_layers
-    return arch.n_layers + bool(parsed[1].get("embedding")) + bool(parsed[1].get("loss"))
+    opts = parsed[1]
+    return accounted_layers(arch.n_layers, embedding=bool(opts.get("embedding")), loss=bool(opts.get("loss")))
 
 
 # --------------------------------------------------------------------------- the shared cost terms, memoised
@@ -674,10 +674,15 @@ class _Terms:
         """Whether ``v`` virtual stages split ``pp`` ranks' layers (the ranks' totals are :meth:`layers_of`'s)."""
         return self._split(pp, v) is not None
 
+    def uneven(self, pp: int) -> bool:
+        """Whether ``pp`` stages hold different numbers of layers."""
+        split = self.layers_of(pp)
+        return split is not None and len(set(split)) > 1
+
     def own(self, pp: int, stage: int) -> int | None:
         """``stage``'s layers where the split is uneven, None where even (the terms' default, ``n_layers / pp``)."""
         split = self.layers_of(pp)
-        return split[stage] if split is not None and len(set(split)) > 1 else None
+        return split[stage] if split is not None and self.uneven(pp) else None
 
     def count(self, pp: int, stage: int) -> int:
         """``stage``'s transformer layers."""
@@ -690,11 +695,11 @@ class _Terms:
 
     def kind(self, stage: int, pp: int) -> int:
         """The priced stage whose terms ``stage`` takes (:func:`stage_kind`; itself in an uneven split)."""
-        return stage if self.own(pp, 0) is not None else stage_kind(stage, pp)
+        return stage if self.uneven(pp) else stage_kind(stage, pp)
 
     def fullest(self, pp: int) -> tuple[int, ...]:
         """The stages whose memory can be the largest: :func:`fullest_stages`, every stage of an uneven split."""
-        return tuple(range(pp)) if self.own(pp, 0) is not None else fullest_stages(pp)
+        return tuple(range(pp)) if self.uneven(pp) else fullest_stages(pp)
 
     # -- memory (memory.train_memory's terms)
 
@@ -1217,16 +1222,20 @@ def _fsdp_kernels(
     terms: _Terms, *, tp: int, pp: int, ep: int, dp: int, stage: int
 ) -> tuple[tuple[Node, ...], tuple[Node, ...], int]:
     """(per block, rest of the stage, blocks) torch FSDP flat-gradient kernels of a ZeRO-3 ``stage``, as
-    ``run_train`` prices them (:func:`opcast.predict.training.fsdp_gradient_kernels`)."""
-    params = stage_params(terms.arch, tp=tp, pp=pp, ep=ep, stage=stage)
-    layers = terms.arch.n_layers // pp
-    red_b = zero3_reduce_bytes(terms.space.framework, terms.grad_b)
-    rest = params.dense + params.expert - layers * params.per_layer
-    return (
-        fsdp_gradient_kernels(params.per_layer, grad_bytes=terms.grad_b, reduce_bytes=red_b, dp=dp),
-        fsdp_gradient_kernels(rest, grad_bytes=terms.grad_b, reduce_bytes=red_b, dp=dp),
-        layers,
+    ``run_train`` prices them (:func:`opcast.predict.training.fsdp_stage_kernels`; ZeRO-3 runs without a pipeline,
+    so the stage holds every layer)."""
+    per_layer, rest = fsdp_stage_kernels(
+        terms.arch,
+        tp=tp,
+        pp=pp,
+        ep=ep,
+        dp=dp,
+        stage=stage,
+        grad_bytes=terms.grad_b,
+        framework=terms.space.framework,
+        layers=terms.own(pp, stage),
     )
+    return per_layer, rest, terms.count(pp, stage)
 
 
 # --------------------------------------------------------------------------- stage 3: compose

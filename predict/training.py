@@ -1375,23 +1375,49 @@ def _weight_casts(plan: TrainPlan) -> tuple[Node, ...]:
     return weight_casts(plan.arch, tp=cfg.tp, ep=cfg.ep, prec=_precision(plan), whole_experts=folded(cfg))
 
 
+def fsdp_stage_kernels(
+    arch: ArchSpec,
+    *,
+    tp: int,
+    pp: int,
+    ep: int,
+    dp: int,
+    stage: int,
+    grad_bytes: int,
+    framework: str | None,
+    layers: int | None = None,
+    whole_experts: bool = False,
+) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
+    """(per block, rest of the stage) torch FSDP flat-gradient kernels (:func:`fsdp_gradient_kernels`) of a ZeRO-3
+    ``stage`` of ``layers`` blocks (None: ``n_layers / pp``): one set over a block's parameters, one over the rest of
+    the stage's (the root unit), in ``framework``'s reduce dtype."""
+    params = stage_params(arch, tp=tp, pp=pp, ep=ep, stage=stage, layers=layers, whole_experts=whole_experts)
+    blocks = arch.n_layers // pp if layers is None else layers
+    red_b = zero3_reduce_bytes(framework, grad_bytes)
+    rest = params.dense + params.expert - blocks * params.per_layer
+    return (
+        fsdp_gradient_kernels(params.per_layer, grad_bytes=grad_bytes, reduce_bytes=red_b, dp=dp),
+        fsdp_gradient_kernels(rest, grad_bytes=grad_bytes, reduce_bytes=red_b, dp=dp),
+    )
+
+
 def _fsdp_kernels(plan: TrainPlan, stage: int) -> tuple[tuple[Node, ...], tuple[Node, ...]]:
     """(per block, rest of the stage) FSDP flat-gradient kernels of ``stage`` under ZeRO-3 when the
     framework's ZeRO-3 is torch FSDP (:attr:`~opcast.predict.frameworks.Framework.zero3_fsdp_kernels`); else empty."""
     lay, cfg = plan.layout, plan.layout.cfg
     if cfg.zero != 3 or not framework_of(cfg.framework).zero3_fsdp_kernels:
         return (), ()
-    params = stage_params(
-        plan.arch, tp=cfg.tp, pp=cfg.pp, ep=cfg.ep, stage=stage, layers=lay.layers(stage), whole_experts=folded(cfg)
-    )
-    own = lay.layers(stage)
-    layers = plan.arch.n_layers // cfg.pp if own is None else own
-    grad_b = dtype_bytes(lay.act_dtype)
-    red_b = zero3_reduce_bytes(cfg.framework, grad_b)
-    rest = params.dense + params.expert - layers * params.per_layer
-    return (
-        fsdp_gradient_kernels(params.per_layer, grad_bytes=grad_b, reduce_bytes=red_b, dp=lay.dp),
-        fsdp_gradient_kernels(rest, grad_bytes=grad_b, reduce_bytes=red_b, dp=lay.dp),
+    return fsdp_stage_kernels(
+        plan.arch,
+        tp=cfg.tp,
+        pp=cfg.pp,
+        ep=cfg.ep,
+        dp=lay.dp,
+        stage=stage,
+        grad_bytes=dtype_bytes(lay.act_dtype),
+        framework=cfg.framework,
+        layers=lay.layers(stage),
+        whole_experts=folded(cfg),
     )
 
 
