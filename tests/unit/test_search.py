@@ -184,6 +184,10 @@ def _brute(arch, device, space):
     return feasible, reasons
 
 
+MOE_MEGATRON = dict(gpus=8, gpus_per_node=4, global_batch=8, seq=1024, max_tp=4, framework="megatron")
+"""Two 4-GPU nodes of the tiny MoE under Megatron's kernels and memory."""
+
+
 @pytest.mark.parametrize(
     "arch, device, space",
     [
@@ -207,30 +211,14 @@ def _brute(arch, device, space):
         (
             TINY_MOE,
             A100,
-            S.SearchSpace(
-                gpus=8,
-                gpus_per_node=4,
-                global_batch=8,
-                seq=1024,
-                max_tp=4,
-                framework="megatron",
-                tp_comm_overlap=True,
-                overlap_p2p_comm=True,
-                overlap_param_gather=True,
-            ),
+            S.SearchSpace(**MOE_MEGATRON, tp_comm_overlap=True, overlap_p2p_comm=True, overlap_param_gather=True),
         ),
         # Megatron-Core's recompute modules in --fix: the MoE block's activation and pre-MLP norm, its whole MoE layer
         (
             TINY_MOE,
             A100,
             S.SearchSpace(
-                gpus=8,
-                gpus_per_node=4,
-                global_batch=8,
-                seq=1024,
-                max_tp=4,
-                framework="megatron",
-                fixed=S.parse_fix(["recompute=none,selective:layernorm+moe_act,selective:moe,full"]),
+                **MOE_MEGATRON, fixed=S.parse_fix(["recompute=none,selective:layernorm+moe_act,selective:moe,full"])
             ),
         ),
         # Megatron-LM's split counting the embedding and the loss: 6 + 2 layers, uneven stages (pp 4: 1, 2, 2, 1),
