@@ -206,15 +206,27 @@ def bf16_gemm_section(cost, spec) -> list[str]:
 
 AIC_SYSTEM = "h200_sxm"
 """AIConfigurator's folder of the same GPU (``aiconfigurator-core``, read where installed; nothing of it is copied)."""
-AIC_DTYPES = {"bf16": "bfloat16", "fp8": "fp8"}
-QUANT_TABLES = ("computescale_perf", "scale_matrix_perf")
-"""TensorRT-LLM's dynamic per-tensor fp8 quantisation, which its fp8 GEMM rows time before the GEMM
-(``opcast.collect.replay.aiconfigurator.QUANT_TABLES``): subtracted for the "GEMM alone" column."""
+AIC_DTYPES = ("bf16", "fp8")
 
 
-def _newest(folder: Path, name: str) -> Path | None:
-    found = sorted(folder.glob(f"*/{name}.parquet"))
-    return found[-1] if found else None
+def _aic_gemms(fp8_gemm_alone: bool):
+    """TensorRT-LLM's GEMM rows of AIConfigurator's H200 as the replay converts them (``opcast collect replay
+    aiconfigurator``: its fp8 rows with or without the quantisation they time, :func:`~opcast.collect.replay.
+    aiconfigurator.replay`'s ``fp8_gemm_alone``), by (dtype, m, n, k)."""
+    import pandas as pd
+
+    from opcast.collect.replay.aiconfigurator import replay
+
+    result = replay(
+        systems=[AIC_SYSTEM],
+        tables=["gemm_perf"],
+        frameworks=("trtllm",),  # TensorRT-LLM's rows first, wherever another framework measured the shape too
+        fp8_gemm_frameworks=("trtllm",),
+        fp8_gemm_alone=fp8_gemm_alone,
+    )
+    rows = pd.DataFrame(result.rows)
+    rows = rows[rows["kernel_name"].astype(str).str.startswith("trtllm ")]
+    return rows.groupby(["dtype", "m", "n", "k"])["time_s_median"].median()
 
 
 def aic_same_shapes_section() -> list[str]:
@@ -222,57 +234,39 @@ def aic_same_shapes_section() -> list[str]:
     import numpy as np
     import pandas as pd
 
-    from opcast.collect.replay.aiconfigurator import default_root
     from opcast.errors import OpcastError
     from opcast.schema import read_dataset
 
     title = "## The same GEMM shapes in AIConfigurator's H200 rows (TensorRT-LLM) and on this H200"
     try:
-        base = default_root() / AIC_SYSTEM
+        as_timed, alone = _aic_gemms(False), _aic_gemms(True)
     except OpcastError as err:
         return [title, "", f"Skipped: {err}"]
-    gemm = _newest(base / "gemm" / "trtllm", "gemm_perf")
-    if gemm is None:
-        return [title, "", f"Skipped: no TensorRT-LLM gemm_perf table under {AIC_SYSTEM}"]
-    aic = pd.read_parquet(gemm, columns=["gemm_dtype", "m", "n", "k", "latency"])
-    quant = None
-    for name in QUANT_TABLES:
-        path = _newest(base / "quantize" / "trtllm", name)
-        if path is None:
-            break
-        q = pd.read_parquet(path, columns=["m", "k", "latency"]).groupby(["m", "k"], as_index=False)["latency"].median()
-        q = q.rename(columns={"latency": name})
-        quant = q if quant is None else quant.merge(q, on=["m", "k"])
     frame = pd.concat([read_dataset(DATA / "kernels" / sub) for sub in ("collect", "calibrate", "bf16_gemm")])
     frame = frame[(frame["op"] == "gemm") & (frame["direction"] == "fwd") & (frame["b"] == 1)]
     frame = frame[frame["time_s_median"] >= TRUSTED_S["fwd"]]
+    mine = frame.groupby(["dtype", "m", "n", "k"])["time_s_median"].median()
     lines = [
         title,
         "",
         "Forward GEMMs of at least 50 us that this H200 measured (torch's cuBLAS; fp8 `torch._scaled_mm`, whose "
         "`use_fast_accum` is False: the split accumulator Transformer Engine runs in dgrad and wgrad) and "
         "AIConfigurator's H200 rows measured at the same m, n, k (TensorRT-LLM: cuBLAS, fp8 a cuBLASLt call with "
-        'fast accumulation after a dynamic quantisation it times too; "GEMM alone" subtracts its quantize tables). '
-        "Ratio = AIConfigurator's time / this H200's, median over the shapes:",
+        'fast accumulation after a dynamic quantisation it times too; "GEMM alone" is the replay\'s row less its '
+        "quantize tables). Ratio = AIConfigurator's time / this H200's, median over the shapes:",
         "",
         "| dtype | shapes | AIConfigurator / measured | GEMM alone / measured |",
         "|---|---:|---:|---:|",
     ]
-    for dtype, aic_dtype in AIC_DTYPES.items():
-        mine = frame[frame["dtype"] == dtype].groupby(["m", "n", "k"], as_index=False)["time_s_median"].median()
-        theirs = aic[aic["gemm_dtype"] == aic_dtype].groupby(["m", "n", "k"], as_index=False)["latency"].median()
-        both = mine.merge(theirs, on=["m", "n", "k"])
+    for dtype in AIC_DTYPES:
+        both = pd.concat([mine, as_timed.rename("aic"), alone.rename("alone")], axis=1, join="inner")
+        both = both[both.index.get_level_values("dtype") == dtype]
         if both.empty:
             lines.append(f"| {dtype} | 0 | - | - |")
             continue
-        ratio = both["latency"].to_numpy() * 1e-3 / both["time_s_median"].to_numpy()
-        alone = "-"
-        if dtype == "fp8" and quant is not None:
-            q = both.merge(quant, on=["m", "k"])
-            if not q.empty:
-                gemm_s = (q["latency"] - q[list(QUANT_TABLES)].sum(axis=1)).to_numpy() * 1e-3
-                alone = f"{np.median(gemm_s / q['time_s_median'].to_numpy()):.2f} ({len(q)})"
-        lines.append(f"| {dtype} | {len(both)} | {np.median(ratio):.2f} | {alone} |")
+        ratio = both["aic"] / both["time_s_median"]
+        rest = f"{np.median(both['alone'] / both['time_s_median']):.2f} ({len(both)})" if dtype == "fp8" else "-"
+        lines.append(f"| {dtype} | {len(both)} | {np.median(ratio):.2f} | {rest} |")
     return lines
 
 

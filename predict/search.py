@@ -243,6 +243,18 @@ class SearchSpace:
     """Dimension -> the only values to enumerate (``--fix tp=8``); keys from :data:`FIXABLE`.
     Restricting a dimension shrinks the space; it does not count as pruning."""
 
+    def param_gather(self, zero: int) -> bool:
+        """Whether a configuration of ZeRO stage ``zero`` overlaps its weight gather (the distributed optimizer's)."""
+        return self.overlap_param_gather and zero in (1, 2)
+
+    def tp_overlap(self, sp: bool) -> bool:
+        """Whether a configuration runs TE's userbuffers overlap (only with sequence parallelism)."""
+        return self.tp_comm_overlap and sp
+
+    def p2p_overlap(self, virtual_stages: int) -> bool:
+        """Whether a configuration overlaps its pipeline sends (interleaved only: Megatron-LM turns it off for 1F1B)."""
+        return self.overlap_p2p_comm and virtual_stages > 1
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Candidate:
@@ -299,9 +311,9 @@ class Candidate:
             schedule=self.schedule,
             virtual_stages=self.virtual_stages,
             overlap_grad_reduce=space.overlap_grad_reduce,
-            overlap_param_gather=space.overlap_param_gather and self.zero in (1, 2),
-            tp_comm_overlap=space.tp_comm_overlap and self.sp,
-            overlap_p2p_comm=space.overlap_p2p_comm and self.virtual_stages > 1,
+            overlap_param_gather=space.param_gather(self.zero),
+            tp_comm_overlap=space.tp_overlap(self.sp),
+            overlap_p2p_comm=space.p2p_overlap(self.virtual_stages),
             pp_partition=space.pp_partition,
         )
 
@@ -459,6 +471,13 @@ def _unsearched_fixes(arch: ArchSpec, space: SearchSpace, sizes: Sequence[int]) 
     fx = space.fixed
     shown = " or ".join(map(str, sizes))
     world = (lambda v: any(w % v == 0 for w in sizes), f"it does not divide the world size searched ({shown} GPUs)")
+    total = split_total(arch, space.pp_partition)
+    counted = (
+        f"the {arch.n_layers} layers of {arch.name}"
+        if total == arch.n_layers
+        else f"the {total} layers --pp-partition {space.pp_partition} counts ({arch.n_layers} of {arch.name} with the "
+        "embedding and loss)"
+    )
     whole = {
         "tp": world,
         "pp": world,
@@ -473,11 +492,8 @@ def _unsearched_fixes(arch: ArchSpec, space: SearchSpace, sizes: Sequence[int]) 
             f"it does not divide --global-batch {space.global_batch}",
         ),
         "virtual_stages": (
-            lambda v: split_total(arch, space.pp_partition) % v == 0,
-            f"it does not divide the {arch.n_layers} layers of {arch.name}"
-            if split_total(arch, space.pp_partition) == arch.n_layers
-            else f"it does not divide the {split_total(arch, space.pp_partition)} layers --pp-partition "
-            f"{space.pp_partition} counts ({arch.n_layers} of {arch.name} with the embedding and loss)",
+            lambda v: total % v == 0,
+            f"it does not divide {counted}",
         ),
     }
     problems = []
@@ -895,13 +911,13 @@ class _Terms:
                     micro_batches=m,
                     recompute=rc,
                     overlap_grad_reduce=space.overlap_grad_reduce,
-                    overlap_param_gather=space.overlap_param_gather and s.zero in (1, 2),
+                    overlap_param_gather=space.param_gather(s.zero),
                 )
                 work[stage] = (comp, dpt.zero3_s, sync)
                 tails.append(stage_tail_s(opt_s, dpt.exposed_s))
             hit = self._stages[key] = (work, tails)
         work, tails = hit
-        overlap = space.overlap_p2p_comm and s.v > 1  # Megatron-LM turns it off for 1F1B
+        overlap = space.p2p_overlap(s.v)
         p2p = self.p2p(tp, pp, cp, mb, s.v, tp * cp * dp, g, work if overlap else None, key if overlap else None)
         stage_s = []
         for stage in range(pp):
@@ -1160,7 +1176,7 @@ def _compile(
     wanted = [n.kernel for gr in graphs.values() for nodes in gr.nodes.values() for n in nodes]
 
     def overlap_tp(key: tuple) -> bool:  # TE's userbuffers overlap runs where sequence parallelism does
-        return space.tp_comm_overlap and key[4 if key[0] == "block" else 3]
+        return space.tp_overlap(key[4 if key[0] == "block" else 3])
 
     for key, gr in graphs.items():
         if overlap_tp(key):  # the chunk GEMMs TE's userbuffers overlap runs instead, as run_train prices them

@@ -76,19 +76,23 @@ def test_the_gpu_script_measures_the_runs_the_benchmark_reads():
 
 
 def _aic_folder(root: Path, *, gemm_ms: float, quant_ms: tuple[float, float]) -> None:
-    """An AIConfigurator layout holding one fp8 and one bf16 H200 row at 4096^3 and the quantize tables."""
+    """An AIConfigurator layout holding TensorRT-LLM's fp8 and bf16 H200 rows at 4096^3 and its quantize tables."""
     import pandas as pd
+
+    from opcast.collect.replay.aiconfigurator import QUANT_TABLES
 
     gemm = root / hm.AIC_SYSTEM / "gemm" / "trtllm" / "1.0"
     gemm.mkdir(parents=True)
     shape = {"m": [4096, 4096], "n": [4096, 4096], "k": [4096, 4096]}
-    pd.DataFrame({"gemm_dtype": ["fp8", "bfloat16"], **shape, "latency": [gemm_ms, 2 * gemm_ms]}).to_parquet(
-        gemm / "gemm_perf.parquet"
-    )
+    pd.DataFrame(
+        {"kernel_source": "torch_flow", "gemm_dtype": ["fp8", "bfloat16"], **shape, "latency": [gemm_ms, 2 * gemm_ms]}
+    ).to_parquet(gemm / "gemm_perf.parquet")
     quant = root / hm.AIC_SYSTEM / "quantize" / "trtllm" / "1.0"
     quant.mkdir(parents=True)
-    for name, ms in zip(hm.QUANT_TABLES, quant_ms):
-        pd.DataFrame({"m": [4096], "k": [4096], "latency": [ms]}).to_parquet(quant / f"{name}.parquet")
+    for name, ms in zip(QUANT_TABLES, quant_ms):
+        pd.DataFrame({"m": [4096], "k": [4096], "quant_dtype": ["fp8"], "latency": [ms]}).to_parquet(
+            quant / f"{name}.parquet"
+        )
 
 
 def test_the_same_shapes_table_divides_aiconfigurator_by_the_h200(tmp_path, monkeypatch):
