@@ -335,6 +335,12 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         None,
     ),
     "optimizer": ("Optimizer states kept: adam, sgd (with momentum) or none (forward + backward only).", None),
+    "clocks": (
+        "sustained (a training step holds a GPU at its power cap: compute-bound GEMM and attention kernels at the "
+        "clock it allows, measured for H100, H200 and B200; others keep their kernel times) or boost (the kernel "
+        "benchmarks' burst rates, e.g. to compare with them).",
+        None,
+    ),
     "attention": (_attention_help(), None),
     "schedule": ("1f1b or interleaved.", None),
     "virtual_stages": ("Model chunks per stage (interleaved).", None),
@@ -542,6 +548,7 @@ FP8_RECIPE = _option(TRAIN, "fp8_recipe")
 MOE_DISPATCHER = _option(TRAIN, "moe_dispatcher")
 ATTENTION = _option(TRAIN, "attention")
 FRAMEWORK = _option(TRAIN, "framework")
+CLOCKS = _option(TRAIN, "clocks")
 
 
 # predict train

@@ -39,6 +39,9 @@ none: the forward passes alone."""
 Fp8Recipe = Literal["delayed", "current"]
 """Transformer Engine's per-tensor fp8 scaling recipe (``--precision fp8``): ``DelayedScaling`` or
 ``Float8CurrentScaling`` (:func:`opcast.predict.graph.fp8_quantisation`)."""
+Clocks = Literal["sustained", "boost"]
+"""The clock a training step's compute-bound kernels run at (:mod:`opcast.predict.cost.sustained`): the one a GPU
+holds at its power cap under a step's load, or the boost clock of the kernel benchmarks' bursts."""
 Optimizer = Literal["adam", "sgd", "none"]
 """What the training step keeps besides weights and gradients (:func:`opcast.predict.memory.optimizer_state_bytes`)."""
 
@@ -208,6 +211,9 @@ class TrainConfig:
     """Transformer layers whose activations go to host memory between their forward and backward (Megatron-Core
     ``cpu_offloading`` with ``cpu_offloading_num_layers``, activations only; Transformer Engine's
     ``get_cpu_offload_context``): :mod:`opcast.predict.offload`. 0: none."""
+    clocks: Clocks = "sustained"
+    """``sustained``: compute-bound tensor-core kernels at the rate a GPU holds at its power cap, on GPUs where that
+    is measured (:mod:`opcast.predict.cost.sustained`); ``boost``: at the kernel benchmarks' burst rates."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -745,6 +751,7 @@ def validate_train(
         ("attention", cfg.attention, AttentionImpl),
         ("schedule", cfg.schedule, Schedule),
         ("optimizer", cfg.optimizer, Optimizer),
+        ("clocks", cfg.clocks, Clocks),
     ):
         if value not in get_args(choices):
             reasons.append(f"{label}={value!r} is not one of {', '.join(get_args(choices))}")

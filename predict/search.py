@@ -60,6 +60,7 @@ from opcast.dtypes import dtype_bytes
 from opcast.errors import OpcastError
 from opcast.predict.comm import CollectiveCostModel
 from opcast.predict.cost import Kernel, KernelCostModel
+from opcast.predict.cost.sustained import sustained_times
 from opcast.predict.frameworks import FrameworkName, framework_of
 from opcast.predict.graph import (
     BWD,
@@ -86,6 +87,7 @@ from opcast.predict.parallel import (
     MAX_GPUS,
     PP_PARTITION_AUTO,
     AttentionImpl,
+    Clocks,
     Fp8Recipe,
     Precision,
     Schedule,
@@ -201,6 +203,8 @@ class SearchSpace:
     """Transformer Engine's per-tensor fp8 scaling (precision fp8 only), as ``predict train --fp8-recipe``."""
     moe_dispatcher: MoeDispatcher = "alltoall"
     """How MoE tokens reach their experts' ranks, as ``predict train --moe-dispatcher``."""
+    clocks: Clocks = "sustained"
+    """The clock compute-bound kernels run at, as ``predict train --clocks``."""
     attention: AttentionImpl = "flash"
     """Attention kernel."""
     framework: FrameworkName | None = None
@@ -308,6 +312,7 @@ class Candidate:
             moe_dispatcher=space.moe_dispatcher,
             attention=space.attention,
             framework=space.framework,
+            clocks=space.clocks,
             schedule=self.schedule,
             virtual_stages=self.virtual_stages,
             overlap_grad_reduce=space.overlap_grad_reduce,
@@ -423,6 +428,8 @@ def space_problems(device: DeviceSpec, space: SearchSpace) -> list[str]:
         problems.append(f"objective={space.objective!r} is not one of {', '.join(get_args(Objective))}")
     if space.attention not in get_args(AttentionImpl):
         problems.append(f"attention={space.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
+    if space.clocks not in get_args(Clocks):
+        problems.append(f"clocks={space.clocks!r} is not one of {', '.join(get_args(Clocks))}")
     if space.overlap_param_gather and not space.overlap_grad_reduce:
         problems.append(
             "--overlap-param-gather needs --overlap-grad-reduce (Megatron-LM); drop one or turn the other on"
@@ -1200,6 +1207,8 @@ def _compile(
     unique = list(dict.fromkeys(wanted))
     t0 = time.perf_counter()
     table = kernels.lookup(unique, device)  # the one batched prediction of the whole space
+    if space.clocks == "sustained":  # as run_train prices a step
+        table = sustained_times(table, device)[0]
     lookup_s = time.perf_counter() - t0
     by_source = Counter(table[k][1] for k in unique)
     # Graphs share the node and collective tuples of a phase they have in common (the forward and
@@ -1578,6 +1587,7 @@ def search_to_dict(result: SearchResult) -> dict[str, Any]:
             "fp8_recipe": space.fp8_recipe,
             "attention": space.attention,
             "framework": space.framework,
+            "clocks": space.clocks,
             "max_tp": space.max_tp,
             "tp_within_node": space.tp_within_node,
             "max_mem_bytes": space.max_mem_bytes,

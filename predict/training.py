@@ -47,6 +47,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import Kernel, KernelCostModel, kernel
+from opcast.predict.cost.sustained import sustained_note, sustained_times
 from opcast.predict.frameworks import fp32_gradients, framework_of
 from opcast.predict.graph import (
     BWD,
@@ -1465,6 +1466,9 @@ def run_train(
             if cfg.tp_comm_overlap:  # the chunk GEMMs TE's userbuffers overlap runs instead
                 wanted += overlap_kernels(graph, cfg.tp, ub_configs(_overlap_cfgs(plan)))
     pr.table = kernels.lookup(wanted, device)
+    slowed = 0
+    if cfg.clocks == "sustained":  # a step holds the GPU at its power cap
+        pr.table, slowed = sustained_times(pr.table, device)
     priced = {s: pr.stage(s) for s in plan.stage_kinds}
     pp = cfg.pp
     stages = tuple(
@@ -1508,6 +1512,8 @@ def run_train(
     memory = _train_memory(arch, lay)
     ops = tuple(pr.ops)
     sources = _cost_sources(kernels, comms, ops, pr.comm_lines)
+    if slowed:
+        sources["notes"] = [*sources.get("notes", []), sustained_note(device, slowed)]
     interval = _interval(plan, kernels, ops, pipe, crit, tail, iteration, coverage, interval_mode) if details else None
     result = TrainResult(
         arch=arch,

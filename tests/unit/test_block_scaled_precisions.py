@@ -139,14 +139,15 @@ def _lines(result):
 
 @pytest.fixture(scope="module")
 def runs():
+    """The roofline's burst times (``clocks`` boost: B200's sustained clock would scale the compute-bound ones)."""
     arch = load_arch("llama3-8b")
     out = {}
     for precision in ("fp8", "mxfp8", "nvfp4"):
-        cfg = TrainConfig(micro_batch=1, global_batch=2, seq=8192, precision=precision)
+        cfg = TrainConfig(micro_batch=1, global_batch=2, seq=8192, precision=precision, clocks="boost")
         out[precision] = predict_train(arch, B200, cfg, kernels=roofline_only())
     with pytest.MonkeyPatch.context() as mp:  # per-tensor fp8 as if B200's fp8 GEMMs took only TN (Hopper's layouts)
         mp.setattr(graph, "fp8_gemm_transposes", lambda device: True)
-        cfg = TrainConfig(micro_batch=1, global_batch=2, seq=8192, precision="fp8")
+        cfg = TrainConfig(micro_batch=1, global_batch=2, seq=8192, precision="fp8", clocks="boost")
         out["fp8_tn"] = predict_train(arch, B200, cfg, kernels=roofline_only())
     return out
 
