@@ -773,6 +773,11 @@ def gpu_summary(o) -> dict[str, Any]:
         out["shares"] = {p: o.split.share(p) for p in SPLIT_PARTS}
         if hasattr(r, "mfu"):
             out["mfu"] = r.mfu
+    if getattr(getattr(r, "config", None), "clocks", None) == "sustained":  # training: say which GPUs were derated
+        from opcast.predict.cost.sustained import sustained_clock
+
+        clock = sustained_clock(o.device)
+        out["sustained_clock_fraction"] = None if clock is None else clock.fraction
     return out
 
 
@@ -812,6 +817,13 @@ def print_compare(result, frame, console) -> None:
     for s in map(gpu_summary, result.outcomes):
         extra = f", MFU {100 * s['mfu']:.1f} %" if s.get("mfu") else ""
         state = "fits" if s["fits"] else "DOES NOT FIT" if s["time_s"] is not None else "cannot run"
+        if "sustained_clock_fraction" in s:
+            fraction = s["sustained_clock_fraction"]
+            extra += (
+                "; no measured sustained clock: compute-bound kernels at their burst rates"
+                if fraction is None
+                else f"; compute-bound kernels at {fraction:.3f} of their burst rate (its sustained clock)"
+            )
         console.print(
             f"  {s['gpu']}: {state}{extra}"
             + (f"; {s['learned_out_of_range']} learned kernel(s) out of range" if s["learned_out_of_range"] else ""),

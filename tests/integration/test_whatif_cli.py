@@ -198,8 +198,15 @@ def test_compare_side_by_side(tmp_path, capsys):
     assert phases["iteration"]["A100-SXM4-80GB_speedup"] == 1.0
     assert phases["iteration"]["H100-SXM[mem_bw_bytes_per_s=x2]_speedup"] > phases["iteration"]["H100-SXM_speedup"] > 1
     assert {"compute:gemm", "tp_comm", "pp_comm", "pipeline_bubble"} <= set(phases)
+    # which GPUs a training step derates to their sustained clock (what a reader of the speed-ups must know)
+    clocks = [g.get("sustained_clock_fraction", "absent") for g in doc["gpus"]]
+    assert clocks == [None, pytest.approx(755 / 852.1), pytest.approx(755 / 852.1)]
     frame = pd.read_csv(out)
     assert frame.columns[0] == "phase" and "H100-SXM_speedup" in frame.columns
+    assert main(["compare", "train", *TRAIN, "--gpus", "A100-SXM4-80GB,H100-SXM"]) == 0
+    printed = capsys.readouterr().out
+    assert "A100-SXM4-80GB: fits" in printed and "no measured sustained clock" in printed
+    assert "at 0.886 of their burst rate (its sustained clock)" in printed
     assert main(["compare", "infer", *INFER, "--gpus", "A100-SXM4-80GB,B200"]) == 0
     printed = capsys.readouterr().out
     assert "ttft" in printed and "decode_step/compute:gemm" in printed
