@@ -311,14 +311,18 @@ def predict_row(
     framework: str | None = "foundry",
     roofline: bool = False,
     models: str | None = None,
+    clocks: str = "sustained",
 ) -> Prediction:
-    """What ``opcast predict train`` (:func:`cli_command` of the same options) predicts for ``row``."""
+    """What ``opcast predict train`` (:func:`cli_command` of the same options) predicts for ``row`` (``clocks``:
+    ``--clocks``, given only when not the default)."""
     from opcast.predict import options
     from opcast.predict.training import TrainResult, compile_train, run_train
 
     values = row_options(row, framework=framework, roofline=roofline)
     if models is not None:
         values["models"] = Path(models)
+    if clocks != "sustained":
+        values["clocks"] = clocks
     unknown = [n for n in values if n not in train_command_options()]
     if unknown:  # an older opcast (the before/after comparison): the row cannot be given to it
         flags = ", ".join("--" + n.replace("_", "-") for n in unknown)
@@ -392,11 +396,13 @@ def opcast_version() -> str:
     return f"commit {rev}{' + uncommitted changes' if dirty.strip() else ''}"  # no machine paths in reports
 
 
-def run(rows: list[Row], *, framework: str | None, models: str | None) -> list[dict[str, Any]]:
+def run(
+    rows: list[Row], *, framework: str | None, models: str | None, clocks: str = "sustained"
+) -> list[dict[str, Any]]:
     out = []
     for row in rows:
-        learned = predict_row(row, framework=framework, models=models)
-        roofline = predict_row(row, framework=framework, roofline=True)
+        learned = predict_row(row, framework=framework, models=models, clocks=clocks)
+        roofline = predict_row(row, framework=framework, roofline=True, clocks=clocks)
         out.append(
             {
                 "row": dataclasses.asdict(row),
@@ -608,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", type=Path, default=None, help="also write every row's result as JSON")
     parser.add_argument("--before", type=Path, default=None, help="a --json-out of another tree, reported beside")
     parser.add_argument("--limit", type=int, default=None, help="only the first N rows (a quick look)")
+    parser.add_argument(
+        "--clocks", default="sustained", choices=("sustained", "boost"), help="predict train --clocks (ablation)"
+    )
     args = parser.parse_args(argv)
     start = time.perf_counter()
     if not args.csv.is_file():
@@ -629,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in mismatched:
         preset = row_arch(r).params_total()
         print(f"warning: line {r.line} {r.label}: preset has {preset} parameters, NumParams {r.n_params}")
-    records = run(rows, framework=framework, models=args.models)
+    records = run(rows, framework=framework, models=args.models, clocks=args.clocks)
     wall_s = time.perf_counter() - start
     add_errors(records)
     given = argv if argv is not None else sys.argv[1:]

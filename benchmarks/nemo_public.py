@@ -1,7 +1,7 @@
 """NVIDIA's published NeMo / Megatron-Bridge pre-training throughput predicted with ``opcast predict train``
 (issue 17's end-to-end target: a held-out validation table; nothing is fitted to these rows).
 
-    python benchmarks/nemo_public.py [--csv FILE] [--recipes FILE] [--models DIR] [--out FILE]
+    python benchmarks/nemo_public.py [--csv FILE] [--recipes FILE] [--models DIR] [--out FILE] [--clocks boost]
 
 The measurements are in ``benchmarks/nemo_public.csv`` beside this script: one row per published
 configuration (Llama 2 7B/13B/70B, Llama 3 8B/70B, Llama 3 / 3.1 405B, GPT-3 175B, and the MoE Qwen3-30B-A3B,
@@ -803,12 +803,13 @@ def _fp8_gemm_summary(result) -> str:
     return f"{t / total:.0%} of kernel time ({mix})"
 
 
-def predict_row(row: Row, *, models: str | None = None) -> Prediction:
-    """What ``opcast predict train`` (:func:`cli_command` of :func:`row_options`) predicts for ``row``."""
+def predict_row(row: Row, *, models: str | None = None, clocks: str = "sustained") -> Prediction:
+    """What ``opcast predict train`` (:func:`cli_command` of :func:`row_options`, with ``--clocks`` when ``clocks`` is
+    not the default) predicts for ``row``."""
     from opcast.predict import options
     from opcast.predict.training import TrainResult, compile_train, run_train
 
-    values = row_options(row)
+    values = row_options(row) | ({} if clocks == "sustained" else {"clocks": clocks})
     o = options.Args(**({n: d for n, (_, d) in train_command_options().items()} | values))
     where = options.placement(o)
     dev = options.device(where.gpu, o.set_)
@@ -1084,6 +1085,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipes", type=Path, default=RECIPES_PATH, help="what the recipes set beyond the tables")
     ap.add_argument("--models", type=str, default=None, help="model set directory (default: models/default)")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here (atomically)")
+    ap.add_argument("--clocks", default="sustained", choices=("sustained", "boost"), help="predict train --clocks")
     a = ap.parse_args(argv)
     try:
         rows = read_rows(a.csv, a.recipes)
@@ -1096,7 +1098,7 @@ def main(argv: list[str] | None = None) -> int:
         if row.skip_reason:
             print(f"{row.row:36} skipped: {row.skip_reason}", flush=True)
             continue
-        pred = preds[row.row] = predict_row(row, models=a.models)
+        pred = preds[row.row] = predict_row(row, models=a.models, clocks=a.clocks)
         e = error(row, pred)
         what = (
             f"{pred.tokens_per_s_per_gpu:8.0f} ({100 * e:+.1f} %)"
