@@ -337,7 +337,7 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "optimizer": ("Optimizer states kept: adam, sgd (with momentum) or none (forward + backward only).", None),
     "clocks": (
         "sustained (a training step holds a GPU at its power cap: compute-bound GEMM and attention kernels at the "
-        "clock it allows, measured for H100, H200 and B200; others keep their kernel times) or boost (the kernel "
+        "clock it allows, measured for H100, H800, H200 and B200; others keep their kernel times) or boost (the kernel "
         "benchmarks' burst rates, e.g. to compare with them).",
         None,
     ),

@@ -27,9 +27,9 @@ the cap: "boost bursts draw only ~150-330 W", the same README). What is assumed,
   truth lies between its burst time and this one.
 - bf16's fraction stands for fp8 and the block-scaled dtypes (no MSMF of the same runs in fp8; an earlier table of
   the README, other torch versions, puts H200 fp8 at ~1335 sustained against 1453 burst, 0.92).
-- H100-SXM takes H200's fraction: the same GH100 die at the same 700 W board power (the README's MAMF table lists H200
-  "the same" as H100 SXM). GPUs of other dies or board power (GB200 at 1200 W, B300, GB300, A100) have no measurement
-  and keep their burst times.
+- H100-SXM and H800 take H200's fraction: the same GH100 die at the same 700 W board power (the README's MAMF table
+  lists H200 "the same" as H100 SXM; :func:`sustained_clock`). GPUs of other dies or board power (GB200 at 1200 W,
+  GH200 at 1000 W, B300, GB300, A100) have no measurement and keep their burst times.
 
 Measured on held-out end-to-end runs (nothing fitted to them; ``benchmarks/results/nemo_public.md``,
 ``mosaicml.md``): NeMo's DGX-H100 rows 9.4 -> 5.3 % mean error, DGX-B200 FP8 21.6 -> 11.2 %; MosaicML's H100 bf16
@@ -47,7 +47,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from opcast.hardware import DeviceSpec, base_name
+from opcast.hardware import DeviceSpec, base_name, catalog, same_die
 from opcast.predict.cost.query import Kernel
 
 SUSTAINED_KINDS: Final = frozenset({"gemm", "attention"})
@@ -77,24 +77,30 @@ class SustainedClock:
 _MAMF_README: Final = (
     "stas00/ml-engineering mamf-finder-all-gpus.py, compute/accelerator/benchmarks/README.md, torch 2.14.0+cu130"
 )
-_GH100: Final = SustainedClock(
-    burst_flops=852.1e12, sustained_flops=755e12, source=f"H200 bf16 852 -> 755 TFLOP/s, {_MAMF_README}"
-)
 SUSTAINED: Final[dict[str, SustainedClock]] = {
-    "H200": _GH100,
-    "H100-SXM": _GH100,  # the same die and 700 W board power: H200's measurement
+    "H200": SustainedClock(
+        burst_flops=852.1e12, sustained_flops=755e12, source=f"H200 bf16 852 -> 755 TFLOP/s, {_MAMF_README}"
+    ),
     "B200": SustainedClock(
         burst_flops=1746.7e12, sustained_flops=1439e12, source=f"B200 bf16 1747 -> 1439 TFLOP/s, {_MAMF_README}"
     ),
 }
-"""Measured sustained clocks by catalog GPU. A GPU made from one (``--cluster``, ``--set``, ``opcast whatif``:
-:func:`opcast.hardware.base_name`) keeps its clock: a what-if of an H100 with twice the bandwidth is still an H100 at
-its power cap, so doubling every throughput halves a step's time exactly."""
+"""Measured sustained clocks by catalog GPU."""
 
 
 def sustained_clock(device: DeviceSpec) -> SustainedClock | None:
-    """``device``'s measured sustained clock (its catalog GPU's), or None where none is measured."""
-    return SUSTAINED.get(base_name(device))
+    """``device``'s measured sustained clock, or None where none is measured. A GPU made from a catalog GPU
+    (``--cluster``, ``--set``, ``opcast whatif``: :func:`opcast.hardware.base_name`) is that GPU at its power cap: a
+    what-if of an H100 with twice the bandwidth is still an H100, so doubling every throughput halves a step's time
+    exactly. A GPU of a measured GPU's compute die at the same board power (:func:`opcast.hardware.same_die`, equal
+    ``tdp_w``) takes its measurement: H100-SXM and H800 (GH100 at 700 W) take H200's; GH200 (1000 W) does not."""
+    gpus = catalog()
+    base = gpus.get(base_name(device), device)
+    for name, clock in SUSTAINED.items():
+        measured = gpus[name]
+        if base.name == name or (same_die(base, measured) and base.tdp_w == measured.tdp_w):
+            return clock
+    return None
 
 
 def at_cap(k: Kernel, time_s: float, device: DeviceSpec) -> bool:

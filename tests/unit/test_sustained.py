@@ -21,13 +21,17 @@ def test_fractions_are_the_measured_ratios():
     assert SUSTAINED["H200"].fraction == pytest.approx(FRACTION)
     assert SUSTAINED["B200"].fraction == pytest.approx(1439 / 1746.7)
     assert sustained_clock(H100) is SUSTAINED["H200"]  # one die at one board power
+    assert sustained_clock(get_device("H800")) is SUSTAINED["H200"]
+    assert sustained_clock(get_device("GH200")) is None  # the die at 1000 W: not what was measured
     assert sustained_clock(A100) is None  # nothing measured: burst times kept
 
 
 def test_a_gpu_made_from_a_catalog_gpu_keeps_its_clock():
     assert sustained_clock(derive_device(H100, ["inter_node_bw_bytes_per_s=x2"])) is SUSTAINED["H200"]
     assert sustained_clock(derive_device(H100, ["peak_bf16_flops=x2"])) is SUSTAINED["H200"]
-    assert sustained_clock(dataclasses.replace(H100, name="my-gpu", aliases=())) is None
+    # a device file of the die at the same board power is that measurement's GPU; at another power it is not
+    assert sustained_clock(dataclasses.replace(H100, name="my-gpu", aliases=())) is SUSTAINED["H200"]
+    assert sustained_clock(dataclasses.replace(H100, name="my-gpu", aliases=(), tdp_w=350.0)) is None
 
 
 def test_only_kernels_near_the_peak_slow_down():
