@@ -6,9 +6,10 @@
 The fp32 groups of ``models/default`` (GEMM, elementwise, layernorm, softmax on CUDA cores) were fitted on NeuSight's
 five GPUs (P4, P100, T4, V100, A100-40GB PCIe: Pascal to Ampere); a Hopper GPU, NeuSight's held-out H100 SXM5 among
 them, was an extrapolation in every spec (peak 3.4x, bandwidth 3x, SMs 1.2x, clock 1.2x beyond the fitted range).
-``benchmarks/data/h200_torch/kernels/neusight_fp32`` holds 1,706 forward kernels timed on an H200 SXM by NeuSight's
+``benchmarks/data/h200_torch/kernels/neusight_fp32`` holds 1,693 forward kernels timed on an H200 SXM by NeuSight's
 own protocol (``opcast collect bench --timing neusight --dtype fp32``: each call alone between two CUDA events, 25
-calls, the mean of the fastest 5, no L2 flush; 1,031 GEMMs, 261 elementwise, 207 layernorm, 207 softmax; the shapes
+calls, the mean of the fastest 5, no L2 flush; 1,031 GEMMs, 248 elementwise, 207 layernorm, 207 softmax; 1,706 were
+timed, and 13 eager ``silu(a) * b`` chains timed under the fused ``swiglu`` were dropped; the shapes
 are ``collect bench``'s seeded Sobol samples and the exact shapes of GPT-2 Large, GPT-3 XL, GPT-3 2.7B and OPT-1.3B,
 none taken from NeuSight's files). Since this script, ``benchmarks/train_default_models.sh`` fits them too.
 

@@ -206,3 +206,16 @@ def test_flash2_points_run_torchs_flash_backend(monkeypatch):
         params = get_op("attention").validate({**base, "impl": impl})
         BUILDERS["attention"](BuildRequest(params=params, dtype="fp32", direction="fwd", device=torch.device("cpu")))()
     assert seen and all(b == [SDPBackend.FLASH_ATTENTION] for b in seen)
+
+
+def test_the_fused_swiglu_is_no_eager_benchmark():
+    """The registry's swiglu is one fused kernel; eager's silu(a) * b is two (the silu and mul points), so a plan point
+    of it is skipped with its reason rather than timed as something it is not."""
+    from opcast.collect.ops import BUILDERS, BuildRequest, UnsupportedPoint
+    from opcast.ops import get_op
+
+    params = get_op("elementwise").validate({"numel": 4096, "fn": "swiglu"})
+    with pytest.raises(UnsupportedPoint, match="torch eager has none: silu\\(a\\) \\* b runs two kernels"):
+        BUILDERS["elementwise"](BuildRequest(params=params, dtype="fp32", direction="fwd", device="cpu"))
+    mul = get_op("elementwise").validate({"numel": 4096, "fn": "mul"})
+    assert callable(BUILDERS["elementwise"](BuildRequest(params=mul, dtype="fp32", direction="fwd", device="cpu")))
