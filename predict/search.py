@@ -1208,7 +1208,7 @@ def _compile(
     t0 = time.perf_counter()
     table = kernels.lookup(unique, device)  # the one batched prediction of the whole space
     if space.clocks == "sustained":  # as run_train prices a step
-        table = sustained_times(table, device)[0]
+        table = sustained_times(table, device, unique)[0]
     lookup_s = time.perf_counter() - t0
     by_source = Counter(table[k][1] for k in unique)
     # Graphs share the node and collective tuples of a phase they have in common (the forward and

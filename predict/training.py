@@ -1468,7 +1468,7 @@ def run_train(
     pr.table = kernels.lookup(wanted, device)
     slowed = 0
     if cfg.clocks == "sustained":  # a step holds the GPU at its power cap
-        pr.table, slowed = sustained_times(pr.table, device)
+        pr.table, slowed = sustained_times(pr.table, device, wanted)
     priced = {s: pr.stage(s) for s in plan.stage_kinds}
     pp = cfg.pp
     stages = tuple(

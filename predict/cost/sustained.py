@@ -43,7 +43,7 @@ not what holds the GPU at its power cap.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -112,17 +112,20 @@ def at_cap(k: Kernel, time_s: float, device: DeviceSpec) -> bool:
 
 
 def sustained_times(
-    table: Mapping[Kernel, tuple[float, str]], device: DeviceSpec
+    table: Mapping[Kernel, tuple[float, str]], device: DeviceSpec, step: Iterable[Kernel] | None = None
 ) -> tuple[Mapping[Kernel, tuple[float, str]], int]:
-    """``table`` (a :meth:`~opcast.predict.cost.KernelCostModel.lookup` answer) as the kernels run in a step under
-    sustained load, and how many it slowed: each kernel :func:`at_cap` takes its time over the device's
+    """``table`` (a :meth:`~opcast.predict.cost.KernelCostModel.lookup` answer, which holds every kernel the model has
+    priced on ``device``) with the kernels of ``step`` (default: all of them) as they run in a step under sustained
+    load, and how many of them it slowed: each kernel :func:`at_cap` takes its time over the device's
     :attr:`SustainedClock.fraction` (its source unchanged); ``table`` itself, and 0, when the device has no measured
     sustained clock."""
     clock = sustained_clock(device)
     if clock is None:
         return table, 0
-    slowed = {k for k, (t, _) in table.items() if at_cap(k, t, device)}
-    out = {k: (t / clock.fraction, src) if k in slowed else (t, src) for k, (t, src) in table.items()}
+    mine = table.keys() if step is None else set(step)
+    slowed = {k: table[k] for k in mine if at_cap(k, table[k][0], device)}
+    out = dict(table)
+    out.update((k, (t / clock.fraction, src)) for k, (t, src) in slowed.items())
     return out, len(slowed)
 
 

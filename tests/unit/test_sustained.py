@@ -86,3 +86,21 @@ def test_search_ranks_at_the_clock_predict_train_prices(clocks):
     where = dict(nodes=best.nodes, gpus_per_node=best.gpus_per_node, kernels=kernels)
     elsewhere = predict_train(arch, H100, dataclasses.replace(cfg, clocks=other), **where)
     assert elsewhere.iteration_time_s != alone.iteration_time_s
+
+
+def test_only_the_steps_own_kernels_are_slowed_and_counted_in_a_warm_cost_model():
+    other = kernel("gemm", {"m": 4096, "n": 4096, "k": 4096}, "bf16", "fwd", True)
+    peak = H100.peak_flops("bf16")
+    table = {BIG: (BIG.flops() / (0.8 * peak), "learned"), other: (other.flops() / (0.8 * peak), "learned")}
+    out, slowed = sustained_times(table, H100, [BIG])
+    assert slowed == 1 and out[other] == table[other] and out[BIG][0] == pytest.approx(table[BIG][0] / FRACTION)
+    kernels = roofline_only("test")  # one model, its cache warmed by another arch in between
+    cfg = TrainConfig(tp=1, pp=1, dp=1, micro_batch=1, global_batch=1, seq=2048)
+
+    def note(arch):
+        r = predict_train(load_arch(arch), H100, cfg, kernels=kernels)
+        return next(n for n in r.cost_sources["notes"] if "sustained clock" in n)
+
+    first = note("llama3-8b")
+    note("llama2-13b")
+    assert note("llama3-8b") == first
