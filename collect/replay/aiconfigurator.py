@@ -133,7 +133,10 @@ dtype, direction), so exactly one measurement is kept, the first in this precede
    where it can.
 
 The others are counted as skipped ("another kernel", "older version" or "lower-precedence
-framework"). Attention rows take ``attention_frameworks`` (default: ``frameworks``) and, by
+framework"). Before that choice a bf16 GEMM row that precedence would keep is screened against the
+system's tables of the same shape (:data:`SPIKE_DTYPES`, :data:`SPIKE_RATIO`): where it ran more
+than 1.3x their median, it is a slow spike of its collection and the next row in precedence is kept
+(counted, "a slow spike"). Attention rows take ``attention_frameworks`` (default: ``frameworks``) and, by
 default (:data:`ATTENTION_FILL`), come from one framework release per (system, phase, dtype): the
 first in that precedence that measured any row of it. The shapes it did not measure are left out
 (counted, "one kernel family per system and label, no fill-in") rather than filled with another
@@ -220,6 +223,22 @@ framework's fp8_block and nvfp4 call quantises its bf16 activation inside the ti
 (:data:`VLLM_FP8_BLOCK_REASON`); TRT-LLM cycles weight copies past the L2 as for the other dtypes
 (ai-dynamo/aiconfigurator ``collector/{trtllm,sglang,vllm}/collect_gemm.py`` at 095f58a). SGLang's
 DeepGEMM rows agree with TRT-LLM's within 0.82-1.05x on fp8_block."""
+SPIKE_DTYPES: Final = ("bf16",)
+"""GEMM dtypes whose rows the replay screens for slow spikes (:func:`_drop_spikes`): those every framework times
+as the same kernel family, cuBLAS through ``torch.nn.functional.linear`` (vLLM's and SGLang's ``torch_linear``
+lanes, TRT-LLM's ``torch_flow``), so the system's tables of one shape are independent collections of one
+kernel. fp8 and the block-scaled dtypes run another kernel in each framework (cuBLASLt, CUTLASS, DeepGEMM)
+and are not screened."""
+SPIKE_RATIO: Final = 1.3
+"""A row that precedence would keep is a slow spike when its time exceeds this multiple of the median of the
+system's tables of the same shape and dtype (its own included; another framework or release each). Timing noise
+on a GPU is one-sided (interference, clocks and power only slow a kernel), and AIConfigurator's own
+collection notes name it: ``systems/data/gb200/gemm/sglang/0.5.14/collection_meta.yaml`` (AIC-1759) counts
+keys that "sit >1.3x above" as spikes of that platform ("one-sided spike contamination") and keeps the per-key
+minimum of two runs. Its GB200 vLLM 0.24 bf16 table is such a run: on its 1,195 shapes of 1 ms and more it sits
+1.17x above the median of the GB200 TRT-LLM and SGLang tables (every other system's vLLM table: 0.93-0.99x,
+``benchmarks/results/modern_gpus.md``, 2026-12-05), bimodal, 500 of them above 1.3x; the screen keeps
+TRT-LLM's row there. A spike of the reference itself only raises the bar (fewer rows replaced)."""
 QUANT_TABLES: Final = ("computescale_perf", "scale_matrix_perf")
 """AIConfigurator's ``quantize/trtllm/<version>/`` tables: TensorRT-LLM's dynamic per-tensor fp8
 quantisation of an ``[m, k]`` bf16 activation, ``quantize_e4m3_per_tensor``'s amax pass
@@ -888,6 +907,8 @@ def _select(kind: str, frame: pd.DataFrame, result: ReplayResult, *, fill: bool 
         )
         kept.index = frame.index[repeated & ~frame.duplicated(group, keep="first")]
         frame = pd.concat([frame.loc[~repeated], kept.drop(columns=["_median", "_n", "_p20", "_p80"])]).sort_index()
+    if kind == "gemm":
+        frame = _drop_spikes(frame, key, result)
     # Across files and lanes: the first by precedence.
     firsts = frame.groupby(key, sort=False, dropna=False)[["_framework", "source_file"]].transform("first")
     repeat = frame.duplicated(key, keep="first")
@@ -910,6 +931,35 @@ def _select(kind: str, frame: pd.DataFrame, result: ReplayResult, *, fill: bool 
     if not fill:
         frame = _one_family(frame, result)
     return _records(kind, frame, params)
+
+
+def _drop_spikes(frame: pd.DataFrame, key: list[str], result: ReplayResult) -> pd.DataFrame:
+    """``frame`` (in precedence order, one row per file and configuration) less each row of a
+    :data:`SPIKE_DTYPES` configuration that precedence would keep and that ran more than :data:`SPIKE_RATIO` x the
+    median of the configuration's rows (every table of the system that measured it, its own included: with
+    three, the middle one, so a table that two others contradict is the spike, not one that two agree with),
+    so the next row in precedence is kept; each dropped row is counted under its dtype."""
+    screened = frame["dtype"].astype(str).isin(SPIKE_DTYPES).to_numpy()
+    if not screened.any():
+        return frame
+    sub = frame[screened]
+    first = ~sub.duplicated(key, keep="first")
+    if first.all():
+        return frame
+    tables = sub.groupby(key, sort=False, dropna=False)["time_s_median"]
+    reference = tables.median().rename("_reference")[tables.size() > 1]
+    kept = sub[first.to_numpy()]
+    bar = kept[key].merge(reference.reset_index(), on=key, how="left", sort=False)["_reference"].to_numpy(float)
+    spike = np.isfinite(bar) & (kept["time_s_median"].to_numpy(float) > SPIKE_RATIO * bar)
+    if not spike.any():
+        return frame
+    dropped = kept[spike]
+    for dtype, count in dropped["dtype"].astype(str).value_counts().items():
+        result.skipped[
+            f"gemm {dtype}: a slow spike (over {SPIKE_RATIO:g}x the median of the system's tables of the "
+            "shape; the next framework's row kept)"
+        ] += int(count)
+    return frame.drop(index=dropped.index)
 
 
 def _one_family(frame: pd.DataFrame, result: ReplayResult) -> pd.DataFrame:

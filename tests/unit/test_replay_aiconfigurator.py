@@ -604,6 +604,48 @@ def test_fp8_gemms_take_tensorrt_llms_cublaslt_rows_first_and_bf16_keeps_vllms(t
     assert kept(frameworks=("trtllm", "vllm")) == {"bf16": "trtllm", "fp8": "trtllm"}
 
 
+def test_a_bf16_gemm_two_other_tables_contradict_is_a_spike_and_the_next_frameworks_row_is_kept(tmp_path):
+    """SPIKE_RATIO: a bf16 row precedence would keep (vLLM's) that ran over 1.3x the median of the system's
+    tables of the shape is dropped for the next framework's and counted; where another table agrees with it
+    (the median is then its own kind), at 1.25x, or where no other table measured the shape it stays; fp8 rows
+    (another kernel in each framework) are not screened."""
+    gen = load_script(GENERATOR, register=False)
+    gen.HERE = tmp_path
+    spike, agreed, mild, alone = (
+        ("k", "bfloat16", 4096, 4096, 4096),
+        ("k", "bfloat16", 2048, 4096, 4096),
+        ("k", "bfloat16", 1024, 4096, 4096),
+        ("k", "bfloat16", 512, 4096, 4096),
+    )
+    fp8 = ("k", "fp8", 4096, 4096, 4096)
+    scales = {  # per framework: (case, latency scale)
+        "vllm": [(spike, 2.0), (agreed, 2.0), (mild, 1.25), (alone, 3.0), (fp8, 1.0)],
+        "trtllm": [(spike, 1.0), (agreed, 1.0), (mild, 1.0), (fp8, 3.0)],
+        "sglang": [(spike, 1.05), (agreed, 1.9), (mild, 1.0), (fp8, 1.0)],
+    }
+    versions = {"vllm": "0.24.0", "trtllm": "1.3.0rc20", "sglang": "0.5.14"}
+    for framework, cases in scales.items():
+        rows = [
+            row
+            for case, scale in cases
+            for row in gen.gemm_rows(framework.upper(), versions[framework], "NVIDIA B200", [case], scale=scale)
+        ]
+        gen.write(f"b200_sxm/gemm/{framework}/{versions[framework]}/gemm_perf.parquet", rows, gen.meta(framework, "x"))
+    result = aic.replay(tmp_path)
+    kept = {(r["dtype"], r["m"]): r["source_file"].split("/")[2] for r in result.rows if r["op"] == "gemm"}
+    assert kept == {
+        ("bf16", 4096): "trtllm",
+        ("bf16", 2048): "vllm",
+        ("bf16", 1024): "vllm",
+        ("bf16", 512): "vllm",
+        ("fp8", 4096): "trtllm",
+    }
+    reasons = {k: v for k, v in result.skipped.items() if "spike" in k}
+    assert list(reasons.values()) == [1] and str(aic.SPIKE_RATIO) in next(iter(reasons))
+    # the dropped row is counted once, not also as a lower-precedence duplicate: every source row is accounted for
+    assert len(result.rows) + sum(result.skipped.values()) == sum(len(v) for v in scales.values())
+
+
 def test_block_scaled_gemms_take_tensorrt_llms_rows_and_skip_vllms_eager_fp8_block(tmp_path):
     """fp8_block and nvfp4 rows follow GEMM_BLOCK_FRAMEWORKS (TensorRT-LLM first); vLLM's fp8_block rows,
     timed without a CUDA graph, are skipped and counted even where nothing else measured the shape."""
