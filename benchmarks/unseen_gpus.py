@@ -192,7 +192,7 @@ def bounds_fold(train: pd.DataFrame, test: pd.DataFrame, devices: dict, estimato
     import tempfile
 
     from opcast.predict.batch import predict_frame
-    from opcast.predict.cost import load_kernel_cost
+    from opcast.predict.cost import LearnedKernelCost, load_kernel_cost
     from opcast.predict.cost.query import LEARNED
     from opcast.train.fit import fit_frame
 
@@ -209,6 +209,9 @@ def bounds_fold(train: pd.DataFrame, test: pd.DataFrame, devices: dict, estimato
                 pos = np.flatnonzero(names == dev)
                 cost = load_kernel_cost(sets[kind or "landed"])  # one fresh model per answer: no shared caches
                 cost = dataclasses.replace(cost, physical_bounds=kind is not None)
+                for source in cost.sources:  # bounds off: the raw answers, no scaling past the fitted sizes either
+                    if isinstance(source, LearnedKernelCost):
+                        source.wave_scaling = kind is not None
                 rows = test.iloc[pos].reset_index(drop=True)
                 asked = _Asked(cost)
                 filled = predict_frame(rows, devices[dev], asked)

@@ -61,6 +61,8 @@ from opcast.predict.cost.learned import (
     RATIO,
     SPAN,
     UTILISATION_MARGIN,
+    WAVE_DIMS,
+    WAVE_NOTE,
     HardwareRange,
     LearnedKernelCost,
 )
@@ -127,6 +129,8 @@ __all__ = [
     "ROOFLINE_EFFICIENCY",
     "SPAN",
     "UTILISATION_MARGIN",
+    "WAVE_DIMS",
+    "WAVE_NOTE",
     "Bottleneck",
     "EfficiencyCurve",
     "HardwareRange",

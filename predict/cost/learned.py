@@ -23,11 +23,21 @@
   large bf16 GEMMs ~10 % faster than A100-SXM4-80GB's. On a board of the training GPU's memory bandwidth too
   (H800 of H100-SXM: only its NVLink differs) every kernel does: the model set answers it with the same
   features, where the unseen-device bounds had H800's memory-bound kernels up to 1.25x slower than H100-SXM's.
+  A memory-bound kernel on a board of another bandwidth lies between that GPU's time (latency-bound) and that time
+  scaled by the ratio of their bandwidths (bound by it alone): the cross-device rules had held A100-SXM4-40GB's
+  decode attention, at 1 % of its bandwidth, to other architectures' utilisations.
 - on a GPU made from a training GPU with at least its peak, bandwidth and clock (``explore`` / ``--set``:
   ``B200[peak_bf16_flops=x1.05]``, ``B200[l2_bytes=x2]``), the resource ratio rule takes its cap from that GPU alone,
   credited with the share that GPU sustains, so it is never slower there and at most the resource ratio faster;
   capped by the weakest share of the other training devices, B200's bf16 GEMMs (77 % of its peak) fell to MI300X's
   62 %, 1.25x slower for 5 % more peak, where the monotone rule gave way to the ratio.
+
+The training devices that bound a device are those of its vendor where the group's predictors were fitted on one
+vendor's rows (:meth:`HardwareRange.reference_specs`; the entry's ``vendors`` and ``vendor_devices``): another
+vendor's are answered by the group's ``other`` predictor, whose extrapolations had held B200's 65536 x 7168 x 8192
+bf16 GEMM at MI300X's 51 % of its peak and A100-SXM4-40GB's decode attention at the Arc Pro B60's 1 % of its
+bandwidth. A GEMM past the largest b, m, n or k its predictor was fitted on is asked at that size and its answer
+scaled in proportion (:meth:`LearnedKernelCost.wave_scaled`) before any rule.
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
@@ -113,7 +123,8 @@ BOUND_RULES: dict[str, str] = {
     "it has the higher clock), no faster than one with more "
     "(on training devices too; where it conflicts with the resource ratio, the ratio is kept)",
     DIE: "a compute-bound kernel on another board of a training GPU's compute die takes that GPU's time, as held "
-    "there, and so does any kernel on a board of that GPU's memory bandwidth (the other rules do not apply to it)",
+    "there, and so does any kernel on a board of that GPU's memory bandwidth; a memory-bound one on a board of "
+    "another bandwidth lies between that time and it scaled by the bandwidth ratio (the other rules do not apply)",
 }
 """The rules of :meth:`LearnedKernelCost.bound`, by the name its reasons carry."""
 
@@ -239,6 +250,15 @@ RANGE_SLACK = 0.02
 """A device spec within 2 % of a predictor's fitted range counts as inside it (datasheet
 rounding, re-measured specs); a fitted feature range gets the same slack on its (mostly log) scale."""
 
+WAVE_DIMS: Final = ("b", "m", "n", "k")
+"""The GEMM dimensions a learned time is scaled along past the largest size its predictor was fitted on
+(:meth:`LearnedKernelCost.wave_scaled`)."""
+WAVE_NOTE: Final = (
+    "{n} GEMM(s) larger than any its predictor was fitted on (b, m, n or k past the fitted range) priced at the "
+    "largest fitted size and scaled in proportion: past a few waves of output tiles a GEMM's time is linear in "
+    "each dimension (more tiles, or a longer reduction per tile), where the learned model would extrapolate"
+)
+
 _DEVICE_FEATURES: dict[str, str] = {
     "log_peak_flops": "peak_flops",
     "log_mem_bw_bytes_per_s": "mem_bw_bytes_per_s",
@@ -345,6 +365,20 @@ class HardwareRange:
         """The specs (from ``device_specs``) of the devices predictor ``key`` was fitted on (with
         ``impl``: on data of that implementation, as :meth:`fitted_on`)."""
         return tuple(self._specs[n] for n in self.fitted_on(key, impl) if n in self._specs)
+
+    def reference_specs(self, key: str, device: DeviceSpec, impl: str | None = None) -> tuple[DeviceSpec, ...]:
+        """The training devices whose answers bound predictor ``key``'s on ``device`` (:meth:`LearnedKernelCost.bound`):
+        :meth:`training_specs`, but for a device of a vendor the group's own predictors were fitted on (the entry's
+        ``vendors``, :func:`opcast.train.fit.vendor_rows`), only that vendor's (``vendor_devices``). Another vendor's
+        training devices are answered by the group's ``other`` predictor, fitted on every row: its extrapolation is no
+        bound on this vendor's (MI300X's 51 % of its peak on a 65536 x 7168 x 8192 bf16 GEMM, past every fitted m,
+        held B200 there, 40 % of its peak)."""
+        specs = self.training_specs(key, impl)
+        entry = self.meta.get("predictors", {}).get(key)
+        if not isinstance(entry, Mapping) or device.vendor not in entry.get("vendors", ()):
+            return specs
+        mine = set(entry.get("vendor_devices", ()))
+        return tuple(s for s in specs if s.name in mine) if mine else specs
 
     def reason(self, key: str, k: Kernel, device: DeviceSpec) -> str | None:
         """Why ``device`` is outside the hardware predictor ``key`` was fitted on (for ``k``'s
@@ -459,10 +493,13 @@ class LearnedKernelCost:
 
     name = LEARNED
 
-    def __init__(self, model_set: Any, label: str) -> None:
+    def __init__(self, model_set: Any, label: str, *, wave_scaling: bool = True) -> None:
         self.model_set = model_set
         self.label = label
         """Where the models came from (a folder, or 'embedded default')."""
+        self.wave_scaling = wave_scaling
+        """Whether GEMMs past the fitted sizes are scaled from the largest fitted one (:meth:`wave_scaled`); off with
+        the physical bounds (``OPCAST_PHYSICAL_BOUNDS=off``: the raw estimator's answers)."""
         self._covers: dict[tuple[str, str, str, str | None], bool] = {}
         self._residuals: dict[tuple[str, str], Residuals | None] = {}
         self._groups: dict[tuple[Any, ...], str] = {}
@@ -481,6 +518,10 @@ class LearnedKernelCost:
         """(kind, dtype, direction, family) -> whether the set has that family's group (:meth:`_family_of`)."""
         self._shape_why: dict[tuple[str, Kernel], str | None] = {}
         """(group, kernel) -> why its shape is outside the predictor's fitted feature ranges, or None."""
+        self._wave: dict[Kernel, tuple[Kernel, float]] = {}
+        """Kernel -> (the kernel as asked, the factor on its time) (:meth:`wave_scaled`)."""
+        self._wave_limits: dict[str, dict[str, int]] = {}
+        """Group -> GEMM dimension -> the largest size its predictor was fitted on."""
 
     def _family_of(self, k: Kernel) -> str | None:
         """``k``'s kernel family as this set prices it (:func:`_family`): its own where the set has the family's
@@ -536,7 +577,7 @@ class LearnedKernelCost:
             from opcast.train.features import feature_table
 
             todo = [k for ks in by_key.values() for k in ks]
-            feats = feature_table(_query_columns(self.as_fitted(todo)), device)
+            feats = feature_table(_query_columns(self.as_fitted(self.wave_scaled(todo)[0])), device)
             start = 0
             for key, ks in by_key.items():
                 rows = feats.take(np.arange(start, start + len(ks)))
@@ -719,8 +760,64 @@ class LearnedKernelCost:
             )
         return got
 
+    def _limits(self, key: str) -> dict[str, int]:
+        """The largest size of each :data:`WAVE_DIMS` dimension group ``key``'s predictor was fitted on (its recorded
+        ``feature_ranges`` of ``log_<dim>``); empty when none is recorded."""
+        got = self._wave_limits.get(key)
+        if got is None:
+            entry = self.range.meta.get("predictors", {}).get(key)
+            ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
+            got = {}
+            for dim in WAVE_DIMS:
+                bounds = ranges.get(f"log_{dim}") if isinstance(ranges, Mapping) else None
+                if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and math.isfinite(float(bounds[1])):
+                    got[dim] = max(1, math.floor(math.exp(float(bounds[1])) + 1e-6))
+            self._wave_limits[key] = got
+        return got
+
+    def wave_scaled(self, kernels: Sequence[Kernel]) -> tuple[list[Kernel], np.ndarray]:
+        """``kernels`` as the predictors are asked them, and the factor on each answer: a GEMM any of whose
+        :data:`WAVE_DIMS` exceeds the largest its predictor was fitted on is asked at that largest size, and its
+        time scaled by the ratio of the sizes (the product over the dimensions cut). Past a few waves of output
+        tiles a GEMM runs as many more waves (m, n, b: more tiles) or a proportionally longer reduction per tile
+        (k), so its time is linear in each; a learned model extrapolating in ``log m`` answered a 65536 x 7168 x
+        8192 bf16 GEMM on B200 at 40 % of its peak, against 72 % at 8192^3. Every other kernel is asked as it
+        is, factor 1."""
+        asked: list[Kernel] = []
+        factors = np.ones(len(kernels))
+        for i, k in enumerate(kernels):
+            got = self._wave.get(k)
+            if got is None:
+                got = (k, 1.0)
+                if k.kind == "gemm" and self.wave_scaling:
+                    limits = self._limits(self.group_of(k))
+                    params = k.param_dict
+                    cut = {d: limits[d] for d in limits if isinstance(params.get(d), int) and params[d] > limits[d]}
+                    if cut:
+                        factor = math.prod(params[d] / cut[d] for d in cut)
+                        got = (
+                            Kernel(
+                                k.kind,
+                                tuple((n, cut.get(n, v)) for n, v in k.params),
+                                k.dtype,
+                                k.direction,
+                                k.tensor_cores,
+                            ),
+                            factor,
+                        )
+                self._wave[k] = got
+            asked.append(got[0])
+            factors[i] = got[1]
+        return asked, factors
+
+    def wave_note(self) -> str | None:
+        """The note of :data:`WAVE_NOTE` when a kernel priced so far was scaled, else None."""
+        n = sum(1 for _, f in self._wave.values() if f != 1.0)
+        return WAVE_NOTE.format(n=n) if n else None
+
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
-        query = _query_columns(self.as_fitted(kernels))
+        asked, factors = self.wave_scaled(kernels)
+        query = _query_columns(self.as_fitted(asked))
         out = np.asarray(self.model_set.predict_s(query, device), dtype=float)
         adapted = self.adaptation(device)
         if adapted is not None and out.shape == (len(kernels),):
@@ -734,6 +831,8 @@ class LearnedKernelCost:
                 "refit them with this opcast (opcast train fit)"
             )
         out[~np.isfinite(out) | (out <= 0)] = np.nan
+        if out.shape == factors.shape:
+            out = out * factors
         return out
 
     @staticmethod
@@ -772,7 +871,7 @@ class LearnedKernelCost:
                 todo.setdefault(key, []).append(k)
         for key, ks in todo.items():
             found: dict[Kernel, str] = {}
-            fitted = self.as_fitted(ks)
+            fitted = self.as_fitted(self.wave_scaled(ks)[0])
             for spec in self.range.training_specs(key):
                 try:
                     # the shape alone: a training device of another vendor may lie outside the device features of
@@ -908,7 +1007,7 @@ class LearnedKernelCost:
             if not np.isfinite(out[i]) or adapted:
                 continue
             impl = _kernel_impl(k)
-            specs = self.range.training_specs(key, impl)
+            specs = self.range.reference_specs(key, device, impl)
             twin = twins[key]
             if twin in self.range.fitted_on(key, impl):
                 self._on_training.setdefault(twin, {})[k] = float(out[i])
@@ -928,7 +1027,7 @@ class LearnedKernelCost:
             k, key = kernels[i], keys[i]
             r_s, peak, resource = roofs[i]
             seen: list[_Seen] = []
-            for spec in self.range.training_specs(key, _kernel_impl(k)):
+            for spec in self.range.reference_specs(key, device, _kernel_impl(k)):
                 t_i = self._on_training[spec.name].get(k, math.nan)
                 r_i, peak_i, res_i = roof(i, spec)
                 if np.isfinite(t_i) and np.isfinite(r_i) and r_i > 0:
@@ -959,6 +1058,22 @@ class LearnedKernelCost:
                 if t != out[i]:
                     bound_by = "compute-bound" if resource == "compute" else "its memory bandwidth alike"
                     out[i], why[k] = t, (DIE, f"{key} on {device.name}, {bound_by}: as on {die.name}, its die")
+                continue
+            if die is not None and die.name in on_training:
+                # another board of a training GPU's die, bound by memory: the same SMs, clocks and L2, another
+                # bandwidth, so between that GPU's time (latency-bound: the bandwidth does not enter) and that time
+                # scaled by the bandwidth ratio (bound by it alone). The cross-device rules instead held
+                # A100-SXM4-40GB's decode attention (1 % of its bandwidth) at the utilisation of other
+                # architectures' kernels: 0.8x A100-SXM4-80GB's time, or 1.5x at the Arc Pro B60's
+                t_die = on_training[die.name][0]
+                ends = (t_die, t_die * die.mem_bw_bytes_per_s / device.mem_bw_bytes_per_s)
+                t = min(max(out[i], min(ends), r_s), max(max(ends), r_s))
+                if t != out[i]:
+                    ratio = die.mem_bw_bytes_per_s / device.mem_bw_bytes_per_s
+                    said = (
+                        f"between its time on {die.name}, its die, and that time x {ratio:.2f}, their bandwidth ratio"
+                    )
+                    out[i], why[k] = t, (DIE, f"{key} on {device.name}, memory-bound: {said}")
                 continue
             seen = [s._replace(time_s=on_training[s.name][0]) for s in seen]
             t, u = out[i], r_s / out[i]

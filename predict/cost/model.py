@@ -361,6 +361,8 @@ class KernelCostModel:
         for s in self.sources:
             if isinstance(s, LearnedKernelCost):
                 notes += [n for n in s.range.notes if n not in notes]
+                if (wave := s.wave_note()) is not None:
+                    notes.append(wave)
             if isinstance(s, PublishedAttentionCost):
                 notes += [n for n in s.notes if n not in notes]
         summary = self.bounds_summary()
@@ -398,7 +400,8 @@ def models_flag_problem(models: str | Path | None, use_learned: bool) -> str | N
 
 BOUNDS_ENV = "OPCAST_PHYSICAL_BOUNDS"
 """Internal switch, not a user option: ``off`` turns the physical bounds off in
-:func:`load_kernel_cost` (to measure what they change; the JSON's ``physical_bounds.rules`` then
+:func:`load_kernel_cost`, and the scaling of GEMMs past the fitted sizes with them
+(:meth:`LearnedKernelCost.wave_scaled`), to measure what they change (the JSON's ``physical_bounds.rules`` then
 says ``off``). Anything else, or unset: on."""
 
 
@@ -450,7 +453,11 @@ def load_kernel_cost(
     return KernelCostModel(
         # flash1 attention (FlashAttention-1 generation): no learned model has data of it, so its
         # published measured rate answers before the roofline; nothing else is covered by it
-        sources=(LearnedKernelCost(model_set, label), PublishedAttentionCost(), RooflineKernelCost()),
+        sources=(
+            LearnedKernelCost(model_set, label, wave_scaling=physical_bounds_enabled()),
+            PublishedAttentionCost(),
+            RooflineKernelCost(),
+        ),
         models_label=label,
         in_range_only=in_range_only,
         physical_bounds=physical_bounds_enabled(),

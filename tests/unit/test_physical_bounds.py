@@ -44,7 +44,9 @@ def world(tmp_path_factory):
         groups,
         {"datasets": [], "device_specs": {n: device_to_dict(d) for n, d in devices.items()}},
     )
-    return {"one": one, "two": two, "fast": fast, "slow": slow, "path": path}
+    # another die (four more SMs): the cross-device rules govern it, not the same-die board rule
+    other = dataclasses.replace(fast, name="fake-bw2-die", sm_count=fast.sm_count + 4)
+    return {"one": one, "two": two, "fast": fast, "slow": slow, "other": other, "path": path}
 
 
 MEMORY_BOUND = [kernel("elementwise", {"numel": n, "fn": "add"}, "fp16") for n in (1 << 18, 1 << 21, 1 << 24)] + [
@@ -77,16 +79,37 @@ def test_a_device_with_less_of_both_is_never_faster(world):
 def test_the_bounds_fire_on_the_unfitted_device_and_say_so(world):
     cost = load_kernel_cost(world["path"])
     raw = dataclasses.replace(load_kernel_cost(world["path"]), physical_bounds=False)
-    bounded, unbounded = _times(cost, world["fast"]), _times(raw, world["fast"])
-    moved = [k for k in MEMORY_BOUND if cost.bound_flag(k, world["fast"])]
+    device = world["other"]
+    bounded, unbounded = _times(cost, device), _times(raw, device)
+    moved = [k for k in MEMORY_BOUND if cost.bound_flag(k, device)]
     assert moved and not np.allclose(bounded, unbounded)  # the raw tree model does not follow the bandwidth
-    assert not raw.bound_flags(world["fast"])
-    assert all(cost.bound_flag(k, world["fast"]) is None for k, a, b in zip(MEMORY_BOUND, bounded, unbounded) if a == b)
+    assert not raw.bound_flags(device)
+    assert all(cost.bound_flag(k, device) is None for k, a, b in zip(MEMORY_BOUND, bounded, unbounded) if a == b)
     doc = cost.describe()
-    summary = doc["physical_bounds"]["bounded"]["fake-bw2"]
+    summary = doc["physical_bounds"]["bounded"][device.name]
     assert summary["bounded_kernels"] == len(moved) and sum(summary["by_rule"].values()) == len(moved)
-    assert any(n.startswith(f"physical bounds moved {len(moved)} of ") and "fake-bw2" in n for n in doc["notes"])
+    assert any(n.startswith(f"physical bounds moved {len(moved)} of ") and device.name in n for n in doc["notes"])
     assert raw.describe()["physical_bounds"]["rules"] == "off"
+
+
+def test_a_memory_bound_kernel_on_a_board_of_a_training_die_lies_between_its_time_and_the_bandwidth_ratio(world):
+    """fake-bw2 has the SMs, clocks and peaks of the two training GPUs (a board of their die): a memory-bound kernel
+    there takes no other rule than [t, t x bandwidth ratio] of the training board nearest in bandwidth (fake-bw15)."""
+    cost = load_kernel_cost(world["path"])
+    raw = dataclasses.replace(load_kernel_cost(world["path"]), physical_bounds=False)
+    fast, twin = world["fast"], world["two"]
+    got, ref, own = _times(cost, fast), _times(cost, twin), _times(raw, fast)
+    ratio = twin.mem_bw_bytes_per_s / fast.mem_bw_bytes_per_s
+    lo, hi = ref * ratio, ref
+    assert np.all(got >= lo * (1 - 1e-12)) and np.all(got <= hi * (1 + 1e-12))
+    expected = np.clip(own, lo, hi)
+    np.testing.assert_allclose(got, expected, rtol=1e-12)
+    for k, a, b in zip(MEMORY_BOUND, got, own):
+        flag = cost.bound_flag(k, fast)
+        assert (flag is None) == (a == b) and (flag is None or "its die" in flag)
+    slow = _times(cost, world["slow"])  # a board with less bandwidth: at most the ratio slower than fake-bw1
+    one = _times(cost, world["one"])
+    assert np.all(slow >= one * (1 - 1e-12)) and np.all(slow <= one * 2 * (1 + 1e-12))
 
 
 def test_fitted_devices_get_only_the_roofline_floor(world):

@@ -1,0 +1,77 @@
+"""GEMMs past the sizes a predictor was fitted on are priced at the largest fitted size and scaled in
+proportion (LearnedKernelCost.wave_scaled), and a training device of another vendor is no bound on this
+vendor's (HardwareRange.reference_specs): on the embedded default set, whose bf16 GEMMs were measured up to
+m = 40962 and whose MI300X answers come from the group's `other` predictor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from opcast.hardware import get_device
+from opcast.predict.cost import WAVE_NOTE, LearnedKernelCost, kernel, load_kernel_cost, peak_roofline_s
+from opcast.train.artifacts import load_model_set
+
+
+@pytest.fixture(scope="module")
+def learned() -> LearnedKernelCost:
+    return LearnedKernelCost(load_model_set(None), "embedded default")
+
+
+def _gemm(m: int, n: int = 7168, k: int = 8192):
+    return kernel("gemm", {"b": 1, "m": m, "n": n, "k": k}, "bf16")
+
+
+def test_the_fitted_limit_is_the_recorded_range(learned):
+    entry = learned.range.meta["predictors"]["gemm-fwd-half"]["feature_ranges"]
+    limits = learned._limits("gemm-fwd-half")
+    assert limits["m"] == math.floor(math.exp(entry["log_m"][1]) + 1e-6)
+    assert set(limits) <= {"b", "m", "n", "k"}
+
+
+def test_a_gemm_past_the_fitted_m_is_the_largest_fitted_one_scaled_in_proportion(learned):
+    limit = learned._limits("gemm-fwd-half")["m"]
+    b200 = get_device("B200")
+    at, twice, inside = learned.predict_s([_gemm(limit), _gemm(2 * limit), _gemm(limit // 2)], b200)
+    assert twice == pytest.approx(2 * at, rel=1e-12)
+    asked, factors = learned.wave_scaled([_gemm(3 * limit), _gemm(limit // 2)])
+    assert asked[0].param_dict["m"] == limit and factors[0] == pytest.approx(3.0)
+    assert asked[1] == _gemm(limit // 2) and factors[1] == 1.0
+    assert inside < at  # inside the range the model answers as fitted
+    assert learned.wave_note() == WAVE_NOTE.format(n=2)
+
+
+def test_off_with_the_physical_bounds_the_raw_answer_extrapolates(learned):
+    raw = LearnedKernelCost(learned.model_set, "raw", wave_scaling=False)
+    limit = raw._limits("gemm-fwd-half")["m"]
+    asked, factors = raw.wave_scaled([_gemm(2 * limit)])
+    assert asked == [_gemm(2 * limit)] and factors[0] == 1.0 and raw.wave_note() is None
+
+
+def test_a_scaled_gemm_is_not_flagged_as_an_extrapolation(learned):
+    b200 = get_device("B200")
+    limit = learned._limits("gemm-fwd-half")["m"]
+    assert _gemm(2 * limit) not in learned.out_of_range([_gemm(2 * limit)], b200)
+
+
+def test_another_vendors_training_device_bounds_none_of_this_vendors():
+    b200, mi300x = get_device("B200"), get_device("MI300X")
+    cost = load_kernel_cost(None)
+    source = next(s for s in cost.sources if isinstance(s, LearnedKernelCost))
+    names = {s.name for s in source.range.reference_specs("gemm-fwd-half", b200)}
+    every = {s.name for s in source.range.training_specs("gemm-fwd-half")}
+    assert "MI300X" in every and "MI300X" not in names and "B200" in names
+    assert {s.name for s in source.range.reference_specs("gemm-fwd-half", mi300x)} == every
+
+
+def test_a_long_gemm_past_the_fitted_m_runs_near_the_rate_of_the_largest_fitted_one():
+    """Through predict's path (bounds on): 65536 x 7168 x 8192 on B200 ran at 40 % of its peak (MI300X's
+    extrapolated share, as a bound) where 32768 x 7168 x 8192 runs at 65 %."""
+    cost = load_kernel_cost(None)
+    b200 = get_device("B200")
+    util = {}
+    for m in (32768, 65536):
+        k = _gemm(m)
+        util[m] = peak_roofline_s(k, b200)[0] / cost.time_s(k, b200)[0]
+    assert util[65536] >= 0.95 * util[32768]
