@@ -516,8 +516,9 @@ class LearnedKernelCost:
         """(group, weight storage) -> whether its predictor was fitted on that storage (:meth:`_speaks_for_weights`)."""
         self._families: dict[tuple[str, str, str, str], bool] = {}
         """(kind, dtype, direction, family) -> whether the set has that family's group (:meth:`_family_of`)."""
-        self._shape_why: dict[tuple[str, Kernel], str | None] = {}
-        """(group, kernel) -> why its shape is outside the predictor's fitted feature ranges, or None."""
+        self._shape_why: dict[tuple[str, Kernel, tuple[str, ...]], str | None] = {}
+        """(group, kernel, the reference devices' names) -> why its shape is outside the predictor's fitted feature
+        ranges on them, or None (:meth:`_outside_shapes`)."""
         self._wave: dict[Kernel, tuple[Kernel, float]] = {}
         """Kernel -> (the kernel as asked, the factor on its time) (:meth:`wave_scaled`)."""
         self._wave_limits: dict[str, dict[str, int]] = {}
@@ -860,19 +861,22 @@ class LearnedKernelCost:
                 answers[name][rows] = self.model_set.predict_s(sub, specs[name])
         return answers
 
-    def _outside_shapes(self, items: Sequence[tuple[str, Kernel]]) -> dict[Kernel, str]:
+    def _outside_shapes(self, items: Sequence[tuple[str, Kernel]], device: DeviceSpec) -> dict[Kernel, str]:
         """Of ``(group key, kernel)`` pairs, the kernels whose features leave their predictor's recorded
-        ``feature_ranges`` on one of its training devices (where the device features are inside): the
-        model then extrapolates in shape on the devices it was fitted on too. Memoised; a predictor
-        that records no ranges has none."""
+        ``feature_ranges`` on one of the training devices that bound ``device`` (:meth:`HardwareRange.reference_specs`;
+        where the device features are inside): the model then extrapolates in shape on the devices it was fitted on
+        too. Memoised; a predictor that records no ranges has none. (The Arc Pro B60's small L2 put an A100 attention
+        kernel's ``log_bytes_over_l2`` outside the NVIDIA rows' range, and so under the resource-ratio rule.)"""
         todo: dict[str, list[Kernel]] = {}
+        refs = {key: self.range.reference_specs(key, device) for key, _ in items}
+        names = {key: tuple(s.name for s in specs) for key, specs in refs.items()}
         for key, k in items:
-            if (key, k) not in self._shape_why:
+            if (key, k, names[key]) not in self._shape_why:
                 todo.setdefault(key, []).append(k)
         for key, ks in todo.items():
             found: dict[Kernel, str] = {}
             fitted = self.as_fitted(self.wave_scaled(ks)[0])
-            for spec in self.range.training_specs(key):
+            for spec in refs[key]:
                 try:
                     # the shape alone: a training device of another vendor may lie outside the device features of
                     # a predictor fitted on one vendor's rows (opcast.train.fit.vendor_rows), which is no shape's doing
@@ -883,8 +887,8 @@ class LearnedKernelCost:
                     if f in got and k not in found:
                         found[k] = f"{got[f]} on {spec.name}"
             for k in ks:
-                self._shape_why[(key, k)] = found.get(k)
-        return {k: why for key, k in items if (why := self._shape_why[(key, k)])}
+                self._shape_why[(key, k, names[key])] = found.get(k)
+        return {k: why for key, k in items if (why := self._shape_why[(key, k, names[key])])}
 
     @staticmethod
     def _held_training(
@@ -1021,7 +1025,7 @@ class LearnedKernelCost:
         for name, (spec, ks) in wanted.items():  # one batched call per training device
             got = self.predict_s(list(dict.fromkeys(ks)), spec)
             self._on_training.setdefault(name, {}).update(zip(dict.fromkeys(ks), (float(t) for t in got)))
-        shapes = self._outside_shapes([(keys[i], kernels[i]) for i in held])
+        shapes = self._outside_shapes([(keys[i], kernels[i]) for i in held], device)
         same_die_names = {key: self.range.same_die_as(device, unread[key]) - {twins[key]} for key in twins}
         for i in held:
             k, key = kernels[i], keys[i]
