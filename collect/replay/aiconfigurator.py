@@ -236,9 +236,9 @@ on a GPU is one-sided (interference, clocks and power only slow a kernel), and A
 collection notes name it: ``systems/data/gb200/gemm/sglang/0.5.14/collection_meta.yaml`` (AIC-1759) counts
 keys that "sit >1.3x above" as spikes of that platform ("one-sided spike contamination") and keeps the per-key
 minimum of two runs. Its GB200 vLLM 0.24 bf16 table is such a run: on its 1,195 shapes of 1 ms and more it sits
-1.17x above the median of the GB200 TRT-LLM and SGLang tables (every other system's vLLM table: 0.93-0.99x,
-``benchmarks/results/modern_gpus.md``, 2026-12-05), bimodal, 500 of them above 1.3x; the screen keeps
-TRT-LLM's row there. A spike of the reference itself only raises the bar (fewer rows replaced)."""
+1.17x above the per-shape median of GB200's three tables (every other system's vLLM table: 0.93-0.99x,
+``benchmarks/results/modern_gpus.md``, 2026-12-05), bimodal; the screen keeps TRT-LLM's row for 617 of its
+shapes. A spike of the reference itself only raises the bar (fewer rows replaced)."""
 QUANT_TABLES: Final = ("computescale_perf", "scale_matrix_perf")
 """AIConfigurator's ``quantize/trtllm/<version>/`` tables: TensorRT-LLM's dynamic per-tensor fp8
 quantisation of an ``[m, k]`` bf16 activation, ``quantize_e4m3_per_tensor``'s amax pass
