@@ -290,5 +290,5 @@ def test_a_training_device_outside_the_recorded_device_features_is_no_shape_extr
     source = load_kernel_cost(copy).sources[0]
     near, far = MEMORY_BOUND[1], kernel("elementwise", {"numel": 1 << 31, "fn": "add"}, "fp16")
     assert source.range.feature_reasons(key, [near], world["one"])  # the device feature is outside on fake-bw1
-    assert source._outside_shapes([(key, near)]) == {}  # but the shape is not
-    assert "log_flops" in source._outside_shapes([(key, far)])[far]  # a shape outside still is
+    assert source._outside_shapes([(key, near)], world["one"]) == {}  # but the shape is not
+    assert "log_flops" in source._outside_shapes([(key, far)], world["one"])[far]  # a shape outside still is
