@@ -85,7 +85,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV_PATH = ROOT.parent / "shared" / "validation" / "mosaicml_llmfoundry_mpt_throughput.csv"
@@ -614,8 +614,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json-out", type=Path, default=None, help="also write every row's result as JSON")
     parser.add_argument("--before", type=Path, default=None, help="a --json-out of another tree, reported beside")
     parser.add_argument("--limit", type=int, default=None, help="only the first N rows (a quick look)")
+    from opcast.predict.parallel import Clocks  # the one list of the option's values
+
     parser.add_argument(
-        "--clocks", default="sustained", choices=("sustained", "boost"), help="predict train --clocks (ablation)"
+        "--clocks", default="sustained", choices=get_args(Clocks), help="predict train --clocks (ablation)"
     )
     args = parser.parse_args(argv)
     start = time.perf_counter()

@@ -158,7 +158,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mosaicml import cli_command, hand_written, train_command_options  # shared with the MosaicML report
@@ -1085,7 +1085,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipes", type=Path, default=RECIPES_PATH, help="what the recipes set beyond the tables")
     ap.add_argument("--models", type=str, default=None, help="model set directory (default: models/default)")
     ap.add_argument("--out", type=Path, default=None, help="write the markdown report here (atomically)")
-    ap.add_argument("--clocks", default="sustained", choices=("sustained", "boost"), help="predict train --clocks")
+    from opcast.predict.parallel import Clocks  # the one list of the option's values
+
+    ap.add_argument("--clocks", default="sustained", choices=get_args(Clocks), help="predict train --clocks")
     a = ap.parse_args(argv)
     try:
         rows = read_rows(a.csv, a.recipes)

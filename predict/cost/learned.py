@@ -93,7 +93,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 import numpy as np
 
 from opcast.errors import OpcastError
-from opcast.hardware import base_name, kernel_twin, same_die
+from opcast.hardware import base_name, kernel_twin, other_vendor, same_die
 from opcast.ops import INT_PARAM_LIMIT, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
 from opcast.predict.cost.query import LEARNED, Kernel
 from opcast.predict.cost.roofline import kernel_peak, roof_at_peak, slower_at_most
@@ -311,6 +311,7 @@ class HardwareRange:
         self._same_die: dict[tuple[DeviceSpec, frozenset[str]], frozenset[str]] = {}
         self._reasons: dict[tuple[Any, ...], str | None] = {}
         self._fitted: dict[tuple[str, str | None], tuple[str, ...]] = {}
+        self._largest: dict[str, dict[str, int]] = {}
         if not isinstance(self.meta.get("device_specs"), Mapping):
             self.notes.append("the model set records no device_specs: learned predictions are not range-checked")
             return
@@ -375,10 +376,25 @@ class HardwareRange:
         held B200 there, 40 % of its peak)."""
         specs = self.training_specs(key, impl)
         entry = self.meta.get("predictors", {}).get(key)
-        if not isinstance(entry, Mapping) or device.vendor not in entry.get("vendors", ()):
+        if not isinstance(entry, Mapping) or other_vendor(device, entry.get("vendors", ())):
             return specs
         mine = set(entry.get("vendor_devices", ()))
         return tuple(s for s in specs if s.name in mine) if mine else specs
+
+    def largest_fitted(self, key: str) -> dict[str, int]:
+        """The largest size of each :data:`WAVE_DIMS` dimension predictor ``key`` was fitted on (its recorded
+        ``feature_ranges`` of ``log_<dim>``), memoised; empty when none is recorded."""
+        got = self._largest.get(key)
+        if got is None:
+            entry = self.meta.get("predictors", {}).get(key)
+            ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
+            got = {}
+            for dim in WAVE_DIMS:
+                bounds = ranges.get(f"log_{dim}") if isinstance(ranges, Mapping) else None
+                if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and math.isfinite(float(bounds[1])):
+                    got[dim] = max(1, math.floor(math.exp(float(bounds[1])) + 1e-6))
+            self._largest[key] = got
+        return got
 
     def reason(self, key: str, k: Kernel, device: DeviceSpec) -> str | None:
         """Why ``device`` is outside the hardware predictor ``key`` was fitted on (for ``k``'s
@@ -521,8 +537,6 @@ class LearnedKernelCost:
         ranges on them, or None (:meth:`_outside_shapes`)."""
         self._wave: dict[Kernel, tuple[Kernel, float]] = {}
         """Kernel -> (the kernel as asked, the factor on its time) (:meth:`wave_scaled`)."""
-        self._wave_limits: dict[str, dict[str, int]] = {}
-        """Group -> GEMM dimension -> the largest size its predictor was fitted on."""
 
     def _family_of(self, k: Kernel) -> str | None:
         """``k``'s kernel family as this set prices it (:func:`_family`): its own where the set has the family's
@@ -761,21 +775,6 @@ class LearnedKernelCost:
             )
         return got
 
-    def _limits(self, key: str) -> dict[str, int]:
-        """The largest size of each :data:`WAVE_DIMS` dimension group ``key``'s predictor was fitted on (its recorded
-        ``feature_ranges`` of ``log_<dim>``); empty when none is recorded."""
-        got = self._wave_limits.get(key)
-        if got is None:
-            entry = self.range.meta.get("predictors", {}).get(key)
-            ranges = entry.get("feature_ranges") if isinstance(entry, Mapping) else None
-            got = {}
-            for dim in WAVE_DIMS:
-                bounds = ranges.get(f"log_{dim}") if isinstance(ranges, Mapping) else None
-                if isinstance(bounds, (list, tuple)) and len(bounds) == 2 and math.isfinite(float(bounds[1])):
-                    got[dim] = max(1, math.floor(math.exp(float(bounds[1])) + 1e-6))
-            self._wave_limits[key] = got
-        return got
-
     def wave_scaled(self, kernels: Sequence[Kernel]) -> tuple[list[Kernel], np.ndarray]:
         """``kernels`` as the predictors are asked them, and the factor on each answer: a GEMM any of whose
         :data:`WAVE_DIMS` exceeds the largest its predictor was fitted on is asked at that largest size, and its
@@ -791,7 +790,7 @@ class LearnedKernelCost:
             if got is None:
                 got = (k, 1.0)
                 if k.kind == "gemm" and self.wave_scaling:
-                    limits = self._limits(self.group_of(k))
+                    limits = self.range.largest_fitted(self.group_of(k))
                     params = k.param_dict
                     cut = {d: limits[d] for d in limits if isinstance(params.get(d), int) and params[d] > limits[d]}
                     if cut:
@@ -1069,11 +1068,11 @@ class LearnedKernelCost:
                 # scaled by the bandwidth ratio (bound by it alone). The cross-device rules instead held
                 # A100-SXM4-40GB's decode attention (1 % of its bandwidth) at the utilisation of other
                 # architectures' kernels: 0.8x A100-SXM4-80GB's time, or 1.5x at the Arc Pro B60's
-                t_die = on_training[die.name][0]
+                t_die, ratio = on_training[die.name][0], die.mem_bw_bytes_per_s / device.mem_bw_bytes_per_s
+                # this product, not t_die * ratio: they differ in the last bit, which made an answer at the end "moved"
                 ends = (t_die, t_die * die.mem_bw_bytes_per_s / device.mem_bw_bytes_per_s)
                 t = min(max(out[i], min(ends), r_s), max(max(ends), r_s))
                 if t != out[i]:
-                    ratio = die.mem_bw_bytes_per_s / device.mem_bw_bytes_per_s
                     said = (
                         f"between its time on {die.name}, its die, and that time x {ratio:.2f}, their bandwidth ratio"
                     )

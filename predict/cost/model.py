@@ -447,6 +447,7 @@ def load_kernel_cost(
         except OpcastError as err:
             return roofline_only(f"default models unavailable ({err}); every kernel uses the roofline fallback")
         label = "embedded default (models/default)"
+    bounds = physical_bounds_enabled()
     where = "(op, dtype, direction)" + (
         " inside the hardware they were fitted on (--analytic)" if in_range_only else ""
     )
@@ -454,12 +455,12 @@ def load_kernel_cost(
         # flash1 attention (FlashAttention-1 generation): no learned model has data of it, so its
         # published measured rate answers before the roofline; nothing else is covered by it
         sources=(
-            LearnedKernelCost(model_set, label, wave_scaling=physical_bounds_enabled()),
+            LearnedKernelCost(model_set, label, wave_scaling=bounds),
             PublishedAttentionCost(),
             RooflineKernelCost(),
         ),
         models_label=label,
         in_range_only=in_range_only,
-        physical_bounds=physical_bounds_enabled(),
+        physical_bounds=bounds,
         notes=[f"learned models from {label} where they cover the {where}; roofline elsewhere"],
     )

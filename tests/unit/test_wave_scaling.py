@@ -25,13 +25,13 @@ def _gemm(m: int, n: int = 7168, k: int = 8192):
 
 def test_the_fitted_limit_is_the_recorded_range(learned):
     entry = learned.range.meta["predictors"]["gemm-fwd-half"]["feature_ranges"]
-    limits = learned._limits("gemm-fwd-half")
+    limits = learned.range.largest_fitted("gemm-fwd-half")
     assert limits["m"] == math.floor(math.exp(entry["log_m"][1]) + 1e-6)
     assert set(limits) <= {"b", "m", "n", "k"}
 
 
 def test_a_gemm_past_the_fitted_m_is_the_largest_fitted_one_scaled_in_proportion(learned):
-    limit = learned._limits("gemm-fwd-half")["m"]
+    limit = learned.range.largest_fitted("gemm-fwd-half")["m"]
     b200 = get_device("B200")
     at, twice, inside = learned.predict_s([_gemm(limit), _gemm(2 * limit), _gemm(limit // 2)], b200)
     assert twice == pytest.approx(2 * at, rel=1e-12)
@@ -44,14 +44,14 @@ def test_a_gemm_past_the_fitted_m_is_the_largest_fitted_one_scaled_in_proportion
 
 def test_off_with_the_physical_bounds_the_raw_answer_extrapolates(learned):
     raw = LearnedKernelCost(learned.model_set, "raw", wave_scaling=False)
-    limit = raw._limits("gemm-fwd-half")["m"]
+    limit = raw.range.largest_fitted("gemm-fwd-half")["m"]
     asked, factors = raw.wave_scaled([_gemm(2 * limit)])
     assert asked == [_gemm(2 * limit)] and factors[0] == 1.0 and raw.wave_note() is None
 
 
 def test_a_scaled_gemm_is_not_flagged_as_an_extrapolation(learned):
     b200 = get_device("B200")
-    limit = learned._limits("gemm-fwd-half")["m"]
+    limit = learned.range.largest_fitted("gemm-fwd-half")["m"]
     assert _gemm(2 * limit) not in learned.out_of_range([_gemm(2 * limit)], b200)
 
 
