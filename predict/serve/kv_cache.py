@@ -138,6 +138,8 @@ class KvCapacity:
         lay = self.layout
         if not lay.window:
             return self.blocks // lay.full * self.block_size
+        if not lay.full:  # every layer windowed (Mistral-7B-v0.1): a page per block of the window, none beyond
+            return self.blocks // lay.window * self.block_size
         return max(0, self.blocks - lay.window * lay.window_blocks) // lay.full * self.block_size
 
     @property

@@ -88,3 +88,21 @@ def test_a_kv_block_outside_the_engines_choices_is_refused(block_size):
     with pytest.raises(OpcastError, match=rf"^block_size {block_size} must lie in \[1, 256\] tokens"):
         EngineConfig(block_size=block_size)
     assert EngineConfig(block_size=MAX_BLOCK_SIZE).block_size == MAX_BLOCK_SIZE == 256  # vLLM's largest
+
+
+def test_capacity_of_an_arch_whose_every_layer_is_windowed_is_counted_in_window_pages():
+    from opcast.predict.serve.kv_cache import KvCapacity, KvLayout
+
+    # Mistral-7B-v0.1 windows every layer: one group of pages, none of full attention
+    cap = KvCapacity(
+        blocks=100,
+        block_size=16,
+        kv_bytes_per_token=1.0,
+        layout=KvLayout(full=0, window=1, window_blocks=257),
+        page_bytes=16.0,
+        weights_bytes=0.0,
+        activations_bytes=0.0,
+        usable_bytes=1.0,
+    )
+    assert cap.tokens == 100 * 16  # a page per block of tokens, as if none had left the window yet
+    assert cap.pages(4096) == 256 and cap.pages(8192) == 257  # a sequence holds at most its window's pages
