@@ -17,6 +17,11 @@
   runs (:func:`infer_precision`): an MoE block's fused kernel (under vllm, Marlin's for MXFP4 experts where that
   release runs it, else vLLM's own; TensorRT-LLM's otherwise) and a one-kernel rope.
 - ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
+- **A batch past the engine's KV cache** (:func:`engine_wave`): with an engine, the batch runs as many sequences at
+  once as the engine's own KV cache holds at their final length (its share of the GPU, prefilling in chunks of its
+  token budget), in waves, each to its end before the next: TensorRT-LLM's ``GUARANTEED_NO_EVICT`` scheduler
+  exactly, and a lower bound for vLLM and SGLang, which admit more and preempt. Without an engine, or when not one
+  sequence fits, the static accounting below refuses the batch.
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
   largest live tensors).
@@ -295,6 +300,18 @@ def predict_infer(
         from opcast.predict.comm_learned import collective_cost_for
 
         comms = collective_cost_for(kernels)  # the model set's learned collectives where it has the cluster
+    if (wave := engine_wave(arch, device, cfg)) is not None and wave < cfg.batch:
+        return _in_waves(
+            arch,
+            device,
+            cfg,
+            wave,
+            nodes=nodes,
+            gpus_per_node=gpus_per_node,
+            kernels=kernels,
+            comms=comms,
+            details=details,
+        )
     prec = infer_precision(cfg, arch, device)
     tp_group = place(cfg.tp, 1, cluster.gpus_per_node)
     ep_group, dp_group = _expert_groups(cfg, cluster.gpus_per_node)
@@ -424,9 +441,62 @@ def predict_infer(
         cost_sources=sources,
     )
     reason = overflow_reason(memory, device, _MEMORY_FIX)
-    if reason:
+    if reason and wave is None:
         result = _with_reason(result, reason)
+    elif reason:  # the engine's own capacity holds the batch; the accounting above prefills every prompt at once
+        note = (
+            f"{reason.split(';')[0]} as one whole-prompt prefill, but {cfg.engine}'s KV cache holds the batch and "
+            "it prefills in chunks of its token budget"
+        )
+        result = replace(result, cost_sources={**sources, "notes": [*sources.get("notes", []), note]})
     return result
+
+
+def engine_wave(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig) -> int | None:
+    """The sequences ``cfg.engine`` runs at once (at most ``cfg.batch``; fewer when its KV cache cannot hold the whole
+    batch at its final length), or None: no engine, or not even one sequence fits (then the static memory
+    accounting refuses the batch as before). The capacity is the engine's own
+    (:func:`opcast.predict.serve.kv_cache.kv_capacity`: its share of the GPU less the weights and its profiling peak
+    over one token budget, in pages of ``prompt_len + gen_len`` tokens), which prefills in chunks of that budget
+    rather than every prompt at once."""
+    if cfg.engine == "none":
+        return None
+    from opcast.errors import OpcastError
+    from opcast.predict.serve.engine import engine_config
+    from opcast.predict.serve.kv_cache import kv_capacity
+
+    tokens = cfg.prompt_len + cfg.gen_len
+    try:
+        cap = kv_capacity(arch, device, cfg, engine_config(cfg.engine, device), longest_tokens=tokens)
+    except OpcastError:  # not one sequence fits: the static accounting says why
+        return None
+    fit = cap.blocks // max(1, cap.pages(tokens))
+    return min(fit, cfg.batch) if fit >= 1 else None
+
+
+def _in_waves(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, wave: int, **how: Any) -> InferResult:
+    """``cfg.batch`` sequences run ``wave`` at a time, each wave to its end before the next is admitted: what
+    TensorRT-LLM's default capacity scheduler does (``GUARANTEED_NO_EVICT`` admits a request only when blocks for
+    its whole prompt and output can be reserved), and a lower bound for vLLM and SGLang, which admit more and
+    preempt (recompute) when the cache runs out. TTFT and TPOT are a full wave's (its first requests'); the total
+    is the waves' sum, the last one of the remainder."""
+    waves, rest = divmod(cfg.batch, wave)
+    full = predict_infer(arch, device, replace(cfg, batch=wave), **how)
+    last = predict_infer(arch, device, replace(cfg, batch=rest), **how) if rest else None
+    if not full.feasible or (last is not None and not last.feasible):
+        return replace(full, config=cfg)
+    total = waves * (full.total_latency_s or 0.0) + (last.total_latency_s or 0.0 if last is not None else 0.0)
+    count = waves + (1 if rest else 0)
+    note = (
+        f"{cfg.engine}'s KV cache holds {wave} of the {cfg.batch} sequences of {cfg.prompt_len + cfg.gen_len} "
+        f"tokens at once: the batch runs in {count} waves of at most {wave} (TTFT and TPOT are a full wave's; "
+        "vLLM and SGLang admit more and preempt, so theirs can be slower)"
+    )
+    sources = {**full.cost_sources, "waves": {"sequences_at_once": wave, "waves": count}}
+    sources["notes"] = [*sources.get("notes", []), note]
+    return replace(
+        full, config=cfg, total_latency_s=total, tokens_per_s=cfg.batch * cfg.gen_len / total, cost_sources=sources
+    )
 
 
 def _pp_send_s(

@@ -292,6 +292,10 @@ def _infer_split(r: InferResult, kernels: KernelCostModel) -> TimeSplit:
         for key, v in step_parts.items():
             parts[key] += weight * v
         by_phase.update(step_phase)
+    one_run = math.fsum(parts.values())
+    if "waves" in r.cost_sources and one_run > 0:  # the shares of a full wave, over every wave's time
+        scale = (r.total_latency_s or 0.0) / one_run
+        parts = {key: v * scale for key, v in parts.items()}
     ordered = {**_ordered(by_phase, "prefill/"), **_ordered(by_phase, "decode_step/")}
     return TimeSplit(
         total_s=r.total_latency_s or 0.0,

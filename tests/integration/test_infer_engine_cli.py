@@ -81,3 +81,21 @@ def test_the_time_split_still_sums_to_the_total_with_an_engine(capsys):
     split = doc["time_split_s"]
     assert sum(split.values()) == pytest.approx(doc["total_latency_s"], rel=1e-9)
     assert split["bubble"] == pytest.approx(OVERHEADS["vllm"].time_s(4) * 8)  # 1 prefill + 7 decode steps
+
+
+def test_a_batch_past_the_engines_kv_cache_runs_in_waves_through_the_console_script():
+    """Without an engine the batch is refused (one line, exit 2); with one it is priced in waves of what its KV
+    cache holds, and says so."""
+    script = Path(sys.executable).with_name("opcast")
+    big = ["predict", "infer", "--arch", "llama2-7b", "--gpu", "A100-SXM4-40GB", "--batch", "64"]
+    big += ["--prompt-len", "2048", "--gen-len", "2048", "--roofline"]
+    refused = subprocess.run([str(script), *big], capture_output=True, text=True)
+    assert refused.returncode == 2 and "does not fit" in refused.stderr and "Traceback" not in refused.stderr
+    run = subprocess.run([str(script), *big, "--engine", "trtllm", "--json"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    waves = doc["cost_sources"]["waves"]
+    assert doc["feasible"] and doc["config"]["batch"] == 64 and 1 <= waves["sequences_at_once"] < 64
+    assert waves["waves"] == -(-64 // waves["sequences_at_once"])
+    assert doc["total_latency_s"] > doc["ttft_s"] + 2047 * doc["tpot_s"]  # more than one wave's time
+    assert any("waves of at most" in n for n in doc["cost_sources"]["notes"])

@@ -147,3 +147,48 @@ def test_a_sequence_past_max_position_embeddings_is_noted_not_refused():
     fits = infer(batch=1, prompt_len=LLAMA.max_seq - 8, gen_len=8)
     assert not [n for n in fits.cost_sources.get("notes", []) if "exceeds max_seq" in n]
     assert inference.context_note(load_arch("gpt3-125m"), 4104) is None  # learned positions: refused elsewhere
+
+
+# --------------------------------------------------------------------------- --engine: a batch past the KV cache
+
+
+def test_a_batch_the_engines_kv_cache_cannot_hold_runs_in_waves_not_refused():
+    from opcast.predict.serve.engine import engine_config
+    from opcast.predict.serve.kv_cache import kv_capacity
+
+    a100 = get_device("A100-SXM4-40GB")
+    cfg = InferConfig(batch=64, prompt_len=2048, gen_len=2048, engine="trtllm")
+    alone = predict_infer(LLAMA, a100, InferConfig(batch=64, prompt_len=2048, gen_len=2048), kernels=roofline_only())
+    assert not alone.feasible and "does not fit" in alone.reasons[0]  # no engine: the static accounting refuses
+    cap = kv_capacity(LLAMA, a100, cfg, engine_config("trtllm", a100), longest_tokens=4096)
+    fit = cap.blocks // cap.pages(4096)  # llama2-7b: 0.5 MiB of KV a token, ~22 GiB free: 5 sequences of 4096
+    assert 1 <= fit < 64
+    r = predict_infer(LLAMA, a100, cfg, kernels=roofline_only())
+    assert r.feasible and r.cost_sources["waves"] == {"sequences_at_once": fit, "waves": -(-64 // fit)}
+    full = predict_infer(LLAMA, a100, _with(cfg, batch=fit), kernels=roofline_only())
+    rest = predict_infer(LLAMA, a100, _with(cfg, batch=64 % fit), kernels=roofline_only())
+    assert full.feasible and rest.feasible
+    assert r.total_latency_s == pytest.approx((64 // fit) * full.total_latency_s + rest.total_latency_s)
+    assert (r.ttft_s, r.tpot_s) == (full.ttft_s, full.tpot_s)  # a full wave's
+    assert r.tokens_per_s == pytest.approx(64 * 2048 / r.total_latency_s)
+    assert r.config.batch == 64 and any("waves of at most" in n for n in r.cost_sources["notes"])
+
+
+def test_a_batch_the_engine_holds_is_priced_as_one_even_where_a_whole_prompt_prefill_would_overflow():
+    a100 = get_device("A100-SXM4-40GB")
+    llama3 = load_arch("llama3-8b")
+    # 16 prompts of 8192 tokens: the static accounting prefills all 131072 tokens at once (~11 GiB of working set,
+    # 43 GiB in all); vLLM prefills in chunks of its token budget, and its KV cache holds the 16 sequences
+    cfg = InferConfig(batch=16, prompt_len=8192, gen_len=1, engine="vllm")
+    alone = predict_infer(llama3, a100, _with(cfg, engine="none"), kernels=roofline_only())
+    assert not alone.feasible and "does not fit" in alone.reasons[0]
+    r = predict_infer(llama3, a100, cfg, kernels=roofline_only())
+    assert r.feasible and "waves" not in r.cost_sources
+    assert any("holds the batch and it prefills in chunks" in n for n in r.cost_sources["notes"])
+    assert r.kv_cache_bytes == alone.kv_cache_bytes
+
+
+def _with(cfg: InferConfig, **changes) -> InferConfig:
+    from dataclasses import replace
+
+    return replace(cfg, **changes)
