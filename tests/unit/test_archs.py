@@ -41,6 +41,9 @@ PRESETS = [
     "llama3-405b",
     "gpt-neox-20b",
     "mixtral-8x7b",
+    "mistral-7b",
+    "qwen2-7b",
+    "qwen2-72b",
     "megatron-22b",
     "megatron-175b",
     "megatron-530b",
@@ -109,6 +112,9 @@ def test_every_preset_loads_under_its_file_name() -> None:
         ("gpt3-175b", 174.6e9, 0.015),  # Brown et al. 2020; Narayanan et al. 2021 Sec. 5.1
         ("gpt-neox-20b", 20.55e9, 0.01),  # Black et al. 2022
         ("mixtral-8x7b", 46.7e9, 0.01),  # Jiang et al. 2024
+        ("mistral-7b", 7.24e9, 0.01),  # mistralai/Mistral-7B-v0.1 model card (7.24B)
+        ("qwen2-7b", 7.62e9, 0.01),  # Qwen/Qwen2-7B model card (7.62B)
+        ("qwen2-72b", 72.7e9, 0.01),  # Qwen/Qwen2-72B model card (72.7B)
         ("megatron-530b", 529.6e9, 0.005),  # Narayanan et al. 2021, Table 1
         ("megatron-1t", 1008.0e9, 0.005),  # Narayanan et al. 2021, Table 1
         ("qwen3-8b", 8.2e9, 0.01),  # Qwen/Qwen3-8B model card
