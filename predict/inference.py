@@ -485,7 +485,8 @@ def _in_waves(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, wave: int, *
     last = predict_infer(arch, device, replace(cfg, batch=rest), **how) if rest else None
     if not full.feasible or (last is not None and not last.feasible):
         return replace(full, config=cfg)
-    total = waves * (full.total_latency_s or 0.0) + (last.total_latency_s or 0.0 if last is not None else 0.0)
+    rest_s = (last.total_latency_s or 0.0) if last is not None else 0.0
+    total = waves * (full.total_latency_s or 0.0) + rest_s
     count = waves + (1 if rest else 0)
     note = (
         f"{cfg.engine}'s KV cache holds {wave} of the {cfg.batch} sequences of {cfg.prompt_len + cfg.gen_len} "

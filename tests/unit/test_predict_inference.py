@@ -172,6 +172,9 @@ def test_a_batch_the_engines_kv_cache_cannot_hold_runs_in_waves_not_refused():
     assert (r.ttft_s, r.tpot_s) == (full.ttft_s, full.tpot_s)  # a full wave's
     assert r.tokens_per_s == pytest.approx(64 * 2048 / r.total_latency_s)
     assert r.config.batch == 64 and any("waves of at most" in n for n in r.cost_sources["notes"])
+    even = predict_infer(LLAMA, a100, _with(cfg, batch=3 * fit), kernels=roofline_only())  # no remainder wave
+    assert even.cost_sources["waves"]["waves"] == 3
+    assert even.total_latency_s == pytest.approx(3 * full.total_latency_s)
 
 
 def test_a_batch_the_engine_holds_is_priced_as_one_even_where_a_whole_prompt_prefill_would_overflow():
