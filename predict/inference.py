@@ -17,11 +17,11 @@
   runs (:func:`infer_precision`): an MoE block's fused kernel (under vllm, Marlin's for MXFP4 experts where that
   release runs it, else vLLM's own; TensorRT-LLM's otherwise) and a one-kernel rope.
 - ``total = TTFT + (gen_len - 1) x TPOT``; throughput ``batch x gen_len / total``.
-- **A batch past the engine's KV cache** (:func:`engine_wave`): with an engine, the batch runs as many sequences at
-  once as the engine's own KV cache holds at their final length (its share of the GPU, prefilling in chunks of its
-  token budget), in waves, each to its end before the next: TensorRT-LLM's ``GUARANTEED_NO_EVICT`` scheduler
-  exactly, and a lower bound for vLLM and SGLang, which admit more and preempt. Without an engine, or when not one
-  sequence fits, the static accounting below refuses the batch.
+- **A batch past the engine's KV cache** (:func:`engine_wave`): with an engine whose KV cache (its share of the GPU,
+  prefilling in chunks of its token budget) cannot hold the batch at its final length, TensorRT-LLM runs it in waves
+  of what it holds, each to its end before the next (its ``GUARANTEED_NO_EVICT`` scheduler), and vLLM and SGLang,
+  which admit more and preempt, are simulated on it (:func:`_in_waves`). Without an engine, or when not one sequence
+  fits, the static accounting below refuses the batch.
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
   largest live tensors).
@@ -475,29 +475,71 @@ def engine_wave(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig) -> int | N
 
 
 def _in_waves(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, wave: int, **how: Any) -> InferResult:
-    """``cfg.batch`` sequences run ``wave`` at a time, each wave to its end before the next is admitted: what
-    TensorRT-LLM's default capacity scheduler does (``GUARANTEED_NO_EVICT`` admits a request only when blocks for
-    its whole prompt and output can be reserved), and a lower bound for vLLM and SGLang, which admit more and
-    preempt (recompute) when the cache runs out. TTFT and TPOT are a full wave's (its first requests'); the total
-    is the waves' sum, the last one of the remainder."""
+    """``cfg.batch`` sequences of which the engine's KV cache holds ``wave`` at once. TensorRT-LLM's default capacity
+    scheduler (``GUARANTEED_NO_EVICT`` admits a request only when blocks for its whole prompt and output can be
+    reserved) runs them ``wave`` at a time, each wave to its end before the next: the total is the waves' sum, the
+    last one of the remainder. vLLM and SGLang admit requests while their prompts fit and preempt the newest
+    (recomputing it later) when the cache runs out: the batch, every request arriving at once, is simulated through
+    that scheduler (:func:`opcast.predict.serve.deployment.predict_serve`, the engine's defaults on the GPU), and the
+    total is when its last request finishes. TTFT and TPOT are a full wave's (its first requests')."""
     waves, rest = divmod(cfg.batch, wave)
     full = predict_infer(arch, device, replace(cfg, batch=wave), **how)
-    last = predict_infer(arch, device, replace(cfg, batch=rest), **how) if rest else None
-    if not full.feasible or (last is not None and not last.feasible):
+    if not full.feasible:
         return replace(full, config=cfg)
-    rest_s = (last.total_latency_s or 0.0) if last is not None else 0.0
-    total = waves * (full.total_latency_s or 0.0) + rest_s
     count = waves + (1 if rest else 0)
+    if cfg.engine == "trtllm":
+        last = predict_infer(arch, device, replace(cfg, batch=rest), **how) if rest else None
+        if last is not None and not last.feasible:
+            return replace(full, config=cfg)
+        rest_s = (last.total_latency_s or 0.0) if last is not None else 0.0
+        total = waves * (full.total_latency_s or 0.0) + rest_s
+        how_run = f"the batch runs in {count} waves of at most {wave}"
+        record: dict[str, Any] = {"sequences_at_once": wave, "waves": count}
+    else:
+        total, preemptions = _simulated_batch_s(arch, device, cfg, how)
+        how_run = (
+            f"simulated through {cfg.engine}'s scheduler with every request arriving at once: {preemptions} "
+            "preemptions (recomputed later)"
+        )
+        record = {"sequences_at_once": wave, "waves": count, "simulated": True, "preemptions": preemptions}
     note = (
         f"{cfg.engine}'s KV cache holds {wave} of the {cfg.batch} sequences of {cfg.prompt_len + cfg.gen_len} "
-        f"tokens at once: the batch runs in {count} waves of at most {wave} (TTFT and TPOT are a full wave's; "
-        "vLLM and SGLang admit more and preempt, so theirs can be slower)"
+        f"tokens at once: {how_run} (TTFT and TPOT are a full wave's)"
     )
-    sources = {**full.cost_sources, "waves": {"sequences_at_once": wave, "waves": count}}
+    sources = {**full.cost_sources, "waves": record}
     sources["notes"] = [*sources.get("notes", []), note]
     return replace(
         full, config=cfg, total_latency_s=total, tokens_per_s=cfg.batch * cfg.gen_len / total, cost_sources=sources
     )
+
+
+def _simulated_batch_s(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, how: dict[str, Any]) -> tuple[float, int]:
+    """(seconds until the last of ``cfg.batch`` requests arriving at once finishes, preemptions) under
+    ``cfg.engine``'s scheduler and defaults on ``device``."""
+    import numpy as np
+
+    from opcast.predict.serve.deployment import predict_serve
+    from opcast.predict.serve.engine import engine_config
+    from opcast.predict.serve.requests import RequestStream
+
+    b = cfg.batch
+    stream = RequestStream(
+        arrival_s=np.zeros(b),
+        input_tokens=np.full(b, cfg.prompt_len, dtype=np.int64),
+        output_tokens=np.full(b, cfg.gen_len, dtype=np.int64),
+        source=f"one static batch of {b}",
+    )
+    served = predict_serve(
+        arch,
+        device,
+        cfg,
+        engine_config(cfg.engine, device, frontend_s=0.0),  # an offline batch: no API server in front
+        stream,
+        kernels=how["kernels"],
+        comms=how["comms"],
+        gpus_per_node=how.get("gpus_per_node"),
+    )
+    return float(served.metrics.duration_s), int(served.metrics.preemptions)
 
 
 def _pp_send_s(

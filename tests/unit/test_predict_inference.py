@@ -195,3 +195,32 @@ def _with(cfg: InferConfig, **changes) -> InferConfig:
     from dataclasses import replace
 
     return replace(cfg, **changes)
+
+
+def test_vllm_on_a_batch_past_its_kv_cache_is_simulated_with_preemption():
+    import numpy as np
+
+    from opcast.predict.comm import CollectiveCostModel
+    from opcast.predict.serve.deployment import predict_serve
+    from opcast.predict.serve.engine import engine_config
+    from opcast.predict.serve.requests import RequestStream
+
+    a100 = get_device("A100-SXM4-40GB")
+    cfg = InferConfig(batch=24, prompt_len=2048, gen_len=256, engine="vllm")  # 24 x 2304 tokens: ~27 GiB of KV
+    comms = CollectiveCostModel()
+    r = predict_infer(LLAMA, a100, cfg, kernels=roofline_only(), comms=comms)
+    waves = r.cost_sources["waves"]
+    assert r.feasible and waves["simulated"] and 1 <= waves["sequences_at_once"] < 24
+    stream = RequestStream(
+        arrival_s=np.zeros(24),
+        input_tokens=np.full(24, 2048),
+        output_tokens=np.full(24, 256),
+        source="the same batch, by hand",
+    )
+    served = predict_serve(
+        LLAMA, a100, cfg, engine_config("vllm", a100, frontend_s=0.0), stream, kernels=roofline_only(), comms=comms
+    )
+    assert r.total_latency_s == pytest.approx(served.metrics.duration_s)  # the last request's finish
+    assert waves["preemptions"] == served.metrics.preemptions
+    assert r.total_latency_s > r.ttft_s + 255 * r.tpot_s  # longer than one wave of the sequences it holds
+    assert any("simulated through vllm's scheduler" in n for n in r.cost_sources["notes"])
