@@ -9,7 +9,7 @@
   spaced steps (all steps when there are fewer) -- exact for a linear law.
 - **Engine overhead** (``engine``, default none): a serving framework's CPU time per step that the
   GPU does not hide (scheduling, input preparation, sampling), from
-  :data:`opcast.predict.serve.engine.OVERHEADS` (estimates): the prefill pays one step's at
+  :func:`opcast.predict.serve.engine.step_overhead` (of ``engine_version``): the prefill pays one step's at
   ``batch`` sequences, and so does every decode step. The engine also decides each TP all-reduce:
   its own custom kernel where it would run one (:func:`opcast.predict.serve.engine.tp_all_reduce_kind`:
   vLLM and SGLang on one NVLink node under 8 MiB), NCCL's otherwise; without an engine, NCCL's.
@@ -42,7 +42,7 @@ from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embe
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.moe_dispatch import ep_dispatch, infer_dispatcher
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
-from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, OVERHEADS, moe_impl, tp_all_reduce_kind
+from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, moe_impl, step_overhead, tp_all_reduce_kind
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
 
 DECODE_SAMPLES = 16
@@ -344,7 +344,7 @@ def predict_infer(
         dp_group=dp_group,
     )
     pre_pp = pp_s(b * P)
-    overhead = OVERHEADS[cfg.engine] if cfg.engine != "none" else None
+    overhead = step_overhead(cfg.engine, cfg.engine_version) if cfg.engine != "none" else None
     step_overhead_s = overhead.time_s(b) if overhead is not None else 0.0  # prefill and decode steps alike
     ttft = pre_c + pre_tp + pre_pp + step_overhead_s
     # the sample is taken without listing every step: a huge --gen-len must not build a list of G steps
@@ -533,7 +533,8 @@ def _simulated_batch_s(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, how
         arch,
         device,
         cfg,
-        engine_config(cfg.engine, device, frontend_s=0.0),  # an offline batch: no API server in front
+        # an offline batch: no API server in front; the release's own per-step overhead
+        engine_config(cfg.engine, device, frontend_s=0.0, overhead=step_overhead(cfg.engine, cfg.engine_version)),
         stream,
         kernels=how["kernels"],
         comms=how["comms"],

@@ -425,8 +425,9 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),
     "engine_version": (
-        "The --engine's release, e.g. 0.11.0, where its kernels depend on it (vLLM before 0.12 runs MXFP4 MoE "
-        "experts on Hopper with Marlin, later ones with OpenAI Triton's matmul_ogs).",
+        "The --engine's release, e.g. 0.11.0, where its kernels or overheads depend on it (vLLM before 0.12 runs "
+        "MXFP4 MoE experts on Hopper with Marlin, later ones with OpenAI Triton's matmul_ogs; vLLM before 0.6 "
+        "processes outputs on the step's critical path, 0.7 ms + 50 us a sequence a step).",
         "the newest",
     ),
 }
@@ -1088,11 +1089,12 @@ def kernel_cost(o: Args):
 
 def serve_engine(o: Args, dev):
     """The :class:`~opcast.predict.serve.engine.EngineConfig` of ``--engine`` on ``dev`` with the limits given."""
-    from opcast.predict.serve.engine import engine_config
+    from opcast.predict.serve.engine import engine_config, step_overhead
 
     names = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "block_size", "gpu_memory_utilization")
     frontend_s = None if o.frontend_ms is None else o.frontend_ms / 1e3
-    return engine_config(o.engine, dev, frontend_s=frontend_s, **{n: getattr(o, n) for n in names})
+    overhead = step_overhead(o.engine, getattr(o, "engine_version", None)) if o.engine in ENGINES else None
+    return engine_config(o.engine, dev, frontend_s=frontend_s, overhead=overhead, **{n: getattr(o, n) for n in names})
 
 
 def serve_stream(o: Args, engine=None):

@@ -27,7 +27,9 @@ GPU does not hide (scheduling, input preparation, sampling, detokenisation hand-
 ``fixed_s + per_seq_s x sequences``. These are estimates, not measurements: vLLM V1 runs
 scheduling beside the model on a separate process but still spends a few hundred microseconds a
 step; SGLang overlaps its scheduler with the GPU ("zero-overhead" scheduler); TensorRT-LLM's C++
-executor is the leanest. Calibrate them against a measured run before trusting small-batch TPOT.
+executor is the leanest. Calibrate them against a measured run before trusting small-batch TPOT. One is
+measured: vLLM before 0.6 (``--engine-version``), which processed every step's outputs on its critical path,
+:data:`VLLM_SYNC_OUTPUT_OVERHEAD` (:func:`step_overhead`).
 
 **Tensor-parallel all-reduce** (:func:`tp_all_reduce_kind`, :data:`CUSTOM_ALL_REDUCE_RULES`): vLLM
 runs its own one-shot/two-shot all-reduce over CUDA IPC buffers instead of NCCL when
@@ -187,6 +189,32 @@ OVERHEADS: dict[str, StepOverhead] = {
     "sglang": StepOverhead(fixed_s=150e-6, per_seq_s=1e-6, source="estimate (SGLang overlap scheduler)"),
     "trtllm": StepOverhead(fixed_s=100e-6, per_seq_s=0.5e-6, source="estimate (TensorRT-LLM C++ executor)"),
 }
+"""Each engine's per-step overhead in its current release."""
+
+VLLM_ASYNC_OUTPUT: Final = (0, 6, 0)
+"""The vLLM release that took output processing off the step's critical path (async output processing, on by
+default from 0.6.0; the V1 engine, default from 0.8, moved scheduling to its own process)."""
+
+VLLM_SYNC_OUTPUT_OVERHEAD: Final = StepOverhead(
+    fixed_s=0.7e-3,
+    per_seq_s=50e-6,
+    source=(
+        "measured (vLLM before 0.6, synchronous output processing): LLM-Inference-Bench's static batches of "
+        "Mistral-7B and Qwen2-7B on A100 and H100, vLLM's step growing 22-83 us a sequence and 0.4-0.7 ms more at "
+        "batch 1 than TensorRT-LLM's on the same GPU and model; vLLM's own profile of 0.5, 4-13 ms of GPU idle a "
+        "decode step (vllm-project/vllm#6854)"
+    ),
+)
+"""vLLM's per-step CPU overhead before :data:`VLLM_ASYNC_OUTPUT`: scheduling, input preparation, sampling's
+hand-off and detokenisation on the step's critical path, per sequence (``benchmarks/results/inference_bench.md``)."""
+
+
+def step_overhead(engine: str, version: str | None = None) -> StepOverhead:
+    """``engine``'s per-step overhead at ``version`` (None: the newest): vLLM before :data:`VLLM_ASYNC_OUTPUT`
+    pays :data:`VLLM_SYNC_OUTPUT_OVERHEAD`; every other release its :data:`OVERHEADS` entry."""
+    if engine == "vllm" and version is not None and parse_engine_version(version) < VLLM_ASYNC_OUTPUT:
+        return VLLM_SYNC_OUTPUT_OVERHEAD
+    return OVERHEADS[engine]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -99,3 +99,24 @@ def test_a_batch_past_the_engines_kv_cache_runs_in_waves_through_the_console_scr
     assert waves["waves"] == -(-64 // waves["sequences_at_once"])
     assert doc["total_latency_s"] > doc["ttft_s"] + 2047 * doc["tpot_s"]  # more than one wave's time
     assert any("waves of at most" in n for n in doc["cost_sources"]["notes"])
+
+
+def test_an_old_vllm_release_prices_its_own_step_overhead_in_infer_and_serve():
+    """--engine-version before 0.6 selects vLLM's measured synchronous-output overhead, in predict infer and in the
+    serving simulator's report, through the console script."""
+    script = Path(sys.executable).with_name("opcast")
+    old = subprocess.run(
+        [str(script), "predict", "infer", *INFER, "--engine", "vllm", "--engine-version", "0.5.4", "--json"],
+        capture_output=True,
+        text=True,
+    )
+    assert old.returncode == 0, old.stderr
+    doc = json.loads(old.stdout)
+    assert doc["cost_sources"]["step_overhead"]["fixed_s"] == pytest.approx(0.7e-3)
+    assert doc["cost_sources"]["step_overhead"]["per_seq_s"] == pytest.approx(50e-6)
+    serve = ["predict", "serve", "--arch", "llama2-7b", "--gpu", "H100-SXM", "--rate", "2", "--num-requests", "20"]
+    serve += ["--input-len", "128", "--output-len", "16", "--roofline", "--engine", "vllm"]
+    new_run = subprocess.run([str(script), *serve], capture_output=True, text=True)
+    old_run = subprocess.run([str(script), *serve, "--engine-version", "0.5.4"], capture_output=True, text=True)
+    assert new_run.returncode == 0 and old_run.returncode == 0, old_run.stderr
+    assert "700 us + 50 us/seq" in old_run.stdout and "400 us + 2 us/seq" in new_run.stdout

@@ -224,3 +224,26 @@ def test_vllm_on_a_batch_past_its_kv_cache_is_simulated_with_preemption():
     assert waves["preemptions"] == served.metrics.preemptions
     assert r.total_latency_s > r.ttft_s + 255 * r.tpot_s  # longer than one wave of the sequences it holds
     assert any("simulated through vllm's scheduler" in n for n in r.cost_sources["notes"])
+
+
+def test_vllm_before_async_output_pays_its_measured_step_overhead():
+    from opcast.predict.comm import CollectiveCostModel
+    from opcast.predict.serve.engine import OVERHEADS, VLLM_SYNC_OUTPUT_OVERHEAD, step_overhead
+
+    assert step_overhead("vllm", "0.5.4") is VLLM_SYNC_OUTPUT_OVERHEAD
+    assert step_overhead("vllm", "v0.5") is VLLM_SYNC_OUTPUT_OVERHEAD
+    for engine, version in (("vllm", "0.6.0"), ("vllm", "0.11.2"), ("vllm", None), ("trtllm", "0.5.0")):
+        assert step_overhead(engine, version) is OVERHEADS[engine]
+    assert VLLM_SYNC_OUTPUT_OVERHEAD.time_s(64) == pytest.approx(0.7e-3 + 64 * 50e-6)  # 3.9 ms a step at 64
+    flat = _FlatKernels(1e-3)
+    old = predict_infer(
+        LLAMA,
+        H100,
+        InferConfig(batch=8, prompt_len=64, gen_len=9, engine="vllm", engine_version="0.5.4"),
+        kernels=flat,
+        comms=CollectiveCostModel(),
+    )
+    new = _flat("vllm", batch=8)
+    step = VLLM_SYNC_OUTPUT_OVERHEAD.time_s(8) - OVERHEADS["vllm"].time_s(8)
+    assert old.tpot_s - new.tpot_s == pytest.approx(step) and old.ttft_s - new.ttft_s == pytest.approx(step)
+    assert "vLLM before 0.6" in old.cost_sources["step_overhead"]["source"]
