@@ -1,7 +1,8 @@
 """`opcast predict infer` against LLM-Inference-Bench's measured static batches (issue 20's static-batch target:
 <= 10 % mean error per GPU and engine, none worse than 20 %).
 
-Usage:  python benchmarks/inference_bench.py --csv PATH [--models DIR] [--markdown PATH] [--json PATH]
+Usage:  python benchmarks/inference_bench.py --csv PATH [--vllm-version X.Y.Z] [--models DIR] [--markdown PATH]
+                                             [--json PATH]
 
 The measurements are Argonne's LLM-Inference-Bench (Chitty-Venkata et al., "LLM-Inference-Bench: Inference
 Benchmarking of Large Language Models on AI Accelerators", SC'24 workshops (PMBS), arXiv 2411.00136), published
@@ -20,6 +21,12 @@ Each row is ``opcast predict infer --arch A --gpu G --tp N --batch B --prompt-le
 --engine E``, compared on ``total_latency_s``. The GPUs: "Nvidia A100 GPU" is an A100-SXM4-40GB (ALCF Polaris,
 four 40 GB SXM4 A100s a node, where the A100 scripts' PBS jobs ran), "Nvidia H100 GPU" an H100-SXM (JLSE, 80 GB
 HBM3), "Nvidia GH200 GPU" a GH200 (96 GB HBM3), "AMD MI300X GPU" an MI300X (192 GB HBM3).
+
+**Engine releases.** The runs are of 2024 releases the repository pins only in part (the A100 scripts' vLLM
+requirements pin ``vllm-flash-attn == 2.6.1``, vLLM 0.5.4 to 0.6.1; the MI300X README checks out v0.6.1); every
+row is priced as the engine's newest release, the MI300X's vLLM rows as 0.6.1, and ``--vllm-version`` names the
+release of the other vLLM rows (``--engine-version`` of ``predict infer``: before 0.6, vLLM's measured
+synchronous-output overhead).
 
 **Screen.** A decode step reads every weight of a GPU once, so a batch cannot finish in less than ``gen_len x
 weight bytes per GPU / memory bandwidth``; a row measured faster than that did not generate its tokens (the
@@ -48,6 +55,7 @@ from opcast.hardware import get_device
 from opcast.predict.cost import load_kernel_cost
 from opcast.predict.inference import predict_infer
 from opcast.predict.parallel import InferConfig
+from opcast.predict.serve.engine import engine_version_problem
 
 ARCHS: Final = {
     "meta-llama/Llama-2-7b-hf": "llama2-7b",
@@ -67,6 +75,9 @@ GPUS: Final = {
     "AMD MI300X GPU": "MI300X",
 }
 ENGINES: Final = {"vLLM": "vllm", "TensorRT-LLM": "trtllm"}
+VLLM_RELEASES: Final = {"MI300X": "0.6.1"}
+"""The vLLM release of a GPU's rows where the repository pins it (``vLLM/MI300X/README.md``: ``git checkout
+v0.6.1``); ``--vllm-version`` sets the others'."""
 ISSUE_ARCHS: Final = frozenset({"llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b"})
 """The models of issue 20's static-batch check (Llama-2/3 7B-70B)."""
 COLUMNS: Final = ("Hardware", "Num of Hardware", "Framework", "Model", "Input Output Length", "Batch Size", "Latency")
@@ -136,10 +147,16 @@ def read_rows(path: Path) -> tuple[list[Row], dict[str, int]]:
     return rows, skipped
 
 
-def _predict(row: Row, kernels, arch, device) -> tuple[float | None, float]:
+def _predict(row: Row, kernels, arch, device, vllm_version: str | None = None) -> tuple[float | None, float]:
     """(predicted seconds, or None when opcast refuses the batch; the weight-read bound in seconds)."""
     cfg = InferConfig(
-        tp=row.tp, batch=row.batch, prompt_len=row.length, gen_len=row.length, precision="fp16", engine=row.engine
+        tp=row.tp,
+        batch=row.batch,
+        prompt_len=row.length,
+        gen_len=row.length,
+        precision="fp16",
+        engine=row.engine,
+        engine_version=VLLM_RELEASES.get(row.gpu, vllm_version) if row.engine == "vllm" else None,
     )
     r = predict_infer(arch, device, cfg, kernels=kernels, details=False)
     weights = r.memory.weights_bytes if r.memory is not None else 0.0
@@ -147,20 +164,20 @@ def _predict(row: Row, kernels, arch, device) -> tuple[float | None, float]:
     return (r.total_latency_s if r.feasible else None), bound
 
 
-def score(rows: list[Row], models: Path | None) -> tuple[list[Scored], dict[str, int]]:
+def score(rows: list[Row], models: Path | None, vllm_version: str | None = None) -> tuple[list[Scored], dict[str, int]]:
     learned, roofline = load_kernel_cost(models, use_learned=True), load_kernel_cost(models, use_learned=False)
     archs = {name: load_arch(name) for name in {r.arch for r in rows}}
     out, dropped = [], {"faster than reading the weights once a generated token": 0, "refused by opcast": 0}
     for row in rows:
         device = get_device(row.gpu)
-        predicted, bound = _predict(row, learned, archs[row.arch], device)
+        predicted, bound = _predict(row, learned, archs[row.arch], device, vllm_version)
         if row.measured_s < bound:
             dropped["faster than reading the weights once a generated token"] += 1
             continue
         if predicted is None:
             dropped["refused by opcast"] += 1
             continue
-        roof, _ = _predict(row, roofline, archs[row.arch], device)
+        roof, _ = _predict(row, roofline, archs[row.arch], device, vllm_version)
         out.append(Scored(row=row, predicted_s=predicted, roofline_s=roof if roof is not None else float("nan")))
     return out, dropped
 
@@ -233,6 +250,11 @@ def _pooled(scored: list[Scored], issue: bool) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, required=True, help="LLM-Inference-Bench's Plots/All_results.csv")
+    ap.add_argument(
+        "--vllm-version",
+        default=None,
+        help="price the NVIDIA GPUs' vLLM rows as this release (default: the newest), e.g. 0.5.4",
+    )
     ap.add_argument("--models", type=Path, default=None, help="model set (default: the embedded default)")
     ap.add_argument("--markdown", type=Path, default=None, help="also write the tables here (atomically)")
     ap.add_argument("--json", type=Path, default=None, help="also write every scored row here")
@@ -250,9 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, KeyError, UnicodeDecodeError) as err:
         print(f"error: --csv {a.csv}: {err}", file=sys.stderr)
         return 2
-    scored, dropped = score(rows, a.models)
+    if a.vllm_version is not None and (problem := engine_version_problem(a.vllm_version)) is not None:
+        print(f"error: {problem.replace('--engine-version', '--vllm-version')}", file=sys.stderr)
+        return 2
+    scored, dropped = score(rows, a.models, a.vllm_version)
     parts = [
-        f"LLM-Inference-Bench static batches: {len(rows)} rows of opcast's GPUs, engines and presets "
+        f"LLM-Inference-Bench static batches (vLLM priced as {a.vllm_version or 'its newest release'}): "
+        f"{len(rows)} rows of opcast's GPUs, engines and presets "
         f"({', '.join(f'{v} {k}' for k, v in sorted(skipped.items()))} left out); dropped: "
         f"{', '.join(f'{v} {k}' for k, v in dropped.items())}; scored {len(scored)} "
         f"in {time.perf_counter() - t0:.0f} s",
