@@ -454,8 +454,8 @@ def predict_infer(
 
 def engine_wave(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig) -> int | None:
     """The sequences ``cfg.engine`` runs at once (at most ``cfg.batch``; fewer when its KV cache cannot hold the whole
-    batch at its final length), or None: no engine, or not even one sequence fits (then the static memory
-    accounting refuses the batch as before). The capacity is the engine's own
+    batch at its final length, or the batch is larger than its ``max_num_seqs``), or None: no engine, or not even
+    one sequence fits (then the static memory accounting refuses the batch as before). The capacity is the engine's own
     (:func:`opcast.predict.serve.kv_cache.kv_capacity`: its share of the GPU less the weights and its profiling peak
     over one token budget, in pages of ``prompt_len + gen_len`` tokens), which prefills in chunks of that budget
     rather than every prompt at once."""
@@ -466,11 +466,12 @@ def engine_wave(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig) -> int | N
     from opcast.predict.serve.kv_cache import kv_capacity
 
     tokens = cfg.prompt_len + cfg.gen_len
+    engine = engine_config(cfg.engine, device)
     try:
-        cap = kv_capacity(arch, device, cfg, engine_config(cfg.engine, device), longest_tokens=tokens)
+        cap = kv_capacity(arch, device, cfg, engine, longest_tokens=tokens)
     except OpcastError:  # not one sequence fits: the static accounting says why
         return None
-    fit = cap.blocks // max(1, cap.pages(tokens))
+    fit = min(cap.blocks // max(1, cap.pages(tokens)), engine.max_num_seqs)  # nor more than it schedules at once
     return min(fit, cfg.batch) if fit >= 1 else None
 
 
@@ -498,13 +499,13 @@ def _in_waves(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, wave: int, *
     else:
         total, preemptions = _simulated_batch_s(arch, device, cfg, how)
         how_run = (
-            f"simulated through {cfg.engine}'s scheduler with every request arriving at once: {preemptions} "
-            "preemptions (recomputed later)"
+            f"simulated through {cfg.engine}'s scheduler with every request arriving at once ({preemptions} "
+            "preemptions, each recomputed later)"
         )
         record = {"sequences_at_once": wave, "waves": count, "simulated": True, "preemptions": preemptions}
     note = (
-        f"{cfg.engine}'s KV cache holds {wave} of the {cfg.batch} sequences of {cfg.prompt_len + cfg.gen_len} "
-        f"tokens at once: {how_run} (TTFT and TPOT are a full wave's)"
+        f"{cfg.engine} runs at most {wave} of the {cfg.batch} sequences of {cfg.prompt_len + cfg.gen_len} tokens "
+        f"at once (its KV cache and max_num_seqs): {how_run} (TTFT and TPOT are a full wave's)"
     )
     sources = {**full.cost_sources, "waves": record}
     sources["notes"] = [*sources.get("notes", []), note]

@@ -247,3 +247,17 @@ def test_vllm_before_async_output_pays_its_measured_step_overhead():
     step = VLLM_SYNC_OUTPUT_OVERHEAD.time_s(8) - OVERHEADS["vllm"].time_s(8)
     assert old.tpot_s - new.tpot_s == pytest.approx(step) and old.ttft_s - new.ttft_s == pytest.approx(step)
     assert "vLLM before 0.6" in old.cost_sources["step_overhead"]["source"]
+
+
+def test_a_batch_past_the_engines_max_num_seqs_runs_that_many_at_once():
+    from opcast.predict.inference import engine_wave
+    from opcast.predict.serve.engine import engine_config
+
+    a100 = get_device("A100-SXM4-80GB")
+    cap = engine_config("vllm", a100).max_num_seqs  # 256 on an A100 (vLLM's V1 defaults)
+    short = InferConfig(batch=2 * cap, prompt_len=64, gen_len=8, engine="vllm")  # whose KV fits many times over
+    assert engine_wave(LLAMA, a100, short) == cap
+    assert engine_wave(LLAMA, a100, _with(short, batch=cap)) == cap  # exactly its limit: one batch
+    r = predict_infer(LLAMA, a100, short, kernels=roofline_only())
+    assert r.feasible and r.cost_sources["waves"]["sequences_at_once"] == cap
+    assert any(f"runs at most {cap} of the {2 * cap}" in n for n in r.cost_sources["notes"])
