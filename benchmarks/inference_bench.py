@@ -45,7 +45,7 @@ import csv
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from statistics import median
 from typing import Final
@@ -300,13 +300,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.json is not None:
         from opcast.atomic import write_atomically
 
-        doc = [{**_as_dict(s.row), "predicted_s": s.predicted_s, "roofline_s": s.roofline_s} for s in scored]
+        doc = [{**asdict(s.row), "predicted_s": s.predicted_s, "roofline_s": s.roofline_s} for s in scored]
         write_atomically(a.json, lambda tmp: tmp.write_text(json.dumps(doc, indent=1) + "\n"))
     return 0
-
-
-def _as_dict(row: Row) -> dict:
-    return {f: getattr(row, f) for f in Row.__slots__}
 
 
 if __name__ == "__main__":

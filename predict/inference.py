@@ -462,11 +462,10 @@ def engine_wave(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig) -> int | N
     if cfg.engine == "none":
         return None
     from opcast.errors import OpcastError
-    from opcast.predict.serve.engine import engine_config
     from opcast.predict.serve.kv_cache import kv_capacity
 
     tokens = cfg.prompt_len + cfg.gen_len
-    engine = engine_config(cfg.engine, device)
+    engine = _static_engine(cfg, device)
     try:
         cap = kv_capacity(arch, device, cfg, engine, longest_tokens=tokens)
     except OpcastError:  # not one sequence fits: the static accounting says why
@@ -475,14 +474,23 @@ def engine_wave(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig) -> int | N
     return min(fit, cfg.batch) if fit >= 1 else None
 
 
+def _static_engine(cfg: InferConfig, device: DeviceSpec):
+    """The :class:`~opcast.predict.serve.engine.EngineConfig` a static batch runs on: ``cfg.engine``'s defaults on
+    ``device`` with its release's per-step overhead, and no API server in front (an offline batch)."""
+    from opcast.predict.serve.engine import engine_config
+
+    return engine_config(cfg.engine, device, frontend_s=0.0, overhead=step_overhead(cfg.engine, cfg.engine_version))
+
+
 def _in_waves(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, wave: int, **how: Any) -> InferResult:
-    """``cfg.batch`` sequences of which the engine's KV cache holds ``wave`` at once. TensorRT-LLM's default capacity
-    scheduler (``GUARANTEED_NO_EVICT`` admits a request only when blocks for its whole prompt and output can be
-    reserved) runs them ``wave`` at a time, each wave to its end before the next: the total is the waves' sum, the
-    last one of the remainder. vLLM and SGLang admit requests while their prompts fit and preempt the newest
-    (recomputing it later) when the cache runs out: the batch, every request arriving at once, is simulated through
-    that scheduler (:func:`opcast.predict.serve.deployment.predict_serve`, the engine's defaults on the GPU), and the
-    total is when its last request finishes. TTFT and TPOT are a full wave's (its first requests')."""
+    """``cfg.batch`` sequences of which the engine runs ``wave`` at once (:func:`engine_wave`). TensorRT-LLM's
+    default capacity scheduler (``GUARANTEED_NO_EVICT`` admits a request only when blocks for its whole prompt and
+    output can be reserved) runs them ``wave`` at a time, each wave to its end before the next: the total is the
+    waves' sum, the last one of the remainder. vLLM and SGLang admit requests while their prompts fit and preempt
+    the newest (recomputing it later) when the cache runs out: the batch, every request arriving at once, is
+    simulated through that scheduler (:func:`opcast.predict.serve.deployment.predict_serve` on
+    :func:`_static_engine`), and the total is when its last request finishes. TTFT and TPOT are a full wave's (its
+    first requests')."""
     waves, rest = divmod(cfg.batch, wave)
     full = predict_infer(arch, device, replace(cfg, batch=wave), **how)
     if not full.feasible:
@@ -520,7 +528,6 @@ def _simulated_batch_s(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, how
     import numpy as np
 
     from opcast.predict.serve.deployment import predict_serve
-    from opcast.predict.serve.engine import engine_config
     from opcast.predict.serve.requests import RequestStream
 
     b = cfg.batch
@@ -534,8 +541,7 @@ def _simulated_batch_s(arch: ArchSpec, device: DeviceSpec, cfg: InferConfig, how
         arch,
         device,
         cfg,
-        # an offline batch: no API server in front; the release's own per-step overhead
-        engine_config(cfg.engine, device, frontend_s=0.0, overhead=step_overhead(cfg.engine, cfg.engine_version)),
+        _static_engine(cfg, device),
         stream,
         kernels=how["kernels"],
         comms=how["comms"],
