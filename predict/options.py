@@ -759,10 +759,16 @@ def _serve_stream_rule(o: Args) -> str | None:
         )
         if v is not None
     ]
+    concurrency = getattr(o, "concurrency", None)  # predict serve's closed loop (search serve has none)
+    if concurrency is not None:
+        given.insert(1, "--concurrency")
     if o.trace_file is not None:
         return f"give either --trace-file or {', '.join(given)}, not both" if given else None
-    if o.rate is None:
-        return "--rate (requests/s) is required, or give --trace-file with the arrivals"
+    if o.rate is not None and concurrency is not None:
+        return "give either --rate (arrivals at a rate) or --concurrency (a closed loop of clients), not both"
+    if o.rate is None and concurrency is None:
+        opts = "--rate (requests/s)" + (" or --concurrency (requests in flight)" if hasattr(o, "concurrency") else "")
+        return f"{opts} is required, or give --trace-file with the arrivals"
     if o.lengths is not None and (o.input_len is not None or o.output_len is not None):
         return "give either --lengths sharegpt or --input-len/--output-len, not both"
     return None
@@ -830,10 +836,20 @@ SERVE = (
         check=_positive("--rate"),
     ),
     Opt(
+        "concurrency",
+        "--concurrency",
+        Optional[int],
+        "Closed loop: N requests in flight, as a benchmark client with a concurrency limit and no rate limit "
+        "sends them (vLLM's benchmark_serving --max-concurrency N --request-rate inf, aiperf --concurrency N): N "
+        "arrive at once and each next one when one finishes (instead of --rate).",
+        None,
+        check=lambda v: None if v >= 1 else f"--concurrency {v} must be >= 1 requests in flight, e.g. 32",
+    ),
+    Opt(
         "num_requests",
         "--num-requests",
         int,
-        "Requests to simulate (with --rate).",
+        "Requests to simulate (with --rate or --concurrency).",
         1000,
         check=_num_requests,
     ),
@@ -1098,9 +1114,17 @@ def serve_engine(o: Args, dev):
 
 
 def serve_stream(o: Args, engine=None):
-    """The requests of ``--trace-file``, or of ``--rate`` with ``--lengths`` or ``--input-len`` / ``--output-len``;
+    """The requests of ``--trace-file``, or of ``--rate`` (or ``--concurrency``) with ``--lengths`` or ``--input-len`` /
+    ``--output-len``;
     with ``engine`` (its KV block size), the prefix-cache hits of ``--prefix-cache-hit`` where the command takes it."""
-    from opcast.predict.serve.requests import SHAREGPT, parse_lengths, poisson_stream, read_trace, with_prefix_cache
+    from opcast.predict.serve.requests import (
+        SHAREGPT,
+        closed_loop_stream,
+        parse_lengths,
+        poisson_stream,
+        read_trace,
+        with_prefix_cache,
+    )
 
     if o.trace_file is not None:
         stream = read_trace(o.trace_file)
@@ -1110,9 +1134,18 @@ def serve_stream(o: Args, engine=None):
         else:
             input_len = parse_lengths(o.input_len or "512", "--input-len")
             output_len = parse_lengths(o.output_len or "128", "--output-len")
-        stream = poisson_stream(
-            rate_per_s=o.rate, num_requests=o.num_requests, input_len=input_len, output_len=output_len, seed=o.seed
-        )
+        if getattr(o, "concurrency", None) is not None:
+            stream = closed_loop_stream(
+                concurrency=o.concurrency,
+                num_requests=o.num_requests,
+                input_len=input_len,
+                output_len=output_len,
+                seed=o.seed,
+            )
+        else:
+            stream = poisson_stream(
+                rate_per_s=o.rate, num_requests=o.num_requests, input_len=input_len, output_len=output_len, seed=o.seed
+            )
     hit = getattr(o, "prefix_cache_hit", None)
     if hit is not None and engine is not None:
         stream = with_prefix_cache(stream, hit, engine.block_size)

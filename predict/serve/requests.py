@@ -2,7 +2,11 @@
 brings and asks for.
 
 - **Arrivals**: a Poisson process at ``rate`` requests/s (exponential gaps from a seeded numpy
-  ``Generator``), the first request at the first gap; or the times of a trace file.
+  ``Generator``), the first request at the first gap; the times of a trace file; or a **closed loop**
+  of ``concurrency`` clients (:func:`closed_loop_stream`, a benchmark client with a concurrency limit
+  and no rate limit: vLLM's ``benchmark_serving.py --max-concurrency N --request-rate inf``,
+  ``aiperf``/``genai-perf --concurrency N``): N requests arrive at t = 0 and each further one when
+  an earlier one finishes, so its arrival is known only as the simulation runs.
 - **Lengths**: fixed, uniform integers in ``[lo, hi]``, or :data:`SHAREGPT`, a lognormal fit
   of the ShareGPT conversations that vLLM's serving benchmark replays.
 - **Trace file**: CSV (a header row) or JSONL (one object per line) with ``arrival_s``,
@@ -22,7 +26,7 @@ import functools
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +68,10 @@ class RequestStream:
     cached_tokens: np.ndarray | None = None
     """Prompt tokens of each request whose KV is in the prefix cache when it arrives (0 <= cached <
     input: the engine computes at least the last prompt token); None: no hits."""
+    concurrency: int | None = None
+    """A closed loop of this many clients: requests ``[0, concurrency)`` arrive at their ``arrival_s``,
+    each later one (in order) when the client sees an earlier one finish; their ``arrival_s`` are NaN
+    until :func:`~opcast.predict.serve.simulate.simulate` sets them. None: every arrival is given."""
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -205,6 +213,28 @@ def poisson_stream(
     )
 
 
+def closed_loop_stream(
+    *, concurrency: int, num_requests: int, input_len: Lengths, output_len: Lengths, seed: int
+) -> RequestStream:
+    """``num_requests`` requests from ``concurrency`` clients in a closed loop (see the module docstring), the
+    first ``concurrency`` at t = 0, lengths drawn as :func:`poisson_stream` draws them (one
+    ``numpy.random.default_rng(seed)``)."""
+    if concurrency < 1:
+        raise OpcastError(f"--concurrency {concurrency} must be >= 1 requests in flight, e.g. 32")
+    if num_requests < 1:
+        raise OpcastError(f"--num-requests {num_requests} must be >= 1")
+    rng = np.random.default_rng(seed)
+    arrivals = np.full(num_requests, np.nan)
+    arrivals[:concurrency] = 0.0
+    return RequestStream(
+        arrival_s=arrivals,
+        input_tokens=input_len.draw(rng, num_requests),
+        output_tokens=output_len.draw(rng, num_requests),
+        source=f"closed loop, {concurrency} in flight, seed {seed}",
+        concurrency=concurrency,
+    )
+
+
 def with_prefix_cache(stream: RequestStream, fraction: float, block_size: int) -> RequestStream:
     """``stream`` with each prompt's first ``fraction`` found in the prefix cache, in whole KV blocks of
     ``block_size`` and never the whole prompt (:func:`opcast.predict.serve.kv_cache.prefix_hit_tokens`,
@@ -217,10 +247,8 @@ def with_prefix_cache(stream: RequestStream, fraction: float, block_size: int) -
             "--prefix-cache-hit, not both"
         )
     hits = prefix_hit_tokens(stream.input_tokens, fraction, block_size)
-    return RequestStream(
-        arrival_s=stream.arrival_s,
-        input_tokens=stream.input_tokens,
-        output_tokens=stream.output_tokens,
+    return replace(
+        stream,
         source=f"{stream.source}, prefix cache hits {100 * fraction:g} % of each prompt ({block_size}-token blocks)",
         cached_tokens=hits,
     )

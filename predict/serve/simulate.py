@@ -22,6 +22,12 @@ One step (vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py``):
 A request whose KV covers its prompt and every token it has generated emits one token at the end
 of the step (the first from its prefill); it finishes with its last and frees its blocks.
 
+**Closed loop** (a stream with ``concurrency``, :func:`~opcast.predict.serve.requests.closed_loop_stream`):
+the first ``concurrency`` requests arrive at their times; each time a request finishes, the next
+request not yet sent arrives ``engine.frontend_s`` later (when its client has seen the last token and
+sends the next), so at most ``concurrency`` are in flight; the result's stream carries the arrival
+times this gave.
+
 **Prefix cache** (the stream's ``cached_tokens``): a request admitted without KV (new, or resumed
 after a preemption) starts with its prompt's cached tokens in place (vLLM V1's scheduler asks
 ``KVCacheManager.get_computed_blocks`` before ``allocate_slots``): it takes blocks for them and for
@@ -53,7 +59,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
@@ -194,6 +200,10 @@ def simulate(
     inp = stream.input_tokens.tolist()
     out = stream.output_tokens.tolist()
     arrival = stream.arrival_s.tolist()
+    closed = stream.concurrency
+    if closed is not None:  # the later arrivals are set as requests finish, in time order
+        arrival = arrival[:closed] + [np.inf] * max(0, n - closed)
+    next_sent = n if closed is None else min(closed, n)
     hit = [0] * n if stream.cached_tokens is None else stream.cached_tokens.tolist()  # prefix-cache hits
     bad = next((i for i in range(n) if not 0 <= hit[i] < inp[i]), None)
     if bad is not None:
@@ -345,6 +355,7 @@ def simulate(
         busy_until[r] = now + dur
 
     def end_step(r: int, now: float) -> None:
+        nonlocal next_sent
         done = False
         lim = limit[r]
         for rid in in_flight[r]:
@@ -362,6 +373,9 @@ def simulate(
                 done = True
                 if watch is not None:
                     watch.finished(rid, now, first[rid], g)
+                if next_sent < n:  # closed loop: this request's client sends the next
+                    arrival[next_sent] = now + engine.frontend_s
+                    next_sent += 1
             elif g == lim[rid]:  # prefilled on a prefill replica: send its KV to a decode replica
                 d = min(range(n_prefill, replicas), key=load.__getitem__)
                 load[r] -= 1
@@ -419,7 +433,7 @@ def simulate(
     if unfinished:  # every request fits a replica alone, so the loop can only stop with all served
         raise RuntimeError(f"{len(unfinished)} requests never finished, e.g. {unfinished[0]}")
     return SimResult(
-        stream=stream,
+        stream=stream if closed is None else replace(stream, arrival_s=np.array(arrival)),
         engine=engine,
         replicas=full,
         kv_blocks=kv_blocks,

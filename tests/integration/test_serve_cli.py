@@ -26,6 +26,7 @@ def test_serve_help_lists_the_serve_options(capsys):
     out = capsys.readouterr().out
     for flag in (
         "--rate",
+        "--concurrency",
         "--trace-file",
         "--engine",
         "--max-num-seqs",
@@ -56,6 +57,17 @@ def test_serve_prints_metrics_as_json_and_writes_a_perfetto_trace(tmp_path):
     assert sum(e["args"]["prefill_tokens"] for e in steps) >= 200 * 64
 
 
+def test_a_closed_loop_of_clients_is_served_as_a_benchmark_client_sends_it(tmp_path):
+    args = [*BASE, "--concurrency", "8", "--num-requests", "40", "--input-len", "200", "--output-len", "20"]
+    p = _run(*args, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    m = doc["metrics"]
+    assert m["requests"] == 40 and m["output_tokens_per_s"] == pytest.approx(m["requests_per_s"] * 20)
+    assert doc["requests_source"] == "closed loop, 8 in flight, seed 0"
+    assert 0 < m["ttft"]["p50_s"] <= m["ttft"]["p99_s"] and m["tpot"]["mean_s"] > 0
+
+
 def _bad_traces(tmp_path: Path) -> dict[str, Path]:
     empty = tmp_path / "empty.csv"
     empty.write_text("arrival_s,input_tokens,output_tokens\n")
@@ -69,7 +81,10 @@ def _bad_traces(tmp_path: Path) -> dict[str, Path]:
     [
         (["--rate", "0"], "--rate 0.0 must be a finite number > 0"),
         (["--rate", "-2"], "--rate -2.0 must be"),
-        ([], r"--rate \(requests/s\) is required"),
+        ([], r"--rate \(requests/s\) or --concurrency \(requests in flight\) is required"),
+        (["--concurrency", "0"], "--concurrency 0 must be >= 1"),
+        (["--concurrency", "4", "--rate", "2"], r"give either --rate \(arrivals at a rate\) or --concurrency"),
+        (["--trace-file", "{bad}", "--concurrency", "3"], "give either --trace-file or --concurrency, not both"),
         (["--trace-file", "{empty}"], "has no requests"),
         (["--trace-file", "{bad}"], "line 3"),
         (["--trace-file", "{bad}", "--rate", "3"], "give either --trace-file or --rate"),

@@ -159,3 +159,22 @@ def test_a_trace_past_the_bound_is_refused_unread(tmp_path, monkeypatch):
         read_trace(path)
     monkeypatch.setattr(requests, "MAX_TRACE_BYTES", path.stat().st_size)
     assert read_trace(path).input_tokens.tolist() == [5]
+
+
+def test_a_closed_loop_stream_knows_only_its_first_arrivals_and_keeps_them_with_a_prefix_cache():
+    from opcast.predict.serve.requests import closed_loop_stream, with_prefix_cache
+
+    s = closed_loop_stream(
+        concurrency=3, num_requests=10, input_len=Lengths("uniform", 80, 100), output_len=Lengths("fixed", 7, 7), seed=2
+    )
+    assert s.concurrency == 3 and len(s) == 10
+    assert s.arrival_s[:3].tolist() == [0.0] * 3 and np.isnan(s.arrival_s[3:]).all()
+    assert ((s.input_tokens >= 80) & (s.input_tokens <= 100)).all() and (s.output_tokens == 7).all()
+    cached = with_prefix_cache(s, 0.5, 16)
+    assert cached.concurrency == 3 and cached.cached_tokens is not None
+    for kw, message in (
+        (dict(concurrency=0, num_requests=5), "--concurrency 0 must be >= 1"),
+        (dict(concurrency=2, num_requests=0), "--num-requests 0 must be >= 1"),
+    ):
+        with pytest.raises(OpcastError, match=message):
+            closed_loop_stream(input_len=Lengths("fixed", 1, 1), output_len=Lengths("fixed", 1, 1), seed=0, **kw)

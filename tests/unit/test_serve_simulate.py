@@ -178,3 +178,52 @@ def test_replicas_past_the_requests_are_not_simulated_and_change_nothing(router)
     )
     assert [s.start_s for s in small.steps] == [s.start_s for s in split.steps]
     assert np.array_equal(small.finish_s, split.finish_s)
+
+
+def _closed(concurrency: int, inputs, outputs) -> RequestStream:
+    n = len(inputs)
+    arrivals = np.full(n, np.nan)
+    arrivals[:concurrency] = 0.0
+    return RequestStream(
+        arrival_s=arrivals,
+        input_tokens=np.asarray(inputs, dtype=np.int64),
+        output_tokens=np.asarray(outputs, dtype=np.int64),
+        source="test",
+        concurrency=concurrency,
+    )
+
+
+def test_one_closed_loop_client_sends_each_request_when_it_sees_the_last_finish():
+    """One client, 1-token prompts of 3 output tokens, steps of 1 s, a 0.25 s front end: each request takes
+    three steps (prefill emits the first token) and the next is sent 0.25 s after it finished."""
+    stream = _closed(1, [1] * 4, [3] * 4)
+    sim = simulate(stream, _engine(max_num_seqs=8, frontend_s=0.25), _constant(1.0), kv_blocks=100)
+    assert sim.stream.arrival_s.tolist() == [0.0, 3.25, 6.5, 9.75]
+    assert sim.finish_s.tolist() == [3.0, 6.25, 9.5, 12.75]
+    assert sim.first_token_s.tolist() == [1.0, 4.25, 7.5, 10.75]
+    assert np.isnan(stream.arrival_s[1:]).all()  # the given stream is not changed
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_a_closed_loop_keeps_its_clients_busy_and_never_more(replicas):
+    rng = np.random.default_rng(5)
+    n, c = 300, 12
+    stream = _closed(c, rng.integers(1, 300, n), rng.integers(1, 60, n))
+    engine = _engine(max_num_seqs=32, max_num_batched_tokens=320, block_size=16, frontend_s=0.002)
+    sim = simulate(stream, engine, _cost, kv_blocks=40, replicas=replicas)
+    arrival = sim.stream.arrival_s
+    assert np.isfinite(arrival).all() and np.isfinite(sim.finish_s).all()
+    assert sum(s.tokens_out for s in sim.steps) == stream.output_tokens.sum()
+    assert sim.preemptions.sum() > 0  # the KV cache is tight: requests wait and are preempted, still c in flight
+    # request i >= c is sent when the (i - c)-th finish is seen
+    assert np.allclose(arrival[c:], np.sort(sim.finish_s)[: n - c] + engine.frontend_s)
+    for t in np.sort(np.concatenate([arrival, sim.finish_s])):
+        assert ((arrival <= t) & (t < sim.finish_s)).sum() <= c
+
+
+def test_a_closed_loop_of_every_request_is_a_burst_at_time_zero():
+    inputs, outputs = [40, 7, 90, 15, 60], [5, 9, 2, 7, 3]
+    burst = simulate(_stream([0.0] * 5, inputs, outputs), _engine(max_num_seqs=3), _cost, kv_blocks=100)
+    closed = simulate(_closed(5, inputs, outputs), _engine(max_num_seqs=3), _cost, kv_blocks=100)
+    assert closed.finish_s.tolist() == burst.finish_s.tolist()
+    assert closed.first_token_s.tolist() == burst.first_token_s.tolist()
