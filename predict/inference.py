@@ -38,11 +38,27 @@ from opcast.dtypes import dtype_bytes, element_bytes, weight_storage_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
-from opcast.predict.graph import FWD, Comm, Dtypes, block_comms, block_ops, embedding_ops, head_ops, precision_of
+from opcast.predict.graph import (
+    FP8_LINEARS,
+    FWD,
+    Comm,
+    Dtypes,
+    block_comms,
+    block_ops,
+    embedding_ops,
+    head_ops,
+    precision_of,
+)
 from opcast.predict.memory import Memory, kv_cache_bytes, overflow_reason, stage_params
 from opcast.predict.moe_dispatch import ep_dispatch, infer_dispatcher
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
-from opcast.predict.serve.engine import CUSTOM_ALL_REDUCE_RULES, moe_impl, step_overhead, tp_all_reduce_kind
+from opcast.predict.serve.engine import (
+    CUSTOM_ALL_REDUCE_RULES,
+    engine_fp8_gemm_s,
+    moe_impl,
+    step_overhead,
+    tp_all_reduce_kind,
+)
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
 
 DECODE_SAMPLES = 16
@@ -157,11 +173,16 @@ def _forward_s(
             Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)),
         )
     compute = comm_s = 0.0
+    static_fp8 = cfg.engine != "none"  # an engine runs fp8 linears without an amax pass (engine_fp8_gemm_s)
     for group_ops, repeat in (*blocks, (model, 1)):
         kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
         table = kernels.lookup(kern, device)
         for (role, _, _, count), k in zip(group_ops, kern):
             t, src = table[k]
+            if static_fp8 and k.kind == "gemm" and k.dtype == "fp8" and role in FP8_LINEARS:
+                p = k.param_dict
+                if p["b"] == 1:  # the learned rows are plain linears (grouped expert GEMMs extrapolate)
+                    t = engine_fp8_gemm_s(t, int(p["m"]), int(p["k"]), k.bytes_moved(), device)
             compute += repeat * count * t
             if lines is not None:
                 lines.append(

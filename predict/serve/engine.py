@@ -45,6 +45,21 @@ NCCL from a tuned table per SM, TP, hidden size and token count
 dataset keeps one custom all-reduce per configuration: vLLM's), so TensorRT-LLM's all-reduce is
 priced as NCCL's. A run without a serving engine (``engine`` none) and training always use NCCL.
 
+**fp8 linears without an amax pass** (:func:`engine_fp8_gemm_s`): the learned per-tensor fp8 GEMM is fitted on
+TensorRT-LLM's rows (AIConfigurator's ``gemm/trtllm``), whose timed call quantises its bf16 input dynamically: an
+amax pass over the input (``compute_scale``), then the cast (``scale_matrix``), then the GEMM (AIConfigurator
+``collector/trtllm/collect_gemm.py``: "the collected fp8 GEMM includes the compute-scale overhead"). A serving
+engine runs no amax pass: an fp8 checkpoint carries static activation scales (ModelOpt's ``input_scale``, which
+vLLM's ``ModelOptFp8LinearMethod`` and TensorRT-LLM apply with one cast, fused into the norm or activation before
+it where the engine fuses), and vLLM's dynamic per-token fp8 computes each row's scale inside its cast kernel. So
+under an engine each such GEMM is priced less that pass: :data:`DYNAMIC_FP8_AMAX_FLOOR_S` plus a read of its input
+at the memory bandwidth (the fastest the pass can go; the measured pass is slower on large inputs, 28-93 % of it,
+so large prompts keep some of it), never below reading the GEMM's own bytes at the bandwidth. Measured support: on
+B200 vLLM's own fp8 kernel (``CutlassFP8ScaledMMLinearKernel``, static scale) times 10.7 / 17.0 us at m = 4,
+k = 8192, n = 1024 / 7168 where TensorRT-LLM's dynamic rows time 18.4 / 23.8 us and its amax pass 8.3 us
+(``systems/data/b200_sxm``: ``gemm/vllm/0.24.0``, ``gemm/trtllm/1.3.0rc20``, ``quantize/trtllm/1.3.0rc20``). Without
+an engine (``engine`` none) the rows are priced as measured.
+
 **Fused MoE kernels** (:func:`moe_impl`): vLLM runs its own ``FusedMoE`` layer (Triton ``fused_moe``, OpenAI
 Triton ``matmul_ogs`` or Marlin for MXFP4, FlashInfer on Blackwell, as
 ``vllm/model_executor/layers/fused_moe`` selects per GPU and dtype), so its MoE blocks are priced as the ``moe``
@@ -109,6 +124,20 @@ CUSTOM_ALL_REDUCE_RULES: dict[str, CustomAllReduceRule] = {
     ),
 }
 """Engines whose TP all-reduce may be their custom kernel; any other engine (trtllm, none) uses NCCL."""
+
+
+DYNAMIC_FP8_AMAX_FLOOR_S: Final = 7e-6
+"""The time of TensorRT-LLM's amax pass (``compute_scale``) on a small input, where its launch and reduction, not
+its bytes, set it: 7.2 us on H100 and H200, 8.4-8.5 us on B200, B300, GB200 and GB300, 6.1 and 6.9 us on L40S and
+RTX PRO 6000 (AIConfigurator 0.12.0 ``systems/data/<system>/quantize/trtllm/1.3.0rc20/computescale_perf.parquet``,
+the median over inputs below 100 kB); 7 us, about the middle, for every GPU."""
+
+
+def engine_fp8_gemm_s(time_s: float, m: int, k: int, gemm_bytes: float, device: DeviceSpec) -> float:
+    """The learned per-tensor fp8 GEMM of ``time_s`` (an ``[m, k]`` input, ``gemm_bytes`` moved) as a serving engine
+    runs it, without the dynamic quantisation's amax pass its measurements hold (module docstring)."""
+    amax_s = DYNAMIC_FP8_AMAX_FLOOR_S + 2 * m * k / device.mem_bw_bytes_per_s
+    return max(time_s - amax_s, gemm_bytes / device.mem_bw_bytes_per_s)
 
 
 def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpec) -> str:

@@ -261,3 +261,32 @@ def test_a_batch_past_the_engines_max_num_seqs_runs_that_many_at_once():
     r = predict_infer(LLAMA, a100, short, kernels=roofline_only())
     assert r.feasible and r.cost_sources["waves"]["sequences_at_once"] == cap
     assert any(f"runs at most {cap} of the {2 * cap}" in n for n in r.cost_sources["notes"])
+
+
+def test_engine_fp8_gemm_loses_the_amax_pass_but_not_below_its_own_bytes():
+    from dataclasses import replace as dc_replace
+
+    from opcast.predict.serve.engine import DYNAMIC_FP8_AMAX_FLOOR_S, engine_fp8_gemm_s
+
+    dev = dc_replace(H100, mem_bw_bytes_per_s=1e12)
+    # m = 4, k = 1000: the pass is 7 us + 8 kB at 1 TB/s = 7.008 us
+    assert engine_fp8_gemm_s(20e-6, 4, 1000, 1e6, dev) == pytest.approx(20e-6 - DYNAMIC_FP8_AMAX_FLOOR_S - 8e-9)
+    # a GEMM moving 4 MB cannot take less than 4 us at 1 TB/s
+    assert engine_fp8_gemm_s(8e-6, 4, 1000, 4e6, dev) == pytest.approx(4e-6)
+
+
+def test_an_engine_prices_fp8_linears_without_their_amax_pass_and_bf16_ones_as_before():
+    from opcast.predict.cost import load_kernel_cost
+
+    kernels = load_kernel_cost(None, use_learned=True)
+    arch = load_arch("llama3-8b")
+
+    def decode_s(precision: str, engine: str) -> float:
+        cfg = InferConfig(batch=4, prompt_len=256, gen_len=8, precision=precision, engine=engine)
+        return predict_infer(arch, H100, cfg, kernels=kernels, details=False).breakdown_s["decode_step"]["compute"]
+
+    # the engine changes other kernels too (one fused SwiGLU, one rope), in bf16 and fp8 alike
+    bf16 = decode_s("bf16", "none") - decode_s("bf16", "vllm")
+    fp8 = decode_s("fp8", "none") - decode_s("fp8", "vllm")
+    linears = arch.n_layers * 4  # qkv, proj, mlp_up, mlp_down: lm_head is not an fp8 linear
+    assert 0.5 * linears * 7e-6 < fp8 - bf16 < linears * 7.1e-6
