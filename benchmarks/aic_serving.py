@@ -1,0 +1,293 @@
+"""`opcast predict serve --concurrency` against NVIDIA's measured serving runs that AIConfigurator ships as its
+accuracy reference (issue 20's serving target: TTFT and TPOT within 15 %).
+
+Usage:  python benchmarks/aic_serving.py [--csv PATH] [--protocol inferencemax|other|all] [--models DIR]
+                                         [--markdown PATH] [--json PATH]
+
+The measurements are ``systems/silicon_sample.csv`` of the PyPI package ``aiconfigurator-core`` (0.12.0,
+Apache-2.0; ``pip install 'opcast[aiconfigurator]'``; read from the installed package, not copied here):
+NVIDIA's own serving runs ("silicon") of models on H100, H200, B200, B300, GB200 and GB300 under vLLM, SGLang and
+TensorRT-LLM, one row per deployment and load, with the mean TTFT and TPOT a benchmark client measured
+(``silicon_ttft_ms``, ``silicon_tpot_ms``). AIConfigurator scores its own estimates against them
+(ai-dynamo/aiconfigurator ``tools/accuracy_regression_testing/predict_silicon_sample.py``). Scored here: the
+aggregated rows (``mode`` agg: prefill and decode on the same GPUs) of the dense models opcast has a preset of
+(Llama-3.1 8B and 70B: ``llama3-8b``, ``llama3-70b``; Qwen3-32B: ``qwen3-32b``); disaggregated and MoE rows are
+counted and skipped.
+
+**Protocols.** A row's TTFT depends on how its client sent the requests, which the csv does not say; two kinds of
+rows are told apart by their ``silicon_data_source``:
+
+- ``inferencemax``: the rows of ``source_file=2026-04-06.csv``, Llama-3.1-70B at ISL/OSL 1024/1024, 1024/8192 and
+  8192/1024, concurrency 4 to 128, TP 1 to 8, fp8 and nvfp4: SemiAnalysis' InferenceMAX grid, whose client is
+  published (InferenceMAX README: vLLM's ``benchmark_serving.py --dataset-name random --random-input-len ISL
+  --random-output-len OSL --random-range-ratio 0.8 --num-prompts $((CONC * 10)) --max-concurrency CONC
+  --request-rate inf --ignore-eos``; its vLLM servers ``--max-num-seqs CONC --max-num-batched-tokens 8192``).
+  Simulated as that client sends it: a closed loop of ``CONC`` clients (``--concurrency``), ``10 x CONC``
+  requests, prompt and output lengths uniform integers in ``[0.8 L, L]`` (the range ratio as that script's
+  ``sample_random_requests`` reads it), the engine's ``max_num_seqs`` the concurrency (and vLLM's
+  ``max_num_batched_tokens`` 8192);
+- ``other``: every other aggregated row (AIConfigurator's own gap-analysis runs, one source file per system,
+  engine release and model): the client is not published. Simulated with the same closed loop and fixed lengths;
+  shown apart, and no claim rests on them.
+
+Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P --engine E --concurrency C
+--num-requests 10C --input-len LO:HI --output-len LO:HI --max-num-seqs C``; ``P`` is the row's
+``gemm_quant_mode`` (fp8 -> fp8, nvfp4 -> nvfp4, fp8_block -> fp8 (per-tensor fp8 priced: opcast's block-scaled
+fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache is bf16 (opcast has no fp8 KV cache yet). The
+measured TTFT and TPOT are compared with the simulated means over the requests (``predict serve``'s ``mean``:
+TTFT from arrival to first token plus the engine's front end; TPOT, per request, (end-to-end - TTFT) / (output
+tokens - 1), as ``benchmark_serving.py`` computes both).
+
+Printed per system, engine, model and precision (and pooled per protocol): rows, MAPE and signed median error
+(prediction / measurement - 1) of TTFT and of TPOT, and how many rows are within 15 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from statistics import median
+from typing import Final
+
+from opcast.archs import load_arch
+from opcast.collect.replay.aiconfigurator import SYSTEM_DEVICES, default_root
+from opcast.errors import OpcastError
+from opcast.hardware import get_device
+from opcast.predict.cost import load_kernel_cost
+from opcast.predict.parallel import InferConfig
+from opcast.predict.serve.deployment import predict_serve
+from opcast.predict.serve.engine import engine_config, step_overhead
+from opcast.predict.serve.requests import Lengths, closed_loop_stream
+
+ARCHS: Final = {
+    "meta-llama/Llama-3.1-70B": "llama3-70b",
+    "meta-llama/Llama-3.1-8B-Instruct": "llama3-8b",
+    "nvidia/Llama-3.1-8B-Instruct-FP8": "llama3-8b",
+    "Qwen/Qwen3-32B": "qwen3-32b",
+    "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
+}
+"""The csv's dense models opcast has a preset of (Llama-3.1 has Llama-3's layers; its 128k rope scaling does not
+change a step's cost at these lengths)."""
+PRECISIONS: Final = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "": "bf16"}
+INFERENCEMAX_SOURCE: Final = "source_file=2026-04-06.csv"
+INFERENCEMAX_RANGE_RATIO: Final = 0.8
+INFERENCEMAX_PROMPTS_PER_CLIENT: Final = 10
+INFERENCEMAX_BATCHED_TOKENS: Final = 8192
+"""InferenceMAX's client and vLLM server flags (see the module docstring)."""
+WITHIN: Final = 0.15
+COLUMNS: Final = (
+    "silicon_data_source",
+    "backend",
+    "model_path",
+    "system",
+    "mode",
+    "isl",
+    "osl",
+    "gemm_quant_mode",
+    "batch_size",
+    "tp_size",
+    "pp_size",
+    "attention_dp_size",
+    "silicon_ttft_ms",
+    "silicon_tpot_ms",
+)
+"""The columns of ``silicon_sample.csv`` the benchmark reads."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    protocol: str
+    system: str
+    engine: str
+    model: str
+    precision: str
+    tp: int
+    concurrency: int
+    isl: int
+    osl: int
+    ttft_ms: float
+    tpot_ms: float
+    pred_ttft_ms: float | None = None
+    pred_tpot_ms: float | None = None
+    refused: str = ""
+
+    def error(self, metric: str) -> float | None:
+        pred = getattr(self, f"pred_{metric}_ms")
+        return None if pred is None else pred / getattr(self, f"{metric}_ms") - 1
+
+
+def silicon_csv() -> Path:
+    """``systems/silicon_sample.csv`` of the installed aiconfigurator-core."""
+    return default_root().parent / "silicon_sample.csv"
+
+
+def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
+    """The scored rows of ``path`` and the count of every other row by the reason it is not scored."""
+    skipped: dict[str, int] = {}
+    rows: list[Row] = []
+
+    def skip(why: str) -> None:
+        skipped[why] = skipped.get(why, 0) + 1
+
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        lacking = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if lacking:
+            raise OpcastError(
+                f"{path} lacks column(s) {', '.join(lacking)}: give AIConfigurator's systems/silicon_sample.csv"
+            )
+        for r in reader:
+            if r["mode"] != "agg":
+                skip(f"mode {r['mode']} (disaggregated prefill and decode)")
+                continue
+            if r["model_path"] not in ARCHS:
+                skip("model without an opcast preset (MoE and others)")
+                continue
+            if r["system"] not in SYSTEM_DEVICES:
+                skip(f"system {r['system']} not in the catalog")
+                continue
+            if float(r["pp_size"] or 1) != 1 or float(r["attention_dp_size"] or 1) > 1:
+                skip("pipeline or attention data parallelism")
+                continue
+            kind = "inferencemax" if r["silicon_data_source"].startswith(INFERENCEMAX_SOURCE) else "other"
+            if protocol not in ("all", kind):
+                skip(f"protocol {kind} (--protocol {protocol})")
+                continue
+            rows.append(
+                Row(
+                    protocol=kind,
+                    system=r["system"],
+                    engine=r["backend"],
+                    model=r["model_path"],
+                    precision=PRECISIONS[r["gemm_quant_mode"]],
+                    tp=int(float(r["tp_size"])),
+                    concurrency=int(float(r["batch_size"])),
+                    isl=int(r["isl"]),
+                    osl=int(r["osl"]),
+                    ttft_ms=float(r["silicon_ttft_ms"]),
+                    tpot_ms=float(r["silicon_tpot_ms"]),
+                )
+            )
+    return rows, skipped
+
+
+def _lengths(row: Row, length: int) -> Lengths:
+    if row.protocol == "inferencemax":
+        return Lengths("uniform", int(INFERENCEMAX_RANGE_RATIO * length), length)
+    return Lengths("fixed", length, length)
+
+
+def predict_row(row: Row, kernels, *, archs: dict) -> Row:
+    """``row`` with its simulated mean TTFT and TPOT, or the reason opcast refused it."""
+    dev = get_device(SYSTEM_DEVICES[row.system])
+    c = row.concurrency
+    batched = INFERENCEMAX_BATCHED_TOKENS if row.protocol == "inferencemax" and row.engine == "vllm" else None
+    try:
+        engine = engine_config(
+            row.engine, dev, max_num_seqs=c, max_num_batched_tokens=batched, overhead=step_overhead(row.engine, None)
+        )
+        stream = closed_loop_stream(
+            concurrency=c,
+            num_requests=INFERENCEMAX_PROMPTS_PER_CLIENT * c,
+            input_len=_lengths(row, row.isl),
+            output_len=_lengths(row, row.osl),
+            seed=0,
+        )
+        cfg = InferConfig(tp=row.tp, precision=row.precision)  # type: ignore[arg-type]
+        m = predict_serve(archs[row.model], dev, cfg, engine, stream, kernels=kernels).metrics
+    except OpcastError as err:
+        return _replace(row, refused=str(err))
+    assert m.ttft.mean_s is not None and m.tpot.mean_s is not None
+    return _replace(row, pred_ttft_ms=m.ttft.mean_s * 1e3, pred_tpot_ms=m.tpot.mean_s * 1e3)
+
+
+def _replace(row: Row, **kw) -> Row:
+    return Row(**{**asdict(row), **kw})
+
+
+def summary(rows: list[Row], key) -> list[list[str]]:
+    """One line per group of predicted rows: rows, then MAPE / signed median / within 15 % of TTFT and TPOT."""
+    groups: dict[tuple, list[Row]] = {}
+    for r in rows:
+        if r.pred_ttft_ms is not None:
+            groups.setdefault(key(r), []).append(r)
+    out = []
+    for k, rs in sorted(groups.items()):
+        line = [" ".join(map(str, k)), str(len(rs))]
+        for metric in ("ttft", "tpot"):
+            errs = [e for r in rs if (e := r.error(metric)) is not None]
+            mape = 100 * sum(abs(e) for e in errs) / len(errs)
+            within = sum(abs(e) <= WITHIN for e in errs)
+            line += [f"{mape:.1f}", f"{100 * median(errs):+.1f}", f"{within}"]
+        out.append(line)
+    return out
+
+
+def markdown(rows: list[Row], skipped: dict[str, int], *, seconds: float, command: str) -> str:
+    head = ["group", "rows", "TTFT MAPE %", "TTFT signed median %", "TTFT within 15 %"]
+    head += ["TPOT MAPE %", "TPOT signed median %", "TPOT within 15 %"]
+
+    def table(lines: list[list[str]]) -> list[str]:
+        return [
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+            *("| " + " | ".join(line) + " |" for line in lines),
+        ]
+
+    refused = [r for r in rows if r.refused]
+    out = [f"`{command}` ({seconds:.0f} s)", ""]
+    for protocol in ("inferencemax", "other"):
+        mine = [r for r in rows if r.protocol == protocol]
+        if not mine:
+            continue
+        out += [f"### Protocol {protocol}", ""]
+        out += table(summary(mine, lambda r: (r.system, r.engine, r.model.split("/")[-1], r.precision)))
+        out += ["", *table(summary(mine, lambda r: ("all",))), ""]
+    out.append(f"Refused by opcast: {len(refused)} rows" + (f", e.g. {refused[0].refused}" if refused else "") + ".")
+    out.append("Not scored: " + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) + ".")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=None, help="silicon_sample.csv (default: the installed package's)")
+    ap.add_argument("--protocol", choices=("inferencemax", "other", "all"), default="inferencemax")
+    ap.add_argument("--models", type=Path, default=None)
+    ap.add_argument("--markdown", type=Path, default=None)
+    ap.add_argument("--json", type=Path, default=None, help="every row, measured and predicted")
+    args = ap.parse_args(argv)
+    try:
+        path = args.csv or silicon_csv()
+        if not path.is_file():
+            raise OpcastError(f"{path} does not exist; give --csv PATH of AIConfigurator's silicon_sample.csv")
+        rows, skipped = read_rows(path, args.protocol)
+        kernels = load_kernel_cost(args.models, use_learned=True)
+    except (OpcastError, OSError, UnicodeDecodeError, csv.Error) as err:
+        print(f"aic_serving: error: {err}", file=sys.stderr)
+        return 2
+    archs = {m: load_arch(a) for m, a in ARCHS.items()}
+    t0 = time.perf_counter()
+    done = []
+    for i, row in enumerate(rows, 1):
+        done.append(predict_row(row, kernels, archs=archs))
+        if i % 50 == 0:
+            print(f"  {i}/{len(rows)} rows, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    command = "python benchmarks/aic_serving.py"
+    if args.protocol != "inferencemax":
+        command += f" --protocol {args.protocol}"
+    text = markdown(done, skipped, seconds=time.perf_counter() - t0, command=command)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in done], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

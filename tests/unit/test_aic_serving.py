@@ -1,0 +1,105 @@
+"""benchmarks/aic_serving.py: AIConfigurator's silicon serving rows mapped onto `opcast predict serve --concurrency`,
+the rows it does not score counted by why, the InferenceMAX client's lengths, and a bad --csv as one line, exit 2
+(a synthetic csv in the published layout; the real one ships in aiconfigurator-core, not in the repository)."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from opcast.predict.cost import roofline_only
+
+from helpers.scripts import load_script
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "aic_serving.py"
+IMAX = "source_file=2026-04-06.csv; config_id=1"
+OTHER = "source_file=/data/h100_sxm/trtllm/1.0.0rc3/qwen.csv; silicon_concurrency=8"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_script(SCRIPT)
+
+
+def _row(**kw) -> dict:
+    row = dict(
+        id="x",
+        silicon_data_source=IMAX,
+        backend="vllm",
+        backend_version="",
+        model_path="meta-llama/Llama-3.1-70B",
+        system="h100_sxm",
+        precision="fp8",
+        mode="agg",
+        isl=1024,
+        osl=1024,
+        gemm_quant_mode="fp8",
+        moe_quant_mode="fp8",
+        batch_size=4.0,
+        tp_size=4.0,
+        pp_size=1.0,
+        attention_dp_size=1.0,
+        silicon_ttft_ms=80.0,
+        silicon_tpot_ms=12.0,
+    )
+    return {**row, **kw}
+
+
+def _csv(path: Path, rows: list[dict]) -> Path:
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_rows_map_to_opcast_and_the_rest_are_counted_by_why(bench, tmp_path):
+    rows = [
+        _row(),
+        _row(silicon_data_source=OTHER, backend="trtllm", model_path="Qwen/Qwen3-32B", gemm_quant_mode="", tp_size=2.0),
+        _row(mode="disagg"),
+        _row(model_path="deepseek-ai/DeepSeek-R1"),
+        _row(system="a30"),
+        _row(attention_dp_size=2.0),
+    ]
+    path = _csv(tmp_path / "silicon_sample.csv", rows)
+    got, skipped = bench.read_rows(path, "all")
+    frame = pd.read_csv(path)  # the same selection, counted independently
+    agg = frame[frame["mode"] == "agg"]
+    dense = agg[agg.model_path.isin(bench.ARCHS)]
+    assert len(got) == ((dense.system != "a30") & (dense.attention_dp_size.fillna(1) <= 1)).sum() == 2
+    assert [(r.protocol, r.engine, r.precision, r.tp, r.concurrency) for r in got] == [
+        ("inferencemax", "vllm", "fp8", 4, 4),
+        ("other", "trtllm", "bf16", 2, 4),
+    ]
+    assert sum(skipped.values()) == len(frame) - 2 and skipped["mode disagg (disaggregated prefill and decode)"] == 1
+    only, rest = bench.read_rows(path, "inferencemax")
+    assert [r.protocol for r in only] == ["inferencemax"] and rest["protocol other (--protocol inferencemax)"] == 1
+
+
+def test_the_inferencemax_client_draws_lengths_in_its_range_and_a_row_is_predicted(bench, tmp_path):
+    (row,), _ = bench.read_rows(_csv(tmp_path / "s.csv", [_row(model_path="meta-llama/Llama-3.1-8B-Instruct")]), "all")
+    lengths = bench._lengths(row, 1024)
+    assert (lengths.kind, lengths.lo, lengths.hi) == ("uniform", 819, 1024)
+    done = bench.predict_row(row, roofline_only(), archs={row.model: bench.load_arch("llama3-8b")})
+    assert done.refused == "" and done.pred_ttft_ms > 0 and 0 < done.pred_tpot_ms < 100
+    assert done.error("tpot") == pytest.approx(done.pred_tpot_ms / 12.0 - 1)
+    text = bench.markdown([done], {"mode disagg": 3}, seconds=1.0, command="c")
+    assert "### Protocol inferencemax" in text and "h100_sxm vllm Llama-3.1-8B-Instruct fp8 | 1 |" in text
+
+
+def test_a_missing_or_foreign_csv_is_one_line_exit_2(tmp_path):
+    missing = subprocess.run(
+        [sys.executable, str(SCRIPT), "--csv", str(tmp_path / "nope.csv")], capture_output=True, text=True
+    )
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
+    foreign = tmp_path / "other.csv"
+    foreign.write_text("a,b\n1,2\n")
+    out = subprocess.run([sys.executable, str(SCRIPT), "--csv", str(foreign)], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "lacks column(s)" in out.stderr
+    assert "Traceback" not in out.stderr
