@@ -150,6 +150,14 @@ class Dtypes:
     flash2_own: bool = False
     """FlashAttention-2 (``flash2``) is a kernel family of its own on the device (Hopper, Blackwell:
     :data:`FLASH2_OWN_ARCHITECTURES`); elsewhere a ``flash2`` kernel is priced as ``flash``."""
+    kv: str | None = None
+    """The KV cache's dtype where it is not ``act`` (inference ``kv_dtype``). A prompt's attention runs in it
+    (TensorRT-LLM's FP8 FMHA over an fp8 cache: the measured attention rows of that dtype). A decode step's attention
+    keeps ``act`` queries over the cache (AIConfigurator's generation rows: bf16 attention over an fp8 or a bf16
+    cache), memory-bound on the cache it reads: priced as the ``act`` kernel over the keys whose bytes it reads
+    (``seq_kv`` scaled by the bytes ratio, half for fp8 under bf16). On B200 those rows time fp8 over bf16 caches
+    at 0.65, 0.59 and 0.55x for batch 64 at 1k, 2k and 4k cached tokens, and at 1.0x for batch 1, where the launch
+    sets the time (``systems/data/b200_sxm/attention/trtllm/1.3.0rc20/generation_attention_perf.parquet``)."""
     fused_swiglu: bool = False
     """A SiLU-gated activation runs as one kernel (:func:`opcast.archs.gated_activation_ops`): the framework's
     (:attr:`opcast.predict.frameworks.Framework.fused_swiglu`) unless the run says otherwise."""
@@ -166,6 +174,12 @@ class Dtypes:
         if kind == "gemm":
             matrix = TE_GEMM_KERNELS.get(self.matrix, self.matrix) if self.te_gemms else self.matrix
             return kernel(kind, params, matrix, direction, self.tensor_cores)
+        if kind == "attention" and self.kv is not None:
+            if params["seq_q"] == 1:  # decode: act queries over the cache, memory-bound on its bytes
+                ratio = element_bytes(self.kv) / element_bytes(self.act)
+                params = {**params, "seq_kv": max(1, math.ceil(params["seq_kv"] * ratio))}
+                return kernel(kind, params, self.act, direction, self.tensor_cores)
+            return kernel(kind, params, self.kv, direction, self.tensor_cores)
         if kind == "attention":
             return kernel(kind, params, self.act, direction, self.tensor_cores)
         return kernel(kind, params, self.act, direction, False)

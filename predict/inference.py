@@ -112,7 +112,8 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     kernels through it."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version)
-    return replace(prec, impls=(*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ())))
+    impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
+    return replace(prec, impls=impls, kv=cfg.kv_dtype if cfg.kv_dtype != prec.act else None)
 
 
 def _forward_s(
@@ -643,7 +644,7 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig, *, experts: ExpertLayout | N
     act_b = dtype_bytes(prec.act)
     weight_b = element_bytes(prec.matrix)  # nvfp4 weights: 0.5625 bytes with their scales
     expert_b = weight_storage_bytes(arch.expert_weights) if arch.expert_weights else weight_b  # gpt-oss's MXFP4 experts
-    kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=prec.act)
+    kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=cfg.kv_dtype or prec.act)
     heads = arch.n_heads // cfg.tp
     whole = cfg.ep > 1
     ffn = arch.ffn_hidden // (1 if whole and arch.n_experts > 1 else cfg.tp)  # one rank's expert (or MLP) width

@@ -424,6 +424,12 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
     "batch": ("Sequences decoded together.", None),
     "prompt_len": ("Prompt tokens per sequence.", None),
     "gen_len": ("Generated tokens per sequence.", None),
+    "kv_dtype": (
+        "The KV cache's dtype: fp8 holds a token in half the bytes and runs attention as an fp8 kernel over it "
+        "(vLLM --kv-cache-dtype fp8, TensorRT-LLM kv_cache_config dtype fp8, its default for NVIDIA's fp8 and nvfp4 "
+        "checkpoints); bf16 or fp16.",
+        "the activations' dtype",
+    ),
     "engine_version": (
         "The --engine's release, e.g. 0.11.0, where its kernels or overheads depend on it (vLLM before 0.12 runs "
         "MXFP4 MoE experts on Hopper with Marlin, later ones with OpenAI Triton's matmul_ogs; vLLM before 0.6 "
@@ -798,7 +804,17 @@ RULES += (Rule(("disaggregate", "replicas"), _disaggregate_rule),)
 _ENGINE_DEFAULT = "the --engine's default (vLLM: by GPU memory, as vLLM's EngineArgs)"
 SERVE_PARALLEL = tuple(
     _option(INFER, n)
-    for n in ("tp", "pp", "ep", "precision", "attention", "tensor_cores", "engine_version", "moe_dispatcher")
+    for n in (
+        "tp",
+        "pp",
+        "ep",
+        "precision",
+        "kv_dtype",
+        "attention",
+        "tensor_cores",
+        "engine_version",
+        "moe_dispatcher",
+    )
 )
 """A replica's layout and numerics: the options of ``predict infer`` that apply to serving."""
 SERVE = (

@@ -32,6 +32,7 @@ from opcast.predict.serve.engine import EngineName, engine_version_problem
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1", "flash2"]
+KvDtype = Literal["bf16", "fp16", "fp8"]
 Schedule = Literal["1f1b", "interleaved"]
 InferEngine = Literal["none", EngineName]  # type: ignore[valid-type]  # mypy sees opcast.predict.serve untyped (Any)
 """Serving framework whose per-step overhead an inference batch pays (:data:`opcast.predict.serve.engine.OVERHEADS`);
@@ -240,6 +241,12 @@ class InferConfig:
     precision: Precision = "bf16"
     """Weights, activations and KV cache precision (fp8 / mxfp8 / nvfp4: the blocks' GEMMs and
     weights in fp8 / block-scaled fp8 / nvfp4, the rest bf16)."""
+    kv_dtype: KvDtype | None = None
+    """The KV cache's dtype; None: the activations' (bf16 under every precision but fp16 and fp32). fp8 (e4m3 with a
+    per-tensor scale: vLLM ``--kv-cache-dtype fp8``, TensorRT-LLM ``kv_cache_config.dtype: fp8``, which
+    TensorRT-LLM's ``auto`` takes from NVIDIA's fp8 and nvfp4 checkpoints) holds a token in half the bytes, and
+    attention reads it as an fp8 kernel (TensorRT-LLM's FP8 FMHA over an fp8 cache, the measured attention rows of
+    that dtype); it needs a GPU with fp8."""
     attention: AttentionImpl = "flash"
     """Attention kernel."""
     tensor_cores: bool | None = None
@@ -946,6 +953,11 @@ def validate_infer(
         reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
     if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
         reasons.append(problem)
+    if cfg.kv_dtype is not None:
+        if cfg.kv_dtype not in get_args(KvDtype):
+            reasons.append(f"kv_dtype={cfg.kv_dtype!r} is not one of {', '.join(get_args(KvDtype))}")
+        elif not device.supports(cfg.kv_dtype):
+            reasons.append(f"kv_dtype={cfg.kv_dtype} needs a GPU with {cfg.kv_dtype}; {device.name} has none")
     if cfg.moe_dispatcher is not None and (problem := dispatcher_problem(cfg.moe_dispatcher)) is not None:
         reasons.append(problem)
     if check_device:

@@ -208,7 +208,7 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
 
 
 def _fields(cfg: InferConfig) -> dict:
-    return {k: getattr(cfg, k) for k in ("tp", "pp", "ep", "precision", "attention", "tensor_cores")}
+    return {k: getattr(cfg, k) for k in ("tp", "pp", "ep", "precision", "kv_dtype", "attention", "tensor_cores")}
 
 
 class BlockPool:

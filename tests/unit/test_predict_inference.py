@@ -290,3 +290,51 @@ def test_an_engine_prices_fp8_linears_without_their_amax_pass_and_bf16_ones_as_b
     fp8 = decode_s("fp8", "none") - decode_s("fp8", "vllm")
     linears = arch.n_layers * 4  # qkv, proj, mlp_up, mlp_down: lm_head is not an fp8 linear
     assert 0.5 * linears * 7e-6 < fp8 - bf16 < linears * 7.1e-6
+
+
+def test_an_fp8_kv_cache_holds_half_the_bytes_and_its_decode_attention_reads_half():
+    from opcast.predict.inference import infer_precision
+
+    arch = load_arch("llama3-8b")
+    bf16 = InferConfig(batch=8, prompt_len=1000, gen_len=24, precision="fp8", engine="vllm")
+    fp8 = _with(bf16, kv_dtype="fp8")
+    mem_bf16 = inference.infer_memory(arch, bf16).kv_cache_bytes
+    assert inference.infer_memory(arch, fp8).kv_cache_bytes == pytest.approx(mem_bf16 / 2)
+    prec = infer_precision(fp8, arch, H100)
+    decode = prec.of(
+        "attention",
+        {
+            "batch": 8,
+            "heads": 32,
+            "kv_heads": 8,
+            "seq_q": 1,
+            "seq_kv": 1001,
+            "head_dim": 128,
+            "causal": True,
+            "impl": "flash",
+        },
+    )
+    prefill = prec.of(
+        "attention",
+        {
+            "batch": 1,
+            "heads": 32,
+            "kv_heads": 8,
+            "seq_q": 512,
+            "seq_kv": 512,
+            "head_dim": 128,
+            "causal": True,
+            "impl": "flash",
+        },
+    )
+    assert (decode.dtype, decode.param_dict["seq_kv"]) == ("bf16", 501)  # bf16 queries over half the bytes
+    assert (prefill.dtype, prefill.param_dict["seq_kv"]) == ("fp8", 512)  # FP8 FMHA over the fp8 cache
+    assert infer_precision(bf16, arch, H100).kv is None
+    slow = predict_infer(arch, H100, bf16, kernels=roofline_only())
+    fast = predict_infer(arch, H100, fp8, kernels=roofline_only())
+    assert fast.tpot_s < slow.tpot_s and fast.memory.kv_cache_bytes == pytest.approx(slow.memory.kv_cache_bytes / 2)
+
+
+def test_an_fp8_kv_cache_needs_a_gpu_with_fp8():
+    r = infer(device=get_device("A100-SXM4-80GB"), batch=1, prompt_len=16, gen_len=2, kv_dtype="fp8")
+    assert not r.feasible and any("kv_dtype=fp8 needs a GPU with fp8" in x for x in r.reasons)
