@@ -30,10 +30,13 @@ rows are told apart by their ``silicon_data_source``:
   engine release and model): the client is not published. Simulated with the same closed loop and fixed lengths;
   shown apart, and no claim rests on them.
 
-Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P --engine E --concurrency C
+Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P [--kv-dtype fp8] --engine E --concurrency C
 --num-requests 10C --input-len LO:HI --output-len LO:HI --max-num-seqs C``; ``P`` is the row's
 ``gemm_quant_mode`` (fp8 -> fp8, nvfp4 -> nvfp4, fp8_block -> fp8 (per-tensor fp8 priced: opcast's block-scaled
-fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache is bf16 (opcast has no fp8 KV cache yet). The
+fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache (``--kv-dtype``) is fp8 for TensorRT-LLM's fp8 and
+nvfp4 rows (its ``kv_cache_config.dtype`` ``auto`` takes the checkpoint's fp8 KV, and NVIDIA's deployment guide for
+Llama-3.3-70B on TensorRT-LLM sets ``dtype: fp8``), bf16 for vLLM's (``--kv-cache-dtype auto``, the model's dtype;
+InferenceMAX's vLLM command gives none) and for bf16 rows. The
 measured TTFT and TPOT are compared with the simulated means over the requests (``predict serve``'s ``mean``:
 TTFT from arrival to first token plus the engine's front end; TPOT, per request, (end-to-end - TTFT) / (output
 tokens - 1), as ``benchmark_serving.py`` computes both).
@@ -198,7 +201,8 @@ def predict_row(row: Row, kernels, *, archs: dict) -> Row:
             output_len=_lengths(row, row.osl),
             seed=0,
         )
-        cfg = InferConfig(tp=row.tp, precision=row.precision)  # type: ignore[arg-type]
+        kv = "fp8" if row.engine == "trtllm" and row.precision in ("fp8", "nvfp4") else None
+        cfg = InferConfig(tp=row.tp, precision=row.precision, kv_dtype=kv)  # type: ignore[arg-type]
         m = predict_serve(archs[row.model], dev, cfg, engine, stream, kernels=kernels).metrics
     except OpcastError as err:
         return _replace(row, refused=str(err))
