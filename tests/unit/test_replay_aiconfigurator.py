@@ -646,8 +646,9 @@ def test_a_bf16_gemm_two_other_tables_contradict_is_a_spike_and_the_next_framewo
     assert len(result.rows) + sum(result.skipped.values()) == sum(len(v) for v in scales.values())
 
 
-def test_block_scaled_gemms_take_tensorrt_llms_rows_and_skip_vllms_eager_fp8_block(tmp_path):
-    """fp8_block and nvfp4 rows follow GEMM_BLOCK_FRAMEWORKS (TensorRT-LLM first); vLLM's fp8_block rows,
+def test_block_scaled_gemms_follow_their_precedence_and_skip_vllms_eager_fp8_block(tmp_path):
+    """fp8_block and nvfp4 rows follow GEMM_BLOCK_FRAMEWORKS (fp8_block TensorRT-LLM first, nvfp4 vLLM first); vLLM's
+    fp8_block rows,
     timed without a CUDA graph, are skipped and counted even where nothing else measured the shape."""
     gen = load_script(GENERATOR, register=False)
     gen.HERE = tmp_path
@@ -665,7 +666,7 @@ def test_block_scaled_gemms_take_tensorrt_llms_rows_and_skip_vllms_eager_fp8_blo
         )
     result = aic.replay(tmp_path)
     kept = {(r["dtype"], r["m"]): r["source_file"].split("/")[2] for r in result.rows if r["op"] == "gemm"}
-    assert kept == {("fp8_block", 128): "trtllm", ("nvfp4", 128): "trtllm"}
+    assert kept == {("fp8_block", 128): "trtllm", ("nvfp4", 128): "vllm"}
     assert result.skipped[aic.VLLM_FP8_BLOCK_REASON] == 2
 
 
