@@ -52,7 +52,7 @@ import csv
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from statistics import median
 from typing import Final
@@ -205,13 +205,9 @@ def predict_row(row: Row, kernels, *, archs: dict) -> Row:
         cfg = InferConfig(tp=row.tp, precision=row.precision, kv_dtype=kv)  # type: ignore[arg-type]
         m = predict_serve(archs[row.model], dev, cfg, engine, stream, kernels=kernels).metrics
     except OpcastError as err:
-        return _replace(row, refused=str(err))
+        return replace(row, refused=str(err))
     assert m.ttft.mean_s is not None and m.tpot.mean_s is not None
-    return _replace(row, pred_ttft_ms=m.ttft.mean_s * 1e3, pred_tpot_ms=m.tpot.mean_s * 1e3)
-
-
-def _replace(row: Row, **kw) -> Row:
-    return Row(**{**asdict(row), **kw})
+    return replace(row, pred_ttft_ms=m.ttft.mean_s * 1e3, pred_tpot_ms=m.tpot.mean_s * 1e3)
 
 
 def summary(rows: list[Row], key) -> list[list[str]]:

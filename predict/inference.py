@@ -113,7 +113,13 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version)
     impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
-    return replace(prec, impls=impls, kv=cfg.kv_dtype if cfg.kv_dtype != prec.act else None)
+    kv = kv_cache_dtype(cfg, prec.act)
+    return replace(prec, impls=impls, kv=kv if kv != prec.act else None)
+
+
+def kv_cache_dtype(cfg: InferConfig, act: str) -> str:
+    """The dtype ``cfg``'s KV cache is kept in: ``cfg.kv_dtype``, else the activations' ``act``."""
+    return cfg.kv_dtype or act
 
 
 def _forward_s(
@@ -644,7 +650,9 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig, *, experts: ExpertLayout | N
     act_b = dtype_bytes(prec.act)
     weight_b = element_bytes(prec.matrix)  # nvfp4 weights: 0.5625 bytes with their scales
     expert_b = weight_storage_bytes(arch.expert_weights) if arch.expert_weights else weight_b  # gpt-oss's MXFP4 experts
-    kv = kv_cache_bytes(arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=cfg.kv_dtype or prec.act)
+    kv = kv_cache_bytes(
+        arch, tp=cfg.tp, pp=cfg.pp, batch=b, tokens=P + cfg.gen_len, dtype=kv_cache_dtype(cfg, prec.act)
+    )
     heads = arch.n_heads // cfg.tp
     whole = cfg.ep > 1
     ffn = arch.ffn_hidden // (1 if whole and arch.n_experts > 1 else cfg.tp)  # one rank's expert (or MLP) width

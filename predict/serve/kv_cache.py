@@ -161,7 +161,7 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
     budget = engine.max_num_batched_tokens
     vllm = engine.engine == "vllm"
     experts = vllm_expert_layout(arch, device) if vllm else None
-    one_step = InferConfig(**{**_fields(cfg), "batch": 1, "prompt_len": budget, "gen_len": 1})
+    one_step = replace(cfg, batch=1, prompt_len=budget, gen_len=1)
     mem = infer_memory(arch, one_step, experts=experts)
     unwindowed = replace(arch, sliding_window=None, sliding_window_layers=None)
     tokens_of_every_layer = infer_memory(unwindowed, one_step).kv_cache_bytes
@@ -205,10 +205,6 @@ def kv_capacity(arch: ArchSpec, device, cfg: InferConfig, engine: EngineConfig, 
             f"{longest_tokens} ({short / GIB:.2f} GiB more); {fix}, or shorter requests"
         )
     return cap
-
-
-def _fields(cfg: InferConfig) -> dict:
-    return {k: getattr(cfg, k) for k in ("tp", "pp", "ep", "precision", "kv_dtype", "attention", "tensor_cores")}
 
 
 class BlockPool:

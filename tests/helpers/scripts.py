@@ -4,6 +4,7 @@ module, for tests that call its functions: ``from helpers.scripts import load_sc
 from __future__ import annotations
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,3 +27,8 @@ def load_script(path: str | Path, name: str | None = None, *, register: bool = T
         sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def run_script(path: str | Path, *args: str) -> subprocess.CompletedProcess:
+    """The script at ``path`` run in a subprocess with ``args`` by this interpreter, its output captured as text."""
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True)

@@ -5,8 +5,6 @@ the rows it does not score counted by why, the InferenceMAX client's lengths, an
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,7 +12,7 @@ import pytest
 
 from opcast.predict.cost import roofline_only
 
-from helpers.scripts import load_script
+from helpers.scripts import load_script, run_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "aic_serving.py"
 IMAX = "source_file=2026-04-06.csv; config_id=1"
@@ -94,12 +92,10 @@ def test_the_inferencemax_client_draws_lengths_in_its_range_and_a_row_is_predict
 
 
 def test_a_missing_or_foreign_csv_is_one_line_exit_2(tmp_path):
-    missing = subprocess.run(
-        [sys.executable, str(SCRIPT), "--csv", str(tmp_path / "nope.csv")], capture_output=True, text=True
-    )
+    missing = run_script(SCRIPT, "--csv", str(tmp_path / "nope.csv"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
     foreign = tmp_path / "other.csv"
     foreign.write_text("a,b\n1,2\n")
-    out = subprocess.run([sys.executable, str(SCRIPT), "--csv", str(foreign)], capture_output=True, text=True)
+    out = run_script(SCRIPT, "--csv", str(foreign))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "lacks column(s)" in out.stderr
     assert "Traceback" not in out.stderr

@@ -5,13 +5,11 @@ published layout; the real one is not in the repository)."""
 from __future__ import annotations
 
 import csv
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers.scripts import load_script
+from helpers.scripts import load_script, run_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "inference_bench.py"
 HEADER = [
@@ -73,12 +71,10 @@ def test_a_batch_faster_than_reading_its_weights_per_token_is_dropped_not_scored
 
 
 def test_a_missing_or_foreign_csv_is_one_line_exit_2(tmp_path):
-    missing = subprocess.run(
-        [sys.executable, str(SCRIPT), "--csv", str(tmp_path / "nope.csv")], capture_output=True, text=True
-    )
+    missing = run_script(SCRIPT, "--csv", str(tmp_path / "nope.csv"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "clone" in missing.stderr
     foreign = tmp_path / "other.csv"
     foreign.write_text("a,b\n1,2\n")
-    out = subprocess.run([sys.executable, str(SCRIPT), "--csv", str(foreign)], capture_output=True, text=True)
+    out = run_script(SCRIPT, "--csv", str(foreign))
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "lacks column(s)" in out.stderr
     assert "Traceback" not in out.stderr
