@@ -982,6 +982,26 @@ SERVE = (
         check=_fraction,
     ),
     Opt(
+        "batch_wait_iters",
+        "--batch-wait-iters",
+        Optional[int],
+        "TensorRT-LLM's batch_wait_timeout_iters: steps new prompts may be held back while requests decode, to "
+        "batch more of them (with --batch-wait-tokens-ratio; --engine trtllm only).",
+        None,
+        "0, never held (TensorRT-LLM's default)",
+        check=lambda v: None if 0 <= v <= 10_000 else f"--batch-wait-iters {v} must lie in [0, 10000] steps, e.g. 20",
+    ),
+    Opt(
+        "batch_wait_tokens_ratio",
+        "--batch-wait-tokens-ratio",
+        Optional[float],
+        "TensorRT-LLM's batch_wait_max_tokens_ratio: held prompts go once the step's tokens reach this fraction "
+        "of --max-num-batched-tokens (with --batch-wait-iters; --engine trtllm only).",
+        None,
+        "0 (TensorRT-LLM's default)",
+        check=lambda v: None if 0 <= v <= 1 else f"--batch-wait-tokens-ratio {v} must lie in [0, 1], e.g. 0.9",
+    ),
+    Opt(
         "frontend_ms",
         "--frontend-ms",
         Optional[float],
@@ -1123,7 +1143,15 @@ def serve_engine(o: Args, dev):
     """The :class:`~opcast.predict.serve.engine.EngineConfig` of ``--engine`` on ``dev`` with the limits given."""
     from opcast.predict.serve.engine import engine_config, step_overhead
 
-    names = ("max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "block_size", "gpu_memory_utilization")
+    names = (
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "chunked_prefill",
+        "block_size",
+        "gpu_memory_utilization",
+        "batch_wait_iters",
+        "batch_wait_tokens_ratio",
+    )
     frontend_s = None if o.frontend_ms is None else o.frontend_ms / 1e3
     overhead = step_overhead(o.engine, getattr(o, "engine_version", None)) if o.engine in ENGINES else None
     return engine_config(o.engine, dev, frontend_s=frontend_s, overhead=overhead, **{n: getattr(o, n) for n in names})

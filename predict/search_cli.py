@@ -431,6 +431,8 @@ SERVE_STREAM = tuple(
         "chunked_prefill",
         "block_size",
         "gpu_memory_utilization",
+        "batch_wait_iters",
+        "batch_wait_tokens_ratio",
         "precision",
         "attention",
         "tensor_cores",
@@ -477,7 +479,13 @@ def search_serve_cmd(o: Args) -> None:
         disaggregate=o.disaggregate,
         engine_overrides={
             n: getattr(o, n)
-            for n in ("chunked_prefill", "block_size", "gpu_memory_utilization")
+            for n in (
+                "chunked_prefill",
+                "block_size",
+                "gpu_memory_utilization",
+                "batch_wait_iters",
+                "batch_wait_tokens_ratio",
+            )
             if getattr(o, n) is not None
         },
         router=o.router,

@@ -267,6 +267,15 @@ class EngineConfig:
     """TensorRT-LLM: the fraction applies to the memory left after weights and activations."""
     reserve_full_output: bool = False
     """Admit a request only when blocks for its prompt and whole output are free (no preemption)."""
+    batch_wait_iters: int = 0
+    """TensorRT-LLM's ``batch_wait_timeout_iters`` (:data:`BATCH_WAIT_SOURCE`): while requests decode, a step may
+    hold back the prompts it would admit, at most this many steps in a row, to batch more of them together; 0:
+    never held."""
+    batch_wait_tokens_ratio: float = 0.0
+    """TensorRT-LLM's ``batch_wait_max_tokens_ratio``: held prompts go once the step's tokens (the prompts' and one
+    a decoding sequence) reach this fraction of ``max_num_batched_tokens``. Prompts are held only when both
+    settings are above 0, as in the engine (its test: steps waited >= ``batch_wait_iters`` or tokens >= ratio x
+    ``max_num_batched_tokens``, either true at 0)."""
     overhead: StepOverhead = OVERHEADS["vllm"]
     frontend_s: float = 0.0
     """Seconds each request's first token and finish reach the client later than the engine produces them:
@@ -284,11 +293,30 @@ class EngineConfig:
             problems.append(f"gpu_memory_utilization {self.gpu_memory_utilization} must lie in (0, 1], e.g. 0.9")
         if self.engine not in ENGINES:
             problems.append(f"engine {self.engine!r} is not one of {', '.join(ENGINES)}")
+        if self.batch_wait_iters < 0:
+            problems.append(f"batch_wait_iters {self.batch_wait_iters} must be >= 0 steps, e.g. 20")
+        if not 0 <= self.batch_wait_tokens_ratio <= 1:
+            problems.append(f"batch_wait_tokens_ratio {self.batch_wait_tokens_ratio} must lie in [0, 1], e.g. 0.9")
+        if (self.batch_wait_iters or self.batch_wait_tokens_ratio) and self.engine != "trtllm":
+            problems.append(
+                "batch waiting (--batch-wait-iters, --batch-wait-tokens-ratio) is TensorRT-LLM's "
+                f"(batch_wait_timeout_iters, batch_wait_max_tokens_ratio), not {self.engine}'s; give --engine trtllm "
+                "or leave them out"
+            )
         if not 0 <= self.frontend_s < 10:
             problems.append(f"frontend_s {self.frontend_s} must lie in [0, 10) seconds, e.g. 0.01")
         if problems:
             raise OpcastError("; ".join(problems))
 
+
+BATCH_WAIT_SOURCE: Final = (
+    "TensorRT-LLM's PyTorch executor (tensorrt_llm/_torch/pyexecutor/py_executor.py, _schedule and "
+    "_waiting_requests; options batch_wait_timeout_iters and batch_wait_max_tokens_ratio, both 0 by default): with "
+    "context requests scheduled beside generation requests, the context requests are dropped from the step until "
+    "the steps waited reach batch_wait_timeout_iters or the scheduled tokens (context tokens plus one per "
+    "generation request) reach batch_wait_max_tokens_ratio x max_num_tokens; the count restarts when they go"
+)
+"""Where :attr:`EngineConfig.batch_wait_iters` and :attr:`EngineConfig.batch_wait_tokens_ratio` come from."""
 
 MAX_BLOCK_SIZE: Final = 256
 """Most tokens per KV-cache block (page): vLLM's largest (``vllm/config/cache.py``: ``BlockSize = Literal[1, 8, 16,

@@ -95,7 +95,12 @@ def print_serve(r: ServeResult, console) -> None:
         f"(tp={r.config.tp} pp={r.config.pp}{_ep(r.config)}, {r.config.precision}), {e.engine}: "
         f"max_num_seqs {e.max_num_seqs}, "
         f"max_num_batched_tokens {e.max_num_batched_tokens}, chunked prefill {'on' if e.chunked_prefill else 'off'}, "
-        f"KV {r.capacity.tokens:,} tokens per replica ({r.capacity.kv_bytes / GIB:.1f} GiB per GPU)",
+        + (
+            f"batch waiting {e.batch_wait_iters} steps / {e.batch_wait_tokens_ratio:g} of the tokens, "
+            if e.batch_wait_iters and e.batch_wait_tokens_ratio
+            else ""
+        )
+        + f"KV {r.capacity.tokens:,} tokens per replica ({r.capacity.kv_bytes / GIB:.1f} GiB per GPU)",
         markup=False,
         highlight=False,
     )

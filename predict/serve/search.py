@@ -126,7 +126,7 @@ class ServeSpace:
     max_num_batched_tokens: tuple[int, ...] | None = None
     """Values to try; None: :data:`TOKENS_GRID` and the engine's default."""
     engine_overrides: dict[str, Any] = field(default_factory=dict)
-    """Other engine settings, fixed (chunked_prefill, block_size, gpu_memory_utilization)."""
+    """Other engine settings, fixed (chunked_prefill, block_size, gpu_memory_utilization, batch waiting)."""
     router: str = "round_robin"
     slo_ttft_s: float | None = None
     slo_tpot_s: float | None = None
@@ -287,6 +287,12 @@ def space_problems(space: ServeSpace) -> list[str]:
         out.append(f"--engine {space.engine!r} is not one of {', '.join(ENGINES)}")
     if space.moe_dispatcher is not None and (problem := dispatcher_problem(space.moe_dispatcher)) is not None:
         out.append(problem)
+    waits = {n: space.engine_overrides.get(n) for n in ("batch_wait_iters", "batch_wait_tokens_ratio")}
+    if space.engine in ENGINES and any(waits.values()):
+        try:  # the engine's own check (batch waiting is TensorRT-LLM's)
+            EngineConfig(engine=space.engine, **{n: v for n, v in waits.items() if v is not None})  # type: ignore[arg-type]
+        except OpcastError as err:
+            out.append(str(err))
     if space.router not in ROUTERS:
         out.append(f"--router {space.router!r} is not one of {', '.join(ROUTERS)}")
     if space.objective == "goodput" and space.slo_ttft_s is None and space.slo_tpot_s is None:

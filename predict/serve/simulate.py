@@ -18,6 +18,11 @@ One step (vLLM V1's scheduler, ``vllm/v1/core/sched/scheduler.py``):
    blocks of the whole prompt and output). A prompt not split (chunked prefill off) waits until
    it fits the remaining budget whole. A preempted request resumes by prefilling its prompt and
    the tokens it had generated.
+3. **Batch waiting** (TensorRT-LLM's ``batch_wait_timeout_iters`` and ``batch_wait_max_tokens_ratio``:
+   :attr:`~opcast.predict.serve.engine.EngineConfig.batch_wait_iters`): when prompts were admitted beside
+   running decodes, they are put back at the front of the queue unless the replica has held prompts back
+   ``batch_wait_iters`` steps in a row or the step's tokens reach ``batch_wait_tokens_ratio`` x
+   ``max_num_batched_tokens``; the count of steps restarts when prompts go. A step without decodes never holds.
 
 A request whose KV covers its prompt and every token it has generated emits one token at the end
 of the step (the first from its prefill); it finishes with its last and frees its blocks.
@@ -255,6 +260,9 @@ def simulate(
     max_tokens, max_seqs = engine.max_num_batched_tokens, engine.max_num_seqs
     chunked, reserve = engine.chunked_prefill, engine.reserve_full_output
     overhead = engine.overhead
+    hold_iters = engine.batch_wait_iters if engine.batch_wait_iters and engine.batch_wait_tokens_ratio else 0
+    hold_tokens = engine.batch_wait_tokens_ratio * max_tokens
+    held_steps = [0] * replicas  # steps in a row each replica has held prompts back (batch waiting)
     watch = _Watch(stop, arrival, sum(out)) if stop is not None else None
     # Disaggregation: the tokens a request emits on each replica (prefill replicas: its first only)
     one = [1] * n
@@ -306,6 +314,8 @@ def simulate(
                 i += 1
                 continue
             break
+        new: list[tuple[int, int, int]] = []  # admitted this step: (request, its KV before, blocks taken)
+        received = False  # a decode replica admitted a request whose prompt's KV it received: nothing held
         if not preempted:
             while wait and budget > 0 and len(run) < max_seqs:
                 rid = wait[0]
@@ -323,6 +333,7 @@ def simulate(
                 pool.take(extra)
                 held[rid] += extra
                 run.append(rid)
+                new.append((rid, comp[rid], extra))
                 c += q
                 comp[rid] = c
                 if c == total:
@@ -330,10 +341,28 @@ def simulate(
                 if q == 1 and c == total and gen[rid] > 0:  # a decode replica's request, its prompt's KV received
                     decode += 1
                     decode_kv += c
+                    received = True
                 else:
                     prefill.append((q, c))
                 budget -= q
                 seqs += 1
+        if hold_iters and new and decode and not received:
+            if held_steps[r] >= hold_iters or max_tokens - budget >= hold_tokens:
+                held_steps[r] = 0
+            else:  # batch waiting: the admitted prompts go back to the queue's front, in order
+                held_steps[r] += 1
+                for rid, c0, extra in reversed(new):
+                    run.pop()
+                    pool.give(extra)
+                    held[rid] -= extra
+                    comp[rid] = c0
+                    wait.appendleft(rid)
+                back = {rid for rid, _, _ in new}
+                emit = [rid for rid in emit if rid not in back]
+                for q, _ in prefill[-len(new) :]:
+                    budget += q
+                del prefill[-len(new) :]
+                seqs -= len(new)
         if not seqs:
             busy_until[r] = np.inf
             return

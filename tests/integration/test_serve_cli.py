@@ -68,6 +68,22 @@ def test_a_closed_loop_of_clients_is_served_as_a_benchmark_client_sends_it(tmp_p
     assert 0 < m["ttft"]["p50_s"] <= m["ttft"]["p99_s"] and m["tpot"]["mean_s"] > 0
 
 
+def test_trtllm_batch_waiting_holds_prompts_beside_decodes(tmp_path):
+    """A closed loop of 4 clients on TensorRT-LLM: with batch waiting (20 steps, 0.9 of the tokens), a prompt that
+    arrives while others decode waits up to 20 steps, so the mean TTFT grows by several decode steps."""
+    args = [*BASE, "--engine", "trtllm", "--concurrency", "4", "--num-requests", "40", "--input-len", "200:400"]
+    args += ["--output-len", "40:60", "--json"]
+    plain = _run(*args, cwd=tmp_path)
+    waits = _run(*args, "--batch-wait-iters", "20", "--batch-wait-tokens-ratio", "0.9", cwd=tmp_path)
+    assert plain.returncode == 0 and waits.returncode == 0, plain.stderr + waits.stderr
+    before, after = json.loads(plain.stdout), json.loads(waits.stdout)
+    assert after["engine"]["batch_wait_iters"] == 20 and after["engine"]["batch_wait_tokens_ratio"] == 0.9
+    assert before["engine"]["batch_wait_iters"] == 0
+    tpot_s = after["metrics"]["tpot"]["mean_s"]
+    grew = after["metrics"]["ttft"]["mean_s"] - before["metrics"]["ttft"]["mean_s"]
+    assert 3 * tpot_s < grew < 21 * tpot_s
+
+
 def _bad_traces(tmp_path: Path) -> dict[str, Path]:
     empty = tmp_path / "empty.csv"
     empty.write_text("arrival_s,input_tokens,output_tokens\n")
@@ -93,6 +109,11 @@ def _bad_traces(tmp_path: Path) -> dict[str, Path]:
         (["--rate", "1", "--engine", "tgi"], "--engine 'tgi' is not one of vllm, sglang, trtllm"),
         (["--rate", "1", "--disaggregate", "2:0"], r"--disaggregate '2:0' must be P:D, .*each >= 1\)"),
         (["--rate", "1", "--disaggregate", "1:1", "--replicas", "2"], "either --replicas or --disaggregate"),
+        (
+            ["--rate", "1", "--batch-wait-iters", "20", "--batch-wait-tokens-ratio", "0.9"],
+            r"batch waiting .* is TensorRT-LLM's .* not vllm's; give --engine trtllm",
+        ),
+        (["--rate", "1", "--engine", "trtllm", "--batch-wait-tokens-ratio", "2"], r"must lie in \[0, 1\]"),
     ],
 )
 def test_bad_inputs_are_one_line_exit_2_and_write_nothing(tmp_path, extra, message):

@@ -311,6 +311,10 @@ def test_bad_spaces_are_refused_with_every_problem():
         assert part in text
     assert any("needs an SLO" in p for p in space_problems(ServeSpace(gpus=4)))
     assert space_problems(ServeSpace(gpus=4, objective="throughput")) == []
+    waits = {"batch_wait_iters": 20, "batch_wait_tokens_ratio": 0.9}
+    (vllm,) = space_problems(ServeSpace(gpus=4, objective="throughput", engine_overrides=waits))
+    assert "is TensorRT-LLM's" in vllm and "give --engine trtllm" in vllm
+    assert space_problems(ServeSpace(gpus=4, objective="throughput", engine="trtllm", engine_overrides=waits)) == []
     # every replica count of every layout is a deployment: past 2**21 GPUs the search never ended
     assert space_problems(ServeSpace(gpus=2**21 + 1, objective="throughput")) == [
         "--gpus 2097153 is past the 2,097,152 GPUs a search takes; give fewer"

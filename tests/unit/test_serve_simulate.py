@@ -227,3 +227,59 @@ def test_a_closed_loop_of_every_request_is_a_burst_at_time_zero():
     closed = simulate(_closed(5, inputs, outputs), _engine(max_num_seqs=3), _cost, kv_blocks=100)
     assert closed.finish_s.tolist() == burst.finish_s.tolist()
     assert closed.first_token_s.tolist() == burst.first_token_s.tolist()
+
+
+def _trtllm(**kw) -> EngineConfig:
+    return _engine(engine="trtllm", chunked_prefill=False, max_num_seqs=8, **kw)
+
+
+def test_batch_waiting_holds_a_prompt_beside_decodes_for_its_steps_then_lets_it_go():
+    """TensorRT-LLM's batch waiting, 2 steps, ratio 0.9 of 100 tokens, steps of 1 s. A (10 + 6 tokens) prefills
+    alone in [0, 1] (no decodes: never held). B (10 + 2) arrives at 1.5: its 10 tokens beside A's decode are 11 < 90,
+    so steps [2, 3] and [3, 4] hold it; in [4, 5] the count is 2 and it goes (first token at 5, done at 6)."""
+    stream = _stream([0.0, 1.5], [10, 10], [6, 2])
+    sim = simulate(stream, _trtllm(batch_wait_iters=2, batch_wait_tokens_ratio=0.9), _constant(1.0), kv_blocks=100)
+    assert sim.first_token_s.tolist() == [1.0, 5.0]
+    assert sim.finish_s.tolist() == [6.0, 6.0]
+    assert [s.prefill_tokens for s in sim.steps] == [10, 0, 0, 0, 10, 0]
+    assert [s.seqs for s in sim.steps] == [1, 1, 1, 1, 2, 2]
+    plain = simulate(stream, _trtllm(), _constant(1.0), kv_blocks=100)
+    assert plain.first_token_s.tolist() == [1.0, 3.0]  # without waiting B prefills in [2, 3]
+
+
+def test_batch_waiting_lets_prompts_go_at_the_token_ratio_and_needs_both_settings():
+    """B's 95 tokens beside A's decode reach 0.9 x 100 at once: not held. Either setting alone holds nothing
+    (the engine's test, steps >= iters or tokens >= ratio x budget, is true at 0)."""
+    big = _stream([0.0, 1.5], [10, 95], [6, 2])
+    sim = simulate(big, _trtllm(batch_wait_iters=2, batch_wait_tokens_ratio=0.9), _constant(1.0), kv_blocks=100)
+    assert sim.first_token_s.tolist() == [1.0, 3.0]
+    small = _stream([0.0, 1.5], [10, 10], [6, 2])
+    plain = simulate(small, _trtllm(), _constant(1.0), kv_blocks=100)
+    for one in ({"batch_wait_iters": 5}, {"batch_wait_tokens_ratio": 0.9}):
+        sim = simulate(small, _trtllm(**one), _constant(1.0), kv_blocks=100)
+        assert sim.first_token_s.tolist() == plain.first_token_s.tolist()
+
+
+def test_batch_waiting_batches_held_prompts_and_conserves_requests_and_tokens():
+    """A closed loop of 6 clients under waiting: every request and token served, the KV freed, and prompts
+    go in bigger groups than without it."""
+    rng = np.random.default_rng(3)
+    n, c = 120, 6
+    stream = _closed(c, rng.integers(20, 60, n), rng.integers(5, 40, n))
+    waits = _trtllm(max_num_batched_tokens=400, batch_wait_iters=6, batch_wait_tokens_ratio=0.5)
+    sim = simulate(stream, waits, _cost, kv_blocks=10**4)
+    plain = simulate(stream, _trtllm(max_num_batched_tokens=400), _cost, kv_blocks=10**4)
+    assert np.isfinite(sim.finish_s).all()
+    assert sum(s.tokens_out for s in sim.steps) == stream.output_tokens.sum()
+    assert sum(s.prefill_tokens for s in sim.steps) == stream.input_tokens.sum()
+    prompt_steps = [s for s in sim.steps if s.prefill_tokens]
+    assert len(prompt_steps) < sum(1 for s in plain.steps if s.prefill_tokens)
+    assert (sim.first_token_s - sim.stream.arrival_s).mean() > (plain.first_token_s - plain.stream.arrival_s).mean()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_batch_waiting_is_refused_for_engines_without_it(engine):
+    with pytest.raises(OpcastError, match="TensorRT-LLM's"):
+        EngineConfig(engine=engine, batch_wait_iters=20, batch_wait_tokens_ratio=0.9)
+    with pytest.raises(OpcastError, match=r"batch_wait_tokens_ratio 1\.5"):
+        EngineConfig(engine="trtllm", batch_wait_tokens_ratio=1.5)
