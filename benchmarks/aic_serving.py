@@ -21,11 +21,16 @@ rows are told apart by their ``silicon_data_source``:
   8192/1024, concurrency 4 to 128, TP 1 to 8, fp8 and nvfp4: SemiAnalysis' InferenceMAX grid, whose client is
   published (InferenceMAX README: vLLM's ``benchmark_serving.py --dataset-name random --random-input-len ISL
   --random-output-len OSL --random-range-ratio 0.8 --num-prompts $((CONC * 10)) --max-concurrency CONC
-  --request-rate inf --ignore-eos``; its vLLM servers ``--max-num-seqs CONC --max-num-batched-tokens 8192``).
-  Simulated as that client sends it: a closed loop of ``CONC`` clients (``--concurrency``), ``10 x CONC``
-  requests, prompt and output lengths uniform integers in ``[0.8 L, L]`` (the range ratio as that script's
-  ``sample_random_requests`` reads it), the engine's ``max_num_seqs`` the concurrency (and vLLM's
-  ``max_num_batched_tokens`` 8192);
+  --request-rate inf --ignore-eos``). Simulated as that client sends it: a closed loop of ``CONC`` clients
+  (``--concurrency``), ``10 x CONC`` requests, prompt and output lengths uniform integers in ``[0.8 L, L]`` (the
+  range ratio as that script's ``sample_random_requests`` reads it), the engine's ``max_num_seqs`` the
+  concurrency (the scripts give ``CONC`` or 512; a closed loop of ``CONC`` never runs more). The servers as their
+  launch scripts of the day the rows were measured set them (:data:`INFERENCEMAX_SCRIPTS`): vLLM
+  ``max-num-batched-tokens 8192`` and ``kv-cache-dtype fp8``; TensorRT-LLM ``--max_num_tokens 16384``,
+  ``kv_cache_config.dtype fp8``, and at ISL/OSL 1024/1024 below TP 8 batch waiting (``batch_wait_timeout_iters``
+  20, ``batch_wait_max_tokens_ratio`` 0.9: ``--batch-wait-iters`` / ``--batch-wait-tokens-ratio``), chunked prefill
+  off (its default). Their ``stream_interval`` 10 does not move the client's TTFT or TPOT (TensorRT-LLM sends a
+  request's first token at once and its last when it finishes);
 - ``other``: every other aggregated row (AIConfigurator's own gap-analysis runs, one source file per system,
   engine release and model): the client is not published. Simulated with the same closed loop and fixed lengths;
   shown apart, and no claim rests on them.
@@ -33,10 +38,10 @@ rows are told apart by their ``silicon_data_source``:
 Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P [--kv-dtype fp8] --engine E --concurrency C
 --num-requests 10C --input-len LO:HI --output-len LO:HI --max-num-seqs C``; ``P`` is the row's
 ``gemm_quant_mode`` (fp8 -> fp8, nvfp4 -> nvfp4, fp8_block -> fp8 (per-tensor fp8 priced: opcast's block-scaled
-fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache (``--kv-dtype``) is fp8 for TensorRT-LLM's fp8 and
-nvfp4 rows (its ``kv_cache_config.dtype`` ``auto`` takes the checkpoint's fp8 KV, and NVIDIA's deployment guide for
-Llama-3.3-70B on TensorRT-LLM sets ``dtype: fp8``), bf16 for vLLM's (``--kv-cache-dtype auto``, the model's dtype;
-InferenceMAX's vLLM command gives none) and for bf16 rows. The
+fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache (``--kv-dtype``) is fp8 for the InferenceMAX rows
+(above) and for AIConfigurator's other TensorRT-LLM fp8 and nvfp4 rows (its ``kv_cache_config.dtype`` ``auto``
+takes the checkpoint's fp8 KV, and NVIDIA's deployment guide for Llama-3.3-70B on TensorRT-LLM sets ``dtype:
+fp8``), bf16 for the other rows (vLLM's and SGLang's ``auto``, the model's dtype). The
 measured TTFT and TPOT are compared with the simulated means over the requests (``predict serve``'s ``mean``:
 TTFT from arrival to first token plus the engine's front end; TPOT, per request, (end-to-end - TTFT) / (output
 tokens - 1), as ``benchmark_serving.py`` computes both).
@@ -80,8 +85,18 @@ PRECISIONS: Final = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "": "bf
 INFERENCEMAX_SOURCE: Final = "source_file=2026-04-06.csv"
 INFERENCEMAX_RANGE_RATIO: Final = 0.8
 INFERENCEMAX_PROMPTS_PER_CLIENT: Final = 10
-INFERENCEMAX_BATCHED_TOKENS: Final = 8192
-"""InferenceMAX's client and vLLM server flags (see the module docstring)."""
+INFERENCEMAX_SCRIPTS: Final = "SemiAnalysisAI/InferenceX (then InferenceMAX) at commit 9596d23, 2025-10-29"
+"""The server launch scripts of the InferenceMAX rows (measured 2025-10-29, the csv's ``measured=`` field):
+``benchmarks/70b_fp8_h100_slurm.sh``, ``70b_fp8_h200_slurm.sh``, ``70b_fp8_b200_docker.sh``,
+``70b_fp4_b200_docker.sh`` (vLLM), ``70b_fp8_h200_trt_slurm.sh``, ``70b_fp8_b200_trt_slurm.sh``,
+``70b_fp4_b200_trt_slurm.sh`` (TensorRT-LLM) of that commit, the last before Llama-3.1-70B left the grid."""
+INFERENCEMAX_VLLM_BATCHED_TOKENS: Final = 8192
+"""vLLM's ``max-num-batched-tokens`` in every InferenceMAX 70B script (chunked prefill on, V1's default)."""
+INFERENCEMAX_TRTLLM_BATCHED_TOKENS: Final = 16384
+"""TensorRT-LLM's ``--max_num_tokens`` in every InferenceMAX 70B script (chunked prefill off, its default)."""
+INFERENCEMAX_TRTLLM_BATCH_WAIT: Final = (20, 0.9)
+"""TensorRT-LLM's ``batch_wait_timeout_iters`` and ``batch_wait_max_tokens_ratio``, which those scripts set for
+ISL/OSL 1024/1024 at TP below 8 only ("will improve the performance", their comment); 0 elsewhere."""
 WITHIN: Final = 0.15
 COLUMNS: Final = (
     "silicon_data_source",
@@ -185,14 +200,35 @@ def _lengths(row: Row, length: int) -> Lengths:
     return Lengths("fixed", length, length)
 
 
+def server_flags(row: Row) -> dict:
+    """The engine settings of ``row``'s server that differ from opcast's engine defaults: those of the
+    InferenceMAX launch scripts (:data:`INFERENCEMAX_SCRIPTS`) for its rows, none for the others (unpublished)."""
+    if row.protocol != "inferencemax":
+        return {}
+    if row.engine == "vllm":
+        return {"max_num_batched_tokens": INFERENCEMAX_VLLM_BATCHED_TOKENS}
+    flags: dict = {"max_num_batched_tokens": INFERENCEMAX_TRTLLM_BATCHED_TOKENS}
+    if row.isl == row.osl == 1024 and row.tp < 8:
+        flags["batch_wait_iters"], flags["batch_wait_tokens_ratio"] = INFERENCEMAX_TRTLLM_BATCH_WAIT
+    return flags
+
+
+def kv_dtype(row: Row) -> str | None:
+    """``row``'s KV-cache dtype: fp8 where its server stored the cache in fp8 (every InferenceMAX script:
+    vLLM's ``kv-cache-dtype: fp8``, TensorRT-LLM's ``kv_cache_config.dtype: fp8``; AIConfigurator's TensorRT-LLM
+    fp8 and nvfp4 rows, whose ``dtype: auto`` takes the checkpoint's fp8 KV), else None (the model's dtype)."""
+    if row.protocol == "inferencemax":
+        return "fp8"
+    return "fp8" if row.engine == "trtllm" and row.precision in ("fp8", "nvfp4") else None
+
+
 def predict_row(row: Row, kernels, *, archs: dict) -> Row:
     """``row`` with its simulated mean TTFT and TPOT, or the reason opcast refused it."""
     dev = get_device(SYSTEM_DEVICES[row.system])
     c = row.concurrency
-    batched = INFERENCEMAX_BATCHED_TOKENS if row.protocol == "inferencemax" and row.engine == "vllm" else None
     try:
         engine = engine_config(
-            row.engine, dev, max_num_seqs=c, max_num_batched_tokens=batched, overhead=step_overhead(row.engine, None)
+            row.engine, dev, max_num_seqs=c, overhead=step_overhead(row.engine, None), **server_flags(row)
         )
         stream = closed_loop_stream(
             concurrency=c,
@@ -201,8 +237,7 @@ def predict_row(row: Row, kernels, *, archs: dict) -> Row:
             output_len=_lengths(row, row.osl),
             seed=0,
         )
-        kv = "fp8" if row.engine == "trtllm" and row.precision in ("fp8", "nvfp4") else None
-        cfg = InferConfig(tp=row.tp, precision=row.precision, kv_dtype=kv)  # type: ignore[arg-type]
+        cfg = InferConfig(tp=row.tp, precision=row.precision, kv_dtype=kv_dtype(row))  # type: ignore[arg-type]
         m = predict_serve(archs[row.model], dev, cfg, engine, stream, kernels=kernels).metrics
     except OpcastError as err:
         return replace(row, refused=str(err))

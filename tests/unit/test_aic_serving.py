@@ -91,6 +91,32 @@ def test_the_inferencemax_client_draws_lengths_in_its_range_and_a_row_is_predict
     assert "### Protocol inferencemax" in text and "h100_sxm vllm Llama-3.1-8B-Instruct fp8 | 1 |" in text
 
 
+def test_the_inferencemax_servers_run_as_their_launch_scripts_set_them(bench, tmp_path):
+    """vLLM: 8,192 batched tokens and an fp8 KV cache; TensorRT-LLM: 16,384 tokens, an fp8 KV cache, and batch
+    waiting (20 steps, 0.9) at ISL/OSL 1024/1024 below TP 8 only; the other rows keep the engine's defaults."""
+    rows = [
+        _row(),
+        _row(backend="trtllm", tp_size=4.0),
+        _row(backend="trtllm", tp_size=8.0),
+        _row(backend="trtllm", tp_size=4.0, osl=8192),
+        _row(silicon_data_source=OTHER, backend="trtllm", tp_size=4.0),
+        _row(silicon_data_source=OTHER, backend="vllm", tp_size=4.0),
+    ]
+    got, _ = bench.read_rows(_csv(tmp_path / "s.csv", rows), "all")
+    wait = {"batch_wait_iters": 20, "batch_wait_tokens_ratio": 0.9}
+    assert [bench.server_flags(r) for r in got] == [
+        {"max_num_batched_tokens": 8192},
+        {"max_num_batched_tokens": 16384, **wait},
+        {"max_num_batched_tokens": 16384},
+        {"max_num_batched_tokens": 16384},
+        {},
+        {},
+    ]
+    assert [bench.kv_dtype(r) for r in got] == ["fp8", "fp8", "fp8", "fp8", "fp8", None]
+    done = bench.predict_row(got[1], roofline_only(), archs={got[1].model: bench.load_arch("llama3-70b")})
+    assert done.refused == "" and done.pred_ttft_ms > 0
+
+
 def test_a_missing_or_foreign_csv_is_one_line_exit_2(tmp_path):
     missing = run_script(SCRIPT, "--csv", str(tmp_path / "nope.csv"))
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "does not exist" in missing.stderr
