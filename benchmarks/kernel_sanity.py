@@ -315,13 +315,16 @@ def load_measured(path: Path, kernels: Sequence[tuple[str, Any]], devices: Seque
     for (op, direction, cls), rows in frame.groupby(["op", "direction", "dtype_class"], sort=False):
         if (op, direction, cls) not in wanted:
             continue
-        params = list(get_op(str(op)).param_names)
+        spec = get_op(str(op))
+        params = list(spec.param_names)
+        defaults = [p.default for p in spec.params]  # a row without a value has the parameter's default
         table = out.setdefault((str(op), str(direction), str(cls)), {})
         medians = rows.groupby(["device", *params], dropna=False, sort=False)["time_s_median"].median()
         index = medians.index.to_frame(index=False).astype(object)
         index = index.where(index.notna(), None)
         for key, seconds in zip(index.itertuples(index=False, name=None), medians.to_numpy(dtype=float)):
-            table.setdefault(str(key[0]), {})[tuple(canonical_value(v) for v in key[1:])] = float(seconds)
+            shape = tuple(d if v is None else canonical_value(v) for v, d in zip(key[1:], defaults))
+            table.setdefault(str(key[0]), {})[shape] = float(seconds)
     return out
 
 
@@ -356,6 +359,7 @@ def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, An
     from opcast.errors import OpcastError
     from opcast.ops import get_op
     from opcast.predict.cost import kernel_resources, peak_roofline_s, slower_at_most, validated_kernel
+    from opcast.schema import ID_NEUTRAL
     from opcast.train.features import dtype_class
 
     table = measured.get((k.kind, k.direction, dtype_class(k.kind, k.dtype, k.tensor_cores)), {})
@@ -371,6 +375,8 @@ def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, An
     best = min(memo[s] for s in common)
     shape = min((s for s in common if memo[s] == best), key=repr)
     params = {n: v for n, v in zip(names, shape) if v is not None}
+    neutral = ID_NEUTRAL.get(k.kind, {})  # a GEMM's default family is no part of its shape's name
+    shown = {n: v for n, v in params.items() if not (n in neutral and v == neutral[n])}
     t_a, t_b = on_a[shape], on_b[shape]
     speedup = t_a / t_b
     try:
@@ -380,7 +386,7 @@ def nearest_measured(measured: Measured, k: Any, a: Any, b: Any) -> dict[str, An
     except OpcastError:  # a measured shape the registry rejects: report the times only
         ratio, f = math.nan, None
     return {
-        "shape": " ".join(f"{n}={v}" for n, v in params.items()),
+        "shape": " ".join(f"{n}={v}" for n, v in shown.items()),
         "exact": _distance(mine, names, shape) == 0.0,
         "time_s": {a.name: t_a, b.name: t_b},
         "speedup": speedup,

@@ -109,10 +109,11 @@ TARGETS = {
     "all_gather": 10.0,
 }
 """Issue 17's leave-one-GPU-out targets (pooled MAPE, percent) per label."""
-UNTARGETED = ("gemm fp8_block", "gemm nvfp4")
+UNTARGETED = ("gemm fp8_block", "gemm nvfp4", "gemm fp8 vllm")
 """Labels scored without a target: the block-scaled fp8 and nvfp4 GEMMs (``--precision mxfp8`` /
 ``nvfp4``; about 95k rows a system and dtype in aiconfigurator-core 0.12.0, 1.2M in all). Issue 17
-names no target for them, so their ``target_mape`` is empty (printed "-") and none is borrowed."""
+names no target for them, so their ``target_mape`` is empty (printed "-") and none is borrowed. ``gemm fp8 vllm``:
+vLLM's own fp8 linear (``impl`` vllm, :data:`opcast.ops.GEMM_IMPLS`), the family ``--engine vllm`` prices with."""
 LABELS = (*TARGETS, *UNTARGETED)
 """Every scored label, in table order (``--labels`` picks a subset)."""
 CAPPED = ("moe bf16", "moe fp8", "moe fp8_block", "moe nvfp4", "moe bf16 mxfp4")
@@ -216,7 +217,8 @@ def labels(frame: pd.DataFrame) -> pd.Series:
     """gemm <dtype> / prefill <dtype> / decode <dtype> / all_reduce / all_gather per row
     (prefill and decode told apart by the AIConfigurator table the row came from); a fused MoE layer over
     weight-only experts adds their storage (``moe bf16 mxfp4``), and one of vLLM's kernel families its impl
-    (``moe bf16 mxfp4 vllm``, ``moe bf16 mxfp4 marlin``; TensorRT-LLM's, the default, adds nothing)."""
+    (``moe bf16 mxfp4 vllm``, ``moe bf16 mxfp4 marlin``, ``gemm fp8 vllm``; TensorRT-LLM's fused MoE and cuBLAS's
+    GEMM, the defaults, add nothing)."""
     op = frame["op"].astype(str)
     src = frame["source_file"].astype(str)
     name = op.copy()
@@ -229,6 +231,7 @@ def labels(frame: pd.DataFrame) -> pd.Series:
     if "impl" in frame:
         impl = frame["impl"].astype(str)
         family = (op == "moe") & frame["impl"].notna() & (impl != "trtllm")
+        family |= (op == "gemm") & frame["impl"].notna() & (impl != "cublas")
         out[family] = out[family] + " " + impl[family]
     coll = op.isin(COLLECTIVES).to_numpy()
     out[coll] = op[coll]

@@ -65,6 +65,10 @@
 # Twenty-seventh session (2026-12-04): auto's candidates include the blend of xgb and the tile-MLP (for GPUs a group
 # never measured, scored from its parts' folds), chosen for five groups; the refit took 7 min 39 s, small unit tests beside it (fits 6 min
 # 32 s, the tile-MLP's final fits of the three groups that had xgb or hier before among them), 27 MB.
+# Thirty-fourth session (2026-12-05): vLLM's own fp8 GEMM (opcast.ops.GEMM_IMPLS impl vllm, group gemm-fwd-fp8_vllm,
+# label "gemm fp8 vllm" capped at AIC_ROWS like the others: 40,000 rows of 8 GPUs, 49 s of fit) joined the set; the
+# refit took 6 min 54 s alone, and every other predictor file came out byte for byte as before (a GEMM's family at its
+# default does not enter its id, opcast.ops.Param.id_neutral, so no draw moved).
 # models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail

@@ -73,6 +73,10 @@ class Param:
     default: ParamValue | None = None
     """Value taken when the parameter is not given (None: it is required). Lets a kind gain a
     parameter without invalidating older datasets and callers."""
+    id_neutral: bool = False
+    """Left out of a configuration's id (:func:`opcast.schema.point_id`) at its default or without a value: a
+    parameter the kind gained after datasets of it existed, so that their rows, resumable collections and the seeded
+    draws over ids stay as they were (the GEMM's ``impl``)."""
 
 
 Formula = Callable[[Params, float], float]
@@ -388,6 +392,19 @@ def _gemm_bytes(p: Params, dt: float) -> float:
     return _f(dt * b * (m * k + k * n + m * n))
 
 
+GEMM_IMPLS: Final = ("cublas", "vllm")
+"""GEMM kernel families (``impl``): ``cublas`` the cuBLAS / cuBLASLt GEMMs of torch (``torch.matmul``, ``F.linear``),
+Transformer Engine and TensorRT-LLM (``torch_flow``: its fp8 GEMM is one ``cublasLtMatmul`` on per-tensor scales),
+the default and every measured GEMM's family but one; ``vllm`` vLLM's per-tensor fp8 linear,
+``CutlassFP8ScaledMMLinearKernel`` (CUTLASS ``cutlass_scaled_mm`` with static activation scales; AIConfigurator's
+``gemm/vllm`` fp8 rows). The fp8 families differ by tens of per cent, by an amount that moves with the shape and the
+GPU: against TensorRT-LLM's rows vLLM's run 0.56-0.63x at m <= 64 (no amax pass in the call) and 1.11x (H100), 1.20x
+(H200) and 1.26x (B200) at m > 2,048 (medians over AIConfigurator 0.12.0's shapes of both). Each is a predictor group
+of its own (``opcast.train.features.FAMILY_GROUPS``: ``gemm-fwd-fp8_vllm``); a set without a family's group prices
+its GEMMs as the default family's (``opcast.predict.cost.learned``). The family is no parameter of a GEMM's work
+(flops, bytes)."""
+
+
 register(
     OpSpec(
         kind=OpKind.GEMM,
@@ -397,6 +414,15 @@ register(
             Param(name="m", type=int, doc="rows of A and C"),
             Param(name="n", type=int, doc="columns of B and C"),
             Param(name="k", type=int, doc="reduction dimension"),
+            Param(
+                name="impl",
+                type=str,
+                doc="kernel family: cublas (cuBLAS/cuBLASLt: torch, Transformer Engine, TensorRT-LLM) or vllm (vLLM's "
+                "CUTLASS fp8 scaled_mm)",
+                choices=GEMM_IMPLS,
+                default="cublas",
+                id_neutral=True,
+            ),
         ),
         flops_fwd=_gemm_flops,
         bytes_fwd=_gemm_bytes,

@@ -94,7 +94,12 @@ def required_columns() -> tuple[str, ...]:
 def point_id(
     op: str, params: Mapping[str, object], dtype: str, direction: str, tensor_cores: bool | None = None
 ) -> str:
-    """Stable id of one op configuration: the key that resumable collection skips on."""
+    """Stable id of one op configuration: the key that resumable collection skips on. A parameter a kind gained
+    with an id-neutral default (:attr:`opcast.ops.Param.id_neutral`) is left out at that default or without a
+    value, so a configuration keeps the id it had before its kind had the parameter."""
+    neutral = ID_NEUTRAL.get(op)
+    if neutral:
+        params = {k: v for k, v in params.items() if not (k in neutral and (_missing(v) or v == neutral[k]))}
     canon = {
         "op": op,
         "params": {k: canonical_value(params[k]) for k in sorted(params)},
@@ -103,6 +108,20 @@ def point_id(
         "tensor_cores": tensor_cores,
     }
     return hashlib.sha1(json.dumps(canon, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _id_neutral() -> dict[str, dict[str, object]]:
+    """op kind -> {parameter: its id-neutral default} (:attr:`opcast.ops.Param.id_neutral`)."""
+    out: dict[str, dict[str, object]] = {}
+    for kind in op_kinds():
+        neutral: dict[str, object] = {p.name: p.default for p in get_op(kind).params if p.id_neutral}
+        if neutral:
+            out[kind] = neutral
+    return out
+
+
+ID_NEUTRAL: Final = _id_neutral()
+"""op kind -> {parameter: default} left out of :func:`point_id` at that default."""
 
 
 def canonical_value(value: object) -> object:
@@ -154,6 +173,16 @@ def _row_point_id(row: Mapping[Hashable, object]) -> str:
         str(row["direction"]),
         None if pd.isna(tc) else bool(tc),  # type: ignore[call-overload]  # pandas-stubs: isna takes any scalar
     )
+
+
+def _missing(value: object) -> bool:
+    """Whether a row's value is absent (None, NaN or pandas' NA)."""
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value))  # type: ignore[call-overload]  # pandas-stubs: isna takes any scalar
+    except (TypeError, ValueError):
+        return False
 
 
 def write_parquet(rows: pd.DataFrame | Iterable[Mapping[str, object]] | pa.Table, path: str | Path) -> Path:
@@ -338,5 +367,6 @@ def read_dataset(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 
 
 def row_params(row: Mapping[str, object]) -> dict[str, object]:
-    """The op parameters of a dataset row (only the ones its kind takes)."""
-    return {k: row[k] for k in get_op(str(row["op"])).param_names}
+    """The op parameters of a dataset row: the ones its kind takes that the row gives (a missing one is the
+    parameter's default)."""
+    return {k: row[k] for k in get_op(str(row["op"])).param_names if k in row and not _missing(row[k])}

@@ -127,6 +127,9 @@ class Dtypes:
     """(op kind, registry ``impl``) the framework runs (:mod:`opcast.predict.frameworks`); a kernel
     whose params name an ``impl`` keeps it, but for attention's ``flash`` (the ``--attention`` default,
     FlashAttention-2/3), which the framework's attention implementation replaces (foundry: ``flash1``)."""
+    fp8_gemm_impl: str | None = None
+    """The kernel family (``impl``, :data:`opcast.ops.GEMM_IMPLS`) of the per-tensor fp8 GEMMs where it is not the
+    registry default: a serving engine's own (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`)."""
     fp8_modules: str = "megatron"
     """fp8 only: how the framework calls Transformer Engine (:func:`fp8_quantisation`). ``megatron``
     (Megatron-Core): QKV and MLP-up are ``LayerNormLinear`` (the norm writes fp8) and the weights are
@@ -173,6 +176,8 @@ class Dtypes:
             return kernel(kind, params, self.matrix, direction, self.tensor_cores)
         if kind == "gemm":
             matrix = TE_GEMM_KERNELS.get(self.matrix, self.matrix) if self.te_gemms else self.matrix
+            if self.fp8_gemm_impl is not None and matrix == "fp8" and "impl" not in params:
+                params = {**params, "impl": self.fp8_gemm_impl}
             return kernel(kind, params, matrix, direction, self.tensor_cores)
         if kind == "attention" and self.kv is not None:
             if params["seq_q"] == 1:  # decode: act queries over the cache, memory-bound on its bytes

@@ -54,6 +54,7 @@ from opcast.predict.moe_dispatch import ep_dispatch, infer_dispatcher
 from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reasons, validate_infer
 from opcast.predict.serve.engine import (
     CUSTOM_ALL_REDUCE_RULES,
+    ENGINE_GEMM_FAMILIES,
     engine_fp8_gemm_s,
     moe_impl,
     step_overhead,
@@ -106,7 +107,8 @@ SiLU-gated MLP's activation (``block_ops(fused_swiglu=True)`` under an engine: v
 def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
     """The kernels' dtypes of an inference run of ``arch`` on ``device`` in ``cfg.precision``, its MoE blocks' fused
     kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
-    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's), and
+    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's), its
+    per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), and
     under any engine its single-kernel rotary embedding (:data:`ENGINE_KERNELS`). Every
     priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables) and the report read the
     kernels through it."""
@@ -114,7 +116,8 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version)
     impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
     kv = kv_cache_dtype(cfg, prec.act)
-    return replace(prec, impls=impls, kv=kv if kv != prec.act else None)
+    gemm = ENGINE_GEMM_FAMILIES.get(cfg.engine)
+    return replace(prec, impls=impls, kv=kv if kv != prec.act else None, fp8_gemm_impl=gemm)
 
 
 def kv_cache_dtype(cfg: InferConfig, act: str) -> str:
@@ -180,7 +183,9 @@ def _forward_s(
             Comm("head_tp", "all_gather", batch * padded_vocab(arch.vocab, tp) * dtype_bytes(prec.act)),
         )
     compute = comm_s = 0.0
-    static_fp8 = cfg.engine != "none"  # an engine runs fp8 linears without an amax pass (engine_fp8_gemm_s)
+    # an engine runs fp8 linears without an amax pass (engine_fp8_gemm_s), unless its own family's rows priced them
+    static_fp8 = cfg.engine != "none"
+    family_of = getattr(kernels, "family_of", None)  # a stand-in cost model (a recorder) may lack it: no family
     for group_ops, repeat in (*blocks, (model, 1)):
         kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
         table = kernels.lookup(kern, device)
@@ -188,7 +193,7 @@ def _forward_s(
             t, src = table[k]
             if static_fp8 and k.kind == "gemm" and k.dtype == "fp8" and role in FP8_LINEARS:
                 p = k.param_dict
-                if p["b"] == 1:  # the learned rows are plain linears (grouped expert GEMMs extrapolate)
+                if p["b"] == 1 and (family_of is None or family_of(k) is None):  # plain linears, default family
                     t = engine_fp8_gemm_s(t, int(p["m"]), int(p["k"]), k.bytes_moved(), device)
             compute += repeat * count * t
             if lines is not None:

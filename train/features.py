@@ -321,7 +321,10 @@ def unread_peaks(key: str) -> frozenset[str]:
     return frozenset() if read is None else frozenset(f"peak_{d}_flops" for d in PEAK_DTYPES if d not in read)
 
 
-FAMILY_GROUPS: Final[dict[str, str]] = {"moe": str(param_defaults("moe")["impl"])}
+FAMILY_GROUPS: Final[dict[str, str]] = {
+    "moe": str(param_defaults("moe")["impl"]),
+    "gemm": str(param_defaults("gemm")["impl"]),
+}
 """Kinds whose kernel families (``impl``) other than the one named here each fit a predictor group of their own:
 the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`), TensorRT-LLM's rows keeping the plain key (``moe-fwd-half``),
 vLLM's and Marlin's their own (``moe-fwd-half_vllm``, ``moe-fwd-half_marlin``). Measured leave-one-GPU-out on
@@ -332,7 +335,8 @@ the engines' kernels differ by an amount that moves per GPU, so each family's tr
 family is not a feature (:func:`_shape_features`): a group holds one, and TensorRT-LLM's group reads the features it
 always read (the estimators sample columns: a constant extra column would redraw its trees; the rows drawn under a
 cap do move, as the rows' point ids hold ``impl``). A set fitted without a family has no group for it, and prices its
-layers as the default family's (``opcast.predict.cost.learned``)."""
+layers as the default family's (``opcast.predict.cost.learned``). The GEMM (:data:`opcast.ops.GEMM_IMPLS`): cuBLAS's
+rows keep the plain key (``gemm-fwd-fp8``), vLLM's CUTLASS fp8 linear its own (``gemm-fwd-fp8_vllm``)."""
 
 
 def group_key(op: str, direction: str, dclass: str, impl: object = None) -> str:

@@ -31,6 +31,9 @@ Tables converted (all forward, one measurement per row):
     budget, vLLM 6 copies but one for nvfp4. The quantised dtypes' timed call starts from a bf16 activation
     and quantises it (fp8: per-tensor in TRT-LLM, per-token in vLLM and SGLang; fp8_block per 1x128 group;
     nvfp4), so those rows hold the activation's quantisation too; the bf16 rows are the GEMM alone.
+    vLLM's fp8 rows (its ``CutlassFP8ScaledMMLinearKernel`` lane) are replayed twice: once as candidates of the
+    default kernel family under the precedence below, once as ``impl`` vllm (:data:`opcast.ops.GEMM_IMPLS`), the
+    kernel family ``--engine vllm`` prices its fp8 linears with (``gemm_impls``: the families kept, default both).
     ``fp8_gemm_alone=True`` subtracts it from TensorRT-LLM's fp8 rows (:data:`QUANT_TABLES`; off by
     default, :data:`FP8_GEMM_ALONE` says why); the fp8_block and nvfp4 rows keep it (AIConfigurator
     publishes no quantize table of those: a few per cent of a GEMM at training sizes by its bandwidth,
@@ -166,7 +169,7 @@ from opcast.collect.replay.common import MalformedFile, ReplayResult
 from opcast.dtypes import BLOCK_SCALED_DTYPES
 from opcast.errors import OpcastError
 from opcast.hardware import get_device
-from opcast.ops import bus_factor
+from opcast.ops import GEMM_IMPLS, bus_factor
 
 if TYPE_CHECKING:
     from opcast.collect.replay import ReplayOptions
@@ -228,6 +231,14 @@ framework's fp8_block and nvfp4 call quantises its bf16 activation inside the ti
 (:data:`VLLM_FP8_BLOCK_REASON`); TRT-LLM cycles weight copies past the L2 as for the other dtypes
 (ai-dynamo/aiconfigurator ``collector/{trtllm,sglang,vllm}/collect_gemm.py`` at 095f58a). SGLang's
 DeepGEMM rows agree with TRT-LLM's within 0.82-1.05x on fp8_block."""
+DEFAULT_GEMM_FAMILY: Final = ""
+"""``impl`` of a GEMM row of the default family while the replay ranks rows (a string, so that the selection's keys
+hold no missing value); written unset (None), so that such a row keeps the id it had before GEMMs had families."""
+GEMM_FAMILIES: Final = {"vllm": ("fp8", "vllm")}
+"""framework -> (dtype, ``impl``): the GEMM rows of that framework and dtype that are also replayed as a kernel family
+of their own (:data:`opcast.ops.GEMM_IMPLS`): vLLM's per-tensor fp8 linear (CUTLASS ``cutlass_scaled_mm``), which
+``--engine vllm`` runs, where the default family's fp8 rows are TensorRT-LLM's cuBLASLt GEMM
+(:data:`GEMM_FP8_FRAMEWORKS`). SGLang's fp8 lane (``sgl_kernel`` ``fp8_scaled_mm``, a port of vLLM's) is not one yet."""
 SPIKE_DTYPES: Final = ("bf16",)
 """GEMM dtypes whose rows the replay screens for slow spikes (:func:`_drop_spikes`): those every framework times
 as the same kernel family, cuBLAS through ``torch.nn.functional.linear`` (vLLM's and SGLang's ``torch_linear``
@@ -410,7 +421,7 @@ _SOURCE_COLUMNS[CUSTOM_TABLE] = ("kernel_source", "op_name", "allreduce_dtype", 
 _OPTIONAL_COLUMNS: Final = ("window_size", "beam_width")
 
 _PARAMS: Final = {
-    "gemm": ("b", "m", "n", "k"),
+    "gemm": ("b", "m", "n", "k", "impl"),
     "attention": ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"),
     "collective": ("bytes", "world_size", "nodes", "gpus_per_node"),
     "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights", "impl"),
@@ -461,6 +472,7 @@ def replay(
     systems: Iterable[str] | None = None,
     tables: Iterable[str] | None = None,
     moe_impls: Iterable[str] | None = None,
+    gemm_impls: Iterable[str] | None = None,
 ) -> ReplayResult:
     """Rows of every converted table under ``root`` (see the module docstring).
 
@@ -471,8 +483,9 @@ def replay(
     (default: ``frameworks``). ``attention_fill`` lets lower-precedence frameworks
     fill the attention shapes the first lacks (default: one framework per system, phase and dtype,
     :data:`ATTENTION_FILL`). ``moe_impls``: the fused MoE kernel families kept (:data:`opcast.ops.MOE_IMPLS`;
-    default all), the others' rows counted (:data:`MOE_IMPL_REASON`). ``options`` is unused: the folders say
-    everything.
+    default all), the others' rows counted (:data:`MOE_IMPL_REASON`). ``gemm_impls``: the GEMM kernel families
+    replayed (:data:`opcast.ops.GEMM_IMPLS`; default all: vLLM's fp8 rows also as its own family,
+    :data:`GEMM_FAMILIES`). ``options`` is unused: the folders say everything.
     """
     del options
     base = data_root(root)
@@ -485,6 +498,7 @@ def replay(
     attention_order = order if attention_frameworks is None else tuple(attention_frameworks)
     only_systems = set(systems) if systems is not None else None
     only_tables = set(tables) if tables is not None else None
+    gemm_families = GEMM_IMPLS if gemm_impls is None else tuple(gemm_impls)
     result = ReplayResult()
     frames: dict[str, list[pd.DataFrame]] = {"gemm": [], "attention": [], "collective": [], "moe": []}
     for path in sorted(base.glob("*/*/*/*/*.parquet")):
@@ -535,6 +549,10 @@ def replay(
                 frame = _skip_by(frame, frame["dtype"].astype(str) == "fp8_block", VLLM_FP8_BLOCK_REASON, result)
             if framework == "trtllm" and fp8_gemm_alone:
                 frame = _gemm_alone(frame, base / system / "quantize" / framework / version, result)
+            own_lane = GEMM_FAMILIES.get(framework)
+            if own_lane is not None and own_lane[1] in gemm_families:  # the framework's own family: its rows again
+                own = frame[frame["dtype"].astype(str) == own_lane[0]]
+                frame = pd.concat([frame, own.assign(impl=own_lane[1])], ignore_index=True)
             if frame.empty:
                 continue
         meta = read_meta(path.parent / "collection_meta.yaml")
@@ -612,7 +630,12 @@ def _gemm(path: Path, result: ReplayResult) -> pd.DataFrame:
     bad = (shape < 1).any(axis=1)
     frame = _skip_by(frame, bad, "gemm: a dimension below 1", result)
     return frame.assign(
-        op="gemm", b=1, m=frame["m"].astype("int64"), n=frame["n"].astype("int64"), k=frame["k"].astype("int64")
+        op="gemm",
+        b=1,
+        m=frame["m"].astype("int64"),
+        n=frame["n"].astype("int64"),
+        k=frame["k"].astype("int64"),
+        impl=DEFAULT_GEMM_FAMILY,
     )
 
 
@@ -1025,6 +1048,8 @@ def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str
             value = row[name]
             if hasattr(value, "item"):
                 row[name] = value.item()
+        if kind == "gemm" and row["impl"] == DEFAULT_GEMM_FAMILY:
+            row["impl"] = None
     return records  # type: ignore[return-value]  # pandas-stubs: to_dict's keys are the column labels, str here
 
 

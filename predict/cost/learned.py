@@ -201,11 +201,11 @@ speaks for an implementation only where it is the one its data measured, and is 
 default (the features it was fitted on)."""
 
 
-_FAMILY_KINDS = frozenset({"moe"})
+_FAMILY_KINDS = frozenset({"moe", "gemm"})
 """Kinds whose ``impl`` names an engine's kernel family with a predictor group of its own
 (:data:`opcast.train.features.FAMILY_GROUPS`): the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's,
-vLLM's, Marlin's). A set speaks for a family where it has its group; without it, as the default family
-(:meth:`LearnedKernelCost._family_of`)."""
+vLLM's, Marlin's) and the GEMM (:data:`opcast.ops.GEMM_IMPLS`: cuBLAS's, vLLM's fp8). A set speaks for a family
+where it has its group; without it, as the default family (:meth:`LearnedKernelCost._family_of`)."""
 
 
 def _kernel_impl(k: Kernel) -> str | None:
@@ -558,6 +558,11 @@ class LearnedKernelCost:
                 )
         return family if got else None
 
+    def family_of(self, k: Kernel) -> str | None:
+        """``k``'s kernel family where this set prices it from that family's own group, else None (public
+        :meth:`_family_of`)."""
+        return self._family_of(k)
+
     def group_of(self, k: Kernel) -> str:
         """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
         impl = self._family_of(k)
@@ -703,10 +708,13 @@ class LearnedKernelCost:
     def as_fitted(self, kernels: Sequence[Kernel]) -> list[Kernel]:
         """``kernels`` as their predictors read them: a predictor fitted before the op had an ``impl``
         saw every row with the registry default, so it is asked with that (its features then are the
-        ones it learned); the physical bounds still use the kernel's own traffic."""
+        ones it learned), and so is a kernel of a family the set has no group of (the default family's group
+        prices it); the physical bounds still use the kernel's own traffic."""
         out = list(kernels)
         for i, k in enumerate(out):
-            if "impl" in k.param_dict and self._impl_status(k)[1]:
+            # a kernel family the set has no group of (:meth:`_family_of`) is asked as the default family, or its
+            # group key would name no predictor and the kernel fall to the roofline
+            if "impl" in k.param_dict and (self._impl_status(k)[1] or (_family(k) and self._family_of(k) is None)):
                 default = next(p.default for p in get_op(k.kind).params if p.name == "impl")
                 if k.param_dict["impl"] != default:
                     out[i] = Kernel(

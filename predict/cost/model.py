@@ -182,6 +182,16 @@ class KernelCostModel:
                 return s
         return RooflineKernelCost()
 
+    def family_of(self, k: Kernel) -> str | None:
+        """The kernel family (``impl``) whose own predictor group prices ``k``: that of the first source covering it
+        that has one (a learned set with the family's group, :meth:`LearnedKernelCost.family_of`), else None (the
+        kind's default family, or no learned source)."""
+        for source in self.sources:
+            family_of = getattr(source, "family_of", None)
+            if family_of is not None and source.covers(k):
+                return family_of(k)
+        return None
+
     def lookup(self, kernels: Sequence[Kernel], device: DeviceSpec) -> dict[Kernel, tuple[float, str]]:
         """(seconds, source) for every kernel, computing only the ones not cached yet."""
         cache = self._cache.get(device)

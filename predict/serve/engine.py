@@ -60,6 +60,13 @@ k = 8192, n = 1024 / 7168 where TensorRT-LLM's dynamic rows time 18.4 / 23.8 us 
 (``systems/data/b200_sxm``: ``gemm/vllm/0.24.0``, ``gemm/trtllm/1.3.0rc20``, ``quantize/trtllm/1.3.0rc20``). Without
 an engine (``engine`` none) the rows are priced as measured.
 
+**vLLM's own fp8 GEMM** (:data:`ENGINE_GEMM_FAMILIES`): under ``--engine vllm`` a per-tensor fp8 linear is priced as
+vLLM's kernel (``impl`` vllm, :data:`opcast.ops.GEMM_IMPLS`: ``CutlassFP8ScaledMMLinearKernel``, learned from
+AIConfigurator's ``gemm/vllm`` fp8 rows, the group ``gemm-fwd-fp8_vllm``) wherever the model set has that family's
+group; the amax correction above is then not applied (the rows are vLLM's own call). Against TensorRT-LLM's cuBLASLt
+rows it runs 0.56-0.63x at m <= 64 and 1.11x / 1.20x / 1.26x at m > 2,048 on H100 / H200 / B200 (medians over the
+shapes both measured): a prompt's GEMMs are slower under vLLM than the default family says, its decode GEMMs faster.
+
 **Fused MoE kernels** (:func:`moe_impl`): vLLM runs its own ``FusedMoE`` layer (Triton ``fused_moe``, OpenAI
 Triton ``matmul_ogs`` or Marlin for MXFP4, FlashInfer on Blackwell, as
 ``vllm/model_executor/layers/fused_moe`` selects per GPU and dtype), so its MoE blocks are priced as the ``moe``
@@ -148,6 +155,9 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
     return CUSTOM_ALL_REDUCE if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
 
 
+ENGINE_GEMM_FAMILIES: dict[str, str] = {"vllm": "vllm"}
+"""Engine -> the kernel family (one of :data:`opcast.ops.GEMM_IMPLS`) of its per-tensor fp8 linears; any other
+engine (trtllm, sglang, none) runs the registry default, cuBLAS's (module docstring: vLLM's own fp8 GEMM)."""
 ENGINE_MOE_FAMILIES: dict[str, str] = {"vllm": "vllm"}
 """Engine -> the fused MoE kernel family (one of :data:`opcast.ops.MOE_IMPLS`) its MoE layers run; any other engine
 (trtllm, sglang, none) runs the registry default, TensorRT-LLM's (module docstring)."""

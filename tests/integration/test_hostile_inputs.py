@@ -1295,7 +1295,7 @@ CASES: list[Case] = [
         ROOF,
         "--json",
         expect="ok",
-        check=_json_check(params={"b": 1, "m": 2**63 - 1, "n": 64, "k": 64}),
+        check=_json_check(params={"b": 1, "m": 2**63 - 1, "n": 64, "k": 64, "impl": "cublas"}),
     ),
     _c("kernel-param-int64-past", *KERNEL[:9], f"m={2**63}", *KERNEL[10:], needles=(f"m='{2**63}' is too large",)),
     _c(

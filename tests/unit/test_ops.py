@@ -200,7 +200,7 @@ def test_whole_number_reads_decimal_digits_only():
 
 def test_validation_coerces_and_rejects():
     g = get_op("gemm")
-    assert g.validate({"b": 1.0, "m": "64", "n": 64, "k": 64}) == {"b": 1, "m": 64, "n": 64, "k": 64}
+    assert g.validate({"b": 1.0, "m": "64", "n": 64, "k": 64}) == {"b": 1, "m": 64, "n": 64, "k": 64, "impl": "cublas"}
     with pytest.raises(OpcastError) as err:
         g.validate({"b": 1, "m": 0, "n": 2.5, "q": 1})
     msg = str(err.value)
@@ -218,7 +218,7 @@ def test_validation_coerces_and_rejects():
 def test_a_gemm_without_a_batch_is_one_matrix_product():
     # b=1 is the plain linear layer the kind's doc names; m, n and k stay required
     g = get_op("gemm")
-    assert g.validate({"m": 64, "n": 32, "k": 16}) == {"b": 1, "m": 64, "n": 32, "k": 16}
+    assert g.validate({"m": 64, "n": 32, "k": 16}) == {"b": 1, "m": 64, "n": 32, "k": 16, "impl": "cublas"}
     assert g.validate({"b": float("nan"), "m": 64, "n": 32, "k": 16})["b"] == 1
     with pytest.raises(OpcastError, match="missing parameter k") as err:
         g.validate({"m": 64, "n": 32})

@@ -379,7 +379,8 @@ def test_a_fused_moe_layer_is_learned_where_covered_and_its_grouped_gemms_elsewh
     assert [(p.kind, p.dtype) for p, _ in parts] == [copy, gemm, copy, gemm, copy]  # one silu_and_mul
     assert parts[2][0].param_dict["fn"] == "swiglu"
     gemms = [p.param_dict for p, _ in parts if p.kind == "gemm"]
-    assert gemms == [{"b": 8, "m": 8, "n": 1024, "k": 1024}, {"b": 8, "m": 8, "n": 1024, "k": 512}]
+    cublas = {"impl": "cublas"}
+    assert gemms == [{"b": 8, "m": 8, "n": 1024, "k": 1024, **cublas}, {"b": 8, "m": 8, "n": 1024, "k": 512, **cublas}]
     covered = KernelCostModel(sources=(LearnedKernelCost(_FakeMoe(), "fake"), RooflineKernelCost()))
     assert covered.time_s(moe, H100) == (pytest.approx(2e-3), LEARNED)
     # no moe model: the parts, the GEMMs learned and the copies and activation by the roofline
@@ -476,3 +477,47 @@ class _FakeNoMoe(_FakeMoe):
 
     def covers(self, op, dtype, direction, impl=None):
         return op != "moe" and super().covers(op, dtype, direction)
+
+
+class _FakeGroups(_FakeModelSet):
+    """Answers by group key as a fitted set does (:func:`opcast.train.features.group_key_array`): 2 ms for the rows
+    of its groups, NaN for the rows of a group it lacks."""
+
+    def __init__(self, groups: tuple[str, ...]):
+        super().__init__()
+        self.groups = groups
+
+    def covers(self, op, dtype, direction, impl=None):
+        from opcast.train.features import dtype_class, group_key
+
+        return group_key(op, direction, dtype_class(op, dtype, None), impl) in self.groups
+
+    def predict_s(self, frame, device):
+        from opcast.train.features import group_key_array
+
+        self.calls += 1
+        return np.array([2e-3 if k in self.groups else np.nan for k in group_key_array(frame).tolist()])
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "dtype", "default"),
+    [
+        ("moe", {**MOE, "impl": "vllm"}, "bf16", "moe-fwd-half"),
+        ("gemm", {"m": 64, "n": 64, "k": 64, "impl": "vllm"}, "fp8", "gemm-fwd-fp8"),
+    ],
+)
+def test_a_family_the_set_lacks_is_asked_as_the_default_familys_group(kind, params, dtype, default):
+    """A kernel of a family the set has no group of (vLLM's fused MoE, vLLM's fp8 GEMM) is priced by the default
+    family's group, learned: its query names the default family (it had kept its own, whose group no predictor held,
+    so the answer was NaN and the roofline priced every vLLM MoE layer of a set fitted without vLLM's rows). A set
+    with the family's group prices it from that group, and says so (:meth:`KernelCostModel.family_of`)."""
+    k = kernel(kind, params, dtype)
+    lacking = KernelCostModel(sources=(LearnedKernelCost(_FakeGroups((default,)), "fake"), RooflineKernelCost()))
+    assert lacking.time_s(k, H100) == (pytest.approx(2e-3), LEARNED) and lacking.family_of(k) is None
+    own = (default, f"{default}_vllm")
+    having = KernelCostModel(sources=(LearnedKernelCost(_FakeGroups(own), "fake"), RooflineKernelCost()))
+    assert having.time_s(k, H100) == (pytest.approx(2e-3), LEARNED) and having.family_of(k) == "vllm"
+    none = KernelCostModel(
+        sources=(LearnedKernelCost(_FakeGroups(("rmsnorm-fwd-half",)), "fake"), RooflineKernelCost())
+    )
+    assert none.family_of(k) is None

@@ -173,7 +173,7 @@ def test_qwen3_forward_equals_the_ops_collect_benchmarks_and_moe_decode_reads_bu
     # training lists the same kernels itself (under a framework that runs SwiGLU as one kernel, as the fused layer)
     roles = ("permute", "mlp_up", "act", "gate_mul", "mlp_down", "unpermute")
     ops = block_ops(arch, tp=1, batch=4, seq_q=1, seq_kv=512, sp=False, framework="megatron")
-    train = [(k, p) for r, k, p, c in ops if r in roles]
+    train = [(k, kernel(k, p, "bf16").param_dict) for r, k, p, c in ops if r in roles]  # with the defaults filled
     assert [(p.kind, p.param_dict) for p in parts] == train
 
 

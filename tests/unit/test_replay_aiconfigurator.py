@@ -70,9 +70,14 @@ def replayed():
 # --------------------------------------------------------------------------- counts
 
 
+def _family(rows: pd.DataFrame) -> pd.Series:
+    """The rows replayed a second time as a GEMM kernel family of their own (vLLM's fp8: GEMM_FAMILIES)."""
+    return (rows.op == "gemm") & (rows.impl == "vllm")
+
+
 def test_every_source_row_is_kept_or_counted(source, replayed):
     result, rows = replayed
-    assert len(rows) + sum(result.skipped.values()) == len(source)
+    assert len(rows[~_family(rows)]) + sum(result.skipped.values()) == len(source)
     assert result.files == source.groupby(["system", "table", "pfw", "pver"]).ngroups
 
 
@@ -89,10 +94,17 @@ def test_gemm_rows_match_pandas(source, replayed):
         (DEVICES[s], m, n, k, {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}[d])
         for s, m, n, k, d in zip(g.system, g.m, g.n, g.k, g.gemm_dtype)
     }
-    got = rows[rows.op == "gemm"]
+    got = rows[(rows.op == "gemm") & rows.impl.isna()]  # the default family: one row per configuration
     assert len(got) == len(expected)
     assert set(zip(got.device, got.m, got.n, got.k, got.dtype)) == expected
     assert (got.b == 1).all() and (got.direction == "fwd").all() and got.tensor_cores.all()
+    # vLLM's fp8 rows once more, as its kernel family (impl vllm), every one of them with its own time
+    v = g[(g.pfw == "vllm") & (g.gemm_dtype == "fp8")]
+    family = rows[_family(rows)]
+    assert sorted(zip(family.device, family.m, family.n, family.k, family.time_s_median)) == sorted(
+        zip(v.system.map(DEVICES), v.m, v.n, v.k, v.latency / 1e3)
+    )
+    assert len(family) > 0 and (family.dtype == "fp8").all()
 
 
 def test_attention_rows_match_pandas(source, replayed):
@@ -240,7 +252,9 @@ def test_moe_impls_replays_only_the_families_asked_for_and_counts_the_rest(sourc
     v = source[(source.table == "moe_perf") & (source.pfw == "vllm")]
     vllm_family = ~v.kernel_source.astype(str).str.contains("marlin")
     assert result.skipped[aic.MOE_IMPL_REASON.format("vllm")] == int(vllm_family.sum())
-    assert len(rows) + sum(result.skipped.values()) == len(source)
+    assert len(rows[~_family(rows)]) + sum(result.skipped.values()) == len(source)
+    plain = pd.DataFrame(aic.replay(FIXTURE, gemm_impls=("cublas",)).rows)  # no GEMM family rows
+    assert len(plain) == len(full[~_family(full)]) and not _family(plain).any()
 
 
 def test_the_gemm_tables_and_the_rest_replay_apart_to_the_same_rows():
@@ -361,7 +375,7 @@ def test_data_root_accepts_the_package_and_systems_folders(tmp_path):
     assert aic.data_root(tmp_path / "pkg") == data
     assert aic.data_root(tmp_path / "pkg" / "systems") == data
     assert aic.data_root(data) == data
-    assert len(aic.replay(tmp_path / "pkg").rows) == 3
+    assert len(aic.replay(tmp_path / "pkg", gemm_impls=("cublas",)).rows) == 3
 
 
 def test_read_meta_reads_scalars_and_skips_blocks_and_lists():
@@ -500,6 +514,10 @@ def test_real_h100_gemms(package_root):
     eager = (source.framework == "vllm") & (source.gemm_dtype == "fp8_block")  # VLLM_FP8_BLOCK_REASON
     assert result.skipped[aic.VLLM_FP8_BLOCK_REASON] == int(eager.sum()) > 0
     source = source[~eager]
+    family = _family(rows)
+    vllm_fp8 = source[(source.framework == "vllm") & (source.gemm_dtype == "fp8")]
+    assert int(family.sum()) == len(vllm_fp8) > 0
+    rows = rows[~family]
     assert len(rows) == len(source.drop_duplicates(["gemm_dtype", "m", "n", "k"]))
     assert int((rows.dtype == "fp8_block").sum()) == len(
         source[source.gemm_dtype == "fp8_block"].drop_duplicates(["m", "n", "k"])
@@ -597,7 +615,7 @@ def test_fp8_gemms_take_tensorrt_llms_cublaslt_rows_first_and_bf16_keeps_vllms(t
 
     def kept(**kw):
         rows = aic.replay(tmp_path, **kw).rows
-        return {r["dtype"]: r["source_file"].split("/")[2] for r in rows if r["op"] == "gemm"}
+        return {r["dtype"]: r["source_file"].split("/")[2] for r in rows if r["op"] == "gemm" and r["impl"] is None}
 
     assert kept() == {"bf16": "vllm", "fp8": "trtllm"}
     assert kept(fp8_gemm_frameworks=("vllm", "trtllm")) == {"bf16": "vllm", "fp8": "vllm"}
@@ -632,7 +650,11 @@ def test_a_bf16_gemm_two_other_tables_contradict_is_a_spike_and_the_next_framewo
         ]
         gen.write(f"b200_sxm/gemm/{framework}/{versions[framework]}/gemm_perf.parquet", rows, gen.meta(framework, "x"))
     result = aic.replay(tmp_path)
-    kept = {(r["dtype"], r["m"]): r["source_file"].split("/")[2] for r in result.rows if r["op"] == "gemm"}
+    kept = {
+        (r["dtype"], r["m"]): r["source_file"].split("/")[2]
+        for r in result.rows
+        if r["op"] == "gemm" and r["impl"] is None
+    }
     assert kept == {
         ("bf16", 4096): "trtllm",
         ("bf16", 2048): "vllm",
@@ -643,7 +665,8 @@ def test_a_bf16_gemm_two_other_tables_contradict_is_a_spike_and_the_next_framewo
     reasons = {k: v for k, v in result.skipped.items() if "spike" in k}
     assert list(reasons.values()) == [1] and str(aic.SPIKE_RATIO) in next(iter(reasons))
     # the dropped row is counted once, not also as a lower-precedence duplicate: every source row is accounted for
-    assert len(result.rows) + sum(result.skipped.values()) == sum(len(v) for v in scales.values())
+    plain = [r for r in result.rows if r["impl"] is None]  # less vLLM's fp8 row as its own family
+    assert len(plain) + sum(result.skipped.values()) == sum(len(v) for v in scales.values())
 
 
 def test_block_scaled_gemms_follow_their_precedence_and_skip_vllms_eager_fp8_block(tmp_path):

@@ -245,3 +245,21 @@ def test_a_file_that_is_not_parquet_is_not_advised_away(tmp_path):
     message = str(e.value)
     assert message.startswith(f"{path} is not a readable parquet file") and "opcast collect replay" in message
     assert "delete" not in message and "\n" not in message
+
+
+def test_a_gemms_family_at_its_default_leaves_the_id_as_before_the_parameter():
+    """The GEMM gained ``impl`` (opcast.ops.GEMM_IMPLS) after datasets of it existed: at its default, or without a
+    value, a configuration's id is the one it had (resumable collections and the seeded draws over ids stay as
+    they were); another family is another configuration. Attention's impl, always given, stays in its ids."""
+    from opcast.schema import point_id
+
+    shape = {"b": 1, "m": 64, "n": 128, "k": 256}
+    before = "957db0329c5fc8fc"  # point_id of this configuration before the GEMM had impl
+    ids = {
+        point_id("gemm", {**shape, **extra}, "bf16", "fwd", True) for extra in ({}, {"impl": "cublas"}, {"impl": None})
+    }
+    assert ids == {before}
+    assert point_id("gemm", {**shape, "impl": "vllm"}, "bf16", "fwd", True) != before
+    attention = {"batch": 1, "heads": 8, "kv_heads": 8, "seq_q": 64, "seq_kv": 64, "head_dim": 64, "causal": True}
+    flash = point_id("attention", {**attention, "impl": "flash"}, "bf16", "fwd", True)
+    assert flash != point_id("attention", {**attention, "impl": "sdpa"}, "bf16", "fwd", True)

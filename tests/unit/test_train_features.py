@@ -287,6 +287,8 @@ def test_a_moe_kernel_family_is_its_own_group_not_a_feature():
     assert "impl_code" not in FEATURES["moe"] and "weights_code" in FEATURES["moe"]
     assert group_keys(_frame(rows)).tolist() == ["moe-fwd-half", "moe-fwd-half", "moe-fwd-half_vllm"]
     fp8 = [{**row, "dtype": "fp8", "weights": "dtype"} for row in rows]
-    gemm = {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 8, "n": 8, "k": 8, "impl": "vllm"}
-    keys = ["moe-fwd-fp8", "moe-fwd-fp8", "moe-fwd-fp8_vllm", "gemm-fwd-half"]
-    assert group_keys(_frame([*fp8, gemm])).tolist() == keys
+    gemm = {"op": "gemm", "dtype": "bf16", "direction": "fwd", "b": 1, "m": 8, "n": 8, "k": 8}
+    gemms = [{**gemm, **extra} for extra in ({}, {"impl": "cublas"}, {"impl": "vllm"})]
+    keys = ["moe-fwd-fp8", "moe-fwd-fp8", "moe-fwd-fp8_vllm", "gemm-fwd-half", "gemm-fwd-half", "gemm-fwd-half_vllm"]
+    assert group_keys(_frame([*fp8, *gemms])).tolist() == keys
+    assert "impl_code" not in FEATURES["gemm"]  # a GEMM's family (opcast.ops.GEMM_IMPLS) is its group too
