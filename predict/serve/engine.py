@@ -291,6 +291,11 @@ class EngineConfig:
     """Seconds each request's first token and finish reach the client later than the engine produces them:
     the API server's HTTP handling and the streamed chunk's way back (:data:`FRONTENDS`); 0: not counted."""
 
+    @property
+    def batch_waits(self) -> bool:
+        """Whether prompts may be held back: both batch-wait settings above 0 (TensorRT-LLM's test is true at 0)."""
+        return self.batch_wait_iters > 0 and self.batch_wait_tokens_ratio > 0
+
     def __post_init__(self) -> None:
         problems = [
             f"{name} {getattr(self, name)} must be >= 1"

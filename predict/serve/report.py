@@ -17,9 +17,17 @@ GIB = 2**30
 
 def serve_notes(r: ServeResult) -> list[str]:
     """What the reader should know beside the numbers: a request longer than the arch's max_position_embeddings
-    (:func:`~opcast.predict.inference.context_note`)."""
+    (:func:`~opcast.predict.inference.context_note`); one batch-wait setting given without the other, which holds
+    nothing (:attr:`~opcast.predict.serve.engine.EngineConfig.batch_waits`)."""
     note = context_note(r.arch, r.sim.stream.max_tokens, "the longest request (prompt + output)")
-    return [] if note is None else [note]
+    notes = [] if note is None else [note]
+    e = r.engine
+    if (e.batch_wait_iters or e.batch_wait_tokens_ratio) and not e.batch_waits:
+        notes.append(
+            "--batch-wait-iters and --batch-wait-tokens-ratio hold prompts back only together (TensorRT-LLM waits "
+            "while both are above 0): with one of them nothing was held"
+        )
+    return notes
 
 
 def serve_to_dict(r: ServeResult) -> dict[str, Any]:
@@ -97,7 +105,7 @@ def print_serve(r: ServeResult, console) -> None:
         f"max_num_batched_tokens {e.max_num_batched_tokens}, chunked prefill {'on' if e.chunked_prefill else 'off'}, "
         + (
             f"batch waiting {e.batch_wait_iters} steps / {e.batch_wait_tokens_ratio:g} of the tokens, "
-            if e.batch_wait_iters and e.batch_wait_tokens_ratio
+            if e.batch_waits
             else ""
         )
         + f"KV {r.capacity.tokens:,} tokens per replica ({r.capacity.kv_bytes / GIB:.1f} GiB per GPU)",

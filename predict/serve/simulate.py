@@ -260,7 +260,7 @@ def simulate(
     max_tokens, max_seqs = engine.max_num_batched_tokens, engine.max_num_seqs
     chunked, reserve = engine.chunked_prefill, engine.reserve_full_output
     overhead = engine.overhead
-    hold_iters = engine.batch_wait_iters if engine.batch_wait_iters and engine.batch_wait_tokens_ratio else 0
+    hold_iters = engine.batch_wait_iters if engine.batch_waits else 0
     hold_tokens = engine.batch_wait_tokens_ratio * max_tokens
     held_steps = [0] * replicas  # steps in a row each replica has held prompts back (batch waiting)
     watch = _Watch(stop, arrival, sum(out)) if stop is not None else None

@@ -82,6 +82,10 @@ def test_trtllm_batch_waiting_holds_prompts_beside_decodes(tmp_path):
     tpot_s = after["metrics"]["tpot"]["mean_s"]
     grew = after["metrics"]["ttft"]["mean_s"] - before["metrics"]["ttft"]["mean_s"]
     assert 3 * tpot_s < grew < 21 * tpot_s
+    alone = _run(*args, "--batch-wait-iters", "20", cwd=tmp_path)  # one setting alone: nothing held, and said
+    assert alone.returncode == 0, alone.stderr
+    doc = json.loads(alone.stdout)
+    assert doc["metrics"] == before["metrics"] and any("only together" in n for n in doc["notes"])
 
 
 def _bad_traces(tmp_path: Path) -> dict[str, Path]:
