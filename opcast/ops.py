@@ -242,6 +242,14 @@ def _is_nan(value: object) -> bool:
     return isinstance(value, float) and math.isnan(value)
 
 
+def is_missing(value: object) -> bool:
+    """A missing value of a dataset cell: None, NaN, or pandas' NA and NaT (recognised by type name, without
+    pandas)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return True
+    return type(value).__name__ in ("NAType", "NaTType")
+
+
 def exact_int(value: object) -> int | None:
     """``value`` as the whole number it writes, or None: ints (numpy's too) and decimal digits as they are,
     integral floats (parquet, a csv column with blanks) and float text ("1e3", "4096.0") through float.

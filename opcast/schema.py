@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from opcast.atomic import replace_with, temp_beside
 from opcast.dtypes import DTYPES
 from opcast.errors import OpcastError
-from opcast.ops import Direction, get_op, op_kinds, param_types
+from opcast.ops import Direction, get_op, is_missing, op_kinds, param_types
 
 SCHEMA_VERSION: Final = 1
 VERSION_KEY: Final = b"opcast.schema_version"
@@ -99,7 +99,7 @@ def point_id(
     value, so a configuration keeps the id it had before its kind had the parameter."""
     neutral = ID_NEUTRAL.get(op)
     if neutral:
-        params = {k: v for k, v in params.items() if not (k in neutral and (_missing(v) or v == neutral[k]))}
+        params = {k: v for k, v in params.items() if not (k in neutral and (is_missing(v) or v == neutral[k]))}
     canon = {
         "op": op,
         "params": {k: canonical_value(params[k]) for k in sorted(params)},
@@ -173,16 +173,6 @@ def _row_point_id(row: Mapping[Hashable, object]) -> str:
         str(row["direction"]),
         None if pd.isna(tc) else bool(tc),  # type: ignore[call-overload]  # pandas-stubs: isna takes any scalar
     )
-
-
-def _missing(value: object) -> bool:
-    """Whether a row's value is absent (None, NaN or pandas' NA)."""
-    if value is None:
-        return True
-    try:
-        return bool(pd.isna(value))  # type: ignore[call-overload]  # pandas-stubs: isna takes any scalar
-    except (TypeError, ValueError):
-        return False
 
 
 def write_parquet(rows: pd.DataFrame | Iterable[Mapping[str, object]] | pa.Table, path: str | Path) -> Path:
@@ -369,4 +359,4 @@ def read_dataset(paths: str | Path | Iterable[str | Path]) -> pd.DataFrame:
 def row_params(row: Mapping[str, object]) -> dict[str, object]:
     """The op parameters of a dataset row: the ones its kind takes that the row gives (a missing one is the
     parameter's default)."""
-    return {k: row[k] for k in get_op(str(row["op"])).param_names if k in row and not _missing(row[k])}
+    return {k: row[k] for k in get_op(str(row["op"])).param_names if k in row and not is_missing(row[k])}

@@ -33,7 +33,7 @@ import types
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Final, Literal, Optional, Union
 
 import typer
 from rich.markup import escape
@@ -1139,19 +1139,23 @@ def kernel_cost(o: Args):
     return load_kernel_cost(o.models, use_learned=not o.roofline, in_range_only=o.analytic)
 
 
+ENGINE_SETTINGS: Final = (
+    "chunked_prefill",
+    "block_size",
+    "gpu_memory_utilization",
+    "batch_wait_iters",
+    "batch_wait_tokens_ratio",
+)
+"""The engine's settings besides its two step limits (``--max-num-seqs``, ``--max-num-batched-tokens``), each an
+:class:`~opcast.predict.serve.engine.EngineConfig` field of the same name: ``predict serve`` passes them with the
+limits, ``search serve`` holds them fixed while it searches the limits."""
+
+
 def serve_engine(o: Args, dev):
     """The :class:`~opcast.predict.serve.engine.EngineConfig` of ``--engine`` on ``dev`` with the limits given."""
     from opcast.predict.serve.engine import engine_config, step_overhead
 
-    names = (
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "chunked_prefill",
-        "block_size",
-        "gpu_memory_utilization",
-        "batch_wait_iters",
-        "batch_wait_tokens_ratio",
-    )
+    names = ("max_num_seqs", "max_num_batched_tokens", *ENGINE_SETTINGS)
     frontend_s = None if o.frontend_ms is None else o.frontend_ms / 1e3
     overhead = step_overhead(o.engine, getattr(o, "engine_version", None)) if o.engine in ENGINES else None
     return engine_config(o.engine, dev, frontend_s=frontend_s, overhead=overhead, **{n: getattr(o, n) for n in names})

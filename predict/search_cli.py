@@ -36,6 +36,7 @@ from opcast.predict.options import (
     ATTENTION,
     CLOCKS,
     CLUSTER,
+    ENGINE_SETTINGS,
     FIX,
     FP8_RECIPE,
     FRAMEWORK,
@@ -428,11 +429,7 @@ SERVE_STREAM = tuple(
         "slo_tpot_s",
         "engine",
         "router",
-        "chunked_prefill",
-        "block_size",
-        "gpu_memory_utilization",
-        "batch_wait_iters",
-        "batch_wait_tokens_ratio",
+        *ENGINE_SETTINGS,
         "precision",
         "attention",
         "tensor_cores",
@@ -477,17 +474,7 @@ def search_serve_cmd(o: Args) -> None:
         max_num_batched_tokens=_ints(o.max_num_batched_tokens),
         use_all_gpus=o.use_all_gpus,
         disaggregate=o.disaggregate,
-        engine_overrides={
-            n: getattr(o, n)
-            for n in (
-                "chunked_prefill",
-                "block_size",
-                "gpu_memory_utilization",
-                "batch_wait_iters",
-                "batch_wait_tokens_ratio",
-            )
-            if getattr(o, n) is not None
-        },
+        engine_overrides={n: getattr(o, n) for n in ENGINE_SETTINGS if getattr(o, n) is not None},
         router=o.router,
         slo_ttft_s=o.slo_ttft_s,
         slo_tpot_s=o.slo_tpot_s,

@@ -60,6 +60,7 @@ from opcast.ops import (
     param_defaults,
 )
 from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the registry's tensor-core rule, re-exported
+from opcast.ops import is_missing as _is_na  # a missing cell: None, NaN, pandas' NA
 from opcast.ops import uses_tensor_cores as uses_tensor_cores
 
 if TYPE_CHECKING:
@@ -199,11 +200,6 @@ def columns_of(rows: Any) -> dict[str, np.ndarray]:
 
 def _n_rows(cols: Columns) -> int:
     return len(next(iter(cols.values()))) if cols else 0
-
-
-def _is_na(v: Any) -> bool:
-    """A missing value: None, NaN, or pandas' NA and NaT (recognised by type name, without pandas)."""
-    return v is None or (isinstance(v, float) and v != v) or type(v).__name__ in ("NAType", "NaTType")
 
 
 def _missing(a: np.ndarray) -> np.ndarray:

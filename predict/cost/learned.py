@@ -205,7 +205,7 @@ _FAMILY_KINDS = frozenset({"moe", "gemm"})
 """Kinds whose ``impl`` names an engine's kernel family with a predictor group of its own
 (:data:`opcast.train.features.FAMILY_GROUPS`): the fused MoE layer (:data:`opcast.ops.MOE_IMPLS`: TensorRT-LLM's,
 vLLM's, Marlin's) and the GEMM (:data:`opcast.ops.GEMM_IMPLS`: cuBLAS's, vLLM's fp8). A set speaks for a family
-where it has its group; without it, as the default family (:meth:`LearnedKernelCost._family_of`)."""
+where it has its group; without it, as the default family (:meth:`LearnedKernelCost.family_of`)."""
 
 
 def _kernel_impl(k: Kernel) -> str | None:
@@ -531,14 +531,14 @@ class LearnedKernelCost:
         self._weights: dict[tuple[str, str], bool] = {}
         """(group, weight storage) -> whether its predictor was fitted on that storage (:meth:`_speaks_for_weights`)."""
         self._families: dict[tuple[str, str, str, str], bool] = {}
-        """(kind, dtype, direction, family) -> whether the set has that family's group (:meth:`_family_of`)."""
+        """(kind, dtype, direction, family) -> whether the set has that family's group (:meth:`family_of`)."""
         self._shape_why: dict[tuple[str, Kernel, tuple[str, ...]], str | None] = {}
         """(group, kernel, the reference devices' names) -> why its shape is outside the predictor's fitted feature
         ranges on them, or None (:meth:`_outside_shapes`)."""
         self._wave: dict[Kernel, tuple[Kernel, float]] = {}
         """Kernel -> (the kernel as asked, the factor on its time) (:meth:`wave_scaled`)."""
 
-    def _family_of(self, k: Kernel) -> str | None:
+    def family_of(self, k: Kernel) -> str | None:
         """``k``'s kernel family as this set prices it (:func:`_family`): its own where the set has the family's
         group, else None, the kind's default family (TensorRT-LLM's fused MoE for a vLLM or Marlin layer the set has
         no rows of: the nearest measured kernel of the same layer, which is what the set answered before it knew
@@ -558,14 +558,9 @@ class LearnedKernelCost:
                 )
         return family if got else None
 
-    def family_of(self, k: Kernel) -> str | None:
-        """``k``'s kernel family where this set prices it from that family's own group, else None (public
-        :meth:`_family_of`)."""
-        return self._family_of(k)
-
     def group_of(self, k: Kernel) -> str:
         """The predictor group key of ``k`` (:func:`opcast.train.features.group_key`), memoised."""
-        impl = self._family_of(k)
+        impl = self.family_of(k)
         memo = (k.kind, k.direction, k.dtype, k.tensor_cores, impl)
         key = self._groups.get(memo)
         if key is None:
@@ -616,7 +611,7 @@ class LearnedKernelCost:
         return len(keys)
 
     def covers(self, k: Kernel) -> bool:
-        key = (k.kind, k.dtype, k.direction, self._family_of(k))
+        key = (k.kind, k.dtype, k.direction, self.family_of(k))
         hit = self._covers.get(key)
         if hit is None:  # a family other than the kind's first is its own group (model sets take it as a 4th argument)
             hit = self._covers[key] = bool(self.model_set.covers(*(key[:3] if key[3] is None else key)))
@@ -712,9 +707,9 @@ class LearnedKernelCost:
         prices it); the physical bounds still use the kernel's own traffic."""
         out = list(kernels)
         for i, k in enumerate(out):
-            # a kernel family the set has no group of (:meth:`_family_of`) is asked as the default family, or its
+            # a kernel family the set has no group of (:meth:`family_of`) is asked as the default family, or its
             # group key would name no predictor and the kernel fall to the roofline
-            if "impl" in k.param_dict and (self._impl_status(k)[1] or (_family(k) and self._family_of(k) is None)):
+            if "impl" in k.param_dict and (self._impl_status(k)[1] or (_family(k) and self.family_of(k) is None)):
                 default = next(p.default for p in get_op(k.kind).params if p.name == "impl")
                 if k.param_dict["impl"] != default:
                     out[i] = Kernel(

@@ -333,7 +333,8 @@ def simulate(
                 pool.take(extra)
                 held[rid] += extra
                 run.append(rid)
-                new.append((rid, comp[rid], extra))
+                if hold_iters:  # batch waiting may put it back
+                    new.append((rid, comp[rid], extra))
                 c += q
                 comp[rid] = c
                 if c == total:
