@@ -1103,6 +1103,37 @@ _COLLECTIVE_DOCS: Final = {
 }
 
 
+ALL_REDUCE_IMPLS: Final = ("nccl", "trtllm")
+"""All-reduce implementations (``impl``), a measurement's identity beside its ``backend`` column: ``nccl`` the default
+(NCCL's, or where the row's ``backend`` is ``custom`` a serving engine's custom kernel of vLLM's kind, its rows fp16 and
+bf16 apart); ``trtllm`` TensorRT-LLM's ``AllReduce`` with strategy AUTO (its own one-shot and two-shot kernels, NCCL
+where it picks it), which the AIConfigurator replay emits as a family of its own
+(``opcast.collect.replay.aiconfigurator.CUSTOM_FAMILIES``) beside the same configurations of the shared family. Each
+family is a law of its own (``opcast.train.collectives.CUSTOM_BACKENDS``), never a feature; it changes no flops or
+bytes."""
+
+
+def _collective_params(kind: OpKind) -> tuple[Param, ...]:
+    shape = (
+        Param(name="bytes", type=int, doc="message size in bytes (nccl-tests 'size')"),
+        Param(name="world_size", type=int, doc="ranks taking part"),
+        Param(name="nodes", type=int, doc="nodes the ranks span"),
+        Param(name="gpus_per_node", type=int, doc="ranks per node"),
+    )
+    if kind is not OpKind.ALL_REDUCE:
+        return shape
+    impl = Param(
+        name="impl",
+        type=str,
+        doc="implementation: nccl (NCCL's, or a serving engine's custom kernel as the row's backend says) or trtllm "
+        "(TensorRT-LLM's AllReduce, strategy AUTO)",
+        choices=ALL_REDUCE_IMPLS,
+        default="nccl",
+        id_neutral=True,
+    )
+    return (*shape, impl)
+
+
 def _reduction_flops(p: Params, dt: float) -> float:
     n = _i(p, "world_size")
     return (n - 1) / n * _i(p, "bytes") / dt
@@ -1115,12 +1146,7 @@ for _kind, _doc in _COLLECTIVE_DOCS.items():
         OpSpec(
             kind=_kind,
             doc=_doc,
-            params=(
-                Param(name="bytes", type=int, doc="message size in bytes (nccl-tests 'size')"),
-                Param(name="world_size", type=int, doc="ranks taking part"),
-                Param(name="nodes", type=int, doc="nodes the ranks span"),
-                Param(name="gpus_per_node", type=int, doc="ranks per node"),
-            ),
+            params=_collective_params(_kind),
             # Reductions add (n-1)/n of the elements on each rank; the others do no arithmetic.
             flops_fwd=_reduction_flops if _reduces else (lambda p, dt: 0.0),
             # Bus bytes per rank: size x the nccl-tests factor.

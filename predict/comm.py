@@ -25,8 +25,9 @@ does (NCCL ``src/graph/tuning.cc``, whose per-step latencies we use):
 - **all-to-all**: the intra-node and inter-node shares of ``(n-1)/n * S`` in parallel on their links.
 - **send/recv**: one hop on the link between the two ranks.
 
-A serving engine's own all-reduce (vLLM's custom IPC kernel; :func:`opcast.predict.serve.engine.tp_all_reduce_kind`
-says when an engine uses it) is the kind :data:`CUSTOM_ALL_REDUCE`. Only a learned law prices it
+A serving engine's own all-reduce (:func:`opcast.predict.serve.engine.tp_all_reduce_kind` says when an engine uses
+it) is the kind :data:`CUSTOM_ALL_REDUCE` (vLLM's custom IPC kernel, SGLang's port of it) or
+:data:`TRTLLM_ALL_REDUCE` (TensorRT-LLM's ``AllReduce``, strategy AUTO). Only a learned law prices them
 (:mod:`opcast.predict.comm_learned`); where no source covers it, :class:`CollectiveCostModel`
 prices the same call as NCCL's all-reduce and says so in the label.
 
@@ -58,6 +59,10 @@ if TYPE_CHECKING:
 ALPHA_BETA = "alpha-beta"
 CUSTOM_ALL_REDUCE = "all_reduce_custom"
 """A serving engine's custom (non-NCCL) all-reduce: law kind :data:`opcast.train.collectives.CUSTOM_ALL_REDUCE`."""
+TRTLLM_ALL_REDUCE = "all_reduce_trtllm"
+"""TensorRT-LLM's all-reduce (strategy AUTO): law kind :data:`opcast.train.collectives.TRTLLM_ALL_REDUCE`."""
+ENGINE_ALL_REDUCES: frozenset[str] = frozenset({CUSTOM_ALL_REDUCE, TRTLLM_ALL_REDUCE})
+"""The kinds of a serving engine's own all-reduce: only a learned law prices them, else NCCL's all-reduce does."""
 NCCL_FALLBACK = "custom all-reduce without a measured law here: priced as NCCL"
 
 
@@ -82,7 +87,7 @@ class Collective:
 
     kind: str
     """all_reduce | all_gather | reduce_scatter | all_to_all | send_recv | broadcast, or
-    :data:`CUSTOM_ALL_REDUCE` (an engine's own all-reduce)."""
+    one of :data:`ENGINE_ALL_REDUCES` (an engine's own all-reduce)."""
     bytes: int
     """nccl-tests ``size``: the buffer per rank (all-gather: the gathered output)."""
     group: Group
@@ -126,7 +131,7 @@ class AlphaBetaCollectives:
     name = ALPHA_BETA
 
     def covers(self, call: Collective, device: DeviceSpec) -> bool:
-        return call.kind != CUSTOM_ALL_REDUCE  # NCCL's algorithms only
+        return call.kind not in ENGINE_ALL_REDUCES  # NCCL's algorithms only
 
     def time_s(self, call: Collective, device: DeviceSpec) -> tuple[float, str]:
         g = call.group
@@ -165,7 +170,7 @@ class CollectiveCostModel:
                     hit = cache[call] = source.time_s(call, device)
                     break
             else:
-                if call.kind != CUSTOM_ALL_REDUCE:
+                if call.kind not in ENGINE_ALL_REDUCES:
                     raise ValueError(f"no collective-cost source covers {call}")
                 seconds, label = self.time_s(Collective("all_reduce", call.bytes, call.group), device)
                 hit = cache[call] = (seconds, f"{label} ({NCCL_FALLBACK})")

@@ -16,12 +16,12 @@ Every other call (across nodes, on a cluster the set never measured) falls throu
 :class:`~opcast.predict.comm.AlphaBetaCollectives` (label ``alpha-beta/...``).
 :func:`collective_cost_for` builds the composite from a kernel cost model's model set.
 
-A serving engine's custom all-reduce (kind :data:`~opcast.predict.comm.CUSTOM_ALL_REDUCE`, one node
-only) runs over the node's GPU-to-GPU links alone, so its law also covers a device whose node has
-the same links as a fitted cluster's GPU (:func:`same_node_links`: architecture, intra-node
-bandwidth and GPUs per node; e.g. an A100-SXM4-40GB node on the dgx-a100 law, an H200 node on
-dgx-h100's); the label then names both (``learned/dgx-a100/custom/intra-node (A100-SXM4-40GB: same
-node links)``). Without such a law the call is priced as NCCL's all-reduce
+A serving engine's own all-reduce (kinds :data:`~opcast.predict.comm.ENGINE_ALL_REDUCES`: vLLM's custom kernel,
+TensorRT-LLM's AUTO strategy; one node only) runs over the node's GPU-to-GPU links alone, so its law also covers a
+device whose node has the same links as a fitted cluster's GPU (:func:`same_node_links`: architecture, intra-node
+bandwidth and GPUs per node; e.g. an A100-SXM4-40GB node on the dgx-a100 law, an H200 node on dgx-h100's); the label
+then names both (``learned/dgx-a100/custom/intra-node (A100-SXM4-40GB: same node links)``; TensorRT-LLM's:
+``learned/<cluster>/trtllm/intra-node``). Without such a law the call is priced as NCCL's all-reduce
 (:class:`~opcast.predict.comm.CollectiveCostModel`).
 """
 
@@ -30,13 +30,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from opcast.hardware import NETWORK_FIELDS, base_name
-from opcast.predict.comm import CUSTOM_ALL_REDUCE, AlphaBetaCollectives, Collective, CollectiveCostModel
+from opcast.predict.comm import (
+    CUSTOM_ALL_REDUCE,
+    ENGINE_ALL_REDUCES,
+    TRTLLM_ALL_REDUCE,
+    AlphaBetaCollectives,
+    Collective,
+    CollectiveCostModel,
+)
 
 if TYPE_CHECKING:
     from opcast.hardware import DeviceSpec
 
 LEARNED = "learned"
-_FORMS = {"send_recv": "p2p", "all_to_all": "pairwise", CUSTOM_ALL_REDUCE: "custom"}
+_FORMS = {"send_recv": "p2p", "all_to_all": "pairwise", CUSTOM_ALL_REDUCE: "custom", TRTLLM_ALL_REDUCE: "trtllm"}
 _NODE_FIELDS = ("architecture", "intra_node_bw_bytes_per_s", "gpus_per_node")
 
 
@@ -163,7 +170,7 @@ class LearnedCollectives:
         """The transfer curve (:class:`opcast.train.collectives.TransferCurve`) of a single-node
         NCCL call no law covers, or None."""
         g = call.group
-        if g.size <= 1 or call.bytes <= 0 or g.nodes != 1 or call.kind == CUSTOM_ALL_REDUCE:
+        if g.size <= 1 or call.bytes <= 0 or g.nodes != 1 or call.kind in ENGINE_ALL_REDUCES:
             return None
         from opcast.collectives_law import link_tier
 

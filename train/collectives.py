@@ -45,6 +45,9 @@ A serving engine's custom all-reduce (vLLM's one-shot/two-shot IPC kernel, measu
 AIConfigurator) is fitted as its own kind, :data:`CUSTOM_ALL_REDUCE`, with the same law and the
 all-reduce's step and volume counts (its free launch, step and bandwidth terms absorb the
 kernel's one-shot/two-shot shape): single-node rows only, so it never covers a call across nodes.
+TensorRT-LLM's ``AllReduce`` (strategy AUTO: its own one-shot and two-shot kernels, NCCL where it
+picks it) is another kind of the same form, :data:`TRTLLM_ALL_REDUCE`, from the rows of ``backend``
+trtllm (:data:`CUSTOM_BACKENDS`).
 
 For a GPU whose cluster was never measured, :class:`TransferCurve` carries what the fitted clusters
 agree on: per link tier (NVLink/NVSwitch or PCIe, :func:`opcast.collectives_law.link_tier`), kind
@@ -83,10 +86,18 @@ CUSTOM_ALL_REDUCE: Final = "all_reduce_custom"
 """The law of a serving engine's own (non-NCCL) all-reduce: ``all_reduce`` rows whose ``backend``
 is one of :data:`CUSTOM_BACKENDS` (the AIConfigurator replay's ``custom_allreduce_perf``).
 :data:`opcast.predict.comm.CUSTOM_ALL_REDUCE` names the same kind."""
-CUSTOM_BACKENDS: Final = ("custom",)
+TRTLLM_ALL_REDUCE: Final = "all_reduce_trtllm"
+"""The law of TensorRT-LLM's all-reduce (``AllReduce``, strategy AUTO): ``all_reduce`` rows of ``backend`` trtllm
+(the AIConfigurator replay's family of TensorRT-LLM's ``custom_allreduce_perf`` rows,
+:data:`opcast.collect.replay.aiconfigurator.CUSTOM_FAMILIES`). :data:`opcast.predict.comm.TRTLLM_ALL_REDUCE` names
+the same kind."""
+CUSTOM_BACKENDS: Final = {"custom": CUSTOM_ALL_REDUCE, "trtllm": TRTLLM_ALL_REDUCE}
+"""``backend`` of a serving engine's own all-reduce rows -> the law kind they fit (never NCCL's ``all_reduce``)."""
+ENGINE_KINDS: Final = tuple(CUSTOM_BACKENDS.values())
+"""The law kinds of serving engines' own all-reduce: one node only, no transfer curve."""
 
 
-KINDS: Final = (*OP_KINDS, CUSTOM_ALL_REDUCE)
+KINDS: Final = (*OP_KINDS, *ENGINE_KINDS)
 """Every law kind a ``collectives.json`` may hold."""
 FORMAT: Final = "opcast-collectives"
 FORMAT_VERSION: Final = 2
@@ -123,8 +134,8 @@ disagree give no median worth moving a spec-sheet time by)."""
 
 
 def op_kind(kind: str) -> str:
-    """The collective op a law kind prices (:data:`CUSTOM_ALL_REDUCE` is an all-reduce)."""
-    return "all_reduce" if kind == CUSTOM_ALL_REDUCE else kind
+    """The collective op a law kind prices (each of :data:`ENGINE_KINDS` is an all-reduce)."""
+    return "all_reduce" if kind in ENGINE_KINDS else kind
 
 
 def ring_steps(kind: str, n: int) -> int:
@@ -286,7 +297,7 @@ class CollectiveModels:
 
 def custom_backend(frame: pd.DataFrame) -> np.ndarray:
     """Which rows of ``frame`` timed a serving engine's own collective (``backend`` in
-    :data:`CUSTOM_BACKENDS`), not NCCL's: they fit the :data:`CUSTOM_ALL_REDUCE` law only."""
+    :data:`CUSTOM_BACKENDS`), not NCCL's: they fit that backend's law only (:data:`ENGINE_KINDS`)."""
     import numpy as np
 
     if "backend" not in frame.columns:
@@ -297,7 +308,7 @@ def custom_backend(frame: pd.DataFrame) -> np.ndarray:
 def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
     """The rows a law can be fitted on (a collective, its cluster named, a positive time, a
     consistent topology) and the count of the others by reason. A custom all-reduce row (its
-    ``backend`` in :data:`CUSTOM_BACKENDS`) comes back with ``op`` :data:`CUSTOM_ALL_REDUCE`."""
+    ``backend`` in :data:`CUSTOM_BACKENDS`) comes back with ``op`` its backend's law kind."""
     import numpy as np
 
     skipped: dict[str, int] = {}
@@ -309,7 +320,8 @@ def collective_rows(frame: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, int]]:
         other = custom & (coll["op"].astype(str) != "all_reduce").to_numpy()
         if other.any():
             skipped["custom-backend collectives other than all-reduce (no law for them)"] = int(other.sum())
-        op = np.where(custom, CUSTOM_ALL_REDUCE, coll["op"].astype(str).to_numpy())
+        kinds = coll["backend"].map(CUSTOM_BACKENDS).to_numpy(dtype=object)
+        op = np.where(custom, kinds, coll["op"].astype(str).to_numpy())
         coll = coll[~other].assign(op=op[~other])
     cluster = coll["cluster"] if "cluster" in coll.columns else None
     named = cluster.notna().to_numpy() if cluster is not None else np.zeros(len(coll), dtype=bool)
@@ -524,7 +536,7 @@ def cluster_links(cluster: str) -> tuple[float, float, str, int] | None:
 def _transfer_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """The rows a transfer curve learns from and is scored on: NCCL's (not a custom all-reduce's),
     inside one node, timed as the kernel alone (:func:`kernel_timed`)."""
-    one = rows[(rows["nodes"].astype(int) == 1) & (rows["op"].astype(str) != CUSTOM_ALL_REDUCE)]
+    one = rows[(rows["nodes"].astype(int) == 1) & ~rows["op"].astype(str).isin(ENGINE_KINDS)]
     return one[kernel_timed(one)]
 
 

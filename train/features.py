@@ -381,7 +381,7 @@ def _shape_features(kind: str) -> tuple[str, ...]:
     spec = get_op(kind)
     names: list[str] = []
     for p in spec.params:
-        if p.name == "impl" and kind in FAMILY_GROUPS:  # the family is the predictor group, not a feature
+        if p.name == "impl" and (kind in FAMILY_GROUPS or spec.collective):  # a predictor group or a law, no feature
             continue
         if p.type is int:
             names.append(f"log_{p.name}")

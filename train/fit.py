@@ -1077,7 +1077,7 @@ def fit_frame(
     if custom.any():  # an engine's own all-reduce is another kernel than NCCL's: collectives.json's law
         skipped["custom all-reduce"] = (
             f"{int(custom.sum())} rows of serving engines' own all-reduce kernels (fitted only as "
-            "collectives.json's all_reduce_custom law, never as NCCL's all_reduce)"
+            "collectives.json's all_reduce_custom and all_reduce_trtllm laws, never as NCCL's all_reduce)"
         )
         frame = frame[~custom]
     if not len(frame):

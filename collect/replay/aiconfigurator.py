@@ -84,6 +84,12 @@ Tables converted (all forward, one measurement per row):
     dtypes other than bfloat16. Where several frameworks measured one configuration, the
     precedence below keeps vLLM's (SGLang's kernel is a port of vLLM's; TRT-LLM's AUTO strategy
     switches to NCCL from about 1 MiB, so its rows fill only what vLLM lacks).
+    TensorRT-LLM's rows are also replayed as a family of their own (:data:`CUSTOM_FAMILIES`,
+    ``backend`` trtllm, the law ``all_reduce_trtllm``): what ``--engine trtllm`` runs. Its
+    ``AllReduce`` with strategy AUTO picks one-shot, two-shot or NCCL itself per message
+    (``AllreduceOp::getRuntimeStrategy`` -> ``selectImplementation`` in
+    cpp/tensorrt_llm/thop/allreduceOp.cpp), so that family keeps every size its rows measured
+    (256 B to 1 GiB), the 8 MiB and more included: the rows are the engine's choice at each size.
 
 ``moe/moe_perf``
     An engine's fused MoE layer, one rank of ``moe_tp_size x moe_ep_size``: TensorRT-LLM's (``impl`` trtllm) or
@@ -231,9 +237,10 @@ framework's fp8_block and nvfp4 call quantises its bf16 activation inside the ti
 (:data:`VLLM_FP8_BLOCK_REASON`); TRT-LLM cycles weight copies past the L2 as for the other dtypes
 (ai-dynamo/aiconfigurator ``collector/{trtllm,sglang,vllm}/collect_gemm.py`` at 095f58a). SGLang's
 DeepGEMM rows agree with TRT-LLM's within 0.82-1.05x on fp8_block."""
-DEFAULT_GEMM_FAMILY: Final = ""
-"""``impl`` of a GEMM row of the default family while the replay ranks rows (a string, so that the selection's keys
-hold no missing value); written unset (None), so that such a row keeps the id it had before GEMMs had families."""
+DEFAULT_FAMILY: Final = ""
+"""``impl`` of a GEMM or collective row of the default family while the replay ranks rows (a string, so that the
+selection's keys hold no missing value); written unset (None), so that such a row keeps the id it had before its kind
+had families."""
 GEMM_FAMILIES: Final = {"vllm": ("fp8", "vllm")}
 """framework -> (dtype, ``impl``): the GEMM rows of that framework and dtype that are also replayed as a kernel family
 of their own (:data:`opcast.ops.GEMM_IMPLS`): vLLM's per-tensor fp8 linear (CUTLASS ``cutlass_scaled_mm``), which
@@ -334,6 +341,10 @@ CUSTOM_MAX_BYTES: Final = 8 * 1024 * 1024
 """vLLM's ``CustomAllreduce`` default ``max_size`` (8192 * 1024 bytes): at and above it vLLM's
 all-reduce is not the custom kernel (``should_custom_ar``: ``inp_size < self.max_size``)."""
 TIMING_CUSTOM: Final = "replay:aiconfigurator:cuda-graph-mean"
+CUSTOM_FAMILIES: Final = {"trtllm": "trtllm"}
+"""framework -> ``backend``: the custom all-reduce rows of that framework that are also replayed as a family of
+their own, every size kept (module docstring): TensorRT-LLM's ``AllReduce`` (strategy AUTO), which ``--engine
+trtllm`` runs, where the shared ``custom`` family is vLLM's kernel first."""
 
 MOE_TABLE: Final = "moe_perf"
 MOE_FRAMEWORKS: Final = {"trtllm": "trtllm", "vllm": "vllm"}
@@ -423,7 +434,7 @@ _OPTIONAL_COLUMNS: Final = ("window_size", "beam_width")
 _PARAMS: Final = {
     "gemm": ("b", "m", "n", "k", "impl"),
     "attention": ("batch", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "impl"),
-    "collective": ("bytes", "world_size", "nodes", "gpus_per_node"),
+    "collective": ("bytes", "world_size", "nodes", "gpus_per_node", "impl"),
     "moe": ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights", "impl"),
 }
 
@@ -527,7 +538,7 @@ def replay(
         elif table in COLLECTIVE_TABLES:
             kind, frame = "collective", _collective(path, result)
         elif table == CUSTOM_TABLE:
-            kind, frame = "collective", _custom_all_reduce(path, result)
+            kind, frame = "collective", _custom_all_reduce(path, result, CUSTOM_FAMILIES.get(framework))
         elif table == MOE_TABLE and framework not in MOE_FRAMEWORKS:
             result.skipped[MOE_FRAMEWORK_REASON.format(framework)] += _num_rows(path)
             continue
@@ -635,7 +646,7 @@ def _gemm(path: Path, result: ReplayResult) -> pd.DataFrame:
         m=frame["m"].astype("int64"),
         n=frame["n"].astype("int64"),
         k=frame["k"].astype("int64"),
-        impl=DEFAULT_GEMM_FAMILY,
+        impl=DEFAULT_FAMILY,
     )
 
 
@@ -827,14 +838,22 @@ def _collective(path: Path, result: ReplayResult) -> pd.DataFrame:
     nbytes = frame["message_size"].astype("int64") * frame["nccl_dtype"].astype(str).map(
         lambda d: COLLECTIVE_DTYPES[d][1]
     ).astype("int64")
+    backend = "oneccl" if path.stem == "oneccl_perf" else "nccl"
     return frame.assign(
-        dtype=dtype, bytes=nbytes, world_size=frame["num_gpus"], nodes=1, gpus_per_node=frame["num_gpus"]
+        dtype=dtype,
+        bytes=nbytes,
+        world_size=frame["num_gpus"],
+        nodes=1,
+        gpus_per_node=frame["num_gpus"],
+        impl=DEFAULT_FAMILY,
+        _backend=backend,
     )
 
 
-def _custom_all_reduce(path: Path, result: ReplayResult) -> pd.DataFrame:
+def _custom_all_reduce(path: Path, result: ReplayResult, family: str | None = None) -> pd.DataFrame:
     """The engines' own all-reduce (see the module docstring): the CUDA-graph lane under
-    :data:`CUSTOM_MAX_BYTES`, as ``all_reduce`` rows of one node."""
+    :data:`CUSTOM_MAX_BYTES`, as ``all_reduce`` rows of one node (``backend`` :data:`CUSTOM_BACKEND`); with a
+    ``family`` (:data:`CUSTOM_FAMILIES`), the same rows of every size once more with that ``backend``."""
     frame = _read(path, CUSTOM_TABLE)
     what = "custom all-reduce"
     frame = _skip_by(
@@ -866,17 +885,25 @@ def _custom_all_reduce(path: Path, result: ReplayResult) -> pd.DataFrame:
     nbytes = frame["message_size"].astype("int64") * frame["allreduce_dtype"].astype(str).map(
         lambda d: CUSTOM_DTYPES[d][1]
     ).astype("int64")
+    frame = frame.assign(
+        bytes=nbytes,
+        op="all_reduce",
+        dtype=frame["allreduce_dtype"].astype(str).map(lambda d: CUSTOM_DTYPES[d][0]),
+        world_size=frame["num_gpus"],
+        nodes=1,
+        gpus_per_node=frame["num_gpus"],
+        impl=DEFAULT_FAMILY,
+        _backend=CUSTOM_BACKEND,
+    )
+    own = frame.assign(impl=family, _backend=family) if family is not None else frame.iloc[:0]
     frame = _skip_by(
-        frame.assign(bytes=nbytes),
+        frame,
         nbytes >= CUSTOM_MAX_BYTES,
         f"{what}: {CUSTOM_MAX_BYTES >> 20} MiB or more (vLLM's max_size: the engine runs NCCL or symmetric "
         "memory there, not its custom kernel)",
         result,
     )
-    dtype = frame["allreduce_dtype"].astype(str).map(lambda d: CUSTOM_DTYPES[d][0])
-    return frame.assign(
-        op="all_reduce", dtype=dtype, world_size=frame["num_gpus"], nodes=1, gpus_per_node=frame["num_gpus"]
-    )
+    return pd.concat([frame, own], ignore_index=True) if len(own) else frame
 
 
 # --------------------------------------------------------------------------- selection
@@ -1033,7 +1060,7 @@ def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str
         custom = (table == CUSTOM_TABLE).to_numpy()
         out["timing_method"] = np.where(custom, TIMING_CUSTOM, TIMING_NCCL)
         out["cluster"] = frame["_system"].astype(str).map(SYSTEM_CLUSTERS).astype(object)
-        out["backend"] = np.where(custom, CUSTOM_BACKEND, np.where(table == "oneccl_perf", "oneccl", "nccl"))
+        out["backend"] = frame["_backend"].astype(str)
     # pyarrow-backed columns (pandas' default for the parquet's strings) iterate element by element in to_dict,
     # a third of a full replay's time; as object columns they hold the same Python values
     arrow = [c for c in out.columns if isinstance(out[c].dtype, (pd.ArrowDtype, pd.StringDtype))]
@@ -1048,7 +1075,7 @@ def _records(kind: str, frame: pd.DataFrame, params: list[str]) -> list[dict[str
             value = row[name]
             if hasattr(value, "item"):
                 row[name] = value.item()
-        if kind == "gemm" and row["impl"] == DEFAULT_GEMM_FAMILY:
+        if kind in ("gemm", "collective") and row["impl"] == DEFAULT_FAMILY:
             row["impl"] = None
     return records  # type: ignore[return-value]  # pandas-stubs: to_dict's keys are the column labels, str here
 
@@ -1172,6 +1199,7 @@ def read_meta(path: Path) -> dict[tuple[str, ...], str]:
 
 __all__ = [
     "CUSTOM_BACKEND",
+    "CUSTOM_FAMILIES",
     "CUSTOM_MAX_BYTES",
     "FRAMEWORKS",
     "SYSTEM_DEVICES",

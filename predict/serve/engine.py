@@ -40,10 +40,16 @@ a multiple of 16 bytes, ``inp_size < max_size``, ``max_size`` 8 MiB by default);
 ``CudaCommunicator.all_reduce`` falls through to NCCL (pynccl). SGLang's
 ``python/sglang/srt/distributed/device_communicators/custom_all_reduce.py`` is a port of vLLM's with
 the same gates and default. TensorRT-LLM's ``AllReduce`` (strategy AUTO) picks one-shot, two-shot or
-NCCL from a tuned table per SM, TP, hidden size and token count
-(``cpp/tensorrt_llm/common/customAllReduceUtils.h``); opcast has no law of its own kernels (the
-dataset keeps one custom all-reduce per configuration: vLLM's), so TensorRT-LLM's all-reduce is
-priced as NCCL's. A run without a serving engine (``engine`` none) and training always use NCCL.
+NCCL itself per call on one node (``AllreduceOp::getRuntimeStrategy`` -> ``selectImplementation``,
+``cpp/tensorrt_llm/thop/allreduceOp.cpp``, from a tuned table per SM, TP, hidden size and token count,
+``cpp/tensorrt_llm/common/customAllReduceUtils.h``), so every one-node TP all-reduce under ``--engine
+trtllm`` is the kind :data:`~opcast.predict.comm.TRTLLM_ALL_REDUCE`, priced by the law learned from
+TensorRT-LLM's own measured calls (AIConfigurator's ``custom_allreduce_perf`` of TensorRT-LLM, every size:
+its choice at each), or as NCCL's where the model set has no such law. Measured support: on eight B200s
+TensorRT-LLM's call takes 6.0 / 7.9 / 17.8 us at 64 KiB / 256 KiB / 1 MiB where NCCL 2.29's all-reduce
+takes 29.0 / 28.3 / 30.1 us (``systems/data/b200_sxm``: ``comm/trtllm/1.3.0rc20``, ``comm/nccl/2.29.2``); a
+decode step of a TP-8 Llama-3.1-70B makes 160 of them. A run without a serving engine (``engine`` none) and
+training always use NCCL.
 
 **fp8 linears without an amax pass** (:func:`engine_fp8_gemm_s`): the learned per-tensor fp8 GEMM is fitted on
 TensorRT-LLM's rows (AIConfigurator's ``gemm/trtllm``), whose timed call quantises its bf16 input dynamically: an
@@ -86,7 +92,7 @@ from typing import Final, Literal, get_args
 from opcast.errors import OpcastError
 from opcast.hardware import DeviceSpec
 from opcast.ops import whole_number
-from opcast.predict.comm import CUSTOM_ALL_REDUCE, Group, intra_tier
+from opcast.predict.comm import CUSTOM_ALL_REDUCE, TRTLLM_ALL_REDUCE, Group, intra_tier
 
 EngineName = Literal["vllm", "sglang", "trtllm"]
 ENGINES: tuple[str, ...] = get_args(EngineName)
@@ -98,21 +104,27 @@ MIB = 1024 * 1024
 class CustomAllReduceRule:
     """When an engine's tensor-parallel all-reduce is its own kernel, not NCCL's (module docstring)."""
 
-    world_sizes: tuple[int, ...]
-    """Group sizes the kernel supports."""
-    max_bytes: int
-    """Messages of this many bytes and more go to NCCL."""
-    align_bytes: int
+    kind: str = CUSTOM_ALL_REDUCE
+    """The collective kind (law) of the engine's own all-reduce."""
+    world_sizes: tuple[int, ...] | None
+    """Group sizes the kernel supports (None: any on one node)."""
+    max_bytes: int | None
+    """Messages of this many bytes and more go to NCCL (None: the engine's own choice at every size, which the
+    law learned from its measured calls holds)."""
+    align_bytes: int = 1
     """The message must be a multiple of this many bytes."""
+    nvlink_above_two: bool = True
+    """More than 2 GPUs without NVLink between them run NCCL."""
     source: str
 
     def applies(self, nbytes: int, group: Group, device: DeviceSpec) -> bool:
-        """Whether an all-reduce of ``nbytes`` over ``group`` on nodes of ``device`` runs the custom kernel."""
-        if group.size not in self.world_sizes or group.nodes != 1:
+        """Whether an all-reduce of ``nbytes`` over ``group`` on nodes of ``device`` runs the engine's own call."""
+        if group.nodes != 1 or group.size < 2 or (self.world_sizes is not None and group.size not in self.world_sizes):
             return False
-        if group.size > 2 and intra_tier(device) != "nvlink":  # more than 2 PCIe-only GPUs: NCCL
+        if self.nvlink_above_two and group.size > 2 and intra_tier(device) != "nvlink":
             return False
-        return 0 < nbytes < self.max_bytes and nbytes % self.align_bytes == 0
+        fits = self.max_bytes is None or nbytes < self.max_bytes
+        return nbytes > 0 and fits and nbytes % self.align_bytes == 0
 
 
 _VLLM_RULE_SOURCE = (
@@ -129,8 +141,17 @@ CUSTOM_ALL_REDUCE_RULES: dict[str, CustomAllReduceRule] = {
         + _VLLM_RULE_SOURCE
         + ")",
     ),
+    "trtllm": CustomAllReduceRule(
+        kind=TRTLLM_ALL_REDUCE,
+        world_sizes=None,
+        max_bytes=None,
+        nvlink_above_two=False,
+        source="tensorrt_llm AllReduce, strategy AUTO: AllreduceOp::getRuntimeStrategy -> selectImplementation "
+        "(cpp/tensorrt_llm/thop/allreduceOp.cpp) picks one-shot, two-shot or NCCL per call on one node; priced by "
+        "the law of its measured calls",
+    ),
 }
-"""Engines whose TP all-reduce may be their custom kernel; any other engine (trtllm, none) uses NCCL."""
+"""Engines whose TP all-reduce may be their own call; any other engine (none) uses NCCL."""
 
 
 DYNAMIC_FP8_AMAX_FLOOR_S: Final = 7e-6
@@ -148,11 +169,10 @@ def engine_fp8_gemm_s(time_s: float, m: int, k: int, gemm_bytes: float, device: 
 
 
 def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpec) -> str:
-    """The collective kind of one tensor-parallel all-reduce of ``nbytes`` under ``engine``:
-    :data:`~opcast.predict.comm.CUSTOM_ALL_REDUCE` where the engine runs its own kernel, else
-    ``all_reduce`` (NCCL)."""
+    """The collective kind of one tensor-parallel all-reduce of ``nbytes`` under ``engine``: the engine's own
+    (:attr:`CustomAllReduceRule.kind`) where it runs it, else ``all_reduce`` (NCCL)."""
     rule = CUSTOM_ALL_REDUCE_RULES.get(engine)
-    return CUSTOM_ALL_REDUCE if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
+    return rule.kind if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
 
 
 ENGINE_GEMM_FAMILIES: dict[str, str] = {"vllm": "vllm"}

@@ -1,5 +1,6 @@
 """Serving engines' custom all-reduce: the AIConfigurator replay of ``custom_allreduce_perf``, its
-per-cluster law (``all_reduce_custom``), the engine rule and its use by inference (never training)."""
+per-cluster laws (``all_reduce_custom``; TensorRT-LLM's own, ``all_reduce_trtllm``), the engine rules and their use
+by inference (never training)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ def fixture_root(tmp_path_factory) -> Path:
 def test_replay_keeps_the_graph_lane_under_8_mib_and_counts_the_rest(fixture_root):
     result = aic.replay(fixture_root, tables=["custom_allreduce_perf"])
     rows = pd.DataFrame(result.rows)
+    rows = rows[rows.backend == aic.CUSTOM_BACKEND]  # the shared family (TensorRT-LLM's own: the next test)
     src = pd.concat(
         [
             pq.read_table(p).to_pandas().assign(pfw=p.parts[-3])
@@ -55,7 +57,7 @@ def test_replay_keeps_the_graph_lane_under_8_mib_and_counts_the_rest(fixture_roo
     expected = {(2 * e, g) for e, g in zip(keep.message_size, keep.num_gpus)}  # one row per configuration
     assert len(rows) == len(expected)
     assert set(zip(rows.bytes, rows.world_size)) == expected
-    assert (rows.op == "all_reduce").all() and (rows.dtype == "bf16").all() and (rows.backend == "custom").all()
+    assert (rows.op == "all_reduce").all() and (rows.dtype == "bf16").all() and rows.impl.isna().all()
     assert (rows.nodes == 1).all() and (rows.cluster == "dgx-h100").all()
     assert len(rows) + sum(result.skipped.values()) == len(src)
     s = result.skipped
@@ -69,6 +71,26 @@ def test_replay_keeps_the_graph_lane_under_8_mib_and_counts_the_rest(fixture_roo
     assert shared.kernel_name == "vllm 0.24.0: vLLM_custom_graph"
     graph8 = src[(src.pfw == "vllm") & graph & (src.num_gpus == 8) & (src.message_size == 4096)]
     assert shared.time_s_median == pytest.approx(graph8.latency.iloc[0] / 1e3)
+
+
+def test_replay_keeps_tensorrt_llms_rows_of_every_size_as_a_family_of_their_own(fixture_root):
+    from opcast.collect.replay.common import normalise
+
+    result = aic.replay(fixture_root, tables=["custom_allreduce_perf"])
+    rows = pd.DataFrame(result.rows)
+    own = rows[rows.backend == "trtllm"]
+    src = pq.read_table(next(fixture_root.glob("*/comm/trtllm/*/custom_allreduce_perf.parquet"))).to_pandas()
+    assert len(own) == len(src)  # every size, the 16 MiB one included
+    assert set(zip(own.bytes, own.world_size)) == {(2 * e, g) for e, g in zip(src.message_size, src.num_gpus)}
+    assert (own.impl == "trtllm").all() and (own.op == "all_reduce").all() and (own.dtype == "bf16").all()
+    big = own[own.bytes == 16 * MIB].iloc[0]
+    assert big.time_s_median == pytest.approx(src[src.message_size == 8 << 20].latency.iloc[0] / 1e3)
+    assert big.kernel_name == "trtllm 1.3.0rc20: TRTLLM"
+    # the shared family still holds vLLM's row where both measured; the two are different points, both kept
+    kept, skipped = normalise(result, source="aiconfigurator", run_id="t", opcast_version="0")
+    assert len(kept) == len(rows) and "duplicate" not in skipped
+    ids = {r["backend"]: r["point_id"] for r in kept if r["bytes"] == 8192 and r["world_size"] == 8}
+    assert set(ids) == {"custom", "trtllm"} and ids["custom"] != ids["trtllm"]
 
 
 # --------------------------------------------------------------------------- the law
@@ -108,6 +130,18 @@ def test_the_custom_law_is_fitted_apart_from_nccls_with_a_held_out_report():
     assert pc.CUSTOM_ALL_REDUCE == tc.CUSTOM_ALL_REDUCE
 
 
+def test_tensorrt_llms_rows_fit_a_law_of_their_own():
+    rows = _rows()
+    trt = rows[rows.backend == "custom"].assign(backend="trtllm", time_s_median=lambda d: d.time_s_median * 0.5)
+    models = tc.fit_collectives(pd.concat([rows, trt], ignore_index=True))
+    own, custom = models.law("dgx-a100", tc.TRTLLM_ALL_REDUCE), models.law("dgx-a100", tc.CUSTOM_ALL_REDUCE)
+    assert own is not None and custom is not None
+    assert own.time_s(65536, 8, 1, 8) == pytest.approx(0.5 * custom.time_s(65536, 8, 1, 8), rel=0.05)
+    assert not own.covers(2, 8)  # one node only
+    assert pc.TRTLLM_ALL_REDUCE == tc.TRTLLM_ALL_REDUCE and set(tc.ENGINE_KINDS) == pc.ENGINE_ALL_REDUCES
+    assert tc.op_kind(tc.TRTLLM_ALL_REDUCE) == "all_reduce"
+
+
 def test_custom_laws_round_trip_collectives_json(tmp_path):
     from opcast.train.artifacts import check_collectives
 
@@ -140,7 +174,7 @@ def test_vllm_tp8_on_nvlink_small_message_is_custom_16_mib_is_nccl():
         ("vllm", 65536, Group(3, 1, 3), "A100-SXM4-40GB"),  # unsupported world size
         ("vllm", 65536, Group(4, 1, 4), "L40S"),  # 4 PCIe-only GPUs
         ("vllm", 65544, NODE8, "A100-SXM4-40GB"),  # not a multiple of 16 bytes
-        ("trtllm", 65536, NODE8, "A100-SXM4-40GB"),  # its AUTO dispatch is not modelled
+        ("trtllm", 65536, Group(16, 2, 8), "A100-SXM4-40GB"),  # spans nodes: NCCL
         ("none", 65536, NODE8, "A100-SXM4-40GB"),  # no serving engine
     ],
 )
@@ -150,7 +184,20 @@ def test_nccl_where_the_engine_would_not_run_its_kernel(engine, nbytes, group, d
 
 def test_two_pcie_gpus_may_run_it():
     assert tp_all_reduce_kind("vllm", 65536, Group(2, 1, 2), get_device("L40S")) == pc.CUSTOM_ALL_REDUCE
-    assert set(CUSTOM_ALL_REDUCE_RULES) == {"vllm", "sglang"}
+    assert set(CUSTOM_ALL_REDUCE_RULES) == {"vllm", "sglang", "trtllm"}
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "group", "device"),
+    [
+        (65536, NODE8, "A100-SXM4-40GB"),
+        (16 * MIB, NODE8, "B200"),  # no size cap: AUTO's own choice at every size is in its law
+        (65544, Group(3, 1, 3), "H100-SXM"),  # no world-size or alignment gate
+        (65536, Group(4, 1, 4), "L40S"),  # PCIe: its measured AUTO calls there say what it does
+    ],
+)
+def test_tensorrt_llm_runs_its_own_all_reduce_on_one_node(nbytes, group, device):
+    assert tp_all_reduce_kind("trtllm", nbytes, group, get_device(device)) == pc.TRTLLM_ALL_REDUCE
 
 
 # --------------------------------------------------------------------------- pricing
@@ -207,6 +254,26 @@ def test_inference_uses_the_custom_law_under_vllm_and_nccl_without_an_engine():
     assert "custom_all_reduce.py" in vllm.cost_sources["tp_all_reduce"]["rule"]
 
 
+def _trt_comms() -> CollectiveCostModel:
+    rows = _rows()
+    trt = rows[rows.backend == "custom"].assign(backend="trtllm", time_s_median=lambda d: d.time_s_median * 0.5)
+    models = tc.fit_collectives(pd.concat([rows, trt], ignore_index=True))
+    return CollectiveCostModel(sources=(LearnedCollectives(models, "test"), AlphaBetaCollectives()))
+
+
+def test_inference_under_tensorrt_llm_uses_its_own_law_or_nccl_and_says_which():
+    trt = _infer("trtllm", _trt_comms())
+    calls = trt.cost_sources["tp_all_reduce"]["decode_step_calls"]
+    reduces = [k for k in calls if "all_reduce" in k]
+    assert reduces and all(k.startswith(f"{pc.TRTLLM_ALL_REDUCE}: learned/dgx-a100/trtllm") for k in reduces)
+    assert "allreduceOp.cpp" in trt.cost_sources["tp_all_reduce"]["rule"]
+    none = _infer("none", _trt_comms())
+    assert trt.breakdown_s["decode_step"]["tp_comm"] < none.breakdown_s["decode_step"]["tp_comm"]
+    # a set without TensorRT-LLM's law: its calls are priced as NCCL's and labelled so
+    fallback = _infer("trtllm", _comms()).cost_sources["tp_all_reduce"]["decode_step_calls"]
+    assert all(pc.NCCL_FALLBACK in k for k in fallback if k.startswith(pc.TRTLLM_ALL_REDUCE))
+
+
 def test_training_never_asks_for_the_custom_all_reduce():
     from opcast.archs import load_arch
     from opcast.predict.training import predict_train
@@ -221,7 +288,7 @@ def test_training_never_asks_for_the_custom_all_reduce():
     from opcast.predict.parallel import TrainConfig
 
     predict_train(load_arch("llama3-8b"), A100_40, TrainConfig(tp=8), comms=Recording(sources=_comms().sources))
-    assert "all_reduce" in asked and pc.CUSTOM_ALL_REDUCE not in asked
+    assert "all_reduce" in asked and not pc.ENGINE_ALL_REDUCES & set(asked)
 
 
 def test_console_script_reports_the_choice():

@@ -70,9 +70,15 @@ def replayed():
 # --------------------------------------------------------------------------- counts
 
 
-def _family(rows: pd.DataFrame) -> pd.Series:
+def _gemm_family(rows: pd.DataFrame) -> pd.Series:
     """The rows replayed a second time as a GEMM kernel family of their own (vLLM's fp8: GEMM_FAMILIES)."""
     return (rows.op == "gemm") & (rows.impl == "vllm")
+
+
+def _family(rows: pd.DataFrame) -> pd.Series:
+    """The rows replayed a second time as a kernel family of their own: vLLM's fp8 GEMMs (GEMM_FAMILIES) and
+    TensorRT-LLM's all-reduce (CUSTOM_FAMILIES)."""
+    return _gemm_family(rows) | ((rows.op == "all_reduce") & (rows.impl == "trtllm"))
 
 
 def test_every_source_row_is_kept_or_counted(source, replayed):
@@ -100,7 +106,7 @@ def test_gemm_rows_match_pandas(source, replayed):
     assert (got.b == 1).all() and (got.direction == "fwd").all() and got.tensor_cores.all()
     # vLLM's fp8 rows once more, as its kernel family (impl vllm), every one of them with its own time
     v = g[(g.pfw == "vllm") & (g.gemm_dtype == "fp8")]
-    family = rows[_family(rows)]
+    family = rows[_gemm_family(rows)]
     assert sorted(zip(family.device, family.m, family.n, family.k, family.time_s_median)) == sorted(
         zip(v.system.map(DEVICES), v.m, v.n, v.k, v.latency / 1e3)
     )
@@ -254,7 +260,7 @@ def test_moe_impls_replays_only_the_families_asked_for_and_counts_the_rest(sourc
     assert result.skipped[aic.MOE_IMPL_REASON.format("vllm")] == int(vllm_family.sum())
     assert len(rows[~_family(rows)]) + sum(result.skipped.values()) == len(source)
     plain = pd.DataFrame(aic.replay(FIXTURE, gemm_impls=("cublas",)).rows)  # no GEMM family rows
-    assert len(plain) == len(full[~_family(full)]) and not _family(plain).any()
+    assert len(plain) == len(full[~_gemm_family(full)]) and not _gemm_family(plain).any()
 
 
 def test_the_gemm_tables_and_the_rest_replay_apart_to_the_same_rows():
@@ -514,7 +520,7 @@ def test_real_h100_gemms(package_root):
     eager = (source.framework == "vllm") & (source.gemm_dtype == "fp8_block")  # VLLM_FP8_BLOCK_REASON
     assert result.skipped[aic.VLLM_FP8_BLOCK_REASON] == int(eager.sum()) > 0
     source = source[~eager]
-    family = _family(rows)
+    family = _gemm_family(rows)
     vllm_fp8 = source[(source.framework == "vllm") & (source.gemm_dtype == "fp8")]
     assert int(family.sum()) == len(vllm_fp8) > 0
     rows = rows[~family]
