@@ -11,8 +11,9 @@
   GPU does not hide (scheduling, input preparation, sampling), from
   :func:`opcast.predict.serve.engine.step_overhead` (of ``engine_version``): the prefill pays one step's at
   ``batch`` sequences, and so does every decode step. The engine also decides each TP all-reduce:
-  its own custom kernel where it would run one (:func:`opcast.predict.serve.engine.tp_all_reduce_kind`:
-  vLLM and SGLang on one NVLink node under 8 MiB), NCCL's otherwise; without an engine, NCCL's.
+  its own call where it would run one (:func:`opcast.predict.serve.engine.tp_all_reduce_kind`:
+  vLLM and SGLang on one NVLink node under 8 MiB, TensorRT-LLM on one node), NCCL's otherwise; without an engine,
+  NCCL's.
   ``cost_sources["tp_all_reduce"]`` counts the calls of each kind and how each was priced. And the kernels it
   runs (:func:`infer_precision`): an MoE block's fused kernel (under vllm, Marlin's for MXFP4 experts where that
   release runs it, else vLLM's own; TensorRT-LLM's otherwise) and a one-kernel rope.
@@ -22,6 +23,9 @@
   of what it holds, each to its end before the next (its ``GUARANTEED_NO_EVICT`` scheduler), and vLLM and SGLang,
   which admit more and preempt, are simulated on it (:func:`_in_waves`). Without an engine, or when not one sequence
   fits, the static accounting below refuses the batch.
+- **Quantised checkpoints** (an fp8 or fp4 ``precision``): the linears of the blocks run in it; the LM head and an
+  MoE router stay in the activations' dtype (:data:`UNQUANTISED_GEMMS`), and so do their weights, the embeddings'
+  and the norms' (:attr:`opcast.predict.memory.StageParams.unquantised`).
 - **Memory** per GPU: weights of the stage in the serving precision, the KV cache at its final
   length ``2 b (prompt + gen) k d B L / pp``, and the prefill working set of one block (its
   largest live tensors).
@@ -102,6 +106,15 @@ rotary embeddings, applied to the queries and keys in one launch (vLLM ``RotaryE
 inside its attention's QKV preprocessing), not ``apply_rotary_pos_emb``'s chain of eager kernels. Likewise a
 SiLU-gated MLP's activation (``block_ops(fused_swiglu=True)`` under an engine: vLLM ``SiluAndMul`` /
 ``torch.ops._C.silu_and_mul``, SGLang's ``silu_and_mul``, TensorRT-LLM's fused gated activation)."""
+
+
+UNQUANTISED_GEMMS: frozenset[str] = frozenset({"lm_head", "router"})
+"""The GEMMs an fp8 or fp4 inference checkpoint keeps in the activations' dtype: the LM head and an MoE block's router.
+NVIDIA Model Optimizer's quantisation configs (the FP8 and NVFP4 checkpoints TensorRT-LLM, vLLM and SGLang serve)
+disable the quantizers of ``*lm_head*``, ``*router*``, ``*mlp.gate.*`` and ``*block_sparse_moe.gate*``
+(``modelopt/torch/quantization/config.py``, ``_default_disabled_quantizer_cfg``), and DeepSeek-V3's fp8 checkpoint
+stores its ``lm_head`` and its routers' ``gate`` weights in bf16; the engines load such a layer as an unquantised
+linear. Every other GEMM of the blocks runs in the precision's kernel dtype."""
 
 
 def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
@@ -186,8 +199,12 @@ def _forward_s(
     # an engine runs fp8 linears without an amax pass (engine_fp8_gemm_s), unless its own family's rows priced them
     static_fp8 = cfg.engine != "none"
     family_of = getattr(kernels, "family_of", None)  # a stand-in cost model (a recorder) may lack it: no family
+    plain = replace(prec, matrix=prec.act)  # UNQUANTISED_GEMMS' dtypes
     for group_ops, repeat in (*blocks, (model, 1)):
-        kern = [prec.of(kind, p) for _, kind, p, _ in group_ops]
+        kern = [
+            (plain if kind == "gemm" and role in UNQUANTISED_GEMMS else prec).of(kind, p)
+            for role, kind, p, _ in group_ops
+        ]
         table = kernels.lookup(kern, device)
         for (role, _, _, count), k in zip(group_ops, kern):
             t, src = table[k]
@@ -683,7 +700,9 @@ def _infer_memory(arch: ArchSpec, cfg: InferConfig, *, experts: ExpertLayout | N
         mems.append(
             Memory(
                 stage=s,
-                weights_bytes=weight_b * params.dense + expert_bytes,
+                weights_bytes=weight_b * (params.dense - params.unquantised)
+                + act_b * params.unquantised
+                + expert_bytes,
                 gradients_bytes=0.0,
                 optimizer_states_bytes=0.0,
                 activations_bytes=work,

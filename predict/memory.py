@@ -135,6 +135,9 @@ class StageParams:
     """MoE expert weights (sharded over ep; their data-parallel group is dp x cp / ep)."""
     per_layer: int
     """All parameters of one block on this rank."""
+    unquantised: int = 0
+    """Of :attr:`dense`, those an fp8 or fp4 inference checkpoint keeps in the activations' dtype: the embeddings, the
+    LM head, the MoE routers and the norms (:data:`opcast.predict.inference.UNQUANTISED_GEMMS`)."""
 
     @property
     def total(self) -> int:
@@ -181,11 +184,16 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = Fal
     if arch.kv_lora_rank is not None:
         attn = arch.mla_params(tp)
     mlp = arch.mlp_params(arch.ffn_hidden // (1 if whole_experts and arch.n_experts > 1 else tp))
-    norms = arch.norms_per_block * (2 if arch.norm == "layernorm" else 1) * arch.hidden
-    norms += 2 * arch.head_dim if arch.qk_norm else 0
+    norms = block_norm_params(arch)
     if arch.n_experts == 1:
         return attn + mlp + norms, 0
     return attn + norms + arch.router_params() + arch.shared_expert_params(tp), (arch.n_experts // ep) * mlp
+
+
+def block_norm_params(arch: ArchSpec) -> int:
+    """The norm weights of one block (its pre-norms, post-norms with ``norms_per_block``, and per-head q/k norms)."""
+    norms = arch.norms_per_block * (2 if arch.norm == "layernorm" else 1) * arch.hidden
+    return norms + (2 * arch.head_dim if arch.qk_norm else 0)
 
 
 def stage_params(
@@ -205,6 +213,7 @@ def stage_params(
     dense_l, expert_l = layer_params(arch, tp, ep, whole_experts)
     layers = arch.n_layers // pp if layers is None else layers
     dense, expert = layers * dense_l, layers * expert_l
+    unquantised = layers * block_norm_params(arch)
     # DeepSeek's first blocks: a dense MLP instead of the experts (the stage's layers start at stage x layers:
     # exact for an even split; an uneven one is taken as if even)
     first = min(layers, max(0, (arch.dense_layers or 0) - stage * layers))
@@ -213,14 +222,18 @@ def stage_params(
         moe_dense = arch.router_params() + arch.shared_expert_params(tp)  # router and shared expert
         dense += first * (arch.mlp_params(arch.dense_ffn_hidden // tp) - moe_dense)
         expert -= first * expert_l
+    unquantised += (layers - first) * arch.router_params()
     vocab_slice = padded_vocab(arch.vocab, tp) // tp * arch.hidden
+    edges = 0
     if stage == 0:
-        dense += vocab_slice + (arch.max_seq * arch.hidden if arch.position == "learned" else 0)
+        edges += vocab_slice + (arch.max_seq * arch.hidden if arch.position == "learned" else 0)
     if stage == pp - 1:
-        dense += (2 if arch.norm == "layernorm" else 1) * arch.hidden
+        edges += (2 if arch.norm == "layernorm" else 1) * arch.hidden
         if not arch.tied_embeddings or pp > 1:
-            dense += vocab_slice
-    return StageParams(dense=dense, expert=expert, per_layer=dense_l + expert_l)
+            edges += vocab_slice
+    return StageParams(
+        dense=dense + edges, expert=expert, per_layer=dense_l + expert_l, unquantised=unquantised + edges
+    )
 
 
 # --------------------------------------------------------------------------- activations

@@ -338,3 +338,33 @@ def test_an_fp8_kv_cache_holds_half_the_bytes_and_its_decode_attention_reads_hal
 def test_an_fp8_kv_cache_needs_a_gpu_with_fp8():
     r = infer(device=get_device("A100-SXM4-80GB"), batch=1, prompt_len=16, gen_len=2, kv_dtype="fp8")
     assert not r.feasible and any("kv_dtype=fp8 needs a GPU with fp8" in x for x in r.reasons)
+
+
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4"])
+def test_a_quantised_checkpoint_keeps_its_head_and_router_in_the_activations_dtype(precision):
+    """ModelOpt's FP8 / NVFP4 checkpoints quantise the blocks' linears only (inference.UNQUANTISED_GEMMS)."""
+    b200 = get_device("B200")
+    moe = load_arch("qwen3-30b-a3b")
+    r = predict_infer(moe, b200, InferConfig(batch=8, prompt_len=256, gen_len=4, precision=precision),
+                      kernels=roofline_only())  # fmt: skip
+    dtypes = {(op["role"], op["dtype"]) for op in r.ops if op["kind"] == "gemm"}
+    assert {("lm_head", "bf16"), ("router", "bf16")} <= dtypes
+    assert ("qkv", precision) in dtypes and ("proj", precision) in dtypes
+    assert not any(dtype == precision for role, dtype in dtypes if role in inference.UNQUANTISED_GEMMS)
+
+
+def test_quantised_weights_hold_the_embeddings_head_and_norms_at_two_bytes():
+    from opcast.dtypes import element_bytes
+    from opcast.predict.memory import stage_params
+
+    arch = load_arch("llama3-8b")
+    p = stage_params(arch, tp=1, pp=1)
+    vocab = arch.vocab * arch.hidden  # 128,256 is a multiple of 128: no padding
+    norms = (2 * arch.n_layers + 1) * arch.hidden  # two RMSNorms a block and the final one
+    assert p.unquantised == 2 * vocab + norms  # untied: the embedding and the head
+    fp8 = infer(arch=arch, batch=1, prompt_len=128, gen_len=2, precision="fp8").memory.weights_bytes
+    bf16 = infer(arch=arch, batch=1, prompt_len=128, gen_len=2).memory.weights_bytes
+    assert bf16 == 2 * p.dense
+    assert fp8 == element_bytes("fp8") * (p.dense - p.unquantised) + 2 * p.unquantised
+    nvfp4 = infer(arch=arch, device=get_device("B200"), batch=1, prompt_len=128, gen_len=2, precision="nvfp4")
+    assert nvfp4.memory.weights_bytes == element_bytes("nvfp4") * (p.dense - p.unquantised) + 2 * p.unquantised
