@@ -437,11 +437,7 @@ def predict_infer(
         rule = CUSTOM_ALL_REDUCE_RULES.get(cfg.engine)
         sources["tp_all_reduce"] = {
             "engine": cfg.engine,
-            "rule": rule.source
-            if rule is not None
-            else "NCCL: no serving engine"
-            if cfg.engine == "none"
-            else f"NCCL: {cfg.engine}'s own all-reduce is not modelled (opcast.predict.serve.engine)",
+            "rule": rule.source if rule is not None else "NCCL: no serving engine",  # every engine has a rule
             "prefill_calls": dict(sorted(prefill_comms.items())),
             "decode_step_calls": dict(sorted(decode_comms.items())),
         }

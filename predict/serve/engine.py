@@ -48,8 +48,8 @@ TensorRT-LLM's own measured calls (AIConfigurator's ``custom_allreduce_perf`` of
 its choice at each), or as NCCL's where the model set has no such law. Measured support: on eight B200s
 TensorRT-LLM's call takes 6.0 / 7.9 / 17.8 us at 64 KiB / 256 KiB / 1 MiB where NCCL 2.29's all-reduce
 takes 29.0 / 28.3 / 30.1 us (``systems/data/b200_sxm``: ``comm/trtllm/1.3.0rc20``, ``comm/nccl/2.29.2``); a
-decode step of a TP-8 Llama-3.1-70B makes 160 of them. A run without a serving engine (``engine`` none) and
-training always use NCCL.
+decode step of a TP-8 Llama-3.1-70B makes 161 of them (two a layer, one after the embedding). A run without a
+serving engine (``engine`` none) and training always use NCCL.
 
 **fp8 linears without an amax pass** (:func:`engine_fp8_gemm_s`): the learned per-tensor fp8 GEMM is fitted on
 TensorRT-LLM's rows (AIConfigurator's ``gemm/trtllm``), whose timed call quantises its bf16 input dynamically: an
