@@ -160,7 +160,12 @@ class Dtypes:
     cache), memory-bound on the cache it reads: priced as the ``act`` kernel over the keys whose bytes it reads
     (``seq_kv`` scaled by the bytes ratio, half for fp8 under bf16). On B200 those rows time fp8 over bf16 caches
     at 0.65, 0.59 and 0.55x for batch 64 at 1k, 2k and 4k cached tokens, and at 1.0x for batch 1, where the launch
-    sets the time (``systems/data/b200_sxm/attention/trtllm/1.3.0rc20/generation_attention_perf.parquet``)."""
+    sets the time (``systems/data/b200_sxm/attention/trtllm/1.3.0rc20/generation_attention_perf.parquet``); an engine
+    whose decode kernel gains less over an fp8 cache says so in :attr:`kv_decode_fraction`."""
+    kv_decode_fraction: float | None = None
+    """The share of the cached keys a decode step's attention over a :attr:`kv` cache is priced over (the ``act``
+    kernel's ``seq_kv`` scaled by it); None: the bytes ratio (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`
+    sets it where an engine's kernel is measured to gain less)."""
     fused_swiglu: bool = False
     """A SiLU-gated activation runs as one kernel (:func:`opcast.archs.gated_activation_ops`): the framework's
     (:attr:`opcast.predict.frameworks.Framework.fused_swiglu`) unless the run says otherwise."""
@@ -181,7 +186,7 @@ class Dtypes:
             return kernel(kind, params, matrix, direction, self.tensor_cores)
         if kind == "attention" and self.kv is not None:
             if params["seq_q"] == 1:  # decode: act queries over the cache, memory-bound on its bytes
-                ratio = element_bytes(self.kv) / element_bytes(self.act)
+                ratio = self.kv_decode_fraction or element_bytes(self.kv) / element_bytes(self.act)
                 params = {**params, "seq_kv": max(1, math.ceil(params["seq_kv"] * ratio))}
                 return kernel(kind, params, self.act, direction, self.tensor_cores)
             return kernel(kind, params, self.kv, direction, self.tensor_cores)

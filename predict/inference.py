@@ -60,6 +60,7 @@ from opcast.predict.serve.engine import (
     CUSTOM_ALL_REDUCE_RULES,
     ENGINE_GEMM_FAMILIES,
     engine_fp8_gemm_s,
+    fp8_kv_decode_fraction,
     moe_impl,
     step_overhead,
     tp_all_reduce_kind,
@@ -121,7 +122,8 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     """The kernels' dtypes of an inference run of ``arch`` on ``device`` in ``cfg.precision``, its MoE blocks' fused
     kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
     vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's), its
-    per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), and
+    per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), its decode over
+    an fp8 cache as its kernel gains (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`), and
     under any engine its single-kernel rotary embedding (:data:`ENGINE_KERNELS`). Every
     priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables) and the report read the
     kernels through it."""
@@ -130,7 +132,10 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
     kv = kv_cache_dtype(cfg, prec.act)
     gemm = ENGINE_GEMM_FAMILIES.get(cfg.engine)
-    return replace(prec, impls=impls, kv=kv if kv != prec.act else None, fp8_gemm_impl=gemm)
+    fraction = fp8_kv_decode_fraction(cfg.engine, device) if kv == "fp8" != prec.act else None
+    return replace(
+        prec, impls=impls, kv=kv if kv != prec.act else None, fp8_gemm_impl=gemm, kv_decode_fraction=fraction
+    )
 
 
 def kv_cache_dtype(cfg: InferConfig, act: str) -> str:

@@ -175,6 +175,28 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
     return rule.kind if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
 
 
+FA3_ENGINES: Final = ("vllm", "sglang")
+"""Engines whose decode attention on Hopper is FlashAttention-3 (vLLM's ``vllm_flash_attn`` FA3, SGLang's ``fa3``
+backend, each one's default there)."""
+FA3_FP8_KV_FRACTION: Final = 0.76
+"""FlashAttention-3's decode over an fp8 KV cache on Hopper takes the time of its bf16-cache kernel over 0.76 of the
+keys, where the bytes alone say 0.5: its fp8 path dequantises the cache inside the kernel. The median over 6,054
+rows of AIConfigurator 0.12.0's generation attention (bf16 queries, batch >= 16, >= 2,048 cached tokens, where the
+keys' time is over twice the launch's), each row's ``(t_fp8 - t0) / (c seq_kv)`` against the affine law ``t0 + c
+seq_kv`` of the same shape's bf16-cache rows: vLLM 0.24.0's ``vllm_flash_attn_fa3`` 0.66 on H100 and 0.87 on H200,
+SGLang 0.5.14's ``fa3`` 0.73 and 0.89 (``systems/data/h100_sxm`` and ``h200_sxm``, ``attention/vllm/0.24.0`` and
+``attention/sglang/0.5.14``, ``generation_attention_perf.parquet``). TensorRT-LLM's XQA on the same GPUs measures
+0.52 and 0.53, and every engine on Blackwell, Ada and Intel's B60 0.50-0.55 (SGLang on Blackwell 0.65): the bytes
+ratio."""
+
+
+def fp8_kv_decode_fraction(engine: str, device: DeviceSpec) -> float | None:
+    """The share of an fp8 cache's keys ``engine``'s decode attention on ``device`` is priced over
+    (:attr:`opcast.predict.graph.Dtypes.kv_decode_fraction`): :data:`FA3_FP8_KV_FRACTION` for FlashAttention-3 on
+    Hopper, else None (the bytes ratio)."""
+    return FA3_FP8_KV_FRACTION if engine in FA3_ENGINES and device.architecture == "hopper" else None
+
+
 ENGINE_GEMM_FAMILIES: dict[str, str] = {"vllm": "vllm"}
 """Engine -> the kernel family (one of :data:`opcast.ops.GEMM_IMPLS`) of its per-tensor fp8 linears; any other
 engine (trtllm, sglang, none) runs the registry default, cuBLAS's (module docstring: vLLM's own fp8 GEMM)."""
