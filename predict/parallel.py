@@ -28,7 +28,7 @@ from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem
 from opcast.predict.recompute import recompute_problem
-from opcast.predict.serve.engine import EngineName, engine_version_problem
+from opcast.predict.serve.engine import EngineName, engine_device_problem, engine_version_problem
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1", "flash2"]
@@ -951,6 +951,8 @@ def validate_infer(
         reasons.append(f"attention={cfg.attention!r} is not one of {', '.join(get_args(AttentionImpl))}")
     if cfg.engine not in get_args(InferEngine):
         reasons.append(f"engine={cfg.engine!r} is not one of {', '.join(get_args(InferEngine))}")
+    elif (problem := engine_device_problem(cfg.engine, device)) is not None:
+        reasons.append(problem)
     if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
         reasons.append(problem)
     if cfg.kv_dtype is not None:

@@ -46,9 +46,11 @@ class ServeResult:
     """The prefill and decode pools and their KV transfers (:mod:`~opcast.predict.serve.disagg`); None colocated."""
 
 
-def replica_reasons(arch: ArchSpec, device, cfg: InferConfig, stream: RequestStream, gpus_per_node: int | None):
-    """(cluster of one replica, every reason it cannot run the stream's longest request)."""
-    probe = replace(cfg, batch=1, prompt_len=1, gen_len=max(1, stream.max_tokens - 1))
+def replica_reasons(
+    arch: ArchSpec, device, cfg: InferConfig, engine: str, stream: RequestStream, gpus_per_node: int | None
+):
+    """(cluster of one replica, every reason it cannot run the stream's longest request under ``engine``)."""
+    probe = replace(cfg, batch=1, prompt_len=1, gen_len=max(1, stream.max_tokens - 1), engine=engine)
     cluster, reasons = validate_infer(arch, device, probe, gpus_per_node=gpus_per_node, check_device=False)
     return cluster, [*device_reasons(device, cfg.precision), *reasons]
 
@@ -103,7 +105,7 @@ def predict_serve(
     ``step_cost``: the :func:`replica_step_cost` of these same arguments, built before (a search reuses
     one table for every deployment that needs it); ``stop``: see :func:`simulate` (raises
     :class:`~opcast.predict.serve.simulate.StoppedEarly`)."""
-    cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
+    cluster, reasons = replica_reasons(arch, device, cfg, engine.engine, stream, gpus_per_node)
     reasons += ep_replica_reasons(cfg, replicas) + replica_count_reasons(cfg, replicas)
     if cluster is None or reasons:
         raise OpcastError(f"infeasible configuration: {'; '.join(reasons)}")

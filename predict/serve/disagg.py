@@ -207,7 +207,7 @@ def predict_serve_disagg(
     at the last token, after the transfer)."""
     if prefill < 1 or decode < 1:
         raise OpcastError(f"--disaggregate {prefill}:{decode} needs >= 1 prefill and >= 1 decode replica, e.g. 1:3")
-    cluster, reasons = replica_reasons(arch, device, cfg, stream, gpus_per_node)
+    cluster, reasons = replica_reasons(arch, device, cfg, engine.engine, stream, gpus_per_node)
     reasons += ep_replica_reasons(cfg, prefill, "prefill ") + ep_replica_reasons(cfg, decode, "decode ")
     reasons += replica_count_reasons(cfg, prefill + decode)
     if cluster is None or reasons:

@@ -168,6 +168,17 @@ def engine_fp8_gemm_s(time_s: float, m: int, k: int, gemm_bytes: float, device: 
     return max(time_s - amax_s, gemm_bytes / device.mem_bw_bytes_per_s)
 
 
+def engine_device_problem(engine: str, device: DeviceSpec) -> str | None:
+    """Why ``engine`` cannot serve on ``device`` (one line), or None: TensorRT-LLM is built on CUDA and TensorRT and
+    runs on NVIDIA GPUs only, where vLLM and SGLang also run on AMD's (ROCm)."""
+    if engine == "trtllm" and device.vendor != "nvidia":
+        return (
+            f"engine=trtllm runs on NVIDIA GPUs only (TensorRT-LLM is built on CUDA and TensorRT); {device.name} is "
+            f"{device.vendor}'s: use --engine vllm or sglang"
+        )
+    return None
+
+
 def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpec) -> str:
     """The collective kind of one tensor-parallel all-reduce of ``nbytes`` under ``engine``: the engine's own
     (:attr:`CustomAllReduceRule.kind`) where it runs it, else ``all_reduce`` (NCCL)."""

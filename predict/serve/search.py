@@ -79,7 +79,14 @@ from opcast.predict.moe_dispatch import dispatcher_problem
 from opcast.predict.parallel import MAX_GPUS, InferConfig
 from opcast.predict.serve.deployment import ServeResult, predict_serve, replica_reasons, replica_step_cost
 from opcast.predict.serve.disagg import parse_disaggregate, predict_serve_disagg
-from opcast.predict.serve.engine import ENGINES, EngineConfig, engine_config, engine_defaults, limits_problem
+from opcast.predict.serve.engine import (
+    ENGINES,
+    EngineConfig,
+    engine_config,
+    engine_defaults,
+    engine_device_problem,
+    limits_problem,
+)
 from opcast.predict.serve.kv_cache import kv_capacity
 from opcast.predict.serve.metrics import PERCENTILES, ServeMetrics
 from opcast.predict.serve.requests import RequestStream
@@ -462,7 +469,13 @@ def search_serve(
     module docstring). ``kernels`` prices every step table (its cache is shared by all of them);
     ``comms`` defaults to the collectives :func:`predict_serve` uses. Raises :class:`OpcastError`
     for a malformed request, never for an empty answer (``ranked`` is then empty)."""
-    problems = space_problems(space) or ep_problems(arch, device, space) or limit_problems(device, space)
+    on_device = engine_device_problem(space.engine, device)
+    problems = (
+        space_problems(space)
+        or ([on_device] if on_device else [])
+        or ep_problems(arch, device, space)
+        or limit_problems(device, space)
+    )
     if problems:
         raise OpcastError("; ".join(problems))
     if comms is None:
@@ -506,7 +519,7 @@ def search_serve(
             **space.engine_overrides,
         )
         per_node = replica_gpus_per_node(d.tp, d.pp, g)
-        cluster, reasons = replica_reasons(arch, device, cfg, stream, per_node)
+        cluster, reasons = replica_reasons(arch, device, cfg, engine.engine, stream, per_node)
         if cluster is None or reasons:
             done.append(Evaluated(deployment=d, status="infeasible", reason="; ".join(reasons)))
             continue

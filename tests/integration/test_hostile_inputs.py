@@ -703,6 +703,31 @@ CASES: list[Case] = [
         "fp8",
         needles=("kv_dtype=fp8 needs a GPU with fp8", "A100"),
     ),
+    # TensorRT-LLM on an AMD GPU: refused by every command that takes --engine, before any pricing
+    *(
+        _c(
+            f"{name}-trtllm-on-amd",
+            *cmd,
+            "--arch",
+            "gpt3-125m",
+            "--gpu",
+            "MI300X",
+            ROOF,
+            "--engine",
+            "trtllm",
+            *extra,
+            needles=("engine=trtllm runs on NVIDIA GPUs only", "MI300X", "--engine vllm or sglang"),
+        )
+        for name, cmd, extra in (
+            ("infer", ("predict", "infer"), ()),
+            ("serve", ("predict", "serve"), ("--rate", "5", "--num-requests", "20")),
+            (
+                "search-serve",
+                ("search", "serve"),
+                ("--gpus", "2", "--rate", "5", "--num-requests", "20", "--objective", "throughput"),
+            ),
+        )
+    ),
     _c(
         "serve-moe-dispatcher",
         "predict",
