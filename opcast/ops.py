@@ -245,9 +245,7 @@ def _is_nan(value: object) -> bool:
 def is_missing(value: object) -> bool:
     """A missing value of a dataset cell: None, NaN, or pandas' NA and NaT (recognised by type name, without
     pandas)."""
-    if value is None or (isinstance(value, float) and value != value):
-        return True
-    return type(value).__name__ in ("NAType", "NaTType")
+    return value is None or _is_nan(value) or type(value).__name__ in ("NAType", "NaTType")
 
 
 def exact_int(value: object) -> int | None:

@@ -55,12 +55,12 @@ from opcast.ops import (
     PUBLISHED_ATTENTION_IMPLS,
     ROPE_IMPLS,
     get_op,
+    is_missing,
     moe_balanced_experts,
     op_kinds,
     param_defaults,
 )
 from opcast.ops import MATRIX_KINDS as MATRIX_KINDS  # the registry's tensor-core rule, re-exported
-from opcast.ops import is_missing as _is_na  # a missing cell: None, NaN, pandas' NA
 from opcast.ops import uses_tensor_cores as uses_tensor_cores
 
 if TYPE_CHECKING:
@@ -203,16 +203,16 @@ def _n_rows(cols: Columns) -> int:
 
 
 def _missing(a: np.ndarray) -> np.ndarray:
-    """Where ``a`` holds no value (:func:`_is_na`)."""
+    """Where ``a`` holds no value (:func:`opcast.ops.is_missing`)."""
     if a.dtype.kind == "f":
         return np.isnan(a)
     if a.dtype.kind != "O":
         return np.zeros(len(a), dtype=bool)
-    return np.fromiter((_is_na(v) for v in a.tolist()), dtype=bool, count=len(a))
+    return np.fromiter((is_missing(v) for v in a.tolist()), dtype=bool, count=len(a))
 
 
 def _number(v: Any) -> float:
-    if _is_na(v):
+    if is_missing(v):
         return np.nan
     try:
         return float(v)
@@ -286,7 +286,7 @@ def dtype_class(op: str, dtype: str, tensor_cores: object = None) -> str:
     if dtype in DTYPE_CLASSES:
         return DTYPE_CLASSES[dtype]
     if dtype in ("fp32", "tf32"):
-        use = uses_tensor_cores(op, dtype, None if _is_na(tensor_cores) else bool(tensor_cores))
+        use = uses_tensor_cores(op, dtype, None if is_missing(tensor_cores) else bool(tensor_cores))
         return "tf32" if use else "fp32"
     raise OpcastError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
 
