@@ -15,7 +15,9 @@
 - monotone in the resources: such a device with at least the peak and the bandwidth of a training
   device is never slower on a kernel than that training device, beyond their clock ratio where the
   training device has the higher clock (latency runs at the clock,
-  :func:`~opcast.predict.cost.roofline.slower_at_most`), and one with at most both never faster;
+  :func:`~opcast.predict.cost.roofline.slower_at_most`), and one with at most both never faster; not between
+  two parts of equal peaks where the one with the bandwidth draws less board power (B200 and B300: which
+  sustains more under load is the power limit's, and B300 measures faster);
 - on another board of a training GPU's compute die (:func:`opcast.hardware.die_twin`: A100-SXM4-40GB of
   A100-SXM4-80GB), a compute-bound kernel takes that GPU's time as held there and no other rule: the two
   boards share SMs, clocks and peaks, and the model set already answers it with that GPU's features
@@ -96,7 +98,7 @@ from opcast.errors import OpcastError
 from opcast.hardware import base_name, kernel_twin, other_vendor, same_die
 from opcast.ops import INT_PARAM_LIMIT, MATRIX_KINDS, PUBLISHED_ATTENTION_IMPLS, get_op, takes_kernel_impls
 from opcast.predict.cost.query import LEARNED, Kernel
-from opcast.predict.cost.roofline import kernel_peak, roof_at_peak, slower_at_most
+from opcast.predict.cost.roofline import Resources, kernel_peak, roof_at_peak, slower_at_most
 from opcast.predict.intervals import Residuals
 from opcast.train.features import MMA_FEATURES
 
@@ -120,7 +122,7 @@ BOUND_RULES: dict[str, str] = {
     RATIO: "utilisation no higher than on a training device with less of the bounding resource and no lower than "
     "on one with more (speed-ups at most the resource ratio; where the training devices disagree, the lower)",
     MONOTONE: "no slower than a training device with less of both peak and bandwidth (beyond their clock ratio where "
-    "it has the higher clock), no faster than one with more "
+    "it has the higher clock; at equal peaks, only with at least its board power), no faster than one with more "
     "(on training devices too; where it conflicts with the resource ratio, the ratio is kept)",
     DIE: "a compute-bound kernel on another board of a training GPU's compute die takes that GPU's time, as held "
     "there, and so does any kernel on a board of that GPU's memory bandwidth; a memory-bound one on a board of "
@@ -138,11 +140,19 @@ class _Seen(NamedTuple):
     peak: float
     bw: float
     clock: float
+    power: float | None = None
+    """Board power in W (:attr:`~opcast.hardware.DeviceSpec.tdp_w`; None: not known), the monotone rule's fourth
+    resource (:func:`~opcast.predict.cost.roofline.slower_at_most`)."""
     sustained: float = 1.0
     """The share of its datasheet roofline the device sustains on the predictor's long-running rows bound
     by the kernel's resource (:func:`opcast.train.fit.sustained_utilisation`; 1 where not recorded)."""
     resource: str = ""
     """The resource that bounds the kernel on the device (``compute`` or ``memory``; empty: not known)."""
+
+
+def _resources(s: _Seen) -> Resources:
+    """What :func:`~opcast.predict.cost.roofline.slower_at_most` compares of a training device."""
+    return s.peak, s.bw, s.clock, s.power
 
 
 def _clock_note(f: float) -> str:
@@ -916,7 +926,7 @@ class LearnedKernelCost:
             for w in done:  # every w has at least s's roofline time: at most as much of the bounding resource
                 if shape_why and _at_rel(w, s) > lo:
                     lo, lo_by = _at_rel(w, s), w
-                f = slower_at_most((s.peak, s.bw, s.clock), (w.peak, w.bw, w.clock))
+                f = slower_at_most(_resources(s), _resources(w))
                 if f is not None and w.time_s * f < hi:
                     hi, hi_by, hi_f = w.time_s * f, w, f
             ratio_by: _Seen | None = None
@@ -1043,7 +1053,7 @@ class LearnedKernelCost:
                     # normalised there, H100-B200 ran 1.2-2.6x their ratio past A100 (kernel_sanity, issue 21)
                     sus = self.range.sustained(key, spec.name, res_i) if res_i == "compute" else 1.0
                     bw_i, clock_i = spec.mem_bw_bytes_per_s, spec.boost_clock_hz
-                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, bw_i, clock_i, sus, res_i))
+                    seen.append(_Seen(spec.name, max(t_i, r_i), r_i, peak_i, bw_i, clock_i, spec.tdp_w, sus, res_i))
             if not seen:
                 continue
             on_training = self._held_training(key, seen, shapes.get(k))
@@ -1119,8 +1129,8 @@ class LearnedKernelCost:
             # that GPU sustains: capped by the weakest share of the others, B200's bf16 GEMMs (77 % of its peak) fell
             # to MI300X's 62 %, 1.25x slower than on B200 itself for 5 % more peak, or for more L2 or SMs
             made_from = base_name(device)
-            mine = (peak, device.mem_bw_bytes_per_s, device.boost_clock_hz)
-            base_of = [s for s in weaker if s.name == made_from and slower_at_most(mine, (s.peak, s.bw, s.clock)) == 1]
+            mine = (peak, device.mem_bw_bytes_per_s, device.boost_clock_hz, device.tdp_w)
+            base_of = [s for s in weaker if s.name == made_from and slower_at_most(mine, _resources(s)) == 1]
             weaker = board_of or base_of or weaker
             best, least = max(s.sustained for s in seen), min(s.sustained for s in seen)
             if base_of and not board_of:
@@ -1148,7 +1158,7 @@ class LearnedKernelCost:
                     )
                 )
             for s in seen:  # monotone in the resources, latency at the clock
-                if (f := slower_at_most((s.peak, s.bw, s.clock), mine)) is not None:
+                if (f := slower_at_most(_resources(s), mine)) is not None:
                     lowers.append(
                         (
                             s.time_s / f,
@@ -1156,7 +1166,7 @@ class LearnedKernelCost:
                             f"no faster than on {s.name}, which has more of both peak and bandwidth" + _clock_note(f),
                         )
                     )
-                if (f := slower_at_most(mine, (s.peak, s.bw, s.clock))) is not None:
+                if (f := slower_at_most(mine, _resources(s))) is not None:
                     uppers.append(
                         (
                             s.time_s * f,

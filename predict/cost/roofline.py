@@ -119,13 +119,17 @@ def kernel_peak(k: Kernel, device: DeviceSpec) -> float:
     return device.peak_flops(_peak_dtype(k.dtype), tensor_cores=k.kind in MATRIX_KINDS and k.tensor_cores)
 
 
-def kernel_resources(k: Kernel, device: DeviceSpec) -> tuple[float, float, float]:
-    """(peak FLOP/s ``k`` runs against, memory bandwidth in bytes/s, boost clock in Hz) of ``device``: what
-    :func:`slower_at_most` compares."""
-    return kernel_peak(k, device), device.mem_bw_bytes_per_s, device.boost_clock_hz
+def kernel_resources(k: Kernel, device: DeviceSpec) -> Resources:
+    """(peak FLOP/s ``k`` runs against, memory bandwidth in bytes/s, boost clock in Hz, board power in W or None)
+    of ``device``: what :func:`slower_at_most` compares."""
+    return kernel_peak(k, device), device.mem_bw_bytes_per_s, device.boost_clock_hz, device.tdp_w
 
 
-def slower_at_most(a: tuple[float, float, float], b: tuple[float, float, float]) -> float | None:
+Resources = tuple[float, float, float, float | None]
+"""A device's (peak FLOP/s of a kernel, memory bandwidth in bytes/s, boost clock in Hz, board power in W or None)."""
+
+
+def slower_at_most(a: Resources, b: Resources) -> float | None:
     """How many times slower than a device of resources ``b`` one of resources ``a`` (each
     :func:`kernel_resources`) may run any kernel: None (no bound) unless ``a`` has at least ``b``'s peak and
     bandwidth; then 1 where it has at least ``b``'s clock too, else the clock ratio ``b / a``. The physical
@@ -136,9 +140,19 @@ def slower_at_most(a: tuple[float, float, float], b: tuple[float, float, float])
     attention run faster on L40S (2.52 GHz) and RTX PRO 6000 (2.43 GHz) than on H100 (1.98 GHz), which has more
     peak and bandwidth, and a rule on peak and bandwidth alone lowered 24 % / 30 % of H100's / H200's measured
     bf16 GEMMs with m <= 256 (median 12 %, nearly all under 10 us) below the measurements
-    (``benchmarks/skinny_gemm.py``)."""
-    (peak_a, bw_a, clock_a), (peak_b, bw_b, clock_b) = a, b
+    (``benchmarks/skinny_gemm.py``).
+
+    No bound either where the two peaks are equal and ``a`` draws less board power (both known): a datasheet
+    peak is the boost clock's, and two parts rated the same run under load at the clocks their power limits
+    hold, so the one with more power may be the faster whatever their bandwidths. Measured: B300 (1,100 W) and
+    B200 (1,000 W) have the same dense bf16 and fp8 peaks and B200 3 % more bandwidth, yet B200 runs
+    AIConfigurator's GEMMs 4-6 % slower (median over the shapes both measured, every dtype and duration bin,
+    vLLM's and TensorRT-LLM's tables), and an A100 PCIe (250 W) sustains less than an A100 SXM4 (400 W) of the
+    same peaks; the rule had held B200's own measured GEMMs to B300's times."""
+    (peak_a, bw_a, clock_a, power_a), (peak_b, bw_b, clock_b, power_b) = a, b
     if peak_a < peak_b or bw_a < bw_b:
+        return None
+    if peak_a == peak_b and power_a is not None and power_b is not None and power_a < power_b:
         return None
     return max(1.0, clock_b / clock_a)
 

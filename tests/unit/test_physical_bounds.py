@@ -216,10 +216,10 @@ def test_a_lower_clock_loosens_the_monotone_bound_by_the_clock_ratio():
     h100 = _Seen("H100", 15.9, 0.63, 989.0, 3.35, 1.98e9)  # 1.25x L40S's time: within the clock ratio
     held = LearnedKernelCost._held_training("attn", [h100, a100, l40s], None)
     assert held == {"A100": (24.0, None), "L40S": (12.7, None), "H100": (15.9, None)}
-    assert slower_at_most((989.0, 3.35, 1.98e9), (312.0, 2.04, 1.41e9)) == 1.0
-    assert slower_at_most((989.0, 3.35, 1.98e9), (362.0, 0.86, 2.52e9)) == pytest.approx(2.52 / 1.98)
-    assert slower_at_most((362.0, 0.86, 2.52e9), (989.0, 3.35, 1.98e9)) is None  # less peak: no bound
-    assert slower_at_most((1.0, 1.0, 1.0), (1.0, 1.0, 1.0)) == 1.0
+    assert slower_at_most((989.0, 3.35, 1.98e9, 700.0), (312.0, 2.04, 1.41e9, 400.0)) == 1.0
+    assert slower_at_most((989.0, 3.35, 1.98e9, 700.0), (362.0, 0.86, 2.52e9, 350.0)) == pytest.approx(2.52 / 1.98)
+    assert slower_at_most((362.0, 0.86, 2.52e9, 350.0), (989.0, 3.35, 1.98e9, 700.0)) is None  # less peak: no bound
+    assert slower_at_most((1.0, 1.0, 1.0, None), (1.0, 1.0, 1.0, None)) == 1.0
     slow = h100._replace(time_s=17.0)  # beyond the clock ratio: held at 12.7 x 2.52 / 1.98 = 16.16
     t, why = LearnedKernelCost._held_training("attn", [slow, a100, l40s], None)["H100"]
     assert t == pytest.approx(12.7 * 2.52 / 1.98) and why[0] == MONOTONE and "L40S" in why[1]
@@ -292,3 +292,30 @@ def test_a_training_device_outside_the_recorded_device_features_is_no_shape_extr
     assert source.range.feature_reasons(key, [near], world["one"])  # the device feature is outside on fake-bw1
     assert source._outside_shapes([(key, near)], world["one"]) == {}  # but the shape is not
     assert "log_flops" in source._outside_shapes([(key, far)], world["one"])[far]  # a shape outside still is
+
+
+def test_equal_peaks_and_less_power_set_no_monotone_bound():
+    """B200 (1,000 W) and B300 (1,100 W): the same dense fp8 peak, B200 3 % more bandwidth and the higher
+    boost clock, yet B200 runs AIConfigurator's GEMMs about 5 % slower (measured). With equal peaks the part
+    with less board power is not held to the other's time (its own data stand); a higher peak still is, power
+    or not, and so are equal peaks at equal power."""
+    from opcast.hardware import get_device
+    from opcast.predict.cost import kernel_resources, slower_at_most
+    from opcast.predict.cost.learned import LearnedKernelCost, _Seen
+    from opcast.predict.cost.query import Kernel
+
+    b200, b300 = get_device("B200"), get_device("B300")
+    gemm = Kernel("gemm", {"b": 1, "m": 8192, "n": 8192, "k": 8192}, "fp8")
+    assert kernel_resources(gemm, b200)[0] == kernel_resources(gemm, b300)[0]  # the same datasheet peak
+    assert slower_at_most(kernel_resources(gemm, b200), kernel_resources(gemm, b300)) is None
+    assert slower_at_most(kernel_resources(gemm, b300), kernel_resources(gemm, b200)) is None  # less bandwidth
+    assert slower_at_most((2.0, 1.0, 1.0, 500.0), (1.0, 1.0, 1.0, 1000.0)) == 1.0  # more peak: bound, power or not
+    assert slower_at_most((1.0, 1.0, 1.0, 1000.0), (1.0, 1.0, 1.0, 1000.0)) == 1.0
+    assert slower_at_most((1.0, 2.0, 1.0, 1100.0), (1.0, 1.0, 1.0, 1000.0)) == 1.0
+    # the held training answers: B200's own time stands where it had been lowered to B300's
+    t_b200 = _Seen("B200", 1.05, 0.25, 4.5, 8.0, 1.98, 1000.0)
+    t_b300 = _Seen("B300", 1.00, 0.25, 4.5, 7.75, 1.83, 1100.0)
+    held = LearnedKernelCost._held_training("gemm", [t_b200, t_b300], None)
+    assert held == {"B300": (1.00, None), "B200": (1.05, None)}
+    was = LearnedKernelCost._held_training("gemm", [t_b200._replace(power=None), t_b300._replace(power=None)], None)
+    assert was["B200"][0] == 1.00  # without the powers: held to B300's time, as before
