@@ -37,7 +37,8 @@ One module per concern; this package re-exports their public names, so import fr
   the :class:`KernelTimeSource` protocol; the tensor-core rule is the op registry's
   (:func:`opcast.ops.uses_tensor_cores`, :data:`opcast.ops.MATRIX_KINDS`), importable from here too;
 - :mod:`~opcast.predict.cost.roofline`  the analytic price: :class:`RooflineKernelCost`,
-  :func:`kernel_peak`, :func:`kernel_resources`, :func:`slower_at_most`, :func:`bottleneck`, :func:`peak_roofline_s`;
+  :func:`kernel_peak`, :func:`kernel_resources` (:data:`Resources`), :func:`slower_at_most`, :func:`bottleneck`,
+  :func:`peak_roofline_s`;
 - :mod:`~opcast.predict.cost.learned`   :class:`LearnedKernelCost`, its range checks
   (:class:`HardwareRange`) and the physical bounds;
 - :mod:`~opcast.predict.cost.published` :class:`PublishedAttentionCost` and the figures it prices with;
@@ -99,6 +100,7 @@ from opcast.predict.cost.roofline import (
     ROOFLINE_EFFICIENCY,
     Bottleneck,
     EfficiencyCurve,
+    Resources,
     RooflineEfficiency,
     RooflineKernelCost,
     RooflineTerms,
@@ -139,6 +141,7 @@ __all__ = [
     "KernelTimeSource",
     "LearnedKernelCost",
     "PublishedAttentionCost",
+    "Resources",
     "RooflineEfficiency",
     "RooflineKernelCost",
     "RooflineTerms",
