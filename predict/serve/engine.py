@@ -58,7 +58,8 @@ amax pass over the input (``compute_scale``), then the cast (``scale_matrix``), 
 engine runs no amax pass: an fp8 checkpoint carries static activation scales (ModelOpt's ``input_scale``, which
 vLLM's ``ModelOptFp8LinearMethod`` and TensorRT-LLM apply with one cast, fused into the norm or activation before
 it where the engine fuses), and vLLM's dynamic per-token fp8 computes each row's scale inside its cast kernel. So
-under an engine each such GEMM is priced less that pass: :data:`DYNAMIC_FP8_AMAX_FLOOR_S` plus a read of its input
+under an engine each such GEMM is priced less that pass: its measured small-input time on the GPU
+(:data:`AMAX_FLOOR_S`, :func:`amax_floor_s`) plus a read of its input
 at the memory bandwidth (the fastest the pass can go; the measured pass is slower on large inputs, 28-93 % of it,
 so large prompts keep some of it), never below reading the GEMM's own bytes at the bandwidth. Measured support: on
 B200 vLLM's own fp8 kernel (``CutlassFP8ScaledMMLinearKernel``, static scale) times 10.7 / 17.0 us at m = 4,
@@ -90,7 +91,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from opcast.errors import OpcastError
-from opcast.hardware import DeviceSpec
+from opcast.hardware import DeviceSpec, base_name
 from opcast.ops import whole_number
 from opcast.predict.comm import CUSTOM_ALL_REDUCE, TRTLLM_ALL_REDUCE, Group, intra_tier
 
@@ -156,15 +157,36 @@ CUSTOM_ALL_REDUCE_RULES: dict[str, CustomAllReduceRule] = {
 
 DYNAMIC_FP8_AMAX_FLOOR_S: Final = 7e-6
 """The time of TensorRT-LLM's amax pass (``compute_scale``) on a small input, where its launch and reduction, not
-its bytes, set it: 7.2 us on H100 and H200, 8.4-8.5 us on B200, B300, GB200 and GB300, 6.1 and 6.9 us on L40S and
-RTX PRO 6000 (AIConfigurator 0.12.0 ``systems/data/<system>/quantize/trtllm/1.3.0rc20/computescale_perf.parquet``,
-the median over inputs below 100 kB); 7 us, about the middle, for every GPU."""
+its bytes, set it, on a GPU where it is not measured (:data:`AMAX_FLOOR_S`): 7 us, about the middle of the measured
+ones."""
+
+AMAX_FLOOR_S: Final[dict[str, float]] = {
+    "H100-SXM": 7.2e-6,
+    "H200": 7.2e-6,
+    "B200": 8.4e-6,
+    "GB200": 8.4e-6,
+    "B300": 8.5e-6,
+    "GB300": 8.5e-6,
+    "L40S": 6.1e-6,
+    "RTX-PRO-6000": 6.9e-6,
+}
+"""The amax pass's small-input time per GPU (catalog name), measured: AIConfigurator 0.12.0
+``systems/data/<system>/quantize/trtllm/1.3.0rc20/computescale_perf.parquet``, the median over the fp8 inputs below
+100 kB (369 rows a system): 7.19 / 7.15 us on H100 / H200, 8.38 / 8.41 / 8.48 / 8.47 on B200 / GB200 / B300 / GB300,
+6.11 on L40S, 6.88 on RTX PRO 6000. The Blackwell data-centre parts take 1.4 us more than the 7 us once used for
+every GPU: a TP-8 decode step of Llama-3.1-70B holds 320 fp8 linears."""
+
+
+def amax_floor_s(device: DeviceSpec) -> float:
+    """The amax pass's small-input time on ``device`` (:data:`AMAX_FLOOR_S`; a GPU made from a measured one with
+    ``--set`` takes that one's; :data:`DYNAMIC_FP8_AMAX_FLOOR_S` elsewhere)."""
+    return AMAX_FLOOR_S.get(base_name(device), DYNAMIC_FP8_AMAX_FLOOR_S)
 
 
 def engine_fp8_gemm_s(time_s: float, m: int, k: int, gemm_bytes: float, device: DeviceSpec) -> float:
     """The learned per-tensor fp8 GEMM of ``time_s`` (an ``[m, k]`` input, ``gemm_bytes`` moved) as a serving engine
     runs it, without the dynamic quantisation's amax pass its measurements hold (module docstring)."""
-    amax_s = DYNAMIC_FP8_AMAX_FLOOR_S + 2 * m * k / device.mem_bw_bytes_per_s
+    amax_s = amax_floor_s(device) + 2 * m * k / device.mem_bw_bytes_per_s
     return max(time_s - amax_s, gemm_bytes / device.mem_bw_bytes_per_s)
 
 

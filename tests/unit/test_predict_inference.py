@@ -266,11 +266,17 @@ def test_a_batch_past_the_engines_max_num_seqs_runs_that_many_at_once():
 def test_engine_fp8_gemm_loses_the_amax_pass_but_not_below_its_own_bytes():
     from dataclasses import replace as dc_replace
 
-    from opcast.predict.serve.engine import DYNAMIC_FP8_AMAX_FLOOR_S, engine_fp8_gemm_s
+    from opcast.predict.serve.engine import DYNAMIC_FP8_AMAX_FLOOR_S, amax_floor_s, engine_fp8_gemm_s
 
     dev = dc_replace(H100, mem_bw_bytes_per_s=1e12)
-    # m = 4, k = 1000: the pass is 7 us + 8 kB at 1 TB/s = 7.008 us
-    assert engine_fp8_gemm_s(20e-6, 4, 1000, 1e6, dev) == pytest.approx(20e-6 - DYNAMIC_FP8_AMAX_FLOOR_S - 8e-9)
+    # m = 4, k = 1000: the pass is H100's measured 7.2 us + 8 kB at 1 TB/s = 7.208 us
+    assert amax_floor_s(dev) == 7.2e-6
+    assert engine_fp8_gemm_s(20e-6, 4, 1000, 1e6, dev) == pytest.approx(20e-6 - 7.2e-6 - 8e-9)
+    # each GPU its own measured pass (Blackwell's 1.2 us longer), a GPU made from one with --set its base's, an
+    # unmeasured GPU the middle value
+    assert amax_floor_s(get_device("B200")) == 8.4e-6 and amax_floor_s(get_device("GB300")) == 8.5e-6
+    assert amax_floor_s(dc_replace(get_device("B200"), name="B200[peak_fp8_flops=x2]")) == 8.4e-6
+    assert amax_floor_s(get_device("A100-SXM4-80GB")) == DYNAMIC_FP8_AMAX_FLOOR_S == 7e-6
     # a GEMM moving 4 MB cannot take less than 4 us at 1 TB/s
     assert engine_fp8_gemm_s(8e-6, 4, 1000, 4e6, dev) == pytest.approx(4e-6)
 
