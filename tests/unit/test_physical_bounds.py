@@ -302,11 +302,11 @@ def test_equal_peaks_and_less_power_set_no_monotone_bound():
     from opcast.hardware import get_device
     from opcast.predict.cost import kernel_resources, slower_at_most
     from opcast.predict.cost.learned import LearnedKernelCost, _Seen
-    from opcast.predict.cost.query import Kernel
+    from opcast.predict.cost.query import kernel
 
     b200, b300 = get_device("B200"), get_device("B300")
-    gemm = Kernel("gemm", {"b": 1, "m": 8192, "n": 8192, "k": 8192}, "fp8")
-    assert kernel_resources(gemm, b200)[0] == kernel_resources(gemm, b300)[0]  # the same datasheet peak
+    gemm = kernel("gemm", {"b": 1, "m": 8192, "n": 8192, "k": 8192}, "fp8")
+    assert kernel_resources(gemm, b200)[0] == kernel_resources(gemm, b300)[0] == 4.5e15  # the same datasheet peak
     assert slower_at_most(kernel_resources(gemm, b200), kernel_resources(gemm, b300)) is None
     assert slower_at_most(kernel_resources(gemm, b300), kernel_resources(gemm, b200)) is None  # less bandwidth
     assert slower_at_most((2.0, 1.0, 1.0, 500.0), (1.0, 1.0, 1.0, 1000.0)) == 1.0  # more peak: bound, power or not
