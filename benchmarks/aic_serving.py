@@ -20,23 +20,24 @@ rows are told apart by their ``silicon_data_source``:
 - ``inferencemax``: the rows of ``source_file=2026-04-06.csv``, Llama-3.1-70B at ISL/OSL 1024/1024, 1024/8192 and
   8192/1024, concurrency 4 to 128, TP 1 to 8, fp8 and nvfp4: SemiAnalysis' InferenceMAX grid, whose client is
   published (InferenceMAX README: vLLM's ``benchmark_serving.py --dataset-name random --random-input-len ISL
-  --random-output-len OSL --random-range-ratio 0.8 --num-prompts $((CONC * 10)) --max-concurrency CONC
-  --request-rate inf --ignore-eos``). Simulated as that client sends it: a closed loop of ``CONC`` clients
-  (``--concurrency``), ``10 x CONC`` requests, prompt and output lengths uniform integers in ``[0.8 L, L]`` (the
-  range ratio as that script's ``sample_random_requests`` reads it), the engine's ``max_num_seqs`` the
-  concurrency (the scripts give ``CONC`` or 512; a closed loop of ``CONC`` never runs more). The servers as their
-  launch scripts of the day the rows were measured set them (:data:`INFERENCEMAX_SCRIPTS`): vLLM
-  ``max-num-batched-tokens 8192`` and ``kv-cache-dtype fp8``; TensorRT-LLM ``--max_num_tokens 16384``,
-  ``kv_cache_config.dtype fp8``, and at ISL/OSL 1024/1024 below TP 8 batch waiting (``batch_wait_timeout_iters``
-  20, ``batch_wait_max_tokens_ratio`` 0.9: ``--batch-wait-iters`` / ``--batch-wait-tokens-ratio``), chunked prefill
-  off (its default). Their ``stream_interval`` 10 does not move the client's TTFT or TPOT (TensorRT-LLM sends a
-  request's first token at once and its last when it finishes);
+  --random-output-len OSL --random-range-ratio 0.8 --num-prompts $((CONC * 10)) --max-concurrency CONC --request-rate
+  inf --ignore-eos``). Simulated as that client sends it: a closed loop of ``CONC`` clients (``--concurrency``), ``10
+  x CONC`` requests, prompt and output lengths uniform integers in ``[0.8 L, L]`` (the range ratio as that script's
+  ``sample_random_requests`` reads it), the engine's ``max_num_seqs`` the concurrency (the scripts give ``CONC`` or
+  512; a closed loop of ``CONC`` never runs more). The servers as their launch scripts of the day the rows were
+  measured set them (:data:`INFERENCEMAX_SCRIPTS`): vLLM ``max-num-batched-tokens 8192`` and ``kv-cache-dtype fp8``,
+  on B200 its all-reduce + RMSNorm + quant and attention + quant fusions (``--fusions``,
+  :data:`INFERENCEMAX_VLLM_B200_FUSION_MIB`); TensorRT-LLM ``--max_num_tokens 16384``, ``kv_cache_config.dtype fp8``,
+  and at ISL/OSL 1024/1024 below TP 8 batch waiting (``batch_wait_timeout_iters`` 20, ``batch_wait_max_tokens_ratio``
+  0.9: ``--batch-wait-iters`` / ``--batch-wait-tokens-ratio``), chunked prefill off (its default). Their
+  ``stream_interval`` 10 does not move the client's TTFT or TPOT (TensorRT-LLM sends a request's first token at once
+  and its last when it finishes);
 - ``other``: every other aggregated row (AIConfigurator's own gap-analysis runs, one source file per system,
   engine release and model): the client is not published. Simulated with the same closed loop and fixed lengths;
   shown apart, and no claim rests on them.
 
-Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P [--kv-dtype fp8] --engine E --concurrency C
---num-requests 10C --input-len LO:HI --output-len LO:HI --max-num-seqs C``; ``P`` is the row's
+Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P [--kv-dtype fp8] --engine E [--fusions F]
+--concurrency C --num-requests 10C --input-len LO:HI --output-len LO:HI --max-num-seqs C``; ``P`` is the row's
 ``gemm_quant_mode`` (fp8 -> fp8, nvfp4 -> nvfp4, fp8_block -> fp8 (per-tensor fp8 priced: opcast's block-scaled
 fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache (``--kv-dtype``) is fp8 for the InferenceMAX rows
 (above) and for AIConfigurator's other TensorRT-LLM fp8 and nvfp4 rows (its ``kv_cache_config.dtype`` ``auto``
@@ -213,6 +214,24 @@ def server_flags(row: Row) -> dict:
     return flags
 
 
+INFERENCEMAX_VLLM_B200_FUSION_MIB: Final = {2: 32, 4: 32, 8: 8}
+"""The InferenceMAX B200 vLLM scripts (``70b_fp8_b200_docker.sh``, ``70b_fp4_b200_docker.sh``) run vLLM's
+all-reduce + RMSNorm + quant and attention + quant fusions (``compilation-config`` ``pass_config``:
+``enable_fi_allreduce_fusion``, ``enable_attn_fusion``), with the fused all-reduce's size limits per TP set by
+``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB='{"2":32,"4":32,"8":8}'`` (MB); the H100 and H200 scripts set
+neither (``--fusions``, :data:`opcast.predict.serve.engine.VLLM_FUSIONS`)."""
+
+
+def fusions(row: Row) -> str | None:
+    """``--fusions`` of ``row``'s server: those of the InferenceMAX B200 vLLM scripts
+    (:data:`INFERENCEMAX_VLLM_B200_FUSION_MIB`), none elsewhere."""
+    if row.protocol != "inferencemax" or row.engine != "vllm" or row.system != "b200_sxm":
+        return None
+    if row.tp == 1:
+        return "attn_quant"
+    return f"allreduce_rms:{INFERENCEMAX_VLLM_B200_FUSION_MIB[row.tp]},attn_quant"
+
+
 def kv_dtype(row: Row) -> str | None:
     """``row``'s KV-cache dtype: fp8 where its server stored the cache in fp8 (every InferenceMAX script:
     vLLM's ``kv-cache-dtype: fp8``, TensorRT-LLM's ``kv_cache_config.dtype: fp8``; AIConfigurator's TensorRT-LLM
@@ -237,7 +256,13 @@ def predict_row(row: Row, kernels, *, archs: dict) -> Row:
             output_len=_lengths(row, row.osl),
             seed=0,
         )
-        cfg = InferConfig(tp=row.tp, precision=row.precision, kv_dtype=kv_dtype(row))  # type: ignore[arg-type]
+        cfg = InferConfig(
+            tp=row.tp,
+            precision=row.precision,  # type: ignore[arg-type]
+            kv_dtype=kv_dtype(row),  # type: ignore[arg-type]
+            engine=row.engine,  # type: ignore[arg-type]
+            fusions=fusions(row),
+        )
         m = predict_serve(archs[row.model], dev, cfg, engine, stream, kernels=kernels).metrics
     except OpcastError as err:
         return replace(row, refused=str(err))

@@ -35,12 +35,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from functools import cache
-from typing import Any, get_args
+from typing import Any, Final, get_args
 
 from opcast.archs import ArchSpec, padded_vocab
 from opcast.dtypes import dtype_bytes, element_bytes, weight_storage_bytes
 from opcast.hardware import DeviceSpec
-from opcast.predict.comm import Collective, CollectiveCostModel, Group, place
+from opcast.predict.comm import TRTLLM_ALL_REDUCE, Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
 from opcast.predict.graph import (
     FP8_LINEARS,
@@ -59,13 +59,23 @@ from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reas
 from opcast.predict.serve.engine import (
     CUSTOM_ALL_REDUCE_RULES,
     ENGINE_GEMM_FAMILIES,
+    allreduce_rms_fused,
     engine_fp8_gemm_s,
     fp8_kv_decode_fraction,
+    fusions_of,
     moe_impl,
+    static_fp8_quant_s,
     step_overhead,
     tp_all_reduce_kind,
 )
 from opcast.predict.serve.vllm_memory import FUSED_MOE_CHUNK_TOKENS, ExpertLayout
+
+ALLREDUCE_FUSED_ROLES: Final = ("norm1", "norm2", "residual_add", "final_norm")
+"""The kernels vLLM's ``allreduce_rms`` fusion folds into the all-reduce before them (the residual add and RMSNorm
+after each TP all-reduce: the embedding's before the first block's norm, the output projection's and the MLP's
+after, the last block's before the final norm; :data:`~opcast.predict.serve.engine.VLLM_FUSIONS`)."""
+FUSED_QUANT_INPUTS: Final = ("qkv", "mlp_up")
+"""The fp8 linears whose input that fused kernel writes already quantised (after the two RMSNorms of a block)."""
 
 DECODE_SAMPLES = 16
 """Decode steps priced explicitly; the rest follow by averaging (attention is linear in length)."""
@@ -203,6 +213,10 @@ def _forward_s(
     compute = comm_s = 0.0
     # an engine runs fp8 linears without an amax pass (engine_fp8_gemm_s), unless its own family's rows priced them
     static_fp8 = cfg.engine != "none"
+    # vLLM's compile-time fusions (engine.VLLM_FUSIONS): kernels folded into the all-reduce or the attention
+    fusions = fusions_of(cfg.fusions)
+    ar_fused = allreduce_rms_fused(fusions, tokens * arch.hidden * dtype_bytes(prec.act), tp, device)
+    unquantised_input = (FUSED_QUANT_INPUTS if ar_fused else ()) + (("proj",) if "attn_quant" in fusions else ())
     family_of = getattr(kernels, "family_of", None)  # a stand-in cost model (a recorder) may lack it: no family
     plain = replace(prec, matrix=prec.act)  # UNQUANTISED_GEMMS' dtypes
     for group_ops, repeat in (*blocks, (model, 1)):
@@ -217,6 +231,14 @@ def _forward_s(
                 p = k.param_dict
                 if p["b"] == 1 and (family_of is None or family_of(k) is None):  # plain linears, default family
                     t = engine_fp8_gemm_s(t, int(p["m"]), int(p["k"]), k.bytes_moved(), device)
+            fused = ""
+            if ar_fused and role in ALLREDUCE_FUSED_ROLES:
+                t, fused = 0.0, "allreduce_rms"
+            elif role in unquantised_input and k.kind == "gemm" and k.dtype == "fp8" and k.param_dict["b"] == 1:
+                p = k.param_dict
+                quant_s = static_fp8_quant_s(int(p["m"]), int(p["k"]), device)
+                t = max(t - quant_s, k.bytes_moved() / device.mem_bw_bytes_per_s)
+                fused = "allreduce_rms" if role in FUSED_QUANT_INPUTS and ar_fused else "attn_quant"
             compute += repeat * count * t
             if lines is not None:
                 lines.append(
@@ -230,10 +252,13 @@ def _forward_s(
                         "count": repeat * count,
                         "time_s": t,
                         "source": src,
+                        **({"fused": fused} if fused else {}),
                     }
                 )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm] + ep_comm:
         kind = c.kind if c.kind != "all_reduce" else tp_all_reduce_kind(cfg.engine, c.bytes, tp_group, device)
+        if ar_fused and c.kind == "all_reduce" and c.role in ("tp", "embed_tp"):
+            kind = TRTLLM_ALL_REDUCE  # FlashInfer's fused kernel is TensorRT-LLM's all-reduce with an epilogue
         call = (
             ep.call(c.bytes, ep_group)
             if c.role == "ep"

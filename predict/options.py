@@ -42,7 +42,7 @@ from opcast.errors import OpcastError
 from opcast.ops import INT_PARAM_LIMIT, whole_number
 from opcast.predict.parallel import AttentionImpl, InferConfig, TrainConfig
 from opcast.predict.recompute import RECOMPUTE_HELP
-from opcast.predict.serve.engine import ENGINES, block_size_problem, engine_version_problem
+from opcast.predict.serve.engine import ENGINES, block_size_problem, engine_version_problem, fusions_problem
 
 REQUIRED: Any = inspect.Parameter.empty
 """The default of an option that must be given."""
@@ -430,6 +430,14 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "checkpoints); bf16 or fp16.",
         "the activations' dtype",
     ),
+    "fusions": (
+        "vLLM's compile-time kernel fusions that ran, comma-separated (--engine vllm; its compilation_config "
+        "pass_config): allreduce_rms (fuse_allreduce_rms, enable_fi_allreduce_fusion: each TP all-reduce with the "
+        "residual add, RMSNorm and fp8 quantisation after it as one FlashInfer kernel, up to vLLM's size limit, on "
+        "Hopper and datacenter Blackwell), attn_quant (fuse_attn_quant, enable_attn_fusion: attention writes the "
+        "output projection's fp8 input).",
+        "none",
+    ),
     "engine_version": (
         "The --engine's release, e.g. 0.11.0, where its kernels or overheads depend on it (vLLM before 0.12 runs "
         "MXFP4 MoE experts on Hopper with Marlin, later ones with OpenAI Triton's matmul_ogs; vLLM before 0.6 "
@@ -481,6 +489,7 @@ def _tp_overlap_cfg_problem(text: str) -> str | None:
 _TEXT_FIELDS: dict[str, Callable[[Any], str | None] | None] = {
     "pp_layers": _pp_layers_problem,
     "engine_version": engine_version_problem,
+    "fusions": fusions_problem,
     "tp_comm_overlap_cfg": _tp_overlap_cfg_problem,
 }
 """Configuration fields given as text on the command line (parsed by :func:`train_config`), with their check."""
@@ -813,6 +822,7 @@ SERVE_PARALLEL = tuple(
         "attention",
         "tensor_cores",
         "engine_version",
+        "fusions",
         "moe_dispatcher",
     )
 )

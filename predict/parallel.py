@@ -28,7 +28,7 @@ from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem
 from opcast.predict.recompute import recompute_problem
-from opcast.predict.serve.engine import EngineName, engine_device_problem, engine_version_problem
+from opcast.predict.serve.engine import EngineName, engine_device_problem, engine_version_problem, fusions_problem
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1", "flash2"]
@@ -259,6 +259,9 @@ class InferConfig:
     engine_version: str | None = None
     """The engine's release (``0.11.0``) where its kernels depend on it: vLLM before 0.12 runs MXFP4 experts on
     Hopper with Marlin (:func:`opcast.predict.serve.engine.vllm_runs_marlin`); None: the newest."""
+    fusions: str | None = None
+    """vLLM's compile-time kernel fusions that ran, comma-separated (:data:`opcast.predict.serve.engine.VLLM_FUSIONS`:
+    ``allreduce_rms``, ``attn_quant``; under ``engine`` vllm only); None: none."""
     moe_dispatcher: MoeDispatcher | None = None
     """How expert parallelism across replicas (``ep > tp``) moves tokens (:mod:`opcast.predict.moe_dispatch`):
     ``alltoall``, one copy of a token per expert; ``flex``, DeepEP as SGLang runs it (``--moe-a2a-backend
@@ -954,6 +957,8 @@ def validate_infer(
     elif (problem := engine_device_problem(cfg.engine, device)) is not None:
         reasons.append(problem)
     if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
+        reasons.append(problem)
+    if cfg.fusions is not None and (problem := fusions_problem(cfg.fusions, cfg.engine)) is not None:
         reasons.append(problem)
     if cfg.kv_dtype is not None:
         if cfg.kv_dtype not in get_args(KvDtype):

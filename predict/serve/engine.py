@@ -208,6 +208,100 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
     return rule.kind if rule is not None and rule.applies(nbytes, group, device) else "all_reduce"
 
 
+VLLM_FUSIONS: Final = ("allreduce_rms", "attn_quant")
+"""vLLM's compile-time kernel fusions that ``--fusions`` prices (``compilation_config.pass_config``; the names of
+vLLM 0.10-0.11 in brackets, of later releases before them):
+
+- ``allreduce_rms`` (``fuse_allreduce_rms``; ``enable_fi_allreduce_fusion``): with tensor parallelism, each
+  all-reduce with the residual add, RMSNorm and static fp8 quantisation after it is one FlashInfer kernel, TensorRT-
+  LLM's one-shot/two-shot all-reduce with that epilogue (``vllm/compilation/collective_fusion.py``,
+  ``AllReduceFusionPass``: the patterns AllReduce -> [residual add ->] RMSNorm [-> static FP8 quant]), up to a
+  message of :data:`FI_ALLREDUCE_FUSION_MAX_MIB` MiB (larger ones run unfused). Priced: the all-reduce as
+  :data:`~opcast.predict.comm.TRTLLM_ALL_REDUCE` (TensorRT-LLM's measured kernel), no norm or residual-add kernels,
+  and the QKV and gate/up fp8 linears without their input's quantisation (:func:`static_fp8_quant_s`). NVIDIA
+  Hopper and datacenter Blackwell only (no table for other GPUs: vLLM disables the pass there).
+- ``attn_quant`` (``fuse_attn_quant``; ``enable_attn_fusion``): the attention kernel writes its output in fp8, so
+  the output projection's fp8 linear runs without its input's quantisation.
+
+What vLLM's fp8 linears cost without fusion is their measured call (AIConfigurator's ``gemm/vllm`` rows time
+``RowParallelLinear.forward`` with a static activation scale: ``scaled_fp8_quant`` then the GEMM,
+``collector/vllm/collect_gemm.py``). Off by default: vLLM 0.10-0.11 enable neither unless asked (the InferenceMAX
+B200 scripts ask for both, ``benchmarks/aic_serving.py``); later releases turn them on at ``-O2``."""
+
+FI_ALLREDUCE_FUSION_MAX_MIB: Final[dict[str, dict[int, float]]] = {
+    "wgmma": {2: 64, 4: 2, 8: 1},
+    "tcgen05": {2: 64, 4: 32, 8: 1},
+}
+"""The largest all-reduce (MiB) vLLM's ``allreduce_rms`` fusion takes, by the GPU's tensor-core family (Hopper sm_90,
+datacenter Blackwell sm_100) and TP size: ``PassConfig.fi_allreduce_fusion_max_size_mb``'s defaults
+(``FI_ALLREDUCE_FUSION_MAX_SIZE_MB``, vllm/config/compilation.py). A decode step of Llama-3.1-70B at TP 8 stays under
+1 MiB up to 64 sequences; a 1,024-token prompt step (16 MiB) runs unfused there."""
+
+STATIC_FP8_QUANT_FLOOR_S: Final = 2.2e-6
+"""vLLM's static fp8 quantisation kernel (``static_scaled_fp8_quant``) on a small input, measured: 2.06 / 1.98 / 2.19
+/ 2.57 us on H100 / H200 / B200 / GB200 (AIConfigurator 0.12.0 ``systems/data/<system>/quantize/vllm/0.24.0/
+scale_matrix_perf.parquet``, the median over inputs below 100 kB); larger inputs stream at ~85 % of the bandwidth
+(8,192 x 8,192 on B200: 31.7 us measured, :func:`static_fp8_quant_s` 27.4)."""
+
+
+def fusions_of(text: str | None) -> dict[str, float | None]:
+    """The fusions named in ``--fusions`` (comma-separated :data:`VLLM_FUSIONS`, ``allreduce_rms`` optionally with
+    its size limit in MiB, ``allreduce_rms:8``, as ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB`` or
+    ``fi_allreduce_fusion_max_size_mb`` set it), each with its limit (None: vLLM's default); none for None."""
+    out: dict[str, float | None] = {}
+    for part in (text or "").split(","):
+        name, _, limit = part.strip().partition(":")
+        if name:
+            out[name] = float(limit) if limit else None
+    return out
+
+
+def fusions_problem(text: str, engine: str | None = None) -> str | None:
+    """Why ``--fusions text`` cannot apply (under ``engine``; None: not checked), or None."""
+    for part in text.split(","):
+        name, colon, limit = part.strip().partition(":")
+        if name not in VLLM_FUSIONS:
+            return (
+                f"--fusions {part.strip()!r}: not one of {', '.join(VLLM_FUSIONS)}; give a comma-separated list of "
+                "them, e.g. allreduce_rms,attn_quant (allreduce_rms:8 with a size limit of 8 MiB)"
+            )
+        if colon and (name != "allreduce_rms" or not _positive_number(limit)):
+            return (
+                f"--fusions {part.strip()!r}: only allreduce_rms takes a limit, a positive number of MiB, e.g. "
+                "allreduce_rms:8"
+            )
+    if engine is not None and engine != "vllm":
+        return f"--fusions {text} are vLLM's compile passes; give --engine vllm or leave --fusions out"
+    return None
+
+
+def _positive_number(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return 0 < value < float("inf")
+
+
+def allreduce_rms_fused(fusions: dict[str, float | None], nbytes: float, tp: int, device: DeviceSpec) -> bool:
+    """Whether vLLM's ``allreduce_rms`` fusion takes a TP all-reduce of ``nbytes`` on ``device``
+    (:data:`VLLM_FUSIONS`; the limit given, else :data:`FI_ALLREDUCE_FUSION_MAX_MIB`); never on a GPU vLLM has no
+    table for (it disables the pass there)."""
+    if "allreduce_rms" not in fusions or tp < 2:
+        return False
+    table = FI_ALLREDUCE_FUSION_MAX_MIB.get(device.mma_family or "")
+    if table is None:
+        return False
+    limit = fusions["allreduce_rms"] or table.get(tp)
+    return limit is not None and nbytes <= limit * 2**20
+
+
+def static_fp8_quant_s(m: int, k: int, device: DeviceSpec) -> float:
+    """vLLM's static fp8 quantisation of an ``[m, k]`` bf16 input (:data:`STATIC_FP8_QUANT_FLOOR_S` plus reading two
+    bytes and writing one an element at the bandwidth)."""
+    return STATIC_FP8_QUANT_FLOOR_S + 3 * m * k / device.mem_bw_bytes_per_s
+
+
 FA3_ENGINES: Final = ("vllm", "sglang")
 """Engines whose decode attention on Hopper is FlashAttention-3 (vLLM's ``vllm_flash_attn`` FA3, SGLang's ``fa3``
 backend, each one's default there)."""
