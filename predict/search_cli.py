@@ -431,8 +431,11 @@ SERVE_STREAM = tuple(
         "router",
         *ENGINE_SETTINGS,
         "precision",
+        "kv_dtype",
         "attention",
         "tensor_cores",
+        "engine_version",
+        "fusions",
         "moe_dispatcher",
     )
 )
@@ -467,6 +470,9 @@ def search_serve_cmd(o: Args) -> None:
         attention=o.attention,
         tensor_cores=o.tensor_cores,
         moe_dispatcher=o.moe_dispatcher,
+        kv_dtype=o.kv_dtype,
+        engine_version=o.engine_version,
+        fusions=o.fusions,
         tp=_ints(o.tp),
         pp=_ints(o.pp),
         ep=_ints(o.ep),

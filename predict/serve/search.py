@@ -85,6 +85,7 @@ from opcast.predict.serve.engine import (
     engine_config,
     engine_defaults,
     engine_device_problem,
+    fusions_problem,
     limits_problem,
 )
 from opcast.predict.serve.kv_cache import kv_capacity
@@ -119,6 +120,12 @@ class ServeSpace:
     moe_dispatcher: str | None = None
     """How expert parallelism across replicas moves tokens, as ``predict serve --moe-dispatcher`` (None: the
     engine's)."""
+    kv_dtype: str | None = None
+    """The KV cache's dtype, as ``predict serve --kv-dtype`` (None: the activations')."""
+    engine_version: str | None = None
+    """The engine's release, as ``predict serve --engine-version`` (None: the newest)."""
+    fusions: str | None = None
+    """vLLM's compile-time fusions, as ``predict serve --fusions`` (None: none)."""
     tp: tuple[int, ...] | None = None
     """Tensor-parallel degrees to try; None: every divisor of ``gpus`` up to the GPUs per node."""
     pp: tuple[int, ...] | None = None
@@ -293,6 +300,8 @@ def space_problems(space: ServeSpace) -> list[str]:
     if space.engine not in ENGINES:
         out.append(f"--engine {space.engine!r} is not one of {', '.join(ENGINES)}")
     if space.moe_dispatcher is not None and (problem := dispatcher_problem(space.moe_dispatcher)) is not None:
+        out.append(problem)
+    if space.fusions is not None and (problem := fusions_problem(space.fusions, space.engine)) is not None:
         out.append(problem)
     waits = {n: space.engine_overrides.get(n) for n in ("batch_wait_iters", "batch_wait_tokens_ratio")}
     if space.engine in ENGINES and any(waits.values()):
@@ -509,6 +518,9 @@ def search_serve(
                 attention=space.attention,  # type: ignore[arg-type]
                 tensor_cores=space.tensor_cores,
                 moe_dispatcher=space.moe_dispatcher,  # type: ignore[arg-type]
+                kv_dtype=space.kv_dtype,  # type: ignore[arg-type]
+                engine_version=space.engine_version,
+                fusions=space.fusions,
             ),
         )
         engine = engine_config(

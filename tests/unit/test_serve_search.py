@@ -405,3 +405,22 @@ def test_the_search_prices_expert_parallelism_across_replicas_with_the_asked_dis
         assert best.metrics is not None and best.metrics.output_tokens_per_s == alone.metrics.output_tokens_per_s
         values[chosen] = alone.metrics.output_tokens_per_s
     assert values[dispatcher] != values["alltoall"]
+
+
+def test_the_kv_dtype_engine_release_and_fusions_reach_every_candidate(setup):
+    """search serve prices each deployment with the space's KV dtype, engine release and vLLM fusions, as
+    predict serve does with them: its metrics for TP 2 with one replica are predict_serve's under that
+    InferConfig, and differ from the plain one's (an fp8 KV cache and fused all-reduces change the steps); a fusion
+    under another engine is a problem of the request."""
+    arch, dev, stream, kernels = setup
+    extras = {"kv_dtype": "fp8", "engine_version": "0.11.0", "fusions": "allreduce_rms,attn_quant"}
+    space = ServeSpace(
+        gpus=2, tp=(2,), max_num_seqs=(64,), max_num_batched_tokens=(2048,), objective="throughput", **extras
+    )
+    (best,) = search_serve(arch, dev, space, stream, kernels=kernels).ranked
+    engine = engine_config("vllm", dev, max_num_seqs=64, max_num_batched_tokens=2048)
+    want = predict_serve(arch, dev, InferConfig(tp=2, **extras), engine, stream, kernels=kernels).metrics
+    plain = predict_serve(arch, dev, InferConfig(tp=2), engine, stream, kernels=kernels).metrics
+    assert best.metrics == want and want != plain
+    problems = space_problems(replace(space, engine="trtllm"))
+    assert any("vLLM's compile passes" in p for p in problems)
