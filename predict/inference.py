@@ -215,7 +215,8 @@ def _forward_s(
     static_fp8 = cfg.engine != "none"
     # vLLM's compile-time fusions (engine.VLLM_FUSIONS): kernels folded into the all-reduce or the attention
     fusions = fusions_of(cfg.fusions)
-    ar_fused = allreduce_rms_fused(fusions, tokens * arch.hidden * dtype_bytes(prec.act), tp, device)
+    ar_bytes = tokens * arch.hidden * dtype_bytes(prec.act)
+    ar_fused = arch.norm == "rmsnorm" and allreduce_rms_fused(fusions, ar_bytes, tp, device)  # its patterns: RMSNorm
     unquantised_input = (FUSED_QUANT_INPUTS if ar_fused else ()) + (("proj",) if "attn_quant" in fusions else ())
     family_of = getattr(kernels, "family_of", None)  # a stand-in cost model (a recorder) may lack it: no family
     plain = replace(prec, matrix=prec.act)  # UNQUANTISED_GEMMS' dtypes

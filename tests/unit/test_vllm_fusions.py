@@ -94,3 +94,13 @@ def test_a_prompt_over_the_limit_runs_unfused():
     r1 = predict_infer(arch, B200, replace(base, fusions="allreduce_rms"), kernels=kernels)
     assert r1.ttft_s == pytest.approx(r0.ttft_s, rel=1e-9)
     assert r1.tpot_s < r0.tpot_s
+
+
+def test_a_layernorm_model_is_not_fused():
+    """vLLM's pass matches RMSNorm only: a LayerNorm model (GPT-3 2.7B) at TP 2 keeps its norms and all-reduces."""
+    arch = load_arch("gpt3-2.7b")
+    kernels = load_kernel_cost(None, use_learned=True)
+    base = InferConfig(tp=2, batch=8, prompt_len=256, gen_len=16, engine="vllm")
+    r0 = predict_infer(arch, H100, base, kernels=kernels)
+    r1 = predict_infer(arch, H100, replace(base, fusions="allreduce_rms"), kernels=kernels)
+    assert r1.tpot_s == r0.tpot_s and not any(o.get("fused") for o in r1.ops)
