@@ -209,8 +209,8 @@ def tp_all_reduce_kind(engine: str, nbytes: int, group: Group, device: DeviceSpe
 
 
 VLLM_FUSIONS: Final = ("allreduce_rms", "attn_quant")
-"""vLLM's compile-time kernel fusions that ``--fusions`` prices (``compilation_config.pass_config``; the names of
-vLLM 0.10-0.11 in brackets, of later releases before them):
+"""vLLM's compile-time kernel fusions that ``--fusions`` prices (``compilation_config.pass_config``; its current names,
+then in brackets those of its 2025 releases, which the InferenceMAX scripts use):
 
 - ``allreduce_rms`` (``fuse_allreduce_rms``; ``enable_fi_allreduce_fusion``): with tensor parallelism, each
   all-reduce with the residual add, RMSNorm and static fp8 quantisation after it is one FlashInfer kernel, TensorRT-
@@ -225,8 +225,10 @@ vLLM 0.10-0.11 in brackets, of later releases before them):
 
 What vLLM's fp8 linears cost without fusion is their measured call (AIConfigurator's ``gemm/vllm`` rows time
 ``RowParallelLinear.forward`` with a static activation scale: ``scaled_fp8_quant`` then the GEMM,
-``collector/vllm/collect_gemm.py``). Off by default: vLLM 0.10-0.11 enable neither unless asked (the InferenceMAX
-B200 scripts ask for both, ``benchmarks/aic_serving.py``); later releases turn them on at ``-O2``."""
+``collector/vllm/collect_gemm.py``). Off by default, as the InferenceMAX H100 and H200 scripts ran vLLM (no
+``pass_config``; their TPOT is priced within 3 % signed without fusions, ``benchmarks/results/aic_serving.md``); its
+B200 scripts ask for both. vLLM's current documentation turns ``fuse_allreduce_rms`` on by itself at ``-O2`` and above
+(TP > 1 on Hopper or Blackwell with FlashInfer): give ``--fusions`` for such a deployment."""
 
 FI_ALLREDUCE_FUSION_MAX_MIB: Final[dict[str, dict[int, float]]] = {
     "wgmma": {2: 64, 4: 2, 8: 1},
