@@ -273,6 +273,26 @@ def _forward_s(
     return compute, comm_s
 
 
+def _fusions_report(given: str, lines: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
+    """Which of the ``--fusions`` given applied in the prefill and in the decode steps (the per-op ``lines``'
+    ``fused`` marks), and a note that says so: a fusion applies nowhere at TP 1, to a LayerNorm model or on a GPU vLLM
+    has no fused all-reduce for (``allreduce_rms``), past its size limit (a long prompt's all-reduce), or without fp8
+    linears."""
+    applied = {
+        phase: sorted({ln["fused"] for ln in lines if ln.get("fused") and ln["phase"] == phase})
+        for phase in ("prefill", "decode")
+    }
+    names = sorted(fusions_of(given))
+    parts = [f"{phase} {', '.join(v) if v else 'none'}" for phase, v in applied.items()]
+    note = f"vLLM fusions (--fusions {given}) applied: {'; '.join(parts)}"
+    if any(set(names) - set(v) for v in applied.values()):
+        note += (
+            " (not applied: TP 1, a LayerNorm model, a GPU vLLM has no fused all-reduce for, an all-reduce past the "
+            "size limit, or no fp8 linears)"
+        )
+    return {"given": names, **{f"{phase}_applied": v for phase, v in applied.items()}}, note
+
+
 @cache  # the serving tables price thousands of forwards of one arch: its block kinds are built once
 def block_kinds(arch: ArchSpec) -> tuple[tuple[ArchSpec, int], ...]:
     """The blocks of ``arch`` as (the arch of a block, how many): one kind, or DeepSeek's first
@@ -501,6 +521,9 @@ def predict_infer(
         sources["notes"] = [*sources.get("notes", []), note]
     if (context := context_note(arch, cfg.prompt_len + cfg.gen_len)) is not None:
         sources["notes"] = [*sources.get("notes", []), context]
+    if cfg.fusions and lines is not None:
+        sources["fusions"], note = _fusions_report(cfg.fusions, lines)
+        sources["notes"] = [*sources.get("notes", []), note]
     result = InferResult(
         arch=arch,
         device=device,

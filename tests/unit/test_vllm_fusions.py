@@ -94,6 +94,13 @@ def test_a_prompt_over_the_limit_runs_unfused():
     r1 = predict_infer(arch, B200, replace(base, fusions="allreduce_rms"), kernels=kernels)
     assert r1.ttft_s == pytest.approx(r0.ttft_s, rel=1e-9)
     assert r1.tpot_s < r0.tpot_s
+    assert r1.cost_sources["fusions"] == {
+        "given": ["allreduce_rms"],
+        "prefill_applied": [],
+        "decode_applied": ["allreduce_rms"],
+    }
+    assert any("prefill none; decode allreduce_rms" in n and "size limit" in n for n in r1.cost_sources["notes"])
+    assert "fusions" not in r0.cost_sources
 
 
 def test_a_layernorm_model_is_not_fused():
