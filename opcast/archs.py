@@ -309,7 +309,8 @@ class ArchSpec:
         """The hidden-wide norms of a block: before attention and MLP, and after each with :attr:`post_norms`."""
         return 4 if self.post_norms else 2
 
-    def _norm_params(self) -> int:
+    def norm_params(self) -> int:
+        """The weights of one hidden-wide norm: a scale, and a bias for LayerNorm."""
         return (2 if self.norm == "layernorm" else 1) * self.hidden
 
     def _attention_params(self) -> int:
@@ -367,7 +368,7 @@ class ArchSpec:
             + self.n_experts * self._expert_params()
             + self.shared_expert_params()
             + self.router_params()
-            + self.norms_per_block * self._norm_params()
+            + self.norms_per_block * self.norm_params()
         )
 
     def embedding_params(self) -> int:
@@ -376,7 +377,7 @@ class ArchSpec:
 
     def _outside_layers(self) -> int:
         lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return self.embedding_params() + self._norm_params() + lm_head
+        return self.embedding_params() + self.norm_params() + lm_head
 
     def dense_block_saving(self) -> int:
         """Parameters a :attr:`dense_layers` block has fewer than an MoE block (0 for an arch without)."""

@@ -217,7 +217,9 @@ def _forward_s(
     fusions = fusions_of(cfg.fusions)
     ar_bytes = tokens * arch.hidden * dtype_bytes(prec.act)
     ar_fused = arch.norm == "rmsnorm" and allreduce_rms_fused(fusions, ar_bytes, tp, device)  # its patterns: RMSNorm
-    unquantised_input = (FUSED_QUANT_INPUTS if ar_fused else ()) + (("proj",) if "attn_quant" in fusions else ())
+    # the fp8 linears whose input a fused kernel writes quantised, with the fusion that does
+    quant_fused = dict.fromkeys(FUSED_QUANT_INPUTS if ar_fused else (), "allreduce_rms")
+    quant_fused |= {"proj": "attn_quant"} if "attn_quant" in fusions else {}
     family_of = getattr(kernels, "family_of", None)  # a stand-in cost model (a recorder) may lack it: no family
     plain = replace(prec, matrix=prec.act)  # UNQUANTISED_GEMMS' dtypes
     for group_ops, repeat in (*blocks, (model, 1)):
@@ -235,11 +237,10 @@ def _forward_s(
             fused = ""
             if ar_fused and role in ALLREDUCE_FUSED_ROLES:
                 t, fused = 0.0, "allreduce_rms"
-            elif role in unquantised_input and k.kind == "gemm" and k.dtype == "fp8" and k.param_dict["b"] == 1:
+            elif role in quant_fused and k.kind == "gemm" and k.dtype == "fp8" and k.param_dict["b"] == 1:
                 p = k.param_dict
                 quant_s = static_fp8_quant_s(int(p["m"]), int(p["k"]), device)
-                t = max(t - quant_s, k.bytes_moved() / device.mem_bw_bytes_per_s)
-                fused = "allreduce_rms" if role in FUSED_QUANT_INPUTS and ar_fused else "attn_quant"
+                t, fused = max(t - quant_s, k.bytes_moved() / device.mem_bw_bytes_per_s), quant_fused[role]
             compute += repeat * count * t
             if lines is not None:
                 lines.append(

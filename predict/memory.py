@@ -192,8 +192,7 @@ def layer_params(arch: ArchSpec, tp: int, ep: int = 1, whole_experts: bool = Fal
 
 def block_norm_params(arch: ArchSpec) -> int:
     """The norm weights of one block (its pre-norms, post-norms with ``norms_per_block``, and per-head q/k norms)."""
-    norms = arch.norms_per_block * (2 if arch.norm == "layernorm" else 1) * arch.hidden
-    return norms + (2 * arch.head_dim if arch.qk_norm else 0)
+    return arch.norms_per_block * arch.norm_params() + (2 * arch.head_dim if arch.qk_norm else 0)
 
 
 def stage_params(
@@ -228,7 +227,7 @@ def stage_params(
     if stage == 0:
         edges += vocab_slice + (arch.max_seq * arch.hidden if arch.position == "learned" else 0)
     if stage == pp - 1:
-        edges += (2 if arch.norm == "layernorm" else 1) * arch.hidden
+        edges += arch.norm_params()
         if not arch.tied_embeddings or pp > 1:
             edges += vocab_slice
     return StageParams(

@@ -384,7 +384,7 @@ def neox_layer_specs(arch: ArchSpec, *, tp: int, ep: int = 1) -> list[tuple[str,
         ("_pre_transformer_block", 0),
         *[("ParallelTransformerLayerPipe", dense_l + expert_l)] * arch.n_layers,
         ("_post_transformer_block", 0),
-        ("NormPipe", (2 if arch.norm == "layernorm" else 1) * arch.hidden),
+        ("NormPipe", arch.norm_params()),
         head,
     ]
 

@@ -87,7 +87,10 @@ TensorRT-LLM's, as before. A model set without a family's rows prices it as Tens
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from types import MappingProxyType
 from typing import Final, Literal, get_args
 
 from opcast.errors import OpcastError
@@ -246,31 +249,32 @@ scale_matrix_perf.parquet``, the median over inputs below 100 kB); larger inputs
 (8,192 x 8,192 on B200: 31.7 us measured, :func:`static_fp8_quant_s` 27.4)."""
 
 
-def fusions_of(text: str | None) -> dict[str, float | None]:
+def _fusion_parts(text: str) -> list[tuple[str, str, str]]:
+    """``--fusions`` split into (name, ``:`` or empty, limit) per comma-separated part."""
+    return [part.strip().partition(":") for part in text.split(",")]
+
+
+@cache  # read by every forward a serving table prices: parsed once per text
+def fusions_of(text: str | None) -> Mapping[str, float | None]:
     """The fusions named in ``--fusions`` (comma-separated :data:`VLLM_FUSIONS`, ``allreduce_rms`` optionally with
     its size limit in MiB, ``allreduce_rms:8``, as ``VLLM_FLASHINFER_ALLREDUCE_FUSION_THRESHOLDS_MB`` or
     ``fi_allreduce_fusion_max_size_mb`` set it), each with its limit (None: vLLM's default); none for None."""
-    out: dict[str, float | None] = {}
-    for part in (text or "").split(","):
-        name, _, limit = part.strip().partition(":")
-        if name:
-            out[name] = float(limit) if limit else None
-    return out
+    parts = _fusion_parts(text) if text else []
+    return MappingProxyType({name: float(limit) if limit else None for name, _, limit in parts if name})
 
 
 def fusions_problem(text: str, engine: str | None = None) -> str | None:
     """Why ``--fusions text`` cannot apply (under ``engine``; None: not checked), or None."""
-    for part in text.split(","):
-        name, colon, limit = part.strip().partition(":")
+    for name, colon, limit in _fusion_parts(text):
+        part = name + colon + limit
         if name not in VLLM_FUSIONS:
             return (
-                f"--fusions {part.strip()!r}: not one of {', '.join(VLLM_FUSIONS)}; give a comma-separated list of "
+                f"--fusions {part!r}: not one of {', '.join(VLLM_FUSIONS)}; give a comma-separated list of "
                 "them, e.g. allreduce_rms,attn_quant (allreduce_rms:8 with a size limit of 8 MiB)"
             )
         if colon and (name != "allreduce_rms" or not _positive_number(limit)):
             return (
-                f"--fusions {part.strip()!r}: only allreduce_rms takes a limit, a positive number of MiB, e.g. "
-                "allreduce_rms:8"
+                f"--fusions {part!r}: only allreduce_rms takes a limit, a positive number of MiB, e.g. allreduce_rms:8"
             )
     if engine is not None and engine != "vllm":
         return f"--fusions {text} are vLLM's compile passes; give --engine vllm or leave --fusions out"
@@ -285,7 +289,7 @@ def _positive_number(text: str) -> bool:
     return 0 < value < float("inf")
 
 
-def allreduce_rms_fused(fusions: dict[str, float | None], nbytes: float, tp: int, device: DeviceSpec) -> bool:
+def allreduce_rms_fused(fusions: Mapping[str, float | None], nbytes: float, tp: int, device: DeviceSpec) -> bool:
     """Whether vLLM's ``allreduce_rms`` fusion takes a TP all-reduce of ``nbytes`` on ``device``
     (:data:`VLLM_FUSIONS`; the limit given, else :data:`FI_ALLREDUCE_FUSION_MAX_MIB`); never on a GPU vLLM has no
     table for (it disables the pass there)."""
