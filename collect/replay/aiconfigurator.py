@@ -102,10 +102,11 @@ Tables converted (all forward, one measurement per row):
     inter = inter_size / moe_tp_size, experts=num_experts, topk, ep=moe_ep_size, gated and fn from the kernel
     lane (``moe_torch_flow_nongated``: Relu2, coded ``relu``, not gated; the others SwiGLU). dtype as the GEMMs'
     (:data:`MOE_DTYPES`); ``w4a16_mxfp4`` (gpt-oss's MXFP4 experts with bf16 activations) is dtype bf16 with
-    weights=mxfp4 (:data:`MOE_WEIGHT_ONLY_DTYPES`); vLLM's rows map the same way (every vLLM lane is gated
+    weights=mxfp4, ``w4a8_mxfp4_mxfp8`` (the same experts with MXFP8 activations) dtype fp8_block with weights=mxfp4
+    (:data:`MOE_NARROW_WEIGHT_DTYPES`); vLLM's rows map the same way (every vLLM lane is gated
     SwiGLU). Skipped with reasons: SGLang's MoE rows (:data:`MOE_FRAMEWORKS`), the ``power_law_*`` routing
     distributions (:data:`MOE_DISTRIBUTION_REASON`), the min-latency lane (:data:`MOE_SKIPPED_LANES`), the other
-    weight-only dtypes (int4_wo, w4afp8, MXFP4 weights with MXFP8 activations), an inter_size moe_tp_size does
+    weight-only dtypes (int4_wo, w4afp8), an inter_size moe_tp_size does
     not divide.
     The newest release wins where two measured one configuration (1.3.0rc23 re-measured the Nemotron-3 shapes
     of 1.3.0rc20 on Hopper; AIConfigurator's own reuse note puts the two within 1-3 %). vLLM's rows come from one
@@ -366,10 +367,13 @@ MOE_VLLM_RELEASE_REASON: Final = (
 )
 """Why a vLLM moe row of an older release is skipped (:func:`_newest_vllm_moe`)."""
 MOE_DTYPES: Final = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
-MOE_WEIGHT_ONLY_DTYPES: Final = {"w4a16_mxfp4": ("bf16", "mxfp4")}
-"""Weight-only MoE dtypes replayed: (the GEMMs' dtype, the experts' storage, :data:`opcast.ops.MOE_WEIGHTS`).
-``w4a16_mxfp4``: MXFP4 expert weights dequantised in the kernel, bf16 activations (TensorRT-LLM's W4A16 MXFP4
-MoE; gpt-oss's checkpoint format)."""
+MOE_NARROW_WEIGHT_DTYPES: Final = {"w4a16_mxfp4": ("bf16", "mxfp4"), "w4a8_mxfp4_mxfp8": ("fp8_block", "mxfp4")}
+"""MoE dtypes whose expert weights are stored narrower than the GEMMs' dtype, replayed: (the GEMMs' dtype, the
+experts' storage, :data:`opcast.ops.MOE_WEIGHTS`). ``w4a16_mxfp4``: MXFP4 expert weights dequantised in the kernel,
+bf16 activations (TensorRT-LLM's W4A16 MXFP4 MoE; gpt-oss's checkpoint format). ``w4a8_mxfp4_mxfp8``: the same
+weights against activations quantised to MXFP8 (e4m3 values, one E8M0 scale per 32), both fed to Blackwell's
+block-scaled tensor cores at the fp8 rate (TensorRT-LLM's W4A8_MXFP4_MXFP8 MoE, FlashInfer's TRT-LLM-gen kernel
+under vLLM's ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``): dtype fp8_block, opcast's block-scaled fp8 (MXFP8)."""
 MOE_NONGATED: Final = "moe_torch_flow_nongated"
 """The lane of the non-gated (Relu2) experts; every other lane runs SwiGLU experts."""
 MOE_SKIPPED_LANES: Final = {
@@ -713,9 +717,9 @@ def _moe(path: Path, result: ReplayResult, impl: str, keep: Iterable[str] | None
     skewed = distribution != "balanced"
     frame = _skip_by(frame, skewed, distribution.map(MOE_DISTRIBUTION_REASON.format), result)
     source = frame["moe_dtype"].astype(str)
-    only = {name: pair[0] for name, pair in MOE_WEIGHT_ONLY_DTYPES.items()}
-    dtype = source.map({**MOE_DTYPES, **only})
-    weights = source.map({name: pair[1] for name, pair in MOE_WEIGHT_ONLY_DTYPES.items()}).fillna("dtype")
+    narrow = {name: pair[0] for name, pair in MOE_NARROW_WEIGHT_DTYPES.items()}
+    dtype = source.map({**MOE_DTYPES, **narrow})
+    weights = source.map({name: pair[1] for name, pair in MOE_NARROW_WEIGHT_DTYPES.items()}).fillna("dtype")
     frame = _skip_by(
         frame.assign(dtype=dtype, weights=weights), dtype.isna(), "moe " + source + ": no opcast dtype for it", result
     )

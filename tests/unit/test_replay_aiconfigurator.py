@@ -206,11 +206,13 @@ def test_moe_rows_are_one_ranks_fused_layer_balanced_and_newest_first(source, re
     assert set(zip(got.gated, got.fn)) == {(True, "silu"), (False, "relu")}
     redone = got[got.source_file.str.contains("1.3.0rc23")]
     assert sorted(redone.time_s_median) == pytest.approx(sorted(newest.latency / 1e3))
-    trtllm_mxfp4 = (source.table == "moe_perf") & (source.moe_dtype == "w4a16_mxfp4") & (source.pfw == "trtllm")
-    (w4a16,) = source.latency[trtllm_mxfp4]
-    mxfp4 = rows[(rows.op == "moe") & (rows.weights == "mxfp4") & (rows.impl == "trtllm")]
-    assert list(zip(mxfp4.dtype, mxfp4.tokens, mxfp4.gated)) == [("bf16", 8, True)]
-    assert mxfp4.time_s_median.tolist() == pytest.approx([w4a16 / 1e3])
+    trtllm = (source.table == "moe_perf") & (source.pfw == "trtllm")
+    (w4a16,) = source.latency[trtllm & (source.moe_dtype == "w4a16_mxfp4")]
+    (w4a8,) = source.latency[trtllm & (source.moe_dtype == "w4a8_mxfp4_mxfp8")]
+    mxfp4 = rows[(rows.op == "moe") & (rows.weights == "mxfp4") & (rows.impl == "trtllm")].sort_values("dtype")
+    # MXFP4 experts over bf16 activations (W4A16) and over MXFP8 ones (W4A8: the block-scaled fp8 dtype)
+    assert list(zip(mxfp4.dtype, mxfp4.tokens, mxfp4.gated)) == [("bf16", 8, True), ("fp8_block", 8, True)]
+    assert mxfp4.time_s_median.tolist() == pytest.approx([w4a16 / 1e3, w4a8 / 1e3])
 
 
 def test_vllm_moe_rows_are_their_own_family_from_one_release_per_dtype(source, replayed):
