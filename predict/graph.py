@@ -166,6 +166,9 @@ class Dtypes:
     """The share of the cached keys a decode step's attention over a :attr:`kv` cache is priced over (the ``act``
     kernel's ``seq_kv`` scaled by it); None: the bytes ratio (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`
     sets it where an engine's kernel is measured to gain less)."""
+    moe_matrix: str | None = None
+    """The fused MoE layer's GEMM dtype where it differs from :attr:`matrix`: ``fp8_block`` for MXFP4 experts run
+    against MXFP8 activations (:data:`opcast.predict.serve.engine.MXFP4_MOE`); None: :attr:`matrix`."""
     fused_swiglu: bool = False
     """A SiLU-gated activation runs as one kernel (:func:`opcast.archs.gated_activation_ops`): the framework's
     (:attr:`opcast.predict.frameworks.Framework.fused_swiglu`) unless the run says otherwise."""
@@ -178,7 +181,7 @@ class Dtypes:
         if kind == "attention" and params.get("impl") == "flash2" and not self.flash2_own:
             params = {**params, "impl": "flash"}
         if kind == "moe":  # an inference engine's fused MoE layer: its grouped GEMMs' dtype
-            return kernel(kind, params, self.matrix, direction, self.tensor_cores)
+            return kernel(kind, params, self.moe_matrix or self.matrix, direction, self.tensor_cores)
         if kind == "gemm":
             matrix = TE_GEMM_KERNELS.get(self.matrix, self.matrix) if self.te_gemms else self.matrix
             if self.fp8_gemm_impl is not None and matrix == "fp8" and "impl" not in params:

@@ -59,6 +59,7 @@ from opcast.predict.parallel import Cluster, InferConfig, Precision, device_reas
 from opcast.predict.serve.engine import (
     CUSTOM_ALL_REDUCE_RULES,
     ENGINE_GEMM_FAMILIES,
+    MXFP4_MOE_DTYPE,
     allreduce_rms_fused,
     engine_fp8_gemm_s,
     fp8_kv_decode_fraction,
@@ -131,20 +132,27 @@ linear. Every other GEMM of the blocks runs in the precision's kernel dtype."""
 def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
     """The kernels' dtypes of an inference run of ``arch`` on ``device`` in ``cfg.precision``, its MoE blocks' fused
     kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
-    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it, else TensorRT-LLM's), its
-    per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), its decode over
-    an fp8 cache as its kernel gains (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`), and
+    vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it or ``cfg.mxfp4_moe`` says so,
+    else TensorRT-LLM's; MXFP8 activations under ``mxfp4_moe`` mxfp8, :attr:`~opcast.predict.graph.Dtypes.moe_matrix`),
+    its per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), its
+    decode over an fp8 cache as its kernel gains (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`), and
     under any engine its single-kernel rotary embedding (:data:`ENGINE_KERNELS`). Every
     priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables) and the report read the
     kernels through it."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
-    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version)
+    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version, cfg.mxfp4_moe)
+    mxfp8 = cfg.mxfp4_moe == "mxfp8" and arch.expert_weights == "mxfp4"
     impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
     kv = kv_cache_dtype(cfg, prec.act)
     gemm = ENGINE_GEMM_FAMILIES.get(cfg.engine)
     fraction = fp8_kv_decode_fraction(cfg.engine, device) if kv == "fp8" != prec.act else None
     return replace(
-        prec, impls=impls, kv=kv if kv != prec.act else None, fp8_gemm_impl=gemm, kv_decode_fraction=fraction
+        prec,
+        impls=impls,
+        kv=kv if kv != prec.act else None,
+        fp8_gemm_impl=gemm,
+        kv_decode_fraction=fraction,
+        moe_matrix=MXFP4_MOE_DTYPE if mxfp8 else None,
     )
 
 

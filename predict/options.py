@@ -438,6 +438,13 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "output projection's fp8 input).",
         "none",
     ),
+    "mxfp4_moe": (
+        "How MXFP4 experts (gpt-oss's) run: marlin (Marlin's W4A16 MoE; vLLM VLLM_MXFP4_USE_MARLIN=1), bf16 (the "
+        "engine's W4A16 kernel: bf16 activations, the weights dequantised in it) or mxfp8 (activations quantised to "
+        "MXFP8 on Blackwell's block-scaled tensor cores; vLLM VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, TensorRT-LLM's "
+        "W4A8_MXFP4_MXFP8).",
+        "the engine's choice by GPU and release",
+    ),
     "engine_version": (
         "The --engine's release, e.g. 0.11.0, where its kernels or overheads depend on it (vLLM before 0.12 runs "
         "MXFP4 MoE experts on Hopper with Marlin, later ones with OpenAI Triton's matmul_ogs; vLLM before 0.6 "
@@ -823,6 +830,7 @@ SERVE_PARALLEL = tuple(
         "tensor_cores",
         "engine_version",
         "fusions",
+        "mxfp4_moe",
         "moe_dispatcher",
     )
 )

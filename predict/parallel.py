@@ -28,7 +28,14 @@ from opcast.predict.frameworks import FrameworkName
 from opcast.predict.memory import activation_dtype, expert_data_parallel
 from opcast.predict.moe_dispatch import TRAIN_DISPATCHERS, MoeDispatcher, dispatcher_problem
 from opcast.predict.recompute import recompute_problem
-from opcast.predict.serve.engine import EngineName, engine_device_problem, engine_version_problem, fusions_problem
+from opcast.predict.serve.engine import (
+    EngineName,
+    Mxfp4Moe,
+    engine_device_problem,
+    engine_version_problem,
+    fusions_problem,
+    mxfp4_moe_problem,
+)
 
 Precision = Literal["bf16", "fp16", "fp32", "fp8", "mxfp8", "nvfp4"]
 AttentionImpl = Literal["flash", "eager", "flash1", "flash2"]
@@ -262,6 +269,10 @@ class InferConfig:
     fusions: str | None = None
     """vLLM's compile-time kernel fusions that ran, comma-separated (:data:`opcast.predict.serve.engine.VLLM_FUSIONS`:
     ``allreduce_rms``, ``attn_quant``; under ``engine`` vllm only); None: none."""
+    mxfp4_moe: Mxfp4Moe | None = None
+    """How MXFP4 experts (gpt-oss's) run (:data:`opcast.predict.serve.engine.MXFP4_MOE`): ``marlin`` (vLLM's
+    ``VLLM_MXFP4_USE_MARLIN=1``), ``bf16`` (the engine's W4A16 kernel) or ``mxfp8`` (activations in MXFP8 on
+    Blackwell, vLLM's ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``). None: the engine's choice by GPU and release."""
     moe_dispatcher: MoeDispatcher | None = None
     """How expert parallelism across replicas (``ep > tp``) moves tokens (:mod:`opcast.predict.moe_dispatch`):
     ``alltoall``, one copy of a token per expert; ``flex``, DeepEP as SGLang runs it (``--moe-a2a-backend
@@ -959,6 +970,10 @@ def validate_infer(
     if cfg.engine_version is not None and (problem := engine_version_problem(cfg.engine_version)) is not None:
         reasons.append(problem)
     if cfg.fusions is not None and (problem := fusions_problem(cfg.fusions, cfg.engine)) is not None:
+        reasons.append(problem)
+    if cfg.mxfp4_moe is not None and (
+        problem := mxfp4_moe_problem(cfg.mxfp4_moe, cfg.engine, arch.expert_weights or "dtype", device, arch.name)
+    ):
         reasons.append(problem)
     if cfg.kv_dtype is not None:
         if cfg.kv_dtype not in get_args(KvDtype):

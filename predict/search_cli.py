@@ -436,6 +436,7 @@ SERVE_STREAM = tuple(
         "tensor_cores",
         "engine_version",
         "fusions",
+        "mxfp4_moe",
         "moe_dispatcher",
     )
 )
@@ -473,6 +474,7 @@ def search_serve_cmd(o: Args) -> None:
         kv_dtype=o.kv_dtype,
         engine_version=o.engine_version,
         fusions=o.fusions,
+        mxfp4_moe=o.mxfp4_moe,
         tp=_ints(o.tp),
         pp=_ints(o.pp),
         ep=_ints(o.ep),

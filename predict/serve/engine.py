@@ -373,13 +373,61 @@ def vllm_runs_marlin(device: DeviceSpec, version: str | None) -> bool:
     return family == "wgmma" and version is not None and parse_engine_version(version) < VLLM_HOPPER_TRITON_MXFP4
 
 
+Mxfp4Moe = Literal["marlin", "bf16", "mxfp8"]
+MXFP4_MOE: Final[tuple[str, ...]] = get_args(Mxfp4Moe)
+"""How MXFP4 experts (gpt-oss's) run, as a deployment chooses (:attr:`opcast.predict.parallel.InferConfig.mxfp4_moe`;
+vLLM's ``get_mxfp4_backend`` in ``vllm/model_executor/layers/quantization/mxfp4.py`` reads the environment
+variables named here): ``marlin``, Marlin's W4A16 MoE (``VLLM_MXFP4_USE_MARLIN=1``; the InferenceMAX Hopper scripts
+set it from vLLM 0.13); ``bf16``, the engine's own W4A16 kernel, bf16 activations against the weights dequantised in
+the kernel (OpenAI Triton's ``matmul_ogs`` on Hopper, FlashInfer's TRT-LLM-gen MXFP4 x BF16 on datacenter
+Blackwell, ``VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1``; TensorRT-LLM's W4A16_MXFP4); ``mxfp8``, the activations
+quantised to MXFP8 and both fed to Blackwell's block-scaled tensor cores at the fp8 rate
+(``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``, the InferenceMAX B200 scripts; TensorRT-LLM's W4A8_MXFP4_MXFP8)."""
+MXFP4_MOE_DTYPE: Final = "fp8_block"
+"""The fused MoE kernel's dtype under ``mxfp4_moe`` mxfp8: opcast's block-scaled fp8, MXFP8 (the replay's
+``w4a8_mxfp4_mxfp8`` rows, :data:`opcast.collect.replay.aiconfigurator.MOE_NARROW_WEIGHT_DTYPES`)."""
+
+
+def mxfp4_moe_problem(
+    choice: str, engine: str, expert_weights: str | None = None, device: DeviceSpec | None = None, arch: str = ""
+) -> str | None:
+    """Why ``--mxfp4-moe choice`` cannot run under ``engine`` (on ``device``, for experts stored as
+    ``expert_weights`` where given), or None: a name outside :data:`MXFP4_MOE`, a model without MXFP4 experts,
+    Marlin under an engine without it (TensorRT-LLM), MXFP8 on a GPU without block-scaled fp8 tensor cores
+    (Blackwell's, which also run fp4: a part with an fp4 peak)."""
+    if choice not in MXFP4_MOE:
+        return f"--mxfp4-moe {choice!r} is not one of {', '.join(MXFP4_MOE)}"
+    if expert_weights is not None and expert_weights != "mxfp4":
+        return f"--mxfp4-moe applies to MXFP4 experts (gpt-oss's); {arch or 'this model'} has none: leave it out"
+    if choice == "marlin" and engine not in ("vllm", "sglang"):
+        return (
+            f"--mxfp4-moe marlin is vLLM's and SGLang's Marlin MoE, not {engine}'s: give --engine vllm or another "
+            "choice"
+        )
+    if choice == "mxfp8" and device is not None and not device.supports("nvfp4"):
+        return (
+            f"--mxfp4-moe mxfp8 needs block-scaled (MX) fp8 tensor cores, which {device.name} lacks (Blackwell has "
+            "them): give bf16 or marlin"
+        )
+    return None
+
+
 def moe_impl(
-    engine: str, device: DeviceSpec | None = None, expert_weights: str | None = None, version: str | None = None
+    engine: str,
+    device: DeviceSpec | None = None,
+    expert_weights: str | None = None,
+    version: str | None = None,
+    mxfp4: str | None = None,
 ) -> str:
-    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`ENGINE_MOE_FAMILIES`, else ``trtllm``): under vLLM,
-    ``marlin`` for MXFP4 experts where it runs Marlin on ``device`` (:func:`vllm_runs_marlin`), else its own family."""
+    """The ``impl`` of ``engine``'s fused MoE kernel (:data:`ENGINE_MOE_FAMILIES`, else ``trtllm``): for MXFP4
+    experts, ``marlin`` where ``mxfp4`` (:data:`MXFP4_MOE`) says so or, when it says nothing, where vLLM runs Marlin
+    on ``device`` (:func:`vllm_runs_marlin`); else the engine's own family."""
     impl = ENGINE_MOE_FAMILIES.get(engine, "trtllm")
-    if impl == "vllm" and expert_weights == "mxfp4" and device is not None and vllm_runs_marlin(device, version):
+    if expert_weights != "mxfp4":
+        return impl
+    if mxfp4 == "marlin":
+        return "marlin"
+    if mxfp4 is None and impl == "vllm" and device is not None and vllm_runs_marlin(device, version):
         return "marlin"
     return impl
 

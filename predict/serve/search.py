@@ -87,6 +87,7 @@ from opcast.predict.serve.engine import (
     engine_device_problem,
     fusions_problem,
     limits_problem,
+    mxfp4_moe_problem,
 )
 from opcast.predict.serve.kv_cache import kv_capacity
 from opcast.predict.serve.metrics import PERCENTILES, ServeMetrics
@@ -126,6 +127,8 @@ class ServeSpace:
     """The engine's release, as ``predict serve --engine-version`` (None: the newest)."""
     fusions: str | None = None
     """vLLM's compile-time fusions, as ``predict serve --fusions`` (None: none)."""
+    mxfp4_moe: str | None = None
+    """How MXFP4 experts run, as ``predict serve --mxfp4-moe`` (None: the engine's choice)."""
     tp: tuple[int, ...] | None = None
     """Tensor-parallel degrees to try; None: every divisor of ``gpus`` up to the GPUs per node."""
     pp: tuple[int, ...] | None = None
@@ -479,9 +482,13 @@ def search_serve(
     ``comms`` defaults to the collectives :func:`predict_serve` uses. Raises :class:`OpcastError`
     for a malformed request, never for an empty answer (``ranked`` is then empty)."""
     on_device = engine_device_problem(space.engine, device)
+    mxfp4 = space.mxfp4_moe and mxfp4_moe_problem(
+        space.mxfp4_moe, space.engine, arch.expert_weights or "dtype", device, arch.name
+    )
     problems = (
         space_problems(space)
         or ([on_device] if on_device else [])
+        or ([mxfp4] if mxfp4 else [])
         or ep_problems(arch, device, space)
         or limit_problems(device, space)
     )
@@ -521,6 +528,7 @@ def search_serve(
                 kv_dtype=space.kv_dtype,  # type: ignore[arg-type]
                 engine_version=space.engine_version,
                 fusions=space.fusions,
+                mxfp4_moe=space.mxfp4_moe,  # type: ignore[arg-type]
             ),
         )
         engine = engine_config(
