@@ -23,12 +23,14 @@
 # H100, H200 and B200), which vLLM runs for MXFP4 experts where it has no faster kernel
 # (opcast.predict.serve.engine.moe_impl), and the rest of its FusedMoE dispatch (impl vllm, groups
 # moe-fwd-{half,fp8,fp8b,fp4}_vllm, one release per system and dtype, 0.24.0, on eight GPUs). AIC_MOE_IMPLS names
-# the families fitted (default trtllm,marlin; modern_gpus.py --moe-impls), each vLLM label capped at
-# AIC_VLLM_MOE_ROWS (default 700). The vllm family is left out of the default because its four groups cost 303 s of
-# CPU at 700 (215 s at 300; fitted alone with --op moe --jobs 1, fourteenth session), which the 10 minutes cannot
-# hold; a set without it prices vLLM's layers as TensorRT-LLM's (opcast.predict.cost.learned). Leave-one-GPU-out on
-# H100/H200/B200, vLLM's bf16 / MXFP4 / fp8 rows score 9.4 / 14.8 / 17.3 % at 700
-# (benchmarks/results/moe_kernels.md, "vLLM's fused MoE as impl vllm"); TensorRT-LLM's groups do not see them.
+# the families fitted (default trtllm,vllm,marlin; modern_gpus.py --moe-impls), each vLLM label capped at
+# AIC_VLLM_MOE_ROWS (default 700). The vllm family was left out of the default until the thirty-seventh session, when
+# its four groups were estimated at 303 s of CPU (fourteenth session); with the 20,000-row fold bound the whole script
+# took 8 min 27 s with them (fit 7 min 42 s, 2026-12-05, the 2-core machine alone), against 9 min 5 s without them in
+# the same session beside small tests. A set without a family prices vLLM's layers as TensorRT-LLM's
+# (opcast.predict.cost.learned), which on B200 is 2-4x vLLM's MXFP4 kernel. Leave-one-GPU-out on H100/H200/B200,
+# vLLM's bf16 / MXFP4 / fp8 rows score 9.4 / 14.8 / 17.3 % at 700 (benchmarks/results/moe_kernels.md, "vLLM's fused
+# MoE as impl vllm"); TensorRT-LLM's groups do not see them.
 # The whole script took 9 min 46 s alone on the 2-core machine (2026-12-03, thirteenth session: replays 1 min 28 s,
 # the fit 8 min 18 s); a rerun wrote every predictor file byte for byte the same (meta.json and collectives.json
 # differ only in fit times, the timestamp and the hashes over them). Little margin: the same fit took 8 min 56 s in
@@ -69,6 +71,14 @@
 # label "gemm fp8 vllm" capped at AIC_ROWS like the others: 40,000 rows of 8 GPUs, 49 s of fit) joined the set; the
 # refit took 6 min 54 s alone, and every other predictor file came out byte for byte as before (a GEMM's family at its
 # default does not enter its id, opcast.ops.Param.id_neutral, so no draw moved).
+# Thirty-seventh session (2026-12-05): vLLM's fused-MoE family (groups moe-fwd-{half,fp8,fp8b,fp4}_vllm) joined the
+# default, and AIConfigurator's W4A8 MXFP4 rows (MXFP4 experts over MXFP8 activations) the fp8_block groups
+# (moe-fwd-fp8b 4,900 -> 14,701 rows); 8 min 27 s alone (fit 7 min 42 s), where the same script without them took
+# 9 min 5 s beside small tests. A rerun of the code before on this machine wrote every xgb file byte for byte as
+# shipped and the tile-MLP files within 3e-6 of their weights (torch's float rounding here); with the new rows the
+# TensorRT-LLM moe-fwd-half / moe-fwd-fp8 groups keep their row counts and feature ranges yet fit other trees (likely
+# the rows' order, which xgb's seeded subsample follows; not traced): unseen-GPU MAPE 20.0 -> 20.7 / 18.9 -> 20.1 %,
+# moe-fwd-fp8's unseen-GPU choice hier -> the blend.
 # models/default was
 # fitted with the Liger-Kernel data and an aiter checkout (OPCAST_LIGER and OPCAST_AITER set).
 set -euo pipefail
@@ -77,7 +87,7 @@ published="${1:-$repo/../shared/published}"
 aic_rows="${AIC_ROWS:-5000}"
 aic_moe_rows="${AIC_MOE_ROWS:-700}"
 aic_vllm_moe_rows="${AIC_VLLM_MOE_ROWS:-700}"
-aic_moe_impls="${AIC_MOE_IMPLS:-trtllm,marlin}"
+aic_moe_impls="${AIC_MOE_IMPLS:-trtllm,vllm,marlin}"
 liger="${2:-${OPCAST_LIGER:-}}"
 aiter="${3:-${OPCAST_AITER:-}}"
 work="$(mktemp -d)"
