@@ -10,15 +10,17 @@ NVIDIA's own serving runs ("silicon") of models on H100, H200, B200, B300, GB200
 TensorRT-LLM, one row per deployment and load, with the mean TTFT and TPOT a benchmark client measured
 (``silicon_ttft_ms``, ``silicon_tpot_ms``). AIConfigurator scores its own estimates against them
 (ai-dynamo/aiconfigurator ``tools/accuracy_regression_testing/predict_silicon_sample.py``). Scored here: the
-aggregated rows (``mode`` agg: prefill and decode on the same GPUs) of the dense models opcast has a preset of
-(Llama-3.1 8B and 70B: ``llama3-8b``, ``llama3-70b``; Qwen3-32B: ``qwen3-32b``); disaggregated and MoE rows are
-counted and skipped.
+aggregated rows (``mode`` agg: prefill and decode on the same GPUs) of the models opcast has a preset of
+(Llama-3.1 8B and 70B: ``llama3-8b``, ``llama3-70b``; Qwen3-32B: ``qwen3-32b``; gpt-oss-120b under vLLM, the one
+MoE model: ``gpt-oss-120b``, its MXFP4 experts served as its InferenceMAX scripts ran them, :data:`GPTOSS_SCRIPTS`);
+disaggregated rows, the other MoE models and gpt-oss under TensorRT-LLM are counted and skipped.
 
 **Protocols.** A row's TTFT depends on how its client sent the requests, which the csv does not say; two kinds of
 rows are told apart by their ``silicon_data_source``:
 
-- ``inferencemax``: the rows of ``source_file=2026-04-06.csv``, Llama-3.1-70B at ISL/OSL 1024/1024, 1024/8192 and
-  8192/1024, concurrency 4 to 128, TP 1 to 8, fp8 and nvfp4: SemiAnalysis' InferenceMAX grid, whose client is
+- ``inferencemax``: the rows of ``source_file=2026-04-06.csv``, Llama-3.1-70B (and gpt-oss-120b) at ISL/OSL
+  1024/1024, 1024/8192 and 8192/1024, concurrency 4 to 128, TP 1 to 8, fp8 and nvfp4 (gpt-oss: its MXFP4
+  checkpoint, concurrency 4 to 512): SemiAnalysis' InferenceMAX grid, whose client is
   published (InferenceMAX README: vLLM's ``benchmark_serving.py --dataset-name random --random-input-len ISL
   --random-output-len OSL --random-range-ratio 0.8 --num-prompts $((CONC * 10)) --max-concurrency CONC --request-rate
   inf --ignore-eos``). Simulated as that client sends it: a closed loop of ``CONC`` clients (``--concurrency``), ``10
@@ -79,9 +81,29 @@ ARCHS: Final = {
     "nvidia/Llama-3.1-8B-Instruct-FP8": "llama3-8b",
     "Qwen/Qwen3-32B": "qwen3-32b",
     "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
+    "openai/gpt-oss-120b": "gpt-oss-120b",
 }
-"""The csv's dense models opcast has a preset of (Llama-3.1 has Llama-3's layers; its 128k rope scaling does not
-change a step's cost at these lengths)."""
+"""The csv's models opcast has a preset of (Llama-3.1 has Llama-3's layers; its 128k rope scaling does not
+change a step's cost at these lengths; gpt-oss-120b, the one MoE model among them)."""
+MXFP4_MODELS: Final = frozenset({"openai/gpt-oss-120b"})
+"""Models served from their MXFP4 checkpoint (the csv's ``gemm_quant_mode`` nvfp4 names it): the experts MXFP4 by
+the arch (:attr:`opcast.archs.ArchSpec.expert_weights`), every other GEMM bf16, so ``--precision bf16``."""
+GPTOSS_TRTLLM_REASON: Final = (
+    "gpt-oss under TensorRT-LLM (its InferenceMAX scripts' MoE backends and expert parallelism, changing by date, "
+    "are not mapped)"
+)
+GPTOSS_SCRIPTS: Final = (
+    "SemiAnalysisAI/InferenceX: benchmarks/gptoss_fp4_{h100,h200,b200}*.sh at 9596d23 (2025-10-29, vLLM 0.10.2), "
+    "25506e87c (2025-12-05, 0.11.2), d2c2acb19 (2026-02-25, B200 0.15.1) and cec542a9a (2026-03-27, H100/H200 0.18.0)"
+)
+"""The gpt-oss vLLM launch scripts of the days the rows were measured (the csv's ``measured=``): every one serves
+with ``max-num-batched-tokens 8192``; on Hopper Marlin's MXFP4 MoE (vLLM 0.10 and 0.11 have no other kernel there,
+the scripts set ``VLLM_MXFP4_USE_MARLIN=1`` from 0.13) and a bf16 KV cache; on B200 the MXFP8-activation MoE
+(``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``), the all-reduce + RMSNorm fusion (with 32 / 32 / 8 MB limits at TP 2 / 4
+/ 8 until 2025-12-05, vLLM's own after) and, from 2025-12-05, an fp8 KV cache."""
+GPTOSS_B200_FP8_KV_FROM: Final = "2025-12-05"
+"""The day the InferenceMAX gpt-oss B200 vLLM script took ``kv-cache-dtype: fp8`` and dropped the fusion limits
+(InferenceX 25506e87c)."""
 PRECISIONS: Final = {"fp8": "fp8", "fp8_block": "fp8", "nvfp4": "nvfp4", "": "bf16"}
 INFERENCEMAX_SOURCE: Final = "source_file=2026-04-06.csv"
 INFERENCEMAX_RANGE_RATIO: Final = 0.8
@@ -131,9 +153,16 @@ class Row:
     osl: int
     ttft_ms: float
     tpot_ms: float
+    measured: str = ""
+    """The day the row was measured (the csv's ``measured=``, YYYY-MM-DD), where it says."""
     pred_ttft_ms: float | None = None
     pred_tpot_ms: float | None = None
     refused: str = ""
+
+    @property
+    def quant(self) -> str:
+        """The checkpoint's quantisation as the tables name it: mxfp4 for :data:`MXFP4_MODELS`, else the precision."""
+        return "mxfp4" if self.model in MXFP4_MODELS else self.precision
 
     def error(self, metric: str) -> float | None:
         pred = getattr(self, f"pred_{metric}_ms")
@@ -173,6 +202,9 @@ def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
             if float(r["pp_size"] or 1) != 1 or float(r["attention_dp_size"] or 1) > 1:
                 skip("pipeline or attention data parallelism")
                 continue
+            if r["model_path"] in MXFP4_MODELS and r["backend"] == "trtllm":
+                skip(GPTOSS_TRTLLM_REASON)
+                continue
             kind = "inferencemax" if r["silicon_data_source"].startswith(INFERENCEMAX_SOURCE) else "other"
             if protocol not in ("all", kind):
                 skip(f"protocol {kind} (--protocol {protocol})")
@@ -183,16 +215,26 @@ def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
                     system=r["system"],
                     engine=r["backend"],
                     model=r["model_path"],
-                    precision=PRECISIONS[r["gemm_quant_mode"]],
+                    precision="bf16" if r["model_path"] in MXFP4_MODELS else PRECISIONS[r["gemm_quant_mode"]],
                     tp=int(float(r["tp_size"])),
                     concurrency=int(float(r["batch_size"])),
                     isl=int(r["isl"]),
                     osl=int(r["osl"]),
                     ttft_ms=float(r["silicon_ttft_ms"]),
                     tpot_ms=float(r["silicon_tpot_ms"]),
+                    measured=measured_day(r["silicon_data_source"]),
                 )
             )
     return rows, skipped
+
+
+def measured_day(source: str) -> str:
+    """The ``measured=`` day (YYYY-MM-DD) of a ``silicon_data_source``, or ""."""
+    for part in source.split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == "measured":
+            return value[:10]
+    return ""
 
 
 def _lengths(row: Row, length: int) -> Lengths:
@@ -224,18 +266,35 @@ neither (``--fusions``, :data:`opcast.predict.serve.engine.VLLM_FUSIONS`)."""
 
 def fusions(row: Row) -> str | None:
     """``--fusions`` of ``row``'s server: those of the InferenceMAX B200 vLLM scripts
-    (:data:`INFERENCEMAX_VLLM_B200_FUSION_MIB`), none elsewhere."""
+    (:data:`INFERENCEMAX_VLLM_B200_FUSION_MIB`; gpt-oss's :data:`GPTOSS_SCRIPTS`, whose bf16 attention feeds no fp8
+    quantisation), none elsewhere."""
     if row.protocol != "inferencemax" or row.engine != "vllm" or row.system != "b200_sxm":
         return None
+    if row.model in MXFP4_MODELS:
+        if row.tp == 1:
+            return None
+        if row.measured < GPTOSS_B200_FP8_KV_FROM:
+            return f"allreduce_rms:{INFERENCEMAX_VLLM_B200_FUSION_MIB[row.tp]}"
+        return "allreduce_rms"
     if row.tp == 1:
         return "attn_quant"
     return f"allreduce_rms:{INFERENCEMAX_VLLM_B200_FUSION_MIB[row.tp]},attn_quant"
+
+
+def mxfp4_moe(row: Row) -> str | None:
+    """``--mxfp4-moe`` of ``row``'s server (:data:`GPTOSS_SCRIPTS`): Marlin on Hopper, MXFP8 activations on B200, for
+    the InferenceMAX gpt-oss vLLM rows; None (the engine's choice) elsewhere."""
+    if row.protocol != "inferencemax" or row.model not in MXFP4_MODELS or row.engine != "vllm":
+        return None
+    return "mxfp8" if row.system == "b200_sxm" else "marlin"
 
 
 def kv_dtype(row: Row) -> str | None:
     """``row``'s KV-cache dtype: fp8 where its server stored the cache in fp8 (every InferenceMAX script:
     vLLM's ``kv-cache-dtype: fp8``, TensorRT-LLM's ``kv_cache_config.dtype: fp8``; AIConfigurator's TensorRT-LLM
     fp8 and nvfp4 rows, whose ``dtype: auto`` takes the checkpoint's fp8 KV), else None (the model's dtype)."""
+    if row.protocol == "inferencemax" and row.model in MXFP4_MODELS:
+        return "fp8" if row.system == "b200_sxm" and row.measured >= GPTOSS_B200_FP8_KV_FROM else None
     if row.protocol == "inferencemax":
         return "fp8"
     return "fp8" if row.engine == "trtllm" and row.precision in ("fp8", "nvfp4") else None
@@ -262,6 +321,7 @@ def predict_row(row: Row, kernels, *, archs: dict) -> Row:
             kv_dtype=kv_dtype(row),  # type: ignore[arg-type]
             engine=row.engine,  # type: ignore[arg-type]
             fusions=fusions(row),
+            mxfp4_moe=mxfp4_moe(row),  # type: ignore[arg-type]
         )
         m = predict_serve(archs[row.model], dev, cfg, engine, stream, kernels=kernels).metrics
     except OpcastError as err:
@@ -306,8 +366,9 @@ def markdown(rows: list[Row], skipped: dict[str, int], *, seconds: float, comman
         if not mine:
             continue
         out += [f"### Protocol {protocol}", ""]
-        out += table(summary(mine, lambda r: (r.system, r.engine, r.model.split("/")[-1], r.precision)))
-        out += ["", *table(summary(mine, lambda r: ("all",))), ""]
+        out += table(summary(mine, lambda r: (r.system, r.engine, r.model.split("/")[-1], r.quant)))
+        pooled = summary(mine, lambda r: ("all",)) + summary(mine, lambda r: ("all", r.model.split("/")[-1]))
+        out += ["", *table(pooled), ""]
     out.append(f"Refused by opcast: {len(refused)} rows" + (f", e.g. {refused[0].refused}" if refused else "") + ".")
     out.append("Not scored: " + ", ".join(f"{n} {why}" for why, n in sorted(skipped.items())) + ".")
     return "\n".join(out) + "\n"
