@@ -653,6 +653,26 @@ def expert_occupancy(*, experts: int, topk: int, tokens: int, ep: int = 1) -> tu
     return busy, -(-tokens * topk // busy)
 
 
+def balanced_equivalent_tokens(moe: Mapping[str, int | bool | str]) -> int | None:
+    """The tokens at which a fused MoE layer under balanced routing reaches as many experts as the ``moe`` op's
+    ``tokens`` reach routed uniformly at random (:func:`expert_occupancy`), where that is fewer; None where it is not.
+    The fused layer's learned model is fitted on AIConfigurator's balanced rows (``balanced_logits``: ``tokens x
+    topk`` pairs spread over as many experts as they can reach, :func:`opcast.ops.moe_balanced_experts`), and a decode
+    batch routed by a model reaches fewer: 32 tokens picking 4 of 128 experts reach all 128 balanced, about 82 at
+    random (36 % fewer expert weights read, and decode reads little else). Asked at these tokens, the balanced kernel
+    reads the weights a real batch does; its FLOPs fall too, which it does not feel: uniform routing leaves experts
+    idle only while an expert gets under about ``ln(2 x experts)`` rows (5-7), far below any GPU's ridge point, and from
+    there (some ``experts / topk x ln(2 x experts)`` tokens) both reach every local expert and the tokens are the op's
+    own."""
+    experts, topk, ep = int(moe["experts"]), int(moe["topk"]), int(moe["ep"])
+    tokens = int(moe["tokens"])
+    uniform, _ = expert_occupancy(experts=experts, topk=topk, tokens=-(-tokens // ep), ep=ep)
+    balanced = min(experts // ep, -(-tokens * topk // ep))  # opcast.ops.moe_balanced_experts
+    if uniform >= balanced:
+        return None
+    return max(1, uniform * ep // topk)
+
+
 def routed_expert_ops(moe: Mapping[str, int | bool | str], *, fused_swiglu: bool = False) -> list[RoleOp]:
     """The kernels of one rank's routed experts as grouped GEMMs, for the parameters of an ``moe`` op (the fused
     layer, :mod:`opcast.ops`): its ``tokens`` are the expert-parallel group's, of which each of the ``ep`` ranks

@@ -37,11 +37,12 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any, Final, get_args
 
-from opcast.archs import ArchSpec, padded_vocab
+from opcast.archs import ArchSpec, balanced_equivalent_tokens, padded_vocab
 from opcast.dtypes import dtype_bytes, element_bytes, weight_storage_bytes
 from opcast.hardware import DeviceSpec
 from opcast.predict.comm import TRTLLM_ALL_REDUCE, Collective, CollectiveCostModel, Group, place
 from opcast.predict.cost import KernelCostModel, roofline_only
+from opcast.predict.cost.query import LEARNED, Kernel, kernel
 from opcast.predict.graph import (
     FP8_LINEARS,
     FWD,
@@ -235,9 +236,13 @@ def _forward_s(
             (plain if kind == "gemm" and role in UNQUANTISED_GEMMS else prec).of(kind, p)
             for role, kind, p, _ in group_ops
         ]
-        table = kernels.lookup(kern, device)
+        balanced = {k: _balanced_kernel(k) for k in kern if k.kind == "moe"}
+        table = kernels.lookup(kern + [b for b in balanced.values() if b is not None], device)
         for (role, _, _, count), k in zip(group_ops, kern):
             t, src = table[k]
+            routed: dict[str, int] = {}
+            if (b := balanced.get(k)) is not None and table[b][1].startswith(LEARNED):
+                (t, src), routed = table[b], {"priced_at_tokens": int(b.param_dict["tokens"])}
             if static_fp8 and k.kind == "gemm" and k.dtype == "fp8" and role in FP8_LINEARS:
                 p = k.param_dict
                 if p["b"] == 1 and (family_of is None or family_of(k) is None):  # plain linears, default family
@@ -263,6 +268,7 @@ def _forward_s(
                         "time_s": t,
                         "source": src,
                         **({"fused": fused} if fused else {}),
+                        **routed,
                     }
                 )
     for c, repeat in [(c, arch.n_layers) for c in comm] + [(c, 1) for c in extra_comm] + ep_comm:
@@ -280,6 +286,17 @@ def _forward_s(
             key = f"{call.kind}: {label}"
             comm_sources[key] = comm_sources.get(key, 0) + repeat * c.count
     return compute, comm_s
+
+
+def _balanced_kernel(k: Kernel) -> Kernel | None:
+    """A fused MoE kernel ``k`` asked as its learned model's balanced-routing rows would measure the experts a
+    uniformly routed batch reaches (:func:`opcast.archs.balanced_equivalent_tokens`), or None where they reach as
+    many. Only a learned price takes it: the grouped GEMMs a fused layer decomposes into count uniform routing's
+    experts themselves (:func:`opcast.archs.routed_expert_ops`)."""
+    tokens = balanced_equivalent_tokens(k.param_dict)
+    if tokens is None:
+        return None
+    return kernel(k.kind, {**k.param_dict, "tokens": tokens}, k.dtype, k.direction, k.tensor_cores)
 
 
 def _fusions_report(given: str, lines: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
