@@ -288,6 +288,21 @@ def _forward_s(
     return compute, comm_s
 
 
+def _mxfp4_moe_note(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> str:
+    """Which kernel prices ``arch``'s MXFP4 experts under ``cfg.engine`` (:func:`infer_precision`), and how to say
+    another: a deployment's environment picks it (vLLM's ``VLLM_MXFP4_USE_MARLIN``, ...), which no flag of the run
+    shows."""
+    prec = infer_precision(cfg, arch, device)
+    family = dict(prec.impls).get("moe", "trtllm")
+    acts = "MXFP8" if prec.moe_matrix is not None else "bf16"
+    how = f"--mxfp4-moe {cfg.mxfp4_moe}" if cfg.mxfp4_moe else f"{cfg.engine}'s choice on {device.name}"
+    return (
+        f"MXFP4 experts priced as the {family} fused-MoE kernel with {acts} activations ({how}); give --mxfp4-moe "
+        "marlin|bf16|mxfp8 where the deployment runs another (vLLM: VLLM_MXFP4_USE_MARLIN=1, "
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1 or VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1)"
+    )
+
+
 def _balanced_kernel(k: Kernel) -> Kernel | None:
     """A fused MoE kernel ``k`` asked as its learned model's balanced-routing rows would measure the experts a
     uniformly routed batch reaches (:func:`opcast.archs.balanced_equivalent_tokens`), or None where they reach as
@@ -550,6 +565,8 @@ def predict_infer(
     if cfg.fusions and lines is not None:
         sources["fusions"], note = _fusions_report(cfg.fusions, lines)
         sources["notes"] = [*sources.get("notes", []), note]
+    if arch.expert_weights == "mxfp4" and cfg.engine != "none":
+        sources["notes"] = [*sources.get("notes", []), _mxfp4_moe_note(cfg, arch, device)]
     result = InferResult(
         arch=arch,
         device=device,

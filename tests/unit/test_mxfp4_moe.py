@@ -82,3 +82,18 @@ def test_mxfp8_experts_run_at_the_fp8_rate_in_a_long_prefill():
             assert t16 / 2 <= t8 < 0.75 * t16, role
         else:
             assert t8 == t16, role
+
+
+def test_the_report_says_which_kernel_priced_the_experts_and_how_to_say_another():
+    def notes(arch, cfg):
+        r = predict_infer(arch, H100, cfg, kernels=roofline_only())
+        assert r.feasible, r.reasons
+        return [n for n in r.cost_sources["notes"] if n.startswith("MXFP4 experts")]
+
+    base = InferConfig(batch=4, prompt_len=256, gen_len=8, engine="vllm")
+    (old,) = notes(OSS, replace(base, engine_version="0.11.0"))
+    assert "the marlin fused-MoE kernel with bf16 activations (vllm's choice on H100-SXM)" in old
+    assert "VLLM_MXFP4_USE_MARLIN=1" in old
+    (given,) = notes(OSS, replace(base, mxfp4_moe="bf16", engine_version="0.11.0"))
+    assert "the vllm fused-MoE kernel with bf16 activations (--mxfp4-moe bf16)" in given
+    assert notes(LLAMA, base) == [] and notes(OSS, replace(base, engine="none")) == []
