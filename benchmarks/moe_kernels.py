@@ -1,7 +1,8 @@
 """Whole MoE layers: opcast's price of a block's routed experts against AIConfigurator's measured rows (issue 17).
 
     python benchmarks/moe_kernels.py [--data FILE] [--systems H100-SXM,H200,B200] [--models DIR]
-        [--impls trtllm,vllm,marlin] [--cap-rows 2000] [--cap-vllm-rows N] [--seed 0] [--no-logo] [--json FILE]
+        [--impls trtllm,vllm,marlin] [--dtypes bf16,fp8] [--cap-rows 2000] [--cap-vllm-rows N] [--seed 0] [--no-logo]
+        [--json FILE]
 
 AIConfigurator's ``moe/trtllm/<version>/moe_perf.parquet`` rows each time one forward of TensorRT-LLM's
 fused MoE module on one rank of ``moe_tp_size x moe_ep_size`` (ai-dynamo/aiconfigurator
@@ -21,7 +22,8 @@ and the rows of vLLM's Marlin W4A16 MoE (a ``marlin`` kernel source: gpt-oss's M
 6000, compressed-tensors MXFP4 on H100, H200 and B200) as ``impl`` marlin (score them with ``--impls marlin
 --systems L40S,RTX-PRO-6000,H100-SXM,H200,B200``).
 
-Scored: the bf16 and fp8 rows of ``--systems`` and ``--impls`` (bf16 with the experts' weights in bf16, or W4A16
+Scored: the bf16 and fp8 rows (``--dtypes``; fp8_block adds DeepSeek's block-scaled fp8 and MXFP4 experts over MXFP8
+activations) of ``--systems`` and ``--impls`` (bf16 with the experts' weights in bf16, or W4A16
 MXFP4: ``weights`` mxfp4, gpt-oss's checkpoint format) (TensorRT-LLM: every release's newest measurement of a
 configuration, 1.3.0rc20, and rc23 where it re-measured), two prices of each:
 
@@ -60,6 +62,10 @@ BANDS = ((1, 16), (17, 256), (257, 4096), (4097, 1 << 40))
 """num_tokens bands (inclusive): decode batches, small and large prefill chunks, whole prompts."""
 SYSTEMS = ("H100-SXM", "H200", "B200")
 DTYPES = ("bf16", "fp8")
+"""The dtypes scored by default (``--dtypes``)."""
+MOE_DTYPES = ("bf16", "fp8", "fp8_block", "nvfp4")
+"""Every dtype the replay gives a fused MoE layer (fp8_block: DeepSeek's block-scaled fp8, and MXFP4 experts over
+MXFP8 activations with weights mxfp4)."""
 IMPLS = ("trtllm", "vllm", "marlin")
 PARAMS = ("tokens", "hidden", "inter", "experts", "topk", "ep", "gated", "fn", "weights", "impl")
 
@@ -189,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help="catalog names of the scored GPUs")
     ap.add_argument("--models", default=None, help="model set of the grouped price (default: the embedded one)")
     ap.add_argument("--impls", default=",".join(IMPLS), help="kernel families scored (moe impl)")
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help="the layers' dtypes scored, e.g. fp8_block")
     ap.add_argument("--cap-rows", type=int, default=2000, help="training rows per (GPU, label) of the learned kind")
     ap.add_argument("--cap-vllm-rows", type=int, default=None, help="the cap of vLLM's labels (default: --cap-rows)")
     ap.add_argument("--seed", type=int, default=0)
@@ -196,16 +203,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="write the scored rows here")
     args = ap.parse_args(argv)
     pool = load_rows(args.data)
-    impls = args.impls.split(",")
+    impls, dtypes = args.impls.split(","), args.dtypes.split(",")
     caps = [c for c in (args.cap_rows, args.cap_vllm_rows) if c is not None]  # 0 is refused, not read as no cap
-    if min(caps) < 1 or not set(impls) <= set(IMPLS):
-        print(f"moe_kernels: caps must be >= 1 and --impls of {','.join(IMPLS)}", file=sys.stderr)
+    if min(caps) < 1 or not set(impls) <= set(IMPLS) or not set(dtypes) <= set(MOE_DTYPES):
+        print(
+            f"moe_kernels: caps must be >= 1, --impls of {','.join(IMPLS)} and --dtypes of {','.join(MOE_DTYPES)}",
+            file=sys.stderr,
+        )
         return 2
     pool = pool.assign(impl=pool["impl"].fillna("trtllm")) if "impl" in pool else pool.assign(impl="trtllm")
-    wanted = pool["device"].isin(args.systems.split(",")) & pool["dtype"].isin(DTYPES) & pool["impl"].isin(impls)
+    wanted = pool["device"].isin(args.systems.split(",")) & pool["dtype"].isin(dtypes) & pool["impl"].isin(impls)
     test = pool[wanted].reset_index(drop=True)
     if test.empty:
-        print(f"moe_kernels: no moe bf16/fp8 rows of {args.systems} ({args.impls}) in the replay", file=sys.stderr)
+        print(f"moe_kernels: no moe {args.dtypes} rows of {args.systems} ({args.impls}) in the replay", file=sys.stderr)
         return 2
     test = test.assign(grouped_s=grouped_s(test, args.models))
     cols = {"grouped": "grouped_s"}
