@@ -202,7 +202,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-logo", action="store_true", help="score today's grouped price only")
     ap.add_argument("--json", type=Path, default=None, help="write the scored rows here")
     args = ap.parse_args(argv)
-    pool = load_rows(args.data)
     impls, dtypes = args.impls.split(","), args.dtypes.split(",")
     caps = [c for c in (args.cap_rows, args.cap_vllm_rows) if c is not None]  # 0 is refused, not read as no cap
     if min(caps) < 1 or not set(impls) <= set(IMPLS) or not set(dtypes) <= set(MOE_DTYPES):
@@ -211,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    pool = load_rows(args.data)
     pool = pool.assign(impl=pool["impl"].fillna("trtllm")) if "impl" in pool else pool.assign(impl="trtllm")
     wanted = pool["device"].isin(args.systems.split(",")) & pool["dtype"].isin(dtypes) & pool["impl"].isin(impls)
     test = pool[wanted].reset_index(drop=True)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers.scripts import load_script
+from tests.helpers.scripts import load_script, run_script
 
 mk = load_script(Path(__file__).resolve().parents[2] / "benchmarks" / "moe_kernels.py", register=False)
 
@@ -39,3 +39,10 @@ def test_band_and_pooled_errors_are_the_signed_median_and_mape():
     (pooled,) = mk.pooled(_rows(), cols).to_dict("records")
     assert pooled["systems"] == "H100-SXM,L40S" and pooled["rows"] == 3
     assert pooled["learned signed %"] == pytest.approx(20.0) and pooled["learned MAPE %"] == pytest.approx(43.3)
+
+
+@pytest.mark.parametrize("flag", [("--dtypes", "fp16"), ("--impls", "cutlass"), ("--cap-rows", "0")])
+def test_a_bad_choice_is_one_line_exit_2_before_any_replay(flag):
+    out = run_script(Path(mk.__file__), *flag)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "moe_kernels: caps must be >= 1" in out.stderr
+    assert "Traceback" not in out.stderr
