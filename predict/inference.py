@@ -289,7 +289,7 @@ def _forward_s(
 
 
 def _mxfp4_moe_note(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> str:
-    """Which kernel prices ``arch``'s MXFP4 experts under ``cfg.engine`` (:func:`infer_precision`), and how to say
+    """Which kernel ``arch``'s MXFP4 experts run as under ``cfg.engine`` (:func:`infer_precision`), and how to say
     another: a deployment's environment picks it (vLLM's ``VLLM_MXFP4_USE_MARLIN``, ...), which no flag of the run
     shows."""
     prec = infer_precision(cfg, arch, device)
@@ -297,7 +297,7 @@ def _mxfp4_moe_note(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> str
     acts = "MXFP8" if prec.moe_matrix is not None else "bf16"
     how = f"--mxfp4-moe {cfg.mxfp4_moe}" if cfg.mxfp4_moe else f"{cfg.engine}'s choice on {device.name}"
     return (
-        f"MXFP4 experts priced as the {family} fused-MoE kernel with {acts} activations ({how}); give --mxfp4-moe "
+        f"MXFP4 experts run as the {family} fused-MoE kernel with {acts} activations ({how}); give --mxfp4-moe "
         "marlin|bf16|mxfp8 where the deployment runs another (vLLM: VLLM_MXFP4_USE_MARLIN=1, "
         "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1 or VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1)"
     )
