@@ -339,6 +339,11 @@ def _arch_show_check(result: Result, d: Path) -> None:
 
 TRAIN = ("predict", "train", "--gpu", "H100-SXM", ROOF)
 INFER = ("predict", "infer", "--gpu", "H100-SXM", ROOF)
+SEARCH_SERVE = (
+    *("search", "serve", "--gpu", "H100-SXM", ROOF, "--gpus", "2"),
+    *("--rate", "5", "--num-requests", "20", "--objective", "throughput"),
+)
+"""A small ``search serve`` on two H100s; a case adds its --arch and the bad input."""
 KERNEL = (
     "predict",
     "kernel",
@@ -747,21 +752,9 @@ CASES: list[Case] = [
     ),
     _c(
         "search-serve-fusions-engine",
-        "search",
-        "serve",
+        *SEARCH_SERVE,
         "--arch",
         "gpt3-125m",
-        "--gpu",
-        "H100-SXM",
-        ROOF,
-        "--gpus",
-        "2",
-        "--rate",
-        "5",
-        "--num-requests",
-        "20",
-        "--objective",
-        "throughput",
         "--engine",
         "sglang",
         "--fusions",
@@ -812,21 +805,9 @@ CASES: list[Case] = [
     ),
     _c(
         "search-serve-mxfp4-moe-mxfp8-hopper",
-        "search",
-        "serve",
+        *SEARCH_SERVE,
         "--arch",
         "gpt-oss-20b",
-        "--gpu",
-        "H100-SXM",
-        ROOF,
-        "--gpus",
-        "2",
-        "--rate",
-        "5",
-        "--num-requests",
-        "20",
-        "--objective",
-        "throughput",
         "--mxfp4-moe",
         "mxfp8",
         needles=("--mxfp4-moe mxfp8 needs block-scaled", "H100-SXM lacks"),
