@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal, get_args
 
 from opcast.errors import OpcastError
 from opcast.hardware import read_json_file
+from opcast.ops import moe_balanced_experts
 from opcast.paths import data_path, link_problem
 
 Family = Literal[
@@ -667,7 +668,7 @@ def balanced_equivalent_tokens(moe: Mapping[str, int | bool | str]) -> int | Non
     experts, topk, ep = int(moe["experts"]), int(moe["topk"]), int(moe["ep"])
     tokens = int(moe["tokens"])
     uniform, _ = expert_occupancy(experts=experts, topk=topk, tokens=-(-tokens // ep), ep=ep)
-    balanced = min(experts // ep, -(-tokens * topk // ep))  # opcast.ops.moe_balanced_experts
+    balanced, _ = moe_balanced_experts(moe)
     if uniform >= balanced:
         return None
     return max(1, uniform * ep // topk)

@@ -288,11 +288,10 @@ def _forward_s(
     return compute, comm_s
 
 
-def _mxfp4_moe_note(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> str:
-    """Which kernel ``arch``'s MXFP4 experts run as under ``cfg.engine`` (:func:`infer_precision`), and how to say
-    another: a deployment's environment picks it (vLLM's ``VLLM_MXFP4_USE_MARLIN``, ...), which no flag of the run
-    shows."""
-    prec = infer_precision(cfg, arch, device)
+def _mxfp4_moe_note(cfg: InferConfig, prec: Dtypes, device: DeviceSpec) -> str:
+    """Which kernel MXFP4 experts run as under ``cfg.engine`` (``prec``: the run's :func:`infer_precision`), and how
+    to say another: a deployment's environment picks it (vLLM's ``VLLM_MXFP4_USE_MARLIN``, ...), which no flag of the
+    run shows."""
     family = dict(prec.impls).get("moe", "trtllm")
     acts = "MXFP8" if prec.moe_matrix is not None else "bf16"
     how = f"--mxfp4-moe {cfg.mxfp4_moe}" if cfg.mxfp4_moe else f"{cfg.engine}'s choice on {device.name}"
@@ -303,6 +302,7 @@ def _mxfp4_moe_note(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> str
     )
 
 
+@cache  # every forward of a serving table asks it of the same few kernels
 def _balanced_kernel(k: Kernel) -> Kernel | None:
     """A fused MoE kernel ``k`` asked as its learned model's balanced-routing rows would measure the experts a
     uniformly routed batch reaches (:func:`opcast.archs.balanced_equivalent_tokens`), or None where they reach as
@@ -566,7 +566,7 @@ def predict_infer(
         sources["fusions"], note = _fusions_report(cfg.fusions, lines)
         sources["notes"] = [*sources.get("notes", []), note]
     if arch.expert_weights == "mxfp4" and cfg.engine != "none":
-        sources["notes"] = [*sources.get("notes", []), _mxfp4_moe_note(cfg, arch, device)]
+        sources["notes"] = [*sources.get("notes", []), _mxfp4_moe_note(cfg, prec, device)]
     result = InferResult(
         arch=arch,
         device=device,

@@ -972,7 +972,7 @@ def validate_infer(
     if cfg.fusions is not None and (problem := fusions_problem(cfg.fusions, cfg.engine)) is not None:
         reasons.append(problem)
     if cfg.mxfp4_moe is not None and (
-        problem := mxfp4_moe_problem(cfg.mxfp4_moe, cfg.engine, arch.expert_weights or "dtype", device, arch.name)
+        problem := mxfp4_moe_problem(cfg.mxfp4_moe, cfg.engine, arch.expert_weights, device, arch.name)
     ):
         reasons.append(problem)
     if cfg.kv_dtype is not None:

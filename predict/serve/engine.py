@@ -389,15 +389,16 @@ MXFP4_MOE_DTYPE: Final = "fp8_block"
 
 
 def mxfp4_moe_problem(
-    choice: str, engine: str, expert_weights: str | None = None, device: DeviceSpec | None = None, arch: str = ""
+    choice: str, engine: str, expert_weights: str | None, device: DeviceSpec | None = None, arch: str = ""
 ) -> str | None:
-    """Why ``--mxfp4-moe choice`` cannot run under ``engine`` (on ``device``, for experts stored as
-    ``expert_weights`` where given), or None: a name outside :data:`MXFP4_MOE`, a model without MXFP4 experts,
-    Marlin under an engine without it (TensorRT-LLM), MXFP8 on a GPU without block-scaled fp8 tensor cores
-    (Blackwell's, which also run fp4: a part with an fp4 peak)."""
+    """Why ``--mxfp4-moe choice`` cannot run under ``engine`` (on ``device`` where given) for a model whose experts
+    are stored as ``expert_weights`` (:attr:`opcast.archs.ArchSpec.expert_weights`; None: in the GEMMs' dtype), or
+    None: a name outside :data:`MXFP4_MOE`, a model without MXFP4 experts, Marlin under an engine without it
+    (TensorRT-LLM), MXFP8 on a GPU without block-scaled fp8 tensor cores (Blackwell's, which also run fp4: a part
+    with an fp4 peak)."""
     if choice not in MXFP4_MOE:
         return f"--mxfp4-moe {choice!r} is not one of {', '.join(MXFP4_MOE)}"
-    if expert_weights is not None and expert_weights != "mxfp4":
+    if expert_weights != "mxfp4":
         return f"--mxfp4-moe applies to MXFP4 experts (gpt-oss's); {arch or 'this model'} has none: leave it out"
     if choice == "marlin" and engine not in ("vllm", "sglang"):
         return (

@@ -482,8 +482,10 @@ def search_serve(
     ``comms`` defaults to the collectives :func:`predict_serve` uses. Raises :class:`OpcastError`
     for a malformed request, never for an empty answer (``ranked`` is then empty)."""
     on_device = engine_device_problem(space.engine, device)
-    mxfp4 = space.mxfp4_moe and mxfp4_moe_problem(
-        space.mxfp4_moe, space.engine, arch.expert_weights or "dtype", device, arch.name
+    mxfp4 = (
+        mxfp4_moe_problem(space.mxfp4_moe, space.engine, arch.expert_weights, device, arch.name)
+        if space.mxfp4_moe
+        else None
     )
     problems = (
         space_problems(space)
