@@ -63,6 +63,7 @@ from opcast.predict.serve.engine import (
     MXFP4_MOE_DTYPE,
     allreduce_rms_fused,
     engine_fp8_gemm_s,
+    engine_mxfp4_moe,
     fp8_kv_decode_fraction,
     fusions_of,
     moe_impl,
@@ -134,15 +135,18 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     """The kernels' dtypes of an inference run of ``arch`` on ``device`` in ``cfg.precision``, its MoE blocks' fused
     kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
     vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it or ``cfg.mxfp4_moe`` says so,
-    else TensorRT-LLM's; MXFP8 activations under ``mxfp4_moe`` mxfp8, :attr:`~opcast.predict.graph.Dtypes.moe_matrix`),
+    else TensorRT-LLM's; MXFP8 activations under ``mxfp4_moe`` mxfp8 or, where it says nothing, where the engine
+    quantises them itself (:func:`opcast.predict.serve.engine.engine_mxfp4_moe`: TensorRT-LLM on Blackwell),
+    :attr:`~opcast.predict.graph.Dtypes.moe_matrix`),
     its per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), its
     decode over an fp8 cache as its kernel gains (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`), and
     under any engine its single-kernel rotary embedding (:data:`ENGINE_KERNELS`). Every
     priced forward (:func:`predict_infer`, :func:`forward_time_s`, the serving tables) and the report read the
     kernels through it."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
-    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version, cfg.mxfp4_moe)
-    mxfp8 = cfg.mxfp4_moe == "mxfp8" and arch.expert_weights == "mxfp4"
+    mxfp4 = cfg.mxfp4_moe or engine_mxfp4_moe(cfg.engine, device)
+    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version, mxfp4)
+    mxfp8 = mxfp4 == "mxfp8" and arch.expert_weights == "mxfp4"
     impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
     kv = kv_cache_dtype(cfg, prec.act)
     gemm = ENGINE_GEMM_FAMILIES.get(cfg.engine)
@@ -298,7 +302,8 @@ def _mxfp4_moe_note(cfg: InferConfig, prec: Dtypes, device: DeviceSpec) -> str:
     return (
         f"MXFP4 experts run as the {family} fused-MoE kernel with {acts} activations ({how}); give --mxfp4-moe "
         "marlin|bf16|mxfp8 where the deployment runs another (vLLM: VLLM_MXFP4_USE_MARLIN=1, "
-        "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1 or VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1)"
+        "VLLM_USE_FLASHINFER_MOE_MXFP4_BF16=1 or VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1; TensorRT-LLM: "
+        "OVERRIDE_QUANT_ALGO=W4A16_MXFP4 or W4A8_MXFP4_MXFP8)"
     )
 
 

@@ -413,6 +413,21 @@ def mxfp4_moe_problem(
     return None
 
 
+def engine_mxfp4_moe(engine: str, device: DeviceSpec | None) -> Mxfp4Moe | None:
+    """How ``engine`` runs MXFP4 experts on ``device`` where the deployment does not say (``--mxfp4-moe`` left out),
+    or None: the engine's own kernel as :func:`moe_impl` reads it (vLLM's bf16-activation kernels or Marlin,
+    TensorRT-LLM's W4A16 before Blackwell). TensorRT-LLM quantises the activations to MXFP8 on every GPU of compute
+    capability 10.0 and later, Blackwell's block-scaled tensor cores: ``ModelConfig.get_mxfp4_quant_algo``
+    (``tensorrt_llm/_torch/model_config.py``) returns W4A8_MXFP4_MXFP8 there unless ``OVERRIDE_QUANT_ALGO`` names
+    another or the MoE backend is Triton, W4A16_MXFP4 before sm_100; NVIDIA's gpt-oss deployment guide lists MXFP8
+    activations as datacenter Blackwell's one path, and AIConfigurator's TensorRT-LLM tables of RTX PRO 6000 (sm_120)
+    hold only W4A8 MXFP4 rows. A GPU with Blackwell's block-scaled tensor cores is one with an fp4 peak, the test
+    :func:`mxfp4_moe_problem` gives ``mxfp8``."""
+    if engine == "trtllm" and device is not None and device.vendor == "nvidia" and device.supports("nvfp4"):
+        return "mxfp8"
+    return None
+
+
 def moe_impl(
     engine: str,
     device: DeviceSpec | None = None,

@@ -10,9 +10,10 @@ from opcast.hardware import get_device
 from opcast.predict.cost import roofline_only
 from opcast.predict.inference import infer_precision, predict_infer
 from opcast.predict.parallel import InferConfig
-from opcast.predict.serve.engine import MXFP4_MOE_DTYPE, moe_impl, mxfp4_moe_problem
+from opcast.predict.serve.engine import MXFP4_MOE_DTYPE, engine_mxfp4_moe, moe_impl, mxfp4_moe_problem
 
 B200, H100 = get_device("B200"), get_device("H100-SXM")
+RTX, MI355X = get_device("RTX-PRO-6000"), get_device("MI355X")
 OSS = load_arch("gpt-oss-120b")
 LLAMA = load_arch("llama3-8b")
 
@@ -97,3 +98,30 @@ def test_the_report_says_which_kernel_priced_the_experts_and_how_to_say_another(
     (given,) = notes(OSS, replace(base, mxfp4_moe="bf16", engine_version="0.11.0"))
     assert "the vllm fused-MoE kernel with bf16 activations (--mxfp4-moe bf16)" in given
     assert notes(LLAMA, base) == [] and notes(OSS, replace(base, engine="none")) == []
+
+
+@pytest.mark.parametrize(
+    ("engine", "device", "choice"),
+    [
+        ("trtllm", B200, "mxfp8"),  # sm_100: W4A8_MXFP4_MXFP8 unless OVERRIDE_QUANT_ALGO says otherwise
+        ("trtllm", RTX, "mxfp8"),  # sm_120 too (compute capability >= 10.0)
+        ("trtllm", H100, None),  # W4A16_MXFP4 before sm_100
+        ("trtllm", MI355X, None),  # an fp4 peak, but not NVIDIA's block-scaled tensor cores
+        ("vllm", B200, None),  # vLLM's own choice, read by moe_impl
+        ("sglang", B200, None),
+        ("none", B200, None),
+    ],
+)
+def test_tensorrt_llm_quantises_mxfp4_experts_activations_to_mxfp8_on_blackwell_by_itself(engine, device, choice):
+    assert engine_mxfp4_moe(engine, device) == choice
+
+
+def test_the_engines_own_mxfp8_is_priced_unless_a_choice_is_given():
+    """TensorRT-LLM on B200 with --mxfp4-moe left out prices the experts as --mxfp4-moe mxfp8 does; bf16 given
+    replaces it; on Hopper nothing changes."""
+    cfg = InferConfig(engine="trtllm")
+    assert infer_precision(cfg, OSS, B200).moe_matrix == MXFP4_MOE_DTYPE
+    assert infer_precision(cfg, OSS, B200) == infer_precision(replace(cfg, mxfp4_moe="mxfp8"), OSS, B200)
+    assert infer_precision(replace(cfg, mxfp4_moe="bf16"), OSS, B200).moe_matrix is None
+    assert infer_precision(cfg, OSS, H100).moe_matrix is None
+    assert infer_precision(cfg, LLAMA, B200).moe_matrix is None
