@@ -12,8 +12,9 @@ TensorRT-LLM, one row per deployment and load, with the mean TTFT and TPOT a ben
 (ai-dynamo/aiconfigurator ``tools/accuracy_regression_testing/predict_silicon_sample.py``). Scored here: the
 aggregated rows (``mode`` agg: prefill and decode on the same GPUs) of the models opcast has a preset of
 (Llama-3.1 8B and 70B: ``llama3-8b``, ``llama3-70b``; Qwen3-32B: ``qwen3-32b``; gpt-oss-120b under vLLM, the one
-MoE model: ``gpt-oss-120b``, its MXFP4 experts served as its InferenceMAX scripts ran them, :data:`GPTOSS_SCRIPTS`);
-disaggregated rows, the other MoE models and gpt-oss under TensorRT-LLM are counted and skipped.
+MoE model: ``gpt-oss-120b``, its MXFP4 experts served as its InferenceMAX scripts ran them, :data:`GPTOSS_SCRIPTS`
+for vLLM, :data:`GPTOSS_TRTLLM_SCRIPTS` for TensorRT-LLM); disaggregated rows, the other MoE models and gpt-oss rows
+whose MoE is split over tensor and expert parallelism at once are counted and skipped.
 
 **Protocols.** A row's TTFT depends on how its client sent the requests, which the csv does not say; two kinds of
 rows are told apart by their ``silicon_data_source``:
@@ -38,8 +39,9 @@ rows are told apart by their ``silicon_data_source``:
   engine release and model): the client is not published. Simulated with the same closed loop and fixed lengths;
   shown apart, and no claim rests on them.
 
-Each row is ``opcast predict serve --arch A --gpu G --tp N --precision P [--kv-dtype fp8] --engine E [--fusions F]
---concurrency C --num-requests 10C --input-len LO:HI --output-len LO:HI --max-num-seqs C``; ``P`` is the row's
+Each row is ``opcast predict serve --arch A --gpu G --tp N [--ep N] --precision P [--kv-dtype fp8] --engine E
+[--fusions F] [--mxfp4-moe M] --concurrency C --num-requests 10C --input-len LO:HI --output-len LO:HI
+--max-num-seqs C``; ``P`` is the row's
 ``gemm_quant_mode`` (fp8 -> fp8, nvfp4 -> nvfp4, fp8_block -> fp8 (per-tensor fp8 priced: opcast's block-scaled
 fp8 is MXFP8, a Blackwell format), empty -> bf16). The KV cache (``--kv-dtype``) is fp8 for the InferenceMAX rows
 (above) and for AIConfigurator's other TensorRT-LLM fp8 and nvfp4 rows (its ``kv_cache_config.dtype`` ``auto``
@@ -88,10 +90,23 @@ change a step's cost at these lengths; gpt-oss-120b, the one MoE model among the
 MXFP4_MODELS: Final = frozenset({"openai/gpt-oss-120b"})
 """Models served from their MXFP4 checkpoint (the csv's ``gemm_quant_mode`` nvfp4 names it): the experts MXFP4 by
 the arch (:attr:`opcast.archs.ArchSpec.expert_weights`), every other GEMM bf16, so ``--precision bf16``."""
-GPTOSS_TRTLLM_REASON: Final = (
-    "gpt-oss under TensorRT-LLM (its InferenceMAX scripts' MoE backends and expert parallelism, changing by date, "
-    "are not mapped)"
+GPTOSS_TRTLLM_REASON: Final = "gpt-oss under TensorRT-LLM with its MoE both tensor- and expert-parallel"
+"""Why a TensorRT-LLM gpt-oss row whose MoE is split over ``moe_tp_size`` > 1 groups of ``moe_ep_size`` > 1 is not
+scored: opcast's experts are either split over TP (``--ep 1``) or whole on the replica's GPUs (``--ep`` = TP)."""
+GPTOSS_TRTLLM_SCRIPTS: Final = (
+    "SemiAnalysisAI/InferenceX: benchmarks/gptoss_fp4_{b200,h200}_trt*.sh at 9596d23 (2025-10-29), 17d5e204f "
+    "(2025-11-03), 06667a51e (2025-12-02), 156fef3fc (2025-12-17) and 645b97aa4 (2026-01-07)"
 )
+"""The gpt-oss TensorRT-LLM launch scripts of the days its InferenceMAX rows were measured: every one serves with
+``--max_num_tokens 20000``, chunked prefill off (the default), no batch waiting, on B200 ``moe_config.backend``
+TRTLLM (MXFP8 activations, the engine's own choice on Blackwell: ``opcast.predict.serve.engine.engine_mxfp4_moe``) and
+an fp8 KV cache, on H200 the Triton MoE backend (W4A16) and the checkpoint's bf16 KV cache (``dtype: auto``). Expert
+parallelism is the csv's ``moe_ep_size`` from 2025-11-03 (``--ep_size=$EP_SIZE``, the grid's setting); the H200 script
+before it passed ``--ep_size=$TP`` (:data:`GPTOSS_H200_TRTLLM_EP_IS_TP_BEFORE`)."""
+GPTOSS_TRTLLM_MAX_NUM_TOKENS: Final = 20000
+GPTOSS_H200_TRTLLM_EP_IS_TP_BEFORE: Final = "2025-11-03"
+"""Until this day the InferenceMAX H200 gpt-oss TensorRT-LLM script ran ``--ep_size=$TP`` whatever the grid said
+(InferenceX 9596d23, ``gptoss_fp4_h200_trt_slurm.sh``); 17d5e204f passed the grid's ``$EP_SIZE``."""
 GPTOSS_SCRIPTS: Final = (
     "SemiAnalysisAI/InferenceX: benchmarks/gptoss_fp4_{h100,h200,b200}*.sh at 9596d23 (2025-10-29, vLLM 0.10.2), "
     "25506e87c (2025-12-05, 0.11.2), d2c2acb19 (2026-02-25, B200 0.15.1) and cec542a9a (2026-03-27, H100/H200 0.18.0)"
@@ -134,6 +149,8 @@ COLUMNS: Final = (
     "tp_size",
     "pp_size",
     "attention_dp_size",
+    "moe_tp_size",
+    "moe_ep_size",
     "silicon_ttft_ms",
     "silicon_tpot_ms",
 )
@@ -155,6 +172,9 @@ class Row:
     tpot_ms: float
     measured: str = ""
     """The day the row was measured (the csv's ``measured=``, YYYY-MM-DD), where it says."""
+    ep: int = 1
+    """Expert parallelism (``--ep``): 1, the experts split over TP; TP, each expert whole on one of the replica's
+    GPUs."""
     pred_ttft_ms: float | None = None
     pred_tpot_ms: float | None = None
     refused: str = ""
@@ -202,10 +222,11 @@ def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
             if float(r["pp_size"] or 1) != 1 or float(r["attention_dp_size"] or 1) > 1:
                 skip("pipeline or attention data parallelism")
                 continue
-            if r["model_path"] in MXFP4_MODELS and r["backend"] == "trtllm":
+            kind = "inferencemax" if r["silicon_data_source"].startswith(INFERENCEMAX_SOURCE) else "other"
+            ep = expert_parallel(r, kind)
+            if ep is None:
                 skip(GPTOSS_TRTLLM_REASON)
                 continue
-            kind = "inferencemax" if r["silicon_data_source"].startswith(INFERENCEMAX_SOURCE) else "other"
             if protocol not in ("all", kind):
                 skip(f"protocol {kind} (--protocol {protocol})")
                 continue
@@ -223,9 +244,30 @@ def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
                     ttft_ms=float(r["silicon_ttft_ms"]),
                     tpot_ms=float(r["silicon_tpot_ms"]),
                     measured=measured_day(r["silicon_data_source"]),
+                    ep=ep,
                 )
             )
     return rows, skipped
+
+
+def expert_parallel(r: dict, kind: str) -> int | None:
+    """``--ep`` of csv row ``r`` (of protocol ``kind``): 1 for a dense model or experts split over TP, TP for experts
+    whole on the replica's GPUs (``moe_ep_size`` = TP, or the H200 gpt-oss TensorRT-LLM script before
+    :data:`GPTOSS_H200_TRTLLM_EP_IS_TP_BEFORE`), None for a MoE split both ways (not expressible)."""
+    if r["model_path"] not in MXFP4_MODELS:
+        return 1
+    tp = int(float(r["tp_size"]))
+    if (
+        kind == "inferencemax"
+        and r["backend"] == "trtllm"
+        and r["system"] == "h200_sxm"
+        and measured_day(r["silicon_data_source"]) < GPTOSS_H200_TRTLLM_EP_IS_TP_BEFORE
+    ):
+        return tp
+    ep = int(float(r["moe_ep_size"] or 1))
+    if ep == 1:
+        return 1
+    return tp if ep == tp and int(float(r["moe_tp_size"] or 1)) == 1 else None
 
 
 def measured_day(source: str) -> str:
@@ -250,6 +292,8 @@ def server_flags(row: Row) -> dict:
         return {}
     if row.engine == "vllm":
         return {"max_num_batched_tokens": INFERENCEMAX_VLLM_BATCHED_TOKENS}
+    if row.model in MXFP4_MODELS:
+        return {"max_num_batched_tokens": GPTOSS_TRTLLM_MAX_NUM_TOKENS}
     flags: dict = {"max_num_batched_tokens": INFERENCEMAX_TRTLLM_BATCHED_TOKENS}
     if row.isl == row.osl == 1024 and row.tp < 8:
         flags["batch_wait_iters"], flags["batch_wait_tokens_ratio"] = INFERENCEMAX_TRTLLM_BATCH_WAIT
@@ -293,6 +337,8 @@ def kv_dtype(row: Row) -> str | None:
     """``row``'s KV-cache dtype: fp8 where its server stored the cache in fp8 (every InferenceMAX script:
     vLLM's ``kv-cache-dtype: fp8``, TensorRT-LLM's ``kv_cache_config.dtype: fp8``; AIConfigurator's TensorRT-LLM
     fp8 and nvfp4 rows, whose ``dtype: auto`` takes the checkpoint's fp8 KV), else None (the model's dtype)."""
+    if row.protocol == "inferencemax" and row.model in MXFP4_MODELS and row.engine == "trtllm":
+        return "fp8" if row.system == "b200_sxm" else None
     if row.protocol == "inferencemax" and row.model in MXFP4_MODELS:
         return "fp8" if row.system == "b200_sxm" and row.measured >= GPTOSS_B200_FP8_KV_FROM else None
     if row.protocol == "inferencemax":
@@ -317,6 +363,7 @@ def predict_row(row: Row, kernels, *, archs: dict) -> Row:
         )
         cfg = InferConfig(
             tp=row.tp,
+            ep=row.ep,
             precision=row.precision,  # type: ignore[arg-type]
             kv_dtype=kv_dtype(row),  # type: ignore[arg-type]
             engine=row.engine,  # type: ignore[arg-type]

@@ -42,6 +42,8 @@ def _row(**kw) -> dict:
         tp_size=4.0,
         pp_size=1.0,
         attention_dp_size=1.0,
+        moe_tp_size=4.0,
+        moe_ep_size=1.0,
         silicon_ttft_ms=80.0,
         silicon_tpot_ms=12.0,
     )
@@ -127,31 +129,43 @@ def test_a_missing_or_foreign_csv_is_one_line_exit_2(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_gpt_oss_runs_as_its_inferencemax_scripts_of_the_day_and_its_trtllm_rows_are_counted(bench, tmp_path):
-    """gpt-oss-120b's MXFP4 checkpoint (the csv's nvfp4): bf16 GEMMs, Marlin's MoE on Hopper, MXFP8 activations on
-    B200; on B200 the fused all-reduce with the scripts' 8 MB limit at TP 8 and a bf16 cache until 2025-12-05,
-    vLLM's own limits and an fp8 cache after; its TensorRT-LLM rows are skipped with their reason."""
+def test_gpt_oss_runs_as_its_inferencemax_scripts_of_the_day(bench, tmp_path):
+    """gpt-oss-120b's MXFP4 checkpoint (the csv's nvfp4): bf16 GEMMs. vLLM: Marlin's MoE on Hopper, MXFP8 activations
+    on B200; on B200 the fused all-reduce with the scripts' 8 MB limit at TP 8 and a bf16 cache until 2025-12-05,
+    vLLM's own limits and an fp8 cache after. TensorRT-LLM: 20,000 tokens a step, its own MoE choice (None here:
+    MXFP8 on B200, engine_mxfp4_moe), an fp8 cache on B200 and bf16 on H200, the csv's expert parallelism (the H200
+    script's --ep_size=$TP before 2025-11-03); a MoE split over TP and EP at once is skipped with its reason."""
     oss = dict(model_path="openai/gpt-oss-120b", gemm_quant_mode="nvfp4", moe_quant_mode="nvfp4")
     early, late = IMAX + "; measured=2025-11-02T00:00:00.000Z", IMAX + "; measured=2026-02-25T00:00:00.000Z"
+    trt = dict(oss, backend="trtllm")
     rows = [
         _row(**oss, system="h200_sxm", silicon_data_source=IMAX + "; measured=2026-03-27T00:00:00.000Z"),
         _row(**oss, system="b200_sxm", tp_size=8.0, silicon_data_source=early),
         _row(**oss, system="b200_sxm", tp_size=4.0, silicon_data_source=late),
         _row(**oss, system="b200_sxm", tp_size=1.0, silicon_data_source=late),
-        _row(**oss, system="b200_sxm", backend="trtllm"),
+        _row(**trt, system="b200_sxm", silicon_data_source=late),
+        _row(**trt, system="b200_sxm", tp_size=8.0, moe_tp_size=1.0, moe_ep_size=8.0, silicon_data_source=late),
+        _row(**trt, system="h200_sxm", silicon_data_source=early),
+        _row(**trt, system="b200_sxm", moe_tp_size=2.0, moe_ep_size=2.0, silicon_data_source=late),
     ]
     got, skipped = bench.read_rows(_csv(tmp_path / "s.csv", rows), "all")
     assert skipped == {bench.GPTOSS_TRTLLM_REASON: 1}
-    assert [(r.precision, r.quant, r.measured) for r in got] == [
-        ("bf16", "mxfp4", "2026-03-27"),
-        ("bf16", "mxfp4", "2025-11-02"),
-        ("bf16", "mxfp4", "2026-02-25"),
-        ("bf16", "mxfp4", "2026-02-25"),
+    assert [(r.engine, r.precision, r.quant, r.measured, r.ep) for r in got] == [
+        ("vllm", "bf16", "mxfp4", "2026-03-27", 1),
+        ("vllm", "bf16", "mxfp4", "2025-11-02", 1),
+        ("vllm", "bf16", "mxfp4", "2026-02-25", 1),
+        ("vllm", "bf16", "mxfp4", "2026-02-25", 1),
+        ("trtllm", "bf16", "mxfp4", "2026-02-25", 1),
+        ("trtllm", "bf16", "mxfp4", "2026-02-25", 8),
+        ("trtllm", "bf16", "mxfp4", "2025-11-02", 4),
     ]
-    assert [bench.mxfp4_moe(r) for r in got] == ["marlin", "mxfp8", "mxfp8", "mxfp8"]
-    assert [bench.fusions(r) for r in got] == [None, "allreduce_rms:8", "allreduce_rms", None]
-    assert [bench.kv_dtype(r) for r in got] == [None, None, "fp8", "fp8"]
+    assert [bench.mxfp4_moe(r) for r in got] == ["marlin", "mxfp8", "mxfp8", "mxfp8", None, None, None]
+    assert [bench.fusions(r) for r in got] == [None, "allreduce_rms:8", "allreduce_rms", None, None, None, None]
+    assert [bench.kv_dtype(r) for r in got] == [None, None, "fp8", "fp8", "fp8", "fp8", None]
+    assert [bench.server_flags(r) for r in got[4:]] == [{"max_num_batched_tokens": 20000}] * 3
     assert bench.measured_day("source_file=x.csv; measured=2025-11-02T00:00:00.000Z; wip=False") == "2025-11-02"
     assert bench.measured_day("source_file=x.csv") == ""
-    done = bench.predict_row(got[2], roofline_only(), archs={got[2].model: bench.load_arch("gpt-oss-120b")})
-    assert done.refused == "" and done.pred_ttft_ms > 0 and done.pred_tpot_ms > 0
+    archs = {got[2].model: bench.load_arch("gpt-oss-120b")}
+    for row in (got[2], got[5]):
+        done = bench.predict_row(row, roofline_only(), archs=archs)
+        assert done.refused == "" and done.pred_ttft_ms > 0 and done.pred_tpot_ms > 0
