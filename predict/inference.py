@@ -136,7 +136,8 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     kernel the family of ``cfg.engine`` at ``cfg.engine_version`` (:func:`opcast.predict.serve.engine.moe_impl`:
     vLLM's own under ``--engine vllm``, Marlin's for MXFP4 experts where vLLM runs it or ``cfg.mxfp4_moe`` says so,
     else TensorRT-LLM's; MXFP8 activations under ``mxfp4_moe`` mxfp8 or, where it says nothing, where the engine
-    quantises them itself (:func:`opcast.predict.serve.engine.engine_mxfp4_moe`: TensorRT-LLM on Blackwell),
+    quantises them itself (:func:`opcast.predict.serve.engine.engine_mxfp4_moe`: TensorRT-LLM and SGLang on
+    Blackwell),
     :attr:`~opcast.predict.graph.Dtypes.moe_matrix`),
     its per-tensor fp8 GEMMs the engine's family (:data:`opcast.predict.serve.engine.ENGINE_GEMM_FAMILIES`), its
     decode over an fp8 cache as its kernel gains (:func:`opcast.predict.serve.engine.fp8_kv_decode_fraction`), and

@@ -443,8 +443,8 @@ _CONFIG_HELP: dict[str, tuple[str, str | None]] = {
         "engine's W4A16 kernel: bf16 activations, the weights dequantised in it) or mxfp8 (activations quantised to "
         "MXFP8 on Blackwell's block-scaled tensor cores; vLLM VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, TensorRT-LLM's "
         "W4A8_MXFP4_MXFP8).",
-        "the engine's choice by GPU and release: TensorRT-LLM mxfp8 on Blackwell, bf16 before; vLLM marlin on "
-        "Ampere, Ada, sm_120 and Hopper before 0.12, else bf16",
+        "the engine's choice by GPU and release: TensorRT-LLM mxfp8 on Blackwell, SGLang on datacenter "
+        "Blackwell, else bf16; vLLM marlin on Ampere, Ada, sm_120 and Hopper before 0.12, else bf16",
     ),
     "engine_version": (
         "The --engine's release, e.g. 0.11.0, where its kernels or overheads depend on it (vLLM before 0.12 runs "

@@ -273,7 +273,7 @@ class InferConfig:
     """How MXFP4 experts (gpt-oss's) run (:data:`opcast.predict.serve.engine.MXFP4_MOE`): ``marlin`` (vLLM's
     ``VLLM_MXFP4_USE_MARLIN=1``), ``bf16`` (the engine's W4A16 kernel) or ``mxfp8`` (activations in MXFP8 on
     Blackwell, vLLM's ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``). None: the engine's choice by GPU and release
-    (:func:`opcast.predict.serve.engine.engine_mxfp4_moe`: TensorRT-LLM's MXFP8 on Blackwell; else
+    (:func:`opcast.predict.serve.engine.engine_mxfp4_moe`: TensorRT-LLM's and SGLang's MXFP8 on Blackwell; else
     :func:`~opcast.predict.serve.engine.moe_impl`'s kernel with bf16 activations)."""
     moe_dispatcher: MoeDispatcher | None = None
     """How expert parallelism across replicas (``ep > tp``) moves tokens (:mod:`opcast.predict.moe_dispatch`):

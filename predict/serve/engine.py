@@ -422,8 +422,15 @@ def engine_mxfp4_moe(engine: str, device: DeviceSpec | None) -> Mxfp4Moe | None:
     another or the MoE backend is Triton, W4A16_MXFP4 before sm_100; NVIDIA's gpt-oss deployment guide lists MXFP8
     activations as datacenter Blackwell's one path, and AIConfigurator's TensorRT-LLM tables of RTX PRO 6000 (sm_120)
     hold only W4A8 MXFP4 rows. A GPU with Blackwell's block-scaled tensor cores is one with an fp4 peak, the test
-    :func:`mxfp4_moe_problem` gives ``mxfp8``."""
-    if engine == "trtllm" and device is not None and device.vendor == "nvidia" and device.supports("nvfp4"):
+    :func:`mxfp4_moe_problem` gives ``mxfp8``. SGLang does the same on datacenter Blackwell (sm_100/103, ``tcgen05``):
+    ``ServerArgs`` turns ``--moe-runner-backend auto`` into ``flashinfer_mxfp4`` for gpt-oss's MXFP4 checkpoint there
+    (``triton_kernel`` on sm_120), whose default ``--flashinfer-mxfp4-moe-precision`` quantises the activations with
+    ``mxfp8_quantize`` before FlashInfer's TRT-LLM-gen kernel (``bf16`` would keep them)."""
+    if device is None or device.vendor != "nvidia":
+        return None
+    if engine == "trtllm" and device.supports("nvfp4"):
+        return "mxfp8"
+    if engine == "sglang" and device.mma_family == "tcgen05":
         return "mxfp8"
     return None
 

@@ -108,11 +108,13 @@ def test_the_report_says_which_kernel_priced_the_experts_and_how_to_say_another(
         ("trtllm", H100, None),  # W4A16_MXFP4 before sm_100
         ("trtllm", MI355X, None),  # an fp4 peak, but not NVIDIA's block-scaled tensor cores
         ("vllm", B200, None),  # vLLM's own choice, read by moe_impl
-        ("sglang", B200, None),
+        ("sglang", B200, "mxfp8"),  # flashinfer_mxfp4 runner, its default precision quantises to MXFP8
+        ("sglang", RTX, None),  # sm_120: triton_kernel, bf16 activations
+        ("sglang", H100, None),
         ("none", B200, None),
     ],
 )
-def test_tensorrt_llm_quantises_mxfp4_experts_activations_to_mxfp8_on_blackwell_by_itself(engine, device, choice):
+def test_trtllm_and_sglang_quantise_mxfp4_experts_activations_to_mxfp8_on_blackwell(engine, device, choice):
     assert engine_mxfp4_moe(engine, device) == choice
 
 
