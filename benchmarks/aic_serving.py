@@ -337,10 +337,9 @@ def kv_dtype(row: Row) -> str | None:
     """``row``'s KV-cache dtype: fp8 where its server stored the cache in fp8 (every InferenceMAX script:
     vLLM's ``kv-cache-dtype: fp8``, TensorRT-LLM's ``kv_cache_config.dtype: fp8``; AIConfigurator's TensorRT-LLM
     fp8 and nvfp4 rows, whose ``dtype: auto`` takes the checkpoint's fp8 KV), else None (the model's dtype)."""
-    if row.protocol == "inferencemax" and row.model in MXFP4_MODELS and row.engine == "trtllm":
-        return "fp8" if row.system == "b200_sxm" else None
-    if row.protocol == "inferencemax" and row.model in MXFP4_MODELS:
-        return "fp8" if row.system == "b200_sxm" and row.measured >= GPTOSS_B200_FP8_KV_FROM else None
+    if row.protocol == "inferencemax" and row.model in MXFP4_MODELS:  # B200's scripts: TensorRT-LLM's always fp8
+        fp8_from = "" if row.engine == "trtllm" else GPTOSS_B200_FP8_KV_FROM
+        return "fp8" if row.system == "b200_sxm" and row.measured >= fp8_from else None
     if row.protocol == "inferencemax":
         return "fp8"
     return "fp8" if row.engine == "trtllm" and row.precision in ("fp8", "nvfp4") else None

@@ -297,7 +297,7 @@ def _mxfp4_moe_note(cfg: InferConfig, prec: Dtypes, device: DeviceSpec) -> str:
     """Which kernel MXFP4 experts run as under ``cfg.engine`` (``prec``: the run's :func:`infer_precision`), and how
     to say another: a deployment's environment picks it (vLLM's ``VLLM_MXFP4_USE_MARLIN``, ...), which no flag of the
     run shows."""
-    family = dict(prec.impls).get("moe", "trtllm")
+    family = dict(prec.impls)["moe"]  # infer_precision always names it
     acts = "MXFP8" if prec.moe_matrix is not None else "bf16"
     how = f"--mxfp4-moe {cfg.mxfp4_moe}" if cfg.mxfp4_moe else f"{cfg.engine}'s choice on {device.name}"
     return (

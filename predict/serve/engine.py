@@ -388,6 +388,12 @@ MXFP4_MOE_DTYPE: Final = "fp8_block"
 ``w4a8_mxfp4_mxfp8`` rows, :data:`opcast.collect.replay.aiconfigurator.MOE_NARROW_WEIGHT_DTYPES`)."""
 
 
+def mx_tensor_cores(device: DeviceSpec) -> bool:
+    """Whether ``device`` has block-scaled (MX) fp8 tensor cores, Blackwell's, which also run fp4: a part with an fp4
+    peak. The one test of :func:`mxfp4_moe_problem` (``mxfp8`` needs them) and :func:`engine_mxfp4_moe`."""
+    return device.supports("nvfp4")
+
+
 def mxfp4_moe_problem(
     choice: str, engine: str, expert_weights: str | None, device: DeviceSpec | None = None, arch: str = ""
 ) -> str | None:
@@ -405,7 +411,7 @@ def mxfp4_moe_problem(
             f"--mxfp4-moe marlin is vLLM's and SGLang's Marlin MoE, not {engine}'s: give --engine vllm or another "
             "choice"
         )
-    if choice == "mxfp8" and device is not None and not device.supports("nvfp4"):
+    if choice == "mxfp8" and device is not None and not mx_tensor_cores(device):
         return (
             f"--mxfp4-moe mxfp8 needs block-scaled (MX) fp8 tensor cores, which {device.name} lacks (Blackwell has "
             "them): give bf16 or marlin"
@@ -421,14 +427,14 @@ def engine_mxfp4_moe(engine: str, device: DeviceSpec | None) -> Mxfp4Moe | None:
     (``tensorrt_llm/_torch/model_config.py``) returns W4A8_MXFP4_MXFP8 there unless ``OVERRIDE_QUANT_ALGO`` names
     another or the MoE backend is Triton, W4A16_MXFP4 before sm_100; NVIDIA's gpt-oss deployment guide lists MXFP8
     activations as datacenter Blackwell's one path, and AIConfigurator's TensorRT-LLM tables of RTX PRO 6000 (sm_120)
-    hold only W4A8 MXFP4 rows. A GPU with Blackwell's block-scaled tensor cores is one with an fp4 peak, the test
-    :func:`mxfp4_moe_problem` gives ``mxfp8``. SGLang does the same on datacenter Blackwell (sm_100/103, ``tcgen05``):
-    ``ServerArgs`` turns ``--moe-runner-backend auto`` into ``flashinfer_mxfp4`` for gpt-oss's MXFP4 checkpoint there
-    (``triton_kernel`` on sm_120), whose default ``--flashinfer-mxfp4-moe-precision`` quantises the activations with
-    ``mxfp8_quantize`` before FlashInfer's TRT-LLM-gen kernel (``bf16`` would keep them)."""
+    hold only W4A8 MXFP4 rows (:func:`mx_tensor_cores`, an NVIDIA part). SGLang does the same on datacenter
+    Blackwell (sm_100/103, ``tcgen05``): ``ServerArgs`` turns ``--moe-runner-backend auto`` into
+    ``flashinfer_mxfp4`` for gpt-oss's MXFP4 checkpoint there (``triton_kernel`` on sm_120), whose default
+    ``--flashinfer-mxfp4-moe-precision`` quantises the activations with ``mxfp8_quantize`` before FlashInfer's
+    TRT-LLM-gen kernel (``bf16`` would keep them)."""
     if device is None or device.vendor != "nvidia":
         return None
-    if engine == "trtllm" and device.supports("nvfp4"):
+    if engine == "trtllm" and mx_tensor_cores(device):
         return "mxfp8"
     if engine == "sglang" and device.mma_family == "tcgen05":
         return "mxfp8"
