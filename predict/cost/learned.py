@@ -39,7 +39,8 @@ vendor's rows (:meth:`HardwareRange.reference_specs`; the entry's ``vendors`` an
 vendor's are answered by the group's ``other`` predictor, whose extrapolations had held B200's 65536 x 7168 x 8192
 bf16 GEMM at MI300X's 51 % of its peak and A100-SXM4-40GB's decode attention at the Arc Pro B60's 1 % of its
 bandwidth. A GEMM past the largest b, m, n or k its predictor was fitted on is asked at that size and its answer
-scaled in proportion (:meth:`LearnedKernelCost.wave_scaled`) before any rule.
+scaled by its waves of output tiles and its reduction (:meth:`LearnedKernelCost.wave_scaled`, :func:`wave_factor`)
+before any rule.
 
 On the devices a predictor was fitted on, its answers are held to each other, from the device with
 the least of the kernel's bounding resource up (:meth:`LearnedKernelCost._held_training`): never
@@ -265,9 +266,32 @@ WAVE_DIMS: Final = ("b", "m", "n", "k")
 (:meth:`LearnedKernelCost.wave_scaled`)."""
 WAVE_NOTE: Final = (
     "{n} GEMM(s) larger than any its predictor was fitted on (b, m, n or k past the fitted range) priced at the "
-    "largest fitted size and scaled in proportion: past a few waves of output tiles a GEMM's time is linear in "
-    "each dimension (more tiles, or a longer reduction per tile), where the learned model would extrapolate"
+    "largest fitted size and scaled: past one wave of output tiles a GEMM's time is linear in the tiles (b, m, n) "
+    "and always in the reduction per tile (k), where the learned model would extrapolate"
 )
+WAVE_TILE: Final = (128, 128)
+"""The output tile (rows, cols) :meth:`LearnedKernelCost.wave_scaled` counts a forward GEMM's waves with: the middle
+of :data:`opcast.train.features.GEMM_TILES`, CUTLASS's and cuBLAS's common threadblock shape."""
+
+
+def wave_factor(params: Mapping[str, int], cut: Mapping[str, int], sm_count: int | None, fwd: bool) -> float:
+    """The factor on the time of a GEMM of ``params`` asked at ``params`` with ``cut``'s dimensions put in: its
+    tiles' waves past the first (b, m, n; :data:`WAVE_TILE` on ``sm_count`` SMs) times its reduction (k). Below one
+    wave the SMs a larger grid adds were idle, so its time does not grow: a batch of 16 fp8 32 x 512 x 128 products
+    (an MLA decode's absorbed projection over 16 heads) is one wave on an H200, where the product of the sizes put
+    it at 16 times the one product's 12.7 us, the one batch size its predictor (AIConfigurator's b = 1 tables) was
+    fitted on. Backward GEMMs (two products reducing over m and n) and calls without a device scale in proportion
+    to each cut dimension."""
+    if not fwd or sm_count is None or not {"m", "n"} <= set(params):
+        return math.prod(params[d] / cut[d] for d in cut)
+    tm, tn = WAVE_TILE
+
+    def waves(p: Mapping[str, int]) -> float:
+        return max(1.0, p.get("b", 1) * p["m"] * p["n"] / (tm * tn * sm_count))
+
+    asked = {**params, **cut}
+    return waves(params) / waves(asked) * (params["k"] / cut["k"] if "k" in cut else 1.0)
+
 
 _DEVICE_FEATURES: dict[str, str] = {
     "log_peak_flops": "peak_flops",
@@ -545,8 +569,8 @@ class LearnedKernelCost:
         self._shape_why: dict[tuple[str, Kernel, tuple[str, ...]], str | None] = {}
         """(group, kernel, the reference devices' names) -> why its shape is outside the predictor's fitted feature
         ranges on them, or None (:meth:`_outside_shapes`)."""
-        self._wave: dict[Kernel, tuple[Kernel, float]] = {}
-        """Kernel -> (the kernel as asked, the factor on its time) (:meth:`wave_scaled`)."""
+        self._wave: dict[tuple[Kernel, int | None], tuple[Kernel, float]] = {}
+        """(kernel, SMs) -> (the kernel as asked, the factor on its time) (:meth:`wave_scaled`)."""
 
     def family_of(self, k: Kernel) -> str | None:
         """``k``'s kernel family as this set prices it (:func:`_family`): its own where the set has the family's
@@ -602,7 +626,7 @@ class LearnedKernelCost:
             from opcast.train.features import feature_table
 
             todo = [k for ks in by_key.values() for k in ks]
-            feats = feature_table(_query_columns(self.as_fitted(self.wave_scaled(todo)[0])), device)
+            feats = feature_table(_query_columns(self.as_fitted(self.wave_scaled(todo, device)[0])), device)
             start = 0
             for key, ks in by_key.items():
                 rows = feats.take(np.arange(start, start + len(ks)))
@@ -788,18 +812,21 @@ class LearnedKernelCost:
             )
         return got
 
-    def wave_scaled(self, kernels: Sequence[Kernel]) -> tuple[list[Kernel], np.ndarray]:
+    def wave_scaled(
+        self, kernels: Sequence[Kernel], device: DeviceSpec | None = None
+    ) -> tuple[list[Kernel], np.ndarray]:
         """``kernels`` as the predictors are asked them, and the factor on each answer: a GEMM any of whose
         :data:`WAVE_DIMS` exceeds the largest its predictor was fitted on is asked at that largest size, and its
-        time scaled by the ratio of the sizes (the product over the dimensions cut). Past a few waves of output
-        tiles a GEMM runs as many more waves (m, n, b: more tiles) or a proportionally longer reduction per tile
-        (k), so its time is linear in each; a learned model extrapolating in ``log m`` answered a 65536 x 7168 x
-        8192 bf16 GEMM on B200 at 59 % of its peak, against 65 % at m = 32768 (and held by the bounds, at 40 %).
-        Every other kernel is asked as it is, factor 1."""
+        time scaled by :func:`wave_factor` on ``device``'s SMs. Past a wave of output tiles a GEMM runs as many
+        more waves (m, n, b: more tiles) or a proportionally longer reduction per tile (k), so its time is linear
+        in each; a learned model extrapolating in ``log m`` answered a 65536 x 7168 x 8192 bf16 GEMM on B200 at
+        59 % of its peak, against 65 % at m = 32768 (and held by the bounds, at 40 %). Every other kernel is asked
+        as it is, factor 1."""
         asked: list[Kernel] = []
         factors = np.ones(len(kernels))
+        sms = None if device is None else device.sm_count
         for i, k in enumerate(kernels):
-            got = self._wave.get(k)
+            got = self._wave.get((k, sms))
             if got is None:
                 got = (k, 1.0)
                 if k.kind == "gemm" and self.wave_scaling:
@@ -807,7 +834,7 @@ class LearnedKernelCost:
                     params = k.param_dict
                     cut = {d: limits[d] for d in limits if isinstance(params.get(d), int) and params[d] > limits[d]}
                     if cut:
-                        factor = math.prod(params[d] / cut[d] for d in cut)
+                        factor = wave_factor(params, cut, sms, k.direction == "fwd")
                         got = (
                             Kernel(
                                 k.kind,
@@ -818,18 +845,18 @@ class LearnedKernelCost:
                             ),
                             factor,
                         )
-                self._wave[k] = got
+                self._wave[(k, sms)] = got
             asked.append(got[0])
             factors[i] = got[1]
         return asked, factors
 
     def wave_note(self) -> str | None:
-        """The note of :data:`WAVE_NOTE` when a kernel priced so far was scaled, else None."""
-        n = sum(1 for _, f in self._wave.values() if f != 1.0)
+        """The note of :data:`WAVE_NOTE` when a kernel priced so far was asked at a smaller size, else None."""
+        n = len({k for (k, _), (asked, _) in self._wave.items() if asked != k})
         return WAVE_NOTE.format(n=n) if n else None
 
     def predict_s(self, kernels: Sequence[Kernel], device: DeviceSpec) -> np.ndarray:
-        asked, factors = self.wave_scaled(kernels)
+        asked, factors = self.wave_scaled(kernels, device)
         query = _query_columns(self.as_fitted(asked))
         out = np.asarray(self.model_set.predict_s(query, device), dtype=float)
         adapted = self.adaptation(device)
@@ -887,7 +914,7 @@ class LearnedKernelCost:
                 todo.setdefault(key, []).append(k)
         for key, ks in todo.items():
             found: dict[Kernel, str] = {}
-            fitted = self.as_fitted(self.wave_scaled(ks)[0])
+            fitted = self.as_fitted(self.wave_scaled(ks, device)[0])
             for spec in refs[key]:
                 try:
                     # the shape alone: a training device of another vendor may lie outside the device features of

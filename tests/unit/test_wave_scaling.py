@@ -11,6 +11,7 @@ import pytest
 
 from opcast.hardware import get_device
 from opcast.predict.cost import WAVE_NOTE, LearnedKernelCost, kernel, load_kernel_cost, peak_roofline_s
+from opcast.predict.cost.learned import WAVE_TILE, wave_factor
 from opcast.train.artifacts import load_model_set
 
 
@@ -40,6 +41,36 @@ def test_a_gemm_past_the_fitted_m_is_the_largest_fitted_one_scaled_in_proportion
     assert asked[1] == _gemm(limit // 2) and factors[1] == 1.0
     assert inside < at  # inside the range the model answers as fitted
     assert learned.wave_note() == WAVE_NOTE.format(n=2)
+
+
+def test_a_batch_inside_one_wave_costs_no_more_than_one_product():
+    """Hand-worked on 132 SMs and 128 x 128 tiles: 16 products of 32 x 512 (one tile row, four tile columns each) are
+    64 tiles, half a wave, so asked at b = 1 they keep its time; 1,056 products of one tile each are 8 waves (8x);
+    past the first wave a larger m is linear in it, and k always is; backward GEMMs and a call without a device
+    keep the product of the sizes."""
+    assert WAVE_TILE == (128, 128)
+    small = {"b": 16, "m": 32, "n": 512, "k": 128}
+    assert wave_factor(small, {"b": 1}, 132, True) == 1.0
+    assert wave_factor({"b": 1056, "m": 128, "n": 128, "k": 64}, {"b": 1}, 132, True) == pytest.approx(8.0)
+    big = {"b": 1, "m": 65536, "n": 7168, "k": 8192}
+    assert wave_factor(big, {"m": 32768}, 132, True) == pytest.approx(2.0)
+    assert wave_factor(big, {"m": 32768, "k": 4096}, 132, True) == pytest.approx(4.0)
+    assert wave_factor({"b": 1, "m": 64, "n": 128, "k": 8192}, {"m": 32}, 132, True) == 1.0  # still under a wave
+    assert wave_factor(small, {"b": 1}, 132, False) == 16.0  # backward: in proportion
+    assert wave_factor(small, {"b": 1}, None, True) == 16.0  # no device: in proportion
+
+
+def test_a_batched_fp8_gemm_past_the_fitted_batch_is_priced_by_its_waves(learned):
+    """The fp8 GEMM predictor was fitted on AIConfigurator's single products (b = 1): an MLA decode's absorbed
+    projection (16 heads x 32 tokens x 512 x 128 on an H200) is one wave, so it costs what one product does, not 16x."""
+    limit = learned.range.largest_fitted("gemm-fwd-fp8").get("b")
+    if limit != 1:
+        pytest.skip(f"the default set's fp8 GEMMs were fitted up to b = {limit}")
+    h200 = get_device("H200")
+    one, sixteen, many = (kernel("gemm", {"b": b, "m": 32, "n": 512, "k": 128}, "fp8") for b in (1, 16, 16 * 132))
+    t_one, t_sixteen, t_many = learned.predict_s([one, sixteen, many], h200)
+    assert t_sixteen == pytest.approx(t_one, rel=1e-12)
+    assert t_many == pytest.approx(t_one * 16 * 132 * 32 * 512 / (128 * 128 * 132), rel=1e-12)
 
 
 def test_off_with_the_physical_bounds_the_raw_answer_extrapolates(learned):
