@@ -64,8 +64,10 @@ from opcast.predict.cost.learned import (
     UTILISATION_MARGIN,
     WAVE_DIMS,
     WAVE_NOTE,
+    WAVE_TILE,
     HardwareRange,
     LearnedKernelCost,
+    wave_factor,
 )
 from opcast.predict.cost.model import (
     BOUNDS_ENV,
@@ -133,6 +135,7 @@ __all__ = [
     "UTILISATION_MARGIN",
     "WAVE_DIMS",
     "WAVE_NOTE",
+    "WAVE_TILE",
     "Bottleneck",
     "EfficiencyCurve",
     "HardwareRange",
@@ -159,4 +162,5 @@ __all__ = [
     "roofline_only",
     "slower_at_most",
     "validated_kernel",
+    "wave_factor",
 ]

@@ -10,8 +10,15 @@ import math
 import pytest
 
 from opcast.hardware import get_device
-from opcast.predict.cost import WAVE_NOTE, LearnedKernelCost, kernel, load_kernel_cost, peak_roofline_s
-from opcast.predict.cost.learned import WAVE_TILE, wave_factor
+from opcast.predict.cost import (
+    WAVE_NOTE,
+    WAVE_TILE,
+    LearnedKernelCost,
+    kernel,
+    load_kernel_cost,
+    peak_roofline_s,
+    wave_factor,
+)
 from opcast.train.artifacts import load_model_set
 
 
