@@ -2,7 +2,7 @@
 accuracy reference (issue 20's serving target: TTFT and TPOT within 15 %).
 
 Usage:  python benchmarks/aic_serving.py [--csv PATH] [--protocol inferencemax|other|all] [--models DIR]
-                                         [--markdown PATH] [--json PATH]
+                                         [--model MODEL_PATH] [--markdown PATH] [--json PATH]
 
 The measurements are ``systems/silicon_sample.csv`` of the PyPI package ``aiconfigurator-core`` (0.12.0,
 Apache-2.0; ``pip install 'opcast[aiconfigurator]'``; read from the installed package, not copied here):
@@ -11,10 +11,12 @@ TensorRT-LLM, one row per deployment and load, with the mean TTFT and TPOT a ben
 (``silicon_ttft_ms``, ``silicon_tpot_ms``). AIConfigurator scores its own estimates against them
 (ai-dynamo/aiconfigurator ``tools/accuracy_regression_testing/predict_silicon_sample.py``). Scored here: the
 aggregated rows (``mode`` agg: prefill and decode on the same GPUs) of the models opcast has a preset of
-(Llama-3.1 8B and 70B: ``llama3-8b``, ``llama3-70b``; Qwen3-32B: ``qwen3-32b``; gpt-oss-120b under vLLM, the one
-MoE model: ``gpt-oss-120b``, its MXFP4 experts served as its InferenceMAX scripts ran them, :data:`GPTOSS_SCRIPTS`
-for vLLM, :data:`GPTOSS_TRTLLM_SCRIPTS` for TensorRT-LLM); disaggregated rows, the other MoE models and gpt-oss rows
-whose MoE is split over tensor and expert parallelism at once are counted and skipped.
+(Llama-3.1 8B and 70B: ``llama3-8b``, ``llama3-70b``; Qwen3-32B: ``qwen3-32b``; the MoE models gpt-oss-120b,
+``gpt-oss-120b``, its MXFP4 experts served as its InferenceMAX scripts ran them, :data:`GPTOSS_SCRIPTS` for vLLM,
+:data:`GPTOSS_TRTLLM_SCRIPTS` for TensorRT-LLM, and DeepSeek-R1, ``deepseek-v3``, on the H200 grids whose scripts
+were read, :data:`DSR1_SCRIPTS`); disaggregated rows, the other MoE models, DeepSeek-R1's other grids and gpt-oss
+rows whose MoE is split over tensor and expert parallelism at once are counted and skipped. ``--model`` scores one
+model's rows alone.
 
 **Protocols.** A row's TTFT depends on how its client sent the requests, which the csv does not say; two kinds of
 rows are told apart by their ``silicon_data_source``:
@@ -84,9 +86,27 @@ ARCHS: Final = {
     "Qwen/Qwen3-32B": "qwen3-32b",
     "nvidia/Qwen3-32B-NVFP4": "qwen3-32b",
     "openai/gpt-oss-120b": "gpt-oss-120b",
+    "deepseek-ai/DeepSeek-R1": "deepseek-v3",
 }
 """The csv's models opcast has a preset of (Llama-3.1 has Llama-3's layers; its 128k rope scaling does not
-change a step's cost at these lengths; gpt-oss-120b, the one MoE model among them)."""
+change a step's cost at these lengths; DeepSeek-R1 has DeepSeek-V3's; gpt-oss-120b and DeepSeek-R1 are MoE)."""
+DSR1_MODEL: Final = "deepseek-ai/DeepSeek-R1"
+DSR1_GRIDS: Final = {("h200_sxm", "sglang", "2026-03-25"), ("h200_sxm", "trtllm", "2025-11-02")}
+"""The (system, engine, day measured) of DeepSeek-R1's InferenceMAX rows whose launch scripts were read
+(:data:`DSR1_SCRIPTS`); the others (B200's SGLang grid shares its loads with an MTP twin the csv does not tell
+apart, later TensorRT-LLM scripts, GB200) are counted and skipped (:data:`DSR1_REASON`)."""
+DSR1_REASON: Final = "DeepSeek-R1 outside the grids whose launch scripts were read (H200 SGLang and TensorRT-LLM)"
+DSR1_SCRIPTS: Final = (
+    "SemiAnalysisAI/InferenceX: benchmarks/single_node/dsr1_fp8_h200.sh at 12ba0ae07 (config dsr1-fp8-h200-sglang, "
+    "SGLang v0.5.9, measured 2026-03-25) and benchmarks/dsr1_fp8_h200_trt_slurm.sh at e06929c70 (measured 2025-11-02)"
+)
+"""DeepSeek-R1's (fp8 checkpoint, 128 x 128 block-scaled weights) H200 launch scripts: no MTP in either grid. SGLang
+``--chunked-prefill-size 32768 --max-prefill-tokens 32768``, radix cache off, FlashInfer's MLA, the KV cache in the
+model's dtype (no ``--kv-cache-dtype``), the experts split over TP 8 (the grid's ``ep`` 1). TensorRT-LLM
+``--max_num_tokens`` ``(CONC + ISL + 64 + 63) // 64 * 64`` (:func:`dsr1_trtllm_max_num_tokens`), chunked prefill off,
+``--ep_size=$TP`` whatever the grid's ``moe_ep_size`` says, ``kv_cache_config.dtype: fp8``, the CUTLASS MoE, attention
+data parallelism above 64 clients (32 at 8k / 1k: those rows carry ``attention_dp_size`` > 1 and are skipped).
+opcast prices the block-scaled GEMMs as per-tensor fp8 (``--precision fp8``)."""
 MXFP4_MODELS: Final = frozenset({"openai/gpt-oss-120b"})
 """Models served from their MXFP4 checkpoint (the csv's ``gemm_quant_mode`` nvfp4 names it): the experts MXFP4 by
 the arch (:attr:`opcast.archs.ArchSpec.expert_weights`), every other GEMM bf16, so ``--precision bf16``."""
@@ -216,6 +236,12 @@ def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
             if r["model_path"] not in ARCHS:
                 skip("model without an opcast preset (MoE and others)")
                 continue
+            if r["model_path"] == DSR1_MODEL and (
+                not r["silicon_data_source"].startswith(INFERENCEMAX_SOURCE)
+                or (r["system"], r["backend"], measured_day(r["silicon_data_source"])) not in DSR1_GRIDS
+            ):
+                skip(DSR1_REASON)
+                continue
             if r["system"] not in SYSTEM_DEVICES:
                 skip(f"system {r['system']} not in the catalog")
                 continue
@@ -252,11 +278,14 @@ def read_rows(path: Path, protocol: str) -> tuple[list[Row], dict[str, int]]:
 
 def expert_parallel(r: dict, kind: str) -> int | None:
     """``--ep`` of csv row ``r`` (of protocol ``kind``): 1 for a dense model or experts split over TP, TP for experts
-    whole on the replica's GPUs (``moe_ep_size`` = TP, or the H200 gpt-oss TensorRT-LLM script before
-    :data:`GPTOSS_H200_TRTLLM_EP_IS_TP_BEFORE`), None for a MoE split both ways (not expressible)."""
+    whole on the replica's GPUs (``moe_ep_size`` = TP, DeepSeek-R1's TensorRT-LLM script, or the H200 gpt-oss
+    TensorRT-LLM script before :data:`GPTOSS_H200_TRTLLM_EP_IS_TP_BEFORE`), None for a MoE split both ways (not
+    expressible)."""
+    tp = int(float(r["tp_size"]))
+    if r["model_path"] == DSR1_MODEL:
+        return tp if r["backend"] == "trtllm" else 1  # DSR1_SCRIPTS: TensorRT-LLM's --ep_size=$TP
     if r["model_path"] not in MXFP4_MODELS:
         return 1
-    tp = int(float(r["tp_size"]))
     if (
         kind == "inferencemax"
         and r["backend"] == "trtllm"
@@ -290,6 +319,10 @@ def server_flags(row: Row) -> dict:
     InferenceMAX launch scripts (:data:`INFERENCEMAX_SCRIPTS`) for its rows, none for the others (unpublished)."""
     if row.protocol != "inferencemax":
         return {}
+    if row.model == DSR1_MODEL:
+        if row.engine == "sglang":
+            return {"max_num_batched_tokens": DSR1_SGLANG_CHUNK}
+        return {"max_num_batched_tokens": dsr1_trtllm_max_num_tokens(row)}
     if row.engine == "vllm":
         return {"max_num_batched_tokens": INFERENCEMAX_VLLM_BATCHED_TOKENS}
     if row.model in MXFP4_MODELS:
@@ -298,6 +331,16 @@ def server_flags(row: Row) -> dict:
     if row.isl == row.osl == 1024 and row.tp < 8:
         flags["batch_wait_iters"], flags["batch_wait_tokens_ratio"] = INFERENCEMAX_TRTLLM_BATCH_WAIT
     return flags
+
+
+DSR1_SGLANG_CHUNK: Final = 32768
+"""SGLang's ``--chunked-prefill-size`` in DeepSeek-R1's H200 script (:data:`DSR1_SCRIPTS`)."""
+
+
+def dsr1_trtllm_max_num_tokens(row: Row) -> int:
+    """``--max_num_tokens`` of DeepSeek-R1's H200 TensorRT-LLM script: ``(CONC + ISL + 64 + 63) / 64 * 64``, one whole
+    prompt beside a decode token for every client, rounded up to 64."""
+    return (row.concurrency + row.isl + 64 + 63) // 64 * 64
 
 
 INFERENCEMAX_VLLM_B200_FUSION_MIB: Final = {2: 32, 4: 32, 8: 8}
@@ -340,6 +383,8 @@ def kv_dtype(row: Row) -> str | None:
     if row.protocol == "inferencemax" and row.model in MXFP4_MODELS:  # B200's scripts: TensorRT-LLM's always fp8
         fp8_from = "" if row.engine == "trtllm" else GPTOSS_B200_FP8_KV_FROM
         return "fp8" if row.system == "b200_sxm" and row.measured >= fp8_from else None
+    if row.protocol == "inferencemax" and row.model == DSR1_MODEL:  # DSR1_SCRIPTS: SGLang's cache in bf16
+        return "fp8" if row.engine == "trtllm" else None
     if row.protocol == "inferencemax":
         return "fp8"
     return "fp8" if row.engine == "trtllm" and row.precision in ("fp8", "nvfp4") else None
@@ -425,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=None, help="silicon_sample.csv (default: the installed package's)")
     ap.add_argument("--protocol", choices=("inferencemax", "other", "all"), default="inferencemax")
     ap.add_argument("--models", type=Path, default=None)
+    ap.add_argument(
+        "--model", default=None, help=f"score only this csv model_path (one of {', '.join(ARCHS)}; default: all)"
+    )
     ap.add_argument("--markdown", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None, help="every row, measured and predicted")
     args = ap.parse_args(argv)
@@ -432,7 +480,11 @@ def main(argv: list[str] | None = None) -> int:
         path = args.csv or silicon_csv()
         if not path.is_file():
             raise OpcastError(f"{path} does not exist; give --csv PATH of AIConfigurator's silicon_sample.csv")
+        if args.model is not None and args.model not in ARCHS:
+            raise OpcastError(f"--model {args.model}: not one of the scored models ({', '.join(ARCHS)})")
         rows, skipped = read_rows(path, args.protocol)
+        if args.model is not None:
+            rows = [r for r in rows if r.model == args.model]
         kernels = load_kernel_cost(args.models, use_learned=True)
     except (OpcastError, OSError, UnicodeDecodeError, csv.Error) as err:
         print(f"aic_serving: error: {err}", file=sys.stderr)
@@ -447,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     command = "python benchmarks/aic_serving.py"
     if args.protocol != "inferencemax":
         command += f" --protocol {args.protocol}"
+    if args.model is not None:
+        command += f" --model {args.model}"
     text = markdown(done, skipped, seconds=time.perf_counter() - t0, command=command)
     print(text)
     if args.markdown:

@@ -63,7 +63,7 @@ def test_rows_map_to_opcast_and_the_rest_are_counted_by_why(bench, tmp_path):
         _row(),
         _row(silicon_data_source=OTHER, backend="trtllm", model_path="Qwen/Qwen3-32B", gemm_quant_mode="", tp_size=2.0),
         _row(mode="disagg"),
-        _row(model_path="deepseek-ai/DeepSeek-R1"),
+        _row(model_path="zhipuai/GLM-5"),
         _row(system="a30"),
         _row(attention_dp_size=2.0),
     ]
@@ -169,3 +169,37 @@ def test_gpt_oss_runs_as_its_inferencemax_scripts_of_the_day(bench, tmp_path):
     for row in (got[2], got[5]):
         done = bench.predict_row(row, roofline_only(), archs=archs)
         assert done.refused == "" and done.pred_ttft_ms > 0 and done.pred_tpot_ms > 0
+
+
+def test_deepseek_r1_runs_as_its_h200_scripts_and_its_other_grids_are_counted(bench, tmp_path):
+    """DeepSeek-R1 on the H200 grids whose scripts were read: SGLang (measured 2026-03-25) with 32,768-token chunks, the
+    experts split over TP and a bf16 cache; TensorRT-LLM (2025-11-02) with CONC + ISL + 64 tokens a step rounded up
+    to 64, --ep_size=$TP whatever the csv says, an fp8 cache. Its B200 grid and other days are counted apart."""
+    r1 = dict(model_path="deepseek-ai/DeepSeek-R1", system="h200_sxm", tp_size=8.0, moe_tp_size=8.0)
+    sglang = IMAX + "; measured=2026-03-25T00:00:00.000Z; image=lmsysorg/sglang:v0.5.9-cu130"
+    trt = IMAX + "; measured=2025-11-02T00:00:00.000Z"
+    rows = [
+        _row(**r1, backend="sglang", silicon_data_source=sglang, moe_quant_mode="fp8_block", batch_size=32.0),
+        _row(**r1, backend="trtllm", silicon_data_source=trt, batch_size=16.0, isl=8192, osl=1024),
+        _row(**{**r1, "system": "b200_sxm"}, backend="sglang", silicon_data_source=sglang),
+        _row(**r1, backend="trtllm", silicon_data_source=IMAX + "; measured=2026-01-14T00:00:00.000Z"),
+        _row(**r1, backend="sglang", silicon_data_source=OTHER),
+    ]
+    got, skipped = bench.read_rows(_csv(tmp_path / "s.csv", rows), "all")
+    assert skipped == {bench.DSR1_REASON: 3}
+    assert [(r.engine, r.precision, r.ep, r.tp) for r in got] == [("sglang", "fp8", 1, 8), ("trtllm", "fp8", 8, 8)]
+    assert [bench.server_flags(r) for r in got] == [
+        {"max_num_batched_tokens": 32768},
+        {"max_num_batched_tokens": (16 + 8192 + 64 + 63) // 64 * 64},
+    ]
+    assert bench.server_flags(got[1])["max_num_batched_tokens"] == 8320
+    assert [bench.kv_dtype(r) for r in got] == [None, "fp8"]
+    done = bench.predict_row(got[0], roofline_only(), archs={got[0].model: bench.load_arch("deepseek-v3")})
+    assert done.refused == "" and done.pred_ttft_ms > 0 and done.pred_tpot_ms > 0
+
+
+def test_an_unknown_model_is_one_line_exit_2(tmp_path):
+    path = _csv(tmp_path / "s.csv", [_row()])
+    out = run_script(SCRIPT, "--csv", str(path), "--model", "meta-llama/Llama-9")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--model meta-llama/Llama-9" in out.stderr
+    assert "Traceback" not in out.stderr
