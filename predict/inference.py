@@ -128,7 +128,13 @@ NVIDIA Model Optimizer's quantisation configs (the FP8 and NVFP4 checkpoints Ten
 disable the quantizers of ``*lm_head*``, ``*router*``, ``*mlp.gate.*`` and ``*block_sparse_moe.gate*``
 (``modelopt/torch/quantization/config.py``, ``_default_disabled_quantizer_cfg``), and DeepSeek-V3's fp8 checkpoint
 stores its ``lm_head`` and its routers' ``gate`` weights in bf16; the engines load such a layer as an unquantised
-linear. Every other GEMM of the blocks runs in the precision's kernel dtype."""
+linear. Every other GEMM of the blocks runs in the precision's kernel dtype, but for :data:`VLLM_UNQUANTISED_GEMMS`."""
+VLLM_UNQUANTISED_GEMMS: frozenset[str] = frozenset({"q_absorb", "v_absorb"})
+"""The GEMMs ``--engine vllm`` also runs in the activations' dtype: an MLA decode's absorbed projections. vLLM
+dequantises ``kv_b_proj`` at load time and keeps bf16 copies of ``W_UK_T`` and ``W_UV`` ("we currently do not have
+quantized bmm's which are needed for `W_UV` and `W_UK_T`, we just store fp16/bf16 copies and perform the bmm's in
+16-bit": ``MLACommonImpl.process_weights_after_loading``, ``vllm/attention/backends/mla/common.py``); SGLang runs
+them in fp8 (``bmm_fp8`` on an fp8 checkpoint's ``w_kc`` / ``w_vc``, ``python/sglang/srt/models/deepseek_v2.py``)."""
 
 
 def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dtypes:
@@ -236,10 +242,10 @@ def _forward_s(
     quant_fused |= {"proj": "attn_quant"} if "attn_quant" in fusions else {}
     family_of = getattr(kernels, "family_of", None)  # a stand-in cost model (a recorder) may lack it: no family
     plain = replace(prec, matrix=prec.act)  # UNQUANTISED_GEMMS' dtypes
+    unquantised = UNQUANTISED_GEMMS | (VLLM_UNQUANTISED_GEMMS if cfg.engine == "vllm" else frozenset())
     for group_ops, repeat in (*blocks, (model, 1)):
         kern = [
-            (plain if kind == "gemm" and role in UNQUANTISED_GEMMS else prec).of(kind, p)
-            for role, kind, p, _ in group_ops
+            (plain if kind == "gemm" and role in unquantised else prec).of(kind, p) for role, kind, p, _ in group_ops
         ]
         balanced = {k: _balanced_kernel(k) for k in kern if k.kind == "moe"}
         table = kernels.lookup(kern + [b for b in balanced.values() if b is not None], device)

@@ -364,6 +364,18 @@ def test_a_quantised_checkpoint_keeps_its_head_and_router_in_the_activations_dty
     assert not any(dtype == precision for role, dtype in dtypes if role in inference.UNQUANTISED_GEMMS)
 
 
+@pytest.mark.parametrize(("engine", "absorbed"), [("vllm", "bf16"), ("sglang", "fp8"), ("none", "fp8")])
+def test_vllm_runs_an_mla_decodes_absorbed_projections_in_bf16(engine, absorbed):
+    """vLLM keeps bf16 copies of W_UK_T and W_UV (no quantised bmm: inference.VLLM_UNQUANTISED_GEMMS); SGLang runs
+    them with bmm_fp8 on an fp8 checkpoint."""
+    r = predict_infer(load_arch("deepseek-v3"), get_device("H200"),
+                      InferConfig(tp=8, batch=4, prompt_len=64, gen_len=2, precision="fp8", engine=engine),
+                      kernels=roofline_only())  # fmt: skip
+    dtypes = {(op["phase"], op["role"]): op["dtype"] for op in r.ops if op["kind"] == "gemm"}
+    assert dtypes[("decode", "q_absorb")] == dtypes[("decode", "v_absorb")] == absorbed
+    assert dtypes[("decode", "q_up")] == dtypes[("prefill", "kv_up")] == "fp8"
+
+
 def test_quantised_weights_hold_the_embeddings_head_and_norms_at_two_bytes():
     from opcast.dtypes import element_bytes
     from opcast.predict.memory import stage_params
