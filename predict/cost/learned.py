@@ -276,18 +276,19 @@ of :data:`opcast.train.features.GEMM_TILES`, CUTLASS's and cuBLAS's common threa
 
 def wave_factor(params: Mapping[str, int], cut: Mapping[str, int], sm_count: int | None, fwd: bool) -> float:
     """The factor on the time of a GEMM of ``params`` asked at ``params`` with ``cut``'s dimensions put in: its
-    tiles' waves past the first (b, m, n; :data:`WAVE_TILE` on ``sm_count`` SMs) times its reduction (k). Below one
-    wave the SMs a larger grid adds were idle, so its time does not grow: a batch of 16 fp8 32 x 512 x 128 products
-    (an MLA decode's absorbed projection over 16 heads) is one wave on an H200, where the product of the sizes put
-    it at 16 times the one product's 12.7 us, the one batch size its predictor (AIConfigurator's b = 1 tables) was
-    fitted on. Backward GEMMs (two products reducing over m and n) and calls without a device scale in proportion
-    to each cut dimension."""
+    tiles' waves past the first (b, m, n; whole :data:`WAVE_TILE` tiles on ``sm_count`` SMs) times its reduction
+    (k). Below one wave the SMs a larger grid adds were idle, so its time does not grow: a batch of 16 fp8 32 x 512 x
+    128 products (an MLA decode's absorbed projection over 16 heads) is one wave on an H200, where the product of the
+    sizes put it at 16 times the one product's 12.7 us, the one batch size its predictor (AIConfigurator's b = 1
+    tables) was fitted on. A decode's LM head (m = 1, n = 128,256: one tile row of 1,002 tiles) stays linear in n.
+    Backward GEMMs (two products reducing over m and n) and calls without a device scale in proportion to each cut
+    dimension."""
     if not fwd or sm_count is None or not {"m", "n"} <= set(params):
         return math.prod(params[d] / cut[d] for d in cut)
     tm, tn = WAVE_TILE
 
-    def waves(p: Mapping[str, int]) -> float:
-        return max(1.0, p.get("b", 1) * p["m"] * p["n"] / (tm * tn * sm_count))
+    def waves(p: Mapping[str, int]) -> float:  # whole tiles: one row of them however few its rows (m = 1)
+        return max(1.0, p.get("b", 1) * -(-p["m"] // tm) * -(-p["n"] // tn) / sm_count)
 
     asked = {**params, **cut}
     return waves(params) / waves(asked) * (params["k"] / cut["k"] if "k" in cut else 1.0)

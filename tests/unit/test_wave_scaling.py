@@ -42,9 +42,10 @@ def test_a_gemm_past_the_fitted_m_is_the_largest_fitted_one_scaled_in_proportion
     limit = learned.range.largest_fitted("gemm-fwd-half")["m"]
     b200 = get_device("B200")
     at, twice, inside = learned.predict_s([_gemm(limit), _gemm(2 * limit), _gemm(limit // 2)], b200)
-    assert twice == pytest.approx(2 * at, rel=1e-12)
-    asked, factors = learned.wave_scaled([_gemm(3 * limit), _gemm(limit // 2)])
-    assert asked[0].param_dict["m"] == limit and factors[0] == pytest.approx(3.0)
+    rows = -(-limit // 128)  # tile rows of 128 (WAVE_TILE): the factor is theirs, 2x and 3x to within one row
+    assert twice == pytest.approx(at * -(-2 * limit // 128) / rows, rel=1e-12)
+    asked, factors = learned.wave_scaled([_gemm(3 * limit), _gemm(limit // 2)], b200)
+    assert asked[0].param_dict["m"] == limit and factors[0] == pytest.approx(-(-3 * limit // 128) / rows)
     assert asked[1] == _gemm(limit // 2) and factors[1] == 1.0
     assert inside < at  # inside the range the model answers as fitted
     assert learned.wave_note() == WAVE_NOTE.format(n=2)
@@ -63,6 +64,9 @@ def test_a_batch_inside_one_wave_costs_no_more_than_one_product():
     assert wave_factor(big, {"m": 32768}, 132, True) == pytest.approx(2.0)
     assert wave_factor(big, {"m": 32768, "k": 4096}, 132, True) == pytest.approx(4.0)
     assert wave_factor({"b": 1, "m": 64, "n": 128, "k": 8192}, {"m": 32}, 132, True) == 1.0  # still under a wave
+    # a decode's LM head (m = 1) past the fitted n: 1,002 tiles of one row, 7.6 waves, linear in n
+    head = {"b": 1, "m": 1, "n": 128256, "k": 4096}
+    assert wave_factor(head, {"n": 64128}, 132, True) == pytest.approx(1002 / 501)
     assert wave_factor(small, {"b": 1}, 132, False) == 16.0  # backward: in proportion
     assert wave_factor(small, {"b": 1}, None, True) == 16.0  # no device: in proportion
 
@@ -77,7 +81,7 @@ def test_a_batched_fp8_gemm_past_the_fitted_batch_is_priced_by_its_waves(learned
     one, sixteen, many = (kernel("gemm", {"b": b, "m": 32, "n": 512, "k": 128}, "fp8") for b in (1, 16, 16 * 132))
     t_one, t_sixteen, t_many = learned.predict_s([one, sixteen, many], h200)
     assert t_sixteen == pytest.approx(t_one, rel=1e-12)
-    assert t_many == pytest.approx(t_one * 16 * 132 * 32 * 512 / (128 * 128 * 132), rel=1e-12)
+    assert t_many == pytest.approx(t_one * 16 * 132 * 4 / 132, rel=1e-12)  # 4 whole tiles a product: 64 waves
 
 
 def test_off_with_the_physical_bounds_the_raw_answer_extrapolates(learned):
