@@ -189,6 +189,12 @@ class ArchSpec:
     attention_sinks: bool = False
     """A learned logit per head in every softmax's denominator (gpt-oss ``sinks``; Xiao et al. 2023, arXiv
     2309.17453): ``n_heads`` parameters a block, folded into the attention kernel at no priced cost."""
+    fp8_block_checkpoint: bool = False
+    """The checkpoint's linears are fp8 with one scale per 128 x 128 weight block (DeepSeek-V3's and Kimi K2's
+    ``quantization_config``: ``quant_method`` fp8, ``weight_block_size`` [128, 128], activations quantised per 128
+    values at run time). Serving it in fp8 runs its routed experts as block-scaled fp8 MoE kernels (the
+    ``fp8_block`` families: :func:`opcast.predict.inference.infer_precision`); its other GEMMs are priced as
+    per-tensor fp8. Training and other precisions ignore it."""
     expert_weights: str | None = None
     """Storage format of the routed experts' weights in the checkpoint when it differs from the serving
     precision: ``mxfp4`` (gpt-oss ``quantization_config``: OCP MX FP4, 4-bit e2m1 values with one E8M0 scale per
@@ -484,6 +490,7 @@ _FIELD_TYPES: dict[str, type] = {
     "sliding_window_layers": int,
     "post_norms": bool,
     "attention_sinks": bool,
+    "fp8_block_checkpoint": bool,
     "expert_weights": str,
     "expert_groups": int,
     "expert_groups_top_k": int,
@@ -499,7 +506,15 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "position": get_args(Position),
     "expert_weights": ("mxfp4",),
 }
-_DEFAULTED_FIELDS = ("n_experts", "experts_top_k", "shared_expert_gate", "qk_norm", "attention_sinks", "post_norms")
+_DEFAULTED_FIELDS = (
+    "n_experts",
+    "experts_top_k",
+    "shared_expert_gate",
+    "qk_norm",
+    "attention_sinks",
+    "post_norms",
+    "fp8_block_checkpoint",
+)
 """Fields a preset may leave out (a dense arch without these features)."""
 _REQUIRED = tuple(f.name for f in fields(ArchSpec) if f.name not in (*_DEFAULTED_FIELDS, *_OPTIONAL_NONE_FIELDS))
 
@@ -1116,7 +1131,15 @@ def _deepseek_fields(c: _HfConfig) -> dict[str, Any]:
         "dense_ffn_hidden": c.req("intermediate_size") if dense else None,
         "expert_groups": groups if limited else None,
         "expert_groups_top_k": chosen if limited else None,
+        "fp8_block_checkpoint": _fp8_block_quantised(c),
     }
+
+
+def _fp8_block_quantised(c: _HfConfig) -> bool:
+    """Whether ``quantization_config`` says fp8 weights with block scales (``quant_method`` fp8 and a
+    ``weight_block_size``: DeepSeek-V3's, Kimi K2's)."""
+    quant = c.cfg.get("quantization_config")
+    return isinstance(quant, dict) and quant.get("quant_method") == "fp8" and bool(quant.get("weight_block_size"))
 
 
 def _windowed_blocks(c: _HfConfig, layers: int) -> int | None:

@@ -943,9 +943,16 @@ DEEPSEEK_V3_HF = {  # deepseek-ai/DeepSeek-V3 config.json (the keys opcast reads
     "tie_word_embeddings": False,
     "hidden_act": "silu",
     "num_nextn_predict_layers": 1,
+    "quantization_config": {
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": [128, 128],
+    },
 }
 DEEPSEEK_V2_LITE_HF = {  # deepseek-ai/DeepSeek-V2-Lite config.json: no query compression, 2 shared experts
     **DEEPSEEK_V3_HF,
+    "quantization_config": None,  # a bf16 checkpoint
     "model_type": "deepseek_v2",
     "hidden_size": 2048,
     "intermediate_size": 10944,
@@ -977,6 +984,8 @@ def test_deepseek_v3_counts_as_published() -> None:
     assert arch.dense_block_saving() == moe_mlp - 3 * 7168 * 18432
     preset = load_arch("deepseek-v3")  # the preset is this config.json
     assert dataclasses.replace(preset, source=arch.source) == arch
+    assert arch.fp8_block_checkpoint  # quantization_config: fp8, 128 x 128 weight blocks
+    assert not arch_from_hf_config(DEEPSEEK_V2_LITE_HF, "v2-lite").fp8_block_checkpoint
 
 
 def test_mla_runs_its_projections_in_fp8_as_megatron_cores_te_modules():

@@ -376,6 +376,28 @@ def test_vllm_runs_an_mla_decodes_absorbed_projections_in_bf16(engine, absorbed)
     assert dtypes[("decode", "q_up")] == dtypes[("prefill", "kv_up")] == "fp8"
 
 
+@pytest.mark.parametrize(
+    ("arch", "precision", "engine", "moe"),
+    [
+        ("deepseek-v3", "fp8", "vllm", ("fp8_block", "vllm")),
+        ("deepseek-v3", "fp8", "sglang", ("fp8_block", "vllm")),  # SGLang's Triton MoE: vLLM's port
+        ("deepseek-v3", "fp8", "trtllm", ("fp8_block", "trtllm")),
+        ("deepseek-v3", "bf16", "sglang", ("bf16", "trtllm")),
+        ("qwen3-30b-a3b", "fp8", "sglang", ("fp8", "trtllm")),  # not a block-scaled checkpoint
+    ],
+)
+def test_a_block_scaled_fp8_checkpoint_runs_its_experts_as_block_scaled_moe(arch, precision, engine, moe):
+    """DeepSeek-V3's checkpoint is 128 x 128 block-scaled fp8 (ArchSpec.fp8_block_checkpoint): served in fp8 its
+    fused MoE is the fp8_block kernel of the engine's family, SGLang's priced by vLLM's Triton rows."""
+    device = get_device("H200")
+    a = load_arch(arch)
+    cfg = InferConfig(tp=8, batch=4, prompt_len=64, gen_len=2, precision=precision, engine=engine)
+    r = predict_infer(a, device, cfg, kernels=roofline_only())
+    ((dtype, impl),) = {(op["dtype"], op["params"]["impl"]) for op in r.ops if op["kind"] == "moe"}
+    assert (dtype, impl) == moe
+    assert inference.block_fp8_moe(a, inference.infer_precision(cfg, a, device)) == (moe[0] == "fp8_block")
+
+
 def test_quantised_weights_hold_the_embeddings_head_and_norms_at_two_bytes():
     from opcast.dtypes import element_bytes
     from opcast.predict.memory import stage_params
