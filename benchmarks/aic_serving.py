@@ -106,7 +106,9 @@ model's dtype (no ``--kv-cache-dtype``), the experts split over TP 8 (the grid's
 ``--max_num_tokens`` ``(CONC + ISL + 64 + 63) // 64 * 64`` (:func:`dsr1_trtllm_max_num_tokens`), chunked prefill off,
 ``--ep_size=$TP`` whatever the grid's ``moe_ep_size`` says, ``kv_cache_config.dtype: fp8``, the CUTLASS MoE, attention
 data parallelism above 64 clients (32 at 8k / 1k: those rows carry ``attention_dp_size`` > 1 and are skipped).
-opcast prices the block-scaled GEMMs as per-tensor fp8 (``--precision fp8``)."""
+With ``--precision fp8`` opcast prices the checkpoint's experts as block-scaled fp8 MoE kernels (the preset's
+``fp8_block_checkpoint``: TensorRT-LLM's CUTLASS family, SGLang's by vLLM's Triton rows) and its other GEMMs as
+per-tensor fp8."""
 MXFP4_MODELS: Final = frozenset({"openai/gpt-oss-120b"})
 """Models served from their MXFP4 checkpoint (the csv's ``gemm_quant_mode`` nvfp4 names it): the experts MXFP4 by
 the arch (:attr:`opcast.archs.ArchSpec.expert_weights`), every other GEMM bf16, so ``--precision bf16``."""
