@@ -152,11 +152,9 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
     kernels through it."""
     prec = precision_of(cfg.precision, cfg.tensor_cores)
     mxfp4 = cfg.mxfp4_moe or engine_mxfp4_moe(cfg.engine, device)
-    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version, mxfp4)
-    mxfp8 = mxfp4 == "mxfp8" and arch.expert_weights == "mxfp4"
     block_fp8 = block_fp8_moe(arch, prec)
-    if block_fp8 and cfg.engine == "sglang":
-        impl = SGLANG_BLOCK_FP8_MOE_FAMILY
+    impl = moe_impl(cfg.engine, device, arch.expert_weights, cfg.engine_version, mxfp4, block_fp8=block_fp8)
+    mxfp8 = mxfp4 == "mxfp8" and arch.expert_weights == "mxfp4"
     impls = (*prec.impls, ("moe", impl), *(ENGINE_KERNELS if cfg.engine != "none" else ()))
     kv = kv_cache_dtype(cfg, prec.act)
     gemm = ENGINE_GEMM_FAMILIES.get(cfg.engine)
@@ -167,27 +165,18 @@ def infer_precision(cfg: InferConfig, arch: ArchSpec, device: DeviceSpec) -> Dty
         kv=kv if kv != prec.act else None,
         fp8_gemm_impl=gemm,
         kv_decode_fraction=fraction,
-        moe_matrix=MXFP4_MOE_DTYPE if mxfp8 else (FP8_BLOCK_MOE_DTYPE if block_fp8 else None),
+        moe_matrix=MXFP4_MOE_DTYPE if mxfp8 or block_fp8 else None,  # both run the block-scaled fp8 MoE kernels
     )
-
-
-FP8_BLOCK_MOE_DTYPE: Final = "fp8_block"
-"""The MoE kernels' dtype of a block-scaled fp8 checkpoint served in fp8 (:func:`block_fp8_moe`)."""
-SGLANG_BLOCK_FP8_MOE_FAMILY: Final = "vllm"
-"""The measured family that prices SGLang's block-scaled fp8 MoE: SGLang runs it in ``fused_moe_triton``, its port of
-vLLM's Triton fused MoE, and AIConfigurator's H200 tables at DeepSeek-V3's shape (TP 8, balanced) put the two
-within 4-27 % (SGLang 0.5.14 / vLLM 0.24: 0.250 / 0.261 ms at 32 tokens, 0.393 / 0.473 at 1,024, 3.65 / 4.63 at
-16,384), where TensorRT-LLM's CUTLASS kernel, the registry default, takes 0.49, 1.09 and 9.66 ms. SGLang's own rows
-are not replayed."""
 
 
 def block_fp8_moe(arch: ArchSpec, prec: Dtypes) -> bool:
     """Whether ``arch``'s routed experts run as block-scaled fp8 MoE kernels at ``prec``: a checkpoint of 128 x 128
     block-scaled fp8 weights (:attr:`opcast.archs.ArchSpec.fp8_block_checkpoint`) served in fp8. The engines run
     its fused MoE on those blocks (vLLM's Triton ``fp8_w8a8`` with ``block_shape``, SGLang's ``fused_moe_triton``,
-    TensorRT-LLM's ``FP8_BLOCK_SCALES`` CUTLASS MoE), which AIConfigurator measures as ``fp8_block``: on an H200 at
-    DeepSeek-V3's shape and TP 8, vLLM's runs 32 decode tokens in 0.26 ms, where its per-tensor fp8 family, never
-    measured at that hidden size, extrapolated to 0.88."""
+    priced by vLLM's rows (:func:`opcast.predict.serve.engine.moe_impl`), TensorRT-LLM's ``FP8_BLOCK_SCALES``
+    CUTLASS MoE), which AIConfigurator measures as ``fp8_block``: on an H200 at DeepSeek-V3's shape and TP 8,
+    vLLM's runs 32 decode tokens in 0.26 ms, where its per-tensor fp8 family, never measured at that hidden size,
+    extrapolated to 0.88."""
     return arch.fp8_block_checkpoint and prec.matrix == "fp8" and arch.n_experts > 1
 
 

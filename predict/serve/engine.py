@@ -385,7 +385,14 @@ quantised to MXFP8 and both fed to Blackwell's block-scaled tensor cores at the 
 (``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1``, the InferenceMAX B200 scripts; TensorRT-LLM's W4A8_MXFP4_MXFP8)."""
 MXFP4_MOE_DTYPE: Final = "fp8_block"
 """The fused MoE kernel's dtype under ``mxfp4_moe`` mxfp8: opcast's block-scaled fp8, MXFP8 (the replay's
-``w4a8_mxfp4_mxfp8`` rows, :data:`opcast.collect.replay.aiconfigurator.MOE_NARROW_WEIGHT_DTYPES`)."""
+``w4a8_mxfp4_mxfp8`` rows, :data:`opcast.collect.replay.aiconfigurator.MOE_NARROW_WEIGHT_DTYPES`); also the
+experts' of a 128 x 128 block-scaled fp8 checkpoint served in fp8 (:func:`opcast.predict.inference.block_fp8_moe`)."""
+SGLANG_BLOCK_FP8_MOE_FAMILY: Final = "vllm"
+"""The measured family that prices SGLang's block-scaled fp8 MoE: SGLang runs it in ``fused_moe_triton``, its port of
+vLLM's Triton fused MoE, and AIConfigurator's H200 tables at DeepSeek-V3's shape (TP 8, balanced) put the two
+within 4-27 % (SGLang 0.5.14 / vLLM 0.24: 0.250 / 0.261 ms at 32 tokens, 0.393 / 0.473 at 1,024, 3.65 / 4.63 at
+16,384), where TensorRT-LLM's CUTLASS kernel, the registry default, takes 0.49, 1.09 and 9.66 ms. SGLang's own rows
+are not replayed."""
 
 
 def mx_tensor_cores(device: DeviceSpec) -> bool:
@@ -447,10 +454,15 @@ def moe_impl(
     expert_weights: str | None = None,
     version: str | None = None,
     mxfp4: str | None = None,
+    *,
+    block_fp8: bool = False,
 ) -> str:
     """The ``impl`` of ``engine``'s fused MoE kernel (:data:`ENGINE_MOE_FAMILIES`, else ``trtllm``): for MXFP4
     experts, ``marlin`` where ``mxfp4`` (:data:`MXFP4_MOE`) says so or, when it says nothing, where vLLM runs Marlin
-    on ``device`` (:func:`vllm_runs_marlin`); else the engine's own family."""
+    on ``device`` (:func:`vllm_runs_marlin`); for ``block_fp8`` experts (a block-scaled fp8 checkpoint served in fp8)
+    under SGLang, :data:`SGLANG_BLOCK_FP8_MOE_FAMILY`; else the engine's own family."""
+    if block_fp8 and engine == "sglang":
+        return SGLANG_BLOCK_FP8_MOE_FAMILY
     impl = ENGINE_MOE_FAMILIES.get(engine, "trtllm")
     if expert_weights != "mxfp4":
         return impl
